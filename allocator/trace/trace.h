@@ -1,0 +1,53 @@
+// Trace: the allocation history of one device of one process, as the engine
+// replays it.
+//
+// Ids are dense (0..num_ids-1) and name one allocation from its `alloc` to
+// its `free_completed`. A block returns to the cache at kFreeCompleted;
+// kFreeRequested is when the program dropped it (allocated bytes fall then),
+// and the two differ when record_stream() delayed the free.
+#ifndef ALLOCD_ALLOCATOR_TRACE_TRACE_H_
+#define ALLOCD_ALLOCATOR_TRACE_TRACE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace allocd {
+
+enum class TraceOp : uint8_t { kAlloc, kFreeRequested, kFreeCompleted };
+
+struct TraceEvent {
+  TraceOp op;
+  // Index into Trace::streams.
+  uint16_t stream;
+  uint32_t id;
+  // The size the program asked for, before rounding.
+  uint64_t size;
+
+  bool operator==(const TraceEvent&) const = default;
+};
+
+// A segment the recorded run allocated from the driver (`segment_alloc`):
+// where the CUDA driver put it tells how it places new segments.
+struct RecordedSegment {
+  uint64_t address;
+  uint64_t size;
+  // Index of the first trace event after this segment was allocated.
+  uint64_t before_event;
+};
+
+struct Trace {
+  std::vector<TraceEvent> events;
+  // The distinct CUDA stream handles, ascending; TraceEvent::stream indexes
+  // this, so stream order is PyTorch's (it orders free blocks by stream).
+  std::vector<uint64_t> streams;
+  uint32_t num_ids = 0;
+  std::vector<RecordedSegment> recorded_segments;
+  // The PYTORCH_CUDA_ALLOC_CONF of the recorded run, when the snapshot says.
+  std::string recorded_config;
+  int device = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_ALLOCATOR_TRACE_TRACE_H_
