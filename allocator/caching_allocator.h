@@ -1,0 +1,235 @@
+// CachingAllocator: PyTorch's CUDA caching allocator (DeviceCachingAllocator
+// in c10/cuda/CUDACachingAllocator.cpp, PyTorch 2.9-2.11), rule for rule,
+// over a DeviceBackend.
+//
+// Same size rounding, pools, best-fit order (stream, size, address), block
+// splitting and merging, max_split_size / max_non_split_rounding, garbage
+// collection under a memory fraction, the OOM path (release oversize blocks,
+// then flush the cache and retry, then fail), expandable segments, and
+// torch.cuda.memory_stats() counters. It keeps no locks: one instance serves
+// one device of one process, and callers serialise access.
+#ifndef ALLOCD_ALLOCATOR_CACHING_ALLOCATOR_H_
+#define ALLOCD_ALLOCATOR_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+#include "allocator/device_backend.h"
+#include "allocator/stats.h"
+
+namespace allocd {
+
+// A stream as the allocator sees it: blocks freed on one stream are reused
+// only by requests on the same stream, and free blocks are ordered by stream
+// first, so give streams ids in the order of their CUDA handles.
+using StreamId = uint16_t;
+
+// What Malloc hands out. Pass it back unchanged to Free.
+struct Allocation {
+  uint64_t address = 0;
+  // The block's size: the request rounded, or larger when the block was not
+  // split.
+  uint64_t size = 0;
+  uint32_t block = 0;
+  uint32_t generation = 0;
+};
+
+// One block of a segment, for snapshots.
+struct BlockInfo {
+  uint64_t address;
+  uint64_t size;
+  uint64_t requested_size;
+  enum class State { kAllocated, kFreePending, kInactive } state;
+};
+
+// One segment (for expandable segments: one contiguous mapped range).
+struct SegmentInfo {
+  uint64_t address;
+  uint64_t total_size;
+  StreamId stream;
+  bool is_small;
+  bool is_expandable;
+  std::vector<BlockInfo> blocks;
+};
+
+class CachingAllocator {
+ public:
+  // `backend` must outlive the allocator.
+  CachingAllocator(const AllocatorConfig& config, DeviceBackend* backend);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // torch.cuda caching-allocator malloc of `size` bytes for `stream`.
+  // ResourceExhausted with PyTorch's "CUDA out of memory" message when even
+  // a flushed cache cannot make room (num_ooms counts it).
+  absl::StatusOr<Allocation> Malloc(size_t size, StreamId stream);
+
+  // Frees an allocation whose block may be reused at once. InvalidArgument
+  // for an allocation that is not live (a double free).
+  absl::Status Free(const Allocation& allocation);
+
+  // Frees an allocation that record_stream() tied to other streams: its bytes
+  // stop counting as allocated now, but the block returns to the cache only
+  // at CompleteFree, or earlier when the allocator synchronises all streams
+  // (on a cache flush). CompleteFree after such a flush does nothing.
+  absl::Status FreeDeferred(const Allocation& allocation);
+  void CompleteFree(const Allocation& allocation);
+
+  // torch.cuda.empty_cache(): waits for deferred frees and returns every
+  // unsplit cached segment (and every unmappable expandable page).
+  void EmptyCache();
+
+  // torch.cuda.set_per_process_memory_fraction(fraction): caps reserved
+  // memory at fraction x the backend's total memory; only under a cap does
+  // garbage_collection_threshold act. `fraction` in [0, 1].
+  void SetMemoryFraction(double fraction);
+
+  // torch.cuda.memory._set_allocator_settings applied live: later decisions
+  // follow `config`; blocks already cached stay where they are, as in
+  // PyTorch (expandable blocks are skipped once expandable_segments is off).
+  void Reconfigure(const AllocatorConfig& config);
+
+  const AllocatorConfig& config() const { return config_; }
+  const DeviceStats& Stats() const { return stats_; }
+  void ResetPeakStats() { stats_.ResetPeaks(); }
+  void ResetAccumulatedStats() { stats_.ResetAccumulated(); }
+
+  // Every segment and its blocks, by address (torch.cuda.memory_snapshot()).
+  std::vector<SegmentInfo> Snapshot() const;
+
+ private:
+  static constexpr uint32_t kNone = ~uint32_t{0};
+
+  struct Block {
+    uint64_t ptr = 0;
+    uint64_t size = 0;
+    uint64_t requested_size = 0;
+    int64_t gc_count_base = 0;
+    uint32_t prev = kNone;
+    uint32_t next = kNone;
+    uint32_t expandable_segment = kNone;
+    uint32_t generation = 0;
+    StreamId stream = 0;
+    bool is_small = false;
+    bool allocated = false;
+    // Free requested, block not yet back in the cache (stream uses pending).
+    bool free_pending = false;
+    bool mapped = true;
+    bool in_use = false;  // the slot holds a live block
+
+    bool is_split() const { return prev != kNone || next != kNone; }
+  };
+
+  // Free blocks by PyTorch's BlockComparatorSize: (stream, size, address).
+  struct SizeKey {
+    StreamId stream;
+    uint64_t size;
+    uint64_t ptr;
+    uint32_t block;
+    bool operator<(const SizeKey& o) const {
+      if (stream != o.stream) return stream < o.stream;
+      if (size != o.size) return size < o.size;
+      return ptr < o.ptr;
+    }
+  };
+  // Unmapped expandable ranges by BlockComparatorAddress: (stream, address).
+  struct AddressKey {
+    StreamId stream;
+    uint64_t ptr;
+    uint32_t block;
+    bool operator<(const AddressKey& o) const {
+      if (stream != o.stream) return stream < o.stream;
+      return ptr < o.ptr;
+    }
+  };
+
+  struct Pool {
+    bool is_small;
+    absl::btree_set<SizeKey> blocks;
+    absl::btree_set<AddressKey> unmapped;
+    int64_t get_free_blocks_call_count = 0;
+  };
+
+  struct ExpandableSegment {
+    uint64_t base = 0;
+    uint64_t page_size = 0;
+    uint64_t num_pages = 0;  // the reserved range, in pages
+    StreamId stream = 0;
+    bool is_small = false;
+    bool live = false;
+  };
+
+  // PyTorch's AllocParams.
+  struct Request {
+    size_t size;        // rounded
+    size_t alloc_size;  // segment size if a new one is needed
+    StreamId stream;
+    Pool* pool;
+    uint32_t block = kNone;
+    // A backend failure other than running out of memory.
+    absl::Status error;
+  };
+
+  uint32_t NewBlock(uint64_t ptr, uint64_t size, StreamId stream,
+                    bool is_small);
+  void DeleteBlock(uint32_t b);
+  Pool& PoolOf(const Block& block) {
+    return block.is_small ? small_pool_ : large_pool_;
+  }
+  SizeKey SizeKeyOf(uint32_t b) const;
+  AddressKey AddressKeyOf(uint32_t b) const;
+  void InsertIntoBlocks(Pool& pool, uint32_t b);
+  void EraseFromBlocks(Pool& pool, uint32_t b);
+  bool GcActive() const;
+
+  bool GetFreeBlock(Request& r);
+  bool ShouldSplit(const Block& block, size_t size) const;
+  Allocation AllocFoundBlock(Request& r, size_t orig_size, bool split);
+  bool AllocBlock(Request& r, bool is_retry);
+  bool ReleaseAvailableCachedBlocks(const Request& r);
+  void ReleaseCachedBlocks();
+  void ReleaseBlocks(Pool& pool);
+  void ReleaseBlock(uint32_t b);
+  void GarbageCollectCachedBlocks();
+  void SynchronizeAndFreeEvents();
+  absl::Status RequestFree(const Allocation& allocation);
+  void FreeBlock(uint32_t b);
+  size_t TryMergeBlocks(uint32_t dst, uint32_t src, Pool& pool);
+  bool IsLive(const Allocation& a) const;
+
+  // Expandable segments.
+  uint32_t FindExpandableBlock(Request& r);
+  bool MapBlock(uint32_t b, size_t size);
+  uint32_t TryAllocateExpandableBlock(Request& r);
+  void UnmapBlock(uint32_t b);
+  void ReleaseExpandableSegment(uint32_t b);
+
+  absl::Status OutOfMemory(const Request& r) const;
+  void UpdateMaxSplitStat();
+
+  AllocatorConfig config_;
+  DeviceBackend* backend_;
+  DeviceStats stats_;
+  Pool small_pool_{.is_small = true};
+  Pool large_pool_{.is_small = false};
+  std::vector<Block> blocks_;
+  std::vector<uint32_t> free_slots_;
+  std::vector<ExpandableSegment> expandable_segments_;
+  // Blocks whose free waits on other streams (FreeDeferred, no CompleteFree).
+  // (block, generation) pairs; entries already completed are skipped.
+  std::vector<std::pair<uint32_t, uint32_t>> pending_frees_;
+  // PyTorch's total_allocated_memory: what the fraction limit compares to.
+  size_t total_allocated_memory_ = 0;
+  bool set_fraction_ = false;
+  size_t allowed_memory_maximum_ = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_ALLOCATOR_CACHING_ALLOCATOR_H_

@@ -1,0 +1,50 @@
+// SimBackend: a DeviceBackend with a memory capacity and no GPU.
+//
+// Allocation fails when the memory in use would pass `capacity`, as
+// cudaMalloc fails when the device's free memory runs out. Addresses follow
+// the CUDA driver's habit seen on H100s: each new segment lands below every
+// earlier one. PyTorch breaks best-fit ties between equal-size free blocks by
+// address, so this order decides which block a replay reuses.
+#ifndef ALLOCD_ALLOCATOR_SIM_BACKEND_H_
+#define ALLOCD_ALLOCATOR_SIM_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/device_backend.h"
+
+namespace allocd {
+
+class SimBackend final : public DeviceBackend {
+ public:
+  // `capacity`: the device memory the process may use (cudaMemGetInfo's free
+  // at start). `total_memory`: the device's total; defaults to `capacity`.
+  explicit SimBackend(size_t capacity, size_t total_memory = 0);
+
+  absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override;
+  void FreeSegment(uint64_t address, size_t bytes) override;
+  absl::StatusOr<uint64_t> ReserveAddressRange(size_t bytes) override;
+  void ReleaseAddressRange(uint64_t address, size_t bytes) override;
+  absl::Status MapPages(uint64_t address, size_t bytes) override;
+  void UnmapPages(uint64_t address, size_t bytes) override;
+  size_t TotalMemory() const override { return total_memory_; }
+  size_t FreeMemory() const override { return capacity_ - used_; }
+
+  size_t capacity() const { return capacity_; }
+  // Physical memory in use now (segments plus mapped pages).
+  size_t used() const { return used_; }
+
+ private:
+  absl::Status Claim(size_t bytes);
+  uint64_t TakeAddressBelow(size_t bytes);
+
+  size_t capacity_;
+  size_t total_memory_;
+  size_t used_ = 0;
+  // Every new range is placed below this address.
+  uint64_t lowest_address_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_ALLOCATOR_SIM_BACKEND_H_

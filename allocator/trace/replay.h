@@ -1,0 +1,72 @@
+// Replay: runs a Trace through the caching-allocator engine under a config
+// and a device capacity, and reports what PyTorch's memory_stats() would.
+#ifndef ALLOCD_ALLOCATOR_TRACE_REPLAY_H_
+#define ALLOCD_ALLOCATOR_TRACE_REPLAY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+#include "allocator/stats.h"
+#include "allocator/trace/trace.h"
+
+namespace allocd {
+
+struct ReplayOptions {
+  // Device memory the process can get (cudaMemGetInfo's free at start).
+  // 0: unlimited.
+  size_t capacity = 0;
+  // The device's total memory, the base of `memory_fraction`; 0: capacity.
+  size_t total_memory = 0;
+  // torch.cuda.set_per_process_memory_fraction, called before the first
+  // allocation.
+  std::optional<double> memory_fraction;
+  // Keep about this many (event, reserved, allocated) samples; 0: none.
+  size_t timeline_samples = 0;
+  // Stop at the first OOM instead of skipping the failed allocation (and its
+  // frees) and going on, as a program that catches OutOfMemoryError would.
+  bool stop_at_first_oom = false;
+};
+
+// Memory at one point of the replay: the highs within the sampled stretch
+// of events that ends at `event`.
+struct TimelineSample {
+  uint64_t event;
+  int64_t reserved;
+  int64_t allocated;
+};
+
+struct ReplayResult {
+  int64_t peak_reserved = 0;
+  int64_t peak_allocated = 0;
+  int64_t peak_requested = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_sync_all_streams = 0;
+  // Index of the trace event whose allocation hit the first OOM.
+  std::optional<uint64_t> first_oom_event;
+  // Events replayed (all of them unless stop_at_first_oom stopped early).
+  uint64_t events = 0;
+  // Wall time of the replay itself.
+  double seconds = 0;
+  // True for backend:cudaMallocAsync, whose pool is the CUDA driver's: the
+  // numbers are a model's estimate, not PyTorch's rules.
+  bool estimated = false;
+  DeviceStats stats;
+  std::vector<TimelineSample> timeline;
+};
+
+// Replays `trace` under `config`. InvalidArgument for a trace that frees what
+// it never allocated or options that make no sense (fraction outside [0,1]).
+absl::StatusOr<ReplayResult> Replay(const Trace& trace,
+                                    const AllocatorConfig& config,
+                                    const ReplayOptions& options = {});
+
+}  // namespace allocd
+
+#endif  // ALLOCD_ALLOCATOR_TRACE_REPLAY_H_
