@@ -15,7 +15,7 @@
 
 namespace allocd {
 
-class SimBackend final : public DeviceBackend {
+class SimBackend : public DeviceBackend {
  public:
   // `capacity`: the device memory the process may use (cudaMemGetInfo's free
   // at start). `total_memory`: the device's total; defaults to `capacity`.

@@ -1,0 +1,192 @@
+#include "allocator/trace/replay.h"
+
+#include <algorithm>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace allocd {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// Builds traces event by event; ids are handed out in order of allocation.
+class TraceBuilder {
+ public:
+  uint32_t Alloc(uint64_t size, uint16_t stream = 0) {
+    trace_.events.push_back({TraceOp::kAlloc, stream, trace_.num_ids, size});
+    return trace_.num_ids++;
+  }
+  TraceBuilder& Request(uint32_t id) {
+    trace_.events.push_back({TraceOp::kFreeRequested, 0, id, 0});
+    return *this;
+  }
+  TraceBuilder& Complete(uint32_t id) {
+    trace_.events.push_back({TraceOp::kFreeCompleted, 0, id, 0});
+    return *this;
+  }
+  TraceBuilder& Free(uint32_t id) { return Request(id).Complete(id); }
+  Trace Build() {
+    trace_.streams = {0};
+    return trace_;
+  }
+
+ private:
+  Trace trace_;
+};
+
+ReplayResult MustReplay(const Trace& trace, const ReplayOptions& options = {},
+                        const AllocatorConfig& config = {}) {
+  absl::StatusOr<ReplayResult> r = Replay(trace, config, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : ReplayResult{};
+}
+
+TEST(ReplayTest, EmptyTraceUsesNothing) {
+  const ReplayResult r = MustReplay(Trace{});
+  EXPECT_EQ(r.events, 0u);
+  EXPECT_EQ(r.peak_reserved, 0);
+  EXPECT_EQ(r.num_device_alloc, 0);
+}
+
+TEST(ReplayTest, SmallRequestGetsATwoMiBSegment) {
+  TraceBuilder b;
+  b.Free(b.Alloc(1000));
+  const ReplayResult r = MustReplay(b.Build());
+  EXPECT_EQ(r.peak_reserved, int64_t{2} * kMiB);
+  EXPECT_EQ(r.peak_allocated, 1024);  // rounded to 512-byte multiples
+  EXPECT_EQ(r.peak_requested, 1000);
+  EXPECT_EQ(r.num_device_alloc, 1);
+  EXPECT_EQ(r.events, 3u);
+}
+
+TEST(ReplayTest, ImmediateFreeLetsTheNextRequestReuseTheBlock) {
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(12 * kMiB);
+  b.Free(a);
+  b.Free(b.Alloc(12 * kMiB));
+  const ReplayResult r = MustReplay(b.Build());
+  EXPECT_EQ(r.peak_reserved, int64_t{12} * kMiB);
+  EXPECT_EQ(r.num_device_alloc, 1);
+}
+
+TEST(ReplayTest, BlockReturnsToTheCacheOnlyAtFreeCompleted) {
+  // record_stream() delayed A's free: B cannot have its memory, C can.
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(12 * kMiB);
+  b.Request(a);
+  const uint32_t block_b = b.Alloc(12 * kMiB);
+  b.Complete(a);
+  const uint32_t c = b.Alloc(12 * kMiB);
+  b.Free(block_b).Free(c);
+  const ReplayResult r = MustReplay(b.Build());
+  EXPECT_EQ(r.peak_reserved, int64_t{24} * kMiB);
+  EXPECT_EQ(r.num_device_alloc, 2);
+  // Allocated bytes fall at free_requested: A and B never count together
+  // with C.
+  EXPECT_EQ(r.peak_allocated, int64_t{24} * kMiB);
+}
+
+TEST(ReplayTest, OomSkipsTheFailedAllocationAndGoesOn) {
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(12 * kMiB);
+  const uint32_t too_big = b.Alloc(12 * kMiB);
+  b.Free(too_big).Free(a);
+  b.Free(b.Alloc(12 * kMiB));
+  ReplayOptions options;
+  options.capacity = 20 * kMiB;
+  const ReplayResult r = MustReplay(b.Build(), options);
+  EXPECT_EQ(r.num_ooms, 1);
+  ASSERT_TRUE(r.first_oom_event.has_value());
+  EXPECT_EQ(*r.first_oom_event, 1u);
+  EXPECT_EQ(r.events, 7u);
+  // The retry flushed the (empty) cache once before giving up.
+  EXPECT_EQ(r.num_alloc_retries, 1);
+  EXPECT_EQ(r.peak_reserved, int64_t{12} * kMiB);
+}
+
+TEST(ReplayTest, StopAtFirstOom) {
+  TraceBuilder b;
+  b.Alloc(12 * kMiB);
+  b.Alloc(12 * kMiB);
+  b.Alloc(1000);
+  ReplayOptions options;
+  options.capacity = 20 * kMiB;
+  options.stop_at_first_oom = true;
+  const ReplayResult r = MustReplay(b.Build(), options);
+  EXPECT_EQ(r.events, 2u);
+  EXPECT_EQ(r.num_ooms, 1);
+}
+
+TEST(ReplayTest, MemoryFractionCapsReservedMemory) {
+  // Two live 12 MiB blocks need 24 MiB; a 0.25 fraction of 80 MiB allows 20.
+  TraceBuilder b;
+  b.Alloc(12 * kMiB);
+  b.Alloc(12 * kMiB);
+  ReplayOptions options;
+  options.capacity = 80 * kMiB;
+  options.memory_fraction = 0.25;
+  const ReplayResult r = MustReplay(b.Build(), options);
+  EXPECT_EQ(r.num_ooms, 1);
+  options.memory_fraction = 0.5;
+  EXPECT_EQ(MustReplay(b.Build(), options).num_ooms, 0);
+}
+
+TEST(ReplayTest, TimelineKeepsThePeaks) {
+  TraceBuilder b;
+  for (int i = 0; i < 50; ++i) b.Free(b.Alloc((i % 7 + 1) * 3 * kMiB));
+  ReplayOptions options;
+  options.timeline_samples = 10;
+  const ReplayResult r = MustReplay(b.Build(), options);
+  ASSERT_EQ(r.timeline.size(), 10u);
+  EXPECT_EQ(r.timeline.back().event, 99u);
+  int64_t max_reserved = 0;
+  int64_t max_allocated = 0;
+  for (const TimelineSample& s : r.timeline) {
+    max_reserved = std::max(max_reserved, s.reserved);
+    max_allocated = std::max(max_allocated, s.allocated);
+  }
+  EXPECT_EQ(max_reserved, r.peak_reserved);
+  EXPECT_EQ(max_allocated, r.peak_allocated);
+}
+
+TEST(ReplayTest, RejectsAFreeOfSomethingNeverAllocated) {
+  Trace trace;
+  trace.num_ids = 1;
+  trace.events.push_back({TraceOp::kFreeRequested, 0, 0, 0});
+  const absl::StatusOr<ReplayResult> r = Replay(trace, {}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              testing::HasSubstr("trace event 0"));
+}
+
+TEST(ReplayTest, RejectsIdsOutOfRange) {
+  Trace trace;
+  trace.events.push_back({TraceOp::kAlloc, 0, 5, 100});
+  EXPECT_FALSE(Replay(trace, {}, {}).ok());
+}
+
+TEST(ReplayTest, RejectsAFractionOutsideZeroToOne) {
+  ReplayOptions options;
+  options.capacity = kMiB;
+  options.memory_fraction = 1.5;
+  EXPECT_FALSE(Replay(Trace{}, {}, options).ok());
+}
+
+TEST(ReplayTest, CudaMallocAsyncIsAnEstimateWithoutDeviceAllocs) {
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(1000);
+  b.Free(b.Alloc(3000));
+  b.Free(a);
+  AllocatorConfig config;
+  config.backend = AllocatorBackend::kCudaMallocAsync;
+  const ReplayResult r = MustReplay(b.Build(), {}, config);
+  EXPECT_TRUE(r.estimated);
+  EXPECT_EQ(r.num_device_alloc, 0);
+  // The driver pool keeps the exact requested bytes, with no rounding.
+  EXPECT_EQ(r.peak_allocated, 4000);
+  EXPECT_EQ(r.peak_reserved, int64_t{32} * kMiB);
+}
+
+}  // namespace
+}  // namespace allocd

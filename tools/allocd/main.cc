@@ -1,1 +1,78 @@
-int main() { return 0; }
+// allocd: the command line. Each subcommand lives in its own file; this one
+// only parses arguments.
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "tools/allocd/check_config_command.h"
+#include "tools/allocd/replay_command.h"
+
+namespace {
+
+constexpr const char* kDescription =
+    "allocd: PyTorch CUDA caching-allocator replay and tuning.\n"
+    "\n"
+    "Replays a torch.cuda.memory._snapshot() pickle through an exact model of\n"
+    "PyTorch's caching allocator, so you can see what a PYTORCH_CUDA_ALLOC_CONF\n"
+    "would have cost your job without running it on a GPU.";
+
+void AddReplay(CLI::App& app, allocd::ReplayCommandOptions& options,
+               std::optional<double>& fraction) {
+  CLI::App* replay = app.add_subcommand(
+      "replay",
+      "Replay a memory snapshot under a config and print peak reserved and\n"
+      "allocated memory, device allocs/frees, retries and OOMs, as PyTorch\n"
+      "would report them.");
+  replay->add_option("TRACE", options.trace_path,
+                     "snapshot pickle from torch.cuda.memory._snapshot() "
+                     "(.pickle or .pickle.gz), recorded with "
+                     "_record_memory_history(enabled='all')")
+      ->required();
+  replay->add_option("--config,-c", options.config,
+                     "PYTORCH_CUDA_ALLOC_CONF to replay under (default: "
+                     "PyTorch's defaults)");
+  replay->add_option("--capacity", options.capacity,
+                     "device memory the job can use: bytes or 80GB, 79.1GiB, "
+                     "... (default: unlimited). With --memory-fraction: the "
+                     "device's total memory");
+  replay->add_option("--memory-fraction", fraction,
+                     "torch.cuda.set_per_process_memory_fraction(F): caps "
+                     "reserved memory at F x --capacity; only then does "
+                     "garbage_collection_threshold act");
+  replay->add_option("--device", options.device,
+                     "which device's trace to replay (default: the only one "
+                     "with events)");
+  replay->add_flag("--json", options.json, "print one JSON object");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription, "allocd"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "allocd 0.1.0");
+
+  allocd::ReplayCommandOptions replay_options;
+  std::optional<double> fraction;
+  AddReplay(app, replay_options, fraction);
+
+  std::string conf;
+  bool check_json = false;
+  CLI::App* check = app.add_subcommand(
+      "check-config",
+      "Say whether PyTorch 2.11 accepts a PYTORCH_CUDA_ALLOC_CONF, explain\n"
+      "each key, and suggest a fix for near misses. Exit 1 if rejected.");
+  check->add_option("CONFIG", conf, "the config string, e.g. "
+                                    "'max_split_size_mb:128,expandable_segments:True'")
+      ->required();
+  check->add_flag("--json", check_json, "print one JSON object");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (app.got_subcommand("replay")) {
+    replay_options.memory_fraction = fraction;
+    return allocd::RunReplay(replay_options, std::cout, std::cerr);
+  }
+  return allocd::RunCheckConfig(conf, check_json, std::cout);
+}
