@@ -16,7 +16,15 @@ namespace allocd {
 namespace {
 
 constexpr uint64_t kChunk = uint64_t{32} << 20;
+// Requests above 1 MiB take whole 2 MiB pages; smaller ones 512-byte units.
+constexpr uint64_t kLargeThreshold = uint64_t{1} << 20;
+constexpr uint64_t kPage = uint64_t{2} << 20;
 constexpr uint64_t kGranule = 512;
+
+uint64_t PoolSize(uint64_t bytes) {
+  const uint64_t unit = bytes > kLargeThreshold ? kPage : kGranule;
+  return (bytes + unit - 1) / unit * unit;
+}
 
 // One growable address range: free space kept by address (for merging) and
 // by (size, address) (for best fit); the end grows a chunk at a time.
@@ -26,7 +34,7 @@ class AsyncPool {
 
   // Returns the address, or nullopt when the pool cannot grow enough.
   std::optional<uint64_t> Allocate(uint64_t bytes) {
-    bytes = (bytes + kGranule - 1) / kGranule * kGranule;
+    bytes = PoolSize(bytes);
     auto fit = by_size_.lower_bound({bytes, 0});
     if (fit == by_size_.end()) {
       if (!Grow(bytes)) return std::nullopt;
@@ -39,7 +47,7 @@ class AsyncPool {
   }
 
   void Free(uint64_t address, uint64_t bytes) {
-    bytes = (bytes + kGranule - 1) / kGranule * kGranule;
+    bytes = PoolSize(bytes);
     auto next = by_address_.lower_bound(address);
     if (next != by_address_.end() && next->first == address + bytes) {
       const uint64_t next_size = next->second;

@@ -2,11 +2,12 @@
 // stream-ordered memory pool (not PyTorch's rules) places allocations.
 //
 // The driver's policy is not public. The model: the pool grows in 32 MiB
-// chunks (reserved memory is always a multiple of 32 MiB on an H100), a
-// request larger than a chunk gets a run of whole chunks, smaller requests
-// are placed best-fit in the chunks' free space, and freed space merges with
-// its neighbours; PyTorch sets the pool's release threshold to the maximum,
-// so nothing goes back to the device unless an allocation fails.
+// chunks at the end of one address range (reserved memory is always a
+// multiple of 32 MiB on an H100); requests above 1 MiB occupy whole 2 MiB
+// pages, smaller ones 512-byte units; each goes best-fit (smallest free
+// range, then lowest address) and freed space merges with its neighbours.
+// PyTorch sets the pool's release threshold to the maximum, so nothing goes
+// back to the device. On llama_lora the model is 4% under the real run.
 #ifndef ALLOCD_ALLOCATOR_TRACE_ASYNC_POOL_MODEL_H_
 #define ALLOCD_ALLOCATOR_TRACE_ASYNC_POOL_MODEL_H_
 
