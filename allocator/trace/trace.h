@@ -36,6 +36,23 @@ struct RecordedSegment {
   uint64_t before_event;
 };
 
+// Snapshot events that Trace::events leaves out, by kind.
+struct OmittedEvents {
+  // free_requested / free_completed of an address that no recorded `alloc`
+  // holds: the block was allocated before recording began (or before the
+  // oldest event that _record_memory_history's max_entries kept).
+  uint64_t unmatched_frees = 0;
+  uint64_t segment_free = 0;
+  // Expandable segments map and unmap pages of one big reservation.
+  uint64_t segment_map = 0;
+  uint64_t segment_unmap = 0;
+  uint64_t snapshot = 0;
+  // Allocations that failed in the recorded run with an OutOfMemoryError.
+  uint64_t oom = 0;
+
+  bool operator==(const OmittedEvents&) const = default;
+};
+
 struct Trace {
   std::vector<TraceEvent> events;
   // The distinct CUDA stream handles, ascending; TraceEvent::stream indexes
@@ -46,6 +63,7 @@ struct Trace {
   // The PYTORCH_CUDA_ALLOC_CONF of the recorded run, when the snapshot says.
   std::string recorded_config;
   int device = 0;
+  OmittedEvents omitted;
 };
 
 }  // namespace allocd
