@@ -37,8 +37,9 @@ void CachingAllocator::UpdateMaxSplitStat() {
 }
 
 void CachingAllocator::Reconfigure(const AllocatorConfig& config) {
+  // PyTorch sets stats.max_split_size only when DeviceCachingAllocator is
+  // constructed; _set_allocator_settings does not update it.
   config_ = config;
-  UpdateMaxSplitStat();
 }
 
 void CachingAllocator::SetMemoryFraction(double fraction) {
@@ -119,7 +120,8 @@ absl::StatusOr<Allocation> CachingAllocator::Malloc(size_t orig_size,
   if (!found) {
     if (GcActive()) GarbageCollectCachedBlocks();
     found = AllocBlock(r, /*is_retry=*/false) ||
-            (ReleaseAvailableCachedBlocks(r) && AllocBlock(r, false));
+            (r.error.ok() && ReleaseAvailableCachedBlocks(r) &&
+             AllocBlock(r, false));
     if (!found && r.error.ok()) {
       ReleaseCachedBlocks();
       found = AllocBlock(r, /*is_retry=*/true);
@@ -562,7 +564,7 @@ uint32_t CachingAllocator::FindExpandableBlock(Request& r) {
   return b;
 }
 
-bool CachingAllocator::MapBlock(uint32_t b, size_t size) {
+bool CachingAllocator::MapBlock(uint32_t b, size_t size, absl::Status& error) {
   const ExpandableSegment& es =
       expandable_segments_[blocks_[b].expandable_segment];
   const uint64_t offset = blocks_[b].ptr - es.base;
@@ -571,7 +573,10 @@ bool CachingAllocator::MapBlock(uint32_t b, size_t size) {
   if (first_page == end_page) return false;
   const uint64_t mapped_ptr = es.base + first_page * es.page_size;
   const uint64_t mapped_size = (end_page - first_page) * es.page_size;
-  if (!backend_->MapPages(mapped_ptr, mapped_size).ok()) return false;
+  if (absl::Status s = backend_->MapPages(mapped_ptr, mapped_size); !s.ok()) {
+    if (!absl::IsResourceExhausted(s)) error = s;
+    return false;
+  }
 
   Pool& pool = PoolOf(blocks_[b]);
   pool.unmapped.erase(AddressKeyOf(b));
@@ -608,14 +613,16 @@ uint32_t CachingAllocator::TryAllocateExpandableBlock(Request& r) {
   if (candidate == kNone) return kNone;
   // candidate: unmapped -> ..., or free -> unmapped -> ...
   if (!blocks_[candidate].mapped &&
-      !MapBlock(candidate, std::min<size_t>(blocks_[candidate].size, r.size))) {
+      !MapBlock(candidate, std::min<size_t>(blocks_[candidate].size, r.size),
+                r.error)) {
     return kNone;
   }
   while (blocks_[candidate].size < r.size) {
     // Map part of the unmapped block after it; MapBlock merges the two.
     const size_t missing = r.size - blocks_[candidate].size;
     const uint32_t next = blocks_[candidate].next;
-    if (!MapBlock(next, std::min<size_t>(missing, blocks_[next].size))) {
+    if (!MapBlock(next, std::min<size_t>(missing, blocks_[next].size),
+                  r.error)) {
       return kNone;
     }
     candidate = next;

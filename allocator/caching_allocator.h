@@ -205,7 +205,9 @@ class CachingAllocator {
 
   // Expandable segments.
   uint32_t FindExpandableBlock(Request& r);
-  bool MapBlock(uint32_t b, size_t size);
+  // False when the pages cannot be mapped; a failure other than running out
+  // of memory is also stored in `error`.
+  bool MapBlock(uint32_t b, size_t size, absl::Status& error);
   uint32_t TryAllocateExpandableBlock(Request& r);
   void UnmapBlock(uint32_t b);
   void ReleaseExpandableSegment(uint32_t b);
