@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "tools/allocd/check_config_command.h"
 #include "tools/allocd/replay_command.h"
+#include "tools/allocd/tune_command.h"
 
 namespace {
 
@@ -46,6 +47,41 @@ void AddReplay(CLI::App& app, allocd::ReplayCommandOptions& options,
   replay->add_flag("--json", options.json, "print one JSON object");
 }
 
+void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
+  CLI::App* tune = app.add_subcommand(
+      "tune",
+      "Find the PYTORCH_CUDA_ALLOC_CONF (and, where it pays, the memory\n"
+      "fraction) that fits a job best, by replaying its snapshot under\n"
+      "candidates: a coarse sweep of every knob, then local refinement.");
+  tune->add_option("TRACE", o.trace_path, "snapshot pickle (.pickle or .pickle.gz)")
+      ->required();
+  tune->add_option("--capacity", o.capacity,
+                   "device memory the job can use, e.g. 80GB or 84465090560 "
+                   "(default: unlimited)");
+  tune->add_option("--total-memory", o.total_memory,
+                   "the device's total memory, the base of memory fractions "
+                   "(default: --capacity)");
+  tune->add_option("--objective", o.objective,
+                   "peak: least peak reserved with no OOM (default); capacity: "
+                   "smallest device memory the job fits in; device-allocs: "
+                   "fewest cudaMalloc/cudaFree within --memory-budget")
+      ->check(CLI::IsMember({"peak", "capacity", "device-allocs"}));
+  tune->add_option("--space", o.space,
+                   "restrict or widen the search space, e.g. "
+                   "'max_split_size_mb=64..1024,expandable_segments=True|False,"
+                   "roundup_power2_divisions=1|4|[256:1,>:8]'");
+  tune->add_option("--budget", o.budget, "most candidate configs to evaluate (default 200)");
+  tune->add_option("--jobs,-j", o.jobs, "parallel replays (default: every core)");
+  tune->add_option("--max-retries", o.max_retries,
+                   "peak objective: allow this many cache flushes (each syncs "
+                   "all streams) in a recommendation (default 0)");
+  tune->add_option("--memory-budget", o.memory_budget,
+                   "device-allocs objective: peak reserved allowed (default: --capacity)");
+  tune->add_option("--device", o.device, "which device's trace (default: the only one)");
+  tune->add_option("--top", o.top, "rows in the ranked table (default 10)");
+  tune->add_flag("--json", o.json, "print one JSON object");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +92,9 @@ int main(int argc, char** argv) {
   allocd::ReplayCommandOptions replay_options;
   std::optional<double> fraction;
   AddReplay(app, replay_options, fraction);
+
+  allocd::TuneCommandOptions tune_options;
+  AddTune(app, tune_options);
 
   std::string conf;
   bool check_json = false;
@@ -73,6 +112,9 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("replay")) {
     replay_options.memory_fraction = fraction;
     return allocd::RunReplay(replay_options, std::cout, std::cerr);
+  }
+  if (app.got_subcommand("tune")) {
+    return allocd::RunTune(tune_options, std::cout, std::cerr);
   }
   return allocd::RunCheckConfig(conf, check_json, std::cout);
 }

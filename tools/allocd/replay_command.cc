@@ -7,8 +7,8 @@
 #include "allocator/bytes.h"
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
-#include "allocator/trace/snapshot_reader.h"
 #include "nlohmann/json.hpp"
+#include "tools/allocd/common.h"
 
 namespace allocd {
 namespace {
@@ -28,18 +28,10 @@ absl::StatusOr<Setup> MakeSetup(const ReplayCommandOptions& options) {
         options.config, config.status().message(), options.config));
   }
   setup.config = *config;
-  if (!options.capacity.empty()) {
-    absl::StatusOr<uint64_t> capacity = ParseSize(options.capacity);
-    if (!capacity.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--capacity: ", capacity.status().message()));
-    }
-    if (*capacity == 0) {
-      return absl::InvalidArgumentError("--capacity must be more than 0");
-    }
-    setup.replay.capacity = *capacity;
-    setup.replay.total_memory = *capacity;
-  }
+  absl::StatusOr<uint64_t> capacity = ParseSizeFlag("--capacity", options.capacity);
+  if (!capacity.ok()) return capacity.status();
+  setup.replay.capacity = *capacity;
+  setup.replay.total_memory = *capacity;
   if (options.memory_fraction) {
     const double f = *options.memory_fraction;
     if (!(f > 0.0 && f <= 1.0)) {
@@ -139,11 +131,9 @@ int RunReplay(const ReplayCommandOptions& options, std::ostream& out,
     err << "allocd replay: " << setup.status().message() << "\n";
     return 1;
   }
-  absl::StatusOr<Trace> trace =
-      ReadSnapshotFile(options.trace_path, SnapshotReadOptions{options.device});
+  absl::StatusOr<Trace> trace = LoadTrace(options.trace_path, options.device);
   if (!trace.ok()) {
-    err << "allocd replay: " << options.trace_path << ": "
-        << trace.status().message() << "\n";
+    err << "allocd replay: " << trace.status().message() << "\n";
     return 1;
   }
   absl::StatusOr<ReplayResult> result =

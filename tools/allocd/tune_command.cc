@@ -1,0 +1,76 @@
+#include "tools/allocd/tune_command.h"
+
+#include <algorithm>
+#include <ostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tools/allocd/common.h"
+#include "tuner/search_space.h"
+#include "tuner/text_report.h"
+#include "tuner/tuner.h"
+
+namespace allocd {
+namespace {
+
+absl::StatusOr<TuneOptions> MakeTuneOptions(const TuneCommandOptions& o) {
+  TuneOptions t;
+  absl::StatusOr<Objective> objective = ParseObjective(o.objective);
+  if (!objective.ok()) return objective.status();
+  t.objective = *objective;
+  absl::StatusOr<uint64_t> capacity = ParseSizeFlag("--capacity", o.capacity);
+  if (!capacity.ok()) return capacity.status();
+  absl::StatusOr<uint64_t> total = ParseSizeFlag("--total-memory", o.total_memory);
+  if (!total.ok()) return total.status();
+  absl::StatusOr<uint64_t> budget = ParseSizeFlag("--memory-budget", o.memory_budget);
+  if (!budget.ok()) return budget.status();
+  t.capacity = *capacity;
+  t.total_memory = *total;
+  t.memory_budget = *budget;
+  if (o.budget == 0) return absl::InvalidArgumentError("--budget must be at least 1");
+  t.budget = o.budget;
+  t.jobs = o.jobs > 0 ? o.jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.max_retries < 0) return absl::InvalidArgumentError("--max-retries must be >= 0");
+  t.max_retries = o.max_retries;
+  return t;
+}
+
+}  // namespace
+
+int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<TuneOptions> tune_options = MakeTuneOptions(options);
+  if (!tune_options.ok()) {
+    err << "allocd tune: " << tune_options.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<SearchSpace> space = ApplySpaceSpec(DefaultSearchSpace(), options.space);
+  if (!space.ok()) {
+    err << "allocd tune: " << space.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<Trace> trace = LoadTrace(options.trace_path, options.device);
+  if (!trace.ok()) {
+    err << "allocd tune: " << trace.status().message() << "\n";
+    return 1;
+  }
+
+  ProgressBar bar("tuning");
+  tune_options->progress = [&bar](size_t done, size_t planned) { bar.Update(done, planned); };
+  absl::StatusOr<TuneReport> report = Tune(*trace, *space, *tune_options);
+  bar.Update(1, 1);
+  if (!report.ok()) {
+    err << "allocd tune: " << report.status().message() << "\n";
+    return 1;
+  }
+
+  const ReportContext context{options.trace_path, trace->events.size(), trace->device,
+                              options.top};
+  if (options.json) {
+    out << JsonReport(*report, context).dump(2) << "\n";
+  } else {
+    PrintTextReport(*report, context, out);
+  }
+  return report->recommended() != nullptr ? 0 : 2;
+}
+
+}  // namespace allocd

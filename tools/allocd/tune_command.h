@@ -1,0 +1,33 @@
+// `allocd tune`: finds the PYTORCH_CUDA_ALLOC_CONF that fits a job best.
+#ifndef ALLOCD_TOOLS_ALLOCD_TUNE_COMMAND_H_
+#define ALLOCD_TOOLS_ALLOCD_TUNE_COMMAND_H_
+
+#include <iosfwd>
+#include <string>
+
+namespace allocd {
+
+struct TuneCommandOptions {
+  std::string trace_path;
+  std::string capacity;      // "" : unlimited
+  std::string total_memory;  // "" : capacity
+  std::string objective = "peak";
+  std::string space;
+  std::string memory_budget;
+  std::string report_dir;
+  size_t budget = 200;
+  int jobs = 0;  // 0: every core
+  int max_retries = 0;
+  int device = -1;
+  int top = 10;
+  bool json = false;
+};
+
+// Returns the exit code: 0 with a recommendation, 2 when no candidate fits,
+// 1 on errors (printed to `err`).
+int RunTune(const TuneCommandOptions& options, std::ostream& out,
+            std::ostream& err);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_TOOLS_ALLOCD_TUNE_COMMAND_H_

@@ -1,0 +1,79 @@
+// Evaluator: replays candidates on a trace, in parallel, each once.
+#ifndef ALLOCD_TUNER_EVALUATOR_H_
+#define ALLOCD_TUNER_EVALUATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "allocator/trace/replay.h"
+#include "allocator/trace/trace.h"
+#include "tuner/candidate.h"
+
+namespace allocd {
+
+// What the tuner keeps of one replay (no timeline, no full stats).
+struct ReplaySummary {
+  int64_t peak_reserved = 0;
+  int64_t peak_allocated = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t num_alloc_retries = 0;
+  int64_t num_sync_all_streams = 0;
+  int64_t num_ooms = 0;
+  bool estimated = false;
+};
+
+ReplaySummary Summarize(const ReplayResult& result);
+
+struct Evaluation {
+  Candidate candidate;
+  std::string key;  // CandidateKey(candidate)
+  // The replay at the tuning capacity (the device's free memory).
+  ReplaySummary replay;
+  // For the capacity objective: the least device memory (2 MiB resolution,
+  // or 0.5% of it) on which the candidate runs without an OOM, and what it
+  // costs there.
+  std::optional<uint64_t> min_capacity;
+  ReplaySummary at_min_capacity;
+};
+
+struct EvaluatorOptions {
+  uint64_t capacity = 0;      // 0: unlimited
+  uint64_t total_memory = 0;  // base of memory fractions; 0: capacity
+  bool search_min_capacity = false;
+  int jobs = 1;
+};
+
+class Evaluator {
+ public:
+  Evaluator(const Trace& trace, const EvaluatorOptions& options);
+
+  // Evaluates the candidates not seen before, `jobs` at a time, and returns
+  // the evaluations of all of them in the order given. `progress` (may be
+  // empty) is called after each new evaluation with the number done so far.
+  std::vector<const Evaluation*> Evaluate(
+      const std::vector<Candidate>& candidates,
+      const std::function<void(size_t)>& progress = {});
+
+  const Evaluation* Find(const std::string& key) const;
+  size_t evaluations() const { return cache_.size(); }
+  size_t replays() const { return replays_; }
+
+ private:
+  Evaluation EvaluateOne(const Candidate& candidate, size_t& replays) const;
+  ReplaySummary ReplayAt(const Candidate& candidate, uint64_t capacity,
+                         bool stop_at_oom) const;
+
+  const Trace& trace_;
+  EvaluatorOptions options_;
+  std::map<std::string, Evaluation> cache_;
+  size_t replays_ = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_TUNER_EVALUATOR_H_

@@ -1,0 +1,273 @@
+#include "tuner/text_report.h"
+
+#include <algorithm>
+#include <limits>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/bytes.h"
+
+namespace allocd {
+namespace {
+
+std::string Percent(double value, double base) {
+  if (base == 0) return "-";
+  return absl::StrFormat("%+.1f%%", 100.0 * (value - base) / base);
+}
+
+double Ratio(int64_t a, int64_t b) {
+  return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b);
+}
+
+std::string ConfigLabel(const Evaluation& e) {
+  std::string label = CandidateConfString(e.candidate);
+  if (label.empty()) label = "(PyTorch defaults)";
+  if (e.candidate.memory_fraction) {
+    absl::StrAppendFormat(&label, " + fraction %g", *e.candidate.memory_fraction);
+  }
+  return label;
+}
+
+// The objective's number, for the table's first numeric column.
+std::string ScoreText(const TuneReport& report, const Evaluation& e) {
+  switch (report.objective) {
+    case Objective::kCapacity:
+      return e.min_capacity ? FormatSize(*e.min_capacity) : "never fits";
+    case Objective::kDeviceAllocs:
+      return absl::StrCat(e.replay.num_device_alloc + e.replay.num_device_free);
+    case Objective::kPeak:
+      break;
+  }
+  return FormatSize(e.replay.peak_reserved);
+}
+
+const char* ScoreHeader(Objective objective) {
+  switch (objective) {
+    case Objective::kCapacity: return "min capacity";
+    case Objective::kDeviceAllocs: return "dev calls";
+    case Objective::kPeak: break;
+  }
+  return "peak reserved";
+}
+
+void PrintRow(const TuneReport& report, const std::string& rank,
+              const Evaluation& e, std::ostream& out) {
+  const double base = report.Score(report.baseline);
+  const ReplaySummary& r = e.replay;
+  out << absl::StrFormat("%5s  %-52s %13s %9s %9s %6.2f %7d %7d %5d\n", rank,
+                         ConfigLabel(e), ScoreText(report, e),
+                         Percent(report.Score(e), base),
+                         FormatSize(r.peak_reserved), Ratio(r.peak_reserved, r.peak_allocated),
+                         r.num_device_alloc,
+                         report.objective == Objective::kCapacity && e.min_capacity
+                             ? e.at_min_capacity.num_alloc_retries
+                             : r.num_alloc_retries,
+                         r.num_ooms);
+}
+
+nlohmann::json SummaryJson(const ReplaySummary& r) {
+  return {{"peak_reserved", r.peak_reserved},
+          {"peak_allocated", r.peak_allocated},
+          {"num_device_alloc", r.num_device_alloc},
+          {"num_device_free", r.num_device_free},
+          {"num_alloc_retries", r.num_alloc_retries},
+          {"num_sync_all_streams", r.num_sync_all_streams},
+          {"num_ooms", r.num_ooms},
+          {"estimated", r.estimated}};
+}
+
+nlohmann::json EvaluationJson(const TuneReport& report, const Evaluation& e) {
+  nlohmann::json j = SummaryJson(e.replay);
+  j["config"] = CandidateConfString(e.candidate);
+  j["memory_fraction"] = e.candidate.memory_fraction
+                             ? nlohmann::json(*e.candidate.memory_fraction)
+                             : nlohmann::json(nullptr);
+  j["feasible"] = report.Feasible(e);
+  if (e.min_capacity) {
+    j["min_capacity"] = *e.min_capacity;
+    j["at_min_capacity"] = SummaryJson(e.at_min_capacity);
+  }
+  return j;
+}
+
+}  // namespace
+
+std::vector<std::string> RecommendationLines(const Evaluation& e) {
+  std::vector<std::string> lines = {
+      absl::StrCat("export PYTORCH_CUDA_ALLOC_CONF=", CandidateConfString(e.candidate))};
+  if (e.candidate.memory_fraction) {
+    lines.push_back(absl::StrFormat(
+        "torch.cuda.set_per_process_memory_fraction(%g)  # in Python, before "
+        "the first CUDA tensor",
+        *e.candidate.memory_fraction));
+  }
+  return lines;
+}
+
+std::vector<std::string> Warnings(const TuneReport& report, const Evaluation& e) {
+  std::vector<std::string> w;
+  const AllocatorConfig& c = e.candidate.config;
+  if (c.expandable_segments) {
+    w.push_back(
+        "expandable_segments:True: PyTorch cannot share these tensors between "
+        "processes over CUDA IPC (torch.multiprocessing, DataLoader workers "
+        "that return CUDA tensors); turn it off around such code with "
+        "torch.cuda.memory._set_allocator_settings('expandable_segments:False').");
+  }
+  if (e.candidate.memory_fraction) {
+    w.push_back(absl::StrFormat(
+        "the memory fraction %g is a hard cap: a later, larger batch than the "
+        "trace's raises OutOfMemoryError instead of growing the cache. It is "
+        "what lets garbage_collection_threshold act.",
+        *e.candidate.memory_fraction));
+  } else if (c.garbage_collection_threshold > 0) {
+    w.push_back(
+        "garbage_collection_threshold does nothing without "
+        "torch.cuda.set_per_process_memory_fraction.");
+  }
+  const ReplaySummary& r =
+      report.objective == Objective::kCapacity && e.min_capacity ? e.at_min_capacity
+                                                                 : e.replay;
+  if (r.num_alloc_retries > 0) {
+    w.push_back(absl::StrFormat(
+        "this needs %d cache flushes, each synchronising every stream (%d "
+        "syncs): expect slower steps where they happen.",
+        r.num_alloc_retries, r.num_sync_all_streams));
+  }
+  if (c.max_split_size != std::numeric_limits<size_t>::max()) {
+    w.push_back(
+        "max_split_size_mb keeps large blocks whole: it helps jobs whose big "
+        "tensors change size, and costs memory on jobs whose do not.");
+  }
+  if (report.options.capacity == 0) {
+    w.push_back(
+        "no --capacity given: the replay had unlimited memory, so the cache "
+        "flushes PyTorch makes on a full device are not modelled.");
+  }
+  return w;
+}
+
+void PrintTextReport(const TuneReport& report, const ReportContext& context,
+                     std::ostream& out) {
+  out << absl::StrFormat(
+      "allocd tune: %s (device %d, %d events), objective %s, capacity %s\n",
+      context.trace_path, context.device, context.trace_events,
+      ObjectiveName(report.objective),
+      report.options.capacity == 0 ? "unlimited" : FormatSize(report.options.capacity));
+  out << absl::StrFormat(
+      "searched %d of %d configs in the space (%d replays) in %.1f s on %d "
+      "threads: %.1f evaluations/s\n\n",
+      report.evaluations, report.grid_size, report.replays, report.seconds,
+      report.options.jobs,
+      report.seconds > 0 ? report.evaluations / report.seconds : 0.0);
+
+  out << absl::StrFormat("%5s  %-52s %13s %9s %9s %6s %7s %7s %5s\n", "rank",
+                         "config", ScoreHeader(report.objective), "vs dflt",
+                         "peak", "r/a", "allocs", "retries", "OOMs");
+  const size_t rows = std::min<size_t>(report.ranked.size(), context.top);
+  for (size_t i = 0; i < rows; ++i) {
+    PrintRow(report, report.Feasible(report.ranked[i]) ? absl::StrCat(i + 1) : "x",
+             report.ranked[i], out);
+  }
+  PrintRow(report, "dflt", report.baseline, out);
+
+  out << "\nconfigs from fine-tuning guides:\n";
+  for (const ReferenceConfig& ref : report.references) {
+    if (!ref.evaluation) {
+      out << absl::StrFormat("       %-52s rejected by PyTorch 2.11: %s\n", ref.conf,
+                             ref.error);
+    } else if (ref.evaluation->replay.estimated) {
+      out << absl::StrFormat("       %-52s %13s (the driver's pool: an estimate)\n",
+                             ref.conf, FormatSize(ref.evaluation->replay.peak_reserved));
+    } else {
+      PrintRow(report, "", *ref.evaluation, out);
+    }
+  }
+
+  const Evaluation* best = report.recommended();
+  if (best == nullptr) {
+    out << "\nNo candidate runs without an OOM at this capacity"
+        << (report.objective == Objective::kPeak && report.options.max_retries == 0
+                ? " and without cache flushes (try --max-retries N)"
+                : "")
+        << ".\n";
+    return;
+  }
+  out << "\nrecommended:\n";
+  for (const std::string& line : RecommendationLines(*best)) out << "  " << line << "\n";
+  const double base = report.Score(report.baseline);
+  const double score = report.Score(*best);
+  if (report.objective == Objective::kDeviceAllocs) {
+    out << absl::StrFormat("  %d device allocs+frees instead of %d with PyTorch's defaults\n",
+                           static_cast<int64_t>(score), static_cast<int64_t>(base));
+  } else if (base > score) {
+    out << absl::StrFormat(
+        "  saves %s (%.1f%%) of %s against PyTorch's defaults\n",
+        FormatSize(static_cast<uint64_t>(base - score)), 100.0 * (base - score) / base,
+        report.objective == Objective::kCapacity ? "the memory the job needs"
+                                                 : "peak reserved memory");
+  } else {
+    out << "  PyTorch's defaults are already the best fit for this job\n";
+  }
+  const Evaluation* best_guide = nullptr;
+  for (const ReferenceConfig& ref : report.references) {
+    if (ref.evaluation && !ref.evaluation->replay.estimated && report.Feasible(*ref.evaluation) &&
+        (best_guide == nullptr || report.Score(*ref.evaluation) < report.Score(*best_guide))) {
+      best_guide = &*ref.evaluation;
+    }
+  }
+  if (best_guide != nullptr && report.Score(*best_guide) > score) {
+    out << absl::StrFormat("  and %s against the best guide config (%s)\n",
+                           FormatSize(static_cast<uint64_t>(report.Score(*best_guide) - score)),
+                           ConfigLabel(*best_guide));
+  }
+  const std::vector<std::string> warnings = Warnings(report, *best);
+  if (!warnings.empty()) {
+    out << "\nbefore you paste it:\n";
+    for (const std::string& w : warnings) out << "  - " << w << "\n";
+  }
+  out << "\nPareto front (peak reserved vs device allocs+frees):\n";
+  for (size_t i : report.pareto) {
+    const Evaluation& e = report.ranked[i];
+    out << absl::StrFormat("  %10s %7d  %s\n", FormatSize(e.replay.peak_reserved),
+                           e.replay.num_device_alloc + e.replay.num_device_free,
+                           ConfigLabel(e));
+  }
+}
+
+nlohmann::json JsonReport(const TuneReport& report, const ReportContext& context) {
+  nlohmann::json j;
+  j["trace"] = context.trace_path;
+  j["device"] = context.device;
+  j["events"] = context.trace_events;
+  j["objective"] = ObjectiveName(report.objective);
+  j["capacity"] = report.options.capacity;
+  j["evaluations"] = report.evaluations;
+  j["replays"] = report.replays;
+  j["seconds"] = report.seconds;
+  j["grid_size"] = report.grid_size;
+  j["default"] = EvaluationJson(report, report.baseline);
+  if (const Evaluation* best = report.recommended()) {
+    j["recommended"] = EvaluationJson(report, *best);
+    j["recommended"]["lines"] = RecommendationLines(*best);
+    j["recommended"]["warnings"] = Warnings(report, *best);
+  } else {
+    j["recommended"] = nullptr;
+  }
+  j["candidates"] = nlohmann::json::array();
+  for (const Evaluation& e : report.ranked) j["candidates"].push_back(EvaluationJson(report, e));
+  j["pareto"] = nlohmann::json::array();
+  for (size_t i : report.pareto) j["pareto"].push_back(EvaluationJson(report, report.ranked[i]));
+  j["references"] = nlohmann::json::array();
+  for (const ReferenceConfig& ref : report.references) {
+    nlohmann::json r = ref.evaluation ? EvaluationJson(report, *ref.evaluation)
+                                      : nlohmann::json{{"config", ref.conf}};
+    r["config"] = ref.conf;
+    if (!ref.error.empty()) r["error"] = ref.error;
+    j["references"].push_back(r);
+  }
+  return j;
+}
+
+}  // namespace allocd
