@@ -53,23 +53,24 @@ const TraceFiles& Files(int64_t index) {
 // Reports MB/s of pickle, of the .gz file, and trace events/s (0: none).
 void Report(benchmark::State& state, const TraceFiles& files, size_t events) {
   state.SetLabel(kTraces[state.range(0)]);
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() *
-                                               files.pickle.size()));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(state.iterations() * files.pickle.size()));
   if (events > 0) {
-    state.counters["events/s"] = benchmark::Counter(
-        static_cast<double>(events),
-        benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["events/s"] =
+        benchmark::Counter(static_cast<double>(events),
+                           benchmark::Counter::kIsIterationInvariantRate);
   }
-  state.counters["gz_MB"] = benchmark::Counter(
-      static_cast<double>(files.gz.size()) / 1e6,
-      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gz_MB"] =
+      benchmark::Counter(static_cast<double>(files.gz.size()) / 1e6,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_ParsePickle(benchmark::State& state) {
   const TraceFiles& files = Files(state.range(0));
   for (auto _ : state) {
     absl::StatusOr<PickleDocument> doc = ParsePickle(files.pickle);
-    if (!doc.ok()) state.SkipWithError(std::string(doc.status().message()).c_str());
+    if (!doc.ok())
+      state.SkipWithError(std::string(doc.status().message()).c_str());
     benchmark::DoNotOptimize(doc);
   }
   Report(state, files, 0);

@@ -57,8 +57,8 @@ absl::StatusOr<std::string> Gunzip(std::string_view gz) {
         reinterpret_cast<const unsigned char*>(gz.data() + gz.size() - 4);
     const size_t stated = tail[0] | tail[1] << 8 | tail[2] << 16 |
                           static_cast<size_t>(tail[3]) << 24;
-    out.resize(std::min({stated, gz.size() * kMaxDeflateRatio,
-                         kMaxPickleBytes}));
+    out.resize(
+        std::min({stated, gz.size() * kMaxDeflateRatio, kMaxPickleBytes}));
   }
   size_t consumed = 0;
   size_t produced = 0;
@@ -68,14 +68,14 @@ absl::StatusOr<std::string> Gunzip(std::string_view gz) {
         return absl::InvalidArgumentError(absl::StrCat(
             "gzip: inflates to more than ", kMaxPickleBytes, " bytes"));
       }
-      out.resize(std::min(std::max(out.size() * 2, size_t{1} << 20),
-                          kMaxPickleBytes));
+      out.resize(
+          std::min(std::max(out.size() * 2, size_t{1} << 20), kMaxPickleBytes));
     }
     if (zs.avail_in == 0) {
-      zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data())) +
-                   consumed;
-      zs.avail_in = static_cast<uInt>(std::min<size_t>(gz.size() - consumed,
-                                                       UINT_MAX));
+      zs.next_in =
+          reinterpret_cast<Bytef*>(const_cast<char*>(gz.data())) + consumed;
+      zs.avail_in =
+          static_cast<uInt>(std::min<size_t>(gz.size() - consumed, UINT_MAX));
     }
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
     zs.avail_out =
@@ -100,9 +100,9 @@ absl::StatusOr<std::string> Gunzip(std::string_view gz) {
       return absl::ResourceExhaustedError("gzip: out of memory");
     }
     if (rc != Z_OK && rc != Z_BUF_ERROR) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gzip: corrupt data near compressed offset ", consumed, ": ",
-          zs.msg != nullptr ? zs.msg : "inflate failed"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gzip: corrupt data near compressed offset ", consumed,
+                       ": ", zs.msg != nullptr ? zs.msg : "inflate failed"));
     }
   }
   out.resize(produced);
@@ -119,6 +119,39 @@ enum class Action {
   kSegmentUnmap,
   kSnapshot,
   kOom,
+};
+
+// The event fields the trace reads.
+enum Field { kActionField, kAddrField, kSizeField, kStreamField, kOtherField };
+
+Field ParseField(std::string_view key) {
+  static constexpr std::string_view kFields[] = {"action", "addr", "size",
+                                                 "stream"};
+  for (int i = 0; i < 4; ++i) {
+    if (kFields[i] == key) return static_cast<Field>(i);
+  }
+  return kOtherField;
+}
+
+// What a str means to the reader (a key's Field, an action's Action),
+// worked out once per distinct handle: Python memoizes the keys and actions
+// that every event repeats, so after the first event they are found by
+// comparing 8-byte handles.
+template <typename T, T (*kParse)(std::string_view)>
+class StrMeaning {
+ public:
+  T Get(const PickleDocument& doc, PickleValue str) {
+    for (const auto& [handle, meaning] : known_) {
+      if (handle == str) return meaning;
+    }
+    const T meaning = kParse(doc.str_value(str));
+    // Strs that are not memoized (each a new handle) are not kept.
+    if (known_.size() < 16) known_.push_back({str, meaning});
+    return meaning;
+  }
+
+ private:
+  std::vector<std::pair<PickleValue, T>> known_;
 };
 
 std::optional<Action> ParseAction(std::string_view name) {
@@ -158,26 +191,22 @@ class TraceBuilder {
     }
     // One pass over the keys; a repeated key takes its last value, as in
     // Python.
-    std::optional<PickleValue> action, addr, size, stream;
+    std::optional<PickleValue> fields[kOtherField];
     for (const PickleDocument::Entry& e : doc_.entries(event)) {
       if (e.key.kind() != PickleKind::kStr) continue;
-      const std::string_view key = doc_.str_value(e.key);
-      if (key == "action") {
-        action = e.value;
-      } else if (key == "addr") {
-        addr = e.value;
-      } else if (key == "size") {
-        size = e.value;
-      } else if (key == "stream") {
-        stream = e.value;
-      }
+      const Field field = fields_.Get(doc_, e.key);
+      if (field != kOtherField) fields[field] = e.value;
     }
+    const std::optional<PickleValue>& action = fields[kActionField];
+    const std::optional<PickleValue>& addr = fields[kAddrField];
+    const std::optional<PickleValue>& size = fields[kSizeField];
+    const std::optional<PickleValue>& stream = fields[kStreamField];
     if (!action) return Error("missing 'action'");
     if (action->kind() != PickleKind::kStr) {
       return Error("'action' is %s, expected str",
                    PickleKindName(action->kind()));
     }
-    const std::optional<Action> kind = ParseAction(doc_.str_value(*action));
+    const std::optional<Action> kind = actions_.Get(doc_, *action);
     if (!kind) return Error("unknown action '%s'", doc_.str_value(*action));
 
     uint64_t address = 0, bytes = 0, stream_handle = 0;
@@ -316,9 +345,9 @@ class TraceBuilder {
                              : "free_completed without free_requested",
                    address, block.id);
     }
-    trace_.events.push_back({requested ? TraceOp::kFreeRequested
-                                       : TraceOp::kFreeCompleted,
-                             block.stream, block.id, block.size});
+    trace_.events.push_back(
+        {requested ? TraceOp::kFreeRequested : TraceOp::kFreeCompleted,
+         block.stream, block.id, block.size});
     if (requested) {
       block.free_requested = true;
     } else {
@@ -328,6 +357,8 @@ class TraceBuilder {
   }
 
   const PickleDocument& doc_;
+  StrMeaning<Field, ParseField> fields_;
+  StrMeaning<std::optional<Action>, ParseAction> actions_;
   Trace trace_;
   // The event being added, for error messages.
   size_t index_ = 0;
@@ -348,7 +379,8 @@ absl::StatusOr<PickleValue> SelectDevice(const PickleDocument& doc,
       return SnapshotError("device_traces[%d] is %s, expected list",
                            lists.size(), PickleKindName(list.kind()));
     }
-    if (doc.size(list) > 0) with_events.push_back(static_cast<int>(lists.size()));
+    if (doc.size(list) > 0)
+      with_events.push_back(static_cast<int>(lists.size()));
     lists.push_back(list);
   }
   if (device == -1) {

@@ -52,9 +52,9 @@ std::string Repr(const PickleDocument& doc, PickleValue v, int depth = 32) {
       if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
         out += c;
       } else {
-        absl::StrAppend(&out, "\\x",
-                        absl::Hex(static_cast<unsigned char>(c),
-                                  absl::kZeroPad2));
+        absl::StrAppend(
+            &out, "\\x",
+            absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
       }
     }
     return out + "'";
@@ -132,77 +132,116 @@ struct PythonVector {
 // Bytes need protocol 3, sets 4 and bytearray 5: before those, Python
 // pickles them with REDUCE, which this reader refuses.
 constexpr PythonVector kPythonVectors[] = {
-    {0, "4e2e",
-     "None"},
-    {1, "4e2e",
-     "None"},
-    {2, "80024e2e",
-     "None"},
-    {3, "80034e2e",
-     "None"},
-    {4, "80044e2e",
-     "None"},
-    {5, "80054e2e",
-     "None"},
-    {0, "4930310a2e",
-     "True"},
-    {1, "4930310a2e",
-     "True"},
-    {2, "8002882e",
-     "True"},
-    {3, "8003882e",
-     "True"},
-    {4, "8004882e",
-     "True"},
-    {5, "8005882e",
-     "True"},
-    {0, "4930300a2e",
-     "False"},
-    {1, "4930300a2e",
-     "False"},
-    {2, "8002892e",
-     "False"},
-    {3, "8003892e",
-     "False"},
-    {4, "8004892e",
-     "False"},
-    {5, "8005892e",
-     "False"},
-    {0, "286c70300a49300a6149310a61493235350a61493235360a614936353533350a614936353533360a61492d310a61492d3132390a6149323134373438333634370a61492d323134373438333634380a614c323134373438333634384c0a614c3238383233303337363135313731313734344c0a614c2d3238383233303337363135313731313734354c0a614c393232333337323033363835343737353830374c0a614c2d393232333337323033363835343737353830384c0a612e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {1, "5d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4a000000804c323134373438333634384c0a4c3238383233303337363135313731313734344c0a4c2d3238383233303337363135313731313734354c0a4c393232333337323033363835343737353830374c0a4c2d393232333337323033363835343737353830384c0a652e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {2, "80025d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {3, "80035d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {4, "80049559000000000000005d94284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {5, "80059559000000000000005d94284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
-     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, 2147483648, 288230376151711744, -288230376151711745, 9223372036854775807, -9223372036854775808]"},
-    {0, "286c70300a46312e350a61462d302e32350a6146302e300a614631652b3130300a612e",
+    {0, "4e2e", "None"},
+    {1, "4e2e", "None"},
+    {2, "80024e2e", "None"},
+    {3, "80034e2e", "None"},
+    {4, "80044e2e", "None"},
+    {5, "80054e2e", "None"},
+    {0, "4930310a2e", "True"},
+    {1, "4930310a2e", "True"},
+    {2, "8002882e", "True"},
+    {3, "8003882e", "True"},
+    {4, "8004882e", "True"},
+    {5, "8005882e", "True"},
+    {0, "4930300a2e", "False"},
+    {1, "4930300a2e", "False"},
+    {2, "8002892e", "False"},
+    {3, "8003892e", "False"},
+    {4, "8004892e", "False"},
+    {5, "8005892e", "False"},
+    {0,
+     "286c70300a49300a6149310a61493235350a61493235360a614936353533350a614936353"
+     "533360a61492d310a61492d3132390a6149323134373438333634370a61492d3231343734"
+     "38333634380a614c323134373438333634384c0a614c32383832333033373631353137313"
+     "13734344c0a614c2d3238383233303337363135313731313734354c0a614c393232333337"
+     "323033363835343737353830374c0a614c2d3932323333373230333638353437373538303"
+     "84c0a612e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {1,
+     "5d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4affffff7f4"
+     "a000000804c323134373438333634384c0a4c323838323330333736313531373131373434"
+     "4c0a4c2d3238383233303337363135313731313734354c0a4c39323233333732303336383"
+     "5343737353830374c0a4c2d393232333337323033363835343737353830384c0a652e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {2,
+     "80025d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4afffff"
+     "f7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ff"
+     "ffffffffffff7f8a080000000000000080652e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {3,
+     "80035d7100284b004b014bff4d00014dffff4a000001004affffffff4a7fffffff4afffff"
+     "f7f4a000000808a0500000080008a0800000000000000048a08fffffffffffffffb8a08ff"
+     "ffffffffffff7f8a080000000000000080652e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {4,
+     "80049559000000000000005d94284b004b014bff4d00014dffff4a000001004affffffff4"
+     "a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08ffffff"
+     "fffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {5,
+     "80059559000000000000005d94284b004b014bff4d00014dffff4a000001004affffffff4"
+     "a7fffffff4affffff7f4a000000808a0500000080008a0800000000000000048a08ffffff"
+     "fffffffffb8a08ffffffffffffff7f8a080000000000000080652e",
+     "[0, 1, 255, 256, 65535, 65536, -1, -129, 2147483647, -2147483648, "
+     "2147483648, 288230376151711744, -288230376151711745, "
+     "9223372036854775807, -9223372036854775808]"},
+    {0,
+     "286c70300a46312e350a61462d302e32350a6146302e300a614631652b3130300a612e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {1, "5d710028473ff800000000000047bfd00000000000004700000000000000004754b249ad2594c37d652e",
+    {1,
+     "5d710028473ff800000000000047bfd00000000000004700000000000000004754b249ad2"
+     "594c37d652e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {2, "80025d710028473ff800000000000047bfd00000000000004700000000000000004754b249ad2594c37d652e",
+    {2,
+     "80025d710028473ff800000000000047bfd00000000000004700000000000000004754b24"
+     "9ad2594c37d652e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {3, "80035d710028473ff800000000000047bfd00000000000004700000000000000004754b249ad2594c37d652e",
+    {3,
+     "80035d710028473ff800000000000047bfd00000000000004700000000000000004754b24"
+     "9ad2594c37d652e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {4, "80049529000000000000005d9428473ff800000000000047bfd00000000000004700000000000000004754b249ad2594c37d652e",
+    {4,
+     "80049529000000000000005d9428473ff800000000000047bfd0000000000000470000000"
+     "0000000004754b249ad2594c37d652e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {5, "80059529000000000000005d9428473ff800000000000047bfd00000000000004700000000000000004754b249ad2594c37d652e",
+    {5,
+     "80059529000000000000005d9428473ff800000000000047bfd0000000000000470000000"
+     "0000000004754b249ad2594c37d652e",
      "[1.5, -0.25, 0.0, 1e+100]"},
-    {0, "286c70300a5668656c6c6f0a70310a61560a70320a6156e95c75363565355c75363732635c5530303031663630300a70330a612e",
+    {0,
+     "286c70300a5668656c6c6f0a70310a61560a70320a6156e95c75363565355c75363732635"
+     "c5530303031663630300a70330a612e",
      "['hello', '', 'é日本😀']"},
-    {1, "5d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69cacf09f98807103652e",
+    {1,
+     "5d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69cacf"
+     "09f98807103652e",
      "['hello', '', 'é日本😀']"},
-    {2, "80025d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69cacf09f98807103652e",
+    {2,
+     "80025d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69"
+     "cacf09f98807103652e",
      "['hello', '', 'é日本😀']"},
-    {3, "80035d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69cacf09f98807103652e",
+    {3,
+     "80035d710028580500000068656c6c6f710158000000007102580c000000c3a9e697a5e69"
+     "cacf09f98807103652e",
      "['hello', '', 'é日本😀']"},
-    {4, "8004951f000000000000005d94288c0568656c6c6f948c00948c0cc3a9e697a5e69cacf09f988094652e",
+    {4,
+     "8004951f000000000000005d94288c0568656c6c6f948c00948c0cc3a9e697a5e69cacf09"
+     "f988094652e",
      "['hello', '', 'é日本😀']"},
-    {5, "8005951f000000000000005d94288c0568656c6c6f948c00948c0cc3a9e697a5e69cacf09f988094652e",
+    {5,
+     "8005951f000000000000005d94288c0568656c6c6f948c00948c0cc3a9e697a5e69cacf09"
+     "f988094652e",
      "['hello', '', 'é日本😀']"},
     {3, "80035d710028430071014304000161627102430378797a7103652e",
      "[b'', b'\\x00\\x01ab', b'xyz']"},
@@ -210,48 +249,68 @@ constexpr PythonVector kPythonVectors[] = {
      "[b'', b'\\x00\\x01ab', b'xyz']"},
     {5, "80059515000000000000005d942843009443040001616294430378797a94652e",
      "[b'', b'\\x00\\x01ab', b'xyz']"},
-    {0, "286470300a56610a70310a286c70320a49310a6149320a612849330a56780a70330a7470340a617356620a70350a286470360a56630a70370a4e737356640a70380a286c70390a732e",
+    {0,
+     "286470300a56610a70310a286c70320a49310a6149320a612849330a56780a70330a74703"
+     "40a617356620a70350a286470360a56630a70370a4e737356640a70380a286c70390a732"
+     "e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {1, "7d71002858010000006171015d7102284b014b02284b0358010000007871037471046558010000006271057d710658010000006371074e7358010000006471085d7109752e",
+    {1,
+     "7d71002858010000006171015d7102284b014b02284b03580100000078710374710465580"
+     "10000006271057d710658010000006371074e7358010000006471085d7109752e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {2, "80027d71002858010000006171015d7102284b014b024b0358010000007871038671046558010000006271057d710658010000006371074e7358010000006471085d7109752e",
+    {2,
+     "80027d71002858010000006171015d7102284b014b024b035801000000787103867104655"
+     "8010000006271057d710658010000006371074e7358010000006471085d7109752e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {3, "80037d71002858010000006171015d7102284b014b024b0358010000007871038671046558010000006271057d710658010000006371074e7358010000006471085d7109752e",
+    {3,
+     "80037d71002858010000006171015d7102284b014b024b035801000000787103867104655"
+     "8010000006271057d710658010000006371074e7358010000006471085d7109752e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {4, "8004952b000000000000007d94288c0161945d94284b014b024b038c0178948694658c0162947d948c0163944e738c0164945d94752e",
+    {4,
+     "8004952b000000000000007d94288c0161945d94284b014b024b038c0178948694658c016"
+     "2947d948c0163944e738c0164945d94752e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {5, "8005952b000000000000007d94288c0161945d94284b014b024b038c0178948694658c0162947d948c0163944e738c0164945d94752e",
+    {5,
+     "8005952b000000000000007d94288c0161945d94284b014b024b038c0178948694658c016"
+     "2947d948c0163944e738c0164945d94752e",
      "{'a': [1, 2, (3, 'x')], 'b': {'c': None}, 'd': []}"},
-    {0, "286c70300a286c70310a49310a616167310a612e",
-     "[[1], [1]]"},
-    {1, "5d7100285d71014b01616801652e",
-     "[[1], [1]]"},
-    {2, "80025d7100285d71014b01616801652e",
-     "[[1], [1]]"},
-    {3, "80035d7100285d71014b01616801652e",
-     "[[1], [1]]"},
-    {4, "8004950c000000000000005d94285d944b01616801652e",
-     "[[1], [1]]"},
-    {5, "8005950c000000000000005d94285d944b01616801652e",
-     "[[1], [1]]"},
-    {0, "286c70300a2874612849310a7470310a612849310a49320a7470320a612849310a49320a49330a7470330a612849310a49320a49330a49340a7470340a612e",
+    {0, "286c70300a286c70310a49310a616167310a612e", "[[1], [1]]"},
+    {1, "5d7100285d71014b01616801652e", "[[1], [1]]"},
+    {2, "80025d7100285d71014b01616801652e", "[[1], [1]]"},
+    {3, "80035d7100285d71014b01616801652e", "[[1], [1]]"},
+    {4, "8004950c000000000000005d94285d944b01616801652e", "[[1], [1]]"},
+    {5, "8005950c000000000000005d94285d944b01616801652e", "[[1], [1]]"},
+    {0,
+     "286c70300a2874612849310a7470310a612849310a49320a7470320a612849310a49320a4"
+     "9330a7470330a612849310a49320a49330a49340a7470340a612e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {1, "5d71002829284b01747101284b014b02747102284b014b024b03747103284b014b024b034b04747104652e",
+    {1,
+     "5d71002829284b01747101284b014b02747102284b014b024b03747103284b014b024b034"
+     "b04747104652e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {2, "80025d710028294b018571014b014b028671024b014b024b03877103284b014b024b034b04747104652e",
+    {2,
+     "80025d710028294b018571014b014b028671024b014b024b03877103284b014b024b034b0"
+     "4747104652e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {3, "80035d710028294b018571014b014b028671024b014b024b03877103284b014b024b034b04747104652e",
+    {3,
+     "80035d710028294b018571014b014b028671024b014b024b03877103284b014b024b034b0"
+     "4747104652e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {4, "80049523000000000000005d9428294b0185944b014b0286944b014b024b038794284b014b024b034b047494652e",
+    {4,
+     "80049523000000000000005d9428294b0185944b014b0286944b014b024b038794284b014"
+     "b024b034b047494652e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {5, "80059523000000000000005d9428294b0185944b014b0286944b014b024b038794284b014b024b034b047494652e",
+    {5,
+     "80059523000000000000005d9428294b0185944b014b0286944b014b024b038794284b014"
+     "b024b034b047494652e",
      "[(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]"},
-    {4, "80049518000000000000005d94288f94284b014b024b0390284b014b0291948f94652e",
+    {4,
+     "80049518000000000000005d94288f94284b014b024b0390284b014b0291948f94652e",
      "[{1, 2, 3}, frozenset({1, 2}), set()]"},
-    {5, "80059518000000000000005d94288f94284b014b024b0390284b014b0291948f94652e",
+    {5,
+     "80059518000000000000005d94288f94284b014b024b0390284b014b0291948f94652e",
      "[{1, 2, 3}, frozenset({1, 2}), set()]"},
-    {5, "8005950d000000000000009602000000000000006162942e",
-     "bytearray(b'ab')"},
+    {5, "8005950d000000000000009602000000000000006162942e", "bytearray(b'ab')"},
 };
 
 TEST(PickleTest, DecodesWhatPythonWritesAtEveryProtocol) {
@@ -299,29 +358,41 @@ TEST(PickleTest, LongEncodingsAndTheInt64Boundary) {
   EXPECT_EQ(Load("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."sv),
             "<bigint>");
   // Redundant sign bytes are fine.
-  EXPECT_EQ(Load("\x8a\x0a\x05\x00\x00\x00\x00\x00\x00\x00\x00\x00."sv),
-            "5");
+  EXPECT_EQ(Load("\x8a\x0a\x05\x00\x00\x00\x00\x00\x00\x00\x00\x00."sv), "5");
   EXPECT_EQ(Load("\x8b\x02\x00\x00\x00\x00\x01."sv), "256");
 }
 
 TEST(PickleTest, Strings) {
-  EXPECT_EQ(Load("X\x03\x00\x00\x00" "abc."sv), "'abc'");
-  EXPECT_EQ(Load("\x8c\x03" "abc."), "'abc'");
-  EXPECT_EQ(Load("\x8d\x02\x00\x00\x00\x00\x00\x00\x00" "hi."sv),
+  EXPECT_EQ(Load("X\x03\x00\x00\x00"
+                 "abc."sv),
+            "'abc'");
+  EXPECT_EQ(Load("\x8c\x03"
+                 "abc."),
+            "'abc'");
+  EXPECT_EQ(Load("\x8d\x02\x00\x00\x00\x00\x00\x00\x00"
+                 "hi."sv),
             "'hi'");
   EXPECT_EQ(Load("\x8c\x02\xc3\xa9."), "'\xc3\xa9'");
-  EXPECT_EQ(Load("T\x03\x00\x00\x00" "abc."sv), "'abc'");
-  EXPECT_EQ(Load("U\x03" "abc."), "'abc'");
+  EXPECT_EQ(Load("T\x03\x00\x00\x00"
+                 "abc."sv),
+            "'abc'");
+  EXPECT_EQ(Load("U\x03"
+                 "abc."),
+            "'abc'");
   EXPECT_EQ(Load("C\x02\x00\x01."sv), "b'\\x00\\x01'");
-  EXPECT_EQ(Load("B\x01\x00\x00\x00" "z."sv), "b'z'");
-  EXPECT_EQ(Load("\x8e\x01\x00\x00\x00\x00\x00\x00\x00" "z."sv),
+  EXPECT_EQ(Load("B\x01\x00\x00\x00"
+                 "z."sv),
             "b'z'");
-  EXPECT_EQ(Load("\x96\x01\x00\x00\x00\x00\x00\x00\x00" "z."sv),
+  EXPECT_EQ(Load("\x8e\x01\x00\x00\x00\x00\x00\x00\x00"
+                 "z."sv),
+            "b'z'");
+  EXPECT_EQ(Load("\x96\x01\x00\x00\x00\x00\x00\x00\x00"
+                 "z."sv),
             "bytearray(b'z')");
   // Longer than 255 bytes: BINUNICODE, as Python writes it.
   const std::string long_text(300, 'a');
-  EXPECT_EQ(Load(absl::StrCat("X", std::string("\x2c\x01\x00\x00"sv),
-                              long_text, ".")),
+  EXPECT_EQ(Load(absl::StrCat("X", std::string("\x2c\x01\x00\x00"sv), long_text,
+                              ".")),
             absl::StrCat("'", long_text, "'"));
 }
 
@@ -351,10 +422,18 @@ TEST(PickleTest, Containers) {
   EXPECT_EQ(Load("(K\x01K\x02K\x03K\x04t."), "(1, 2, 3, 4)");
   EXPECT_EQ(Load("]."), "[]");
   EXPECT_EQ(Load("(K\x01K\x02l."), "[1, 2]");
-  EXPECT_EQ(Load("]K\x01" "a."), "[1]");
-  EXPECT_EQ(Load("](K\x01K\x02" "eK\x03" "a(K\x04" "e."), "[1, 2, 3, 4]");
+  EXPECT_EQ(Load("]K\x01"
+                 "a."),
+            "[1]");
+  EXPECT_EQ(Load("](K\x01K\x02"
+                 "eK\x03"
+                 "a(K\x04"
+                 "e."),
+            "[1, 2, 3, 4]");
   EXPECT_EQ(Load("}."), "{}");
-  EXPECT_EQ(Load("(K\x01K\x02" "d."), "{1: 2}");
+  EXPECT_EQ(Load("(K\x01K\x02"
+                 "d."),
+            "{1: 2}");
   EXPECT_EQ(Load("}K\x01K\x02s."), "{1: 2}");
   EXPECT_EQ(Load("}(K\x01K\x02K\x03K\x04u."), "{1: 2, 3: 4}");
   EXPECT_EQ(Load("\x8f."), "set()");
@@ -376,20 +455,26 @@ TEST(PickleTest, DictFindTakesTheLastOfARepeatedKey) {
 }
 
 TEST(PickleTest, StackOpcodes) {
-  EXPECT_EQ(Load("K\x01K\x02" "0."), "1");                 // POP
-  EXPECT_EQ(Load("K\x01(K\x02K\x03" "1."), "1");           // POP_MARK
-  EXPECT_EQ(Load("K\x01" "2\x86."), "(1, 1)");             // DUP
+  EXPECT_EQ(Load("K\x01K\x02"
+                 "0."),
+            "1");  // POP
+  EXPECT_EQ(Load("K\x01(K\x02K\x03"
+                 "1."),
+            "1");  // POP_MARK
+  EXPECT_EQ(Load("K\x01"
+                 "2\x86."),
+            "(1, 1)");  // DUP
   // With nothing above the innermost MARK, POP drops the MARK (CPython).
   EXPECT_EQ(Load("K\x01(0."), "1");
 }
 
 TEST(PickleTest, FramesAndProtocolHeaders) {
   // PROTO 4, FRAME of 3 bytes, K 1 STOP.
-  EXPECT_EQ(Load("\x80\x04\x95\x03\x00\x00\x00\x00\x00\x00\x00K\x01."sv),
-            "1");
+  EXPECT_EQ(Load("\x80\x04\x95\x03\x00\x00\x00\x00\x00\x00\x00K\x01."sv), "1");
   EXPECT_EQ(Load("\x80\x05N."), "None");
-  EXPECT_THAT(Error("\x80\x06N."),
-              HasSubstr("opcode PROTO at offset 0: unsupported pickle protocol 6"));
+  EXPECT_THAT(
+      Error("\x80\x06N."),
+      HasSubstr("opcode PROTO at offset 0: unsupported pickle protocol 6"));
   EXPECT_THAT(Error("\x80\x04\x95\xff\x00\x00\x00\x00\x00\x00\x00K\x01."sv),
               HasSubstr("opcode FRAME at offset 2: frame of 255 bytes exceeds "
                         "the 3 bytes left"));
@@ -399,20 +484,30 @@ TEST(PickleTest, FramesAndProtocolHeaders) {
 // The memo.
 
 TEST(PickleTest, MemoOpcodes) {
-  EXPECT_EQ(Load("K\x05p0\n0g0\n."), "5");                     // PUT, GET
-  EXPECT_EQ(Load("K\x05q\x03" "0h\x03."), "5");                // BINPUT, BINGET
-  EXPECT_EQ(Load("K\x05r\x00\x01\x00\x00" "0j\x00\x01\x00\x00."sv), "5");
-  EXPECT_EQ(Load("\x80\x04K\x05\x94" "0h\x00."sv), "5");         // MEMOIZE
-  EXPECT_THAT(Error("h\x00."sv),
-              HasSubstr("opcode BINGET at offset 0: memo index 0 was never PUT"));
+  EXPECT_EQ(Load("K\x05p0\n0g0\n."), "5");  // PUT, GET
+  EXPECT_EQ(Load("K\x05q\x03"
+                 "0h\x03."),
+            "5");  // BINPUT, BINGET
+  EXPECT_EQ(Load("K\x05r\x00\x01\x00\x00"
+                 "0j\x00\x01\x00\x00."sv),
+            "5");
+  EXPECT_EQ(Load("\x80\x04K\x05\x94"
+                 "0h\x00."sv),
+            "5");  // MEMOIZE
+  EXPECT_THAT(
+      Error("h\x00."sv),
+      HasSubstr("opcode BINGET at offset 0: memo index 0 was never PUT"));
 }
 
 TEST(PickleTest, MemoSharesContainersLikePython) {
   // a = []; root = [a, a]; then a.append(7) through the memo.
   const std::string pickle(
-      "]q\x00" "0"sv          // a, PUT 0, POP
-      "]q\x01(h\x00h\x00" "e"sv  // root = [a, a]
-      "h\x00K\x07" "a0"sv     // a.append(7), POP a
+      "]q\x00"
+      "0"sv  // a, PUT 0, POP
+      "]q\x01(h\x00h\x00"
+      "e"sv  // root = [a, a]
+      "h\x00K\x07"
+      "a0"sv  // a.append(7), POP a
       ".");
   absl::StatusOr<PickleDocument> doc = ParsePickle(pickle);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -424,7 +519,9 @@ TEST(PickleTest, MemoSharesContainersLikePython) {
 }
 
 TEST(PickleTest, AListThatContainsItself) {
-  absl::StatusOr<PickleDocument> doc = ParsePickle("]q\x00h\x00" "a."sv);
+  absl::StatusOr<PickleDocument> doc = ParsePickle(
+      "]q\x00h\x00"
+      "a."sv);
   ASSERT_TRUE(doc.ok()) << doc.status();
   EXPECT_EQ(Repr(*doc, doc->root(), 3), "[[[...]]]");
   EXPECT_EQ(*doc->items(doc->root()).begin(), doc->root());
@@ -433,7 +530,9 @@ TEST(PickleTest, AListThatContainsItself) {
 TEST(PickleTest, LargeMemoIndicesCostNoMemory) {
   // LONG_BINPUT 2^32 - 1 and PUT 10^18: CPython's C unpickler would size its
   // memo array by the index.
-  EXPECT_EQ(Load("K\x01r\xff\xff\xff\xff" "0j\xff\xff\xff\xff."), "1");
+  EXPECT_EQ(Load("K\x01r\xff\xff\xff\xff"
+                 "0j\xff\xff\xff\xff."),
+            "1");
   EXPECT_EQ(Load("K\x01p1000000000000000000\n0g1000000000000000000\n."), "1");
   // MEMOIZE takes the number of entries as its index, PUTs out of order
   // included: 1 goes to 5, 2 to 1.
@@ -445,7 +544,9 @@ TEST(PickleTest, LargeMemoIndicesCostNoMemory) {
 
 TEST(PickleTest, RefusesGlobalsAndCalls) {
   // pickle.dumps of a class whose __reduce__ returns (os.system, ('echo',)).
-  EXPECT_EQ(Error("\x80\x02" "cos\nsystem\nq\x00X\x04\x00\x00\x00" "echoq\x01\x85q\x02Rq\x03."sv),
+  EXPECT_EQ(Error("\x80\x02"
+                  "cos\nsystem\nq\x00X\x04\x00\x00\x00"
+                  "echoq\x01\x85q\x02Rq\x03."sv),
             "pickle: opcode GLOBAL 'os system' at offset 2 is not allowed: "
             "snapshots contain plain data only");
   EXPECT_EQ(Error("\x80\x04\x8c\x02os\x8c\x06system\x93."),
@@ -456,9 +557,8 @@ TEST(PickleTest, RefusesGlobalsAndCalls) {
             "snapshots contain plain data only");
   // Each opcode that builds or calls objects, even on plain data.
   for (std::string_view op :
-       {"R"sv, "b"sv, "o"sv, "\x81"sv, "\x92"sv, "\x82\x01"sv,
-        "\x83\x01\x00"sv, "\x84\x01\x00\x00\x00"sv, "P1\n"sv, "Q"sv,
-        "\x97"sv, "\x98"sv}) {
+       {"R"sv, "b"sv, "o"sv, "\x81"sv, "\x92"sv, "\x82\x01"sv, "\x83\x01\x00"sv,
+        "\x84\x01\x00\x00\x00"sv, "P1\n"sv, "Q"sv, "\x97"sv, "\x98"sv}) {
     const std::string pickle = absl::StrCat("\x80\x05)N", std::string(op), ".");
     SCOPED_TRACE(absl::CHexEscape(pickle));
     EXPECT_THAT(Error(pickle),
@@ -468,23 +568,27 @@ TEST(PickleTest, RefusesGlobalsAndCalls) {
 }
 
 TEST(PickleTest, LyingLengthsAreBoundedByTheInput) {
-  EXPECT_EQ(Error("\x80\x03X\xff\xff\xff\xff" "abc."),
+  EXPECT_EQ(Error("\x80\x03X\xff\xff\xff\xff"
+                  "abc."),
             "pickle: opcode BINUNICODE at offset 2: needs 4294967295 bytes, 4 "
             "left");
-  EXPECT_THAT(Error("\x8d\xff\xff\xff\xff\xff\xff\xff\xff" "abc."),
+  EXPECT_THAT(Error("\x8d\xff\xff\xff\xff\xff\xff\xff\xff"
+                    "abc."),
               HasSubstr("opcode BINUNICODE8 at offset 0: needs "
                         "18446744073709551615 bytes, 4 left"));
   EXPECT_THAT(Error("\x8e\xff\xff\xff\xff\xff\xff\xff\x7f."),
               HasSubstr("opcode BINBYTES8 at offset 0: needs"));
-  EXPECT_THAT(Error("\x96\x10\x00\x00\x00\x00\x00\x00\x00."sv),
-              HasSubstr("opcode BYTEARRAY8 at offset 0: needs 16 bytes, 1 left"));
+  EXPECT_THAT(
+      Error("\x96\x10\x00\x00\x00\x00\x00\x00\x00."sv),
+      HasSubstr("opcode BYTEARRAY8 at offset 0: needs 16 bytes, 1 left"));
   EXPECT_THAT(Error("\x8b\xff\xff\xff\x7f."),
               HasSubstr("opcode LONG4 at offset 0: needs 2147483647 bytes"));
   EXPECT_THAT(Error("\x8b\xff\xff\xff\xff."),
               HasSubstr("opcode LONG4 at offset 0: negative byte count"));
   EXPECT_THAT(Error("T\xff\xff\xff\xff."),
               HasSubstr("opcode BINSTRING at offset 0: negative byte count"));
-  EXPECT_THAT(Error("\x8c\x05" "ab."),
+  EXPECT_THAT(Error("\x8c\x05"
+                    "ab."),
               HasSubstr("opcode SHORT_BINUNICODE at offset 0: needs 5 bytes, 3 "
                         "left"));
 }
@@ -527,15 +631,18 @@ TEST(PickleTest, RejectsStackMisuse) {
   // An opcode cannot reach below the innermost MARK.
   EXPECT_THAT(Error("]K\x01(a."), HasSubstr("opcode APPEND at offset 4: stack "
                                             "underflow"));
-  EXPECT_THAT(Error("(2."), HasSubstr("opcode DUP at offset 1: stack underflow"));
+  EXPECT_THAT(Error("(2."),
+              HasSubstr("opcode DUP at offset 1: stack underflow"));
   EXPECT_THAT(Error("(e."), HasSubstr("opcode APPENDS at offset 1: stack "
                                       "underflow"));
-  EXPECT_THAT(Error("0."), HasSubstr("opcode POP at offset 0: stack underflow"));
+  EXPECT_THAT(Error("0."),
+              HasSubstr("opcode POP at offset 0: stack underflow"));
   EXPECT_THAT(Error("1."), HasSubstr("opcode POP_MARK at offset 0: no MARK"));
   EXPECT_THAT(Error("t."), HasSubstr("opcode TUPLE at offset 0: no MARK"));
   EXPECT_THAT(Error("\x86."), HasSubstr("opcode TUPLE2 at offset 0: stack "
                                         "underflow"));
-  EXPECT_THAT(Error("}K\x01" "a."),
+  EXPECT_THAT(Error("}K\x01"
+                    "a."),
               HasSubstr("opcode APPEND at offset 3: adds to a dict, expected a "
                         "list"));
   EXPECT_THAT(Error("](K\x01u."),
@@ -549,7 +656,7 @@ TEST(PickleTest, RejectsStackMisuse) {
   EXPECT_THAT(Error("}]\x85K\x01s."), HasSubstr("unhashable tuple"));
   EXPECT_THAT(Error("\x8f(}\x90."), HasSubstr("unhashable dict"));
   EXPECT_THAT(Error("q\x00."sv), HasSubstr("opcode BINPUT at offset 0: stack "
-                                         "underflow"));
+                                           "underflow"));
 }
 
 TEST(PickleTest, LimitsMarkNesting) {

@@ -74,9 +74,12 @@ class PickleWriter {
 
 Dict Event(const std::string& action, int64_t addr, int64_t size,
            int64_t stream = 0) {
-  return {{"action", action},       {"addr", addr},
-          {"size", size},           {"stream", stream},
-          {"time_us", int64_t{17}}, {"compile_context", std::string("N/A")},
+  return {{"action", action},
+          {"addr", addr},
+          {"size", size},
+          {"stream", stream},
+          {"time_us", int64_t{17}},
+          {"compile_context", std::string("N/A")},
           {"user_metadata", std::string("")}};
 }
 
@@ -143,13 +146,13 @@ TEST(SnapshotReaderTest, AllocsGetDenseIdsAndFreesFollowTheAddress) {
   }});
   absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
   ASSERT_TRUE(trace.ok()) << trace.status();
-  EXPECT_THAT(trace->events,
-              ElementsAre(TraceEvent{kAlloc, 0, 0, 100},
-                          TraceEvent{kAlloc, 0, 1, 200},
-                          TraceEvent{kFreeRequested, 0, 0, 100},
-                          TraceEvent{kFreeCompleted, 0, 0, 100},
-                          TraceEvent{kAlloc, 0, 2, 300},
-                          TraceEvent{kFreeRequested, 0, 1, 200}));
+  EXPECT_THAT(
+      trace->events,
+      ElementsAre(TraceEvent{kAlloc, 0, 0, 100}, TraceEvent{kAlloc, 0, 1, 200},
+                  TraceEvent{kFreeRequested, 0, 0, 100},
+                  TraceEvent{kFreeCompleted, 0, 0, 100},
+                  TraceEvent{kAlloc, 0, 2, 300},
+                  TraceEvent{kFreeRequested, 0, 1, 200}));
   EXPECT_EQ(trace->num_ids, 3u);
   ASSERT_EQ(trace->recorded_segments.size(), 2u);
   EXPECT_EQ(trace->recorded_segments[0].address, 0x1000u);
@@ -173,11 +176,11 @@ TEST(SnapshotReaderTest, StreamsAreSortedHandles) {
   absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_THAT(trace->streams, ElementsAre(0u, 0x30u, 0x70u));
-  EXPECT_THAT(trace->events, ElementsAre(TraceEvent{kAlloc, 2, 0, 1},
-                                         TraceEvent{kAlloc, 1, 1, 2},
-                                         TraceEvent{kAlloc, 0, 2, 3},
-                                         TraceEvent{kAlloc, 2, 3, 4},
-                                         TraceEvent{kFreeRequested, 1, 1, 2}));
+  EXPECT_THAT(
+      trace->events,
+      ElementsAre(TraceEvent{kAlloc, 2, 0, 1}, TraceEvent{kAlloc, 1, 1, 2},
+                  TraceEvent{kAlloc, 0, 2, 3}, TraceEvent{kAlloc, 2, 3, 4},
+                  TraceEvent{kFreeRequested, 1, 1, 2}));
 }
 
 TEST(SnapshotReaderTest, OtherActionsAreCountedNotReplayed) {
@@ -223,18 +226,18 @@ TEST(SnapshotReaderTest, FreesOfUnknownAddressesAreSkipped) {
 // PyTorch never hands out an address again before its free_completed, so
 // such a trace lost events: an error, not a guess.
 TEST(SnapshotReaderTest, InconsistentFreesAreErrors) {
-  EXPECT_EQ(ErrorOf(Snapshot({{Event("alloc", 0x100, 1),
-                               Event("alloc", 0x100, 2)}})),
-            "snapshot: device_traces[0][1]: alloc at 0x100, which holds a live "
-            "block since alloc #0 (its free_completed is missing)");
-  EXPECT_EQ(ErrorOf(Snapshot({{Event("alloc", 0x100, 1),
-                               Event("free_requested", 0x100, 1),
-                               Event("alloc", 0x100, 2)}})),
+  EXPECT_EQ(
+      ErrorOf(Snapshot({{Event("alloc", 0x100, 1), Event("alloc", 0x100, 2)}})),
+      "snapshot: device_traces[0][1]: alloc at 0x100, which holds a live "
+      "block since alloc #0 (its free_completed is missing)");
+  EXPECT_EQ(ErrorOf(Snapshot(
+                {{Event("alloc", 0x100, 1), Event("free_requested", 0x100, 1),
+                  Event("alloc", 0x100, 2)}})),
             "snapshot: device_traces[0][2]: alloc at 0x100, which holds a live "
             "block since alloc #0 (its free_completed is missing)");
-  EXPECT_EQ(ErrorOf(Snapshot({{Event("alloc", 0x100, 1),
-                               Event("free_requested", 0x100, 1),
-                               Event("free_requested", 0x100, 1)}})),
+  EXPECT_EQ(ErrorOf(Snapshot(
+                {{Event("alloc", 0x100, 1), Event("free_requested", 0x100, 1),
+                  Event("free_requested", 0x100, 1)}})),
             "snapshot: device_traces[0][2]: second free_requested of 0x100 "
             "(alloc #0)");
   EXPECT_EQ(ErrorOf(Snapshot({{Event("alloc", 0x100, 1),
@@ -312,8 +315,8 @@ TEST(SnapshotReaderTest, ErrorsNameTheEventAndTheField) {
 }
 
 TEST(SnapshotReaderTest, RecordedConfigComesFromAllocatorSettings) {
-  absl::StatusOr<Trace> trace = ParseSnapshot(Snapshot(
-      {{Event("alloc", 0x100, 1)}}, "expandable_segments:True"));
+  absl::StatusOr<Trace> trace = ParseSnapshot(
+      Snapshot({{Event("alloc", 0x100, 1)}}, "expandable_segments:True"));
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_EQ(trace->recorded_config, "expandable_segments:True");
   // Snapshots of PyTorch before allocator_settings existed.
@@ -326,8 +329,7 @@ TEST(SnapshotReaderTest, RecordedConfigComesFromAllocatorSettings) {
 // Devices.
 
 TEST(SnapshotReaderTest, ChoosesTheOnlyDeviceWithEvents) {
-  const std::string snapshot =
-      Snapshot({{}, {Event("alloc", 0x100, 1)}, {}});
+  const std::string snapshot = Snapshot({{}, {Event("alloc", 0x100, 1)}, {}});
   absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_EQ(trace->device, 1);
@@ -353,7 +355,8 @@ TEST(SnapshotReaderTest, ChoosesTheOnlyDeviceWithEvents) {
 // tests/trace/testdata/two_devices.pickle: written by Python's pickle (see
 // make_two_devices.py), with stack frames and a shared memo.
 TEST(SnapshotReaderTest, TwoDeviceSnapshotFromPython) {
-  const std::string path = kSourceDir + "/tests/trace/testdata/two_devices.pickle";
+  const std::string path =
+      kSourceDir + "/tests/trace/testdata/two_devices.pickle";
   EXPECT_THAT(ReadSnapshotFile(path).status().message(),
               HasSubstr("snapshot: devices 0, 1 have trace events: choose one "
                         "of them"));
@@ -440,8 +443,9 @@ TEST(SnapshotReaderTest, FileErrorsNameTheFile) {
   fputs("cos\nsystem\n.", f);
   fclose(f);
   EXPECT_EQ(ReadSnapshotFile(path).status().message(),
-            path + ": pickle: opcode GLOBAL 'os system' at offset 0 is not "
-                   "allowed: snapshots contain plain data only");
+            path +
+                ": pickle: opcode GLOBAL 'os system' at offset 0 is not "
+                "allowed: snapshots contain plain data only");
 }
 
 // ---------------------------------------------------------------------------
@@ -465,10 +469,20 @@ struct RealTrace {
 //   sum(e['size'] for e in tr if e['action'] == 'alloc')
 // Every event has stream 0; no address is freed without its alloc.
 constexpr RealTrace kRealTraces[] = {
-    {"llama_lora.pickle.gz", 93347, 93345, 93345, 289,
-     {140636523069440, 132120576, 0}, 1222259351075},
-    {"gpt2_full.pickle.gz", 56629, 56626, 56626, 379,
-     {140320138330112, 207618048, 0}, 1226308904695},
+    {"llama_lora.pickle.gz",
+     93347,
+     93345,
+     93345,
+     289,
+     {140636523069440, 132120576, 0},
+     1222259351075},
+    {"gpt2_full.pickle.gz",
+     56629,
+     56626,
+     56626,
+     379,
+     {140320138330112, 207618048, 0},
+     1226308904695},
 };
 
 TEST(SnapshotReaderTest, RealTraces) {
