@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -127,7 +128,7 @@ enum Field { kActionField, kAddrField, kSizeField, kStreamField, kOtherField };
 Field ParseField(std::string_view key) {
   static constexpr std::string_view kFields[] = {"action", "addr", "size",
                                                  "stream"};
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < std::size(kFields); ++i) {
     if (kFields[i] == key) return static_cast<Field>(i);
   }
   return kOtherField;
@@ -191,7 +192,7 @@ class TraceBuilder {
     }
     // One pass over the keys; a repeated key takes its last value, as in
     // Python.
-    std::optional<PickleValue> fields[kOtherField];
+    std::optional<PickleValue> fields[kOtherField];  // By Field.
     for (const PickleDocument::Entry& e : doc_.entries(event)) {
       if (e.key.kind() != PickleKind::kStr) continue;
       const Field field = fields_.Get(doc_, e.key);
@@ -406,8 +407,8 @@ absl::StatusOr<PickleValue> SelectDevice(const PickleDocument& doc,
   return lists[device];
 }
 
-// allocator_settings['PYTORCH_CUDA_ALLOC_CONF'], which snapshots of PyTorch
-// before 2.7 lack.
+// allocator_settings['PYTORCH_CUDA_ALLOC_CONF']; snapshots of older PyTorch
+// versions have no allocator_settings.
 absl::StatusOr<std::string> RecordedConfig(const PickleDocument& doc,
                                            PickleValue root) {
   const std::optional<PickleValue> settings =

@@ -3,6 +3,27 @@
 // The pickle is decoded by a restricted unpickler (allocator/trace/pickle.h)
 // that executes nothing: a corrupt or malicious file is an InvalidArgument
 // status naming the byte offset and the opcode, never a crash or a hang.
+// A gzip file (detected by its magic bytes; several members allowed) may
+// inflate to at most 4 GiB.
+//
+// The events of device_traces[device], in order, become the Trace:
+// - `alloc`: the next id (0, 1, 2, ...), which its address names from now on.
+// - `free_requested`, `free_completed`: the id the address names, with the
+//   alloc's size and stream; free_completed ends the naming. A free of an
+//   address that no recorded alloc holds is skipped and counted in
+//   Trace::omitted.unmatched_frees: recording began after that allocation
+//   (or _record_memory_history's max_entries dropped it).
+// - `segment_alloc`: a Trace::recorded_segments entry.
+// - `segment_free`, `segment_map`, `segment_unmap`, `snapshot`, `oom`:
+//   counted in Trace::omitted.
+// Trace::streams are the distinct stream handles of the allocs, ascending;
+// Trace::recorded_config is allocator_settings['PYTORCH_CUDA_ALLOC_CONF'].
+//
+// Events that cannot be replayed faithfully are InvalidArgument errors
+// naming the event ("device_traces[0][1234]: missing 'size'"): an unknown
+// action, a missing or mistyped field, an alloc at an address that is still
+// live (PyTorch never reuses an address before its free_completed, so events
+// were lost), a second free_requested, a free_completed without one.
 #ifndef ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_READER_H_
 #define ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_READER_H_
 
@@ -16,7 +37,9 @@ namespace allocd {
 
 struct SnapshotReadOptions {
   // Which device's trace to read. -1: the only device that has events; an
-  // error naming the devices when several have.
+  // error naming the devices when several have, or when none has. A device
+  // that device_traces does not have is an error; one without events gives
+  // an empty Trace.
   int device = -1;
 };
 
