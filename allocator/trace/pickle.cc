@@ -281,12 +281,17 @@ class Unpickler {
     }
     doc_.input_ = in_.data();
     // Sized for memory snapshots (per input byte: 0.19 items, 0.03 memo
-    // entries, 0.014 containers and chunks); anything else grows as usual.
-    // Only touched memory costs, so the estimates err high.
-    doc_.items_.reserve(in_.size() / 4);
-    doc_.containers_.reserve(in_.size() / 50);
-    doc_.chunks_.reserve(in_.size() / 50);
-    memo_.reserve(in_.size() / 25);
+    // entries, 0.014 containers and chunks), so that the big arrays are not
+    // copied as they grow; anything else grows as usual. Only touched memory
+    // costs, so the estimates err high, up to a cap that keeps a huge input
+    // from reserving more address space than a small machine allows.
+    const auto hint = [&](size_t input_bytes_per_entry) {
+      return std::min(in_.size() / input_bytes_per_entry, size_t{64} << 20);
+    };
+    doc_.items_.reserve(hint(4));
+    doc_.containers_.reserve(hint(50));
+    doc_.chunks_.reserve(hint(50));
+    memo_.reserve(hint(25));
     stack_.reserve(64);
     while (true) {
       if (pos_ >= in_.size()) {
