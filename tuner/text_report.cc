@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
@@ -51,19 +53,34 @@ const char* ScoreHeader(Objective objective) {
   return "peak reserved";
 }
 
+// Columns: rank, [objective score], peak reserved, change of the score
+// against the defaults, reserved/allocated, device calls, retries, OOMs,
+// config last (it can be long).
+void PrintHeader(const TuneReport& report, std::ostream& out) {
+  if (report.objective != Objective::kPeak) {
+    out << absl::StrFormat("%-5s %13s ", "rank", ScoreHeader(report.objective));
+  } else {
+    out << absl::StrFormat("%-5s ", "rank");
+  }
+  out << absl::StrFormat("%13s %9s %5s %9s %7s %4s  %s\n", "peak reserved", "vs dflt",
+                         "r/a", "dev calls", "retries", "OOMs", "config");
+}
+
 void PrintRow(const TuneReport& report, const std::string& rank,
               const Evaluation& e, std::ostream& out) {
   const double base = report.Score(report.baseline);
   const ReplaySummary& r = e.replay;
-  out << absl::StrFormat("%5s  %-52s %13s %9s %9s %6.2f %7d %7d %5d\n", rank,
-                         ConfigLabel(e), ScoreText(report, e),
-                         Percent(report.Score(e), base),
-                         FormatSize(r.peak_reserved), Ratio(r.peak_reserved, r.peak_allocated),
-                         r.num_device_alloc,
-                         report.objective == Objective::kCapacity && e.min_capacity
-                             ? e.at_min_capacity.num_alloc_retries
-                             : r.num_alloc_retries,
-                         r.num_ooms);
+  const ReplaySummary& costs =
+      report.objective == Objective::kCapacity && e.min_capacity ? e.at_min_capacity : r;
+  if (report.objective != Objective::kPeak) {
+    out << absl::StrFormat("%-5s %13s ", rank, ScoreText(report, e));
+  } else {
+    out << absl::StrFormat("%-5s ", rank);
+  }
+  out << absl::StrFormat("%13s %9s %5.2f %9d %7d %4d  %s\n", FormatSize(r.peak_reserved),
+                         Percent(report.Score(e), base), Ratio(r.peak_reserved, r.peak_allocated),
+                         costs.num_device_alloc + costs.num_device_free,
+                         costs.num_alloc_retries, r.num_ooms, ConfigLabel(e));
 }
 
 nlohmann::json SummaryJson(const ReplaySummary& r) {
@@ -162,24 +179,42 @@ void PrintTextReport(const TuneReport& report, const ReportContext& context,
       report.options.jobs,
       report.seconds > 0 ? report.evaluations / report.seconds : 0.0);
 
-  out << absl::StrFormat("%5s  %-52s %13s %9s %9s %6s %7s %7s %5s\n", "rank",
-                         "config", ScoreHeader(report.objective), "vs dflt",
-                         "peak", "r/a", "allocs", "retries", "OOMs");
-  const size_t rows = std::min<size_t>(report.ranked.size(), context.top);
-  for (size_t i = 0; i < rows; ++i) {
-    PrintRow(report, report.Feasible(report.ranked[i]) ? absl::StrCat(i + 1) : "x",
-             report.ranked[i], out);
+  PrintHeader(report, out);
+  // Configs with the same replay are shown once, the simplest first.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, size_t> classes;
+  std::vector<size_t> shown;
+  std::vector<size_t> equivalents;
+  for (size_t i = 0; i < report.ranked.size(); ++i) {
+    const ReplaySummary& r = report.ranked[i].replay;
+    const auto key = std::make_tuple(r.peak_reserved, r.num_device_alloc, r.num_device_free,
+                                     r.num_alloc_retries, report.Feasible(report.ranked[i]));
+    auto [it, fresh] = classes.emplace(key, shown.size());
+    if (fresh) {
+      shown.push_back(i);
+      equivalents.push_back(0);
+    } else {
+      ++equivalents[it->second];
+    }
+  }
+  for (size_t row = 0; row < std::min<size_t>(shown.size(), context.top); ++row) {
+    const Evaluation& e = report.ranked[shown[row]];
+    PrintRow(report, report.Feasible(e) ? absl::StrCat(row + 1) : "x", e, out);
+    if (equivalents[row] > 0) {
+      out << absl::StrFormat("%*s(and %d more configs with the same replay)\n",
+                             report.objective == Objective::kPeak ? 67 : 81, "",
+                             equivalents[row]);
+    }
   }
   PrintRow(report, "dflt", report.baseline, out);
 
   out << "\nconfigs from fine-tuning guides:\n";
   for (const ReferenceConfig& ref : report.references) {
     if (!ref.evaluation) {
-      out << absl::StrFormat("       %-52s rejected by PyTorch 2.11: %s\n", ref.conf,
+      out << absl::StrFormat("      rejected by PyTorch 2.11: %s\n        %s\n", ref.conf,
                              ref.error);
     } else if (ref.evaluation->replay.estimated) {
-      out << absl::StrFormat("       %-52s %13s (the driver's pool: an estimate)\n",
-                             ref.conf, FormatSize(ref.evaluation->replay.peak_reserved));
+      out << absl::StrFormat("%-5s %13s (an estimate: the CUDA driver's pool)  %s\n", "",
+                             FormatSize(ref.evaluation->replay.peak_reserved), ref.conf);
     } else {
       PrintRow(report, "", *ref.evaluation, out);
     }

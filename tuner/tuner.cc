@@ -127,9 +127,16 @@ const std::vector<std::string>& GuideConfigs() {
 
 bool TuneReport::Feasible(const Evaluation& e) const {
   switch (objective) {
-    case Objective::kPeak:
+    case Objective::kPeak: {
+      const int64_t calls = e.replay.num_device_alloc + e.replay.num_device_free;
+      const int64_t baseline_calls = std::max<int64_t>(
+          1, baseline.replay.num_device_alloc + baseline.replay.num_device_free);
       return e.replay.num_ooms == 0 &&
-             e.replay.num_alloc_retries <= options.max_retries;
+             e.replay.num_alloc_retries <= options.max_retries &&
+             (options.max_call_ratio <= 0 ||
+              static_cast<double>(calls) <=
+                  options.max_call_ratio * static_cast<double>(baseline_calls));
+    }
     case Objective::kCapacity:
       return e.min_capacity.has_value();
     case Objective::kDeviceAllocs: {

@@ -50,6 +50,11 @@ struct TuneOptions {
   // kPeak: candidates needing more cache flushes (each a sync of all
   // streams) than this are not recommended.
   int64_t max_retries = 0;
+  // kPeak: candidates making more than this many times the cudaMalloc /
+  // cudaFree calls of PyTorch's defaults are not recommended: each call
+  // can synchronise the device, so a config that churns segments to save
+  // memory slows training down. 0: no limit.
+  double max_call_ratio = 2.0;
   // kDeviceAllocs: the peak reserved memory allowed; 0: capacity.
   uint64_t memory_budget = 0;
   // Called as evaluations finish: (done, planned so far).

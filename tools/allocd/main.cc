@@ -75,6 +75,10 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
   tune->add_option("--max-retries", o.max_retries,
                    "peak objective: allow this many cache flushes (each syncs "
                    "all streams) in a recommendation (default 0)");
+  tune->add_option("--max-call-ratio", o.max_call_ratio,
+                   "peak objective: at most this many times the cudaMalloc/cudaFree "
+                   "calls of PyTorch's defaults (each can sync the device); 0: "
+                   "no limit (default 2)");
   tune->add_option("--memory-budget", o.memory_budget,
                    "device-allocs objective: peak reserved allowed (default: --capacity)");
   tune->add_option("--device", o.device, "which device's trace (default: the only one)");

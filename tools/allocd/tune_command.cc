@@ -32,6 +32,8 @@ absl::StatusOr<TuneOptions> MakeTuneOptions(const TuneCommandOptions& o) {
   t.jobs = o.jobs > 0 ? o.jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.max_retries < 0) return absl::InvalidArgumentError("--max-retries must be >= 0");
   t.max_retries = o.max_retries;
+  if (o.max_call_ratio < 0) return absl::InvalidArgumentError("--max-call-ratio must be >= 0");
+  t.max_call_ratio = o.max_call_ratio;
   return t;
 }
 

@@ -18,6 +18,7 @@ struct TuneCommandOptions {
   size_t budget = 200;
   int jobs = 0;  // 0: every core
   int max_retries = 0;
+  double max_call_ratio = 2.0;
   int device = -1;
   int top = 10;
   bool json = false;
