@@ -519,15 +519,11 @@ using Divisions = std::array<size_t, kRoundupPower2Intervals>;
 // followed by '>' to change what the unnamed ones after it get; intervals
 // 0..k that `fill` gets wrong are named last (so they move no '>').
 // Dynamic programming over (interval, what '>' last filled).
+// `values` holds 0 and every value in `target`, 0 first.
 std::vector<RoundupEntry> RoundupListFrom(const Divisions& target, int k,
-                                          size_t fill) {
+                                          size_t fill,
+                                          const std::vector<size_t>& values) {
   constexpr int kN = kRoundupPower2Intervals;
-  std::vector<size_t> values = {0};
-  for (size_t v : target) {
-    if (std::find(values.begin(), values.end(), v) == values.end()) {
-      values.push_back(v);
-    }
-  }
   const int num_values = static_cast<int>(values.size());
   constexpr int kInf = 1 << 20;
   // cost[j][b]: entries needed for intervals j.. when the unnamed ones hold
@@ -606,9 +602,16 @@ std::string FormatRoundup(const Divisions& divisions) {
     best = {{std::nullopt, divisions[1]}};  // "[>:d]" skips interval 0
   }
   std::string best_text = best.empty() ? "" : FormatRoundupEntries(best);
+  std::vector<size_t> values = {0};
+  for (size_t d : divisions) {
+    if (std::find(values.begin(), values.end(), d) == values.end()) {
+      values.push_back(d);
+    }
+  }
   for (int k = 0; k < kRoundupPower2Intervals; ++k) {
-    for (size_t fill : divisions) {
-      std::vector<RoundupEntry> entries = RoundupListFrom(divisions, k, fill);
+    for (size_t fill : values) {
+      std::vector<RoundupEntry> entries =
+          RoundupListFrom(divisions, k, fill, values);
       std::string text = FormatRoundupEntries(entries);
       if (best.empty() || entries.size() < best.size() ||
           (entries.size() == best.size() && text.size() < best_text.size())) {
