@@ -46,7 +46,6 @@ constexpr absl::string_view kBackendMismatch =
     "PyTorch. Allocator backend parsed at runtime != allocator backend parsed "
     "at load time, ";
 
-constexpr size_t kDefaultLargeSegmentSize = 20 * kMiB;
 // parseLargeSegmentSize: large_segment_size_mb must exceed kMinLargeAlloc.
 constexpr size_t kMinLargeSegmentSizeMb = 10;
 constexpr size_t kMaxSizeMb = std::numeric_limits<size_t>::max() / kMiB;
