@@ -513,63 +513,60 @@ struct RoundupEntry {
 
 using Divisions = std::array<size_t, kRoundupPower2Intervals>;
 
-// The shortest list that starts with `first` covering intervals 0..k with
-// `fill`, then names intervals k+1..15 left to right, each optionally
-// followed by '>' to change what the unnamed ones after it get; intervals
-// 0..k that `fill` gets wrong are named last (so they move no '>').
-// Dynamic programming over (interval, what '>' last filled).
-// `values` holds 0 and every value in `target`, 0 first.
+// How to get intervals j..15 right when the unnamed ones among them hold
+// values[b]: name j or not, then maybe a '>' that gives the unnamed ones
+// after j values[fill]; `cost` counts the entries from j on.
+struct RoundupMove {
+  int cost = 0;
+  bool name = false;
+  int fill = -1;
+};
+using RoundupPlan = std::vector<std::vector<RoundupMove>>;
+
+// The cheapest moves for the intervals after k, by dynamic programming from
+// the last interval back. `values` holds 0 first, then every value in
+// `target`.
+RoundupPlan PlanAfter(const Divisions& target, int k,
+                      const std::vector<size_t>& values) {
+  const int n = static_cast<int>(values.size());
+  RoundupPlan plan(kRoundupPower2Intervals + 1, std::vector<RoundupMove>(n));
+  for (int j = kRoundupPower2Intervals - 1; j > k; --j) {
+    const std::vector<RoundupMove>& next = plan[j + 1];
+    for (int b = 0; b < n; ++b) {
+      const bool right = values[b] == target[j];
+      RoundupMove best = {next[b].cost + (right ? 0 : 1), !right, -1};
+      for (int g = 0; g < n; ++g) {
+        if (2 + next[g].cost < best.cost) best = {2 + next[g].cost, true, g};
+      }
+      plan[j][b] = best;
+    }
+  }
+  return plan;
+}
+
+// The shortest list whose first entry names interval k with `fill` (so
+// intervals 0..k get `fill`), then names intervals k+1..15 left to right as
+// PlanAfter says; the intervals 0..k that `fill` gets wrong are named last,
+// where they move no '>'.
 std::vector<RoundupEntry> RoundupListFrom(const Divisions& target, int k,
                                           size_t fill,
                                           const std::vector<size_t>& values) {
-  constexpr int kN = kRoundupPower2Intervals;
-  const int num_values = static_cast<int>(values.size());
-  constexpr int kInf = 1 << 20;
-  // cost[j][b]: entries needed for intervals j.. when the unnamed ones hold
-  // values[b]. choice[j][b]: (name j?, '>' value index after it or -1).
-  std::vector<std::vector<int>> cost(kN + 1, std::vector<int>(num_values, 0));
-  std::vector<std::vector<std::pair<bool, int>>> choice(
-      kN + 1, std::vector<std::pair<bool, int>>(num_values, {false, -1}));
-  for (int j = kN - 1; j > k; --j) {
-    for (int b = 0; b < num_values; ++b) {
-      int best = kInf;
-      std::pair<bool, int> best_choice;
-      if (values[b] == target[j]) {
-        best = cost[j + 1][b];
-        best_choice = {false, -1};
-      } else {
-        best = 1 + cost[j + 1][b];
-        best_choice = {true, -1};
-      }
-      for (int g = 0; g < num_values; ++g) {
-        if (1 + 1 + cost[j + 1][g] < best) {
-          best = 2 + cost[j + 1][g];
-          best_choice = {true, g};
-        }
-      }
-      cost[j][b] = best;
-      choice[j][b] = best_choice;
-    }
-  }
-  // Right after the first entry the unnamed intervals hold 0, or whatever a
-  // '>' right after it gives them.
-  int start_value = 0;
-  bool start_fill = false;
-  for (int g = 1; g < num_values; ++g) {
-    if (1 + cost[k + 1][g] < cost[k + 1][start_value] + (start_fill ? 1 : 0)) {
-      start_value = g;
-      start_fill = true;
-    }
+  const RoundupPlan plan = PlanAfter(target, k, values);
+  const std::vector<RoundupMove>& after = plan[k + 1];
+  // After the first entry the unnamed intervals hold 0 (values[0]) unless a
+  // '>' right after it gives them something else.
+  int held = 0;
+  for (int g = 1; g < static_cast<int>(values.size()); ++g) {
+    if (1 + after[g].cost < after[held].cost + (held == 0 ? 0 : 1)) held = g;
   }
   std::vector<RoundupEntry> entries = {{k, fill}};
-  if (start_fill) entries.push_back({std::nullopt, values[start_value]});
-  int b = start_value;
-  for (int j = k + 1; j < kN; ++j) {
-    const auto [name, g] = choice[j][b];
-    if (name) entries.push_back({j, target[j]});
-    if (g >= 0) {
-      entries.push_back({std::nullopt, values[g]});
-      b = g;
+  if (held != 0) entries.push_back({std::nullopt, values[held]});
+  for (int j = k + 1; j < kRoundupPower2Intervals; ++j) {
+    const RoundupMove& move = plan[j][held];
+    if (move.name) entries.push_back({j, target[j]});
+    if (move.fill >= 0) {
+      entries.push_back({std::nullopt, values[move.fill]});
+      held = move.fill;
     }
   }
   for (int j = 0; j <= k; ++j) {
