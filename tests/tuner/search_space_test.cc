@@ -21,7 +21,9 @@ TEST(SearchSpaceTest, DefaultSpaceCoversEveryKnobWithDefaultsFirst) {
                                   space.garbage_collection.size());
   // Every value is one PyTorch accepts: the smallest max_split_size_mb is 20.
   for (const auto& mb : space.max_split_size_mb) {
-    if (mb) EXPECT_GE(*mb, 20u);
+    if (mb) {
+      EXPECT_GE(*mb, 20u);
+    }
   }
 }
 
