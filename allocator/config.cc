@@ -296,9 +296,9 @@ Step ParseLargeSegmentSize(const Tokenizer& tokens, size_t i,
   absl::StatusOr<size_t> mb = tokens.ToSizeT(++i);
   if (!mb.ok()) return mb.status();
   if (*mb <= kMinLargeSegmentSizeMb) {
-    return Error(absl::StrCat(
-        "CachingAllocator option large_segment_size_mb must be > ",
-        kMinLargeSegmentSizeMb, " MB"));
+    return Error(
+        absl::StrCat("CachingAllocator option large_segment_size_mb must be > ",
+                     kMinLargeSegmentSizeMb, " MB"));
   }
   config.large_segment_size = std::min(*mb, kMaxSizeMb) * kMiB;
   return i;
@@ -368,8 +368,7 @@ absl::Status ParseGenericKeys(const Tokenizer& tokens,
 
 // CUDAAllocatorConfig::parseAllocatorConfig: the name must be one PyTorch
 // knows and the one the process loaded with.
-Step ParseBackend(const Tokenizer& tokens, size_t i,
-                  AllocatorBackend loaded) {
+Step ParseBackend(const Tokenizer& tokens, size_t i, AllocatorBackend loaded) {
   if (absl::Status s = tokens.Expect(++i); !s.ok()) return s;
   absl::StatusOr<absl::string_view> name = tokens.At(++i);
   if (!name.ok()) return name.status();
@@ -384,8 +383,7 @@ Step ParseBackend(const Tokenizer& tokens, size_t i,
   return i;
 }
 
-Step ParseRegisterThreads(const Tokenizer& tokens, size_t i,
-                          size_t& threads) {
+Step ParseRegisterThreads(const Tokenizer& tokens, size_t i, size_t& threads) {
   if (absl::Status s = tokens.Expect(++i); !s.ok()) return s;
   absl::StatusOr<size_t> value = tokens.ToSizeT(++i);
   if (!value.ok()) return value.status();
@@ -414,8 +412,7 @@ Step ParseReserveSegmentSize(const Tokenizer& tokens, size_t i,
   return i;
 }
 
-Step ParseMemoryFraction(const Tokenizer& tokens, size_t i,
-                         double& fraction) {
+Step ParseMemoryFraction(const Tokenizer& tokens, size_t i, double& fraction) {
   if (absl::Status s = tokens.Expect(++i); !s.ok()) return s;
   absl::StatusOr<double> value = tokens.ToDouble(++i);
   if (!value.ok()) return value.status();
@@ -454,8 +451,8 @@ Step ParseCudaKey(const Tokenizer& tokens, size_t i, AllocatorConfig& config) {
     return ParseMemoryFraction(tokens, i, config.per_process_memory_fraction);
   }
   if (!IsKnownKey(key)) {
-    return Error(absl::StrCat("Unrecognized key '", key,
-                              "' in CUDA allocator config."));
+    return Error(
+        absl::StrCat("Unrecognized key '", key, "' in CUDA allocator config."));
   }
   return tokens.SkipKey(i);
 }
@@ -497,8 +494,8 @@ absl::StatusOr<AllocatorBackend> ScanBackend(const Tokenizer& tokens) {
 std::string FormatDouble(double value) {
   char buffer[32];
   // Shortest form that reads back to the same double.
-  const auto [end, ec] = std::to_chars(std::begin(buffer), std::end(buffer),
-                                       value);
+  const auto [end, ec] =
+      std::to_chars(std::begin(buffer), std::end(buffer), value);
   return std::string(buffer, end);
 }
 
@@ -578,10 +575,9 @@ std::vector<RoundupEntry> RoundupListFrom(const Divisions& target, int k,
 std::string FormatRoundupEntries(const std::vector<RoundupEntry>& entries) {
   std::vector<std::string> parts;
   for (const RoundupEntry& entry : entries) {
-    parts.push_back(entry.index
-                        ? absl::StrCat(size_t{1} << *entry.index, ":",
-                                       entry.divisions)
-                        : absl::StrCat(">:", entry.divisions));
+    parts.push_back(entry.index ? absl::StrCat(size_t{1} << *entry.index, ":",
+                                               entry.divisions)
+                                : absl::StrCat(">:", entry.divisions));
   }
   return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
 }

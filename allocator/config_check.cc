@@ -31,8 +31,8 @@ enum class Kind {
   kRoundup,
   kBool,
   kBackend,
-  kThreads,    // power of two <= 128
-  kPositive,   // > 0
+  kThreads,   // power of two <= 128
+  kPositive,  // > 0
 };
 
 struct KeyInfo {
@@ -133,8 +133,8 @@ std::string JoinItems(const std::vector<Item>& items) {
 std::map<std::string, std::string> CanonicalValues(
     const AllocatorConfig& config) {
   std::map<std::string, std::string> values;
-  for (const std::string& text : {FormatAllocatorConfig(config),
-                                  FormatAllocatorConfigUpdate(config)}) {
+  for (const std::string& text :
+       {FormatAllocatorConfig(config), FormatAllocatorConfigUpdate(config)}) {
     for (const Item& item : SplitItems(text)) values[item.key] = item.value;
   }
   return values;
@@ -179,9 +179,10 @@ std::string ExplainRoundup(const AllocatorConfig& c) {
                                 DivisionsInWords(d[first])));
     first = last + 1;
   }
-  return absl::StrCat("request sizes are rounded so that freed blocks fit "
-                      "later requests of similar size; ",
-                      absl::StrJoin(runs, "; "));
+  return absl::StrCat(
+      "request sizes are rounded so that freed blocks fit "
+      "later requests of similar size; ",
+      absl::StrJoin(runs, "; "));
 }
 
 std::string ExplainKey(absl::string_view key, const AllocatorConfig& c) {
@@ -205,15 +206,15 @@ std::string ExplainKey(absl::string_view key, const AllocatorConfig& c) {
     }
     return absl::StrCat(
         "blocks of ", Mib(c.max_split_size),
-        " or more are never split and requests below ",
-        Mib(c.max_split_size),
+        " or more are never split and requests below ", Mib(c.max_split_size),
         " never take them, so big cached blocks stay whole for big requests "
         "(less fragmentation, more cudaMalloc calls)");
   }
   if (key == "max_non_split_rounding_mb") {
-    return absl::StrCat("a request of max_split_size or more may take a "
-                        "cached unsplittable block at most ",
-                        Mib(c.max_non_split_rounding), " larger than itself");
+    return absl::StrCat(
+        "a request of max_split_size or more may take a "
+        "cached unsplittable block at most ",
+        Mib(c.max_non_split_rounding), " larger than itself");
   }
   if (key == "roundup_power2_divisions") return ExplainRoundup(c);
   if (key == "garbage_collection_threshold") {
@@ -274,12 +275,11 @@ std::vector<ConfigKeyExplanation> ExplainKeys(const AllocatorConfig& config,
   std::vector<ConfigKeyExplanation> keys;
   for (const KeyInfo& info : kKeys) {
     const std::string name(info.name);
-    const bool set = std::find(set_keys.begin(), set_keys.end(), name) !=
-                     set_keys.end();
-    const bool named =
-        std::any_of(items.begin(), items.end(), [&](const Item& item) {
-          return CanonicalKey(item.key) == info.name;
-        });
+    const bool set =
+        std::find(set_keys.begin(), set_keys.end(), name) != set_keys.end();
+    const bool named = std::any_of(
+        items.begin(), items.end(),
+        [&](const Item& item) { return CanonicalKey(item.key) == info.name; });
     if (!set && !named) continue;
     auto value = values.find(name);
     keys.push_back({name, value != values.end() ? value->second : "default",
@@ -297,9 +297,10 @@ void WarnNoDeviceEffect(const std::vector<ConfigKeyExplanation>& keys,
     const KeyInfo* info = FindKey(key.key);
     if (info != nullptr && !info->device_memory) {
       warnings.push_back(absl::StrCat(
-          key.key, " has no effect on device memory (it concerns pinned host "
-                   "memory, locking or graph capture); replay and tuning "
-                   "ignore it"));
+          key.key,
+          " has no effect on device memory (it concerns pinned host "
+          "memory, locking or graph capture); replay and tuning "
+          "ignore it"));
     }
   }
 }
@@ -309,7 +310,8 @@ void WarnNativeOnly(const AllocatorConfig& c,
   if (c.backend != AllocatorBackend::kCudaMallocAsync) return;
   const AllocatorConfig d;
   std::vector<std::string> ignored;
-  if (c.max_split_size != d.max_split_size) ignored.push_back("max_split_size_mb");
+  if (c.max_split_size != d.max_split_size)
+    ignored.push_back("max_split_size_mb");
   if (c.max_non_split_rounding != c.large_segment_size) {
     ignored.push_back("max_non_split_rounding_mb");
   }
@@ -413,16 +415,17 @@ void WarnTrailingText(const std::vector<Item>& items,
     std::strtod(item.value.c_str(), &end);
     if (end != item.value.c_str() && *end != '\0') {
       warnings.push_back(absl::StrCat(
-          item.key, ":", item.value, ": PyTorch reads only the leading "
-          "number and ignores '", end, "'",
+          item.key, ":", item.value,
+          ": PyTorch reads only the leading "
+          "number and ignores '",
+          end, "'",
           info->kind == Kind::kMegabytes ? " (sizes are in MiB)" : ""));
     }
   }
 }
 
 // Accepted only thanks to PyTorch not checking ':' and ','.
-void WarnLenientSyntax(const AllocatorConfig& c,
-                       const std::vector<Item>& items,
+void WarnLenientSyntax(const AllocatorConfig& c, const std::vector<Item>& items,
                        std::vector<std::string>& warnings) {
   const bool well_formed =
       std::all_of(items.begin(), items.end(), [](const Item& item) {
@@ -438,9 +441,9 @@ void WarnLenientSyntax(const AllocatorConfig& c,
       FormatAllocatorConfig(c), "\""));
 }
 
-std::vector<std::string> Warnings(const AllocatorConfig& config,
-                                  const std::vector<Item>& items,
-                                  const std::vector<ConfigKeyExplanation>& keys) {
+std::vector<std::string> Warnings(
+    const AllocatorConfig& config, const std::vector<Item>& items,
+    const std::vector<ConfigKeyExplanation>& keys) {
   std::vector<std::string> warnings;
   WarnLenientSyntax(config, items, warnings);
   WarnRepeatedKeys(items, warnings);
@@ -543,6 +546,9 @@ std::optional<std::string> FixMegabytes(const std::string& value,
   double mb = number;
   if (unit == "g" || unit == "gb" || unit == "gib") mb = number * 1024;
   if (unit == "k" || unit == "kb" || unit == "kib") mb = number / 1024;
+  // PyTorch clamps sizes to what fits in bytes; so do we, before the cast.
+  mb = std::min(mb,
+                static_cast<double>(AllocatorConfig{}.max_split_size / kMiB));
   const size_t whole = std::max<size_t>(static_cast<size_t>(mb), min_mb);
   return absl::StrCat(whole);
 }
@@ -553,8 +559,8 @@ std::optional<std::string> FixFraction(const std::string& value,
   double number = 0;
   if (!absl::SimpleAtod(value, &number)) return std::nullopt;
   if (number > 1 && number <= 100) number /= 100;
-  const bool ok = open_interval ? number > 0 && number < 1
-                                : number >= 0 && number <= 1;
+  const bool ok =
+      open_interval ? number > 0 && number < 1 : number >= 0 && number <= 1;
   if (!ok) return std::nullopt;
   return absl::StrCat(number);
 }
@@ -564,8 +570,7 @@ size_t NearestPowerOfTwo(size_t value) {
   return value - floor <= floor * 2 - value ? floor : floor * 2;
 }
 
-std::optional<std::string> FixPowerOfTwo(const std::string& value,
-                                         size_t max) {
+std::optional<std::string> FixPowerOfTwo(const std::string& value, size_t max) {
   uint64_t number = 0;
   if (!absl::SimpleAtoi(value, &number) || number == 0) return std::nullopt;
   return absl::StrCat(std::min<size_t>(NearestPowerOfTwo(number), max));
@@ -602,7 +607,8 @@ std::optional<std::string> FixValue(const KeyInfo& info,
     case Kind::kBackend:
       return FixBackend(value);
     case Kind::kMegabytes:
-      return FixMegabytes(value, info.name == "large_segment_size_mb" ? 11 : 20);
+      return FixMegabytes(value,
+                          info.name == "large_segment_size_mb" ? 11 : 20);
     case Kind::kThreshold:
       return FixFraction(value, /*open_interval=*/true);
     case Kind::kFraction:
@@ -653,9 +659,8 @@ std::optional<Item> FixItem(const Item& item,
   const std::string written = JoinItems({item});
   const std::optional<std::string> key = KeyFor(item.key);
   if (!key) {
-    suggestions.push_back(absl::StrCat("remove '", written,
-                                       "': PyTorch 2.11 has no key '",
-                                       item.key, "'"));
+    suggestions.push_back(absl::StrCat(
+        "remove '", written, "': PyTorch 2.11 has no key '", item.key, "'"));
     return std::nullopt;
   }
   std::vector<std::string> reasons;
@@ -671,15 +676,14 @@ std::optional<Item> FixItem(const Item& item,
     if (!value || !ItemParses(fixed)) {
       reasons.push_back(
           absl::StrCat("'", item.value, "' is not a value: it takes ", hint));
-      suggestions.push_back(absl::StrCat("remove '", written, "': ",
-                                         absl::StrJoin(reasons, "; ")));
+      suggestions.push_back(absl::StrCat("remove '", written,
+                                         "': ", absl::StrJoin(reasons, "; ")));
       return std::nullopt;
     }
     reasons.push_back(absl::StrCat("it takes ", hint));
   }
-  suggestions.push_back(absl::StrCat(written, " -> ", JoinItems({fixed}),
-                                     " (", absl::StrJoin(reasons, "; "),
-                                     ")"));
+  suggestions.push_back(absl::StrCat(written, " -> ", JoinItems({fixed}), " (",
+                                     absl::StrJoin(reasons, "; "), ")"));
   return fixed;
 }
 
@@ -689,9 +693,9 @@ std::optional<Item> FixItem(const Item& item,
 void DropUntilAccepted(std::vector<Item>& items,
                        std::vector<std::string>& suggestions) {
   while (!items.empty() && !ParseAllocatorConfig(JoinItems(items)).ok()) {
-    suggestions.push_back(absl::StrCat(
-        "remove '", JoinItems({items.back()}),
-        "': PyTorch rejects it together with the rest"));
+    suggestions.push_back(
+        absl::StrCat("remove '", JoinItems({items.back()}),
+                     "': PyTorch rejects it together with the rest"));
     items.pop_back();
   }
 }
@@ -705,8 +709,8 @@ void SuggestFix(absl::string_view conf, ConfigCheck& check) {
   }
   DropUntilAccepted(fixed, check.suggestions);
   if (fixed.empty()) return;
-  check.fixed_config = FormatAllocatorConfig(
-      *ParseAllocatorConfig(JoinItems(fixed)));
+  check.fixed_config =
+      FormatAllocatorConfig(*ParseAllocatorConfig(JoinItems(fixed)));
 }
 
 }  // namespace

@@ -50,12 +50,12 @@ TEST(ConfigCheckTest, AcceptedConfigIsExplainedKeyByKey) {
 TEST(ConfigCheckTest, KeysAtTheirDefaultAreStillExplained) {
   const ConfigCheck check = CheckAllocatorConfig("expandable_segments:False");
   ASSERT_TRUE(check.accepted);
-  EXPECT_THAT(check.keys,
-              ElementsAre(AllOf(Field(&ConfigKeyExplanation::key,
-                                      "expandable_segments"),
-                                Field(&ConfigKeyExplanation::value, "False"),
-                                Field(&ConfigKeyExplanation::explanation,
-                                      HasSubstr("default")))));
+  EXPECT_THAT(
+      check.keys,
+      ElementsAre(AllOf(
+          Field(&ConfigKeyExplanation::key, "expandable_segments"),
+          Field(&ConfigKeyExplanation::value, "False"),
+          Field(&ConfigKeyExplanation::explanation, HasSubstr("default")))));
 }
 
 TEST(ConfigCheckTest, RoundupExplanationNamesIntervals) {
@@ -67,9 +67,8 @@ TEST(ConfigCheckTest, RoundupExplanationNamesIntervals) {
               AllOf(HasSubstr("below 128 MiB: rounded up to the next 1/8"),
                     HasSubstr("[128 MiB, 256 MiB): plain 512-byte rounding")));
   // The interval nobody named is worth a warning.
-  EXPECT_THAT(check.warnings,
-              Contains(AllOf(HasSubstr("[128 MiB, 256 MiB)"),
-                             HasSubstr("stay 0"))));
+  EXPECT_THAT(check.warnings, Contains(AllOf(HasSubstr("[128 MiB, 256 MiB)"),
+                                             HasSubstr("stay 0"))));
 }
 
 TEST(ConfigCheckTest, RealRejectionsGetTheirFixes) {
@@ -83,7 +82,8 @@ TEST(ConfigCheckTest, RealRejectionsGetTheirFixes) {
   EXPECT_THAT(check.suggestions,
               Contains(HasSubstr("-> backend:cudaMallocAsync")));
   ExpectFixParses(check);
-  EXPECT_EQ(*check.fixed_config, "backend:cudaMallocAsync,max_split_size_mb:64");
+  EXPECT_EQ(*check.fixed_config,
+            "backend:cudaMallocAsync,max_split_size_mb:64");
 
   check = CheckAllocatorConfig(
       "max_split_size_mb:256,expandable_segments:true,"
@@ -115,8 +115,7 @@ TEST(ConfigCheckTest, MisspeltKeysByEditDistance) {
 TEST(ConfigCheckTest, UnknownKeysAreDropped) {
   const ConfigCheck check =
       CheckAllocatorConfig("foo:bar,max_split_size_mb:128");
-  EXPECT_THAT(check.suggestions,
-              ElementsAre(HasSubstr("remove 'foo:bar'")));
+  EXPECT_THAT(check.suggestions, ElementsAre(HasSubstr("remove 'foo:bar'")));
   ExpectFixParses(check);
   EXPECT_EQ(*check.fixed_config, "max_split_size_mb:128");
 }
@@ -141,8 +140,8 @@ TEST(ConfigCheckTest, ValuesAreBroughtIntoRange) {
 TEST(ConfigCheckTest, ConflictingItemsAreDroppedUntilAccepted) {
   // Each parses alone; together max_split_size_mb is below the floor that
   // large_segment_size_mb sets.
-  const ConfigCheck check = CheckAllocatorConfig(
-      "large_segment_size_mb:64,max_split_size_mb:32");
+  const ConfigCheck check =
+      CheckAllocatorConfig("large_segment_size_mb:64,max_split_size_mb:32");
   EXPECT_FALSE(check.accepted);
   EXPECT_THAT(check.suggestions,
               ElementsAre(HasSubstr("remove 'max_split_size_mb:32'")));
@@ -167,9 +166,8 @@ TEST(ConfigCheckTest, WarnsAboutKeysWithoutDeviceMemoryEffect) {
 }
 
 TEST(ConfigCheckTest, ThresholdWarningDependsOnAFraction) {
-  EXPECT_THAT(
-      CheckAllocatorConfig("garbage_collection_threshold:0.6").warnings,
-      Contains(HasSubstr("only under a per-process memory fraction")));
+  EXPECT_THAT(CheckAllocatorConfig("garbage_collection_threshold:0.6").warnings,
+              Contains(HasSubstr("only under a per-process memory fraction")));
   EXPECT_THAT(CheckAllocatorConfig("garbage_collection_threshold:0.6,"
                                    "per_process_memory_fraction:0.9")
                   .warnings,
@@ -187,15 +185,13 @@ TEST(ConfigCheckTest, OtherWarnings) {
               Contains(HasSubstr("every allocation fails")));
   EXPECT_THAT(CheckAllocatorConfig("max_split_size_mb:64MB").warnings,
               Contains(HasSubstr("ignores 'MB'")));
-  EXPECT_THAT(
-      CheckAllocatorConfig("max_split_size_mb:64,max_split_size_mb:128")
-          .warnings,
-      Contains(HasSubstr("the last one wins")));
+  EXPECT_THAT(CheckAllocatorConfig("max_split_size_mb:64,max_split_size_mb:128")
+                  .warnings,
+              Contains(HasSubstr("the last one wins")));
   EXPECT_THAT(CheckAllocatorConfig("max_split_size_mb,128").warnings,
               Contains(HasSubstr("write it as \"max_split_size_mb:128\"")));
-  EXPECT_THAT(
-      CheckAllocatorConfig("max_split_size_mb:99999999999999").warnings,
-      Contains(HasSubstr("clamps")));
+  EXPECT_THAT(CheckAllocatorConfig("max_split_size_mb:99999999999999").warnings,
+              Contains(HasSubstr("clamps")));
 }
 
 TEST(ConfigCheckTest, CleanConfigHasNoWarnings) {

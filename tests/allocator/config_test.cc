@@ -3,6 +3,8 @@
 // (c10/core/AllocatorConfig.{h,cpp}, c10/cuda/CUDAAllocatorConfig.cpp; the
 // function is named where it helps) and from runs of the real PyTorch
 // 2.11.0+cu130 (pytorch_oracle_cases.inc), never from our own output.
+#include "allocator/config.h"
+
 #include <bit>
 #include <cstdio>
 #include <limits>
@@ -12,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "allocator/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -59,16 +60,15 @@ std::string StateOf(const AllocatorConfig& c) {
   add(c.garbage_collection_threshold != d.garbage_collection_threshold, "gc",
       G17(c.garbage_collection_threshold));
   add(c.expandable_segments != d.expandable_segments, "es", "1");
-  add(c.pinned_use_background_threads != d.pinned_use_background_threads,
-      "pbg", "1");
+  add(c.pinned_use_background_threads != d.pinned_use_background_threads, "pbg",
+      "1");
   add(c.pinned_num_register_threads != d.pinned_num_register_threads, "thr",
       absl::StrCat(c.pinned_num_register_threads));
   add(c.pinned_reserve_segment_size_mb != d.pinned_reserve_segment_size_mb,
       "res", absl::StrCat(c.pinned_reserve_segment_size_mb));
-  add(c.release_lock_on_cudamalloc != d.release_lock_on_cudamalloc, "rl",
+  add(c.release_lock_on_cudamalloc != d.release_lock_on_cudamalloc, "rl", "1");
+  add(c.pinned_use_cuda_host_register != d.pinned_use_cuda_host_register, "hr",
       "1");
-  add(c.pinned_use_cuda_host_register != d.pinned_use_cuda_host_register,
-      "hr", "1");
   add(c.graph_capture_record_stream_reuse !=
           d.graph_capture_record_stream_reuse,
       "gr", "1");
@@ -125,7 +125,8 @@ TEST(ConfigOracleTest, RuntimeUpdatesMatchPyTorch) {
   for (const std::vector<OracleCase>& sequence : kOracleUpdateSequences) {
     AllocatorConfig current;
     for (const OracleCase& c : sequence) {
-      AllocatorConfigUpdate update = ApplyAllocatorConfigUpdate(c.conf, current);
+      AllocatorConfigUpdate update =
+          ApplyAllocatorConfigUpdate(c.conf, current);
       const std::string context = absl::StrCat("update: \"", c.conf, "\"");
       if (*c.error != '\0') {
         ExpectSameError(c.error, update.status, context);
@@ -168,8 +169,8 @@ TEST(ConfigTokenizerTest, WhitespaceIsDroppedEverywhere) {
             128 * kMiB);
   EXPECT_EQ(ParseAllocatorConfig("max_split\t_size_mb:1 28")->max_split_size,
             128 * kMiB);
-  EXPECT_TRUE(ParseAllocatorConfig("expandable_segments:Tr ue")
-                  ->expandable_segments);
+  EXPECT_TRUE(
+      ParseAllocatorConfig("expandable_segments:Tr ue")->expandable_segments);
   // Non-ASCII spaces are part of the word.
   EXPECT_EQ(ErrorOf("\xa0max_split_size_mb:64"),
             "Unrecognized key '\xa0max_split_size_mb' in CUDA allocator "
@@ -184,8 +185,8 @@ TEST(ConfigTokenizerTest, SeparatorsAreNotChecked) {
       "max_split_size_mb:128]garbage_collection_threshold:0.5");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->garbage_collection_threshold, 0.5);
-  EXPECT_TRUE(ParseAllocatorConfig("expandable_segments[True")
-                  ->expandable_segments);
+  EXPECT_TRUE(
+      ParseAllocatorConfig("expandable_segments[True")->expandable_segments);
   EXPECT_TRUE(ParseAllocatorConfig("max_split_size_mb:128:"
                                    "expandable_segments:True")
                   ->expandable_segments);
@@ -300,8 +301,7 @@ TEST(ConfigThresholdTest, Range) {
   // Subnormal results set ERANGE: std::stod throws.
   EXPECT_THAT(ErrorOf("garbage_collection_threshold:1e-310"),
               StartsWith("stod:"));
-  EXPECT_THAT(ErrorOf("garbage_collection_threshold:abc"),
-              StartsWith("stod:"));
+  EXPECT_THAT(ErrorOf("garbage_collection_threshold:abc"), StartsWith("stod:"));
 }
 
 // ---------------------------------------------------------------------------
@@ -370,12 +370,12 @@ TEST(ConfigRoundupTest, RequestSizesFallInTheNamedIntervals) {
                                  kRoundupPower2Intervals - 1);
     return divisions[index];
   };
-  EXPECT_EQ(for_size(4096), 8u);            // below 1 MiB: interval 0
-  EXPECT_EQ(for_size(100 * kMiB), 8u);      // [64, 128) MiB
-  EXPECT_EQ(for_size(200 * kMiB), 0u);      // [128, 256) MiB: unnamed
-  EXPECT_EQ(for_size(300 * kMiB), 4u);      // [256, 512) MiB
-  EXPECT_EQ(for_size(600 * kMiB), 0u);      // [512, 1024) MiB: unnamed
-  EXPECT_EQ(for_size(1500 * kMiB), 4u);     // [1, 2) GiB
+  EXPECT_EQ(for_size(4096), 8u);             // below 1 MiB: interval 0
+  EXPECT_EQ(for_size(100 * kMiB), 8u);       // [64, 128) MiB
+  EXPECT_EQ(for_size(200 * kMiB), 0u);       // [128, 256) MiB: unnamed
+  EXPECT_EQ(for_size(300 * kMiB), 4u);       // [256, 512) MiB
+  EXPECT_EQ(for_size(600 * kMiB), 0u);       // [512, 1024) MiB: unnamed
+  EXPECT_EQ(for_size(1500 * kMiB), 4u);      // [1, 2) GiB
   EXPECT_EQ(for_size(size_t{3} << 30), 1u);  // after the last named: '>'
   EXPECT_EQ(for_size(size_t{1} << 40), 1u);  // above 64 GiB: the last
 }
@@ -392,10 +392,10 @@ TEST(ConfigRoundupTest, RepeatedKeyMerges) {
 // Booleans: ConfigTokenizer::toBool takes "True" and "False" only.
 
 TEST(ConfigBoolTest, OnlyCapitalisedTrueAndFalse) {
-  EXPECT_TRUE(ParseAllocatorConfig("expandable_segments:True")
-                  ->expandable_segments);
-  EXPECT_FALSE(ParseAllocatorConfig("expandable_segments:False")
-                   ->expandable_segments);
+  EXPECT_TRUE(
+      ParseAllocatorConfig("expandable_segments:True")->expandable_segments);
+  EXPECT_FALSE(
+      ParseAllocatorConfig("expandable_segments:False")->expandable_segments);
   EXPECT_EQ(ErrorOf("expandable_segments:1"),
             "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got "
             "'1'");
@@ -499,7 +499,8 @@ TEST(ConfigUpdateTest, ResetsAndPersistentFields) {
       "per_process_memory_fraction:0.5,pinned_num_register_threads:8,"
       "pinned_use_background_threads:True");
   ASSERT_TRUE(start.ok()) << start.status();
-  absl::StatusOr<AllocatorConfig> after = ParseAllocatorConfigUpdate("", *start);
+  absl::StatusOr<AllocatorConfig> after =
+      ParseAllocatorConfigUpdate("", *start);
   ASSERT_TRUE(after.ok());
   AllocatorConfig expected = *start;
   expected.max_split_size = kUnset;
@@ -518,8 +519,8 @@ TEST(ConfigUpdateTest, UnknownKeyHasTheGenericWording) {
 }
 
 TEST(ConfigUpdateTest, FailedUpdateIsPartlyApplied) {
-  AllocatorConfig current = *ParseAllocatorConfig(
-      "expandable_segments:True,max_split_size_mb:256");
+  AllocatorConfig current =
+      *ParseAllocatorConfig("expandable_segments:True,max_split_size_mb:256");
   AllocatorConfigUpdate update = ApplyAllocatorConfigUpdate(
       "max_split_size_mb:128,expandable_segments:false,"
       "garbage_collection_threshold:0.5",
@@ -538,8 +539,8 @@ TEST(ConfigUpdateTest, FailedUpdateIsPartlyApplied) {
 }
 
 TEST(ConfigUpdateTest, BackendCannotChange) {
-  EXPECT_TRUE(ParseAllocatorConfigUpdate("backend:native", AllocatorConfig{})
-                  .ok());
+  EXPECT_TRUE(
+      ParseAllocatorConfigUpdate("backend:native", AllocatorConfig{}).ok());
   EXPECT_THAT(std::string(ParseAllocatorConfigUpdate("backend:cudaMallocAsync",
                                                      AllocatorConfig{})
                               .status()
@@ -547,21 +548,19 @@ TEST(ConfigUpdateTest, BackendCannotChange) {
               HasSubstr("cudaMallocAsync != native"));
   AllocatorConfig async;
   async.backend = AllocatorBackend::kCudaMallocAsync;
-  EXPECT_THAT(std::string(
-                  ParseAllocatorConfigUpdate("backend:native", async)
-                      .status()
-                      .message()),
+  EXPECT_THAT(std::string(ParseAllocatorConfigUpdate("backend:native", async)
+                              .status()
+                              .message()),
               HasSubstr("native != cudaMallocAsync"));
 }
 
 TEST(ConfigUpdateTest, LargeSegmentSizePersistsAndRaisesTheFloor) {
   AllocatorConfig c = *ParseAllocatorConfigUpdate("large_segment_size_mb:64",
-                                                 AllocatorConfig{});
-  EXPECT_EQ(ParseAllocatorConfigUpdate("max_split_size_mb:32", c)
-                .status()
-                .message(),
-            "CachingAllocator option max_split_size_mb too small, must be >= "
-            "64");
+                                                  AllocatorConfig{});
+  EXPECT_EQ(
+      ParseAllocatorConfigUpdate("max_split_size_mb:32", c).status().message(),
+      "CachingAllocator option max_split_size_mb too small, must be >= "
+      "64");
   EXPECT_EQ(ParseAllocatorConfigUpdate("", c)->large_segment_size, 64 * kMiB);
 }
 
@@ -673,8 +672,8 @@ TEST(ConfigFormatTest, RoundTripsEveryConfigPyTorchAccepted) {
 // Every list of length <= 3 over a few boundaries and divisions: the
 // canonical form is never longer than the input and means the same.
 TEST(ConfigFormatTest, RoundupListsNeverGetLonger) {
-  const std::vector<std::string> boundaries = {"1", "4", "64", "256", "32768",
-                                               ">"};
+  const std::vector<std::string> boundaries = {"1",   "4",     "64",
+                                               "256", "32768", ">"};
   const std::vector<std::string> values = {"0", "2", "8"};
   std::vector<std::string> entries;
   for (const std::string& b : boundaries) {

@@ -20,8 +20,8 @@ nlohmann::json ToJson(const ConfigCheck& check) {
   }
   nlohmann::json j = {
       {"accepted", check.accepted},
-      {"error", check.accepted ? nlohmann::json(nullptr)
-                               : nlohmann::json(check.error)},
+      {"error",
+       check.accepted ? nlohmann::json(nullptr) : nlohmann::json(check.error)},
       {"keys", keys},
       {"warnings", check.warnings},
       {"suggestions", check.suggestions},
@@ -56,8 +56,7 @@ void PrintRejected(const ConfigCheck& check, std::ostream& out) {
   out << "rejected by PyTorch 2.11: " << check.error << "\n";
   PrintList("suggestions", check.suggestions, out);
   if (check.fixed_config) {
-    out << "fixed config (PyTorch accepts it): " << *check.fixed_config
-        << "\n";
+    out << "fixed config (PyTorch accepts it): " << *check.fixed_config << "\n";
   }
 }
 
