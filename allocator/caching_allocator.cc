@@ -73,6 +73,26 @@ uint32_t CachingAllocator::NewBlock(uint64_t ptr, uint64_t size,
   return b;
 }
 
+uint32_t CachingAllocator::NewNeighbour(uint32_t of, uint64_t ptr,
+                                        uint64_t size, Side side) {
+  const uint32_t n = NewBlock(ptr, size, blocks_[of].stream, blocks_[of].is_small);
+  Block& node = blocks_[n];
+  Block& ref = blocks_[of];
+  node.expandable_segment = ref.expandable_segment;
+  if (side == Side::kBefore) {
+    node.prev = ref.prev;
+    node.next = of;
+    if (ref.prev != kNone) blocks_[ref.prev].next = n;
+    ref.prev = n;
+  } else {
+    node.next = ref.next;
+    node.prev = of;
+    if (ref.next != kNone) blocks_[ref.next].prev = n;
+    ref.next = n;
+  }
+  return n;
+}
+
 void CachingAllocator::DeleteBlock(uint32_t b) {
   blocks_[b].in_use = false;
   ++blocks_[b].generation;
@@ -196,14 +216,10 @@ Allocation CachingAllocator::AllocFoundBlock(Request& r, size_t orig_size,
   const bool already_split = blocks_[b].is_split();
   if (split) {
     const uint32_t remaining = b;
-    b = NewBlock(blocks_[remaining].ptr, r.size, r.stream, small);
+    // The allocation takes the low addresses; the rest stays free.
+    b = NewNeighbour(remaining, blocks_[remaining].ptr, r.size, Side::kBefore);
     Block& block = blocks_[b];
     Block& rest = blocks_[remaining];
-    block.expandable_segment = rest.expandable_segment;
-    block.prev = rest.prev;
-    if (block.prev != kNone) blocks_[block.prev].next = b;
-    block.next = remaining;
-    rest.prev = b;
     rest.ptr += r.size;
     rest.size -= r.size;
     InsertIntoBlocks(*r.pool, remaining);
@@ -583,18 +599,10 @@ bool CachingAllocator::MapBlock(uint32_t b, size_t size, absl::Status& error) {
   blocks_[b].mapped = true;
   if (mapped_size < blocks_[b].size) {
     // [to_map: mapped][rest: still unmapped][next]
-    const uint32_t rest =
-        NewBlock(blocks_[b].ptr + mapped_size, blocks_[b].size - mapped_size,
-                 blocks_[b].stream, blocks_[b].is_small);
-    Block& to_map = blocks_[b];
-    Block& remaining = blocks_[rest];
-    remaining.mapped = false;
-    remaining.expandable_segment = to_map.expandable_segment;
-    remaining.prev = b;
-    remaining.next = to_map.next;
-    if (to_map.next != kNone) blocks_[to_map.next].prev = rest;
-    to_map.next = rest;
-    to_map.size = mapped_size;
+    const uint32_t rest = NewNeighbour(b, blocks_[b].ptr + mapped_size,
+                                       blocks_[b].size - mapped_size, Side::kAfter);
+    blocks_[rest].mapped = false;
+    blocks_[b].size = mapped_size;
     pool.unmapped.insert(AddressKeyOf(rest));
   }
   TryMergeBlocks(b, blocks_[b].prev, pool);
@@ -647,28 +655,14 @@ void CachingAllocator::UnmapBlock(uint32_t b) {
   EraseFromBlocks(pool, b);
   const uint64_t before_size = unmapped_ptr - blocks_[b].ptr;
   if (before_size > 0) {
-    // prev -> before -> b
-    const uint32_t before = NewBlock(blocks_[b].ptr, before_size,
-                                     blocks_[b].stream, blocks_[b].is_small);
-    blocks_[before].expandable_segment = blocks_[b].expandable_segment;
-    blocks_[before].prev = blocks_[b].prev;
-    if (blocks_[b].prev != kNone) blocks_[blocks_[b].prev].next = before;
-    blocks_[before].next = b;
-    blocks_[b].prev = before;
+    const uint32_t before = NewNeighbour(b, blocks_[b].ptr, before_size, Side::kBefore);
     InsertIntoBlocks(pool, before);
   }
   const uint64_t after_size =
       blocks_[b].size - (before_size + unmapped_size);
   if (after_size > 0) {
-    // b -> after -> next
-    const uint32_t after =
-        NewBlock(unmapped_ptr + unmapped_size, after_size, blocks_[b].stream,
-                 blocks_[b].is_small);
-    blocks_[after].expandable_segment = blocks_[b].expandable_segment;
-    blocks_[after].next = blocks_[b].next;
-    if (blocks_[b].next != kNone) blocks_[blocks_[b].next].prev = after;
-    blocks_[after].prev = b;
-    blocks_[b].next = after;
+    const uint32_t after = NewNeighbour(b, unmapped_ptr + unmapped_size, after_size,
+                                        Side::kAfter);
     InsertIntoBlocks(pool, after);
   }
   blocks_[b].ptr = unmapped_ptr;

@@ -178,6 +178,10 @@ class CachingAllocator {
 
   uint32_t NewBlock(uint64_t ptr, uint64_t size, StreamId stream,
                     bool is_small);
+  enum class Side { kBefore, kAfter };
+  // A new block of `of`'s stream, pool and segment, linked into the segment
+  // right before or after it.
+  uint32_t NewNeighbour(uint32_t of, uint64_t ptr, uint64_t size, Side side);
   void DeleteBlock(uint32_t b);
   Pool& PoolOf(const Block& block) {
     return block.is_small ? small_pool_ : large_pool_;

@@ -1,37 +1,19 @@
 // Replay throughput: trace events per second through the engine, on the
 // shipped real traces, one core.
 //   build/release/bench/replay_bench
-#include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <string>
 
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
-#include "allocator/trace/snapshot_reader.h"
+#include "bench/shipped_traces.h"
 #include "benchmark/benchmark.h"
 
 namespace allocd {
 namespace {
 
-const Trace& LoadTrace(const std::string& name) {
-  static auto* traces = new std::map<std::string, Trace>();
-  auto it = traces->find(name);
-  if (it == traces->end()) {
-    absl::StatusOr<Trace> trace = ReadSnapshotFile(
-        std::string(ALLOCD_SOURCE_DIR) + "/traces/" + name + ".pickle.gz");
-    if (!trace.ok()) {
-      fprintf(stderr, "%s\n", std::string(trace.status().message()).c_str());
-      std::abort();
-    }
-    it = traces->emplace(name, *std::move(trace)).first;
-  }
-  return it->second;
-}
-
 void BM_Replay(benchmark::State& state, const std::string& trace_name,
                const std::string& conf) {
-  const Trace& trace = LoadTrace(trace_name);
+  const Trace& trace = ShippedTrace(trace_name);
   const AllocatorConfig config = *ParseAllocatorConfig(conf);
   ReplayOptions options;
   options.capacity = 84465090560;

@@ -3,12 +3,9 @@
 //   build/release/bench/tune_bench
 // Read evaluations/s (items_per_second) and the 1-thread / 2-thread ratio.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <string>
 
-#include "allocator/trace/snapshot_reader.h"
+#include "bench/shipped_traces.h"
 #include "benchmark/benchmark.h"
 #include "tuner/evaluator.h"
 #include "tuner/search_space.h"
@@ -20,21 +17,6 @@ namespace {
 constexpr uint64_t kCapacity = 84465090560;     // free memory of an H100 80GB
 constexpr uint64_t kTotalMemory = 85017493504;  // its total memory
 constexpr size_t kCandidates = 120;
-
-const Trace& LoadTrace(const std::string& name) {
-  static auto* traces = new std::map<std::string, Trace>();
-  auto it = traces->find(name);
-  if (it == traces->end()) {
-    absl::StatusOr<Trace> trace = ReadSnapshotFile(
-        std::string(ALLOCD_SOURCE_DIR) + "/traces/" + name + ".pickle.gz");
-    if (!trace.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(trace.status().message()).c_str());
-      std::abort();
-    }
-    it = traces->emplace(name, *std::move(trace)).first;
-  }
-  return it->second;
-}
 
 // kCandidates distinct points spread over the default grid.
 std::vector<Candidate> SpreadCandidates(int64_t peak_allocated) {
@@ -58,7 +40,7 @@ std::vector<Candidate> SpreadCandidates(int64_t peak_allocated) {
 }
 
 void BM_Evaluate(benchmark::State& state, const std::string& trace_name) {
-  const Trace& trace = LoadTrace(trace_name);
+  const Trace& trace = ShippedTrace(trace_name);
   const std::vector<Candidate> candidates = SpreadCandidates(4ll << 30);
   for (auto _ : state) {
     Evaluator evaluator(trace, EvaluatorOptions{kCapacity, kTotalMemory, false,
@@ -70,7 +52,7 @@ void BM_Evaluate(benchmark::State& state, const std::string& trace_name) {
 }
 
 void BM_Tune(benchmark::State& state, const std::string& trace_name) {
-  const Trace& trace = LoadTrace(trace_name);
+  const Trace& trace = ShippedTrace(trace_name);
   TuneOptions options;
   options.capacity = kCapacity;
   options.total_memory = kTotalMemory;
