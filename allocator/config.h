@@ -50,7 +50,9 @@ struct AllocatorConfig {
   // it.
   AllocatorBackend backend = AllocatorBackend::kNative;
   // large_segment_size_mb (new in 2.11): the segment size for requests
-  // between 1 MiB and 10 MiB (kLargeBuffer before 2.11), also the least
+  // between 1 MiB and 10 MiB (kLargeBuffer before 2.11) and the page size of
+  // expandable large-pool segments (seen on 2.11: with 64, a 5 MiB tensor
+  // reserves 64 MiB, with or without expandable_segments); also the least
   // max_split_size_mb and max_non_split_rounding_mb. More than 10 MiB.
   size_t large_segment_size = 20 * kMiB;
   // per_process_memory_fraction: caps reserved memory at this fraction of
