@@ -14,6 +14,11 @@ CachingAllocator::CachingAllocator(const AllocatorConfig& config,
                                    DeviceBackend* backend)
     : config_(config), backend_(backend) {
   UpdateMaxSplitStat();
+  // per_process_memory_fraction acts when the allocator is created, as
+  // set_per_process_memory_fraction would right after.
+  if (config.per_process_memory_fraction < 1.0) {
+    SetMemoryFraction(config.per_process_memory_fraction);
+  }
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -45,7 +50,9 @@ void CachingAllocator::Reconfigure(const AllocatorConfig& config) {
 void CachingAllocator::SetMemoryFraction(double fraction) {
   allowed_memory_maximum_ = static_cast<size_t>(
       fraction * static_cast<double>(backend_->TotalMemory()));
-  set_fraction_ = true;
+  // PyTorch 2.11 treats a fraction of 1 as no cap: garbage collection stays
+  // off.
+  set_fraction_ = fraction < 1.0;
 }
 
 // ---------------------------------------------------------------------------
@@ -134,7 +141,7 @@ absl::StatusOr<Allocation> CachingAllocator::Malloc(size_t orig_size,
                                                     StreamId stream) {
   const size_t size = RoundSize(orig_size, config_);
   Pool& pool = IsSmallSize(size) ? small_pool_ : large_pool_;
-  Request r{size, SegmentSizeFor(size), stream, &pool};
+  Request r{size, SegmentSizeFor(size, config_.large_segment_size), stream, &pool};
 
   bool found = GetFreeBlock(r);
   if (!found) {
@@ -561,7 +568,7 @@ uint32_t CachingAllocator::FindExpandableBlock(Request& r) {
 
   // A new segment: address space for 9/8 of the device's memory, mapped on
   // demand in 2 MiB (small pool) or 20 MiB (large pool) pages.
-  const uint64_t page = pool.is_small ? kSmallBuffer : kLargeBuffer;
+  const uint64_t page = pool.is_small ? kSmallBuffer : config_.large_segment_size;
   const uint64_t total = backend_->TotalMemory();
   const uint64_t num_pages = (total + total / 8 + page - 1) / page;
   absl::StatusOr<uint64_t> base =

@@ -15,8 +15,8 @@ namespace allocd {
 inline constexpr size_t kMinBlockSize = 512;         // every size rounds to it
 inline constexpr size_t kSmallSize = 1 << 20;        // largest small request
 inline constexpr size_t kSmallBuffer = 2 << 20;      // small-pool segment
-inline constexpr size_t kMinLargeAlloc = 10 << 20;   // below: a 20 MiB segment
-inline constexpr size_t kLargeBuffer = 20 << 20;     // that segment
+inline constexpr size_t kMinLargeAlloc = 10 << 20;   // below: one large segment
+inline constexpr size_t kLargeBuffer = 20 << 20;     // its default size
 inline constexpr size_t kRoundLarge = 2 << 20;       // larger segments round to
 
 // The roundup_power2_divisions entry that applies to `size`: intervals start
@@ -58,9 +58,12 @@ inline bool IsSmallSize(size_t rounded_size) {
 }
 
 // The segment PyTorch cudaMallocs when no cached block fits `rounded_size`.
-inline size_t SegmentSizeFor(size_t rounded_size) {
+// `large_segment_size` is AllocatorConfig::large_segment_size
+// (large_segment_size_mb, kLargeBuffer before PyTorch 2.11).
+inline size_t SegmentSizeFor(size_t rounded_size,
+                             size_t large_segment_size = kLargeBuffer) {
   if (rounded_size <= kSmallSize) return kSmallBuffer;
-  if (rounded_size < kMinLargeAlloc) return kLargeBuffer;
+  if (rounded_size < kMinLargeAlloc) return large_segment_size;
   return kRoundLarge * ((rounded_size + kRoundLarge - 1) / kRoundLarge);
 }
 

@@ -968,6 +968,49 @@ TEST(CachingAllocatorTest, GarbageCollectionNeedsFractionAndThreshold) {
   }
 }
 
+// PyTorch 2.11: a fraction of 1 is no cap, so garbage collection stays off
+// (seen on a real 2.11 run: the GC threshold acts only under a cap below 1).
+TEST(CachingAllocatorTest, FractionOfOneLeavesGarbageCollectionOff) {
+  RecordingBackend backend(kGiB);
+  AllocatorConfig config;
+  config.garbage_collection_threshold = 0.01;
+  CachingAllocator allocator(config, &backend);
+  allocator.SetMemoryFraction(1.0);
+  RunGcScenario(allocator);
+  EXPECT_EQ(allocator.Stats().num_device_free, 0);
+  EXPECT_EQ(Current(allocator.Stats().reserved_bytes), int64_t{82 * kMiB});
+}
+
+// per_process_memory_fraction in the config is set_per_process_memory_fraction
+// at allocator creation: the same cap, and GC acts under it.
+TEST(CachingAllocatorTest, ConfigFractionActsFromTheStart) {
+  RecordingBackend backend(kGiB);
+  AllocatorConfig config;
+  config.garbage_collection_threshold = 0.3;
+  config.per_process_memory_fraction = 0.1;
+  CachingAllocator allocator(config, &backend);
+  const GcScenario r = RunGcScenario(allocator);
+  EXPECT_THAT(backend.CallsOf(Op::kFree),
+              ElementsAre(Free(r.a12.address, 12 * kMiB)));
+  EXPECT_EQ(Current(allocator.Stats().reserved_bytes), int64_t{70 * kMiB});
+}
+
+// large_segment_size_mb (PyTorch 2.11) replaces the 20 MiB segment of 1-10
+// MiB requests and the large-pool page of expandable segments.
+TEST(CachingAllocatorTest, LargeSegmentSizeSetsSegmentAndPageSize) {
+  for (const bool expandable : {false, true}) {
+    RecordingBackend backend(kGiB);
+    AllocatorConfig config;
+    config.large_segment_size = 64 * kMiB;
+    config.expandable_segments = expandable;
+    CachingAllocator allocator(config, &backend);
+    const Allocation a = MustMalloc(allocator, 5 * kMiB);
+    EXPECT_EQ(Current(allocator.Stats().reserved_bytes), int64_t{64 * kMiB})
+        << "expandable " << expandable;
+    MustFree(allocator, a);
+  }
+}
+
 // Pins: garbage_collect_cached_blocks only considers large_blocks with
 // !is_split(): a free tail of a split segment and free small-pool segments
 // are never collected.

@@ -159,6 +159,9 @@ TEST(SizeRoundingTest, SegmentSizes) {
   EXPECT_EQ(SegmentSizeFor(kMiB), 2 * kMiB);
   EXPECT_EQ(SegmentSizeFor(kMiB + 512), 20 * kMiB);
   EXPECT_EQ(SegmentSizeFor(10 * kMiB - 512), 20 * kMiB);
+  // large_segment_size_mb (PyTorch 2.11) sets the 1-10 MiB segment.
+  EXPECT_EQ(SegmentSizeFor(kMiB + 512, 64 * kMiB), 64 * kMiB);
+  EXPECT_EQ(SegmentSizeFor(12 * kMiB, 64 * kMiB), 12 * kMiB);
   EXPECT_EQ(SegmentSizeFor(10 * kMiB), 10 * kMiB);
   EXPECT_EQ(SegmentSizeFor(10 * kMiB + 512), 12 * kMiB);
   EXPECT_EQ(SegmentSizeFor(12 * kMiB), 12 * kMiB);
