@@ -193,13 +193,14 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
   const Evaluation* baseline = evaluator.Evaluate({Candidate{}})[0];
   report.baseline = *baseline;
   // Garbage collection needs a fraction of a known device; under the
-  // capacity objective the fraction is the whole (searched) device.
+  // capacity objective it is 0.99 of the (searched) device, since PyTorch
+  // 2.11 takes a fraction of 1 as no cap and leaves GC off.
   const uint64_t total_memory =
       options.total_memory != 0 ? options.total_memory : options.capacity;
   auto candidate_of = [&](const SpacePoint& p) {
     Candidate c = MakeCandidate(space, p, baseline->replay.peak_allocated,
                                 capacity_search ? 1 : total_memory);
-    if (capacity_search && c.memory_fraction) c.memory_fraction = 1.0;
+    if (capacity_search && c.memory_fraction) c.memory_fraction = 0.99;
     return c;
   };
 
