@@ -3,14 +3,66 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_backend.h"
 #include "allocator/trace/async_pool_model.h"
+#include "allocator/trace/replay_observer.h"
 
 namespace allocd {
 namespace {
+
+// A backend that passes every call on to `inner` and reports those that
+// succeed to the observer, until Detach.
+class ObservedBackend final : public DeviceBackend {
+ public:
+  ObservedBackend(DeviceBackend& inner, ReplayObserver& observer)
+      : inner_(inner), observer_(&observer) {}
+
+  // Stops reporting: the allocator's teardown, which hands every segment
+  // back as a process exit would, is not part of the replay.
+  void Detach() { observer_ = nullptr; }
+
+  absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override {
+    absl::StatusOr<uint64_t> address = inner_.AllocateSegment(bytes);
+    if (address.ok()) Report(DeviceCall::kSegmentAlloc, *address, bytes);
+    return address;
+  }
+  void FreeSegment(uint64_t address, size_t bytes) override {
+    inner_.FreeSegment(address, bytes);
+    Report(DeviceCall::kSegmentFree, address, bytes);
+  }
+  absl::StatusOr<uint64_t> ReserveAddressRange(size_t bytes) override {
+    absl::StatusOr<uint64_t> address = inner_.ReserveAddressRange(bytes);
+    if (address.ok()) Report(DeviceCall::kReserve, *address, bytes);
+    return address;
+  }
+  void ReleaseAddressRange(uint64_t address, size_t bytes) override {
+    inner_.ReleaseAddressRange(address, bytes);
+    Report(DeviceCall::kRelease, address, bytes);
+  }
+  absl::Status MapPages(uint64_t address, size_t bytes) override {
+    absl::Status status = inner_.MapPages(address, bytes);
+    if (status.ok()) Report(DeviceCall::kMap, address, bytes);
+    return status;
+  }
+  void UnmapPages(uint64_t address, size_t bytes) override {
+    inner_.UnmapPages(address, bytes);
+    Report(DeviceCall::kUnmap, address, bytes);
+  }
+  size_t TotalMemory() const override { return inner_.TotalMemory(); }
+  size_t FreeMemory() const override { return inner_.FreeMemory(); }
+
+ private:
+  void Report(DeviceCall call, uint64_t address, size_t bytes) {
+    if (observer_ != nullptr) observer_->OnDeviceCall(call, address, bytes);
+  }
+
+  DeviceBackend& inner_;
+  ReplayObserver* observer_;
+};
 
 enum class IdState : uint8_t { kUnseen, kLive, kFreeRequested, kDone, kFailed };
 
@@ -80,7 +132,13 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
                               ? std::numeric_limits<size_t>::max()
                               : options.capacity;
   SimBackend backend(capacity, options.total_memory);
-  CachingAllocator allocator(config, &backend);
+  // The observer, if any, sees the engine's device calls through a wrapper;
+  // without one the engine calls the simulator directly.
+  ReplayObserver* const observer = options.observer;
+  std::optional<ObservedBackend> observed;
+  if (observer != nullptr) observed.emplace(backend, *observer);
+  CachingAllocator allocator(
+      config, observed ? static_cast<DeviceBackend*>(&*observed) : &backend);
   if (options.memory_fraction) allocator.SetMemoryFraction(*options.memory_fraction);
 
   ReplayResult result;
@@ -94,16 +152,23 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
     const TraceEvent& e = trace.events[i];
     if (e.id >= trace.num_ids) return BadEvent(i, e, "id out of range");
     IdState& state = states[e.id];
+    if (observer != nullptr) observer->OnEvent(i, e);
     switch (e.op) {
       case TraceOp::kAlloc: {
         if (state != IdState::kUnseen) return BadEvent(i, e, "allocated twice");
+        const int64_t syncs = allocator.Stats().num_sync_all_streams;
         absl::StatusOr<Allocation> a = allocator.Malloc(e.size, e.stream);
+        if (observer != nullptr &&
+            allocator.Stats().num_sync_all_streams != syncs) {
+          observer->OnCacheFlush();
+        }
         if (a.ok()) {
           allocations[e.id] = *a;
           state = IdState::kLive;
         } else if (absl::IsResourceExhausted(a.status())) {
           state = IdState::kFailed;
           if (!result.first_oom_event) result.first_oom_event = i;
+          if (observer != nullptr) observer->OnOutOfMemory(e, backend.FreeMemory());
         } else {
           return a.status();
         }
@@ -126,6 +191,9 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
         }
         break;
     }
+    if (observer != nullptr && state != IdState::kFailed) {
+      observer->OnBlock(e, allocations[e.id]);
+    }
     timeline.Observe(i, allocator.Stats(), result.timeline);
     if (options.stop_at_first_oom && result.first_oom_event) {
       ++i;
@@ -138,6 +206,10 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
   result.events = i;
   timeline.Finish(i, allocator.Stats(), result.timeline);
   CopyCounters(allocator.Stats(), result);
+  if (observer != nullptr) {
+    observer->OnEnd(allocator);
+    observed->Detach();
+  }
   return result;
 }
 
@@ -148,6 +220,11 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace,
                                     const ReplayOptions& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   if (config.backend == AllocatorBackend::kCudaMallocAsync) {
+    if (options.observer != nullptr) {
+      return absl::InvalidArgumentError(
+          "backend:cudaMallocAsync is a model's estimate without blocks or "
+          "segments to observe");
+    }
     return EstimateAsyncPoolReplay(trace, options);
   }
   return ReplayNative(trace, config, options);

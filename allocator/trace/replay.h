@@ -15,6 +15,8 @@
 
 namespace allocd {
 
+class ReplayObserver;
+
 struct ReplayOptions {
   // Device memory the process can get (cudaMemGetInfo's free at start).
   // 0: unlimited.
@@ -29,6 +31,9 @@ struct ReplayOptions {
   // Stop at the first OOM instead of skipping the failed allocation (and its
   // frees) and going on, as a program that catches OutOfMemoryError would.
   bool stop_at_first_oom = false;
+  // Told what the replay does, call by call (see replay_observer.h); not
+  // owned. nullptr: nothing is reported and nothing is paid for it.
+  ReplayObserver* observer = nullptr;
 };
 
 // Memory at one point of the replay: the highs within the sampled stretch
@@ -62,7 +67,9 @@ struct ReplayResult {
 };
 
 // Replays `trace` under `config`. InvalidArgument for a trace that frees what
-// it never allocated or options that make no sense (fraction outside [0,1]).
+// it never allocated, options that make no sense (fraction outside [0,1]), or
+// an observer on a backend:cudaMallocAsync replay (an estimate without
+// blocks).
 absl::StatusOr<ReplayResult> Replay(const Trace& trace,
                                     const AllocatorConfig& config,
                                     const ReplayOptions& options = {});

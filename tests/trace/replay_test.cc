@@ -4,36 +4,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trace/trace_builder.h"
 
 namespace allocd {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-
-// Builds traces event by event; ids are handed out in order of allocation.
-class TraceBuilder {
- public:
-  uint32_t Alloc(uint64_t size, uint16_t stream = 0) {
-    trace_.events.push_back({TraceOp::kAlloc, stream, trace_.num_ids, size});
-    return trace_.num_ids++;
-  }
-  TraceBuilder& Request(uint32_t id) {
-    trace_.events.push_back({TraceOp::kFreeRequested, 0, id, 0});
-    return *this;
-  }
-  TraceBuilder& Complete(uint32_t id) {
-    trace_.events.push_back({TraceOp::kFreeCompleted, 0, id, 0});
-    return *this;
-  }
-  TraceBuilder& Free(uint32_t id) { return Request(id).Complete(id); }
-  Trace Build() {
-    trace_.streams = {0};
-    return trace_;
-  }
-
- private:
-  Trace trace_;
-};
 
 ReplayResult MustReplay(const Trace& trace, const ReplayOptions& options = {},
                         const AllocatorConfig& config = {}) {

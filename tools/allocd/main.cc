@@ -45,6 +45,11 @@ void AddReplay(CLI::App& app, allocd::ReplayCommandOptions& options,
                      "which device's trace to replay (default: the only one "
                      "with events)");
   replay->add_flag("--json", options.json, "print one JSON object");
+  replay->add_option("--export-snapshot", options.export_snapshot,
+                     "also write the replay as a snapshot pickle (OUT.pickle; "
+                     "gzipped if OUT ends in .gz) for PyTorch's memory viewer: "
+                     "python -m torch.cuda._memory_viz trace_plot OUT.pickle "
+                     "-o out.html, or https://pytorch.org/memory_viz");
 }
 
 void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {

@@ -1,5 +1,6 @@
 #include "tools/allocd/replay_command.h"
 
+#include <optional>
 #include <ostream>
 
 #include "absl/status/statusor.h"
@@ -7,6 +8,7 @@
 #include "allocator/bytes.h"
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
+#include "allocator/trace/snapshot_writer.h"
 #include "nlohmann/json.hpp"
 #include "tools/allocd/common.h"
 
@@ -136,16 +138,41 @@ int RunReplay(const ReplayCommandOptions& options, std::ostream& out,
     err << "allocd replay: " << trace.status().message() << "\n";
     return 1;
   }
+  std::optional<SnapshotRecorder> recorder;
+  if (!options.export_snapshot.empty()) {
+    if (setup->config.backend == AllocatorBackend::kCudaMallocAsync) {
+      err << "allocd replay: --export-snapshot needs the native allocator: "
+             "backend:cudaMallocAsync is replayed as an estimate, without "
+             "blocks or segments\n";
+      return 1;
+    }
+    setup->replay.observer = &recorder.emplace(*trace, setup->config);
+  }
   absl::StatusOr<ReplayResult> result =
       Replay(*trace, setup->config, setup->replay);
   if (!result.ok()) {
     err << "allocd replay: " << result.status().message() << "\n";
     return 1;
   }
+  if (recorder) {
+    if (absl::Status s =
+            WriteSnapshotFile(options.export_snapshot, recorder->Pickle());
+        !s.ok()) {
+      err << "allocd replay: --export-snapshot: " << s.message() << "\n";
+      return 1;
+    }
+  }
   if (options.json) {
     PrintJson(*trace, *setup, *result, out);
   } else {
     PrintHuman(options, *trace, *setup, *result, out);
+    if (recorder) {
+      out << absl::StrFormat(
+          "snapshot written to %s; open it in PyTorch's memory viewer:\n"
+          "  python -m torch.cuda._memory_viz trace_plot %s -o out.html\n"
+          "  or drag it into https://pytorch.org/memory_viz\n",
+          options.export_snapshot, options.export_snapshot);
+    }
   }
   return 0;
 }

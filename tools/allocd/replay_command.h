@@ -17,6 +17,9 @@ struct ReplayCommandOptions {
   std::optional<double> memory_fraction;
   int device = -1;
   bool json = false;
+  // Where to write the replay as a snapshot pickle for PyTorch's memory
+  // viewer; empty: nowhere.
+  std::string export_snapshot;
 };
 
 // Runs the command; returns the process exit code (0 ok, 1 an error that
