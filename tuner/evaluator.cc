@@ -19,14 +19,21 @@ Evaluator::Evaluator(const Trace& trace, const EvaluatorOptions& options)
   options_.jobs = std::max(1, options_.jobs);
 }
 
+ReplayOptions CandidateReplayOptions(const Candidate& candidate,
+                                     const EvaluatorOptions& options,
+                                     uint64_t capacity) {
+  ReplayOptions replay;
+  replay.capacity = capacity;
+  replay.total_memory = options.total_memory != 0 && capacity == options.capacity
+                            ? options.total_memory
+                            : capacity;
+  replay.memory_fraction = candidate.memory_fraction;
+  return replay;
+}
+
 ReplaySummary Evaluator::ReplayAt(const Candidate& candidate,
                                   uint64_t capacity, bool stop_at_oom) const {
-  ReplayOptions options;
-  options.capacity = capacity;
-  options.total_memory = options_.total_memory != 0 && capacity == options_.capacity
-                             ? options_.total_memory
-                             : capacity;
-  options.memory_fraction = candidate.memory_fraction;
+  ReplayOptions options = CandidateReplayOptions(candidate, options_, capacity);
   options.stop_at_first_oom = stop_at_oom;
   absl::StatusOr<ReplayResult> result = Replay(trace_, candidate.config, options);
   // The trace was replayed once before tuning started, so only a bug can

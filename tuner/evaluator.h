@@ -48,6 +48,13 @@ struct EvaluatorOptions {
   int jobs = 1;
 };
 
+// How the evaluator replays `candidate` at `capacity` (the tuning capacity,
+// or one the least-capacity search tries): a memory fraction is of the
+// tuning's device when `capacity` is its capacity, else of `capacity`.
+ReplayOptions CandidateReplayOptions(const Candidate& candidate,
+                                     const EvaluatorOptions& options,
+                                     uint64_t capacity);
+
 class Evaluator {
  public:
   Evaluator(const Trace& trace, const EvaluatorOptions& options);

@@ -1,8 +1,11 @@
 // Runs the allocd binary as a user would and checks exit codes and output.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -119,6 +122,96 @@ TEST(CliTest, ReplayOfAMissingFileNamesIt) {
   const CommandResult r = RunAllocd("replay /nonexistent/trace.pickle");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("/nonexistent/trace.pickle"));
+}
+
+// A path for the test's output files, unique to this process.
+std::string TempPath(const std::string& name) {
+  return testing::TempDir() + "/cli_test_" + std::to_string(getpid()) + "_" + name;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(CliTest, ReplayExportsASnapshotThatReplaysTheSame) {
+  const std::string out = TempPath("llama.pickle");
+  const CommandResult r = RunAllocd("replay " + kLlama +
+                                    " --config max_split_size_mb:256 --export-snapshot " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("snapshot written to " + out));
+  EXPECT_THAT(r.output, HasSubstr("python -m torch.cuda._memory_viz trace_plot " + out));
+  EXPECT_THAT(r.output, HasSubstr("https://pytorch.org/memory_viz"));
+  // A plain pickle (PROTO 2), as PyTorch's viewer wants it.
+  EXPECT_EQ(ReadFile(out).substr(0, 2), "\x80\x02");
+
+  // The exported snapshot holds every event at the replay's addresses:
+  // replayed again under the same config it gives the same numbers.
+  const CommandResult original =
+      RunAllocd("replay " + kLlama + " --config max_split_size_mb:256 --json");
+  const CommandResult again = RunAllocd("replay " + out + " --config max_split_size_mb:256 --json");
+  ASSERT_EQ(original.exit_code, 0) << original.output;
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const nlohmann::json a = nlohmann::json::parse(original.output);
+  const nlohmann::json b = nlohmann::json::parse(again.output);
+  EXPECT_EQ(b["events"], a["events"]);
+  EXPECT_EQ(b["peak_reserved"], a["peak_reserved"]);
+  EXPECT_EQ(b["num_device_alloc"], a["num_device_alloc"]);
+  std::remove(out.c_str());
+}
+
+TEST(CliTest, ReplayExportWithJsonKeepsStdoutJson) {
+  const std::string out = TempPath("json.pickle.gz");
+  const std::string command = std::string(ALLOCD_BINARY) + " replay " + kLlama +
+                              " --json --export-snapshot " + out + " 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
+  ASSERT_EQ(pclose(pipe), 0);
+  EXPECT_EQ(nlohmann::json::parse(output)["num_ooms"], 0);
+  // Gzipped, as the name asks.
+  EXPECT_EQ(ReadFile(out).substr(0, 2), "\x1f\x8b");
+  std::remove(out.c_str());
+}
+
+TEST(CliTest, ReplayExportErrorsAreClear) {
+  const CommandResult unwritable =
+      RunAllocd("replay " + kLlama + " --export-snapshot /nonexistent/dir/out.pickle");
+  EXPECT_EQ(unwritable.exit_code, 1);
+  EXPECT_THAT(unwritable.output, HasSubstr("cannot write /nonexistent/dir/out.pickle"));
+  const CommandResult async = RunAllocd("replay " + kLlama +
+                                        " --config backend:cudaMallocAsync --export-snapshot " +
+                                        TempPath("async.pickle"));
+  EXPECT_EQ(async.exit_code, 1);
+  EXPECT_THAT(async.output, HasSubstr("needs the native allocator"));
+}
+
+TEST(CliTest, TuneWritesAnHtmlReport) {
+  const std::string dir = TempPath("report");
+  const CommandResult r = RunAllocd("tune " + kLlama +
+                                    " --capacity 84465090560 --budget 30 --jobs 2 --report " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("report written to " + dir + "/index.html"));
+  const std::string index = ReadFile(dir + "/index.html");
+  EXPECT_THAT(index, HasSubstr("<!DOCTYPE html>"));
+  EXPECT_THAT(index, HasSubstr("export PYTORCH_CUDA_ALLOC_CONF="));
+  for (const char* svg : {"timeline.svg", "fragmentation.svg", "landscape.svg"}) {
+    const std::string content = ReadFile(dir + "/" + svg);
+    EXPECT_THAT(content, HasSubstr("<svg xmlns=\"http://www.w3.org/2000/svg\"")) << svg;
+    EXPECT_THAT(index, HasSubstr(content)) << svg;
+  }
+}
+
+TEST(CliTest, TuneReportIntoAnUnwritableDirectoryFails) {
+  const CommandResult r =
+      RunAllocd("tune " + kLlama + " --budget 5 --jobs 2 --report /dev/null/report");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--report"));
+  EXPECT_THAT(r.output, HasSubstr("/dev/null/report"));
 }
 
 TEST(CliTest, CheckConfigAcceptsAndExplains) {

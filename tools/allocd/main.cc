@@ -88,6 +88,10 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
                    "device-allocs objective: peak reserved allowed (default: --capacity)");
   tune->add_option("--device", o.device, "which device's trace (default: the only one)");
   tune->add_option("--top", o.top, "rows in the ranked table (default 10)");
+  tune->add_option("--report", o.report_dir,
+                   "also write an HTML/SVG report into this directory: "
+                   "index.html (self-contained) and timeline.svg, "
+                   "fragmentation.svg, landscape.svg");
   tune->add_flag("--json", o.json, "print one JSON object");
 }
 

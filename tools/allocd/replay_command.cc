@@ -166,13 +166,14 @@ int RunReplay(const ReplayCommandOptions& options, std::ostream& out,
     PrintJson(*trace, *setup, *result, out);
   } else {
     PrintHuman(options, *trace, *setup, *result, out);
-    if (recorder) {
-      out << absl::StrFormat(
-          "snapshot written to %s; open it in PyTorch's memory viewer:\n"
-          "  python -m torch.cuda._memory_viz trace_plot %s -o out.html\n"
-          "  or drag it into https://pytorch.org/memory_viz\n",
-          options.export_snapshot, options.export_snapshot);
-    }
+  }
+  if (recorder) {
+    // Not on stdout under --json, which must stay one JSON object.
+    (options.json ? err : out) << absl::StrFormat(
+        "snapshot written to %s; open it in PyTorch's memory viewer:\n"
+        "  python -m torch.cuda._memory_viz trace_plot %s -o out.html\n"
+        "  or drag it into https://pytorch.org/memory_viz\n",
+        options.export_snapshot, options.export_snapshot);
   }
   return 0;
 }

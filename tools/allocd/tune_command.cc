@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tools/allocd/common.h"
+#include "tuner/html_report.h"
 #include "tuner/search_space.h"
 #include "tuner/text_report.h"
 #include "tuner/tuner.h"
@@ -71,6 +72,18 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     out << JsonReport(*report, context).dump(2) << "\n";
   } else {
     PrintTextReport(*report, context, out);
+  }
+  if (!options.report_dir.empty()) {
+    absl::StatusOr<HtmlReport> html = MakeHtmlReport(*trace, *report, context);
+    absl::Status written =
+        html.ok() ? WriteHtmlReport(options.report_dir, *html) : html.status();
+    if (!written.ok()) {
+      err << "allocd tune: --report: " << written.message() << "\n";
+      return 1;
+    }
+    // Not on stdout under --json, which must stay one JSON object.
+    (options.json ? err : out)
+        << "\nreport written to " << options.report_dir << "/index.html\n";
   }
   return report->recommended() != nullptr ? 0 : 2;
 }
