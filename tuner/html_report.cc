@@ -100,7 +100,8 @@ std::string SvgOpen(int width, int height, absl::string_view title) {
       "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\" "
       "role=\"img\">\n<title>%s</title>\n"
       "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n"
-      "<text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">%s</text>\n",
+      "<text x=\"10\" y=\"20\" font-size=\"15\" "
+      "font-weight=\"bold\">%s</text>\n",
       width, height, width, height, XmlEscape(title), width, height,
       XmlEscape(title));
 }
@@ -170,8 +171,8 @@ std::string LineChart(absl::string_view title, absl::string_view subtitle,
                 "text-anchor=\"middle\"");
   }
   svg += Line(kLeft, kTop, kLeft, kTop + kPlotHeight, "stroke=\"black\"");
-  svg += Line(kLeft, kTop + kPlotHeight, kLeft + kPlotWidth,
-              kTop + kPlotHeight, "stroke=\"black\"");
+  svg += Line(kLeft, kTop + kPlotHeight, kLeft + kPlotWidth, kTop + kPlotHeight,
+              "stroke=\"black\"");
   svg += Text(kLeft + kPlotWidth / 2, kHeight - 8, "trace event",
               "text-anchor=\"middle\"");
 
@@ -228,9 +229,10 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
   const double x_top =
       std::max(1.0, std::ceil(static_cast<double>(max_bytes) / x_step)) *
       x_step;
-  const auto px = [&](double bytes) { return left + plot_width * bytes / x_top; };
-  const int height =
-      static_cast<int>(50 + panels.size() * 80 + bars * kPitch);
+  const auto px = [&](double bytes) {
+    return left + plot_width * bytes / x_top;
+  };
+  const int height = static_cast<int>(50 + panels.size() * 80 + bars * kPitch);
 
   std::string svg = SvgOpen(kWidth, height, title);
   svg += Text(10, 38, subtitle, absl::StrFormat("fill=\"%s\"", kMutedColor));
@@ -241,8 +243,8 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
     const double bottom = top + panel.bars.size() * kPitch;
     for (int i = 0; i * x_step <= x_top; ++i) {
       const double x = px(i * x_step);
-      svg += Line(x, top, x, bottom,
-                  absl::StrFormat("stroke=\"%s\"", kGridColor));
+      svg +=
+          Line(x, top, x, bottom, absl::StrFormat("stroke=\"%s\"", kGridColor));
       svg += Text(x, bottom + 16, FormatSize(static_cast<uint64_t>(i * x_step)),
                   "text-anchor=\"middle\"");
     }
@@ -311,7 +313,9 @@ std::string LandscapeSvg(const TuneReport& report) {
       [](const Evaluation& e) {
         return e.candidate.config.roundup_power2_divisions;
       },
-      [](const RoundupDivisions& divisions) { return RoundupLabel(divisions); });
+      [](const RoundupDivisions& divisions) {
+        return RoundupLabel(divisions);
+      });
   return BarChart(
       "Search landscape: least peak reserved memory per setting",
       absl::StrFormat("the best feasible config the search tried with each "
@@ -351,7 +355,8 @@ Curves CurvesOf(const ReplayResult& replay, absl::string_view name,
     c.reserved.points.emplace_back(event, static_cast<double>(s.reserved));
     c.allocated.points.emplace_back(event, static_cast<double>(s.allocated));
     c.fragmentation.points.emplace_back(
-        event, static_cast<double>(std::max<int64_t>(0, s.reserved - s.allocated)));
+        event,
+        static_cast<double>(std::max<int64_t>(0, s.reserved - s.allocated)));
   }
   return c;
 }
@@ -427,7 +432,8 @@ std::string IndexHtml(const TuneReport& report, const ReportContext& context,
 absl::Status WriteFile(const std::filesystem::path& path,
                        absl::string_view content) {
   std::ofstream out(path, std::ios::binary);
-  if (out) out.write(content.data(), static_cast<std::streamsize>(content.size()));
+  if (out)
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
   out.close();
   if (!out) {
     return absl::ErrnoToStatus(errno,
@@ -444,8 +450,7 @@ absl::StatusOr<HtmlReport> MakeHtmlReport(const Trace& trace,
   absl::StatusOr<ReplayResult> defaults =
       ReplayTimeline(trace, report, report.baseline.candidate);
   if (!defaults.ok()) return defaults.status();
-  const Curves default_curves =
-      CurvesOf(*defaults, "defaults", kDefaultColor);
+  const Curves default_curves = CurvesOf(*defaults, "defaults", kDefaultColor);
   std::vector<Series> timeline = {default_curves.reserved,
                                   default_curves.allocated};
   std::vector<Series> fragmentation = {default_curves.fragmentation};
@@ -470,9 +475,9 @@ absl::StatusOr<HtmlReport> MakeHtmlReport(const Trace& trace,
   HtmlReport files;
   files.timeline_svg =
       LineChart("Reserved and allocated memory", subtitle, events, timeline);
-  files.fragmentation_svg = LineChart(
-      "Fragmentation: reserved minus allocated memory", subtitle, events,
-      fragmentation);
+  files.fragmentation_svg =
+      LineChart("Fragmentation: reserved minus allocated memory", subtitle,
+                events, fragmentation);
   files.landscape_svg = LandscapeSvg(report);
   files.index_html = IndexHtml(report, context, files);
   return files;

@@ -140,9 +140,9 @@ void PickleWriter::Memo(bool put, uint32_t index) {
 PickleWriter& PickleWriter::Str(std::string_view text) {
   BeforeValue();
   // Debian's Abseil has its own string_view, which heterogeneous lookup wants.
-  const auto [it, fresh] = memo_.try_emplace(
-      absl::string_view(text.data(), text.size()),
-      static_cast<uint32_t>(memo_.size()));
+  const auto [it, fresh] =
+      memo_.try_emplace(absl::string_view(text.data(), text.size()),
+                        static_cast<uint32_t>(memo_.size()));
   if (fresh) {
     Op(BINUNICODE);
     LittleEndian(text.size(), 4);

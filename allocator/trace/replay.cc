@@ -168,7 +168,9 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
         } else if (absl::IsResourceExhausted(a.status())) {
           state = IdState::kFailed;
           if (!result.first_oom_event) result.first_oom_event = i;
-          if (observer != nullptr) observer->OnOutOfMemory(e, backend.FreeMemory());
+          if (observer != nullptr) {
+            observer->OnOutOfMemory(e, backend.FreeMemory());
+          }
         } else {
           return a.status();
         }

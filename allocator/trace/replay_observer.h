@@ -55,8 +55,7 @@ class ReplayObserver {
 
   // The current kAlloc event ran out of memory with `device_free` bytes
   // still free on the device.
-  virtual void OnOutOfMemory(const TraceEvent& event,
-                             uint64_t device_free) = 0;
+  virtual void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) = 0;
 
   // The replay ended (after the last event, or at the first OOM with
   // stop_at_first_oom); `allocator` holds the end state.

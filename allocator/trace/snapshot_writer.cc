@@ -45,7 +45,8 @@ absl::StatusOr<std::string> Gzip(std::string_view data) {
   int rc = Z_OK;
   while (rc == Z_OK) {
     if (zs.avail_in == 0) {
-      zs.avail_in = static_cast<uInt>(std::min<size_t>(data.size() - fed, UINT_MAX));
+      zs.avail_in =
+          static_cast<uInt>(std::min<size_t>(data.size() - fed, UINT_MAX));
       fed += zs.avail_in;
     }
     zs.avail_out = static_cast<uInt>(
@@ -125,15 +126,16 @@ void SnapshotRecorder::OnDeviceCall(DeviceCall call, uint64_t address,
 void SnapshotRecorder::OnCacheFlush() {
   std::vector<std::pair<uint64_t, uint32_t>> completed;  // (order, id)
   for (const auto& [id, block] : live_) {
-    if (block.free_requested != 0) completed.emplace_back(block.free_requested, id);
+    if (block.free_requested != 0)
+      completed.emplace_back(block.free_requested, id);
   }
   std::sort(completed.begin(), completed.end());
   std::vector<Event> frees;
   for (const auto& [order, id] : completed) {
     const LiveBlock block = live_.at(id);
     live_.erase(id);
-    frees.push_back(
-        Event{Action::kFreeCompleted, block.stream, time_, block.addr, block.size});
+    frees.push_back(Event{Action::kFreeCompleted, block.stream, time_,
+                          block.addr, block.size});
   }
   // The flush synchronised before it released anything; the completions go
   // before every device call of the allocation, which keeps each block
@@ -215,8 +217,8 @@ std::string SnapshotRecorder::Pickle() const {
   w.EndList();
 
   static constexpr const char* kActionNames[] = {
-      "alloc",         "free_requested", "free_completed", "segment_alloc",
-      "segment_free",  "segment_map",    "segment_unmap",  "oom"};
+      "alloc",        "free_requested", "free_completed", "segment_alloc",
+      "segment_free", "segment_map",    "segment_unmap",  "oom"};
   w.Str("device_traces").BeginList();
   for (int device = 0; device < trace_.device; ++device) {
     w.BeginList().EndList();

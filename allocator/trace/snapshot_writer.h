@@ -22,8 +22,8 @@
 //
 // As in PyTorch, frees that a cache flush completed early are written as
 // free_completed then (before the flushing allocation's segment events), and
-// the trace's own free_completed of them later is left out. A replay without OOMs or
-// flushes therefore reads back as the trace it replayed.
+// the trace's own free_completed of them later is left out. A replay without
+// OOMs or flushes therefore reads back as the trace it replayed.
 #ifndef ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_WRITER_H_
 #define ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_WRITER_H_
 
@@ -50,8 +50,7 @@ class SnapshotRecorder final : public ReplayObserver {
   SnapshotRecorder(const Trace& trace, const AllocatorConfig& config);
 
   void OnEvent(uint64_t index, const TraceEvent& event) override;
-  void OnDeviceCall(DeviceCall call, uint64_t address,
-                    uint64_t bytes) override;
+  void OnDeviceCall(DeviceCall call, uint64_t address, uint64_t bytes) override;
   void OnCacheFlush() override;
   void OnBlock(const TraceEvent& event, const Allocation& allocation) override;
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override;

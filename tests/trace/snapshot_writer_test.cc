@@ -133,10 +133,9 @@ TEST(PickleWriterTest, LongContainersGoInBatchesOfAThousand) {
   list.BeginList();
   for (int i = 0; i < 2500; ++i) list.None();
   list.EndList();
-  EXPECT_EQ(list.Finish(),
-            absl::StrCat("\x80\x02](", std::string(1000, 'N'), "e(",
-                         std::string(1000, 'N'), "e(", std::string(500, 'N'),
-                         "e."));
+  EXPECT_EQ(list.Finish(), absl::StrCat("\x80\x02](", std::string(1000, 'N'),
+                                        "e(", std::string(1000, 'N'), "e(",
+                                        std::string(500, 'N'), "e."));
 
   PickleWriter dict;
   dict.BeginDict();
@@ -191,9 +190,8 @@ TEST(SnapshotRecorderTest, EventsCarryTheEnginesAddressesAndPyTorchsKeys) {
   trace.streams = {0x5a};  // a CUDA stream handle
   const Recorded r = Record(trace);
   const nlohmann::json& events = r.snapshot["device_traces"][0];
-  EXPECT_THAT(Actions(events),
-              ElementsAre("segment_alloc", "alloc", "alloc", "free_requested",
-                          "free_completed"));
+  EXPECT_THAT(Actions(events), ElementsAre("segment_alloc", "alloc", "alloc",
+                                           "free_requested", "free_completed"));
   const uint64_t segment = events[0]["addr"];
   EXPECT_EQ(events[0]["size"], 2 * kMiB);
   EXPECT_EQ(events[1]["addr"], segment);
@@ -345,8 +343,7 @@ TEST(SnapshotRecorderTest, RealTraceRoundTripsThroughTheReader) {
   // Every event is there, and the end state adds up to what the replay
   // reports.
   const nlohmann::json& events = r.snapshot["device_traces"][trace->device];
-  EXPECT_EQ(events.size(),
-            trace->events.size() + r.result.num_device_alloc);
+  EXPECT_EQ(events.size(), trace->events.size() + r.result.num_device_alloc);
   int64_t reserved = 0;
   size_t blocks = 0;
   for (const nlohmann::json& seg : r.snapshot["segments"]) {

@@ -76,8 +76,9 @@ class XmlChecker {
         if (name.empty() || !Take('>')) return Error("malformed end tag");
         if (open.empty() || elements_[open.back()].name != name) {
           return Error(absl::StrCat("</", name, "> closes ",
-                                    open.empty() ? std::string("nothing")
-                                                 : elements_[open.back()].name));
+                                    open.empty()
+                                        ? std::string("nothing")
+                                        : elements_[open.back()].name));
         }
         open.pop_back();
         continue;
@@ -99,7 +100,8 @@ class XmlChecker {
         }
         if (!spaced) return Error("attributes must be separated by space");
         const std::string attribute = Name();
-        if (attribute.empty() || !Take('=')) return Error("malformed attribute");
+        if (attribute.empty() || !Take('='))
+          return Error("malformed attribute");
         if (pos_ >= doc_.size() || (doc_[pos_] != '"' && doc_[pos_] != '\'')) {
           return Error("unquoted attribute value");
         }
@@ -117,8 +119,8 @@ class XmlChecker {
       elements_.push_back(std::move(e));
     }
     if (!open.empty()) {
-      return Error(absl::StrCat("<", elements_[open.back()].name,
-                                "> is never closed"));
+      return Error(
+          absl::StrCat("<", elements_[open.back()].name, "> is never closed"));
     }
     if (roots != 1) return Error("no root element");
     return elements_;
@@ -139,7 +141,8 @@ class XmlChecker {
   }
   bool SkipSpace() {
     const size_t start = pos_;
-    while (pos_ < doc_.size() && std::isspace(static_cast<unsigned char>(doc_[pos_]))) {
+    while (pos_ < doc_.size() &&
+           std::isspace(static_cast<unsigned char>(doc_[pos_]))) {
       ++pos_;
     }
     return pos_ > start;
@@ -242,15 +245,18 @@ struct Tuned {
   HtmlReport html;
 };
 
-Tuned TuneAndDraw(uint64_t capacity, std::string trace_path = "growing.pickle") {
+Tuned TuneAndDraw(uint64_t capacity,
+                  std::string trace_path = "growing.pickle") {
   Tuned t;
   t.trace = GrowingTensorTrace();
   absl::StatusOr<TuneReport> report =
       Tune(t.trace, DefaultSearchSpace(), Device(capacity));
   EXPECT_TRUE(report.ok()) << report.status();
   if (report.ok()) t.report = *std::move(report);
-  t.context = ReportContext{std::move(trace_path), t.trace.events.size(), 0, 10};
-  absl::StatusOr<HtmlReport> html = MakeHtmlReport(t.trace, t.report, t.context);
+  t.context =
+      ReportContext{std::move(trace_path), t.trace.events.size(), 0, 10};
+  absl::StatusOr<HtmlReport> html =
+      MakeHtmlReport(t.trace, t.report, t.context);
   EXPECT_TRUE(html.ok()) << html.status();
   if (html.ok()) t.html = *std::move(html);
   return t;
@@ -258,8 +264,9 @@ Tuned TuneAndDraw(uint64_t capacity, std::string trace_path = "growing.pickle") 
 
 TEST(HtmlReportTest, EverySvgIsWellFormedWithATitle) {
   const Tuned t = TuneAndDraw(8 * kGiB);
-  for (const std::string* svg : {&t.html.timeline_svg, &t.html.fragmentation_svg,
-                                 &t.html.landscape_svg}) {
+  for (const std::string* svg :
+       {&t.html.timeline_svg, &t.html.fragmentation_svg,
+        &t.html.landscape_svg}) {
     const std::vector<Element> elements = MustParse(*svg);
     ASSERT_FALSE(elements.empty());
     EXPECT_EQ(elements[0].name, "svg");
@@ -286,12 +293,13 @@ TEST(HtmlReportTest, TimelineHasReservedAndAllocatedOfBothConfigs) {
       EXPECT_TRUE(x >= 0 && x <= 900 && y >= 0 && y <= 380) << point;
     }
   }
-  EXPECT_THAT(names, UnorderedElementsAre("defaults, reserved", "defaults, allocated",
-                                          "recommended, reserved",
-                                          "recommended, allocated"));
+  EXPECT_THAT(names, UnorderedElementsAre(
+                         "defaults, reserved", "defaults, allocated",
+                         "recommended, reserved", "recommended, allocated"));
   // Size labels on the axis.
   std::vector<std::string> labels;
-  for (const Element* text : Named(elements, "text")) labels.push_back(text->text);
+  for (const Element* text : Named(elements, "text"))
+    labels.push_back(text->text);
   EXPECT_THAT(labels, Contains(testing::MatchesRegex("[0-9]+\\.00 [KMG]iB")));
   EXPECT_THAT(labels, Contains("trace event"));
 }
@@ -316,7 +324,8 @@ TEST(HtmlReportTest, LandscapeHasABarPerSettingTried) {
     }
   }
   std::vector<std::string> texts;
-  for (const Element* text : Named(elements, "text")) texts.push_back(text->text);
+  for (const Element* text : Named(elements, "text"))
+    texts.push_back(text->text);
   // Each max_split_size_mb and roundup value the search evaluated has a
   // bar, or says that no feasible config had it.
   for (const Evaluation& e : t.report.ranked) {
@@ -379,7 +388,8 @@ TEST(HtmlReportTest, WithoutARecommendationOnlyTheDefaultsAreDrawn) {
   for (const Element* p : Named(elements, "polyline")) {
     names.push_back(p->attributes.at("data-series"));
   }
-  EXPECT_THAT(names, UnorderedElementsAre("defaults, reserved", "defaults, allocated"));
+  EXPECT_THAT(
+      names, UnorderedElementsAre("defaults, reserved", "defaults, allocated"));
   EXPECT_THAT(t.html.index_html, HasSubstr("No candidate fits"));
   MustParse(t.html.index_html);
 }
