@@ -131,7 +131,11 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
   const size_t capacity = options.capacity == 0
                               ? std::numeric_limits<size_t>::max()
                               : options.capacity;
-  SimBackend backend(capacity, options.total_memory);
+  std::optional<SimBackend> simulated;
+  DeviceBackend& backend =
+      options.device != nullptr
+          ? *options.device
+          : simulated.emplace(capacity, options.total_memory);
   // The observer, if any, sees the engine's device calls through a wrapper;
   // without one the engine calls the simulator directly.
   ReplayObserver* const observer = options.observer;
@@ -193,8 +197,9 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
         }
         break;
     }
-    if (observer != nullptr && state != IdState::kFailed) {
-      observer->OnBlock(e, allocations[e.id]);
+    if (observer != nullptr) {
+      if (state != IdState::kFailed) observer->OnBlock(e, allocations[e.id]);
+      observer->AfterEvent(i, allocator);
     }
     timeline.Observe(i, allocator.Stats(), result.timeline);
     if (options.stop_at_first_oom && result.first_oom_event) {

@@ -15,6 +15,7 @@
 
 namespace allocd {
 
+class DeviceBackend;
 class ReplayObserver;
 
 struct ReplayOptions {
@@ -34,6 +35,9 @@ struct ReplayOptions {
   // Told what the replay does, call by call (see replay_observer.h); not
   // owned. nullptr: nothing is reported and nothing is paid for it.
   ReplayObserver* observer = nullptr;
+  // Replays on this device instead of a simulated one of `capacity` (a
+  // live client replays on the node daemon's memory); not owned.
+  DeviceBackend* device = nullptr;
 };
 
 // Memory at one point of the replay: the highs within the sampled stretch

@@ -6,7 +6,7 @@
 // pays nothing for them. Per trace event, in order: OnEvent, then any
 // OnDeviceCall the engine made while running it, then OnCacheFlush if it
 // flushed the cache, then OnBlock (the event's allocation or free) or
-// OnOutOfMemory. OnEnd follows the last event. Frees of an allocation that
+// OnOutOfMemory, then AfterEvent. OnEnd follows the last event. Frees of an allocation that
 // ran out of memory are not reported (the replay skips them). Only the native
 // allocator replays through the engine: a backend:cudaMallocAsync replay with
 // an observer is an InvalidArgument error.
@@ -56,6 +56,11 @@ class ReplayObserver {
   // The current kAlloc event ran out of memory with `device_free` bytes
   // still free on the device.
   virtual void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) = 0;
+
+  // The current event is done: a safe point to change the allocator, as a
+  // live client applies a pushed config (Reconfigure) or empties its cache
+  // between allocations. Recording observers need not override it.
+  virtual void AfterEvent(uint64_t /*index*/, CachingAllocator& /*allocator*/) {}
 
   // The replay ended (after the last event, or at the first OOM with
   // stop_at_first_oom); `allocator` holds the end state.

@@ -8,6 +8,10 @@
 #include "tools/allocd/check_config_command.h"
 #include "tools/allocd/replay_command.h"
 #include "tools/allocd/tune_command.h"
+#ifdef ALLOCD_WITH_SERVER
+#include "tools/allocd/client_replay_command.h"
+#include "tools/allocd/serve_command.h"
+#endif
 
 namespace {
 
@@ -95,6 +99,61 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
   tune->add_flag("--json", o.json, "print one JSON object");
 }
 
+#ifdef ALLOCD_WITH_SERVER
+void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
+              std::vector<uid_t>& admin_uids) {
+  allocd::DaemonOptions& d = o.daemon;
+  CLI::App* serve = app.add_subcommand(
+      "serve",
+      "Run the node daemon: hands physical memory to client processes as\n"
+      "2 MiB chunks over a Unix socket, shares what one frees with the next,\n"
+      "pushes allocator configs, and exports Prometheus metrics. Stops\n"
+      "gracefully on SIGTERM/SIGINT.");
+  serve->add_option("--socket", d.socket,
+                    "clients' gRPC socket, mode 0660; the FD side socket is "
+                    "SOCKET.fds (default /run/allocd/allocd.sock)");
+  serve->add_option("--admin-socket", d.admin_socket,
+                    "an extra socket for allocctl, mode 0600 (default: none; "
+                    "allocctl also works on --socket)");
+  serve->add_option("--metrics-addr", d.metrics_address,
+                    "HOST:PORT for Prometheus /metrics (default "
+                    "127.0.0.1:9464; '' disables)");
+  serve->add_option("--backend", d.backend,
+                    "sim: memfd chunks, no GPU; cuda: GPU memory (default sim)")
+      ->check(CLI::IsMember({"sim", "cuda"}));
+  serve->add_option("--capacity", o.capacity,
+                    "most memory the pool hands out, e.g. 8GiB (default 8GiB)");
+  serve->add_option("--config", d.config_file,
+                    "JSON file of allocator configs per job and uid quotas: "
+                    "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "
+                    "\"uid_quotas\": {\"1000\": \"20GiB\"}}");
+  serve->add_option("--admin-uid", admin_uids,
+                    "uids allowed to administer besides root and the "
+                    "daemon's own (repeatable)");
+}
+
+void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
+  CLI::App* c = app.add_subcommand(
+      "client-replay",
+      "Replay a snapshot as a live client of `allocd serve`: segments from\n"
+      "daemon chunks (mapped and written), telemetry, config pushes applied\n"
+      "and ACKed, reclaim requests answered. For load tests and demos.");
+  c->add_option("TRACE", o.trace_path, "snapshot pickle (.pickle or .pickle.gz)")
+      ->required();
+  c->add_option("--socket", o.socket,
+                "the daemon's socket (default /run/allocd/allocd.sock)");
+  c->add_option("--job", o.job, "job label: picks the config the daemon pushes");
+  c->add_option("--config,-c", o.config,
+                "PYTORCH_CUDA_ALLOC_CONF to start with (default: PyTorch's)");
+  c->add_option("--device", o.device, "which device's trace (default: the only one)");
+  c->add_option("--loop", o.loops, "replay the trace N times (default 1)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--duration", o.duration_seconds,
+                "replay again and again for this many seconds (overrides --loop)");
+  c->add_flag("--json", o.json, "print one JSON object");
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,7 +179,25 @@ int main(int argc, char** argv) {
       ->required();
   check->add_flag("--json", check_json, "print one JSON object");
 
+#ifdef ALLOCD_WITH_SERVER
+  allocd::ServeCommandOptions serve_options;
+  std::vector<uid_t> admin_uids;
+  AddServe(app, serve_options, admin_uids);
+  allocd::ClientReplayCommandOptions client_replay_options;
+  AddClientReplay(app, client_replay_options);
+#endif
+
   CLI11_PARSE(app, argc, argv);
+
+#ifdef ALLOCD_WITH_SERVER
+  if (app.got_subcommand("serve")) {
+    serve_options.daemon.admin_uids = admin_uids;
+    return allocd::RunServe(serve_options, std::cerr);
+  }
+  if (app.got_subcommand("client-replay")) {
+    return allocd::RunClientReplay(client_replay_options, std::cout, std::cerr);
+  }
+#endif
 
   if (app.got_subcommand("replay")) {
     replay_options.memory_fraction = fraction;

@@ -1,0 +1,105 @@
+// DaemonClient: a process's connection to the node daemon (`allocd serve`).
+//
+// Connect() registers a session and opens its lease (the side-socket
+// connection whose life is the session's). Then:
+// - Acquire/Release get and return chunks; Acquire's FDs arrive over the
+//   lease connection with SCM_RIGHTS;
+// - a background thread watches the daemon's control stream (config pushes,
+//   reclaim requests) and queues what arrives for the engine's thread to
+//   handle at a safe point (TakeControl), since the engine is not
+//   thread-safe;
+// - a background thread streams the latest stats (PublishStats) as
+//   telemetry;
+// - when the daemon goes away, the same thread reconnects with exponential
+//   backoff and registers a new session: the epoch goes up, and chunks of
+//   an earlier epoch stay mapped and usable but are no longer the new
+//   daemon's to take back (Release of them only drops them locally).
+//
+// Thread-safe.
+#ifndef ALLOCD_CLIENT_DAEMON_CLIENT_H_
+#define ALLOCD_CLIENT_DAEMON_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocd.pb.h"
+#include "ipc/unix_socket.h"
+
+namespace allocd {
+
+struct DaemonClientOptions {
+  std::string socket = "/run/allocd/allocd.sock";
+  std::string job;
+  int device = 0;
+  // Canonical PYTORCH_CUDA_ALLOC_CONF the process starts with.
+  std::string initial_config;
+  std::string description = "allocd-client";
+  absl::Duration telemetry_period = absl::Milliseconds(100);
+  absl::Duration reconnect_min = absl::Milliseconds(50);
+  absl::Duration reconnect_max = absl::Seconds(2);
+  // How long Acquire waits for a lost daemon to come back.
+  absl::Duration reconnect_wait = absl::Seconds(10);
+  absl::Duration rpc_timeout = absl::Seconds(10);
+};
+
+// Chunks the daemon handed over, in id order: chunk i is `chunk_bytes` at
+// offsets[i] of fds[i].
+struct ReceivedChunks {
+  uint64_t epoch = 0;
+  std::vector<uint64_t> ids;
+  std::vector<UniqueFd> fds;
+  std::vector<uint64_t> offsets;
+  uint64_t chunk_bytes = 0;
+  uint32_t reused = 0;
+};
+
+class DaemonClient {
+ public:
+  // Unavailable, naming the socket, when no daemon answers there.
+  static absl::StatusOr<std::unique_ptr<DaemonClient>> Connect(
+      DaemonClientOptions options);
+  // Stops the threads and closes the lease: the daemon ends the session
+  // and takes back every chunk of the current epoch.
+  ~DaemonClient();
+
+  // At least `bytes` of chunks. ResourceExhausted when the node (or a
+  // quota) has no more; Unavailable when the daemon stayed away longer
+  // than reconnect_wait.
+  absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes);
+  // Returns chunks of `epoch`; of an older epoch, a no-op.
+  absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
+
+  // Control messages received since the last call, in order.
+  std::vector<v1::ControlMessage> TakeControl();
+  // ACK (applied) or NACK a pushed config version.
+  absl::Status Ack(uint64_t version, bool applied, absl::string_view error);
+  absl::Status ReportOom(uint64_t requested_bytes, absl::string_view message,
+                         uint64_t config_version);
+  // The stats the telemetry thread sends next (PyTorch's names).
+  void PublishStats(std::map<std::string, int64_t> stats,
+                    uint64_t config_version);
+  // Sends the latest published stats now (and waits for them to be sent).
+  absl::Status FlushTelemetry();
+
+  uint64_t session_id() const;
+  uint64_t epoch() const;
+  bool connected() const;
+  uint64_t chunk_bytes() const;
+  uint64_t capacity_bytes() const;
+
+  struct State;
+
+ private:
+  explicit DaemonClient(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_DAEMON_CLIENT_H_

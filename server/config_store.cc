@@ -1,0 +1,100 @@
+#include "server/config_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/config.h"
+
+namespace allocd {
+
+absl::Status ValidateJobLabel(absl::string_view job) {
+  if (job.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job label is ", job.size(), " bytes; at most 128"));
+  }
+  for (char c : job) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
+              c == '/' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job label may hold only [A-Za-z0-9_.:/-]; got byte 0x",
+          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ConfigStore::ConfigStore(size_t history_limit)
+    : history_limit_(std::max<size_t>(history_limit, 1)) {}
+
+absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
+                                              absl::string_view config,
+                                              absl::string_view author) {
+  if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
+  absl::StatusOr<AllocatorConfig> parsed =
+      ParseAllocatorConfig(std::string_view(config.data(), config.size()));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PyTorch 2.11 rejects this config: ", parsed.status().message()));
+  }
+  ConfigRecord record{.job = std::string(job),
+                      .config = FormatAllocatorConfig(*parsed),
+                      .set_at = absl::Now(),
+                      .author = std::string(author)};
+  absl::MutexLock lock(&mu_);
+  record.version = ++last_version_;
+  newest_by_job_[record.job] = record;
+  by_version_[record.version] = record;
+  history_.push_front({.at = record.set_at,
+                       .event = "set",
+                       .version = record.version,
+                       .job = record.job,
+                       .config = record.config,
+                       .detail = record.author});
+  if (history_.size() > history_limit_) history_.pop_back();
+  return record;
+}
+
+std::optional<ConfigRecord> ConfigStore::Effective(absl::string_view job) const {
+  absl::MutexLock lock(&mu_);
+  if (auto it = newest_by_job_.find(job); it != newest_by_job_.end()) {
+    return it->second;
+  }
+  if (auto it = newest_by_job_.find(""); it != newest_by_job_.end()) {
+    return it->second;
+  }
+  return std::nullopt;
+}
+
+std::optional<ConfigRecord> ConfigStore::Find(uint64_t version) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_version_.find(version);
+  if (it == by_version_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ConfigStore::HasOwnConfig(absl::string_view job) const {
+  absl::MutexLock lock(&mu_);
+  return newest_by_job_.contains(job);
+}
+
+void ConfigStore::Record(HistoryRecord record) {
+  absl::MutexLock lock(&mu_);
+  history_.push_front(std::move(record));
+  if (history_.size() > history_limit_) history_.pop_back();
+}
+
+std::vector<HistoryRecord> ConfigStore::History(absl::string_view job,
+                                                size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<HistoryRecord> out;
+  for (const HistoryRecord& r : history_) {
+    if (out.size() >= limit) break;
+    if (job.empty() || r.job == job) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace allocd

@@ -1,0 +1,90 @@
+// ConfigStore: the node's versioned allocator configs, one line of versions
+// per job label (the empty label is the node default), and the history of
+// what happened to each version: set, pushed, ACKed, NACKed, rolled back.
+//
+// Versions are node-wide and strictly increasing, so "version 7" names one
+// config whatever job it was set for. Thread-safe.
+#ifndef ALLOCD_SERVER_CONFIG_STORE_H_
+#define ALLOCD_SERVER_CONFIG_STORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace allocd {
+
+struct ConfigRecord {
+  uint64_t version = 0;
+  std::string job;
+  // Canonical PYTORCH_CUDA_ALLOC_CONF (FormatAllocatorConfig).
+  std::string config;
+  absl::Time set_at;
+  std::string author;
+};
+
+struct HistoryRecord {
+  absl::Time at;
+  // "set", "ack", "nack", "rollback".
+  std::string event;
+  uint64_t version = 0;
+  std::string job;
+  std::string config;
+  uint64_t session_id = 0;
+  std::string detail;
+};
+
+// A job label: 1-128 bytes of [A-Za-z0-9_.:/-], or empty for the default.
+absl::Status ValidateJobLabel(absl::string_view job);
+
+class ConfigStore {
+ public:
+  // Keeps the newest `history_limit` history records.
+  explicit ConfigStore(size_t history_limit = 10000);
+
+  // Validates `config` as PyTorch 2.11 would at process start and stores its
+  // canonical form as a new version for `job`. InvalidArgument with
+  // PyTorch's words for a config it rejects, or for a bad job label.
+  absl::StatusOr<ConfigRecord> Set(absl::string_view job,
+                                   absl::string_view config,
+                                   absl::string_view author);
+
+  // The version that applies to a session of `job`: the job's own newest,
+  // else the default's; nullopt when neither was ever set.
+  std::optional<ConfigRecord> Effective(absl::string_view job) const;
+
+  // The config set as `version`; nullopt for an unknown version.
+  std::optional<ConfigRecord> Find(uint64_t version) const;
+
+  // True when `job` has a config of its own (a default push skips it).
+  bool HasOwnConfig(absl::string_view job) const;
+
+  void Record(HistoryRecord record);
+
+  // Newest first, at most `limit`; an empty `job` means every job.
+  std::vector<HistoryRecord> History(absl::string_view job,
+                                     size_t limit) const;
+
+ private:
+  const size_t history_limit_;
+  mutable absl::Mutex mu_;
+  uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, ConfigRecord> newest_by_job_
+      ABSL_GUARDED_BY(mu_);
+  // Every version ever set: an ACK or a rollback may name an old one.
+  absl::flat_hash_map<uint64_t, ConfigRecord> by_version_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<HistoryRecord> history_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_CONFIG_STORE_H_

@@ -1,0 +1,176 @@
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/bytes.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/config_file.h"
+#include "server/daemon_core.h"
+#include "server/grpc_services.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/peer_table.h"
+#include "server/pool/chunk_source.h"
+#include "server/pool/node_pool.h"
+#include "server/socket_server.h"
+
+namespace allocd {
+namespace {
+
+// Bounds what a client can make the daemon parse in one message.
+constexpr int kMaxMessageBytes = 1 << 20;
+
+absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
+    const std::string& backend) {
+  if (backend == "sim") return std::make_unique<MemfdChunkSource>();
+  if (backend == "cuda") {
+    return absl::UnimplementedError(
+        "--backend cuda: this build has no CUDA VMM backend yet; use "
+        "--backend sim");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend must be sim or cuda; got \"", backend, "\""));
+}
+
+absl::Status ApplyConfigFile(const std::string& path, DaemonCore& core) {
+  absl::StatusOr<NodeConfigFile> file = ReadNodeConfigFile(path);
+  if (!file.ok()) return file.status();
+  const std::string author = absl::StrCat("config file ", path);
+  if (file->default_config.has_value()) {
+    if (auto r = core.SetConfig("", *file->default_config, author); !r.ok()) {
+      return r.status();
+    }
+  }
+  for (const auto& [job, config] : file->job_configs) {
+    if (auto r = core.SetConfig(job, config, author); !r.ok()) {
+      return r.status();
+    }
+  }
+  for (const auto& [uid, bytes] : file->uid_quotas) {
+    core.pool().SetUidQuota(uid, bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Declaration order is teardown order reversed: the loops that call into
+// the core stop before the core, the core before the pool.
+struct Daemon::Parts {
+  DaemonOptions options;
+  Metrics metrics;
+  std::unique_ptr<ChunkSource> chunks;
+  std::unique_ptr<NodePool> pool;
+  std::unique_ptr<DaemonCore> core;
+  PeerTable peers;
+  std::unique_ptr<AllocdService> allocd_service;
+  std::unique_ptr<AdminService> admin_service;
+  std::unique_ptr<grpc::Server> server;
+  std::vector<std::unique_ptr<GrpcAcceptor>> acceptors;
+  std::unique_ptr<SideChannel> side;
+  bool shut_down = false;
+};
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto parts = std::make_unique<Parts>();
+  parts->options = std::move(options);
+  const DaemonOptions& o = parts->options;
+  if (o.capacity == 0) {
+    return absl::InvalidArgumentError("--capacity must be more than 0");
+  }
+  absl::StatusOr<std::unique_ptr<ChunkSource>> chunks =
+      MakeChunkSource(o.backend);
+  if (!chunks.ok()) return chunks.status();
+  parts->chunks = std::move(*chunks);
+  parts->pool = std::make_unique<NodePool>(parts->chunks.get(), o.capacity);
+  const std::string fd_socket = o.socket + ".fds";
+  parts->core = std::make_unique<DaemonCore>(
+      DaemonCoreOptions{.backend = o.backend,
+                        .fd_socket = fd_socket,
+                        .lease_grace = o.lease_grace,
+                        .reclaim_wait = o.reclaim_wait,
+                        .admin_uids = o.admin_uids,
+                        .max_acquire_bytes = o.capacity},
+      parts->pool.get(), &parts->metrics);
+  if (!o.config_file.empty()) {
+    if (absl::Status s = ApplyConfigFile(o.config_file, *parts->core);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!o.metrics_address.empty()) {
+    if (absl::Status s = parts->metrics.Serve(o.metrics_address); !s.ok()) {
+      return s;
+    }
+  }
+
+  parts->allocd_service = std::make_unique<AllocdService>(
+      parts->core.get(), &parts->peers, &parts->metrics);
+  parts->admin_service = std::make_unique<AdminService>(
+      parts->core.get(), &parts->peers, &parts->metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.RegisterService(parts->allocd_service.get());
+  builder.RegisterService(parts->admin_service.get());
+  parts->server = builder.BuildAndStart();
+  if (parts->server == nullptr) {
+    return absl::InternalError("gRPC server failed to start");
+  }
+
+  absl::StatusOr<std::unique_ptr<SideChannel>> side =
+      SideChannel::Start(fd_socket, 0660, parts->core.get());
+  if (!side.ok()) return side.status();
+  parts->side = std::move(*side);
+  struct Listen {
+    const std::string& path;
+    mode_t mode;
+  };
+  for (const Listen& l :
+       {Listen{o.socket, 0660}, Listen{o.admin_socket, 0600}}) {
+    if (l.path.empty()) continue;
+    absl::StatusOr<std::unique_ptr<GrpcAcceptor>> acceptor =
+        GrpcAcceptor::Start(l.path, l.mode, parts->server.get(),
+                            &parts->peers);
+    if (!acceptor.ok()) return acceptor.status();
+    parts->acceptors.push_back(std::move(*acceptor));
+  }
+  parts->server->GetHealthCheckService()->SetServingStatus(true);
+  LogInfo(absl::StrCat(
+      "serving on ", o.socket,
+      o.admin_socket.empty() ? "" : absl::StrCat(" (admin ", o.admin_socket, ")"),
+      ", backend ", o.backend, ", capacity ", FormatSize(o.capacity),
+      o.metrics_address.empty()
+          ? ""
+          : absl::StrCat(", metrics on port ", parts->metrics.port())));
+  return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
+}
+
+Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (parts_->shut_down) return;
+  parts_->shut_down = true;
+  parts_->server->GetHealthCheckService()->SetServingStatus(false);
+  parts_->acceptors.clear();
+  // Ending the sessions ends their WatchConfig streams, so the server can
+  // drain.
+  parts_->core->EndAll();
+  parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  parts_->side.reset();
+  LogInfo("shut down");
+}
+
+int Daemon::metrics_port() const { return parts_->metrics.port(); }
+
+const DaemonOptions& Daemon::options() const { return parts_->options; }
+
+}  // namespace allocd

@@ -1,0 +1,57 @@
+// Daemon: `allocd serve` assembled — the node pool, DaemonCore, the gRPC
+// server (Allocd, Admin and grpc.health.v1 services) behind the daemon's own
+// accept loops, the side socket, and the Prometheus exposer.
+#ifndef ALLOCD_SERVER_DAEMON_H_
+#define ALLOCD_SERVER_DAEMON_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace allocd {
+
+struct DaemonOptions {
+  // Clients' gRPC socket (mode 0660); the side socket is `socket` + ".fds".
+  std::string socket = "/run/allocd/allocd.sock";
+  // Optional second gRPC socket for admins (mode 0600).
+  std::string admin_socket;
+  // host:port for /metrics; empty: no exposer.
+  std::string metrics_address = "127.0.0.1:9464";
+  // "sim": memfd chunks, no GPU.
+  std::string backend = "sim";
+  uint64_t capacity = uint64_t{8} << 30;
+  // JSON configs per job and quotas (see server/config_file.h); optional.
+  std::string config_file;
+  std::vector<uid_t> admin_uids;
+  absl::Duration lease_grace = absl::Seconds(5);
+  absl::Duration reclaim_wait = absl::Seconds(1);
+};
+
+class Daemon {
+ public:
+  // Starts serving; the error says what could not be set up.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  // Graceful: health goes NOT_SERVING, sessions end, RPCs in flight get
+  // `grace` to finish, sockets are removed.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+  ~Daemon();
+
+  // The port /metrics is served on (0: none).
+  int metrics_port() const;
+  const DaemonOptions& options() const;
+
+  struct Parts;
+
+ private:
+  explicit Daemon(std::unique_ptr<Parts> parts);
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_DAEMON_H_

@@ -1,0 +1,496 @@
+#include "server/daemon_core.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/bytes.h"
+#include "allocator/config.h"
+#include "server/log.h"
+
+namespace allocd {
+namespace {
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kMaxClientDescription = 256;
+constexpr size_t kMaxOomMessage = 4096;
+constexpr size_t kMaxReleaseIds = 65536;
+constexpr size_t kMaxStats = 1024;
+
+int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
+
+void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
+  out->set_version(record.version);
+  out->set_job(record.job);
+  out->set_config(record.config);
+  out->set_set_unix_micros(UnixMicros(record.set_at));
+  out->set_author(record.author);
+}
+
+}  // namespace
+
+DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
+                       Metrics* metrics)
+    : options_(std::move(options)), pool_(pool), metrics_(metrics) {
+  PublishPool();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OwnedSession(
+    const PeerCredentials& peer, SessionId id) const {
+  std::shared_ptr<Session> session = sessions_.Find(id);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no session ", id,
+                                            " (ended, or never registered)"));
+  }
+  if (session->identity().pid != peer.pid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", id, " belongs to pid ",
+                     session->identity().pid, ", not to pid ", peer.pid));
+  }
+  return session;
+}
+
+absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
+    const PeerCredentials& peer, const v1::RegisterRequest& r) {
+  if (r.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client speaks protocol ", r.protocol_version(),
+                     "; this daemon speaks ", kProtocolVersion));
+  }
+  if (absl::Status s = ValidateJobLabel(r.job()); !s.ok()) return s;
+  if (r.device() < 0 || r.device() > 1023) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", r.device(), " out of range"));
+  }
+  if (r.client().size() > kMaxClientDescription) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client description is ", r.client().size(),
+                     " bytes; at most ", kMaxClientDescription));
+  }
+  absl::StatusOr<AllocatorConfig> initial =
+      ParseAllocatorConfig(r.initial_config());
+  if (!initial.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_config is not a config PyTorch 2.11 accepts: ",
+        initial.status().message()));
+  }
+  std::shared_ptr<Session> session = sessions_.Create(
+      {.pid = peer.pid,
+       .uid = peer.uid,
+       .job = r.job(),
+       .device = r.device(),
+       .client = r.client(),
+       .initial_config = FormatAllocatorConfig(*initial),
+       .registered_at = absl::Now()});
+  if (absl::Status s = pool_->AddSession(session->id(), peer.uid, peer.pid);
+      !s.ok()) {
+    sessions_.Remove(session->id());
+    return s;
+  }
+  metrics_->SessionStarted(session->id(), r.job(), r.device(), peer.pid);
+  LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
+                       peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
+                       "\", device ", r.device(), ", ", r.client()));
+
+  v1::RegisterResponse response;
+  response.set_session_id(session->id());
+  response.set_chunk_bytes(pool_->Stats().chunk_bytes);
+  response.set_fd_socket(options_.fd_socket);
+  response.set_backend(options_.backend);
+  response.set_capacity_bytes(pool_->Stats().capacity);
+  if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
+    Fill(*config, response.mutable_config());
+    // The client applies it at start and ACKs like any push.
+    Push(*session, *config, false, "config for this job at registration");
+  }
+  return response;
+}
+
+absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
+    const PeerCredentials& peer, const v1::AcquireChunksRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (r.bytes() == 0 || r.bytes() > options_.max_acquire_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
+        "]; got ", r.bytes()));
+  }
+  absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
+  if (!grant.ok() && IsNodeShortage(grant.status())) {
+    Reclaim(r.session_id(), r.bytes());
+    grant = pool_->Acquire(r.session_id(), r.bytes());
+  }
+  PublishPool();
+  if (!grant.ok()) return grant.status();
+  v1::AcquireChunksResponse response;
+  for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
+  response.set_bytes(grant->bytes);
+  response.set_claim_token(grant->token);
+  response.set_reused_chunks(grant->reused_chunks);
+  return response;
+}
+
+void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
+  const PoolStats before = pool_->Stats();
+  const uint64_t available = before.capacity - before.in_use_bytes;
+  if (available >= bytes) return;
+  const uint64_t shortfall = bytes - available;
+  // What the others cache (reserved but not allocated, from their last
+  // telemetry) is all a reclaim can free; ask only when it can cover the
+  // shortfall, or the asker would wait for nothing.
+  std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> cachers;
+  uint64_t reclaimable = 0;
+  for (std::shared_ptr<Session>& s : sessions_.List()) {
+    if (s->id() == except) continue;
+    const std::map<std::string, int64_t> stats = s->Stats();
+    auto reserved = stats.find("reserved_bytes.all.current");
+    auto allocated = stats.find("allocated_bytes.all.current");
+    if (reserved == stats.end() || allocated == stats.end() ||
+        reserved->second <= allocated->second) {
+      continue;
+    }
+    const uint64_t cached = reserved->second - allocated->second;
+    reclaimable += cached;
+    cachers.emplace_back(std::move(s), cached);
+  }
+  if (reclaimable < shortfall) return;
+  for (auto& [session, cached] : cachers) {
+    v1::ControlMessage message;
+    message.mutable_reclaim()->set_bytes(std::min(cached, shortfall));
+    message.mutable_reclaim()->set_reason(absl::StrCat(
+        "session ", except, " needs ", FormatSize(bytes),
+        " and the node pool is short by ", FormatSize(shortfall)));
+    session->Push(std::move(message));
+  }
+  metrics_->ReclaimRequested();
+  const absl::Time deadline = absl::Now() + options_.reclaim_wait;
+  absl::MutexLock lock(&released_mu_);
+  while (absl::Now() < deadline) {
+    const PoolStats now = pool_->Stats();
+    if (now.capacity - now.in_use_bytes >= bytes) return;
+    released_cv_.WaitWithDeadline(&released_mu_, deadline);
+  }
+}
+
+absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
+    const PeerCredentials& peer, const v1::ReleaseChunksRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (r.chunk_ids_size() == 0 ||
+      static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk_ids must hold 1 to ", kMaxReleaseIds, " ids; got ",
+        r.chunk_ids_size()));
+  }
+  std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
+  const uint64_t before = pool_->Stats().in_use_bytes;
+  if (absl::Status s = pool_->Release(r.session_id(), ids); !s.ok()) return s;
+  const uint64_t after = pool_->Stats().in_use_bytes;
+  {
+    absl::MutexLock lock(&released_mu_);
+    ++releases_;
+    released_cv_.SignalAll();
+  }
+  PublishPool();
+  v1::ReleaseChunksResponse response;
+  response.set_released_bytes(before > after ? before - after : 0);
+  return response;
+}
+
+absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
+                                   const v1::TelemetryReport& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (static_cast<size_t>(r.stats_size()) > kMaxStats) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "telemetry holds ", r.stats_size(), " stats; at most ", kMaxStats));
+  }
+  std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
+  metrics_->Telemetry(r.session_id(), stats, r.config_version());
+  (*session)->SetStats(std::move(stats));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
+    const PeerCredentials& peer, const v1::OomReport& r) {
+  absl::StatusOr<std::shared_ptr<Session>> found =
+      OwnedSession(peer, r.session_id());
+  if (!found.ok()) return found.status();
+  if (r.message().size() > kMaxOomMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OOM message is ", r.message().size(), " bytes; at most ",
+        kMaxOomMessage));
+  }
+  Session& session = **found;
+  session.CountOom();
+  metrics_->Oom(session.id());
+  v1::OomResponse response;
+  const AppliedConfig current = session.Current();
+  std::optional<AppliedConfig> target = session.RollBackTarget();
+  if (!target.has_value()) return response;
+  session.StartRollBack();
+  const std::string reason = absl::StrCat(
+      "OOM (", FormatSize(r.requested_bytes()), ") under pushed version ",
+      current.version, "; back to version ", target->version);
+  configs_.Record({.at = absl::Now(),
+                   .event = "rollback",
+                   .version = target->version,
+                   .job = session.identity().job,
+                   .config = target->config,
+                   .session_id = session.id(),
+                   .detail = reason});
+  metrics_->ConfigPushResult("rollback");
+  Push(session,
+       {.version = target->version,
+        .job = session.identity().job,
+        .config = target->config,
+        .set_at = absl::Now(),
+        .author = "rollback"},
+       true, reason);
+  response.set_rolled_back(true);
+  return response;
+}
+
+absl::Status DaemonCore::AckConfig(const PeerCredentials& peer,
+                                   const v1::ConfigAck& r) {
+  absl::StatusOr<std::shared_ptr<Session>> found =
+      OwnedSession(peer, r.session_id());
+  if (!found.ok()) return found.status();
+  Session& session = **found;
+  std::string config;
+  if (r.version() == 0) {
+    config = session.identity().initial_config;
+  } else if (std::optional<ConfigRecord> record =
+                 configs_.Find(r.version())) {
+    config = record->config;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no config version ", r.version()));
+  }
+  if (r.error().size() > kMaxOomMessage) {
+    return absl::InvalidArgumentError("NACK error text over 4096 bytes");
+  }
+  configs_.Record({.at = absl::Now(),
+                   .event = r.applied() ? "ack" : "nack",
+                   .version = r.version(),
+                   .job = session.identity().job,
+                   .config = config,
+                   .session_id = session.id(),
+                   .detail = r.error()});
+  if (!r.applied()) {
+    metrics_->ConfigPushResult("nack");
+    return absl::OkStatus();
+  }
+  const bool was_rollback = session.rolling_back();
+  session.Acked({.version = r.version(), .config = config});
+  if (!was_rollback) metrics_->ConfigPushResult("ack");
+  metrics_->ConfigPushed(session.id(), r.version());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> DaemonCore::Watch(
+    const PeerCredentials& peer, SessionId id) {
+  return OwnedSession(peer, id);
+}
+
+absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
+  absl::StatusOr<std::shared_ptr<Session>> session = OwnedSession(peer, id);
+  if (!session.ok()) return session.status();
+  if ((*session)->leased()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("session ", id, " already has a lease"));
+  }
+  (*session)->MarkLeased();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ChunkFd>> DaemonCore::Claim(
+    const PeerCredentials& peer, absl::string_view token) {
+  return pool_->Claim(token, peer.pid);
+}
+
+void DaemonCore::EndSession(SessionId id, absl::string_view why) {
+  std::shared_ptr<Session> session = sessions_.Remove(id);
+  if (session == nullptr) return;
+  session->Close();
+  const uint64_t held = pool_->Stats().sessions.contains(id)
+                            ? pool_->Stats().sessions.at(id).bytes
+                            : 0;
+  pool_->EndSession(id);
+  metrics_->SessionEnded(id);
+  {
+    absl::MutexLock lock(&released_mu_);
+    ++releases_;
+    released_cv_.SignalAll();
+  }
+  PublishPool();
+  LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
+                       ", job \"", session->identity().job, "\") ended: ",
+                       why, "; ", FormatSize(held), " back to the pool"));
+}
+
+void DaemonCore::ExpireUnleased(absl::Time now) {
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    if (!s->leased() &&
+        now - s->identity().registered_at > options_.lease_grace) {
+      EndSession(s->id(), "no lease within the grace period");
+    }
+  }
+}
+
+void DaemonCore::EndAll() {
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    EndSession(s->id(), "daemon shutting down");
+  }
+}
+
+void DaemonCore::Push(Session& session, const ConfigRecord& record,
+                      bool rollback, std::string reason) {
+  v1::ControlMessage message;
+  v1::ConfigPush* push = message.mutable_config();
+  Fill(record, push->mutable_config());
+  push->set_rollback(rollback);
+  push->set_reason(std::move(reason));
+  session.Push(std::move(message));
+}
+
+void DaemonCore::PublishPool() {
+  const PoolStats stats = pool_->Stats();
+  metrics_->Pool({.capacity = stats.capacity,
+                  .in_use = stats.in_use_bytes,
+                  .free = stats.free_bytes,
+                  .chunks_created_total = stats.chunks_created_total,
+                  .chunks_reused_total = stats.chunks_reused_total});
+  for (const auto& [id, held] : stats.sessions) {
+    metrics_->Held(id, held.bytes);
+  }
+}
+
+// ------------------------------------------------------------------ admin
+
+absl::Status DaemonCore::CheckAdmin(const PeerCredentials& peer) const {
+  if (peer.uid == 0 || peer.uid == geteuid()) return absl::OkStatus();
+  if (std::find(options_.admin_uids.begin(), options_.admin_uids.end(),
+                peer.uid) != options_.admin_uids.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "uid ", peer.uid,
+      " may not administer allocd (root, the daemon's uid, or --admin-uid)"));
+}
+
+v1::StatusResponse DaemonCore::Status() const {
+  const PoolStats stats = pool_->Stats();
+  v1::StatusResponse r;
+  r.set_backend(options_.backend);
+  r.set_capacity_bytes(stats.capacity);
+  r.set_chunk_bytes(stats.chunk_bytes);
+  r.set_in_use_bytes(stats.in_use_bytes);
+  r.set_free_bytes(stats.free_bytes);
+  r.set_chunks_created_total(stats.chunks_created_total);
+  r.set_chunks_reused_total(stats.chunks_reused_total);
+  r.set_sessions(static_cast<uint32_t>(sessions_.size()));
+  r.set_version(ALLOCD_VERSION);
+  r.set_started_unix_micros(UnixMicros(started_));
+  return r;
+}
+
+v1::ListSessionsResponse DaemonCore::ListSessions() const {
+  const PoolStats stats = pool_->Stats();
+  v1::ListSessionsResponse r;
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    const SessionIdentity& id = s->identity();
+    v1::SessionInfo* info = r.add_sessions();
+    info->set_session_id(id.id);
+    info->set_pid(id.pid);
+    info->set_uid(id.uid);
+    info->set_job(id.job);
+    info->set_device(id.device);
+    info->set_client(id.client);
+    info->set_registered_unix_micros(UnixMicros(id.registered_at));
+    if (auto held = stats.sessions.find(id.id); held != stats.sessions.end()) {
+      info->set_held_bytes(held->second.bytes);
+      if (held->second.quota.has_value()) {
+        info->set_quota_bytes(*held->second.quota);
+      }
+    }
+    const AppliedConfig current = s->Current();
+    info->set_config_version(current.version);
+    info->set_config(current.config);
+    for (const auto& [k, v] : s->Stats()) (*info->mutable_stats())[k] = v;
+    info->set_ooms(s->ooms());
+  }
+  return r;
+}
+
+v1::GetConfigResponse DaemonCore::GetConfig(absl::string_view job) const {
+  v1::GetConfigResponse r;
+  if (std::optional<ConfigRecord> record = configs_.Effective(job)) {
+    Fill(*record, r.mutable_config());
+  }
+  return r;
+}
+
+absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
+    absl::string_view job, absl::string_view config, absl::string_view author) {
+  absl::StatusOr<ConfigRecord> record = configs_.Set(job, config, author);
+  if (!record.ok()) return record.status();
+  v1::SetConfigResponse r;
+  Fill(*record, r.mutable_config());
+  uint32_t pushed = 0;
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    const std::string& session_job = s->identity().job;
+    const bool applies = job.empty() ? !configs_.HasOwnConfig(session_job)
+                                     : session_job == job;
+    if (!applies) continue;
+    Push(*s, *record, false, absl::StrCat("set by ", author));
+    ++pushed;
+  }
+  r.set_pushed_to(pushed);
+  return r;
+}
+
+absl::Status DaemonCore::SetQuota(const v1::SetQuotaRequest& r) {
+  std::optional<size_t> bytes;
+  if (r.has_bytes()) bytes = r.bytes();
+  switch (r.target_case()) {
+    case v1::SetQuotaRequest::kSessionId:
+      if (sessions_.Find(r.session_id()) == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("no session ", r.session_id()));
+      }
+      pool_->SetSessionQuota(r.session_id(), bytes);
+      return absl::OkStatus();
+    case v1::SetQuotaRequest::kUid:
+      pool_->SetUidQuota(r.uid(), bytes);
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          "a quota names a session_id or a uid");
+  }
+}
+
+v1::HistoryResponse DaemonCore::History(absl::string_view job,
+                                        uint32_t limit) const {
+  v1::HistoryResponse r;
+  for (const HistoryRecord& h :
+       configs_.History(job, limit == 0 ? 100 : std::min(limit, 10000u))) {
+    v1::HistoryEntry* e = r.add_entries();
+    e->set_unix_micros(UnixMicros(h.at));
+    e->set_event(h.event);
+    e->set_version(h.version);
+    e->set_job(h.job);
+    e->set_config(h.config);
+    e->set_session_id(h.session_id);
+    e->set_detail(h.detail);
+  }
+  return r;
+}
+
+}  // namespace allocd

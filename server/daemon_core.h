@@ -1,0 +1,132 @@
+// DaemonCore: what `allocd serve` does, in plain C++ — sessions, chunks,
+// leases, telemetry, config push with ACK/NACK/rollback, quotas — with the
+// caller's kernel-reported credentials as an argument. The gRPC services
+// and the side socket are thin adapters over it, so every rule here is
+// tested without a network.
+//
+// Rules:
+// - a session belongs to the pid/uid that registered it; a call naming a
+//   session from any other pid is PermissionDenied;
+// - a session that has not opened its lease within `lease_grace` of
+//   registering, or whose lease closed, ends: its chunks return to the pool;
+// - when the pool is short, the daemon asks the other sessions to release
+//   cached segments and waits up to `reclaim_wait` before answering
+//   ResourceExhausted;
+// - an OOM under a pushed config rolls the session back to the config it
+//   ran before (pushed as a rollback), once per OOM'd version.
+//
+// Thread-safe.
+#ifndef ALLOCD_SERVER_DAEMON_CORE_H_
+#define ALLOCD_SERVER_DAEMON_CORE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocd.pb.h"
+#include "ipc/unix_socket.h"
+#include "server/config_store.h"
+#include "server/metrics.h"
+#include "server/pool/node_pool.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+
+struct DaemonCoreOptions {
+  // "sim" or "cuda": reported to clients and admins.
+  std::string backend = "sim";
+  // Where clients open their lease and claim FDs.
+  std::string fd_socket;
+  absl::Duration lease_grace = absl::Seconds(5);
+  absl::Duration reclaim_wait = absl::Seconds(1);
+  // uids allowed to call the Admin service besides root and the daemon's.
+  std::vector<uid_t> admin_uids;
+  // Largest single AcquireChunks.
+  uint64_t max_acquire_bytes = uint64_t{1} << 40;
+};
+
+class DaemonCore {
+ public:
+  // `pool` and `metrics` outlive the core.
+  DaemonCore(DaemonCoreOptions options, NodePool* pool, Metrics* metrics);
+
+  // --- Allocd service
+  absl::StatusOr<v1::RegisterResponse> Register(const PeerCredentials& peer,
+                                                const v1::RegisterRequest& r);
+  absl::StatusOr<v1::AcquireChunksResponse> AcquireChunks(
+      const PeerCredentials& peer, const v1::AcquireChunksRequest& r);
+  absl::StatusOr<v1::ReleaseChunksResponse> ReleaseChunks(
+      const PeerCredentials& peer, const v1::ReleaseChunksRequest& r);
+  absl::Status Telemetry(const PeerCredentials& peer,
+                         const v1::TelemetryReport& r);
+  absl::StatusOr<v1::OomResponse> ReportOom(const PeerCredentials& peer,
+                                            const v1::OomReport& r);
+  absl::Status AckConfig(const PeerCredentials& peer, const v1::ConfigAck& r);
+  // The session a WatchConfig stream serves (checked against `peer`).
+  absl::StatusOr<std::shared_ptr<Session>> Watch(const PeerCredentials& peer,
+                                                 SessionId id);
+
+  // --- side socket
+  absl::Status Lease(const PeerCredentials& peer, SessionId id);
+  // The FDs of a grant, for SCM_RIGHTS: dup()s the caller closes.
+  absl::StatusOr<std::vector<ChunkFd>> Claim(const PeerCredentials& peer,
+                                             absl::string_view token);
+  // The session's process is gone (lease EOF) or never leased: everything
+  // it held goes back to the pool. `why` is logged.
+  void EndSession(SessionId id, absl::string_view why);
+  // Ends sessions that registered more than lease_grace ago and never
+  // opened a lease. Called periodically.
+  void ExpireUnleased(absl::Time now);
+
+  // --- Admin service (every call checks the caller may administer)
+  absl::Status CheckAdmin(const PeerCredentials& peer) const;
+  v1::StatusResponse Status() const;
+  v1::ListSessionsResponse ListSessions() const;
+  v1::GetConfigResponse GetConfig(absl::string_view job) const;
+  // Also how a config file sets configs: `author` says who.
+  absl::StatusOr<v1::SetConfigResponse> SetConfig(absl::string_view job,
+                                                  absl::string_view config,
+                                                  absl::string_view author);
+  absl::Status SetQuota(const v1::SetQuotaRequest& r);
+  v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
+
+  // Ends every session (shutdown).
+  void EndAll();
+  size_t session_count() const { return sessions_.size(); }
+  NodePool& pool() { return *pool_; }
+  ConfigStore& configs() { return configs_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Session>> OwnedSession(
+      const PeerCredentials& peer, SessionId id) const;
+  void Push(Session& session, const ConfigRecord& record, bool rollback,
+            std::string reason);
+  void PublishPool();
+  // Asks every session but `except` to release cached memory, then waits
+  // until `bytes` could be had or reclaim_wait passes.
+  void Reclaim(SessionId except, uint64_t bytes);
+
+  const DaemonCoreOptions options_;
+  NodePool* const pool_;
+  Metrics* const metrics_;
+  const absl::Time started_ = absl::Now();
+  SessionRegistry sessions_;
+  ConfigStore configs_;
+
+  // Signalled whenever chunks return to the pool.
+  absl::Mutex released_mu_;
+  absl::CondVar released_cv_;
+  uint64_t releases_ ABSL_GUARDED_BY(released_mu_) = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_DAEMON_CORE_H_

@@ -1,0 +1,259 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace allocd {
+namespace {
+
+template <typename Builder>
+auto& Register(Builder builder, prometheus::Registry& registry,
+               const char* name, const char* help) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+int64_t StatOr0(const std::map<std::string, int64_t>& stats,
+                const std::string& key) {
+  auto it = stats.find(key);
+  return it == stats.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+struct Metrics::SessionSeries {
+  prometheus::Labels labels;
+  prometheus::Gauge* reserved;
+  prometheus::Gauge* allocated;
+  prometheus::Gauge* peak_reserved;
+  prometheus::Gauge* inactive_split;
+  prometheus::Gauge* fragmentation;
+  prometheus::Counter* ooms;
+  prometheus::Counter* retries;
+  prometheus::Counter* device_allocs;
+  prometheus::Gauge* config_version;
+  prometheus::Gauge* held;
+  // The client's cumulative counts at the last report.
+  int64_t retries_seen = 0;
+  int64_t device_allocs_seen = 0;
+};
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      reserved_(Register(prometheus::BuildGauge(), *registry_,
+                         "allocd_reserved_bytes",
+                         "Device memory the session's caching allocator "
+                         "reserved (reserved_bytes.all.current).")),
+      allocated_(Register(prometheus::BuildGauge(), *registry_,
+                          "allocd_allocated_bytes",
+                          "Memory in live tensors of the session "
+                          "(allocated_bytes.all.current).")),
+      peak_reserved_(Register(prometheus::BuildGauge(), *registry_,
+                              "allocd_peak_reserved_bytes",
+                              "Peak reserved memory of the session "
+                              "(reserved_bytes.all.peak).")),
+      inactive_split_(Register(prometheus::BuildGauge(), *registry_,
+                               "allocd_inactive_split_bytes",
+                               "Free bytes inside split segments: "
+                               "fragmentation (inactive_split_bytes.all).")),
+      fragmentation_(Register(prometheus::BuildGauge(), *registry_,
+                              "allocd_fragmentation_ratio",
+                              "(reserved - allocated) / reserved of the "
+                              "session; 0 when nothing is reserved.")),
+      held_(Register(prometheus::BuildGauge(), *registry_,
+                     "allocd_session_held_bytes",
+                     "Chunks the session holds from the node pool.")),
+      ooms_(Register(prometheus::BuildCounter(), *registry_,
+                     "allocd_ooms_total",
+                     "Out-of-memory errors the session reported.")),
+      retries_(Register(prometheus::BuildCounter(), *registry_,
+                        "allocd_alloc_retries_total",
+                        "Allocations that freed the cache and retried "
+                        "(num_alloc_retries).")),
+      device_allocs_(Register(prometheus::BuildCounter(), *registry_,
+                              "allocd_device_allocs_total",
+                              "Segment allocations (num_device_alloc).")),
+      config_version_(Register(prometheus::BuildGauge(), *registry_,
+                               "allocd_config_version",
+                               "Allocator config version the session runs "
+                               "(0: its own initial config).")),
+      pushes_(Register(prometheus::BuildCounter(), *registry_,
+                       "allocd_config_pushes_total",
+                       "Config pushes by how they ended: ack, nack, "
+                       "rollback.")),
+      reclaims_(Register(prometheus::BuildCounter(), *registry_,
+                         "allocd_reclaim_requests_total",
+                         "Times the daemon asked sessions to release "
+                         "cached memory for another session.")),
+      pool_bytes_(Register(prometheus::BuildGauge(), *registry_,
+                           "allocd_pool_bytes",
+                           "Node pool memory by state: capacity, in_use "
+                           "(held by sessions), free (cached for reuse).")),
+      chunks_(Register(prometheus::BuildCounter(), *registry_,
+                       "allocd_pool_chunks_total",
+                       "Chunks handed out, by origin: created (new "
+                       "memory) or reused (freed by a session).")),
+      sessions_(Register(prometheus::BuildGauge(), *registry_,
+                         "allocd_sessions", "Live client sessions.")),
+      rpc_seconds_(Register(prometheus::BuildHistogram(), *registry_,
+                            "allocd_rpc_duration_seconds",
+                            "Handling time of the daemon's RPCs.")) {
+  sessions_.Add({}).Set(0);
+}
+
+Metrics::~Metrics() = default;
+
+absl::Status Metrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  return absl::OkStatus();
+}
+
+int Metrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void Metrics::SessionStarted(uint64_t session, absl::string_view job,
+                             int device, pid_t pid) {
+  auto s = std::make_unique<SessionSeries>();
+  s->labels = {{"session", absl::StrCat(session)},
+               {"job", std::string(job)},
+               {"device", absl::StrCat(device)},
+               {"pid", absl::StrCat(pid)}};
+  s->reserved = &reserved_.Add(s->labels);
+  s->allocated = &allocated_.Add(s->labels);
+  s->peak_reserved = &peak_reserved_.Add(s->labels);
+  s->inactive_split = &inactive_split_.Add(s->labels);
+  s->fragmentation = &fragmentation_.Add(s->labels);
+  s->ooms = &ooms_.Add(s->labels);
+  s->retries = &retries_.Add(s->labels);
+  s->device_allocs = &device_allocs_.Add(s->labels);
+  s->config_version = &config_version_.Add(s->labels);
+  s->held = &held_.Add(s->labels);
+  absl::MutexLock lock(&mu_);
+  series_[session] = std::move(s);
+  sessions_.Add({}).Set(static_cast<double>(series_.size()));
+}
+
+void Metrics::SessionEnded(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(session);
+  if (it == series_.end()) return;
+  SessionSeries& s = *it->second;
+  reserved_.Remove(s.reserved);
+  allocated_.Remove(s.allocated);
+  peak_reserved_.Remove(s.peak_reserved);
+  inactive_split_.Remove(s.inactive_split);
+  fragmentation_.Remove(s.fragmentation);
+  ooms_.Remove(s.ooms);
+  retries_.Remove(s.retries);
+  device_allocs_.Remove(s.device_allocs);
+  config_version_.Remove(s.config_version);
+  held_.Remove(s.held);
+  series_.erase(it);
+  sessions_.Add({}).Set(static_cast<double>(series_.size()));
+}
+
+void Metrics::Telemetry(uint64_t session,
+                        const std::map<std::string, int64_t>& stats,
+                        uint64_t config_version) {
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(session);
+  if (it == series_.end()) return;
+  SessionSeries& s = *it->second;
+  const int64_t reserved = StatOr0(stats, "reserved_bytes.all.current");
+  const int64_t allocated = StatOr0(stats, "allocated_bytes.all.current");
+  s.reserved->Set(static_cast<double>(reserved));
+  s.allocated->Set(static_cast<double>(allocated));
+  s.peak_reserved->Set(
+      static_cast<double>(StatOr0(stats, "reserved_bytes.all.peak")));
+  s.inactive_split->Set(
+      static_cast<double>(StatOr0(stats, "inactive_split_bytes.all.current")));
+  s.fragmentation->Set(
+      reserved > 0 ? static_cast<double>(reserved - allocated) / reserved : 0);
+  // The client's counts are cumulative; a counter only moves up, so add
+  // what is new (a client that reset its stats restarts from its value).
+  auto advance = [](prometheus::Counter* counter, int64_t& seen,
+                    int64_t now) {
+    if (now > seen) counter->Increment(static_cast<double>(now - seen));
+    seen = now;
+  };
+  advance(s.retries, s.retries_seen, StatOr0(stats, "num_alloc_retries"));
+  advance(s.device_allocs, s.device_allocs_seen,
+          StatOr0(stats, "num_device_alloc"));
+  s.config_version->Set(static_cast<double>(config_version));
+}
+
+void Metrics::Oom(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = series_.find(session); it != series_.end()) {
+    it->second->ooms->Increment();
+  }
+}
+
+void Metrics::Held(uint64_t session, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = series_.find(session); it != series_.end()) {
+    it->second->held->Set(static_cast<double>(bytes));
+  }
+}
+
+void Metrics::ConfigPushResult(absl::string_view result) {
+  pushes_.Add({{"result", std::string(result)}}).Increment();
+}
+
+void Metrics::ConfigPushed(uint64_t session, uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = series_.find(session); it != series_.end()) {
+    it->second->config_version->Set(static_cast<double>(version));
+  }
+}
+
+void Metrics::ReclaimRequested() { reclaims_.Add({}).Increment(); }
+
+void Metrics::Pool(const PoolGauges& pool) {
+  pool_bytes_.Add({{"state", "capacity"}}).Set(static_cast<double>(pool.capacity));
+  pool_bytes_.Add({{"state", "in_use"}}).Set(static_cast<double>(pool.in_use));
+  pool_bytes_.Add({{"state", "free"}}).Set(static_cast<double>(pool.free));
+  absl::MutexLock lock(&mu_);
+  if (pool.chunks_created_total > chunks_created_seen_) {
+    chunks_.Add({{"origin", "created"}})
+        .Increment(static_cast<double>(pool.chunks_created_total -
+                                       chunks_created_seen_));
+    chunks_created_seen_ = pool.chunks_created_total;
+  }
+  if (pool.chunks_reused_total > chunks_reused_seen_) {
+    chunks_.Add({{"origin", "reused"}})
+        .Increment(static_cast<double>(pool.chunks_reused_total -
+                                       chunks_reused_seen_));
+    chunks_reused_seen_ = pool.chunks_reused_total;
+  }
+}
+
+void Metrics::Rpc(absl::string_view method, double seconds, bool ok) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3,
+      5e-3,  10e-3, 25e-3,  50e-3,  0.1,    0.25, 1};
+  rpc_seconds_
+      .Add({{"method", std::string(method)}, {"code", ok ? "OK" : "error"}},
+           kBuckets)
+      .Observe(seconds);
+}
+
+std::string Metrics::Render() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace allocd

@@ -1,0 +1,103 @@
+// Metrics: the daemon's Prometheus series (prometheus-cpp), named by
+// Prometheus' conventions (base units, _total for counters, _bytes,
+// _seconds). Per-session series carry {session, job, device, pid} and are
+// removed when the session ends, so a busy node's /metrics stays bounded.
+//
+// Thread-safe (prometheus-cpp metrics are atomic; the session index has
+// its own mutex).
+#ifndef ALLOCD_SERVER_METRICS_H_
+#define ALLOCD_SERVER_METRICS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace allocd {
+
+struct PoolGauges {
+  uint64_t capacity = 0;
+  uint64_t in_use = 0;
+  uint64_t free = 0;
+  uint64_t chunks_created_total = 0;
+  uint64_t chunks_reused_total = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+
+  // Serves /metrics on `address` ("127.0.0.1:9464", "0.0.0.0:0" for any
+  // free port). Unavailable with the reason when it cannot bind.
+  absl::Status Serve(const std::string& address);
+  // The port Serve bound (0 before).
+  int port() const;
+
+  void SessionStarted(uint64_t session, absl::string_view job, int device,
+                      pid_t pid);
+  void SessionEnded(uint64_t session);
+  // A telemetry report: torch.cuda.memory_stats() under PyTorch's names.
+  void Telemetry(uint64_t session, const std::map<std::string, int64_t>& stats,
+                 uint64_t config_version);
+  void Oom(uint64_t session);
+  // Chunks the session holds from the node pool.
+  void Held(uint64_t session, uint64_t bytes);
+  // result: "ack", "nack", "rollback".
+  void ConfigPushResult(absl::string_view result);
+  void ConfigPushed(uint64_t session, uint64_t version);
+  void ReclaimRequested();
+  void Pool(const PoolGauges& pool);
+  void Rpc(absl::string_view method, double seconds, bool ok);
+
+  // The exposition text, as a scrape would get it.
+  std::string Render() const;
+
+ private:
+  struct SessionSeries;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  prometheus::Family<prometheus::Gauge>& reserved_;
+  prometheus::Family<prometheus::Gauge>& allocated_;
+  prometheus::Family<prometheus::Gauge>& peak_reserved_;
+  prometheus::Family<prometheus::Gauge>& inactive_split_;
+  prometheus::Family<prometheus::Gauge>& fragmentation_;
+  prometheus::Family<prometheus::Gauge>& held_;
+  prometheus::Family<prometheus::Counter>& ooms_;
+  prometheus::Family<prometheus::Counter>& retries_;
+  prometheus::Family<prometheus::Counter>& device_allocs_;
+  prometheus::Family<prometheus::Gauge>& config_version_;
+  prometheus::Family<prometheus::Counter>& pushes_;
+  prometheus::Family<prometheus::Counter>& reclaims_;
+  prometheus::Family<prometheus::Gauge>& pool_bytes_;
+  prometheus::Family<prometheus::Counter>& chunks_;
+  prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<SessionSeries>> series_
+      ABSL_GUARDED_BY(mu_);
+  // Last cumulative counts seen per session, to turn them into increments.
+  uint64_t chunks_created_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_reused_seen_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_METRICS_H_

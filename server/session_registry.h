@@ -1,0 +1,121 @@
+// Sessions: one per registered client process. A session is bound to the
+// pid and uid the kernel reported for the connection that registered it
+// (SO_PEERCRED), never to what the client claims, and lives until its lease
+// connection closes (the process exited or dropped it).
+//
+// Each session has a control queue: the config pushes and reclaim requests
+// that its WatchConfig stream delivers, in order. Thread-safe.
+#ifndef ALLOCD_SERVER_SESSION_REGISTRY_H_
+#define ALLOCD_SERVER_SESSION_REGISTRY_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocd.pb.h"
+
+namespace allocd {
+
+using SessionId = uint64_t;
+
+// What a session was registered with; fixed for its life.
+struct SessionIdentity {
+  SessionId id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  std::string job;
+  int device = 0;
+  std::string client;
+  std::string initial_config;
+  absl::Time registered_at;
+};
+
+// A config a session ran: version 0 is its initial config.
+struct AppliedConfig {
+  uint64_t version = 0;
+  std::string config;
+};
+
+class Session {
+ public:
+  explicit Session(SessionIdentity identity);
+
+  const SessionIdentity& identity() const { return identity_; }
+  SessionId id() const { return identity_.id; }
+
+  // Queues a message for the WatchConfig stream. No-op once closed.
+  void Push(v1::ControlMessage message);
+  // Waits up to `timeout` for the next message. False on timeout or once
+  // the session is closed and the queue drained.
+  bool WaitNext(v1::ControlMessage* message, absl::Duration timeout);
+  // Ends the session: watchers return, pushes are dropped.
+  void Close();
+  bool closed() const;
+
+  // The lease connection proved the process is there.
+  void MarkLeased();
+  bool leased() const;
+
+  // Config bookkeeping for ACK/NACK and rollback. `Acked` makes `config` the
+  // one the session runs, remembering the one before it; `RollBackTarget`
+  // is the config to return to after an OOM under a pushed version (nullopt
+  // when the session runs its initial config: nothing to roll back to).
+  void Acked(AppliedConfig config);
+  AppliedConfig Current() const;
+  std::optional<AppliedConfig> RollBackTarget() const;
+  // Forgets the current config after a rollback was pushed, so a second OOM
+  // before the client ACKs the rollback does not roll back twice.
+  void StartRollBack();
+  bool rolling_back() const;
+
+  void SetStats(std::map<std::string, int64_t> stats);
+  std::map<std::string, int64_t> Stats() const;
+  // Returns the OOM count after this one.
+  uint64_t CountOom();
+  uint64_t ooms() const;
+
+ private:
+  const SessionIdentity identity_;
+  mutable absl::Mutex mu_;
+  std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool leased_ ABSL_GUARDED_BY(mu_) = false;
+  // Oldest first; the back is what the session runs now.
+  std::vector<AppliedConfig> applied_ ABSL_GUARDED_BY(mu_);
+  bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t ooms_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class SessionRegistry {
+ public:
+  // A new session with the next id (ids are never reused).
+  std::shared_ptr<Session> Create(SessionIdentity identity);
+  // nullptr when no such live session.
+  std::shared_ptr<Session> Find(SessionId id) const;
+  // Removes and returns the session (nullptr if gone already), so exactly
+  // one caller ends it.
+  std::shared_ptr<Session> Remove(SessionId id);
+  std::vector<std::shared_ptr<Session>> List() const;
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  SessionId last_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<SessionId, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_SESSION_REGISTRY_H_

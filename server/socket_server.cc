@@ -1,0 +1,246 @@
+#include "server/socket_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocd.pb.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_posix.h"
+#include "server/log.h"
+
+namespace allocd {
+namespace {
+
+// Largest side-socket request: a lease or a claim token.
+constexpr size_t kMaxSideRequest = 4096;
+// A client must send a whole frame within this once it started one.
+constexpr absl::Duration kFrameTimeout = absl::Seconds(1);
+// How often the side channel looks for sessions that never leased.
+constexpr int kExpiryPollMs = 250;
+
+}  // namespace
+
+WakeFd::WakeFd() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+void WakeFd::Wake() {
+  const uint64_t one = 1;
+  (void)!write(fd_.get(), &one, sizeof one);
+}
+
+// ----------------------------------------------------------- GrpcAcceptor
+
+absl::StatusOr<std::unique_ptr<GrpcAcceptor>> GrpcAcceptor::Start(
+    const std::string& path, mode_t mode, grpc::Server* server,
+    PeerTable* peers) {
+  absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
+  if (!listener.ok()) return listener.status();
+  return std::unique_ptr<GrpcAcceptor>(
+      new GrpcAcceptor(path, std::move(*listener), server, peers));
+}
+
+GrpcAcceptor::GrpcAcceptor(std::string path, UniqueFd listener,
+                           grpc::Server* server, PeerTable* peers)
+    : path_(std::move(path)),
+      listener_(std::move(listener)),
+      server_(server),
+      peers_(peers),
+      thread_([this] { Loop(); }) {}
+
+GrpcAcceptor::~GrpcAcceptor() {
+  stop_.Wake();
+  thread_.join();
+  unlink(path_.c_str());
+}
+
+void GrpcAcceptor::Loop() {
+  for (;;) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError(absl::StrCat("poll on ", path_, ": ", strerror(errno)));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
+    if (!connection.ok()) {
+      LogError(absl::StrCat("accept on ", path_, ": ",
+                            connection.status().message()));
+      continue;
+    }
+    absl::StatusOr<PeerCredentials> peer =
+        GetPeerCredentials(connection->get());
+    if (!peer.ok()) {
+      LogError(absl::StrCat("SO_PEERCRED: ", peer.status().message()));
+      continue;
+    }
+    // gRPC's event engine expects a non-blocking socket.
+    const int fd = connection->get();
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    peers_->Add(fd, *peer);
+    grpc::AddInsecureChannelFromFd(server_, connection->release());
+  }
+}
+
+// ------------------------------------------------------------ SideChannel
+
+absl::StatusOr<std::unique_ptr<SideChannel>> SideChannel::Start(
+    const std::string& path, mode_t mode, DaemonCore* core) {
+  absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
+  if (!listener.ok()) return listener.status();
+  return std::unique_ptr<SideChannel>(
+      new SideChannel(path, std::move(*listener), core));
+}
+
+SideChannel::SideChannel(std::string path, UniqueFd listener,
+                         DaemonCore* core)
+    : path_(std::move(path)),
+      listener_(std::move(listener)),
+      core_(core),
+      thread_([this] { Loop(); }) {}
+
+SideChannel::~SideChannel() {
+  stop_.Wake();
+  thread_.join();
+  unlink(path_.c_str());
+}
+
+namespace {
+
+struct SideConnection {
+  UniqueFd fd;
+  PeerCredentials peer;
+  // The session this connection is the lease of; 0 for none.
+  SessionId lease = 0;
+};
+
+v1::SideResponse ErrorResponse(const absl::Status& status) {
+  v1::SideResponse response;
+  response.set_error(std::string(status.message()));
+  response.set_code(static_cast<int>(status.code()));
+  return response;
+}
+
+// Answers one request. False when the connection should close.
+bool Serve(DaemonCore& core, SideConnection& c) {
+  absl::StatusOr<ReceivedMessage> frame =
+      ReceiveMessage(c.fd.get(), kMaxSideRequest, kFrameTimeout);
+  if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
+  v1::SideRequest request;
+  if (!frame->fds.empty() || !request.ParseFromString(frame->payload)) {
+    (void)SendMessage(c.fd.get(),
+                      ErrorResponse(absl::InvalidArgumentError(
+                                        "malformed side-socket request"))
+                          .SerializeAsString());
+    return false;
+  }
+  switch (request.request_case()) {
+    case v1::SideRequest::kLeaseSessionId: {
+      absl::Status s = c.lease != 0
+                           ? absl::AlreadyExistsError(
+                                 "this connection already holds a lease")
+                           : core.Lease(c.peer, request.lease_session_id());
+      if (s.ok()) c.lease = request.lease_session_id();
+      return SendMessage(c.fd.get(), ErrorResponse(s).SerializeAsString())
+                 .ok() &&
+             s.ok();
+    }
+    case v1::SideRequest::kClaimToken: {
+      absl::StatusOr<std::vector<ChunkFd>> chunks =
+          core.Claim(c.peer, request.claim_token());
+      if (!chunks.ok()) {
+        return SendMessage(c.fd.get(),
+                           ErrorResponse(chunks.status()).SerializeAsString())
+            .ok();
+      }
+      // SCM_RIGHTS carries at most kMaxFdsPerMessage FDs a frame.
+      for (size_t begin = 0; begin == 0 || begin < chunks->size();
+           begin += kMaxFdsPerMessage) {
+        const size_t end = std::min(chunks->size(), begin + kMaxFdsPerMessage);
+        v1::SideResponse response;
+        std::vector<int> fds;
+        for (size_t i = begin; i < end; ++i) {
+          response.add_chunk_ids((*chunks)[i].id);
+          response.add_offsets((*chunks)[i].offset);
+          fds.push_back((*chunks)[i].fd.get());
+        }
+        response.set_more(end < chunks->size());
+        if (!SendMessage(c.fd.get(), response.SerializeAsString(), fds).ok()) {
+          return false;
+        }
+      }
+      return true;
+    }
+    default:
+      (void)SendMessage(c.fd.get(),
+                        ErrorResponse(absl::InvalidArgumentError(
+                                          "empty side-socket request"))
+                            .SerializeAsString());
+      return false;
+  }
+}
+
+}  // namespace
+
+void SideChannel::Loop() {
+  std::map<int, SideConnection> connections;
+  auto close_connection = [&](std::map<int, SideConnection>::iterator it,
+                              absl::string_view why) {
+    if (it->second.lease != 0) {
+      core_->EndSession(it->second.lease, why);
+    }
+    connections.erase(it);
+  };
+  for (;;) {
+    std::vector<pollfd> fds = {{listener_.get(), POLLIN, 0},
+                               {stop_.fd(), POLLIN, 0}};
+    for (const auto& [fd, c] : connections) fds.push_back({fd, POLLIN, 0});
+    const int ready = poll(fds.data(), fds.size(), kExpiryPollMs);
+    if (ready < 0 && errno != EINTR) {
+      LogError(absl::StrCat("poll on ", path_, ": ", strerror(errno)));
+      return;
+    }
+    core_->ExpireUnleased(absl::Now());
+    if (ready <= 0) continue;
+    if (fds[1].revents != 0) {
+      while (!connections.empty()) {
+        close_connection(connections.begin(), "daemon shutting down");
+      }
+      return;
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = connections.find(fds[i].fd);
+      if (!Serve(*core_, it->second)) {
+        close_connection(it, "lease connection closed");
+      }
+    }
+    if (fds[0].revents != 0) {
+      absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
+      if (!connection.ok()) continue;
+      absl::StatusOr<PeerCredentials> peer =
+          GetPeerCredentials(connection->get());
+      if (!peer.ok()) continue;
+      // A client that stops reading must not stall the loop.
+      timeval send_timeout{.tv_sec = 1, .tv_usec = 0};
+      setsockopt(connection->get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+                 sizeof send_timeout);
+      const int fd = connection->get();
+      connections.emplace(
+          fd, SideConnection{.fd = std::move(*connection), .peer = *peer});
+    }
+  }
+}
+
+}  // namespace allocd

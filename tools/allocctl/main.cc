@@ -1,0 +1,295 @@
+// allocctl: the node daemon's admin tool. Talks to the Admin service of
+// `allocd serve` over its Unix socket; the daemon allows it to root, its
+// own uid and the uids given to it with --admin-uid.
+#include <fcntl.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "allocator/bytes.h"
+#include "allocd.grpc.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel_posix.h"
+#include "grpcpp/grpcpp.h"
+#include "ipc/unix_socket.h"
+
+namespace allocd {
+namespace {
+
+struct Options {
+  std::string socket = "/run/allocd/allocd.sock";
+  bool json = false;
+  std::string job;
+  std::string config;
+  uint32_t limit = 20;
+  std::optional<uint64_t> session;
+  std::optional<uint32_t> uid;
+  std::string quota;
+};
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(path);
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach allocd at ", path, ": ", fd.status().message(),
+        " (is `allocd serve` running? --socket names another path)"));
+  }
+  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
+}
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+std::string Time(int64_t unix_micros) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                          absl::FromUnixMicros(unix_micros),
+                          absl::LocalTimeZone());
+}
+
+// Calls `rpc` with a deadline; prints the error and returns 1, or prints
+// the response with `print` (or as JSON) and returns 0.
+template <typename Response, typename Rpc, typename Print>
+int Call(const Options& o, Rpc&& rpc, Print&& print) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  Response response;
+  grpc::Status status = rpc(&context, &response);
+  if (!status.ok()) {
+    std::cerr << "allocctl: " << status.error_message() << "\n";
+    return status.error_code() == grpc::StatusCode::PERMISSION_DENIED ? 4 : 1;
+  }
+  if (o.json) {
+    std::cout << Json(response) << "\n";
+  } else {
+    print(response);
+  }
+  return 0;
+}
+
+void PrintStatus(const v1::StatusResponse& r) {
+  std::printf("allocd %s, backend %s, up since %s\n", r.version().c_str(),
+              r.backend().c_str(), Time(r.started_unix_micros()).c_str());
+  std::printf("pool: %s in use, %s cached free, capacity %s (chunks of %s)\n",
+              FormatSize(r.in_use_bytes()).c_str(),
+              FormatSize(r.free_bytes()).c_str(),
+              FormatSize(r.capacity_bytes()).c_str(),
+              FormatSize(r.chunk_bytes()).c_str());
+  std::printf("chunks handed out: %llu created, %llu reused; %u sessions\n",
+              static_cast<unsigned long long>(r.chunks_created_total()),
+              static_cast<unsigned long long>(r.chunks_reused_total()),
+              r.sessions());
+}
+
+int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
+  auto it = s.stats().find(key);
+  return it == s.stats().end() ? 0 : it->second;
+}
+
+void PrintSessions(const v1::ListSessionsResponse& r) {
+  std::printf("%-8s %-8s %-6s %-20s %-4s %10s %10s %10s %5s %s\n", "SESSION",
+              "PID", "UID", "JOB", "DEV", "HELD", "RESERVED", "ALLOCATED",
+              "OOMS", "CONFIG");
+  for (const v1::SessionInfo& s : r.sessions()) {
+    std::printf(
+        "%-8llu %-8d %-6u %-20s %-4d %10s %10s %10s %5llu v%llu %s\n",
+        static_cast<unsigned long long>(s.session_id()), s.pid(), s.uid(),
+        s.job().empty() ? "-" : s.job().c_str(), s.device(),
+        FormatSize(s.held_bytes()).c_str(),
+        FormatSize(Stat(s, "reserved_bytes.all.current")).c_str(),
+        FormatSize(Stat(s, "allocated_bytes.all.current")).c_str(),
+        static_cast<unsigned long long>(s.ooms()),
+        static_cast<unsigned long long>(s.config_version()),
+        s.config().empty() ? "(defaults)" : s.config().c_str());
+  }
+}
+
+void PrintConfig(const v1::ConfigVersion& c) {
+  if (c.version() == 0) {
+    std::printf("no config set: sessions keep their own\n");
+    return;
+  }
+  std::printf("version %llu for %s: %s\n  set %s by %s\n",
+              static_cast<unsigned long long>(c.version()),
+              c.job().empty() ? "every job (default)"
+                              : ("job " + c.job()).c_str(),
+              c.config().empty() ? "(PyTorch defaults)" : c.config().c_str(),
+              Time(c.set_unix_micros()).c_str(), c.author().c_str());
+}
+
+void PrintHistory(const v1::HistoryResponse& r) {
+  for (const v1::HistoryEntry& e : r.entries()) {
+    std::printf("%s  %-8s v%-4llu %-16s %s%s%s\n", Time(e.unix_micros()).c_str(),
+                e.event().c_str(), static_cast<unsigned long long>(e.version()),
+                e.job().empty() ? "(default)" : e.job().c_str(),
+                e.session_id() == 0
+                    ? ""
+                    : absl::StrCat("session ", e.session_id(), " ").c_str(),
+                e.config().c_str(),
+                e.detail().empty() ? "" : ("  # " + e.detail()).c_str());
+  }
+}
+
+int Health(const Options& o, const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest request;
+  return Call<grpc::health::v1::HealthCheckResponse>(
+      o,
+      [&](grpc::ClientContext* c, grpc::health::v1::HealthCheckResponse* r) {
+        return stub->Check(c, request, r);
+      },
+      [](const grpc::health::v1::HealthCheckResponse& r) {
+        std::printf("%s\n",
+                    grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                        r.status())
+                        .c_str());
+      });
+}
+
+}  // namespace
+}  // namespace allocd
+
+int main(int argc, char** argv) {
+  using namespace allocd;
+  Options o;
+  CLI::App app{
+      "allocctl: administer the allocd node daemon (sessions, configs per "
+      "job, quotas).\nAllowed to root, the daemon's uid and its --admin-uid "
+      "uids.",
+      "allocctl"};
+  app.require_subcommand(1);
+  app.add_option("--socket,-s", o.socket,
+                 "the daemon's socket (default /run/allocd/allocd.sock)");
+  app.add_flag("--json", o.json, "print the daemon's answer as JSON");
+
+  CLI::App* status = app.add_subcommand("status", "the node pool and daemon");
+  CLI::App* health = app.add_subcommand(
+      "health", "grpc.health.v1 check: prints SERVING; exit 0 only then");
+  CLI::App* sessions = app.add_subcommand(
+      "sessions", "client sessions: pid, job, memory held, config, OOMs");
+  CLI::App* config = app.add_subcommand("config", "allocator configs per job");
+  config->require_subcommand(1);
+  CLI::App* get = config->add_subcommand(
+      "get", "the config sessions of a job get (its own, else the default)");
+  get->add_option("--job,-j", o.job, "job label (default: every job)");
+  CLI::App* set = config->add_subcommand(
+      "set", "push a config to every session of a job; they ACK or NACK it");
+  set->add_option("CONFIG", o.config,
+                  "a PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True")
+      ->required();
+  set->add_option("--job,-j", o.job, "job label (default: every job without "
+                                     "its own config)");
+  CLI::App* history = config->add_subcommand(
+      "history", "config sets, ACKs, NACKs and rollbacks, newest first");
+  history->add_option("--job,-j", o.job, "only this job");
+  history->add_option("--limit,-n", o.limit, "entries (default 20)");
+  CLI::App* quota = app.add_subcommand("quota", "per-session and per-uid quotas");
+  quota->require_subcommand(1);
+  CLI::App* quota_set = quota->add_subcommand(
+      "set", "most memory a session or a uid may hold; 'none' clears it");
+  quota_set->add_option("SIZE", o.quota, "e.g. 20GiB, or none")->required();
+  auto* target = quota_set->add_option_group("target");
+  target->add_option("--session", o.session, "session id");
+  target->add_option("--uid", o.uid, "uid");
+  target->require_option(1);
+
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(o.socket);
+  if (!channel.ok()) {
+    std::cerr << "allocctl: " << channel.status().message() << "\n";
+    return 1;
+  }
+  if (health->parsed()) {
+    return Health(o, *channel);
+  }
+  std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(*channel);
+  if (status->parsed()) {
+    return Call<v1::StatusResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::StatusResponse* r) {
+          return admin->Status(c, v1::StatusRequest(), r);
+        },
+        PrintStatus);
+  }
+  if (sessions->parsed()) {
+    return Call<v1::ListSessionsResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::ListSessionsResponse* r) {
+          return admin->ListSessions(c, v1::ListSessionsRequest(), r);
+        },
+        PrintSessions);
+  }
+  if (get->parsed()) {
+    v1::GetConfigRequest request;
+    request.set_job(o.job);
+    return Call<v1::GetConfigResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::GetConfigResponse* r) {
+          return admin->GetConfig(c, request, r);
+        },
+        [](const v1::GetConfigResponse& r) { PrintConfig(r.config()); });
+  }
+  if (set->parsed()) {
+    v1::SetConfigRequest request;
+    request.set_job(o.job);
+    request.set_config(o.config);
+    return Call<v1::SetConfigResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::SetConfigResponse* r) {
+          return admin->SetConfig(c, request, r);
+        },
+        [](const v1::SetConfigResponse& r) {
+          PrintConfig(r.config());
+          std::printf("pushed to %u sessions\n", r.pushed_to());
+        });
+  }
+  if (history->parsed()) {
+    v1::HistoryRequest request;
+    request.set_job(o.job);
+    request.set_limit(o.limit);
+    return Call<v1::HistoryResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::HistoryResponse* r) {
+          return admin->History(c, request, r);
+        },
+        PrintHistory);
+  }
+  v1::SetQuotaRequest request;
+  if (o.session) request.set_session_id(*o.session);
+  if (o.uid) request.set_uid(*o.uid);
+  if (o.quota != "none") {
+    absl::StatusOr<uint64_t> bytes = ParseSize(o.quota);
+    if (!bytes.ok()) {
+      std::cerr << "allocctl: SIZE: " << bytes.status().message() << "\n";
+      return 2;
+    }
+    request.set_bytes(*bytes);
+  }
+  return Call<v1::SetQuotaResponse>(
+      o,
+      [&](grpc::ClientContext* c, v1::SetQuotaResponse* r) {
+        return admin->SetQuota(c, request, r);
+      },
+      [&](const v1::SetQuotaResponse&) {
+        std::printf("quota of %s: %s\n",
+                    o.session ? absl::StrCat("session ", *o.session).c_str()
+                              : absl::StrCat("uid ", *o.uid).c_str(),
+                    o.quota.c_str());
+      });
+}

@@ -1,0 +1,210 @@
+#include "tools/allocd/client_replay_command.h"
+
+#include <chrono>
+#include <ostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/bytes.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "allocator/trace/replay.h"
+#include "allocator/trace/replay_observer.h"
+#include "client/daemon_backend.h"
+#include "client/daemon_client.h"
+#include "nlohmann/json.hpp"
+#include "tools/allocd/common.h"
+
+namespace allocd {
+namespace {
+
+// Control messages and telemetry are handled every this many events: often
+// enough that a push lands within milliseconds, rarely enough to cost
+// nothing next to the replay.
+constexpr uint64_t kSafePointEvents = 512;
+constexpr auto kTelemetryPeriod = std::chrono::milliseconds(50);
+
+// The client side of a live session, run between trace events.
+class LiveSession final : public ReplayObserver {
+ public:
+  LiveSession(DaemonClient& client, AllocatorConfig config)
+      : client_(client), config_(std::move(config)) {}
+
+  const AllocatorConfig& config() const { return config_; }
+  uint64_t config_version() const { return config_version_; }
+  int64_t pushes_applied() const { return applied_; }
+  int64_t pushes_rejected() const { return rejected_; }
+  int64_t reclaims() const { return reclaims_; }
+  int64_t ooms() const { return ooms_; }
+
+  void OnEvent(uint64_t, const TraceEvent&) override {}
+  void OnDeviceCall(DeviceCall, uint64_t, uint64_t) override {}
+  void OnCacheFlush() override {}
+
+  void OnBlock(const TraceEvent& event, const Allocation& a) override {
+    // The memory is real: write into every new block.
+    if (event.op == TraceOp::kAlloc && a.size > 0) {
+      *reinterpret_cast<volatile char*>(a.address) = 1;
+    }
+  }
+
+  void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override {
+    ++ooms_;
+    (void)client_.ReportOom(
+        event.size,
+        absl::StrCat("CUDA out of memory. Tried to allocate ",
+                     FormatSize(event.size), " (", FormatSize(device_free),
+                     " free on the node pool)"),
+        config_version_);
+  }
+
+  void AfterEvent(uint64_t index, CachingAllocator& allocator) override {
+    if (index % kSafePointEvents != 0) return;
+    for (v1::ControlMessage& m : client_.TakeControl()) {
+      if (m.has_config()) Apply(m.config(), allocator);
+      if (m.has_reclaim()) {
+        allocator.EmptyCache();
+        ++reclaims_;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_telemetry_ >= kTelemetryPeriod) Publish(allocator);
+  }
+
+  void OnEnd(const CachingAllocator& allocator) override { Publish(allocator); }
+
+ private:
+  void Apply(const v1::ConfigPush& push, CachingAllocator& allocator) {
+    const uint64_t version = push.config().version();
+    absl::StatusOr<AllocatorConfig> parsed =
+        ParseAllocatorConfig(push.config().config());
+    absl::Status status = parsed.status();
+    if (status.ok() && parsed->backend != config_.backend) {
+      status = absl::FailedPreconditionError(
+          "backend cannot change in a running process");
+    }
+    if (!status.ok()) {
+      ++rejected_;
+      (void)client_.Ack(version, false, status.message());
+      return;
+    }
+    allocator.Reconfigure(*parsed);
+    config_ = *parsed;
+    config_version_ = version;
+    ++applied_;
+    (void)client_.Ack(version, true, "");
+  }
+
+  void Publish(const CachingAllocator& allocator) {
+    last_telemetry_ = std::chrono::steady_clock::now();
+    client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version_);
+  }
+
+  DaemonClient& client_;
+  AllocatorConfig config_;
+  uint64_t config_version_ = 0;
+  int64_t applied_ = 0;
+  int64_t rejected_ = 0;
+  int64_t reclaims_ = 0;
+  int64_t ooms_ = 0;
+  std::chrono::steady_clock::time_point last_telemetry_;
+};
+
+}  // namespace
+
+int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
+                    std::ostream& err) {
+  absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(o.config);
+  if (!config.ok()) {
+    err << "allocd client-replay: --config: " << config.status().message()
+        << "\n";
+    return 1;
+  }
+  if (config->backend == AllocatorBackend::kCudaMallocAsync) {
+    err << "allocd client-replay: backend:cudaMallocAsync is the CUDA "
+           "driver's pool; the daemon serves the native allocator only\n";
+    return 1;
+  }
+  absl::StatusOr<Trace> trace = LoadTrace(o.trace_path, o.device);
+  if (!trace.ok()) {
+    err << "allocd client-replay: " << trace.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
+      {.socket = o.socket,
+       .job = o.job,
+       .initial_config = FormatAllocatorConfig(*config),
+       .description = "allocd client-replay"});
+  if (!client.ok()) {
+    err << "allocd client-replay: " << client.status().message() << "\n";
+    return 1;
+  }
+  DaemonBackend backend(client->get());
+  LiveSession session(**client, *config);
+  const uint64_t first_session = (*client)->session_id();
+
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
+        .count();
+  };
+  int loops = 0;
+  uint64_t events = 0;
+  int64_t peak_reserved = 0;
+  int64_t device_allocs = 0;
+  for (;;) {
+    // Each loop is a fresh process lifetime of the traced job: a new
+    // allocator on the same session, under the config it runs now.
+    absl::StatusOr<ReplayResult> r = Replay(
+        *trace, session.config(),
+        {.observer = &session, .device = &backend});
+    if (!r.ok()) {
+      err << "allocd client-replay: " << r.status().message() << "\n";
+      return 1;
+    }
+    ++loops;
+    events += r->events;
+    peak_reserved = std::max(peak_reserved, r->peak_reserved);
+    device_allocs += r->num_device_alloc;
+    const bool more = o.duration_seconds > 0 ? elapsed() < o.duration_seconds
+                                             : loops < o.loops;
+    if (!more) break;
+  }
+  (void)(*client)->FlushTelemetry();
+  const double seconds = elapsed();
+
+  nlohmann::json j = {
+      {"session_id", (*client)->session_id()},
+      {"first_session_id", first_session},
+      {"reconnects", (*client)->epoch() - 1},
+      {"loops", loops},
+      {"events", events},
+      {"seconds", seconds},
+      {"peak_reserved", peak_reserved},
+      {"num_device_alloc", device_allocs},
+      {"ooms", session.ooms()},
+      {"config", FormatAllocatorConfig(session.config())},
+      {"config_version", session.config_version()},
+      {"pushes_applied", session.pushes_applied()},
+      {"pushes_rejected", session.pushes_rejected()},
+      {"reclaims", session.reclaims()},
+  };
+  if (o.json) {
+    out << j.dump(2) << "\n";
+    return 0;
+  }
+  out << "session " << (*client)->session_id() << ": " << loops
+      << " loop(s), " << events << " events in " << seconds << " s\n"
+      << "peak reserved " << FormatSize(peak_reserved) << ", "
+      << device_allocs << " chunk acquisitions, " << session.ooms()
+      << " OOMs, " << session.reclaims() << " reclaim requests answered\n"
+      << "config v" << session.config_version() << " \""
+      << FormatAllocatorConfig(session.config()) << "\" ("
+      << session.pushes_applied() << " pushes applied, "
+      << session.pushes_rejected() << " rejected), "
+      << (*client)->epoch() - 1 << " reconnects\n";
+  return 0;
+}
+
+}  // namespace allocd

@@ -1,0 +1,34 @@
+// `allocd client-replay`: drives the real client library with a trace: a
+// session with the node daemon, segments from daemon chunks (mapped and
+// touched), telemetry, config pushes applied between events and ACKed,
+// reclaim requests answered, OOMs reported. How the daemon is load-tested
+// and demonstrated without a GPU.
+#ifndef ALLOCD_TOOLS_ALLOCD_CLIENT_REPLAY_COMMAND_H_
+#define ALLOCD_TOOLS_ALLOCD_CLIENT_REPLAY_COMMAND_H_
+
+#include <iosfwd>
+#include <string>
+
+namespace allocd {
+
+struct ClientReplayCommandOptions {
+  std::string trace_path;
+  std::string socket = "/run/allocd/allocd.sock";
+  std::string job;
+  std::string config;
+  int device = -1;
+  // Replays the trace this many times...
+  int loops = 1;
+  // ...or, when > 0, until this many seconds have passed (at least once).
+  double duration_seconds = 0;
+  bool json = false;
+};
+
+// Returns the exit code: 0 when every loop ran (OOMs included, reported),
+// 1 on an error printed to `err` (no daemon, bad trace or config).
+int RunClientReplay(const ClientReplayCommandOptions& options,
+                    std::ostream& out, std::ostream& err);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_TOOLS_ALLOCD_CLIENT_REPLAY_COMMAND_H_

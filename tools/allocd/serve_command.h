@@ -1,0 +1,26 @@
+// `allocd serve`: runs the node daemon until SIGTERM or SIGINT, then shuts
+// down gracefully.
+#ifndef ALLOCD_TOOLS_ALLOCD_SERVE_COMMAND_H_
+#define ALLOCD_TOOLS_ALLOCD_SERVE_COMMAND_H_
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "server/daemon.h"
+
+namespace allocd {
+
+struct ServeCommandOptions {
+  DaemonOptions daemon;
+  // As the user wrote it ("8GiB").
+  std::string capacity = "8GiB";
+};
+
+// Returns the process exit code: 0 after a clean shutdown, 1 when the
+// daemon could not start (the reason is printed to `err`).
+int RunServe(const ServeCommandOptions& options, std::ostream& err);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_TOOLS_ALLOCD_SERVE_COMMAND_H_
