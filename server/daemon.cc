@@ -95,8 +95,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .fd_socket = fd_socket,
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
-                        .admin_uids = o.admin_uids,
-                        .max_acquire_bytes = o.capacity},
+                        .admin_uids = o.admin_uids},
       parts->pool.get(), &parts->metrics);
   if (!o.config_file.empty()) {
     if (absl::Status s = ApplyConfigFile(o.config_file, *parts->core);

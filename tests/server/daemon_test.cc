@@ -1,0 +1,495 @@
+// The daemon end to end: a real `allocd serve` process on a real Unix
+// socket, clients in this process (the real client library) and in other
+// processes (test_client, allocd client-replay), no mocks.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "allocd.grpc.pb.h"
+#include "client/daemon_client.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel_posix.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "ipc/unix_socket.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kChunk = uint64_t{2} << 20;
+
+// A child process with its stdout on a pipe.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> args) {
+    int out[2];
+    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    stdout_.reset(out[0]);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // The next line of output, or "" after `timeout`.
+  std::string Line(absl::Duration timeout = absl::Seconds(30)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      pollfd p{stdout_.get(), POLLIN, 0};
+      const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left <= 0 || poll(&p, 1, left) <= 0) return "";
+      char chunk[4096];
+      const ssize_t n = read(stdout_.get(), chunk, sizeof chunk);
+      if (n <= 0) return "";
+      buffer_.append(chunk, n);
+    }
+  }
+  // Everything it prints until it exits.
+  std::string Rest() {
+    std::string out = buffer_;
+    char chunk[4096];
+    ssize_t n;
+    while ((n = read(stdout_.get(), chunk, sizeof chunk)) > 0) out.append(chunk, n);
+    return out;
+  }
+  // Exit code (128 + signal when killed).
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void Kill() {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd stdout_;
+  std::string buffer_;
+};
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = "/tmp/allocd_daemon_XXXXXX";
+    dir_ = mkdtemp(pattern.data());
+    socket_ = dir_ + "/allocd.sock";
+    StartDaemon();
+  }
+
+  // 64 MiB makes the pool's limits easy to reach; the live clients'
+  // tests replay a real job and get room for it.
+  void StartDaemon(const std::string& capacity = "64MiB") {
+    daemon_ = std::make_unique<Child>(std::vector<std::string>{
+        ALLOCD_BINARY, "serve", "--socket", socket_, "--metrics-addr", "",
+        "--capacity", capacity});
+    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    admin_ = v1::Admin::NewStub(Dial(socket_));
+  }
+
+  v1::StatusResponse Status() {
+    grpc::ClientContext context;
+    v1::StatusResponse r;
+    EXPECT_TRUE(admin_->Status(&context, {}, &r).ok());
+    return r;
+  }
+
+  // Polls until the pool holds `bytes` in use; returns how long it took.
+  absl::Duration WaitForInUse(uint64_t bytes, absl::Duration limit) {
+    const absl::Time start = absl::Now();
+    while (Status().in_use_bytes() != bytes && absl::Now() - start < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return absl::Now() - start;
+  }
+
+  std::unique_ptr<DaemonClient> Client(std::string job = "") {
+    absl::StatusOr<std::unique_ptr<DaemonClient>> c = DaemonClient::Connect(
+        {.socket = socket_, .job = job, .reconnect_wait = absl::Seconds(2)});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  std::vector<v1::HistoryEntry> History() {
+    grpc::ClientContext context;
+    v1::HistoryRequest request;
+    request.set_limit(100);
+    v1::HistoryResponse r;
+    EXPECT_TRUE(admin_->History(&context, request, &r).ok());
+    return {r.entries().begin(), r.entries().end()};
+  }
+
+  int CountEvents(const std::string& event) {
+    int n = 0;
+    for (const v1::HistoryEntry& e : History()) n += e.event() == event;
+    return n;
+  }
+
+  absl::StatusOr<v1::SetConfigResponse> SetConfig(const std::string& job,
+                                                  const std::string& config) {
+    grpc::ClientContext context;
+    v1::SetConfigRequest request;
+    request.set_job(job);
+    request.set_config(config);
+    v1::SetConfigResponse r;
+    grpc::Status s = admin_->SetConfig(&context, request, &r);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          s.error_message());
+    }
+    return r;
+  }
+
+  // Takes control messages until one arrives or `limit` passes.
+  static std::vector<v1::ControlMessage> AwaitControl(
+      DaemonClient& client, absl::Duration limit = absl::Seconds(5)) {
+    const absl::Time deadline = absl::Now() + limit;
+    std::vector<v1::ControlMessage> got;
+    while (got.empty() && absl::Now() < deadline) {
+      got = client.TakeControl();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return got;
+  }
+
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+TEST_F(DaemonTest, SessionsAreTheKernelsPidsAndChunksFlowBetweenProcesses) {
+  std::unique_ptr<DaemonClient> mine = Client("mine");
+  absl::StatusOr<ReceivedChunks> chunks = mine->Acquire(4 * kChunk);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  ASSERT_EQ(chunks->ids.size(), 4u);
+  char* p = static_cast<char*>(mmap(nullptr, kChunk, PROT_READ | PROT_WRITE,
+                                    MAP_SHARED, chunks->fds[0].get(),
+                                    static_cast<off_t>(chunks->offsets[0])));
+  ASSERT_NE(p, MAP_FAILED);
+  p[0] = 'A';
+  munmap(p, kChunk);
+
+  Child holder({TEST_CLIENT_BINARY, "hold", socket_, std::to_string(kChunk)});
+  ASSERT_THAT(holder.Line(), HasSubstr("ready"));
+  grpc::ClientContext context;
+  v1::ListSessionsResponse sessions;
+  ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
+  ASSERT_EQ(sessions.sessions_size(), 2);
+  EXPECT_EQ(sessions.sessions(0).pid(), getpid());
+  EXPECT_EQ(sessions.sessions(0).job(), "mine");
+  EXPECT_EQ(sessions.sessions(0).held_bytes(), 4 * kChunk);
+  EXPECT_EQ(sessions.sessions(1).pid(), holder.pid());
+  EXPECT_EQ(sessions.sessions(1).held_bytes(), kChunk);
+
+  // What this process releases, another process gets: the same memory.
+  ASSERT_TRUE(mine->Release(chunks->epoch, chunks->ids).ok());
+  Child reader({TEST_CLIENT_BINARY, "read", socket_, std::to_string(4 * kChunk)});
+  const std::string line = reader.Line();
+  EXPECT_THAT(line, HasSubstr("reused 4"));
+  EXPECT_EQ(reader.Wait(), 0);
+  EXPECT_EQ(Status().chunks_created_total(), 5u);  // 4 + the holder's 1
+}
+
+TEST_F(DaemonTest, ClientKilledWithSigkillGivesItsChunksBackWithinASecond) {
+  Child holder({TEST_CLIENT_BINARY, "hold", socket_, std::to_string(8 * kChunk)});
+  ASSERT_THAT(holder.Line(), HasSubstr("ready"));
+  EXPECT_EQ(Status().in_use_bytes(), 8 * kChunk);
+  holder.Kill();
+  const absl::Duration took = WaitForInUse(0, absl::Seconds(5));
+  EXPECT_LT(took, absl::Seconds(1));
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), 8 * kChunk);  // kept for the next one
+  EXPECT_EQ(Status().sessions(), 0u);
+}
+
+TEST_F(DaemonTest, AnotherProcessCannotClaimATokenOrReleaseAChunk) {
+  std::unique_ptr<DaemonClient> owner = Client();
+  // A raw acquire so the token is not claimed yet.
+  auto stub = v1::Allocd::NewStub(Dial(socket_));
+  grpc::ClientContext register_context;
+  v1::RegisterRequest register_request;
+  register_request.set_protocol_version(1);
+  v1::RegisterResponse session;
+  ASSERT_TRUE(stub->Register(&register_context, register_request, &session).ok());
+  grpc::ClientContext acquire_context;
+  v1::AcquireChunksRequest acquire;
+  acquire.set_session_id(session.session_id());
+  acquire.set_bytes(kChunk);
+  v1::AcquireChunksResponse grant;
+  ASSERT_TRUE(stub->AcquireChunks(&acquire_context, acquire, &grant).ok());
+
+  Child thief({TEST_CLIENT_BINARY, "claim", session.fd_socket(), grant.claim_token()});
+  EXPECT_EQ(thief.Line(), absl::StrCat("code ", grpc::StatusCode::PERMISSION_DENIED, " fds 0"));
+  Child releaser({TEST_CLIENT_BINARY, "release", socket_,
+                  std::to_string(session.session_id()),
+                  std::to_string(grant.chunk_ids(0))});
+  // With the victim's session: not its pid; with its own: not its chunk.
+  EXPECT_EQ(releaser.Line(), absl::StrCat("code ", grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_EQ(releaser.Line(), absl::StrCat("code ", grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_EQ(releaser.Wait(), 0);
+
+  // The owner still can claim: the thief did not use the token up.
+  UniqueFd side = std::move(*ConnectUnix(session.fd_socket()));
+  v1::SideRequest claim;
+  claim.set_claim_token(grant.claim_token());
+  ASSERT_TRUE(SendMessage(side.get(), claim.SerializeAsString()).ok());
+  absl::StatusOr<ReceivedMessage> frame = ReceiveMessage(side.get(), 1 << 20, absl::Seconds(5));
+  ASSERT_TRUE(frame.ok());
+  EXPECT_EQ(frame->fds.size(), 1u);
+}
+
+TEST_F(DaemonTest, QuotaExceededIsAClearErrorAndLeaksNothing) {
+  std::unique_ptr<DaemonClient> client = Client();
+  grpc::ClientContext context;
+  v1::SetQuotaRequest quota;
+  quota.set_session_id(client->session_id());
+  quota.set_bytes(3 * kChunk);
+  v1::SetQuotaResponse ignored;
+  ASSERT_TRUE(admin_->SetQuota(&context, quota, &ignored).ok());
+  ASSERT_TRUE(client->Acquire(2 * kChunk).ok());
+  absl::StatusOr<ReceivedChunks> over = client->Acquire(2 * kChunk);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("session quota exceeded"));
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk);
+  // The node's capacity is a limit too.
+  absl::StatusOr<ReceivedChunks> huge = Client()->Acquire(31 * kChunk);
+  EXPECT_THAT(huge.status().message(), HasSubstr("node pool exhausted"));
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk);
+}
+
+TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn) {
+  auto stub = v1::Allocd::NewStub(Dial(socket_));
+  auto code_of = [](const grpc::Status& s) { return s.error_code(); };
+  {
+    grpc::ClientContext c;
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_job("bad job label!");
+    v1::RegisterResponse out;
+    EXPECT_EQ(code_of(stub->Register(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext c;
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_client(std::string(1000, 'x'));
+    v1::RegisterResponse out;
+    EXPECT_EQ(code_of(stub->Register(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext c;
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_initial_config("max_split_size_mb:1");
+    v1::RegisterResponse out;
+    EXPECT_EQ(code_of(stub->Register(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  grpc::ClientContext rc;
+  v1::RegisterRequest rr;
+  rr.set_protocol_version(1);
+  v1::RegisterResponse session;
+  ASSERT_TRUE(stub->Register(&rc, rr, &session).ok());
+  for (uint64_t bytes : {uint64_t{0}, uint64_t{1} << 50}) {
+    grpc::ClientContext c;
+    v1::AcquireChunksRequest r;
+    r.set_session_id(session.session_id());
+    r.set_bytes(bytes);
+    v1::AcquireChunksResponse out;
+    EXPECT_EQ(code_of(stub->AcquireChunks(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext c;
+    v1::ReleaseChunksRequest r;
+    r.set_session_id(session.session_id());
+    for (int i = 0; i < 70000; ++i) r.add_chunk_ids(i);
+    v1::ReleaseChunksResponse out;
+    EXPECT_EQ(code_of(stub->ReleaseChunks(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext c;
+    v1::OomReport r;
+    r.set_session_id(session.session_id());
+    r.set_message(std::string(5000, 'm'));
+    v1::OomResponse out;
+    EXPECT_EQ(code_of(stub->ReportOom(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    // Over the daemon's 1 MiB message limit: refused before parsing.
+    grpc::ClientContext c;
+    v1::RegisterRequest r;
+    r.set_client(std::string(2 << 20, 'x'));
+    v1::RegisterResponse out;
+    EXPECT_EQ(code_of(stub->Register(&c, r, &out)), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  {
+    grpc::ClientContext c;
+    v1::SetConfigRequest r;
+    r.set_config("expandable_segments:true");
+    v1::SetConfigResponse out;
+    grpc::Status s = admin_->SetConfig(&c, r, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("'True' or 'False'"));
+  }
+  // Garbage on the side socket closes that connection only.
+  {
+    UniqueFd side = std::move(*ConnectUnix(session.fd_socket()));
+    ASSERT_TRUE(SendMessage(side.get(), "\xff\xff not a protobuf").ok());
+    absl::StatusOr<ReceivedMessage> answer = ReceiveMessage(side.get(), 1 << 16, absl::Seconds(5));
+    ASSERT_TRUE(answer.ok());
+    v1::SideResponse response;
+    ASSERT_TRUE(response.ParseFromString(answer->payload));
+    EXPECT_EQ(response.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  auto health = grpc::health::v1::Health::NewStub(Dial(socket_));
+  grpc::ClientContext hc;
+  grpc::health::v1::HealthCheckResponse hr;
+  ASSERT_TRUE(health->Check(&hc, {}, &hr).ok());
+  EXPECT_EQ(hr.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE(Client()->Acquire(kChunk).ok());
+}
+
+TEST_F(DaemonTest, ConfigPushReachesEveryWatcherAndIsAcked) {
+  std::unique_ptr<DaemonClient> a = Client("train");
+  std::unique_ptr<DaemonClient> b = Client("train");
+  std::unique_ptr<DaemonClient> other = Client("infer");
+  absl::StatusOr<v1::SetConfigResponse> set =
+      SetConfig("train", "expandable_segments:True");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->pushed_to(), 2u);
+  for (DaemonClient* c : {a.get(), b.get()}) {
+    std::vector<v1::ControlMessage> got = AwaitControl(*c);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].config().config().config(), "expandable_segments:True");
+    EXPECT_EQ(got[0].config().config().version(), set->config().version());
+    ASSERT_TRUE(c->Ack(set->config().version(), true, "").ok());
+  }
+  EXPECT_TRUE(other->TakeControl().empty());
+  EXPECT_EQ(CountEvents("ack"), 2);
+  // A default push skips jobs with their own config.
+  ASSERT_EQ(SetConfig("", "max_split_size_mb:256")->pushed_to(), 1u);
+  EXPECT_EQ(AwaitControl(*other).size(), 1u);
+}
+
+TEST_F(DaemonTest, LiveClientsAckConfigsTheyCanApplyAndNackOthers) {
+  daemon_->Kill();
+  StartDaemon("24GiB");
+  std::vector<std::unique_ptr<Child>> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(std::make_unique<Child>(std::vector<std::string>{
+        ALLOCD_BINARY, "client-replay",
+        std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz",
+        "--socket", socket_, "--job", "llama", "--duration", "60", "--json"}));
+  }
+  auto sessions = [&] { return Status().sessions(); };
+  for (int i = 0; i < 1000 && sessions() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(SetConfig("llama", "garbage_collection_threshold:0.6").ok());
+  // The backend cannot change in a running process: both must NACK.
+  ASSERT_TRUE(SetConfig("llama", "backend:cudaMallocAsync").ok());
+  for (int i = 0; i < 1000 && (CountEvents("ack") < 2 || CountEvents("nack") < 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(CountEvents("ack"), 2);
+  EXPECT_EQ(CountEvents("nack"), 2);
+  for (const v1::HistoryEntry& e : History()) {
+    if (e.event() == "nack") EXPECT_THAT(e.detail(), HasSubstr("backend"));
+  }
+}
+
+TEST_F(DaemonTest, AnOomAfterAPushRollsTheSessionBack) {
+  std::unique_ptr<DaemonClient> client = Client("job");
+  absl::StatusOr<v1::SetConfigResponse> set = SetConfig("job", "max_split_size_mb:64");
+  ASSERT_TRUE(set.ok());
+  ASSERT_EQ(AwaitControl(*client).size(), 1u);
+  ASSERT_TRUE(client->Ack(set->config().version(), true, "").ok());
+  ASSERT_TRUE(client->ReportOom(kChunk, "CUDA out of memory", set->config().version()).ok());
+  std::vector<v1::ControlMessage> got = AwaitControl(*client);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].config().rollback());
+  EXPECT_EQ(got[0].config().config().version(), 0u);  // its initial config
+  EXPECT_THAT(got[0].config().reason(), HasSubstr("OOM"));
+  EXPECT_EQ(CountEvents("rollback"), 1);
+  // A second OOM before the rollback is applied does not roll back again.
+  ASSERT_TRUE(client->ReportOom(kChunk, "again", set->config().version()).ok());
+  EXPECT_TRUE(AwaitControl(*client, absl::Milliseconds(300)).empty());
+  // Running its initial config, an OOM has nothing to roll back to.
+  ASSERT_TRUE(client->Ack(0, true, "").ok());
+  ASSERT_TRUE(client->ReportOom(kChunk, "third", 0).ok());
+  EXPECT_TRUE(AwaitControl(*client, absl::Milliseconds(300)).empty());
+  EXPECT_EQ(CountEvents("rollback"), 1);
+}
+
+TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
+  daemon_->Kill();
+  StartDaemon("16GiB");
+  Child replay({ALLOCD_BINARY, "client-replay",
+                std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz",
+                "--socket", socket_, "--duration", "4", "--json"});
+  for (int i = 0; i < 1000 && Status().sessions() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  daemon_->Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  StartDaemon("16GiB");  // replaces the dead daemon's stale socket
+  const std::string out = replay.Rest();
+  EXPECT_EQ(replay.Wait(), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_GE(j["reconnects"].get<int>(), 1);
+  EXPECT_GE(j["loops"].get<int>(), 1);
+  // The new daemon took the client in and got everything back at its end.
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_GT(Status().chunks_created_total(), 0u);
+}
+
+}  // namespace
+}  // namespace allocd
