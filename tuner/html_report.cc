@@ -1,7 +1,10 @@
 #include "tuner/html_report.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -483,13 +486,22 @@ absl::StatusOr<HtmlReport> MakeHtmlReport(const Trace& trace,
   return files;
 }
 
-absl::Status WriteHtmlReport(const std::string& dir, const HtmlReport& report) {
+absl::Status PrepareReportDir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot create ", dir, ": ", error.message()));
   }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write into ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteHtmlReport(const std::string& dir, const HtmlReport& report) {
+  if (absl::Status s = PrepareReportDir(dir); !s.ok()) return s;
   const std::filesystem::path base(dir);
   for (const auto& [name, content] :
        {std::pair<const char*, const std::string&>{"index.html",

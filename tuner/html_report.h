@@ -43,6 +43,10 @@ absl::StatusOr<HtmlReport> MakeHtmlReport(const Trace& trace,
 // `dir`, creating it (and its parents) if needed. An error names the path.
 absl::Status WriteHtmlReport(const std::string& dir, const HtmlReport& report);
 
+// Creates `dir` if needed and checks it can be written, so a bad --report
+// fails before a long tune rather than after it.
+absl::Status PrepareReportDir(const std::string& dir);
+
 }  // namespace allocd
 
 #endif  // ALLOCD_TUNER_HTML_REPORT_H_

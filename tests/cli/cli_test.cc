@@ -212,6 +212,8 @@ TEST(CliTest, TuneReportIntoAnUnwritableDirectoryFails) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("--report"));
   EXPECT_THAT(r.output, HasSubstr("/dev/null/report"));
+  // Checked before the tune, not after it.
+  EXPECT_THAT(r.output, Not(HasSubstr("PYTORCH_CUDA_ALLOC_CONF")));
 }
 
 TEST(CliTest, CheckConfigAcceptsAndExplains) {

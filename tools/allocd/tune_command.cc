@@ -51,6 +51,12 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     err << "allocd tune: " << space.status().message() << "\n";
     return 1;
   }
+  if (!options.report_dir.empty()) {
+    if (absl::Status s = PrepareReportDir(options.report_dir); !s.ok()) {
+      err << "allocd tune: --report: " << s.message() << "\n";
+      return 1;
+    }
+  }
   absl::StatusOr<Trace> trace = LoadTrace(options.trace_path, options.device);
   if (!trace.ok()) {
     err << "allocd tune: " << trace.status().message() << "\n";
