@@ -491,5 +491,17 @@ TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
   EXPECT_GT(Status().chunks_created_total(), 0u);
 }
 
+TEST_F(DaemonTest, SigtermShutsDownGracefullyAndRemovesTheSockets) {
+  std::unique_ptr<DaemonClient> client = Client();
+  ASSERT_TRUE(client->Acquire(kChunk).ok());
+  const pid_t pid = daemon_->pid();
+  kill(pid, SIGTERM);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(daemon_->Wait(), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_NE(access(socket_.c_str(), F_OK), 0);
+  EXPECT_NE(access((socket_ + ".fds").c_str(), F_OK), 0);
+}
+
 }  // namespace
 }  // namespace allocd
