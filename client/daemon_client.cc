@@ -28,6 +28,10 @@ absl::Status FromGrpc(const grpc::Status& s) {
                       s.error_message());
 }
 
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
 // One registered session over one connection to one daemon.
 struct Connection {
   uint64_t epoch = 0;
@@ -90,7 +94,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->stub = v1::Allocd::NewStub(c->channel);
 
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+  SetDeadline(context, o.rpc_timeout);
   v1::RegisterRequest request;
   request.set_protocol_version(kProtocolVersion);
   request.set_device(o.device);
@@ -327,8 +331,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
           absl::FormatDuration(state_->options.reconnect_wait)));
     }
     grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + state_->options.rpc_timeout));
+    SetDeadline(context, state_->options.rpc_timeout);
     v1::AcquireChunksRequest request;
     request.set_session_id(c->session_id);
     request.set_bytes(bytes);
@@ -373,8 +376,7 @@ absl::Status DaemonClient::Release(uint64_t epoch,
   for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
     const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
     grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + state_->options.rpc_timeout));
+    SetDeadline(context, state_->options.rpc_timeout);
     v1::ReleaseChunksRequest request;
     request.set_session_id(c->session_id);
     for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
@@ -398,37 +400,45 @@ std::vector<v1::ControlMessage> DaemonClient::TakeControl() {
   return out;
 }
 
-absl::Status DaemonClient::Ack(uint64_t version, bool applied,
-                               absl::string_view error) {
-  std::shared_ptr<Connection> c = state_->Current();
+// One unary RPC for the current session: `rpc(stub, context, session)`.
+template <typename Rpc>
+absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
+  std::shared_ptr<Connection> c = state.Current();
   if (c == nullptr) return absl::UnavailableError("not connected to allocd");
   grpc::ClientContext context;
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + state_->options.rpc_timeout));
-  v1::ConfigAck request;
-  request.set_session_id(c->session_id);
-  request.set_version(version);
-  request.set_applied(applied);
-  request.set_error(std::string(error));
-  v1::AckResponse response;
-  return FromGrpc(c->stub->AckConfig(&context, request, &response));
+  SetDeadline(context, state.options.rpc_timeout);
+  return FromGrpc(rpc(*c->stub, &context, c->session_id));
+}
+
+absl::Status DaemonClient::Ack(uint64_t version, bool applied,
+                               absl::string_view error) {
+  return CallOnSession(*state_, [&](v1::Allocd::Stub& stub,
+                                    grpc::ClientContext* context,
+                                    uint64_t session) {
+    v1::ConfigAck request;
+    request.set_session_id(session);
+    request.set_version(version);
+    request.set_applied(applied);
+    request.set_error(std::string(error));
+    v1::AckResponse response;
+    return stub.AckConfig(context, request, &response);
+  });
 }
 
 absl::Status DaemonClient::ReportOom(uint64_t requested_bytes,
                                      absl::string_view message,
                                      uint64_t config_version) {
-  std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
-  grpc::ClientContext context;
-  context.set_deadline(
-      absl::ToChronoTime(absl::Now() + state_->options.rpc_timeout));
-  v1::OomReport request;
-  request.set_session_id(c->session_id);
-  request.set_requested_bytes(requested_bytes);
-  request.set_message(std::string(message.substr(0, 4096)));
-  request.set_config_version(config_version);
-  v1::OomResponse response;
-  return FromGrpc(c->stub->ReportOom(&context, request, &response));
+  return CallOnSession(*state_, [&](v1::Allocd::Stub& stub,
+                                    grpc::ClientContext* context,
+                                    uint64_t session) {
+    v1::OomReport request;
+    request.set_session_id(session);
+    request.set_requested_bytes(requested_bytes);
+    request.set_message(std::string(message.substr(0, 4096)));
+    request.set_config_version(config_version);
+    v1::OomResponse response;
+    return stub.ReportOom(context, request, &response);
+  });
 }
 
 void DaemonClient::PublishStats(std::map<std::string, int64_t> stats,
