@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -489,6 +490,57 @@ TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
   // The new daemon took the client in and got everything back at its end.
   EXPECT_EQ(Status().in_use_bytes(), 0u);
   EXPECT_GT(Status().chunks_created_total(), 0u);
+}
+
+TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
+  std::unique_ptr<DaemonClient> cacher = Client("cacher");
+  absl::StatusOr<ReceivedChunks> cached = cacher->Acquire(28 * kChunk);
+  ASSERT_TRUE(cached.ok());
+  // Its allocator caches all of it: reserved, nothing allocated.
+  cacher->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
+                        {"allocated_bytes.all.current", 0}},
+                       0);
+  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+
+  std::unique_ptr<DaemonClient> needy = Client("needy");
+  absl::StatusOr<ReceivedChunks> got;
+  std::thread acquire([&] { got = needy->Acquire(8 * kChunk); });
+  // The cacher answers the reclaim request as its allocator would:
+  // empty_cache, segments back to the daemon.
+  std::vector<v1::ControlMessage> asked = AwaitControl(*cacher);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+  EXPECT_EQ(asked[0].reclaim().bytes(), 4 * kChunk);  // the shortfall
+  EXPECT_THAT(asked[0].reclaim().reason(), HasSubstr("short"));
+  ASSERT_TRUE(cacher->Release(cached->epoch, cached->ids).ok());
+  acquire.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->reused, 8u);
+
+  // With nothing cached anywhere, a short pool answers at once.
+  cacher->PublishStats({{"reserved_bytes.all.current", 0},
+                        {"allocated_bytes.all.current", 0}},
+                       0);
+  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ReceivedChunks> more = Client()->Acquire(30 * kChunk);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+  EXPECT_TRUE(cacher->TakeControl().empty());
+}
+
+TEST_F(DaemonTest, OnlyAdminsMayAdminister) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  // Let uid 65534 reach the socket: only the daemon's check stops it.
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(socket_.c_str(), 0666), 0);
+  Child nobody({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                "--clear-groups", ALLOCCTL_BINARY, "--socket", socket_,
+                "status"});
+  EXPECT_EQ(nobody.Wait(), 4);  // PERMISSION_DENIED
+  Child root({ALLOCCTL_BINARY, "--socket", socket_, "--json", "status"});
+  EXPECT_THAT(root.Rest(), HasSubstr("\"backend\": \"sim\""));
+  EXPECT_EQ(root.Wait(), 0);
 }
 
 TEST_F(DaemonTest, SigtermShutsDownGracefullyAndRemovesTheSockets) {
