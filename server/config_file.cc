@@ -1,8 +1,5 @@
 #include "server/config_file.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
@@ -85,21 +82,6 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(absl::string_view text) {
     }
   }
   return out;
-}
-
-absl::StatusOr<NodeConfigFile> ReadNodeConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<NodeConfigFile> parsed = ParseNodeConfigFile(text.str());
-  if (!parsed.ok()) {
-    return absl::Status(parsed.status().code(),
-                        absl::StrCat(path, ": ", parsed.status().message()));
-  }
-  return parsed;
 }
 
 }  // namespace allocd

@@ -31,7 +31,6 @@ struct NodeConfigFile {
 };
 
 absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(absl::string_view text);
-absl::StatusOr<NodeConfigFile> ReadNodeConfigFile(const std::string& path);
 
 }  // namespace allocd
 

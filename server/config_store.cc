@@ -57,6 +57,17 @@ absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
   return record;
 }
 
+bool ConfigStore::Clear(absl::string_view job, absl::string_view author) {
+  absl::MutexLock lock(&mu_);
+  if (newest_by_job_.erase(job) == 0) return false;
+  history_.push_front({.at = absl::Now(),
+                       .event = "clear",
+                       .job = std::string(job),
+                       .detail = std::string(author)});
+  if (history_.size() > history_limit_) history_.pop_back();
+  return true;
+}
+
 std::optional<ConfigRecord> ConfigStore::Effective(absl::string_view job) const {
   absl::MutexLock lock(&mu_);
   if (auto it = newest_by_job_.find(job); it != newest_by_job_.end()) {

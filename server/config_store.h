@@ -33,7 +33,7 @@ struct ConfigRecord {
 
 struct HistoryRecord {
   absl::Time at;
-  // "set", "ack", "nack", "rollback".
+  // "set", "clear", "ack", "nack", "rollback".
   std::string event;
   uint64_t version = 0;
   std::string job;
@@ -56,6 +56,10 @@ class ConfigStore {
   absl::StatusOr<ConfigRecord> Set(absl::string_view job,
                                    absl::string_view config,
                                    absl::string_view author);
+
+  // Forgets `job`'s own config (the empty job: the default), so its
+  // sessions fall back to the default. False when it had none.
+  bool Clear(absl::string_view job, absl::string_view author);
 
   // The version that applies to a session of `job`: the job's own newest,
   // else the default's; nullopt when neither was ever set.

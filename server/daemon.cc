@@ -10,13 +10,16 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "server/config_file.h"
+#include "server/config_watcher.h"
 #include "server/daemon_core.h"
 #include "server/grpc_services.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
 #include "server/pool/chunk_source.h"
+#ifdef ALLOCD_WITH_CUDA
+#include "server/pool/cuda_chunk_source.h"
+#endif
 #include "server/pool/node_pool.h"
 #include "server/socket_server.h"
 
@@ -30,32 +33,25 @@ absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
     const std::string& backend) {
   if (backend == "sim") return std::make_unique<MemfdChunkSource>();
   if (backend == "cuda") {
+#ifdef ALLOCD_WITH_CUDA
+    // Device 0 of those CUDA_VISIBLE_DEVICES shows.
+    absl::StatusOr<std::unique_ptr<CudaChunkSource>> cuda =
+        CudaChunkSource::Create(0);
+    if (!cuda.ok()) {
+      return absl::Status(cuda.status().code(),
+                          absl::StrCat("--backend cuda: ",
+                                       cuda.status().message()));
+    }
+    LogInfo(absl::StrCat("chunks from ", (*cuda)->Describe()));
+    return std::unique_ptr<ChunkSource>(std::move(*cuda));
+#else
     return absl::UnimplementedError(
-        "--backend cuda: this build has no CUDA VMM backend yet; use "
-        "--backend sim");
+        "--backend cuda: this build has no CUDA backend (built without the "
+        "CUDA toolkit); use --backend sim");
+#endif
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--backend must be sim or cuda; got \"", backend, "\""));
-}
-
-absl::Status ApplyConfigFile(const std::string& path, DaemonCore& core) {
-  absl::StatusOr<NodeConfigFile> file = ReadNodeConfigFile(path);
-  if (!file.ok()) return file.status();
-  const std::string author = absl::StrCat("config file ", path);
-  if (file->default_config.has_value()) {
-    if (auto r = core.SetConfig("", *file->default_config, author); !r.ok()) {
-      return r.status();
-    }
-  }
-  for (const auto& [job, config] : file->job_configs) {
-    if (auto r = core.SetConfig(job, config, author); !r.ok()) {
-      return r.status();
-    }
-  }
-  for (const auto& [uid, bytes] : file->uid_quotas) {
-    core.pool().SetUidQuota(uid, bytes);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -68,6 +64,7 @@ struct Daemon::Parts {
   std::unique_ptr<ChunkSource> chunks;
   std::unique_ptr<NodePool> pool;
   std::unique_ptr<DaemonCore> core;
+  std::unique_ptr<ConfigWatcher> config_watcher;
   PeerTable peers;
   std::unique_ptr<AllocdService> allocd_service;
   std::unique_ptr<AdminService> admin_service;
@@ -98,10 +95,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .admin_uids = o.admin_uids},
       parts->pool.get(), &parts->metrics);
   if (!o.config_file.empty()) {
-    if (absl::Status s = ApplyConfigFile(o.config_file, *parts->core);
-        !s.ok()) {
-      return s;
-    }
+    absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+        ConfigWatcher::Start(o.config_file, o.config_poll, parts->core.get(),
+                             &parts->metrics);
+    if (!watcher.ok()) return watcher.status();
+    parts->config_watcher = std::move(*watcher);
   }
   if (!o.metrics_address.empty()) {
     if (absl::Status s = parts->metrics.Serve(o.metrics_address); !s.ok()) {

@@ -26,7 +26,9 @@ struct DaemonOptions {
   std::string backend = "sim";
   uint64_t capacity = uint64_t{8} << 30;
   // JSON configs per job and quotas (see server/config_file.h); optional.
+  // Read again every `config_poll`; changes apply without a restart.
   std::string config_file;
+  absl::Duration config_poll = absl::Seconds(1);
   std::vector<uid_t> admin_uids;
   absl::Duration lease_grace = absl::Seconds(5);
   absl::Duration reclaim_wait = absl::Seconds(1);

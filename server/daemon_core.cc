@@ -456,6 +456,18 @@ absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
   return r;
 }
 
+void DaemonCore::ClearConfig(absl::string_view job, absl::string_view author) {
+  if (!configs_.Clear(job, author) || job.empty()) return;
+  std::optional<ConfigRecord> fallback = configs_.Effective(job);
+  if (!fallback.has_value()) return;
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    if (s->identity().job == job) {
+      Push(*s, *fallback, false,
+           absl::StrCat("job config removed by ", author, "; the default"));
+    }
+  }
+}
+
 absl::Status DaemonCore::SetQuota(const v1::SetQuotaRequest& r) {
   std::optional<size_t> bytes;
   if (r.has_bytes()) bytes = r.bytes();

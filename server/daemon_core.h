@@ -95,6 +95,9 @@ class DaemonCore {
   absl::StatusOr<v1::SetConfigResponse> SetConfig(absl::string_view job,
                                                   absl::string_view config,
                                                   absl::string_view author);
+  // Removes `job`'s own config (the config file dropped its entry); its
+  // sessions get the default, if one is set.
+  void ClearConfig(absl::string_view job, absl::string_view author);
   absl::Status SetQuota(const v1::SetQuotaRequest& r);
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 

@@ -88,6 +88,14 @@ Metrics::Metrics()
                          "allocd_reclaim_requests_total",
                          "Times the daemon asked sessions to release "
                          "cached memory for another session.")),
+      reloads_(Register(prometheus::BuildCounter(), *registry_,
+                        "allocd_config_reloads_total",
+                        "Config file versions applied (at start and on "
+                        "change).")),
+      reload_errors_(Register(prometheus::BuildCounter(), *registry_,
+                              "allocd_config_reload_errors_total",
+                              "Config file versions rejected; the last good "
+                              "one stayed in force.")),
       pool_bytes_(Register(prometheus::BuildGauge(), *registry_,
                            "allocd_pool_bytes",
                            "Node pool memory by state: capacity, in_use "
@@ -102,6 +110,13 @@ Metrics::Metrics()
                             "allocd_rpc_duration_seconds",
                             "Handling time of the daemon's RPCs.")) {
   sessions_.Add({}).Set(0);
+  // Zero series exist from the start, so rate() and alerts see them.
+  reclaims_.Add({});
+  reloads_.Add({});
+  reload_errors_.Add({});
+  for (const char* result : {"ack", "nack", "rollback"}) {
+    pushes_.Add({{"result", result}});
+  }
 }
 
 Metrics::~Metrics() = default;
@@ -220,6 +235,10 @@ void Metrics::ConfigPushed(uint64_t session, uint64_t version) {
 }
 
 void Metrics::ReclaimRequested() { reclaims_.Add({}).Increment(); }
+
+void Metrics::ConfigReload(bool ok) {
+  (ok ? reloads_ : reload_errors_).Add({}).Increment();
+}
 
 void Metrics::Pool(const PoolGauges& pool) {
   pool_bytes_.Add({{"state", "capacity"}}).Set(static_cast<double>(pool.capacity));

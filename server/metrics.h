@@ -61,6 +61,8 @@ class Metrics {
   void ConfigPushResult(absl::string_view result);
   void ConfigPushed(uint64_t session, uint64_t version);
   void ReclaimRequested();
+  // The config file was read again: applied, or rejected (last good kept).
+  void ConfigReload(bool ok);
   void Pool(const PoolGauges& pool);
   void Rpc(absl::string_view method, double seconds, bool ok);
 
@@ -85,6 +87,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& config_version_;
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Family<prometheus::Counter>& reclaims_;
+  prometheus::Family<prometheus::Counter>& reloads_;
+  prometheus::Family<prometheus::Counter>& reload_errors_;
   prometheus::Family<prometheus::Gauge>& pool_bytes_;
   prometheus::Family<prometheus::Counter>& chunks_;
   prometheus::Family<prometheus::Gauge>& sessions_;

@@ -1,0 +1,120 @@
+#include "server/pool/cuda_chunk_source.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/bytes.h"
+#include "allocator/cuda/cuda_driver.h"
+
+namespace allocd {
+
+struct CudaChunkSource::Device {
+  explicit Device(cuda::PrimaryContext c) : context(std::move(c)) {}
+  cuda::PrimaryContext context;
+  CUmemAllocationProp prop = {};
+  std::string name;
+  int driver_version = 0;
+  std::atomic<uint64_t> live{0};
+};
+
+namespace {
+
+// One chunk as the pool holds it: the exported FD (what ChunkMemory points
+// at) and the allocation behind it, released together.
+struct CudaChunk {
+  UniqueFd fd;
+  CUmemGenericAllocationHandle handle = 0;
+  std::shared_ptr<CudaChunkSource::Device> device;
+
+  ~CudaChunk() {
+    fd.reset();
+    // cuMemRelease needs the device's context on this thread, which may be
+    // any of the daemon's.
+    (void)device->context.Bind();
+    (void)cuda::MemRelease(handle);
+    device->live.fetch_sub(1);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaChunkSource>> CudaChunkSource::Create(
+    int ordinal) {
+  if (absl::Status s = cuda::Init(); !s.ok()) return s;
+  absl::StatusOr<int> count = cuda::DeviceCount();
+  if (!count.ok()) return count.status();
+  if (ordinal < 0 || ordinal >= *count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device ", ordinal, ": the driver sees ", *count,
+        " device(s) (CUDA_VISIBLE_DEVICES picks them)"));
+  }
+  absl::StatusOr<cuda::PrimaryContext> context =
+      cuda::PrimaryContext::Open(ordinal);
+  if (!context.ok()) return context.status();
+  auto device = std::make_shared<Device>(std::move(*context));
+  const CUdevice dev = device->context.device();
+  absl::StatusOr<std::string> name = cuda::DeviceName(dev);
+  device->name = name.ok() ? *name : "unknown";
+  absl::StatusOr<int> version = cuda::DriverVersion();
+  device->driver_version = version.ok() ? *version : 0;
+  for (auto [attribute, what] :
+       {std::pair{CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                  "the virtual memory management API (cuMemCreate)"},
+        std::pair{CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                  "exporting memory as POSIX file descriptors"}}) {
+    absl::StatusOr<int> supported = cuda::DeviceAttribute(dev, attribute);
+    if (!supported.ok()) return supported.status();
+    if (*supported == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CUDA device ", ordinal, " (", device->name, ") does not support ",
+          what));
+    }
+  }
+  device->prop = cuda::DeviceMemoryProp(dev, /*exportable=*/true);
+  absl::StatusOr<size_t> granularity = cuda::MinimumGranularity(device->prop);
+  if (!granularity.ok()) return granularity.status();
+  // The engine's segments are multiples of 2 MiB; so are chunks.
+  constexpr size_t k2MiB = size_t{2} << 20;
+  const size_t chunk = (*granularity + k2MiB - 1) / k2MiB * k2MiB;
+  return std::unique_ptr<CudaChunkSource>(
+      new CudaChunkSource(std::move(device), chunk));
+}
+
+CudaChunkSource::CudaChunkSource(std::shared_ptr<Device> device,
+                                 size_t granularity)
+    : device_(std::move(device)), granularity_(granularity) {}
+
+CudaChunkSource::~CudaChunkSource() = default;
+
+uint64_t CudaChunkSource::live_chunks() const { return device_->live.load(); }
+
+std::string CudaChunkSource::Describe() const {
+  return absl::StrCat("CUDA device ", device_->context.ordinal(), " (",
+                      device_->name, "), driver ",
+                      device_->driver_version / 1000, ".",
+                      device_->driver_version % 1000 / 10, ", ",
+                      FormatSize(granularity_), " chunks");
+}
+
+absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk() {
+  if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
+  absl::StatusOr<CUmemGenericAllocationHandle> handle =
+      cuda::MemCreate(granularity_, device_->prop);
+  if (!handle.ok()) return handle.status();
+  absl::StatusOr<int> fd = cuda::ExportToFd(*handle);
+  if (!fd.ok()) {
+    (void)cuda::MemRelease(*handle);
+    return fd.status();
+  }
+  auto chunk = std::make_shared<CudaChunk>();
+  chunk->fd.reset(*fd);
+  chunk->handle = *handle;
+  chunk->device = device_;
+  device_->live.fetch_add(1);
+  // The FD, owning the whole chunk.
+  std::shared_ptr<const UniqueFd> file(chunk, &chunk->fd);
+  return ChunkMemory{.file = std::move(file), .offset = 0};
+}
+
+}  // namespace allocd

@@ -1,0 +1,61 @@
+// CudaChunkSource: the node pool's chunks as GPU memory. Each chunk is one
+// cuMemCreate allocation of the device's minimum VMM granularity (2 MiB on
+// an H100), exportable as a POSIX file descriptor; the FD is exported once,
+// when the chunk is created, and is what the pool dup()s and passes to
+// clients with SCM_RIGHTS (ChunkMemory.file, offset 0). Clients import it
+// with cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
+//
+// The daemon keeps both the allocation handle and the FD for as long as the
+// pool holds the chunk; dropping the last ChunkMemory of a chunk (NodePool's
+// TrimFree) releases both, and the memory goes back to the device once no
+// client maps it either. A client's imported memory outlives the daemon.
+//
+// Thread-safe. Built only with the CUDA toolkit (ALLOCD_WITH_CUDA); the
+// driver itself is loaded at run time.
+#ifndef ALLOCD_SERVER_POOL_CUDA_CHUNK_SOURCE_H_
+#define ALLOCD_SERVER_POOL_CUDA_CHUNK_SOURCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/pool/chunk_source.h"
+
+namespace allocd {
+
+class CudaChunkSource final : public ChunkSource {
+ public:
+  // Device `ordinal` (as CUDA numbers them under CUDA_VISIBLE_DEVICES).
+  // FailedPrecondition "no CUDA driver: ..." without libcuda.so.1, and a
+  // clear error for no such device or one that cannot export POSIX FDs.
+  static absl::StatusOr<std::unique_ptr<CudaChunkSource>> Create(
+      int ordinal = 0);
+  ~CudaChunkSource() override;
+
+  // cuMemCreate + cuMemExportToShareableHandle. ResourceExhausted when the
+  // device is out of memory.
+  absl::StatusOr<ChunkMemory> CreateChunk() override;
+  size_t Granularity() const override { return granularity_; }
+  // "cuda"; Describe() has the device.
+  std::string Name() const override { return "cuda"; }
+  // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, 2 MiB chunks".
+  std::string Describe() const;
+
+  // Chunks created and not yet released.
+  uint64_t live_chunks() const;
+
+  struct Device;
+
+ private:
+  CudaChunkSource(std::shared_ptr<Device> device, size_t granularity);
+
+  // Shared with every chunk: the last chunk released releases the context.
+  std::shared_ptr<Device> device_;
+  const size_t granularity_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_POOL_CUDA_CHUNK_SOURCE_H_

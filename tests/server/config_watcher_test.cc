@@ -1,0 +1,113 @@
+#include "server/config_watcher.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/pool/node_pool.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ConfigWatcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = "/tmp/allocd_watch_XXXXXX";
+    dir_ = mkdtemp(pattern.data());
+    path_ = dir_ + "/config.json";
+  }
+  void Write(const std::string& text) {
+    // Like the kubelet: a new file renamed over the old one.
+    const std::string tmp = path_ + ".tmp";
+    std::ofstream(tmp) << text;
+    std::rename(tmp.c_str(), path_.c_str());
+  }
+  std::string Effective(const std::string& job) {
+    return core_.GetConfig(job).config().config();
+  }
+  // A session of `job` in this process, registered as the core would.
+  std::shared_ptr<Session> Register(const std::string& job) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_job(job);
+    absl::StatusOr<v1::RegisterResponse> response =
+        core_.Register({.pid = getpid(), .uid = getuid()}, r);
+    EXPECT_TRUE(response.ok());
+    return *core_.Watch({.pid = getpid()}, response->session_id());
+  }
+
+  std::string dir_, path_;
+  MemfdChunkSource source_;
+  NodePool pool_{&source_, uint64_t{1} << 30};
+  Metrics metrics_;
+  DaemonCore core_{{}, &pool_, &metrics_};
+};
+
+TEST_F(ConfigWatcherTest, AppliesChangesAndKeepsTheLastGoodFileOnErrors) {
+  Write(R"({"default": "expandable_segments:True",
+            "jobs": {"llama": "max_split_size_mb:256"},
+            "uid_quotas": {"1000": "1GiB"}})");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  EXPECT_EQ(Effective("llama"), "max_split_size_mb:256");
+  EXPECT_EQ(Effective("other"), "expandable_segments:True");
+  std::shared_ptr<Session> llama = Register("llama");
+  v1::ControlMessage m;
+  ASSERT_TRUE(llama->WaitNext(&m, absl::ZeroDuration()));  // at registration
+
+  // A bad entry: nothing changes, the error names it.
+  Write(R"({"jobs": {"llama": "max_split_size_mb:1"}})");
+  absl::Status bad = (*watcher)->Reload();
+  EXPECT_THAT(bad.message(), HasSubstr("jobs.llama"));
+  EXPECT_EQ(Effective("llama"), "max_split_size_mb:256");
+  EXPECT_FALSE(llama->WaitNext(&m, absl::ZeroDuration()));
+  EXPECT_THAT(metrics_.Render(), HasSubstr("allocd_config_reload_errors_total 1"));
+
+  // The job's entry changes: its sessions get the new config.
+  Write(R"({"default": "expandable_segments:True",
+            "jobs": {"llama": "garbage_collection_threshold:0.6"}})");
+  ASSERT_TRUE((*watcher)->Reload().ok());
+  EXPECT_EQ(Effective("llama"), "garbage_collection_threshold:0.6");
+  ASSERT_TRUE(llama->WaitNext(&m, absl::ZeroDuration()));
+  EXPECT_EQ(m.config().config().config(), "garbage_collection_threshold:0.6");
+
+  // Its entry is removed: back to the default, pushed.
+  Write(R"({"default": "expandable_segments:True"})");
+  ASSERT_TRUE((*watcher)->Reload().ok());
+  EXPECT_EQ(Effective("llama"), "expandable_segments:True");
+  ASSERT_TRUE(llama->WaitNext(&m, absl::ZeroDuration()));
+  EXPECT_EQ(m.config().config().config(), "expandable_segments:True");
+  // The same content again is not a change.
+  ASSERT_TRUE((*watcher)->Reload().ok());
+  EXPECT_FALSE(llama->WaitNext(&m, absl::ZeroDuration()));
+  EXPECT_THAT(metrics_.Render(), HasSubstr("allocd_config_reloads_total 3"));
+}
+
+TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
+  Write(R"({"uid_quotas": {"4242": "4MiB"}})");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+  ASSERT_TRUE(watcher.ok());
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
+  EXPECT_FALSE(pool_.Acquire(100, 6 << 20).ok());
+  Write(R"({})");
+  ASSERT_TRUE((*watcher)->Reload().ok());
+  EXPECT_TRUE(pool_.Acquire(100, 6 << 20).ok());
+}
+
+TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
+  Write("{ not json");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+  EXPECT_FALSE(watcher.ok());
+  EXPECT_THAT(watcher.status().message(), HasSubstr(path_));
+}
+
+}  // namespace
+}  // namespace allocd
