@@ -2,12 +2,16 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,169 +20,112 @@
 namespace allocd {
 namespace {
 
-absl::Status Errno(absl::string_view what) {
-  const int error = errno;
-  return absl::Status(
-      error == EACCES || error == EPERM ? absl::StatusCode::kPermissionDenied
-      : error == ENOENT || error == ECONNREFUSED
-          ? absl::StatusCode::kUnavailable
-          : absl::StatusCode::kInternal,
-      absl::StrCat(what, ": ", strerror(error)));
+// An error for the errno of the failed call `what`.
+absl::Status Errno(int error, absl::string_view what) {
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  switch (error) {
+    case EACCES:
+    case EPERM:
+      code = absl::StatusCode::kPermissionDenied;
+      break;
+    case EMFILE:
+    case ENFILE:
+    case ENOBUFS:
+    case ENOMEM:
+      code = absl::StatusCode::kResourceExhausted;
+      break;
+    default:
+      break;
+  }
+  return absl::Status(code, absl::StrCat(what, ": ", strerror(error)));
 }
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof address.sun_path) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path \"", path, "\" must be 1 to ",
-                     sizeof address.sun_path - 1, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path \"", path, "\" is ", path.size(),
+        " bytes; a Unix socket path must be 1 to ",
+        sizeof address.sun_path - 1, " bytes"));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("socket path holds a NUL byte");
   }
   std::memcpy(address.sun_path, path.data(), path.size());
   return address;
 }
 
-UniqueFd NewSocket() {
-  return UniqueFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+std::string Directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
 }
 
-// Waits until `fd` is readable or writable, up to `deadline`.
-absl::Status Wait(int fd, short events, std::optional<absl::Time> deadline) {
+// Connects `fd` to `address`, retrying EINTR. Returns 0 or an errno.
+int Connect(int fd, const sockaddr_un& address) {
   for (;;) {
-    int timeout_ms = -1;
-    if (deadline) {
-      const absl::Duration left = *deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        return absl::DeadlineExceededError("socket timed out mid-frame");
-      }
-      timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&address),
+                sizeof address) == 0) {
+      return 0;
     }
+    // A connect() interrupted after the kernel queued it completes in the
+    // background; asking again says so (EISCONN) on Unix sockets.
+    if (errno == EISCONN) return 0;
+    if (errno != EINTR) return errno;
+  }
+}
+
+// The milliseconds poll() should wait until `deadline` (-1: forever).
+int PollTimeout(std::optional<absl::Time> deadline) {
+  if (!deadline) return -1;
+  const absl::Duration left = *deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  // Round up, so that poll() never returns a hair before the deadline.
+  const int64_t ms = absl::ToInt64Milliseconds(left + absl::Milliseconds(1) -
+                                               absl::Nanoseconds(1));
+  return static_cast<int>(std::min<int64_t>(ms, INT_MAX));
+}
+
+// Waits until `fd` has one of `events` or `deadline` passes (false then).
+absl::StatusOr<bool> Wait(int fd, short events,
+                          std::optional<absl::Time> deadline) {
+  for (;;) {
     pollfd p{fd, events, 0};
+    const int timeout_ms = PollTimeout(deadline);
     const int ready = poll(&p, 1, timeout_ms);
-    if (ready > 0) return absl::OkStatus();
-    if (ready < 0 && errno != EINTR) return Errno("poll");
-  }
-}
-
-}  // namespace
-
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) close(fd_);
-  fd_ = fd;
-}
-
-absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
-  absl::StatusOr<sockaddr_un> address = Address(path);
-  if (!address.ok()) return address.status();
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(path, " exists and is not a socket"));
+    if (ready > 0) return true;
+    if (ready == 0 && timeout_ms >= 0 && absl::Now() >= *deadline) {
+      return false;
     }
-    if (ConnectUnix(path).ok()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("another allocd is listening on ", path));
-    }
-    unlink(path.c_str());  // stale: its daemon died
-  }
-  UniqueFd fd = NewSocket();
-  if (!fd.valid()) return Errno("socket");
-  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&*address),
-           sizeof *address) != 0) {
-    return Errno(absl::StrCat("bind ", path));
-  }
-  if (chmod(path.c_str(), mode) != 0) return Errno(absl::StrCat("chmod ", path));
-  if (listen(fd.get(), SOMAXCONN) != 0) return Errno("listen");
-  return fd;
-}
-
-absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path) {
-  absl::StatusOr<sockaddr_un> address = Address(path);
-  if (!address.ok()) return address.status();
-  UniqueFd fd = NewSocket();
-  if (!fd.valid()) return Errno("socket");
-  while (connect(fd.get(), reinterpret_cast<const sockaddr*>(&*address),
-                 sizeof *address) != 0) {
-    if (errno != EINTR) return Errno(absl::StrCat("connect ", path));
-  }
-  return fd;
-}
-
-absl::StatusOr<UniqueFd> AcceptUnix(int listen_fd) {
-  for (;;) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return UniqueFd(fd);
-    if (errno != EINTR) return Errno("accept");
+    if (ready < 0 && errno != EINTR) return Errno(errno, "poll");
   }
 }
 
-absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {
-  ucred cred{};
-  socklen_t size = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &size) != 0) {
-    return Errno("SO_PEERCRED");
-  }
-  return PeerCredentials{.pid = cred.pid, .uid = cred.uid, .gid = cred.gid};
-}
-
-absl::Status SendMessage(int fd, absl::string_view payload,
-                         absl::Span<const int> fds) {
-  if (fds.size() > kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "at most ", kMaxFdsPerMessage, " FDs per message; got ", fds.size()));
-  }
-  if (payload.size() > UINT32_MAX) {
-    return absl::InvalidArgumentError("message over 4 GiB");
-  }
-  const uint32_t size = static_cast<uint32_t>(payload.size());
-  std::string frame(4 + payload.size(), '\0');
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>(size >> (8 * i));
-  std::memcpy(frame.data() + 4, payload.data(), payload.size());
-
-  size_t sent = 0;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
-  while (sent < frame.size()) {
-    iovec io{frame.data() + sent, frame.size() - sent};
-    msghdr message{};
-    message.msg_iov = &io;
-    message.msg_iovlen = 1;
-    if (sent == 0 && !fds.empty()) {
-      message.msg_control = control;
-      message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* header = CMSG_FIRSTHDR(&message);
-      header->cmsg_level = SOL_SOCKET;
-      header->cmsg_type = SCM_RIGHTS;
-      header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
-    }
-    const ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (absl::Status s = Wait(fd, POLLOUT, std::nullopt); !s.ok()) return s;
-    } else if (n < 0 && errno != EINTR) {
-      return errno == EPIPE || errno == ECONNRESET
-                 ? absl::UnavailableError("peer closed")
-                 : Errno("sendmsg");
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ReceivedMessage> ReceiveMessage(
-    int fd, size_t max_payload, std::optional<absl::Duration> timeout) {
+// Reads one frame from `fd` into `out`, piece by piece.
+struct FrameReader {
+  int fd;
   std::optional<absl::Time> deadline;
-  if (timeout) deadline = absl::Now() + *timeout;
-  ReceivedMessage out;
-  char header[4];
-  size_t got = 0;
-  // Reads into [buffer, buffer + size), taking FDs from the first read.
-  auto read_all = [&](char* buffer, size_t size) -> absl::Status {
+  ReceivedMessage* out;
+  // Bytes of the frame read so far (header included).
+  size_t frame_bytes = 0;
+  size_t frame_size = kFrameHeaderBytes;
+
+  // Reads exactly `size` bytes into `buffer`, collecting descriptors.
+  absl::Status ReadExactly(char* buffer, size_t size) {
     size_t done = 0;
     while (done < size) {
       if (deadline) {
-        if (absl::Status s = Wait(fd, POLLIN, deadline); !s.ok()) return s;
+        absl::StatusOr<bool> ready = Wait(fd, POLLIN, deadline);
+        if (!ready.ok()) return ready.status();
+        if (!*ready) {
+          return absl::DeadlineExceededError(
+              frame_bytes == 0
+                  ? "no message arrived within the timeout"
+                  : absl::StrCat("message stalled after ", frame_bytes,
+                                 " of ", frame_size, " bytes (timeout)"));
+        }
       }
       iovec io{buffer + done, size - done};
       alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
@@ -191,12 +138,18 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (absl::Status s = Wait(fd, POLLIN, deadline); !s.ok()) return s;
+          // A non-blocking socket: wait for data (or the deadline).
+          absl::StatusOr<bool> ready = Wait(fd, POLLIN, deadline);
+          if (!ready.ok()) return ready.status();
           continue;
         }
-        return errno == ECONNRESET ? absl::UnavailableError("peer closed")
-                                   : Errno("recvmsg");
+        if (errno == ECONNRESET && frame_bytes == 0) {
+          return absl::UnavailableError("peer closed");
+        }
+        return Errno(errno, "recvmsg");
       }
+      // Take ownership of every descriptor first, so that they are closed
+      // whatever happens next.
       for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr;
            c = CMSG_NXTHDR(&message, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -204,33 +157,261 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(
         for (size_t i = 0; i < count; ++i) {
           int received;
           std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          out.fds.emplace_back(received);
+          out->fds.emplace_back(received);
         }
       }
       if (message.msg_flags & MSG_CTRUNC) {
-        return absl::InvalidArgumentError("file descriptors were truncated");
+        return absl::ResourceExhaustedError(
+            "file descriptors sent with a message were dropped by the "
+            "kernel (MSG_CTRUNC): this process is probably at its "
+            "RLIMIT_NOFILE");
       }
       if (n == 0) {
-        return got == 0 && done == 0
-                   ? absl::UnavailableError("peer closed")
-                   : absl::DataLossError("peer closed mid-frame");
+        if (frame_bytes == 0) return absl::UnavailableError("peer closed");
+        return absl::DataLossError(
+            absl::StrCat("peer closed in the middle of a message: got ",
+                         frame_bytes, " of ", frame_size, " bytes"));
       }
       done += static_cast<size_t>(n);
+      frame_bytes += static_cast<size_t>(n);
     }
     return absl::OkStatus();
-  };
-  if (absl::Status s = read_all(header, 4); !s.ok()) return s;
-  got = 4;
+  }
+};
+
+}  // namespace
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0 && fd_ != fd) close(fd_);  // close() is never retried on Linux
+  fd_ = fd;
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
+  absl::StatusOr<sockaddr_un> address = Address(path);
+  if (!address.ok()) return address.status();
+
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " exists and is not a socket; not removing it"));
+    }
+    // Is anybody listening? A non-blocking probe, so that a live daemon
+    // with a full backlog answers EAGAIN rather than blocking us.
+    UniqueFd probe(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!probe.valid()) return Errno(errno, "socket");
+    const int error = Connect(probe.get(), *address);
+    if (error == 0 || error == EAGAIN) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("another allocd is listening on ", path));
+    }
+    if (error != ECONNREFUSED) {
+      return Errno(error, absl::StrCat("cannot tell whether ", path,
+                                       " is in use: connect"));
+    }
+    // Stale: its daemon died without removing it.
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return Errno(errno, absl::StrCat("removing the stale socket ", path));
+    }
+  } else if (errno != ENOENT) {
+    const int error = errno;
+    if (error == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot listen on ", path, ": a component of ", Directory(path),
+          " is not a directory"));
+    }
+    return Errno(error, absl::StrCat("stat ", path));
+  }
+
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno(errno, "socket");
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&*address),
+           sizeof *address) != 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot listen on ", path, ": directory ", Directory(path),
+          " does not exist"));
+    }
+    if (error == EADDRINUSE) {  // another daemon won a race with us
+      return absl::AlreadyExistsError(
+          absl::StrCat("another allocd is listening on ", path));
+    }
+    return Errno(error, absl::StrCat("bind ", path));
+  }
+  // Nobody can connect before listen(), so the file's mode is right before
+  // the first client arrives.
+  if (chmod(path.c_str(), mode) != 0) {
+    const absl::Status s = Errno(errno, absl::StrCat("chmod ", path));
+    unlink(path.c_str());
+    return s;
+  }
+  if (listen(fd.get(), SOMAXCONN) != 0) {
+    const absl::Status s = Errno(errno, absl::StrCat("listen on ", path));
+    unlink(path.c_str());
+    return s;
+  }
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path) {
+  absl::StatusOr<sockaddr_un> address = Address(path);
+  if (!address.ok()) return address.status();
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno(errno, "socket");
+  const int error = Connect(fd.get(), *address);
+  switch (error) {
+    case 0:
+      return fd;
+    case ENOENT:
+    case ENOTDIR:
+      return absl::UnavailableError(absl::StrCat(
+          "no socket at ", path, " (is allocd running?)"));
+    case ECONNREFUSED:
+      return absl::UnavailableError(absl::StrCat(
+          "nothing listens on ", path, " (is allocd running?)"));
+    default:
+      return Errno(error, absl::StrCat("connect to ", path));
+  }
+}
+
+absl::StatusOr<UniqueFd> AcceptUnix(int listen_fd) {
+  for (;;) {
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) return UniqueFd(fd);
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    return Errno(errno, "accept");
+  }
+}
+
+absl::StatusOr<std::pair<UniqueFd, UniqueFd>> UnixSocketPair() {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    return Errno(errno, "socketpair");
+  }
+  return std::make_pair(UniqueFd(fds[0]), UniqueFd(fds[1]));
+}
+
+absl::StatusOr<uint64_t> RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return Errno(errno, "getrlimit(RLIMIT_NOFILE)");
+  }
+  if (limit.rlim_cur != limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      return Errno(errno, "setrlimit(RLIMIT_NOFILE)");
+    }
+  }
+  return static_cast<uint64_t>(limit.rlim_cur);
+}
+
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t size = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &size) != 0) {
+    return Errno(errno, "getsockopt(SO_PEERCRED)");
+  }
+  return PeerCredentials{.pid = cred.pid, .uid = cred.uid, .gid = cred.gid};
+}
+
+absl::Status SendMessage(int fd, absl::string_view payload,
+                         absl::Span<const int> fds) {
+  if (fds.size() > kMaxFdsPerMessage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a message carries at most ", kMaxFdsPerMessage,
+                     " file descriptors; got ", fds.size(),
+                     " (send them in several messages)"));
+  }
+  if (payload.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a message payload is at most ", UINT32_MAX, " bytes; got ",
+        payload.size()));
+  }
+  const uint32_t size = static_cast<uint32_t>(payload.size());
+  char header[kFrameHeaderBytes];
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    header[i] = static_cast<char>(size >> (8 * i));
+  }
+  // Header and payload, written without copying the payload.
+  iovec parts[2] = {{header, sizeof header},
+                    {const_cast<char*>(payload.data()), payload.size()}};
+  const size_t total = sizeof header + payload.size();
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  size_t sent = 0;
+  while (sent < total) {
+    // The parts still to send, starting `sent` bytes in.
+    iovec io[2];
+    size_t count = 0;
+    size_t skip = sent;
+    for (const iovec& part : parts) {
+      if (skip >= part.iov_len) {
+        skip -= part.iov_len;
+        continue;
+      }
+      io[count++] = {static_cast<char*>(part.iov_base) + skip,
+                     part.iov_len - skip};
+      skip = 0;
+    }
+    msghdr message{};
+    message.msg_iov = io;
+    message.msg_iovlen = count;
+    if (sent == 0 && !fds.empty()) {
+      message.msg_control = control;
+      message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&message);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    const ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {  // a non-blocking socket
+      absl::StatusOr<bool> ready = Wait(fd, POLLOUT, std::nullopt);
+      if (!ready.ok()) return ready.status();
+      continue;
+    }
+    if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
+      return absl::UnavailableError("peer closed");
+    }
+    if (errno == EBADF && sent == 0 && !fds.empty()) {
+      return absl::InvalidArgumentError(
+          "a file descriptor to send is not open (EBADF)");
+    }
+    return Errno(errno, "sendmsg");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReceivedMessage> ReceiveMessage(
+    int fd, size_t max_payload, std::optional<absl::Duration> timeout) {
+  ReceivedMessage out;
+  FrameReader reader{.fd = fd, .out = &out};
+  if (timeout) reader.deadline = absl::Now() + *timeout;
+  char header[kFrameHeaderBytes];
+  if (absl::Status s = reader.ReadExactly(header, sizeof header); !s.ok()) {
+    return s;
+  }
   uint32_t size = 0;
-  for (int i = 0; i < 4; ++i) {
-    size |= static_cast<uint32_t>(static_cast<unsigned char>(header[i])) << (8 * i);
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    size |= static_cast<uint32_t>(static_cast<unsigned char>(header[i]))
+            << (8 * i);
   }
   if (size > max_payload) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "frame of ", size, " bytes; at most ", max_payload, " expected"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("message of ", size, " bytes is over the limit of ",
+                     max_payload, " bytes"));
   }
+  reader.frame_size = kFrameHeaderBytes + size;
   out.payload.resize(size);
-  if (absl::Status s = read_all(out.payload.data(), size); !s.ok()) return s;
+  if (absl::Status s = reader.ReadExactly(out.payload.data(), size); !s.ok()) {
+    return s;
+  }
   return out;
 }
 

@@ -1,6 +1,7 @@
 // ChunkSource: where the node pool's physical memory comes from, one chunk
-// at a time, each an FD that can be passed to a client with SCM_RIGHTS:
-// memfd files in sim mode, cuMemCreate + export to a POSIX FD on a GPU.
+// at a time, each as a file descriptor that can travel to a client with
+// SCM_RIGHTS: memfd files in sim mode (memfd_chunk_source.h), cuMemCreate
+// allocations exported as POSIX FDs on a GPU (cuda_chunk_source.h).
 #ifndef ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
 #define ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
 
@@ -14,43 +15,41 @@
 
 namespace allocd {
 
-// One chunk: `Granularity()` bytes at `offset` of `file`, which several
-// chunks may share.
+// One chunk of physical memory: `Granularity()` bytes at `offset` of the
+// file `file` refers to. The chunk lives as long as the last copy of `file`
+// (the shared_ptr may own more than the FD, e.g. a CUDA allocation handle,
+// through its deleter or the aliasing constructor); its memory goes back to
+// the device once that copy is gone and no client maps it any more.
+//
+// Whoever is given a dup() of `file` can map all of that file: a source
+// must not put two chunks that may go to different clients into one file.
 struct ChunkMemory {
   std::shared_ptr<const UniqueFd> file;
   uint64_t offset = 0;
 };
 
+// Thread-safe: the node pool calls CreateChunk() from several threads at
+// once, without holding its own lock.
 class ChunkSource {
  public:
-  virtual ~ChunkSource() = default;
-  // A new chunk. ResourceExhausted when the device has no more memory.
+  virtual ~ChunkSource();
+
+  // New, never handed out memory of Granularity() bytes. ResourceExhausted
+  // when the device (or this process's FD table) has no more.
   virtual absl::StatusOr<ChunkMemory> CreateChunk() = 0;
-  // Bytes per chunk (2 MiB, like the CUDA VMM granularity).
+  // Bytes per chunk: a multiple of 2 MiB (the CUDA VMM granularity of
+  // current GPUs), the same for every chunk of this source.
   virtual size_t Granularity() const = 0;
+  // A short name for logs and metrics, as `allocd serve --backend` spells
+  // it: "sim", "cuda".
   virtual std::string Name() const = 0;
-};
-
-// Chunks carved from memfd_create files ("slabs" of `chunks_per_slab`
-// chunks): real, shareable memory without a GPU, and one FD per slab rather
-// than per chunk, so a large sim pool stays far below the FD limit. Pages
-// are allocated only when a client touches them.
-class MemfdChunkSource final : public ChunkSource {
- public:
-  explicit MemfdChunkSource(size_t granularity = size_t{2} << 20,
-                            size_t chunks_per_slab = 512)
-      : granularity_(granularity), chunks_per_slab_(chunks_per_slab) {}
-  absl::StatusOr<ChunkMemory> CreateChunk() override;
-  size_t Granularity() const override { return granularity_; }
-  std::string Name() const override { return "sim"; }
-
- private:
-  const size_t granularity_;
-  const size_t chunks_per_slab_;
-  std::shared_ptr<const UniqueFd> slab_;
-  size_t used_in_slab_ = 0;
 };
 
 }  // namespace allocd
 
 #endif  // ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
+
+// Transitional: code written when MemfdChunkSource lived in this header
+// (server/daemon.cc, bench/daemon_bench.cc, tests/server/config_watcher_test.cc)
+// still finds it here. Remove once they include memfd_chunk_source.h.
+#include "server/pool/memfd_chunk_source.h"

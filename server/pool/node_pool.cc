@@ -5,35 +5,60 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
 namespace {
 
-// Marks the node-capacity shortage apart from quota errors.
-constexpr absl::string_view kNodeShortage = "node pool exhausted";
-
-std::string NewToken() {
+// 128 random bits from the kernel, as 32 hex digits.
+absl::StatusOr<std::string> NewToken() {
   char bytes[16];
   size_t got = 0;
   while (got < sizeof bytes) {
     const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      return absl::InternalError(
+          absl::StrCat("getrandom for a claim token: ", strerror(errno)));
+    }
   }
   return absl::BytesToHexString(absl::string_view(bytes, sizeof bytes));
 }
 
+absl::Status NodeShortage(uint64_t need, uint64_t available,
+                          uint64_t capacity) {
+  const uint64_t short_by = need - available;
+  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "node pool exhausted: need ", FormatSize(need), ", free ",
+      FormatSize(available), " of capacity ", FormatSize(capacity),
+      " (short by ", FormatSize(short_by), ")"));
+  status.SetPayload(kShortfallPayloadUrl, absl::Cord(absl::StrCat(short_by)));
+  return status;
+}
+
 }  // namespace
 
+std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return std::nullopt;
+  const auto payload = status.GetPayload(kShortfallPayloadUrl);
+  uint64_t bytes = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 bool IsNodeShortage(const absl::Status& status) {
-  return absl::IsResourceExhausted(status) &&
-         absl::StartsWith(status.message(), kNodeShortage);
+  return ShortfallBytes(status).has_value();
 }
 
 NodePool::NodePool(ChunkSource* source, Options options)
@@ -42,50 +67,71 @@ NodePool::NodePool(ChunkSource* source, Options options)
       chunk_bytes_(source->Granularity()) {}
 
 absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid) {
-  absl::MutexLock lock(&mu_);
-  if (!sessions_.try_emplace(id, SessionState{.uid = uid, .pid = pid}).second) {
-    return absl::AlreadyExistsError(absl::StrCat("session ", id, " exists"));
+  if (id == kNoSession) {
+    return absl::InvalidArgumentError("session id 0 is reserved");
   }
+  absl::MutexLock lock(&mu_);
+  SessionState state;
+  state.uid = uid;
+  state.pid = pid;
+  state.incarnation = next_incarnation_;
+  if (!sessions_.try_emplace(id, std::move(state)).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("session ", id, " is already in the node pool"));
+  }
+  ++next_incarnation_;
   return absl::OkStatus();
+}
+
+void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
+  s.held += bytes;
+  uid_held_[s.uid] += bytes;
+}
+
+void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
+  if (bytes == 0) return;
+  s.held -= bytes;
+  auto it = uid_held_.find(s.uid);  // present: it counts s.held
+  it->second -= bytes;
+  if (it->second == 0) uid_held_.erase(it);
+}
+
+void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
+  chunk.owner = kNoSession;
+  chunk.pending = false;
+  free_.push_back(chunk_id);
 }
 
 uint64_t NodePool::EndSession(SessionId id) {
   absl::MutexLock lock(&mu_);
   auto s = sessions_.find(id);
   if (s == sessions_.end()) return 0;
-  const uint64_t returned = s->second.held;
-  for (auto& [chunk_id, chunk] : chunks_) {
-    if (chunk.owner == id) {
-      chunk.owner = 0;
-      free_.push_back(chunk_id);
-    }
+  SessionState& state = s->second;
+  const uint64_t returned = state.chunks.size() * chunk_bytes_;
+  for (uint64_t chunk_id : state.chunks) {
+    ReturnToCache(chunk_id, chunks_.at(chunk_id));
   }
-  absl::erase_if(claims_,
-                 [id](const auto& c) { return c.second.session == id; });
+  // Including chunks an Acquire of this session is still creating: that
+  // Acquire sees the session gone and caches them.
+  SubtractHeld(state, state.held);
+  absl::erase_if(claims_, [id](const auto& c) { return c.second.session == id; });
   sessions_.erase(s);
   return returned;
 }
 
-uint64_t NodePool::UidHeld(uid_t uid) const {
-  uint64_t held = 0;
-  for (const auto& [id, s] : sessions_) {
-    if (s.uid == uid) held += s.held;
-  }
-  return held;
-}
-
-absl::Status NodePool::CheckQuotas(const SessionState& s,
+absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
                                    uint64_t bytes) const {
   if (s.quota && s.held + bytes > *s.quota) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session quota exceeded: holds ", FormatSize(s.held), ", asks ",
-        FormatSize(bytes), ", quota ", FormatSize(*s.quota)));
+        "session quota exceeded: session ", id, " holds ", FormatSize(s.held),
+        ", asks ", FormatSize(bytes), ", quota ", FormatSize(*s.quota)));
   }
   if (auto q = uid_quotas_.find(s.uid); q != uid_quotas_.end()) {
-    const uint64_t held = UidHeld(s.uid);
+    auto h = uid_held_.find(s.uid);
+    const uint64_t held = h == uid_held_.end() ? 0 : h->second;
     if (held + bytes > q->second) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", s.uid, " quota exceeded: its sessions hold ",
+          "uid quota exceeded: the sessions of uid ", s.uid, " hold ",
           FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
           FormatSize(q->second)));
     }
@@ -93,92 +139,196 @@ absl::Status NodePool::CheckQuotas(const SessionState& s,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
-  const uint64_t count = (bytes + chunk_bytes_ - 1) / chunk_bytes_;
-  const uint64_t rounded = count * chunk_bytes_;
-  absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("no session ", id, " in the pool"));
-  }
-  if (absl::Status q = CheckQuotas(s->second, rounded); !q.ok()) return q;
-  const uint64_t live = chunks_.size() * chunk_bytes_;
-  const uint64_t reusable = std::min<uint64_t>(free_.size(), count);
-  const uint64_t to_create = count - reusable;
-  if (live + to_create * chunk_bytes_ > options_.capacity) {
-    const uint64_t available =
-        free_.size() * chunk_bytes_ + (options_.capacity - live);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        kNodeShortage, ": need ", FormatSize(rounded), ", ",
-        FormatSize(available), " available of capacity ",
-        FormatSize(options_.capacity)));
-  }
-  // Create first, so a failure leaves the cache as it was.
-  std::vector<ChunkMemory> created;
-  for (uint64_t i = 0; i < to_create; ++i) {
-    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk();
-    if (!memory.ok()) return memory.status();
-    created.push_back(std::move(*memory));
-  }
-  Grant grant{.bytes = rounded, .reused_chunks = static_cast<uint32_t>(reusable)};
-  for (uint64_t i = 0; i < reusable; ++i) {
+std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
+                                         size_t count, bool pending) {
+  std::vector<uint64_t> taken;
+  taken.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
     const uint64_t chunk_id = free_.back();
     free_.pop_back();
-    chunks_[chunk_id].owner = id;
-    grant.chunk_ids.push_back(chunk_id);
+    Chunk& chunk = chunks_.at(chunk_id);
+    chunk.owner = id;
+    chunk.pending = pending;
+    s.chunks.insert(chunk_id);
+    taken.push_back(chunk_id);
   }
-  for (ChunkMemory& memory : created) {
-    const uint64_t chunk_id = next_chunk_id_++;
-    chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory), .owner = id});
-    grant.chunk_ids.push_back(chunk_id);
-  }
-  s->second.held += rounded;
-  created_total_ += to_create;
-  reused_total_ += reusable;
-  DropExpiredTokens();
-  grant.token = NewToken();
-  claims_[grant.token] = {.session = id,
-                          .pid = s->second.pid,
-                          .expires = options_.now() + options_.token_ttl,
-                          .chunk_ids = grant.chunk_ids};
-  return grant;
+  return taken;
 }
 
-void NodePool::DropExpiredTokens() {
+void NodePool::DropExpiredClaims() {
   const absl::Time now = options_.now();
   absl::erase_if(claims_,
                  [now](const auto& c) { return c.second.expires <= now; });
 }
 
+std::string NodePool::AddClaim(SessionId id, const SessionState& s,
+                               std::string token,
+                               const std::vector<uint64_t>& chunk_ids) {
+  DropExpiredClaims();
+  claims_[token] = PendingClaim{.session = id,
+                                .incarnation = s.incarnation,
+                                .pid = s.pid,
+                                .expires = options_.now() + options_.token_ttl,
+                                .chunk_ids = chunk_ids};
+  return token;
+}
+
+absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
+  if (bytes > options_.capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "node pool exhausted: asks ", FormatSize(bytes),
+        ", more than its capacity of ", FormatSize(options_.capacity)));
+  }
+  // bytes <= capacity: no overflow below.
+  const uint64_t count = bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0);
+  const uint64_t rounded = count * chunk_bytes_;
+  // Outside the lock: a syscall.
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
+
+  Grant grant{.bytes = rounded};
+  uint64_t to_create = 0;
+  uint64_t incarnation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = sessions_.find(id);
+    if (s == sessions_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no session ", id, " in the node pool"));
+    }
+    SessionState& state = s->second;
+    if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
+    const uint64_t live = chunks_.size() + creating_chunks_;
+    const uint64_t room = options_.capacity / chunk_bytes_ -
+                          std::min(live, options_.capacity / chunk_bytes_);
+    const uint64_t reuse = std::min<uint64_t>(free_.size(), count);
+    to_create = count - reuse;
+    if (to_create > room) {
+      return NodeShortage(rounded, (free_.size() + room) * chunk_bytes_,
+                          options_.capacity);
+    }
+    grant.reused_chunks = static_cast<uint32_t>(reuse);
+    grant.chunk_ids = TakeFree(id, state, reuse, /*pending=*/to_create > 0);
+    AddHeld(state, rounded);
+    reused_total_ += reuse;
+    if (to_create == 0) {  // all from the cache: done
+      grant.token = AddClaim(id, state, *std::move(token), grant.chunk_ids);
+      return grant;
+    }
+    creating_chunks_ += to_create;
+    incarnation = state.incarnation;
+  }
+
+  // New memory, outside the lock (on a GPU, cuMemCreate + export).
+  std::vector<ChunkMemory> created;
+  created.reserve(to_create);
+  absl::Status failure;
+  for (uint64_t i = 0; i < to_create; ++i) {
+    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk();
+    if (!memory.ok()) {
+      failure = memory.status();
+      break;
+    }
+    created.push_back(*std::move(memory));
+  }
+
+  absl::MutexLock lock(&mu_);
+  creating_chunks_ -= to_create;
+  created_total_ += created.size();
+  auto s = sessions_.find(id);
+  const bool alive =
+      s != sessions_.end() && s->second.incarnation == incarnation;
+  if (alive && failure.ok()) {
+    SessionState& state = s->second;
+    for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
+    for (ChunkMemory& memory : created) {
+      const uint64_t chunk_id = next_chunk_id_++;
+      chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory), .owner = id});
+      state.chunks.insert(chunk_id);
+      grant.chunk_ids.push_back(chunk_id);
+    }
+    grant.token = AddClaim(id, state, *std::move(token), grant.chunk_ids);
+    return grant;
+  }
+  // Undo: what was created is cached for whoever asks next; the reused
+  // chunks go back (EndSession already took them back from a dead session).
+  for (ChunkMemory& memory : created) {
+    const uint64_t chunk_id = next_chunk_id_++;
+    Chunk& chunk = chunks_[chunk_id];
+    chunk.memory = std::move(memory);
+    ReturnToCache(chunk_id, chunk);
+  }
+  reused_total_ -= grant.reused_chunks;
+  if (!alive) {
+    return absl::AbortedError(absl::StrCat(
+        "session ", id, " ended while its chunks were being created"));
+  }
+  SessionState& state = s->second;
+  for (uint64_t chunk_id : grant.chunk_ids) {
+    state.chunks.erase(chunk_id);
+    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+  }
+  SubtractHeld(state, rounded);
+  return absl::Status(failure.code(),
+                      absl::StrCat("creating chunk ", created.size() + 1,
+                                   " of ", to_create, " from the ",
+                                   source_->Name(), " source: ",
+                                   failure.message()));
+}
+
 absl::StatusOr<std::vector<ChunkFd>> NodePool::Claim(absl::string_view token,
                                                      pid_t claimer_pid) {
-  absl::MutexLock lock(&mu_);
-  DropExpiredTokens();
-  auto it = claims_.find(token);
-  if (it == claims_.end()) {
-    return absl::NotFoundError("unknown, used or expired claim token");
-  }
-  if (it->second.pid != claimer_pid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "claim token belongs to pid ", it->second.pid, ", not to pid ",
-        claimer_pid));
+  // The files are copied under the lock and dup()ed outside it; the
+  // shared_ptrs keep them open even if the chunks are trimmed meanwhile.
+  std::vector<std::pair<uint64_t, ChunkMemory>> files;
+  PendingClaim claim;
+  std::string key;
+  {
+    absl::MutexLock lock(&mu_);
+    DropExpiredClaims();
+    auto it = claims_.find(token);
+    if (it == claims_.end()) {
+      return absl::NotFoundError("unknown, used or expired claim token");
+    }
+    if (it->second.pid != claimer_pid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the claim token was granted to pid ", it->second.pid,
+                       "; pid ", claimer_pid, " may not claim it"));
+    }
+    for (uint64_t chunk_id : it->second.chunk_ids) {
+      auto chunk = chunks_.find(chunk_id);
+      // Released (or its session ended) since the Acquire: not sent.
+      if (chunk == chunks_.end() || chunk->second.owner != it->second.session) {
+        continue;
+      }
+      files.emplace_back(chunk_id, chunk->second.memory);
+    }
+    key = it->first;
+    claim = std::move(it->second);
+    claims_.erase(it);
   }
   std::vector<ChunkFd> out;
-  for (uint64_t chunk_id : it->second.chunk_ids) {
-    auto chunk = chunks_.find(chunk_id);
-    // The session released it before claiming: nothing to send for it.
-    if (chunk == chunks_.end() || chunk->second.owner != it->second.session) {
-      continue;
-    }
-    const ChunkMemory& memory = chunk->second.memory;
+  out.reserve(files.size());
+  for (const auto& [chunk_id, memory] : files) {
     UniqueFd copy(fcntl(memory.file->get(), F_DUPFD_CLOEXEC, 0));
     if (!copy.valid()) {
-      return absl::ResourceExhaustedError("out of file descriptors");
+      const int error = errno;
+      // Give the token back, so that the client can retry.
+      absl::MutexLock lock(&mu_);
+      auto s = sessions_.find(claim.session);
+      if (s != sessions_.end() && s->second.incarnation == claim.incarnation) {
+        claims_.emplace(std::move(key), std::move(claim));
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("duplicating the FD of chunk ", chunk_id, ": ",
+                       strerror(error), " (the claim token stays valid)"));
     }
-    out.push_back(
-        {.id = chunk_id, .fd = std::move(copy), .offset = memory.offset});
+    out.push_back(ChunkFd{.id = chunk_id,
+                          .fd = std::move(copy),
+                          .offset = memory.offset,
+                          .bytes = chunk_bytes_});
   }
-  claims_.erase(it);
   return out;
 }
 
@@ -187,31 +337,38 @@ absl::Status NodePool::Release(SessionId id,
   absl::MutexLock lock(&mu_);
   auto s = sessions_.find(id);
   if (s == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("no session ", id, " in the pool"));
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
   }
   absl::flat_hash_set<uint64_t> seen;
+  seen.reserve(chunk_ids.size());
   for (uint64_t chunk_id : chunk_ids) {
     if (!seen.insert(chunk_id).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", chunk_id, " listed twice"));
+          absl::StrCat("chunk ", chunk_id, " is listed twice"));
     }
     auto chunk = chunks_.find(chunk_id);
-    if (chunk == chunks_.end() || chunk->second.owner != id) {
+    if (chunk == chunks_.end() || chunk->second.owner != id ||
+        chunk->second.pending) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "chunk ", chunk_id, " is not held by session ", id));
+          "chunk ", chunk_id, " is not held by session ", id,
+          "; nothing was released"));
     }
   }
   for (uint64_t chunk_id : chunk_ids) {
-    chunks_[chunk_id].owner = 0;
-    free_.push_back(chunk_id);
+    s->second.chunks.erase(chunk_id);
+    ReturnToCache(chunk_id, chunks_.at(chunk_id));
   }
-  s->second.held -= chunk_ids.size() * chunk_bytes_;
+  SubtractHeld(s->second, chunk_ids.size() * chunk_bytes_);
   return absl::OkStatus();
 }
 
-void NodePool::SetSessionQuota(SessionId id, std::optional<uint64_t> bytes) {
+bool NodePool::SetSessionQuota(SessionId id, std::optional<uint64_t> bytes) {
   absl::MutexLock lock(&mu_);
-  if (auto s = sessions_.find(id); s != sessions_.end()) s->second.quota = bytes;
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) return false;
+  s->second.quota = bytes;
+  return true;
 }
 
 void NodePool::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
@@ -224,30 +381,33 @@ void NodePool::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
 }
 
 uint64_t NodePool::TrimFree(uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  uint64_t closed = 0;
-  // The coldest cached chunks go first.
-  size_t drop = 0;
-  while (drop < free_.size() && closed < bytes) {
-    chunks_.erase(free_[drop]);
-    closed += chunk_bytes_;
-    ++drop;
+  // Destroyed after the lock is released: on a GPU that is cuMemRelease.
+  std::vector<ChunkMemory> doomed;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!free_.empty() && doomed.size() * chunk_bytes_ < bytes) {
+      auto chunk = chunks_.find(free_.front());
+      free_.pop_front();
+      doomed.push_back(std::move(chunk->second.memory));
+      chunks_.erase(chunk);
+    }
   }
-  free_.erase(free_.begin(), free_.begin() + static_cast<ptrdiff_t>(drop));
-  return closed;
+  return doomed.size() * chunk_bytes_;
 }
 
 PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats{.capacity = options_.capacity,
                   .chunk_bytes = chunk_bytes_,
+                  .created_bytes = chunks_.size() * chunk_bytes_,
                   .free_bytes = free_.size() * chunk_bytes_,
+                  .creating_bytes = creating_chunks_ * chunk_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_};
-  stats.in_use_bytes = chunks_.size() * chunk_bytes_ - stats.free_bytes;
+  stats.in_use_bytes = stats.created_bytes - stats.free_bytes;
   for (const auto& [id, s] : sessions_) {
-    stats.sessions[id] = {.bytes = s.held, .uid = s.uid, .pid = s.pid,
-                          .quota = s.quota};
+    stats.sessions[id] = SessionHolding{
+        .bytes = s.held, .uid = s.uid, .pid = s.pid, .quota = s.quota};
   }
   return stats;
 }

@@ -1,57 +1,74 @@
 // NodePool: the node's physical memory as chunks, owned by sessions.
 //
-// Chunks a session releases (or leaves behind when it ends) stay in the
-// pool, cached, and are handed to the next Acquire of any session without
-// creating memory again. Live chunks (held + cached) never exceed the
-// capacity. Acquire is all-or-nothing; so is Release. Every chunk is held by
-// at most one session at a time, which Stats() lets a test check.
+// Chunks come from a ChunkSource (memfd in sim mode, cuMemCreate on a GPU).
+// A chunk a session releases, or leaves behind when it ends, stays in the
+// pool, cached ("free"), and the next Acquire of any session takes it before
+// creating memory again. Live chunks (held + free + being created) never
+// exceed the capacity. Every chunk is held by at most one session at a time.
 //
-// An Acquire returns a one-time claim token bound to the session's pid: the
-// FDs go only to a caller that the kernel says is that pid (Claim).
+// Handing out a chunk is two steps, because its FD cannot travel over gRPC:
+// Acquire() picks the chunks and returns their ids with a one-time claim
+// token bound to the session's pid; Claim() exchanges the token for dup()s
+// of the chunks' FDs, only for a caller the kernel says is that pid
+// (SO_PEERCRED on the socket the token came over).
 //
-// Thread-safe.
+// Thread-safe: one mutex; chunk creation and destruction (device calls) run
+// outside it, so a large Acquire does not stall other sessions' calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
 #define ALLOCD_SERVER_POOL_NODE_POOL_H_
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/pool/chunk_source.h"
 
 namespace allocd {
 
+// Names a client session (the daemon's session id). 0 is not a session.
 using SessionId = uint64_t;
 
+// What Acquire() handed out.
 struct Grant {
+  // The chunks, each chunk_bytes long: the cached ones first.
   std::vector<uint64_t> chunk_ids;
+  // chunk_ids.size() * chunk_bytes: the request rounded up to whole chunks.
   uint64_t bytes = 0;
+  // 32 hex digits (128 random bits): the one-time key for Claim().
   std::string token;
-  // Chunks that came from the cache rather than new memory.
+  // How many of the chunks came from the cache rather than new memory.
   uint32_t reused_chunks = 0;
 };
 
-// One chunk's FD for SCM_RIGHTS (a dup() the caller owns) and where in it
-// the chunk starts.
+// One claimed chunk, ready for SendMessage: `fd` is a dup() owned by the
+// caller (close it after sending; the pool keeps its own), and the chunk is
+// the `bytes` bytes at `offset` of the file it refers to. The FD stays valid
+// whatever happens to the chunk afterwards (Release, EndSession, TrimFree).
 struct ChunkFd {
-  uint64_t id;
+  uint64_t id = 0;
   UniqueFd fd;
-  uint64_t offset;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
 };
 
 struct SessionHolding {
+  // Held bytes, including those of an Acquire still creating its chunks.
   uint64_t bytes = 0;
   uid_t uid = 0;
   pid_t pid = 0;
@@ -61,9 +78,15 @@ struct SessionHolding {
 struct PoolStats {
   uint64_t capacity = 0;
   uint64_t chunk_bytes = 0;
-  // Held by sessions, and cached free; their sum is the live memory.
+  // Live chunks: held by sessions plus cached free.
+  uint64_t created_bytes = 0;
+  // Chunks held by sessions (created_bytes - free_bytes).
   uint64_t in_use_bytes = 0;
+  // Cached chunks, ready for the next Acquire of any session.
   uint64_t free_bytes = 0;
+  // Chunks being created by an Acquire in flight; counted against capacity
+  // (created_bytes + creating_bytes <= capacity).
+  uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
   std::map<SessionId, SessionHolding> sessions;
@@ -73,84 +96,161 @@ struct PoolStats {
 // is short (not a quota): memory other sessions cache could help.
 bool IsNodeShortage(const absl::Status& status);
 
+// For a node shortage (IsNodeShortage), the bytes the node is short of: how
+// much other sessions must release before the same Acquire can succeed.
+// nullopt for any other status. It travels as the status payload
+// kShortfallPayloadUrl (decimal bytes), so it survives copies of the status.
+std::optional<uint64_t> ShortfallBytes(const absl::Status& status);
+inline constexpr absl::string_view kShortfallPayloadUrl =
+    "type.allocd.dev/allocd.NodeShortfallBytes";
+
 class NodePool {
  public:
+  using SessionId = ::allocd::SessionId;
+
   struct Options {
+    // Most bytes of live chunks (held + cached + being created).
     uint64_t capacity = 0;
-    // How long a claim token lives.
+    // How long a claim token lives. An expired token dies; its chunks stay
+    // held by the session.
     absl::Duration token_ttl = absl::Seconds(30);
-    // The clock (tests move it).
+    // The clock for token expiry (tests move it).
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
 
-  // `source` outlives the pool.
+  // `source` must outlive the pool. Chunks are source->Granularity() bytes.
   NodePool(ChunkSource* source, Options options);
   NodePool(ChunkSource* source, uint64_t capacity)
       : NodePool(source, Options{.capacity = capacity}) {}
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
 
-  // AlreadyExists for a live session's id.
+  // Starts session `id` of process `pid` run by `uid`: the pid its claim
+  // tokens are bound to, the uid its uid quota counts against.
+  // InvalidArgument for id 0; AlreadyExists for a live session's id.
   absl::Status AddSession(SessionId id, uid_t uid, pid_t pid);
-  // Every chunk the session holds goes back to the cache; its tokens die.
-  // Returns the bytes returned (0 for an unknown session).
+
+  // Ends session `id`: every chunk it holds goes back to the cache (kept,
+  // not closed), its unclaimed tokens die, its session quota is forgotten.
+  // An Acquire of the session still creating chunks fails (Aborted) and
+  // caches what it created. Returns the bytes of chunks returned (0 for an
+  // unknown session).
   uint64_t EndSession(SessionId id);
 
-  // Whole chunks covering `bytes`: cached ones first, then new ones up to
-  // the capacity. ResourceExhausted naming the limit (node capacity,
-  // session quota, uid quota); NotFound for an unknown session.
+  // Gives session `id` whole chunks covering `bytes`: cached ones first,
+  // then new ones from the source, up to the capacity. All or nothing: on
+  // any error the session holds what it held before. Errors:
+  //  - InvalidArgument: bytes == 0;
+  //  - NotFound: no session `id`;
+  //  - ResourceExhausted, naming the limit:
+  //     "session S quota exceeded: holds X, asks Y, quota Z",
+  //     "uid U quota exceeded: its sessions hold X, asks Y, quota Z",
+  //     "asks X, more than the node pool's capacity Z", or
+  //     "node pool exhausted: need X, free Y of capacity Z (short by W)" --
+  //     only the last is a node shortage (IsNodeShortage), with W in
+  //     ShortfallBytes(): what other sessions' cached memory could cover;
+  //  - the source's error when it cannot create memory (what it created
+  //    before failing stays cached);
+  //  - Aborted when the session ends while its chunks are being created.
   absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes);
-  // The FDs of a grant, for the process `claimer_pid`. NotFound for an
-  // unknown, used or expired token; PermissionDenied when the grant is
-  // another pid's (the token stays valid for its owner).
+
+  // Exchanges a grant's token for the FDs of its chunks, for the process
+  // `claimer_pid` (from SO_PEERCRED). The token is used up on success.
+  // Chunks the session released (or lost) since the Acquire are left out.
+  // Errors: NotFound for an unknown, used or expired token (or one whose
+  // session ended); PermissionDenied when the grant is another pid's -- the
+  // token stays valid for its owner; ResourceExhausted when this process is
+  // out of FDs (the token stays valid: retry).
   absl::StatusOr<std::vector<ChunkFd>> Claim(absl::string_view token,
                                              pid_t claimer_pid);
-  // PermissionDenied, changing nothing, when any id is not held by `id`;
-  // InvalidArgument for an id listed twice.
+
+  // Returns chunks of session `id` to the cache. All or nothing:
+  // InvalidArgument for an id listed twice, PermissionDenied naming the
+  // chunk when any id is not held by the session (unknown, free, another
+  // session's, or still being acquired), NotFound for no session `id`.
+  // An empty list is a no-op.
   absl::Status Release(SessionId id, absl::Span<const uint64_t> chunk_ids);
 
-  // Quotas on held bytes; nullopt clears. Lowering one below what is held
-  // revokes nothing, it only refuses further Acquires.
-  void SetSessionQuota(SessionId id, std::optional<uint64_t> bytes);
+  // Quotas on held bytes; nullopt removes one. Lowering a quota below what
+  // is held revokes nothing: it only refuses further Acquires. False (and
+  // nothing set) for an unknown session.
+  bool SetSessionQuota(SessionId id, std::optional<uint64_t> bytes);
   void SetUidQuota(uid_t uid, std::optional<uint64_t> bytes);
 
-  // Closes up to `bytes` of cached chunks (memory back to the device);
-  // returns the bytes closed.
+  // Destroys cached chunks, least recently freed first, until at least
+  // `bytes` are gone or the cache is empty: their memory goes back to the
+  // device (once no client maps it). Returns the bytes destroyed.
   uint64_t TrimFree(uint64_t bytes);
 
   PoolStats Stats() const;
 
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  uint64_t capacity() const { return options_.capacity; }
+
  private:
   struct Chunk {
     ChunkMemory memory;
-    // 0: cached free.
+    // kNoSession: cached free.
     SessionId owner = 0;
+    // Reserved by an Acquire still creating the rest of its chunks: owned,
+    // but not yet the session's to release.
+    bool pending = false;
   };
   struct SessionState {
-    uid_t uid;
-    pid_t pid;
+    uid_t uid = 0;
+    pid_t pid = 0;
+    // Tells this session from a later one with the same id.
+    uint64_t incarnation = 0;
+    // Bytes of `chunks` plus chunks an Acquire is creating for it.
     uint64_t held = 0;
     std::optional<uint64_t> quota;
+    absl::flat_hash_set<uint64_t> chunks;
   };
   struct PendingClaim {
-    SessionId session;
-    pid_t pid;
+    SessionId session = 0;
+    uint64_t incarnation = 0;
+    pid_t pid = 0;
     absl::Time expires;
     std::vector<uint64_t> chunk_ids;
   };
 
-  absl::Status CheckQuotas(const SessionState& s, uint64_t bytes) const
+  static constexpr SessionId kNoSession = 0;
+
+  absl::Status CheckQuotas(SessionId id, const SessionState& s,
+                           uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t UidHeld(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropExpiredTokens() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `count` cached chunks for session `id`.
+  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s, size_t count,
+                                 bool pending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a granted claim; returns its token.
+  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
+                       const std::vector<uint64_t>& chunk_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddHeld(SessionState& s, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SubtractHeld(SessionState& s, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ChunkSource* const source_;
   const Options options_;
   const uint64_t chunk_bytes_;
+
   mutable absl::Mutex mu_;
   uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  // Cached chunks, most recently freed last (reused first: still warm).
-  std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
+  // Cached chunks: the most recently freed at the back, reused first (still
+  // warm); trimmed from the front.
+  std::deque<uint64_t> free_ ABSL_GUARDED_BY(mu_);
+  // Chunks Acquires are creating right now, outside the lock.
+  uint64_t creating_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<SessionId, SessionState> sessions_ ABSL_GUARDED_BY(mu_);
+  // Bytes held by each uid's sessions.
+  absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;

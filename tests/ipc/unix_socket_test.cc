@@ -1,13 +1,21 @@
 #include "ipc/unix_socket.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -18,159 +26,426 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TempDir() {
-  std::string pattern = "/tmp/allocd_ipc_XXXXXX";
-  return mkdtemp(pattern.data());
-}
+// A fresh directory, removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = "/tmp/allocd_ipc_XXXXXX";
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string operator/(const std::string& name) const {
+    return path_ + "/" + name;
+  }
+
+ private:
+  std::string path_;
+};
 
 std::pair<UniqueFd, UniqueFd> Pair() {
-  int sv[2];
-  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  return {UniqueFd(sv[0]), UniqueFd(sv[1])};
+  absl::StatusOr<std::pair<UniqueFd, UniqueFd>> pair = UnixSocketPair();
+  EXPECT_TRUE(pair.ok()) << pair.status();
+  return std::move(*pair);
 }
 
-TEST(UnixSocketTest, FramesRoundTripWithFdsThatReferToTheSameFile) {
+bool IsOpen(int fd) { return fcntl(fd, F_GETFD) != -1; }
+
+// How many descriptors this process has open.
+int OpenFds() {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (readdir(dir) != nullptr) ++count;
+  closedir(dir);
+  return count - 3;  // ".", ".." and the directory's own FD
+}
+
+UniqueFd Memfd(const std::string& contents = "") {
+  UniqueFd fd(memfd_create("test", MFD_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(write(fd.get(), contents.data(), contents.size()),
+            static_cast<ssize_t>(contents.size()));
+  return fd;
+}
+
+std::string ReadAll(int fd) {
+  char buffer[256];
+  const ssize_t n = pread(fd, buffer, sizeof buffer, 0);
+  return n > 0 ? std::string(buffer, n) : "";
+}
+
+// Forks; the child runs `body` and exits with what it returns. Returns the
+// child's pid.
+template <typename F>
+pid_t Fork(F body) {
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  return child;
+}
+
+int Wait(pid_t child) {
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, 0), child);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(UniqueFdTest, OwnsClosesMovesAndReleases) {
+  int raw;
+  {
+    UniqueFd fd(memfd_create("t", MFD_CLOEXEC));
+    raw = fd.get();
+    ASSERT_TRUE(fd.valid());
+    UniqueFd moved(std::move(fd));
+    EXPECT_FALSE(fd.valid());  // NOLINT: checking the moved-from state
+    EXPECT_EQ(moved.get(), raw);
+    moved.reset(raw);  // the same FD: stays open
+    EXPECT_TRUE(IsOpen(raw));
+    UniqueFd other;
+    other = std::move(moved);
+    EXPECT_EQ(other.get(), raw);
+  }
+  EXPECT_FALSE(IsOpen(raw));  // closed with its owner
+
+  UniqueFd fd(memfd_create("t", MFD_CLOEXEC));
+  raw = fd.release();
+  EXPECT_EQ(fd.get(), -1);
+  EXPECT_TRUE(IsOpen(raw));  // the caller's now
+  fd.reset(raw);
+  fd.reset();
+  EXPECT_FALSE(IsOpen(raw));
+}
+
+TEST(UnixSocketTest, PassedFdsAreNewDescriptorsOfTheSameFile) {
   auto [a, b] = Pair();
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
-  ASSERT_TRUE(SendMessage(a.get(), "hello", {write_end.get()}).ok());
+  UniqueFd file = Memfd("before");
+  ASSERT_TRUE(SendMessage(a.get(), "hello", {file.get()}).ok());
   absl::StatusOr<ReceivedMessage> got = ReceiveMessage(b.get(), 100);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->payload, "hello");
   ASSERT_EQ(got->fds.size(), 1u);
-  EXPECT_NE(got->fds[0].get(), write_end.get());  // a new descriptor...
-  ASSERT_EQ(write(got->fds[0].get(), "x", 1), 1);  // ...for the same pipe
-  char c = 0;
-  ASSERT_EQ(read(read_end.get(), &c, 1), 1);
-  EXPECT_EQ(c, 'x');
-  // Received FDs are close-on-exec.
-  EXPECT_TRUE(fcntl(got->fds[0].get(), F_GETFD) & FD_CLOEXEC);
+  const int received = got->fds[0].get();
+  EXPECT_NE(received, file.get());
+  EXPECT_EQ(ReadAll(received), "before");
+  // Written through the received FD, read through the original one.
+  ASSERT_EQ(pwrite(received, "after!", 6, 0), 6);
+  EXPECT_EQ(ReadAll(file.get()), "after!");
+  EXPECT_TRUE(fcntl(received, F_GETFD) & FD_CLOEXEC);
 }
 
-TEST(UnixSocketTest, EmptyAndLargeFramesAndManyFds) {
+TEST(UnixSocketTest, EmptyLargeAndMaximalFrames) {
   auto [a, b] = Pair();
-  std::string big(1 << 20, 'z');
+  const std::string big(4 << 20, 'z');  // far over the socket buffer
   std::vector<UniqueFd> files;
   std::vector<int> raw;
   for (size_t i = 0; i < kMaxFdsPerMessage; ++i) {
-    files.emplace_back(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    files.push_back(Memfd(absl::StrCat(i)));
     raw.push_back(files.back().get());
   }
   // The writer blocks until the reader drains: send from a thread.
   std::thread sender([&, fd = a.get()] {
     EXPECT_TRUE(SendMessage(fd, "").ok());
     EXPECT_TRUE(SendMessage(fd, big, raw).ok());
+    EXPECT_TRUE(SendMessage(fd, "after", {raw[0], raw[1]}).ok());
   });
-  absl::StatusOr<ReceivedMessage> empty = ReceiveMessage(b.get(), 10);
-  ASSERT_TRUE(empty.ok());
+  absl::StatusOr<ReceivedMessage> empty = ReceiveMessage(b.get(), 0);
+  ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->payload, "");
+  EXPECT_TRUE(empty->fds.empty());
   absl::StatusOr<ReceivedMessage> large = ReceiveMessage(b.get(), big.size());
-  sender.join();
   ASSERT_TRUE(large.ok()) << large.status();
   EXPECT_EQ(large->payload, big);
-  EXPECT_EQ(large->fds.size(), kMaxFdsPerMessage);
+  ASSERT_EQ(large->fds.size(), kMaxFdsPerMessage);
+  for (size_t i = 0; i < kMaxFdsPerMessage; ++i) {  // in order
+    EXPECT_EQ(ReadAll(large->fds[i].get()), absl::StrCat(i));
+  }
+  absl::StatusOr<ReceivedMessage> after = ReceiveMessage(b.get(), 10);
+  sender.join();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->payload, "after");
+  EXPECT_EQ(after->fds.size(), 2u);
 }
 
-TEST(UnixSocketTest, TooManyFdsAreRefusedBeforeSending) {
+TEST(UnixSocketTest, FramesSurviveArbitrarySplitsAndCoalescing) {
+  auto [a, b] = Pair();
+  // Two frames written one byte at a time, then two in one write.
+  const std::string frames = std::string("\x03\x00\x00\x00" "abc", 7) +
+                             std::string("\x02\x00\x00\x00" "de", 6);
+  std::thread writer([&, fd = a.get()] {
+    for (char c : frames) {
+      ASSERT_EQ(write(fd, &c, 1), 1);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_EQ(write(fd, frames.data(), frames.size()),
+              static_cast<ssize_t>(frames.size()));
+  });
+  std::vector<std::string> got;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<ReceivedMessage> m =
+        ReceiveMessage(b.get(), 10, absl::Seconds(10));
+    ASSERT_TRUE(m.ok()) << m.status();
+    got.push_back(m->payload);
+  }
+  writer.join();
+  EXPECT_EQ(got, (std::vector<std::string>{"abc", "de", "abc", "de"}));
+}
+
+TEST(UnixSocketTest, NonBlockingSocketsSendAndReceiveWholeFrames) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+                       sv),
+            0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  const std::string big(2 << 20, 'q');
+  std::thread sender([&] { EXPECT_TRUE(SendMessage(a.get(), big).ok()); });
+  absl::StatusOr<ReceivedMessage> got = ReceiveMessage(b.get(), big.size());
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->payload, big);
+}
+
+TEST(UnixSocketTest, TooManyFdsAreRefusedBeforeAnythingIsSent) {
   auto [a, b] = Pair();
   std::vector<int> fds(kMaxFdsPerMessage + 1, 0);
-  EXPECT_EQ(SendMessage(a.get(), "x", fds).code(),
-            absl::StatusCode::kInvalidArgument);
+  absl::Status s = SendMessage(a.get(), "x", fds);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("at most 253"));
+  char byte;
+  EXPECT_EQ(recv(b.get(), &byte, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
 }
 
-TEST(UnixSocketTest, OversizedFrameIsRejectedWithoutReadingIt) {
+TEST(UnixSocketTest, OversizedFrameIsRefusedAndItsFdsClosed) {
   auto [a, b] = Pair();
-  ASSERT_TRUE(SendMessage(a.get(), std::string(1000, 'a')).ok());
+  UniqueFd file = Memfd();
+  const int before = OpenFds();
+  ASSERT_TRUE(SendMessage(a.get(), std::string(1000, 'a'), {file.get()}).ok());
   absl::StatusOr<ReceivedMessage> got = ReceiveMessage(b.get(), 999);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(got.status().message(), HasSubstr("1000 bytes"));
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("message of 1000 bytes is over the limit of 999"));
+  EXPECT_EQ(OpenFds(), before);  // the FD that came with it is closed
+  // The payload was not read.
+  char buffer[2000];
+  EXPECT_EQ(recv(b.get(), buffer, sizeof buffer, MSG_DONTWAIT), 1000);
 }
 
-TEST(UnixSocketTest, EofIsUnavailableAndAStalledFrameTimesOut) {
+TEST(UnixSocketTest, EofTruncationAndTimeouts) {
   {
     auto [a, b] = Pair();
     a.reset();
-    EXPECT_EQ(ReceiveMessage(b.get(), 10).status().code(),
-              absl::StatusCode::kUnavailable);
+    absl::Status s = ReceiveMessage(b.get(), 10).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(s.message(), "peer closed");
+  }
+  {
+    auto [a, b] = Pair();
+    absl::Status s = ReceiveMessage(b.get(), 10, absl::Milliseconds(20)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(s.message(), HasSubstr("no message"));
   }
   {
     auto [a, b] = Pair();
     ASSERT_EQ(write(a.get(), "\x05\x00", 2), 2);  // half a header
-    EXPECT_EQ(ReceiveMessage(b.get(), 10, absl::Milliseconds(50))
-                  .status()
-                  .code(),
-              absl::StatusCode::kDeadlineExceeded);
+    const absl::Time start = absl::Now();
+    absl::Status s = ReceiveMessage(b.get(), 10, absl::Milliseconds(50)).status();
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(s.message(), HasSubstr("stalled after 2 of 4 bytes"));
   }
   {
+    // Cut short after the header, with an FD: DataLoss, and the FD closed.
     auto [a, b] = Pair();
-    ASSERT_EQ(write(a.get(), "\x05\x00\x00\x00" "ab", 6), 6);  // cut short
+    UniqueFd file = Memfd();
+    const int before = OpenFds();
+    const std::string partial("\x05\x00\x00\x00" "ab", 6);
+    iovec io{const_cast<char*>(partial.data()), partial.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    const int raw = file.get();
+    std::memcpy(CMSG_DATA(c), &raw, sizeof raw);
+    ASSERT_EQ(sendmsg(a.get(), &message, 0), 6);
     a.reset();
-    EXPECT_EQ(ReceiveMessage(b.get(), 10).status().code(),
-              absl::StatusCode::kDataLoss);
+    absl::Status s = ReceiveMessage(b.get(), 10).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(s.message(), HasSubstr("got 6 of 9 bytes"));
+    EXPECT_EQ(OpenFds(), before - 1);  // `a` closed; the FD that came too
   }
 }
 
-TEST(UnixSocketTest, SendToAClosedPeerIsAnErrorNotSigpipe) {
+TEST(UnixSocketTest, FdsTheKernelHadToDropAreAnErrorAndNoneLeak) {
+  auto [a, b] = Pair();
+  UniqueFd file = Memfd();
+  ASSERT_TRUE(SendMessage(a.get(), "x", {file.get(), file.get()}).ok());
+  const pid_t child = Fork([fd = b.get()] {
+    // No descriptor can be opened: every slot below the limit is taken.
+    const int lowest_free = dup(0);
+    if (lowest_free < 0) return 10;
+    close(lowest_free);
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(lowest_free);
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return 11;
+    absl::StatusOr<ReceivedMessage> got = ReceiveMessage(fd, 10);
+    if (got.ok()) return 12;
+    if (got.status().code() != absl::StatusCode::kResourceExhausted) return 13;
+    if (got.status().message().find("MSG_CTRUNC") == std::string::npos) {
+      return 14;
+    }
+    return 0;
+  });
+  EXPECT_EQ(Wait(child), 0);
+}
+
+TEST(UnixSocketTest, SendToAClosedPeerIsUnavailableNotSigpipe) {
   auto [a, b] = Pair();
   b.reset();
-  EXPECT_FALSE(SendMessage(a.get(), std::string(1 << 16, 'a')).ok());
+  // SIGPIPE would kill the test.
+  absl::Status s = SendMessage(a.get(), std::string(1 << 16, 'a'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "peer closed");
 }
 
-TEST(UnixSocketTest, ListenSetsTheModeAndCredentialsAreTheKernels) {
-  const std::string dir = TempDir();
-  const std::string path = dir + "/s.sock";
-  absl::StatusOr<UniqueFd> listener = ListenUnix(path, 0660);
+TEST(UnixSocketTest, CredentialsOfASocketPairAreOurs) {
+  auto [a, b] = Pair();
+  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(a.get());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(peer->pid, getpid());
+  EXPECT_EQ(peer->uid, getuid());
+  EXPECT_EQ(peer->gid, getgid());
+  EXPECT_FALSE(GetPeerCredentials(-1).ok());
+}
+
+TEST(UnixSocketTest, ListenSetsTheExactModeWhateverTheUmask) {
+  TempDir dir;
+  const mode_t old_umask = umask(0077);
+  absl::StatusOr<UniqueFd> listener = ListenUnix(dir / "s.sock", 0660);
+  umask(old_umask);
   ASSERT_TRUE(listener.ok()) << listener.status();
   struct stat st;
-  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  ASSERT_EQ(stat((dir / "s.sock").c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_TRUE(fcntl(listener->get(), F_GETFD) & FD_CLOEXEC);
+}
 
-  const pid_t child = fork();
-  if (child == 0) {
+TEST(UnixSocketTest, AForkedClientsCredentialsAndFdsCrossProcesses) {
+  TempDir dir;
+  const std::string path = dir / "s.sock";
+  absl::StatusOr<UniqueFd> listener = ListenUnix(path, 0600);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const pid_t child = Fork([&path] {
     absl::StatusOr<UniqueFd> c = ConnectUnix(path);
-    char byte;
-    if (c.ok()) (void)!read(c->get(), &byte, 1);  // wait for the parent
-    _exit(c.ok() ? 0 : 1);
-  }
+    if (!c.ok()) return 1;
+    absl::StatusOr<ReceivedMessage> m = ReceiveMessage(c->get(), 100);
+    if (!m.ok() || m->fds.size() != 1) return 2;
+    // Write into the parent's memfd through our copy, mapped.
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   m->fds[0].get(), 0);
+    if (p == MAP_FAILED) return 3;
+    std::strcpy(static_cast<char*>(p), m->payload.c_str());
+    munmap(p, 4096);
+    return SendMessage(c->get(), "done").ok() ? 0 : 4;
+  });
   absl::StatusOr<UniqueFd> accepted = AcceptUnix(listener->get());
-  ASSERT_TRUE(accepted.ok());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(fcntl(accepted->get(), F_GETFD) & FD_CLOEXEC);
   absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(accepted->get());
   ASSERT_TRUE(peer.ok());
   EXPECT_EQ(peer->pid, child);
   EXPECT_EQ(peer->uid, getuid());
   EXPECT_EQ(peer->gid, getgid());
-  accepted->reset();
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+
+  UniqueFd file = Memfd();
+  ASSERT_EQ(ftruncate(file.get(), 4096), 0);
+  ASSERT_TRUE(
+      SendMessage(accepted->get(), "written by the child", {file.get()}).ok());
+  absl::StatusOr<ReceivedMessage> done =
+      ReceiveMessage(accepted->get(), 100, absl::Seconds(10));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(Wait(child), 0);
+  EXPECT_EQ(std::string(ReadAll(file.get()).c_str()), "written by the child");
 }
 
 TEST(UnixSocketTest, StaleSocketIsReplacedLiveOneIsRefused) {
-  const std::string dir = TempDir();
-  const std::string path = dir + "/s.sock";
+  TempDir dir;
+  const std::string path = dir / "s.sock";
   {
     absl::StatusOr<UniqueFd> first = ListenUnix(path, 0600);
     ASSERT_TRUE(first.ok());
     absl::StatusOr<UniqueFd> second = ListenUnix(path, 0600);
     EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
-    EXPECT_THAT(second.status().message(), HasSubstr("another allocd"));
+    EXPECT_EQ(second.status().message(),
+              absl::StrCat("another allocd is listening on ", path));
+    // The live socket is still served.
+    EXPECT_TRUE(ConnectUnix(path).ok());
   }
-  // The first listener closed but left its file: stale, replaced.
+  // The first listener closed and left its file: stale, replaced.
+  absl::Status stale = ConnectUnix(path).status();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(stale.message(), HasSubstr("nothing listens on"));
+  absl::StatusOr<UniqueFd> replaced = ListenUnix(path, 0600);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_TRUE(ConnectUnix(path).ok());
+}
+
+TEST(UnixSocketTest, SocketOfAKilledDaemonIsReplaced) {
+  TempDir dir;
+  const std::string path = dir / "s.sock";
+  const pid_t child = Fork([&path] {
+    absl::StatusOr<UniqueFd> l = ListenUnix(path, 0600);
+    if (!l.ok()) return 1;
+    raise(SIGKILL);  // dies holding it, never unlinks
+    return 2;
+  });
+  EXPECT_EQ(Wait(child), 128 + SIGKILL);
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(ListenUnix(path, 0600).ok());
-  // A regular file is never removed.
-  const std::string file = dir + "/not-a-socket";
-  close(open(file.c_str(), O_CREAT | O_WRONLY, 0600));
-  EXPECT_THAT(ListenUnix(file, 0600).status().message(),
-              HasSubstr("not a socket"));
+}
+
+TEST(UnixSocketTest, NonSocketsAreNeverRemoved) {
+  TempDir dir;
+  const std::string file = dir / "not-a-socket";
+  close(open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  absl::Status s = ListenUnix(file, 0600).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("is not a socket"));
+  struct stat st;
+  EXPECT_EQ(stat(file.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
 }
 
 TEST(UnixSocketTest, PathErrorsAreClear) {
-  EXPECT_EQ(ListenUnix(std::string(200, 'a'), 0600).status().code(),
+  absl::Status s = ListenUnix("/tmp/" + std::string(120, 'a'), 0600).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("must be 1 to 107 bytes"));
+  EXPECT_EQ(ListenUnix("", 0600).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConnectUnix("/nonexistent/dir/s.sock").status().code(),
-            absl::StatusCode::kUnavailable);
+
+  s = ListenUnix("/nonexistent-allocd-dir/s.sock", 0600).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(),
+              HasSubstr("directory /nonexistent-allocd-dir does not exist"));
+
+  s = ConnectUnix("/nonexistent-allocd-dir/s.sock").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("no socket at /nonexistent-allocd-dir/s.sock"));
+}
+
+TEST(UnixSocketTest, RaiseOpenFileLimitReachesTheHardLimit) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  absl::StatusOr<uint64_t> now = RaiseOpenFileLimit();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(*now, before.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
 }
 
 }  // namespace

@@ -1,196 +1,580 @@
 #include "server/pool/node_pool.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
 #include <thread>
+#include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/pool/memfd_chunk_source.h"
 
 namespace allocd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
 
 constexpr uint64_t kChunk = uint64_t{2} << 20;
 
+// A memfd source that can fail after a number of chunks, or block every
+// creation until released.
+class TestSource : public ChunkSource {
+ public:
+  absl::StatusOr<ChunkMemory> CreateChunk() override {
+    ++calls;
+    if (absl::Notification* g = gate.load(); g != nullptr) {
+      if (!entered.HasBeenNotified()) entered.Notify();
+      g->WaitForNotification();
+    }
+    if (fail_after >= 0 && created.load() >= fail_after) {
+      return absl::ResourceExhaustedError("the device is out of memory");
+    }
+    ++created;
+    return memfd.CreateChunk();
+  }
+  size_t Granularity() const override { return kChunk; }
+  std::string Name() const override { return "test"; }
+
+  MemfdChunkSource memfd{kChunk};
+  std::atomic<int> fail_after{-1};
+  std::atomic<int> created{0};
+  std::atomic<int> calls{0};
+  // While set, every creation waits for it.
+  std::atomic<absl::Notification*> gate{nullptr};
+  absl::Notification entered;
+};
+
 class NodePoolTest : public ::testing::Test {
  protected:
-  NodePool MakePool(uint64_t chunks) {
-    return NodePool(&source_, NodePool::Options{.capacity = chunks * kChunk,
-                                                .now = [this] { return now_; }});
+  std::unique_ptr<NodePool> MakePool(uint64_t chunks) {
+    return std::make_unique<NodePool>(
+        &source_, NodePool::Options{.capacity = chunks * kChunk,
+                                    .now = [this] { return now_; }});
   }
-  MemfdChunkSource source_{kChunk, /*chunks_per_slab=*/4};
+  TestSource source_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
 };
 
-// Maps a claimed chunk and returns its first byte's address.
+// Maps a claimed chunk.
 char* Map(const ChunkFd& chunk) {
-  void* p = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_SHARED,
+  void* p = mmap(nullptr, chunk.bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                  chunk.fd.get(), static_cast<off_t>(chunk.offset));
   EXPECT_NE(p, MAP_FAILED);
   return static_cast<char*>(p);
 }
 
+int OpenFds() {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (readdir(dir) != nullptr) ++count;
+  closedir(dir);
+  return count - 3;
+}
+
 TEST_F(NodePoolTest, ReleasedChunksServeTheNextSessionWithTheSameMemory) {
-  NodePool pool = MakePool(8);
-  ASSERT_TRUE(pool.AddSession(1, 1000, 11).ok());
-  ASSERT_TRUE(pool.AddSession(2, 1001, 22).ok());
-  absl::StatusOr<Grant> a = pool.Acquire(1, 3 * kChunk - 1);  // rounds up
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 1001, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk - 1);  // rounds up
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->chunk_ids.size(), 3u);
   EXPECT_EQ(a->bytes, 3 * kChunk);
   EXPECT_EQ(a->reused_chunks, 0u);
-  absl::StatusOr<std::vector<ChunkFd>> fds = pool.Claim(a->token, 11);
+  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(a->token, 11);
   ASSERT_TRUE(fds.ok()) << fds.status();
+  ASSERT_EQ(fds->size(), 3u);
+  EXPECT_EQ((*fds)[0].id, a->chunk_ids[0]);
+  EXPECT_EQ((*fds)[0].bytes, kChunk);
   char* mem = Map((*fds)[0]);
   std::strcpy(mem, "written by session 1");
+  std::strcpy(mem + kChunk - 8, "tail");
   munmap(mem, kChunk);
-  ASSERT_TRUE(pool.Release(1, {a->chunk_ids[0]}).ok());
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0]}).ok());
 
-  absl::StatusOr<Grant> b = pool.Acquire(2, kChunk);
+  absl::StatusOr<Grant> b = pool->Acquire(2, kChunk);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->reused_chunks, 1u);
   EXPECT_EQ(b->chunk_ids, std::vector<uint64_t>{a->chunk_ids[0]});
-  absl::StatusOr<std::vector<ChunkFd>> b_fds = pool.Claim(b->token, 22);
+  absl::StatusOr<std::vector<ChunkFd>> b_fds = pool->Claim(b->token, 22);
   ASSERT_TRUE(b_fds.ok());
   char* seen = Map((*b_fds)[0]);
   EXPECT_STREQ(seen, "written by session 1");
+  EXPECT_STREQ(seen + kChunk - 8, "tail");
   munmap(seen, kChunk);
-  PoolStats stats = pool.Stats();
+
+  PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.chunks_created_total, 3u);
   EXPECT_EQ(stats.chunks_reused_total, 1u);
+  EXPECT_EQ(source_.created.load(), 3);  // no new memory for session 2
+  EXPECT_EQ(stats.created_bytes, 3 * kChunk);
   EXPECT_EQ(stats.in_use_bytes, 3 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
   EXPECT_EQ(stats.sessions.at(1).bytes, 2 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).uid, 1000u);
+  EXPECT_EQ(stats.sessions.at(1).pid, 11);
   EXPECT_EQ(stats.sessions.at(2).bytes, kChunk);
 }
 
+TEST_F(NodePoolTest, CachedChunksGoFirstAndOnlyTheRestIsCreated) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0], a->chunk_ids[2]}).ok());
+  absl::StatusOr<Grant> b = pool->Acquire(2, 4 * kChunk);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->reused_chunks, 2u);
+  ASSERT_EQ(b->chunk_ids.size(), 4u);
+  // The cached ones lead, most recently released first.
+  EXPECT_EQ(b->chunk_ids[0], a->chunk_ids[2]);
+  EXPECT_EQ(b->chunk_ids[1], a->chunk_ids[0]);
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.chunks_created_total, 5u);
+  EXPECT_EQ(stats.chunks_reused_total, 2u);
+  EXPECT_EQ(stats.created_bytes, 5 * kChunk);
+}
+
+TEST_F(NodePoolTest, EachChunkIsItsOwnSealedFile) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
+  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  ASSERT_TRUE(fds.ok());
+  struct stat st0, st1;
+  ASSERT_EQ(fstat((*fds)[0].fd.get(), &st0), 0);
+  ASSERT_EQ(fstat((*fds)[1].fd.get(), &st1), 0);
+  // A client can map its chunk and nothing else...
+  EXPECT_NE(st0.st_ino, st1.st_ino);
+  EXPECT_EQ(static_cast<uint64_t>(st0.st_size), kChunk);
+  EXPECT_EQ((*fds)[0].offset, 0u);
+  // ...and cannot shrink it under the next process that gets it.
+  EXPECT_NE(ftruncate((*fds)[0].fd.get(), 0), 0);
+  EXPECT_NE(ftruncate((*fds)[0].fd.get(), 2 * kChunk), 0);
+  EXPECT_TRUE(fcntl((*fds)[0].fd.get(), F_GETFD) & FD_CLOEXEC);
+}
+
 TEST_F(NodePoolTest, CapacityIsNeverExceededAndAcquireIsAllOrNothing) {
-  NodePool pool = MakePool(4);
-  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool.Acquire(1, 3 * kChunk).ok());
-  absl::StatusOr<Grant> over = pool.Acquire(1, 2 * kChunk);
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> held = pool->Acquire(1, 3 * kChunk);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(pool->Release(1, {held->chunk_ids[0]}).ok());  // 1 cached
+  // 1 cached + 0 room: 2 free of 4, short by 1 chunk.
+  absl::StatusOr<Grant> over = pool->Acquire(2, 3 * kChunk);
   ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            "node pool exhausted: need 6.00 MiB, free 4.00 MiB of capacity "
+            "8.00 MiB (short by 2.00 MiB)");
   EXPECT_TRUE(IsNodeShortage(over.status()));
-  EXPECT_THAT(over.status().message(), HasSubstr("node pool exhausted"));
-  EXPECT_THAT(over.status().message(), HasSubstr("2.00 MiB available"));
-  EXPECT_EQ(pool.Stats().in_use_bytes, 3 * kChunk);  // nothing taken
-  EXPECT_TRUE(pool.Acquire(1, kChunk).ok());
+  EXPECT_EQ(ShortfallBytes(over.status()), kChunk);
+  absl::Status copy = over.status();  // the payload travels with copies
+  EXPECT_EQ(ShortfallBytes(copy), kChunk);
+  // Nothing was taken.
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.in_use_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.free_bytes, kChunk);
+  EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
+  // Exactly what fits: the cached chunk and one new one.
+  absl::StatusOr<Grant> fits = pool->Acquire(2, 2 * kChunk);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->reused_chunks, 1u);
+  stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, stats.capacity);
+  EXPECT_EQ(ShortfallBytes(pool->Acquire(2, kChunk).status()), kChunk);
+
+  // More than the whole node: no shortage other sessions could cover.
+  absl::Status huge = pool->Acquire(2, 5 * kChunk).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge.message(), HasSubstr("more than its capacity of 8.00 MiB"));
+  EXPECT_FALSE(IsNodeShortage(huge));
+  EXPECT_EQ(ShortfallBytes(absl::OkStatus()), std::nullopt);
+  EXPECT_EQ(ShortfallBytes(absl::ResourceExhaustedError("other")),
+            std::nullopt);
+}
+
+TEST_F(NodePoolTest, BadArgumentsAndUnknownSessions) {
+  auto pool = MakePool(4);
+  EXPECT_EQ(pool->AddSession(0, 0, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::Status again = pool->AddSession(1, 0, 1);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(pool->Acquire(1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status unknown = pool->Acquire(7, kChunk).status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.message(), HasSubstr("no session 7"));
+  EXPECT_EQ(pool->Release(7, {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(pool->Release(1, {}).ok());
+  EXPECT_FALSE(pool->SetSessionQuota(7, kChunk));
+  EXPECT_EQ(pool->EndSession(7), 0u);
 }
 
 TEST_F(NodePoolTest, QuotasPerSessionAndPerUidNameTheLimit) {
-  NodePool pool = MakePool(16);
-  ASSERT_TRUE(pool.AddSession(1, 500, 1).ok());
-  ASSERT_TRUE(pool.AddSession(2, 500, 2).ok());
-  pool.SetSessionQuota(1, 2 * kChunk);
-  ASSERT_TRUE(pool.Acquire(1, 2 * kChunk).ok());
-  absl::Status s = pool.Acquire(1, kChunk).status();
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 500, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 500, 2).ok());
+  ASSERT_TRUE(pool->AddSession(3, 501, 3).ok());
+  ASSERT_TRUE(pool->SetSessionQuota(1, 2 * kChunk));
+  ASSERT_TRUE(pool->Acquire(1, 2 * kChunk).ok());
+  absl::Status s = pool->Acquire(1, kChunk).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(IsNodeShortage(s));
-  EXPECT_THAT(s.message(), HasSubstr("session quota exceeded"));
+  EXPECT_EQ(s.message(),
+            "session quota exceeded: session 1 holds 4.00 MiB, asks 2.00 MiB, "
+            "quota 4.00 MiB");
+  EXPECT_EQ(pool->Stats().sessions.at(1).quota, 2 * kChunk);
 
-  pool.SetUidQuota(500, 5 * kChunk);
-  ASSERT_TRUE(pool.Acquire(2, 3 * kChunk).ok());
-  s = pool.Acquire(2, kChunk).status();
-  EXPECT_THAT(s.message(), HasSubstr("uid 500 quota exceeded"));
-  EXPECT_EQ(pool.Stats().in_use_bytes, 5 * kChunk);
-  pool.SetUidQuota(500, std::nullopt);
-  pool.SetSessionQuota(1, std::nullopt);
-  EXPECT_TRUE(pool.Acquire(1, kChunk).ok());
-  EXPECT_TRUE(pool.Acquire(2, kChunk).ok());
+  pool->SetUidQuota(500, 5 * kChunk);
+  ASSERT_TRUE(pool->Acquire(2, 3 * kChunk).ok());  // uid 500: 5 chunks
+  s = pool->Acquire(2, kChunk).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(IsNodeShortage(s));
+  EXPECT_EQ(s.message(),
+            "uid quota exceeded: the sessions of uid 500 hold 10.00 MiB, asks "
+            "2.00 MiB, quota 10.00 MiB");
+  EXPECT_TRUE(pool->Acquire(3, 4 * kChunk).ok());  // another uid
+  EXPECT_EQ(pool->Stats().in_use_bytes, 9 * kChunk);
+
+  // Lowering below use revokes nothing; it only refuses more.
+  pool->SetUidQuota(500, kChunk);
+  ASSERT_TRUE(pool->SetSessionQuota(3, kChunk));
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes + stats.sessions.at(2).bytes,
+            5 * kChunk);
+  EXPECT_EQ(stats.sessions.at(3).bytes, 4 * kChunk);
+  EXPECT_FALSE(pool->Acquire(3, kChunk).ok());
+  // Releasing makes room under the uid quota again.
+  pool->SetUidQuota(500, 5 * kChunk);
+  absl::StatusOr<Grant> more = pool->Acquire(2, kChunk);
+  EXPECT_FALSE(more.ok());
+  EXPECT_EQ(pool->EndSession(1), 2 * kChunk);
+  EXPECT_TRUE(pool->Acquire(2, 2 * kChunk).ok());
+
+  pool->SetUidQuota(500, std::nullopt);
+  ASSERT_TRUE(pool->SetSessionQuota(3, std::nullopt));
+  EXPECT_TRUE(pool->Acquire(2, kChunk).ok());
+  EXPECT_TRUE(pool->Acquire(3, kChunk).ok());
 }
 
 TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
-  NodePool pool = MakePool(4);
-  ASSERT_TRUE(pool.AddSession(1, 0, 100).ok());
-  absl::StatusOr<Grant> g = pool.Acquire(1, kChunk);
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->token.size(), 32u);  // 128 random bits, hex
-  EXPECT_EQ(pool.Claim(g->token, 200).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(pool.Claim(g->token, 100).ok());  // survived the wrong pid
-  EXPECT_EQ(pool.Claim(g->token, 100).status().code(),
+  EXPECT_EQ(g->token.find_first_not_of("0123456789abcdef"), std::string::npos);
+  absl::StatusOr<Grant> g2 = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(g2.ok());
+  EXPECT_NE(g->token, g2->token);
+
+  absl::Status wrong = pool->Claim(g->token, 200).status();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(wrong.message(),
+            "the claim token was granted to pid 100; pid 200 may not claim it");
+  absl::StatusOr<std::vector<ChunkFd>> mine = pool->Claim(g->token, 100);
+  ASSERT_TRUE(mine.ok()) << mine.status();  // survived the wrong pid
+  EXPECT_EQ(mine->size(), 1u);
+  absl::Status used = pool->Claim(g->token, 100).status();
+  EXPECT_EQ(used.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(used.message(), HasSubstr("unknown, used or expired"));
+  EXPECT_EQ(pool->Claim("00000000000000000000000000000000", 100).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool.Claim("00000000000000000000000000000000", 100).status().code(),
+  EXPECT_EQ(pool->Claim("", 100).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodePoolTest, TokensExpireButTheChunksStayHeld) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  absl::StatusOr<Grant> early = pool->Acquire(1, kChunk);
+  absl::StatusOr<Grant> late = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(early.ok() && late.ok());
+  now_ += absl::Seconds(29);
+  EXPECT_TRUE(pool->Claim(early->token, 100).ok());
+  now_ += absl::Seconds(1);  // 30 s: the default lifetime is over
+  EXPECT_EQ(pool->Claim(late->token, 100).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, 2 * kChunk);
+  EXPECT_TRUE(pool->Release(1, late->chunk_ids).ok());
+
+  NodePool quick(&source_, {.capacity = 4 * kChunk,
+                            .token_ttl = absl::Milliseconds(5),
+                            .now = [this] { return now_; }});
+  ASSERT_TRUE(quick.AddSession(1, 0, 100).ok());
+  absl::StatusOr<Grant> g = quick.Acquire(1, kChunk);
+  now_ += absl::Milliseconds(5);
+  EXPECT_EQ(quick.Claim(g->token, 100).status().code(),
             absl::StatusCode::kNotFound);
 }
 
-TEST_F(NodePoolTest, TokensExpire) {
-  NodePool pool = MakePool(4);
-  ASSERT_TRUE(pool.AddSession(1, 0, 100).ok());
-  absl::StatusOr<Grant> g = pool.Acquire(1, kChunk);
-  ASSERT_TRUE(g.ok());
-  now_ += absl::Seconds(31);
-  EXPECT_EQ(pool.Claim(g->token, 100).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool.Stats().sessions.at(1).bytes, kChunk);  // still held
+TEST_F(NodePoolTest, ClaimLeavesOutChunksReleasedSinceTheGrant) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[0]}).ok());
+  ASSERT_TRUE(pool->Acquire(2, kChunk).ok());  // takes chunk_ids[0]
+  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  ASSERT_TRUE(fds.ok());
+  ASSERT_EQ(fds->size(), 1u);
+  EXPECT_EQ((*fds)[0].id, g->chunk_ids[1]);
 }
 
 TEST_F(NodePoolTest, ReleaseOfAnotherSessionsChunkChangesNothing) {
-  NodePool pool = MakePool(4);
-  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool.AddSession(2, 0, 2).ok());
-  absl::StatusOr<Grant> mine = pool.Acquire(1, kChunk);
-  absl::StatusOr<Grant> theirs = pool.Acquire(2, kChunk);
-  absl::Status s = pool.Release(1, {mine->chunk_ids[0], theirs->chunk_ids[0]});
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> mine = pool->Acquire(1, 2 * kChunk);
+  absl::StatusOr<Grant> theirs = pool->Acquire(2, kChunk);
+  const PoolStats before = pool->Stats();
+  absl::Status s =
+      pool->Release(1, {mine->chunk_ids[0], theirs->chunk_ids[0]});
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.message(), HasSubstr("not held by session 1"));
-  EXPECT_EQ(pool.Stats().sessions.at(1).bytes, kChunk);  // all or nothing
-  EXPECT_EQ(pool.Release(1, {mine->chunk_ids[0], mine->chunk_ids[0]}).code(),
+  EXPECT_EQ(s.message(),
+            absl::StrCat("chunk ", theirs->chunk_ids[0],
+                         " is not held by session 1; nothing was released"));
+  EXPECT_EQ(pool->Release(1, {mine->chunk_ids[0], mine->chunk_ids[0]}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(pool.Release(3, {mine->chunk_ids[0]}).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Release(1, {999}).code(), absl::StatusCode::kPermissionDenied);
+  const PoolStats after = pool->Stats();
+  EXPECT_EQ(after.sessions.at(1).bytes, 2 * kChunk);  // all or nothing
+  EXPECT_EQ(after.sessions.at(2).bytes, kChunk);
+  EXPECT_EQ(after.free_bytes, before.free_bytes);
+  // Session 2 can still release its own; then it is free, not anyone's.
+  ASSERT_TRUE(pool->Release(2, theirs->chunk_ids).ok());
+  EXPECT_EQ(pool->Release(2, theirs->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pool->Release(1, theirs->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(pool->Release(1, mine->chunk_ids).ok());
 }
 
 TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
-  NodePool pool = MakePool(8);
-  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
-  absl::StatusOr<Grant> g = pool.Acquire(1, 5 * kChunk);
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 7, 1).ok());
+  ASSERT_TRUE(pool->SetSessionQuota(1, 6 * kChunk));
+  pool->SetUidQuota(7, 5 * kChunk);
+  absl::StatusOr<Grant> g = pool->Acquire(1, 5 * kChunk);
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(pool.EndSession(1), 5 * kChunk);
-  EXPECT_EQ(pool.EndSession(1), 0u);
-  EXPECT_EQ(pool.Claim(g->token, 1).status().code(),
+  EXPECT_EQ(pool->EndSession(1), 5 * kChunk);
+  EXPECT_EQ(pool->EndSession(1), 0u);
+  EXPECT_EQ(pool->Claim(g->token, 1).status().code(),
             absl::StatusCode::kNotFound);
-  PoolStats stats = pool.Stats();
+  PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.in_use_bytes, 0u);
   EXPECT_EQ(stats.free_bytes, 5 * kChunk);
-  EXPECT_TRUE(stats.sessions.empty());
-  EXPECT_EQ(pool.AddSession(2, 0, 2).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(pool.AddSession(2, 0, 2).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(stats.created_bytes, 5 * kChunk);  // kept, not closed
+  EXPECT_THAT(stats.sessions, IsEmpty());
+  // The id can start again; the uid's quota counts nothing of the old one.
+  ASSERT_TRUE(pool->AddSession(1, 7, 2).ok());
+  EXPECT_FALSE(pool->Stats().sessions.at(1).quota.has_value());
+  absl::StatusOr<Grant> again = pool->Acquire(1, 5 * kChunk);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->reused_chunks, 5u);
+  EXPECT_THAT(again->chunk_ids, UnorderedElementsAreArray(g->chunk_ids));
+  EXPECT_EQ(pool->Claim(again->token, 1).status().code(),
+            absl::StatusCode::kPermissionDenied);  // bound to the new pid
 }
 
-TEST_F(NodePoolTest, TrimFreeClosesCachedChunks) {
-  NodePool pool = MakePool(8);
-  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool.Acquire(1, 4 * kChunk).ok());
-  pool.EndSession(1);
-  EXPECT_EQ(pool.TrimFree(3 * kChunk - 1), 3 * kChunk);
-  PoolStats stats = pool.Stats();
+TEST_F(NodePoolTest, TrimFreeClosesCachedChunksColdestFirst) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  const int fds_before = OpenFds();
+  absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(OpenFds(), fds_before + 4);  // one FD per live chunk
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[3]}).ok());  // coldest
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[0]}).ok());
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[1]}).ok());
+  EXPECT_EQ(pool->TrimFree(2 * kChunk - 1), 2 * kChunk);  // whole chunks
+  EXPECT_EQ(OpenFds(), fds_before + 2);
+  PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.free_bytes, kChunk);
-  EXPECT_EQ(stats.in_use_bytes, 0u);
+  EXPECT_EQ(stats.created_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, kChunk);
+  // The warmest stays cached and is what the next Acquire gets.
+  absl::StatusOr<Grant> next = pool->Acquire(1, kChunk);
+  EXPECT_EQ(next->chunk_ids, std::vector<uint64_t>{g->chunk_ids[1]});
+  EXPECT_EQ(pool->TrimFree(100 * kChunk), 0u);  // nothing cached
+  // Trimming makes room for new memory.
+  EXPECT_TRUE(pool->Acquire(1, 6 * kChunk).ok());
+  EXPECT_EQ(pool->Release(1, {g->chunk_ids[3]}).code(),
+            absl::StatusCode::kPermissionDenied);  // gone
+}
+
+TEST_F(NodePoolTest, AClaimedFdOutlivesTheChunk) {
+  auto pool = MakePool(2);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
+  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  ASSERT_TRUE(fds.ok());
+  ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
+  ASSERT_EQ(pool->TrimFree(kChunk), kChunk);
+  char* mem = Map((*fds)[0]);  // the caller's dup() still maps
+  mem[0] = 'x';
+  munmap(mem, kChunk);
+}
+
+TEST_F(NodePoolTest, AFailingSourceTakesNothingAndKeepsWhatItCreated) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0]}).ok());  // 1 cached
+  source_.fail_after = 4;  // 2 more chunks, then out of memory
+  absl::Status s = pool->Acquire(2, 5 * kChunk).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "creating chunk 3 of 4 from the test source: the device is out of "
+            "memory");
+  EXPECT_FALSE(IsNodeShortage(s));
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
+  EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
+  EXPECT_EQ(stats.free_bytes, 3 * kChunk);  // the cached one + 2 new
+  EXPECT_EQ(stats.created_bytes, 4 * kChunk);
+  EXPECT_EQ(stats.chunks_reused_total, 0u);
+  EXPECT_EQ(stats.creating_bytes, 0u);
+  source_.fail_after = -1;
+  absl::StatusOr<Grant> b = pool->Acquire(2, 5 * kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->reused_chunks, 3u);
+}
+
+TEST_F(NodePoolTest, CreationRunsOutsideTheLockAndReservesCapacity) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> cached = pool->Acquire(2, kChunk);
+  ASSERT_TRUE(pool->Release(2, cached->chunk_ids).ok());
+  absl::Notification gate;
+  source_.gate = &gate;
+  absl::StatusOr<Grant> slow;
+  std::thread acquirer([&] { slow = pool->Acquire(1, 3 * kChunk); });
+  source_.entered.WaitForNotification();
+  // While session 1's chunks are being created, the pool answers...
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.creating_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 3 * kChunk);
+  // ...its reserved chunk is not releasable yet, and the capacity that is
+  // being created is not given out twice.
+  EXPECT_EQ(pool->Release(1, cached->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ShortfallBytes(pool->Acquire(2, 2 * kChunk).status()), kChunk);
+  source_.gate = nullptr;
+  gate.Notify();
+  acquirer.join();
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->reused_chunks, 1u);
+  EXPECT_EQ(slow->chunk_ids.size(), 3u);
+  EXPECT_TRUE(pool->Claim(slow->token, 1).ok());
+  stats = pool->Stats();
+  EXPECT_EQ(stats.creating_bytes, 0u);
+  EXPECT_EQ(stats.in_use_bytes, 3 * kChunk);
+}
+
+TEST_F(NodePoolTest, EndingASessionMidAcquireAbortsItAndCachesTheChunks) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::Notification gate;
+  source_.gate = &gate;
+  absl::StatusOr<Grant> slow;
+  std::thread acquirer([&] { slow = pool->Acquire(1, 2 * kChunk); });
+  source_.entered.WaitForNotification();
+  EXPECT_EQ(pool->EndSession(1), 0u);  // nothing created yet
+  ASSERT_TRUE(pool->AddSession(1, 0, 5).ok());  // a new session, same id
+  source_.gate = nullptr;
+  gate.Notify();
+  acquirer.join();
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kAborted);
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
+  EXPECT_EQ(stats.creating_bytes, 0u);
 }
 
 TEST_F(NodePoolTest, ConcurrentSessionsNeverShareAChunk) {
-  NodePool pool = MakePool(64);
   constexpr int kThreads = 4;
-  for (int t = 0; t < kThreads; ++t) ASSERT_TRUE(pool.AddSession(t + 1, 0, t + 1).ok());
+  constexpr uint64_t kCapacity = 24;
+  auto pool = MakePool(kCapacity);
+  // owner[chunk id]: which session the test thinks holds it.
+  std::vector<std::atomic<uint64_t>> owner(1024);
+  std::atomic<int> overlaps{0}, shortages{0}, grants{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&pool, session = uint64_t(t + 1)] {
-      for (int i = 0; i < 300; ++i) {
-        absl::StatusOr<Grant> g = pool.Acquire(session, (1 + i % 5) * kChunk);
-        if (!g.ok()) continue;
-        EXPECT_TRUE(pool.Release(session, g->chunk_ids).ok());
+    threads.emplace_back([&, t] {
+      std::mt19937 random(t);
+      uint64_t session = t + 1;
+      const pid_t pid = 100 + t;
+      EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid).ok());
+      std::vector<uint64_t> held;
+      for (int i = 0; i < 400; ++i) {
+        const int action = random() % 10;
+        if (action < 5) {
+          absl::StatusOr<Grant> g = pool->Acquire(session, (1 + random() % 4) * kChunk);
+          if (!g.ok()) {
+            EXPECT_TRUE(IsNodeShortage(g.status())) << g.status();
+            ++shortages;
+            continue;
+          }
+          ++grants;
+          for (uint64_t id : g->chunk_ids) {
+            uint64_t expected = 0;
+            if (id >= owner.size() ||
+                !owner[id].compare_exchange_strong(expected, session)) {
+              ++overlaps;
+            }
+            held.push_back(id);
+          }
+          absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, pid);
+          EXPECT_TRUE(fds.ok()) << fds.status();
+          if (fds.ok()) {
+            EXPECT_EQ(fds->size(), g->chunk_ids.size());
+          }
+        } else if (action < 9 && !held.empty()) {
+          const size_t n = 1 + random() % held.size();
+          std::vector<uint64_t> some(held.end() - n, held.end());
+          held.resize(held.size() - n);
+          for (uint64_t id : some) owner[id] = 0;
+          EXPECT_TRUE(pool->Release(session, some).ok());
+        } else if (action == 9) {
+          for (uint64_t id : held) owner[id] = 0;
+          held.clear();
+          pool->EndSession(session);
+          session += kThreads;  // a new session of this thread
+          EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid).ok());
+          if (random() % 2) pool->TrimFree(kChunk);
+        }
+        const PoolStats stats = pool->Stats();
+        EXPECT_LE(stats.created_bytes + stats.creating_bytes, stats.capacity);
       }
+      for (uint64_t id : held) owner[id] = 0;
+      pool->EndSession(session);
     });
   }
   for (std::thread& t : threads) t.join();
-  PoolStats stats = pool.Stats();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(grants.load(), 0);
+  const PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.in_use_bytes, 0u);
-  EXPECT_LE(stats.free_bytes, stats.capacity);
+  EXPECT_EQ(stats.creating_bytes, 0u);
+  EXPECT_EQ(stats.free_bytes, stats.created_bytes);
+  EXPECT_LE(stats.created_bytes, stats.capacity);
   EXPECT_GT(stats.chunks_reused_total, 0u);
+  EXPECT_THAT(stats.sessions, IsEmpty());
 }
 
 }  // namespace
