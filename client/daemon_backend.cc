@@ -11,21 +11,58 @@
 namespace allocd {
 namespace {
 
-absl::StatusOr<uint64_t> ReserveRange(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot reserve ", FormatSize(bytes), " of address space: ",
-        strerror(errno)));
+// Sim mode: chunks are memfd files; a reservation is PROT_NONE anonymous
+// memory that chunks are mmap()ed over.
+class MmapChunkMapper final : public ChunkMapper {
+ public:
+  absl::StatusOr<uint64_t> Reserve(size_t bytes) override {
+    void* p = mmap(nullptr, bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot reserve ", FormatSize(bytes), " of address space: ",
+          strerror(errno)));
+    }
+    return reinterpret_cast<uint64_t>(p);
   }
-  return reinterpret_cast<uint64_t>(p);
-}
+
+  void Free(uint64_t address, size_t bytes) override {
+    munmap(reinterpret_cast<void*>(address), bytes);
+  }
+
+  absl::StatusOr<uint64_t> Map(uint64_t address, size_t chunk_bytes, int fd,
+                               uint64_t offset) override {
+    void* p = mmap(reinterpret_cast<void*>(address), chunk_bytes,
+                   PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                   static_cast<off_t>(offset));
+    if (p == MAP_FAILED) {
+      return absl::InternalError(
+          absl::StrCat("mmap of a daemon chunk: ", strerror(errno)));
+    }
+    return 0;
+  }
+
+  void Unmap(uint64_t address, size_t bytes, size_t,
+             absl::Span<const ChunkMapping>) override {
+    // One call for the whole range, whatever is mapped in it.
+    mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  }
+};
 
 }  // namespace
 
+std::unique_ptr<ChunkMapper> MakeMmapChunkMapper() {
+  return std::make_unique<MmapChunkMapper>();
+}
+
 DaemonBackend::DaemonBackend(DaemonClient* client)
+    : DaemonBackend(client, MakeMmapChunkMapper()) {}
+
+DaemonBackend::DaemonBackend(DaemonClient* client,
+                             std::unique_ptr<ChunkMapper> mapper)
     : client_(client),
+      mapper_(std::move(mapper)),
       total_(client->capacity_bytes()),
       chunk_bytes_(client->chunk_bytes()) {}
 
@@ -52,20 +89,24 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
   }
   for (size_t i = 0; i < got->ids.size(); ++i) {
     const uint64_t at = address + i * got->chunk_bytes;
-    void* p = mmap(reinterpret_cast<void*>(at), got->chunk_bytes,
-                   PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                   got->fds[i].get(), static_cast<off_t>(got->offsets[i]));
-    if (p == MAP_FAILED) {
-      const int error = errno;
+    absl::StatusOr<uint64_t> handle = mapper_->Map(
+        at, got->chunk_bytes, got->fds[i].get(), got->offsets[i]);
+    if (!handle.ok()) {
       // Give back what this call took: the mapped ones and the rest.
       Unmap(address, i * got->chunk_bytes, true);
       std::vector<uint64_t> rest(got->ids.begin() + i, got->ids.end());
       (void)client_->Release(got->epoch, rest);
-      return absl::InternalError(
-          absl::StrCat("mmap of a daemon chunk: ", strerror(error)));
+      return handle.status();
     }
-    chunks_[at] = {.epoch = got->epoch, .id = got->ids[i]};
+    // The mapping holds the memory: the FD is no longer needed.
+    got->fds[i].reset();
+    chunks_[at] = {.epoch = got->epoch, .id = got->ids[i], .handle = *handle};
     held_ += got->chunk_bytes;
+  }
+  const size_t mapped = got->ids.size() * got->chunk_bytes;
+  if (absl::Status s = mapper_->EnableAccess(address, mapped); !s.ok()) {
+    Unmap(address, mapped, true);
+    return s;
   }
   return absl::OkStatus();
 }
@@ -73,17 +114,19 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
                           bool keep_reservation) {
   std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
+  std::vector<ChunkMapping> mappings;
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + bytes;) {
     ids_by_epoch[it->second.epoch].push_back(it->second.id);
+    mappings.push_back({.address = it->first, .handle = it->second.handle});
     held_ -= chunk_bytes_;
     it = chunks_.erase(it);
   }
-  if (keep_reservation) {
-    mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-  } else {
-    munmap(reinterpret_cast<void*>(address), bytes);
+  if (!mappings.empty()) {
+    mapper_->Unmap(address, bytes, chunk_bytes_, mappings);
+  }
+  if (!keep_reservation) {
+    mapper_->Free(address, bytes);
     ranges_.erase(address);
   }
   for (const auto& [epoch, ids] : ids_by_epoch) {
@@ -92,11 +135,11 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
-  absl::StatusOr<uint64_t> address = ReserveRange(bytes);
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (!address.ok()) return address;
   ranges_[*address] = bytes;
   if (absl::Status s = Map(*address, bytes); !s.ok()) {
-    munmap(reinterpret_cast<void*>(*address), bytes);
+    mapper_->Free(*address, bytes);
     ranges_.erase(*address);
     return s;
   }
@@ -108,7 +151,7 @@ void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::ReserveAddressRange(size_t bytes) {
-  absl::StatusOr<uint64_t> address = ReserveRange(bytes);
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (address.ok()) ranges_[*address] = bytes;
   return address;
 }

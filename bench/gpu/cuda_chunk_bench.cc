@@ -1,0 +1,317 @@
+// Chunk acquire latency through the daemon on a GPU: what a client pays
+// where PyTorch would call cudaMalloc, when the memory comes from
+// `allocd serve --backend cuda` in another process.
+//
+//   cuda_chunk_bench [--allocd BIN | --socket SOCKET] [--iterations N]
+//                    [--out FILE.json]
+//
+// Starts `allocd serve --backend cuda` (BIN, default: the build's or
+// $ALLOCD_BINARY) on a temporary socket unless --socket names a running
+// one, connects with the real client library and maps chunks with
+// CudaDaemonBackend. Prints one JSON object (and writes it to --out), with
+// p50/p90/p99/mean/min/max in microseconds of:
+// - acquire_map_cold_2MiB: AllocateSegment(2 MiB) when the daemon must
+//   create the chunk (cuMemCreate + export in the daemon, AcquireChunks
+//   RPC, FD over SCM_RIGHTS, import, reserve, map, set access);
+// - acquire_map_2MiB: the same, the chunk coming from the pool's cache (the
+//   steady state: memory one process freed, the next one gets);
+// - free_2MiB: FreeSegment (synchronize, unmap, release, free the range,
+//   ReleaseChunks RPC);
+// - acquire_map_64MiB: AllocateSegment of 32 cached chunks;
+// - step_*: the 2 MiB warm path taken apart (Acquire RPC + FD claim,
+//   import, close, reserve, map, set access);
+// - local_create_map_2MiB: no daemon: cuMemCreate + reserve + map + set
+//   access in this process (what PyTorch's expandable segments pay).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/cuda/cuda_driver.h"
+#include "client/cuda_daemon_backend.h"
+#include "client/daemon_client.h"
+#include "ipc/unix_socket.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace allocd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Micros(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+nlohmann::json Summary(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  auto pct = [&](double p) {
+    const size_t i = static_cast<size_t>(
+        std::max(0.0, std::ceil(p * static_cast<double>(us.size())) - 1));
+    return us[std::min(i, us.size() - 1)];
+  };
+  double sum = 0;
+  for (double u : us) sum += u;
+  auto round = [](double v) { return std::round(v * 10) / 10; };
+  return {{"n", us.size()},
+          {"p50_us", round(pct(0.50))},
+          {"p90_us", round(pct(0.90))},
+          {"p99_us", round(pct(0.99))},
+          {"mean_us", round(sum / static_cast<double>(us.size()))},
+          {"min_us", round(us.front())},
+          {"max_us", round(us.back())}};
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "cuda_chunk_bench: %s: %s\n", what.c_str(),
+               std::string(s.message()).c_str());
+  return 1;
+}
+
+#define CHECK_OK(what, expr)                            \
+  if (absl::Status s_ = (expr); !s_.ok()) return Fail(what, s_)
+
+int Run(int argc, char** argv) {
+  const char* env_allocd = std::getenv("ALLOCD_BINARY");
+  std::string allocd = env_allocd != nullptr ? env_allocd : ALLOCD_BINARY;
+  std::string socket;
+  std::string out;
+  int iterations = 2000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      return i + 1 < argc ? argv[++i] : "";
+    };
+    if (a == "--allocd") {
+      allocd = value();
+    } else if (a == "--socket") {
+      socket = value();
+    } else if (a == "--iterations") {
+      iterations = std::max(10, std::atoi(value().c_str()));
+    } else if (a == "--out") {
+      out = value();
+    } else if (a == "--help" || a == "-h") {
+      std::printf(
+          "cuda_chunk_bench [--allocd BIN | --socket SOCKET] [--iterations "
+          "N] [--out FILE.json]\nchunk acquire latency through allocd serve "
+          "--backend cuda; prints JSON\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "cuda_chunk_bench: unknown argument %s\n",
+                   a.c_str());
+      return 64;
+    }
+  }
+  CHECK_OK("CUDA", cuda::Init());
+
+  pid_t daemon = -1;
+  std::string dir;
+  if (socket.empty()) {
+    std::string pattern = "/tmp/allocd_bench_XXXXXX";
+    dir = mkdtemp(pattern.data());
+    socket = dir + "/allocd.sock";
+    std::vector<std::string> args = {allocd,     "serve",          "--backend",
+                                     "cuda",     "--socket",       socket,
+                                     "--metrics-addr", "",         "--capacity",
+                                     "4GiB"};
+    std::vector<char*> argv_d;
+    for (std::string& s : args) argv_d.push_back(s.data());
+    argv_d.push_back(nullptr);
+    if (posix_spawn(&daemon, argv_d[0], nullptr, nullptr, argv_d.data(),
+                    environ) != 0) {
+      std::fprintf(stderr, "cuda_chunk_bench: cannot start %s\n",
+                   allocd.c_str());
+      return 1;
+    }
+    for (int i = 0; i < 6000 && !ConnectUnix(socket).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  struct StopDaemon {
+    pid_t pid;
+    ~StopDaemon() {
+      if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } stop{daemon};
+
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+      DaemonClient::Connect({.socket = socket, .job = "cuda-chunk-bench"});
+  if (!client.ok()) return Fail("connect", client.status());
+  absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
+      CudaDaemonBackend::Create(client->get(), 0);
+  if (!backend.ok()) return Fail("CudaDaemonBackend", backend.status());
+  const size_t chunk = (*client)->chunk_bytes();
+  nlohmann::json results;
+
+  // Cold: every chunk new in the daemon.
+  {
+    std::vector<double> us;
+    std::vector<uint64_t> held;
+    const int cold = std::min(iterations, 256);
+    for (int i = 0; i < cold; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<uint64_t> a = (*backend)->AllocateSegment(chunk);
+      const auto t1 = Clock::now();
+      if (!a.ok()) return Fail("AllocateSegment (cold)", a.status());
+      us.push_back(Micros(t0, t1));
+      held.push_back(*a);
+    }
+    for (uint64_t a : held) (*backend)->FreeSegment(a, chunk);
+    results["acquire_map_cold_2MiB"] = Summary(us);
+  }
+  // Warm: acquire + map, free, again (the chunk comes back from the cache).
+  {
+    std::vector<double> alloc_us;
+    std::vector<double> free_us;
+    for (int i = 0; i < iterations + 50; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<uint64_t> a = (*backend)->AllocateSegment(chunk);
+      const auto t1 = Clock::now();
+      if (!a.ok()) return Fail("AllocateSegment", a.status());
+      (*backend)->FreeSegment(*a, chunk);
+      const auto t2 = Clock::now();
+      if (i < 50) continue;  // warm-up
+      alloc_us.push_back(Micros(t0, t1));
+      free_us.push_back(Micros(t1, t2));
+    }
+    results["acquire_map_2MiB"] = Summary(alloc_us);
+    results["free_2MiB"] = Summary(free_us);
+  }
+  {
+    std::vector<double> us;
+    for (int i = 0; i < std::max(10, iterations / 10); ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<uint64_t> a = (*backend)->AllocateSegment(32 * chunk);
+      const auto t1 = Clock::now();
+      if (!a.ok()) return Fail("AllocateSegment (64 MiB)", a.status());
+      (*backend)->FreeSegment(*a, 32 * chunk);
+      if (i > 0) us.push_back(Micros(t0, t1));
+    }
+    results["acquire_map_64MiB"] = Summary(us);
+  }
+  // The warm path taken apart, with the driver called directly.
+  {
+    absl::StatusOr<cuda::PrimaryContext> context =
+        cuda::PrimaryContext::Open(0);
+    if (!context.ok()) return Fail("context", context.status());
+    std::vector<double> acquire, import, close_fd, reserve, map, access;
+    for (int i = 0; i < iterations; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<ReceivedChunks> got = (*client)->Acquire(chunk);
+      const auto t1 = Clock::now();
+      if (!got.ok()) return Fail("Acquire", got.status());
+      absl::StatusOr<CUmemGenericAllocationHandle> handle =
+          cuda::ImportFromFd(got->fds[0].get());
+      const auto t2 = Clock::now();
+      if (!handle.ok()) return Fail("import", handle.status());
+      got->fds[0].reset();
+      const auto t3 = Clock::now();
+      absl::StatusOr<CUdeviceptr> va = cuda::AddressReserve(chunk);
+      const auto t4 = Clock::now();
+      if (!va.ok()) return Fail("reserve", va.status());
+      CHECK_OK("map", cuda::MemMap(*va, chunk, *handle));
+      const auto t5 = Clock::now();
+      CHECK_OK("access",
+               cuda::SetReadWriteAccess(*va, chunk, context->device()));
+      const auto t6 = Clock::now();
+      CHECK_OK("unmap", cuda::MemUnmap(*va, chunk));
+      CHECK_OK("release", cuda::MemRelease(*handle));
+      CHECK_OK("free", cuda::AddressFree(*va, chunk));
+      CHECK_OK("Release", (*client)->Release(got->epoch, got->ids));
+      acquire.push_back(Micros(t0, t1));
+      import.push_back(Micros(t1, t2));
+      close_fd.push_back(Micros(t2, t3));
+      reserve.push_back(Micros(t3, t4));
+      map.push_back(Micros(t4, t5));
+      access.push_back(Micros(t5, t6));
+    }
+    results["step_acquire_rpc_and_fd"] = Summary(acquire);
+    results["step_import"] = Summary(import);
+    results["step_close_fd"] = Summary(close_fd);
+    results["step_reserve"] = Summary(reserve);
+    results["step_map"] = Summary(map);
+    results["step_set_access"] = Summary(access);
+
+    // No daemon at all.
+    const CUmemAllocationProp prop =
+        cuda::DeviceMemoryProp(context->device(), false);
+    std::vector<double> local;
+    for (int i = 0; i < iterations; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<CUmemGenericAllocationHandle> h =
+          cuda::MemCreate(chunk, prop);
+      if (!h.ok()) return Fail("cuMemCreate", h.status());
+      absl::StatusOr<CUdeviceptr> va = cuda::AddressReserve(chunk);
+      if (!va.ok()) return Fail("reserve", va.status());
+      CHECK_OK("map", cuda::MemMap(*va, chunk, *h));
+      CHECK_OK("access",
+               cuda::SetReadWriteAccess(*va, chunk, context->device()));
+      const auto t1 = Clock::now();
+      CHECK_OK("unmap", cuda::MemUnmap(*va, chunk));
+      CHECK_OK("release", cuda::MemRelease(*h));
+      CHECK_OK("free", cuda::AddressFree(*va, chunk));
+      local.push_back(Micros(t0, t1));
+    }
+    results["local_create_map_2MiB"] = Summary(local);
+  }
+
+  absl::StatusOr<CUdevice> device = cuda::GetDevice(0);
+  absl::StatusOr<std::string> name =
+      device.ok() ? cuda::DeviceName(*device)
+                  : absl::StatusOr<std::string>(device.status());
+  absl::StatusOr<int> version = cuda::DriverVersion();
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const double p50 = results["acquire_map_2MiB"]["p50_us"].get<double>();
+  nlohmann::json report = {
+      {"benchmark", "cuda_chunk_bench"},
+      {"date", date},
+      {"device", name.ok() ? *name : "unknown"},
+      {"cuda_driver_api", version.ok() ? absl::StrCat(*version / 1000, ".",
+                                                      *version % 1000 / 10)
+                                       : "unknown"},
+      {"chunk_bytes", chunk},
+      {"iterations", iterations},
+      {"daemon", daemon > 0 ? "allocd serve --backend cuda, started by the "
+                              "benchmark (separate process)"
+                            : "allocd serve at " + socket},
+      {"target", {{"acquire_map_2MiB_p50_us_max", 500},
+                  {"met", p50 <= 500}}},
+      {"results", results}};
+  const std::string text = report.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (!out.empty()) std::ofstream(out) << text << "\n";
+  backend->reset();
+  client->reset();
+  if (!dir.empty()) {
+    // The daemon removes its sockets on SIGTERM; the directory goes after.
+    kill(daemon, SIGTERM);
+    waitpid(daemon, nullptr, 0);
+    stop.pid = -1;
+    rmdir(dir.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace allocd
+
+int main(int argc, char** argv) { return allocd::Run(argc, argv); }

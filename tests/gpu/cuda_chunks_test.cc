@@ -1,0 +1,454 @@
+// GPU memory from the daemon, end to end: a real `allocd serve --backend
+// cuda` process, clients in this process and in others (cuda_test_client)
+// that map its chunks with CudaDaemonBackend through the real client
+// library. Every test that needs a GPU skips without one (CI has no driver);
+// there, `allocd serve --backend cuda` must fail with a clear error.
+//
+// The binaries are the build's, or those named by $ALLOCD_BINARY,
+// $ALLOCCTL_BINARY and $CUDA_TEST_CLIENT_BINARY (a copy run elsewhere).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/bytes.h"
+#include "allocator/cuda/cuda_driver.h"
+#include "allocd.grpc.pb.h"
+#include "client/cuda_daemon_backend.h"
+#include "client/daemon_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel_posix.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "ipc/unix_socket.h"
+#include "server/pool/cuda_chunk_source.h"
+#include "tests/gpu/gpu_pattern.h"
+
+extern char** environ;
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+using gpu_test::CheckSegment;
+using gpu_test::WriteSegment;
+
+std::string Binary(const char* variable, const char* built) {
+  const char* from_env = std::getenv(variable);
+  return from_env != nullptr && *from_env != '\0' ? from_env : built;
+}
+
+// Why there is no GPU to test on, or "".
+std::string NoGpu() {
+  if (absl::Status s = cuda::Init(); !s.ok()) return std::string(s.message());
+  absl::StatusOr<int> count = cuda::DeviceCount();
+  if (!count.ok()) return std::string(count.status().message());
+  if (*count == 0) return "no CUDA device";
+  return "";
+}
+
+#define REQUIRE_GPU()                                       \
+  if (const std::string why = NoGpu(); !why.empty()) {      \
+    GTEST_SKIP() << "needs a GPU: " << why;                 \
+  }
+
+// A child process with its stdout and stderr on one pipe.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> args) {
+    int out[2];
+    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(),
+                          environ),
+              0)
+        << args[0];
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    output_.reset(out[0]);
+  }
+  ~Child() {
+    if (pid_ > 0) Kill();
+  }
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0 || reaped_) return false;
+    if (waitpid(pid_, &status_, WNOHANG) == 0) return true;
+    reaped_ = true;
+    return false;
+  }
+
+  // The next line of output, or "" after `timeout` or at its end.
+  std::string Line(absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      pollfd p{output_.get(), POLLIN, 0};
+      const int left =
+          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left <= 0 || poll(&p, 1, left) <= 0) return "";
+      char chunk[4096];
+      const ssize_t n = read(output_.get(), chunk, sizeof chunk);
+      if (n <= 0) return "";
+      buffer_.append(chunk, n);
+    }
+  }
+  // Everything printed until it closes its output (or `timeout`).
+  std::string Rest(absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::string out = std::move(buffer_);
+    buffer_.clear();
+    for (;;) {
+      pollfd p{output_.get(), POLLIN, 0};
+      const int left =
+          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left <= 0 || poll(&p, 1, left) <= 0) return out;
+      char chunk[4096];
+      const ssize_t n = read(output_.get(), chunk, sizeof chunk);
+      if (n <= 0) return out;
+      out.append(chunk, n);
+    }
+  }
+  // Exit code (128 + signal when killed).
+  int Wait() {
+    if (pid_ > 0 && !reaped_) waitpid(pid_, &status_, 0);
+    pid_ = -1;
+    return WIFEXITED(status_) ? WEXITSTATUS(status_)
+                              : 128 + WTERMSIG(status_);
+  }
+  void Kill() {
+    if (!reaped_) kill(pid_, SIGKILL);
+    Wait();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+  UniqueFd output_;
+  std::string buffer_;
+};
+
+std::string TempDir() {
+  std::string pattern = "/tmp/allocd_gpu_XXXXXX";
+  return mkdtemp(pattern.data());
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
+}
+
+// Starts `allocd serve --backend cuda` and waits for its socket; nullptr
+// (and `output` says why) when it exits instead.
+std::unique_ptr<Child> StartCudaDaemon(const std::string& socket,
+                                       std::string* output,
+                                       const std::string& capacity = "1GiB") {
+  unlink(socket.c_str());
+  auto daemon = std::make_unique<Child>(std::vector<std::string>{
+      Binary("ALLOCD_BINARY", ALLOCD_BINARY), "serve", "--backend", "cuda",
+      "--socket", socket, "--metrics-addr", "", "--capacity", capacity});
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    if (!daemon->running()) {
+      const int code = daemon->Wait();
+      *output = absl::StrCat("exit ", code, ": ", daemon->Rest());
+      return nullptr;
+    }
+    if (ConnectUnix(socket).ok()) return daemon;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  *output = "no socket within 60 s";
+  return nullptr;
+}
+
+// Without a GPU: a clear error and exit 1; with one: it serves GPU chunks.
+TEST(CudaServeTest, BackendCudaServesGpuChunksOrSaysWhyNot) {
+  const std::string dir = TempDir();
+  const std::string socket = dir + "/allocd.sock";
+  std::string output;
+  std::unique_ptr<Child> daemon = StartCudaDaemon(socket, &output);
+  if (const std::string why = NoGpu(); !why.empty()) {
+    ASSERT_EQ(daemon, nullptr) << "started without a GPU (" << why << ")";
+    EXPECT_THAT(output, HasSubstr("exit 1"));
+    EXPECT_THAT(output, HasSubstr("--backend cuda: no CUDA"));
+    std::printf("without a GPU: %s", output.c_str());
+    return;
+  }
+  ASSERT_NE(daemon, nullptr) << output;
+  auto admin = v1::Admin::NewStub(Dial(socket));
+  grpc::ClientContext context;
+  v1::StatusResponse status;
+  ASSERT_TRUE(admin->Status(&context, {}, &status).ok());
+  EXPECT_EQ(status.backend(), "cuda");
+  EXPECT_GE(status.chunk_bytes(), uint64_t{2} << 20);
+  EXPECT_EQ(status.chunk_bytes() % (uint64_t{2} << 20), 0u);
+}
+
+TEST(CudaDriverTest, CallsWithoutADriverSaySo) {
+  if (NoGpu().empty()) GTEST_SKIP() << "a driver and GPU are here";
+  absl::StatusOr<cuda::MemInfo> info = cuda::MemGetInfo();
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(info.status().message(), HasSubstr("no CUDA"));
+  absl::StatusOr<std::unique_ptr<CudaChunkSource>> source =
+      CudaChunkSource::Create(0);
+  EXPECT_THAT(source.status().message(), HasSubstr("no CUDA"));
+}
+
+// The chunk source alone, in this process: exported chunks import, map and
+// hold data; dropping the last reference releases them.
+TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
+  REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<CudaChunkSource>> source =
+      CudaChunkSource::Create(0);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const size_t chunk = (*source)->Granularity();
+  EXPECT_EQ(chunk % (size_t{2} << 20), 0u);
+  std::printf("%s\n", (*source)->Describe().c_str());
+  {
+    std::vector<ChunkMemory> chunks;
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk();
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ(c->offset, 0u);
+      EXPECT_TRUE(c->file->valid());
+      chunks.push_back(std::move(*c));
+    }
+    EXPECT_EQ((*source)->live_chunks(), 3u);
+    absl::StatusOr<std::unique_ptr<ChunkMapper>> mapper =
+        MakeCudaChunkMapper(0);
+    ASSERT_TRUE(mapper.ok()) << mapper.status();
+    absl::StatusOr<uint64_t> range = (*mapper)->Reserve(3 * chunk);
+    ASSERT_TRUE(range.ok()) << range.status();
+    std::vector<ChunkMapping> mapped;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      absl::StatusOr<uint64_t> handle = (*mapper)->Map(
+          *range + i * chunk, chunk, chunks[i].file->get(), 0);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      mapped.push_back({*range + i * chunk, *handle});
+    }
+    ASSERT_TRUE((*mapper)->EnableAccess(*range, 3 * chunk).ok());
+    ASSERT_TRUE(WriteSegment(*range, 3 * chunk, chunk).ok());
+    std::set<uint64_t> found;
+    EXPECT_EQ(CheckSegment(*range, 3 * chunk, chunk, &found), "");
+    EXPECT_EQ(found.size(), 3u);
+    (*mapper)->Unmap(*range, 3 * chunk, chunk, mapped);
+    (*mapper)->Free(*range, 3 * chunk);
+  }
+  EXPECT_EQ((*source)->live_chunks(), 0u);
+}
+
+class CudaChunksTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    dir_ = TempDir();
+    socket_ = dir_ + "/allocd.sock";
+    StartDaemon();
+  }
+
+  void StartDaemon() {
+    std::string output;
+    daemon_ = StartCudaDaemon(socket_, &output);
+    ASSERT_NE(daemon_, nullptr) << output;
+    admin_ = v1::Admin::NewStub(Dial(socket_));
+  }
+
+  v1::StatusResponse Status() {
+    grpc::ClientContext context;
+    v1::StatusResponse r;
+    EXPECT_TRUE(admin_->Status(&context, {}, &r).ok());
+    return r;
+  }
+
+  absl::Duration WaitForInUse(uint64_t bytes, absl::Duration limit) {
+    const absl::Time start = absl::Now();
+    while (Status().in_use_bytes() != bytes && absl::Now() - start < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return absl::Now() - start;
+  }
+
+  std::unique_ptr<DaemonClient> Client(std::string job = "gpu-test") {
+    absl::StatusOr<std::unique_ptr<DaemonClient>> c = DaemonClient::Connect(
+        {.socket = socket_, .job = job, .reconnect_wait = absl::Seconds(20)});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  std::unique_ptr<CudaDaemonBackend> Backend(DaemonClient* client) {
+    absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> b =
+        CudaDaemonBackend::Create(client, 0);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? std::move(*b) : nullptr;
+  }
+
+  std::unique_ptr<Child> Helper(const std::string& mode, uint64_t bytes) {
+    return std::make_unique<Child>(std::vector<std::string>{
+        Binary("CUDA_TEST_CLIENT_BINARY", CUDA_TEST_CLIENT_BINARY), mode,
+        socket_, std::to_string(bytes)});
+  }
+
+  std::string Allocctl(const std::string& command) {
+    Child allocctl({Binary("ALLOCCTL_BINARY", ALLOCCTL_BINARY), "--socket",
+                    socket_, command});
+    std::string out = allocctl.Rest();
+    EXPECT_EQ(allocctl.Wait(), 0) << out;
+    return out;
+  }
+
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+TEST_F(CudaChunksTest, SegmentIsContiguousGpuMemoryThatTheNextProcessReads) {
+  std::unique_ptr<DaemonClient> client = Client();
+  std::unique_ptr<CudaDaemonBackend> backend = Backend(client.get());
+  ASSERT_NE(backend, nullptr);
+  const uint64_t chunk = client->chunk_bytes();
+  const uint64_t bytes = 4 * chunk;
+  absl::StatusOr<uint64_t> segment = backend->AllocateSegment(bytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  // One memset and one copy each span all four chunks.
+  ASSERT_TRUE(WriteSegment(*segment, bytes, chunk).ok());
+  std::set<uint64_t> found;
+  EXPECT_EQ(CheckSegment(*segment, bytes, chunk, &found), "");
+  EXPECT_EQ(backend->held_bytes(), bytes);
+  EXPECT_EQ(Status().in_use_bytes(), bytes);
+  EXPECT_EQ(Status().chunks_created_total(), 4u);
+
+  // Freed: unmapped here, back in the daemon's pool (cached free)...
+  backend->FreeSegment(*segment, bytes);
+  EXPECT_EQ(backend->held_bytes(), 0u);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), bytes);
+
+  // ... and another process gets the same GPU memory, data and all.
+  std::unique_ptr<Child> reader = Helper("read", bytes);
+  EXPECT_EQ(reader->Line(), "verified 4");
+  EXPECT_EQ(reader->Wait(), 0);
+  v1::StatusResponse after = Status();
+  EXPECT_EQ(after.chunks_created_total(), 4u);
+  EXPECT_EQ(after.chunks_reused_total(), 4u);
+}
+
+TEST_F(CudaChunksTest, ExpandableRangeGrowsAndShrinksInPlace) {
+  std::unique_ptr<DaemonClient> client = Client();
+  std::unique_ptr<CudaDaemonBackend> backend = Backend(client.get());
+  ASSERT_NE(backend, nullptr);
+  const uint64_t chunk = client->chunk_bytes();
+  absl::StatusOr<uint64_t> range = backend->ReserveAddressRange(64 * chunk);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_TRUE(backend->MapPages(*range, 2 * chunk).ok());
+  ASSERT_TRUE(backend->MapPages(*range + 2 * chunk, 3 * chunk).ok());
+  // The two growths are one contiguous range.
+  ASSERT_TRUE(WriteSegment(*range, 5 * chunk, chunk).ok());
+  std::set<uint64_t> found;
+  EXPECT_EQ(CheckSegment(*range, 5 * chunk, chunk, &found), "");
+  EXPECT_EQ(backend->held_bytes(), 5 * chunk);
+
+  backend->UnmapPages(*range + 2 * chunk, 3 * chunk);
+  EXPECT_EQ(backend->held_bytes(), 2 * chunk);
+  found.clear();
+  EXPECT_EQ(CheckSegment(*range, 2 * chunk, chunk, &found), "");
+  // Grows again into the same addresses, with chunks from the pool.
+  ASSERT_TRUE(backend->MapPages(*range + 2 * chunk, 2 * chunk).ok());
+  EXPECT_EQ(Status().chunks_created_total(), 5u);
+  backend->UnmapPages(*range, 4 * chunk);
+  backend->ReleaseAddressRange(*range, 64 * chunk);
+  EXPECT_EQ(backend->held_bytes(), 0u);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), 5 * chunk);
+}
+
+TEST_F(CudaChunksTest, DaemonKilledWithSigkillLeavesMappedMemoryReadable) {
+  std::unique_ptr<DaemonClient> client = Client();
+  std::unique_ptr<CudaDaemonBackend> backend = Backend(client.get());
+  ASSERT_NE(backend, nullptr);
+  const uint64_t chunk = client->chunk_bytes();
+  absl::StatusOr<uint64_t> segment = backend->AllocateSegment(2 * chunk);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(WriteSegment(*segment, 2 * chunk, chunk).ok());
+
+  daemon_->Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::set<uint64_t> found;
+  EXPECT_EQ(CheckSegment(*segment, 2 * chunk, chunk, &found), "")
+      << "after the daemon's SIGKILL";
+  // Still writable too.
+  ASSERT_TRUE(WriteSegment(*segment, 2 * chunk, chunk).ok());
+
+  // A new daemon: the client reconnects and gets new memory; the old
+  // segment stays mapped and its data intact.
+  StartDaemon();
+  absl::StatusOr<uint64_t> fresh = backend->AllocateSegment(chunk);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(client->epoch(), 2u);
+  ASSERT_TRUE(cuda::MemsetD8(*fresh, 0x33, chunk).ok());
+  found.clear();
+  EXPECT_EQ(CheckSegment(*segment, 2 * chunk, chunk, &found), "");
+  EXPECT_EQ(Status().in_use_bytes(), chunk);  // the new daemon's only
+  backend->FreeSegment(*segment, 2 * chunk);  // the old daemon's: local only
+  backend->FreeSegment(*fresh, chunk);
+  EXPECT_EQ(Status().free_bytes(), chunk);
+}
+
+TEST_F(CudaChunksTest, ClientKilledWithSigkillGivesItsGpuChunksBack) {
+  const uint64_t chunk = Status().chunk_bytes();
+  std::unique_ptr<Child> holder = Helper("hold", 8 * chunk);
+  ASSERT_THAT(holder->Line(), HasSubstr("ready"));
+  EXPECT_EQ(Status().in_use_bytes(), 8 * chunk);
+  EXPECT_EQ(Status().sessions(), 1u);
+  const std::string before = Allocctl("status");
+  EXPECT_THAT(before, HasSubstr("backend cuda"));
+  EXPECT_THAT(before, HasSubstr(absl::StrCat("pool: ", FormatSize(8 * chunk),
+                                             " in use, ", FormatSize(0),
+                                             " cached free")));
+
+  holder->Kill();
+  // The session ends: every chunk is back, cached free for the next one.
+  const absl::Duration back = WaitForInUse(0, absl::Seconds(5));
+  EXPECT_LT(back, absl::Seconds(1));
+  EXPECT_EQ(Status().free_bytes(), 8 * chunk);
+  EXPECT_EQ(Status().sessions(), 0u);
+  const std::string after = Allocctl("status");
+  std::printf("allocctl status after the client's SIGKILL (%s):\n%s",
+              absl::FormatDuration(back).c_str(), after.c_str());
+  EXPECT_THAT(after, HasSubstr(absl::StrCat(FormatSize(8 * chunk),
+                                            " cached free")));
+  EXPECT_THAT(after, HasSubstr("0 sessions"));
+
+  // The killed process's GPU memory, data and all, goes to the next one.
+  std::unique_ptr<Child> reader = Helper("read", 8 * chunk);
+  EXPECT_EQ(reader->Line(), "verified 8");
+  EXPECT_EQ(reader->Wait(), 0);
+  EXPECT_EQ(Status().chunks_created_total(), 8u);
+}
+
+}  // namespace
+}  // namespace allocd
