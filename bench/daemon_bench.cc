@@ -53,7 +53,7 @@
 #include "server/daemon.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
-#include "server/pool/chunk_source.h"
+#include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 
 extern char** environ;

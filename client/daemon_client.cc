@@ -357,13 +357,21 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
       absl::MutexLock lock(&c->lease_mu);
       answer = SideCall(c->lease.get(), claim, &chunks.fds);
     }
-    if (!answer.ok()) return answer.status();
-    chunks.offsets.assign(answer->offsets().begin(), answer->offsets().end());
-    if (chunks.fds.size() != chunks.ids.size() ||
-        chunks.offsets.size() != chunks.ids.size()) {
-      return absl::DataLossError(absl::StrCat(
-          "daemon sent ", chunks.fds.size(), " FDs for ", chunks.ids.size(),
-          " chunks"));
+    absl::Status claimed = answer.status();
+    if (claimed.ok()) {
+      chunks.offsets.assign(answer->offsets().begin(),
+                            answer->offsets().end());
+      if (chunks.fds.size() != chunks.ids.size() ||
+          chunks.offsets.size() != chunks.ids.size()) {
+        claimed = absl::DataLossError(
+            absl::StrCat("daemon sent ", chunks.fds.size(), " FDs for ",
+                         chunks.ids.size(), " chunks"));
+      }
+    }
+    if (!claimed.ok()) {
+      // Unusable here, so not ours to keep: the session must not hold them.
+      (void)Release(c->epoch, chunks.ids);
+      return claimed;
     }
     return chunks;
   }

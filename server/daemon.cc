@@ -10,13 +10,14 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "ipc/unix_socket.h"
 #include "server/config_watcher.h"
 #include "server/daemon_core.h"
 #include "server/grpc_services.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
-#include "server/pool/chunk_source.h"
+#include "server/pool/memfd_chunk_source.h"
 #ifdef ALLOCD_WITH_CUDA
 #include "server/pool/cuda_chunk_source.h"
 #endif
@@ -28,6 +29,26 @@ namespace {
 
 // Bounds what a client can make the daemon parse in one message.
 constexpr int kMaxMessageBytes = 1 << 20;
+// Descriptors the daemon needs besides its chunks: sockets of clients,
+// leases, FDs in flight to clients, files.
+constexpr uint64_t kFdHeadroom = 512;
+
+// The pool holds one FD per chunk: a full pool must fit in RLIMIT_NOFILE,
+// or the daemon would fail deep into a job's run instead of at start.
+absl::Status CheckOpenFileLimit(uint64_t capacity, size_t granularity) {
+  absl::StatusOr<uint64_t> limit = RaiseOpenFileLimit();
+  if (!limit.ok()) return limit.status();
+  const uint64_t chunks = (capacity + granularity - 1) / granularity;
+  if (chunks + kFdHeadroom <= *limit) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--capacity ", FormatSize(capacity), " is ", chunks, " chunks of ",
+      FormatSize(granularity), ", one file descriptor each, plus ",
+      kFdHeadroom, " for sockets: more than RLIMIT_NOFILE allows (", *limit,
+      "). Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
+      "docker --ulimit nofile=) or lower --capacity to at most ",
+      FormatSize(*limit > kFdHeadroom ? (*limit - kFdHeadroom) * granularity
+                                      : 0)));
+}
 
 absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
     const std::string& backend) {
@@ -85,6 +106,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       MakeChunkSource(o.backend);
   if (!chunks.ok()) return chunks.status();
   parts->chunks = std::move(*chunks);
+  if (absl::Status fds = CheckOpenFileLimit(o.capacity,
+                                            parts->chunks->Granularity());
+      !fds.ok()) {
+    return fds;
+  }
   parts->pool = std::make_unique<NodePool>(parts->chunks.get(), o.capacity);
   const std::string fd_socket = o.socket + ".fds";
   parts->core = std::make_unique<DaemonCore>(

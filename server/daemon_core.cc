@@ -119,10 +119,15 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
   if (!grant.ok() && IsNodeShortage(grant.status())) {
     Reclaim(r.session_id(), r.bytes());
     grant = pool_->Acquire(r.session_id(), r.bytes());
+  }
+  (*session)->EndAcquire();
+  if (absl::IsResourceExhausted(grant.status())) {
+    (*session)->NoteAcquireRefused();
   }
   PublishPool();
   if (!grant.ok()) return grant.status();
@@ -145,7 +150,9 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> cachers;
   uint64_t reclaimable = 0;
   for (std::shared_ptr<Session>& s : sessions_.List()) {
-    if (s->id() == except) continue;
+    // A session blocked in its own acquire answers no reclaim until that
+    // returns: waiting on it could only time out.
+    if (s->id() == except || s->acquiring()) continue;
     const std::map<std::string, int64_t> stats = s->Stats();
     auto reserved = stats.find("reserved_bytes.all.current");
     auto allocated = stats.find("allocated_bytes.all.current");
@@ -176,6 +183,20 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   }
 }
 
+void DaemonCore::SignalReleased() {
+  absl::MutexLock lock(&released_mu_);
+  released_cv_.SignalAll();
+}
+
+void DaemonCore::AbandonGrant(absl::string_view claim_token) {
+  const uint64_t returned = pool_->Abandon(claim_token);
+  if (returned == 0) return;
+  LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
+                       " went back to the pool: its client gave up waiting"));
+  SignalReleased();
+  PublishPool();
+}
+
 absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
     const PeerCredentials& peer, const v1::ReleaseChunksRequest& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
@@ -191,11 +212,7 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
   const uint64_t before = pool_->Stats().in_use_bytes;
   if (absl::Status s = pool_->Release(r.session_id(), ids); !s.ok()) return s;
   const uint64_t after = pool_->Stats().in_use_bytes;
-  {
-    absl::MutexLock lock(&released_mu_);
-    ++releases_;
-    released_cv_.SignalAll();
-  }
+  SignalReleased();
   PublishPool();
   v1::ReleaseChunksResponse response;
   response.set_released_bytes(before > after ? before - after : 0);
@@ -231,6 +248,10 @@ absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
   session.CountOom();
   metrics_->Oom(session.id());
   v1::OomResponse response;
+  // Only an OOM the config caused is a reason to take the config back: not
+  // one that followed a refusal of the node pool or a quota, which any
+  // config would have met.
+  if (session.TakeAcquireRefused()) return response;
   const AppliedConfig current = session.Current();
   std::optional<AppliedConfig> target = session.RollBackTarget();
   if (!target.has_value()) return response;
@@ -319,16 +340,9 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   std::shared_ptr<Session> session = sessions_.Remove(id);
   if (session == nullptr) return;
   session->Close();
-  const uint64_t held = pool_->Stats().sessions.contains(id)
-                            ? pool_->Stats().sessions.at(id).bytes
-                            : 0;
-  pool_->EndSession(id);
+  const uint64_t held = pool_->EndSession(id);
   metrics_->SessionEnded(id);
-  {
-    absl::MutexLock lock(&released_mu_);
-    ++releases_;
-    released_cv_.SignalAll();
-  }
+  SignalReleased();
   PublishPool();
   LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
                        ", job \"", session->identity().job, "\") ended: ",

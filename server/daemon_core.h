@@ -74,6 +74,10 @@ class DaemonCore {
   absl::StatusOr<std::shared_ptr<Session>> Watch(const PeerCredentials& peer,
                                                  SessionId id);
 
+  // Gives back a grant whose client gave up on its AcquireChunks before
+  // the answer reached it (deadline, cancellation): nobody will claim it.
+  void AbandonGrant(absl::string_view claim_token);
+
   // --- side socket
   absl::Status Lease(const PeerCredentials& peer, SessionId id);
   // The FDs of a grant, for SCM_RIGHTS: dup()s the caller closes.
@@ -113,8 +117,11 @@ class DaemonCore {
   void Push(Session& session, const ConfigRecord& record, bool rollback,
             std::string reason);
   void PublishPool();
-  // Asks every session but `except` to release cached memory, then waits
-  // until `bytes` could be had or reclaim_wait passes.
+  // Wakes Reclaim()s waiting for memory to come back.
+  void SignalReleased();
+  // Asks every session but `except` that caches memory and is not itself
+  // waiting in an acquire to release it, then waits until `bytes` could be
+  // had or reclaim_wait passes.
   void Reclaim(SessionId except, uint64_t bytes);
 
   const DaemonCoreOptions options_;
@@ -127,7 +134,6 @@ class DaemonCore {
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;
   absl::CondVar released_cv_;
-  uint64_t releases_ ABSL_GUARDED_BY(released_mu_) = 0;
 };
 
 }  // namespace allocd

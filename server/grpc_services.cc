@@ -53,7 +53,16 @@ grpc::Status AllocdService::AcquireChunks(
     v1::AcquireChunksResponse* response) {
   return Handle(metrics_, peers_, context, "AcquireChunks",
                 [&](const PeerCredentials& peer) {
-                  return Into(core_->AcquireChunks(peer, *request), response);
+                  absl::Status s =
+                      Into(core_->AcquireChunks(peer, *request), response);
+                  // The answer would reach nobody: no chunk may stay
+                  // granted to a client that does not know of it.
+                  if (s.ok() && context->IsCancelled()) {
+                    core_->AbandonGrant(response->claim_token());
+                    return absl::CancelledError(
+                        "the client gave up before the chunks were granted");
+                  }
+                  return s;
                 });
 }
 

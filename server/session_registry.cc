@@ -47,6 +47,31 @@ bool Session::leased() const {
   return leased_;
 }
 
+void Session::BeginAcquire() {
+  absl::MutexLock lock(&mu_);
+  ++acquiring_;
+}
+
+void Session::EndAcquire() {
+  absl::MutexLock lock(&mu_);
+  --acquiring_;
+}
+
+bool Session::acquiring() const {
+  absl::MutexLock lock(&mu_);
+  return acquiring_ > 0;
+}
+
+void Session::NoteAcquireRefused() {
+  absl::MutexLock lock(&mu_);
+  acquire_refused_ = true;
+}
+
+bool Session::TakeAcquireRefused() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(acquire_refused_, false);
+}
+
 void Session::Acked(AppliedConfig config) {
   absl::MutexLock lock(&mu_);
   rolling_back_ = false;

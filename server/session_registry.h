@@ -66,6 +66,18 @@ class Session {
   void MarkLeased();
   bool leased() const;
 
+  // An AcquireChunks of this session is in flight: its client waits for it
+  // and cannot answer a reclaim request until it returns.
+  void BeginAcquire();
+  void EndAcquire();
+  bool acquiring() const;
+
+  // The daemon refused this session memory (node pool short, quota): the
+  // OOM the client reports next is the node's doing, not its config's.
+  // TakeAcquireRefused() tells and forgets.
+  void NoteAcquireRefused();
+  bool TakeAcquireRefused();
+
   // Config bookkeeping for ACK/NACK and rollback. `Acked` makes `config` the
   // one the session runs, remembering the one before it; `RollBackTarget`
   // is the config to return to after an OOM under a pushed version (nullopt
@@ -90,6 +102,8 @@ class Session {
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool leased_ ABSL_GUARDED_BY(mu_) = false;
+  int acquiring_ ABSL_GUARDED_BY(mu_) = 0;
+  bool acquire_refused_ ABSL_GUARDED_BY(mu_) = false;
   // Oldest first; the back is what the session runs now.
   std::vector<AppliedConfig> applied_ ABSL_GUARDED_BY(mu_);
   bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;

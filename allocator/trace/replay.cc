@@ -197,12 +197,13 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
         }
         break;
     }
+    bool go_on = true;
     if (observer != nullptr) {
       if (state != IdState::kFailed) observer->OnBlock(e, allocations[e.id]);
-      observer->AfterEvent(i, allocator);
+      go_on = observer->AfterEvent(i, allocator);
     }
     timeline.Observe(i, allocator.Stats(), result.timeline);
-    if (options.stop_at_first_oom && result.first_oom_event) {
+    if (!go_on || (options.stop_at_first_oom && result.first_oom_event)) {
       ++i;
       break;
     }

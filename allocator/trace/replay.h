@@ -59,7 +59,8 @@ struct ReplayResult {
   int64_t num_sync_all_streams = 0;
   // Index of the trace event whose allocation hit the first OOM.
   std::optional<uint64_t> first_oom_event;
-  // Events replayed (all of them unless stop_at_first_oom stopped early).
+  // Events replayed (all of them unless stop_at_first_oom or the observer
+  // stopped early).
   uint64_t events = 0;
   // Wall time of the replay itself.
   double seconds = 0;

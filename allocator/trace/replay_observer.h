@@ -59,11 +59,16 @@ class ReplayObserver {
 
   // The current event is done: a safe point to change the allocator, as a
   // live client applies a pushed config (Reconfigure) or empties its cache
-  // between allocations. Recording observers need not override it.
-  virtual void AfterEvent(uint64_t /*index*/, CachingAllocator& /*allocator*/) {}
+  // between allocations. Returning false ends the replay after this event
+  // (a live client whose time is up). Recording observers need not override
+  // it.
+  virtual bool AfterEvent(uint64_t /*index*/, CachingAllocator& /*allocator*/) {
+    return true;
+  }
 
-  // The replay ended (after the last event, or at the first OOM with
-  // stop_at_first_oom); `allocator` holds the end state.
+  // The replay ended (after the last event, at the first OOM with
+  // stop_at_first_oom, or when AfterEvent said so); `allocator` holds the
+  // end state.
   virtual void OnEnd(const CachingAllocator& allocator) = 0;
 };
 

@@ -49,7 +49,3 @@ class ChunkSource {
 
 #endif  // ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
 
-// Transitional: code written when MemfdChunkSource lived in this header
-// (server/daemon.cc, bench/daemon_bench.cc, tests/server/config_watcher_test.cc)
-// still finds it here. Remove once they include memfd_chunk_source.h.
-#include "server/pool/memfd_chunk_source.h"

@@ -157,8 +157,40 @@ std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
 
 void NodePool::DropExpiredClaims() {
   const absl::Time now = options_.now();
-  absl::erase_if(claims_,
-                 [now](const auto& c) { return c.second.expires <= now; });
+  absl::erase_if(claims_, [&](const auto& c) {
+    if (c.second.expires > now) return false;
+    ReturnUnclaimed(c.second);
+    return true;
+  });
+}
+
+uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
+  auto s = sessions_.find(claim.session);
+  if (s == sessions_.end() || s->second.incarnation != claim.incarnation) {
+    return 0;  // EndSession took the chunks back already.
+  }
+  uint64_t returned = 0;
+  for (uint64_t chunk_id : claim.chunk_ids) {
+    auto chunk = chunks_.find(chunk_id);
+    if (chunk == chunks_.end() || chunk->second.owner != claim.session ||
+        chunk->second.pending) {
+      continue;
+    }
+    s->second.chunks.erase(chunk_id);
+    ReturnToCache(chunk_id, chunk->second);
+    returned += chunk_bytes_;
+  }
+  SubtractHeld(s->second, returned);
+  return returned;
+}
+
+uint64_t NodePool::Abandon(absl::string_view token) {
+  absl::MutexLock lock(&mu_);
+  auto it = claims_.find(token);
+  if (it == claims_.end()) return 0;
+  const uint64_t returned = ReturnUnclaimed(it->second);
+  claims_.erase(it);
+  return returned;
 }
 
 std::string NodePool::AddClaim(SessionId id, const SessionState& s,

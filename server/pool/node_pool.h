@@ -111,8 +111,8 @@ class NodePool {
   struct Options {
     // Most bytes of live chunks (held + cached + being created).
     uint64_t capacity = 0;
-    // How long a claim token lives. An expired token dies; its chunks stay
-    // held by the session.
+    // How long a claim token lives. An expired token dies and its chunks go
+    // back to the cache: a client that never claims them cannot use them.
     absl::Duration token_ttl = absl::Seconds(30);
     // The clock for token expiry (tests move it).
     std::function<absl::Time()> now = [] { return absl::Now(); };
@@ -163,6 +163,12 @@ class NodePool {
   // out of FDs (the token stays valid: retry).
   absl::StatusOr<std::vector<ChunkFd>> Claim(absl::string_view token,
                                              pid_t claimer_pid);
+
+  // Gives back the chunks of a grant that was never claimed (the client
+  // gave up on its Acquire): they return to the cache, as when the token
+  // expires. Returns the bytes returned; 0 for an unknown, used or expired
+  // token.
+  uint64_t Abandon(absl::string_view token);
 
   // Returns chunks of session `id` to the cache. All or nothing:
   // InvalidArgument for an id listed twice, PermissionDenied naming the
@@ -230,6 +236,10 @@ class NodePool {
                        const std::vector<uint64_t>& chunk_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the chunks of an unclaimed grant that its session still holds
+  // to the cache; returns their bytes.
+  uint64_t ReturnUnclaimed(const PendingClaim& claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddHeld(SessionState& s, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubtractHeld(SessionState& s, uint64_t bytes)

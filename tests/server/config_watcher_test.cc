@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 
 namespace allocd {

@@ -296,7 +296,7 @@ TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
   EXPECT_EQ(pool->Claim("", 100).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(NodePoolTest, TokensExpireButTheChunksStayHeld) {
+TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
   auto pool = MakePool(4);
   ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
   absl::StatusOr<Grant> early = pool->Acquire(1, kChunk);
@@ -307,8 +307,13 @@ TEST_F(NodePoolTest, TokensExpireButTheChunksStayHeld) {
   now_ += absl::Seconds(1);  // 30 s: the default lifetime is over
   EXPECT_EQ(pool->Claim(late->token, 100).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, 2 * kChunk);
-  EXPECT_TRUE(pool->Release(1, late->chunk_ids).ok());
+  // Nobody can map the unclaimed chunk: it is not the session's any more.
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
+  EXPECT_EQ(stats.free_bytes, kChunk);
+  EXPECT_EQ(pool->Release(1, late->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(pool->Release(1, early->chunk_ids).ok());
 
   NodePool quick(&source_, {.capacity = 4 * kChunk,
                             .token_ttl = absl::Milliseconds(5),
@@ -318,6 +323,28 @@ TEST_F(NodePoolTest, TokensExpireButTheChunksStayHeld) {
   now_ += absl::Milliseconds(5);
   EXPECT_EQ(quick.Claim(g->token, 100).status().code(),
             absl::StatusCode::kNotFound);
+  EXPECT_EQ(quick.Stats().in_use_bytes, 0u);
+}
+
+TEST_F(NodePoolTest, AnAbandonedGrantGoesBackOnce) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
+  absl::StatusOr<Grant> given_up = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(kept.ok() && given_up.ok());
+  EXPECT_EQ(pool->Abandon(given_up->token), 2 * kChunk);
+  EXPECT_EQ(pool->Abandon(given_up->token), 0u);
+  EXPECT_EQ(pool->Claim(given_up->token, 100).status().code(),
+            absl::StatusCode::kNotFound);
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
+  EXPECT_EQ(stats.in_use_bytes, kChunk);
+  EXPECT_EQ(stats.free_bytes, 2 * kChunk);
+  // A grant whose chunks were released since is abandoned without effect.
+  ASSERT_TRUE(pool->Release(1, kept->chunk_ids).ok());
+  EXPECT_EQ(pool->Abandon(kept->token), 0u);
+  EXPECT_EQ(pool->Abandon("no such token"), 0u);
+  EXPECT_EQ(pool->Stats().in_use_bytes, 0u);
 }
 
 TEST_F(NodePoolTest, ClaimLeavesOutChunksReleasedSinceTheGrant) {

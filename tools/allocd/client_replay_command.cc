@@ -27,8 +27,12 @@ constexpr auto kTelemetryPeriod = std::chrono::milliseconds(50);
 // The client side of a live session, run between trace events.
 class LiveSession final : public ReplayObserver {
  public:
-  LiveSession(DaemonClient& client, AllocatorConfig config)
-      : client_(client), config_(std::move(config)) {}
+  using Clock = std::chrono::steady_clock;
+
+  // Replays end at the first safe point past `stop_at`.
+  LiveSession(DaemonClient& client, AllocatorConfig config,
+              Clock::time_point stop_at)
+      : client_(client), config_(std::move(config)), stop_at_(stop_at) {}
 
   const AllocatorConfig& config() const { return config_; }
   uint64_t config_version() const { return config_version_; }
@@ -50,6 +54,7 @@ class LiveSession final : public ReplayObserver {
 
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override {
     ++ooms_;
+    oom_since_safe_point_ = true;
     (void)client_.ReportOom(
         event.size,
         absl::StrCat("CUDA out of memory. Tried to allocate ",
@@ -58,8 +63,11 @@ class LiveSession final : public ReplayObserver {
         config_version_);
   }
 
-  void AfterEvent(uint64_t index, CachingAllocator& allocator) override {
-    if (index % kSafePointEvents != 0) return;
+  bool AfterEvent(uint64_t index, CachingAllocator& allocator) override {
+    // An OOM took round trips to the daemon already: under memory pressure
+    // events are slow, and pushes and reclaims must not wait 512 of them.
+    if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
+    oom_since_safe_point_ = false;
     for (v1::ControlMessage& m : client_.TakeControl()) {
       if (m.has_config()) Apply(m.config(), allocator);
       if (m.has_reclaim()) {
@@ -67,8 +75,9 @@ class LiveSession final : public ReplayObserver {
         ++reclaims_;
       }
     }
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     if (now - last_telemetry_ >= kTelemetryPeriod) Publish(allocator);
+    return now < stop_at_;
   }
 
   void OnEnd(const CachingAllocator& allocator) override { Publish(allocator); }
@@ -96,7 +105,7 @@ class LiveSession final : public ReplayObserver {
   }
 
   void Publish(const CachingAllocator& allocator) {
-    last_telemetry_ = std::chrono::steady_clock::now();
+    last_telemetry_ = Clock::now();
     client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version_);
   }
 
@@ -107,7 +116,9 @@ class LiveSession final : public ReplayObserver {
   int64_t rejected_ = 0;
   int64_t reclaims_ = 0;
   int64_t ooms_ = 0;
-  std::chrono::steady_clock::time_point last_telemetry_;
+  bool oom_since_safe_point_ = false;
+  const Clock::time_point stop_at_;
+  Clock::time_point last_telemetry_;
 };
 
 }  // namespace
@@ -140,13 +151,16 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     return 1;
   }
   DaemonBackend backend(client->get());
-  LiveSession session(**client, *config);
+  const auto start = LiveSession::Clock::now();
+  const auto stop_at =
+      o.duration_seconds > 0
+          ? start + std::chrono::duration_cast<LiveSession::Clock::duration>(
+                        std::chrono::duration<double>(o.duration_seconds))
+          : LiveSession::Clock::time_point::max();
+  LiveSession session(**client, *config, stop_at);
   const uint64_t first_session = (*client)->session_id();
-
-  const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                         start)
+    return std::chrono::duration<double>(LiveSession::Clock::now() - start)
         .count();
   };
   int loops = 0;
@@ -163,12 +177,14 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
       err << "allocd client-replay: " << r.status().message() << "\n";
       return 1;
     }
-    ++loops;
     events += r->events;
     peak_reserved = std::max(peak_reserved, r->peak_reserved);
     device_allocs += r->num_device_alloc;
-    const bool more = o.duration_seconds > 0 ? elapsed() < o.duration_seconds
-                                             : loops < o.loops;
+    if (r->events < trace->events.size()) break;  // time is up mid-trace
+    ++loops;
+    const bool more = o.duration_seconds > 0
+                          ? LiveSession::Clock::now() < stop_at
+                          : loops < o.loops;
     if (!more) break;
   }
   (void)(*client)->FlushTelemetry();
@@ -178,7 +194,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
       {"session_id", (*client)->session_id()},
       {"first_session_id", first_session},
       {"reconnects", (*client)->epoch() - 1},
-      {"loops", loops},
+      {"loops", loops},  // whole replays of the trace
       {"events", events},
       {"seconds", seconds},
       {"peak_reserved", peak_reserved},

@@ -19,7 +19,8 @@ struct ClientReplayCommandOptions {
   int device = -1;
   // Replays the trace this many times...
   int loops = 1;
-  // ...or, when > 0, until this many seconds have passed (at least once).
+  // ...or, when > 0, again and again until this many seconds have passed,
+  // stopping in the middle of a replay when time is up.
   double duration_seconds = 0;
   bool json = false;
 };

@@ -149,7 +149,9 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
   c->add_option("--loop", o.loops, "replay the trace N times (default 1)")
       ->check(CLI::PositiveNumber);
   c->add_option("--duration", o.duration_seconds,
-                "replay again and again for this many seconds (overrides --loop)");
+                "replay again and again for this many seconds, then stop, "
+                "even in the middle of the trace (overrides --loop)")
+      ->check(CLI::PositiveNumber);
   c->add_flag("--json", o.json, "print one JSON object");
 }
 #endif
