@@ -1,0 +1,62 @@
+/* liballocd_client: the daemon client as a C ABI, for the Python package
+ * (`import allocd`, through ctypes) and any language with a C FFI.
+ *
+ * Every function is thread-safe. Strings in are NUL-terminated UTF-8;
+ * strings out are written into the caller's buffer (NUL-terminated,
+ * truncated to fit). Functions returning int give 0 on success and -1 on
+ * error, with the reason in allocd_last_error() (per thread). */
+#ifndef ALLOCD_CLIENT_CAPI_ALLOCD_CLIENT_H_
+#define ALLOCD_CLIENT_CAPI_ALLOCD_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ALLOCD_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct allocd_client allocd_client;
+
+/* The reason the last call on this thread failed. */
+ALLOCD_API const char* allocd_last_error(void);
+
+/* Registers a session with the daemon at `socket` and opens its lease.
+ * `job` and `initial_config` may be empty. NULL when no daemon answers. */
+ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
+                              const char* initial_config,
+                              const char* description);
+/* Ends the session (the daemon takes back its chunks) and frees `c`. */
+ALLOCD_API void allocd_disconnect(allocd_client* c);
+
+ALLOCD_API uint64_t allocd_session_id(allocd_client* c);
+
+/* The stats the telemetry thread sends next: a JSON object of
+ * torch.cuda.memory_stats() names to integers. */
+ALLOCD_API int allocd_publish_stats(allocd_client* c, const char* stats_json,
+                         uint64_t config_version);
+/* Sends the published stats now and waits until they are sent. */
+ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
+
+/* The next control message from the daemon as a JSON object into `buf`:
+ *   {"type": "config", "version": N, "config": "...", "update": "...",
+ *    "rollback": bool, "reason": "..."}
+ *   {"type": "reclaim", "bytes": N, "reason": "..."}
+ * `update` is the string to pass to
+ * torch.cuda.memory._set_allocator_settings to end up with exactly
+ * `config`. Returns the JSON's length, 0 when no message is waiting, -1 on
+ * error (a buffer too small keeps the message for the next call). */
+ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
+
+/* ACK (applied != 0) or NACK a pushed config version. */
+ALLOCD_API int allocd_ack(allocd_client* c, uint64_t version, int applied,
+               const char* error);
+ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
+                      const char* message, uint64_t config_version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ALLOCD_CLIENT_CAPI_ALLOCD_CLIENT_H_ */

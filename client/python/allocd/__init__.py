@@ -1,0 +1,227 @@
+"""allocd for PyTorch jobs: one line to connect a job to the node's allocd daemon.
+
+    import allocd
+    allocd.advise(job="llama-lora")   # keep PyTorch's allocator, let allocd tune it
+
+Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
+to the daemon, applies the allocator configs it pushes at runtime with
+``torch.cuda.memory._set_allocator_settings`` and acknowledges each one (or
+reports why it could not), and empties the cache when the daemon asks for
+memory back on behalf of another process.
+
+If no daemon answers, the job goes on with PyTorch's allocator as it is and a
+warning says why, unless ``required=True``.
+"""
+
+import ctypes
+import json
+import os
+import threading
+import warnings
+
+__all__ = ["advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
+
+DEFAULT_SOCKET = "/run/allocd/allocd.sock"
+_LIBRARY = "liballocd_client.so"
+
+
+class AllocdUnavailable(RuntimeError):
+    """No allocd daemon could be reached (or its client library loaded)."""
+
+
+def _library_path():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for directory in (os.environ.get("ALLOCD_LIB_DIR"), here):
+        if directory and os.path.exists(os.path.join(directory, _LIBRARY)):
+            return os.path.join(directory, _LIBRARY)
+    raise AllocdUnavailable(
+        f"{_LIBRARY} not found next to {here} or in $ALLOCD_LIB_DIR; "
+        "build allocd (cmake --build --preset release) and import the package "
+        "from build/release/python, or pip install build/release/python")
+
+
+def _load():
+    lib = ctypes.CDLL(_library_path())
+    c_client = ctypes.c_void_p
+    signatures = {
+        "allocd_last_error": (ctypes.c_char_p, []),
+        "allocd_connect": (c_client, [ctypes.c_char_p] * 4),
+        "allocd_disconnect": (None, [c_client]),
+        "allocd_session_id": (ctypes.c_uint64, [c_client]),
+        "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
+        "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
+        "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
+        "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
+        "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
+                                             ctypes.c_uint64]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+class _Advisor:
+    """The advisor thread: telemetry out, configs and reclaims in."""
+
+    def __init__(self, lib, client, torch, device, period):
+        self._lib = lib
+        self._client = client
+        self._torch = torch
+        self._device = device
+        self._period = period
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.config_version = 0
+        self.applied = 0
+        self.rejected = 0
+        self.reclaims = 0
+        self.ooms = 0
+        self.last_stats = {}
+        self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
+
+    def start(self):
+        self._attach_oom_observer()
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._lib.allocd_disconnect(self._client)
+
+    def session_id(self):
+        return self._lib.allocd_session_id(self._client)
+
+    def _error(self):
+        return self._lib.allocd_last_error().decode(errors="replace")
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self._period)
+
+    def step(self):
+        """One round: handle what the daemon sent, then publish stats."""
+        with self._lock:
+            for message in self._control():
+                if message["type"] == "config":
+                    self._apply(message)
+                elif message["type"] == "reclaim":
+                    self._torch.cuda.empty_cache()
+                    self.reclaims += 1
+            self._publish()
+
+    def _control(self):
+        buffer = ctypes.create_string_buffer(1 << 16)
+        while True:
+            size = self._lib.allocd_next_control(self._client, buffer, len(buffer))
+            if size <= 0:
+                return
+            yield json.loads(buffer.value.decode())
+
+    def _apply(self, message):
+        version = message["version"]
+        try:
+            self._torch.cuda.memory._set_allocator_settings(message["update"])
+        except Exception as error:  # PyTorch raises RuntimeError for what it rejects
+            self.rejected += 1
+            self._lib.allocd_ack(self._client, version, 0, str(error).encode())
+            return
+        self.config_version = version
+        self.applied += 1
+        self._lib.allocd_ack(self._client, version, 1, b"")
+
+    def _publish(self):
+        stats = {k: int(v) for k, v in self._torch.cuda.memory_stats(self._device).items()
+                 if isinstance(v, (int, float))}
+        self.last_stats = stats
+        self._lib.allocd_publish_stats(self._client, json.dumps(stats).encode(),
+                                       self.config_version)
+
+    def _attach_oom_observer(self):
+        attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return
+
+        def observer(device, alloc, device_allocated, device_free):
+            self.ooms += 1
+            message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
+                       f"bytes; {device_allocated} allocated, {device_free} free")
+            self._lib.allocd_report_oom(self._client, alloc, message.encode(),
+                                        self.config_version)
+
+        attach(observer)
+
+
+_advisor = None
+
+
+def advise(socket=None, job=None, device=None, period=1.0, required=False):
+    """Connects this job to the allocd daemon in advisor mode.
+
+    socket: the daemon's socket ($ALLOCD_SOCKET, else /run/allocd/allocd.sock).
+    job: the job label that picks the configs the daemon pushes ($ALLOCD_JOB).
+    device: the CUDA device whose allocator is advised (the current one).
+    period: seconds between telemetry rounds.
+    required: raise AllocdUnavailable instead of warning when no daemon answers.
+
+    Returns True when connected. Calling it again is a no-op.
+    """
+    global _advisor
+    if _advisor is not None:
+        return True
+    import torch  # imported here so that `import allocd` stays cheap
+
+    socket = socket or os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
+    job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
+    initial = os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
+                             os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    try:
+        lib = _load()
+        client = lib.allocd_connect(socket.encode(), job.encode(), initial.encode(),
+                                    f"allocd-python torch {torch.__version__}".encode())
+        if not client:
+            raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
+    except (AllocdUnavailable, OSError) as error:
+        if required:
+            raise AllocdUnavailable(str(error)) from error
+        warnings.warn(f"allocd: not connected, PyTorch's allocator runs as it is: {error}",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    if device is None:
+        device = torch.cuda.current_device()
+    _advisor = _Advisor(lib, client, torch, device, period)
+    _advisor.start()
+    return True
+
+
+def stats():
+    """What allocd knows of this process: session, config version, counts."""
+    if _advisor is None:
+        return {"connected": False}
+    return {
+        "connected": True,
+        "mode": "advise",
+        "session_id": _advisor.session_id(),
+        "config_version": _advisor.config_version,
+        "configs_applied": _advisor.applied,
+        "configs_rejected": _advisor.rejected,
+        "reclaims": _advisor.reclaims,
+        "ooms_reported": _advisor.ooms,
+        "memory_stats": dict(_advisor.last_stats),
+    }
+
+
+def shutdown():
+    """Stops advising and ends the session (also done at interpreter exit)."""
+    global _advisor
+    if _advisor is not None:
+        _advisor.stop()
+        _advisor = None
+
+
+import atexit  # noqa: E402  (registered once the module is complete)
+
+atexit.register(shutdown)
