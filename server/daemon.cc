@@ -35,9 +35,11 @@ constexpr uint64_t kFdHeadroom = 512;
 
 // The pool holds one FD per chunk: a full pool must fit in RLIMIT_NOFILE,
 // or the daemon would fail deep into a job's run instead of at start.
-absl::Status CheckOpenFileLimit(uint64_t capacity, size_t granularity) {
+absl::Status CheckOpenFileLimit(uint64_t capacity, const ChunkSource& source) {
   absl::StatusOr<uint64_t> limit = RaiseOpenFileLimit();
   if (!limit.ok()) return limit.status();
+  if (source.FdsPerChunk() == 0) return absl::OkStatus();
+  const size_t granularity = source.Granularity();
   const uint64_t chunks = (capacity + granularity - 1) / granularity;
   if (chunks + kFdHeadroom <= *limit) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -106,8 +108,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       MakeChunkSource(o.backend);
   if (!chunks.ok()) return chunks.status();
   parts->chunks = std::move(*chunks);
-  if (absl::Status fds = CheckOpenFileLimit(o.capacity,
-                                            parts->chunks->Granularity());
+  if (absl::Status fds = CheckOpenFileLimit(o.capacity, *parts->chunks);
       !fds.ok()) {
     return fds;
   }

@@ -39,7 +39,11 @@ namespace {
   X(cuMemGetInfo)                   \
   X(cuMemsetD8)                     \
   X(cuMemcpyHtoD)                   \
-  X(cuMemcpyDtoH)
+  X(cuMemcpyDtoH)                   \
+  X(cuEventCreate)                  \
+  X(cuEventRecord)                  \
+  X(cuEventQuery)                   \
+  X(cuEventDestroy)
 
 #define ALLOCD_STRINGIFY_(x) #x
 #define ALLOCD_STRINGIFY(x) ALLOCD_STRINGIFY_(x)
@@ -329,6 +333,35 @@ absl::StatusOr<MemInfo> MemGetInfo() {
     return s;
   }
   return info;
+}
+
+absl::StatusOr<CUevent> EventCreate() {
+  ALLOCD_CUDA_API();
+  CUevent event = nullptr;
+  if (absl::Status s =
+          ALLOCD_CUDA_CALL(cuEventCreate, &event, CU_EVENT_DISABLE_TIMING);
+      !s.ok()) {
+    return s;
+  }
+  return event;
+}
+
+absl::Status EventRecord(CUevent event, CUstream stream) {
+  ALLOCD_CUDA_API();
+  return ALLOCD_CUDA_CALL(cuEventRecord, event, stream);
+}
+
+absl::StatusOr<bool> EventDone(CUevent event) {
+  ALLOCD_CUDA_API();
+  const CUresult result = api.cuEventQuery(event);
+  if (result == CUDA_ERROR_NOT_READY) return false;
+  if (absl::Status s = Error(result, "cuEventQuery"); !s.ok()) return s;
+  return true;
+}
+
+absl::Status EventDestroy(CUevent event) {
+  ALLOCD_CUDA_API();
+  return ALLOCD_CUDA_CALL(cuEventDestroy, event);
 }
 
 absl::Status MemsetD8(CUdeviceptr address, uint8_t value, size_t bytes) {

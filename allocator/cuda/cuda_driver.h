@@ -77,6 +77,14 @@ struct MemInfo {
 };
 absl::StatusOr<MemInfo> MemGetInfo();  // of the current context's device
 
+// Events without timing, for frees of memory other streams still use:
+// recorded on those streams, done once their work before it is.
+absl::StatusOr<CUevent> EventCreate();
+absl::Status EventRecord(CUevent event, CUstream stream);
+// False while work before the event is pending (CUDA_ERROR_NOT_READY).
+absl::StatusOr<bool> EventDone(CUevent event);
+absl::Status EventDestroy(CUevent event);
+
 // Synchronous copies and fills (tests and benchmarks).
 absl::Status MemsetD8(CUdeviceptr address, uint8_t value, size_t bytes);
 absl::Status MemcpyHtoD(CUdeviceptr to, const void* from, size_t bytes);

@@ -1,5 +1,5 @@
 // ChunkSource: where the node pool's physical memory comes from, one chunk
-// at a time, each as a file descriptor that can travel to a client with
+// at a time, and the file descriptors that carry a chunk to a client with
 // SCM_RIGHTS: memfd files in sim mode (memfd_chunk_source.h), cuMemCreate
 // allocations exported as POSIX FDs on a GPU (cuda_chunk_source.h).
 #ifndef ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
@@ -15,16 +15,22 @@
 
 namespace allocd {
 
-// One chunk of physical memory: `Granularity()` bytes at `offset` of the
-// file `file` refers to. The chunk lives as long as the last copy of `file`
+// One chunk of physical memory: `Granularity()` bytes at `offset` of what
+// OpenForClient() gives. The chunk lives as long as the last copy of `file`
 // (the shared_ptr may own more than the FD, e.g. a CUDA allocation handle,
-// through its deleter or the aliasing constructor); its memory goes back to
-// the device once that copy is gone and no client maps it any more.
+// through the aliasing constructor); its memory goes back to the device
+// once that copy is gone and no client maps it any more.
 //
-// Whoever is given a dup() of `file` can map all of that file: a source
-// must not put two chunks that may go to different clients into one file.
+// `file` is the FD the source keeps for the chunk, or an invalid one for a
+// source that exports FDs on demand (CUDA: an FD per chunk held by the
+// daemon would cap a GPU's pool at RLIMIT_NOFILE chunks); `handle` is then
+// the source's own name for the chunk.
+//
+// Whoever is given an FD of a chunk can map all of its file: a source must
+// not put two chunks that may go to different clients into one file.
 struct ChunkMemory {
   std::shared_ptr<const UniqueFd> file;
+  uint64_t handle = 0;
   uint64_t offset = 0;
 };
 
@@ -37,6 +43,14 @@ class ChunkSource {
   // New, never handed out memory of Granularity() bytes. ResourceExhausted
   // when the device (or this process's FD table) has no more.
   virtual absl::StatusOr<ChunkMemory> CreateChunk() = 0;
+  // A new FD (close-on-exec, the caller's) that maps `memory`, to pass to
+  // the client it is granted to. ResourceExhausted when this process is out
+  // of FDs. The default dup()s `memory.file`.
+  virtual absl::StatusOr<UniqueFd> OpenForClient(
+      const ChunkMemory& memory) const;
+  // FDs the source keeps open per live chunk (the daemon checks at start
+  // that a full pool fits in RLIMIT_NOFILE).
+  virtual int FdsPerChunk() const { return 1; }
   // Bytes per chunk: a multiple of 2 MiB (the CUDA VMM granularity of
   // current GPUs), the same for every chunk of this source.
   virtual size_t Granularity() const = 0;

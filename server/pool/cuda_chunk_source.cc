@@ -20,15 +20,14 @@ struct CudaChunkSource::Device {
 
 namespace {
 
-// One chunk as the pool holds it: the exported FD (what ChunkMemory points
-// at) and the allocation behind it, released together.
+// One chunk as the pool holds it: the allocation, and the invalid FD that
+// ChunkMemory.file points at (FDs are exported per claim).
 struct CudaChunk {
-  UniqueFd fd;
+  UniqueFd no_fd;
   CUmemGenericAllocationHandle handle = 0;
   std::shared_ptr<CudaChunkSource::Device> device;
 
   ~CudaChunk() {
-    fd.reset();
     // cuMemRelease needs the device's context on this thread, which may be
     // any of the daemon's.
     (void)device->context.Bind();
@@ -102,19 +101,21 @@ absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk() {
   absl::StatusOr<CUmemGenericAllocationHandle> handle =
       cuda::MemCreate(granularity_, device_->prop);
   if (!handle.ok()) return handle.status();
-  absl::StatusOr<int> fd = cuda::ExportToFd(*handle);
-  if (!fd.ok()) {
-    (void)cuda::MemRelease(*handle);
-    return fd.status();
-  }
   auto chunk = std::make_shared<CudaChunk>();
-  chunk->fd.reset(*fd);
   chunk->handle = *handle;
   chunk->device = device_;
   device_->live.fetch_add(1);
-  // The FD, owning the whole chunk.
-  std::shared_ptr<const UniqueFd> file(chunk, &chunk->fd);
-  return ChunkMemory{.file = std::move(file), .offset = 0};
+  // Owning the whole chunk.
+  std::shared_ptr<const UniqueFd> file(chunk, &chunk->no_fd);
+  return ChunkMemory{.file = std::move(file), .handle = *handle, .offset = 0};
+}
+
+absl::StatusOr<UniqueFd> CudaChunkSource::OpenForClient(
+    const ChunkMemory& memory) const {
+  if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
+  absl::StatusOr<int> fd = cuda::ExportToFd(memory.handle);
+  if (!fd.ok()) return fd.status();
+  return UniqueFd(*fd);
 }
 
 }  // namespace allocd

@@ -1,14 +1,14 @@
 // CudaChunkSource: the node pool's chunks as GPU memory. Each chunk is one
 // cuMemCreate allocation of the device's minimum VMM granularity (2 MiB on
-// an H100), exportable as a POSIX file descriptor; the FD is exported once,
-// when the chunk is created, and is what the pool dup()s and passes to
-// clients with SCM_RIGHTS (ChunkMemory.file, offset 0). Clients import it
-// with cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
+// an H100), exportable as a POSIX file descriptor. The daemon keeps only
+// the allocation handle (ChunkMemory.handle): an FD is exported for each
+// claim (OpenForClient) and passed to the client with SCM_RIGHTS, so a full
+// 80 GB GPU does not need 40,000 open FDs. Clients import it with
+// cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
 //
-// The daemon keeps both the allocation handle and the FD for as long as the
-// pool holds the chunk; dropping the last ChunkMemory of a chunk (NodePool's
-// TrimFree) releases both, and the memory goes back to the device once no
-// client maps it either. A client's imported memory outlives the daemon.
+// Dropping the last ChunkMemory of a chunk (NodePool's TrimFree) releases
+// the handle, and the memory goes back to the device once no client maps
+// it either. A client's imported memory outlives the daemon.
 //
 // Thread-safe. Built only with the CUDA toolkit (ALLOCD_WITH_CUDA); the
 // driver itself is loaded at run time.
@@ -34,9 +34,12 @@ class CudaChunkSource final : public ChunkSource {
       int ordinal = 0);
   ~CudaChunkSource() override;
 
-  // cuMemCreate + cuMemExportToShareableHandle. ResourceExhausted when the
-  // device is out of memory.
+  // cuMemCreate. ResourceExhausted when the device is out of memory.
   absl::StatusOr<ChunkMemory> CreateChunk() override;
+  // cuMemExportToShareableHandle of the chunk's allocation.
+  absl::StatusOr<UniqueFd> OpenForClient(
+      const ChunkMemory& memory) const override;
+  int FdsPerChunk() const override { return 0; }
   size_t Granularity() const override { return granularity_; }
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }

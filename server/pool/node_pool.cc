@@ -343,21 +343,21 @@ absl::StatusOr<std::vector<ChunkFd>> NodePool::Claim(absl::string_view token,
   std::vector<ChunkFd> out;
   out.reserve(files.size());
   for (const auto& [chunk_id, memory] : files) {
-    UniqueFd copy(fcntl(memory.file->get(), F_DUPFD_CLOEXEC, 0));
-    if (!copy.valid()) {
-      const int error = errno;
+    absl::StatusOr<UniqueFd> copy = source_->OpenForClient(memory);
+    if (!copy.ok()) {
       // Give the token back, so that the client can retry.
       absl::MutexLock lock(&mu_);
       auto s = sessions_.find(claim.session);
       if (s != sessions_.end() && s->second.incarnation == claim.incarnation) {
         claims_.emplace(std::move(key), std::move(claim));
       }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("duplicating the FD of chunk ", chunk_id, ": ",
-                       strerror(error), " (the claim token stays valid)"));
+      return absl::Status(
+          copy.status().code(),
+          absl::StrCat("chunk ", chunk_id, ": ", copy.status().message(),
+                       " (the claim token stays valid)"));
     }
     out.push_back(ChunkFd{.id = chunk_id,
-                          .fd = std::move(copy),
+                          .fd = *std::move(copy),
                           .offset = memory.offset,
                           .bytes = chunk_bytes_});
   }

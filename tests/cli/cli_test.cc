@@ -1,4 +1,5 @@
 // Runs the allocd binary as a user would and checks exit codes and output.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -239,6 +240,24 @@ TEST(CliTest, CheckConfigJson) {
   const nlohmann::json j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["accepted"], false);
   EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("Expected 'True' or 'False'"));
+}
+
+TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
+  // One FD per 2 MiB memfd chunk: a pool of more chunks than the hard
+  // limit must fail at start, saying what to raise, not deep into a job.
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max > (uint64_t{1} << 28)) {
+    GTEST_SKIP() << "RLIMIT_NOFILE has no useful hard limit here";
+  }
+  const uint64_t capacity = (uint64_t{limit.rlim_max} + 1) << 21;
+  const std::string socket = ::testing::TempDir() + "/fd_limit.sock";
+  const CommandResult r = RunAllocd(
+      "serve --backend sim --metrics-addr '' --socket " + socket +
+      " --capacity " + std::to_string(capacity));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("RLIMIT_NOFILE"));
+  EXPECT_THAT(r.output, HasSubstr("lower --capacity to at most"));
 }
 
 }  // namespace

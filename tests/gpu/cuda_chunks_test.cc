@@ -234,7 +234,8 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
       absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk();
       ASSERT_TRUE(c.ok()) << c.status();
       EXPECT_EQ(c->offset, 0u);
-      EXPECT_TRUE(c->file->valid());
+      // The daemon keeps no FD per chunk: each claim exports one.
+      EXPECT_FALSE(c->file->valid());
       chunks.push_back(std::move(*c));
     }
     EXPECT_EQ((*source)->live_chunks(), 3u);
@@ -245,8 +246,10 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
     ASSERT_TRUE(range.ok()) << range.status();
     std::vector<ChunkMapping> mapped;
     for (size_t i = 0; i < chunks.size(); ++i) {
-      absl::StatusOr<uint64_t> handle = (*mapper)->Map(
-          *range + i * chunk, chunk, chunks[i].file->get(), 0);
+      absl::StatusOr<UniqueFd> fd = (*source)->OpenForClient(chunks[i]);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      absl::StatusOr<uint64_t> handle =
+          (*mapper)->Map(*range + i * chunk, chunk, fd->get(), 0);
       ASSERT_TRUE(handle.ok()) << handle.status();
       mapped.push_back({*range + i * chunk, *handle});
     }

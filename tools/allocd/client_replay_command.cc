@@ -12,6 +12,7 @@
 #include "allocator/trace/replay_observer.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
+#include "client/live_session.h"
 #include "nlohmann/json.hpp"
 #include "tools/allocd/common.h"
 
@@ -22,24 +23,16 @@ namespace {
 // enough that a push lands within milliseconds, rarely enough to cost
 // nothing next to the replay.
 constexpr uint64_t kSafePointEvents = 512;
-constexpr auto kTelemetryPeriod = std::chrono::milliseconds(50);
 
-// The client side of a live session, run between trace events.
-class LiveSession final : public ReplayObserver {
+// Drives a LiveSession between trace events, and stops the replay when its
+// time is up.
+class LiveReplay final : public ReplayObserver {
  public:
   using Clock = std::chrono::steady_clock;
 
   // Replays end at the first safe point past `stop_at`.
-  LiveSession(DaemonClient& client, AllocatorConfig config,
-              Clock::time_point stop_at)
-      : client_(client), config_(std::move(config)), stop_at_(stop_at) {}
-
-  const AllocatorConfig& config() const { return config_; }
-  uint64_t config_version() const { return config_version_; }
-  int64_t pushes_applied() const { return applied_; }
-  int64_t pushes_rejected() const { return rejected_; }
-  int64_t reclaims() const { return reclaims_; }
-  int64_t ooms() const { return ooms_; }
+  LiveReplay(LiveSession& session, Clock::time_point stop_at)
+      : session_(session), stop_at_(stop_at) {}
 
   void OnEvent(uint64_t, const TraceEvent&) override {}
   void OnDeviceCall(DeviceCall, uint64_t, uint64_t) override {}
@@ -53,14 +46,12 @@ class LiveSession final : public ReplayObserver {
   }
 
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override {
-    ++ooms_;
     oom_since_safe_point_ = true;
-    (void)client_.ReportOom(
+    session_.ReportOom(
         event.size,
         absl::StrCat("CUDA out of memory. Tried to allocate ",
                      FormatSize(event.size), " (", FormatSize(device_free),
-                     " free on the node pool)"),
-        config_version_);
+                     " free on the node pool)"));
   }
 
   bool AfterEvent(uint64_t index, CachingAllocator& allocator) override {
@@ -68,57 +59,18 @@ class LiveSession final : public ReplayObserver {
     // events are slow, and pushes and reclaims must not wait 512 of them.
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
     oom_since_safe_point_ = false;
-    for (v1::ControlMessage& m : client_.TakeControl()) {
-      if (m.has_config()) Apply(m.config(), allocator);
-      if (m.has_reclaim()) {
-        allocator.EmptyCache();
-        ++reclaims_;
-      }
-    }
-    const auto now = Clock::now();
-    if (now - last_telemetry_ >= kTelemetryPeriod) Publish(allocator);
-    return now < stop_at_;
+    session_.Poll(allocator);
+    return Clock::now() < stop_at_;
   }
 
-  void OnEnd(const CachingAllocator& allocator) override { Publish(allocator); }
+  void OnEnd(const CachingAllocator& allocator) override {
+    session_.Publish(allocator);
+  }
 
  private:
-  void Apply(const v1::ConfigPush& push, CachingAllocator& allocator) {
-    const uint64_t version = push.config().version();
-    absl::StatusOr<AllocatorConfig> parsed =
-        ParseAllocatorConfig(push.config().config());
-    absl::Status status = parsed.status();
-    if (status.ok() && parsed->backend != config_.backend) {
-      status = absl::FailedPreconditionError(
-          "backend cannot change in a running process");
-    }
-    if (!status.ok()) {
-      ++rejected_;
-      (void)client_.Ack(version, false, status.message());
-      return;
-    }
-    allocator.Reconfigure(*parsed);
-    config_ = *parsed;
-    config_version_ = version;
-    ++applied_;
-    (void)client_.Ack(version, true, "");
-  }
-
-  void Publish(const CachingAllocator& allocator) {
-    last_telemetry_ = Clock::now();
-    client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version_);
-  }
-
-  DaemonClient& client_;
-  AllocatorConfig config_;
-  uint64_t config_version_ = 0;
-  int64_t applied_ = 0;
-  int64_t rejected_ = 0;
-  int64_t reclaims_ = 0;
-  int64_t ooms_ = 0;
-  bool oom_since_safe_point_ = false;
+  LiveSession& session_;
   const Clock::time_point stop_at_;
-  Clock::time_point last_telemetry_;
+  bool oom_since_safe_point_ = false;
 };
 
 }  // namespace
@@ -151,16 +103,17 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     return 1;
   }
   DaemonBackend backend(client->get());
-  const auto start = LiveSession::Clock::now();
+  const auto start = LiveReplay::Clock::now();
   const auto stop_at =
       o.duration_seconds > 0
-          ? start + std::chrono::duration_cast<LiveSession::Clock::duration>(
+          ? start + std::chrono::duration_cast<LiveReplay::Clock::duration>(
                         std::chrono::duration<double>(o.duration_seconds))
-          : LiveSession::Clock::time_point::max();
-  LiveSession session(**client, *config, stop_at);
+          : LiveReplay::Clock::time_point::max();
+  LiveSession session(**client, *config);
+  LiveReplay observer(session, stop_at);
   const uint64_t first_session = (*client)->session_id();
   auto elapsed = [&] {
-    return std::chrono::duration<double>(LiveSession::Clock::now() - start)
+    return std::chrono::duration<double>(LiveReplay::Clock::now() - start)
         .count();
   };
   int loops = 0;
@@ -172,7 +125,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     // allocator on the same session, under the config it runs now.
     absl::StatusOr<ReplayResult> r = Replay(
         *trace, session.config(),
-        {.observer = &session, .device = &backend});
+        {.observer = &observer, .device = &backend});
     if (!r.ok()) {
       err << "allocd client-replay: " << r.status().message() << "\n";
       return 1;
@@ -183,7 +136,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     if (r->events < trace->events.size()) break;  // time is up mid-trace
     ++loops;
     const bool more = o.duration_seconds > 0
-                          ? LiveSession::Clock::now() < stop_at
+                          ? LiveReplay::Clock::now() < stop_at
                           : loops < o.loops;
     if (!more) break;
   }

@@ -1,7 +1,14 @@
 """allocd for PyTorch jobs: one line to connect a job to the node's allocd daemon.
 
     import allocd
-    allocd.advise(job="llama-lora")   # keep PyTorch's allocator, let allocd tune it
+    allocd.enable(job="llama-lora")   # managed: GPU memory from the daemon
+    allocd.advise(job="llama-lora")   # or keep PyTorch's allocator, let allocd tune it
+
+Managed mode (``enable``, before the first CUDA tensor) replaces PyTorch's
+CUDA allocator with allocd's copy of it, rule for rule, on GPU memory that
+the node daemon (``allocd serve --backend cuda``) shares between the
+processes of the node: memory one job frees serves the next, and the daemon
+pushes allocator configs into the running job.
 
 Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
 to the daemon, applies the allocator configs it pushes at runtime with
@@ -19,25 +26,43 @@ import os
 import threading
 import warnings
 
-__all__ = ["advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
+__all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/allocd/allocd.sock"
 _LIBRARY = "liballocd_client.so"
+_TORCH_LIBRARY = "liballocd_torch.so"
 
 
 class AllocdUnavailable(RuntimeError):
     """No allocd daemon could be reached (or its client library loaded)."""
 
 
-def _library_path():
+def _library_path(name=_LIBRARY):
     here = os.path.dirname(os.path.abspath(__file__))
     for directory in (os.environ.get("ALLOCD_LIB_DIR"), here):
-        if directory and os.path.exists(os.path.join(directory, _LIBRARY)):
-            return os.path.join(directory, _LIBRARY)
+        if directory and os.path.exists(os.path.join(directory, name)):
+            return os.path.join(directory, name)
     raise AllocdUnavailable(
-        f"{_LIBRARY} not found next to {here} or in $ALLOCD_LIB_DIR; "
-        "build allocd (cmake --build --preset release) and import the package "
-        "from build/release/python, or pip install build/release/python")
+        f"{name} not found next to {here} or in $ALLOCD_LIB_DIR; "
+        "build allocd (cmake --build --preset release; liballocd_torch.so needs the "
+        "CUDA toolkit) and import the package from build/release/python, or "
+        "pip install build/release/python")
+
+
+def _settings():
+    """socket, job and the allocator config, from the arguments' defaults."""
+    socket = os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
+    job = os.environ.get("ALLOCD_JOB", "")
+    config = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    return socket, job, config
+
+
+def _unavailable(error, required):
+    if required:
+        raise AllocdUnavailable(str(error)) from error
+    warnings.warn(f"allocd: not connected, PyTorch's allocator runs as it is: {error}",
+                  RuntimeWarning, stacklevel=3)
+    return False
 
 
 def _load():
@@ -156,6 +181,76 @@ class _Advisor:
 
 
 _advisor = None
+_managed = None
+
+
+class _Managed:
+    """liballocd_torch.so, installed as PyTorch's CUDA allocator."""
+
+    def __init__(self, lib, allocator):
+        self.lib = lib
+        self.allocator = allocator  # keeps PyTorch's wrapper alive
+
+    def stats(self):
+        size = 1 << 16
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            n = self.lib.allocd_torch_stats_json(buffer, size)
+            if n < 0:
+                return {}
+            if n < size:
+                return json.loads(buffer.value.decode())
+            size = n + 1
+
+
+def enable(socket=None, job=None, device=None, required=False):
+    """Managed mode: PyTorch allocates CUDA memory through allocd.
+
+    Call it before the first CUDA tensor (PyTorch cannot swap an allocator
+    that has allocated). The config is $PYTORCH_CUDA_ALLOC_CONF (read by
+    allocd instead of PyTorch); the daemon may push others at runtime.
+    torch.cuda.memory_stats() is not available under a pluggable allocator:
+    allocd.stats() has the same counters.
+
+    socket, job: as for advise(). device: the CUDA device to manage, as this
+    process numbers it (default 0; the daemon's device must be the same GPU).
+    required: raise AllocdUnavailable instead of warning when no daemon
+    answers or the library is missing.
+
+    Returns True when enabled. Calling it again is a no-op.
+    """
+    global _managed
+    if _managed is not None:
+        return True
+    import torch
+
+    default_socket, default_job, config = _settings()
+    socket = socket or default_socket
+    job = job if job is not None else default_job
+    device = 0 if device is None else device
+    try:
+        lib = ctypes.CDLL(_library_path(_TORCH_LIBRARY))
+        lib.allocd_torch_configure.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_int]
+        lib.allocd_torch_configure.restype = ctypes.c_int
+        lib.allocd_torch_last_error.restype = ctypes.c_char_p
+        lib.allocd_torch_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.allocd_torch_stats_json.restype = ctypes.c_int64
+        if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device):
+            raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
+    except (AllocdUnavailable, OSError) as error:
+        return _unavailable(error, required)
+    path = _library_path(_TORCH_LIBRARY)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "allocd_torch_malloc", "allocd_torch_free")
+    hooks = allocator.allocator()
+    for setter, symbol in (("set_reset_fn", "allocd_torch_empty_cache"),
+                           ("set_memory_fraction_fn", "allocd_torch_set_memory_fraction"),
+                           ("set_record_stream_fn", "allocd_torch_record_stream")):
+        if hasattr(hooks, setter):
+            getattr(hooks, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    torch.cuda.memory.change_current_allocator(allocator)
+    _managed = _Managed(lib, allocator)
+    return True
 
 
 def advise(socket=None, job=None, device=None, period=1.0, required=False):
@@ -174,10 +269,9 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
         return True
     import torch  # imported here so that `import allocd` stays cheap
 
-    socket = socket or os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
-    job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
-    initial = os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
-                             os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    default_socket, default_job, initial = _settings()
+    socket = socket or default_socket
+    job = job if job is not None else default_job
     try:
         lib = _load()
         client = lib.allocd_connect(socket.encode(), job.encode(), initial.encode(),
@@ -185,11 +279,7 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
         if not client:
             raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
-        if required:
-            raise AllocdUnavailable(str(error)) from error
-        warnings.warn(f"allocd: not connected, PyTorch's allocator runs as it is: {error}",
-                      RuntimeWarning, stacklevel=2)
-        return False
+        return _unavailable(error, required)
     if device is None:
         device = torch.cuda.current_device()
     _advisor = _Advisor(lib, client, torch, device, period)
@@ -199,6 +289,8 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
 
 def stats():
     """What allocd knows of this process: session, config version, counts."""
+    if _managed is not None:
+        return {"connected": True, "mode": "managed", **_managed.stats()}
     if _advisor is None:
         return {"connected": False}
     return {

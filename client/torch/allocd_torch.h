@@ -1,0 +1,64 @@
+/* liballocd_torch.so: PyTorch's CUDA caching allocator (allocd's engine, rule
+ * for rule) on GPU memory from the node daemon, as the C ABI that
+ * torch.cuda.memory.CUDAPluggableAllocator loads. `allocd.enable()` in the
+ * Python package does all of this; the functions are for it and for tests.
+ *
+ *   allocd_torch_configure()            before PyTorch's first CUDA tensor
+ *   allocd_torch_malloc / _free         CUDAPluggableAllocator(path, ...)
+ *   allocd_torch_empty_cache            set_reset_fn: torch.cuda.empty_cache()
+ *   allocd_torch_set_memory_fraction    set_memory_fraction_fn
+ *   allocd_torch_record_stream          set_record_stream_fn
+ *
+ * Streams as in PyTorch: a block freed on one stream is reused only by
+ * requests on that stream; a block that record_stream() tied to other
+ * streams returns to the cache once CUDA events recorded on those streams
+ * at its free have completed. The daemon's config pushes, reclaim requests
+ * and the stats it shows are handled inside malloc and free (safe points).
+ *
+ * Thread-safe (one lock, as PyTorch's allocator per device). An allocation
+ * that cannot be served throws a C++ exception whose message is PyTorch's
+ * "CUDA out of memory. Tried to allocate ..." (Python sees a RuntimeError);
+ * the OOM is reported to the daemon first. */
+#ifndef ALLOCD_CLIENT_TORCH_ALLOCD_TORCH_H_
+#define ALLOCD_CLIENT_TORCH_ALLOCD_TORCH_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define ALLOCD_TORCH_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Connects to the daemon at `socket` as job `job` (may be empty), with the
+ * allocator config `config` (a PYTORCH_CUDA_ALLOC_CONF; empty: PyTorch's
+ * defaults) on CUDA device `device` (the daemon's device, as this process
+ * numbers it). 0 on success; -1 with the reason in
+ * allocd_torch_last_error() (no daemon, a daemon without --backend cuda, a
+ * bad config, a second call). */
+ALLOCD_TORCH_API int allocd_torch_configure(const char* socket, const char* job,
+                                            const char* config, int device);
+ALLOCD_TORCH_API const char* allocd_torch_last_error(void);
+
+ALLOCD_TORCH_API void* allocd_torch_malloc(ssize_t size, int device,
+                                           void* stream);
+ALLOCD_TORCH_API void allocd_torch_free(void* ptr, ssize_t size, int device,
+                                        void* stream);
+ALLOCD_TORCH_API void allocd_torch_empty_cache(void);
+ALLOCD_TORCH_API void allocd_torch_set_memory_fraction(double fraction,
+                                                       int device);
+ALLOCD_TORCH_API void allocd_torch_record_stream(void* ptr, void* stream);
+
+/* torch.cuda.memory_stats()-style counters plus the session
+ * ({"session_id", "config", "config_version", "pushes_applied", ...}) as a
+ * JSON object into `buf`. Returns its length (a larger value than `len`
+ * when it does not fit: nothing is written then), -1 before configure. */
+ALLOCD_TORCH_API int64_t allocd_torch_stats_json(char* buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ALLOCD_CLIENT_TORCH_ALLOCD_TORCH_H_ */
