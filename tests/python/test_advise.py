@@ -17,6 +17,9 @@ import types
 import unittest
 import warnings
 
+# In sanitized builds ctest preloads the sanitizer runtime for the library
+# this interpreter loads; the daemon's binaries link their own.
+os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
 

@@ -1,0 +1,146 @@
+"""The llama_lora workload of traces/record_workload.py (a LoRA fine-tune of a
+randomly initialised Llama-style model, variable batch and length), as a
+measured training run: loss and time of every step, peak reserved memory as
+the allocator sees it, and the GPU's used memory as nvidia-smi sees it.
+
+    python llama_lora_train.py --mode native|allocd [--steps N] [--seed S]
+        [--socket PATH] [--json OUT] [--kill-daemon-at STEP --daemon-pid PID]
+
+--mode native uses PyTorch's allocator with $PYTORCH_CUDA_ALLOC_CONF;
+--mode allocd calls allocd.enable() first (the daemon must serve --backend
+cuda). Run each mode in a fresh process.
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def gpu_used_mib():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "-i", os.environ.get("ALLOCD_GPU_INDEX", "0")],
+                         capture_output=True, text=True, timeout=30).stdout
+    return int(out.split()[0])
+
+
+class UsedMemoryWatch:
+    """The GPU's memory.used (all processes, the daemon's included), sampled."""
+
+    def __init__(self, period=0.2):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    def _run(self, period):
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, gpu_used_mib())
+            except Exception:  # nvidia-smi busy: skip a sample
+                pass
+            self._stop.wait(period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["native", "allocd"], required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
+    p.add_argument("--job", default="llama-lora")
+    p.add_argument("--json", help="write the result here too")
+    p.add_argument("--kill-daemon-at", type=int, help="SIGKILL --daemon-pid after this step")
+    p.add_argument("--daemon-pid", type=int)
+    p.add_argument("--restart-daemon", help="shell command that starts the daemon again")
+    a = p.parse_args()
+
+    baseline_mib = gpu_used_mib()
+    import torch
+    if a.mode == "allocd":
+        import allocd
+        allocd.enable(socket=a.socket, job=a.job, required=True)
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from peft import LoraConfig, get_peft_model
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    torch.manual_seed(a.seed)
+    with UsedMemoryWatch() as watch:
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+        lcfg = LoraConfig(r=32, lora_alpha=16, lora_dropout=0.0, bias="none",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                          "down_proj"])
+        model = get_peft_model(model, lcfg)
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
+        rng = random.Random(a.seed)
+        losses, times = [], []
+        for step in range(a.steps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            bs = rng.choice([1, 2, 4, 8])
+            seqlen = rng.randint(64, 4096 // bs)
+            ids = torch.randint(0, cfg.vocab_size, (bs, seqlen), device="cuda")
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(out.loss.item())
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            if a.kill_daemon_at is not None and step == a.kill_daemon_at:
+                os.kill(a.daemon_pid, signal.SIGKILL)
+                print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
+                if a.restart_daemon:
+                    time.sleep(1.0)
+                    # Its own session, and none of our pipes: a daemon holding
+                    # this script's stdout would keep `script | tee` open.
+                    subprocess.Popen(a.restart_daemon, shell=True, start_new_session=True,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                    print(f"step {step}: restarted it", file=sys.stderr)
+
+    result = {
+        "mode": a.mode,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "steps": a.steps,
+        "seed": a.seed,
+        "losses": losses,
+        "step_seconds": times,
+        "gpu_used_mib_before": baseline_mib,
+        "gpu_used_mib_peak": watch.peak,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+    }
+    if a.mode == "native":
+        result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        result["peak_allocated"] = torch.cuda.max_memory_allocated()
+    else:
+        s = allocd.stats()
+        result["peak_reserved"] = s["reserved_bytes.all.peak"]
+        result["peak_allocated"] = s["allocated_bytes.all.peak"]
+        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version", "reconnects",
+                                               "ooms", "num_device_alloc") if k in s}
+    text = json.dumps(result)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
