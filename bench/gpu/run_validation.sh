@@ -1,9 +1,9 @@
 #!/bin/bash
 # allocd on a real GPU, end to end (issue: managed mode proven on the H100):
 #   1. tests/gpu/cuda_chunks_test and the chunk acquire benchmark;
-#   2. the llama_lora workload under native PyTorch (defaults), native
-#      expandable_segments:True and allocd managed mode: losses, step time,
-#      peak reserved, the GPU's used memory;
+#   2. the llama_lora workload under native PyTorch and allocd managed mode,
+#      each with the default config and with expandable_segments:True:
+#      losses, step time, peak reserved, the GPU's used memory;
 #   3. malloc+free through PyTorch, native vs allocd;
 #   4. two jobs with alternating peaks that together exceed the GPU;
 #   5. kill -9 of the daemon mid-training (restarted 1 s later), and
@@ -73,6 +73,9 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 400 \
 step "llama_lora: allocd managed"
 start_daemon
 timeout 400 python "$here/llama_lora_train.py" --mode allocd --socket "$sock" --json "$work/train_allocd.json" | cut -c1-300
+step "llama_lora: allocd managed, expandable_segments:True"
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 400 \
+  python "$here/llama_lora_train.py" --mode allocd --socket "$sock" --json "$work/train_allocd_expandable.json" | cut -c1-300
 allocctl status
 stop_daemon
 fi

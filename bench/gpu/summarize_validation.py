@@ -42,8 +42,10 @@ def main():
     r["cuda_chunk_bench"] = load(work, "cuda_chunk_bench.json")
 
     runs = {name: load(work, f"train_{name}.json")
-            for name in ("native", "native_expandable", "allocd", "allocd_daemon_killed")}
+            for name in ("native", "native_expandable", "allocd", "allocd_expandable",
+                         "allocd_daemon_killed")}
     native, expandable, managed = runs["native"], runs["native_expandable"], runs["allocd"]
+    managed_expandable = runs["allocd_expandable"]
     train = {}
     for name, run in runs.items():
         if run is None:
@@ -65,11 +67,20 @@ def main():
             "max_loss_diff_expandable_vs_native": loss_diff(expandable, native),
             "max_loss_diff_daemon_killed_vs_allocd": loss_diff(runs["allocd_daemon_killed"], managed),
             "step_time_allocd_over_native": steady_step(managed) / steady_step(native),
-            "peak_reserved_allocd_over_native_expandable":
-                managed["peak_reserved"] / expandable["peak_reserved"] if expandable else None,
+            "peak_reserved_allocd_over_native": managed["peak_reserved"] / native["peak_reserved"],
             "peak_reserved_allocd_over_its_peak_allocated":
                 managed["peak_reserved"] / managed["peak_allocated"],
             "torch": managed["torch"], "device": managed["device"],
+        }
+    if expandable and managed_expandable:
+        r["train_compare_expandable"] = {
+            "max_loss_diff_allocd_vs_native": loss_diff(managed_expandable, expandable),
+            "step_time_allocd_over_native":
+                steady_step(managed_expandable) / steady_step(expandable),
+            "peak_reserved_allocd_over_native":
+                managed_expandable["peak_reserved"] / expandable["peak_reserved"],
+            "peak_reserved_allocd_over_its_peak_allocated":
+                managed_expandable["peak_reserved"] / managed_expandable["peak_allocated"],
         }
     mn, ma = load(work, "malloc_native.json"), load(work, "malloc_allocd.json")
     if mn and ma:
