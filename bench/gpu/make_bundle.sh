@@ -10,7 +10,8 @@
 #
 #   bench/gpu/make_bundle.sh [BUNDLE]     (default .gpu)
 #
-# Needs the CUDA toolkit at build time (/usr/local/cuda), no GPU. Then, on the GPU machine: bench/gpu/run_validation.sh BUNDLE OUT.
+# Needs the CUDA toolkit at build time (/usr/local/cuda), no GPU. Then, on
+# the GPU machine: bench/gpu/run_validation.sh BUNDLE OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${1:-.gpu}
