@@ -414,7 +414,7 @@ bool StartDaemon() {
       Daemon::Start({.socket = bench.socket,
                      .metrics_address = "",
                      .backend = "sim",
-                     .capacity = 64 * kGiB});
+                     .capacity = 8 * kGiB});
   if (!daemon.ok()) {
     std::printf("daemon_bench: %s\n",
                 std::string(daemon.status().message()).c_str());
