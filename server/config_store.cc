@@ -31,7 +31,8 @@ ConfigStore::ConfigStore(size_t history_limit)
 
 absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
                                               absl::string_view config,
-                                              absl::string_view author) {
+                                              absl::string_view author,
+                                              uint64_t predicted_peak_reserved_bytes) {
   if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
   absl::StatusOr<AllocatorConfig> parsed =
       ParseAllocatorConfig(std::string_view(config.data(), config.size()));
@@ -42,7 +43,9 @@ absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
   ConfigRecord record{.job = std::string(job),
                       .config = FormatAllocatorConfig(*parsed),
                       .set_at = absl::Now(),
-                      .author = std::string(author)};
+                      .author = std::string(author),
+                      .predicted_peak_reserved_bytes =
+                          predicted_peak_reserved_bytes};
   absl::MutexLock lock(&mu_);
   record.version = ++last_version_;
   newest_by_job_[record.job] = record;

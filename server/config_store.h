@@ -29,6 +29,9 @@ struct ConfigRecord {
   std::string config;
   absl::Time set_at;
   std::string author;
+  // allocd tune's prediction of the job's peak reserved bytes under
+  // `config`; 0 when none was given.
+  uint64_t predicted_peak_reserved_bytes = 0;
 };
 
 struct HistoryRecord {
@@ -51,11 +54,13 @@ class ConfigStore {
   explicit ConfigStore(size_t history_limit = 10000);
 
   // Validates `config` as PyTorch 2.11 would at process start and stores its
-  // canonical form as a new version for `job`. InvalidArgument with
+  // canonical form as a new version for `job`, with the peak reserved
+  // bytes `allocd tune` predicted for it (0: none). InvalidArgument with
   // PyTorch's words for a config it rejects, or for a bad job label.
   absl::StatusOr<ConfigRecord> Set(absl::string_view job,
                                    absl::string_view config,
-                                   absl::string_view author);
+                                   absl::string_view author,
+                                   uint64_t predicted_peak_reserved_bytes = 0);
 
   // Forgets `job`'s own config (the empty job: the default), so its
   // sessions fall back to the default. False when it had none.

@@ -28,6 +28,7 @@ void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
   out->set_config(record.config);
   out->set_set_unix_micros(UnixMicros(record.set_at));
   out->set_author(record.author);
+  out->set_predicted_peak_reserved_bytes(record.predicted_peak_reserved_bytes);
 }
 
 }  // namespace
@@ -452,9 +453,12 @@ v1::GetConfigResponse DaemonCore::GetConfig(absl::string_view job) const {
 }
 
 absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
-    absl::string_view job, absl::string_view config, absl::string_view author) {
-  absl::StatusOr<ConfigRecord> record = configs_.Set(job, config, author);
+    absl::string_view job, absl::string_view config, absl::string_view author,
+    uint64_t predicted_peak_reserved_bytes) {
+  absl::StatusOr<ConfigRecord> record =
+      configs_.Set(job, config, author, predicted_peak_reserved_bytes);
   if (!record.ok()) return record.status();
+  metrics_->ConfigPrediction(job, predicted_peak_reserved_bytes);
   v1::SetConfigResponse r;
   Fill(*record, r.mutable_config());
   uint32_t pushed = 0;
@@ -471,7 +475,9 @@ absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
 }
 
 void DaemonCore::ClearConfig(absl::string_view job, absl::string_view author) {
-  if (!configs_.Clear(job, author) || job.empty()) return;
+  if (!configs_.Clear(job, author)) return;
+  metrics_->ConfigPrediction(job, 0);
+  if (job.empty()) return;
   std::optional<ConfigRecord> fallback = configs_.Effective(job);
   if (!fallback.has_value()) return;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {

@@ -96,9 +96,11 @@ class DaemonCore {
   v1::ListSessionsResponse ListSessions() const;
   v1::GetConfigResponse GetConfig(absl::string_view job) const;
   // Also how a config file sets configs: `author` says who.
-  absl::StatusOr<v1::SetConfigResponse> SetConfig(absl::string_view job,
-                                                  absl::string_view config,
-                                                  absl::string_view author);
+  // `predicted_peak_reserved_bytes`: allocd tune's prediction for the job
+  // under `config` (0: none), exported for dashboards.
+  absl::StatusOr<v1::SetConfigResponse> SetConfig(
+      absl::string_view job, absl::string_view config,
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0);
   // Removes `job`'s own config (the config file dropped its entry); its
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);

@@ -181,7 +181,8 @@ grpc::Status AdminService::SetConfig(grpc::ServerContext* context,
       [&](const PeerCredentials& peer) {
         return Into(core_->SetConfig(request->job(), request->config(),
                                      "uid " + std::to_string(peer.uid) +
-                                         " via the Admin service"),
+                                         " via the Admin service",
+                                     request->predicted_peak_reserved_bytes()),
                     response);
       });
 }

@@ -80,6 +80,12 @@ Metrics::Metrics()
                                "allocd_config_version",
                                "Allocator config version the session runs "
                                "(0: its own initial config).")),
+      predicted_peak_reserved_(Register(
+          prometheus::BuildGauge(), *registry_,
+          "allocd_config_predicted_peak_reserved_bytes",
+          "Peak reserved bytes allocd tune predicted for the job under its "
+          "newest config (set with the config; compare with "
+          "allocd_peak_reserved_bytes).")),
       pushes_(Register(prometheus::BuildCounter(), *registry_,
                        "allocd_config_pushes_total",
                        "Config pushes by how they ended: ack, nack, "
@@ -231,6 +237,18 @@ void Metrics::ConfigPushed(uint64_t session, uint64_t version) {
   absl::MutexLock lock(&mu_);
   if (auto it = series_.find(session); it != series_.end()) {
     it->second->config_version->Set(static_cast<double>(version));
+  }
+}
+
+void Metrics::ConfigPrediction(absl::string_view job,
+                               uint64_t predicted_bytes) {
+  const prometheus::Labels labels{{"job", std::string(job)}};
+  absl::MutexLock lock(&mu_);  // Has-then-Remove must not interleave with Add
+  if (predicted_bytes > 0) {
+    predicted_peak_reserved_.Add(labels).Set(
+        static_cast<double>(predicted_bytes));
+  } else if (predicted_peak_reserved_.Has(labels)) {
+    predicted_peak_reserved_.Remove(&predicted_peak_reserved_.Add(labels));
   }
 }
 

@@ -60,6 +60,9 @@ class Metrics {
   // result: "ack", "nack", "rollback".
   void ConfigPushResult(absl::string_view result);
   void ConfigPushed(uint64_t session, uint64_t version);
+  // allocd tune's predicted peak reserved bytes for `job`'s newest config
+  // (the empty job: the default); 0 removes the series.
+  void ConfigPrediction(absl::string_view job, uint64_t predicted_bytes);
   void ReclaimRequested();
   // The config file was read again: applied, or rejected (last good kept).
   void ConfigReload(bool ok);
@@ -85,6 +88,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& retries_;
   prometheus::Family<prometheus::Counter>& device_allocs_;
   prometheus::Family<prometheus::Gauge>& config_version_;
+  prometheus::Family<prometheus::Gauge>& predicted_peak_reserved_;
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Family<prometheus::Counter>& reclaims_;
   prometheus::Family<prometheus::Counter>& reloads_;

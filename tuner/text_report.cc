@@ -245,6 +245,15 @@ void PrintTextReport(const TuneReport& report, const ReportContext& context,
   } else {
     out << "  PyTorch's defaults are already the best fit for this job\n";
   }
+  if (!best->replay.estimated && !best->candidate.memory_fraction &&
+      !CandidateConfString(best->candidate).empty()) {
+    // The prediction travels with the push, so a dashboard can set it
+    // against the peak the job then really reaches.
+    out << absl::StrFormat(
+        "  on a node running allocd, push it to the job's processes:\n"
+        "    allocctl config set '%s' --job JOB --predicted-peak-reserved %d\n",
+        CandidateConfString(best->candidate), best->replay.peak_reserved);
+  }
   const Evaluation* best_guide = nullptr;
   for (const ReferenceConfig& ref : report.references) {
     if (ref.evaluation && !ref.evaluation->replay.estimated && report.Feasible(*ref.evaluation) &&

@@ -15,6 +15,7 @@
 
 namespace {
 
+using testing::ContainsRegex;
 using testing::HasSubstr;
 
 struct CommandResult {
@@ -197,6 +198,9 @@ TEST(CliTest, TuneWritesAnHtmlReport) {
                                     " --capacity 84465090560 --budget 30 --jobs 2 --report " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("report written to " + dir + "/index.html"));
+  // The prediction, ready to travel with a push to a node's daemon.
+  EXPECT_THAT(r.output, ContainsRegex("allocctl config set '[^']+' --job JOB "
+                                      "--predicted-peak-reserved [1-9][0-9]+\n"));
   const std::string index = ReadFile(dir + "/index.html");
   EXPECT_THAT(index, HasSubstr("<!DOCTYPE html>"));
   EXPECT_THAT(index, HasSubstr("export PYTORCH_CUDA_ALLOC_CONF="));

@@ -71,9 +71,15 @@ def main():
                    if "allocd_config_version" in a.get("expr", "")]
     if not annotations:
         d.fail("config version changes are not annotations")
-    savings = [p for p in panels if "savings" in p.get("title", "").lower()]
-    if not savings or "predicted" not in savings[0].get("description", "").lower():
-        d.fail("no predicted-vs-realised savings panel saying what it shows")
+    # Autotuning's savings: allocd tune's prediction sent with the push, set
+    # against the peak the job then reaches, in one panel that says so.
+    savings = [p for p in panels
+               if {"allocd_config_predicted_peak_reserved_bytes", "allocd_peak_reserved_bytes"}
+               <= {m for t in p.get("targets", []) for m in d.metric_names(t.get("expr", ""))}]
+    if not savings or "savings" not in savings[0].get("title", "").lower() \
+            or "predicted" not in savings[0].get("description", "").lower():
+        d.fail("no panel sets the predicted peak reserved against the realised one, "
+               "titled as savings and saying what it shows")
     d.log(f"dashboard {dash['uid']!r}: {len(panels)} panels, {len(exprs)} queries, "
           f"variables {', '.join('$' + v for v in variables)}; views: "
           f"{', '.join(views)}, savings, config-version annotations")

@@ -4,7 +4,8 @@ a running `allocd serve --backend sim` with clients.
 
 Starts the daemon with deploy/k8s/base/config.json (so the shipped ConfigMap
 is also checked to load) and two `allocd client-replay` clients, pushes a
-config to one job (so config push results exist), scrapes /metrics and
+config with a predicted peak to one job (so config push results and the
+prediction exist), scrapes /metrics and
 compares its sample names with the names in the alerts' and the dashboard's
 PromQL. `up` is Prometheus' own (prometheus_e2e_test checks it).
 
@@ -52,10 +53,12 @@ def main():
                 names = d.exposition_names(text)
                 sessions = d.exposition_series(text, "allocd_reserved_bytes")
                 if len(sessions) >= 2 and not pushed:
-                    # A config push to one job: its sessions ACK it, so
-                    # allocd_config_pushes_total has a series.
+                    # A config push to one job, with allocd tune's prediction
+                    # for it: its sessions ACK it, so allocd_config_pushes_total
+                    # and allocd_config_predicted_peak_reserved_bytes have series.
                     subprocess.run([allocctl, "--socket", str(sock), "config", "set",
-                                    "--job", "llama-lora", "expandable_segments:True"],
+                                    "--job", "llama-lora", "expandable_segments:True",
+                                    "--predicted-peak-reserved", "4802478080"],
                                    check=True, capture_output=True, timeout=10)
                     pushed = True
                 missing = {n for n in wanted if n not in names}

@@ -441,7 +441,9 @@ TEST_F(DaemonTest, LiveClientsAckConfigsTheyCanApplyAndNackOthers) {
   EXPECT_EQ(CountEvents("ack"), 2);
   EXPECT_EQ(CountEvents("nack"), 2);
   for (const v1::HistoryEntry& e : History()) {
-    if (e.event() == "nack") EXPECT_THAT(e.detail(), HasSubstr("backend"));
+    if (e.event() == "nack") {
+      EXPECT_THAT(e.detail(), HasSubstr("backend"));
+    }
   }
 }
 

@@ -33,6 +33,7 @@ struct Options {
   std::optional<uint64_t> session;
   std::optional<uint32_t> uid;
   std::string quota;
+  std::string predicted_peak;
 };
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
@@ -130,6 +131,10 @@ void PrintConfig(const v1::ConfigVersion& c) {
                               : ("job " + c.job()).c_str(),
               c.config().empty() ? "(PyTorch defaults)" : c.config().c_str(),
               Time(c.set_unix_micros()).c_str(), c.author().c_str());
+  if (c.predicted_peak_reserved_bytes() > 0) {
+    std::printf("  predicted peak reserved: %s\n",
+                FormatSize(c.predicted_peak_reserved_bytes()).c_str());
+  }
 }
 
 void PrintHistory(const v1::HistoryResponse& r) {
@@ -194,6 +199,10 @@ int main(int argc, char** argv) {
       ->required();
   set->add_option("--job,-j", o.job, "job label (default: every job without "
                                      "its own config)");
+  set->add_option("--predicted-peak-reserved", o.predicted_peak,
+                  "the job's peak reserved memory `allocd tune` predicted "
+                  "under CONFIG, e.g. 4.8GB; exported for dashboards to set "
+                  "against the realised peak");
   CLI::App* history = config->add_subcommand(
       "history", "config sets, ACKs, NACKs and rollbacks, newest first");
   history->add_option("--job,-j", o.job, "only this job");
@@ -249,6 +258,15 @@ int main(int argc, char** argv) {
     v1::SetConfigRequest request;
     request.set_job(o.job);
     request.set_config(o.config);
+    if (!o.predicted_peak.empty()) {
+      absl::StatusOr<uint64_t> bytes = ParseSize(o.predicted_peak);
+      if (!bytes.ok()) {
+        std::cerr << "allocctl: --predicted-peak-reserved: "
+                  << bytes.status().message() << "\n";
+        return 2;
+      }
+      request.set_predicted_peak_reserved_bytes(*bytes);
+    }
     return Call<v1::SetConfigResponse>(
         o,
         [&](grpc::ClientContext* c, v1::SetConfigResponse* r) {
