@@ -99,7 +99,7 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
       return handle.status();
     }
     // The mapping holds the memory: the FD is no longer needed.
-    fd_closer_.Close(std::move(got->fds[i]));
+    got->fds[i].reset();
     chunks_[at] = {.epoch = got->epoch, .id = got->ids[i], .handle = *handle};
     held_ += got->chunk_bytes;
   }

@@ -19,7 +19,6 @@
 #include "absl/types/span.h"
 #include "allocator/device_backend.h"
 #include "client/daemon_client.h"
-#include "ipc/background_fd_closer.h"
 
 namespace allocd {
 
@@ -98,8 +97,6 @@ class DaemonBackend : public DeviceBackend {
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
   uint64_t held_ = 0;
-  // A mapped chunk's FD is spent; closing an exported CUDA one is slow.
-  BackgroundFdCloser fd_closer_;
 };
 
 }  // namespace allocd

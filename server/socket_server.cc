@@ -133,7 +133,7 @@ v1::SideResponse ErrorResponse(const absl::Status& status) {
 }
 
 // Answers one request. False when the connection should close.
-bool Serve(DaemonCore& core, BackgroundFdCloser& closer, SideConnection& c) {
+bool Serve(DaemonCore& core, SideConnection& c) {
   absl::StatusOr<ReceivedMessage> frame =
       ReceiveMessage(c.fd.get(), kMaxSideRequest, kFrameTimeout);
   if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
@@ -180,9 +180,6 @@ bool Serve(DaemonCore& core, BackgroundFdCloser& closer, SideConnection& c) {
           return false;
         }
       }
-      // Sent: the client holds its own copies. This thread serves every
-      // process on the node, so it does not wait for the driver.
-      for (ChunkFd& chunk : *chunks) closer.Close(std::move(chunk.fd));
       return true;
     }
     default:
@@ -225,7 +222,7 @@ void SideChannel::Loop() {
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = connections.find(fds[i].fd);
-      if (!Serve(*core_, fd_closer_, it->second)) {
+      if (!Serve(*core_, it->second)) {
         close_connection(it, "lease connection closed");
       }
     }

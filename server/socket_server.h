@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "ipc/background_fd_closer.h"
 #include "ipc/unix_socket.h"
 #include "server/daemon_core.h"
 #include "server/peer_table.h"
@@ -71,9 +70,6 @@ class SideChannel {
   UniqueFd listener_;
   DaemonCore* const core_;
   WakeFd stop_;
-  // Claimed chunks' FDs, once sent; few wait, as they count against the
-  // daemon's FD headroom (kFdHeadroom in daemon.cc).
-  BackgroundFdCloser fd_closer_{128};
   std::thread thread_;
 };
 
