@@ -80,7 +80,7 @@ void BM_AcquireClaimRelease(benchmark::State& state) {
   for (auto _ : state) {
     const Clock::time_point start = Clock::now();
     absl::StatusOr<Grant> g = warm.pool.Acquire(1, chunks * kChunk);
-    absl::StatusOr<std::vector<ChunkFd>> fds = warm.pool.Claim(g->token, pid);
+    absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(warm.pool, g->token, pid);
     if (!fds.ok() || g->reused_chunks != chunks) {
       state.SkipWithError("not the reused path");
       break;
@@ -103,7 +103,7 @@ void BM_AcquireClaimSendMap(benchmark::State& state) {
   for (auto _ : state) {
     const Clock::time_point start = Clock::now();
     absl::StatusOr<Grant> g = warm.pool.Acquire(1, chunks * kChunk);
-    absl::StatusOr<std::vector<ChunkFd>> fds = warm.pool.Claim(g->token, pid);
+    absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(warm.pool, g->token, pid);
     std::vector<int> raw;
     for (const ChunkFd& c : *fds) raw.push_back(c.fd.get());
     if (!SendMessage(daemon_end, "chunks", raw).ok()) std::abort();
@@ -129,7 +129,7 @@ void BM_ClaimRoundTrip(benchmark::State& state) {
       absl::StatusOr<ReceivedMessage> token = ReceiveMessage(daemon_end, 64);
       if (!token.ok()) return;  // the client closed
       absl::StatusOr<std::vector<ChunkFd>> fds =
-          warm.pool.Claim(token->payload, getpid());
+          ClaimAll(warm.pool, token->payload, getpid());
       std::vector<int> raw;
       for (const ChunkFd& c : *fds) raw.push_back(c.fd.get());
       if (!SendMessage(daemon_end, "chunks", raw).ok()) std::abort();

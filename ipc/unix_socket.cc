@@ -292,6 +292,18 @@ absl::StatusOr<std::pair<UniqueFd, UniqueFd>> UnixSocketPair() {
   return std::make_pair(UniqueFd(fds[0]), UniqueFd(fds[1]));
 }
 
+absl::StatusOr<UniqueFd> DuplicateFd(int fd) {
+  UniqueFd copy(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid()) {
+    const int error = errno;
+    std::string message = absl::StrCat("dup of a descriptor: ", strerror(error));
+    return error == EMFILE || error == ENFILE
+               ? absl::ResourceExhaustedError(message)
+               : absl::InternalError(message);
+  }
+  return copy;
+}
+
 absl::StatusOr<uint64_t> RaiseOpenFileLimit() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {

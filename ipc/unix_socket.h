@@ -83,6 +83,10 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path);
 // are retried. ResourceExhausted when this process is out of descriptors.
 absl::StatusOr<UniqueFd> AcceptUnix(int listen_fd);
 
+// A close-on-exec copy of `fd` (fcntl F_DUPFD_CLOEXEC). ResourceExhausted
+// when the process or the system is out of descriptors.
+absl::StatusOr<UniqueFd> DuplicateFd(int fd);
+
 // A connected pair of stream sockets (socketpair(2)), both close-on-exec.
 absl::StatusOr<std::pair<UniqueFd, UniqueFd>> UnixSocketPair();
 

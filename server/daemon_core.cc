@@ -332,9 +332,10 @@ absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ChunkFd>> DaemonCore::Claim(
-    const PeerCredentials& peer, absl::string_view token) {
-  return pool_->Claim(token, peer.pid);
+absl::Status DaemonCore::Claim(const PeerCredentials& peer,
+                               absl::string_view token, size_t batch_size,
+                               NodePool::ClaimSink sink) {
+  return pool_->Claim(token, peer.pid, batch_size, sink);
 }
 
 void DaemonCore::EndSession(SessionId id, absl::string_view why) {

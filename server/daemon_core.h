@@ -80,9 +80,9 @@ class DaemonCore {
 
   // --- side socket
   absl::Status Lease(const PeerCredentials& peer, SessionId id);
-  // The FDs of a grant, for SCM_RIGHTS: dup()s the caller closes.
-  absl::StatusOr<std::vector<ChunkFd>> Claim(const PeerCredentials& peer,
-                                             absl::string_view token);
+  // The FDs of a grant, for SCM_RIGHTS, in batches (NodePool::Claim).
+  absl::Status Claim(const PeerCredentials& peer, absl::string_view token,
+                     size_t batch_size, NodePool::ClaimSink sink);
   // The session's process is gone (lease EOF) or never leased: everything
   // it held goes back to the pool. `why` is logged.
   void EndSession(SessionId id, absl::string_view why);

@@ -157,28 +157,29 @@ bool Serve(DaemonCore& core, SideConnection& c) {
              s.ok();
     }
     case v1::SideRequest::kClaimToken: {
-      absl::StatusOr<std::vector<ChunkFd>> chunks =
-          core.Claim(c.peer, request.claim_token());
-      if (!chunks.ok()) {
+      // A frame per batch: SCM_RIGHTS carries at most kMaxFdsPerMessage FDs.
+      bool connection_ok = true;
+      absl::Status claimed = core.Claim(
+          c.peer, request.claim_token(), kMaxFdsPerMessage,
+          [&](std::vector<ChunkFd>& batch, bool last) {
+            v1::SideResponse response;
+            std::vector<int> fds;
+            for (const ChunkFd& chunk : batch) {
+              response.add_chunk_ids(chunk.id);
+              response.add_offsets(chunk.offset);
+              fds.push_back(chunk.fd.get());
+            }
+            response.set_more(!last);
+            absl::Status sent =
+                SendMessage(c.fd.get(), response.SerializeAsString(), fds);
+            connection_ok = sent.ok();
+            return sent;
+          });
+      if (!connection_ok) return false;
+      if (!claimed.ok()) {
         return SendMessage(c.fd.get(),
-                           ErrorResponse(chunks.status()).SerializeAsString())
+                           ErrorResponse(claimed).SerializeAsString())
             .ok();
-      }
-      // SCM_RIGHTS carries at most kMaxFdsPerMessage FDs a frame.
-      for (size_t begin = 0; begin == 0 || begin < chunks->size();
-           begin += kMaxFdsPerMessage) {
-        const size_t end = std::min(chunks->size(), begin + kMaxFdsPerMessage);
-        v1::SideResponse response;
-        std::vector<int> fds;
-        for (size_t i = begin; i < end; ++i) {
-          response.add_chunk_ids((*chunks)[i].id);
-          response.add_offsets((*chunks)[i].offset);
-          fds.push_back((*chunks)[i].fd.get());
-        }
-        response.set_more(end < chunks->size());
-        if (!SendMessage(c.fd.get(), response.SerializeAsString(), fds).ok()) {
-          return false;
-        }
       }
       return true;
     }

@@ -270,6 +270,42 @@ int Run(int argc, char** argv) {
       local.push_back(Micros(t0, t1));
     }
     results["local_create_map_2MiB"] = Summary(local);
+
+    // The driver's share of a claim, in one process: what the daemon does
+    // (export the chunk to an FD, later close it) and what the client does
+    // (import the FD, close it, release the imported handle at unmap).
+    absl::StatusOr<CUmemGenericAllocationHandle> owned = cuda::MemCreate(
+        chunk, cuda::DeviceMemoryProp(context->device(), true));
+    if (!owned.ok()) return Fail("cuMemCreate", owned.status());
+    std::vector<double> exp, imp, close_imported, close_exported, release;
+    for (int i = 0; i < iterations; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<int> fd = cuda::ExportToFd(*owned);
+      const auto t1 = Clock::now();
+      if (!fd.ok()) return Fail("export", fd.status());
+      const int received = dup(*fd);  // what SCM_RIGHTS gives the client
+      absl::StatusOr<CUmemGenericAllocationHandle> imported =
+          cuda::ImportFromFd(received);
+      const auto t2 = Clock::now();
+      if (!imported.ok()) return Fail("import", imported.status());
+      close(received);
+      const auto t3 = Clock::now();
+      close(*fd);
+      const auto t4 = Clock::now();
+      CHECK_OK("release", cuda::MemRelease(*imported));
+      const auto t5 = Clock::now();
+      exp.push_back(Micros(t0, t1));
+      imp.push_back(Micros(t1, t2));
+      close_imported.push_back(Micros(t2, t3));
+      close_exported.push_back(Micros(t3, t4));
+      release.push_back(Micros(t4, t5));
+    }
+    CHECK_OK("release", cuda::MemRelease(*owned));
+    results["driver_export"] = Summary(exp);
+    results["driver_import"] = Summary(imp);
+    results["driver_close_client_copy"] = Summary(close_imported);
+    results["driver_close_last_copy"] = Summary(close_exported);
+    results["driver_release_imported"] = Summary(release);
   }
 
   absl::StatusOr<CUdevice> device = cuda::GetDevice(0);

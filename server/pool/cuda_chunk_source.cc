@@ -3,7 +3,10 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "allocator/bytes.h"
 #include "allocator/cuda/cuda_driver.h"
 
@@ -16,18 +19,38 @@ struct CudaChunkSource::Device {
   std::string name;
   int driver_version = 0;
   std::atomic<uint64_t> live{0};
+  // Exported FDs kept for reuse, by allocation; at most `export_budget`.
+  absl::Mutex exports_mu;
+  absl::flat_hash_map<CUmemGenericAllocationHandle, UniqueFd> exports
+      ABSL_GUARDED_BY(exports_mu);
+  size_t export_budget = 0;
 };
 
 namespace {
 
+// Descriptors the daemon keeps besides chunk exports: its kFdHeadroom for
+// sockets (daemon.cc) and a claim's batch in flight (kMaxFdsPerMessage),
+// with room to spare.
+constexpr uint64_t kFdsKeptFree = 1024;
+
 // One chunk as the pool holds it: the allocation, and the invalid FD that
-// ChunkMemory.file points at (FDs are exported per claim).
+// ChunkMemory.file points at (OpenForClient exports).
 struct CudaChunk {
   UniqueFd no_fd;
   CUmemGenericAllocationHandle handle = 0;
   std::shared_ptr<CudaChunkSource::Device> device;
 
   ~CudaChunk() {
+    UniqueFd exported;
+    {
+      absl::MutexLock lock(&device->exports_mu);
+      if (auto it = device->exports.find(handle);
+          it != device->exports.end()) {
+        exported = std::move(it->second);
+        device->exports.erase(it);
+      }
+    }
+    exported.reset();  // the export's teardown, outside the lock
     // cuMemRelease needs the device's context on this thread, which may be
     // any of the daemon's.
     (void)device->context.Bind();
@@ -71,6 +94,9 @@ absl::StatusOr<std::unique_ptr<CudaChunkSource>> CudaChunkSource::Create(
     }
   }
   device->prop = cuda::DeviceMemoryProp(dev, /*exportable=*/true);
+  absl::StatusOr<uint64_t> fd_limit = RaiseOpenFileLimit();
+  device->export_budget =
+      fd_limit.ok() && *fd_limit > kFdsKeptFree ? *fd_limit - kFdsKeptFree : 0;
   absl::StatusOr<size_t> granularity = cuda::MinimumGranularity(device->prop);
   if (!granularity.ok()) return granularity.status();
   // The engine's segments are multiples of 2 MiB; so are chunks.
@@ -112,10 +138,29 @@ absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk() {
 
 absl::StatusOr<UniqueFd> CudaChunkSource::OpenForClient(
     const ChunkMemory& memory) const {
+  {
+    absl::MutexLock lock(&device_->exports_mu);
+    if (auto it = device_->exports.find(memory.handle);
+        it != device_->exports.end()) {
+      return DuplicateFd(it->second.get());
+    }
+  }
   if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
-  absl::StatusOr<int> fd = cuda::ExportToFd(memory.handle);
-  if (!fd.ok()) return fd.status();
-  return UniqueFd(*fd);
+  absl::StatusOr<int> exported = cuda::ExportToFd(memory.handle);
+  if (!exported.ok()) return exported.status();
+  UniqueFd fd(*exported);
+  absl::MutexLock lock(&device_->exports_mu);
+  if (device_->exports.size() >= device_->export_budget) {
+    return fd;  // no FD to spare: this claim's own export
+  }
+  // A concurrent claim of the same chunk may have kept its export first.
+  auto kept = device_->exports.emplace(memory.handle, std::move(fd)).first;
+  return DuplicateFd(kept->second.get());
+}
+
+size_t CudaChunkSource::cached_exports() const {
+  absl::MutexLock lock(&device_->exports_mu);
+  return device_->exports.size();
 }
 
 }  // namespace allocd

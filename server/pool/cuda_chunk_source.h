@@ -1,10 +1,17 @@
 // CudaChunkSource: the node pool's chunks as GPU memory. Each chunk is one
 // cuMemCreate allocation of the device's minimum VMM granularity (2 MiB on
-// an H100), exportable as a POSIX file descriptor. The daemon keeps only
-// the allocation handle (ChunkMemory.handle): an FD is exported for each
-// claim (OpenForClient) and passed to the client with SCM_RIGHTS, so a full
-// 80 GB GPU does not need 40,000 open FDs. Clients import it with
+// an H100), exportable as a POSIX file descriptor. The pool keeps the
+// allocation handle (ChunkMemory.handle); a claim passes the client an FD
+// of the chunk with SCM_RIGHTS, which it imports with
 // cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
+//
+// Exporting a chunk takes the driver about 0.5 ms, and closing the last FD
+// of an export as long again (bench/gpu/cuda_chunk_bench, driver_* steps):
+// twice a 2 MiB claim's whole budget. So the first claim of a chunk exports
+// it and the source keeps that FD for every later claim (a dup, whose close
+// costs nothing) — for as many chunks as RLIMIT_NOFILE allows beside the
+// daemon's sockets. Chunks beyond that are exported per claim, so any
+// limit still serves a whole GPU, only slower.
 //
 // Dropping the last ChunkMemory of a chunk (NodePool's TrimFree) releases
 // the handle, and the memory goes back to the device once no client maps
@@ -36,7 +43,8 @@ class CudaChunkSource final : public ChunkSource {
 
   // cuMemCreate. ResourceExhausted when the device is out of memory.
   absl::StatusOr<ChunkMemory> CreateChunk() override;
-  // cuMemExportToShareableHandle of the chunk's allocation.
+  // An FD of the chunk's allocation: a copy of its kept export, else
+  // cuMemExportToShareableHandle (kept when the FD budget allows).
   absl::StatusOr<UniqueFd> OpenForClient(
       const ChunkMemory& memory) const override;
   int FdsPerChunk() const override { return 0; }
@@ -48,6 +56,8 @@ class CudaChunkSource final : public ChunkSource {
 
   // Chunks created and not yet released.
   uint64_t live_chunks() const;
+  // Chunks whose export the source keeps.
+  size_t cached_exports() const;
 
   struct Device;
 

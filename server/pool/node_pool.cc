@@ -309,9 +309,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
                                    failure.message()));
 }
 
-absl::StatusOr<std::vector<ChunkFd>> NodePool::Claim(absl::string_view token,
-                                                     pid_t claimer_pid) {
-  // The files are copied under the lock and dup()ed outside it; the
+absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
+                            size_t batch_size, ClaimSink sink) {
+  // The files are copied under the lock and opened outside it; the
   // shared_ptrs keep them open even if the chunks are trimmed meanwhile.
   std::vector<std::pair<uint64_t, ChunkMemory>> files;
   PendingClaim claim;
@@ -340,28 +340,41 @@ absl::StatusOr<std::vector<ChunkFd>> NodePool::Claim(absl::string_view token,
     claim = std::move(it->second);
     claims_.erase(it);
   }
-  std::vector<ChunkFd> out;
-  out.reserve(files.size());
-  for (const auto& [chunk_id, memory] : files) {
-    absl::StatusOr<UniqueFd> copy = source_->OpenForClient(memory);
-    if (!copy.ok()) {
-      // Give the token back, so that the client can retry.
-      absl::MutexLock lock(&mu_);
-      auto s = sessions_.find(claim.session);
-      if (s != sessions_.end() && s->second.incarnation == claim.incarnation) {
-        claims_.emplace(std::move(key), std::move(claim));
+  batch_size = std::max<size_t>(batch_size, 1);
+  std::vector<ChunkFd> batch;
+  for (size_t begin = 0; begin == 0 || begin < files.size();
+       begin += batch_size) {
+    const size_t end = std::min(files.size(), begin + batch_size);
+    batch.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const auto& [chunk_id, memory] = files[i];
+      absl::StatusOr<UniqueFd> copy = source_->OpenForClient(memory);
+      if (!copy.ok()) {
+        if (begin > 0) {
+          return absl::Status(copy.status().code(),
+                              absl::StrCat("chunk ", chunk_id, ": ",
+                                           copy.status().message()));
+        }
+        // Nothing went out yet: give the token back, so the client can retry.
+        absl::MutexLock lock(&mu_);
+        auto s = sessions_.find(claim.session);
+        if (s != sessions_.end() &&
+            s->second.incarnation == claim.incarnation) {
+          claims_.emplace(std::move(key), std::move(claim));
+        }
+        return absl::Status(
+            copy.status().code(),
+            absl::StrCat("chunk ", chunk_id, ": ", copy.status().message(),
+                         " (the claim token stays valid)"));
       }
-      return absl::Status(
-          copy.status().code(),
-          absl::StrCat("chunk ", chunk_id, ": ", copy.status().message(),
-                       " (the claim token stays valid)"));
+      batch.push_back(ChunkFd{.id = chunk_id,
+                              .fd = *std::move(copy),
+                              .offset = memory.offset,
+                              .bytes = chunk_bytes_});
     }
-    out.push_back(ChunkFd{.id = chunk_id,
-                          .fd = *std::move(copy),
-                          .offset = memory.offset,
-                          .bytes = chunk_bytes_});
+    if (absl::Status s = sink(batch, end == files.size()); !s.ok()) return s;
   }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status NodePool::Release(SessionId id,
@@ -442,6 +455,21 @@ PoolStats NodePool::Stats() const {
         .bytes = s.held, .uid = s.uid, .pid = s.pid, .quota = s.quota};
   }
   return stats;
+}
+
+absl::StatusOr<std::vector<ChunkFd>> ClaimAll(NodePool& pool,
+                                              absl::string_view token,
+                                              pid_t claimer_pid) {
+  std::vector<ChunkFd> all;
+  absl::Status s = pool.Claim(token, claimer_pid, SIZE_MAX,
+                              [&](std::vector<ChunkFd>& batch, bool) {
+                                for (ChunkFd& c : batch) {
+                                  all.push_back(std::move(c));
+                                }
+                                return absl::OkStatus();
+                              });
+  if (!s.ok()) return s;
+  return all;
 }
 
 }  // namespace allocd

@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -154,15 +155,24 @@ class NodePool {
   //  - Aborted when the session ends while its chunks are being created.
   absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes);
 
+  // What Claim hands over: the next batch of a grant's chunks with their
+  // FDs, and whether it is the last. An error stops the claim.
+  using ClaimSink =
+      absl::FunctionRef<absl::Status(std::vector<ChunkFd>& batch, bool last)>;
+
   // Exchanges a grant's token for the FDs of its chunks, for the process
-  // `claimer_pid` (from SO_PEERCRED). The token is used up on success.
-  // Chunks the session released (or lost) since the Acquire are left out.
+  // `claimer_pid` (from SO_PEERCRED): hands them to `sink` in batches of at
+  // most `batch_size` (at least one batch, maybe empty), each batch's FDs
+  // closed when `sink` returns, so a claim of a whole GPU never holds more
+  // than `batch_size` FDs open. The token is used up. Chunks the session
+  // released (or lost) since the Acquire are left out.
   // Errors: NotFound for an unknown, used or expired token (or one whose
   // session ended); PermissionDenied when the grant is another pid's -- the
   // token stays valid for its owner; ResourceExhausted when this process is
-  // out of FDs (the token stays valid: retry).
-  absl::StatusOr<std::vector<ChunkFd>> Claim(absl::string_view token,
-                                             pid_t claimer_pid);
+  // out of FDs (the token stays valid, to retry, if no batch went out);
+  // whatever `sink` returned.
+  absl::Status Claim(absl::string_view token, pid_t claimer_pid,
+                     size_t batch_size, ClaimSink sink);
 
   // Gives back the chunks of a grant that was never claimed (the client
   // gave up on its Acquire): they return to the cache, as when the token
@@ -266,6 +276,13 @@ class NodePool {
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// NodePool::Claim with every FD collected into one vector, all open at
+// once: for callers in the daemon's process and tests (the side socket
+// streams batches instead).
+absl::StatusOr<std::vector<ChunkFd>> ClaimAll(NodePool& pool,
+                                              absl::string_view token,
+                                              pid_t claimer_pid);
 
 }  // namespace allocd
 

@@ -253,6 +253,13 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
       ASSERT_TRUE(handle.ok()) << handle.status();
       mapped.push_back({*range + i * chunk, *handle});
     }
+    // Each chunk was exported once and its export kept: the next claim of
+    // a chunk gets a copy, not a new export.
+    EXPECT_EQ((*source)->cached_exports(), 3u);
+    absl::StatusOr<UniqueFd> again = (*source)->OpenForClient(chunks[0]);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->valid());
+    EXPECT_EQ((*source)->cached_exports(), 3u);
     ASSERT_TRUE((*mapper)->EnableAccess(*range, 3 * chunk).ok());
     ASSERT_TRUE(WriteSegment(*range, 3 * chunk, chunk).ok());
     std::set<uint64_t> found;
@@ -262,6 +269,7 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
     (*mapper)->Free(*range, 3 * chunk);
   }
   EXPECT_EQ((*source)->live_chunks(), 0u);
+  EXPECT_EQ((*source)->cached_exports(), 0u);  // released with their chunks
 }
 
 class CudaChunksTest : public ::testing::Test {

@@ -91,7 +91,7 @@ TEST_F(NodePoolTest, ReleasedChunksServeTheNextSessionWithTheSameMemory) {
   EXPECT_EQ(a->chunk_ids.size(), 3u);
   EXPECT_EQ(a->bytes, 3 * kChunk);
   EXPECT_EQ(a->reused_chunks, 0u);
-  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(a->token, 11);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, a->token, 11);
   ASSERT_TRUE(fds.ok()) << fds.status();
   ASSERT_EQ(fds->size(), 3u);
   EXPECT_EQ((*fds)[0].id, a->chunk_ids[0]);
@@ -106,7 +106,7 @@ TEST_F(NodePoolTest, ReleasedChunksServeTheNextSessionWithTheSameMemory) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->reused_chunks, 1u);
   EXPECT_EQ(b->chunk_ids, std::vector<uint64_t>{a->chunk_ids[0]});
-  absl::StatusOr<std::vector<ChunkFd>> b_fds = pool->Claim(b->token, 22);
+  absl::StatusOr<std::vector<ChunkFd>> b_fds = ClaimAll(*pool, b->token, 22);
   ASSERT_TRUE(b_fds.ok());
   char* seen = Map((*b_fds)[0]);
   EXPECT_STREQ(seen, "written by session 1");
@@ -146,11 +146,53 @@ TEST_F(NodePoolTest, CachedChunksGoFirstAndOnlyTheRestIsCreated) {
   EXPECT_EQ(stats.created_bytes, 5 * kChunk);
 }
 
+TEST_F(NodePoolTest, AClaimArrivesInBatchesWhoseFdsCloseAsTheyGo) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 7 * kChunk);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const int before = OpenFds();
+  std::vector<uint64_t> ids;
+  std::vector<size_t> sizes;
+  std::vector<bool> lasts;
+  int most_open = 0;
+  absl::Status s = pool->Claim(g->token, 1, 3,
+                               [&](std::vector<ChunkFd>& batch, bool last) {
+                                 most_open = std::max(most_open, OpenFds() - before);
+                                 sizes.push_back(batch.size());
+                                 lasts.push_back(last);
+                                 for (const ChunkFd& c : batch) ids.push_back(c.id);
+                                 return absl::OkStatus();
+                               });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 1}));
+  EXPECT_EQ(lasts, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(ids, g->chunk_ids);
+  EXPECT_LE(most_open, 3);  // one batch's FDs at a time
+  EXPECT_EQ(OpenFds(), before);
+}
+
+TEST_F(NodePoolTest, ASinkErrorStopsTheClaim) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
+  ASSERT_TRUE(g.ok()) << g.status();
+  int batches = 0;
+  absl::Status s = pool->Claim(g->token, 1, 2, [&](std::vector<ChunkFd>&, bool) {
+    ++batches;
+    return absl::UnavailableError("client went away");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(batches, 1);
+  // The token was used: the session's chunks come back when it ends.
+  EXPECT_EQ(ClaimAll(*pool, g->token, 1).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(NodePoolTest, EachChunkIsItsOwnSealedFile) {
   auto pool = MakePool(4);
   ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
-  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
   ASSERT_TRUE(fds.ok());
   struct stat st0, st1;
   ASSERT_EQ(fstat((*fds)[0].fd.get(), &st0), 0);
@@ -281,19 +323,19 @@ TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
   ASSERT_TRUE(g2.ok());
   EXPECT_NE(g->token, g2->token);
 
-  absl::Status wrong = pool->Claim(g->token, 200).status();
+  absl::Status wrong = ClaimAll(*pool, g->token, 200).status();
   EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(wrong.message(),
             "the claim token was granted to pid 100; pid 200 may not claim it");
-  absl::StatusOr<std::vector<ChunkFd>> mine = pool->Claim(g->token, 100);
+  absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, g->token, 100);
   ASSERT_TRUE(mine.ok()) << mine.status();  // survived the wrong pid
   EXPECT_EQ(mine->size(), 1u);
-  absl::Status used = pool->Claim(g->token, 100).status();
+  absl::Status used = ClaimAll(*pool, g->token, 100).status();
   EXPECT_EQ(used.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(used.message(), HasSubstr("unknown, used or expired"));
-  EXPECT_EQ(pool->Claim("00000000000000000000000000000000", 100).status().code(),
+  EXPECT_EQ(ClaimAll(*pool, "00000000000000000000000000000000", 100).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool->Claim("", 100).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ClaimAll(*pool, "", 100).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
@@ -303,9 +345,9 @@ TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
   absl::StatusOr<Grant> late = pool->Acquire(1, kChunk);
   ASSERT_TRUE(early.ok() && late.ok());
   now_ += absl::Seconds(29);
-  EXPECT_TRUE(pool->Claim(early->token, 100).ok());
+  EXPECT_TRUE(ClaimAll(*pool, early->token, 100).ok());
   now_ += absl::Seconds(1);  // 30 s: the default lifetime is over
-  EXPECT_EQ(pool->Claim(late->token, 100).status().code(),
+  EXPECT_EQ(ClaimAll(*pool, late->token, 100).status().code(),
             absl::StatusCode::kNotFound);
   // Nobody can map the unclaimed chunk: it is not the session's any more.
   PoolStats stats = pool->Stats();
@@ -321,7 +363,7 @@ TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
   ASSERT_TRUE(quick.AddSession(1, 0, 100).ok());
   absl::StatusOr<Grant> g = quick.Acquire(1, kChunk);
   now_ += absl::Milliseconds(5);
-  EXPECT_EQ(quick.Claim(g->token, 100).status().code(),
+  EXPECT_EQ(ClaimAll(quick, g->token, 100).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(quick.Stats().in_use_bytes, 0u);
 }
@@ -334,7 +376,7 @@ TEST_F(NodePoolTest, AnAbandonedGrantGoesBackOnce) {
   ASSERT_TRUE(kept.ok() && given_up.ok());
   EXPECT_EQ(pool->Abandon(given_up->token), 2 * kChunk);
   EXPECT_EQ(pool->Abandon(given_up->token), 0u);
-  EXPECT_EQ(pool->Claim(given_up->token, 100).status().code(),
+  EXPECT_EQ(ClaimAll(*pool, given_up->token, 100).status().code(),
             absl::StatusCode::kNotFound);
   PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
@@ -354,7 +396,7 @@ TEST_F(NodePoolTest, ClaimLeavesOutChunksReleasedSinceTheGrant) {
   absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(pool->Release(1, {g->chunk_ids[0]}).ok());
   ASSERT_TRUE(pool->Acquire(2, kChunk).ok());  // takes chunk_ids[0]
-  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
   ASSERT_TRUE(fds.ok());
   ASSERT_EQ(fds->size(), 1u);
   EXPECT_EQ((*fds)[0].id, g->chunk_ids[1]);
@@ -398,7 +440,7 @@ TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(pool->EndSession(1), 5 * kChunk);
   EXPECT_EQ(pool->EndSession(1), 0u);
-  EXPECT_EQ(pool->Claim(g->token, 1).status().code(),
+  EXPECT_EQ(ClaimAll(*pool, g->token, 1).status().code(),
             absl::StatusCode::kNotFound);
   PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.in_use_bytes, 0u);
@@ -412,7 +454,7 @@ TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->reused_chunks, 5u);
   EXPECT_THAT(again->chunk_ids, UnorderedElementsAreArray(g->chunk_ids));
-  EXPECT_EQ(pool->Claim(again->token, 1).status().code(),
+  EXPECT_EQ(ClaimAll(*pool, again->token, 1).status().code(),
             absl::StatusCode::kPermissionDenied);  // bound to the new pid
 }
 
@@ -446,7 +488,7 @@ TEST_F(NodePoolTest, AClaimedFdOutlivesTheChunk) {
   auto pool = MakePool(2);
   ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
-  absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, 1);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
   ASSERT_TRUE(fds.ok());
   ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
   ASSERT_EQ(pool->TrimFree(kChunk), kChunk);
@@ -507,7 +549,7 @@ TEST_F(NodePoolTest, CreationRunsOutsideTheLockAndReservesCapacity) {
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(slow->reused_chunks, 1u);
   EXPECT_EQ(slow->chunk_ids.size(), 3u);
-  EXPECT_TRUE(pool->Claim(slow->token, 1).ok());
+  EXPECT_TRUE(ClaimAll(*pool, slow->token, 1).ok());
   stats = pool->Stats();
   EXPECT_EQ(stats.creating_bytes, 0u);
   EXPECT_EQ(stats.in_use_bytes, 3 * kChunk);
@@ -566,7 +608,7 @@ TEST_F(NodePoolTest, ConcurrentSessionsNeverShareAChunk) {
             }
             held.push_back(id);
           }
-          absl::StatusOr<std::vector<ChunkFd>> fds = pool->Claim(g->token, pid);
+          absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, pid);
           EXPECT_TRUE(fds.ok()) << fds.status();
           if (fds.ok()) {
             EXPECT_EQ(fds->size(), g->chunk_ids.size());
