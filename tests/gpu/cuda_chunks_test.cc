@@ -33,6 +33,7 @@
 #include "ipc/unix_socket.h"
 #include "server/pool/cuda_chunk_source.h"
 #include "tests/gpu/gpu_pattern.h"
+#include "tests/server/daemon_harness.h"
 
 extern char** environ;
 
@@ -42,6 +43,11 @@ namespace {
 using ::testing::HasSubstr;
 using gpu_test::CheckSegment;
 using gpu_test::WriteSegment;
+using harness::Child;
+using harness::Dial;
+
+// Output and errors on one pipe: a failing test shows why.
+constexpr bool kWithStderr = true;
 
 std::string Binary(const char* variable, const char* built) {
   const char* from_env = std::getenv(variable);
@@ -62,103 +68,9 @@ std::string NoGpu() {
     GTEST_SKIP() << "needs a GPU: " << why;                 \
   }
 
-// A child process with its stdout and stderr on one pipe.
-class Child {
- public:
-  explicit Child(std::vector<std::string> args) {
-    int out[2];
-    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(),
-                          environ),
-              0)
-        << args[0];
-    posix_spawn_file_actions_destroy(&actions);
-    close(out[1]);
-    output_.reset(out[0]);
-  }
-  ~Child() {
-    if (pid_ > 0) Kill();
-  }
-  pid_t pid() const { return pid_; }
-  bool running() {
-    if (pid_ <= 0 || reaped_) return false;
-    if (waitpid(pid_, &status_, WNOHANG) == 0) return true;
-    reaped_ = true;
-    return false;
-  }
-
-  // The next line of output, or "" after `timeout` or at its end.
-  std::string Line(absl::Duration timeout = absl::Seconds(60)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      pollfd p{output_.get(), POLLIN, 0};
-      const int left =
-          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (left <= 0 || poll(&p, 1, left) <= 0) return "";
-      char chunk[4096];
-      const ssize_t n = read(output_.get(), chunk, sizeof chunk);
-      if (n <= 0) return "";
-      buffer_.append(chunk, n);
-    }
-  }
-  // Everything printed until it closes its output (or `timeout`).
-  std::string Rest(absl::Duration timeout = absl::Seconds(60)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    std::string out = std::move(buffer_);
-    buffer_.clear();
-    for (;;) {
-      pollfd p{output_.get(), POLLIN, 0};
-      const int left =
-          static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (left <= 0 || poll(&p, 1, left) <= 0) return out;
-      char chunk[4096];
-      const ssize_t n = read(output_.get(), chunk, sizeof chunk);
-      if (n <= 0) return out;
-      out.append(chunk, n);
-    }
-  }
-  // Exit code (128 + signal when killed).
-  int Wait() {
-    if (pid_ > 0 && !reaped_) waitpid(pid_, &status_, 0);
-    pid_ = -1;
-    return WIFEXITED(status_) ? WEXITSTATUS(status_)
-                              : 128 + WTERMSIG(status_);
-  }
-  void Kill() {
-    if (!reaped_) kill(pid_, SIGKILL);
-    Wait();
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int status_ = 0;
-  UniqueFd output_;
-  std::string buffer_;
-};
-
 std::string TempDir() {
   std::string pattern = "/tmp/allocd_gpu_XXXXXX";
   return mkdtemp(pattern.data());
-}
-
-std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
-  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
-  EXPECT_TRUE(fd.ok()) << fd.status();
-  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
-  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
 }
 
 // Starts `allocd serve --backend cuda` and waits for its socket; nullptr
@@ -169,7 +81,8 @@ std::unique_ptr<Child> StartCudaDaemon(const std::string& socket,
   unlink(socket.c_str());
   auto daemon = std::make_unique<Child>(std::vector<std::string>{
       Binary("ALLOCD_BINARY", ALLOCD_BINARY), "serve", "--backend", "cuda",
-      "--socket", socket, "--metrics-addr", "", "--capacity", capacity});
+      "--socket", socket, "--metrics-addr", "", "--capacity", capacity},
+      kWithStderr);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline) {
     if (!daemon->running()) {
@@ -288,19 +201,9 @@ class CudaChunksTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(Dial(socket_));
   }
 
-  v1::StatusResponse Status() {
-    grpc::ClientContext context;
-    v1::StatusResponse r;
-    EXPECT_TRUE(admin_->Status(&context, {}, &r).ok());
-    return r;
-  }
-
+  v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }
   absl::Duration WaitForInUse(uint64_t bytes, absl::Duration limit) {
-    const absl::Time start = absl::Now();
-    while (Status().in_use_bytes() != bytes && absl::Now() - start < limit) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return absl::Now() - start;
+    return harness::WaitForInUse(*admin_, bytes, limit);
   }
 
   std::unique_ptr<DaemonClient> Client(std::string job = "gpu-test") {
@@ -320,12 +223,13 @@ class CudaChunksTest : public ::testing::Test {
   std::unique_ptr<Child> Helper(const std::string& mode, uint64_t bytes) {
     return std::make_unique<Child>(std::vector<std::string>{
         Binary("CUDA_TEST_CLIENT_BINARY", CUDA_TEST_CLIENT_BINARY), mode,
-        socket_, std::to_string(bytes)});
+        socket_, std::to_string(bytes)}, kWithStderr);
   }
 
   std::string Allocctl(const std::string& command) {
     Child allocctl({Binary("ALLOCCTL_BINARY", ALLOCCTL_BINARY), "--socket",
-                    socket_, command});
+                    socket_, command},
+                   kWithStderr);
     std::string out = allocctl.Rest();
     EXPECT_EQ(allocctl.Wait(), 0) << out;
     return out;

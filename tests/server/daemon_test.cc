@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
+#include "tests/server/daemon_harness.h"
 
 extern char** environ;
 
@@ -33,84 +34,10 @@ namespace allocd {
 namespace {
 
 using ::testing::HasSubstr;
+using harness::Child;
+using harness::Dial;
 
 constexpr uint64_t kChunk = uint64_t{2} << 20;
-
-// A child process with its stdout on a pipe.
-class Child {
- public:
-  explicit Child(std::vector<std::string> args) {
-    int out[2];
-    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    close(out[1]);
-    stdout_.reset(out[0]);
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  pid_t pid() const { return pid_; }
-
-  // The next line of output, or "" after `timeout`.
-  std::string Line(absl::Duration timeout = absl::Seconds(30)) {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      pollfd p{stdout_.get(), POLLIN, 0};
-      const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (left <= 0 || poll(&p, 1, left) <= 0) return "";
-      char chunk[4096];
-      const ssize_t n = read(stdout_.get(), chunk, sizeof chunk);
-      if (n <= 0) return "";
-      buffer_.append(chunk, n);
-    }
-  }
-  // Everything it prints until it exits.
-  std::string Rest() {
-    std::string out = buffer_;
-    char chunk[4096];
-    ssize_t n;
-    while ((n = read(stdout_.get(), chunk, sizeof chunk)) > 0) out.append(chunk, n);
-    return out;
-  }
-  // Exit code (128 + signal when killed).
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  void Kill() {
-    kill(pid_, SIGKILL);
-    Wait();
-  }
-
- private:
-  pid_t pid_ = -1;
-  UniqueFd stdout_;
-  std::string buffer_;
-};
-
-std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
-  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
-  EXPECT_TRUE(fd.ok()) << fd.status();
-  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
-  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
-}
 
 class DaemonTest : public ::testing::Test {
  protected:
@@ -133,20 +60,9 @@ class DaemonTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(Dial(socket_));
   }
 
-  v1::StatusResponse Status() {
-    grpc::ClientContext context;
-    v1::StatusResponse r;
-    EXPECT_TRUE(admin_->Status(&context, {}, &r).ok());
-    return r;
-  }
-
-  // Polls until the pool holds `bytes` in use; returns how long it took.
+  v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }
   absl::Duration WaitForInUse(uint64_t bytes, absl::Duration limit) {
-    const absl::Time start = absl::Now();
-    while (Status().in_use_bytes() != bytes && absl::Now() - start < limit) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return absl::Now() - start;
+    return harness::WaitForInUse(*admin_, bytes, limit);
   }
 
   std::unique_ptr<DaemonClient> Client(std::string job = "") {

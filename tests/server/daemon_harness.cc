@@ -1,0 +1,115 @@
+#include "tests/server/daemon_harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel_posix.h"
+#include "gtest/gtest.h"
+
+namespace allocd::harness {
+
+Child::Child(std::vector<std::string> args, bool with_stderr) {
+  int out[2];
+  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  if (with_stderr) posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0)
+      << args[0];
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  output_.reset(out[0]);
+}
+
+Child::~Child() {
+  if (pid_ > 0) Kill();
+}
+
+bool Child::running() {
+  if (pid_ <= 0 || reaped_) return false;
+  if (waitpid(pid_, &status_, WNOHANG) == 0) return true;
+  reaped_ = true;
+  return false;
+}
+
+std::string Child::Line(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    pollfd p{output_.get(), POLLIN, 0};
+    const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0 || poll(&p, 1, left) <= 0) return "";
+    char chunk[4096];
+    const ssize_t n = read(output_.get(), chunk, sizeof chunk);
+    if (n <= 0) return "";
+    buffer_.append(chunk, n);
+  }
+}
+
+std::string Child::Rest(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string out = std::move(buffer_);
+  buffer_.clear();
+  for (;;) {
+    pollfd p{output_.get(), POLLIN, 0};
+    const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0 || poll(&p, 1, left) <= 0) return out;
+    char chunk[4096];
+    const ssize_t n = read(output_.get(), chunk, sizeof chunk);
+    if (n <= 0) return out;
+    out.append(chunk, n);
+  }
+}
+
+int Child::Wait() {
+  if (pid_ > 0 && !reaped_) waitpid(pid_, &status_, 0);
+  pid_ = -1;
+  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+}
+
+void Child::Kill() {
+  if (pid_ > 0 && !reaped_) kill(pid_, SIGKILL);
+  Wait();
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+  return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
+}
+
+v1::StatusResponse PoolStatus(v1::Admin::Stub& admin) {
+  grpc::ClientContext context;
+  v1::StatusResponse r;
+  EXPECT_TRUE(admin.Status(&context, {}, &r).ok());
+  return r;
+}
+
+absl::Duration WaitForInUse(v1::Admin::Stub& admin, uint64_t bytes,
+                            absl::Duration limit) {
+  const absl::Time start = absl::Now();
+  while (PoolStatus(admin).in_use_bytes() != bytes && absl::Now() - start < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return absl::Now() - start;
+}
+
+}  // namespace allocd::harness
