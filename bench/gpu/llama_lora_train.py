@@ -64,6 +64,9 @@ def main():
     p.add_argument("--kill-daemon-at", type=int, help="SIGKILL --daemon-pid after this step")
     p.add_argument("--daemon-pid", type=int)
     p.add_argument("--restart-daemon", help="shell command that starts the daemon again")
+    p.add_argument("--shape", type=lambda s: tuple(int(x) for x in s.split("x")),
+                   help="BATCHxSEQLEN for every step (default: the workload's varying shapes); "
+                        "fixed shapes make step times comparable to 1%%")
     a = p.parse_args()
 
     baseline_mib = gpu_used_mib()
@@ -95,6 +98,8 @@ def main():
             start = time.perf_counter()
             bs = rng.choice([1, 2, 4, 8])
             seqlen = rng.randint(64, 4096 // bs)
+            if a.shape:
+                bs, seqlen = a.shape
             ids = torch.randint(0, cfg.vocab_size, (bs, seqlen), device="cuda")
             out = model(input_ids=ids, labels=ids)
             out.loss.backward()

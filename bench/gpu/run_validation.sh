@@ -7,13 +7,14 @@
 #   3. malloc+free through PyTorch, native vs allocd;
 #   4. two jobs with alternating peaks that together exceed the GPU;
 #   5. kill -9 of the daemon mid-training (restarted 1 s later), and
-#      kill -9 of a job (its memory back in the pool).
+#      kill -9 of a job (its memory back in the pool);
+#   6. step time at a fixed shape, native and allocd runs alternating.
 # Results: OUT/validation.json (all numbers), OUT/validation.log and the
 # raw files in OUT/raw.
 #
 #   bench/gpu/run_validation.sh [BUNDLE] [OUT] [PART...]
 #
-# PARTS: tests train malloc peaks kills (default: all). A part run later
+# PARTS: tests train malloc peaks kills steptime (default: all). A part run later
 # into the same OUT adds to the same summary, so the validation can be split
 # over several shorter sessions.
 #
@@ -26,7 +27,7 @@ set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-${OUT:-/tmp/allocd-validation}}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-tests train malloc peaks kills}
+parts=${*:-tests train malloc peaks kills steptime}
 work=$out/raw
 mkdir -p "$work"
 exec > >(tee -a "$out/validation.log") 2>&1
@@ -104,6 +105,18 @@ for mode in native allocd; do
 done
 allocctl sessions
 grep -i "reclaim\|refus\|oom" "$work/daemon.log" | tail -12 | cut -c1-240
+stop_daemon
+fi
+
+if want steptime; then
+start_daemon
+step "step time: fixed shape 4x512, 60 steps, native and allocd alternating, 3 runs each"
+for i in 1 2 3; do
+  for mode in native allocd; do
+    timeout 300 python "$here/llama_lora_train.py" --mode $mode --socket "$sock" --steps 60 \
+      --shape 4x512 --json "$work/step_${mode}_$i.json" >/dev/null
+  done
+done
 stop_daemon
 fi
 

@@ -82,6 +82,16 @@ def main():
             "peak_reserved_allocd_over_its_peak_allocated":
                 managed_expandable["peak_reserved"] / managed_expandable["peak_allocated"],
         }
+    step_runs = {mode: [r for r in (load(work, f"step_{mode}_{i}.json") for i in (1, 2, 3)) if r]
+                 for mode in ("native", "allocd")}
+    if step_runs["native"] and step_runs["allocd"]:
+        medians = {mode: [steady_step(r, skip=10) for r in runs] for mode, runs in step_runs.items()}
+        r["step_time_fixed_shape"] = {
+            "shape": "4x512", "steps": step_runs["native"][0]["steps"],
+            "median_step_s_after_10": medians,
+            "allocd_over_native": statistics.median(medians["allocd"]) /
+                                  statistics.median(medians["native"]),
+        }
     mn, ma = load(work, "malloc_native.json"), load(work, "malloc_allocd.json")
     if mn and ma:
         r["malloc_free"] = {
