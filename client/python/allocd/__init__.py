@@ -49,10 +49,10 @@ def _library_path(name=_LIBRARY):
         "pip install build/release/python")
 
 
-def _settings():
-    """socket, job and the allocator config, from the arguments' defaults."""
-    socket = os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
-    job = os.environ.get("ALLOCD_JOB", "")
+def _settings(socket, job):
+    """socket, job and the allocator config: the arguments, else the environment's."""
+    socket = socket or os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
+    job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
     config = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", ""))
     return socket, job, config
 
@@ -65,10 +65,19 @@ def _unavailable(error, required):
     return False
 
 
-def _load():
-    lib = ctypes.CDLL(_library_path())
+def _load(path, signatures):
+    """The library at `path`, its functions typed as `signatures` says."""
+    lib = ctypes.CDLL(path)
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+def _load_client():
     c_client = ctypes.c_void_p
-    signatures = {
+    return _load(_library_path(), {
         "allocd_last_error": (ctypes.c_char_p, []),
         "allocd_connect": (c_client, [ctypes.c_char_p] * 4),
         "allocd_disconnect": (None, [c_client]),
@@ -79,12 +88,7 @@ def _load():
         "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
         "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
                                              ctypes.c_uint64]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        function = getattr(lib, name)
-        function.restype = restype
-        function.argtypes = argtypes
-    return lib
+    })
 
 
 class _Advisor:
@@ -224,22 +228,19 @@ def enable(socket=None, job=None, device=None, required=False):
         return True
     import torch
 
-    default_socket, default_job, config = _settings()
-    socket = socket or default_socket
-    job = job if job is not None else default_job
+    socket, job, config = _settings(socket, job)
     device = 0 if device is None else device
     try:
-        lib = ctypes.CDLL(_library_path(_TORCH_LIBRARY))
-        lib.allocd_torch_configure.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_int]
-        lib.allocd_torch_configure.restype = ctypes.c_int
-        lib.allocd_torch_last_error.restype = ctypes.c_char_p
-        lib.allocd_torch_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.allocd_torch_stats_json.restype = ctypes.c_int64
+        path = _library_path(_TORCH_LIBRARY)
+        lib = _load(path, {
+            "allocd_torch_configure": (ctypes.c_int, [ctypes.c_char_p] * 3 + [ctypes.c_int]),
+            "allocd_torch_last_error": (ctypes.c_char_p, []),
+            "allocd_torch_stats_json": (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_size_t]),
+        })
         if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device):
             raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
-    path = _library_path(_TORCH_LIBRARY)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "allocd_torch_malloc", "allocd_torch_free")
     hooks = allocator.allocator()
@@ -269,11 +270,9 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
         return True
     import torch  # imported here so that `import allocd` stays cheap
 
-    default_socket, default_job, initial = _settings()
-    socket = socket or default_socket
-    job = job if job is not None else default_job
+    socket, job, initial = _settings(socket, job)
     try:
-        lib = _load()
+        lib = _load_client()
         client = lib.allocd_connect(socket.encode(), job.encode(), initial.encode(),
                                     f"allocd-python torch {torch.__version__}".encode())
         if not client:
