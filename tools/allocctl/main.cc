@@ -39,9 +39,11 @@ struct Options {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
   absl::StatusOr<UniqueFd> fd = ConnectUnix(path);
   if (!fd.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach allocd at ", path, ": ", fd.status().message(),
-        " (is `allocd serve` running? --socket names another path)"));
+    // The message names the path and, where it fits, asks whether allocd
+    // runs; what is left to say is how to point allocctl elsewhere.
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach allocd: ", fd.status().message(),
+                     "; --socket names another path"));
   }
   fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
   return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
@@ -148,6 +150,19 @@ void PrintHistory(const v1::HistoryResponse& r) {
                 e.config().c_str(),
                 e.detail().empty() ? "" : ("  # " + e.detail()).c_str());
   }
+}
+
+// A size argument ("20GiB", "4.8GB", bytes); nullopt, and why on stderr,
+// when it is not one.
+std::optional<uint64_t> ParseSizeArgument(const char* name,
+                                          const std::string& text) {
+  absl::StatusOr<uint64_t> bytes = ParseSize(text);
+  if (!bytes.ok()) {
+    std::cerr << "allocctl: " << name << ": " << bytes.status().message()
+              << "\n";
+    return std::nullopt;
+  }
+  return *bytes;
 }
 
 int Health(const Options& o, const std::shared_ptr<grpc::Channel>& channel) {
@@ -259,12 +274,9 @@ int main(int argc, char** argv) {
     request.set_job(o.job);
     request.set_config(o.config);
     if (!o.predicted_peak.empty()) {
-      absl::StatusOr<uint64_t> bytes = ParseSize(o.predicted_peak);
-      if (!bytes.ok()) {
-        std::cerr << "allocctl: --predicted-peak-reserved: "
-                  << bytes.status().message() << "\n";
-        return 2;
-      }
+      std::optional<uint64_t> bytes =
+          ParseSizeArgument("--predicted-peak-reserved", o.predicted_peak);
+      if (!bytes) return 2;
       request.set_predicted_peak_reserved_bytes(*bytes);
     }
     return Call<v1::SetConfigResponse>(
@@ -292,11 +304,8 @@ int main(int argc, char** argv) {
   if (o.session) request.set_session_id(*o.session);
   if (o.uid) request.set_uid(*o.uid);
   if (o.quota != "none") {
-    absl::StatusOr<uint64_t> bytes = ParseSize(o.quota);
-    if (!bytes.ok()) {
-      std::cerr << "allocctl: SIZE: " << bytes.status().message() << "\n";
-      return 2;
-    }
+    std::optional<uint64_t> bytes = ParseSizeArgument("SIZE", o.quota);
+    if (!bytes) return 2;
     request.set_bytes(*bytes);
   }
   return Call<v1::SetQuotaResponse>(
