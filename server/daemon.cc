@@ -29,9 +29,6 @@ namespace {
 
 // Bounds what a client can make the daemon parse in one message.
 constexpr int kMaxMessageBytes = 1 << 20;
-// Descriptors the daemon needs besides its chunks: sockets of clients,
-// leases, FDs in flight to clients, files.
-constexpr uint64_t kFdHeadroom = 512;
 
 // The pool holds one FD per chunk: a full pool must fit in RLIMIT_NOFILE,
 // or the daemon would fail deep into a job's run instead of at start.
@@ -41,15 +38,17 @@ absl::Status CheckOpenFileLimit(uint64_t capacity, const ChunkSource& source) {
   if (source.FdsPerChunk() == 0) return absl::OkStatus();
   const size_t granularity = source.Granularity();
   const uint64_t chunks = (capacity + granularity - 1) / granularity;
-  if (chunks + kFdHeadroom <= *limit) return absl::OkStatus();
+  if (chunks + kDaemonFdHeadroom <= *limit) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "--capacity ", FormatSize(capacity), " is ", chunks, " chunks of ",
       FormatSize(granularity), ", one file descriptor each, plus ",
-      kFdHeadroom, " for sockets: more than RLIMIT_NOFILE allows (", *limit,
+      kDaemonFdHeadroom, " for sockets: more than RLIMIT_NOFILE allows (",
+      *limit,
       "). Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
       "docker --ulimit nofile=) or lower --capacity to at most ",
-      FormatSize(*limit > kFdHeadroom ? (*limit - kFdHeadroom) * granularity
-                                      : 0)));
+      FormatSize(*limit > kDaemonFdHeadroom
+                     ? (*limit - kDaemonFdHeadroom) * granularity
+                     : 0)));
 }
 
 absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(

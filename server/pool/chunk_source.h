@@ -15,6 +15,11 @@
 
 namespace allocd {
 
+// Descriptors the daemon needs besides those its chunk source keeps:
+// sockets of clients, leases, FDs in flight to clients, files. A source that
+// keeps FDs leaves this many of RLIMIT_NOFILE free.
+inline constexpr uint64_t kDaemonFdHeadroom = 512;
+
 // One chunk of physical memory: `Granularity()` bytes at `offset` of what
 // OpenForClient() gives. The chunk lives as long as the last copy of `file`
 // (the shared_ptr may own more than the FD, e.g. a CUDA allocation handle,

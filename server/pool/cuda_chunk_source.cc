@@ -28,10 +28,11 @@ struct CudaChunkSource::Device {
 
 namespace {
 
-// Descriptors the daemon keeps besides chunk exports: its kFdHeadroom for
-// sockets (daemon.cc) and a claim's batch in flight (kMaxFdsPerMessage),
-// with room to spare.
-constexpr uint64_t kFdsKeptFree = 1024;
+// Descriptors left free besides chunk exports: the daemon's headroom, and
+// as much again for a claim's batch in flight (kMaxFdsPerMessage) with room
+// to spare.
+constexpr uint64_t kFdsKeptFree = 2 * kDaemonFdHeadroom;
+static_assert(kFdsKeptFree >= kDaemonFdHeadroom + kMaxFdsPerMessage);
 
 // One chunk as the pool holds it: the allocation, and the invalid FD that
 // ChunkMemory.file points at (OpenForClient exports).
