@@ -164,11 +164,17 @@ void NodePool::DropExpiredClaims() {
   });
 }
 
+NodePool::SessionState* NodePool::SameSession(SessionId id,
+                                              uint64_t incarnation) {
+  auto s = sessions_.find(id);
+  return s != sessions_.end() && s->second.incarnation == incarnation
+             ? &s->second
+             : nullptr;
+}
+
 uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
-  auto s = sessions_.find(claim.session);
-  if (s == sessions_.end() || s->second.incarnation != claim.incarnation) {
-    return 0;  // EndSession took the chunks back already.
-  }
+  SessionState* s = SameSession(claim.session, claim.incarnation);
+  if (s == nullptr) return 0;  // EndSession took the chunks back already.
   uint64_t returned = 0;
   for (uint64_t chunk_id : claim.chunk_ids) {
     auto chunk = chunks_.find(chunk_id);
@@ -176,11 +182,11 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
         chunk->second.pending) {
       continue;
     }
-    s->second.chunks.erase(chunk_id);
+    s->chunks.erase(chunk_id);
     ReturnToCache(chunk_id, chunk->second);
     returned += chunk_bytes_;
   }
-  SubtractHeld(s->second, returned);
+  SubtractHeld(*s, returned);
   return returned;
 }
 
@@ -268,11 +274,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   creating_chunks_ -= to_create;
   created_total_ += created.size();
-  auto s = sessions_.find(id);
-  const bool alive =
-      s != sessions_.end() && s->second.incarnation == incarnation;
-  if (alive && failure.ok()) {
-    SessionState& state = s->second;
+  SessionState* const alive = SameSession(id, incarnation);
+  if (alive != nullptr && failure.ok()) {
+    SessionState& state = *alive;
     for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
     for (ChunkMemory& memory : created) {
       const uint64_t chunk_id = next_chunk_id_++;
@@ -292,11 +296,11 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     ReturnToCache(chunk_id, chunk);
   }
   reused_total_ -= grant.reused_chunks;
-  if (!alive) {
+  if (alive == nullptr) {
     return absl::AbortedError(absl::StrCat(
         "session ", id, " ended while its chunks were being created"));
   }
-  SessionState& state = s->second;
+  SessionState& state = *alive;
   for (uint64_t chunk_id : grant.chunk_ids) {
     state.chunks.erase(chunk_id);
     ReturnToCache(chunk_id, chunks_.at(chunk_id));
@@ -357,9 +361,7 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
         }
         // Nothing went out yet: give the token back, so the client can retry.
         absl::MutexLock lock(&mu_);
-        auto s = sessions_.find(claim.session);
-        if (s != sessions_.end() &&
-            s->second.incarnation == claim.incarnation) {
+        if (SameSession(claim.session, claim.incarnation) != nullptr) {
           claims_.emplace(std::move(key), std::move(claim));
         }
         return absl::Status(

@@ -232,6 +232,11 @@ class NodePool {
 
   static constexpr SessionId kNoSession = 0;
 
+  // Session `id` if it is still the incarnation that began work outside the
+  // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
+  SessionState* SameSession(SessionId id, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
