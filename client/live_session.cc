@@ -34,6 +34,17 @@ void LiveSession::ReportOom(uint64_t bytes, absl::string_view message) {
   (void)client_.ReportOom(bytes, message, config_version_);
 }
 
+nlohmann::json LiveSession::Report() const {
+  return {{"session_id", client_.session_id()},
+          {"reconnects", client_.epoch() - 1},
+          {"config", FormatAllocatorConfig(config_)},
+          {"config_version", config_version_},
+          {"pushes_applied", applied_},
+          {"pushes_rejected", rejected_},
+          {"reclaims", reclaims_},
+          {"ooms", ooms_}};
+}
+
 void LiveSession::Apply(const v1::ConfigPush& push,
                         CachingAllocator& allocator) {
   const uint64_t version = push.config().version();

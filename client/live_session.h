@@ -17,6 +17,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "client/daemon_client.h"
+#include "nlohmann/json.hpp"
 
 namespace allocd {
 
@@ -43,6 +44,10 @@ class LiveSession {
   int64_t pushes_rejected() const { return rejected_; }
   int64_t reclaims() const { return reclaims_; }
   int64_t ooms() const { return ooms_; }
+
+  // The session as every report of it names it: session_id, reconnects,
+  // config, config_version, pushes_applied, pushes_rejected, reclaims, ooms.
+  nlohmann::json Report() const;
 
  private:
   void Apply(const v1::ConfigPush& push, CachingAllocator& allocator);

@@ -149,14 +149,7 @@ class ManagedAllocator {
   std::string StatsJson() {
     absl::MutexLock lock(&mu_);
     nlohmann::json j(MemoryStatsDict(engine_->Stats()));
-    j["session_id"] = client_->session_id();
-    j["config"] = FormatAllocatorConfig(session_.config());
-    j["config_version"] = session_.config_version();
-    j["pushes_applied"] = session_.pushes_applied();
-    j["pushes_rejected"] = session_.pushes_rejected();
-    j["reclaims"] = session_.reclaims();
-    j["ooms"] = session_.ooms();
-    j["reconnects"] = client_->epoch() - 1;
+    j.update(session_.Report());
     j["device"] = context_.ordinal();
     return j.dump();
   }

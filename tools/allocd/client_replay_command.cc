@@ -143,22 +143,15 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   (void)(*client)->FlushTelemetry();
   const double seconds = elapsed();
 
-  nlohmann::json j = {
-      {"session_id", (*client)->session_id()},
+  nlohmann::json j = session.Report();
+  j.update({
       {"first_session_id", first_session},
-      {"reconnects", (*client)->epoch() - 1},
       {"loops", loops},  // whole replays of the trace
       {"events", events},
       {"seconds", seconds},
       {"peak_reserved", peak_reserved},
       {"num_device_alloc", device_allocs},
-      {"ooms", session.ooms()},
-      {"config", FormatAllocatorConfig(session.config())},
-      {"config_version", session.config_version()},
-      {"pushes_applied", session.pushes_applied()},
-      {"pushes_rejected", session.pushes_rejected()},
-      {"reclaims", session.reclaims()},
-  };
+  });
   if (o.json) {
     out << j.dump(2) << "\n";
     return 0;
