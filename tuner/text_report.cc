@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <ostream>
 
@@ -108,6 +109,16 @@ nlohmann::json EvaluationJson(const TuneReport& report, const Evaluation& e) {
   return j;
 }
 
+nlohmann::json SavingJson(const TuneReport& report, const Evaluation& e) {
+  const double base = report.Score(report.baseline);
+  const double score = report.Score(e);
+  return {{"unit", report.objective == Objective::kDeviceAllocs ? "device_calls" : "bytes"},
+          {"default", base},
+          {"value", score},
+          {"saved", base - score},
+          {"percent", base > 0 ? 100.0 * (base - score) / base : 0.0}};
+}
+
 }  // namespace
 
 std::vector<std::string> RecommendationLines(const Evaluation& e) {
@@ -163,6 +174,88 @@ std::vector<std::string> Warnings(const TuneReport& report, const Evaluation& e)
         "flushes PyTorch makes on a full device are not modelled.");
   }
   return w;
+}
+
+std::string ScoreAmount(const TuneReport& report, double amount) {
+  if (report.objective == Objective::kDeviceAllocs) {
+    return absl::StrFormat("%d device calls", static_cast<int64_t>(amount));
+  }
+  return FormatSize(static_cast<uint64_t>(std::max(0.0, amount)));
+}
+
+std::string SavingText(const TuneReport& report, const Evaluation& e) {
+  const double base = report.Score(report.baseline);
+  const double score = report.Score(e);
+  if (report.objective == Objective::kDeviceAllocs) {
+    return absl::StrFormat("%d device allocs+frees instead of %d with PyTorch's defaults",
+                           static_cast<int64_t>(score), static_cast<int64_t>(base));
+  }
+  if (!(base > score)) return "saves nothing: PyTorch's defaults fit this job as well";
+  return absl::StrFormat(
+      "saves %s (%.1f%%) of %s against PyTorch's defaults", ScoreAmount(report, base - score),
+      100.0 * (base - score) / base,
+      report.objective == Objective::kCapacity ? "the memory the job needs"
+                                               : "peak reserved memory");
+}
+
+std::string Risk(const TuneReport& report, const Evaluation& e) {
+  const ReplaySummary& r = e.replay;
+  std::string risk;
+  if (e.candidate.memory_fraction) {
+    const uint64_t total = report.options.total_memory != 0 ? report.options.total_memory
+                                                            : report.options.capacity;
+    risk = absl::StrFormat(
+        "a hard cap at %g of the device's memory%s, over a trace that peaked at %s "
+        "allocated: a larger batch or sequence than the trace's raises "
+        "OutOfMemoryError instead of growing the cache",
+        *e.candidate.memory_fraction,
+        report.objective == Objective::kCapacity || total == 0
+            ? ""
+            : absl::StrCat(" (", FormatSize(static_cast<uint64_t>(
+                                     *e.candidate.memory_fraction * static_cast<double>(total))),
+                           ")"),
+        FormatSize(r.peak_allocated));
+  } else {
+    risk = "no hard cap: the cache grows when a batch needs more, as with PyTorch's defaults";
+  }
+  const int64_t calls = r.num_device_alloc + r.num_device_free;
+  const int64_t base_calls =
+      report.baseline.replay.num_device_alloc + report.baseline.replay.num_device_free;
+  absl::StrAppendFormat(&risk, "; %d device calls (%.2fx the defaults')", calls,
+                        Ratio(calls, std::max<int64_t>(1, base_calls)));
+  if (r.num_alloc_retries > 0) {
+    absl::StrAppendFormat(&risk, ", %d cache flushes", r.num_alloc_retries);
+  }
+  if (e.candidate.config.expandable_segments) risk += "; no CUDA IPC of its tensors";
+  return risk;
+}
+
+std::optional<AllocctlPush> AllocctlPushOf(const TuneReport& report) {
+  const Evaluation* robust = report.robust();
+  if (robust == nullptr || robust->replay.estimated) return std::nullopt;
+  AllocctlPush push{CandidateConfString(robust->candidate), robust->replay.peak_reserved, ""};
+  push.command = absl::StrFormat(
+      "allocctl config set '%s' --job JOB --predicted-peak-reserved %d", push.config,
+      push.predicted_peak_reserved);
+  return push;
+}
+
+std::string AllocctlAdvice(const TuneReport& report) {
+  const std::optional<AllocctlPush> push = AllocctlPushOf(report);
+  if (!push) {
+    return "a node running allocd cannot push this answer: every config that fits "
+           "needs a memory fraction, which a process takes only when it starts";
+  }
+  const Evaluation* best = report.recommended();
+  const bool is_recommended = best != nullptr && !best->candidate.memory_fraction;
+  // The prediction travels with the push, so a dashboard can set it against
+  // the peak the job then really reaches.
+  return absl::StrCat(
+      "on a node running allocd, push ",
+      is_recommended ? "it"
+                     : "the robust answer (a memory fraction cannot be pushed to "
+                       "running processes)",
+      " to the job's processes, with its predicted peak:\n  ", push->command);
 }
 
 void PrintTextReport(const TuneReport& report, const ReportContext& context,
@@ -222,38 +315,19 @@ void PrintTextReport(const TuneReport& report, const ReportContext& context,
 
   const Evaluation* best = report.recommended();
   if (best == nullptr) {
-    out << "\nNo candidate runs without an OOM at this capacity"
-        << (report.objective == Objective::kPeak && report.options.max_retries == 0
-                ? " and without cache flushes (try --max-retries N)"
-                : "")
-        << ".\n";
+    out << "\nNo candidate runs without an OOM at this capacity within the "
+           "guards (at most "
+        << report.options.max_retries << " cache flushes, "
+        << absl::StrFormat("%gx the defaults' device calls, %gx their peak",
+                           report.options.max_call_ratio, report.options.max_peak_ratio)
+        << "); loosen them with --max-retries, --max-call-ratio or "
+           "--max-peak-ratio.\n";
     return;
   }
   out << "\nrecommended:\n";
   for (const std::string& line : RecommendationLines(*best)) out << "  " << line << "\n";
-  const double base = report.Score(report.baseline);
+  out << "  " << SavingText(report, *best) << "\n";
   const double score = report.Score(*best);
-  if (report.objective == Objective::kDeviceAllocs) {
-    out << absl::StrFormat("  %d device allocs+frees instead of %d with PyTorch's defaults\n",
-                           static_cast<int64_t>(score), static_cast<int64_t>(base));
-  } else if (base > score) {
-    out << absl::StrFormat(
-        "  saves %s (%.1f%%) of %s against PyTorch's defaults\n",
-        FormatSize(static_cast<uint64_t>(base - score)), 100.0 * (base - score) / base,
-        report.objective == Objective::kCapacity ? "the memory the job needs"
-                                                 : "peak reserved memory");
-  } else {
-    out << "  PyTorch's defaults are already the best fit for this job\n";
-  }
-  if (!best->replay.estimated && !best->candidate.memory_fraction &&
-      !CandidateConfString(best->candidate).empty()) {
-    // The prediction travels with the push, so a dashboard can set it
-    // against the peak the job then really reaches.
-    out << absl::StrFormat(
-        "  on a node running allocd, push it to the job's processes:\n"
-        "    allocctl config set '%s' --job JOB --predicted-peak-reserved %d\n",
-        CandidateConfString(best->candidate), best->replay.peak_reserved);
-  }
   const Evaluation* best_guide = nullptr;
   for (const ReferenceConfig& ref : report.references) {
     if (ref.evaluation && !ref.evaluation->replay.estimated && report.Feasible(*ref.evaluation) &&
@@ -263,9 +337,26 @@ void PrintTextReport(const TuneReport& report, const ReportContext& context,
   }
   if (best_guide != nullptr && report.Score(*best_guide) > score) {
     out << absl::StrFormat("  and %s against the best guide config (%s)\n",
-                           FormatSize(static_cast<uint64_t>(report.Score(*best_guide) - score)),
+                           ScoreAmount(report, report.Score(*best_guide) - score),
                            ConfigLabel(*best_guide));
   }
+
+  const Evaluation* robust = report.robust();
+  const Evaluation* capped = report.capped();
+  if (robust != nullptr && capped != nullptr) {
+    out << "\ntwo answers:\n";
+    for (const Evaluation* answer : {robust, capped}) {
+      out << absl::StrFormat("  %s%s: %s\n    %s\n    risk: %s\n",
+                             answer == robust ? "robust (no hard cap)" : "most saving (hard cap)",
+                             answer == best ? ", recommended" : "", ConfigLabel(*answer),
+                             SavingText(report, *answer), Risk(report, *answer));
+    }
+    out << absl::StrFormat(
+        "  the cap saves %.1f%% more than the robust answer; it is recommended "
+        "only from %g%% (--cap-threshold)\n",
+        100.0 * report.CapGain(), 100.0 * report.options.cap_threshold);
+  }
+
   const std::vector<std::string> warnings = Warnings(report, *best);
   if (!warnings.empty()) {
     out << "\nbefore you paste it:\n";
@@ -278,6 +369,8 @@ void PrintTextReport(const TuneReport& report, const ReportContext& context,
                            e.replay.num_device_alloc + e.replay.num_device_free,
                            ConfigLabel(e));
   }
+  // Last, so that it is what a user copies after reading the rest.
+  out << "\n" << AllocctlAdvice(report) << "\n";
 }
 
 nlohmann::json JsonReport(const TuneReport& report, const ReportContext& context) {
@@ -292,12 +385,30 @@ nlohmann::json JsonReport(const TuneReport& report, const ReportContext& context
   j["seconds"] = report.seconds;
   j["grid_size"] = report.grid_size;
   j["default"] = EvaluationJson(report, report.baseline);
-  if (const Evaluation* best = report.recommended()) {
-    j["recommended"] = EvaluationJson(report, *best);
-    j["recommended"]["lines"] = RecommendationLines(*best);
-    j["recommended"]["warnings"] = Warnings(report, *best);
+  const auto answer_json = [&](const Evaluation* e) {
+    if (e == nullptr) return nlohmann::json(nullptr);
+    nlohmann::json a = EvaluationJson(report, *e);
+    a["lines"] = RecommendationLines(*e);
+    a["warnings"] = Warnings(report, *e);
+    a["saving"] = SavingJson(report, *e);
+    a["risk"] = Risk(report, *e);
+    return a;
+  };
+  const Evaluation* best = report.recommended();
+  j["recommended"] = answer_json(best);
+  if (best != nullptr) {
+    j["recommended"]["answer"] = best == report.capped() ? "capped" : "robust";
+  }
+  j["answers"] = {{"robust", answer_json(report.robust())},
+                  {"capped", answer_json(report.capped())},
+                  {"cap_gain", report.CapGain()},
+                  {"cap_threshold", report.options.cap_threshold}};
+  if (const std::optional<AllocctlPush> push = AllocctlPushOf(report)) {
+    j["allocctl"] = {{"config", push->config},
+                     {"predicted_peak_reserved", push->predicted_peak_reserved},
+                     {"command", push->command}};
   } else {
-    j["recommended"] = nullptr;
+    j["allocctl"] = nullptr;
   }
   j["candidates"] = nlohmann::json::array();
   for (const Evaluation& e : report.ranked) j["candidates"].push_back(EvaluationJson(report, e));

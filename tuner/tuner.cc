@@ -125,25 +125,50 @@ const std::vector<std::string>& GuideConfigs() {
   return *configs;
 }
 
+namespace {
+
+int64_t DeviceCalls(const ReplaySummary& r) {
+  return r.num_device_alloc + r.num_device_free;
+}
+
+// At most `ratio` times the baseline's calls (0: no limit); a baseline
+// without calls counts as one.
+bool WithinCallRatio(const ReplaySummary& r, const ReplaySummary& baseline,
+                     double ratio) {
+  return ratio <= 0 ||
+         static_cast<double>(DeviceCalls(r)) <=
+             ratio * static_cast<double>(std::max<int64_t>(1, DeviceCalls(baseline)));
+}
+
+}  // namespace
+
 bool TuneReport::Feasible(const Evaluation& e) const {
+  // The guards every objective keeps, at the tuning capacity.
+  const ReplaySummary& r = e.replay;
+  const ReplaySummary& base = baseline.replay;
+  if (r.num_ooms != 0 || r.num_alloc_retries > options.max_retries ||
+      !WithinCallRatio(r, base, options.max_call_ratio)) {
+    return false;
+  }
+  if (options.max_peak_ratio > 0 &&
+      static_cast<double>(r.peak_reserved) >
+          options.max_peak_ratio * static_cast<double>(base.peak_reserved)) {
+    return false;
+  }
   switch (objective) {
-    case Objective::kPeak: {
-      const int64_t calls = e.replay.num_device_alloc + e.replay.num_device_free;
-      const int64_t baseline_calls = std::max<int64_t>(
-          1, baseline.replay.num_device_alloc + baseline.replay.num_device_free);
-      return e.replay.num_ooms == 0 &&
-             e.replay.num_alloc_retries <= options.max_retries &&
-             (options.max_call_ratio <= 0 ||
-              static_cast<double>(calls) <=
-                  options.max_call_ratio * static_cast<double>(baseline_calls));
-    }
+    case Objective::kPeak:
+      return true;
     case Objective::kCapacity:
-      return e.min_capacity.has_value();
+      // On its least device too it may not churn far more than the
+      // defaults do on theirs.
+      return e.min_capacity.has_value() &&
+             (!baseline.min_capacity ||
+              WithinCallRatio(e.at_min_capacity, baseline.at_min_capacity,
+                              options.max_call_ratio));
     case Objective::kDeviceAllocs: {
       const uint64_t budget =
           options.memory_budget != 0 ? options.memory_budget : options.capacity;
-      return e.replay.num_ooms == 0 &&
-             (budget == 0 || static_cast<uint64_t>(e.replay.peak_reserved) <= budget);
+      return budget == 0 || static_cast<uint64_t>(r.peak_reserved) <= budget;
     }
   }
   return false;
@@ -157,14 +182,42 @@ double TuneReport::Score(const Evaluation& e) const {
       return e.min_capacity ? static_cast<double>(*e.min_capacity)
                             : std::numeric_limits<double>::infinity();
     case Objective::kDeviceAllocs:
-      return static_cast<double>(e.replay.num_device_alloc + e.replay.num_device_free);
+      return static_cast<double>(DeviceCalls(e.replay));
   }
   return 0;
 }
 
-const Evaluation* TuneReport::recommended() const {
-  if (ranked.empty() || !Feasible(ranked[0])) return nullptr;
+const Evaluation* TuneReport::robust() const {
+  for (const Evaluation& e : ranked) {
+    if (!Feasible(e)) return nullptr;  // feasible ones come first
+    if (!e.candidate.memory_fraction) return &e;
+  }
+  return nullptr;
+}
+
+const Evaluation* TuneReport::capped() const {
+  if (ranked.empty() || !Feasible(ranked[0]) ||
+      !ranked[0].candidate.memory_fraction) {
+    return nullptr;
+  }
   return &ranked[0];
+}
+
+double TuneReport::CapGain() const {
+  const Evaluation* with_cap = capped();
+  const Evaluation* without = robust();
+  if (with_cap == nullptr || without == nullptr || Score(*without) <= 0) return 0;
+  return (Score(*without) - Score(*with_cap)) / Score(*without);
+}
+
+const Evaluation* TuneReport::recommended() const {
+  const Evaluation* with_cap = capped();
+  const Evaluation* without = robust();
+  if (with_cap != nullptr &&
+      (without == nullptr || CapGain() >= options.cap_threshold)) {
+    return with_cap;
+  }
+  return without;
 }
 
 absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,

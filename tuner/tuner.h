@@ -24,11 +24,17 @@
 
 namespace allocd {
 
+// Every objective recommends only configs that pass the guards of
+// TuneOptions at the tuning capacity (no OOM, at most max_retries cache
+// flushes, at most max_call_ratio x the defaults' device calls and
+// max_peak_ratio x their peak reserved memory), so that what saves on one
+// measure does not cost on another.
 enum class Objective {
-  // Least peak reserved memory with no OOM (and at most max_retries cache
-  // flushes) at the given capacity.
+  // Least peak reserved memory at the given capacity.
   kPeak,
-  // Least device memory on which the job runs with no OOM.
+  // Least device memory on which the job runs with no OOM; there too it
+  // may make at most max_call_ratio x the device calls the defaults make
+  // on their least device.
   kCapacity,
   // Fewest cudaMalloc/cudaFree calls (and page maps/unmaps) whose peak
   // reserved fits the memory budget.
@@ -47,14 +53,23 @@ struct TuneOptions {
   // Most candidates to evaluate (at least the coarse sweep's first ones).
   size_t budget = 200;
   int jobs = 1;
-  // kPeak: candidates needing more cache flushes (each a sync of all
-  // streams) than this are not recommended.
+  // Candidates needing more cache flushes (each a sync of all streams) than
+  // this at the tuning capacity are not recommended.
   int64_t max_retries = 0;
-  // kPeak: candidates making more than this many times the cudaMalloc /
-  // cudaFree calls of PyTorch's defaults are not recommended: each call
-  // can synchronise the device, so a config that churns segments to save
+  // Candidates making more than this many times the cudaMalloc / cudaFree
+  // calls of PyTorch's defaults are not recommended: each call can
+  // synchronise the device, so a config that churns segments to save
   // memory slows training down. 0: no limit.
   double max_call_ratio = 2.0;
+  // Candidates reserving more than this many times the peak of PyTorch's
+  // defaults at the tuning capacity are not recommended (a config that
+  // fits a small device by churning can hoard a large one). 0: no limit.
+  double max_peak_ratio = 1.0;
+  // A memory fraction is a hard cap: a later, larger batch fails instead of
+  // growing the cache. The best config with one is recommended over the
+  // best without one only when it improves the objective's score by at
+  // least this share of the latter's (0.05: 5%).
+  double cap_threshold = 0.05;
   // kDeviceAllocs: the peak reserved memory allowed; 0: capacity.
   uint64_t memory_budget = 0;
   // Called as evaluations finish: (done, planned so far).
@@ -85,8 +100,20 @@ struct TuneReport {
   double seconds = 0;
   size_t grid_size = 0;
 
-  // ranked[0] when it is feasible.
+  // The best feasible config without a memory fraction: no hard cap, the
+  // cache grows as with PyTorch's defaults. nullptr if none is feasible.
+  const Evaluation* robust() const;
+  // The best feasible config of all when it sets a memory fraction (it then
+  // saves at least as much as robust()); nullptr otherwise.
+  const Evaluation* capped() const;
+  // capped() when it beats robust() by options.cap_threshold (or there is
+  // no robust one), else robust().
   const Evaluation* recommended() const;
+  // How much better capped() scores than robust(), as a share of robust()'s
+  // score; 0 unless both exist.
+  double CapGain() const;
+  // The objective's own condition (no OOM at the tuning capacity; a least
+  // capacity; the memory budget) and the guards of TuneOptions.
   bool Feasible(const Evaluation& e) const;
   // The objective's number for `e` (lower is better).
   double Score(const Evaluation& e) const;

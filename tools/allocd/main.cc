@@ -82,12 +82,19 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
   tune->add_option("--budget", o.budget, "most candidate configs to evaluate (default 200)");
   tune->add_option("--jobs,-j", o.jobs, "parallel replays (default: every core)");
   tune->add_option("--max-retries", o.max_retries,
-                   "peak objective: allow this many cache flushes (each syncs "
-                   "all streams) in a recommendation (default 0)");
+                   "allow this many cache flushes (each syncs all streams) in a "
+                   "recommendation (default 0)");
   tune->add_option("--max-call-ratio", o.max_call_ratio,
-                   "peak objective: at most this many times the cudaMalloc/cudaFree "
-                   "calls of PyTorch's defaults (each can sync the device); 0: "
-                   "no limit (default 2)");
+                   "at most this many times the cudaMalloc/cudaFree calls of "
+                   "PyTorch's defaults (each can sync the device); 0: no limit "
+                   "(default 2)");
+  tune->add_option("--max-peak-ratio", o.max_peak_ratio,
+                   "at most this many times the peak reserved memory of "
+                   "PyTorch's defaults at --capacity; 0: no limit (default 1)");
+  tune->add_option("--cap-threshold", o.cap_threshold_percent,
+                   "recommend a memory fraction (a hard cap) only when it saves "
+                   "this many percent more than the best config without one "
+                   "(default 5)");
   tune->add_option("--memory-budget", o.memory_budget,
                    "device-allocs objective: peak reserved allowed (default: --capacity)");
   tune->add_option("--device", o.device, "which device's trace (default: the only one)");

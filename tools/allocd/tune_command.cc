@@ -35,6 +35,13 @@ absl::StatusOr<TuneOptions> MakeTuneOptions(const TuneCommandOptions& o) {
   t.max_retries = o.max_retries;
   if (o.max_call_ratio < 0) return absl::InvalidArgumentError("--max-call-ratio must be >= 0");
   t.max_call_ratio = o.max_call_ratio;
+  if (o.max_peak_ratio < 0) return absl::InvalidArgumentError("--max-peak-ratio must be >= 0");
+  t.max_peak_ratio = o.max_peak_ratio;
+  if (!(o.cap_threshold_percent >= 0 && o.cap_threshold_percent <= 100)) {
+    return absl::InvalidArgumentError(
+        "--cap-threshold is a percentage between 0 and 100, e.g. 5");
+  }
+  t.cap_threshold = o.cap_threshold_percent / 100.0;
   return t;
 }
 

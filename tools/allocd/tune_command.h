@@ -19,6 +19,8 @@ struct TuneCommandOptions {
   int jobs = 0;  // 0: every core
   int max_retries = 0;
   double max_call_ratio = 2.0;
+  double max_peak_ratio = 1.0;
+  double cap_threshold_percent = 5.0;
   int device = -1;
   int top = 10;
   bool json = false;
