@@ -211,6 +211,46 @@ TEST(CliTest, TuneWritesAnHtmlReport) {
   }
 }
 
+// Issue #15: two answers when a memory fraction (a hard cap) saves most,
+// and the allocctl line always, last, with the prediction of what it pushes.
+TEST(CliTest, TuneShowsTheRobustAndTheCappedAnswer) {
+  const std::string args = "tune " + kLlama +
+                           " --capacity 84465090560 --total-memory 85017493504 --budget 60 --jobs 2";
+  // On llama_lora a fraction saves 0.8% over expandable_segments:True.
+  const CommandResult text = RunAllocd(args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"));
+  EXPECT_THAT(text.output, HasSubstr("robust (no hard cap), recommended: expandable_segments:True"));
+  EXPECT_THAT(text.output, HasSubstr("most saving (hard cap): garbage_collection_threshold"));
+  EXPECT_THAT(text.output, HasSubstr("risk: a hard cap"));
+  EXPECT_THAT(text.output,
+              ContainsRegex("allocctl config set 'expandable_segments:True' --job JOB "
+                            "--predicted-peak-reserved [1-9][0-9]+\n$"));
+
+  // With no threshold the cap is recommended; allocctl still pushes the
+  // robust config, which is all a running process can take.
+  const CommandResult json = RunAllocd(args + " --cap-threshold 0 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const nlohmann::json j = nlohmann::json::parse(json.output);
+  EXPECT_EQ(j["recommended"]["answer"], "capped");
+  EXPECT_TRUE(j["recommended"]["memory_fraction"].is_number());
+  const nlohmann::json& robust = j["answers"]["robust"];
+  ASSERT_TRUE(robust.is_object());
+  EXPECT_TRUE(robust["memory_fraction"].is_null());
+  EXPECT_EQ(j["answers"]["capped"]["config"], j["recommended"]["config"]);
+  for (const char* answer : {"robust", "capped"}) {
+    EXPECT_GT(j["answers"][answer]["saving"]["percent"].get<double>(), 0) << answer;
+    EXPECT_FALSE(j["answers"][answer]["risk"].get<std::string>().empty()) << answer;
+  }
+  EXPECT_GT(j["answers"]["cap_gain"].get<double>(), 0);
+  EXPECT_EQ(j["allocctl"]["config"], robust["config"]);
+  EXPECT_EQ(j["allocctl"]["predicted_peak_reserved"], robust["peak_reserved"]);
+
+  const CommandResult bad = RunAllocd(args + " --cap-threshold 150");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("--cap-threshold"));
+}
+
 TEST(CliTest, TuneReportIntoAnUnwritableDirectoryFails) {
   const CommandResult r =
       RunAllocd("tune " + kLlama + " --budget 5 --jobs 2 --report /dev/null/report");

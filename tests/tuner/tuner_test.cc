@@ -2,7 +2,10 @@
 // real traces against the best real PyTorch runs.
 #include "tuner/tuner.h"
 
+#include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "allocator/trace/snapshot_reader.h"
 #include "gmock/gmock.h"
@@ -175,5 +178,92 @@ INSTANTIATE_TEST_SUITE_P(SharedTraces, RealTraceTunerTest,
                          testing::Values(RealTrace{"llama_lora.pickle.gz", 4802478080},
                                          RealTrace{"gpt2_full.pickle.gz", 40166752256}));
 
+
+// Issue #15: tuning the shared traces on the H100 the real runs used.
+TuneOptions H100(Objective objective) {
+  TuneOptions options;
+  options.objective = objective;
+  options.capacity = 84465090560;
+  options.total_memory = 85017493504;
+  options.jobs = 2;
+  return options;
+}
+
+Trace SharedTrace(const char* file) {
+  absl::StatusOr<Trace> trace =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/" + file);
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  return trace.ok() ? *std::move(trace) : Trace{};
+}
+
+// Only max_split_size_mb varies, the other knobs at PyTorch's defaults.
+SearchSpace MaxSplitOnly(std::vector<std::optional<size_t>> values) {
+  SearchSpace space = DefaultSearchSpace();
+  space.max_split_size_mb = std::move(values);
+  space.max_non_split_rounding_mb.resize(1);
+  space.roundup_power2_divisions.resize(1);
+  space.expandable_segments = {false};
+  space.garbage_collection = {GcSetting{}};
+  return space;
+}
+
+TEST(TunerGuardTest, CapacityObjectiveKeepsThePeakAndCallGuards) {
+  // max_split_size_mb:20 fits llama_lora in the least memory of all, by
+  // freeing and re-allocating segments: 6,913 device calls on its least
+  // device against the defaults' 670, and 65 GiB reserved on the H100
+  // against their 7.4 GiB. It must not be the answer.
+  const TuneReport report =
+      MustTune(SharedTrace("llama_lora.pickle.gz"), H100(Objective::kCapacity),
+               MaxSplitOnly({std::nullopt, 20}));
+  const Evaluation* best = report.recommended();
+  ASSERT_NE(best, nullptr);
+  EXPECT_NE(best->candidate.config.max_split_size, 20 * kMiB);
+  EXPECT_LE(best->replay.peak_reserved, report.baseline.replay.peak_reserved);
+  const auto calls = [](const ReplaySummary& r) {
+    return r.num_device_alloc + r.num_device_free;
+  };
+  EXPECT_LE(calls(best->at_min_capacity), 2 * calls(report.baseline.at_min_capacity));
+  // ...though it is in the table, marked infeasible, with its min capacity.
+  const auto twenty = std::find_if(report.ranked.begin(), report.ranked.end(),
+                                   [](const Evaluation& e) {
+                                     return e.candidate.config.max_split_size == 20 * kMiB;
+                                   });
+  ASSERT_NE(twenty, report.ranked.end());
+  EXPECT_FALSE(report.Feasible(*twenty));
+  EXPECT_TRUE(twenty->min_capacity.has_value());
+}
+
+TEST(TunerGuardTest, DeviceAllocsObjectiveKeepsThePeakGuard) {
+  // Fewer device calls must not come from a config that reserves more than
+  // the defaults (gpt2_full: roundup_power2_divisions:2 with expandable
+  // segments made 327 calls instead of 379, with 50.1 GB reserved instead
+  // of 40.4 GB).
+  const TuneReport report =
+      MustTune(SharedTrace("gpt2_full.pickle.gz"), H100(Objective::kDeviceAllocs));
+  const Evaluation* best = report.recommended();
+  ASSERT_NE(best, nullptr);
+  EXPECT_LE(best->replay.peak_reserved, report.baseline.replay.peak_reserved);
+  EXPECT_LE(best->replay.num_device_alloc + best->replay.num_device_free,
+            report.baseline.replay.num_device_alloc + report.baseline.replay.num_device_free);
+}
+
+TEST(TunerGuardTest, AHardCapIsRecommendedOnlyWhenItSavesMeaningfullyMore) {
+  // On llama_lora garbage collection under a memory fraction reserves 0.8%
+  // less than expandable_segments:True: not worth a hard cap at 5%.
+  TuneReport report = MustTune(SharedTrace("llama_lora.pickle.gz"), H100(Objective::kPeak));
+  const Evaluation* robust = report.robust();
+  const Evaluation* capped = report.capped();
+  ASSERT_NE(robust, nullptr);
+  ASSERT_NE(capped, nullptr);
+  EXPECT_FALSE(robust->candidate.memory_fraction.has_value());
+  EXPECT_TRUE(capped->candidate.memory_fraction.has_value());
+  EXPECT_LT(capped->replay.peak_reserved, robust->replay.peak_reserved);
+  EXPECT_GT(report.CapGain(), 0.0);
+  EXPECT_LT(report.CapGain(), 0.05);
+  EXPECT_EQ(report.recommended(), robust);
+  // Asked for less, the cap is the answer.
+  report.options.cap_threshold = report.CapGain() / 2;
+  EXPECT_EQ(report.recommended(), capped);
+}
 }  // namespace
 }  // namespace allocd
