@@ -18,8 +18,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "allocator/bytes.h"
+#include "allocator/config_check.h"
 #include "allocator/trace/replay.h"
 #include "tuner/evaluator.h"
 #include "tuner/search_space.h"
@@ -32,6 +34,7 @@ constexpr const char* kDefaultColor = "#4e79a7";
 constexpr const char* kRecommendedColor = "#f28e2c";
 constexpr const char* kGridColor = "#dddddd";
 constexpr const char* kMutedColor = "#777777";
+constexpr const char* kMarkColor = "#c0392b";
 
 // Text for XML content and attribute values. Control characters XML 1.0
 // forbids become U+FFFD.
@@ -123,6 +126,55 @@ std::string Line(double x1, double y1, double x2, double y2,
       x2, y2, attributes);
 }
 
+// What a line of `chars` characters spans at `font_size` px: 0.6 em a
+// character, more than sans-serif's average, so that labels placed by it
+// stay inside the picture.
+double TextWidth(size_t chars, double font_size = 12) {
+  return 0.6 * font_size * static_cast<double>(chars);
+}
+
+// `text` broken at spaces into lines of at most `max_chars` characters (a
+// word longer than that gets a line of its own, broken after commas).
+std::vector<std::string> WrapText(absl::string_view text, size_t max_chars) {
+  // Each piece with what joins it to the one before: a space between
+  // words, nothing inside a word broken after a comma.
+  std::vector<std::pair<std::string, const char*>> pieces;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    const char* glue = " ";
+    while (word.size() > max_chars) {
+      size_t cut = word.substr(0, max_chars).rfind(',');
+      cut = cut == absl::string_view::npos ? max_chars : cut + 1;
+      pieces.emplace_back(std::string(word.substr(0, cut)), glue);
+      glue = "";
+      word.remove_prefix(cut);
+    }
+    if (!word.empty()) pieces.emplace_back(std::string(word), glue);
+  }
+  std::vector<std::string> lines;
+  for (const auto& [piece, glue] : pieces) {
+    if (!lines.empty() &&
+        lines.back().size() + std::strlen(glue) + piece.size() <= max_chars) {
+      absl::StrAppend(&lines.back(), glue, piece);
+    } else {
+      lines.push_back(piece);
+    }
+  }
+  if (lines.empty()) lines.emplace_back();
+  return lines;
+}
+
+// A muted subtitle from y = 38 down, wrapped to the picture's width; adds
+// to `svg` and returns how many lines it took.
+int Subtitle(std::string& svg, int width, absl::string_view text) {
+  const auto max_chars = static_cast<size_t>((width - 20) / TextWidth(1));
+  const std::vector<std::string> lines = WrapText(text, max_chars);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    svg += Text(10, 38 + 15.0 * static_cast<double>(i), lines[i],
+                absl::StrFormat("fill=\"%s\"", kMutedColor));
+  }
+  return static_cast<int>(lines.size());
+}
+
 // One curve of a line chart: (event, bytes) points.
 struct Series {
   std::string name;
@@ -139,10 +191,16 @@ std::string Stroke(const char* color, bool dashed) {
 // Bytes over trace events, one polyline per series, with a legend.
 std::string LineChart(absl::string_view title, absl::string_view subtitle,
                       double events, const std::vector<Series>& series) {
-  constexpr int kWidth = 900, kHeight = 380;
-  constexpr double kLeft = 90, kRight = 20, kTop = 70, kBottom = 45;
+  constexpr int kWidth = 900, kPlotHeight = 265;
+  constexpr double kLeft = 90, kRight = 20, kBottom = 45;
   constexpr double kPlotWidth = kWidth - kLeft - kRight;
-  constexpr double kPlotHeight = kHeight - kTop - kBottom;
+  // The subtitle can take several lines; the legend and plot go below it.
+  std::string subtitle_svg;
+  const int subtitle_lines = Subtitle(subtitle_svg, kWidth, subtitle);
+  const double extra = 15.0 * (subtitle_lines - 1);
+  const double kTop = 70 + extra;
+  const double legend_y = 56 + extra;
+  const int kHeight = static_cast<int>(kTop + kPlotHeight + kBottom);
 
   double max_bytes = 0;
   for (const Series& s : series) {
@@ -157,8 +215,7 @@ std::string LineChart(absl::string_view title, absl::string_view subtitle,
     return kTop + kPlotHeight * (1 - y / y_top);
   };
 
-  std::string svg = SvgOpen(kWidth, kHeight, title);
-  svg += Text(10, 38, subtitle, absl::StrFormat("fill=\"%s\"", kMutedColor));
+  std::string svg = SvgOpen(kWidth, kHeight, title) + subtitle_svg;
   for (int i = 0; i * y_step <= y_top; ++i) {
     const double y = py(i * y_step);
     svg += Line(kLeft, y, kLeft + kPlotWidth, y,
@@ -191,9 +248,9 @@ std::string LineChart(absl::string_view title, absl::string_view subtitle,
         "<title>%s</title></polyline>\n",
         XmlEscape(s.name), Stroke(s.color, s.dashed), points,
         XmlEscape(s.name));
-    svg += Line(legend_x, 56, legend_x + 24, 56, Stroke(s.color, s.dashed));
-    svg += Text(legend_x + 30, 60, s.name);
-    legend_x += 60 + 7 * static_cast<double>(s.name.size());
+    svg += Line(legend_x, legend_y, legend_x + 24, legend_y, Stroke(s.color, s.dashed));
+    svg += Text(legend_x + 30, legend_y + 4, s.name);
+    legend_x += 50 + TextWidth(s.name.size());
   }
   return svg + "</svg>\n";
 }
@@ -202,31 +259,40 @@ std::string LineChart(absl::string_view title, absl::string_view subtitle,
 struct Bar {
   std::string label;
   std::optional<int64_t> bytes;  // nullopt: no feasible config had it
+  bool recommended = false;      // the recommended config has this value
+};
+// A dashed vertical line across every panel at `bytes`, labelled.
+struct ReferenceLine {
+  int64_t bytes;
+  std::string label;
+  const char* color;
 };
 struct BarPanel {
   std::string title;
   std::vector<Bar> bars;
 };
 
-// Panels of horizontal bars on one byte scale, with a dashed line at
-// `reference` bytes.
+// Panels of horizontal bars on one byte scale, with a dashed line at each
+// reference. Bars of the recommended config's values are outlined and their
+// labels marked.
 std::string BarChart(absl::string_view title, absl::string_view subtitle,
-                     const std::vector<BarPanel>& panels, int64_t reference,
-                     absl::string_view reference_label) {
+                     const std::vector<BarPanel>& panels,
+                     const std::vector<ReferenceLine>& references) {
   constexpr int kWidth = 900;
   constexpr double kRight = 110, kBarHeight = 16, kPitch = 22;
+  constexpr absl::string_view kMark = "\xe2\x96\xb6 ";  // "▶ "
   size_t longest_label = 0;
   size_t bars = 0;
-  int64_t max_bytes = reference;
+  int64_t max_bytes = 0;
+  for (const ReferenceLine& r : references) max_bytes = std::max(max_bytes, r.bytes);
   for (const BarPanel& panel : panels) {
     for (const Bar& bar : panel.bars) {
-      longest_label = std::max(longest_label, bar.label.size());
+      longest_label = std::max(longest_label, bar.label.size() + 2);
       if (bar.bytes) max_bytes = std::max(max_bytes, *bar.bytes);
       ++bars;
     }
   }
-  const double left =
-      std::clamp(20 + 7 * static_cast<double>(longest_label), 100.0, 380.0);
+  const double left = std::clamp(20 + TextWidth(longest_label), 100.0, 600.0);
   const double plot_width = kWidth - left - kRight;
   const double x_step = SizeStep(static_cast<double>(max_bytes), 5);
   const double x_top =
@@ -235,15 +301,20 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
   const auto px = [&](double bytes) {
     return left + plot_width * bytes / x_top;
   };
-  const int height = static_cast<int>(50 + panels.size() * 80 + bars * kPitch);
 
-  std::string svg = SvgOpen(kWidth, height, title);
-  svg += Text(10, 38, subtitle, absl::StrFormat("fill=\"%s\"", kMutedColor));
-  double y = 50;
+  std::string svg;
+  const int subtitle_lines = Subtitle(svg, kWidth, subtitle);
+  const double panel_head = 40 + 14.0 * static_cast<double>(references.size());
+  const int height = static_cast<int>(
+      50 + 15 * (subtitle_lines - 1) +
+      static_cast<double>(panels.size()) * (panel_head + 50) +
+      static_cast<double>(bars) * kPitch);
+  svg = SvgOpen(kWidth, height, title) + svg;
+  double y = 50 + 15.0 * (subtitle_lines - 1);
   for (const BarPanel& panel : panels) {
     svg += Text(10, y + 20, panel.title, "font-weight=\"bold\"");
-    const double top = y + 30;
-    const double bottom = top + panel.bars.size() * kPitch;
+    const double top = y + panel_head;
+    const double bottom = top + static_cast<double>(panel.bars.size()) * kPitch;
     for (int i = 0; i * x_step <= x_top; ++i) {
       const double x = px(i * x_step);
       svg +=
@@ -253,15 +324,21 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
     }
     double bar_y = top + (kPitch - kBarHeight) / 2;
     for (const Bar& bar : panel.bars) {
-      svg += Text(left - 8, bar_y + 12, bar.label, "text-anchor=\"end\"");
+      svg += Text(left - 8, bar_y + 12,
+                  bar.recommended ? absl::StrCat(kMark, bar.label) : bar.label,
+                  bar.recommended ? "text-anchor=\"end\" font-weight=\"bold\""
+                                  : "text-anchor=\"end\"");
       if (bar.bytes) {
         const std::string size = FormatSize(static_cast<uint64_t>(*bar.bytes));
         const double bar_end = px(static_cast<double>(*bar.bytes));
         svg += absl::StrFormat(
-            "<rect data-bar=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
-            "height=\"%.1f\" fill=\"%s\"><title>%s: %s</title></rect>\n",
-            XmlEscape(bar.label), left, bar_y, bar_end - left, kBarHeight,
-            kRecommendedColor, XmlEscape(bar.label), size);
+            "<rect data-bar=\"%s\"%s x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+            "height=\"%.1f\" fill=\"%s\"%s><title>%s: %s%s</title></rect>\n",
+            XmlEscape(bar.label), bar.recommended ? " data-recommended=\"true\"" : "",
+            left, bar_y, bar_end - left, kBarHeight, kRecommendedColor,
+            bar.recommended ? " stroke=\"black\" stroke-width=\"2\"" : "",
+            XmlEscape(bar.label), size,
+            bar.recommended ? " (the recommended config's value)" : "");
         svg += Text(bar_end + 6, bar_y + 12, size);
       } else {
         svg += Text(left + 6, bar_y + 12, "no feasible config",
@@ -269,13 +346,21 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
       }
       bar_y += kPitch;
     }
-    const double rx = px(static_cast<double>(reference));
-    svg += Line(rx, top - 4, rx, bottom,
-                absl::StrFormat("stroke=\"%s\" stroke-width=\"1.5\" "
-                                "stroke-dasharray=\"5 3\"",
-                                kDefaultColor));
-    svg += Text(rx + 4, top - 6, reference_label,
-                absl::StrFormat("fill=\"%s\"", kDefaultColor));
+    // Each reference on its own row above the bars; its label on the side
+    // of the line where it fits.
+    for (size_t r = 0; r < references.size(); ++r) {
+      const ReferenceLine& ref = references[r];
+      const double rx = px(static_cast<double>(ref.bytes));
+      const double label_y = top - 6 - 14.0 * static_cast<double>(references.size() - 1 - r);
+      svg += Line(rx, label_y + 2, rx, bottom,
+                  absl::StrFormat("stroke=\"%s\" stroke-width=\"1.5\" "
+                                  "stroke-dasharray=\"5 3\"",
+                                  ref.color));
+      const bool fits_right = rx + 4 + TextWidth(ref.label.size()) <= kWidth - 5;
+      svg += Text(fits_right ? rx + 4 : rx - 4, label_y, ref.label,
+                  absl::StrFormat("fill=\"%s\"%s", ref.color,
+                                  fits_right ? "" : " text-anchor=\"end\""));
+    }
     y = bottom + 50;
   }
   return svg + "</svg>\n";
@@ -285,6 +370,7 @@ std::string BarChart(absl::string_view title, absl::string_view subtitle,
 template <typename Key, typename KeyOf, typename LabelOf>
 BarPanel LandscapePanel(const TuneReport& report, std::string title,
                         KeyOf key_of, LabelOf label_of) {
+  const Evaluation* recommended = report.recommended();
   std::map<Key, std::optional<int64_t>> best;
   for (const Evaluation& e : report.ranked) {
     std::optional<int64_t>& bytes = best[key_of(e)];
@@ -294,9 +380,20 @@ BarPanel LandscapePanel(const TuneReport& report, std::string title,
   }
   BarPanel panel{std::move(title), {}};
   for (const auto& [key, bytes] : best) {
-    panel.bars.push_back({label_of(key), bytes});
+    panel.bars.push_back({label_of(key), bytes,
+                          recommended != nullptr && key_of(*recommended) == key});
   }
   return panel;
+}
+
+std::string ConfigName(const Candidate& candidate) {
+  std::string conf = CandidateConfString(candidate);
+  if (conf.empty()) conf = "PyTorch's defaults";
+  if (candidate.memory_fraction) {
+    absl::StrAppendFormat(&conf, " + memory fraction %g",
+                          *candidate.memory_fraction);
+  }
+  return conf;
 }
 
 std::string LandscapeSvg(const TuneReport& report) {
@@ -319,14 +416,26 @@ std::string LandscapeSvg(const TuneReport& report) {
       [](const RoundupDivisions& divisions) {
         return RoundupLabel(divisions);
       });
-  return BarChart(
-      "Search landscape: least peak reserved memory per setting",
-      absl::StrFormat("the best feasible config the search tried with each "
-                      "value (%d configs evaluated)",
-                      report.evaluations),
-      {max_split, roundup}, report.baseline.replay.peak_reserved,
-      absl::StrCat("defaults: ", FormatSize(static_cast<uint64_t>(
-                                     report.baseline.replay.peak_reserved))));
+  std::vector<ReferenceLine> references = {
+      {report.baseline.replay.peak_reserved,
+       absl::StrCat("defaults: ", FormatSize(static_cast<uint64_t>(
+                                      report.baseline.replay.peak_reserved))),
+       kDefaultColor}};
+  std::string subtitle = absl::StrFormat(
+      "the best feasible config the search tried with each value (%d configs "
+      "evaluated)",
+      report.evaluations);
+  if (const Evaluation* best = report.recommended()) {
+    references.push_back(
+        {best->replay.peak_reserved,
+         absl::StrCat("recommended: ", FormatSize(static_cast<uint64_t>(
+                                           best->replay.peak_reserved))),
+         kMarkColor});
+    absl::StrAppend(&subtitle, "; \xe2\x96\xb6 marks the values of the recommended config (",
+                    ConfigName(best->candidate), ")");
+  }
+  return BarChart("Search landscape: least peak reserved memory per setting",
+                  subtitle, {max_split, roundup}, references);
 }
 
 absl::StatusOr<ReplayResult> ReplayTimeline(const Trace& trace,
@@ -364,22 +473,43 @@ Curves CurvesOf(const ReplayResult& replay, absl::string_view name,
   return c;
 }
 
-std::string ConfigName(const Candidate& candidate) {
-  std::string conf = CandidateConfString(candidate);
-  if (conf.empty()) conf = "PyTorch's defaults";
-  if (candidate.memory_fraction) {
-    absl::StrAppendFormat(&conf, " + memory fraction %g",
-                          *candidate.memory_fraction);
+// The knobs `e` sets, with their values and what each does; the memory
+// fraction last.
+std::string KnobsTable(const Evaluation& e) {
+  const ConfigCheck check = CheckAllocatorConfig(CandidateConfString(e.candidate));
+  std::string rows;
+  for (const ConfigKeyExplanation& key : check.keys) {
+    rows += absl::StrCat("<tr><td><code>", XmlEscape(key.key), "</code></td><td><code>",
+                         XmlEscape(key.value), "</code></td><td>",
+                         XmlEscape(key.explanation), "</td></tr>\n");
   }
-  return conf;
+  if (e.candidate.memory_fraction) {
+    rows += absl::StrFormat(
+        "<tr><td><code>set_per_process_memory_fraction</code></td><td><code>%g"
+        "</code></td><td>caps the process's reserved memory at this share of "
+        "the device; only under it does garbage_collection_threshold act</td></tr>\n",
+        *e.candidate.memory_fraction);
+  }
+  if (rows.empty()) return "<p>It sets no knob: PyTorch's defaults.</p>\n";
+  return absl::StrCat(
+      "<table class=\"knobs\">\n<tr><th>knob</th><th>value</th><th>what it does</th>"
+      "</tr>\n",
+      rows, "</table>\n");
 }
 
 constexpr absl::string_view kStyle =
     "body{font-family:sans-serif;max-width:940px;margin:2em auto;"
     "padding:0 1em;color:#222}"
     "h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}"
-    "pre{background:#f5f5f5;padding:.8em;overflow-x:auto;font-size:12px}"
+    "pre{background:#f5f5f5;padding:.8em;font-size:12px;"
+    "white-space:pre-wrap;overflow-wrap:anywhere}"
     "pre.paste{font-size:14px;border-left:4px solid #f28e2c}"
+    ".box{border:1px solid #f28e2c;padding:0 1em;margin:1em 0}"
+    ".saving{font-weight:bold}"
+    "table{border-collapse:collapse;margin:.5em 0;font-size:13px}"
+    "td,th{border:1px solid #ddd;padding:.3em .5em;text-align:left;"
+    "vertical-align:top;overflow-wrap:anywhere}"
+    "tr.recommended{background:#fdf0e2}"
     "figure{margin:1em 0}figure svg{max-width:100%;height:auto}"
     ".meta{color:#555}";
 
@@ -401,11 +531,34 @@ std::string IndexHtml(const TuneReport& report, const ReportContext& context,
 
   html += "<h2>Recommendation</h2>\n";
   if (const Evaluation* best = report.recommended()) {
-    html += "<pre class=\"paste\">";
+    html += "<div class=\"box\">\n<pre class=\"paste\">";
     for (const std::string& line : RecommendationLines(*best)) {
       html += XmlEscape(line) + "\n";
     }
     html += "</pre>\n";
+    html += absl::StrCat("<p class=\"saving\">", XmlEscape(SavingText(report, *best)),
+                         "</p>\n");
+    html += KnobsTable(*best);
+    const Evaluation* robust = report.robust();
+    const Evaluation* capped = report.capped();
+    if (robust != nullptr && capped != nullptr) {
+      html += absl::StrFormat(
+          "<p>Two answers: the cap saves %.1f%% more than the robust answer; "
+          "a cap is recommended only from %g%% (--cap-threshold).</p>\n"
+          "<table class=\"answers\">\n<tr><th>answer</th><th>config</th>"
+          "<th>saving</th><th>risk</th></tr>\n",
+          100.0 * report.CapGain(), 100.0 * report.options.cap_threshold);
+      for (const Evaluation* answer : {robust, capped}) {
+        html += absl::StrCat(
+            "<tr", answer == best ? " class=\"recommended\"" : "", "><td>",
+            answer == robust ? "robust (no hard cap)" : "most saving (hard cap)",
+            answer == best ? ", recommended" : "", "</td><td><code>",
+            XmlEscape(ConfigName(answer->candidate)), "</code></td><td>",
+            XmlEscape(SavingText(report, *answer)), "</td><td>",
+            XmlEscape(Risk(report, *answer)), "</td></tr>\n");
+      }
+      html += "</table>\n";
+    }
     const std::vector<std::string> warnings = Warnings(report, *best);
     if (!warnings.empty()) {
       html += "<p>Before you paste it:</p>\n<ul>\n";
@@ -414,6 +567,8 @@ std::string IndexHtml(const TuneReport& report, const ReportContext& context,
       }
       html += "</ul>\n";
     }
+    html += absl::StrCat("<pre class=\"paste\">", XmlEscape(AllocctlAdvice(report)),
+                         "</pre>\n</div>\n");
   } else {
     html += "<p>No candidate fits: see the table below.</p>\n";
   }

@@ -21,6 +21,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trace/trace_builder.h"
+#include "allocator/config_check.h"
+#include "tuner/search_space.h"
 #include "tuner/text_report.h"
 #include "tuner/tuner.h"
 
@@ -332,11 +334,95 @@ TEST(HtmlReportTest, LandscapeHasABarPerSettingTried) {
     const size_t split = e.candidate.config.max_split_size;
     const std::string label =
         split == SIZE_MAX ? "unset" : absl::StrCat(split >> 20, " MiB");
-    EXPECT_THAT(texts, Contains(label));
+    // The recommended config's values are marked.
+    EXPECT_THAT(texts, Contains(testing::AnyOf(label, "\xe2\x96\xb6 " + label)));
   }
   EXPECT_THAT(bars, Contains("unset"));
   EXPECT_THAT(bars, Contains("128 MiB"));
   EXPECT_THAT(texts, Contains(HasSubstr("defaults: ")));
+}
+
+TEST(HtmlReportTest, LandscapeMarksTheRecommendedConfig) {
+  const Tuned t = TuneAndDraw(8 * kGiB);
+  const Evaluation* best = t.report.recommended();
+  ASSERT_NE(best, nullptr);
+  const std::vector<Element> elements = MustParse(t.html.landscape_svg);
+  std::vector<std::string> marked;
+  for (const Element* rect : Named(elements, "rect")) {
+    if (rect->attributes.contains("data-recommended")) {
+      marked.push_back(rect->attributes.at("data-bar"));
+    }
+  }
+  const size_t split = best->candidate.config.max_split_size;
+  EXPECT_THAT(marked, UnorderedElementsAre(
+                          split == SIZE_MAX ? "unset" : absl::StrCat(split >> 20, " MiB"),
+                          RoundupLabel(best->candidate.config.roundup_power2_divisions)));
+  std::vector<std::string> texts;
+  for (const Element* text : Named(elements, "text")) texts.push_back(text->text);
+  EXPECT_THAT(texts, Contains(HasSubstr("recommended: ")));
+}
+
+TEST(HtmlReportTest, RecommendationBoxHasSavingsKnobsAndThePush) {
+  Tuned t = TuneAndDraw(8 * kGiB);
+  const Evaluation* best = t.report.recommended();
+  ASSERT_NE(best, nullptr);
+  const std::string& html = t.html.index_html;
+  const std::vector<Element> elements = MustParse(html);
+  std::vector<std::string> paragraphs;
+  for (const Element* p : Named(elements, "p")) paragraphs.push_back(p->text);
+  EXPECT_THAT(paragraphs, Contains(SavingText(t.report, *best)));
+  for (const ConfigKeyExplanation& key :
+       CheckAllocatorConfig(CandidateConfString(best->candidate)).keys) {
+    EXPECT_THAT(html, HasSubstr(absl::StrCat("<code>", key.key, "</code>")));
+  }
+  EXPECT_THAT(html, HasSubstr("allocctl config set"));
+  // Long lines wrap rather than hide behind a scroll bar.
+  EXPECT_THAT(html, HasSubstr("white-space:pre-wrap"));
+}
+
+// The extent of `text` drawn at 0.6 em a character (more than sans-serif's
+// average): [left, right].
+std::pair<double, double> TextExtent(const Element& text) {
+  const double size = text.attributes.contains("font-size")
+                          ? std::stod(text.attributes.at("font-size"))
+                          : 12.0;
+  size_t chars = 0;  // code points
+  for (const char c : text.text) chars += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  const double width = 0.6 * size * static_cast<double>(chars);
+  const double x = std::stod(text.attributes.at("x"));
+  const std::string anchor =
+      text.attributes.contains("text-anchor") ? text.attributes.at("text-anchor") : "start";
+  if (anchor == "middle") return {x - width / 2, x + width / 2};
+  if (anchor == "end") return {x - width, x};
+  return {x, x + width};
+}
+
+TEST(HtmlReportTest, NoTextRunsOffThePicture) {
+  Tuned t = TuneAndDraw(8 * kGiB);
+  ASSERT_NE(t.report.recommended(), nullptr);
+  // The longest config the space can make.
+  Evaluation& best = t.report.ranked[t.report.recommended() - t.report.ranked.data()];
+  AllocatorConfig& c = best.candidate.config;
+  c.max_split_size = 1024 * kMiB;
+  c.max_non_split_rounding = 512 * kMiB;
+  c.roundup_power2_divisions = {1, 2, 4, 8, 16, 1, 2, 4, 8, 16, 1, 2, 4, 8, 16, 4};
+  c.expandable_segments = true;
+  c.garbage_collection_threshold = 0.85;
+  absl::StatusOr<HtmlReport> html = MakeHtmlReport(t.trace, t.report, t.context);
+  ASSERT_TRUE(html.ok()) << html.status();
+  for (const std::string* svg :
+       {&html->timeline_svg, &html->fragmentation_svg, &html->landscape_svg}) {
+    const std::vector<Element> elements = MustParse(*svg);
+    const double width = std::stod(elements[0].attributes.at("width"));
+    const double height = std::stod(elements[0].attributes.at("height"));
+    for (const Element* text : Named(elements, "text")) {
+      const auto [left, right] = TextExtent(*text);
+      EXPECT_GE(left, 0) << text->text;
+      EXPECT_LE(right, width) << text->text;
+      const double y = std::stod(text->attributes.at("y"));
+      EXPECT_TRUE(y > 0 && y <= height) << text->text;
+    }
+  }
 }
 
 TEST(HtmlReportTest, IndexEmbedsTheSvgsAndTheRecommendation) {
