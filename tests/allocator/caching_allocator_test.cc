@@ -1029,6 +1029,45 @@ TEST(CachingAllocatorTest, GarbageCollectionLeavesSplitAndSmallBlocks) {
   ExpectConsistent(allocator, backend);
 }
 
+// Pins: the age counter is per pool. get_free_block increments
+// "++pool.get_free_blocks_call_count" of the pool it searches
+// (CUDACachingAllocator.cpp, PyTorch 2.11), and gc_count() is
+// "pool->get_free_blocks_call_count - gc_count_base": small-pool requests do
+// not age large-pool blocks. Then every unsplit block at least as old as the
+// average goes in one pass, even past the target. With one counter for both
+// pools the 12 MiB block would look ten lookups older than the 14 MiB one
+// and go alone: one cudaFree instead of two, and the next 14 MiB request
+// would reuse the cached block instead of calling cudaMalloc.
+TEST(CachingAllocatorTest, GarbageCollectionAgesBlocksByTheirOwnPoolsLookups) {
+  RecordingBackend backend(kGiB);
+  AllocatorConfig config;
+  config.garbage_collection_threshold = 0.35;
+  CachingAllocator allocator(config, &backend);
+  allocator.SetMemoryFraction(0.1);  // 107374182 bytes; GC above 37580963
+  // A small segment first, so that later small requests all hit (a miss in
+  // either pool runs GC over the large pool).
+  MustFree(allocator, MustMalloc(allocator, 512));
+  const Allocation a12 = MustMalloc(allocator, 12 * kMiB);  // large count 1
+  const Allocation b14 = MustMalloc(allocator, 14 * kMiB);  // large count 2
+  MustMalloc(allocator, 16 * kMiB);                         // large count 3
+  MustFree(allocator, a12);                                 // a: base 3
+  for (int i = 0; i < 10; ++i) {
+    MustFree(allocator, MustMalloc(allocator, 512));  // small-pool hits only
+  }
+  MustFree(allocator, b14);  // b: base 3
+  backend.ClearCalls();
+  // Large count 4: no fit. Reserved 44 MiB > 37580963: target 8556381
+  // bytes. Ages a = b = 1, average 1: both go, though a alone would do.
+  MustMalloc(allocator, 40 * kMiB);
+  EXPECT_THAT(backend.CallsOf(Op::kFree),
+              ElementsAre(Free(a12.address, 12 * kMiB), Free(b14.address, 14 * kMiB)));
+  backend.ClearCalls();
+  MustMalloc(allocator, 14 * kMiB);  // b is gone: a new segment
+  EXPECT_EQ(backend.CallsOf(Op::kAllocate).size(), 1u);
+  EXPECT_EQ(allocator.Stats().num_device_free, 2);
+  ExpectConsistent(allocator, backend);
+}
+
 // ===========================================================================
 // Frees that wait on other streams (record_stream): free() with stream_uses
 // -> insert_events; the block returns in process_events / free_block, or in

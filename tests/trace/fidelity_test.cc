@@ -8,6 +8,7 @@
 // expandable runs, and gpt2_full under max_split_size_mb:128 (which ran into
 // the device's free memory, shrunk by the CUDA context as kernels load),
 // within 1%; backend:cudaMallocAsync (the driver's pool) within 5%.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "allocator/config.h"
+#include "allocator/device_backend.h"
+#include "allocator/sim_backend.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
 #include "gmock/gmock.h"
@@ -130,6 +133,109 @@ TEST_P(FidelityTest, MatchesPyTorch) {
   EXPECT_EQ(r->num_sync_all_streams,
             p.run["num_sync_all_streams"].get<int64_t>());
 }
+
+// Where the tolerances above come from, and that nothing else hides behind
+// them. PyTorch breaks best-fit ties by address, and the one device
+// allocation the replay misses on llama_lora's default run is a 2 MiB
+// small-pool segment that the driver's addresses decide (first at event
+// 6047: at the real addresses no small segment has 256 KiB free, at the
+// simulated ones one has). The addresses vary from run to run: two real runs
+// of one effective config, max_split_size_mb:128 with and without
+// garbage_collection_threshold:0.8 (inert without a fraction), made 338 and
+// 339 device allocations. Only the recorded run's addresses are known, so
+// the runs replayed at them must match PyTorch exactly, with no tolerance:
+// the recorded run itself, and the runs under a memory fraction, whose small
+// pool (no roundup divisions, no expandable segments) asks for the same
+// segments in the same order. Those are where garbage_collection_threshold
+// frees cached blocks by age and the retry path flushes the cache (issue
+// #15: the GC path's rules and age counter are PyTorch's; a drift there
+// fails here).
+class RecordedSmallSegmentsBackend : public DeviceBackend {
+ public:
+  RecordedSmallSegmentsBackend(const Trace& trace, size_t capacity, size_t total_memory)
+      : sim_(capacity, total_memory) {
+    for (const RecordedSegment& segment : trace.recorded_segments) {
+      if (segment.size == kSmallSegment) small_addresses_.push_back(segment.address);
+    }
+  }
+
+  absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override {
+    absl::StatusOr<uint64_t> address = sim_.AllocateSegment(bytes);
+    if (address.ok() && bytes == kSmallSegment && next_ < small_addresses_.size()) {
+      return small_addresses_[next_++];
+    }
+    return address;
+  }
+  void FreeSegment(uint64_t address, size_t bytes) override { sim_.FreeSegment(address, bytes); }
+  absl::StatusOr<uint64_t> ReserveAddressRange(size_t bytes) override {
+    return sim_.ReserveAddressRange(bytes);
+  }
+  void ReleaseAddressRange(uint64_t address, size_t bytes) override {
+    sim_.ReleaseAddressRange(address, bytes);
+  }
+  absl::Status MapPages(uint64_t address, size_t bytes) override {
+    return sim_.MapPages(address, bytes);
+  }
+  void UnmapPages(uint64_t address, size_t bytes) override { sim_.UnmapPages(address, bytes); }
+  size_t TotalMemory() const override { return sim_.TotalMemory(); }
+  size_t FreeMemory() const override { return sim_.FreeMemory(); }
+
+ private:
+  static constexpr size_t kSmallSegment = size_t{2} << 20;
+  SimBackend sim_;
+  std::vector<uint64_t> small_addresses_;
+  size_t next_ = 0;
+};
+
+std::vector<GroundTruthRun> RunsWithTheRecordedSmallPool() {
+  std::vector<GroundTruthRun> runs;
+  for (const GroundTruthRun& run : LoadRuns()) {
+    if (run.run.contains("error")) continue;
+    absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(run.run["conf"].get<std::string>());
+    const bool recorded_config = run.run["conf"].get<std::string>().empty() &&
+                                 !run.run.contains("memory_fraction");
+    if (!recorded_config && !run.run.contains("memory_fraction")) continue;
+    if (!config.ok() || config->backend != AllocatorBackend::kNative ||
+        config->expandable_segments ||
+        std::any_of(config->roundup_power2_divisions.begin(),
+                    config->roundup_power2_divisions.end(),
+                    [](size_t d) { return d > 1; })) {
+      continue;
+    }
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+class ExactFidelityTest : public testing::TestWithParam<GroundTruthRun> {};
+
+TEST_P(ExactFidelityTest, MatchesPyTorchExactlyAtTheDriversAddresses) {
+  const GroundTruthRun& p = GetParam();
+  const Trace& trace = CachedTrace(p.trace_file);
+  ASSERT_EQ(trace.recorded_config, "");  // the shipped traces ran the defaults
+  absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(p.run["conf"].get<std::string>());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ReplayOptions options;
+  size_t capacity = p.free_at_start;
+  if (p.run.contains("memory_fraction")) {
+    capacity = p.total_memory;
+    options.memory_fraction = p.run["memory_fraction"].get<double>();
+  }
+  RecordedSmallSegmentsBackend backend(trace, capacity, p.total_memory);
+  options.device = &backend;
+  const absl::StatusOr<ReplayResult> r = Replay(trace, *config, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peak_reserved, p.run["peak_reserved"].get<int64_t>());
+  EXPECT_EQ(r->peak_allocated, p.run["peak_allocated"].get<int64_t>());
+  EXPECT_EQ(r->num_device_alloc, p.run["num_device_alloc"].get<int64_t>());
+  EXPECT_EQ(r->num_device_free, p.run["num_device_free"].get<int64_t>());
+  EXPECT_EQ(r->num_alloc_retries, p.run["num_alloc_retries"].get<int64_t>());
+  EXPECT_EQ(r->num_ooms, p.run["num_ooms"].get<int64_t>());
+  EXPECT_EQ(r->num_sync_all_streams, p.run["num_sync_all_streams"].get<int64_t>());
+}
+
+INSTANTIATE_TEST_SUITE_P(GroundTruth, ExactFidelityTest,
+                         testing::ValuesIn(RunsWithTheRecordedSmallPool()), RunName);
 
 INSTANTIATE_TEST_SUITE_P(GroundTruth, FidelityTest,
                          testing::ValuesIn(LoadRuns()), RunName);
