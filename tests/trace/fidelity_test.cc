@@ -16,13 +16,12 @@
 #include <vector>
 
 #include "allocator/config.h"
-#include "allocator/device_backend.h"
-#include "allocator/sim_backend.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/trace/recorded_address_backend.h"
 
 namespace allocd {
 namespace {
@@ -150,43 +149,6 @@ TEST_P(FidelityTest, MatchesPyTorch) {
 // frees cached blocks by age and the retry path flushes the cache (issue
 // #15: the GC path's rules and age counter are PyTorch's; a drift there
 // fails here).
-class RecordedSmallSegmentsBackend : public DeviceBackend {
- public:
-  RecordedSmallSegmentsBackend(const Trace& trace, size_t capacity, size_t total_memory)
-      : sim_(capacity, total_memory) {
-    for (const RecordedSegment& segment : trace.recorded_segments) {
-      if (segment.size == kSmallSegment) small_addresses_.push_back(segment.address);
-    }
-  }
-
-  absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override {
-    absl::StatusOr<uint64_t> address = sim_.AllocateSegment(bytes);
-    if (address.ok() && bytes == kSmallSegment && next_ < small_addresses_.size()) {
-      return small_addresses_[next_++];
-    }
-    return address;
-  }
-  void FreeSegment(uint64_t address, size_t bytes) override { sim_.FreeSegment(address, bytes); }
-  absl::StatusOr<uint64_t> ReserveAddressRange(size_t bytes) override {
-    return sim_.ReserveAddressRange(bytes);
-  }
-  void ReleaseAddressRange(uint64_t address, size_t bytes) override {
-    sim_.ReleaseAddressRange(address, bytes);
-  }
-  absl::Status MapPages(uint64_t address, size_t bytes) override {
-    return sim_.MapPages(address, bytes);
-  }
-  void UnmapPages(uint64_t address, size_t bytes) override { sim_.UnmapPages(address, bytes); }
-  size_t TotalMemory() const override { return sim_.TotalMemory(); }
-  size_t FreeMemory() const override { return sim_.FreeMemory(); }
-
- private:
-  static constexpr size_t kSmallSegment = size_t{2} << 20;
-  SimBackend sim_;
-  std::vector<uint64_t> small_addresses_;
-  size_t next_ = 0;
-};
-
 std::vector<GroundTruthRun> RunsWithTheRecordedSmallPool() {
   std::vector<GroundTruthRun> runs;
   for (const GroundTruthRun& run : LoadRuns()) {
@@ -221,7 +183,8 @@ TEST_P(ExactFidelityTest, MatchesPyTorchExactlyAtTheDriversAddresses) {
     capacity = p.total_memory;
     options.memory_fraction = p.run["memory_fraction"].get<double>();
   }
-  RecordedSmallSegmentsBackend backend(trace, capacity, p.total_memory);
+  // The small pool's segments at the recorded run's addresses.
+  RecordedAddressBackend backend(trace, capacity, p.total_memory, size_t{2} << 20);
   options.device = &backend;
   const absl::StatusOr<ReplayResult> r = Replay(trace, *config, options);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -232,6 +195,25 @@ TEST_P(ExactFidelityTest, MatchesPyTorchExactlyAtTheDriversAddresses) {
   EXPECT_EQ(r->num_alloc_retries, p.run["num_alloc_retries"].get<int64_t>());
   EXPECT_EQ(r->num_ooms, p.run["num_ooms"].get<int64_t>());
   EXPECT_EQ(r->num_sync_all_streams, p.run["num_sync_all_streams"].get<int64_t>());
+}
+
+// The recorded run replayed at every one of its segments' addresses: each
+// segment the replay asks for is the next one the run made, of that size.
+TEST(ExactFidelityTest, TheRecordedRunsAtAllTheirAddresses) {
+  for (const GroundTruthRun& p : LoadRuns()) {
+    if (!p.run["conf"].get<std::string>().empty() || p.run.contains("memory_fraction")) continue;
+    const Trace& trace = CachedTrace(p.trace_file);
+    RecordedAddressBackend backend(trace, p.free_at_start, p.total_memory);
+    ReplayOptions options;
+    options.device = &backend;
+    const absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{}, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(backend.unmatched(), 0u) << p.workload;
+    EXPECT_EQ(r->num_device_alloc, static_cast<int64_t>(trace.recorded_segments.size()));
+    EXPECT_EQ(r->num_device_alloc, p.run["num_device_alloc"].get<int64_t>()) << p.workload;
+    EXPECT_EQ(r->peak_reserved, p.run["peak_reserved"].get<int64_t>()) << p.workload;
+    EXPECT_EQ(r->peak_allocated, p.run["peak_allocated"].get<int64_t>()) << p.workload;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(GroundTruth, ExactFidelityTest,
