@@ -26,6 +26,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/cuda/cuda_driver.h"
+#include "client/capi/allocd_client.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 
@@ -55,11 +57,34 @@ bool Verbose() {
   return verbose;
 }
 
+// The CUDA runtime PyTorch loaded (libcudart.so.N), found among the loaded
+// objects: when this library was loaded with dlopen(RTLD_GLOBAL) by
+// `import allocd` rather than LD_PRELOAD, the runtime came later as a
+// dependency of PyTorch's libraries and RTLD_NEXT does not see it.
+void* LoadedCudaRuntime() {
+  std::string path;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (std::strstr(info->dlpi_name, "/libcudart.so") == nullptr) return 0;
+        *static_cast<std::string*>(out) = info->dlpi_name;
+        return 1;
+      },
+      &path);
+  return path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY);
+}
+
+// The runtime's own `name`: the next definition after this library's.
 template <typename Fn>
 Fn Next(const char* name) {
   void* symbol = dlsym(RTLD_NEXT, name);
   if (symbol == nullptr) {
-    std::fprintf(stderr, "allocd interpose: %s not found after this library\n",
+    static void* const runtime = LoadedCudaRuntime();
+    if (runtime != nullptr) symbol = dlsym(runtime, name);
+  }
+  if (symbol == nullptr) {
+    std::fprintf(stderr,
+                 "allocd interpose: the CUDA runtime's %s was not found: "
+                 "is libcudart loaded?\n",
                  name);
   }
   return reinterpret_cast<Fn>(symbol);
@@ -108,6 +133,10 @@ struct DeviceSession {
   std::unique_ptr<DaemonClient> client;
   std::unique_ptr<CudaDaemonBackend> backend;
   std::map<uint64_t, size_t> segments;  // cudaMalloc'd here: address, bytes
+  uint64_t vmm_bytes = 0;               // held through cuMemCreate
+  // The session as liballocd_client's C functions see it (Python's control
+  // thread); made on first request.
+  allocd_client* c_handle = nullptr;
 };
 
 class Interposer {
@@ -161,8 +190,10 @@ class Interposer {
     DeviceSession* session = SessionForCurrentDevice();
     if (result != cudaSuccess || session == nullptr) return result;
     absl::MutexLock lock(&mu_);
-    *total = session->backend->TotalMemory();
-    *free = std::min(*free, session->backend->FreeMemory());
+    const uint64_t capacity = session->backend->TotalMemory();
+    const uint64_t held = session->backend->held_bytes() + session->vmm_bytes;
+    *total = capacity;
+    *free = std::min<size_t>(*free, capacity > held ? capacity - held : 0);
     return cudaSuccess;
   }
 
@@ -199,6 +230,7 @@ class Interposer {
       }
       allocation.chunks.push_back(*imported);
     }
+    session->vmm_bytes += allocation.chunk_bytes * allocation.chunks.size();
     const CUmemGenericAllocationHandle ours = kOurHandleBit | next_handle_++;
     vmm_[ours] = {session, std::move(allocation)};
     *handle = ours;
@@ -217,6 +249,7 @@ class Interposer {
       (void)cuda::MemRelease(h);
     }
     (void)session->client->Release(allocation.epoch, allocation.ids);
+    session->vmm_bytes -= allocation.chunk_bytes * allocation.chunks.size();
     vmm_.erase(it);
     return CUDA_SUCCESS;
   }
@@ -280,6 +313,18 @@ class Interposer {
       mapped_.erase(it);
     }
     return result;
+  }
+
+  // The C handle on `device`'s session, connecting it if needed; nullptr
+  // when the device runs natively.
+  allocd_client* ControlHandle(int device) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return nullptr;
+    absl::MutexLock lock(&mu_);
+    if (session->c_handle == nullptr) {
+      session->c_handle = BorrowClient(session->client.get());
+    }
+    return session->c_handle;
   }
 
   // What cudaGetDriverEntryPoint* hands out for `symbol`: ours for the VMM
@@ -418,6 +463,14 @@ void Interposer::SubstituteEntryPoint(const char* symbol, void** fn) {
 }  // namespace allocd
 
 using allocd::Interposer;
+
+// For the Python package: the daemon session serving `device` (connected
+// now if it was not yet), to drive with liballocd_client's C functions
+// (configs, reclaims, telemetry). NULL when the device runs natively;
+// allocd_disconnect() frees the handle only.
+ALLOCD_EXPORT allocd_client* allocd_interpose_session(int device) {
+  return Interposer::Get().ControlHandle(device);
+}
 
 ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   return Interposer::Get().Malloc(ptr, bytes);
