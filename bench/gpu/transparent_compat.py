@@ -6,9 +6,9 @@ Run it natively and under the interposer and compare:
     LD_PRELOAD=.../liballocd_interpose.so ALLOCD_SOCKET=... \\
         python transparent_compat.py --json allocd.json
 
---only NAME[,NAME] runs some checks; --oom-bytes is what the OOM check asks
-for (more than the daemon's capacity, less than the GPU's memory, so only
-the daemon's refusal can make it fail).
+--only NAME[,NAME] runs some checks; the OOM check asks for twice what
+cudaMemGetInfo says the device has: under allocd, the daemon's capacity, so
+give the daemon less than the GPU has to see that the refusal comes from it.
 """
 import argparse
 import json
@@ -91,7 +91,7 @@ def record_history_and_snapshot():
 
 @check
 def out_of_memory_error(oom_bytes=None):
-    oom_bytes = oom_bytes or ARGS.oom_bytes
+    oom_bytes = oom_bytes or ARGS.oom_bytes or 2 * torch.cuda.mem_get_info()[1]
     try:
         torch.empty(oom_bytes, dtype=torch.uint8, device="cuda")
     except torch.OutOfMemoryError as e:
@@ -167,22 +167,24 @@ def empty_cache_and_mem_get_info():
             "mem_get_info": [free, total]}
 
 
-def _child(q):
-    t = q.get()
-    q.put(float(t.sum().item()))
+def _child(to_child, to_parent):
+    t = to_child.get()
+    to_parent.put(float(t.sum().item()))
+    del t
+    to_parent.put("done")
 
 
 @check
 def multiprocessing_cuda_tensor():
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(q,))
+    to_child, to_parent = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_child, args=(to_child, to_parent))
     p.start()
     t = torch.ones(1 << 20, device="cuda")
-    q.put(t)
-    time.sleep(0.5)
-    result = q.get(timeout=120)
+    to_child.put(t)
+    result = to_parent.get(timeout=60)
+    to_parent.get(timeout=60)  # the child let go of it before the producer does
     p.join(timeout=60)
     assert result == float(1 << 20), result
     return {"sum_in_child": result}
@@ -216,7 +218,8 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", required=True)
     p.add_argument("--only", default="")
-    p.add_argument("--oom-bytes", type=int, default=20 << 30)
+    p.add_argument("--oom-bytes", type=int, default=0,
+                   help="default: twice what mem_get_info() says the device has")
     ARGS = p.parse_args()
     only = set(filter(None, ARGS.only.split(",")))
     results = {"torch": torch.__version__, "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
