@@ -5,7 +5,7 @@ two peaks together exceed the GPU. Natively, the memory a job freed stays
 in its PyTorch cache and the other job runs out of memory; with allocd the
 daemon asks the idle job to give its cache back, and both finish.
 
-    python alternating_peaks.py --index 0|1 --mode native|allocd
+    python alternating_peaks.py --index 0|1 --mode native|transparent|engine
         [--peak-gib 44] [--rounds 6] [--round-seconds 6] --start EPOCH
 
 A round must outlast gathering a peak: with allocd, 44 GiB is 22,528
@@ -20,7 +20,7 @@ import time
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--index", type=int, choices=[0, 1], required=True)
-    p.add_argument("--mode", choices=["native", "allocd"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "engine", "allocd"], required=True)
     p.add_argument("--socket", default="/run/allocd/allocd.sock")
     p.add_argument("--peak-gib", type=float, default=44)
     p.add_argument("--rounds", type=int, default=6)
@@ -28,10 +28,11 @@ def main():
     p.add_argument("--start", type=float, required=True, help="time.time() at which round 0 begins")
     p.add_argument("--json")
     a = p.parse_args()
-    import torch
-    if a.mode == "allocd":
+    if a.mode != "native":
         import allocd
-        allocd.enable(socket=a.socket, job=f"peaks-{a.index}", required=True)
+        allocd.enable(socket=a.socket, job=f"peaks-{a.index}", required=True,
+                      mode="transparent" if a.mode == "transparent" else "engine", period=0.2)
+    import torch
     torch.cuda.init()
     piece = 2 << 30
     ooms, small_ooms, peaks_held, gather_seconds = 0, 0, 0, []

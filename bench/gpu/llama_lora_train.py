@@ -3,12 +3,15 @@ randomly initialised Llama-style model, variable batch and length), as a
 measured training run: loss and time of every step, peak reserved memory as
 the allocator sees it, and the GPU's used memory as nvidia-smi sees it.
 
-    python llama_lora_train.py --mode native|allocd [--steps N] [--seed S]
+    python llama_lora_train.py --mode native|transparent|engine [--steps N] [--seed S]
         [--socket PATH] [--json OUT] [--kill-daemon-at STEP --daemon-pid PID]
 
 --mode native uses PyTorch's allocator with $PYTORCH_CUDA_ALLOC_CONF;
---mode allocd calls allocd.enable() first (the daemon must serve --backend
-cuda). Run each mode in a fresh process.
+--mode transparent calls allocd.enable() before importing torch (PyTorch's
+allocator on daemon memory); --mode engine (or allocd) calls
+allocd.enable(mode="engine") (allocd's engine behind CUDAPluggableAllocator).
+The daemon must serve --backend cuda. Run each mode in a fresh process.
+Step times are CUDA-event times of each step.
 """
 import argparse
 import json
@@ -55,7 +58,7 @@ class UsedMemoryWatch:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["native", "allocd"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "engine", "allocd"], required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
@@ -70,10 +73,12 @@ def main():
     a = p.parse_args()
 
     baseline_mib = gpu_used_mib()
-    import torch
-    if a.mode == "allocd":
+    engine = a.mode in ("engine", "allocd")
+    if a.mode != "native":
         import allocd
-        allocd.enable(socket=a.socket, job=a.job, required=True)
+        allocd.enable(socket=a.socket, job=a.job, required=True,
+                      mode="engine" if engine else "transparent")
+    import torch
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
@@ -95,7 +100,8 @@ def main():
         losses, times = [], []
         for step in range(a.steps):
             torch.cuda.synchronize()
-            start = time.perf_counter()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             bs = rng.choice([1, 2, 4, 8])
             seqlen = rng.randint(64, 4096 // bs)
             if a.shape:
@@ -105,9 +111,10 @@ def main():
             out.loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            end.record()
             losses.append(out.loss.item())
             torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
+            times.append(start.elapsed_time(end) / 1000)
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
                 os.kill(a.daemon_pid, signal.SIGKILL)
                 print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
@@ -131,7 +138,7 @@ def main():
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
     }
-    if a.mode == "native":
+    if not engine:  # PyTorch's own allocator: its own numbers
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["peak_allocated"] = torch.cuda.max_memory_allocated()
     else:

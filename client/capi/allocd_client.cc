@@ -11,7 +11,9 @@
 #include "nlohmann/json.hpp"
 
 struct allocd_client {
-  std::unique_ptr<allocd::DaemonClient> client;
+  // Null when the client is borrowed (allocd::BorrowClient).
+  std::unique_ptr<allocd::DaemonClient> owned;
+  allocd::DaemonClient* client = nullptr;
   absl::Mutex mu;
   // Taken from the client but not yet handed out (a buffer was too small).
   std::deque<std::string> pending ABSL_GUARDED_BY(mu);
@@ -56,6 +58,16 @@ std::string ControlJson(const allocd::v1::ControlMessage& m) {
 
 }  // namespace
 
+namespace allocd {
+
+allocd_client* BorrowClient(DaemonClient* client) {
+  auto* c = new allocd_client;
+  c->client = client;
+  return c;
+}
+
+}  // namespace allocd
+
 extern "C" {
 
 const char* allocd_last_error(void) { return last_error.c_str(); }
@@ -73,7 +85,8 @@ allocd_client* allocd_connect(const char* socket, const char* job,
     return nullptr;
   }
   auto* c = new allocd_client;
-  c->client = std::move(*client);
+  c->owned = std::move(*client);
+  c->client = c->owned.get();
   return c;
 }
 

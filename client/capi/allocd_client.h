@@ -27,7 +27,8 @@ ALLOCD_API const char* allocd_last_error(void);
 ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description);
-/* Ends the session (the daemon takes back its chunks) and frees `c`. */
+/* Ends the session (the daemon takes back its chunks) and frees `c`; of a
+ * borrowed client, frees only `c`. */
 ALLOCD_API void allocd_disconnect(allocd_client* c);
 
 ALLOCD_API uint64_t allocd_session_id(allocd_client* c);
@@ -57,6 +58,13 @@ ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
 
 #ifdef __cplusplus
 }
+
+namespace allocd {
+class DaemonClient;
+/* A handle on a client that the caller keeps owning (the interposer's
+ * session of a device): allocd_disconnect frees only the handle. */
+allocd_client* BorrowClient(DaemonClient* client);
+}  // namespace allocd
 #endif
 
 #endif /* ALLOCD_CLIENT_CAPI_ALLOCD_CLIENT_H_ */

@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "tools/allocd/check_config_command.h"
 #include "tools/allocd/replay_command.h"
+#include "tools/allocd/run_command.h"
 #include "tools/allocd/tune_command.h"
 #ifdef ALLOCD_WITH_SERVER
 #include "tools/allocd/client_replay_command.h"
@@ -54,6 +55,29 @@ void AddReplay(CLI::App& app, allocd::ReplayCommandOptions& options,
                      "gzipped if OUT ends in .gz) for PyTorch's memory viewer: "
                      "python -m torch.cuda._memory_viz trace_plot OUT.pickle "
                      "-o out.html, or https://pytorch.org/memory_viz");
+}
+
+void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run a command in transparent managed mode: PyTorch's own caching\n"
+      "allocator, unchanged, on GPU memory from the node's allocd daemon\n"
+      "(liballocd_interpose.so preloaded). memory_stats(), snapshots,\n"
+      "torch.OutOfMemoryError, CUDA graphs and torch.compile work as\n"
+      "natively; without a daemon the command runs natively with a warning.\n"
+      "  allocd run --job llama -- python train.py");
+  run->add_option("--socket", o.socket,
+                  "the daemon's socket (default: $ALLOCD_SOCKET, else "
+                  "/run/allocd/allocd.sock)");
+  run->add_option("--job", o.job,
+                  "job label: picks the configs the daemon pushes "
+                  "(default: $ALLOCD_JOB)");
+  run->add_option("--interposer", o.interposer,
+                  "liballocd_interpose.so to preload (default: found next to "
+                  "this program, or in $ALLOCD_LIB_DIR)");
+  run->add_option("command", o.command, "the command and its arguments")
+      ->required();
+  run->prefix_command();
 }
 
 void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
@@ -196,7 +220,14 @@ int main(int argc, char** argv) {
   AddClientReplay(app, client_replay_options);
 #endif
 
+  allocd::RunCommandOptions run_options;
+  AddRun(app, run_options);
+
   CLI11_PARSE(app, argc, argv);
+
+  if (app.got_subcommand("run")) {
+    return allocd::RunUnderAllocd(run_options, std::cerr);
+  }
 
 #ifdef ALLOCD_WITH_SERVER
   if (app.got_subcommand("serve")) {

@@ -4,11 +4,19 @@
     allocd.enable(job="llama-lora")   # managed: GPU memory from the daemon
     allocd.advise(job="llama-lora")   # or keep PyTorch's allocator, let allocd tune it
 
-Managed mode (``enable``, before the first CUDA tensor) replaces PyTorch's
-CUDA allocator with allocd's copy of it, rule for rule, on GPU memory that
-the node daemon (``allocd serve --backend cuda``) shares between the
-processes of the node: memory one job frees serves the next, and the daemon
-pushes allocator configs into the running job.
+Managed mode (``enable``, before the first CUDA tensor) gives the job GPU
+memory that the node daemon (``allocd serve --backend cuda``) shares between
+the processes of the node: memory one job frees serves the next, and the
+daemon pushes allocator configs into the running job. By default it is
+transparent: PyTorch's own caching allocator runs unchanged and only the
+device memory under it comes from the daemon (liballocd_interpose.so serves
+cudaMalloc/cudaFree and the VMM calls of expandable segments), so
+torch.cuda.memory_stats(), snapshots, torch.OutOfMemoryError, CUDA graphs and
+torch.compile(mode="reduce-overhead") all work as natively. Start the job
+with ``allocd run -- python train.py`` (or call ``enable()`` before
+``import torch``). ``enable(mode="engine")`` instead replaces PyTorch's
+allocator with allocd's copy of it, rule for rule, behind
+CUDAPluggableAllocator.
 
 Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
 to the daemon, applies the allocator configs it pushes at runtime with
@@ -31,6 +39,7 @@ __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAUL
 DEFAULT_SOCKET = "/run/allocd/allocd.sock"
 _LIBRARY = "liballocd_client.so"
 _TORCH_LIBRARY = "liballocd_torch.so"
+_INTERPOSE_LIBRARY = "liballocd_interpose.so"
 
 
 class AllocdUnavailable(RuntimeError):
@@ -65,9 +74,9 @@ def _unavailable(error, required):
     return False
 
 
-def _load(path, signatures):
+def _load(path, signatures, mode=ctypes.DEFAULT_MODE):
     """The library at `path`, its functions typed as `signatures` says."""
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(path, mode=mode)
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -75,9 +84,24 @@ def _load(path, signatures):
     return lib
 
 
-def _load_client():
+def _loaded_interposer():
+    """The path of liballocd_interpose.so if this process has it loaded."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if path.endswith("/" + _INTERPOSE_LIBRARY):
+                return path
+    return None
+
+
+def _load_client(path=None, mode=ctypes.DEFAULT_MODE):
+    """liballocd_client's C functions: from the interposer when this process
+    has it (one copy of the client per process), else liballocd_client.so."""
+    path = path or _loaded_interposer()
+    extra = {"allocd_interpose_session": (ctypes.c_void_p, [ctypes.c_int])} if path else {}
     c_client = ctypes.c_void_p
-    return _load(_library_path(), {
+    return _load(path or _library_path(), {
+        **extra,
         "allocd_last_error": (ctypes.c_char_p, []),
         "allocd_connect": (c_client, [ctypes.c_char_p] * 4),
         "allocd_disconnect": (None, [c_client]),
@@ -88,7 +112,7 @@ def _load_client():
         "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
         "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
                                              ctypes.c_uint64]),
-    })
+    }, mode=mode)
 
 
 class _Advisor:
@@ -186,6 +210,7 @@ class _Advisor:
 
 _advisor = None
 _managed = None
+_transparent = None  # the interposer's path once transparent mode is on
 
 
 class _Managed:
@@ -207,22 +232,73 @@ class _Managed:
             size = n + 1
 
 
-def enable(socket=None, job=None, device=None, required=False):
-    """Managed mode: PyTorch allocates CUDA memory through allocd.
+def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0):
+    """Managed mode: the job's GPU memory comes from the node's allocd daemon.
 
-    Call it before the first CUDA tensor (PyTorch cannot swap an allocator
-    that has allocated). The config is $PYTORCH_CUDA_ALLOC_CONF (read by
-    allocd instead of PyTorch); the daemon may push others at runtime.
+    mode: "transparent" (default, or $ALLOCD_MODE): PyTorch's own allocator
+    runs unchanged on daemon memory; everything PyTorch offers keeps working.
+    The interposer must be in the process before PyTorch initialises CUDA:
+    start the job with ``allocd run -- python train.py``, or call enable()
+    before ``import torch``. Pushed configs are applied with
+    torch.cuda.memory._set_allocator_settings, reclaims with empty_cache(),
+    as in advise().
+    "engine": allocd's copy of the caching allocator replaces PyTorch's
+    (CUDAPluggableAllocator); call it before the first CUDA tensor. The
+    config is $PYTORCH_CUDA_ALLOC_CONF (read by allocd instead of PyTorch).
     torch.cuda.memory_stats() is not available under a pluggable allocator:
     allocd.stats() has the same counters.
 
-    socket, job: as for advise(). device: the CUDA device to manage, as this
-    process numbers it (default 0; the daemon's device must be the same GPU).
-    required: raise AllocdUnavailable instead of warning when no daemon
-    answers or the library is missing.
+    socket, job: as for advise(). device: the CUDA device, as this process
+    numbers it (default: the current one; 0 in engine mode). required: raise
+    AllocdUnavailable instead of warning when no daemon answers or the
+    library is missing. period: seconds between telemetry rounds.
 
     Returns True when enabled. Calling it again is a no-op.
     """
+    if _managed is not None or _transparent is not None:
+        return True
+    mode = mode or os.environ.get("ALLOCD_MODE", "transparent")
+    if mode == "engine":
+        return _enable_engine(socket, job, device, required)
+    if mode != "transparent":
+        raise ValueError(f"allocd.enable: mode must be 'transparent' or 'engine', not {mode!r}")
+    return _enable_transparent(socket, job, device, required, period)
+
+
+def _enable_transparent(socket, job, device, required, period):
+    global _transparent, _advisor
+    import sys
+    socket, job, _ = _settings(socket, job)
+    path = _loaded_interposer()
+    try:
+        if path is None:
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                raise AllocdUnavailable(
+                    "CUDA was initialised before allocd.enable(): start the job with "
+                    "`allocd run -- python ...`, or call allocd.enable() before importing torch")
+            path = _library_path(_INTERPOSE_LIBRARY)
+        # The interposer connects with these when PyTorch first asks for memory.
+        os.environ["ALLOCD_SOCKET"], os.environ["ALLOCD_JOB"] = socket, job
+        lib = _load_client(path, mode=ctypes.RTLD_GLOBAL)
+    except (AllocdUnavailable, OSError) as error:
+        return _unavailable(error, required)
+    import torch
+    if device is None:
+        device = torch.cuda.current_device()
+    client = lib.allocd_interpose_session(device)
+    if not client:
+        return _unavailable(AllocdUnavailable(
+            f"no daemon session for CUDA device {device} (the interposer said why on stderr); "
+            "the job runs on PyTorch's own memory"), required)
+    _transparent = path
+    _advisor = _Advisor(lib, client, torch, device, period)
+    _advisor.start()
+    return True
+
+
+def _enable_engine(socket, job, device, required):
+    """Engine mode: allocd's copy of the allocator behind CUDAPluggableAllocator."""
     global _managed
     if _managed is not None:
         return True
@@ -289,12 +365,12 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
 def stats():
     """What allocd knows of this process: session, config version, counts."""
     if _managed is not None:
-        return {"connected": True, "mode": "managed", **_managed.stats()}
+        return {"connected": True, "mode": "engine", **_managed.stats()}
     if _advisor is None:
         return {"connected": False}
     return {
         "connected": True,
-        "mode": "advise",
+        "mode": "transparent" if _transparent else "advise",
         "session_id": _advisor.session_id(),
         "config_version": _advisor.config_version,
         "configs_applied": _advisor.applied,

@@ -1,0 +1,93 @@
+"""Summarises transparent_validation.sh's OUT folder: OUT/summary.json and a
+Markdown table on stdout.
+
+    python summarize_transparent.py OUT
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def load(out, name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def compat(out):
+    rows = []
+    for suffix in ("", "_expandable"):
+        native = load(out, f"compat_native{suffix}.json")
+        ours = load(out, f"compat_transparent{suffix}.json")
+        if not native or not ours:
+            continue
+        for name, n in native["checks"].items():
+            t = ours["checks"].get(name, {"ok": False, "error": "not run"})
+            note = ""
+            if name == "training_step" and n["ok"] and t["ok"]:
+                same = n["value"]["losses"] == t["value"]["losses"]
+                note = (f"losses {'identical' if same else 'DIFFER'}, peak reserved "
+                        f"{n['value']['peak_reserved']} vs {t['value']['peak_reserved']}")
+            elif not t["ok"]:
+                note = t["error"][:120]
+            rows.append({"check": name + suffix, "native": n["ok"], "transparent": t["ok"],
+                         "note": note})
+    return rows
+
+
+def steady_median(run, warmup=10):
+    return statistics.median(run["step_seconds"][warmup:])
+
+
+def main():
+    out = sys.argv[1]
+    summary = {"compat": compat(out)}
+    print("| check | native | transparent | note |\n|---|---|---|---|")
+    for r in summary["compat"]:
+        print(f"| {r['check']} | {'ok' if r['native'] else 'FAIL'} | "
+              f"{'ok' if r['transparent'] else 'FAIL'} | {r['note']} |")
+    native, ours = load(out, "train_native.json"), load(out, "train_transparent.json")
+    if native and ours:
+        summary["train"] = {
+            "losses_identical": native["losses"] == ours["losses"],
+            "peak_reserved": [native["peak_reserved"], ours["peak_reserved"]],
+            "gpu_used_mib_peak": [native["gpu_used_mib_peak"], ours["gpu_used_mib_peak"]],
+        }
+        print("\ntrain:", json.dumps(summary["train"]))
+    ratios = []
+    for i in range(1, 6):
+        n, t = load(out, f"step_native_{i}.json"), load(out, f"step_transparent_{i}.json")
+        if n and t:
+            ratios.append(steady_median(t) / steady_median(n))
+    if ratios:
+        summary["step_time_ratio"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                      "max": max(ratios), "pairs": ratios}
+        print("\nstep time transparent/native:", json.dumps(summary["step_time_ratio"]))
+    ws = {k: load(out, f"workset_{k}.json") for k in ("native", "cold", "warm")}
+    if all(ws.values()):
+        base = ws["native"]["seconds"]
+        summary["working_set"] = {k: v["seconds"] for k, v in ws.items()}
+        summary["working_set"].update(cold_ratio=ws["cold"]["seconds"] / base,
+                                      warm_ratio=ws["warm"]["seconds"] / base)
+        print("\n40 GiB working set:", json.dumps(summary["working_set"]))
+    peaks = [load(out, f"peaks_transparent_{i}.json") for i in (0, 1)]
+    if all(peaks):
+        summary["peaks"] = peaks
+    kb, ka = load(out, "kill_before.json"), load(out, "kill_after.json")
+    if kb and ka:
+        summary["kill"] = {"in_use_before": kb.get("in_use_bytes"), "in_use_after": ka.get("in_use_bytes")}
+        print("\nkill -9 of a holder:", json.dumps(summary["kill"]))
+    dk = load(out, "train_transparent_daemon_killed.json")
+    if dk and native:
+        summary["daemon_killed"] = {"steps": len(dk["losses"]),
+                                    "losses_identical_to_native": dk["losses"] == native["losses"]}
+        print("daemon killed mid-training:", json.dumps(summary["daemon_killed"]))
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

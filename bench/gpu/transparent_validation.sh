@@ -1,0 +1,131 @@
+#!/bin/bash
+# Transparent managed mode on a real GPU (issue 13, deliver 3 and 5):
+#   compat     transparent_compat.py natively and under `allocd run`, with
+#              PyTorch's defaults and with expandable segments
+#   train      llama_lora natively and transparent: losses, peak reserved,
+#              nvidia-smi's used memory
+#   steptime   a fixed shape, 5 interleaved native/transparent pairs
+#   workset    a 40 GiB working set: native, transparent cold, warm
+#   peaks      two jobs with alternating 44 GiB peaks, transparent
+#   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
+#              daemon mid-training
+# Results in OUT (JSON per run, transparent.log).
+#   bench/gpu/transparent_validation.sh [BUNDLE] [OUT] [PART...]
+set -u
+bundle=$(cd "${1:-.gpu}" && pwd)
+out=${2:-/tmp/allocd-transparent}
+shift $(( $# < 2 ? $# : 2 ))
+parts=${*:-compat train steptime workset peaks kills}
+mkdir -p "$out"
+exec > >(tee -a "$out/transparent.log") 2>&1
+here=$(cd "$(dirname "$0")" && pwd)
+for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
+  ldconfig -p | grep -q "$l " && rm -f "$bundle/lib/$l"
+done
+export LD_LIBRARY_PATH=$bundle/lib PYTHONPATH=$bundle/python ALLOCD_LIB_DIR=$bundle/python/allocd
+bin=$bundle/bin sock=$out/allocd.sock
+export ALLOCD_SOCKET=$sock
+step() { echo; echo "=== $(date -u +%T) $*"; }
+want() { [[ " $parts " == *" $1 "* ]]; }
+run_t() { "$bin/allocd" run --socket "$sock" -- "$@"; }
+start_daemon() {
+  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
+      --capacity "${1:-76GiB}" 2>>"$out/daemon.log" &
+  daemon=$!
+  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
+  echo "allocd serve did not start"; cat "$out/daemon.log"; exit 1
+}
+stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }
+allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
+
+step device
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.csv"
+python -c "import torch; print('torch', torch.__version__)"
+
+if want compat; then
+  start_daemon 16GiB
+  step "compat: native"; timeout 200 python "$here/transparent_compat.py" --json "$out/compat_native.json"
+  step "compat: transparent"; run_t timeout 200 python "$here/transparent_compat.py" --json "$out/compat_transparent.json"
+  only=training_step,memory_stats_family,record_history_and_snapshot,out_of_memory_error,cuda_graph_capture,torch_compile_reduce_overhead,empty_cache_and_mem_get_info
+  step "compat: native, expandable"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 200 python "$here/transparent_compat.py" --only $only --json "$out/compat_native_expandable.json"
+  step "compat: transparent, expandable"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True run_t timeout 200 python "$here/transparent_compat.py" --only $only --json "$out/compat_transparent_expandable.json"
+  if [ -f "$here/engine_compat.py" ]; then
+    step "compat: engine"; timeout 200 python "$here/engine_compat.py" --socket "$sock" --json "$out/compat_engine.json"
+  fi
+  stop_daemon
+fi
+
+if want train; then
+  start_daemon
+  step "llama_lora 30 steps: native"
+  timeout 300 python "$here/llama_lora_train.py" --mode native --json "$out/train_native.json" | cut -c1-200
+  step "llama_lora 30 steps: transparent"
+  timeout 300 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" --json "$out/train_transparent.json" | cut -c1-200
+  allocctl status
+  stop_daemon
+fi
+
+if want steptime; then
+  start_daemon
+  step "step time: 4x512, 40 steps, 5 interleaved pairs"
+  for i in 1 2 3 4 5; do
+    for mode in native transparent; do
+      timeout 200 python "$here/llama_lora_train.py" --mode $mode --socket "$sock" --steps 40 \
+        --shape 4x512 --json "$out/step_${mode}_$i.json" >/dev/null
+    done
+  done
+  stop_daemon
+fi
+
+if want workset; then
+  step "40 GiB working set: native"
+  timeout 120 python "$here/working_set.py" --mode native --json "$out/workset_native.json"
+  start_daemon
+  step "40 GiB working set: transparent, cold pool"
+  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_cold.json"
+  step "40 GiB working set: transparent, warm pool"
+  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_warm.json"
+  stop_daemon
+fi
+
+if want peaks; then
+  start_daemon
+  step "two transparent jobs, alternating 44 GiB peaks"
+  t0=$(python -c "import time; print(time.time() + 8)")
+  for i in 0 1; do
+    timeout 120 python "$here/alternating_peaks.py" --index $i --mode transparent --socket "$sock" \
+      --start "$t0" --json "$out/peaks_transparent_$i.json" &
+  done
+  wait
+  cat "$out"/peaks_transparent_*.json; echo
+  stop_daemon
+fi
+
+if want kills; then
+  start_daemon
+  step "kill -9 of a transparent job holding 20 GiB"
+  python - "$sock" >"$out/holder.out" 2>&1 <<'PY' &
+import sys, time, allocd
+allocd.enable(socket=sys.argv[1], job="holder", required=True)
+import torch
+x = torch.ones(20 << 30, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(600)
+PY
+  holder=$!
+  for _ in $(seq 600); do grep -q ready "$out/holder.out" && break; sleep 0.1; done
+  allocctl --json status >"$out/kill_before.json"; allocctl status
+  kill -9 $holder; wait $holder 2>/dev/null; sleep 1
+  allocctl --json status >"$out/kill_after.json"; allocctl status
+  step "kill -9 of the daemon at step 10 of 30, restarted 1 s later"
+  timeout 300 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" \
+    --kill-daemon-at 10 --daemon-pid "$daemon" \
+    --restart-daemon "'$bin/allocd' serve --backend cuda --socket '$sock' --metrics-addr '' --capacity 76GiB 2>>'$out/daemon2.log'" \
+    --json "$out/train_transparent_daemon_killed.json" | cut -c1-200
+  pkill -f "allocd serve --backend cuda --socket $sock"
+fi
+step summary
+python "$here/summarize_transparent.py" "$out"

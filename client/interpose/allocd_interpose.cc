@@ -1,0 +1,505 @@
+// liballocd_interpose.so: transparent managed mode. Loaded before PyTorch
+// (LD_PRELOAD, or `allocd run -- python train.py`), it serves the few calls
+// through which PyTorch's own caching allocator gets device memory from the
+// node daemon's chunks, so the allocator itself (stats, snapshots, OOM
+// errors, CUDA graph pools) stays PyTorch's:
+//
+// - cudaMalloc / cudaFree: a segment of N bytes is N / 2 MiB daemon chunks
+//   mapped into one contiguous range (CudaDaemonBackend); cudaFree
+//   synchronises the device as cudaFree does, unmaps and returns them.
+// - expandable segments: PyTorch resolves the driver's VMM calls with
+//   cudaGetDriverEntryPoint(ByVersion) (c10/cuda/driver_api.cpp); for
+//   cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap this library hands
+//   out its own functions: a cuMemCreate of N bytes takes N / 2 MiB chunks
+//   and returns a handle of this library's, which cuMemMap maps chunk by
+//   chunk. Every other driver call is the driver's.
+// - cudaMemGetInfo: what the daemon can still give this process.
+//
+// When the daemon cannot give memory the call fails as CUDA would
+// (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY), so PyTorch runs
+// its own retry and raises torch.OutOfMemoryError. Without a daemon the
+// process runs natively, with one warning.
+//
+// Configuration (environment): ALLOCD_SOCKET, ALLOCD_JOB,
+// PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config),
+// ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/cuda/cuda_driver.h"
+#include "client/capi/allocd_client.h"
+#include "client/cuda_daemon_backend.h"
+#include "client/daemon_client.h"
+
+#define ALLOCD_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace allocd {
+namespace {
+
+bool Verbose() {
+  static const bool verbose = [] {
+    const char* v = std::getenv("ALLOCD_INTERPOSE_VERBOSE");
+    return v != nullptr && v[0] == '1';
+  }();
+  return verbose;
+}
+
+// The CUDA runtime PyTorch loaded (libcudart.so.N), found among the loaded
+// objects: when this library was loaded with dlopen(RTLD_GLOBAL) by
+// `import allocd` rather than LD_PRELOAD, the runtime came later as a
+// dependency of PyTorch's libraries and RTLD_NEXT does not see it.
+void* LoadedCudaRuntime() {
+  std::string path;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (std::strstr(info->dlpi_name, "/libcudart.so") == nullptr) return 0;
+        *static_cast<std::string*>(out) = info->dlpi_name;
+        return 1;
+      },
+      &path);
+  return path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY);
+}
+
+// The runtime's own `name`: the next definition after this library's.
+template <typename Fn>
+Fn Next(const char* name) {
+  void* symbol = dlsym(RTLD_NEXT, name);
+  if (symbol == nullptr) {
+    static void* const runtime = LoadedCudaRuntime();
+    if (runtime != nullptr) symbol = dlsym(runtime, name);
+  }
+  if (symbol == nullptr) {
+    std::fprintf(stderr,
+                 "allocd interpose: the CUDA runtime's %s was not found: "
+                 "is libcudart loaded?\n",
+                 name);
+  }
+  return reinterpret_cast<Fn>(symbol);
+}
+
+using CudaMallocFn = cudaError_t (*)(void**, size_t);
+using CudaFreeFn = cudaError_t (*)(void*);
+using CudaMemGetInfoFn = cudaError_t (*)(size_t*, size_t*);
+using CudaGetDeviceFn = cudaError_t (*)(int*);
+using EntryPointFn = cudaError_t (*)(const char*, void**, unsigned long long,
+                                     cudaDriverEntryPointQueryResult*);
+using EntryPointByVersionFn = cudaError_t (*)(const char*, void**,
+                                              unsigned int, unsigned long long,
+                                              cudaDriverEntryPointQueryResult*);
+using CuMemCreateFn = CUresult (*)(CUmemGenericAllocationHandle*, size_t,
+                                   const CUmemAllocationProp*,
+                                   unsigned long long);
+using CuMemReleaseFn = CUresult (*)(CUmemGenericAllocationHandle);
+using CuMemMapFn = CUresult (*)(CUdeviceptr, size_t, size_t,
+                                CUmemGenericAllocationHandle,
+                                unsigned long long);
+using CuMemUnmapFn = CUresult (*)(CUdeviceptr, size_t);
+
+// The driver's own VMM functions, as cudaGetDriverEntryPoint gave them.
+struct DriverVmm {
+  CuMemCreateFn create = nullptr;
+  CuMemReleaseFn release = nullptr;
+  CuMemMapFn map = nullptr;
+  CuMemUnmapFn unmap = nullptr;
+};
+
+// Handles this library makes up for cuMemCreate: the top bit is never set in
+// the driver's (they are addresses of its objects).
+constexpr CUmemGenericAllocationHandle kOurHandleBit = uint64_t{1} << 63;
+
+// One cuMemCreate served from daemon chunks.
+struct VmmAllocation {
+  uint64_t epoch = 0;
+  std::vector<uint64_t> ids;
+  std::vector<CUmemGenericAllocationHandle> chunks;  // imported
+  uint64_t chunk_bytes = 0;
+};
+
+// A device's connection to the daemon.
+struct DeviceSession {
+  std::unique_ptr<DaemonClient> client;
+  std::unique_ptr<CudaDaemonBackend> backend;
+  std::map<uint64_t, size_t> segments;  // cudaMalloc'd here: address, bytes
+  uint64_t vmm_bytes = 0;               // held through cuMemCreate
+  // The session as liballocd_client's C functions see it (Python's control
+  // thread); made on first request.
+  allocd_client* c_handle = nullptr;
+};
+
+class Interposer {
+ public:
+  static Interposer& Get() {
+    static Interposer* const instance = new Interposer();  // never destroyed:
+    return *instance;  // CUDA frees memory at exit after static destructors
+  }
+
+  cudaError_t Malloc(void** ptr, size_t bytes) {
+    DeviceSession* session = SessionForCurrentDevice();
+    if (session == nullptr) return real_malloc_(ptr, bytes);
+    if (bytes == 0) {
+      *ptr = nullptr;
+      return cudaSuccess;
+    }
+    absl::MutexLock lock(&mu_);
+    const size_t rounded = RoundUp(bytes, session->client->chunk_bytes());
+    absl::StatusOr<uint64_t> address =
+        session->backend->AllocateSegment(rounded);
+    if (!address.ok()) {
+      Log("cudaMalloc(%zu) refused: %s", bytes,
+          std::string(address.status().message()).c_str());
+      return cudaErrorMemoryAllocation;
+    }
+    session->segments[*address] = rounded;
+    *ptr = reinterpret_cast<void*>(*address);
+    Log("cudaMalloc(%zu) = %p from the daemon", bytes, *ptr);
+    return cudaSuccess;
+  }
+
+  cudaError_t Free(void* ptr) {
+    const uint64_t address = reinterpret_cast<uint64_t>(ptr);
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [device, session] : sessions_) {
+        auto it = session->segments.find(address);
+        if (it == session->segments.end()) continue;
+        // FreeSegment synchronises the device first, as cudaFree does.
+        session->backend->FreeSegment(address, it->second);
+        session->segments.erase(it);
+        Log("cudaFree(%p) back to the daemon", ptr);
+        return cudaSuccess;
+      }
+    }
+    return real_free_(ptr);
+  }
+
+  cudaError_t MemGetInfo(size_t* free, size_t* total) {
+    cudaError_t result = real_mem_get_info_(free, total);
+    DeviceSession* session = SessionForCurrentDevice();
+    if (result != cudaSuccess || session == nullptr) return result;
+    absl::MutexLock lock(&mu_);
+    const uint64_t capacity = session->backend->TotalMemory();
+    const uint64_t held = session->backend->held_bytes() + session->vmm_bytes;
+    *total = capacity;
+    *free = std::min<size_t>(*free, capacity > held ? capacity - held : 0);
+    return cudaSuccess;
+  }
+
+  // cuMemCreate from daemon chunks when a session serves the device.
+  CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                     const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+    DeviceSession* session =
+        prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+            ? SessionFor(prop->location.id)
+            : nullptr;
+    if (session == nullptr) return driver_.create(handle, bytes, prop, flags);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<ReceivedChunks> chunks = session->client->Acquire(bytes);
+    if (!chunks.ok()) {
+      Log("cuMemCreate(%zu) refused: %s", bytes,
+          std::string(chunks.status().message()).c_str());
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    VmmAllocation allocation{.epoch = chunks->epoch,
+                             .ids = chunks->ids,
+                             .chunk_bytes = chunks->chunk_bytes};
+    for (const UniqueFd& fd : chunks->fds) {
+      absl::StatusOr<CUmemGenericAllocationHandle> imported =
+          cuda::ImportFromFd(fd.get());
+      if (!imported.ok()) {
+        Log("cuMemCreate: import failed: %s",
+            std::string(imported.status().message()).c_str());
+        for (CUmemGenericAllocationHandle h : allocation.chunks) {
+          (void)cuda::MemRelease(h);
+        }
+        (void)session->client->Release(allocation.epoch, allocation.ids);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      allocation.chunks.push_back(*imported);
+    }
+    session->vmm_bytes += allocation.chunk_bytes * allocation.chunks.size();
+    const CUmemGenericAllocationHandle ours = kOurHandleBit | next_handle_++;
+    vmm_[ours] = {session, std::move(allocation)};
+    *handle = ours;
+    Log("cuMemCreate(%zu) = %llx from the daemon", bytes,
+        static_cast<unsigned long long>(ours));
+    return CUDA_SUCCESS;
+  }
+
+  CUresult MemRelease(CUmemGenericAllocationHandle handle) {
+    if ((handle & kOurHandleBit) == 0) return driver_.release(handle);
+    absl::MutexLock lock(&mu_);
+    auto it = vmm_.find(handle);
+    if (it == vmm_.end()) return CUDA_ERROR_INVALID_VALUE;
+    auto& [session, allocation] = it->second;
+    for (CUmemGenericAllocationHandle h : allocation.chunks) {
+      (void)cuda::MemRelease(h);
+    }
+    (void)session->client->Release(allocation.epoch, allocation.ids);
+    session->vmm_bytes -= allocation.chunk_bytes * allocation.chunks.size();
+    vmm_.erase(it);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult MemMap(CUdeviceptr address, size_t bytes, size_t offset,
+                  CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    if ((handle & kOurHandleBit) == 0) {
+      return driver_.map(address, bytes, offset, handle, flags);
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = vmm_.find(handle);
+    if (it == vmm_.end()) return CUDA_ERROR_INVALID_VALUE;
+    const VmmAllocation& allocation = it->second.second;
+    if (offset != 0 ||
+        bytes != allocation.chunk_bytes * allocation.chunks.size()) {
+      return CUDA_ERROR_NOT_SUPPORTED;  // PyTorch maps whole handles
+    }
+    for (size_t i = 0; i < allocation.chunks.size(); ++i) {
+      const CUresult r =
+          driver_.map(address + i * allocation.chunk_bytes,
+                      allocation.chunk_bytes, 0, allocation.chunks[i], 0);
+      if (r != CUDA_SUCCESS) {
+        for (size_t j = 0; j < i; ++j) {
+          driver_.unmap(address + j * allocation.chunk_bytes,
+                        allocation.chunk_bytes);
+        }
+        return r;
+      }
+    }
+    mapped_[address] = handle;
+    return CUDA_SUCCESS;
+  }
+
+  CUresult MemUnmap(CUdeviceptr address, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    // PyTorch unmaps a run of handles at once: unmap chunk by chunk what is
+    // ours, the rest as the driver would.
+    CUresult result = CUDA_SUCCESS;
+    CUdeviceptr at = address;
+    const CUdeviceptr end = address + bytes;
+    while (at < end) {
+      auto it = mapped_.find(at);
+      if (it == mapped_.end()) {
+        // Not ours: the driver's mapping up to the next one of ours.
+        auto next = mapped_.lower_bound(at);
+        const CUdeviceptr stop =
+            next == mapped_.end() ? end : std::min<CUdeviceptr>(end, next->first);
+        const CUresult r = driver_.unmap(at, stop - at);
+        if (r != CUDA_SUCCESS) result = r;
+        at = stop;
+        continue;
+      }
+      const VmmAllocation& allocation = vmm_.at(it->second).second;
+      for (size_t i = 0; i < allocation.chunks.size(); ++i) {
+        const CUresult r = driver_.unmap(at + i * allocation.chunk_bytes,
+                                         allocation.chunk_bytes);
+        if (r != CUDA_SUCCESS) result = r;
+      }
+      at += allocation.chunk_bytes * allocation.chunks.size();
+      mapped_.erase(it);
+    }
+    return result;
+  }
+
+  // The C handle on `device`'s session, connecting it if needed; nullptr
+  // when the device runs natively.
+  allocd_client* ControlHandle(int device) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return nullptr;
+    absl::MutexLock lock(&mu_);
+    if (session->c_handle == nullptr) {
+      session->c_handle = BorrowClient(session->client.get());
+    }
+    return session->c_handle;
+  }
+
+  // What cudaGetDriverEntryPoint* hands out for `symbol`: ours for the VMM
+  // calls we serve (remembering the driver's), else the driver's.
+  void SubstituteEntryPoint(const char* symbol, void** fn);
+
+  CudaGetDeviceFn real_get_device_ = Next<CudaGetDeviceFn>("cudaGetDevice");
+  EntryPointFn real_entry_point_ =
+      Next<EntryPointFn>("cudaGetDriverEntryPoint");
+  EntryPointByVersionFn real_entry_point_by_version_ =
+      Next<EntryPointByVersionFn>("cudaGetDriverEntryPointByVersion");
+
+ private:
+  Interposer() = default;
+
+  static size_t RoundUp(size_t bytes, size_t unit) {
+    return (bytes + unit - 1) / unit * unit;
+  }
+
+  template <typename... Args>
+  static void Log(const char* format, Args... args) {
+    if (!Verbose()) return;
+    std::fprintf(stderr, "allocd interpose: ");
+    std::fprintf(stderr, format, args...);
+    std::fputc('\n', stderr);
+  }
+
+  DeviceSession* SessionForCurrentDevice() {
+    int device = 0;
+    if (real_get_device_ == nullptr || real_get_device_(&device) != cudaSuccess) {
+      return nullptr;
+    }
+    return SessionFor(device);
+  }
+
+  // The device's session, connecting on first use; nullptr when the process
+  // runs natively on it (no daemon: warned once).
+  DeviceSession* SessionFor(int device) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(device);
+    if (it != sessions_.end()) return it->second.get();
+    auto session = std::make_unique<DeviceSession>();
+    absl::Status status = Connect(device, *session);
+    if (!status.ok()) {
+      std::fprintf(stderr,
+                   "allocd: not connected, device %d runs on PyTorch's own "
+                   "memory: %s\n",
+                   device, std::string(status.message()).c_str());
+      session.reset();
+    }
+    return (sessions_[device] = std::move(session)).get();
+  }
+
+  static absl::Status Connect(int device, DeviceSession& session) {
+    auto env = [](const char* name, const char* fallback) {
+      const char* v = std::getenv(name);
+      return std::string(v != nullptr ? v : fallback);
+    };
+    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+        DaemonClient::Connect(
+            {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
+             .job = env("ALLOCD_JOB", ""),
+             .device = device,
+             .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
+             .description = "liballocd_interpose (PyTorch's allocator)"});
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
+        CudaDaemonBackend::Create(client->get(), device);
+    if (!backend.ok()) return backend.status();
+    session.client = *std::move(client);
+    session.backend = *std::move(backend);
+    return absl::OkStatus();
+  }
+
+  CudaMallocFn real_malloc_ = Next<CudaMallocFn>("cudaMalloc");
+  CudaFreeFn real_free_ = Next<CudaFreeFn>("cudaFree");
+  CudaMemGetInfoFn real_mem_get_info_ =
+      Next<CudaMemGetInfoFn>("cudaMemGetInfo");
+
+ public:
+  DriverVmm driver_;
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, std::unique_ptr<DeviceSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<CUmemGenericAllocationHandle,
+           std::pair<DeviceSession*, VmmAllocation>>
+      vmm_ ABSL_GUARDED_BY(mu_);
+  std::map<CUdeviceptr, CUmemGenericAllocationHandle> mapped_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+CUresult OurMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                      const CUmemAllocationProp* prop,
+                      unsigned long long flags) {
+  return Interposer::Get().MemCreate(handle, bytes, prop, flags);
+}
+CUresult OurMemRelease(CUmemGenericAllocationHandle handle) {
+  return Interposer::Get().MemRelease(handle);
+}
+CUresult OurMemMap(CUdeviceptr address, size_t bytes, size_t offset,
+                   CUmemGenericAllocationHandle handle,
+                   unsigned long long flags) {
+  return Interposer::Get().MemMap(address, bytes, offset, handle, flags);
+}
+CUresult OurMemUnmap(CUdeviceptr address, size_t bytes) {
+  return Interposer::Get().MemUnmap(address, bytes);
+}
+
+void Interposer::SubstituteEntryPoint(const char* symbol, void** fn) {
+  struct Substitute {
+    const char* name;
+    void** driver;
+    void* ours;
+  };
+  const Substitute substitutes[] = {
+      {"cuMemCreate", reinterpret_cast<void**>(&driver_.create),
+       reinterpret_cast<void*>(&OurMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void**>(&driver_.release),
+       reinterpret_cast<void*>(&OurMemRelease)},
+      {"cuMemMap", reinterpret_cast<void**>(&driver_.map),
+       reinterpret_cast<void*>(&OurMemMap)},
+      {"cuMemUnmap", reinterpret_cast<void**>(&driver_.unmap),
+       reinterpret_cast<void*>(&OurMemUnmap)},
+  };
+  for (const Substitute& s : substitutes) {
+    if (std::strcmp(symbol, s.name) != 0 || *fn == nullptr) continue;
+    *s.driver = *fn;
+    *fn = s.ours;
+    Log("%s: served by allocd", symbol);
+  }
+}
+
+}  // namespace
+}  // namespace allocd
+
+using allocd::Interposer;
+
+// For the Python package: the daemon session serving `device` (connected
+// now if it was not yet), to drive with liballocd_client's C functions
+// (configs, reclaims, telemetry). NULL when the device runs natively;
+// allocd_disconnect() frees the handle only.
+ALLOCD_EXPORT allocd_client* allocd_interpose_session(int device) {
+  return Interposer::Get().ControlHandle(device);
+}
+
+ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  return Interposer::Get().Malloc(ptr, bytes);
+}
+
+ALLOCD_EXPORT cudaError_t cudaFree(void* ptr) {
+  return Interposer::Get().Free(ptr);
+}
+
+ALLOCD_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  return Interposer::Get().MemGetInfo(free, total);
+}
+
+ALLOCD_EXPORT cudaError_t cudaGetDriverEntryPoint(
+    const char* symbol, void** fn, unsigned long long flags,
+    cudaDriverEntryPointQueryResult* status) {
+  Interposer& interposer = Interposer::Get();
+  const cudaError_t result =
+      interposer.real_entry_point_(symbol, fn, flags, status);
+  if (result == cudaSuccess) interposer.SubstituteEntryPoint(symbol, fn);
+  return result;
+}
+
+ALLOCD_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** fn, unsigned int version,
+    unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  Interposer& interposer = Interposer::Get();
+  const cudaError_t result = interposer.real_entry_point_by_version_(
+      symbol, fn, version, flags, status);
+  if (result == cudaSuccess) interposer.SubstituteEntryPoint(symbol, fn);
+  return result;
+}

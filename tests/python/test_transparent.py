@@ -1,0 +1,86 @@
+"""Transparent managed mode without a GPU: allocd.enable()'s choices and
+`allocd run`'s environment. The interposer itself (PyTorch's allocator on
+daemon memory) runs on the GPU machine: bench/gpu/transparent_compat.py.
+Environment: ALLOCD_BINARY, ALLOCD_PYTHON_DIR.
+"""
+
+import os
+import subprocess
+import sys
+import types
+import unittest
+import warnings
+
+os.environ.pop("LD_PRELOAD", None)
+sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
+import allocd  # noqa: E402
+
+
+class InitialisedTorch(types.ModuleType):
+    """A torch whose CUDA is already initialised."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.cuda = types.SimpleNamespace(is_initialized=lambda: True)
+
+
+class EnableTest(unittest.TestCase):
+    def tearDown(self):
+        sys.modules.pop("torch", None)
+
+    def test_an_unknown_mode_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "transparent.*engine"):
+            allocd.enable(mode="magic")
+
+    def test_cuda_initialised_first_says_how_to_start(self):
+        sys.modules["torch"] = InitialisedTorch()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertFalse(allocd.enable(socket="/nonexistent.sock"))
+        self.assertIn("allocd run", str(caught[0].message))
+        with self.assertRaisesRegex(allocd.AllocdUnavailable, "before importing torch"):
+            allocd.enable(socket="/nonexistent.sock", required=True)
+        self.assertEqual(allocd.stats(), {"connected": False})
+
+    def test_no_interposer_in_this_process(self):
+        self.assertIsNone(allocd._loaded_interposer())
+
+
+# Any library every process can load stands in for the interposer (which
+# needs the CUDA toolkit to build and a GPU to act).
+STAND_IN = "libz.so.1"
+
+
+class RunTest(unittest.TestCase):
+    def run_allocd(self, *args):
+        return subprocess.run([os.environ["ALLOCD_BINARY"], "run", *args],
+                              capture_output=True, text=True, timeout=30)
+
+    def test_the_command_gets_the_interposer_and_the_session_settings(self):
+        library = STAND_IN
+        r = self.run_allocd("--interposer", library, "--socket", "/tmp/a.sock", "--job", "j1",
+                            "--", "env")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        self.assertEqual(env["LD_PRELOAD"].split(":")[0], library)
+        self.assertEqual(env["ALLOCD_SOCKET"], "/tmp/a.sock")
+        self.assertEqual(env["ALLOCD_JOB"], "j1")
+        self.assertEqual(env["ALLOCD_MODE"], "transparent")
+
+    def test_options_after_the_command_are_the_commands(self):
+        library = STAND_IN
+        r = self.run_allocd("--interposer", library, "--", "echo", "--job", "x")
+        self.assertEqual(r.stdout.strip(), "--job x")
+
+    def test_a_command_that_cannot_run_says_so(self):
+        library = STAND_IN
+        r = self.run_allocd("--interposer", library, "--", "/nonexistent/program")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot run /nonexistent/program", r.stderr)
+
+    def test_no_command_is_a_usage_error(self):
+        self.assertNotEqual(self.run_allocd().returncode, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

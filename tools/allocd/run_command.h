@@ -1,0 +1,35 @@
+// `allocd run -- COMMAND...`: starts COMMAND in transparent managed mode:
+// PyTorch's own caching allocator, unchanged, on GPU memory from the node
+// daemon (liballocd_interpose.so preloaded, see client/interpose/).
+#ifndef ALLOCD_TOOLS_ALLOCD_RUN_COMMAND_H_
+#define ALLOCD_TOOLS_ALLOCD_RUN_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace allocd {
+
+struct RunCommandOptions {
+  // Empty: the environment's ALLOCD_SOCKET / ALLOCD_JOB, else the defaults.
+  std::string socket;
+  std::string job;
+  // The interposer to preload; empty: found next to this program.
+  std::string interposer;
+  std::vector<std::string> command;
+};
+
+// Where liballocd_interpose.so is: $ALLOCD_LIB_DIR, then next to the
+// `allocd` binary as installed (../lib/allocd) and in the build tree. Empty
+// when none exists.
+std::string FindInterposer();
+
+// Replaces this process with `options.command`, the interposer first in
+// LD_PRELOAD and ALLOCD_MODE=transparent so that `allocd.enable()` in it
+// drives the same sessions. Returns only on failure: 1 with the reason on
+// `err` (no interposer, a command that cannot be run).
+int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_TOOLS_ALLOCD_RUN_COMMAND_H_
