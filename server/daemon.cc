@@ -118,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .fd_socket = fd_socket,
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
-                        .admin_uids = o.admin_uids},
+                        .admin_uids = o.admin_uids,
+                        .trim = o.trim},
       parts->pool.get(), &parts->metrics);
   if (!o.config_file.empty()) {
     absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =

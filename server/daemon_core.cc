@@ -360,6 +360,23 @@ void DaemonCore::ExpireUnleased(absl::Time now) {
   }
 }
 
+uint64_t DaemonCore::TrimIdle() {
+  const uint64_t trimmed = pool_->TrimIdle(options_.trim);
+  if (trimmed > 0) {
+    LogInfo(absl::StrCat("trimmed ", FormatSize(trimmed),
+                         " of cached chunks back to the device"));
+    PublishPool();
+  }
+  return trimmed;
+}
+
+v1::TrimPoolResponse DaemonCore::TrimPool() {
+  v1::TrimPoolResponse response;
+  response.set_trimmed_bytes(pool_->TrimFree(UINT64_MAX));
+  PublishPool();
+  return response;
+}
+
 void DaemonCore::EndAll() {
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     EndSession(s->id(), "daemon shutting down");
@@ -382,7 +399,8 @@ void DaemonCore::PublishPool() {
                   .in_use = stats.in_use_bytes,
                   .free = stats.free_bytes,
                   .chunks_created_total = stats.chunks_created_total,
-                  .chunks_reused_total = stats.chunks_reused_total});
+                  .chunks_reused_total = stats.chunks_reused_total,
+                  .trimmed_bytes_total = stats.trimmed_bytes_total});
   for (const auto& [id, held] : stats.sessions) {
     metrics_->Held(id, held.bytes);
   }
@@ -411,6 +429,7 @@ v1::StatusResponse DaemonCore::Status() const {
   r.set_free_bytes(stats.free_bytes);
   r.set_chunks_created_total(stats.chunks_created_total);
   r.set_chunks_reused_total(stats.chunks_reused_total);
+  r.set_trimmed_bytes_total(stats.trimmed_bytes_total);
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_version(ALLOCD_VERSION);
   r.set_started_unix_micros(UnixMicros(started_));

@@ -51,6 +51,8 @@ struct DaemonCoreOptions {
   std::vector<uid_t> admin_uids;
   // Largest single AcquireChunks.
   uint64_t max_acquire_bytes = uint64_t{1} << 40;
+  // When cached chunks go back to the device (TrimIdle).
+  TrimPolicy trim;
 };
 
 class DaemonCore {
@@ -89,6 +91,9 @@ class DaemonCore {
   // Ends sessions that registered more than lease_grace ago and never
   // opened a lease. Called periodically.
   void ExpireUnleased(absl::Time now);
+  // Gives cached chunks back to the device as options.trim says. Called
+  // periodically; returns the bytes trimmed.
+  uint64_t TrimIdle();
 
   // --- Admin service (every call checks the caller may administer)
   absl::Status CheckAdmin(const PeerCredentials& peer) const;
@@ -105,6 +110,8 @@ class DaemonCore {
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);
   absl::Status SetQuota(const v1::SetQuotaRequest& r);
+  // `allocctl pool trim`: every cached chunk back to the device now.
+  v1::TrimPoolResponse TrimPool();
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 
   // Ends every session (shutdown).

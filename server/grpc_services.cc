@@ -207,4 +207,14 @@ grpc::Status AdminService::History(grpc::ServerContext* context,
                      });
 }
 
+grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
+                                    const v1::TrimPoolRequest*,
+                                    v1::TrimPoolResponse* response) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.TrimPool",
+                     [&](const PeerCredentials&) {
+                       *response = core_->TrimPool();
+                       return absl::OkStatus();
+                     });
+}
+
 }  // namespace allocd

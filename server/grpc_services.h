@@ -69,6 +69,9 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status History(grpc::ServerContext* context,
                        const v1::HistoryRequest* request,
                        v1::HistoryResponse* response) override;
+  grpc::Status TrimPool(grpc::ServerContext* context,
+                        const v1::TrimPoolRequest* request,
+                        v1::TrimPoolResponse* response) override;
 
  private:
   DaemonCore* const core_;

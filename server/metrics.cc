@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
 #include <exception>
 #include <sstream>
 #include <utility>
@@ -110,6 +112,11 @@ Metrics::Metrics()
                        "allocd_pool_chunks_total",
                        "Chunks handed out, by origin: created (new "
                        "memory) or reused (freed by a session).")),
+      trimmed_bytes_(Register(prometheus::BuildCounter(), *registry_,
+                              "allocd_pool_trimmed_bytes_total",
+                              "Cached chunks given back to the device "
+                              "(idle past --trim-after, above "
+                              "--cache-high-water, or allocctl pool trim).")),
       sessions_(Register(prometheus::BuildGauge(), *registry_,
                          "allocd_sessions", "Live client sessions.")),
       rpc_seconds_(Register(prometheus::BuildHistogram(), *registry_,
@@ -118,6 +125,7 @@ Metrics::Metrics()
   sessions_.Add({}).Set(0);
   // Zero series exist from the start, so rate() and alerts see them.
   reclaims_.Add({});
+  trimmed_bytes_.Add({});
   reloads_.Add({});
   reload_errors_.Add({});
   for (const char* result : {"ack", "nack", "rollback"}) {
@@ -262,19 +270,19 @@ void Metrics::Pool(const PoolGauges& pool) {
   pool_bytes_.Add({{"state", "capacity"}}).Set(static_cast<double>(pool.capacity));
   pool_bytes_.Add({{"state", "in_use"}}).Set(static_cast<double>(pool.in_use));
   pool_bytes_.Add({{"state", "free"}}).Set(static_cast<double>(pool.free));
+  // The pool's totals are monotonic; the counters follow them.
+  auto follow = [](prometheus::Counter& counter, uint64_t total,
+                   uint64_t& seen) {
+    if (total > seen) counter.Increment(static_cast<double>(total - seen));
+    seen = std::max(seen, total);
+  };
   absl::MutexLock lock(&mu_);
-  if (pool.chunks_created_total > chunks_created_seen_) {
-    chunks_.Add({{"origin", "created"}})
-        .Increment(static_cast<double>(pool.chunks_created_total -
-                                       chunks_created_seen_));
-    chunks_created_seen_ = pool.chunks_created_total;
-  }
-  if (pool.chunks_reused_total > chunks_reused_seen_) {
-    chunks_.Add({{"origin", "reused"}})
-        .Increment(static_cast<double>(pool.chunks_reused_total -
-                                       chunks_reused_seen_));
-    chunks_reused_seen_ = pool.chunks_reused_total;
-  }
+  follow(chunks_.Add({{"origin", "created"}}), pool.chunks_created_total,
+         chunks_created_seen_);
+  follow(chunks_.Add({{"origin", "reused"}}), pool.chunks_reused_total,
+         chunks_reused_seen_);
+  follow(trimmed_bytes_.Add({}), pool.trimmed_bytes_total,
+         trimmed_bytes_seen_);
 }
 
 void Metrics::Rpc(absl::string_view method, double seconds, bool ok) {

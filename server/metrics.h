@@ -35,6 +35,7 @@ struct PoolGauges {
   uint64_t free = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
+  uint64_t trimmed_bytes_total = 0;
 };
 
 class Metrics {
@@ -95,6 +96,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reload_errors_;
   prometheus::Family<prometheus::Gauge>& pool_bytes_;
   prometheus::Family<prometheus::Counter>& chunks_;
+  prometheus::Family<prometheus::Counter>& trimmed_bytes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
 
@@ -104,6 +106,7 @@ class Metrics {
   // Last cumulative counts seen per session, to turn them into increments.
   uint64_t chunks_created_seen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_reused_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t trimmed_bytes_seen_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace allocd

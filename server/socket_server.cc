@@ -213,6 +213,7 @@ void SideChannel::Loop() {
       return;
     }
     core_->ExpireUnleased(absl::Now());
+    core_->TrimIdle();
     if (ready <= 0) continue;
     if (fds[1].revents != 0) {
       while (!connections.empty()) {

@@ -99,6 +99,8 @@ void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
 void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
   chunk.owner = kNoSession;
   chunk.pending = false;
+  chunk.grant = 0;
+  chunk.freed_at = options_.now();
   free_.push_back(chunk_id);
 }
 
@@ -140,7 +142,8 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
 }
 
 std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
-                                         size_t count, bool pending) {
+                                         size_t count, bool pending,
+                                         uint64_t grant) {
   std::vector<uint64_t> taken;
   taken.reserve(count);
   for (size_t i = 0; i < count; ++i) {
@@ -149,6 +152,7 @@ std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
     Chunk& chunk = chunks_.at(chunk_id);
     chunk.owner = id;
     chunk.pending = pending;
+    chunk.grant = grant;
     s.chunks.insert(chunk_id);
     taken.push_back(chunk_id);
   }
@@ -178,8 +182,8 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
   uint64_t returned = 0;
   for (uint64_t chunk_id : claim.chunk_ids) {
     auto chunk = chunks_.find(chunk_id);
-    if (chunk == chunks_.end() || chunk->second.owner != claim.session ||
-        chunk->second.pending) {
+    if (chunk == chunks_.end() || chunk->second.grant != claim.grant ||
+        chunk->second.owner != claim.session || chunk->second.pending) {
       continue;
     }
     s->chunks.erase(chunk_id);
@@ -200,10 +204,11 @@ uint64_t NodePool::Abandon(absl::string_view token) {
 }
 
 std::string NodePool::AddClaim(SessionId id, const SessionState& s,
-                               std::string token,
+                               std::string token, uint64_t grant,
                                const std::vector<uint64_t>& chunk_ids) {
   DropExpiredClaims();
-  claims_[token] = PendingClaim{.session = id,
+  claims_[token] = PendingClaim{.grant = grant,
+                                .session = id,
                                 .incarnation = s.incarnation,
                                 .pid = s.pid,
                                 .expires = options_.now() + options_.token_ttl,
@@ -228,6 +233,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   Grant grant{.bytes = rounded};
   uint64_t to_create = 0;
   uint64_t incarnation = 0;
+  uint64_t serial = 0;
   {
     absl::MutexLock lock(&mu_);
     auto s = sessions_.find(id);
@@ -247,11 +253,14 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
                           options_.capacity);
     }
     grant.reused_chunks = static_cast<uint32_t>(reuse);
-    grant.chunk_ids = TakeFree(id, state, reuse, /*pending=*/to_create > 0);
+    serial = next_grant_++;
+    grant.chunk_ids =
+        TakeFree(id, state, reuse, /*pending=*/to_create > 0, serial);
     AddHeld(state, rounded);
     reused_total_ += reuse;
     if (to_create == 0) {  // all from the cache: done
-      grant.token = AddClaim(id, state, *std::move(token), grant.chunk_ids);
+      grant.token =
+          AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
       return grant;
     }
     creating_chunks_ += to_create;
@@ -280,11 +289,14 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
     for (ChunkMemory& memory : created) {
       const uint64_t chunk_id = next_chunk_id_++;
-      chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory), .owner = id});
+      chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory),
+                                      .owner = id,
+                                      .grant = serial});
       state.chunks.insert(chunk_id);
       grant.chunk_ids.push_back(chunk_id);
     }
-    grant.token = AddClaim(id, state, *std::move(token), grant.chunk_ids);
+    grant.token =
+        AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
     return grant;
   }
   // Undo: what was created is cached for whoever asks next; the reused
@@ -427,19 +439,35 @@ void NodePool::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
   }
 }
 
-uint64_t NodePool::TrimFree(uint64_t bytes) {
-  // Destroyed after the lock is released: on a GPU that is cuMemRelease.
+uint64_t NodePool::TrimColdest(
+    absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more) {
+  // Destroyed when this returns, after the lock is released: on a GPU that
+  // is cuMemRelease.
   std::vector<ChunkMemory> doomed;
-  {
-    absl::MutexLock lock(&mu_);
-    while (!free_.empty() && doomed.size() * chunk_bytes_ < bytes) {
-      auto chunk = chunks_.find(free_.front());
-      free_.pop_front();
-      doomed.push_back(std::move(chunk->second.memory));
-      chunks_.erase(chunk);
-    }
+  absl::MutexLock lock(&mu_);
+  while (!free_.empty() &&
+         more(chunks_.at(free_.front()), doomed.size() * chunk_bytes_)) {
+    auto chunk = chunks_.find(free_.front());
+    free_.pop_front();
+    doomed.push_back(std::move(chunk->second.memory));
+    chunks_.erase(chunk);
   }
-  return doomed.size() * chunk_bytes_;
+  const uint64_t trimmed = doomed.size() * chunk_bytes_;
+  trimmed_total_ += trimmed;
+  return trimmed;
+}
+
+uint64_t NodePool::TrimFree(uint64_t bytes) {
+  return TrimColdest([&](const Chunk&, uint64_t trimmed) { return trimmed < bytes; });
+}
+
+uint64_t NodePool::TrimIdle(const TrimPolicy& policy) {
+  const absl::Time cutoff = options_.now() - policy.idle_after;
+  return TrimColdest([&](const Chunk& coldest, uint64_t) {
+    mu_.AssertHeld();
+    return coldest.freed_at <= cutoff ||
+           free_.size() * chunk_bytes_ > policy.high_water;
+  });
 }
 
 PoolStats NodePool::Stats() const {
@@ -450,7 +478,8 @@ PoolStats NodePool::Stats() const {
                   .free_bytes = free_.size() * chunk_bytes_,
                   .creating_bytes = creating_chunks_ * chunk_bytes_,
                   .chunks_created_total = created_total_,
-                  .chunks_reused_total = reused_total_};
+                  .chunks_reused_total = reused_total_,
+                  .trimmed_bytes_total = trimmed_total_};
   stats.in_use_bytes = stats.created_bytes - stats.free_bytes;
   for (const auto& [id, s] : sessions_) {
     stats.sessions[id] = SessionHolding{

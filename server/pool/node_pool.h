@@ -90,7 +90,19 @@ struct PoolStats {
   uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
+  // Cached chunks destroyed (their memory back to the device) by TrimFree
+  // and TrimIdle.
+  uint64_t trimmed_bytes_total = 0;
   std::map<SessionId, SessionHolding> sessions;
+};
+
+// When cached chunks go back to the device (TrimIdle): a node without jobs
+// must not hold GPU memory that processes outside allocd could use.
+struct TrimPolicy {
+  // Cached chunks not reused for this long are destroyed.
+  absl::Duration idle_after = absl::InfiniteDuration();
+  // Cached bytes above this are destroyed at once, coldest first.
+  uint64_t high_water = UINT64_MAX;
 };
 
 // True for the ResourceExhausted that Acquire returns when the node itself
@@ -197,6 +209,11 @@ class NodePool {
   // `bytes` are gone or the cache is empty: their memory goes back to the
   // device (once no client maps it). Returns the bytes destroyed.
   uint64_t TrimFree(uint64_t bytes);
+  // Destroys the cached chunks `policy` gives up on: those freed
+  // `idle_after` or longer before now (the Options clock), and the coldest
+  // while more than `high_water` bytes are cached. Returns the bytes
+  // destroyed.
+  uint64_t TrimIdle(const TrimPolicy& policy);
 
   PoolStats Stats() const;
 
@@ -211,6 +228,12 @@ class NodePool {
     // Reserved by an Acquire still creating the rest of its chunks: owned,
     // but not yet the session's to release.
     bool pending = false;
+    // When it was last returned to the cache (for TrimIdle).
+    absl::Time freed_at;
+    // The Acquire that handed it out (0 while cached): an unclaimed grant
+    // that expires takes back only its own chunks, not ones its session
+    // released and got again through a later grant.
+    uint64_t grant = 0;
   };
   struct SessionState {
     uid_t uid = 0;
@@ -223,6 +246,7 @@ class NodePool {
     absl::flat_hash_set<uint64_t> chunks;
   };
   struct PendingClaim {
+    uint64_t grant = 0;
     SessionId session = 0;
     uint64_t incarnation = 0;
     pid_t pid = 0;
@@ -240,15 +264,15 @@ class NodePool {
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `count` cached chunks for session `id`.
+  // Takes `count` cached chunks for session `id`, for grant `grant`.
   std::vector<uint64_t> TakeFree(SessionId id, SessionState& s, size_t count,
-                                 bool pending)
+                                 bool pending, uint64_t grant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a granted claim; returns its token.
   std::string AddClaim(SessionId id, const SessionState& s, std::string token,
-                       const std::vector<uint64_t>& chunk_ids)
+                       uint64_t grant, const std::vector<uint64_t>& chunk_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the chunks of an unclaimed grant that its session still holds
@@ -259,6 +283,10 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubtractHeld(SessionState& s, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys cached chunks coldest first while `more(cached chunk, bytes
+  // destroyed so far)` says so; the memory is released outside the lock.
+  uint64_t TrimColdest(
+      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
 
   ChunkSource* const source_;
   const Options options_;
@@ -267,6 +295,7 @@ class NodePool {
   mutable absl::Mutex mu_;
   uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
   // Cached chunks: the most recently freed at the back, reused first (still
   // warm); trimmed from the front.
@@ -280,6 +309,7 @@ class NodePool {
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at

@@ -50,10 +50,13 @@ class DaemonTest : public ::testing::Test {
 
   // 64 MiB makes the pool's limits easy to reach; the live clients'
   // tests replay a real job and get room for it.
-  void StartDaemon(const std::string& capacity = "64MiB") {
-    daemon_ = std::make_unique<Child>(std::vector<std::string>{
-        ALLOCD_BINARY, "serve", "--socket", socket_, "--metrics-addr", "",
-        "--capacity", capacity});
+  void StartDaemon(const std::string& capacity = "64MiB",
+                   std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--socket",
+                                     socket_, "--metrics-addr", "",
+                                     "--capacity", capacity};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_ = std::make_unique<Child>(std::move(args));
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -163,6 +166,37 @@ TEST_F(DaemonTest, ClientKilledWithSigkillGivesItsChunksBackWithinASecond) {
   EXPECT_EQ(Status().in_use_bytes(), 0u);
   EXPECT_EQ(Status().free_bytes(), 8 * kChunk);  // kept for the next one
   EXPECT_EQ(Status().sessions(), 0u);
+}
+
+TEST_F(DaemonTest, AnIdleNodeGivesItsCachedMemoryBackAfterTheTrimDelay) {
+  daemon_.reset();
+  StartDaemon("64MiB", {"--trim-after", "1s"});
+  Child holder({TEST_CLIENT_BINARY, "hold", socket_, std::to_string(8 * kChunk)});
+  ASSERT_THAT(holder.Line(), HasSubstr("ready"));
+  holder.Kill();
+  ASSERT_LT(WaitForInUse(0, absl::Seconds(5)), absl::Seconds(5));
+  EXPECT_EQ(Status().free_bytes(), 8 * kChunk);  // cached at first
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Status().free_bytes() > 0 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Status().free_bytes(), 0u);
+  EXPECT_EQ(Status().trimmed_bytes_total(), 8 * kChunk);
+}
+
+TEST_F(DaemonTest, PoolTrimGivesTheCacheBackNowAndKeepsWhatIsHeld) {
+  std::unique_ptr<DaemonClient> mine = Client();
+  absl::StatusOr<ReceivedChunks> chunks = mine->Acquire(6 * kChunk);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  const std::vector<uint64_t> four(chunks->ids.begin(),
+                                   chunks->ids.begin() + 4);
+  ASSERT_TRUE(mine->Release(chunks->epoch, four).ok());
+  Child trim({ALLOCCTL_BINARY, "--socket", socket_, "pool", "trim"});
+  EXPECT_THAT(trim.Rest(), HasSubstr("gave 8.00 MiB of cached chunks back"));
+  EXPECT_EQ(trim.Wait(), 0);
+  EXPECT_EQ(Status().free_bytes(), 0u);
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk);
+  EXPECT_EQ(Status().trimmed_bytes_total(), 4 * kChunk);
 }
 
 TEST_F(DaemonTest, AnotherProcessCannotClaimATokenOrReleaseAChunk) {

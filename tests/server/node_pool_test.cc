@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
 
 constexpr uint64_t kChunk = uint64_t{2} << 20;
@@ -482,6 +483,76 @@ TEST_F(NodePoolTest, TrimFreeClosesCachedChunksColdestFirst) {
   EXPECT_TRUE(pool->Acquire(1, 6 * kChunk).ok());
   EXPECT_EQ(pool->Release(1, {g->chunk_ids[3]}).code(),
             absl::StatusCode::kPermissionDenied);  // gone
+}
+
+TEST_F(NodePoolTest, AnExpiredGrantTakesBackOnlyItsOwnChunks) {
+  // A grant never claimed whose chunk its session released and then got
+  // again through a new grant: when the old token expires, the chunk stays
+  // the new grant's (it once went back to the cache, to be handed to a
+  // second session while the first mapped it).
+  auto pool = MakePool(1);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> old = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(pool->Release(1, old->chunk_ids).ok());
+  now_ += absl::Minutes(1);  // the old token expires
+  absl::StatusOr<Grant> again = pool->Acquire(1, kChunk);
+  ASSERT_EQ(again->chunk_ids, old->chunk_ids);
+  ASSERT_TRUE(ClaimAll(*pool, again->token, 1).ok());
+  EXPECT_EQ(pool->Stats().in_use_bytes, kChunk);
+  EXPECT_EQ(pool->Acquire(2, kChunk).status().code(),
+            absl::StatusCode::kResourceExhausted);  // nothing to hand out
+  EXPECT_TRUE(pool->Release(1, again->chunk_ids).ok());
+}
+
+TEST_F(NodePoolTest, TrimIdleGivesBackWhatWasNotReusedForTheDelay) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(ClaimAll(*pool, g->token, 1).ok());
+  const TrimPolicy policy{.idle_after = absl::Minutes(5)};
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[0], g->chunk_ids[1]}).ok());
+  now_ += absl::Minutes(3);
+  ASSERT_TRUE(pool->Release(1, {g->chunk_ids[2]}).ok());
+  EXPECT_EQ(pool->TrimIdle(policy), 0u);  // nothing idle for 5 minutes yet
+  now_ += absl::Minutes(2);
+  EXPECT_EQ(pool->TrimIdle(policy), 2 * kChunk);  // the two freed first
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  now_ += absl::Minutes(3);
+  EXPECT_EQ(pool->TrimIdle(policy), kChunk);
+  // Held chunks are never trimmed, however long they are held.
+  EXPECT_EQ(pool->Stats().in_use_bytes, kChunk);
+  EXPECT_EQ(pool->Stats().created_bytes, kChunk);
+  EXPECT_EQ(pool->Stats().trimmed_bytes_total, 3 * kChunk);
+}
+
+TEST_F(NodePoolTest, ReuseRestartsTheIdleClock) {
+  auto pool = MakePool(4);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
+  now_ += absl::Minutes(4);
+  absl::StatusOr<Grant> again = pool->Acquire(1, kChunk);  // reused
+  ASSERT_EQ(again->reused_chunks, 1u);
+  ASSERT_TRUE(ClaimAll(*pool, again->token, 1).ok());
+  ASSERT_EQ(pool->Release(1, again->chunk_ids), absl::OkStatus());
+  now_ += absl::Minutes(4);
+  EXPECT_EQ(pool->TrimIdle({.idle_after = absl::Minutes(5)}), 0u);
+}
+
+TEST_F(NodePoolTest, TrimIdleKeepsTheCacheUnderTheHighWater) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> g = pool->Acquire(1, 6 * kChunk);
+  ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
+  EXPECT_EQ(pool->TrimIdle({.high_water = 2 * kChunk}), 4 * kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, 2 * kChunk);
+  // The warmest stay: the last two released.
+  absl::StatusOr<Grant> next = pool->Acquire(1, 2 * kChunk);
+  EXPECT_THAT(next->chunk_ids,
+              UnorderedElementsAre(g->chunk_ids[4], g->chunk_ids[5]));
+  EXPECT_EQ(next->reused_chunks, 2u);
 }
 
 TEST_F(NodePoolTest, AClaimedFdOutlivesTheChunk) {

@@ -97,6 +97,8 @@ void PrintStatus(const v1::StatusResponse& r) {
               static_cast<unsigned long long>(r.chunks_created_total()),
               static_cast<unsigned long long>(r.chunks_reused_total()),
               r.sessions());
+  std::printf("given back to the device since start: %s\n",
+              FormatSize(r.trimmed_bytes_total()).c_str());
 }
 
 int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
@@ -232,6 +234,12 @@ int main(int argc, char** argv) {
   target->add_option("--uid", o.uid, "uid");
   target->require_option(1);
 
+  CLI::App* pool = app.add_subcommand("pool", "the node pool's memory");
+  pool->require_subcommand(1);
+  CLI::App* pool_trim = pool->add_subcommand(
+      "trim",
+      "give every cached chunk back to the device now (held chunks stay)");
+
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(o.socket);
@@ -287,6 +295,17 @@ int main(int argc, char** argv) {
         [](const v1::SetConfigResponse& r) {
           PrintConfig(r.config());
           std::printf("pushed to %u sessions\n", r.pushed_to());
+        });
+  }
+  if (pool_trim->parsed()) {
+    return Call<v1::TrimPoolResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::TrimPoolResponse* r) {
+          return admin->TrimPool(c, v1::TrimPoolRequest(), r);
+        },
+        [](const v1::TrimPoolResponse& r) {
+          std::printf("gave %s of cached chunks back to the device\n",
+                      FormatSize(r.trimmed_bytes()).c_str());
         });
   }
   if (history->parsed()) {

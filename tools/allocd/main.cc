@@ -154,6 +154,13 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
       ->check(CLI::IsMember({"sim", "cuda"}));
   serve->add_option("--capacity", o.capacity,
                     "most memory the pool hands out, e.g. 8GiB (default 8GiB)");
+  serve->add_option("--trim-after", o.trim_after,
+                    "cached chunks not reused for this long go back to the "
+                    "device, so an idle node holds no GPU memory: 30s, 5m, "
+                    "1h, inf (default 5m)");
+  serve->add_option("--cache-high-water", o.cache_high_water,
+                    "cached chunks above this size go back to the device at "
+                    "once, e.g. 16GiB (default: no limit)");
   serve->add_option("--config", d.config_file,
                     "JSON file of allocator configs per job and uid quotas: "
                     "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "

@@ -5,6 +5,7 @@
 
 #include <ostream>
 
+#include "absl/time/time.h"
 #include "tools/allocd/common.h"
 
 namespace allocd {
@@ -28,6 +29,22 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
     return 1;
   }
   daemon_options.capacity = *capacity;
+  if (!absl::ParseDuration(options.trim_after,
+                           &daemon_options.trim.idle_after) ||
+      daemon_options.trim.idle_after < absl::ZeroDuration()) {
+    err << "allocd serve: --trim-after " << options.trim_after
+        << " is not a duration: write e.g. 30s, 5m, 1h, or inf\n";
+    return 2;
+  }
+  if (!options.cache_high_water.empty()) {
+    absl::StatusOr<uint64_t> high_water =
+        ParseSizeFlag("--cache-high-water", options.cache_high_water);
+    if (!high_water.ok()) {
+      err << "allocd serve: " << high_water.status().message() << "\n";
+      return 2;
+    }
+    daemon_options.trim.high_water = *high_water;
+  }
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Start(std::move(daemon_options));
   if (!daemon.ok()) {

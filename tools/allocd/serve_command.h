@@ -15,6 +15,10 @@ struct ServeCommandOptions {
   DaemonOptions daemon;
   // As the user wrote it ("8GiB").
   std::string capacity = "8GiB";
+  // "5m", "30s", "1h", "inf" (never).
+  std::string trim_after = "5m";
+  // A size ("16GiB"); empty: no high water.
+  std::string cache_high_water;
 };
 
 // Returns the process exit code: 0 after a clean shutdown, 1 when the
