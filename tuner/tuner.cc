@@ -184,7 +184,8 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
 
   const bool capacity_search = options.objective == Objective::kCapacity;
   Evaluator evaluator(trace, EvaluatorOptions{options.capacity, options.total_memory,
-                                              capacity_search, options.jobs});
+                                              capacity_search, options.jobs,
+                                              options.live_start, options.on_replay});
   size_t planned = 0;
   auto progress = [&](size_t done) {
     if (options.progress) options.progress(done, std::max(planned, done));
@@ -252,6 +253,7 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
   }
 
   for (const std::string& conf : GuideConfigs()) {
+    if (options.live_start) break;
     ReferenceConfig ref{conf, "", std::nullopt};
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(conf);
     if (!parsed.ok()) {

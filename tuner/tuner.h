@@ -59,6 +59,12 @@ struct TuneOptions {
   uint64_t memory_budget = 0;
   // Called as evaluations finish: (done, planned so far).
   std::function<void(size_t, size_t)> progress;
+  // Tune a switch in a running job (see LiveStart): candidates are judged
+  // on the events after the switch, and the guides' configs are not
+  // compared (each would replace the job's whole config).
+  std::optional<LiveStart> live_start;
+  // See EvaluatorOptions::on_replay.
+  std::function<void(int)> on_replay;
 };
 
 // A config the tuning guides recommend, replayed for comparison (or, when
