@@ -191,7 +191,8 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
     if (options.progress) options.progress(done, std::max(planned, done));
   };
 
-  const Evaluation* baseline = evaluator.Evaluate({Candidate{}})[0];
+  const Evaluation* baseline =
+      evaluator.Evaluate({options.baseline.value_or(Candidate{})})[0];
   report.baseline = *baseline;
   // Garbage collection needs a fraction of a known device; under the
   // capacity objective it is 0.99 of the (searched) device, since PyTorch

@@ -65,6 +65,10 @@ struct TuneOptions {
   std::optional<LiveStart> live_start;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
+  // What max_call_ratio compares with (TuneReport::baseline); nullopt:
+  // PyTorch's defaults. A live switch compares with switching to the job's
+  // own config, whose empty cache costs the same rebuild.
+  std::optional<Candidate> baseline;
 };
 
 // A config the tuning guides recommend, replayed for comparison (or, when
@@ -84,7 +88,7 @@ struct TuneReport {
   // Indices into `ranked` of the feasible candidates on the Pareto front of
   // (peak reserved, device allocs + frees), by peak.
   std::vector<size_t> pareto;
-  Evaluation baseline;  // PyTorch's defaults
+  Evaluation baseline;  // PyTorch's defaults, or TuneOptions::baseline
   std::vector<ReferenceConfig> references;
   size_t evaluations = 0;
   size_t replays = 0;
