@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "allocator/config.h"
 
 namespace allocd {
@@ -11,7 +12,8 @@ namespace {
 constexpr size_t kTail = 64;          // signatures matched to find candidates
 constexpr double kMinMatch = 0.75;   // share of events equal one period back
 constexpr double kNearBest = 0.03;
-constexpr size_t kMaxCandidates = 512;
+constexpr size_t kAnchors = 32;
+constexpr size_t kMaxCandidates = 64;  // the best supported
 constexpr size_t kMaxCompared = 50000;   // events compared per candidate (sampled)
 
 std::vector<uint32_t> Signatures(const Trace& trace) {
@@ -47,10 +49,11 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
   const size_t n = sig.size();
   if (n < 4 * kTail) return std::nullopt;
 
-  // Rolling hash of every kTail-long run. The runs ending at a few
-  // anchors are matched against all others: the distances are candidates.
-  // Several anchors, since the trace's very end can be the program's
-  // teardown rather than a step.
+  // Rolling hash of every kTail-long run. Runs ending at anchors spread
+  // over the trace's second half are matched against all others; each
+  // distance between a match and its anchor is a candidate, supported by
+  // every anchor that gives it. The step is supported by nearly every
+  // anchor, a layer only by the anchors inside its stretch.
   constexpr uint64_t kBase = 1000003;
   uint64_t power = 1;
   for (size_t i = 0; i < kTail; ++i) power *= kBase;
@@ -59,30 +62,39 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
     for (size_t i = end - kTail; i < end; ++i) h = h * kBase + sig[i] + 1;
     return h;
   };
-  const std::vector<size_t> anchors = {n, n - n / 8, n - n / 4, n / 2};
-  std::vector<uint64_t> anchor_hashes;
-  for (size_t a : anchors) anchor_hashes.push_back(hash_of(a));
-  std::vector<size_t> candidates;
+  absl::flat_hash_map<uint64_t, std::vector<size_t>> anchors;  // hash -> run ends
+  for (size_t k = 0; k < kAnchors; ++k) {
+    const size_t end = n - k * (n / 2) / kAnchors;
+    anchors[hash_of(end)].push_back(end);
+  }
+  absl::flat_hash_map<size_t, int> support;  // distance -> anchors
   uint64_t h = hash_of(kTail);
   for (size_t end = kTail; end <= n; ++end) {
-    for (size_t k = 0; k < anchors.size(); ++k) {
-      const size_t a = anchors[k];
-      if (h == anchor_hashes[k] && end != a &&
-          std::equal(sig.begin() + (end - kTail), sig.begin() + end,
-                     sig.begin() + (a - kTail))) {
-        candidates.push_back(a > end ? a - end : end - a);
+    if (auto it = anchors.find(h); it != anchors.end()) {
+      for (size_t a : it->second) {
+        if (end != a && std::equal(sig.begin() + (end - kTail), sig.begin() + end,
+                                   sig.begin() + (a - kTail))) {
+          ++support[a > end ? a - end : end - a];
+        }
       }
     }
     if (end < n) h = h * kBase + sig[end] + 1 - power * (sig[end - kTail] + 1);
   }
+  std::vector<std::pair<int, size_t>> ranked;  // (-support, distance)
+  for (const auto& [distance, count] : support) {
+    if (2 * distance <= n) ranked.emplace_back(-count, distance);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  if (ranked.size() > kMaxCandidates) ranked.resize(kMaxCandidates);
+  std::vector<size_t> candidates;
+  for (const auto& [count, distance] : ranked) candidates.push_back(distance);
   std::sort(candidates.begin(), candidates.end());
-  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+
   // A step needs two repetitions in the trace. Its multiples match about
   // as well as it does: the shortest candidate near the best match wins.
   std::vector<std::pair<size_t, double>> shares;
   double best = 0;
   for (size_t period : candidates) {
-    if (2 * period > n || shares.size() == kMaxCandidates) break;
     shares.emplace_back(period, MatchShare(sig, period));
     best = std::max(best, shares.back().second);
   }
