@@ -139,8 +139,9 @@ class Autotuner::Impl {
     if (!job.first_pass_done && size >= job.next_first_pass_check) {
       // Probed on the worker (finding the step is not for this thread);
       // the next probe waits for twice the events, or a full window.
-      job.next_first_pass_check = std::min(2 * size, options_.window_events);
-      Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true);
+      if (Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true)) {
+        job.next_first_pass_check = std::min(2 * size, options_.window_events);
+      }
     }
   }
 
