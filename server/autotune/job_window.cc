@@ -122,9 +122,8 @@ Trace JobWindow::ToTrace() const {
   for (const auto& [seq, id] : prelude_order) {
     const Live& live = prelude_.at(id);
     alloc(id, live.stream, live.size);
-  }
-  for (const auto& [seq, id] : prelude_order) {
-    if (prelude_.at(id).free_requested) {
+    // Freed but still held for another stream: not allocated any more.
+    if (live.free_requested) {
       trace.events.push_back(TraceEvent{TraceOp::kFreeRequested, 0, dense.at(id), 0});
     }
   }
