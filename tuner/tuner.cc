@@ -175,11 +175,14 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
   report.options = options;
   report.grid_size = space.GridSize();
 
-  // A bad trace fails here, once, with a clear error.
-  ReplayOptions check;
-  check.capacity = options.capacity;
-  if (absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{}, check); !r.ok()) {
-    return r.status();
+  // A bad trace fails here, once, with a clear error (a live switch's
+  // caller has replayed it to find the switch point).
+  if (!options.live_start) {
+    ReplayOptions check;
+    check.capacity = options.capacity;
+    if (absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{}, check); !r.ok()) {
+      return r.status();
+    }
   }
 
   const bool capacity_search = options.objective == Objective::kCapacity;

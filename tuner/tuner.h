@@ -61,7 +61,8 @@ struct TuneOptions {
   std::function<void(size_t, size_t)> progress;
   // Tune a switch in a running job (see LiveStart): candidates are judged
   // on the events after the switch, and the guides' configs are not
-  // compared (each would replace the job's whole config).
+  // compared (each would replace the job's whole config). The caller has
+  // replayed the trace to find its switch point, so Tune does not check it.
   std::optional<LiveStart> live_start;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
