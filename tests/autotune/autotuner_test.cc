@@ -153,6 +153,9 @@ TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   ASSERT_EQ(status.size(), 1u);
   EXPECT_EQ(status[0].state, "watching");
   EXPECT_EQ(status[0].sessions, 1u);
+  EXPECT_EQ(status[0].window_events, LlamaLora().events.size());
+  EXPECT_GT(status[0].window_bytes, 16 * status[0].window_events);
+  EXPECT_LT(status[0].window_bytes, 24 * status[0].window_events);
   ASSERT_TRUE(status[0].last.has_value());
   EXPECT_EQ(status[0].last->id, d.id);
 }
