@@ -57,6 +57,29 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
+// A block of an AdoptedSegment that the program still holds.
+struct AdoptedBlock {
+  uint64_t address;
+  // The block's size (a multiple of 512; more than the rounded request when
+  // the block was not split).
+  uint64_t size;
+  uint64_t requested_size;
+  // Freed by the program, waiting on other streams (record_stream): active
+  // but no longer allocated, as after FreeDeferred.
+  bool free_pending = false;
+};
+
+// A segment the process held before the allocator's first call, as a
+// partial snapshot's state at its first event describes it.
+struct AdoptedSegment {
+  uint64_t address;
+  uint64_t size;
+  StreamId stream;
+  bool is_small;
+  // By address; the gaps between them are cached free blocks.
+  std::vector<AdoptedBlock> blocks;
+};
+
 class CachingAllocator {
  public:
   // `backend` must outlive the allocator.
@@ -80,6 +103,21 @@ class CachingAllocator {
   // (on a cache flush). CompleteFree after such a flush does nothing.
   absl::Status FreeDeferred(const Allocation& allocation);
   void CompleteFree(const Allocation& allocation);
+
+  // Takes over `segments` (non-expandable, by address) before any other
+  // call, as if this allocator had made them: each becomes a segment of its
+  // pool with its blocks at their addresses, the gaps between blocks become
+  // cached free blocks (merged, as PyTorch keeps them), and stats count it
+  // all as current (num_device_alloc does not: the calls were made before).
+  // The backend must already hold the segments' memory (SimBackend::
+  // AdoptRange). Returns each block's Allocation, segment by segment, for
+  // Free/FreeDeferred, or CompleteFree for a free_pending one.
+  // InvalidArgument, with nothing adopted, for segments that overlap, a block
+  // outside its segment or overlapping another, sizes that are not multiples
+  // of 512, or a small segment that is not 2 MiB; FailedPrecondition after
+  // the first Malloc.
+  absl::StatusOr<std::vector<Allocation>> Adopt(
+      const std::vector<AdoptedSegment>& segments);
 
   // torch.cuda.empty_cache(): waits for deferred frees and returns every
   // unsplit cached segment (and every unmappable expandable page).

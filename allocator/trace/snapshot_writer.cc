@@ -67,6 +67,19 @@ SnapshotRecorder::SnapshotRecorder(const Trace& trace,
     : trace_(trace), conf_(FormatAllocatorConfig(config)) {
   // Most trace events make one snapshot event.
   events_.reserve(trace.events.size());
+  // A partial trace's replay starts from the memory its first event found:
+  // those segments and blocks are there before any event.
+  if (!trace.partial.reconstructed()) return;
+  auto segment = trace.partial.segments.begin();
+  for (const InitialSegment& s : trace.partial.segments) {
+    ranges_[s.address] = Range{s.size, s.stream};
+  }
+  for (const InitialBlock& block : trace.partial.blocks) {
+    while (segment->address + segment->size <= block.address) ++segment;
+    live_[block.id] = LiveBlock{block.address, block.requested_size,
+                                segment->stream,
+                                block.free_requested ? ++free_requests_ : 0};
+  }
 }
 
 void SnapshotRecorder::Add(Action action, StreamId stream, uint64_t addr,
