@@ -346,5 +346,36 @@ TEST(PartialTraceAccuracyTest, ShippedTracesCutAndRingBuffered) {
   }
 }
 
+// Under a config other than the recorded one, the window starts from the
+// recorded run's layout (as if the config had been switched when recording
+// began), while the whole trace's replay had that config from the start:
+// the figures differ by what each config's history before the window left
+// behind, which the snapshot cannot tell. Reported, not asserted (the
+// README's second table). Allocating the live blocks afresh under each
+// config instead was measured worse: it misses all cached memory, and
+// ranked every config above the defaults on gpt2_full.
+TEST(PartialTraceAccuracyTest, OtherConfigsStartFromTheRecordedLayout) {
+  std::printf("| trace | config | peak reserved: whole / partial (diff) | peak allocated: whole / partial |\n|---|---|---|---|\n");
+  for (const char* name : {"gpt2_full", "llama_lora"}) {
+    const std::string pickle = ReadGunzipped(
+        absl::StrFormat("%s/traces/%s.pickle.gz", ALLOCD_SOURCE_DIR, name));
+    const Trace full = *ParseSnapshot(pickle);
+    const Trace partial = Cut(pickle, SnapshotEvents(full) * 2 / 3);
+    for (const char* conf : {"expandable_segments:True", "max_split_size_mb:256",
+                             "roundup_power2_divisions:4",
+                             "max_split_size_mb:64"}) {
+      const AllocatorConfig config = *ParseAllocatorConfig(conf);
+      const WindowResult truth = ReplayWindow(full, partial.events.size(), config);
+      const WindowResult got = ReplayPartial(partial, config);
+      std::printf("| %s | %s | %s / %s (%+.1f%%) | %s / %s |\n", name, conf,
+                  FormatSize(truth.peak_reserved).c_str(),
+                  FormatSize(got.peak_reserved).c_str(),
+                  100.0 * (got.peak_reserved - truth.peak_reserved) / truth.peak_reserved,
+                  FormatSize(truth.peak_allocated).c_str(),
+                  FormatSize(got.peak_allocated).c_str());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace allocd

@@ -77,7 +77,7 @@ nlohmann::json PartialTraceJson(const Trace& trace) {
   };
 }
 
-std::string PartialTraceText(const Trace& trace) {
+std::string PartialTraceText(const Trace& trace, bool other_configs) {
   const PartialTrace& p = trace.partial;
   std::string out;
   if (!p.other_devices.empty()) {
@@ -100,6 +100,16 @@ std::string PartialTraceText(const Trace& trace) {
             ? ""
             : absl::StrFormat(", %d blocks waiting on record_stream (%s)",
                               t.pending_blocks, FormatSize(t.pending_bytes))));
+    if (other_configs) {
+      absl::StrAppend(&out, absl::StrFormat(
+          "                   exact under the recorded config (%s); another "
+          "config starts from the recorded layout,\n"
+          "                   as if switched on when recording began, without "
+          "what its own earlier history would have\n"
+          "                   left cached (README: \"Partial snapshots\")\n",
+          trace.recorded_config.empty() ? "PyTorch defaults"
+                                        : trace.recorded_config));
+    }
     return out;
   }
   absl::StrAppend(&out, absl::StrFormat(

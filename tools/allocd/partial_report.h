@@ -18,8 +18,10 @@ namespace allocd {
 nlohmann::json PartialTraceJson(const Trace& trace);
 
 // Lines in the replay report's "label              text" layout, each ending
-// in a newline; "" for a whole trace from a single device.
-std::string PartialTraceText(const Trace& trace);
+// in a newline; "" for a whole trace from a single device. With
+// `other_configs` (configs other than the recorded one are replayed), a
+// reconstructed trace also says what those figures lack.
+std::string PartialTraceText(const Trace& trace, bool other_configs);
 
 // Why `allocd tune` refuses `trace` without --force: a partial trace whose
 // state at the first event could not be reconstructed. "" when it may be

@@ -100,7 +100,10 @@ void PrintHuman(const ReplayCommandOptions& options, const Trace& trace,
         FormatSize(static_cast<uint64_t>(*setup.replay.memory_fraction *
                                          static_cast<double>(setup.replay.capacity))));
   }
-  out << PartialTraceText(trace);
+  absl::StatusOr<AllocatorConfig> recorded =
+      ParseAllocatorConfig(trace.recorded_config);
+  out << PartialTraceText(
+      trace, !recorded.ok() || FormatAllocatorConfig(*recorded) != config);
   out << absl::StrFormat("peak reserved      %s (%d bytes)\n",
                          FormatSize(r.peak_reserved), r.peak_reserved);
   out << absl::StrFormat("peak allocated     %s (%d bytes)\n",

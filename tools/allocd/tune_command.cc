@@ -85,7 +85,7 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     j["partial"] = PartialTraceJson(*trace);
     out << j.dump(2) << "\n";
   } else {
-    out << PartialTraceText(*trace);
+    out << PartialTraceText(*trace, /*other_configs=*/true);
     PrintTextReport(*report, context, out);
   }
   if (!options.report_dir.empty()) {
