@@ -255,6 +255,20 @@ TEST(PartialTraceTest, PartialReplaysRoundTrip) {
   EXPECT_EQ(Replay(*back, {})->peak_reserved, Replay(partial, {})->peak_reserved);
 }
 
+// The cudaMallocAsync estimate starts from the live blocks too.
+TEST(PartialTraceTest, TheAsyncPoolEstimateIncludesTheLiveBlocks) {
+  const Trace full = WeightsThenSteps();
+  const std::string pickle = Exported(full);
+  const Trace partial = Cut(pickle, StepsOnly(pickle));
+  const AllocatorConfig async = *ParseAllocatorConfig("backend:cudaMallocAsync");
+  absl::StatusOr<ReplayResult> whole = Replay(full, async);
+  absl::StatusOr<ReplayResult> window = Replay(partial, async);
+  ASSERT_TRUE(whole.ok() && window.ok());
+  // The weights are live throughout: the window's peak is the job's.
+  EXPECT_EQ(window->peak_allocated, whole->peak_allocated);
+  EXPECT_GE(window->peak_reserved, window->peak_allocated);
+}
+
 // More state than the device holds is an error, not a quiet replay.
 TEST(PartialTraceTest, StateLargerThanTheDeviceIsAnError) {
   const std::string pickle = Exported(WeightsThenSteps());
