@@ -130,8 +130,8 @@ std::vector<AdoptedSegment> InitialSegments(const PartialTrace& partial) {
   std::vector<AdoptedSegment> segments;
   auto block = partial.blocks.begin();
   for (const InitialSegment& s : partial.segments) {
-    AdoptedSegment& adopted = segments.emplace_back(
-        AdoptedSegment{s.address, s.size, s.stream, s.is_small, {}});
+    AdoptedSegment& adopted = segments.emplace_back(AdoptedSegment{
+        s.address, s.size, s.stream, s.is_small, {}, s.is_expandable});
     for (; block != partial.blocks.end() && block->address < s.address + s.size;
          ++block) {
       adopted.blocks.push_back(AdoptedBlock{block->address, block->size,

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -271,11 +272,19 @@ class TraceBuilder {
         }
         return absl::OkStatus();
       case Action::kSegmentMap:
-        ++trace_.omitted.segment_map;
+      case Action::kSegmentUnmap: {
+        ++(*kind == Action::kSegmentMap ? trace_.omitted.segment_map
+                                        : trace_.omitted.segment_unmap);
+        if (absl::Status s = GetUint(addr, "addr", address); !s.ok()) return s;
+        if (absl::Status s = GetUint(size, "size", bytes); !s.ok()) return s;
+        if (absl::Status s = GetUint(stream, "stream", stream_handle);
+            !s.ok()) {
+          return s;
+        }
+        mappings_.push_back(
+            {*kind == Action::kSegmentMap, address, bytes, stream_handle});
         return absl::OkStatus();
-      case Action::kSegmentUnmap:
-        ++trace_.omitted.segment_unmap;
-        return absl::OkStatus();
+      }
       case Action::kSnapshot:
         ++trace_.omitted.snapshot;
         return absl::OkStatus();
@@ -318,6 +327,14 @@ class TraceBuilder {
     uint16_t stream;
     bool free_requested;
     uint64_t size;
+  };
+
+  // A segment_map (or segment_unmap) event of an expandable segment.
+  struct Mapping {
+    bool map;
+    uint64_t address;
+    uint64_t size;
+    uint64_t stream;
   };
 
   // A block that a free shows was allocated before the first event.
@@ -478,10 +495,6 @@ class TraceBuilder {
     auto fail = [&why](std::string reason) {
       if (why.empty()) why = std::move(reason);
     };
-    if (trace_.omitted.segment_map + trace_.omitted.segment_unmap > 0) {
-      fail("expandable segments (segment_map/segment_unmap) are not "
-           "reconstructed");
-    }
     // Blocks that frees show, by address; those the end state holds get its
     // exact size below.
     absl::flat_hash_map<uint64_t, size_t> block_at;
@@ -495,16 +508,12 @@ class TraceBuilder {
       blocks.push_back({f.id, f.address, 0, f.requested_size, f.free_requested});
     }
     for (const EndSegment& seg : *end) {
-      if (seg.is_expandable) {
-        fail("expandable segments are not reconstructed");
-        continue;
-      }
       absl::StatusOr<uint16_t> stream = StreamIndex(seg.stream);
       if (!stream.ok()) {
         fail(std::string(stream.status().message()));
         continue;
       }
-      if (!window_segments_.contains(seg.address)) {
+      if (!seg.is_expandable && !window_segments_.contains(seg.address)) {
         segments.push_back({seg.address, seg.size, *stream, seg.is_small});
       }
       for (const EndBlock& b : seg.live_blocks) {
@@ -529,9 +538,115 @@ class TraceBuilder {
         segments.push_back({seg.address, seg.size, *stream, seg.is_small});
       }
     }
+    CollectInitialMappings(*end, segments, fail);
     if (!why.empty()) return why;
     SizeInitialBlocks(segments, blocks, why);
     return why;
+  }
+
+  // Expandable segments' ranges mapped at the first event: those mapped at
+  // the end, less what the events mapped, plus what they unmapped (walked
+  // back from the end), by stream and pool.
+  template <typename Fail>
+  void CollectInitialMappings(const std::vector<EndSegment>& end,
+                              std::vector<InitialSegment>& segments,
+                              Fail& fail) {
+    if (mappings_.empty() &&
+        std::none_of(end.begin(), end.end(),
+                     [](const EndSegment& s) { return s.is_expandable; })) {
+      return;
+    }
+    using Key = std::pair<uint64_t, bool>;  // (stream handle, is_small)
+    std::map<Key, std::map<uint64_t, uint64_t>> mapped;  // start -> end
+    for (const EndSegment& seg : end) {
+      if (seg.is_expandable) {
+        AddRange(mapped[{seg.stream, seg.is_small}], seg.address,
+                 seg.address + seg.size);
+      }
+    }
+    for (auto m = mappings_.rbegin(); m != mappings_.rend(); ++m) {
+      const uint64_t lo = m->address, hi = m->address + m->size;
+      if (m->map) {
+        // Before it was mapped, the range was not.
+        bool found = false;
+        for (bool small : {false, true}) {
+          auto group = mapped.find({m->stream, small});
+          if (group != mapped.end() && RemoveRange(group->second, lo, hi)) {
+            found = true;
+            break;
+          }
+        }
+        if (!found) {
+          fail(absl::StrFormat(
+              "segment_map of 0x%x (%d bytes) is not mapped at the end and "
+              "no later event unmaps it: the end state does not match the "
+              "events",
+              lo, m->size));
+        }
+        continue;
+      }
+      AddRange(mapped[{m->stream, PoolOfUnmapped(mapped, *m)}], lo, hi);
+    }
+    for (const auto& [key, ranges] : mapped) {
+      absl::StatusOr<uint16_t> stream = StreamIndex(key.first);
+      if (!stream.ok()) {
+        fail(std::string(stream.status().message()));
+        continue;
+      }
+      for (const auto& [lo, hi] : ranges) {
+        segments.push_back({lo, hi - lo, *stream, key.second, true});
+      }
+    }
+  }
+
+  // The pool of a range that an unmap returned: the one of its stream with
+  // mapped space nearest to it; without one, the small pool for sizes that
+  // are not whole 20 MiB large pages.
+  template <typename Groups>
+  static bool PoolOfUnmapped(const Groups& mapped, const Mapping& m) {
+    std::optional<std::pair<uint64_t, bool>> nearest;  // (distance, small)
+    for (bool small : {false, true}) {
+      auto group = mapped.find({m.stream, small});
+      if (group == mapped.end() || group->second.empty()) continue;
+      const uint64_t first = group->second.begin()->first;
+      const uint64_t last = group->second.rbegin()->second;
+      const uint64_t distance = m.address < first  ? first - m.address
+                                : m.address >= last ? m.address - last
+                                                    : 0;
+      if (!nearest || distance < nearest->first) nearest = {distance, small};
+    }
+    return nearest ? nearest->second : m.size % kLargeBuffer != 0;
+  }
+
+  // [lo, hi) joins `ranges` (start -> end), merged with its neighbours.
+  static void AddRange(std::map<uint64_t, uint64_t>& ranges, uint64_t lo,
+                       uint64_t hi) {
+    auto it = ranges.upper_bound(lo);
+    if (it != ranges.begin() && std::prev(it)->second >= lo) {
+      --it;
+      lo = it->first;
+      hi = std::max(hi, it->second);
+      it = ranges.erase(it);
+    }
+    while (it != ranges.end() && it->first <= hi) {
+      hi = std::max(hi, it->second);
+      it = ranges.erase(it);
+    }
+    ranges.emplace(lo, hi);
+  }
+
+  // Takes [lo, hi) out of `ranges`; false when it is not all inside one.
+  static bool RemoveRange(std::map<uint64_t, uint64_t>& ranges, uint64_t lo,
+                          uint64_t hi) {
+    auto it = ranges.upper_bound(lo);
+    if (it == ranges.begin()) return false;
+    --it;
+    const uint64_t start = it->first, end = it->second;
+    if (hi > end) return false;
+    ranges.erase(it);
+    if (start < lo) ranges.emplace(start, lo);
+    if (hi < end) ranges.emplace(hi, end);
+    return true;
   }
 
   // Gives blocks that only a free names their size: the request rounded
@@ -582,7 +697,8 @@ class TraceBuilder {
         const uint64_t rounded = RoundSize(block.requested_size, rules);
         block.size = rounded;
         const uint64_t end = block.address + rounded;
-        if (end < boundary && !segment.is_small &&
+        // Expandable segments split off any remainder.
+        if (end < boundary && !segment.is_small && !segment.is_expandable &&
             boundary - end <= kSmallSize) {
           block.size = boundary - block.address;
         }
@@ -628,6 +744,8 @@ class TraceBuilder {
   absl::flat_hash_set<uint64_t> window_segments_;
   // Segments freed by the trace that it did not allocate.
   std::vector<EndSegment> freed_initial_segments_;
+  // segment_map and segment_unmap events, in order.
+  std::vector<Mapping> mappings_;
   absl::flat_hash_map<uint64_t, uint16_t> stream_index_;
   // Handles by provisional index.
   std::vector<uint64_t> stream_handles_;

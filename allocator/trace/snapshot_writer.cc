@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -73,6 +74,15 @@ SnapshotRecorder::SnapshotRecorder(const Trace& trace,
   auto segment = trace.partial.segments.begin();
   for (const InitialSegment& s : trace.partial.segments) {
     ranges_[s.address] = Range{s.size, s.stream};
+  }
+  // An expandable segment's pages may be mapped anywhere in its reservation,
+  // which the snapshot does not show: its ranges reach up to the next one.
+  for (const InitialSegment& s : trace.partial.segments) {
+    if (!s.is_expandable) continue;
+    const auto it = ranges_.find(s.address);
+    const auto next = std::next(it);
+    it->second.bytes =
+        (next == ranges_.end() ? ~uint64_t{0} : next->first) - s.address;
   }
   for (const InitialBlock& block : trace.partial.blocks) {
     while (segment->address + segment->size <= block.address) ++segment;

@@ -60,6 +60,8 @@ struct InitialSegment {
   // Index into Trace::streams.
   uint16_t stream;
   bool is_small;
+  // One mapped range of an expandable segment.
+  bool is_expandable = false;
 
   bool operator==(const InitialSegment&) const = default;
 };

@@ -43,14 +43,17 @@ class WindowObserver final : public ReplayObserver {
     if (index + 1 == start_) {
       allocator.ResetPeakStats();
       device_allocs_before_ = allocator.Stats().num_device_alloc;
+      device_frees_before_ = allocator.Stats().num_device_free;
     }
     return true;
   }
   int64_t device_allocs_before() const { return device_allocs_before_; }
+  int64_t device_frees_before() const { return device_frees_before_; }
 
  private:
   uint64_t start_;
   int64_t device_allocs_before_ = 0;
+  int64_t device_frees_before_ = 0;
 };
 
 struct WindowResult {
@@ -208,6 +211,35 @@ TEST(PartialTraceTest, UnsplitBlocksTakeTheirWholeSpace) {
   EXPECT_THAT(sizes, ::testing::UnorderedElementsAre(20 * kMiB, 5 * kMiB));
 }
 
+// Expandable segments: the pages mapped at the first event are the end
+// state's less what the events mapped, plus what they unmapped; the replay
+// adopts them as the segment's mapped ranges.
+TEST(PartialTraceTest, ExpandableSegmentsAreReconstructed) {
+  const AllocatorConfig expandable = *ParseAllocatorConfig("expandable_segments:True");
+  const Trace full = WeightsThenSteps();
+  const std::string pickle = Exported(full, expandable);
+  const Trace full_read = *ParseSnapshot(pickle);
+  EXPECT_FALSE(full_read.partial.partial());
+  for (const size_t keep : {size_t{60}, size_t{40}, size_t{20}}) {
+    const Trace partial = Cut(pickle, keep);
+    ASSERT_TRUE(partial.partial.reconstructed()) << partial.partial.unrecoverable;
+    ASSERT_FALSE(partial.partial.segments.empty());
+    for (const InitialSegment& s : partial.partial.segments) {
+      EXPECT_TRUE(s.is_expandable);
+    }
+    const WindowResult truth = ReplayWindow(full_read, partial.events.size(), expandable);
+    const WindowResult got = ReplayPartial(partial, expandable);
+    EXPECT_EQ(got.peak_reserved, truth.peak_reserved) << keep;
+    EXPECT_EQ(got.peak_allocated, truth.peak_allocated) << keep;
+    EXPECT_EQ(got.device_allocs, truth.device_allocs) << keep;
+    // And it round-trips.
+    absl::StatusOr<Trace> back = ParseSnapshot(Exported(partial, expandable));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->partial.segments, partial.partial.segments);
+    EXPECT_EQ(back->partial.blocks, partial.partial.blocks);
+  }
+}
+
 // A snapshot without its end state: the frees are counted and skipped, and
 // the trace says it cannot be right.
 TEST(PartialTraceTest, WithoutTheEndStateItSaysSo) {
@@ -356,6 +388,64 @@ TEST(PartialTraceAccuracyTest, ShippedTracesCutAndRingBuffered) {
       EXPECT_NEAR(got.device_allocs, truth.device_allocs,
                   std::max<double>(1.0, truth.device_allocs * 0.01))
           << name << " " << c.name;
+    }
+  }
+}
+
+// The shipped traces have no expandable segments: their replays under
+// expandable_segments:True, exported and cut, stand in for a snapshot
+// PyTorch would write (segment_map/segment_unmap events, mapped ranges in
+// the end state). On a device small enough to unmap pages too.
+TEST(PartialTraceAccuracyTest, ExpandableSnapshotsCutAndRingBuffered) {
+  const AllocatorConfig expandable = *ParseAllocatorConfig("expandable_segments:True");
+  for (const char* name : {"gpt2_full", "llama_lora"}) {
+    const Trace whole = *ReadSnapshotFile(
+        absl::StrFormat("%s/traces/%s.pickle.gz", ALLOCD_SOURCE_DIR, name));
+    // Unlimited, and 2% above the peak allocated, where caches are flushed
+    // and pages unmapped.
+    const int64_t peak_allocated = Replay(whole, expandable)->peak_allocated;
+    for (const uint64_t capacity :
+         {uint64_t{0}, static_cast<uint64_t>(peak_allocated * 1.02)}) {
+      ReplayOptions options;
+      options.capacity = capacity;
+      SnapshotRecorder recorder(whole, expandable);
+      options.observer = &recorder;
+      ASSERT_TRUE(Replay(whole, expandable, options).ok());
+      const std::string pickle = recorder.Pickle();
+      const Trace full = *ParseSnapshot(pickle);
+      ASSERT_FALSE(full.partial.partial()) << name;
+      for (const size_t keep : {SnapshotEvents(full) * 2 / 3, size_t{100000}}) {
+        const Trace partial = Cut(pickle, keep);
+        ASSERT_TRUE(partial.partial.reconstructed())
+            << name << " " << keep << ": " << partial.partial.unrecoverable;
+        ReplayOptions window_options;
+        window_options.capacity = capacity;
+        WindowObserver observer(full.events.size() - partial.events.size());
+        window_options.observer = &observer;
+        absl::StatusOr<ReplayResult> truth = Replay(full, expandable, window_options);
+        ReplayOptions partial_options;
+        partial_options.capacity = capacity;
+        absl::StatusOr<ReplayResult> got = Replay(partial, expandable, partial_options);
+        ASSERT_TRUE(truth.ok()) << truth.status();
+        ASSERT_TRUE(got.ok()) << got.status();
+        std::printf("| %s (expandable_segments:True, capacity %s) | keeps %zu | %s / %s | %s / %s | %lld / %lld (device frees %lld / %lld) |\n",
+                    name, capacity == 0 ? "unlimited" : FormatSize(capacity).c_str(), keep,
+                    FormatSize(truth->peak_reserved).c_str(), FormatSize(got->peak_reserved).c_str(),
+                    FormatSize(truth->peak_allocated).c_str(), FormatSize(got->peak_allocated).c_str(),
+                    static_cast<long long>(truth->num_device_alloc - observer.device_allocs_before()),
+                    static_cast<long long>(got->num_device_alloc),
+                    static_cast<long long>(truth->num_device_free - observer.device_frees_before()),
+                    static_cast<long long>(got->num_device_free));
+        EXPECT_NEAR(got->peak_reserved, truth->peak_reserved, truth->peak_reserved * 0.01)
+            << name << " " << keep << " " << capacity;
+        EXPECT_EQ(got->peak_allocated, truth->peak_allocated) << name << " " << keep;
+        EXPECT_EQ(got->num_device_alloc,
+                  truth->num_device_alloc - observer.device_allocs_before())
+            << name << " " << keep;
+        EXPECT_EQ(got->num_device_free,
+                  truth->num_device_free - observer.device_frees_before())
+            << name << " " << keep;
+      }
     }
   }
 }
