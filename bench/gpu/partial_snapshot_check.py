@@ -5,8 +5,8 @@ mode (PYTORCH_CUDA_ALLOC_CONF is read once per process):
   full       _record_memory_history from before the first tensor
   late       recording starts after the "model" is on the GPU
   ring       _record_memory_history(max_entries=N): PyTorch's ring wraps
-  ring-exp   the same with expandable_segments:True (allocd reads it, and
-             says it cannot reconstruct expandable segments)
+  ring-exp   the same with expandable_segments:True (addresses from the
+             driver's VMM reservations; mapped ranges to reconstruct)
 Each child reports PyTorch's own peaks; the parent replays each snapshot
 with `allocd replay --json` and prints both. The window of every partial
 snapshot holds the steady-state steps, so its replay's peaks should be
