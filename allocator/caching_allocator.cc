@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -542,6 +544,14 @@ void CachingAllocator::GarbageCollectCachedBlocks() {
 // ---------------------------------------------------------------------------
 // Expandable segments.
 
+uint64_t CachingAllocator::ExpandablePages(uint64_t page) const {
+  // PyTorch reserves numSegments(total + total / 8); that sum overflows for a
+  // device near 2^64 bytes, so count in pages.
+  const uint64_t total = backend_->TotalMemory();
+  return total / page + (total / 8) / page +
+         (total % page + (total / 8) % page + page - 1) / page;
+}
+
 uint32_t CachingAllocator::FindExpandableBlock(Request& r) {
   Pool& pool = *r.pool;
   auto allocatable = [this](uint32_t b) {
@@ -569,8 +579,13 @@ uint32_t CachingAllocator::FindExpandableBlock(Request& r) {
   // A new segment: address space for 9/8 of the device's memory, mapped on
   // demand in 2 MiB (small pool) or 20 MiB (large pool) pages.
   const uint64_t page = pool.is_small ? kSmallBuffer : config_.large_segment_size;
-  const uint64_t total = backend_->TotalMemory();
-  const uint64_t num_pages = (total + total / 8 + page - 1) / page;
+  const uint64_t num_pages = ExpandablePages(page);
+  if (num_pages > std::numeric_limits<uint64_t>::max() / page) {
+    r.error = absl::InvalidArgumentError(absl::StrCat(
+        "expandable segments: a device of ", backend_->TotalMemory(),
+        " bytes cannot be reserved (9/8 of it passes 2^64)"));
+    return kNone;
+  }
   absl::StatusOr<uint64_t> base =
       backend_->ReserveAddressRange(num_pages * page);
   if (!base.ok()) {
@@ -691,6 +706,194 @@ void CachingAllocator::ReleaseExpandableSegment(uint32_t b) {
   backend_->ReleaseAddressRange(es.base, es.num_pages * es.page_size);
   es.live = false;
   DeleteBlock(b);
+}
+
+// ---------------------------------------------------------------------------
+// Adopting a partial snapshot's state.
+
+namespace {
+
+absl::Status CheckAdoptedSegment(const AdoptedSegment& segment) {
+  auto bad = [&segment](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopted segment at 0x", absl::Hex(segment.address), " (",
+        segment.size, " bytes): ", what));
+  };
+  if (segment.size == 0 || segment.size % kMinBlockSize != 0) {
+    return bad("its size is not a positive multiple of 512");
+  }
+  if (segment.is_small && !segment.is_expandable &&
+      segment.size != kSmallBuffer) {
+    return bad("a small-pool segment is 2 MiB");
+  }
+  uint64_t end = segment.address;
+  for (const AdoptedBlock& block : segment.blocks) {
+    if (block.size == 0 || block.size % kMinBlockSize != 0) {
+      return bad(absl::StrCat("block at 0x", absl::Hex(block.address),
+                              ": its size is not a positive multiple of 512"));
+    }
+    if (block.address < end ||
+        block.address + block.size > segment.address + segment.size) {
+      return bad(absl::StrCat("block at 0x", absl::Hex(block.address), " (",
+                              block.size,
+                              " bytes) overlaps another or leaves the segment"));
+    }
+    end = block.address + block.size;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Allocation>> CachingAllocator::Adopt(
+    const std::vector<AdoptedSegment>& segments) {
+  if (!blocks_.empty() || !expandable_segments_.empty()) {
+    return absl::FailedPreconditionError(
+        "Adopt must come before the allocator's first allocation");
+  }
+  // The reservation each stream and pool's expandable ranges share: from
+  // the lowest of them, in pages of the pool's size.
+  struct Reservation {
+    uint64_t base = 0;
+    uint64_t end = 0;
+    uint64_t page = 0;
+    uint32_t index = kNone;
+    uint64_t cursor = 0;  // where adopted space ends so far
+    uint32_t last = kNone;
+  };
+  std::map<std::pair<StreamId, bool>, Reservation> reservations;
+  uint64_t end = 0;
+  for (const AdoptedSegment& segment : segments) {
+    if (absl::Status s = CheckAdoptedSegment(segment); !s.ok()) return s;
+    if (segment.address < end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adopted segment at 0x", absl::Hex(segment.address),
+          " overlaps the one before it (segments must be by address)"));
+    }
+    end = segment.address + segment.size;
+    if (!segment.is_expandable) continue;
+    auto [it, fresh] = reservations.try_emplace({segment.stream, segment.is_small});
+    Reservation& r = it->second;
+    if (fresh) {
+      r.base = r.cursor = segment.address;
+      r.page = segment.is_small ? kSmallBuffer : config_.large_segment_size;
+    }
+    r.end = end;
+    if ((segment.address - r.base) % r.page != 0 || segment.size % r.page != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adopted expandable range at 0x", absl::Hex(segment.address), " (",
+          segment.size, " bytes) is not whole ", r.page,
+          "-byte pages from its reservation at 0x", absl::Hex(r.base)));
+    }
+  }
+
+  std::vector<Allocation> allocations;
+  for (const AdoptedSegment& segment : segments) {
+    const bool small = segment.is_small;
+    total_allocated_memory_ += segment.size;
+    stats_.reserved_bytes.Increase(small, static_cast<int64_t>(segment.size));
+    if (!segment.is_expandable) {
+      stats_.segment.Increase(small, 1);
+      if (segment.size >= config_.max_split_size) {
+        stats_.oversize_segments.Increase(1);
+      }
+      uint32_t last = kNone;
+      AdoptBlocks(segment, kNone, last, allocations);
+      continue;
+    }
+    Reservation& r = reservations.at({segment.stream, small});
+    if (r.index == kNone) {
+      const uint64_t pages = std::max(ExpandablePages(r.page),
+                                      (r.end - r.base + r.page - 1) / r.page);
+      r.index = static_cast<uint32_t>(expandable_segments_.size());
+      expandable_segments_.push_back(ExpandableSegment{
+          r.base, r.page, pages, segment.stream, small, true});
+    }
+    if (segment.address > r.cursor) {
+      AdoptUnmapped(r.cursor, segment.address - r.cursor, segment.stream, small,
+                    r.index, r.last);
+    }
+    AdoptBlocks(segment, r.index, r.last, allocations);
+    r.cursor = segment.address + segment.size;
+  }
+  for (auto& [key, r] : reservations) {
+    const ExpandableSegment& es = expandable_segments_[r.index];
+    const uint64_t reservation_end = es.base + es.num_pages * es.page_size;
+    if (r.cursor < reservation_end) {
+      AdoptUnmapped(r.cursor, reservation_end - r.cursor, key.first, key.second,
+                    r.index, r.last);
+    }
+  }
+  return allocations;
+}
+
+void CachingAllocator::AdoptBlocks(const AdoptedSegment& segment,
+                                   uint32_t expandable, uint32_t& last,
+                                   std::vector<Allocation>& allocations) {
+  const bool small = segment.is_small;
+  Pool& pool = small ? small_pool_ : large_pool_;
+  std::vector<uint32_t> free_blocks;
+  auto append = [&](uint64_t ptr, uint64_t size) {
+    const uint32_t b = NewBlock(ptr, size, segment.stream, small);
+    blocks_[b].expandable_segment = expandable;
+    blocks_[b].prev = last;
+    if (last != kNone) blocks_[last].next = b;
+    last = b;
+    return b;
+  };
+  uint64_t cursor = segment.address;
+  for (const AdoptedBlock& adopted : segment.blocks) {
+    if (adopted.address > cursor) {
+      free_blocks.push_back(append(cursor, adopted.address - cursor));
+    }
+    const uint32_t b = append(adopted.address, adopted.size);
+    Block& block = blocks_[b];
+    block.requested_size = adopted.requested_size;
+    const auto size = static_cast<int64_t>(adopted.size);
+    stats_.active.Increase(small, 1);
+    stats_.active_bytes.Increase(small, size);
+    stats_.requested_bytes.Increase(
+        small, static_cast<int64_t>(adopted.requested_size));
+    if (adopted.free_pending) {
+      block.free_pending = true;
+      pending_frees_.push_back({b, block.generation});
+    } else {
+      block.allocated = true;
+      stats_.allocation.Increase(small, 1);
+      stats_.allocated_bytes.Increase(small, size);
+      if (adopted.size >= config_.max_split_size) {
+        stats_.oversize_allocations.Increase(1);
+      }
+    }
+    allocations.push_back(Allocation{block.ptr, block.size, b, block.generation});
+    cursor = adopted.address + adopted.size;
+  }
+  if (cursor < segment.address + segment.size) {
+    free_blocks.push_back(append(cursor, segment.address + segment.size - cursor));
+  }
+  for (const uint32_t b : free_blocks) {
+    InsertIntoBlocks(pool, b);
+    // PyTorch leaves expandable segments out of inactive_split.
+    if (expandable == kNone && blocks_[b].is_split()) {
+      stats_.inactive_split.Increase(small, 1);
+      stats_.inactive_split_bytes.Increase(
+          small, static_cast<int64_t>(blocks_[b].size));
+    }
+  }
+}
+
+uint32_t CachingAllocator::AdoptUnmapped(uint64_t ptr, uint64_t size,
+                                         StreamId stream, bool is_small,
+                                         uint32_t expandable, uint32_t& last) {
+  const uint32_t b = NewBlock(ptr, size, stream, is_small);
+  Block& block = blocks_[b];
+  block.mapped = false;
+  block.expandable_segment = expandable;
+  block.prev = last;
+  if (last != kNone) blocks_[last].next = b;
+  last = b;
+  (is_small ? small_pool_ : large_pool_).unmapped.insert(AddressKeyOf(b));
+  return b;
 }
 
 // ---------------------------------------------------------------------------

@@ -57,6 +57,31 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
+// A block of an AdoptedSegment that the program still holds.
+struct AdoptedBlock {
+  uint64_t address;
+  // The block's size (a multiple of 512; more than the rounded request when
+  // the block was not split).
+  uint64_t size;
+  uint64_t requested_size;
+  // Freed by the program, waiting on other streams (record_stream): active
+  // but no longer allocated, as after FreeDeferred.
+  bool free_pending = false;
+};
+
+// A segment the process held before the allocator's first call, as a
+// partial snapshot's state at its first event describes it. For expandable
+// segments: one mapped range (a snapshot's expandable "segment").
+struct AdoptedSegment {
+  uint64_t address;
+  uint64_t size;
+  StreamId stream;
+  bool is_small;
+  // By address; the gaps between them are cached free blocks.
+  std::vector<AdoptedBlock> blocks;
+  bool is_expandable = false;
+};
+
 class CachingAllocator {
  public:
   // `backend` must outlive the allocator.
@@ -80,6 +105,25 @@ class CachingAllocator {
   // (on a cache flush). CompleteFree after such a flush does nothing.
   absl::Status FreeDeferred(const Allocation& allocation);
   void CompleteFree(const Allocation& allocation);
+
+  // Takes over `segments` (by address) before any other call, as if this
+  // allocator had made them: each becomes a segment of its pool with its
+  // blocks at their addresses, the gaps between blocks become cached free
+  // blocks (merged, as PyTorch keeps them), and stats count it all as
+  // current (num_device_alloc does not: the calls were made before). The
+  // mapped ranges of expandable segments of one stream and pool become one
+  // expandable segment whose reservation starts at the lowest of them (its
+  // usual size, or more to hold them all); the space between them is
+  // unmapped. The backend must already hold the segments' memory
+  // (SimBackend::AdoptRange). Returns each block's Allocation, segment by
+  // segment, for Free/FreeDeferred, or CompleteFree for a free_pending one.
+  // InvalidArgument, with nothing adopted, for segments that overlap, a block
+  // outside its segment or overlapping another, sizes that are not multiples
+  // of 512, a small segment that is not 2 MiB, or a mapped range that is not
+  // whole pages from its reservation's start; FailedPrecondition after the
+  // first Malloc.
+  absl::StatusOr<std::vector<Allocation>> Adopt(
+      const std::vector<AdoptedSegment>& segments);
 
   // torch.cuda.empty_cache(): waits for deferred frees and returns every
   // unsplit cached segment (and every unmappable expandable page).
@@ -215,6 +259,13 @@ class CachingAllocator {
   uint32_t TryAllocateExpandableBlock(Request& r);
   void UnmapBlock(uint32_t b);
   void ReleaseExpandableSegment(uint32_t b);
+  // Adopt's parts: the blocks of one adopted segment (or mapped range)
+  // linked after `last`, and the unmapped space of an expandable segment.
+  void AdoptBlocks(const AdoptedSegment& segment, uint32_t expandable,
+                   uint32_t& last, std::vector<Allocation>& allocations);
+  uint32_t AdoptUnmapped(uint64_t ptr, uint64_t size, StreamId stream,
+                         bool is_small, uint32_t expandable, uint32_t& last);
+  uint64_t ExpandablePages(uint64_t page) const;
 
   absl::Status OutOfMemory(const Request& r) const;
   void UpdateMaxSplitStat();

@@ -5,6 +5,10 @@
 // the CUDA driver's habit seen on H100s: each new segment lands below every
 // earlier one. PyTorch breaks best-fit ties between equal-size free blocks by
 // address, so this order decides which block a replay reuses.
+//
+// Every address stays below 2^47 (and so below 2^53, where PyTorch's
+// JavaScript memory viewer loses precision): a range that would not fit in
+// the address space left is OutOfRange (a device no GPU has, not an OOM).
 #ifndef ALLOCD_ALLOCATOR_SIM_BACKEND_H_
 #define ALLOCD_ALLOCATOR_SIM_BACKEND_H_
 
@@ -18,8 +22,19 @@ namespace allocd {
 class SimBackend : public DeviceBackend {
  public:
   // `capacity`: the device memory the process may use (cudaMemGetInfo's free
-  // at start). `total_memory`: the device's total; defaults to `capacity`.
+  // at start); SIZE_MAX: unlimited. `total_memory`: the device's total;
+  // defaults to `capacity`, or to kUnlimitedTotalMemory for an unlimited
+  // device (the total sizes expandable segments' reservations, 9/8 of it
+  // each, which must fit in the address space).
   explicit SimBackend(size_t capacity, size_t total_memory = 0);
+
+  static constexpr size_t kUnlimitedTotalMemory = size_t{1} << 40;  // 1 TiB
+
+  // Takes over a segment or mapped range the process held before the
+  // allocator's first call (CachingAllocator::Adopt): its memory counts as
+  // used, and new ranges land below it. ResourceExhausted when the capacity
+  // left is smaller; InvalidArgument for a range outside the address space.
+  absl::Status AdoptRange(uint64_t address, size_t bytes);
 
   absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override;
   void FreeSegment(uint64_t address, size_t bytes) override;
@@ -36,7 +51,7 @@ class SimBackend : public DeviceBackend {
 
  private:
   absl::Status Claim(size_t bytes);
-  uint64_t TakeAddressBelow(size_t bytes);
+  absl::StatusOr<uint64_t> TakeAddressBelow(size_t bytes);
 
   size_t capacity_;
   size_t total_memory_;

@@ -122,6 +122,26 @@ absl::StatusOr<ReplayResult> EstimateAsyncPoolReplay(
   Stat allocated;
   Stat reserved;
 
+  // A partial trace's first event found these blocks in the pool.
+  if (trace.partial.reconstructed()) {
+    for (const InitialBlock& b : trace.partial.blocks) {
+      if (b.id >= trace.num_ids) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("initial block id %d out of range", b.id));
+      }
+      addresses[b.id] = pool.Allocate(b.requested_size);
+      sizes[b.id] = b.requested_size;
+      if (!addresses[b.id]) {
+        return absl::ResourceExhaustedError(
+            "the trace is partial: the memory live at its first event does "
+            "not fit in the device");
+      }
+      if (!b.free_requested) {
+        allocated.Increase(static_cast<int64_t>(b.requested_size));
+      }
+    }
+    reserved.Increase(static_cast<int64_t>(pool.reserved()));
+  }
   const auto start = std::chrono::steady_clock::now();
   uint64_t i = 0;
   for (; i < trace.events.size(); ++i) {

@@ -92,6 +92,16 @@ std::optional<int64_t> DecodeLong(const char* p, size_t n) {
   return static_cast<int64_t>(u);
 }
 
+// The uint64_t that LONG1/LONG4 encode in `n` little-endian two's
+// complement bytes, or nullopt when it is negative or does not fit.
+std::optional<uint64_t> DecodeUnsignedLong(const char* p, size_t n) {
+  if (n == 0) return 0;
+  if (static_cast<unsigned char>(p[n - 1]) & 0x80) return std::nullopt;
+  while (n > 8 && p[n - 1] == 0) --n;
+  if (n > 8) return std::nullopt;
+  return LoadLittleEndian(p, n);
+}
+
 // Whether `s` is UTF-8 that Python would decode to a str without surrogates.
 bool IsValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -634,8 +644,12 @@ class Unpickler {
     return Box(PickleKind::kFloat, b);
   }
 
-  static PickleValue BigInt() {
-    return PickleValue::Make(PickleKind::kBigInt, 0, false);
+  // An int outside int64_t, with its value when it is below 2^64.
+  PickleValue BigInt(std::optional<uint64_t> value) {
+    if (!value) return PickleValue::Make(PickleKind::kBigInt, 0, false);
+    PickleDocument::Boxed b;
+    b.i = static_cast<int64_t>(*value);
+    return Box(PickleKind::kBigInt, b);
   }
 
   // A str, bytes or bytearray that the input holds.
@@ -685,8 +699,10 @@ class Unpickler {
       length = static_cast<uint64_t>(signed_length);
     }
     if (!Take(length, p)) return false;
-    const std::optional<int64_t> value = DecodeLong(p, length);
-    return Push(value ? Int(*value) : BigInt());
+    if (const std::optional<int64_t> value = DecodeLong(p, length)) {
+      return Push(Int(*value));
+    }
+    return Push(BigInt(DecodeUnsignedLong(p, length)));
   }
 
   // INT ("I-12\n", "I01\n" for True) and LONG ("L12L\n").
@@ -713,7 +729,13 @@ class Unpickler {
     int64_t value;
     const auto [end, error] =
         std::from_chars(text.data(), text.data() + text.size(), value);
-    return Push(error == std::errc() ? Int(value) : BigInt());
+    if (error == std::errc()) return Push(Int(value));
+    uint64_t unsigned_value;
+    const auto [uend, uerror] = std::from_chars(
+        text.data(), text.data() + text.size(), unsigned_value);
+    return Push(BigInt(uerror == std::errc()
+                           ? std::optional<uint64_t>(unsigned_value)
+                           : std::nullopt));
   }
 
   bool LoadTextFloat() {

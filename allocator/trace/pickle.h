@@ -75,7 +75,8 @@ enum class PickleKind : uint8_t {
   kNone,
   kBool,
   kInt,
-  // An int outside int64_t; its value is not kept.
+  // An int outside int64_t; its value is kept (uint_value) only when it is
+  // below 2^64, as the unsigned addresses PyTorch writes are.
   kBigInt,
   kFloat,
   kStr,
@@ -214,6 +215,17 @@ class PickleDocument {
     return v.boxed() ? boxed_[v.payload()].i : v.signed_payload();
   }
   double float_value(PickleValue v) const { return boxed_[v.payload()].f; }
+  // A non-negative int below 2^64 (a kInt or a kBigInt); nullopt for any
+  // other value.
+  std::optional<uint64_t> uint_value(PickleValue v) const {
+    if (v.kind() == PickleKind::kInt) {
+      const int64_t i = int_value(v);
+      if (i >= 0) return static_cast<uint64_t>(i);
+    } else if (v.kind() == PickleKind::kBigInt && v.boxed()) {
+      return static_cast<uint64_t>(boxed_[v.payload()].i);
+    }
+    return std::nullopt;
+  }
   // kStr (valid UTF-8), kBytes or kByteArray.
   std::string_view str_value(PickleValue v) const {
     if (v.boxed()) {

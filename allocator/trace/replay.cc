@@ -217,6 +217,63 @@ void CopyCounters(const DeviceStats& stats, ReplayResult& result) {
   result.stats = stats;
 }
 
+// Trace::partial's state at the first event, as the engine adopts it.
+std::vector<AdoptedSegment> InitialSegments(const PartialTrace& partial) {
+  std::vector<AdoptedSegment> segments;
+  auto block = partial.blocks.begin();
+  for (const InitialSegment& s : partial.segments) {
+    AdoptedSegment& adopted = segments.emplace_back(AdoptedSegment{
+        s.address, s.size, s.stream, s.is_small, {}, s.is_expandable});
+    for (; block != partial.blocks.end() && block->address < s.address + s.size;
+         ++block) {
+      adopted.blocks.push_back(AdoptedBlock{block->address, block->size,
+                                            block->requested_size,
+                                            block->free_requested});
+    }
+  }
+  return segments;
+}
+
+// Seeds `allocator` (on `simulated`) with the memory a partial trace's first
+// event found, and marks those blocks' ids live.
+absl::Status AdoptInitialState(const PartialTrace& partial,
+                               SimBackend* simulated,
+                               CachingAllocator& allocator,
+                               std::vector<Allocation>& allocations,
+                               std::vector<IdState>& states) {
+  if (simulated == nullptr) {
+    return absl::InvalidArgumentError(
+        "this partial trace starts with memory already allocated, which only "
+        "a simulated device can hold: replay it without a live device");
+  }
+  const std::vector<AdoptedSegment> segments = InitialSegments(partial);
+  uint64_t reserved = 0;
+  for (const AdoptedSegment& s : segments) reserved += s.size;
+  for (const AdoptedSegment& s : segments) {
+    if (absl::Status st = simulated->AdoptRange(s.address, s.size); !st.ok()) {
+      if (!absl::IsResourceExhausted(st)) return st;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the trace is partial: its first event found %d bytes reserved, "
+          "more than the device's %d",
+          reserved, simulated->capacity()));
+    }
+  }
+  absl::StatusOr<std::vector<Allocation>> adopted = allocator.Adopt(segments);
+  if (!adopted.ok()) return adopted.status();
+  // Adopt returns the blocks in address order, as partial.blocks are.
+  for (size_t i = 0; i < partial.blocks.size(); ++i) {
+    const InitialBlock& block = partial.blocks[i];
+    if (block.id >= allocations.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "initial block id %d is out of range", block.id));
+    }
+    allocations[block.id] = (*adopted)[i];
+    states[block.id] =
+        block.free_requested ? IdState::kFreeRequested : IdState::kLive;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
                                           const AllocatorConfig& config,
                                           const ReplayOptions& options) {
@@ -240,6 +297,14 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
   ReplayResult result;
   std::vector<Allocation> allocations(trace.num_ids);
   std::vector<IdState> states(trace.num_ids, IdState::kUnseen);
+  if (trace.partial.reconstructed()) {
+    if (absl::Status s = AdoptInitialState(
+            trace.partial, simulated ? &*simulated : nullptr, allocator,
+            allocations, states);
+        !s.ok()) {
+      return s;
+    }
+  }
   TimelineRecorder timeline(trace.events.size(), options.timeline_samples);
   SwitchSplitter splitter(options.live_switch);
 

@@ -114,11 +114,17 @@ struct ReplayResult {
   std::optional<ReplayPhase> after_switch;
 };
 
-// Replays `trace` under `config`. InvalidArgument for a trace that frees what
-// it never allocated, options that make no sense (fraction outside [0,1], a
-// switch past the end of the trace or to another backend), or an observer or
-// a live switch on a backend:cudaMallocAsync replay (an estimate without
-// blocks).
+// Replays `trace` under `config`. A partial trace whose state at the first
+// event was reconstructed (Trace::partial.reconstructed()) starts from it:
+// its segments and blocks are adopted at their recorded addresses, as
+// if recording had begun then under `config` (the engine keeps what it
+// finds, as after _set_allocator_settings), so peaks include what was
+// live; ResourceExhausted when that state alone passes the capacity, and
+// InvalidArgument with options.device (a live device cannot hold it).
+// InvalidArgument for a trace that frees what it never allocated, options
+// that make no sense (fraction outside [0,1], a switch past the end of the
+// trace or to another backend), or an observer or a live switch on a
+// backend:cudaMallocAsync replay (an estimate without blocks).
 absl::StatusOr<ReplayResult> Replay(const Trace& trace,
                                     const AllocatorConfig& config,
                                     const ReplayOptions& options = {});

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -67,6 +68,28 @@ SnapshotRecorder::SnapshotRecorder(const Trace& trace,
     : trace_(trace), conf_(FormatAllocatorConfig(config)) {
   // Most trace events make one snapshot event.
   events_.reserve(trace.events.size());
+  // A partial trace's replay starts from the memory its first event found:
+  // those segments and blocks are there before any event.
+  if (!trace.partial.reconstructed()) return;
+  auto segment = trace.partial.segments.begin();
+  for (const InitialSegment& s : trace.partial.segments) {
+    ranges_[s.address] = Range{s.size, s.stream};
+  }
+  // An expandable segment's pages may be mapped anywhere in its reservation,
+  // which the snapshot does not show: its ranges reach up to the next one.
+  for (const InitialSegment& s : trace.partial.segments) {
+    if (!s.is_expandable) continue;
+    const auto it = ranges_.find(s.address);
+    const auto next = std::next(it);
+    it->second.bytes =
+        (next == ranges_.end() ? ~uint64_t{0} : next->first) - s.address;
+  }
+  for (const InitialBlock& block : trace.partial.blocks) {
+    while (segment->address + segment->size <= block.address) ++segment;
+    live_[block.id] = LiveBlock{block.address, block.requested_size,
+                                segment->stream,
+                                block.free_requested ? ++free_requests_ : 0};
+  }
 }
 
 void SnapshotRecorder::Add(Action action, StreamId stream, uint64_t addr,

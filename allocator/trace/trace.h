@@ -53,6 +53,67 @@ struct OmittedEvents {
   bool operator==(const OmittedEvents&) const = default;
 };
 
+// A segment the process held before the trace's first event.
+struct InitialSegment {
+  uint64_t address;
+  uint64_t size;
+  // Index into Trace::streams.
+  uint16_t stream;
+  bool is_small;
+  // One mapped range of an expandable segment.
+  bool is_expandable = false;
+
+  bool operator==(const InitialSegment&) const = default;
+};
+
+// A block allocated before the trace's first event and still held then. Its
+// id is one of the trace's: the trace's events free it like any other.
+struct InitialBlock {
+  uint32_t id;
+  uint64_t address;
+  // The block's size: the request rounded under the recorded config, or
+  // more when the recorded run did not split it.
+  uint64_t size;
+  uint64_t requested_size;
+  // Freed by the program before the first event, its free_completed (after
+  // record_stream) still to come: the trace holds only that.
+  bool free_requested = false;
+
+  bool operator==(const InitialBlock&) const = default;
+};
+
+// How a snapshot is partial, and what was reconstructed of the memory its
+// first event found (see snapshot_reader.h).
+struct PartialTrace {
+  // The state at the first event: non-empty when recording began after the
+  // process allocated (a late _record_memory_history, or a ring buffer that
+  // dropped the oldest events). Segments and blocks by address; a block's
+  // segment is the one that holds its address.
+  std::vector<InitialSegment> segments;
+  std::vector<InitialBlock> blocks;
+  // Free events (free_requested, free_completed) of blocks that no recorded
+  // alloc made.
+  uint64_t unmatched_frees = 0;
+  // The snapshot's end state holds what no event explains (segments or
+  // blocks that were there before the first event).
+  bool state_before_first_event = false;
+  // The trace looks cut by _record_memory_history(max_entries=N): it is
+  // partial and holds a round number of events.
+  bool ring_buffer_wrapped = false;
+  // Other devices of the process with events (a replay covers one).
+  std::vector<int> other_devices;
+  // Why the state at the first event could not be reconstructed; empty when
+  // it was (or nothing was missing). A replay of an unrecoverable partial
+  // trace starts from an empty device and misses what was live.
+  std::string unrecoverable;
+
+  bool partial() const {
+    return unmatched_frees > 0 || state_before_first_event;
+  }
+  // The replay starts from the recorded state (Trace::partial.segments).
+  bool reconstructed() const { return partial() && unrecoverable.empty(); }
+};
+
 struct Trace {
   std::vector<TraceEvent> events;
   // The distinct CUDA stream handles, ascending; TraceEvent::stream indexes
@@ -64,6 +125,7 @@ struct Trace {
   std::string recorded_config;
   int device = 0;
   OmittedEvents omitted;
+  PartialTrace partial;
 };
 
 }  // namespace allocd

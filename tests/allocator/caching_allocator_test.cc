@@ -1609,5 +1609,76 @@ TEST(CachingAllocatorTest, DestructionReturnsEverything) {
   EXPECT_EQ(backend.CallsOf(Op::kRelease).size(), 1u);
 }
 
+// ---------------------------------------------------------------------------
+// Adopt: the state a partial snapshot's first event found.
+
+// Adopted segments behave as the allocator's own: the gaps are cached free
+// blocks that best fit reuses, the blocks free and merge, stats count it
+// all, and no device call was made for it.
+TEST(CachingAllocatorAdoptTest, AdoptedSegmentsAreTheAllocatorsOwn) {
+  SimBackend backend(1 * kGiB);
+  const uint64_t base = uint64_t{0x7f0000000000};
+  ASSERT_TRUE(backend.AdoptRange(base, 20 * kMiB).ok());
+  ASSERT_TRUE(backend.AdoptRange(base + 20 * kMiB, kSmallBuffer).ok());
+  CachingAllocator allocator({}, &backend);
+  absl::StatusOr<std::vector<Allocation>> adopted = allocator.Adopt({
+      {base, 20 * kMiB, 0, false,
+       {{base + 4 * kMiB, 6 * kMiB, 6 * kMiB - 100, false},
+        {base + 10 * kMiB, 4 * kMiB, 4 * kMiB, true}}},
+      {base + 20 * kMiB, kSmallBuffer, 0, true, {{base + 20 * kMiB, 1024, 1000, false}}},
+  });
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  ASSERT_EQ(adopted->size(), 3u);
+  const DeviceStats& stats = allocator.Stats();
+  EXPECT_EQ(stats.reserved_bytes.all().current, static_cast<int64_t>(22 * kMiB));
+  EXPECT_EQ(stats.allocated_bytes.all().current, static_cast<int64_t>(6 * kMiB + 1024));
+  EXPECT_EQ(stats.active_bytes.all().current, static_cast<int64_t>(10 * kMiB + 1024));
+  EXPECT_EQ(stats.segment.all().current, 2);
+  EXPECT_EQ(stats.inactive_split.all().current, 3);  // two large gaps, one small
+  EXPECT_EQ(stats.num_device_alloc, 0);
+
+  // 3 MiB fits the 4 MiB gap at the segment's start (best fit, not the
+  // 6 MiB one at its end).
+  absl::StatusOr<Allocation> a = allocator.Malloc(3 * kMiB, 0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->address, base);
+  EXPECT_EQ(stats.num_device_alloc, 0);
+  // The pending block returns at CompleteFree and merges with its neighbours.
+  allocator.CompleteFree((*adopted)[1]);
+  ASSERT_TRUE(allocator.Free((*adopted)[0]).ok());
+  ASSERT_TRUE(allocator.Free(*a).ok());
+  EXPECT_EQ(stats.allocated_bytes.all().current, 1024);
+  EXPECT_EQ(stats.inactive_split.all().current, 1);  // the small segment's rest
+  std::vector<SegmentInfo> segments = allocator.Snapshot();
+  ASSERT_EQ(segments.size(), 2u);
+  ASSERT_EQ(segments[0].blocks.size(), 1u);
+  EXPECT_EQ(segments[0].blocks[0].size, 20 * kMiB);
+  // And the empty segment goes back to the device on empty_cache.
+  allocator.EmptyCache();
+  EXPECT_EQ(stats.num_device_free, 1);
+  EXPECT_EQ(backend.used(), kSmallBuffer);
+}
+
+TEST(CachingAllocatorAdoptTest, InconsistentStatesAreRefused) {
+  SimBackend backend(1 * kGiB);
+  CachingAllocator allocator({}, &backend);
+  const uint64_t base = uint64_t{0x7f0000000000};
+  EXPECT_THAT(allocator.Adopt({{base, 20 * kMiB, 0, false, {{base + 19 * kMiB, 2 * kMiB, 1, false}}}})
+                  .status()
+                  .message(),
+              HasSubstr("leaves the segment"));
+  EXPECT_THAT(allocator.Adopt({{base, 4 * kMiB, 0, true, {}}}).status().message(),
+              HasSubstr("2 MiB"));
+  EXPECT_THAT(allocator.Adopt({{base, 20 * kMiB, 0, false, {}},
+                               {base + 10 * kMiB, 20 * kMiB, 0, false, {}}})
+                  .status()
+                  .message(),
+              HasSubstr("overlaps"));
+  EXPECT_EQ(allocator.Stats().reserved_bytes.all().current, 0);
+  ASSERT_TRUE(allocator.Malloc(1000, 0).ok());
+  EXPECT_EQ(allocator.Adopt({}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace allocd

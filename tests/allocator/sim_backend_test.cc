@@ -6,6 +6,7 @@
 #include "allocator/sim_backend.h"
 
 #include <cstdint>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -125,6 +126,40 @@ TEST(SimBackendTest, SegmentsAndMappingsShareTheCapacity) {
   EXPECT_EQ(backend.used(), 40 * kMiB);
   EXPECT_FALSE(backend.AllocateSegment(k2MiB).ok());
   EXPECT_FALSE(backend.MapPages(base + 20 * kMiB, k2MiB).ok());
+}
+
+// An unlimited device has a finite total, so that expandable segments'
+// reservations (9/8 of it each) fit in the address space; a range that
+// does not fit is an error, not a wrapped address.
+TEST(SimBackendTest, AddressesNeverWrap) {
+  SimBackend unlimited(std::numeric_limits<size_t>::max());
+  EXPECT_EQ(unlimited.TotalMemory(), SimBackend::kUnlimitedTotalMemory);
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<uint64_t> base =
+        unlimited.ReserveAddressRange(unlimited.TotalMemory() / 8 * 9);
+    ASSERT_TRUE(base.ok()) << base.status();
+    EXPECT_LT(*base, uint64_t{1} << 53);
+  }
+  absl::StatusOr<uint64_t> huge =
+      unlimited.ReserveAddressRange(std::numeric_limits<size_t>::max() / 2);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kOutOfRange);
+  // Nothing was taken by the failure.
+  EXPECT_TRUE(unlimited.AllocateSegment(k2MiB).ok());
+}
+
+// Ranges a partial trace's first event found: their memory counts, and new
+// ranges land below them.
+TEST(SimBackendTest, AdoptedRangesCountAndNewOnesLandBelow) {
+  SimBackend backend(100 * kMiB);
+  const uint64_t adopted = uint64_t{0x7f0000000000};
+  ASSERT_TRUE(backend.AdoptRange(adopted, 40 * kMiB).ok());
+  EXPECT_EQ(backend.used(), 40 * kMiB);
+  const uint64_t next = backend.AllocateSegment(20 * kMiB).value();
+  EXPECT_LE(next + 20 * kMiB, adopted);
+  EXPECT_EQ(backend.AdoptRange(adopted - (1ull << 30), 60 * kMiB).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(backend.AdoptRange(0x1000, k2MiB).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -9,9 +9,12 @@
 #include <sstream>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "allocator/trace/snapshot_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/trace/partial_snapshot.h"
 
 namespace {
 
@@ -302,6 +305,72 @@ TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("RLIMIT_NOFILE"));
   EXPECT_THAT(r.output, HasSubstr("lower --capacity to at most"));
+}
+
+// ---------------------------------------------------------------------------
+// Partial snapshots: the last events of the llama trace, as a ring buffer
+// keeps them, with or without the end state to reconstruct from.
+
+std::string PartialLlama(const std::string& name, bool with_end_state) {
+  const std::string out = TempPath(name);
+  absl::StatusOr<std::string> cut = allocd::MakePartialSnapshot(
+      allocd::ReadGunzipped(kLlama),
+      {.keep_last_events = 100000, .drop_end_state = !with_end_state});
+  EXPECT_TRUE(cut.ok()) << cut.status();
+  EXPECT_TRUE(allocd::WriteSnapshotFile(out, cut.value_or("")).ok());
+  return out;
+}
+
+TEST(CliTest, ReplayOfAPartialSnapshotSaysWhatItReconstructed) {
+  const std::string path = PartialLlama("partial.pickle", true);
+  const CommandResult text = RunAllocd("replay " + path);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("partial trace      yes: recording began after"));
+  EXPECT_THAT(text.output, HasSubstr("wrapped _record_memory_history(max_entries=N)"));
+  EXPECT_THAT(text.output, ContainsRegex("reconstructed      the state at the first event, "
+                                         "from the snapshot's end state: [0-9]+ segments"));
+  // The whole job's peak allocated, not the window's 1.99 GiB alone.
+  EXPECT_THAT(text.output, HasSubstr("peak allocated     3.92 GiB"));
+
+  const CommandResult json = RunAllocd("replay " + path + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const nlohmann::json partial = nlohmann::json::parse(json.output)["partial"];
+  EXPECT_EQ(partial["partial"], true);
+  EXPECT_EQ(partial["reconstructed"], true);
+  EXPECT_EQ(partial["ring_buffer_wrapped"], true);
+  EXPECT_GT(partial["unmatched_frees"].get<int>(), 0);
+  EXPECT_GT(partial["initial_state"]["live_bytes"].get<int64_t>(), int64_t{2} << 30);
+  EXPECT_TRUE(partial["unrecoverable"].is_null());
+
+  // A whole trace says so too.
+  const CommandResult whole = RunAllocd("replay " + kLlama + " --json");
+  EXPECT_EQ(nlohmann::json::parse(whole.output)["partial"]["partial"], false);
+  EXPECT_THAT(RunAllocd("replay " + kLlama).output, Not(HasSubstr("partial trace")));
+  std::remove(path.c_str());
+}
+
+TEST(CliTest, TuneRefusesAPartialSnapshotItCannotReconstructUnlessForced) {
+  const std::string path = PartialLlama("no_end_state.pickle", false);
+  const CommandResult replay = RunAllocd("replay " + path);
+  ASSERT_EQ(replay.exit_code, 0) << replay.output;
+  EXPECT_THAT(replay.output, HasSubstr("WARNING            the state at the first event "
+                                       "cannot be reconstructed: the snapshot has no "
+                                       "'segments'"));
+
+  const CommandResult refused = RunAllocd("tune " + path + " --budget 5 --jobs 2");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.output, HasSubstr("cannot be reconstructed"));
+  EXPECT_THAT(refused.output, HasSubstr("--force"));
+  const CommandResult forced = RunAllocd("tune " + path + " --budget 5 --jobs 2 --force --json");
+  ASSERT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_EQ(nlohmann::json::parse(forced.output.substr(forced.output.find('{')))["partial"]["reconstructed"],
+            false);
+
+  // A partial snapshot with its end state tunes without --force.
+  const std::string reconstructible = PartialLlama("tunable.pickle", true);
+  EXPECT_EQ(RunAllocd("tune " + reconstructible + " --budget 5 --jobs 2").exit_code, 0);
+  std::remove(path.c_str());
+  std::remove(reconstructible.c_str());
 }
 
 }  // namespace

@@ -12,9 +12,23 @@
 namespace {
 
 // Traps unless ids and streams are in range and each id goes alloc, then
-// free_requested, then free_completed, at most once each.
+// free_requested, then free_completed, at most once each; a block live at a
+// partial trace's first event starts past its alloc (and its free_requested
+// when it was pending), inside a segment of that state.
 void CheckTrace(const allocd::Trace& trace) {
   std::vector<int> stage(trace.num_ids, 0);
+  const allocd::PartialTrace& partial = trace.partial;
+  if (!partial.reconstructed() &&
+      (!partial.blocks.empty() || !partial.segments.empty())) {
+    __builtin_trap();
+  }
+  for (const allocd::InitialSegment& s : partial.segments) {
+    if (s.stream >= trace.streams.size()) __builtin_trap();
+  }
+  for (const allocd::InitialBlock& b : partial.blocks) {
+    if (b.id >= trace.num_ids || stage[b.id] != 0) __builtin_trap();
+    stage[b.id] = b.free_requested ? 2 : 1;
+  }
   for (const allocd::TraceEvent& e : trace.events) {
     if (e.id >= trace.num_ids || e.stream >= trace.streams.size()) {
       __builtin_trap();

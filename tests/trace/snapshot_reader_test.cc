@@ -352,6 +352,51 @@ TEST(SnapshotReaderTest, ChoosesTheOnlyDeviceWithEvents) {
                         "torch.cuda.memory._record_memory_history()"));
 }
 
+// PyTorch writes addresses as unsigned 64-bit ints: one at or above 2^63
+// (a LONG1 of 9 bytes, the last 0) is an address like any other.
+TEST(SnapshotReaderTest, AddressesAbove2To63AreRead) {
+  // 0xfffe000000000000 and 0x8000000000000000, little-endian, then the
+  // sign byte.
+  const std::string high(
+      "\x8a\x09\x00\x00\x00\x00\x00\x00\xfe\xff\x00", 11);
+  const std::string top_bit(
+      "\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00", 11);
+  PickleWriter w;
+  w.BeginDict().Str("device_traces").BeginList().BeginList();
+  for (const auto& [action, addr] :
+       {std::pair<std::string, std::string>{"segment_alloc", top_bit},
+        {"alloc", high},
+        {"free_requested", high},
+        {"free_completed", high}}) {
+    w.BeginDict()
+        .Str("action").Str(action)
+        .Str("addr").Raw(addr)
+        .Str("size").Int(action == "segment_alloc" ? 2 << 20 : 100)
+        .Str("stream").Int(0)
+        .EndDict();
+  }
+  const std::string snapshot = w.EndList().EndList().EndDict().Finish();
+  absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_THAT(trace->events, ElementsAre(TraceEvent{kAlloc, 0, 0, 100},
+                                         TraceEvent{kFreeRequested, 0, 0, 100},
+                                         TraceEvent{kFreeCompleted, 0, 0, 100}));
+  ASSERT_EQ(trace->recorded_segments.size(), 1u);
+  EXPECT_EQ(trace->recorded_segments[0].address, uint64_t{1} << 63);
+}
+
+// The other devices with events are named: a replay covers one.
+TEST(SnapshotReaderTest, OtherDevicesWithEventsAreNamed) {
+  const std::string snapshot = Snapshot(
+      {{Event("alloc", 0x100, 1)}, {}, {Event("alloc", 0x100, 1)}});
+  absl::StatusOr<Trace> trace = ParseSnapshot(snapshot, {2});
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_THAT(trace->partial.other_devices, ElementsAre(0));
+  trace = ParseSnapshot(Snapshot({{Event("alloc", 0x100, 1)}}));
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_TRUE(trace->partial.other_devices.empty());
+}
+
 // tests/trace/testdata/two_devices.pickle: written by Python's pickle (see
 // make_two_devices.py), with stack frames and a shared memo.
 TEST(SnapshotReaderTest, TwoDeviceSnapshotFromPython) {

@@ -128,6 +128,9 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
                    "index.html (self-contained) and timeline.svg, "
                    "fragmentation.svg, landscape.svg");
   tune->add_flag("--json", o.json, "print one JSON object");
+  tune->add_flag("--force", o.force,
+                 "tune a partial snapshot even when the memory live at its "
+                 "first event cannot be reconstructed");
 }
 
 #ifdef ALLOCD_WITH_SERVER

@@ -11,6 +11,7 @@
 #include "allocator/trace/snapshot_writer.h"
 #include "nlohmann/json.hpp"
 #include "tools/allocd/common.h"
+#include "tools/allocd/partial_report.h"
 
 namespace allocd {
 namespace {
@@ -77,6 +78,7 @@ void PrintJson(const Trace& trace, const Setup& setup, const ReplayResult& r,
       {"events", r.events},
       {"replay_seconds", r.seconds},
       {"estimated", r.estimated},
+      {"partial", PartialTraceJson(trace)},
   };
   out << j.dump(2) << "\n";
 }
@@ -98,6 +100,10 @@ void PrintHuman(const ReplayCommandOptions& options, const Trace& trace,
         FormatSize(static_cast<uint64_t>(*setup.replay.memory_fraction *
                                          static_cast<double>(setup.replay.capacity))));
   }
+  absl::StatusOr<AllocatorConfig> recorded =
+      ParseAllocatorConfig(trace.recorded_config);
+  out << PartialTraceText(
+      trace, !recorded.ok() || FormatAllocatorConfig(*recorded) != config);
   out << absl::StrFormat("peak reserved      %s (%d bytes)\n",
                          FormatSize(r.peak_reserved), r.peak_reserved);
   out << absl::StrFormat("peak allocated     %s (%d bytes)\n",

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tools/allocd/common.h"
+#include "tools/allocd/partial_report.h"
 #include "tuner/html_report.h"
 #include "tuner/search_space.h"
 #include "tuner/text_report.h"
@@ -69,6 +70,11 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     err << "allocd tune: " << trace.status().message() << "\n";
     return 1;
   }
+  if (const std::string refusal = TuneRefusal(*trace);
+      !refusal.empty() && !options.force) {
+    err << "allocd tune: " << options.trace_path << ": " << refusal << "\n";
+    return 1;
+  }
 
   ProgressBar bar("tuning");
   tune_options->progress = [&bar](size_t done, size_t planned) { bar.Update(done, planned); };
@@ -82,8 +88,11 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
   const ReportContext context{options.trace_path, trace->events.size(), trace->device,
                               options.top};
   if (options.json) {
-    out << JsonReport(*report, context).dump(2) << "\n";
+    nlohmann::json j = JsonReport(*report, context);
+    j["partial"] = PartialTraceJson(*trace);
+    out << j.dump(2) << "\n";
   } else {
+    out << PartialTraceText(*trace, /*other_configs=*/true);
     PrintTextReport(*report, context, out);
   }
   if (!options.report_dir.empty()) {

@@ -24,6 +24,9 @@ struct TuneCommandOptions {
   int device = -1;
   int top = 10;
   bool json = false;
+  // Tune a partial snapshot whose state at the first event could not be
+  // reconstructed (otherwise refused).
+  bool force = false;
 };
 
 // Returns the exit code: 0 with a recommendation, 2 when no candidate fits,
