@@ -8,7 +8,8 @@ Managed mode (``enable``, before the first CUDA tensor) replaces PyTorch's
 CUDA allocator with allocd's copy of it, rule for rule, on GPU memory that
 the node daemon (``allocd serve --backend cuda``) shares between the
 processes of the node: memory one job frees serves the next, and the daemon
-pushes allocator configs into the running job.
+pushes allocator configs into the running job. ``enable(mode="engine")``
+(allocd/_engine.py) is that copy behind PyTorch's pluggable-allocator hook.
 
 Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
 to the daemon, applies the allocator configs it pushes at runtime with
@@ -30,7 +31,6 @@ __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAUL
 
 DEFAULT_SOCKET = "/run/allocd/allocd.sock"
 _LIBRARY = "liballocd_client.so"
-_TORCH_LIBRARY = "liballocd_torch.so"
 
 
 class AllocdUnavailable(RuntimeError):
@@ -188,33 +188,47 @@ _advisor = None
 _managed = None
 
 
-class _Managed:
-    """liballocd_torch.so, installed as PyTorch's CUDA allocator."""
-
-    def __init__(self, lib, allocator):
-        self.lib = lib
-        self.allocator = allocator  # keeps PyTorch's wrapper alive
-
-    def stats(self):
-        size = 1 << 16
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            n = self.lib.allocd_torch_stats_json(buffer, size)
-            if n < 0:
-                return {}
-            if n < size:
-                return json.loads(buffer.value.decode())
-            size = n + 1
+def _enable_engine(torch, socket, job, config, device):
+    from . import _engine  # imported here: it needs this module complete
+    engine = _engine.enable(torch, socket, job, config, device)
+    if not engine.oom_is_torch_error():
+        warnings.warn("allocd: PyTorch's c10 library was not found in this process: an "
+                      "allocation that does not fit raises RuntimeError, not "
+                      "torch.OutOfMemoryError", RuntimeWarning, stacklevel=3)
+    return engine
 
 
-def enable(socket=None, job=None, device=None, required=False):
+# enable()'s modes: each takes (torch, socket, job, config, device), returns
+# the installed allocator (with .mode, .stats() and .unroute()) or raises
+# AllocdUnavailable/OSError before changing anything.
+_MODES = {"engine": _enable_engine}
+_DEFAULT_MODE = "engine"
+
+
+def enable(socket=None, job=None, device=None, required=False, mode=None):
     """Managed mode: PyTorch allocates CUDA memory through allocd.
 
     Call it before the first CUDA tensor (PyTorch cannot swap an allocator
     that has allocated). The config is $PYTORCH_CUDA_ALLOC_CONF (read by
     allocd instead of PyTorch); the daemon may push others at runtime.
-    torch.cuda.memory_stats() is not available under a pluggable allocator:
-    allocd.stats() has the same counters.
+
+    mode="engine" (today's default): allocd's copy of PyTorch's caching
+    allocator runs behind torch.cuda.memory.CUDAPluggableAllocator, where
+    allocd can run policies PyTorch does not have. PyTorch's memory
+    functions answer from it, for the managed device: torch.cuda[.memory].
+    memory_stats, memory_stats_as_nested_dict, memory_allocated,
+    max_memory_allocated, memory_reserved, max_memory_reserved,
+    reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary,
+    the same functions of torch.accelerator, memory_snapshot, _snapshot,
+    _dump_snapshot and _record_memory_history (the engine's events, without
+    stack frames). An allocation that does not fit raises
+    torch.OutOfMemoryError, after which the process goes on. What it cannot
+    offer, because PyTorch does not ask a pluggable allocator for it:
+    CUDA graphs (torch.cuda.graph capture, and torch.compile's
+    mode="reduce-overhead" graph trees, which fail with "does not yet support
+    checkPoolLiveAllocations"), torch.cuda.MemPool, opening CUDA tensors
+    shared by another process, torch._C._cuda_attach_out_of_memory_observer,
+    and stack frames in snapshots (allocd/_engine.py lists it all).
 
     socket, job: as for advise(). device: the CUDA device to manage, as this
     process numbers it (default 0; the daemon's device must be the same GPU).
@@ -226,31 +240,17 @@ def enable(socket=None, job=None, device=None, required=False):
     global _managed
     if _managed is not None:
         return True
+    mode = _DEFAULT_MODE if mode is None else mode
+    if mode not in _MODES:
+        raise ValueError(f"allocd.enable: unknown mode {mode!r}; modes: {', '.join(_MODES)}")
     import torch
 
     socket, job, config = _settings(socket, job)
     device = 0 if device is None else device
     try:
-        path = _library_path(_TORCH_LIBRARY)
-        lib = _load(path, {
-            "allocd_torch_configure": (ctypes.c_int, [ctypes.c_char_p] * 3 + [ctypes.c_int]),
-            "allocd_torch_last_error": (ctypes.c_char_p, []),
-            "allocd_torch_stats_json": (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_size_t]),
-        })
-        if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device):
-            raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
+        _managed = _MODES[mode](torch, socket, job, config, device)
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        path, "allocd_torch_malloc", "allocd_torch_free")
-    hooks = allocator.allocator()
-    for setter, symbol in (("set_reset_fn", "allocd_torch_empty_cache"),
-                           ("set_memory_fraction_fn", "allocd_torch_set_memory_fraction"),
-                           ("set_record_stream_fn", "allocd_torch_record_stream")):
-        if hasattr(hooks, setter):
-            getattr(hooks, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
-    torch.cuda.memory.change_current_allocator(allocator)
-    _managed = _Managed(lib, allocator)
     return True
 
 
@@ -289,7 +289,8 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
 def stats():
     """What allocd knows of this process: session, config version, counts."""
     if _managed is not None:
-        return {"connected": True, "mode": "managed", **_managed.stats()}
+        return {"connected": True, "mode": "managed", "managed_mode": _managed.mode,
+                **_managed.stats()}
     if _advisor is None:
         return {"connected": False}
     return {
@@ -306,11 +307,16 @@ def stats():
 
 
 def shutdown():
-    """Stops advising and ends the session (also done at interpreter exit)."""
+    """Stops advising and ends the session (also done at interpreter exit).
+
+    In managed mode PyTorch's memory functions get their own implementations
+    back; the allocator itself stays (PyTorch cannot swap it out)."""
     global _advisor
     if _advisor is not None:
         _advisor.stop()
         _advisor = None
+    if _managed is not None:
+        _managed.unroute()
 
 
 import atexit  # noqa: E402  (registered once the module is complete)
