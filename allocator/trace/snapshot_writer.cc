@@ -235,7 +235,11 @@ std::string SnapshotRecorder::Pickle() const {
     w.BeginList().EndList();
   }
   w.BeginList();
-  for (const Event& e : events_) {
+  const size_t first = max_events_ != 0 && events_.size() > max_events_
+                           ? events_.size() - max_events_
+                           : 0;
+  for (size_t i = first; i < events_.size(); ++i) {
+    const Event& e = events_[i];
     w.BeginDict();
     w.Str("action").Str(kActionNames[static_cast<int>(e.action)]);
     if (e.action == Action::kOom) {

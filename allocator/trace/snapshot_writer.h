@@ -63,9 +63,9 @@ class SnapshotRecorder final : public ReplayObserver {
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override;
   void OnEnd(const CachingAllocator& allocator) override;
 
-  // Keeps only the newest `max_events` snapshot events, as
-  // _record_memory_history(max_entries=) does (older ones are dropped as new
-  // ones arrive; memory stays within about twice that). 0: keep every one.
+  // Writes only the newest `max_events` snapshot events, as
+  // _record_memory_history(max_entries=) keeps them (older ones are dropped
+  // as new ones arrive: memory stays within about twice that). 0: all.
   void KeepNewest(size_t max_events) { max_events_ = max_events; }
 
   // The snapshot pickle of the replay so far (segments as of OnEnd).
