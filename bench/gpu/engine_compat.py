@@ -179,8 +179,12 @@ def child(mode, socket, workdir):
         a = torch.randn(1024, 1024, device=dev)
         value = float((a @ a).sum())
         torch.cuda.synchronize()
-        return {"raised": name, "message": str(raised).splitlines()[0][:200],
-                "goes_on": value == value}
+        details = {"raised": name, "message": str(raised).splitlines()[0][:200],
+                   "goes_on": value == value}
+        if mode == "engine":
+            import allocd
+            details["allocd_throws_c10_oom"] = allocd._managed.oom_is_torch_error()
+        return details
 
     @check(results, "empty_cache")
     def _():

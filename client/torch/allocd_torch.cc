@@ -391,6 +391,19 @@ bool Enabled() {
   return false;
 }
 
+// Runs `fn` for a caller through ctypes, which cannot take a C++ exception:
+// its result, or -1 with the reason in last_error.
+template <typename Fn>
+int64_t Guarded(Fn fn) {
+  if (!Enabled()) return -1;
+  try {
+    return fn(*managed);
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
+}
+
 // `data` into `buf` with a NUL after it when it fits (data.size() < len);
 // its size either way.
 int64_t CopyOut(const std::string& data, char* buf, size_t len) {
@@ -449,25 +462,29 @@ void allocd_torch_record_stream(void* ptr, void* stream) {
 }
 
 int64_t allocd_torch_stats_json(char* buf, size_t len) {
-  if (!allocd::Enabled()) return -1;
-  return allocd::CopyOut(allocd::managed->StatsJson(), buf, len);
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.StatsJson(), buf, len);
+  });
 }
 
 int64_t allocd_torch_memory_stats_json(char* buf, size_t len) {
-  if (!allocd::Enabled()) return -1;
-  return allocd::CopyOut(allocd::managed->MemoryStatsJson(), buf, len);
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.MemoryStatsJson(), buf, len);
+  });
 }
 
 int allocd_torch_reset_peak_stats(void) {
-  if (!allocd::Enabled()) return -1;
-  allocd::managed->ResetPeakStats();
-  return 0;
+  return static_cast<int>(allocd::Guarded([](allocd::ManagedAllocator& m) {
+    m.ResetPeakStats();
+    return 0;
+  }));
 }
 
 int allocd_torch_reset_accumulated_stats(void) {
-  if (!allocd::Enabled()) return -1;
-  allocd::managed->ResetAccumulatedStats();
-  return 0;
+  return static_cast<int>(allocd::Guarded([](allocd::ManagedAllocator& m) {
+    m.ResetAccumulatedStats();
+    return 0;
+  }));
 }
 
 int allocd_torch_device(void) {
@@ -476,14 +493,16 @@ int allocd_torch_device(void) {
 
 int allocd_torch_record_history(int enabled, uint64_t max_entries,
                                 int clear) {
-  if (!allocd::Enabled()) return -1;
-  allocd::managed->RecordHistory(enabled != 0, max_entries, clear != 0);
-  return 0;
+  return static_cast<int>(allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    m.RecordHistory(enabled != 0, max_entries, clear != 0);
+    return 0;
+  }));
 }
 
 int64_t allocd_torch_snapshot_pickle(char* buf, size_t len) {
-  if (!allocd::Enabled()) return -1;
-  return allocd::CopyOut(allocd::managed->SnapshotPickle(), buf, len);
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.SnapshotPickle(), buf, len);
+  });
 }
 
 int allocd_torch_oom_is_torch_error(void) {

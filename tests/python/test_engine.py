@@ -346,6 +346,36 @@ class EngineRoutingTest(unittest.TestCase):
                          self.lib.stats["allocated_bytes.all.current"])
 
 
+@unittest.skipUnless(os.path.exists(os.path.join(os.environ["ALLOCD_PYTHON_DIR"], "allocd",
+                                                 _engine._TORCH_LIBRARY)),
+                     "liballocd_torch.so is built only with the CUDA toolkit")
+class LibraryTest(unittest.TestCase):
+    """The real liballocd_torch.so, before allocd_torch_configure (no GPU here)."""
+
+    def setUp(self):
+        self.lib = allocd._load(allocd._library_path(_engine._TORCH_LIBRARY),
+                                _engine._SIGNATURES)
+
+    def test_every_function_the_engine_calls_is_exported(self):
+        for name in _engine._SIGNATURES:
+            self.assertTrue(hasattr(self.lib, name), name)
+        for _, symbol in _engine._HOOKS:
+            self.assertTrue(hasattr(self.lib, symbol), symbol)
+
+    def test_calls_before_configure_fail_with_a_reason(self):
+        self.assertEqual(self.lib.allocd_torch_device(), -1)
+        buffer = ctypes.create_string_buffer(64)
+        for name in ("allocd_torch_memory_stats_json", "allocd_torch_snapshot_pickle",
+                     "allocd_torch_stats_json"):
+            self.assertEqual(getattr(self.lib, name)(buffer, 64), -1, name)
+        self.assertEqual(self.lib.allocd_torch_reset_peak_stats(), -1)
+        self.assertEqual(self.lib.allocd_torch_record_history(1, 10, 0), -1)
+        self.assertIn(b"not enabled", self.lib.allocd_torch_last_error())
+
+    def test_without_pytorch_an_oom_would_be_a_runtime_error(self):
+        self.assertEqual(self.lib.allocd_torch_oom_is_torch_error(), 0)
+
+
 class EnableTest(unittest.TestCase):
     """enable()'s mode handling and the engine's lifetime in the package."""
 
