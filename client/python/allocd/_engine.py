@@ -7,7 +7,7 @@ PyTorch's Python calls on its allocator, a pluggable one refuses
 ("CUDAPluggableAllocator does not yet support getDeviceStats"). So engine
 mode answers those calls itself, from the engine, at the one place every
 public name goes through: the ``torch._C`` functions that PyTorch's own
-Python functions call when they run (never at import), for the managed
+Python functions look up each time they run (not at import), for the managed
 device only:
 
 ==========================================  ===================================
@@ -48,6 +48,8 @@ answer for it, because PyTorch's C++ calls it directly:
   likewise). The engine has no private graph pools either (PyTorch's
   begin/endAllocateToPool hooks), so ``torch.cuda.graph`` capture is not
   supported: memory a captured graph uses could be handed to other tensors.
+  ``torch.cuda.MemPool`` / ``use_mem_pool`` go through the same hooks and are
+  not supported either.
 - ``getIpcDevPtr``: opening a CUDA tensor another process shared
   (``torch.multiprocessing``).
 - ``cacheInfo`` (the largest cached block), which cuDNN's v7 benchmark path
