@@ -198,9 +198,11 @@ def _enable_engine(torch, socket, job, config, device):
     return engine
 
 
-# enable()'s modes: each takes (torch, socket, job, config, device), returns
-# the installed allocator (with .mode, .stats() and .unroute()) or raises
-# AllocdUnavailable/OSError before changing anything.
+# enable()'s modes, the one place a mode plugs in: each takes (torch, socket,
+# job, config, device) and returns what it installed (with .mode, .stats()
+# for allocd.stats() and .unroute() for shutdown()), or raises
+# AllocdUnavailable/OSError before it changes PyTorch. The transparent mode
+# (client/interpose/) joins here, and then becomes _DEFAULT_MODE.
 _MODES = {"engine": _enable_engine}
 _DEFAULT_MODE = "engine"
 
