@@ -35,12 +35,14 @@ import time
 import traceback
 
 MiB = 1 << 20
+CHECKS = ("stats", "snapshot", "oom", "empty_cache", "reduce_overhead")
 # Expected to fail in engine mode (documented in allocd/_engine.py).
 ENGINE_UNSUPPORTED = {"reduce_overhead"}
 
 
-def check(results, name):
-    """Decorator: runs the check, recording its details or its error."""
+def check(results, name, progress):
+    """Decorator: runs the check, recording its details or its error, and
+    saves the results so far to `progress` (a check may crash the process)."""
     def run(fn):
         started = time.monotonic()
         try:
@@ -50,6 +52,8 @@ def check(results, name):
             results[name] = {"ok": False, "error": f"{type(error).__name__}: {error}",
                              "traceback": traceback.format_exc(limit=4)}
         results[name]["seconds"] = round(time.monotonic() - started, 3)
+        with open(progress, "w") as f:
+            json.dump(results, f)
         return fn
     return run
 
@@ -67,12 +71,15 @@ def child(mode, socket, workdir):
         allocd.enable(socket=socket, job="engine-compat", mode="engine", required=True)
     dev = torch.device("cuda", 0)
     results = {}
+    progress = progress_path(workdir, mode)
+    if os.path.exists(progress):
+        os.remove(progress)
     namespaces = {"torch.cuda": torch.cuda, "torch.cuda.memory": torch.cuda.memory,
                   "torch.accelerator": getattr(torch, "accelerator", None)}
     readers = ("memory_allocated", "max_memory_allocated", "memory_reserved",
                "max_memory_reserved")
 
-    @check(results, "stats")
+    @check(results, "stats", progress)
     def _():
         seen = {}
         x = torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
@@ -128,7 +135,7 @@ def child(mode, socket, workdir):
         del small
         return {"values": seen}
 
-    @check(results, "snapshot")
+    @check(results, "snapshot", progress)
     def _():
         torch.cuda.memory._record_memory_history(max_entries=100000)
         tensors = [torch.empty(n * MiB, dtype=torch.uint8, device=dev) for n in (1, 3, 30)]
@@ -161,7 +168,7 @@ def child(mode, socket, workdir):
         return {"segments": len(snapshot["segments"]), "trace_events": len(trace),
                 "actions": actions, "memory_viz": viz, "dump_bytes": os.path.getsize(path)}
 
-    @check(results, "oom")
+    @check(results, "oom", progress)
     def _():
         ooms = torch.cuda.memory_stats().get("num_ooms", 0)
         total = torch.cuda.get_device_properties(0).total_memory
@@ -186,7 +193,7 @@ def child(mode, socket, workdir):
             details["allocd_throws_c10_oom"] = allocd._managed.oom_is_torch_error()
         return details
 
-    @check(results, "empty_cache")
+    @check(results, "empty_cache", progress)
     def _():
         x = torch.empty(256 * MiB, dtype=torch.uint8, device=dev)
         del x
@@ -196,7 +203,7 @@ def child(mode, socket, workdir):
         expect(after <= before - 256 * MiB, f"reserved {before} -> {after}")
         return {"reserved_before": before, "reserved_after": after}
 
-    @check(results, "reduce_overhead")
+    @check(results, "reduce_overhead", progress)
     def _():
         f = torch.compile(lambda t: (t * 2).sin() + 1, mode="reduce-overhead")
         t = torch.randn(4096, device=dev)
@@ -208,6 +215,10 @@ def child(mode, socket, workdir):
 
     return {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
             "checks": results}
+
+
+def progress_path(workdir, mode):
+    return os.path.join(workdir, f"{mode}_checks.json")
 
 
 def start_daemon(binary, socket, capacity, log):
@@ -258,8 +269,11 @@ def main():
             try:
                 report["modes"][mode] = json.loads(run.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
+                # The checks that finished before the process died.
+                progress = progress_path(workdir, mode)
+                checks = json.load(open(progress)) if os.path.exists(progress) else {}
                 report["modes"][mode] = {"crashed": True, "rc": run.returncode,
-                                         "stderr": run.stderr[-3000:]}
+                                         "stderr": run.stderr[-3000:], "checks": checks}
     finally:
         if daemon is not None:
             daemon.terminate()
@@ -270,8 +284,8 @@ def main():
         checks = result.get("checks", {})
         summary[mode] = {name: c["ok"] for name, c in checks.items()}
         expected_failures = ENGINE_UNSUPPORTED if mode == "engine" else set()
-        if result.get("crashed") or any(not c["ok"] for n, c in checks.items()
-                                        if n not in expected_failures):
+        if any(not checks.get(n, {"ok": False})["ok"] for n in CHECKS
+               if n not in expected_failures):
             ok = False
     report["summary"] = summary
     report["all_expected_passed"] = ok
