@@ -9,60 +9,11 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_backend.h"
 #include "allocator/trace/async_pool_model.h"
+#include "allocator/trace/observed_backend.h"
 #include "allocator/trace/replay_observer.h"
 
 namespace allocd {
 namespace {
-
-// A backend that passes every call on to `inner` and reports those that
-// succeed to the observer, until Detach.
-class ObservedBackend final : public DeviceBackend {
- public:
-  ObservedBackend(DeviceBackend& inner, ReplayObserver& observer)
-      : inner_(inner), observer_(&observer) {}
-
-  // Stops reporting: the allocator's teardown, which hands every segment
-  // back as a process exit would, is not part of the replay.
-  void Detach() { observer_ = nullptr; }
-
-  absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override {
-    absl::StatusOr<uint64_t> address = inner_.AllocateSegment(bytes);
-    if (address.ok()) Report(DeviceCall::kSegmentAlloc, *address, bytes);
-    return address;
-  }
-  void FreeSegment(uint64_t address, size_t bytes) override {
-    inner_.FreeSegment(address, bytes);
-    Report(DeviceCall::kSegmentFree, address, bytes);
-  }
-  absl::StatusOr<uint64_t> ReserveAddressRange(size_t bytes) override {
-    absl::StatusOr<uint64_t> address = inner_.ReserveAddressRange(bytes);
-    if (address.ok()) Report(DeviceCall::kReserve, *address, bytes);
-    return address;
-  }
-  void ReleaseAddressRange(uint64_t address, size_t bytes) override {
-    inner_.ReleaseAddressRange(address, bytes);
-    Report(DeviceCall::kRelease, address, bytes);
-  }
-  absl::Status MapPages(uint64_t address, size_t bytes) override {
-    absl::Status status = inner_.MapPages(address, bytes);
-    if (status.ok()) Report(DeviceCall::kMap, address, bytes);
-    return status;
-  }
-  void UnmapPages(uint64_t address, size_t bytes) override {
-    inner_.UnmapPages(address, bytes);
-    Report(DeviceCall::kUnmap, address, bytes);
-  }
-  size_t TotalMemory() const override { return inner_.TotalMemory(); }
-  size_t FreeMemory() const override { return inner_.FreeMemory(); }
-
- private:
-  void Report(DeviceCall call, uint64_t address, size_t bytes) {
-    if (observer_ != nullptr) observer_->OnDeviceCall(call, address, bytes);
-  }
-
-  DeviceBackend& inner_;
-  ReplayObserver* observer_;
-};
 
 enum class IdState : uint8_t { kUnseen, kLive, kFreeRequested, kDone, kFailed };
 
@@ -289,7 +240,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
   // without one the engine calls the simulator directly.
   ReplayObserver* const observer = options.observer;
   std::optional<ObservedBackend> observed;
-  if (observer != nullptr) observed.emplace(backend, *observer);
+  if (observer != nullptr) observed.emplace(backend, observer);
   CachingAllocator allocator(
       config, observed ? static_cast<DeviceBackend*>(&*observed) : &backend);
   if (options.memory_fraction) allocator.SetMemoryFraction(*options.memory_fraction);

@@ -3,7 +3,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
 #include <climits>
 #include <cstddef>
@@ -102,16 +101,19 @@ uint64_t SnapshotRecorder::StreamHandle(StreamId stream) const {
   return stream < trace_.streams.size() ? trace_.streams[stream] : stream;
 }
 
-const SnapshotRecorder::Range& SnapshotRecorder::RangeOf(
-    uint64_t address) const {
+StreamId SnapshotRecorder::StreamOfRange(uint64_t address) const {
   auto it = ranges_.upper_bound(address);
-  assert(it != ranges_.begin());
+  if (it == ranges_.begin()) return stream_;
   --it;
-  assert(address < it->first + it->second.bytes);
-  return it->second;
+  return address < it->first + it->second.bytes ? it->second.stream : stream_;
 }
 
 void SnapshotRecorder::OnEvent(uint64_t index, const TraceEvent& event) {
+  if (max_events_ != 0 && events_.size() >= 2 * max_events_) {
+    // Trimmed only between events: OnCacheFlush inserts at event_begin_.
+    events_.erase(events_.begin(),
+                  events_.end() - static_cast<ptrdiff_t>(max_events_));
+  }
   time_ = index;
   stream_ = event.stream;
   event_begin_ = events_.size();
@@ -126,8 +128,8 @@ void SnapshotRecorder::OnDeviceCall(DeviceCall call, uint64_t address,
       return;
     case DeviceCall::kSegmentFree: {
       const auto node = ranges_.extract(address);
-      assert(!node.empty());
-      Add(Action::kSegmentFree, node.mapped().stream, address, bytes);
+      Add(Action::kSegmentFree, node.empty() ? stream_ : node.mapped().stream,
+          address, bytes);
       return;
     }
     case DeviceCall::kReserve:
@@ -138,10 +140,10 @@ void SnapshotRecorder::OnDeviceCall(DeviceCall call, uint64_t address,
       ranges_.erase(address);
       return;
     case DeviceCall::kMap:
-      Add(Action::kSegmentMap, RangeOf(address).stream, address, bytes);
+      Add(Action::kSegmentMap, StreamOfRange(address), address, bytes);
       return;
     case DeviceCall::kUnmap:
-      Add(Action::kSegmentUnmap, RangeOf(address).stream, address, bytes);
+      Add(Action::kSegmentUnmap, StreamOfRange(address), address, bytes);
       return;
   }
 }
@@ -157,6 +159,7 @@ void SnapshotRecorder::OnCacheFlush() {
   for (const auto& [order, id] : completed) {
     const LiveBlock block = live_.at(id);
     live_.erase(id);
+    flushed_.insert(id);
     frees.push_back(Event{Action::kFreeCompleted, block.stream, time_,
                           block.addr, block.size});
   }
@@ -175,17 +178,25 @@ void SnapshotRecorder::OnBlock(const TraceEvent& event,
       Add(Action::kAlloc, event.stream, allocation.address, event.size);
       return;
     case TraceOp::kFreeRequested: {
-      LiveBlock& block = live_.at(event.id);
+      // Absent when it was allocated before recording began.
+      LiveBlock& block =
+          live_.try_emplace(event.id, LiveBlock{allocation.address, event.size,
+                                                event.stream})
+              .first->second;
       block.free_requested = ++free_requests_;
       Add(Action::kFreeRequested, block.stream, block.addr, block.size);
       return;
     }
     case TraceOp::kFreeCompleted: {
       const auto node = live_.extract(event.id);
-      // Absent when a cache flush completed it already.
-      if (node.empty()) return;
-      const LiveBlock& block = node.mapped();
-      Add(Action::kFreeCompleted, block.stream, block.addr, block.size);
+      if (!node.empty()) {
+        const LiveBlock& block = node.mapped();
+        Add(Action::kFreeCompleted, block.stream, block.addr, block.size);
+      } else if (!flushed_.erase(event.id)) {
+        // Neither completed by a cache flush nor seen since recording began.
+        Add(Action::kFreeCompleted, event.stream, allocation.address,
+            event.size);
+      }
       return;
     }
   }
@@ -247,7 +258,11 @@ std::string SnapshotRecorder::Pickle() const {
     w.BeginList().EndList();
   }
   w.BeginList();
-  for (const Event& e : events_) {
+  const size_t first = max_events_ != 0 && events_.size() > max_events_
+                           ? events_.size() - max_events_
+                           : 0;
+  for (size_t i = first; i < events_.size(); ++i) {
+    const Event& e = events_[i];
     w.BeginDict();
     w.Str("action").Str(kActionNames[static_cast<int>(e.action)]);
     if (e.action == Action::kOom) {

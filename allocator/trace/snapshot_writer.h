@@ -24,6 +24,12 @@
 // free_completed then (before the flushing allocation's segment events), and
 // the trace's own free_completed of them later is left out. A replay without
 // OOMs or flushes therefore reads back as the trace it replayed.
+//
+// A recorder may also start on an allocator that already holds memory (a
+// live process's _record_memory_history): a free of an allocation it did not
+// see allocated is written at the allocation's address with the event's
+// size, and a device call on a segment or reservation it did not see made
+// gets the current event's stream, as PyTorch writes what it cannot know.
 #ifndef ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_WRITER_H_
 #define ALLOCD_ALLOCATOR_TRACE_SNAPSHOT_WRITER_H_
 
@@ -34,6 +40,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
@@ -55,6 +62,11 @@ class SnapshotRecorder final : public ReplayObserver {
   void OnBlock(const TraceEvent& event, const Allocation& allocation) override;
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override;
   void OnEnd(const CachingAllocator& allocator) override;
+
+  // Writes only the newest `max_events` snapshot events, as
+  // _record_memory_history(max_entries=) keeps them (older ones are dropped
+  // as new ones arrive: memory stays within about twice that). 0: all.
+  void KeepNewest(size_t max_events) { max_events_ = max_events; }
 
   // The snapshot pickle of the replay so far (segments as of OnEnd).
   std::string Pickle() const;
@@ -93,8 +105,9 @@ class SnapshotRecorder final : public ReplayObserver {
   };
 
   void Add(Action action, StreamId stream, uint64_t addr, uint64_t size);
-  // The range that holds `address` (a mapped or unmapped page).
-  const Range& RangeOf(uint64_t address) const;
+  // The stream of the range that holds `address` (a mapped or unmapped
+  // page); the current event's for a range made before recording began.
+  StreamId StreamOfRange(uint64_t address) const;
   uint64_t StreamHandle(StreamId stream) const;
 
   const Trace& trace_;
@@ -104,8 +117,12 @@ class SnapshotRecorder final : public ReplayObserver {
   // Where the current trace event's snapshot events begin.
   size_t event_begin_ = 0;
   uint64_t free_requests_ = 0;
+  size_t max_events_ = 0;
   std::vector<Event> events_;
   absl::flat_hash_map<uint32_t, LiveBlock> live_;
+  // Ids whose free a cache flush completed; their own free_completed is
+  // left out.
+  absl::flat_hash_set<uint32_t> flushed_;
   std::map<uint64_t, Range> ranges_;
   std::vector<SegmentInfo> segments_;
 };

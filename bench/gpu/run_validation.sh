@@ -14,7 +14,8 @@
 #
 #   bench/gpu/run_validation.sh [BUNDLE] [OUT] [PART...]
 #
-# PARTS: tests train malloc peaks kills steptime (default: all). A part run later
+# PARTS: tests train malloc peaks kills steptime (default: all), and compat
+# (engine mode vs native: OUT/engine_compat.json; only when named). A part run later
 # into the same OUT adds to the same summary, so the validation can be split
 # over several shorter sessions.
 #
@@ -153,6 +154,14 @@ nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 stop_daemon
 sleep 1
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >"$work/used_daemon_stopped"
+fi
+
+if want compat; then
+step "engine mode vs native PyTorch (bench/gpu/engine_compat.py)"
+python "$here/engine_compat.py" --allocd "$bin/allocd" --workdir "$work/engine_compat" \
+    >"$out/engine_compat.json" || echo "engine_compat: some checks failed"
+python -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' \
+    "$out/engine_compat.json"
 fi
 
 step summary

@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -13,13 +14,18 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "allocator/stats.h"
+#include "allocator/trace/observed_backend.h"
+#include "allocator/trace/snapshot_writer.h"
+#include "allocator/trace/trace.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
+#include "client/torch/torch_errors.h"
 #include "nlohmann/json.hpp"
 
 namespace allocd {
@@ -66,29 +72,46 @@ class ManagedAllocator {
     CheckDevice(device);
     absl::MutexLock lock(&mu_);
     Bind();
-    if (!deferred_.empty()) CompleteDeferredFrees(/*all_done=*/false);
+    if (!deferred_.empty()) {
+      CompleteDeferredFrees(/*all_done=*/false, /*record=*/true);
+    }
     if (++calls_ % kSafePointCalls == 0) session_.Poll(*engine_);
     const int64_t syncs = engine_->Stats().num_sync_all_streams;
+    const TraceEvent event{.op = TraceOp::kAlloc,
+                           .stream = StreamIdOf(stream),
+                           .id = next_id_++,
+                           .size = size};
+    if (history_) history_->OnEvent(NowMicros(), event);
     // PyTorch asks for 0 bytes now and then; a real block keeps every
     // pointer distinct, as CUDAPluggableAllocator's bookkeeping needs.
     absl::StatusOr<Allocation> a =
-        engine_->Malloc(size == 0 ? 1 : size, StreamIdOf(stream));
+        engine_->Malloc(size == 0 ? 1 : size, event.stream);
     if (engine_->Stats().num_sync_all_streams != syncs) {
       // The engine flushed its cache as if every stream were synchronised
       // (PyTorch's synchronize_and_free_events): make it so before any
-      // block it completed is used again.
+      // block it completed is used again. The history's OnCacheFlush
+      // writes those completions itself.
+      if (history_) history_->OnCacheFlush();
       Check(cuda::Synchronize(), "synchronizing before a cache flush");
-      CompleteDeferredFrees(/*all_done=*/true);
+      CompleteDeferredFrees(/*all_done=*/true, /*record=*/false);
     }
     if (!a.ok()) {
-      if (absl::IsResourceExhausted(a.status())) {
-        session_.ReportOom(size, a.status().message());
-        session_.Poll(*engine_);
+      if (!absl::IsResourceExhausted(a.status())) {
+        throw std::runtime_error(std::string(a.status().message()));
       }
-      throw std::runtime_error(std::string(a.status().message()));
+      if (history_) history_->OnOutOfMemory(event, backend_->FreeMemory());
+      session_.ReportOom(size, a.status().message());
+      session_.Poll(*engine_);
+      // torch.OutOfMemoryError in Python, as PyTorch's allocator raises.
+      ThrowOutOfMemory(std::string(a.status().message()));
     }
+    if (history_) history_->OnBlock(event, *a);
     void* ptr = reinterpret_cast<void*>(a->address);
-    live_[ptr] = Live{.allocation = *a, .stream = stream};
+    live_[ptr] = Live{.allocation = *a,
+                      .stream = stream,
+                      .stream_id = event.stream,
+                      .id = event.id,
+                      .requested = size};
     return ptr;
   }
 
@@ -104,12 +127,15 @@ class ManagedAllocator {
     live_.erase(it);
     if (live.used_on.empty()) {
       Check(engine_->Free(live.allocation), "free");
+      Record(TraceOp::kFreeRequested, live);
+      Record(TraceOp::kFreeCompleted, live);
     } else {
       // Other streams may still use the block: it returns to the cache
       // once what they queued before now is done.
       Bind();
       Check(engine_->FreeDeferred(live.allocation), "free");
-      DeferredFree deferred{.allocation = live.allocation};
+      Record(TraceOp::kFreeRequested, live);
+      DeferredFree deferred{.live = live};
       for (CUstream s : live.used_on) {
         CUevent event = NewEvent();
         Check(cuda::EventRecord(event, s), "recording a free on a stream");
@@ -135,7 +161,7 @@ class ManagedAllocator {
     Bind();
     // PyTorch's empty_cache() waits for every deferred free first.
     Check(cuda::Synchronize(), "synchronizing for empty_cache");
-    CompleteDeferredFrees(/*all_done=*/true);
+    CompleteDeferredFrees(/*all_done=*/true, /*record=*/true);
     engine_->EmptyCache();
     session_.Publish(*engine_);
   }
@@ -154,15 +180,69 @@ class ManagedAllocator {
     return j.dump();
   }
 
+  std::string MemoryStatsJson() {
+    absl::MutexLock lock(&mu_);
+    return nlohmann::json(MemoryStatsDict(engine_->Stats())).dump();
+  }
+
+  void ResetPeakStats() {
+    absl::MutexLock lock(&mu_);
+    engine_->ResetPeakStats();
+  }
+
+  void ResetAccumulatedStats() {
+    absl::MutexLock lock(&mu_);
+    engine_->ResetAccumulatedStats();
+  }
+
+  int device() const { return context_.ordinal(); }
+
+  // _record_memory_history: starts (or keeps, unless `clear`) recording the
+  // engine's events, the newest `max_entries` of them; `enabled` false stops
+  // and drops them, as PyTorch does.
+  void RecordHistory(bool enabled, uint64_t max_entries, bool clear) {
+    absl::MutexLock lock(&mu_);
+    if (!enabled || clear) {
+      observed_.Detach();
+      history_.reset();
+    }
+    if (!enabled) return;
+    if (!history_) {
+      history_ = std::make_unique<SnapshotRecorder>(snapshot_trace_,
+                                                    engine_->config());
+      observed_.Attach(history_.get());
+    }
+    // sys.maxsize, PyTorch's default, means every event.
+    history_->KeepNewest(
+        max_entries > std::numeric_limits<uint32_t>::max() ? 0 : max_entries);
+  }
+
+  // torch.cuda.memory._snapshot() as a pickle: the engine's segments and
+  // blocks now, and the recorded history if any.
+  std::string SnapshotPickle() {
+    absl::MutexLock lock(&mu_);
+    if (history_) {
+      history_->OnEnd(*engine_);
+      return history_->Pickle();
+    }
+    SnapshotRecorder state(snapshot_trace_, engine_->config());
+    state.OnEnd(*engine_);
+    return state.Pickle();
+  }
+
  private:
   struct Live {
     Allocation allocation;
     CUstream stream = nullptr;
+    StreamId stream_id = 0;
+    // The allocation's id and requested size in the memory history.
+    uint32_t id = 0;
+    uint64_t requested = 0;
     // Streams record_stream() added.
     std::vector<CUstream> used_on;
   };
   struct DeferredFree {
-    Allocation allocation;
+    Live live;
     std::vector<CUevent> events;
   };
 
@@ -173,9 +253,26 @@ class ManagedAllocator {
       : context_(std::move(context)),
         client_(std::move(client)),
         backend_(std::move(backend)),
-        engine_(std::make_unique<CachingAllocator>(config, backend_.get())),
+        observed_(*backend_),
+        engine_(std::make_unique<CachingAllocator>(config, &observed_)),
         session_(*client_, config) {
+    snapshot_trace_.device = context_.ordinal();
     session_.Publish(*engine_);
+  }
+
+  static uint64_t NowMicros() {
+    return static_cast<uint64_t>(absl::GetCurrentTimeNanos() / 1000);
+  }
+
+  // A free of `live` into the memory history, when it is recorded.
+  void Record(TraceOp op, const Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!history_) return;
+    const TraceEvent event{.op = op,
+                           .stream = live.stream_id,
+                           .id = live.id,
+                           .size = live.requested};
+    history_->OnEvent(NowMicros(), event);
+    history_->OnBlock(event, live.allocation);
   }
 
   void CheckDevice(int device) const {
@@ -200,8 +297,11 @@ class ManagedAllocator {
 
   // Streams get ids in the order they first allocate: the engine keeps
   // each stream's free blocks apart, whatever the ids.
-  StreamId StreamIdOf(CUstream stream) {
+  StreamId StreamIdOf(CUstream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto [it, added] = streams_.try_emplace(stream, streams_.size());
+    if (added) {
+      snapshot_trace_.streams.push_back(reinterpret_cast<uintptr_t>(stream));
+    }
     return it->second;
   }
 
@@ -217,8 +317,10 @@ class ManagedAllocator {
   }
 
   // Returns deferred frees whose events are done (or all of them, when the
-  // device was just synchronised) to the engine's cache.
-  void CompleteDeferredFrees(bool all_done) {
+  // device was just synchronised) to the engine's cache, and writes their
+  // completions into the memory history when `record`.
+  void CompleteDeferredFrees(bool all_done, bool record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<DeferredFree> pending;
     for (DeferredFree& d : deferred_) {
       bool done = true;
@@ -235,7 +337,8 @@ class ManagedAllocator {
         pending.push_back(std::move(d));
         continue;
       }
-      engine_->CompleteFree(d.allocation);
+      engine_->CompleteFree(d.live.allocation);
+      if (record) Record(TraceOp::kFreeCompleted, d.live);
       spare_events_.insert(spare_events_.end(), d.events.begin(),
                            d.events.end());
     }
@@ -246,6 +349,9 @@ class ManagedAllocator {
   const std::unique_ptr<DaemonClient> client_;
   const std::unique_ptr<CudaDaemonBackend> backend_;
   absl::Mutex mu_;
+  // The backend as the engine sees it: its device calls reach the memory
+  // history while one is recorded.
+  ObservedBackend observed_ ABSL_GUARDED_BY(mu_);
   // Declared after the backend it allocates from.
   const std::unique_ptr<CachingAllocator> engine_ ABSL_PT_GUARDED_BY(mu_);
   LiveSession session_ ABSL_GUARDED_BY(mu_);
@@ -254,6 +360,11 @@ class ManagedAllocator {
   std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(mu_);
   std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The device and stream handles that snapshots name.
+  Trace snapshot_trace_ ABSL_GUARDED_BY(mu_);
+  // The memory history (_record_memory_history), when it is recorded.
+  std::unique_ptr<SnapshotRecorder> history_ ABSL_GUARDED_BY(mu_);
 };
 
 // The process's allocator: created once by allocd_torch_configure and
@@ -273,6 +384,32 @@ ManagedAllocator& Managed() {
 }
 
 std::string Or(const char* s) { return s == nullptr ? "" : s; }
+
+bool Enabled() {
+  if (managed != nullptr) return true;
+  last_error = "allocd is not enabled in this process";
+  return false;
+}
+
+// Runs `fn` for a caller through ctypes, which cannot take a C++ exception:
+// its result, or -1 with the reason in last_error.
+template <typename Fn>
+int64_t Guarded(Fn fn) {
+  if (!Enabled()) return -1;
+  try {
+    return fn(*managed);
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
+}
+
+// `data` into `buf` with a NUL after it when it fits (data.size() < len);
+// its size either way.
+int64_t CopyOut(const std::string& data, char* buf, size_t len) {
+  if (data.size() < len) std::memcpy(buf, data.c_str(), data.size() + 1);
+  return static_cast<int64_t>(data.size());
+}
 
 }  // namespace
 }  // namespace allocd
@@ -325,14 +462,51 @@ void allocd_torch_record_stream(void* ptr, void* stream) {
 }
 
 int64_t allocd_torch_stats_json(char* buf, size_t len) {
-  if (allocd::managed == nullptr) {
-    allocd::last_error = "allocd is not enabled in this process";
-    return -1;
-  }
-  const std::string json = allocd::managed->StatsJson();
-  if (json.size() + 1 > len) return static_cast<int64_t>(json.size() + 1);
-  std::memcpy(buf, json.c_str(), json.size() + 1);
-  return static_cast<int64_t>(json.size());
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.StatsJson(), buf, len);
+  });
+}
+
+int64_t allocd_torch_memory_stats_json(char* buf, size_t len) {
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.MemoryStatsJson(), buf, len);
+  });
+}
+
+int allocd_torch_reset_peak_stats(void) {
+  return static_cast<int>(allocd::Guarded([](allocd::ManagedAllocator& m) {
+    m.ResetPeakStats();
+    return 0;
+  }));
+}
+
+int allocd_torch_reset_accumulated_stats(void) {
+  return static_cast<int>(allocd::Guarded([](allocd::ManagedAllocator& m) {
+    m.ResetAccumulatedStats();
+    return 0;
+  }));
+}
+
+int allocd_torch_device(void) {
+  return allocd::managed == nullptr ? -1 : allocd::managed->device();
+}
+
+int allocd_torch_record_history(int enabled, uint64_t max_entries,
+                                int clear) {
+  return static_cast<int>(allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    m.RecordHistory(enabled != 0, max_entries, clear != 0);
+    return 0;
+  }));
+}
+
+int64_t allocd_torch_snapshot_pickle(char* buf, size_t len) {
+  return allocd::Guarded([&](allocd::ManagedAllocator& m) {
+    return allocd::CopyOut(m.SnapshotPickle(), buf, len);
+  });
+}
+
+int allocd_torch_oom_is_torch_error(void) {
+  return allocd::TorchOutOfMemoryErrorAvailable() ? 1 : 0;
 }
 
 }  // extern "C"

@@ -16,9 +16,14 @@
  * and the stats it shows are handled inside malloc and free (safe points).
  *
  * Thread-safe (one lock, as PyTorch's allocator per device). An allocation
- * that cannot be served throws a C++ exception whose message is PyTorch's
- * "CUDA out of memory. Tried to allocate ..." (Python sees a RuntimeError);
- * the OOM is reported to the daemon first. */
+ * that cannot be served throws PyTorch's c10::OutOfMemoryError with its
+ * "CUDA out of memory. Tried to allocate ..." message (Python sees
+ * torch.OutOfMemoryError; std::runtime_error when PyTorch's c10 is not in the
+ * process: torch_errors.h says how); the OOM is reported to the daemon first.
+ *
+ * The functions below malloc/free are what allocd.enable(mode="engine")
+ * routes PyTorch's Python memory functions to (memory_stats,
+ * reset_peak_memory_stats, _record_memory_history, _snapshot, ...). */
 #ifndef ALLOCD_CLIENT_TORCH_ALLOCD_TORCH_H_
 #define ALLOCD_CLIENT_TORCH_ALLOCD_TORCH_H_
 
@@ -53,9 +58,42 @@ ALLOCD_TORCH_API void allocd_torch_record_stream(void* ptr, void* stream);
 
 /* torch.cuda.memory_stats()-style counters plus the session
  * ({"session_id", "config", "config_version", "pushes_applied", ...}) as a
- * JSON object into `buf`. Returns its length (a larger value than `len`
- * when it does not fit: nothing is written then), -1 before configure. */
+ * JSON object into `buf`, NUL-terminated. Returns its length; it is written
+ * only when that is smaller than `len`; -1 before configure. */
 ALLOCD_TORCH_API int64_t allocd_torch_stats_json(char* buf, size_t len);
+
+/* Only the engine's counters, named as torch.cuda.memory_stats() names them
+ * ("allocated_bytes.all.peak", "num_ooms", ...), as a JSON object. Same
+ * return convention as allocd_torch_stats_json. */
+ALLOCD_TORCH_API int64_t allocd_torch_memory_stats_json(char* buf, size_t len);
+
+/* torch.cuda.reset_peak_memory_stats / reset_accumulated_memory_stats on
+ * the engine. 0; -1 before configure. */
+ALLOCD_TORCH_API int allocd_torch_reset_peak_stats(void);
+ALLOCD_TORCH_API int allocd_torch_reset_accumulated_stats(void);
+
+/* The managed CUDA device, as this process numbers it; -1 before
+ * configure. */
+ALLOCD_TORCH_API int allocd_torch_device(void);
+
+/* torch.cuda.memory._record_memory_history on the engine: `enabled` starts
+ * recording its events (alloc, free_requested, free_completed,
+ * segment_alloc/free, segment_map/unmap, oom), keeping the newest
+ * `max_entries` (larger than 2^32: all); `clear` drops those recorded so
+ * far; `enabled` 0 stops and drops them. No stack frames are recorded.
+ * 0; -1 before configure. */
+ALLOCD_TORCH_API int allocd_torch_record_history(int enabled,
+                                                 uint64_t max_entries,
+                                                 int clear);
+
+/* torch.cuda.memory._snapshot() as a pickle (segments and blocks now, the
+ * recorded history in device_traces): its size, written into `buf` only
+ * when smaller than `len`; -1 before configure. */
+ALLOCD_TORCH_API int64_t allocd_torch_snapshot_pickle(char* buf, size_t len);
+
+/* 1 when an OOM is thrown as c10::OutOfMemoryError in this process (PyTorch
+ * is loaded), else 0. */
+ALLOCD_TORCH_API int allocd_torch_oom_is_torch_error(void);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/sim_backend.h"
+#include "allocator/trace/observed_backend.h"
 #include "allocator/trace/pickle.h"
 #include "allocator/trace/pickle_writer.h"
 #include "allocator/trace/replay.h"
@@ -304,6 +306,84 @@ TEST(SnapshotRecorderTest, ExpandableSegmentsMapAndUnmapPages) {
   for (const nlohmann::json& seg : r.snapshot["segments"]) {
     EXPECT_EQ(seg["is_expandable"], true);
   }
+}
+
+// A live process's recording (liballocd_torch's _record_memory_history):
+// the recorder is fed call by call and may start on an engine in use.
+class LiveRecording {
+ public:
+  LiveRecording() : sim_(64 * kMiB), observed_(sim_), engine_({}, &observed_) {
+    trace_.streams = {0x5a};
+  }
+  // The engine's teardown frees its segments after the recorder is gone.
+  ~LiveRecording() { observed_.Detach(); }
+
+  void Start(size_t max_events = 0) {
+    recorder_.emplace(trace_, AllocatorConfig{});
+    recorder_->KeepNewest(max_events);
+    observed_.Attach(&*recorder_);
+  }
+  Allocation Alloc(uint64_t size, uint32_t id) {
+    const TraceEvent e{TraceOp::kAlloc, 0, id, size};
+    if (recorder_) recorder_->OnEvent(++time_, e);
+    absl::StatusOr<Allocation> a = engine_.Malloc(size, 0);
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (recorder_) recorder_->OnBlock(e, *a);
+    return *a;
+  }
+  void Free(const Allocation& a, uint64_t size, uint32_t id) {
+    EXPECT_TRUE(engine_.Free(a).ok());
+    for (TraceOp op : {TraceOp::kFreeRequested, TraceOp::kFreeCompleted}) {
+      const TraceEvent e{op, 0, id, size};
+      recorder_->OnEvent(++time_, e);
+      recorder_->OnBlock(e, a);
+    }
+  }
+  void EmptyCache() { engine_.EmptyCache(); }
+  nlohmann::json Snapshot() {
+    recorder_->OnEnd(engine_);
+    return Decode(recorder_->Pickle());
+  }
+
+ private:
+  Trace trace_;
+  SimBackend sim_;
+  ObservedBackend observed_;
+  CachingAllocator engine_;
+  std::optional<SnapshotRecorder> recorder_;
+  uint64_t time_ = 0;
+};
+
+TEST(SnapshotRecorderTest, RecordingMayStartOnAnAllocatorInUse) {
+  LiveRecording live;
+  const Allocation before = live.Alloc(1000, 7);  // not recorded
+  live.Start();
+  live.Free(before, 1000, 7);
+  live.EmptyCache();  // frees a segment the recorder never saw allocated
+  const nlohmann::json snapshot = live.Snapshot();
+  const nlohmann::json& events = snapshot["device_traces"][0];
+  EXPECT_THAT(Actions(events),
+              ElementsAre("free_requested", "free_completed", "segment_free"));
+  EXPECT_EQ(events[0]["addr"], before.address);
+  EXPECT_EQ(events[0]["size"], 1000);
+  EXPECT_EQ(events[1]["addr"], before.address);
+  EXPECT_EQ(events[1]["size"], 1000);
+  EXPECT_EQ(events[2]["addr"], before.address);  // the segment's start
+  EXPECT_EQ(events[2]["size"], 2 * kMiB);
+  EXPECT_EQ(events[2]["stream"], 0x5a);
+  EXPECT_EQ(snapshot["segments"].size(), 0u);
+}
+
+TEST(SnapshotRecorderTest, KeepsTheNewestEventsOnly) {
+  LiveRecording live;
+  live.Start(/*max_events=*/3);
+  for (uint32_t id = 0; id < 20; ++id) {
+    live.Free(live.Alloc(1000 + id, id), 1000 + id, id);
+  }
+  const nlohmann::json events = live.Snapshot()["device_traces"][0];
+  EXPECT_THAT(Actions(events),
+              ElementsAre("alloc", "free_requested", "free_completed"));
+  EXPECT_EQ(events[0]["size"], 1019);
 }
 
 TEST(SnapshotRecorderTest, RecordingChangesNothingInTheReplay) {

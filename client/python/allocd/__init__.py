@@ -38,7 +38,6 @@ __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAUL
 
 DEFAULT_SOCKET = "/run/allocd/allocd.sock"
 _LIBRARY = "liballocd_client.so"
-_TORCH_LIBRARY = "liballocd_torch.so"
 _INTERPOSE_LIBRARY = "liballocd_interpose.so"
 
 
@@ -213,56 +212,86 @@ _managed = None
 _transparent = None  # the interposer's path once transparent mode is on
 
 
-class _Managed:
-    """liballocd_torch.so, installed as PyTorch's CUDA allocator."""
+def _enable_engine(torch, socket, job, config, device):
+    from . import _engine  # imported here: it needs this module complete
+    engine = _engine.enable(torch, socket, job, config, device)
+    if not engine.oom_is_torch_error():
+        warnings.warn("allocd: PyTorch's c10 library was not found in this process: an "
+                      "allocation that does not fit raises RuntimeError, not "
+                      "torch.OutOfMemoryError", RuntimeWarning, stacklevel=3)
+    return engine
 
-    def __init__(self, lib, allocator):
-        self.lib = lib
-        self.allocator = allocator  # keeps PyTorch's wrapper alive
 
-    def stats(self):
-        size = 1 << 16
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            n = self.lib.allocd_torch_stats_json(buffer, size)
-            if n < 0:
-                return {}
-            if n < size:
-                return json.loads(buffer.value.decode())
-            size = n + 1
+
+# The modes that replace PyTorch's allocator: each takes (torch, socket, job,
+# config, device) and returns what it installed (with .mode, .stats() for
+# allocd.stats() and .unroute() for shutdown()), or raises
+# AllocdUnavailable/OSError before it changes PyTorch. The transparent mode,
+# the default, keeps PyTorch's allocator and is set up before torch loads.
+_MODES = {"engine": _enable_engine}
+_DEFAULT_MODE = "transparent"
 
 
 def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0):
     """Managed mode: the job's GPU memory comes from the node's allocd daemon.
 
-    mode: "transparent" (default, or $ALLOCD_MODE): PyTorch's own allocator
-    runs unchanged on daemon memory; everything PyTorch offers keeps working.
-    The interposer must be in the process before PyTorch initialises CUDA:
-    start the job with ``allocd run -- python train.py``, or call enable()
-    before ``import torch``. Pushed configs are applied with
-    torch.cuda.memory._set_allocator_settings, reclaims with empty_cache(),
-    as in advise().
-    "engine": allocd's copy of the caching allocator replaces PyTorch's
-    (CUDAPluggableAllocator); call it before the first CUDA tensor. The
-    config is $PYTORCH_CUDA_ALLOC_CONF (read by allocd instead of PyTorch).
-    torch.cuda.memory_stats() is not available under a pluggable allocator:
-    allocd.stats() has the same counters.
+    mode="transparent" (the default, or $ALLOCD_MODE): PyTorch's own caching
+    allocator runs unchanged on daemon memory (liballocd_interpose.so serves
+    cudaMalloc/cudaFree and the VMM calls of expandable segments), so
+    everything PyTorch offers keeps working: memory_stats() and friends,
+    snapshots, torch.OutOfMemoryError, CUDA graphs, torch.compile(mode=
+    "reduce-overhead"). The interposer must be in the process before PyTorch
+    initialises CUDA: start the job with ``allocd run -- python train.py``,
+    or call enable() before ``import torch``. Pushed configs are applied with
+    torch.cuda.memory._set_allocator_settings and reclaims with
+    empty_cache(), as in advise(). Not yet: CUDA tensors shared between
+    processes with torch.multiprocessing (cudaIpcGetMemHandle).
+
+    mode="engine": allocd's copy of PyTorch's caching allocator runs behind
+    torch.cuda.memory.CUDAPluggableAllocator, where allocd can run policies
+    PyTorch does not have; call it before the first CUDA tensor. The config
+    is $PYTORCH_CUDA_ALLOC_CONF (read by allocd instead of PyTorch). PyTorch's
+    memory functions answer from it, for the managed device: torch.cuda[.memory].
+    memory_stats, memory_stats_as_nested_dict, memory_allocated,
+    max_memory_allocated, memory_reserved, max_memory_reserved,
+    reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary,
+    the same functions of torch.accelerator, memory_snapshot, _snapshot,
+    _dump_snapshot and _record_memory_history (the engine's events, without
+    stack frames). An allocation that does not fit raises
+    torch.OutOfMemoryError, after which the process goes on. What it cannot
+    offer, because PyTorch does not ask a pluggable allocator for it:
+    CUDA graphs (torch.cuda.graph capture, and torch.compile's
+    mode="reduce-overhead" graph trees, which fail with "does not yet support
+    checkPoolLiveAllocations"), torch.cuda.MemPool, opening CUDA tensors
+    shared by another process, torch._C._cuda_attach_out_of_memory_observer,
+    and stack frames in snapshots (allocd/_engine.py lists it all).
 
     socket, job: as for advise(). device: the CUDA device, as this process
-    numbers it (default: the current one; 0 in engine mode). required: raise
-    AllocdUnavailable instead of warning when no daemon answers or the
-    library is missing. period: seconds between telemetry rounds.
+    numbers it (default: the current one in transparent mode, 0 in engine
+    mode). required: raise AllocdUnavailable instead of warning when no
+    daemon answers or a library is missing. period: seconds between
+    telemetry rounds (transparent mode).
 
     Returns True when enabled. Calling it again is a no-op.
     """
+    global _managed
     if _managed is not None or _transparent is not None:
         return True
-    mode = mode or os.environ.get("ALLOCD_MODE", "transparent")
-    if mode == "engine":
-        return _enable_engine(socket, job, device, required)
-    if mode != "transparent":
-        raise ValueError(f"allocd.enable: mode must be 'transparent' or 'engine', not {mode!r}")
-    return _enable_transparent(socket, job, device, required, period)
+    mode = mode or os.environ.get("ALLOCD_MODE", _DEFAULT_MODE)
+    if mode == "transparent":
+        return _enable_transparent(socket, job, device, required, period)
+    if mode not in _MODES:
+        raise ValueError(f"allocd.enable: unknown mode {mode!r}; modes: transparent, "
+                         f"{', '.join(_MODES)}")
+    import torch
+
+    socket, job, config = _settings(socket, job)
+    device = 0 if device is None else device
+    try:
+        _managed = _MODES[mode](torch, socket, job, config, device)
+    except (AllocdUnavailable, OSError) as error:
+        return _unavailable(error, required)
+    return True
 
 
 def _enable_transparent(socket, job, device, required, period):
@@ -294,39 +323,6 @@ def _enable_transparent(socket, job, device, required, period):
     _transparent = path
     _advisor = _Advisor(lib, client, torch, device, period)
     _advisor.start()
-    return True
-
-
-def _enable_engine(socket, job, device, required):
-    """Engine mode: allocd's copy of the allocator behind CUDAPluggableAllocator."""
-    global _managed
-    if _managed is not None:
-        return True
-    import torch
-
-    socket, job, config = _settings(socket, job)
-    device = 0 if device is None else device
-    try:
-        path = _library_path(_TORCH_LIBRARY)
-        lib = _load(path, {
-            "allocd_torch_configure": (ctypes.c_int, [ctypes.c_char_p] * 3 + [ctypes.c_int]),
-            "allocd_torch_last_error": (ctypes.c_char_p, []),
-            "allocd_torch_stats_json": (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_size_t]),
-        })
-        if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device):
-            raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
-    except (AllocdUnavailable, OSError) as error:
-        return _unavailable(error, required)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        path, "allocd_torch_malloc", "allocd_torch_free")
-    hooks = allocator.allocator()
-    for setter, symbol in (("set_reset_fn", "allocd_torch_empty_cache"),
-                           ("set_memory_fraction_fn", "allocd_torch_set_memory_fraction"),
-                           ("set_record_stream_fn", "allocd_torch_record_stream")):
-        if hasattr(hooks, setter):
-            getattr(hooks, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
-    torch.cuda.memory.change_current_allocator(allocator)
-    _managed = _Managed(lib, allocator)
     return True
 
 
@@ -365,12 +361,15 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
 def stats():
     """What allocd knows of this process: session, config version, counts."""
     if _managed is not None:
-        return {"connected": True, "mode": "engine", **_managed.stats()}
+        return {"connected": True, "mode": "managed", "managed_mode": _managed.mode,
+                **_managed.stats()}
     if _advisor is None:
         return {"connected": False}
+    mode = {"mode": "managed", "managed_mode": "transparent"} if _transparent else {
+        "mode": "advise"}
     return {
         "connected": True,
-        "mode": "transparent" if _transparent else "advise",
+        **mode,
         "session_id": _advisor.session_id(),
         "config_version": _advisor.config_version,
         "configs_applied": _advisor.applied,
@@ -382,11 +381,16 @@ def stats():
 
 
 def shutdown():
-    """Stops advising and ends the session (also done at interpreter exit)."""
+    """Stops advising and ends the session (also done at interpreter exit).
+
+    In managed mode PyTorch's memory functions get their own implementations
+    back; the allocator itself stays (PyTorch cannot swap it out)."""
     global _advisor
     if _advisor is not None:
         _advisor.stop()
         _advisor = None
+    if _managed is not None:
+        _managed.unroute()
 
 
 import atexit  # noqa: E402  (registered once the module is complete)
