@@ -57,7 +57,7 @@ TEST(CliTest, NoCommandIsAnError) {
 TEST(CliTest, ReplayJsonHasTheDocumentedFields) {
   const CommandResult r =
       RunAllocd("replay " + kLlama +
-          " --capacity 84465090560 --config max_split_size_mb:256 --json");
+          " --capacity 84465090560B --config max_split_size_mb:256 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
   for (const char* key :
@@ -195,7 +195,7 @@ TEST(CliTest, ReplayExportErrorsAreClear) {
 TEST(CliTest, TuneWritesAnHtmlReport) {
   const std::string dir = TempPath("report");
   const CommandResult r = RunAllocd("tune " + kLlama +
-                                    " --capacity 84465090560 --budget 30 --jobs 2 --report " + dir);
+                                    " --capacity 84465090560B --budget 30 --jobs 2 --report " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("report written to " + dir + "/index.html"));
   // The prediction, ready to travel with a push to a node's daemon.
@@ -258,7 +258,7 @@ TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
   const std::string socket = ::testing::TempDir() + "/fd_limit.sock";
   const CommandResult r = RunAllocd(
       "serve --backend sim --metrics-addr '' --socket " + socket +
-      " --capacity " + std::to_string(capacity));
+      " --capacity " + std::to_string(capacity) + "B");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("RLIMIT_NOFILE"));
   EXPECT_THAT(r.output, HasSubstr("lower --capacity to at most"));

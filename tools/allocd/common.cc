@@ -7,20 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
+#include "allocator/config.h"
+#include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
 
 namespace allocd {
-
-absl::StatusOr<uint64_t> ParseSizeFlag(const std::string& flag,
-                                       const std::string& value) {
-  if (value.empty()) return 0;
-  absl::StatusOr<uint64_t> size = ParseSize(value);
-  if (!size.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", size.status().message()));
-  }
-  if (*size == 0) return absl::InvalidArgumentError(absl::StrCat(flag, " must be more than 0"));
-  return size;
-}
 
 absl::StatusOr<Trace> LoadTrace(const std::string& path, int device) {
   absl::StatusOr<Trace> trace = ReadSnapshotFile(path, SnapshotReadOptions{device});
@@ -29,6 +20,21 @@ absl::StatusOr<Trace> LoadTrace(const std::string& path, int device) {
                         absl::StrCat(path, ": ", trace.status().message()));
   }
   return trace;
+}
+
+absl::Status CheckDeviceHoldsTrace(const Trace& trace, const std::string& flag,
+                                   uint64_t device_bytes) {
+  if (device_bytes == 0) return absl::OkStatus();
+  absl::StatusOr<ReplayResult> defaults = Replay(trace, AllocatorConfig{});
+  if (!defaults.ok()) return defaults.status();
+  const auto peak = static_cast<uint64_t>(defaults->peak_allocated);
+  if (device_bytes >= peak) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, " ", FormatSize(device_bytes), " is less than the ", FormatSize(peak),
+      " the trace's tensors hold at its peak: the job could not have run on "
+      "that device. Give the device's total memory, e.g. 80GB for an H100 "
+      "80GB (torch.cuda.get_device_properties(0).total_memory, in bytes: "
+      "append B)"));
 }
 
 ProgressBar::ProgressBar(std::string label)
