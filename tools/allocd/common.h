@@ -13,7 +13,8 @@
 
 namespace allocd {
 
-// Reads a snapshot, with the path in the error.
+// Reads a snapshot; errors name the path, and a file that is no pickle
+// (a text file, a log) says "not a pickle snapshot".
 absl::StatusOr<Trace> LoadTrace(const std::string& path, int device);
 
 // OK unless `device_bytes`, given as `flag`, is less than the memory the

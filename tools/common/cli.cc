@@ -99,6 +99,16 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv,
     out << e.what() << "\n";
     return kExitOk;
   } catch (const CLI::ParseError& e) {
+    // A misspelt subcommand is left over, and CLI11 says only that a
+    // subcommand is required.
+    CLI::App* selected = Selected(app);
+    const std::vector<std::string> left = app.remaining(/*recurse=*/true);
+    if (selected->get_require_subcommand_min() > 0 && !left.empty() &&
+        left.front().rfind("-", 0) != 0) {
+      return UsageError(app,
+                        absl::StrCat("'", left.front(), "' is not a subcommand"),
+                        err);
+    }
     return UsageError(app, e.what(), err);
   }
   if (std::optional<std::string> error = ApplyGlobals(app)) {
