@@ -447,6 +447,18 @@ TEST(CliMessageTest, ABadConfigFileAtStartIsNotKeptFromBefore) {
   std::remove(config.c_str());
 }
 
+// A percentage of the pool's device: --backend cuda knows its memory
+// (cuMemGetInfo's total, tested on a GPU), sim has none and says so.
+TEST(CliSizeTest, ServeCapacityInPercentNeedsADevice) {
+  const CommandResult r = RunAllocd("serve --capacity 90% --metrics-addr '' --socket " +
+                                    TempPath("percent.sock"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--backend sim has no device memory"));
+  const CommandResult bare = RunAllocd("serve --capacity 64 --metrics-addr ''");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_THAT(bare.output, HasSubstr("did you mean 64GB?"));
+}
+
 TEST(CliExitTest, AllocctlUsageErrorsExit2) {
   for (const char* args : {"", "config", "quota set 20GiB", "sessions --bogus",
                            "quota set 80 --uid 1000"}) {

@@ -21,16 +21,9 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
   signal(SIGPIPE, SIG_IGN);
 
   DaemonOptions daemon_options = options.daemon;
-  absl::StatusOr<uint64_t> capacity =
-      ParseSizeFlag("--capacity", options.capacity,
-                    {.no_percent_reason =
-                         "the pool's --capacity is the memory jobs on the "
-                         "node may share, not a part of one device"});
-  if (!capacity.ok()) {
-    err << "allocd serve: " << capacity.status().message() << "\n";
-    return 1;
-  }
-  daemon_options.capacity = *capacity;
+  // A percentage is of the device, which only the daemon's chunk source
+  // knows: the daemon reads the size.
+  daemon_options.capacity_size = options.capacity;
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Start(std::move(daemon_options));
   if (!daemon.ok()) {
