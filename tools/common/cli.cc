@@ -9,28 +9,28 @@
 namespace allocd {
 namespace {
 
-// "allocd replay": the app and the subcommands the parse got to.
-std::string CommandPath(const CLI::App& app) {
-  std::string path = app.get_name();
-  for (const CLI::App* sub = &app;;) {
-    // Option groups are nameless subcommands.
-    const std::vector<const CLI::App*> chosen = sub->get_subcommands(
-        [](const CLI::App* s) { return s->parsed() && !s->get_name().empty(); });
+// The app and the subcommands the parse got to, outermost first (option
+// groups are nameless subcommands: not these).
+std::vector<CLI::App*> ChosenPath(CLI::App& app) {
+  std::vector<CLI::App*> path = {&app};
+  for (;;) {
+    std::vector<CLI::App*> chosen = path.back()->get_subcommands(
+        [](CLI::App* s) { return s->parsed() && !s->get_name().empty(); });
     if (chosen.empty()) return path;
-    sub = chosen.front();
-    absl::StrAppend(&path, " ", sub->get_name());
+    path.push_back(chosen.front());
   }
 }
 
-// The deepest subcommand that runs, or the parse got to.
-CLI::App* Selected(CLI::App& app) {
-  CLI::App* sub = &app;
-  for (;;) {
-    std::vector<CLI::App*> chosen = sub->get_subcommands(
-        [](CLI::App* s) { return s->parsed() && !s->get_name().empty(); });
-    if (chosen.empty()) return sub;
-    sub = chosen.front();
+// The deepest subcommand that runs, or that the parse got to.
+CLI::App* Selected(CLI::App& app) { return ChosenPath(app).back(); }
+
+// "allocd replay".
+std::string CommandPath(CLI::App& app) {
+  std::string path;
+  for (const CLI::App* a : ChosenPath(app)) {
+    absl::StrAppend(&path, path.empty() ? "" : " ", a->get_name());
   }
+  return path;
 }
 
 int UsageError(CLI::App& app, const std::string& message, std::ostream& err) {
