@@ -468,6 +468,9 @@ TEST(CliExitTest, AllocctlUsageErrorsExit2) {
   }
   EXPECT_THAT(RunAllocctl("quota set 80 --uid 1000").output, HasSubstr("did you mean 80GB?"));
   EXPECT_THAT(RunAllocctl("--help").output, HasSubstr("4: the daemon does not allow"));
+  // A subcommand's help says where the global flags are.
+  EXPECT_THAT(RunAllocctl("sessions --help").output,
+              HasSubstr("before or after the subcommand: --socket PATH, --json"));
 }
 
 // A daemon of the sim backend for allocctl to talk to.

@@ -201,7 +201,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // --socket and --json also after the subcommand: `allocctl sessions --json`.
   app.fallthrough();
-  app.footer(ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n"));
+  app.footer(absl::StrCat(
+      "Global flags, before or after the subcommand: --socket PATH, --json.\n\n",
+      ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n")));
   app.add_option("--socket,-s", o.socket,
                  "the daemon's socket (default /run/allocd/allocd.sock); "
                  "before or after the subcommand");
