@@ -100,13 +100,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   auto parts = std::make_unique<Parts>();
   parts->options = std::move(options);
   const DaemonOptions& o = parts->options;
-  if (o.capacity == 0) {
-    return absl::InvalidArgumentError("--capacity must be more than 0");
-  }
   absl::StatusOr<std::unique_ptr<ChunkSource>> chunks =
       MakeChunkSource(o.backend);
   if (!chunks.ok()) return chunks.status();
   parts->chunks = std::move(*chunks);
+  if (!o.capacity_size.empty()) {
+    absl::StatusOr<uint64_t> capacity = ParseSize(
+        o.capacity_size,
+        {.percent_of = parts->chunks->DeviceMemory(),
+         .no_percent_reason = absl::StrCat("--backend ", o.backend,
+                                           " has no device memory to take "
+                                           "it of")});
+    if (!capacity.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--capacity: ", capacity.status().message()));
+    }
+    parts->options.capacity = *capacity;
+  }
+  if (o.capacity == 0) {
+    return absl::InvalidArgumentError("--capacity must be more than 0");
+  }
   if (absl::Status fds = CheckOpenFileLimit(o.capacity, *parts->chunks);
       !fds.ok()) {
     return fds;

@@ -26,6 +26,10 @@ struct DaemonOptions {
   // "sim": memfd chunks, no GPU.
   std::string backend = "sim";
   uint64_t capacity = uint64_t{8} << 30;
+  // The capacity as `--capacity` gave it, when not empty: a size ("70GiB"),
+  // or "N%" of the device's memory (ChunkSource::DeviceMemory). Overrides
+  // `capacity`.
+  std::string capacity_size;
   // JSON configs per job and quotas (see server/config_file.h); optional.
   // Read again every `config_poll`; changes apply without a restart.
   std::string config_file;

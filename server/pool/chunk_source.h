@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -59,6 +60,9 @@ class ChunkSource {
   // Bytes per chunk: a multiple of 2 MiB (the CUDA VMM granularity of
   // current GPUs), the same for every chunk of this source.
   virtual size_t Granularity() const = 0;
+  // The device's total memory, what `allocd serve --capacity N%` is a
+  // percentage of; nullopt for a source without a device (sim).
+  virtual std::optional<uint64_t> DeviceMemory() const { return std::nullopt; }
   // A short name for logs and metrics, as `allocd serve --backend` spells
   // it: "sim", "cuda".
   virtual std::string Name() const = 0;

@@ -18,6 +18,7 @@ struct CudaChunkSource::Device {
   CUmemAllocationProp prop = {};
   std::string name;
   int driver_version = 0;
+  uint64_t total_memory = 0;
   std::atomic<uint64_t> live{0};
   // Exported FDs kept for reuse, by allocation; at most `export_budget`.
   absl::Mutex exports_mu;
@@ -81,6 +82,10 @@ absl::StatusOr<std::unique_ptr<CudaChunkSource>> CudaChunkSource::Create(
   device->name = name.ok() ? *name : "unknown";
   absl::StatusOr<int> version = cuda::DriverVersion();
   device->driver_version = version.ok() ? *version : 0;
+  // Open made the context current on this thread.
+  absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
+  if (!memory.ok()) return memory.status();
+  device->total_memory = memory->total;
   for (auto [attribute, what] :
        {std::pair{CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                   "the virtual memory management API (cuMemCreate)"},
@@ -112,6 +117,10 @@ CudaChunkSource::CudaChunkSource(std::shared_ptr<Device> device,
     : device_(std::move(device)), granularity_(granularity) {}
 
 CudaChunkSource::~CudaChunkSource() = default;
+
+std::optional<uint64_t> CudaChunkSource::DeviceMemory() const {
+  return device_->total_memory;
+}
 
 uint64_t CudaChunkSource::live_chunks() const { return device_->live.load(); }
 

@@ -48,6 +48,8 @@ class CudaChunkSource final : public ChunkSource {
   absl::StatusOr<UniqueFd> OpenForClient(
       const ChunkMemory& memory) const override;
   int FdsPerChunk() const override { return 0; }
+  // cuMemGetInfo's total, read at Create.
+  std::optional<uint64_t> DeviceMemory() const override;
   size_t Granularity() const override { return granularity_; }
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }

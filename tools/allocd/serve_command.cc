@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "tools/allocd/common.h"
+#include "tools/common/cli.h"
 
 namespace allocd {
 
@@ -22,26 +23,23 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
   signal(SIGPIPE, SIG_IGN);
 
   DaemonOptions daemon_options = options.daemon;
-  absl::StatusOr<uint64_t> capacity =
-      ParseSizeFlag("--capacity", options.capacity);
-  if (!capacity.ok()) {
-    err << "allocd serve: " << capacity.status().message() << "\n";
-    return 1;
-  }
-  daemon_options.capacity = *capacity;
+  // A percentage is of the device, which only the daemon's chunk source
+  // knows: the daemon reads the size.
+  daemon_options.capacity_size = options.capacity;
   if (!absl::ParseDuration(options.trim_after,
                            &daemon_options.trim.idle_after) ||
       daemon_options.trim.idle_after < absl::ZeroDuration()) {
     err << "allocd serve: --trim-after " << options.trim_after
         << " is not a duration: write e.g. 30s, 5m, 1h, or inf\n";
-    return 2;
+    return kExitUsage;
   }
   if (!options.cache_high_water.empty()) {
-    absl::StatusOr<uint64_t> high_water =
-        ParseSizeFlag("--cache-high-water", options.cache_high_water);
+    absl::StatusOr<uint64_t> high_water = ParseSizeFlag(
+        "--cache-high-water", options.cache_high_water,
+        {.no_percent_reason = "write the size, e.g. 16GiB"});
     if (!high_water.ok()) {
       err << "allocd serve: " << high_water.status().message() << "\n";
-      return 2;
+      return kExitUsage;
     }
     daemon_options.trim.high_water = *high_water;
   }
