@@ -229,7 +229,7 @@ TEST(CliTest, TuneWritesAnHtmlReport) {
 // and the allocctl line always, last, with the prediction of what it pushes.
 TEST(CliTest, TuneShowsTheRobustAndTheCappedAnswer) {
   const std::string args = "tune " + kLlama +
-                           " --capacity 84465090560 --total-memory 85017493504 --budget 60 --jobs 2";
+                           " --capacity 84465090560B --total-memory 85017493504B --budget 60 --jobs 2";
   // On llama_lora a fraction saves 0.8% over expandable_segments:True.
   const CommandResult text = RunAllocd(args);
   ASSERT_EQ(text.exit_code, 0) << text.output;
