@@ -1,0 +1,201 @@
+// Autotuner: the daemon's online autotuning (issue 12). It keeps a bounded
+// window of each job's allocation events, decides on triggers (first pass,
+// fragmentation, alloc retry, OOM, a bad starting config, an admin's run)
+// whether a live switch to another allocator config would lower the job's
+// peak reserved memory for the rest of its run, and acts on the decision per
+// the job's mode: records it (recommend), or pushes it to a canary session,
+// watches its real stats and then sets it for the whole job, rolling back on
+// a NACK, an OOM or a realised peak worse than predicted (apply).
+//
+// It knows nothing of the daemon's RPCs: the daemon feeds it sessions,
+// events and stats, and it acts through AutotuneActions. Replays run on its
+// own worker threads, never on the feeding thread.
+#ifndef ALLOCD_SERVER_AUTOTUNE_AUTOTUNER_H_
+#define ALLOCD_SERVER_AUTOTUNE_AUTOTUNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "allocator/trace/trace.h"
+
+namespace allocd {
+
+// The same numbers as the server's SessionId.
+using SessionIdValue = uint64_t;
+
+enum class AutotuneMode { kOff, kRecommend, kApply };
+// "off" | "recommend" | "apply"; InvalidArgument otherwise.
+absl::StatusOr<AutotuneMode> ParseAutotuneMode(absl::string_view name);
+const char* AutotuneModeName(AutotuneMode mode);
+
+// One allocator event as a client reports it. `id` names the allocation from
+// its alloc to its free_completed (managed mode: the engine's block handle;
+// advisor mode: the address, which can be reused after free_completed).
+// `stream`: the CUDA stream handle (order matters: PyTorch orders free
+// blocks by stream).
+struct EvidenceEvent {
+  TraceOp op;
+  uint64_t stream;
+  uint64_t id;
+  uint64_t size;  // bytes the program asked for
+};
+
+struct JobPolicy {
+  AutotuneMode mode = AutotuneMode::kRecommend;
+  // PYTORCH_CUDA_ALLOC_CONF keys the job set itself and the autotuner must
+  // never change (e.g. "expandable_segments"); candidates keep the job's
+  // value for them.
+  std::vector<std::string> pinned_keys;
+  // Only then may a memory fraction (hard cap) be proposed.
+  bool allow_memory_fraction = false;
+};
+
+struct AutotuneOptions {
+  JobPolicy default_policy;                // for jobs without their own
+  int threads = 1;                         // replay threads: --autotune-threads
+  int nice = 10;                           // niceness added to the worker threads
+  size_t window_events = size_t{1} << 20;  // per job: bounds daemon memory
+  double min_saving = 0.05;  // of the predicted peak reserved on the current config
+  uint64_t capacity = 0;     // device memory for replays (0: unlimited)
+  uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
+  double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
+  absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
+  absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
+  double rollback_margin = 0.10;  // realised peak > predicted * (1 + margin): roll back
+
+  // --- additions of the core (not in the first contract)
+  // The first pass runs once the window holds this many events and two
+  // repetitions of the job's step.
+  size_t first_pass_min_events = 2000;
+  // After a run for a job, triggers other than admin and OOM wait this long.
+  absl::Duration cooldown = absl::Minutes(5);
+  // Decisions kept per job for History().
+  size_t history_per_job = 64;
+  // The clock (tests inject one); empty: absl::Now.
+  std::function<absl::Time()> now;
+};
+
+struct AutotuneDecision {
+  uint64_t id = 0;  // increasing per daemon
+  absl::Time at;
+  std::string job;
+  // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config", "admin"
+  std::string trigger;
+  // "pushed", "recommended", "kept", "rolled_back", "skipped"
+  std::string result;
+  std::string from_config;  // canonical; what the job runs
+  std::string to_config;    // canonical; proposed ("" when kept/skipped)
+  std::optional<double> memory_fraction;  // only for jobs that allow it
+  // Predictions over the part of the window after the switch point: staying
+  // on from_config, and switching (live Reconfigure + empty cache) at the
+  // switch point.
+  int64_t predicted_peak_current = 0;
+  int64_t predicted_peak_switched = 0;
+  int64_t predicted_saving = 0;
+  std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
+  std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
+  uint64_t window_events = 0;
+  double replay_seconds = 0;  // wall time of the decision's replays
+  size_t candidates = 0;
+  std::vector<uint64_t> sessions;  // canary first
+  uint64_t version = 0;            // config version pushed (0: none)
+  std::string why;  // evidence and the gates that passed or failed, human-readable
+};
+
+// What the autotuner asks of the daemon; the daemon implements it over
+// DaemonCore's public calls. Calls may come from the autotuner's worker
+// threads; implementations are thread-safe and must not call back into the
+// Autotuner synchronously.
+class AutotuneActions {
+ public:
+  virtual ~AutotuneActions() = default;
+  // Pushes `config` (canonical PYTORCH_CUDA_ALLOC_CONF) to one session only
+  // (the canary) as a new config version, without making it the job's
+  // config. Returns the version.
+  virtual absl::StatusOr<uint64_t> PushToSession(SessionIdValue session,
+                                                 const std::string& config,
+                                                 const std::string& reason,
+                                                 uint64_t predicted_peak_reserved) = 0;
+  // Makes `config` the job's config: pushed to every session of the job that
+  // does not run it yet, and given to new sessions of the job. Returns the
+  // version.
+  virtual absl::StatusOr<uint64_t> SetJobConfig(const std::string& job,
+                                                const std::string& config,
+                                                const std::string& reason,
+                                                uint64_t predicted_peak_reserved) = 0;
+  // Pushes `config` back to the session as a rollback.
+  virtual absl::Status RollBackSession(SessionIdValue session, const std::string& config,
+                                       const std::string& reason) = 0;
+  // Observers for metrics and history: a run started for `job`; a decision
+  // was recorded or updated (result changed, realised saving known).
+  virtual void OnRun(const std::string& job) = 0;
+  virtual void OnDecision(const AutotuneDecision& decision) = 0;
+};
+
+struct AutotuneJobStatus {
+  std::string job;
+  JobPolicy policy;
+  size_t sessions = 0;
+  uint64_t window_events = 0;
+  uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
+  std::string state;            // "watching", "deciding", "canary", "applied", "off"
+  std::optional<AutotuneDecision> last;
+};
+
+class Autotuner {
+ public:
+  // `actions` outlives the autotuner. Starts `options.threads` worker
+  // threads.
+  Autotuner(AutotuneOptions options, AutotuneActions* actions);
+  ~Autotuner();  // stops and joins the workers; pending decisions are dropped
+  Autotuner(const Autotuner&) = delete;
+  Autotuner& operator=(const Autotuner&) = delete;
+
+  // --- fed by the daemon (cheap: never replays on the caller's thread)
+  // `config`/`config_version`: what the session runs now (a reconnecting
+  // client re-declares the config it already runs, so a restarted daemon
+  // does not push it again).
+  void SessionStarted(SessionIdValue id, const std::string& job, const std::string& config,
+                      uint64_t config_version);
+  void SessionEnded(SessionIdValue id);
+  // Events in order; `dropped_before`: events the client had to drop just
+  // before these.
+  void Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+              uint64_t dropped_before);
+  // memory_stats() under PyTorch's names ("reserved_bytes.all.current",
+  // "num_alloc_retries", ...).
+  void Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+             uint64_t config_version);
+  void Oom(SessionIdValue id, uint64_t config_version);
+  void Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error);
+
+  // --- admin
+  // Queues a run for `job` now; returns the decision id it will record.
+  // NotFound: no session.
+  absl::StatusOr<uint64_t> RunNow(const std::string& job);
+  // Empty job: the daemon default.
+  void SetPolicy(const std::string& job, JobPolicy policy);
+  std::vector<AutotuneJobStatus> Status() const;
+  // Newest first, at most `limit`; empty job: every job.
+  std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;
+  // Blocks until no run is queued or running (tests).
+  void WaitIdle();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_AUTOTUNE_AUTOTUNER_H_
