@@ -14,6 +14,7 @@
 #include "allocd.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 
 namespace allocd {
 namespace {
@@ -141,6 +142,43 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
 }
 
 }  // namespace
+
+absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
+    absl::string_view json) {
+  v1::AutotunePreferences out;
+  if (json.empty()) return out;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        "autotune preferences must be a JSON object: {\"pinned_keys\": "
+        "[...], \"allow_memory_fraction\": bool, \"mode\": \"off|recommend|"
+        "apply\"}");
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key == "pinned_keys" && value.is_array()) {
+      for (const nlohmann::json& k : value) {
+        if (!k.is_string()) {
+          return absl::InvalidArgumentError(
+              "autotune pinned_keys must be strings, e.g. "
+              "[\"expandable_segments\"]");
+        }
+        out.add_pinned_keys(k.get<std::string>());
+      }
+    } else if (key == "allow_memory_fraction" && value.is_boolean()) {
+      out.set_allow_memory_fraction(value.get<bool>());
+    } else if (key == "mode" && value.is_string() &&
+               (value == "" || value == "off" || value == "recommend" ||
+                value == "apply")) {
+      out.set_mode(value.get<std::string>());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "autotune preference \"", key, "\" = ", value.dump(),
+          " is not one of pinned_keys (list of config keys), "
+          "allow_memory_fraction (bool), mode (off, recommend, apply)"));
+    }
+  }
+  return out;
+}
 
 struct DaemonClient::State {
   explicit State(DaemonClientOptions o) : options(std::move(o)) {

@@ -69,6 +69,13 @@ struct ReceivedChunks {
   uint32_t reused = 0;
 };
 
+// A job's autotune preferences as JSON, the form the Python package and
+// the C ABI pass them in: {"pinned_keys": ["expandable_segments"],
+// "allow_memory_fraction": false, "mode": "apply"}, every field optional;
+// "" is no preference. InvalidArgument naming the field otherwise.
+absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
+    absl::string_view json);
+
 class DaemonClient {
  public:
   // Unavailable, naming the socket, when no daemon answers there.

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/autotune/autotuner.h"
 
 namespace allocd {
 
@@ -32,6 +33,10 @@ struct DaemonOptions {
   std::vector<uid_t> admin_uids;
   absl::Duration lease_grace = absl::Seconds(5);
   absl::Duration reclaim_wait = absl::Seconds(1);
+  // The autotuner (--autotune MODE and its knobs). Its capacity, when 0,
+  // is the pool's: a candidate that would not fit the node is never
+  // proposed.
+  AutotuneOptions autotune;
 };
 
 class Daemon {

@@ -35,7 +35,11 @@ class ManagedAllocator {
  public:
   static absl::StatusOr<std::unique_ptr<ManagedAllocator>> Create(
       const std::string& socket, const std::string& job,
-      const std::string& config_string, int device) {
+      const std::string& config_string, int device,
+      const std::string& autotune) {
+    absl::StatusOr<v1::AutotunePreferences> preferences =
+        ParseAutotunePreferences(autotune);
+    if (!preferences.ok()) return preferences.status();
     absl::StatusOr<AllocatorConfig> config =
         ParseAllocatorConfig(config_string);
     if (!config.ok()) return config.status();
@@ -52,7 +56,8 @@ class ManagedAllocator {
                                .job = job,
                                .device = device,
                                .initial_config = FormatAllocatorConfig(*config),
-                               .description = "liballocd_torch (PyTorch)"});
+                               .description = "liballocd_torch (PyTorch)",
+                               .autotune = *std::move(preferences)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);
@@ -88,7 +93,10 @@ class ManagedAllocator {
       throw std::runtime_error(std::string(a.status().message()));
     }
     void* ptr = reinterpret_cast<void*>(a->address);
-    live_[ptr] = Live{.allocation = *a, .stream = stream};
+    const uint64_t id = next_id_++;
+    live_[ptr] = Live{.allocation = *a, .stream = stream, .id = id,
+                      .requested = size};
+    Record(TraceOp::kAlloc, stream, id, size);
     return ptr;
   }
 
@@ -102,14 +110,19 @@ class ManagedAllocator {
     }
     Live live = std::move(it->second);
     live_.erase(it);
+    Record(TraceOp::kFreeRequested, live.stream, live.id, live.requested);
     if (live.used_on.empty()) {
       Check(engine_->Free(live.allocation), "free");
+      Record(TraceOp::kFreeCompleted, live.stream, live.id, live.requested);
     } else {
       // Other streams may still use the block: it returns to the cache
       // once what they queued before now is done.
       Bind();
       Check(engine_->FreeDeferred(live.allocation), "free");
-      DeferredFree deferred{.allocation = live.allocation};
+      DeferredFree deferred{.allocation = live.allocation,
+                            .stream = live.stream,
+                            .id = live.id,
+                            .requested = live.requested};
       for (CUstream s : live.used_on) {
         CUevent event = NewEvent();
         Check(cuda::EventRecord(event, s), "recording a free on a stream");
@@ -158,13 +171,26 @@ class ManagedAllocator {
   struct Live {
     Allocation allocation;
     CUstream stream = nullptr;
+    // Names the allocation in the event stream the autotuner gets.
+    uint64_t id = 0;
+    uint64_t requested = 0;
     // Streams record_stream() added.
     std::vector<CUstream> used_on;
   };
   struct DeferredFree {
     Allocation allocation;
+    CUstream stream = nullptr;
+    uint64_t id = 0;
+    uint64_t requested = 0;
     std::vector<CUevent> events;
   };
+
+  // Appends to the client's event record (bounded; drops when full).
+  void Record(TraceOp op, CUstream stream, uint64_t id, uint64_t size) {
+    if (EventRecorder* events = client_->events()) {
+      events->Record(op, reinterpret_cast<uint64_t>(stream), id, size);
+    }
+  }
 
   ManagedAllocator(cuda::PrimaryContext context,
                    std::unique_ptr<DaemonClient> client,
@@ -236,6 +262,7 @@ class ManagedAllocator {
         continue;
       }
       engine_->CompleteFree(d.allocation);
+      Record(TraceOp::kFreeCompleted, d.stream, d.id, d.requested);
       spare_events_.insert(spare_events_.end(), d.events.begin(),
                            d.events.end());
     }
@@ -254,6 +281,7 @@ class ManagedAllocator {
   std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(mu_);
   std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The process's allocator: created once by allocd_torch_configure and
@@ -282,7 +310,8 @@ using allocd::Managed;
 extern "C" {
 
 int allocd_torch_configure(const char* socket, const char* job,
-                           const char* config, int device) {
+                           const char* config, int device,
+                           const char* autotune) {
   absl::MutexLock lock(&allocd::configure_mu);
   if (allocd::managed != nullptr) {
     allocd::last_error = "allocd is already enabled in this process";
@@ -290,7 +319,8 @@ int allocd_torch_configure(const char* socket, const char* job,
   }
   absl::StatusOr<std::unique_ptr<allocd::ManagedAllocator>> created =
       allocd::ManagedAllocator::Create(allocd::Or(socket), allocd::Or(job),
-                                       allocd::Or(config), device);
+                                       allocd::Or(config), device,
+                                       allocd::Or(autotune));
   if (!created.ok()) {
     allocd::last_error = std::string(created.status().message());
     return -1;

@@ -15,6 +15,8 @@ struct ServeCommandOptions {
   DaemonOptions daemon;
   // As the user wrote it ("8GiB").
   std::string capacity = "8GiB";
+  // --autotune: off, recommend, apply.
+  std::string autotune_mode = "recommend";
 };
 
 // Returns the process exit code: 0 after a clean shutdown, 1 when the
