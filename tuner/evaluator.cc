@@ -8,6 +8,12 @@
 namespace allocd {
 
 ReplaySummary Summarize(const ReplayResult& r) {
+  if (const std::optional<ReplayPhase>& p = r.after_switch) {
+    return ReplaySummary{p->peak_reserved,     p->peak_allocated,
+                         p->num_device_alloc,  p->num_device_free,
+                         p->num_alloc_retries, p->num_sync_all_streams,
+                         p->num_ooms,          r.estimated};
+  }
   return ReplaySummary{r.peak_reserved,     r.peak_allocated,
                        r.num_device_alloc,  r.num_device_free,
                        r.num_alloc_retries, r.num_sync_all_streams,
@@ -28,6 +34,11 @@ ReplayOptions CandidateReplayOptions(const Candidate& candidate,
                             ? options.total_memory
                             : capacity;
   replay.memory_fraction = candidate.memory_fraction;
+  if (const std::optional<LiveStart>& start = options.live_start) {
+    replay.memory_fraction = start->memory_fraction;
+    replay.live_switch =
+        LiveSwitch{start->switch_event, candidate.config, candidate.memory_fraction};
+  }
   return replay;
 }
 
@@ -35,7 +46,11 @@ ReplaySummary Evaluator::ReplayAt(const Candidate& candidate,
                                   uint64_t capacity, bool stop_at_oom) const {
   ReplayOptions options = CandidateReplayOptions(candidate, options_, capacity);
   options.stop_at_first_oom = stop_at_oom;
-  absl::StatusOr<ReplayResult> result = Replay(trace_, candidate.config, options);
+  const AllocatorConfig& start =
+      options_.live_start ? options_.live_start->config : candidate.config;
+  if (options_.on_replay) options_.on_replay(+1);
+  absl::StatusOr<ReplayResult> result = Replay(trace_, start, options);
+  if (options_.on_replay) options_.on_replay(-1);
   // The trace was replayed once before tuning started, so only a bug can
   // make a replay fail here; count it as an OOM so it never wins.
   if (!result.ok()) {

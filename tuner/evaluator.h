@@ -15,7 +15,8 @@
 
 namespace allocd {
 
-// What the tuner keeps of one replay (no timeline, no full stats).
+// What the tuner keeps of one replay (no timeline, no full stats): the
+// whole replay, or with a live switch the part after it.
 struct ReplaySummary {
   int64_t peak_reserved = 0;
   int64_t peak_allocated = 0;
@@ -41,11 +42,25 @@ struct Evaluation {
   ReplaySummary at_min_capacity;
 };
 
+// Candidates judged as a switch in a running job: each replay starts under
+// `config` (and `memory_fraction`) and switches live to the candidate before
+// event `switch_event` (see LiveSwitch); the summary covers the events after
+// the switch.
+struct LiveStart {
+  AllocatorConfig config;
+  std::optional<double> memory_fraction;
+  uint64_t switch_event = 0;
+};
+
 struct EvaluatorOptions {
   uint64_t capacity = 0;      // 0: unlimited
   uint64_t total_memory = 0;  // base of memory fractions; 0: capacity
   bool search_min_capacity = false;
   int jobs = 1;
+  std::optional<LiveStart> live_start;
+  // Called with +1 as a replay starts and -1 as it ends, from the replaying
+  // thread (the autotuner's metrics and tests count replays in flight).
+  std::function<void(int)> on_replay;
 };
 
 // How the evaluator replays `candidate` at `capacity` (the tuning capacity,

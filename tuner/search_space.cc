@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -282,7 +283,9 @@ const char* DimensionName(int dimension) {
 
 Candidate MakeCandidate(const SearchSpace& space, const SpacePoint& point,
                         int64_t peak_allocated, uint64_t total_memory) {
-  Candidate c;
+  Candidate c{space.base, std::nullopt};
+  c.config.max_split_size = std::numeric_limits<size_t>::max();
+  c.config.max_non_split_rounding = c.config.large_segment_size;
   if (const std::optional<size_t> mb = space.max_split_size_mb[point.max_split]) {
     c.config.max_split_size = *mb * kMiB;
     // Rounding only matters for blocks at or above max_split_size.

@@ -30,6 +30,10 @@ struct GcSetting {
 };
 
 struct SearchSpace {
+  // What candidates hold for the keys the space does not vary, and for
+  // garbage collection where it is off (PyTorch's defaults, or the config a
+  // running job holds).
+  AllocatorConfig base;
   // Each list holds the values tried; the first is the value the coarse
   // sweep holds the dimension at while it varies the others (PyTorch's
   // default where that is in the list).

@@ -175,22 +175,27 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
   report.options = options;
   report.grid_size = space.GridSize();
 
-  // A bad trace fails here, once, with a clear error.
-  ReplayOptions check;
-  check.capacity = options.capacity;
-  if (absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{}, check); !r.ok()) {
-    return r.status();
+  // A bad trace fails here, once, with a clear error (a live switch's
+  // caller has replayed it to find the switch point).
+  if (!options.live_start) {
+    ReplayOptions check;
+    check.capacity = options.capacity;
+    if (absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{}, check); !r.ok()) {
+      return r.status();
+    }
   }
 
   const bool capacity_search = options.objective == Objective::kCapacity;
   Evaluator evaluator(trace, EvaluatorOptions{options.capacity, options.total_memory,
-                                              capacity_search, options.jobs});
+                                              capacity_search, options.jobs,
+                                              options.live_start, options.on_replay});
   size_t planned = 0;
   auto progress = [&](size_t done) {
     if (options.progress) options.progress(done, std::max(planned, done));
   };
 
-  const Evaluation* baseline = evaluator.Evaluate({Candidate{}})[0];
+  const Evaluation* baseline =
+      evaluator.Evaluate({options.baseline.value_or(Candidate{})})[0];
   report.baseline = *baseline;
   // Garbage collection needs a fraction of a known device; under the
   // capacity objective it is 0.99 of the (searched) device, since PyTorch
@@ -252,6 +257,7 @@ absl::StatusOr<TuneReport> Tune(const Trace& trace, const SearchSpace& space,
   }
 
   for (const std::string& conf : GuideConfigs()) {
+    if (options.live_start) break;
     ReferenceConfig ref{conf, "", std::nullopt};
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(conf);
     if (!parsed.ok()) {

@@ -59,6 +59,17 @@ struct TuneOptions {
   uint64_t memory_budget = 0;
   // Called as evaluations finish: (done, planned so far).
   std::function<void(size_t, size_t)> progress;
+  // Tune a switch in a running job (see LiveStart): candidates are judged
+  // on the events after the switch, and the guides' configs are not
+  // compared (each would replace the job's whole config). The caller has
+  // replayed the trace to find its switch point, so Tune does not check it.
+  std::optional<LiveStart> live_start;
+  // See EvaluatorOptions::on_replay.
+  std::function<void(int)> on_replay;
+  // What max_call_ratio compares with (TuneReport::baseline); nullopt:
+  // PyTorch's defaults. A live switch compares with switching to the job's
+  // own config, whose empty cache costs the same rebuild.
+  std::optional<Candidate> baseline;
 };
 
 // A config the tuning guides recommend, replayed for comparison (or, when
@@ -78,7 +89,7 @@ struct TuneReport {
   // Indices into `ranked` of the feasible candidates on the Pareto front of
   // (peak reserved, device allocs + frees), by peak.
   std::vector<size_t> pareto;
-  Evaluation baseline;  // PyTorch's defaults
+  Evaluation baseline;  // PyTorch's defaults, or TuneOptions::baseline
   std::vector<ReferenceConfig> references;
   size_t evaluations = 0;
   size_t replays = 0;

@@ -98,11 +98,30 @@ class TimelineRecorder {
   int64_t allocated_ = 0;
 };
 
-absl::Status CheckOptions(const ReplayOptions& options) {
-  if (options.memory_fraction &&
-      !(*options.memory_fraction >= 0.0 && *options.memory_fraction <= 1.0)) {
+absl::Status CheckFraction(const std::optional<double>& fraction) {
+  if (fraction && !(*fraction >= 0.0 && *fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("memory fraction %g is outside [0, 1]", *fraction));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const Trace& trace, const AllocatorConfig& config,
+                          const ReplayOptions& options) {
+  if (absl::Status s = CheckFraction(options.memory_fraction); !s.ok()) return s;
+  if (!options.live_switch) return absl::OkStatus();
+  const LiveSwitch& sw = *options.live_switch;
+  if (absl::Status s = CheckFraction(sw.memory_fraction); !s.ok()) return s;
+  if (sw.before_event > trace.events.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "memory fraction %g is outside [0, 1]", *options.memory_fraction));
+        "live switch before event %d of a trace of %d events", sw.before_event,
+        trace.events.size()));
+  }
+  if (config.backend == AllocatorBackend::kCudaMallocAsync ||
+      (sw.config && sw.config->backend != config.backend)) {
+    return absl::InvalidArgumentError(
+        "a running process cannot switch to or from backend:cudaMallocAsync "
+        "(the backend is fixed when libc10_cuda loads)");
   }
   return absl::OkStatus();
 }
@@ -112,6 +131,79 @@ absl::Status BadEvent(uint64_t index, const TraceEvent& event,
   return absl::InvalidArgumentError(
       absl::StrFormat("trace event %d (id %d): %s", index, event.id, what));
 }
+
+// The counters of `stats` as a phase that starts at `first_event`; the
+// caller subtracts where the phase began.
+ReplayPhase PhaseCounters(const DeviceStats& stats, uint64_t first_event) {
+  ReplayPhase p;
+  p.first_event = first_event;
+  p.reserved_at_start = stats.reserved_bytes.all().current;
+  p.peak_reserved = stats.reserved_bytes.all().peak;
+  p.peak_allocated = stats.allocated_bytes.all().peak;
+  p.num_device_alloc = stats.num_device_alloc;
+  p.num_device_free = stats.num_device_free;
+  p.num_alloc_retries = stats.num_alloc_retries;
+  p.num_ooms = stats.num_ooms;
+  p.num_sync_all_streams = stats.num_sync_all_streams;
+  return p;
+}
+
+// Splits a replay at a LiveSwitch: the counters before it, the switch
+// itself, and the counters since.
+class SwitchSplitter {
+ public:
+  explicit SwitchSplitter(const std::optional<LiveSwitch>& live_switch)
+      : switch_(live_switch) {}
+
+  // Called before each event and once after the last one.
+  void Before(uint64_t event, CachingAllocator& allocator,
+              const ReplayResult& result) {
+    if (!switch_ || done_ || event != switch_->before_event) return;
+    done_ = true;
+    before_ = PhaseCounters(allocator.Stats(), 0);
+    before_.reserved_at_start = 0;
+    before_.first_oom_event = result.first_oom_event;
+    before_peak_requested_ = allocator.Stats().requested_bytes.all().peak;
+    start_ = PhaseCounters(allocator.Stats(), event);
+    if (switch_->config) {
+      allocator.Reconfigure(*switch_->config);
+      if (switch_->memory_fraction) allocator.SetMemoryFraction(*switch_->memory_fraction);
+      allocator.EmptyCache();
+    }
+    start_.reserved_at_start = allocator.Stats().reserved_bytes.all().current;
+    allocator.ResetPeakStats();
+  }
+
+  void OnOom(uint64_t event) {
+    if (done_ && !first_oom_after_) first_oom_after_ = event;
+  }
+
+  // After CopyCounters: the phases, and the whole replay's peaks.
+  void Finish(const DeviceStats& stats, ReplayResult& result) const {
+    if (!done_) return;
+    ReplayPhase after = PhaseCounters(stats, start_.first_event);
+    after.reserved_at_start = start_.reserved_at_start;
+    after.num_device_alloc -= start_.num_device_alloc;
+    after.num_device_free -= start_.num_device_free;
+    after.num_alloc_retries -= start_.num_alloc_retries;
+    after.num_ooms -= start_.num_ooms;
+    after.num_sync_all_streams -= start_.num_sync_all_streams;
+    after.first_oom_event = first_oom_after_;
+    result.peak_reserved = std::max(before_.peak_reserved, after.peak_reserved);
+    result.peak_allocated = std::max(before_.peak_allocated, after.peak_allocated);
+    result.peak_requested = std::max(before_peak_requested_, result.peak_requested);
+    result.before_switch = before_;
+    result.after_switch = after;
+  }
+
+ private:
+  const std::optional<LiveSwitch>& switch_;
+  bool done_ = false;
+  ReplayPhase before_;
+  int64_t before_peak_requested_ = 0;
+  ReplayPhase start_;  // accumulated counters before the switch's own work
+  std::optional<uint64_t> first_oom_after_;
+};
 
 void CopyCounters(const DeviceStats& stats, ReplayResult& result) {
   result.peak_reserved = stats.reserved_bytes.all().peak;
@@ -149,6 +241,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
   std::vector<Allocation> allocations(trace.num_ids);
   std::vector<IdState> states(trace.num_ids, IdState::kUnseen);
   TimelineRecorder timeline(trace.events.size(), options.timeline_samples);
+  SwitchSplitter splitter(options.live_switch);
 
   const auto start = std::chrono::steady_clock::now();
   uint64_t i = 0;
@@ -156,6 +249,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
     const TraceEvent& e = trace.events[i];
     if (e.id >= trace.num_ids) return BadEvent(i, e, "id out of range");
     IdState& state = states[e.id];
+    splitter.Before(i, allocator, result);
     if (observer != nullptr) observer->OnEvent(i, e);
     switch (e.op) {
       case TraceOp::kAlloc: {
@@ -172,6 +266,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
         } else if (absl::IsResourceExhausted(a.status())) {
           state = IdState::kFailed;
           if (!result.first_oom_event) result.first_oom_event = i;
+          splitter.OnOom(i);
           if (observer != nullptr) {
             observer->OnOutOfMemory(e, backend.FreeMemory());
           }
@@ -212,8 +307,10 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
                        std::chrono::steady_clock::now() - start)
                        .count();
   result.events = i;
+  if (i == trace.events.size()) splitter.Before(i, allocator, result);
   timeline.Finish(i, allocator.Stats(), result.timeline);
   CopyCounters(allocator.Stats(), result);
+  splitter.Finish(allocator.Stats(), result);
   if (observer != nullptr) {
     observer->OnEnd(allocator);
     observed->Detach();
@@ -226,7 +323,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
 absl::StatusOr<ReplayResult> Replay(const Trace& trace,
                                     const AllocatorConfig& config,
                                     const ReplayOptions& options) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckOptions(trace, config, options); !s.ok()) return s;
   if (config.backend == AllocatorBackend::kCudaMallocAsync) {
     if (options.observer != nullptr) {
       return absl::InvalidArgumentError(

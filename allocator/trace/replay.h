@@ -18,6 +18,22 @@ namespace allocd {
 class DeviceBackend;
 class ReplayObserver;
 
+// A live reconfiguration just before trace event `before_event`, as a
+// running PyTorch does it: torch.cuda.memory._set_allocator_settings(conf)
+// (CachingAllocator::Reconfigure), optionally
+// torch.cuda.set_per_process_memory_fraction, then torch.cuda.empty_cache().
+struct LiveSwitch {
+  // 0..trace size; at the size, the switch comes after the last event.
+  uint64_t before_event = 0;
+  // What the process holds after the update (ParseAllocatorConfigUpdate of
+  // the pushed string on the running config). nullopt: no update and no
+  // empty cache, only the counters are split there: what staying on the
+  // config does over the same events.
+  std::optional<AllocatorConfig> config;
+  // The new cap; nullopt: the cap (if any) stays.
+  std::optional<double> memory_fraction;
+};
+
 struct ReplayOptions {
   // Device memory the process can get (cudaMemGetInfo's free at start).
   // 0: unlimited.
@@ -38,6 +54,10 @@ struct ReplayOptions {
   // Replays on this device instead of a simulated one of `capacity` (a
   // live client replays on the node daemon's memory); not owned.
   DeviceBackend* device = nullptr;
+  // Switch configs live at one point; ReplayResult then reports the
+  // stretches before and after it apart. Not for backend:cudaMallocAsync,
+  // which a running process cannot switch to or from.
+  std::optional<LiveSwitch> live_switch;
 };
 
 // Memory at one point of the replay: the highs within the sampled stretch
@@ -46,6 +66,24 @@ struct TimelineSample {
   uint64_t event;
   int64_t reserved;
   int64_t allocated;
+};
+
+// The counters over one stretch of a replay split by a LiveSwitch. The
+// switch's own work (the empty cache's device frees) counts after it; the
+// peaks after it start from what the empty cache left reserved.
+struct ReplayPhase {
+  uint64_t first_event = 0;
+  int64_t reserved_at_start = 0;
+  int64_t peak_reserved = 0;
+  int64_t peak_allocated = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_sync_all_streams = 0;
+  std::optional<uint64_t> first_oom_event;
+
+  bool operator==(const ReplayPhase&) const = default;
 };
 
 struct ReplayResult {
@@ -67,13 +105,19 @@ struct ReplayResult {
   // True for backend:cudaMallocAsync, whose pool is the CUDA driver's: the
   // numbers are a model's estimate, not PyTorch's rules.
   bool estimated = false;
+  // At the end; with a live switch, its peaks are those after the switch.
   DeviceStats stats;
   std::vector<TimelineSample> timeline;
+  // Set with ReplayOptions::live_switch (after_switch is empty when the
+  // replay stopped before the switch point).
+  std::optional<ReplayPhase> before_switch;
+  std::optional<ReplayPhase> after_switch;
 };
 
 // Replays `trace` under `config`. InvalidArgument for a trace that frees what
-// it never allocated, options that make no sense (fraction outside [0,1]), or
-// an observer on a backend:cudaMallocAsync replay (an estimate without
+// it never allocated, options that make no sense (fraction outside [0,1], a
+// switch past the end of the trace or to another backend), or an observer or
+// a live switch on a backend:cudaMallocAsync replay (an estimate without
 // blocks).
 absl::StatusOr<ReplayResult> Replay(const Trace& trace,
                                     const AllocatorConfig& config,

@@ -1,8 +1,57 @@
 #include "server/autotune/autotuner.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/config.h"
+#include "server/autotune/decider.h"
+#include "server/autotune/job_window.h"
+#include "server/autotune/step_period.h"
 
 namespace allocd {
+namespace {
+
+constexpr char kReservedStat[] = "reserved_bytes.all.current";
+constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
+constexpr char kRetriesStat[] = "num_alloc_retries";
+// A max_split_size_mb this small stops the cache from splitting most large
+// blocks: the guides' 64 and 128 (tuner.h's GuideConfigs), which cost
+// llama_lora several times its memory.
+constexpr size_t kBadStartMaxSplit = 128 * kMiB;
+
+// Lowers this thread's priority by `nice`; threads it starts inherit it
+// (Linux keeps a nice value per thread).
+void NiceThisThread(int nice) {
+  if (nice <= 0) return;
+  const id_t tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int current = getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) setpriority(PRIO_PROCESS, tid, std::min(19, current + nice));
+}
+
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+int64_t StatOr(const std::map<std::string, int64_t>& stats, const char* name, int64_t fallback) {
+  auto it = stats.find(name);
+  return it == stats.end() ? fallback : it->second;
+}
+
+}  // namespace
 
 absl::StatusOr<AutotuneMode> ParseAutotuneMode(absl::string_view name) {
   if (name == "off") return AutotuneMode::kOff;
@@ -21,23 +70,724 @@ const char* AutotuneModeName(AutotuneMode mode) {
   return "?";
 }
 
-// Skeleton: the implementation lands in the following commits.
-class Autotuner::Impl {};
 
-Autotuner::Autotuner(AutotuneOptions, AutotuneActions*) : impl_(std::make_unique<Impl>()) {}
-Autotuner::~Autotuner() = default;
-void Autotuner::SessionStarted(SessionIdValue, const std::string&, const std::string&, uint64_t) {}
-void Autotuner::SessionEnded(SessionIdValue) {}
-void Autotuner::Events(SessionIdValue, const std::vector<EvidenceEvent>&, uint64_t) {}
-void Autotuner::Stats(SessionIdValue, const std::map<std::string, int64_t>&, uint64_t) {}
-void Autotuner::Oom(SessionIdValue, uint64_t) {}
-void Autotuner::Acked(SessionIdValue, uint64_t, bool, const std::string&) {}
-absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job) {
-  return absl::NotFoundError(absl::StrCat("no session of job ", job));
+class Autotuner::Impl {
+ public:
+  Impl(AutotuneOptions options, AutotuneActions* actions)
+      : options_(std::move(options)),
+        actions_(actions),
+        default_policy_(options_.default_policy),
+        worker_([this] { Work(); }) {}
+
+  ~Impl() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    worker_.join();
+  }
+
+  void SessionStarted(SessionIdValue id, const std::string& job_name, const std::string& config,
+                      uint64_t config_version) {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[job_name];
+    sessions_[id] = Session{job_name, next_order_++, config, config_version};
+    job.sessions.push_back(id);
+    if (job.recorded == 0) StartRecording(job, id);
+    absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
+    if (parsed.ok() && parsed->max_split_size <= kBadStartMaxSplit) {
+      job.first_trigger = "bad_start_config";
+    }
+  }
+
+  void SessionEnded(SessionIdValue id) {
+    std::vector<AutotuneDecision> notify;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) return;
+      Job& job = jobs_[it->second.job];
+      sessions_.erase(it);
+      std::erase(job.sessions, id);
+      if (job.acting && job.acting->canary == id && job.acting->phase != Phase::kApplied) {
+        // Nothing was pushed beyond the canary, and nothing more will be.
+        if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
+          absl::StrAppend(&d->why, "; the canary session ended before its watch did: "
+                                   "the job's other sessions were left alone");
+          notify.push_back(*d);
+        }
+        job.acting.reset();
+      }
+      if (job.recorded == id) {
+        job.recorded = 0;
+        job.window.reset();
+        if (!job.sessions.empty()) StartRecording(job, job.sessions.front());
+      }
+    }
+    Notify(notify);
+  }
+
+  void Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+              uint64_t dropped_before) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Job& job = jobs_[it->second.job];
+    if (job.recorded != id || job.window == nullptr) return;
+    job.window->Add(events, dropped_before);
+    const size_t size = job.window->size();
+    if (!job.first_pass_done && size >= job.next_first_pass_check) {
+      // Probed on the worker (finding the step is not for this thread);
+      // the next probe waits for twice the events, or a full window.
+      if (Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true)) {
+        job.next_first_pass_check = std::min(2 * size, options_.window_events);
+      }
+    }
+  }
+
+  void Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+             uint64_t config_version) {
+    std::vector<AutotuneDecision> notify;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) return;
+      Session& session = it->second;
+      Job& job = jobs_[session.job];
+      if (ModeOf(job) == AutotuneMode::kOff) return;
+      const absl::Time now = Now();
+      const int64_t reserved = StatOr(stats, kReservedStat, 0);
+      const int64_t allocated = StatOr(stats, kAllocatedStat, 0);
+      const int64_t retries = StatOr(stats, kRetriesStat, session.retries);
+
+      if (job.acting && RunsPushedVersion(*job.acting, id, config_version)) {
+        Watch(session.job, job, reserved, now, notify);
+      }
+      if (retries > session.retries) {
+        Enqueue(session.job, job, "alloc_retry", false);
+      }
+      session.retries = retries;
+      if (allocated > 0 && static_cast<double>(reserved) >
+                               options_.fragmentation_ratio * static_cast<double>(allocated)) {
+        if (!session.fragmented_since) {
+          session.fragmented_since = now;
+        } else if (now - *session.fragmented_since >= options_.fragmentation_for) {
+          session.fragmented_since.reset();
+          Enqueue(session.job, job, "fragmentation", false);
+        }
+      } else {
+        session.fragmented_since.reset();
+      }
+    }
+    Notify(notify);
+  }
+
+  void Oom(SessionIdValue id, uint64_t config_version) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Job& job = jobs_[it->second.job];
+    if (job.acting && RunsPushedVersion(*job.acting, id, config_version)) {
+      QueueRollBack(it->second.job, job, absl::StrFormat(
+          "session %d ran out of memory under the pushed version %d", id, config_version));
+      return;
+    }
+    Enqueue(it->second.job, job, "oom", false);
+  }
+
+  void AckedLocked(SessionIdValue id, uint64_t version, bool applied, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Session& session = it->second;
+    Job& job = jobs_[session.job];
+    if (!job.acting) return;
+    Acting& acting = *job.acting;
+    if (acting.phase == Phase::kCanaryPushed && id == acting.canary && acting.canary_version == 0) {
+      if (applied) {
+        acting.early_ack = version;
+      } else {
+        acting.early_nack = {version, error};
+      }
+      return;
+    }
+    if (!RunsPushedVersion(acting, id, version)) return;
+    if (!applied) {
+      QueueRollBack(session.job, job,
+                    absl::StrFormat("session %d refused version %d: %s", id, version, error));
+      return;
+    }
+    session.config = acting.to_config;
+    session.config_version = version;
+    if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
+      acting.phase = Phase::kCanaryWatching;
+      acting.watch_since = Now();
+    }
+  }
+
+  void Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error) {
+    absl::MutexLock lock(&mu_);
+    AckedLocked(id, version, applied, error);
+  }
+
+  absl::StatusOr<uint64_t> RunNow(const std::string& job_name) {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_name);
+    if (it == jobs_.end() || it->second.sessions.empty()) {
+      return absl::NotFoundError(absl::StrCat("job '", job_name,
+                                              "' has no session connected: start it first"));
+    }
+    Job& job = it->second;
+    if (ModeOf(job) == AutotuneMode::kOff) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "autotuning is off for job '", job_name,
+          "': set its mode to recommend or apply first (allocctl autotune set)"));
+    }
+    if (job.queued) {
+      // The queued (or running) run will record under this id.
+      if (job.queued_id == 0) job.queued_id = next_decision_id_++;
+      return job.queued_id;
+    }
+    if (!Enqueue(job_name, job, "admin", false)) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", job_name, "' is ", StateOf(job), ": try again once that is over"));
+    }
+    return job.queued_id;
+  }
+
+  void SetPolicy(const std::string& job_name, JobPolicy policy) {
+    absl::MutexLock lock(&mu_);
+    if (job_name.empty()) {
+      default_policy_ = std::move(policy);
+      for (auto& [name, job] : jobs_) ApplyMode(job);
+      return;
+    }
+    Job& job = jobs_[job_name];
+    job.policy = std::move(policy);
+    ApplyMode(job);
+  }
+
+  std::vector<AutotuneJobStatus> Status() const {
+    absl::MutexLock lock(&mu_);
+    std::vector<AutotuneJobStatus> out;
+    for (const auto& [name, job] : jobs_) {
+      AutotuneJobStatus s;
+      s.job = name;
+      s.policy = PolicyOf(job);
+      s.sessions = job.sessions.size();
+      if (job.window) {
+        s.window_events = job.window->size();
+        s.dropped_events = job.window->dropped_events();
+      }
+      s.state = StateOf(job);
+      if (!job.history.empty()) s.last = job.history.back();
+      out.push_back(std::move(s));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const AutotuneJobStatus& a, const AutotuneJobStatus& b) { return a.job < b.job; });
+    return out;
+  }
+
+  std::vector<AutotuneDecision> History(const std::string& job_name, size_t limit) const {
+    absl::MutexLock lock(&mu_);
+    std::vector<AutotuneDecision> out;
+    for (const auto& [name, job] : jobs_) {
+      if (!job_name.empty() && name != job_name) continue;
+      out.insert(out.end(), job.history.begin(), job.history.end());
+    }
+    std::sort(out.begin(), out.end(),
+              [](const AutotuneDecision& a, const AutotuneDecision& b) { return a.id > b.id; });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+  }
+
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &Impl::Idle));
+  }
+
+ private:
+  enum class Phase { kCanaryPushed, kCanaryWatching, kPromoting, kApplied, kRollingBack };
+
+  struct Session {
+    std::string job;
+    uint64_t order = 0;
+    std::string config;  // what it runs
+    uint64_t config_version = 0;
+    int64_t retries = 0;
+    std::optional<absl::Time> fragmented_since;
+  };
+
+  // A proposal being applied: canary, watch, the whole job.
+  struct Acting {
+    uint64_t decision_id = 0;
+    Phase phase = Phase::kCanaryPushed;
+    SessionIdValue canary = 0;
+    std::string to_config;
+    // Pushed to roll back: gives back exactly what the job ran.
+    std::string rollback_config;
+    uint64_t canary_version = 0;
+    // The canary's answer when it came before PushToSession returned.
+    std::optional<std::pair<uint64_t, std::string>> early_nack;
+    std::optional<uint64_t> early_ack;
+    uint64_t job_version = 0;
+    absl::Time watch_since;
+    int64_t predicted_current = 0;
+    int64_t predicted_switched = 0;
+    int64_t realized_peak = -1;
+  };
+
+  struct Job {
+    std::optional<JobPolicy> policy;
+    std::vector<SessionIdValue> sessions;  // oldest first
+    // The session whose events the window holds: one session's stream is
+    // decided on, never a merge of several.
+    SessionIdValue recorded = 0;
+    std::unique_ptr<JobWindow> window;
+    std::string first_trigger = "first_pass";
+    bool first_pass_done = false;
+    size_t next_first_pass_check = 0;
+    bool queued = false;  // a run is queued or running
+    uint64_t queued_id = 0;
+    absl::Time cooldown_until = absl::InfinitePast();
+    std::optional<Acting> acting;
+    std::deque<AutotuneDecision> history;  // oldest first
+    std::set<std::string> rolled_back;     // configs never proposed again
+  };
+
+  enum class TaskKind { kDecide, kPromote, kRollBack };
+  struct Task {
+    TaskKind kind;
+    std::string job;
+    std::string trigger;  // kDecide
+    uint64_t decision_id = 0;
+    bool first_pass = false;  // decide only once the window holds two steps
+    std::string reason;       // kRollBack
+  };
+
+  absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
+
+  JobPolicy PolicyOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job.policy.value_or(default_policy_);
+  }
+  AutotuneMode ModeOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return PolicyOf(job).mode;
+  }
+
+  std::string StateOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ModeOf(job) == AutotuneMode::kOff) return "off";
+    if (job.queued) return "deciding";
+    if (job.acting) return job.acting->phase == Phase::kApplied ? "applied" : "canary";
+    return "watching";
+  }
+
+  void StartRecording(Job& job, SessionIdValue id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.recorded = id;
+    job.window.reset();
+    if (ModeOf(job) != AutotuneMode::kOff) {
+      job.window = std::make_unique<JobWindow>(options_.window_events);
+    }
+    job.next_first_pass_check = std::min(options_.first_pass_min_events, options_.window_events);
+  }
+
+  // `off` keeps no window; leaving it starts one on the recorded session.
+  void ApplyMode(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ModeOf(job) == AutotuneMode::kOff) {
+      job.window.reset();
+    } else if (job.window == nullptr && job.recorded != 0) {
+      StartRecording(job, job.recorded);
+    }
+  }
+
+  static bool RunsPushedVersion(const Acting& acting, SessionIdValue id, uint64_t version) {
+    return (id == acting.canary && version == acting.canary_version && version != 0) ||
+           (version == acting.job_version && version != 0);
+  }
+
+  // Queues a run unless one is queued or running, the job is off or in a
+  // canary, or (except for an admin's run) it ran within the cooldown.
+  bool Enqueue(const std::string& name, Job& job, const std::string& trigger, bool first_pass)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool admin = trigger == "admin";
+    if (job.queued || ModeOf(job) == AutotuneMode::kOff) return false;
+    if (job.acting && job.acting->phase != Phase::kApplied) return false;
+    if (!admin && Now() < job.cooldown_until) return false;
+    job.queued = true;
+    // An admin's run is told its id now; others get one when they record.
+    job.queued_id = admin ? next_decision_id_++ : 0;
+    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, job.queued_id, first_pass, ""});
+    return true;
+  }
+
+  void QueueRollBack(const std::string& name, Job& job, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.acting->phase == Phase::kRollingBack) return;
+    job.acting->phase = Phase::kRollingBack;
+    tasks_.push_back(Task{TaskKind::kRollBack, name, "", job.acting->decision_id, false,
+                          std::move(reason)});
+  }
+
+  // A stats report of a session under the pushed version: the realised
+  // peak, the rollback margin, and the end of the canary's watch.
+  void Watch(const std::string& name, Job& job, int64_t reserved, absl::Time now,
+             std::vector<AutotuneDecision>& notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Acting& acting = *job.acting;
+    if (acting.phase == Phase::kRollingBack || acting.phase == Phase::kCanaryPushed) return;
+    if (reserved > acting.realized_peak) {
+      acting.realized_peak = reserved;
+      if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
+        d->realized_peak = reserved;
+        d->realized_saving = acting.predicted_current - reserved;
+        notify.push_back(*d);
+      }
+    }
+    const double limit =
+        static_cast<double>(acting.predicted_switched) * (1.0 + options_.rollback_margin);
+    if (static_cast<double>(acting.realized_peak) > limit) {
+      QueueRollBack(name, job, absl::StrFormat(
+          "the realised peak %s is above the predicted %s by more than %.0f%%",
+          GiB(acting.realized_peak), GiB(acting.predicted_switched),
+          100 * options_.rollback_margin));
+      return;
+    }
+    if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
+      acting.phase = Phase::kPromoting;
+      tasks_.push_back(Task{TaskKind::kPromote, name, "", acting.decision_id, false, ""});
+    }
+  }
+
+  AutotuneDecision* FindDecision(Job& job, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (AutotuneDecision& d : job.history) {
+      if (d.id == id) return &d;
+    }
+    return nullptr;
+  }
+
+  void Record(Job& job, AutotuneDecision decision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.history.push_back(std::move(decision));
+    while (job.history.size() > std::max<size_t>(1, options_.history_per_job)) {
+      job.history.pop_front();
+    }
+  }
+
+  void Notify(const std::vector<AutotuneDecision>& decisions) {
+    for (const AutotuneDecision& d : decisions) actions_->OnDecision(d);
+  }
+
+  bool HasTask() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_.empty() && !busy_; }
+
+  void Work() {
+    NiceThisThread(options_.nice);
+    while (true) {
+      Task task;
+      {
+        absl::MutexLock lock(&mu_, absl::Condition(this, &Impl::HasTask));
+        if (stop_) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+        busy_ = true;
+      }
+      switch (task.kind) {
+        case TaskKind::kDecide: RunDecision(task); break;
+        case TaskKind::kPromote: Promote(task); break;
+        case TaskKind::kRollBack: RollBack(task); break;
+      }
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+    }
+  }
+
+  void RunDecision(const Task& task);
+  void Promote(const Task& task);
+  void RollBack(const Task& task);
+
+  const AutotuneOptions options_;
+  AutotuneActions* const actions_;
+  mutable absl::Mutex mu_;
+  JobPolicy default_policy_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionIdValue, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_decision_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread worker_;  // last: starts once the rest is built
+};
+
+void Autotuner::Impl::RunDecision(const Task& task) {
+  Trace trace;
+  RunningConfig running;
+  JobPolicy policy;
+  std::string skip_why;
+  bool full = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (ModeOf(job) == AutotuneMode::kOff || job.window == nullptr) {
+      job.queued = false;
+      job.queued_id = 0;
+      return;
+    }
+    policy = PolicyOf(job);
+    const Session& session = sessions_.at(job.recorded);
+    absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(session.config);
+    if (!parsed.ok()) {
+      skip_why = absl::StrCat("the job's config '", session.config,
+                              "' does not parse: ", parsed.status().message());
+    } else {
+      running.config = *parsed;
+      if (parsed->per_process_memory_fraction < 1.0) {
+        running.memory_fraction = parsed->per_process_memory_fraction;
+      }
+    }
+    if (job.window->has_gap()) {
+      skip_why = absl::StrFormat(
+          "the client dropped events inside the window (%d so far): its replay would miss "
+          "allocations; the next run waits for the window to move past the gap",
+          job.window->dropped_events());
+    }
+    full = job.window->size() >= options_.window_events;
+    // A first pass nobody asked an id for waits quietly for a clean window.
+    if (task.first_pass && !skip_why.empty() && job.queued_id == 0) {
+      job.queued = false;
+      return;
+    }
+    trace = job.window->ToTrace();
+  }
+  if (task.first_pass && !full && skip_why.empty()) {
+    // The first pass decides once the window holds two steps (or is full).
+    const std::optional<uint64_t> step = FindStepPeriod(trace);
+    if (!step || trace.events.size() < 2 * *step) {
+      absl::MutexLock lock(&mu_);
+      Job& job = jobs_[task.job];
+      if (job.queued_id == 0) {
+        job.queued = false;
+        return;
+      }
+    }
+  }
+
+  actions_->OnRun(task.job);
+  Decision d;
+  if (skip_why.empty()) {
+    DecideOptions decide;
+    decide.threads = std::max(1, options_.threads);
+    decide.capacity = options_.capacity;
+    decide.total_memory = options_.total_memory;
+    decide.min_saving = options_.min_saving;
+    decide.max_call_ratio = options_.max_call_ratio;
+    decide.budget = options_.budget;
+    decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
+    decide.on_replay = options_.on_replay;
+    d = ::allocd::Decide(trace, running, policy, decide);
+  } else {
+    d.why = skip_why;
+  }
+
+  AutotuneDecision rec;
+  std::optional<SessionIdValue> canary;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    rec.id = job.queued_id != 0 ? job.queued_id : next_decision_id_++;
+    rec.at = Now();
+    rec.job = task.job;
+    rec.trigger = task.trigger;
+    rec.from_config = FormatAllocatorConfig(running.config);
+    rec.predicted_peak_current = d.predicted_peak_current;
+    rec.predicted_peak_switched = d.predicted_peak_switched;
+    rec.predicted_saving = d.predicted_peak_current - d.predicted_peak_switched;
+    rec.window_events = trace.events.size();
+    rec.replay_seconds = d.replay_seconds;
+    rec.candidates = d.candidates;
+    rec.why = d.why;
+    switch (d.result) {
+      case Decision::Result::kSkip:
+        rec.result = "skipped";
+        break;
+      case Decision::Result::kKeep:
+        rec.result = "kept";
+        break;
+      case Decision::Result::kPropose:
+        rec.to_config = d.to_config;
+        rec.memory_fraction = d.to.memory_fraction;
+        if (job.rolled_back.contains(d.to_config)) {
+          rec.result = "kept";
+          absl::StrAppend(&rec.why, "; it was rolled back before, so it is not pushed again");
+        } else if (ModeOf(job) != AutotuneMode::kApply) {
+          rec.result = "recommended";
+        } else if (job.sessions.empty()) {
+          rec.result = "skipped";
+          absl::StrAppend(&rec.why, "; the job has no session left to push to");
+        } else {
+          rec.result = "pushed";
+          canary = job.sessions.front();  // the oldest
+          rec.sessions = {*canary};
+          Acting acting;
+          acting.decision_id = rec.id;
+          acting.canary = *canary;
+          acting.to_config = d.to_config;
+          acting.rollback_config = LiveConfigString(running.config, d.to.config);
+          acting.predicted_current = d.predicted_peak_current;
+          acting.predicted_switched = d.predicted_peak_switched;
+          job.acting = std::move(acting);
+        }
+        break;
+    }
+    if (rec.result != "pushed" && rec.result != "recommended") rec.to_config.clear();
+    job.queued = false;
+    job.queued_id = 0;
+    job.first_pass_done = true;
+    job.cooldown_until = Now() + options_.cooldown;
+    Record(job, rec);
+  }
+  actions_->OnDecision(rec);
+  if (!canary) return;
+
+  const std::string reason = absl::StrFormat(
+      "autotune decision %d (%s): predicted peak %s instead of %s", rec.id, rec.trigger,
+      GiB(rec.predicted_peak_switched), GiB(rec.predicted_peak_current));
+  absl::StatusOr<uint64_t> version = actions_->PushToSession(
+      *canary, rec.to_config, reason, static_cast<uint64_t>(rec.predicted_peak_switched));
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    AutotuneDecision* stored = FindDecision(job, rec.id);
+    if (!job.acting || job.acting->decision_id != rec.id || stored == nullptr) return;
+    if (!version.ok()) {
+      stored->result = "skipped";
+      absl::StrAppend(&stored->why, "; the push to canary session ", *canary,
+                      " failed: ", version.status().message());
+      job.acting.reset();
+    } else {
+      stored->version = *version;
+      Acting& acting = *job.acting;
+      acting.canary_version = *version;
+      if (acting.early_ack == *version) AckedLocked(*canary, *version, true, "");
+      if (acting.early_nack && acting.early_nack->first == *version) {
+        AckedLocked(*canary, *version, false, acting.early_nack->second);
+      }
+    }
+    notify.push_back(*stored);
+  }
+  Notify(notify);
 }
-void Autotuner::SetPolicy(const std::string&, JobPolicy) {}
-std::vector<AutotuneJobStatus> Autotuner::Status() const { return {}; }
-std::vector<AutotuneDecision> Autotuner::History(const std::string&, size_t) const { return {}; }
-void Autotuner::WaitIdle() {}
+
+void Autotuner::Impl::Promote(const Task& task) {
+  std::string to_config;
+  std::string reason;
+  int64_t predicted = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id ||
+        job.acting->phase != Phase::kPromoting) {
+      return;
+    }
+    to_config = job.acting->to_config;
+    predicted = job.acting->predicted_switched;
+    reason = absl::StrFormat(
+        "autotune decision %d: the canary ran it for %s, peaking at %s (predicted %s)",
+        task.decision_id, absl::FormatDuration(options_.canary_window),
+        GiB(job.acting->realized_peak), GiB(predicted));
+  }
+  absl::StatusOr<uint64_t> version =
+      actions_->SetJobConfig(task.job, to_config, reason, static_cast<uint64_t>(predicted));
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id) return;
+    if (!version.ok()) {
+      job.acting->phase = Phase::kCanaryWatching;  // lets QueueRollBack act
+      QueueRollBack(task.job, job, absl::StrCat("setting the job's config failed: ",
+                                                version.status().message()));
+      return;
+    }
+    job.acting->phase = Phase::kApplied;
+    job.acting->job_version = *version;
+    if (AutotuneDecision* d = FindDecision(job, task.decision_id)) {
+      d->version = *version;
+      d->sessions = {job.acting->canary};
+      for (SessionIdValue s : job.sessions) {
+        if (s != job.acting->canary) d->sessions.push_back(s);
+      }
+      absl::StrAppend(&d->why, "; ", reason, "; set for the whole job");
+      notify.push_back(*d);
+    }
+  }
+  Notify(notify);
+}
+
+void Autotuner::Impl::RollBack(const Task& task) {
+  SessionIdValue canary = 0;
+  std::string rollback_config;
+  bool whole_job = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id) return;
+    canary = job.acting->canary;
+    rollback_config = job.acting->rollback_config;
+    whole_job = job.acting->job_version != 0;
+  }
+  const std::string reason =
+      absl::StrFormat("autotune decision %d rolled back: %s", task.decision_id, task.reason);
+  const absl::Status status =
+      whole_job ? actions_->SetJobConfig(task.job, rollback_config, reason, 0).status()
+                : actions_->RollBackSession(canary, rollback_config, reason);
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id) return;
+    job.rolled_back.insert(job.acting->to_config);
+    for (SessionIdValue s : job.sessions) {
+      if (s == canary || whole_job) sessions_[s].config = rollback_config;
+    }
+    job.acting.reset();
+    job.cooldown_until = Now() + options_.cooldown;
+    if (AutotuneDecision* d = FindDecision(job, task.decision_id)) {
+      d->result = "rolled_back";
+      absl::StrAppend(&d->why, "; rolled back: ", task.reason);
+      if (!status.ok()) absl::StrAppend(&d->why, " (the rollback push failed: ", status.message(), ")");
+      notify.push_back(*d);
+    }
+  }
+  Notify(notify);
+}
+
+Autotuner::Autotuner(AutotuneOptions options, AutotuneActions* actions)
+    : impl_(std::make_unique<Impl>(std::move(options), actions)) {}
+Autotuner::~Autotuner() = default;
+
+void Autotuner::SessionStarted(SessionIdValue id, const std::string& job, const std::string& config,
+                               uint64_t config_version) {
+  impl_->SessionStarted(id, job, config, config_version);
+}
+void Autotuner::SessionEnded(SessionIdValue id) { impl_->SessionEnded(id); }
+void Autotuner::Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+                       uint64_t dropped_before) {
+  impl_->Events(id, events, dropped_before);
+}
+void Autotuner::Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+                      uint64_t config_version) {
+  impl_->Stats(id, stats, config_version);
+}
+void Autotuner::Oom(SessionIdValue id, uint64_t config_version) { impl_->Oom(id, config_version); }
+void Autotuner::Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error) {
+  impl_->Acked(id, version, applied, error);
+}
+absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job) { return impl_->RunNow(job); }
+void Autotuner::SetPolicy(const std::string& job, JobPolicy policy) {
+  impl_->SetPolicy(job, std::move(policy));
+}
+std::vector<AutotuneJobStatus> Autotuner::Status() const { return impl_->Status(); }
+std::vector<AutotuneDecision> Autotuner::History(const std::string& job, size_t limit) const {
+  return impl_->History(job, limit);
+}
+void Autotuner::WaitIdle() { impl_->WaitIdle(); }
 
 }  // namespace allocd

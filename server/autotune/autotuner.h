@@ -75,14 +75,20 @@ struct AutotuneOptions {
 
   // --- additions of the core (not in the first contract)
   // The first pass runs once the window holds this many events and two
-  // repetitions of the job's step.
+  // repetitions of the job's step (or is full); no run decides on fewer.
   size_t first_pass_min_events = 2000;
   // After a run for a job, triggers other than admin and OOM wait this long.
   absl::Duration cooldown = absl::Minutes(5);
   // Decisions kept per job for History().
   size_t history_per_job = 64;
+  // Candidates a run replays at most, and the device-call gate (see
+  // decider.h).
+  size_t budget = 32;
+  double max_call_ratio = 2.0;
   // The clock (tests inject one); empty: absl::Now.
   std::function<absl::Time()> now;
+  // Called with +1 as a replay starts and -1 as it ends (metrics, tests).
+  std::function<void(int)> on_replay;
 };
 
 struct AutotuneDecision {
@@ -154,8 +160,10 @@ struct AutotuneJobStatus {
 
 class Autotuner {
  public:
-  // `actions` outlives the autotuner. Starts `options.threads` worker
-  // threads.
+  // `actions` outlives the autotuner. Starts one worker thread, niced by
+  // `options.nice`, that runs one decision at a time on `options.threads`
+  // replay threads (itself and threads-1 more, which inherit its
+  // niceness): at most `threads` replays run at once, whatever the jobs.
   Autotuner(AutotuneOptions options, AutotuneActions* actions);
   ~Autotuner();  // stops and joins the workers; pending decisions are dropped
   Autotuner(const Autotuner&) = delete;

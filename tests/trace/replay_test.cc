@@ -1,9 +1,11 @@
 #include "allocator/trace/replay.h"
 
 #include <algorithm>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "allocator/trace/snapshot_reader.h"
 #include "tests/trace/trace_builder.h"
 
 namespace allocd {
@@ -162,6 +164,123 @@ TEST(ReplayTest, CudaMallocAsyncIsAnEstimateWithoutDeviceAllocs) {
   // The driver pool keeps the exact requested bytes, with no rounding.
   EXPECT_EQ(r.peak_allocated, 4000);
   EXPECT_EQ(r.peak_reserved, int64_t{32} * kMiB);
+}
+
+// --- live switch
+
+LiveSwitch SplitOnly(uint64_t before_event) { return LiveSwitch{before_event, std::nullopt, std::nullopt}; }
+
+TEST(ReplayLiveSwitchTest, SplittingWithoutASwitchChangesNothing) {
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(10 * kMiB);
+  const uint32_t c = b.Alloc(3000);
+  b.Free(a);
+  const uint32_t d = b.Alloc(30 * kMiB);
+  b.Free(c).Free(d);
+  const Trace trace = b.Build();
+  const ReplayResult plain = MustReplay(trace);
+  ReplayOptions options;
+  options.live_switch = SplitOnly(4);
+  const ReplayResult split = MustReplay(trace, options);
+  EXPECT_EQ(split.peak_reserved, plain.peak_reserved);
+  EXPECT_EQ(split.num_device_alloc, plain.num_device_alloc);
+  ASSERT_TRUE(split.before_switch && split.after_switch);
+  EXPECT_EQ(split.before_switch->num_device_alloc + split.after_switch->num_device_alloc,
+            plain.num_device_alloc);
+  EXPECT_EQ(split.before_switch->peak_reserved, int64_t{12} * kMiB);
+  // After the switch: the 10 MiB segment stays cached, 30 MiB more arrive.
+  EXPECT_EQ(split.after_switch->reserved_at_start, int64_t{12} * kMiB);
+  EXPECT_EQ(split.after_switch->peak_reserved, plain.peak_reserved);
+  EXPECT_EQ(split.after_switch->first_event, 4u);
+}
+
+TEST(ReplayLiveSwitchTest, SwitchingToTheSameConfigOnlyEmptiesTheCache) {
+  TraceBuilder b;
+  b.Free(b.Alloc(10 * kMiB));
+  b.Free(b.Alloc(10 * kMiB));
+  const Trace trace = b.Build();
+  const ReplayResult plain = MustReplay(trace);
+  EXPECT_EQ(plain.num_device_alloc, 1);  // the second request reuses the block
+
+  ReplayOptions options;
+  options.live_switch = LiveSwitch{3, AllocatorConfig{}, std::nullopt};
+  const ReplayResult r = MustReplay(trace, options);
+  ASSERT_TRUE(r.after_switch);
+  // empty_cache() handed the cached segment back (counted after the
+  // switch), so the next request takes a new one.
+  EXPECT_EQ(r.after_switch->reserved_at_start, 0);
+  EXPECT_EQ(r.after_switch->num_device_free, 1);
+  EXPECT_EQ(r.after_switch->num_device_alloc, 1);
+  EXPECT_EQ(r.after_switch->peak_reserved, int64_t{10} * kMiB);
+  EXPECT_EQ(r.before_switch->num_device_alloc, 1);
+  EXPECT_EQ(r.peak_reserved, plain.peak_reserved);
+}
+
+TEST(ReplayLiveSwitchTest, SwitchAfterTheLastEvent) {
+  TraceBuilder b;
+  b.Free(b.Alloc(10 * kMiB));
+  const Trace trace = b.Build();
+  ReplayOptions options;
+  options.live_switch = LiveSwitch{trace.events.size(), AllocatorConfig{}, std::nullopt};
+  const ReplayResult r = MustReplay(trace, options);
+  ASSERT_TRUE(r.after_switch);
+  EXPECT_EQ(r.after_switch->num_device_free, 1);
+  EXPECT_EQ(r.after_switch->peak_reserved, 0);
+}
+
+TEST(ReplayLiveSwitchTest, OomsAreCountedOnTheirSide) {
+  TraceBuilder b;
+  const uint32_t a = b.Alloc(10 * kMiB);
+  b.Free(a);
+  const uint32_t big = b.Alloc(10 * kMiB);  // after the switch: under a tiny cap
+  b.Free(big);
+  const Trace trace = b.Build();
+  ReplayOptions options;
+  options.capacity = 100 * kMiB;
+  options.live_switch = LiveSwitch{3, AllocatorConfig{}, 0.05};
+  const ReplayResult r = MustReplay(trace, options);
+  ASSERT_TRUE(r.after_switch);
+  EXPECT_EQ(r.before_switch->num_ooms, 0);
+  EXPECT_EQ(r.after_switch->num_ooms, 1);
+  EXPECT_EQ(r.after_switch->first_oom_event, 3u);
+}
+
+TEST(ReplayLiveSwitchTest, RejectsWhatARunningProcessCannotDo) {
+  TraceBuilder b;
+  b.Free(b.Alloc(1000));
+  const Trace trace = b.Build();
+  ReplayOptions options;
+  options.live_switch = LiveSwitch{4, AllocatorConfig{}, std::nullopt};
+  EXPECT_FALSE(Replay(trace, AllocatorConfig{}, options).ok());
+  AllocatorConfig async;
+  async.backend = AllocatorBackend::kCudaMallocAsync;
+  options.live_switch = LiveSwitch{1, async, std::nullopt};
+  EXPECT_FALSE(Replay(trace, AllocatorConfig{}, options).ok());
+  options.live_switch = LiveSwitch{1, AllocatorConfig{}, 1.5};
+  EXPECT_FALSE(Replay(trace, AllocatorConfig{}, options).ok());
+}
+
+// The premise of issue 12 on a shipped trace: a job started under the
+// guides' max_split_size_mb:64 peaks lower for the rest of its run once it
+// switches live to expandable segments.
+TEST(ReplayLiveSwitchTest, LlamaLoraSwitchToExpandableLowersThePeakAfterIt) {
+  absl::StatusOr<Trace> trace =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const AllocatorConfig start = *ParseAllocatorConfig("max_split_size_mb:64");
+  const AllocatorConfig expandable =
+      *ParseAllocatorConfigUpdate("expandable_segments:True", start);
+  const uint64_t mid = trace->events.size() / 2;
+  ReplayOptions stay;
+  stay.live_switch = SplitOnly(mid);
+  ReplayOptions go;
+  go.live_switch = LiveSwitch{mid, expandable, std::nullopt};
+  const ReplayResult stayed = MustReplay(*trace, stay, start);
+  const ReplayResult switched = MustReplay(*trace, go, start);
+  ASSERT_TRUE(stayed.after_switch && switched.after_switch);
+  EXPECT_EQ(*stayed.before_switch, *switched.before_switch);
+  EXPECT_LT(switched.after_switch->peak_reserved, stayed.after_switch->peak_reserved);
+  EXPECT_EQ(switched.after_switch->num_ooms, 0);
 }
 
 }  // namespace

@@ -1,0 +1,246 @@
+#include "server/autotune/decider.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <vector>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/trace/replay.h"
+#include "server/autotune/step_period.h"
+#include "tuner/search_space.h"
+#include "tuner/tuner.h"
+
+namespace allocd {
+namespace {
+
+// The values an online run tries: fewer than `allocd tune`'s default space,
+// since a decision must come within seconds on a million events.
+constexpr char kOnlineSpace[] =
+    "max_split_size_mb=unset|128|256|512|1024,max_non_split_rounding_mb=20|256,"
+    "roundup_power2_divisions=unset|4|8,garbage_collection_threshold=0.6|0.8";
+
+bool Pinned(const JobPolicy& policy, const char* key) {
+  return absl::c_linear_search(policy.pinned_keys, key);
+}
+
+// The online space narrowed to the job: unvaried keys keep the job's values,
+// pinned keys have the job's value only, and without leave for a fraction
+// garbage collection stays as the job has it.
+SearchSpace JobSpace(const RunningConfig& running, const JobPolicy& policy) {
+  SearchSpace space = *ApplySpaceSpec(DefaultSearchSpace(), kOnlineSpace);
+  const AllocatorConfig& c = running.config;
+  space.base = c;
+  if (Pinned(policy, "max_split_size_mb")) {
+    space.max_split_size_mb = {c.max_split_size == std::numeric_limits<size_t>::max()
+                                   ? std::nullopt
+                                   : std::optional<size_t>(c.max_split_size / kMiB)};
+  }
+  if (Pinned(policy, "max_split_size_mb") || Pinned(policy, "max_non_split_rounding_mb")) {
+    space.max_non_split_rounding_mb = {c.max_non_split_rounding / kMiB};
+  }
+  if (Pinned(policy, "roundup_power2_divisions")) {
+    space.roundup_power2_divisions = {c.roundup_power2_divisions};
+  }
+  if (Pinned(policy, "expandable_segments")) {
+    space.expandable_segments = {c.expandable_segments};
+  }
+  if (!policy.allow_memory_fraction || Pinned(policy, "garbage_collection_threshold")) {
+    space.garbage_collection = {GcSetting{}};
+  }
+  return space;
+}
+
+// Which pinned key `candidate` would change, or nullptr.
+const char* BreaksPin(const Candidate& candidate, const RunningConfig& running,
+                      const JobPolicy& policy) {
+  const AllocatorConfig& a = candidate.config;
+  const AllocatorConfig& b = running.config;
+  struct Key {
+    const char* name;
+    bool same;
+  };
+  const Key keys[] = {
+      {"max_split_size_mb", a.max_split_size == b.max_split_size},
+      {"max_non_split_rounding_mb", a.max_non_split_rounding == b.max_non_split_rounding},
+      {"roundup_power2_divisions", a.roundup_power2_divisions == b.roundup_power2_divisions},
+      {"expandable_segments", a.expandable_segments == b.expandable_segments},
+      {"garbage_collection_threshold",
+       a.garbage_collection_threshold == b.garbage_collection_threshold},
+      {"large_segment_size_mb", a.large_segment_size == b.large_segment_size},
+  };
+  for (const Key& key : keys) {
+    if (!key.same && Pinned(policy, key.name)) return key.name;
+  }
+  return nullptr;
+}
+
+std::string Bytes(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+std::string ConfName(const std::string& conf) { return conf.empty() ? "(defaults)" : conf; }
+
+// Where to switch: see the header.
+uint64_t SwitchPoint(uint64_t events, std::optional<uint64_t> step) {
+  if (!step) return events / 2;
+  const uint64_t steps_after = events >= 3 * *step ? 2 : 1;
+  return events - std::max(steps_after * *step, events / 4);
+}
+
+}  // namespace
+
+std::string LiveConfigString(const AllocatorConfig& target, const AllocatorConfig& running) {
+  const std::string canonical = FormatAllocatorConfig(target);
+  absl::StatusOr<AllocatorConfig> updated = ParseAllocatorConfigUpdate(canonical, running);
+  if (updated.ok() && *updated == target) return canonical;
+  return FormatAllocatorConfigUpdate(target);
+}
+
+Decision Decide(const Trace& window, const RunningConfig& running, const JobPolicy& policy,
+                const DecideOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  Decision d;
+  auto finish = [&](Decision::Result result, std::string why) {
+    d.result = result;
+    d.why = std::move(why);
+    d.replay_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return d;
+  };
+  const uint64_t n = window.events.size();
+  if (n < options.min_events) {
+    return finish(Decision::Result::kSkip,
+                  absl::StrFormat("the window holds %d events, fewer than the %d a decision "
+                                  "needs",
+                                  n, options.min_events));
+  }
+  if (running.config.backend == AllocatorBackend::kCudaMallocAsync) {
+    return finish(Decision::Result::kSkip,
+                  "the job runs backend:cudaMallocAsync, which a running process cannot leave");
+  }
+
+  d.step_events = FindStepPeriod(window);
+  d.switch_event = SwitchPoint(n, d.step_events);
+  std::string evidence = absl::StrFormat("window of %d events; ", n);
+  absl::StrAppend(&evidence,
+                  d.step_events ? absl::StrFormat("a step takes %d events", *d.step_events)
+                                : std::string("no repeating step found"),
+                  absl::StrFormat("; switch predicted before event %d (%d events after it)",
+                                  d.switch_event, n - d.switch_event));
+
+  ReplayOptions stay_options;
+  stay_options.capacity = options.capacity;
+  stay_options.total_memory = options.total_memory;
+  stay_options.memory_fraction = running.memory_fraction;
+  stay_options.live_switch = LiveSwitch{d.switch_event, std::nullopt, std::nullopt};
+  if (options.on_replay) options.on_replay(+1);
+  absl::StatusOr<ReplayResult> stay = Replay(window, running.config, stay_options);
+  if (options.on_replay) options.on_replay(-1);
+  if (!stay.ok()) {
+    return finish(Decision::Result::kSkip,
+                  absl::StrCat(evidence, "; the window does not replay: ", stay.status().message()));
+  }
+  const ReplayPhase& stayed = *stay->after_switch;
+  d.predicted_peak_current = stayed.peak_reserved;
+  const std::string running_conf = FormatAllocatorConfig(running.config);
+  absl::StrAppend(&evidence, absl::StrFormat("; staying on %s peaks at %s after it",
+                                             ConfName(running_conf), Bytes(stayed.peak_reserved)));
+
+  TuneOptions tune;
+  tune.capacity = options.capacity;
+  tune.total_memory = options.total_memory;
+  tune.budget = options.budget;
+  tune.jobs = options.threads;
+  tune.max_retries = stayed.num_alloc_retries;
+  tune.max_call_ratio = options.max_call_ratio;
+  // A switch's empty cache makes the job rebuild its cache: device calls are
+  // judged against switching to the job's own config, which pays the same.
+  tune.baseline = Candidate{running.config, running.memory_fraction};
+  tune.live_start = LiveStart{running.config, running.memory_fraction, d.switch_event};
+  tune.on_replay = options.on_replay;
+  absl::StatusOr<TuneReport> report = Tune(window, JobSpace(running, policy), tune);
+  if (!report.ok()) {
+    return finish(Decision::Result::kSkip,
+                  absl::StrCat(evidence, "; the search failed: ", report.status().message()));
+  }
+  d.candidates = report->evaluations;
+  const ReplaySummary& rebuilt = report->baseline.replay;
+  const int64_t rebuilt_calls = rebuilt.num_device_alloc + rebuilt.num_device_free;
+
+  // The best candidate (lowest peak after the switch) that passes every
+  // gate; the better ones that failed are counted by gate.
+  int pinned = 0, fraction = 0, oom = 0, retries = 0, calls = 0, invalid = 0;
+  const Evaluation* best = nullptr;
+  for (const Evaluation& e : report->ranked) {
+    const ReplaySummary& r = e.replay;
+    if (BreaksPin(e.candidate, running, policy) != nullptr) {
+      ++pinned;
+    } else if (e.candidate.memory_fraction && !policy.allow_memory_fraction) {
+      ++fraction;
+    } else if (r.num_ooms > 0) {
+      ++oom;
+    } else if (r.num_alloc_retries > stayed.num_alloc_retries) {
+      ++retries;
+    } else if (options.max_call_ratio > 0 &&
+               static_cast<double>(r.num_device_alloc + r.num_device_free) >
+                   options.max_call_ratio *
+                       static_cast<double>(std::max<int64_t>(1, rebuilt_calls))) {
+      ++calls;
+    } else if (!ParseAllocatorConfig(LiveConfigString(e.candidate.config, running.config)).ok()) {
+      ++invalid;
+    } else {
+      best = &e;
+      break;
+    }
+  }
+  std::string gates;
+  for (const auto& [count, what] :
+       {std::pair{pinned, "change a pinned key"}, std::pair{fraction, "need a memory fraction"},
+        std::pair{oom, "run out of memory"}, std::pair{retries, "flush the cache more often"},
+        std::pair{calls, "make too many device calls"},
+        std::pair{invalid, "are rejected by PyTorch"}}) {
+    if (count > 0) absl::StrAppend(&gates, gates.empty() ? "" : ", ", count, " ", what);
+  }
+  if (!gates.empty()) gates = absl::StrCat("; better candidates that ", gates, " were left out");
+  absl::StrAppend(&evidence, absl::StrFormat("; %d candidates replayed", d.candidates), gates);
+  if (best == nullptr) {
+    return finish(Decision::Result::kKeep,
+                  absl::StrCat(evidence, "; no candidate passes the gates"));
+  }
+
+  d.to = best->candidate;
+  d.to_config = LiveConfigString(best->candidate.config, running.config);
+  d.predicted_peak_switched = best->replay.peak_reserved;
+  const int64_t saving = d.predicted_peak_current - d.predicted_peak_switched;
+  const std::string fraction_note =
+      d.to.memory_fraction ? absl::StrFormat(" with memory fraction %g", *d.to.memory_fraction)
+                           : std::string();
+  absl::StrAppend(&evidence,
+                  absl::StrFormat("; best: %s%s peaks at %s (saves %s, %.1f%%; no OOM, %d "
+                                  "retries, %d device calls against %d for emptying the "
+                                  "cache on the same config)",
+                                  ConfName(d.to_config), fraction_note,
+                                  Bytes(d.predicted_peak_switched), Bytes(saving),
+                                  100.0 * static_cast<double>(saving) /
+                                      static_cast<double>(std::max<int64_t>(1, d.predicted_peak_current)),
+                                  best->replay.num_alloc_retries,
+                                  best->replay.num_device_alloc + best->replay.num_device_free,
+                                  rebuilt_calls));
+  if (d.to.config == running.config &&
+      (!d.to.memory_fraction || d.to.memory_fraction == running.memory_fraction)) {
+    return finish(Decision::Result::kKeep,
+                  absl::StrCat(evidence, "; that is the config the job runs"));
+  }
+  if (static_cast<double>(saving) <
+      options.min_saving * static_cast<double>(d.predicted_peak_current)) {
+    return finish(Decision::Result::kKeep,
+                  absl::StrCat(evidence, absl::StrFormat("; less than the %.0f%% a push needs",
+                                                         100 * options.min_saving)));
+  }
+  return finish(Decision::Result::kPropose, evidence);
+}
+
+}  // namespace allocd

@@ -1,0 +1,85 @@
+// Decide: whether switching a running job to another allocator config now
+// would lower its peak reserved memory for the rest of its run.
+//
+// "Now" is the end of the job's window, and the rest of the run is
+// predicted from the window's steady state: the window is replayed under
+// the job's config up to a switch point that leaves whole steps after it
+// (FindStepPeriod: two steps when the window holds three, else one, and at
+// least a quarter of the window; without a step found, the window's
+// middle), then each candidate is switched to live there (Reconfigure +
+// empty_cache, as the client does after a push) and judged on the events
+// after the switch against staying on the job's config over the same events.
+// Candidates come from the tuner's search (coarse sweep, then refinement)
+// over a space narrowed to the job's policy: pinned keys keep the job's
+// value, and memory fractions only when the job allows them.
+//
+// Gates, against staying: a saving of at least min_saving of the stayed
+// peak, no OOM, no more cache flushes (alloc retries), and at most
+// max_call_ratio times the device calls of switching to the job's own config
+// (the empty cache makes every switch rebuild the cache once; staying makes
+// almost no calls in a steady state, so it is no measure of churn).
+#ifndef ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
+#define ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "allocator/config.h"
+#include "allocator/trace/trace.h"
+#include "server/autotune/autotuner.h"
+#include "tuner/candidate.h"
+
+namespace allocd {
+
+struct DecideOptions {
+  int threads = 1;
+  uint64_t capacity = 0;      // device memory for replays (0: unlimited)
+  uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
+  double min_saving = 0.05;
+  double max_call_ratio = 2.0;  // the tuner's default
+  // Candidates evaluated at most (each one replay of the window).
+  size_t budget = 32;
+  // Windows shorter than this are not decided on.
+  size_t min_events = 1000;
+  // See EvaluatorOptions::on_replay.
+  std::function<void(int)> on_replay;
+};
+
+// What the job runs now.
+struct RunningConfig {
+  AllocatorConfig config;
+  std::optional<double> memory_fraction;
+};
+
+struct Decision {
+  enum class Result { kPropose, kKeep, kSkip };
+  Result result = Result::kSkip;
+  // kPropose: what to push (`to_config` the string: pushed with
+  // _set_allocator_settings to the running job, or started fresh, it gives
+  // exactly `to.config`).
+  Candidate to;
+  std::string to_config;
+  int64_t predicted_peak_current = 0;   // staying, after the switch point
+  int64_t predicted_peak_switched = 0;  // the proposal (or the best kept one)
+  uint64_t switch_event = 0;
+  std::optional<uint64_t> step_events;
+  size_t candidates = 0;
+  double replay_seconds = 0;
+  std::string why;
+};
+
+Decision Decide(const Trace& window, const RunningConfig& running, const JobPolicy& policy,
+                const DecideOptions& options);
+
+// The string to push so that a process running `running` ends up holding
+// exactly `target`, whether it applies it as a live update or starts with
+// it: the canonical string when that suffices, else one that also names the
+// keys that persist across updates.
+std::string LiveConfigString(const AllocatorConfig& target, const AllocatorConfig& running);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_AUTOTUNE_DECIDER_H_

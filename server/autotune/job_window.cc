@@ -1,0 +1,143 @@
+#include "server/autotune/job_window.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace allocd {
+
+JobWindow::JobWindow(size_t max_events) : max_events_(std::max<size_t>(1, max_events)) {}
+
+void JobWindow::Add(const std::vector<EvidenceEvent>& events, uint64_t dropped_before) {
+  if (dropped_before > 0) {
+    dropped_events_ += dropped_before;
+    last_gap_seq_ = next_seq_;
+    any_gap_ = true;
+  }
+  for (const EvidenceEvent& e : events) AddOne(e);
+}
+
+void JobWindow::AddOne(const EvidenceEvent& e) {
+  const uint16_t stream = StreamIndex(e.stream);
+  auto it = live_ids_.find(e.id);
+  switch (e.op) {
+    case TraceOp::kAlloc: {
+      if (it != live_ids_.end()) {
+        // The id is reused, so its free was lost: free the old allocation.
+        if (!it->second.free_requested) Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+        Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
+        live_ids_.erase(it);
+      }
+      const uint32_t id = next_id_++;
+      live_ids_.emplace(e.id, LiveId{id, false});
+      Append(TraceOp::kAlloc, stream, id, e.size);
+      return;
+    }
+    case TraceOp::kFreeRequested:
+      if (it == live_ids_.end() || it->second.free_requested) {
+        ++unmatched_frees_;
+        return;
+      }
+      it->second.free_requested = true;
+      Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+      return;
+    case TraceOp::kFreeCompleted:
+      if (it == live_ids_.end()) {
+        ++unmatched_frees_;
+        return;
+      }
+      // A plain free (no record_stream) may come as free_completed alone.
+      if (!it->second.free_requested) Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+      Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
+      live_ids_.erase(it);
+      return;
+  }
+}
+
+uint16_t JobWindow::StreamIndex(uint64_t handle) {
+  auto it = std::find(stream_handles_.begin(), stream_handles_.end(), handle);
+  if (it != stream_handles_.end()) return static_cast<uint16_t>(it - stream_handles_.begin());
+  // A program has a handful of streams; past 2^16 they share the last index.
+  if (stream_handles_.size() > UINT16_MAX) return UINT16_MAX;
+  stream_handles_.push_back(handle);
+  return static_cast<uint16_t>(stream_handles_.size() - 1);
+}
+
+void JobWindow::Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size) {
+  if (events_.size() == max_events_) DropOldest();
+  events_.push_back(Event{size, id, stream, op});
+  ++next_seq_;
+}
+
+void JobWindow::DropOldest() {
+  const Event& e = events_.front();
+  switch (e.op) {
+    case TraceOp::kAlloc:
+      prelude_.emplace(e.id, Live{window_start_, e.size, e.stream, false});
+      break;
+    case TraceOp::kFreeRequested:
+      prelude_[e.id].free_requested = true;
+      break;
+    case TraceOp::kFreeCompleted:
+      prelude_.erase(e.id);
+      break;
+  }
+  events_.pop_front();
+  ++window_start_;
+}
+
+bool JobWindow::has_gap() const { return any_gap_ && last_gap_seq_ > window_start_; }
+
+size_t JobWindow::MemoryBytes() const {
+  return sizeof(*this) + events_.size() * sizeof(Event) +
+         live_ids_.capacity() * (sizeof(std::pair<uint64_t, LiveId>) + 1) +
+         prelude_.capacity() * (sizeof(std::pair<uint32_t, Live>) + 1) +
+         stream_handles_.capacity() * sizeof(uint64_t);
+}
+
+Trace JobWindow::ToTrace() const {
+  Trace trace;
+  // Streams in ascending handle order, as PyTorch orders them.
+  trace.streams = stream_handles_;
+  std::sort(trace.streams.begin(), trace.streams.end());
+  std::vector<uint16_t> stream_index(stream_handles_.size());
+  for (size_t i = 0; i < stream_handles_.size(); ++i) {
+    stream_index[i] = static_cast<uint16_t>(
+        std::lower_bound(trace.streams.begin(), trace.streams.end(), stream_handles_[i]) -
+        trace.streams.begin());
+  }
+
+  absl::flat_hash_map<uint32_t, uint32_t> dense;
+  dense.reserve(prelude_.size() + events_.size() / 2);
+  trace.events.reserve(prelude_.size() * 2 + events_.size());
+  auto alloc = [&](uint32_t id, uint16_t stream, uint64_t size) {
+    const uint32_t d = static_cast<uint32_t>(dense.size());
+    dense.emplace(id, d);
+    trace.events.push_back(TraceEvent{TraceOp::kAlloc, stream_index[stream], d, size});
+  };
+
+  std::vector<std::pair<uint64_t, uint32_t>> prelude_order;  // (seq, id)
+  prelude_order.reserve(prelude_.size());
+  for (const auto& [id, live] : prelude_) prelude_order.emplace_back(live.seq, id);
+  std::sort(prelude_order.begin(), prelude_order.end());
+  for (const auto& [seq, id] : prelude_order) {
+    const Live& live = prelude_.at(id);
+    alloc(id, live.stream, live.size);
+    // Freed but still held for another stream: not allocated any more.
+    if (live.free_requested) {
+      trace.events.push_back(TraceEvent{TraceOp::kFreeRequested, 0, dense.at(id), 0});
+    }
+  }
+
+  for (const Event& e : events_) {
+    if (e.op == TraceOp::kAlloc) {
+      alloc(e.id, e.stream, e.size);
+    } else {
+      trace.events.push_back(TraceEvent{e.op, 0, dense.at(e.id), 0});
+    }
+  }
+  trace.num_ids = static_cast<uint32_t>(dense.size());
+  trace.omitted.unmatched_frees = unmatched_frees_;
+  return trace;
+}
+
+}  // namespace allocd

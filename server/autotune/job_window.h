@@ -1,0 +1,96 @@
+// JobWindow: the most recent allocation events of one session, bounded, and
+// turned into a Trace the engine can replay.
+//
+// Clients name an allocation by a handle or an address that can be reused
+// once it is free_completed, and streams by CUDA handles. The window keeps
+// ~16 bytes per event: its own dense id, a stream index, the op and the
+// size. When it is full it drops its oldest events but remembers what was
+// still allocated at its new start (the prelude), so that ToTrace replays
+// consistently: the prelude's allocations first, in their original order,
+// then the window.
+#ifndef ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
+#define ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/trace/trace.h"
+#include "server/autotune/autotuner.h"
+
+namespace allocd {
+
+class JobWindow {
+ public:
+  // Keeps at most `max_events` events (at least 1).
+  explicit JobWindow(size_t max_events);
+
+  // Appends `events` in order. `dropped_before`: events the client lost just
+  // before them (a gap). A free of an id the window never saw allocated (it
+  // was allocated before recording began, or in a gap) is left out and
+  // counted; an alloc of an id still live means its free was lost: the
+  // window frees the old allocation first.
+  void Add(const std::vector<EvidenceEvent>& events, uint64_t dropped_before);
+
+  // Events in the window (the prelude not counted).
+  size_t size() const { return events_.size(); }
+  // Events ever added (after the repairs above), and events clients lost.
+  uint64_t total_events() const { return next_seq_; }
+  uint64_t dropped_events() const { return dropped_events_; }
+  // Whether events were lost after the window's first event: its replay
+  // would then miss allocations.
+  bool has_gap() const;
+  // Bytes this window holds (events, live ids, prelude).
+  size_t MemoryBytes() const;
+
+  // The prelude then the window, with dense ids and streams indexed in
+  // ascending handle order. Frees the window left out are counted in
+  // Trace::omitted.unmatched_frees.
+  Trace ToTrace() const;
+
+ private:
+  struct Event {
+    uint64_t size;
+    uint32_t id;  // the window's own id, increasing (wraps after 2^32)
+    uint16_t stream;
+    TraceOp op;
+  };
+  struct Live {
+    uint64_t seq;  // when it was allocated
+    uint64_t size;
+    uint16_t stream;
+    bool free_requested = false;
+  };
+
+  void AddOne(const EvidenceEvent& event);
+  void Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size);
+  uint16_t StreamIndex(uint64_t handle);
+  void DropOldest();
+
+  size_t max_events_;
+  std::deque<Event> events_;
+  uint64_t next_seq_ = 0;        // sequence number of the next event
+  uint64_t window_start_ = 0;    // sequence number of events_.front()
+  uint32_t next_id_ = 0;
+  uint64_t dropped_events_ = 0;
+  uint64_t last_gap_seq_ = 0;    // events lost just before this one
+  bool any_gap_ = false;
+  uint64_t unmatched_frees_ = 0;
+  struct LiveId {
+    uint32_t id;
+    bool free_requested;
+  };
+  // Client id -> window id, from alloc to free_completed.
+  absl::flat_hash_map<uint64_t, LiveId> live_ids_;
+  // Window id -> what the allocation was, for those allocated before the
+  // window's start and not yet free_completed at it.
+  absl::flat_hash_map<uint32_t, Live> prelude_;
+  // The window's stream index -> CUDA handle, in order of first use.
+  std::vector<uint64_t> stream_handles_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_

@@ -1,0 +1,108 @@
+#include "server/autotune/step_period.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/config.h"
+
+namespace allocd {
+namespace {
+
+constexpr size_t kTail = 64;          // signatures matched to find candidates
+constexpr double kMinMatch = 0.75;   // share of events equal one period back
+constexpr double kNearBest = 0.03;
+constexpr size_t kAnchors = 32;
+constexpr size_t kMaxCandidates = 64;  // the best supported
+constexpr size_t kMaxCompared = 50000;   // events compared per candidate (sampled)
+
+std::vector<uint32_t> Signatures(const Trace& trace) {
+  std::vector<uint8_t> small(trace.num_ids, 0);
+  std::vector<uint32_t> sig;
+  sig.reserve(trace.events.size());
+  for (const TraceEvent& e : trace.events) {
+    if (e.op == TraceOp::kAlloc && e.id < small.size()) small[e.id] = e.size < kMiB;
+    const uint32_t pool = e.id < small.size() ? small[e.id] : 0;
+    const uint32_t stream = e.op == TraceOp::kAlloc ? e.stream : 0;
+    sig.push_back(static_cast<uint32_t>(e.op) | pool << 2 | stream << 3);
+  }
+  return sig;
+}
+
+// Share of events from `period` on that equal the one a period earlier,
+// over an even sample of at most kMaxCompared of them.
+double MatchShare(const std::vector<uint32_t>& sig, size_t period) {
+  const size_t n = sig.size();
+  const size_t stride = std::max<size_t>(1, (n - period) / kMaxCompared);
+  size_t compared = 0;
+  size_t equal = 0;
+  for (size_t i = period; i < n; i += stride, ++compared) {
+    equal += sig[i] == sig[i - period];
+  }
+  return compared == 0 ? 0 : static_cast<double>(equal) / static_cast<double>(compared);
+}
+
+}  // namespace
+
+std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
+  const std::vector<uint32_t> sig = Signatures(trace);
+  const size_t n = sig.size();
+  if (n < 4 * kTail) return std::nullopt;
+
+  // Rolling hash of every kTail-long run. Runs ending at anchors spread
+  // over the trace's second half are matched against all others; each
+  // distance between a match and its anchor is a candidate, supported by
+  // every anchor that gives it. The step is supported by nearly every
+  // anchor, a layer only by the anchors inside its stretch.
+  constexpr uint64_t kBase = 1000003;
+  uint64_t power = 1;
+  for (size_t i = 0; i < kTail; ++i) power *= kBase;
+  auto hash_of = [&](size_t end) {
+    uint64_t h = 0;
+    for (size_t i = end - kTail; i < end; ++i) h = h * kBase + sig[i] + 1;
+    return h;
+  };
+  absl::flat_hash_map<uint64_t, std::vector<size_t>> anchors;  // hash -> run ends
+  for (size_t k = 0; k < kAnchors; ++k) {
+    const size_t end = n - k * (n / 2) / kAnchors;
+    anchors[hash_of(end)].push_back(end);
+  }
+  absl::flat_hash_map<size_t, int> support;  // distance -> anchors
+  uint64_t h = hash_of(kTail);
+  for (size_t end = kTail; end <= n; ++end) {
+    if (auto it = anchors.find(h); it != anchors.end()) {
+      for (size_t a : it->second) {
+        if (end != a && std::equal(sig.begin() + (end - kTail), sig.begin() + end,
+                                   sig.begin() + (a - kTail))) {
+          ++support[a > end ? a - end : end - a];
+        }
+      }
+    }
+    if (end < n) h = h * kBase + sig[end] + 1 - power * (sig[end - kTail] + 1);
+  }
+  std::vector<std::pair<int, size_t>> ranked;  // (-support, distance)
+  for (const auto& [distance, count] : support) {
+    if (2 * distance <= n) ranked.emplace_back(-count, distance);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  if (ranked.size() > kMaxCandidates) ranked.resize(kMaxCandidates);
+  std::vector<size_t> candidates;
+  for (const auto& [count, distance] : ranked) candidates.push_back(distance);
+  std::sort(candidates.begin(), candidates.end());
+
+  // A step needs two repetitions in the trace. Its multiples match about
+  // as well as it does: the shortest candidate near the best match wins.
+  std::vector<std::pair<size_t, double>> shares;
+  double best = 0;
+  for (size_t period : candidates) {
+    shares.emplace_back(period, MatchShare(sig, period));
+    best = std::max(best, shares.back().second);
+  }
+  if (best < kMinMatch) return std::nullopt;
+  for (const auto& [period, share] : shares) {
+    if (share >= best - kNearBest) return period;
+  }
+  return std::nullopt;
+}
+
+}  // namespace allocd

@@ -1,0 +1,408 @@
+#include "server/autotune/autotuner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "allocator/config.h"
+#include "allocator/trace/snapshot_reader.h"
+#include "gtest/gtest.h"
+
+namespace allocd {
+namespace {
+
+const Trace& LlamaLora() {
+  static const Trace* trace = [] {
+    absl::StatusOr<Trace> t =
+        ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return new Trace(t.ok() ? *std::move(t) : Trace{});
+  }();
+  return *trace;
+}
+
+// Records what the autotuner asks for; pushes get versions 100, 101, ...
+class FakeActions : public AutotuneActions {
+ public:
+  struct Push {
+    std::string kind;  // "session", "job", "rollback"
+    uint64_t target;   // session id (0 for the job)
+    std::string config;
+    uint64_t version;
+  };
+
+  absl::StatusOr<uint64_t> PushToSession(SessionIdValue session, const std::string& config,
+                                         const std::string&, uint64_t) override {
+    absl::MutexLock lock(&mu_);
+    pushes_.push_back({"session", session, config, next_version_});
+    return next_version_++;
+  }
+  absl::StatusOr<uint64_t> SetJobConfig(const std::string&, const std::string& config,
+                                        const std::string&, uint64_t) override {
+    absl::MutexLock lock(&mu_);
+    pushes_.push_back({"job", 0, config, next_version_});
+    return next_version_++;
+  }
+  absl::Status RollBackSession(SessionIdValue session, const std::string& config,
+                               const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    pushes_.push_back({"rollback", session, config, 0});
+    return absl::OkStatus();
+  }
+  void OnRun(const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    ++runs_;
+  }
+  void OnDecision(const AutotuneDecision& decision) override {
+    absl::MutexLock lock(&mu_);
+    decisions_.push_back(decision);
+  }
+
+  std::vector<Push> pushes() const {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
+  int runs() const {
+    absl::MutexLock lock(&mu_);
+    return runs_;
+  }
+  size_t decisions() const {
+    absl::MutexLock lock(&mu_);
+    return decisions_.size();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Push> pushes_ ABSL_GUARDED_BY(mu_);
+  std::vector<AutotuneDecision> decisions_ ABSL_GUARDED_BY(mu_);
+  int runs_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 100;
+};
+
+// A clock the test moves.
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
+};
+
+AutotuneOptions Options(FakeClock& clock, AutotuneMode mode) {
+  AutotuneOptions options;
+  options.default_policy.mode = mode;
+  options.threads = 2;
+  options.now = [&clock] { return clock.Now(); };
+  return options;
+}
+
+// Feeds events [begin, end) of the trace in batches of `batch_events`.
+void Feed(Autotuner& tuner, SessionIdValue session, const Trace& trace, size_t begin,
+          size_t end, size_t batch_events = 10000) {
+  std::vector<EvidenceEvent> batch;
+  for (size_t i = begin; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    batch.push_back({e.op, trace.streams[e.stream], e.id, e.size});
+    if (batch.size() == batch_events || i + 1 == end) {
+      tuner.Events(session, batch, 0);
+      batch.clear();
+    }
+  }
+}
+
+// The whole trace at once: the first pass then decides on all of it, so
+// runs are deterministic (fed in batches, the worker decides on whatever
+// the window holds when it gets to it).
+void FeedAll(Autotuner& tuner, SessionIdValue session) {
+  Feed(tuner, session, LlamaLora(), 0, LlamaLora().events.size(), SIZE_MAX);
+  tuner.WaitIdle();
+}
+
+std::map<std::string, int64_t> Reserved(int64_t bytes) {
+  return {{"reserved_bytes.all.current", bytes}, {"allocated_bytes.all.current", bytes}};
+}
+
+TEST(AutotunerTest, RecommendComputesButPushesNothing) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  FeedAll(tuner, 1);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  const AutotuneDecision& d = history[0];
+  EXPECT_EQ(d.result, "recommended") << d.why;
+  EXPECT_EQ(d.trigger, "bad_start_config");
+  EXPECT_EQ(d.from_config, "max_split_size_mb:64");
+  EXPECT_FALSE(d.to_config.empty());
+  EXPECT_LT(d.predicted_peak_switched, d.predicted_peak_current);
+  EXPECT_EQ(d.version, 0u);
+  EXPECT_TRUE(actions.pushes().empty());
+  EXPECT_EQ(actions.runs(), 1);
+  const std::vector<AutotuneJobStatus> status = tuner.Status();
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].state, "watching");
+  EXPECT_EQ(status[0].sessions, 1u);
+  ASSERT_TRUE(status[0].last.has_value());
+  EXPECT_EQ(status[0].last->id, d.id);
+}
+
+// Apply mode up to the canary's push; returns the decision.
+AutotuneDecision PushToCanary(Autotuner& tuner, FakeActions& actions) {
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  tuner.SessionStarted(2, "llama", "max_split_size_mb:64", 1);
+  FeedAll(tuner, 1);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 1);
+  EXPECT_EQ(history.size(), 1u);
+  if (history.empty()) return {};
+  EXPECT_EQ(history[0].result, "pushed") << history[0].why;
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  EXPECT_EQ(pushes.size(), 1u);
+  if (pushes.empty()) return {};
+  EXPECT_EQ(pushes[0].kind, "session");
+  EXPECT_EQ(pushes[0].target, 1u);  // the oldest session
+  EXPECT_EQ(pushes[0].config, history[0].to_config);
+  EXPECT_EQ(history[0].version, pushes[0].version);
+  EXPECT_EQ(tuner.Status()[0].state, "canary");
+  return history[0];
+}
+
+TEST(AutotunerTest, ApplyPushesToTheCanaryThenTheJob) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, true, "");
+  const int64_t realized = d.predicted_peak_switched;
+  tuner.Stats(1, Reserved(realized), d.version);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 1u);  // still watching the canary
+  clock.Advance(absl::Seconds(11));
+  tuner.Stats(1, Reserved(realized - 1), d.version);
+  tuner.WaitIdle();
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 2u);
+  EXPECT_EQ(pushes[1].kind, "job");
+  EXPECT_EQ(pushes[1].config, d.to_config);
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.id, d.id);
+  EXPECT_EQ(after.result, "pushed");
+  EXPECT_EQ(after.version, pushes[1].version);
+  EXPECT_EQ(after.sessions, (std::vector<uint64_t>{1, 2}));
+  ASSERT_TRUE(after.realized_peak.has_value());
+  EXPECT_EQ(*after.realized_peak, realized);
+  EXPECT_EQ(*after.realized_saving, d.predicted_peak_current - realized);
+  EXPECT_EQ(tuner.Status()[0].state, "applied");
+  // The rest of the job reports under the job's version: realised values
+  // keep coming in.
+  tuner.Stats(2, Reserved(realized + 5), pushes[1].version);
+  EXPECT_EQ(*tuner.History("llama", 1)[0].realized_peak, realized + 5);
+}
+
+TEST(AutotunerTest, ANackRollsBackAndTheConfigIsNotProposedAgain) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, false, "PyTorch rejected it");
+  tuner.WaitIdle();
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 2u);
+  EXPECT_EQ(pushes[1].kind, "rollback");
+  EXPECT_EQ(pushes[1].target, 1u);
+  EXPECT_EQ(*ParseAllocatorConfig(pushes[1].config), *ParseAllocatorConfig("max_split_size_mb:64"));
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.result, "rolled_back");
+  EXPECT_NE(after.why.find("PyTorch rejected it"), std::string::npos) << after.why;
+  // An admin's run finds the same best config, and keeps.
+  absl::StatusOr<uint64_t> id = tuner.RunNow("llama");
+  ASSERT_TRUE(id.ok()) << id.status();
+  tuner.WaitIdle();
+  const AutotuneDecision again = tuner.History("llama", 1)[0];
+  EXPECT_EQ(again.id, *id);
+  EXPECT_EQ(again.trigger, "admin");
+  EXPECT_EQ(again.result, "kept") << again.why;
+  EXPECT_EQ(actions.pushes().size(), 2u);
+}
+
+TEST(AutotunerTest, AnOomUnderThePushedVersionRollsBack) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, true, "");
+  tuner.Oom(1, d.version);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "rollback");
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, "rolled_back");
+  EXPECT_EQ(tuner.Status()[0].state, "watching");
+}
+
+TEST(AutotunerTest, ARealisedPeakWorseThanPredictedRollsBack) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, true, "");
+  tuner.Stats(1, Reserved(d.predicted_peak_switched * 12 / 10), d.version);  // 20% over
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "rollback");
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.result, "rolled_back");
+  EXPECT_NE(after.why.find("realised peak"), std::string::npos) << after.why;
+}
+
+TEST(AutotunerTest, ARestartedDaemonDoesNotPushTheConfigAgain) {
+  FakeClock clock;
+  std::string autotuned;
+  {
+    FakeActions actions;
+    Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+    tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+    FeedAll(tuner, 1);
+    autotuned = tuner.History("llama", 1)[0].to_config;
+    ASSERT_FALSE(autotuned.empty());
+  }
+  // The new daemon: the client reconnects and declares what it runs.
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(7, "llama", autotuned, 3);
+  FeedAll(tuner, 7);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].result, "kept") << history[0].why;
+  EXPECT_TRUE(actions.pushes().empty());
+}
+
+TEST(AutotunerTest, AtMostThreadsReplaysAtOnce) {
+  for (int threads : {1, 2}) {
+    FakeClock clock;
+    FakeActions actions;
+    AutotuneOptions options = Options(clock, AutotuneMode::kRecommend);
+    options.threads = threads;
+    std::atomic<int> running{0};
+    std::atomic<int> most{0};
+    options.on_replay = [&](int delta) {
+      const int now = running += delta;
+      int seen = most.load();
+      while (now > seen && !most.compare_exchange_weak(seen, now)) {
+      }
+    };
+    Autotuner tuner(options, &actions);
+    // Three jobs decide at about the same time.
+    for (SessionIdValue s : {1, 2, 3}) {
+      tuner.SessionStarted(s, "job" + std::to_string(s), "max_split_size_mb:64", 1);
+    }
+    for (SessionIdValue s : {1, 2, 3}) Feed(tuner, s, LlamaLora(), 0, LlamaLora().events.size());
+    tuner.WaitIdle();
+    EXPECT_EQ(tuner.History("", 10).size(), 3u);
+    EXPECT_GE(most.load(), 1);
+    EXPECT_LE(most.load(), threads);
+    EXPECT_EQ(running.load(), 0);
+  }
+}
+
+TEST(AutotunerTest, TriggersAreDebouncedByTheCooldown) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  FeedAll(tuner, 1);
+  ASSERT_EQ(actions.runs(), 1);
+  // Retries within the cooldown start nothing.
+  for (int64_t retries = 1; retries <= 5; ++retries) {
+    tuner.Stats(1, {{"num_alloc_retries", retries}}, 1);
+  }
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), 1);
+  clock.Advance(absl::Minutes(6));
+  for (int64_t retries = 6; retries <= 10; ++retries) {
+    tuner.Stats(1, {{"num_alloc_retries", retries}}, 1);
+  }
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), 2);
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, "alloc_retry");
+  // Fragmentation must last fragmentation_for.
+  clock.Advance(absl::Minutes(6));
+  const std::map<std::string, int64_t> fragmented = {
+      {"reserved_bytes.all.current", int64_t{3} << 30},
+      {"allocated_bytes.all.current", int64_t{1} << 30}};
+  tuner.Stats(1, fragmented, 1);
+  clock.Advance(absl::Seconds(10));
+  tuner.Stats(1, fragmented, 1);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), 2);
+  clock.Advance(absl::Seconds(25));
+  tuner.Stats(1, fragmented, 1);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), 3);
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, "fragmentation");
+}
+
+TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kOff), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  FeedAll(tuner, 1);
+  EXPECT_EQ(actions.runs(), 0);
+  EXPECT_EQ(tuner.Status()[0].state, "off");
+  EXPECT_EQ(tuner.Status()[0].window_events, 0u);
+  EXPECT_EQ(tuner.RunNow("llama").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tuner.RunNow("nobody").status().code(), absl::StatusCode::kNotFound);
+  // A per-job policy turns it on.
+  JobPolicy recommend;
+  recommend.mode = AutotuneMode::kRecommend;
+  tuner.SetPolicy("llama", recommend);
+  FeedAll(tuner, 1);
+  EXPECT_EQ(actions.runs(), 1);
+}
+
+TEST(AutotunerTest, AnAdminRunOnATooSmallWindowIsSkipped) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "small", "", 1);
+  Feed(tuner, 1, LlamaLora(), 0, 500);
+  absl::StatusOr<uint64_t> id = tuner.RunNow("small");
+  ASSERT_TRUE(id.ok());
+  tuner.WaitIdle();
+  const std::vector<AutotuneDecision> history = tuner.History("small", 5);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].id, *id);
+  EXPECT_EQ(history[0].result, "skipped");
+  EXPECT_NE(history[0].why.find("fewer than"), std::string::npos) << history[0].why;
+}
+
+TEST(AutotunerTest, AGapInTheWindowSkipsTheRun) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "gappy", "max_split_size_mb:64", 1);
+  Feed(tuner, 1, LlamaLora(), 0, 1000);
+  tuner.Events(1, {}, 42);
+  Feed(tuner, 1, LlamaLora(), 1000, 3000);
+  tuner.WaitIdle();
+  EXPECT_EQ(tuner.Status()[0].dropped_events, 42u);
+  ASSERT_TRUE(tuner.RunNow("gappy").ok());
+  tuner.WaitIdle();
+  const AutotuneDecision d = tuner.History("gappy", 1)[0];
+  EXPECT_EQ(d.result, "skipped");
+  EXPECT_NE(d.why.find("dropped"), std::string::npos) << d.why;
+  EXPECT_TRUE(actions.pushes().empty());
+}
+
+}  // namespace
+}  // namespace allocd

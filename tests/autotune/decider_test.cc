@@ -1,0 +1,144 @@
+#include "server/autotune/decider.h"
+
+#include <string>
+
+#include "allocator/trace/replay.h"
+#include "allocator/trace/snapshot_reader.h"
+#include "gtest/gtest.h"
+#include "tests/trace/trace_builder.h"
+
+namespace allocd {
+namespace {
+
+const Trace& LlamaLora() {
+  static const Trace* trace = [] {
+    absl::StatusOr<Trace> t =
+        ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return new Trace(t.ok() ? *std::move(t) : Trace{});
+  }();
+  return *trace;
+}
+
+RunningConfig Running(const std::string& conf) {
+  absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(conf);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return RunningConfig{config.ok() ? *config : AllocatorConfig{}, std::nullopt};
+}
+
+DecideOptions Options() {
+  DecideOptions options;
+  options.threads = 2;
+  return options;
+}
+
+// What a proposal does when replayed on its own: the window under the
+// running config, switched live to the proposal at the decision's point.
+ReplayPhase ReplayProposal(const Trace& trace, const RunningConfig& running, const Decision& d,
+                           uint64_t capacity) {
+  ReplayOptions options;
+  options.capacity = capacity;
+  options.live_switch = LiveSwitch{d.switch_event,
+                                   *ParseAllocatorConfigUpdate(d.to_config, running.config),
+                                   d.to.memory_fraction};
+  absl::StatusOr<ReplayResult> r = Replay(trace, running.config, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r->after_switch : ReplayPhase{};
+}
+
+TEST(DecideTest, LlamaLoraStartedOnTheGuidesConfigGetsAMuchLowerPeak) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  const Decision d = Decide(LlamaLora(), running, JobPolicy{}, Options());
+  ASSERT_EQ(d.result, Decision::Result::kPropose) << d.why;
+  EXPECT_TRUE(d.step_events.has_value());
+  EXPECT_LT(d.predicted_peak_switched, d.predicted_peak_current / 2) << d.why;
+  EXPECT_NE(d.to.config, running.config);
+  // The prediction is what the switch does.
+  const ReplayPhase after = ReplayProposal(LlamaLora(), running, d, 0);
+  EXPECT_EQ(after.peak_reserved, d.predicted_peak_switched);
+  EXPECT_EQ(after.num_ooms, 0);
+  EXPECT_GT(d.candidates, 1u);
+  EXPECT_NE(d.why.find("saves"), std::string::npos) << d.why;
+}
+
+TEST(DecideTest, ACandidateThatWouldRunOutOfMemoryIsNeverProposed) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  absl::StatusOr<ReplayResult> plain = Replay(LlamaLora(), running.config);
+  ASSERT_TRUE(plain.ok());
+  // Devices from barely above the job's peak allocated memory up: on the
+  // small ones some candidates run out of memory.
+  bool oom_left_out = false;
+  for (double headroom : {1.02, 1.05, 1.1}) {
+    DecideOptions tight = Options();
+    tight.capacity = static_cast<uint64_t>(headroom * static_cast<double>(plain->peak_allocated));
+    const Decision d = Decide(LlamaLora(), running, JobPolicy{}, tight);
+    oom_left_out |= d.why.find("run out of memory") != std::string::npos;
+    if (d.result == Decision::Result::kPropose) {
+      EXPECT_EQ(ReplayProposal(LlamaLora(), running, d, tight.capacity).num_ooms, 0) << d.why;
+    }
+  }
+  EXPECT_TRUE(oom_left_out);
+}
+
+TEST(DecideTest, PinnedKeysKeepTheJobsValue) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  JobPolicy policy;
+  policy.pinned_keys = {"expandable_segments", "max_split_size_mb"};
+  const Decision d = Decide(LlamaLora(), running, policy, Options());
+  EXPECT_NE(d.result, Decision::Result::kSkip) << d.why;
+  if (d.result == Decision::Result::kPropose) {
+    EXPECT_FALSE(d.to.config.expandable_segments);
+    EXPECT_EQ(d.to.config.max_split_size, running.config.max_split_size);
+  }
+}
+
+TEST(DecideTest, AMemoryFractionOnlyWhenTheJobAllowsIt) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  DecideOptions options = Options();
+  options.total_memory = uint64_t{80} << 30;
+  const Decision no = Decide(LlamaLora(), running, JobPolicy{}, options);
+  ASSERT_EQ(no.result, Decision::Result::kPropose) << no.why;
+  EXPECT_FALSE(no.to.memory_fraction.has_value());
+  JobPolicy allow;
+  allow.allow_memory_fraction = true;
+  const Decision yes = Decide(LlamaLora(), running, allow, options);
+  ASSERT_EQ(yes.result, Decision::Result::kPropose) << yes.why;
+  // Fractions were in the running: the search saw more candidates.
+  EXPECT_GT(yes.candidates, no.candidates);
+  EXPECT_LE(yes.predicted_peak_switched, no.predicted_peak_switched);
+}
+
+TEST(DecideTest, TheBestConfigIsKept) {
+  const RunningConfig guides = Running("max_split_size_mb:64");
+  const Decision first = Decide(LlamaLora(), guides, JobPolicy{}, Options());
+  ASSERT_EQ(first.result, Decision::Result::kPropose) << first.why;
+  // Once the job runs the proposal, nothing better is left to push.
+  const RunningConfig now{*ParseAllocatorConfigUpdate(first.to_config, guides.config),
+                          first.to.memory_fraction};
+  const Decision second = Decide(LlamaLora(), now, JobPolicy{}, Options());
+  EXPECT_EQ(second.result, Decision::Result::kKeep) << second.why;
+}
+
+TEST(DecideTest, SkipsATooSmallWindowAndCudaMallocAsync) {
+  TraceBuilder b;
+  b.Free(b.Alloc(1000));
+  EXPECT_EQ(Decide(b.Build(), RunningConfig{}, JobPolicy{}, Options()).result,
+            Decision::Result::kSkip);
+  const Decision d =
+      Decide(LlamaLora(), Running("backend:cudaMallocAsync"), JobPolicy{}, Options());
+  EXPECT_EQ(d.result, Decision::Result::kSkip);
+  EXPECT_NE(d.why.find("cudaMallocAsync"), std::string::npos);
+}
+
+TEST(LiveConfigStringTest, NamesWhatPersistsAcrossUpdates) {
+  const AllocatorConfig running = *ParseAllocatorConfig("expandable_segments:True");
+  const AllocatorConfig target = *ParseAllocatorConfig("max_split_size_mb:256");
+  const std::string conf = LiveConfigString(target, running);
+  EXPECT_EQ(*ParseAllocatorConfigUpdate(conf, running), target);
+  EXPECT_EQ(*ParseAllocatorConfig(conf), target);
+  // Where the canonical string suffices, it is the one.
+  EXPECT_EQ(LiveConfigString(target, AllocatorConfig{}), "max_split_size_mb:256");
+}
+
+}  // namespace
+}  // namespace allocd

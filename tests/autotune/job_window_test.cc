@@ -1,0 +1,141 @@
+#include "server/autotune/job_window.h"
+
+#include <string>
+#include <vector>
+
+#include "allocator/trace/replay.h"
+#include "allocator/trace/snapshot_reader.h"
+#include "gtest/gtest.h"
+
+namespace allocd {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+EvidenceEvent Alloc(uint64_t id, uint64_t size, uint64_t stream = 7) {
+  return {TraceOp::kAlloc, stream, id, size};
+}
+EvidenceEvent Requested(uint64_t id) { return {TraceOp::kFreeRequested, 7, id, 0}; }
+EvidenceEvent Completed(uint64_t id) { return {TraceOp::kFreeCompleted, 7, id, 0}; }
+
+ReplayResult MustReplay(const Trace& trace) {
+  absl::StatusOr<ReplayResult> r = Replay(trace, AllocatorConfig{});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : ReplayResult{};
+}
+
+// `n` short-lived allocations at reused addresses.
+std::vector<EvidenceEvent> Churn(int n, uint64_t size = kMiB) {
+  std::vector<EvidenceEvent> events;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t address = 0x1000 + (i % 4) * 0x100;
+    events.push_back(Alloc(address, size));
+    events.push_back(Requested(address));
+    events.push_back(Completed(address));
+  }
+  return events;
+}
+
+TEST(JobWindowTest, MemoryStaysBounded) {
+  JobWindow window(3000);
+  window.Add(Churn(1000), 0);
+  const size_t full = window.MemoryBytes();
+  for (int i = 0; i < 100; ++i) window.Add(Churn(1000), 0);
+  EXPECT_EQ(window.size(), 3000u);
+  EXPECT_EQ(window.total_events(), 101u * 3000);
+  EXPECT_LE(window.MemoryBytes(), full + 1024);
+  // About 16 bytes an event, plus small tables.
+  EXPECT_LT(window.MemoryBytes(), 3000 * 16 + 16 * 1024);
+}
+
+TEST(JobWindowTest, ThePreludeKeepsWhatWasLiveAtTheWindowStart) {
+  JobWindow window(300);
+  window.Add({Alloc(0xA, 100 * kMiB), Alloc(0xB, 3000), Alloc(0xC, 50 * kMiB), Requested(0xC)}, 0);
+  window.Add(Churn(200), 0);  // pushes them out of the window
+  window.Add({Completed(0xC), Requested(0xB), Completed(0xB)}, 0);
+  const Trace trace = window.ToTrace();
+  ASSERT_GE(trace.events.size(), 4u);
+  // The prelude: the three allocations in their order, then C's pending free.
+  EXPECT_EQ(trace.events[0], (TraceEvent{TraceOp::kAlloc, 0, 0, 100 * kMiB}));
+  EXPECT_EQ(trace.events[1], (TraceEvent{TraceOp::kAlloc, 0, 1, 3000}));
+  EXPECT_EQ(trace.events[2], (TraceEvent{TraceOp::kAlloc, 0, 2, 50 * kMiB}));
+  EXPECT_EQ(trace.events[3], (TraceEvent{TraceOp::kFreeRequested, 0, 2, 0}));
+  EXPECT_EQ(trace.events.size(), 4 + window.size());
+  const ReplayResult r = MustReplay(trace);
+  EXPECT_GE(r.peak_requested, static_cast<int64_t>(150 * kMiB + 3000));
+}
+
+TEST(JobWindowTest, ReusedAddressesGetTheirOwnIds) {
+  JobWindow window(100);
+  window.Add({Alloc(0xA, 10), Requested(0xA), Completed(0xA), Alloc(0xA, 20)}, 0);
+  // The client lost 0xA's free: a new alloc of it frees the old one first.
+  window.Add({Alloc(0xA, 30)}, 0);
+  const Trace trace = window.ToTrace();
+  EXPECT_EQ(trace.num_ids, 3u);
+  EXPECT_EQ(trace.events.back(), (TraceEvent{TraceOp::kAlloc, 0, 2, 30}));
+  const ReplayResult r = MustReplay(trace);
+  EXPECT_EQ(r.stats.allocated_bytes.all().current, 512);  // only the last one is live
+}
+
+TEST(JobWindowTest, FreesOfUnknownIdsAreLeftOutAndCounted) {
+  JobWindow window(100);
+  // A plain free may come as free_completed alone.
+  window.Add({Requested(0x99), Completed(0x98), Alloc(0xA, 10), Completed(0xA)}, 0);
+  const Trace trace = window.ToTrace();
+  EXPECT_EQ(trace.omitted.unmatched_frees, 2u);
+  ASSERT_EQ(trace.events.size(), 3u);
+  EXPECT_EQ(trace.events[1].op, TraceOp::kFreeRequested);
+  MustReplay(trace);
+}
+
+TEST(JobWindowTest, StreamsAreIndexedInHandleOrder) {
+  JobWindow window(100);
+  window.Add({Alloc(1, 10, 0x900), Alloc(2, 10, 0x100), Alloc(3, 10, 0x900)}, 0);
+  const Trace trace = window.ToTrace();
+  EXPECT_EQ(trace.streams, (std::vector<uint64_t>{0x100, 0x900}));
+  EXPECT_EQ(trace.events[0].stream, 1);
+  EXPECT_EQ(trace.events[1].stream, 0);
+  EXPECT_EQ(trace.events[2].stream, 1);
+}
+
+TEST(JobWindowTest, AGapCountsUntilTheWindowMovesPastIt) {
+  JobWindow window(30);
+  window.Add(Churn(5), 0);
+  window.Add(Churn(5), 7);
+  EXPECT_TRUE(window.has_gap());
+  EXPECT_EQ(window.dropped_events(), 7u);
+  window.Add(Churn(10), 0);  // 30 newer events: the gap is out
+  EXPECT_FALSE(window.has_gap());
+  EXPECT_EQ(window.dropped_events(), 7u);
+}
+
+TEST(JobWindowTest, LlamaLoraReplaysAsRecordedAndInAnyWindow) {
+  absl::StatusOr<Trace> recorded =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  std::vector<EvidenceEvent> events;
+  for (const TraceEvent& e : recorded->events) {
+    events.push_back({e.op, recorded->streams[e.stream], e.id, e.size});
+  }
+  JobWindow all(recorded->events.size());
+  all.Add(events, 0);
+  const Trace whole = all.ToTrace();
+  ASSERT_EQ(whole.events.size(), recorded->events.size());
+  const ReplayResult a = MustReplay(whole);
+  const ReplayResult b = MustReplay(*recorded);
+  EXPECT_EQ(a.peak_reserved, b.peak_reserved);
+  EXPECT_EQ(a.peak_allocated, b.peak_allocated);
+  EXPECT_EQ(a.num_device_alloc, b.num_device_alloc);
+
+  JobWindow half(recorded->events.size() / 2);
+  half.Add(events, 0);
+  const ReplayResult r = MustReplay(half.ToTrace());
+  EXPECT_GT(r.peak_reserved, 0);
+  // What the program asked for at any point of the window is what it had
+  // asked for at that point of the run (blocks may round differently).
+  EXPECT_LE(r.peak_requested, b.peak_requested);
+  EXPECT_GT(r.peak_requested, b.peak_requested / 2);
+}
+
+}  // namespace
+}  // namespace allocd

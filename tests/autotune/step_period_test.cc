@@ -1,0 +1,81 @@
+#include "server/autotune/step_period.h"
+
+#include <string>
+
+#include "allocator/trace/snapshot_reader.h"
+#include "gtest/gtest.h"
+#include "tests/trace/trace_builder.h"
+
+namespace allocd {
+namespace {
+
+// A loop of `steps` steps, each `layers` identical layers forward (sizes
+// from the step's batch) then backward, then an optimizer update.
+Trace Loop(int steps, int layers) {
+  TraceBuilder b;
+  for (int s = 0; s < steps; ++s) {
+    const uint64_t batch = (1 + s % 3) * 4096;
+    std::vector<uint32_t> saved;
+    for (int l = 0; l < layers; ++l) {
+      saved.push_back(b.Alloc(batch * 8));
+      b.Free(b.Alloc(batch));
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      const uint32_t grad = b.Alloc(batch * 8);
+      b.Free(saved[l]).Free(grad);
+    }
+    const uint32_t update = b.Alloc(64 << 20);
+    b.Free(b.Alloc(2 << 20));
+    b.Free(update);
+  }
+  return b.Build();
+}
+
+TEST(StepPeriodTest, FindsTheStepNotTheLayer) {
+  const Trace one = Loop(1, 12);
+  const Trace trace = Loop(10, 12);
+  const std::optional<uint64_t> period = FindStepPeriod(trace);
+  ASSERT_TRUE(period.has_value());
+  EXPECT_EQ(*period, one.events.size());
+}
+
+TEST(StepPeriodTest, NoneWithoutARepetition) {
+  EXPECT_FALSE(FindStepPeriod(Trace{}).has_value());
+  EXPECT_FALSE(FindStepPeriod(Loop(1, 4)).has_value());
+  // Small and large allocations in a pseudo-random order (a 16-bit LFSR).
+  TraceBuilder b;
+  uint16_t lfsr = 0xACE1u;
+  for (int i = 0; i < 20000; ++i) {
+    lfsr = static_cast<uint16_t>((lfsr >> 1) | (((lfsr ^ (lfsr >> 2) ^ (lfsr >> 3) ^ (lfsr >> 5)) & 1u) << 15));
+    b.Free(b.Alloc((lfsr & 1) ? 4096 : 8 << 20));
+  }
+  EXPECT_FALSE(FindStepPeriod(b.Build()).has_value());
+}
+
+TEST(StepPeriodTest, LlamaLoraTakesOneTwentiethOfItsTrace) {
+  // The recording ran 20 steps (traces/README.md).
+  absl::StatusOr<Trace> trace =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const std::optional<uint64_t> period = FindStepPeriod(*trace);
+  ASSERT_TRUE(period.has_value());
+  const double per_step = static_cast<double>(trace->events.size()) / 20;
+  EXPECT_GT(*period, 0.8 * per_step);
+  EXPECT_LT(*period, 1.2 * per_step);
+}
+
+// gpt2_full's steps differ in length (autocast, variable batches): no
+// period is claimed, or one close to the average step.
+TEST(StepPeriodTest, Gpt2FullClaimsNoWrongStep) {
+  absl::StatusOr<Trace> trace =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/gpt2_full.pickle.gz");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const std::optional<uint64_t> period = FindStepPeriod(*trace);
+  if (!period) return;
+  const double per_step = static_cast<double>(trace->events.size()) / 20;
+  EXPECT_GT(*period, 0.8 * per_step);
+  EXPECT_LT(*period, 1.2 * per_step);
+}
+
+}  // namespace
+}  // namespace allocd
