@@ -273,17 +273,19 @@ JobPolicy DaemonAutotune::EffectivePolicy(const std::string& job) const {
       policy.mode = *ParseAutotuneMode(p->second.mode());
     }
     pinned.insert(p->second.pinned_keys().begin(), p->second.pinned_keys().end());
-    policy.allow_memory_fraction = p->second.allow_memory_fraction();
   }
   if (auto f = file_policies_.find(job); f != file_policies_.end()) {
     if (f->second.mode) policy.mode = *f->second.mode;
     pinned.insert(f->second.pinned_keys.begin(), f->second.pinned_keys.end());
-    policy.allow_memory_fraction |= f->second.allow_memory_fraction;
   }
   if (auto a = admin_modes_.find(job); a != admin_modes_.end()) {
     policy.mode = a->second;
   }
   policy.pinned_keys.assign(pinned.begin(), pinned.end());
+  // allow_memory_fraction stays false whatever the job or the file allow:
+  // a push carries a config string only, and PyTorch does not apply a
+  // memory fraction given at runtime to an allocator that exists, so a
+  // proposed fraction could not be applied as predicted.
   return policy;
 }
 
