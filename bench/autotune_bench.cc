@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,7 @@ void BM_TriggerToPush(benchmark::State& state, bool first_pass) {
     tuner.Acked(1, 1, true, "");
     state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
     cpu_seconds += ProcessCpuSeconds() - cpu_start;
+    if (state.iterations() == 0) std::fprintf(stderr, "decision: %s\n", history[0].why.c_str());
     replay_seconds += history[0].replay_seconds;
     candidates += static_cast<double>(history[0].candidates);
   }

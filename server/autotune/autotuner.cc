@@ -90,6 +90,12 @@ class Autotuner::Impl {
   void SessionStarted(SessionIdValue id, const std::string& job_name, const std::string& config,
                       uint64_t config_version) {
     absl::MutexLock lock(&mu_);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+      // Declared again: only what it runs can have changed.
+      it->second.config = config;
+      it->second.config_version = config_version;
+      return;
+    }
     Job& job = jobs_[job_name];
     sessions_[id] = Session{job_name, next_order_++, config, config_version};
     job.sessions.push_back(id);
@@ -278,6 +284,7 @@ class Autotuner::Impl {
       if (job.window) {
         s.window_events = job.window->size();
         s.dropped_events = job.window->dropped_events();
+        s.window_bytes = job.window->MemoryBytes();
       }
       s.state = StateOf(job);
       if (!job.history.empty()) s.last = job.history.back();

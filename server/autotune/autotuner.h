@@ -154,6 +154,7 @@ struct AutotuneJobStatus {
   size_t sessions = 0;
   uint64_t window_events = 0;
   uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
+  uint64_t window_bytes = 0;    // daemon memory the window holds (~16 bytes an event)
   std::string state;            // "watching", "deciding", "canary", "applied", "off"
   std::optional<AutotuneDecision> last;
 };

@@ -153,8 +153,36 @@ TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   ASSERT_EQ(status.size(), 1u);
   EXPECT_EQ(status[0].state, "watching");
   EXPECT_EQ(status[0].sessions, 1u);
+  EXPECT_EQ(status[0].window_events, LlamaLora().events.size());
+  EXPECT_GT(status[0].window_bytes, 16 * status[0].window_events);
+  EXPECT_LT(status[0].window_bytes, 24 * status[0].window_events);
   ASSERT_TRUE(status[0].last.has_value());
   EXPECT_EQ(status[0].last->id, d.id);
+}
+
+TEST(AutotunerTest, TheFirstPassWaitsForTwoSteps) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "", 1);
+  const Trace& trace = LlamaLora();
+  size_t fed = 0;
+  while (fed < trace.events.size() && tuner.History("llama", 1).empty()) {
+    const size_t next = std::min(fed + 10000, trace.events.size());
+    Feed(tuner, 1, trace, fed, next);
+    tuner.WaitIdle();
+    fed = next;
+  }
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].trigger, "first_pass");
+  // llama_lora's step is 1/20 of the trace; two of them were needed.
+  EXPECT_GE(history[0].window_events, trace.events.size() / 10);
+  EXPECT_LT(fed, trace.events.size());
+  // Nothing more comes from the first pass.
+  Feed(tuner, 1, trace, fed, trace.events.size());
+  tuner.WaitIdle();
+  EXPECT_EQ(tuner.History("llama", 10).size(), 1u);
 }
 
 // Apply mode up to the canary's push; returns the decision.
@@ -305,7 +333,9 @@ TEST(AutotunerTest, AtMostThreadsReplaysAtOnce) {
     for (SessionIdValue s : {1, 2, 3}) {
       tuner.SessionStarted(s, "job" + std::to_string(s), "max_split_size_mb:64", 1);
     }
-    for (SessionIdValue s : {1, 2, 3}) Feed(tuner, s, LlamaLora(), 0, LlamaLora().events.size());
+    for (SessionIdValue s : {1, 2, 3}) {
+      Feed(tuner, s, LlamaLora(), 0, LlamaLora().events.size(), SIZE_MAX);
+    }
     tuner.WaitIdle();
     EXPECT_EQ(tuner.History("", 10).size(), 3u);
     EXPECT_GE(most.load(), 1);

@@ -6,6 +6,8 @@
 #include "allocator/trace/snapshot_reader.h"
 #include "gtest/gtest.h"
 #include "tests/trace/trace_builder.h"
+#include "tuner/search_space.h"
+#include "tuner/tuner.h"
 
 namespace allocd {
 namespace {
@@ -59,6 +61,29 @@ TEST(DecideTest, LlamaLoraStartedOnTheGuidesConfigGetsAMuchLowerPeak) {
   EXPECT_EQ(after.num_ooms, 0);
   EXPECT_GT(d.candidates, 1u);
   EXPECT_NE(d.why.find("saves"), std::string::npos) << d.why;
+}
+
+// The target: after the push, the job's peak over the rest of the
+// run is within 5% of what the best config reaches on those steps. The
+// online search (a small space, a budget of 32) against the tuner's full
+// default space with a budget of 200, both switching live at the same point.
+TEST(DecideTest, TheOnlineSearchComesWithinFivePercentOfTheFullSearch) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  const Decision d = Decide(LlamaLora(), running, JobPolicy{}, Options());
+  ASSERT_EQ(d.result, Decision::Result::kPropose) << d.why;
+  TuneOptions full;
+  full.jobs = 2;
+  full.budget = 200;
+  full.live_start = LiveStart{running.config, std::nullopt, d.switch_event};
+  SearchSpace space = DefaultSearchSpace();
+  space.base = running.config;
+  space.garbage_collection = {GcSetting{}};  // no fraction, as for the job
+  absl::StatusOr<TuneReport> report = Tune(LlamaLora(), space, full);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_NE(report->recommended(), nullptr);
+  EXPECT_LE(static_cast<double>(d.predicted_peak_switched),
+            1.05 * static_cast<double>(report->recommended()->replay.peak_reserved))
+      << d.why << "\nfull search: " << report->recommended()->key;
 }
 
 TEST(DecideTest, ACandidateThatWouldRunOutOfMemoryIsNeverProposed) {
