@@ -125,11 +125,15 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     err << "allocd client-replay: " << trace.status().message() << "\n";
     return 1;
   }
+  v1::AutotunePreferences preferences;
+  for (const std::string& key : o.pinned_keys) preferences.add_pinned_keys(key);
+  preferences.set_mode(o.autotune_mode);
   absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
       {.socket = o.socket,
        .job = o.job,
        .initial_config = FormatAllocatorConfig(*config),
-       .description = "allocd client-replay"});
+       .description = "allocd client-replay",
+       .autotune = preferences});
   if (!client.ok()) {
     err << "allocd client-replay: " << client.status().message() << "\n";
     return 1;
@@ -151,6 +155,9 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   int loops = 0;
   uint64_t events = 0;
   int64_t peak_reserved = 0;
+  // Each whole loop: the config version it ended on and its peak reserved,
+  // so a report shows what a push did to the loops after it.
+  nlohmann::json loop_peaks = nlohmann::json::array();
   int64_t device_allocs = 0;
   for (;;) {
     // Each loop is a fresh process lifetime of the traced job: a new
@@ -166,6 +173,9 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     peak_reserved = std::max(peak_reserved, r->peak_reserved);
     device_allocs += r->num_device_alloc;
     if (r->events < trace->events.size()) break;  // time is up mid-trace
+    loop_peaks.push_back({{"config_version", session.config_version()},
+                          {"config", FormatAllocatorConfig(session.config())},
+                          {"peak_reserved", r->peak_reserved}});
     ++loops;
     observer.NextLoop();
     const bool more = o.duration_seconds > 0
@@ -184,6 +194,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
       {"seconds", seconds},
       {"peak_reserved", peak_reserved},
       {"num_device_alloc", device_allocs},
+      {"loop_peaks", loop_peaks},
   });
   if (o.json) {
     out << j.dump(2) << "\n";

@@ -148,6 +148,12 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "allocation events kept per job, the daemon's memory bound "
                     "(default 1048576, ~32 bytes each)")
       ->check(CLI::PositiveNumber);
+  serve->add_option("--autotune-first-pass-events", a.first_pass_min_events,
+                    "a job's first decision waits for this many events (and "
+                    "two steps) in its window (default 2000); set it to a "
+                    "whole training step or more for jobs whose first steps "
+                    "differ from the rest")
+      ->check(CLI::PositiveNumber);
   serve->add_option("--autotune-min-saving", a.min_saving,
                     "propose a config only if it saves at least this fraction "
                     "of the predicted peak reserved (default 0.05)")
@@ -174,6 +180,12 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
                 "replay again and again for this many seconds, then stop, "
                 "even in the middle of the trace (overrides --loop)")
       ->check(CLI::PositiveNumber);
+  c->add_option("--pin", o.pinned_keys,
+                "a config key the daemon's autotuner must never change "
+                "(repeatable), e.g. expandable_segments");
+  c->add_option("--autotune-mode", o.autotune_mode,
+                "this job's autotune mode, unless an admin set one")
+      ->check(CLI::IsMember({"off", "recommend", "apply"}));
   c->add_flag("--json", o.json, "print one JSON object");
 }
 #endif
