@@ -283,6 +283,9 @@ void Metrics::AutotuneRun(absl::string_view job) {
        {"pushed", "recommended", "kept", "rolled_back", "skipped"}) {
     autotune_decisions_.Add({{"job", std::string(job)}, {"result", result}});
   }
+  // Nothing predicted or saved until a decision says otherwise.
+  autotune_predicted_saving_.Add({{"job", std::string(job)}});
+  autotune_realized_saving_.Add({{"job", std::string(job)}});
 }
 
 void Metrics::AutotuneDecision(absl::string_view job,

@@ -64,7 +64,8 @@ class Metrics {
   // (the empty job: the default); 0 removes the series.
   void ConfigPrediction(absl::string_view job, uint64_t predicted_bytes);
   void ReclaimRequested();
-  // The autotuner: a run for `job` started; one of its decisions reached
+  // The autotuner: a run for `job` started (its series exist from then on,
+  // at 0); one of its decisions reached
   // `result` ("pushed", "recommended", "kept", "rolled_back", "skipped");
   // the saving it predicted for the job's newest proposal, and the saving
   // realised after a push (peak reserved bytes).
