@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -112,7 +113,8 @@ void BM_TriggerToPush(benchmark::State& state, bool first_pass) {
     tuner.Acked(1, 1, true, "");
     state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
     cpu_seconds += ProcessCpuSeconds() - cpu_start;
-    if (state.iterations() == 0) std::fprintf(stderr, "decision: %s\n", history[0].why.c_str());
+    static bool told = false;
+    if (!std::exchange(told, true)) std::fprintf(stderr, "decision: %s\n", history[0].why.c_str());
     replay_seconds += history[0].replay_seconds;
     candidates += static_cast<double>(history[0].candidates);
   }

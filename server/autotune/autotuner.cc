@@ -201,36 +201,6 @@ class Autotuner::Impl {
     Enqueue(it->second.job, job, "oom", false);
   }
 
-  void AckedLocked(SessionIdValue id, uint64_t version, bool applied, const std::string& error)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return;
-    Session& session = it->second;
-    Job& job = jobs_[session.job];
-    if (!job.acting) return;
-    Acting& acting = *job.acting;
-    if (acting.phase == Phase::kCanaryPushed && id == acting.canary && acting.canary_version == 0) {
-      if (applied) {
-        acting.early_ack = version;
-      } else {
-        acting.early_nack = {version, error};
-      }
-      return;
-    }
-    if (!RunsPushedVersion(acting, id, version)) return;
-    if (!applied) {
-      QueueRollBack(session.job, job,
-                    absl::StrFormat("session %d refused version %d: %s", id, version, error));
-      return;
-    }
-    session.config = acting.to_config;
-    session.config_version = version;
-    if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
-      acting.phase = Phase::kCanaryWatching;
-      acting.watch_since = Now();
-    }
-  }
-
   void Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error) {
     absl::MutexLock lock(&mu_);
     AckedLocked(id, version, applied, error);
@@ -365,8 +335,8 @@ class Autotuner::Impl {
   struct Task {
     TaskKind kind;
     std::string job;
-    std::string trigger;  // kDecide
-    uint64_t decision_id = 0;
+    std::string trigger;  // kDecide (which records under Job::queued_id)
+    uint64_t decision_id = 0;  // kPromote, kRollBack
     bool first_pass = false;  // decide only once the window holds two steps
     std::string reason;       // kRollBack
   };
@@ -421,7 +391,7 @@ class Autotuner::Impl {
     job.queued = true;
     // An admin's run is told its id now; others get one when they record.
     job.queued_id = admin ? next_decision_id_++ : 0;
-    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, job.queued_id, first_pass, ""});
+    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, 0, first_pass, ""});
     return true;
   }
 
@@ -501,6 +471,38 @@ class Autotuner::Impl {
       }
       absl::MutexLock lock(&mu_);
       busy_ = false;
+    }
+  }
+
+  // Acked with the lock held (also for an answer that came before
+  // PushToSession returned).
+  void AckedLocked(SessionIdValue id, uint64_t version, bool applied, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Session& session = it->second;
+    Job& job = jobs_[session.job];
+    if (!job.acting) return;
+    Acting& acting = *job.acting;
+    if (acting.phase == Phase::kCanaryPushed && id == acting.canary && acting.canary_version == 0) {
+      if (applied) {
+        acting.early_ack = version;
+      } else {
+        acting.early_nack = {version, error};
+      }
+      return;
+    }
+    if (!RunsPushedVersion(acting, id, version)) return;
+    if (!applied) {
+      QueueRollBack(session.job, job,
+                    absl::StrFormat("session %d refused version %d: %s", id, version, error));
+      return;
+    }
+    session.config = acting.to_config;
+    session.config_version = version;
+    if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
+      acting.phase = Phase::kCanaryWatching;
+      acting.watch_since = Now();
     }
   }
 

@@ -11,7 +11,7 @@ namespace {
 
 constexpr size_t kTail = 64;          // signatures matched to find candidates
 constexpr double kMinMatch = 0.75;   // share of events equal one period back
-constexpr double kNearBest = 0.03;
+constexpr double kNearBest = 0.15;
 constexpr size_t kAnchors = 32;
 constexpr size_t kMaxCandidates = 64;  // the best supported
 constexpr size_t kMaxCompared = 50000;   // events compared per candidate (sampled)
@@ -100,7 +100,7 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
   }
   if (best < kMinMatch) return std::nullopt;
   for (const auto& [period, share] : shares) {
-    if (share >= best - kNearBest) return period;
+    if (share >= std::max(kMinMatch, best - kNearBest)) return period;
   }
   return std::nullopt;
 }

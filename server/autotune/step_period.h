@@ -13,9 +13,10 @@
 // sequence breaks at the step's forward/backward/optimizer boundaries, so
 // they score well below the step (on llama_lora 0.5-0.65 against 0.88); the
 // step's multiples score about as well as the step. So the step is the
-// shortest candidate within 0.03 of the best score, if that is at least
-// 0.75. The first step or two (warm-up) may differ: llama_lora's step is
-// found once about five steps are in.
+// shortest candidate that scores at least 0.75 and within 0.15 of the best
+// (a run that repeats exactly scores 1.0 at its whole length). The first
+// step or two (warm-up) may differ: llama_lora's step is found once about
+// four steps are in.
 #ifndef ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 #define ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 
