@@ -3,12 +3,15 @@ randomly initialised Llama-style model, variable batch and length), as a
 measured training run: loss and time of every step, peak reserved memory as
 the allocator sees it, and the GPU's used memory as nvidia-smi sees it.
 
-    python llama_lora_train.py --mode native|allocd [--steps N] [--seed S]
+    python llama_lora_train.py --mode native|allocd|advise [--steps N] [--seed S]
         [--socket PATH] [--json OUT] [--kill-daemon-at STEP --daemon-pid PID]
 
 --mode native uses PyTorch's allocator with $PYTORCH_CUDA_ALLOC_CONF;
 --mode allocd calls allocd.enable() first (the daemon must serve --backend
-cuda). Run each mode in a fresh process.
+cuda); --mode advise keeps PyTorch's allocator and calls allocd.advise() (the
+daemon's autotuner gets its allocation stream and may push configs; the
+result then has allocd.stats(): the config run at the end and why). Run each
+mode in a fresh process.
 """
 import argparse
 import json
@@ -55,7 +58,7 @@ class UsedMemoryWatch:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["native", "allocd"], required=True)
+    p.add_argument("--mode", choices=["native", "allocd", "advise"], required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
@@ -74,6 +77,9 @@ def main():
     if a.mode == "allocd":
         import allocd
         allocd.enable(socket=a.socket, job=a.job, required=True)
+    elif a.mode == "advise":
+        import allocd
+        allocd.advise(socket=a.socket, job=a.job, required=True)
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
@@ -92,7 +98,7 @@ def main():
         model = get_peft_model(model, lcfg)
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
         rng = random.Random(a.seed)
-        losses, times = [], []
+        losses, times, step_peaks, step_configs = [], [], [], []
         for step in range(a.steps):
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -108,6 +114,12 @@ def main():
             losses.append(out.loss.item())
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+            if a.mode == "advise":
+                # Each step's own peak, and the config it ended on: what a
+                # push did to the steps after it.
+                step_peaks.append(torch.cuda.max_memory_reserved())
+                step_configs.append(allocd.stats().get("config", ""))
+                torch.cuda.reset_peak_memory_stats()
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
                 os.kill(a.daemon_pid, signal.SIGKILL)
                 print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
@@ -134,6 +146,14 @@ def main():
     if a.mode == "native":
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["peak_allocated"] = torch.cuda.max_memory_allocated()
+    elif a.mode == "advise":
+        s = allocd.stats()
+        result["peak_reserved"] = max(step_peaks, default=0)
+        result["step_peak_reserved"] = step_peaks
+        result["step_config"] = step_configs
+        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
+                                               "config_reason", "configs_applied",
+                                               "events_sent", "events_dropped") if k in s}
     else:
         s = allocd.stats()
         result["peak_reserved"] = s["reserved_bytes.all.peak"]
