@@ -276,6 +276,9 @@ void DaemonClient::State::SessionLoop() {
         if (generation == running_generation) {
           running.version = (*fresh)->running_version;
         }
+        // What the lost daemon asked and the engine has not taken yet
+        // names versions the new one does not know: it is not to be done.
+        control.clear();
         backoff = options.reconnect_min;
       } else {
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu) {

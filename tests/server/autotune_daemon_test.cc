@@ -272,8 +272,13 @@ TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTw
   StartDaemon("apply");
   std::unique_ptr<Child> job =
       Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "35"});
-  // The canary runs the pushed config; the daemon dies while it watches.
+  // The canary runs the pushed config (it ACKed); the daemon dies while it
+  // watches.
   ASSERT_TRUE(AwaitDecision("llama", {"pushed"}).has_value());
+  for (int i = 0; i < 1000 && CountEvents("ack") < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(CountEvents("ack"), 1);
   daemon_->Kill();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   StartDaemon("apply");
