@@ -14,6 +14,7 @@
 #include "allocd.grpc.pb.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 
 namespace allocd {
 namespace {
@@ -22,6 +23,9 @@ constexpr uint32_t kProtocolVersion = 1;
 // A claim answer: ids of up to a few thousand chunks.
 constexpr size_t kMaxSideResponse = 1 << 20;
 constexpr size_t kMaxReleaseBatch = 65536;
+// Events per telemetry message: ~16 bytes each packed, well inside the
+// daemon's 1 MiB message limit.
+constexpr size_t kMaxEventsPerReport = 16384;
 
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -40,6 +44,8 @@ struct Connection {
   uint64_t session_id = 0;
   uint64_t chunk_bytes = 0;
   uint64_t capacity = 0;
+  // What this daemon calls the config the client declared as running.
+  uint64_t running_version = 0;
   // The lease; claims travel over it, one at a time.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
@@ -77,8 +83,15 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
   return all;
 }
 
+// What the process runs, as it declares it when it registers.
+struct RunningConfig {
+  std::string config;
+  uint64_t version = 0;
+};
+
 absl::StatusOr<std::shared_ptr<Connection>> Establish(
-    const DaemonClientOptions& o, uint64_t epoch) {
+    const DaemonClientOptions& o, uint64_t epoch,
+    const RunningConfig& running) {
   absl::StatusOr<UniqueFd> socket = ConnectUnix(o.socket);
   if (!socket.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -101,6 +114,11 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   request.set_job(o.job);
   request.set_initial_config(o.initial_config);
   request.set_client(o.description);
+  if (running.version != 0) {
+    request.set_current_config(running.config);
+    request.set_current_config_version(running.version);
+  }
+  *request.mutable_autotune() = o.autotune;
   v1::RegisterResponse response;
   if (grpc::Status s = c->stub->Register(&context, request, &response);
       !s.ok()) {
@@ -109,6 +127,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->session_id = response.session_id();
   c->chunk_bytes = response.chunk_bytes();
   c->capacity = response.capacity_bytes();
+  c->running_version = response.current_config_version();
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(response.fd_socket());
   if (!lease.ok()) return lease.status();
@@ -124,8 +143,52 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
 
 }  // namespace
 
+absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
+    absl::string_view json) {
+  v1::AutotunePreferences out;
+  if (json.empty()) return out;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        "autotune preferences must be a JSON object: {\"pinned_keys\": "
+        "[...], \"allow_memory_fraction\": bool, \"mode\": \"off|recommend|"
+        "apply\"}");
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key == "pinned_keys" && value.is_array()) {
+      for (const nlohmann::json& k : value) {
+        if (!k.is_string()) {
+          return absl::InvalidArgumentError(
+              "autotune pinned_keys must be strings, e.g. "
+              "[\"expandable_segments\"]");
+        }
+        out.add_pinned_keys(k.get<std::string>());
+      }
+    } else if (key == "allow_memory_fraction" && value.is_boolean()) {
+      out.set_allow_memory_fraction(value.get<bool>());
+    } else if (key == "mode" && value.is_string() &&
+               (value == "" || value == "off" || value == "recommend" ||
+                value == "apply")) {
+      out.set_mode(value.get<std::string>());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "autotune preference \"", key, "\" = ", value.dump(),
+          " is not one of pinned_keys (list of config keys), "
+          "allow_memory_fraction (bool), mode (off, recommend, apply)"));
+    }
+  }
+  return out;
+}
+
 struct DaemonClient::State {
-  explicit State(DaemonClientOptions o) : options(std::move(o)) {}
+  explicit State(DaemonClientOptions o) : options(std::move(o)) {
+    if (options.event_capacity > 0) {
+      recorder = std::make_unique<EventRecorder>(options.event_capacity, [this] {
+        absl::MutexLock lock(&mu);
+        events_waiting = true;
+      });
+    }
+  }
 
   // The live connection, or nullptr while the daemon is away.
   std::shared_ptr<Connection> Current() {
@@ -154,6 +217,12 @@ struct DaemonClient::State {
 
   void SessionLoop();
   void TelemetryLoop();
+  // Writes `stats` (when not null) and `batches` on the telemetry stream;
+  // false when the stream broke (unsent batches go back to the recorder
+  // as a gap).
+  bool SendTelemetry(grpc::ClientWriter<v1::TelemetryReport>& writer,
+                     uint64_t session_id, v1::TelemetryReport* stats,
+                     std::vector<RecordedBatch>& batches);
 
   const DaemonClientOptions options;
   absl::Mutex mu;
@@ -167,6 +236,13 @@ struct DaemonClient::State {
   uint64_t stats_published ABSL_GUARDED_BY(mu) = 0;
   uint64_t stats_sent ABSL_GUARDED_BY(mu) = 0;
   bool flush ABSL_GUARDED_BY(mu) = false;
+  // The recorder is half full: send before the period ends.
+  bool events_waiting ABSL_GUARDED_BY(mu) = false;
+  RunningConfig running ABSL_GUARDED_BY(mu);
+  // Bumped by every SetRunning, so a registration that declared an older
+  // config does not overwrite a newer version.
+  uint64_t running_generation ABSL_GUARDED_BY(mu) = 0;
+  std::unique_ptr<EventRecorder> recorder;
   std::thread session_thread;
   std::thread telemetry_thread;
 };
@@ -182,17 +258,27 @@ void DaemonClient::State::SessionLoop() {
     }
     if (c == nullptr) {
       uint64_t next_epoch;
+      RunningConfig declared;
+      uint64_t generation;
       {
         absl::MutexLock lock(&mu);
         next_epoch = epoch + 1;
+        declared = running;
+        generation = running_generation;
       }
       absl::StatusOr<std::shared_ptr<Connection>> fresh =
-          Establish(options, next_epoch);
+          Establish(options, next_epoch, declared);
       absl::MutexLock lock(&mu);
       if (stopping) return;
       if (fresh.ok()) {
         connection = *fresh;
         epoch = next_epoch;
+        if (generation == running_generation) {
+          running.version = (*fresh)->running_version;
+        }
+        // What the lost daemon asked and the engine has not taken yet
+        // names versions the new one does not know: it is not to be done.
+        control.clear();
         backoff = options.reconnect_min;
       } else {
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
@@ -228,6 +314,49 @@ void DaemonClient::State::SessionLoop() {
   }
 }
 
+bool DaemonClient::State::SendTelemetry(
+    grpc::ClientWriter<v1::TelemetryReport>& writer, uint64_t session_id,
+    v1::TelemetryReport* stats, std::vector<RecordedBatch>& batches) {
+  // The stats ride with the first message; events follow in messages of
+  // at most kMaxEventsPerReport.
+  v1::TelemetryReport report;
+  if (stats != nullptr) report = std::move(*stats);
+  report.set_session_id(session_id);
+  bool pending = stats != nullptr;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const RecordedBatch& batch = batches[b];
+    for (size_t begin = 0; begin < batch.events.size() || begin == 0;
+         begin += kMaxEventsPerReport) {
+      const size_t end =
+          std::min(batch.events.size(), begin + kMaxEventsPerReport);
+      v1::EventBatch* out = report.mutable_events();
+      out->set_sequence(batch.sequence + begin);
+      out->set_dropped(begin == 0 ? batch.dropped : 0);
+      for (size_t i = begin; i < end; ++i) {
+        const RecordedEvent& e = batch.events[i];
+        out->add_ops(static_cast<uint32_t>(e.op));
+        out->add_sizes(e.size);
+        out->add_ids(e.id);
+        out->add_streams(e.stream);
+      }
+      if (!writer.Write(report)) {
+        // What did not reach the daemon is a gap before what comes next.
+        std::vector<RecordedBatch> unsent(batches.begin() + b, batches.end());
+        unsent.front().events.erase(unsent.front().events.begin(),
+                                    unsent.front().events.begin() + begin);
+        if (begin > 0) unsent.front().dropped = 0;
+        recorder->Unsent(unsent);
+        return false;
+      }
+      report.Clear();
+      report.set_session_id(session_id);
+      pending = false;
+      if (end == batch.events.size()) break;
+    }
+  }
+  return !pending || writer.Write(report);
+}
+
 void DaemonClient::State::TelemetryLoop() {
   std::shared_ptr<Connection> streaming;
   std::unique_ptr<grpc::ClientContext> context;
@@ -249,22 +378,27 @@ void DaemonClient::State::TelemetryLoop() {
   for (;;) {
     v1::TelemetryReport report;
     uint64_t sequence;
+    bool new_stats;
     std::shared_ptr<Connection> c;
     {
       absl::MutexLock lock(&mu);
       auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
-        return stopping || flush;
+        return stopping || flush || events_waiting;
       };
       mu.AwaitWithTimeout(absl::Condition(&wake), options.telemetry_period);
       if (stopping) break;
+      events_waiting = false;
       c = connection;
       sequence = stats_published;
-      if (c == nullptr || sequence == stats_sent) {
-        if (sequence == stats_sent) flush = false;
-        continue;
-      }
-      report = stats;
+      new_stats = sequence != stats_sent;
+      if (new_stats) report = stats;
+      if (!new_stats) flush = false;
     }
+    // Events go out every period, whether the stats changed or not; while
+    // the daemon is away they stay in the recorder (up to its capacity).
+    std::vector<RecordedBatch> batches;
+    if (recorder != nullptr && c != nullptr) batches = recorder->Take();
+    if (c == nullptr || (!new_stats && batches.empty())) continue;
     if (streaming != c) {
       close_stream();
       context = std::make_unique<grpc::ClientContext>();
@@ -275,11 +409,12 @@ void DaemonClient::State::TelemetryLoop() {
       writer = c->stub->StreamTelemetry(context.get(), &ack);
       streaming = c;
     }
-    report.set_session_id(c->session_id);
-    if (!writer->Write(report)) {
+    if (!SendTelemetry(*writer, c->session_id, new_stats ? &report : nullptr,
+                       batches)) {
       close_stream();
       continue;
     }
+    if (!new_stats) continue;
     absl::MutexLock lock(&mu);
     stats_sent = sequence;
     if (stats_sent == stats_published) flush = false;
@@ -291,7 +426,7 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
     DaemonClientOptions options) {
   auto state = std::make_unique<State>(std::move(options));
   absl::StatusOr<std::shared_ptr<Connection>> c =
-      Establish(state->options, 1);
+      Establish(state->options, 1, RunningConfig{});
   if (!c.ok()) return c.status();
   {
     absl::MutexLock lock(&state->mu);
@@ -469,6 +604,19 @@ absl::Status DaemonClient::FlushTelemetry() {
     return absl::DeadlineExceededError("telemetry not sent");
   }
   return absl::OkStatus();
+}
+
+EventRecorder* DaemonClient::events() { return state_->recorder.get(); }
+
+void DaemonClient::SetRunning(std::string config, uint64_t version) {
+  absl::MutexLock lock(&state_->mu);
+  state_->running = {.config = std::move(config), .version = version};
+  ++state_->running_generation;
+}
+
+uint64_t DaemonClient::running_version() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->running.version;
 }
 
 uint64_t DaemonClient::session_id() const {

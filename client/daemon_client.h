@@ -9,11 +9,14 @@
 //   handle at a safe point (TakeControl), since the engine is not
 //   thread-safe;
 // - a background thread streams the latest stats (PublishStats) as
-//   telemetry;
+//   telemetry, and with them, in packed batches, the allocator events the
+//   engine recorded (events()) for the daemon's autotuner;
 // - when the daemon goes away, the same thread reconnects with exponential
 //   backoff and registers a new session: the epoch goes up, and chunks of
 //   an earlier epoch stay mapped and usable but are no longer the new
-//   daemon's to take back (Release of them only drops them locally).
+//   daemon's to take back (Release of them only drops them locally). The
+//   new session re-declares the config the process runs (SetRunning), so
+//   a restarted daemon does not push it again.
 //
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_DAEMON_CLIENT_H_
@@ -29,6 +32,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocd.pb.h"
+#include "client/event_recorder.h"
 #include "ipc/unix_socket.h"
 
 namespace allocd {
@@ -46,6 +50,12 @@ struct DaemonClientOptions {
   // How long Acquire waits for a lost daemon to come back.
   absl::Duration reconnect_wait = absl::Seconds(10);
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // Allocator events held for the autotuner between two sends (bounds the
+  // client's memory: 2 x this many events); 0: events are not recorded.
+  size_t event_capacity = size_t{1} << 16;
+  // What the job lets the autotuner do (pinned keys, memory fraction, a
+  // mode of its own).
+  v1::AutotunePreferences autotune;
 };
 
 // Chunks the daemon handed over, in id order: chunk i is `chunk_bytes` at
@@ -58,6 +68,13 @@ struct ReceivedChunks {
   uint64_t chunk_bytes = 0;
   uint32_t reused = 0;
 };
+
+// A job's autotune preferences as JSON, the form the Python package and
+// the C ABI pass them in: {"pinned_keys": ["expandable_segments"],
+// "allow_memory_fraction": false, "mode": "apply"}, every field optional;
+// "" is no preference. InvalidArgument naming the field otherwise.
+absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
+    absl::string_view json);
 
 class DaemonClient {
  public:
@@ -86,6 +103,18 @@ class DaemonClient {
                     uint64_t config_version);
   // Sends the latest published stats now (and waits for them to be sent).
   absl::Status FlushTelemetry();
+
+  // Where the engine records its malloc/free/free_completed stream; null
+  // when event_capacity is 0.
+  EventRecorder* events();
+
+  // The config the process runs now (canonical) and the version it came
+  // with, after applying a push: declared again when the client registers
+  // anew, so a restarted daemon knows it and pushes nothing twice.
+  void SetRunning(std::string config, uint64_t version);
+  // The version to report the running config under: the one SetRunning
+  // gave, or the one a new daemon registered it as after a reconnect.
+  uint64_t running_version() const;
 
   uint64_t session_id() const;
   uint64_t epoch() const;

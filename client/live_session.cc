@@ -26,23 +26,27 @@ void LiveSession::Poll(CachingAllocator& allocator) {
 
 void LiveSession::Publish(const CachingAllocator& allocator) {
   last_telemetry_ = absl::Now();
-  client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version_);
+  client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version());
 }
 
 void LiveSession::ReportOom(uint64_t bytes, absl::string_view message) {
   ++ooms_;
-  (void)client_.ReportOom(bytes, message, config_version_);
+  (void)client_.ReportOom(bytes, message, config_version());
 }
 
 nlohmann::json LiveSession::Report() const {
   return {{"session_id", client_.session_id()},
           {"reconnects", client_.epoch() - 1},
           {"config", FormatAllocatorConfig(config_)},
-          {"config_version", config_version_},
+          {"config_version", config_version()},
+          {"config_reason", config_reason_},
           {"pushes_applied", applied_},
           {"pushes_rejected", rejected_},
           {"reclaims", reclaims_},
-          {"ooms", ooms_}};
+          {"ooms", ooms_},
+          {"events_dropped", client_.events() == nullptr
+                                 ? 0
+                                 : client_.events()->dropped_total()}};
 }
 
 void LiveSession::Apply(const v1::ConfigPush& push,
@@ -61,8 +65,12 @@ void LiveSession::Apply(const v1::ConfigPush& push,
     return;
   }
   allocator.Reconfigure(*parsed);
+  // Blocks cached under the old rules would serve the next peak as the old
+  // config cut them; released now, the new config shapes it.
+  allocator.EmptyCache();
   config_ = *std::move(parsed);
-  config_version_ = version;
+  config_reason_ = push.reason();
+  client_.SetRunning(FormatAllocatorConfig(config_), version);
   ++applied_;
   (void)client_.Ack(version, true, "");
 }

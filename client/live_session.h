@@ -1,7 +1,8 @@
 // LiveSession: what a process that runs the engine on the daemon's memory
 // does between allocations, at its safe points: applies the configs the
-// daemon pushes (the engine's live Reconfigure, then ACK; a config it
-// cannot apply is NACKed with the reason), answers reclaim requests by
+// daemon pushes (the engine's live Reconfigure, then EmptyCache so the next
+// peak is met under the new config's rules, then ACK; a config it cannot
+// apply is NACKed with the reason), answers reclaim requests by
 // emptying its cache, publishes its stats under PyTorch's names, and
 // reports OOMs. `allocd client-replay` and liballocd_torch.so share it.
 //
@@ -11,6 +12,7 @@
 #define ALLOCD_CLIENT_LIVE_SESSION_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -37,16 +39,19 @@ class LiveSession {
   // PyTorch's "CUDA out of memory" text.
   void ReportOom(uint64_t bytes, absl::string_view message);
 
-  // The config the allocator runs now and the version it came with.
+  // The config the allocator runs now and the version it came with (as
+  // the daemon connected now knows it), and why the daemon pushed it.
   const AllocatorConfig& config() const { return config_; }
-  uint64_t config_version() const { return config_version_; }
+  uint64_t config_version() const { return client_.running_version(); }
+  const std::string& config_reason() const { return config_reason_; }
   int64_t pushes_applied() const { return applied_; }
   int64_t pushes_rejected() const { return rejected_; }
   int64_t reclaims() const { return reclaims_; }
   int64_t ooms() const { return ooms_; }
 
   // The session as every report of it names it: session_id, reconnects,
-  // config, config_version, pushes_applied, pushes_rejected, reclaims, ooms.
+  // config, config_version, config_reason, pushes_applied, pushes_rejected,
+  // reclaims, ooms, events_dropped.
   nlohmann::json Report() const;
 
  private:
@@ -55,7 +60,7 @@ class LiveSession {
   DaemonClient& client_;
   const absl::Duration telemetry_period_;
   AllocatorConfig config_;
-  uint64_t config_version_ = 0;
+  std::string config_reason_ = "the config the process started with";
   int64_t applied_ = 0;
   int64_t rejected_ = 0;
   int64_t reclaims_ = 0;

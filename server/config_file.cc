@@ -26,6 +26,88 @@ absl::StatusOr<std::string> ValidConfig(const nlohmann::json& value,
   return text;
 }
 
+absl::StatusOr<AutotuneMode> ValidMode(const nlohmann::json& value,
+                                       absl::string_view where) {
+  absl::StatusOr<AutotuneMode> mode =
+      value.is_string() ? ParseAutotuneMode(value.get<std::string>())
+                        : absl::InvalidArgumentError("not a string");
+  if (!mode.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": a mode is \"off\", \"recommend\" or \"apply\"; got ",
+        value.dump()));
+  }
+  return mode;
+}
+
+absl::StatusOr<AutotuneFilePolicy> ValidJobPolicy(const nlohmann::json& value,
+                                                  absl::string_view where) {
+  AutotuneFilePolicy policy;
+  if (value.is_string()) {
+    absl::StatusOr<AutotuneMode> mode = ValidMode(value, where);
+    if (!mode.ok()) return mode.status();
+    policy.mode = *mode;
+    return policy;
+  }
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": a mode, or {\"mode\": ..., \"pinned_keys\": [...], "
+               "\"allow_memory_fraction\": bool}"));
+  }
+  for (const auto& [key, v] : value.items()) {
+    const std::string at = absl::StrCat(where, ".", key);
+    if (key == "mode") {
+      absl::StatusOr<AutotuneMode> mode = ValidMode(v, at);
+      if (!mode.ok()) return mode.status();
+      policy.mode = *mode;
+    } else if (key == "pinned_keys" && v.is_array()) {
+      for (const nlohmann::json& k : v) {
+        if (!k.is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(at, ": config keys are strings"));
+        }
+        policy.pinned_keys.push_back(k.get<std::string>());
+      }
+    } else if (key == "allow_memory_fraction" && v.is_boolean()) {
+      policy.allow_memory_fraction = v.get<bool>();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ": unknown or mistyped (known: mode, pinned_keys [strings], "
+              "allow_memory_fraction [bool])"));
+    }
+  }
+  return policy;
+}
+
+absl::Status ParseAutotuneSection(const nlohmann::json& value,
+                                  NodeConfigFile& out) {
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(
+        "autotune: an object {\"mode\": ..., \"jobs\": {...}}");
+  }
+  for (const auto& [key, v] : value.items()) {
+    if (key == "mode") {
+      absl::StatusOr<AutotuneMode> mode = ValidMode(v, "autotune.mode");
+      if (!mode.ok()) return mode.status();
+      out.autotune_mode = *mode;
+    } else if (key == "jobs" && v.is_object()) {
+      for (const auto& [job, entry] : v.items()) {
+        const std::string where = absl::StrCat("autotune.jobs.", job);
+        if (absl::Status s = ValidateJobLabel(job); !s.ok() || job.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": ", s.ok() ? "empty job label" : s.message()));
+        }
+        absl::StatusOr<AutotuneFilePolicy> policy = ValidJobPolicy(entry, where);
+        if (!policy.ok()) return policy.status();
+        out.autotune_jobs[job] = *std::move(policy);
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "autotune.", key, ": unknown or mistyped (known: mode, jobs {})"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
@@ -86,9 +168,12 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
         }
         out.uid_quotas[uid] = *bytes;
       }
+    } else if (key == "autotune") {
+      if (absl::Status s = ParseAutotuneSection(value, out); !s.ok()) return s;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown key \"", key, "\" (known: default, jobs, uid_quotas)"));
+          "unknown key \"", key,
+          "\" (known: default, jobs, uid_quotas, autotune)"));
     }
   }
   return out;

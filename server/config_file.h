@@ -4,7 +4,13 @@
 //   {
 //     "default": "expandable_segments:True",
 //     "jobs": {"llama-lora": "max_split_size_mb:256,garbage_collection_threshold:0.6"},
-//     "uid_quotas": {"1000": "20GiB", "1001": "25%"}
+//     "uid_quotas": {"1000": "20GiB", "1001": "25%"},
+//     "autotune": {
+//       "mode": "recommend",
+//       "jobs": {"llama-lora": "apply",
+//                "bert": {"mode": "apply", "pinned_keys": ["expandable_segments"],
+//                         "allow_memory_fraction": true}}
+//     }
 //   }
 //
 // Every entry is validated (configs as PyTorch 2.11 would, sizes as
@@ -19,16 +25,32 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "server/autotune/autotuner.h"
 
 namespace allocd {
+
+// A job's entry in the "autotune" section: a mode ("apply"), or an object
+// with any of mode, pinned_keys, allow_memory_fraction.
+struct AutotuneFilePolicy {
+  std::optional<AutotuneMode> mode;
+  std::vector<std::string> pinned_keys;
+  bool allow_memory_fraction = false;
+
+  bool operator==(const AutotuneFilePolicy&) const = default;
+};
 
 struct NodeConfigFile {
   std::optional<std::string> default_config;
   std::map<std::string, std::string> job_configs;
   std::map<uid_t, uint64_t> uid_quotas;
+  // The autotuner's default mode (over `allocd serve --autotune`) and
+  // per-job policies.
+  std::optional<AutotuneMode> autotune_mode;
+  std::map<std::string, AutotuneFilePolicy> autotune_jobs;
 };
 
 // `pool_capacity`: what a quota of "N%" is a percentage of (nullopt: such

@@ -33,6 +33,20 @@ absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
                                               absl::string_view config,
                                               absl::string_view author,
                                               uint64_t predicted_peak_reserved_bytes) {
+  return Store(job, config, author, "set", true, predicted_peak_reserved_bytes);
+}
+
+absl::StatusOr<ConfigRecord> ConfigStore::AddVersion(
+    absl::string_view job, absl::string_view config, absl::string_view author,
+    absl::string_view event, uint64_t predicted_peak_reserved_bytes) {
+  return Store(job, config, author, event, false,
+               predicted_peak_reserved_bytes);
+}
+
+absl::StatusOr<ConfigRecord> ConfigStore::Store(
+    absl::string_view job, absl::string_view config, absl::string_view author,
+    absl::string_view event, bool effective,
+    uint64_t predicted_peak_reserved_bytes) {
   if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
   absl::StatusOr<AllocatorConfig> parsed =
       ParseAllocatorConfig(std::string_view(config.data(), config.size()));
@@ -48,10 +62,10 @@ absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
                           predicted_peak_reserved_bytes};
   absl::MutexLock lock(&mu_);
   record.version = ++last_version_;
-  newest_by_job_[record.job] = record;
+  if (effective) newest_by_job_[record.job] = record;
   by_version_[record.version] = record;
   history_.push_front({.at = record.set_at,
-                       .event = "set",
+                       .event = std::string(event),
                        .version = record.version,
                        .job = record.job,
                        .config = record.config,

@@ -36,7 +36,9 @@ struct ConfigRecord {
 
 struct HistoryRecord {
   absl::Time at;
-  // "set", "clear", "ack", "nack", "rollback".
+  // "set", "clear", "ack", "nack", "rollback"; "push" (a version for one
+  // session), "adopt" (a config a reconnecting client runs), "autotune"
+  // (a decision of the autotuner).
   std::string event;
   uint64_t version = 0;
   std::string job;
@@ -62,6 +64,15 @@ class ConfigStore {
                                    absl::string_view author,
                                    uint64_t predicted_peak_reserved_bytes = 0);
 
+  // Like Set, but the version is not the job's config: it names a config
+  // one session runs (an autotuner's canary push, a config a reconnecting
+  // client re-declared). Recorded in the history as `event`.
+  absl::StatusOr<ConfigRecord> AddVersion(absl::string_view job,
+                                          absl::string_view config,
+                                          absl::string_view author,
+                                          absl::string_view event,
+                                          uint64_t predicted_peak_reserved_bytes = 0);
+
   // Forgets `job`'s own config (the empty job: the default), so its
   // sessions fall back to the default. False when it had none.
   bool Clear(absl::string_view job, absl::string_view author);
@@ -83,6 +94,13 @@ class ConfigStore {
                                      size_t limit) const;
 
  private:
+  // Set and AddVersion: `effective` makes the version the job's config.
+  absl::StatusOr<ConfigRecord> Store(absl::string_view job,
+                                     absl::string_view config,
+                                     absl::string_view author,
+                                     absl::string_view event, bool effective,
+                                     uint64_t predicted_peak_reserved_bytes);
+
   const size_t history_limit_;
   mutable absl::Mutex mu_;
   uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -22,9 +22,9 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<ConfigWatcher>> ConfigWatcher::Start(
     std::string path, absl::Duration period, DaemonCore* core,
-    Metrics* metrics) {
+    DaemonAutotune* autotune, Metrics* metrics) {
   std::unique_ptr<ConfigWatcher> watcher(
-      new ConfigWatcher(std::move(path), period, core, metrics));
+      new ConfigWatcher(std::move(path), period, core, autotune, metrics));
   if (absl::Status s = watcher->Reload(); !s.ok()) {
     // No good file yet: the daemon does not start on a file it cannot use.
     return absl::Status(
@@ -38,8 +38,13 @@ absl::StatusOr<std::unique_ptr<ConfigWatcher>> ConfigWatcher::Start(
 }
 
 ConfigWatcher::ConfigWatcher(std::string path, absl::Duration period,
-                             DaemonCore* core, Metrics* metrics)
-    : path_(std::move(path)), period_(period), core_(core), metrics_(metrics) {}
+                             DaemonCore* core, DaemonAutotune* autotune,
+                             Metrics* metrics)
+    : path_(std::move(path)),
+      period_(period),
+      core_(core),
+      autotune_(autotune),
+      metrics_(metrics) {}
 
 ConfigWatcher::~ConfigWatcher() {
   {
@@ -112,11 +117,17 @@ void ConfigWatcher::Apply(const NodeConfigFile& next) {
   for (const auto& [uid, bytes] : next.uid_quotas) {
     core_->pool().SetUidQuota(uid, bytes);
   }
+  if (autotune_ != nullptr &&
+      (next.autotune_mode != applied_.autotune_mode ||
+       next.autotune_jobs != applied_.autotune_jobs)) {
+    autotune_->SetFilePolicies(next.autotune_mode, next.autotune_jobs);
+  }
   applied_ = next;
   LogInfo(absl::StrCat("config file ", path_, " applied: ",
                        next.job_configs.size(), " job configs, ",
                        next.default_config ? "a default, " : "no default, ",
-                       next.uid_quotas.size(), " uid quotas"));
+                       next.uid_quotas.size(), " uid quotas, ",
+                       next.autotune_jobs.size(), " autotune job policies"));
 }
 
 }  // namespace allocd

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/config_file.h"
+#include "server/daemon_autotune.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
 
@@ -24,9 +25,10 @@ namespace allocd {
 class ConfigWatcher {
  public:
   // Applies `path` once; an error here is the daemon's start-up error.
+  // `autotune` (may be null) gets the file's autotune section.
   static absl::StatusOr<std::unique_ptr<ConfigWatcher>> Start(
       std::string path, absl::Duration period, DaemonCore* core,
-      Metrics* metrics);
+      DaemonAutotune* autotune, Metrics* metrics);
   ~ConfigWatcher();
 
   // Reads the file now and applies it if it changed. OK when unchanged or
@@ -36,13 +38,14 @@ class ConfigWatcher {
 
  private:
   ConfigWatcher(std::string path, absl::Duration period, DaemonCore* core,
-                Metrics* metrics);
+                DaemonAutotune* autotune, Metrics* metrics);
   void Loop();
   void Apply(const NodeConfigFile& next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const absl::Duration period_;
   DaemonCore* const core_;
+  DaemonAutotune* const autotune_;
   Metrics* const metrics_;
   absl::Mutex mu_;
   std::string last_text_ ABSL_GUARDED_BY(mu_);

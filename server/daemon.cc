@@ -12,6 +12,7 @@
 #include "grpcpp/server_builder.h"
 #include "ipc/unix_socket.h"
 #include "server/config_watcher.h"
+#include "server/daemon_autotune.h"
 #include "server/daemon_core.h"
 #include "server/grpc_services.h"
 #include "server/log.h"
@@ -86,6 +87,7 @@ struct Daemon::Parts {
   std::unique_ptr<ChunkSource> chunks;
   std::unique_ptr<NodePool> pool;
   std::unique_ptr<DaemonCore> core;
+  std::unique_ptr<DaemonAutotune> autotune;
   std::unique_ptr<ConfigWatcher> config_watcher;
   PeerTable peers;
   std::unique_ptr<AllocdService> allocd_service;
@@ -134,10 +136,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .admin_uids = o.admin_uids,
                         .trim = o.trim},
       parts->pool.get(), &parts->metrics);
+  AutotuneOptions autotune = o.autotune;
+  if (autotune.capacity == 0) autotune.capacity = o.capacity;
+  parts->autotune = std::make_unique<DaemonAutotune>(
+      std::move(autotune), parts->core.get(), &parts->metrics);
+  parts->core->SetObserver(parts->autotune.get());
   if (!o.config_file.empty()) {
     absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
         ConfigWatcher::Start(o.config_file, o.config_poll, parts->core.get(),
-                             &parts->metrics);
+                             parts->autotune.get(), &parts->metrics);
     if (!watcher.ok()) return watcher.status();
     parts->config_watcher = std::move(*watcher);
   }
@@ -150,7 +157,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   parts->allocd_service = std::make_unique<AllocdService>(
       parts->core.get(), &parts->peers, &parts->metrics);
   parts->admin_service = std::make_unique<AdminService>(
-      parts->core.get(), &parts->peers, &parts->metrics);
+      parts->core.get(), parts->autotune.get(), &parts->peers,
+      &parts->metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -183,6 +191,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       "serving on ", o.socket,
       o.admin_socket.empty() ? "" : absl::StrCat(" (admin ", o.admin_socket, ")"),
       ", backend ", o.backend, ", capacity ", FormatSize(o.capacity),
+      ", autotune ", AutotuneModeName(o.autotune.default_policy.mode),
       o.metrics_address.empty()
           ? ""
           : absl::StrCat(", metrics on port ", parts->metrics.port())));
@@ -203,6 +212,8 @@ void Daemon::Shutdown(absl::Duration grace) {
   parts_->core->EndAll();
   parts_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   parts_->side.reset();
+  // Nothing reports sessions any more; the autotuner goes before the core.
+  parts_->core->SetObserver(nullptr);
   LogInfo("shut down");
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/pool/node_pool.h"
+#include "server/autotune/autotuner.h"
 
 namespace allocd {
 
@@ -42,6 +43,10 @@ struct DaemonOptions {
   // an H100 (a 40 GiB working set: 2.8 s from a cold pool, 1.8 s warm), so
   // a job that comes back after 5 idle minutes pays well under a step.
   TrimPolicy trim{.idle_after = absl::Minutes(5)};
+  // The autotuner (--autotune MODE and its knobs). Its capacity, when 0,
+  // is the pool's: a candidate that would not fit the node is never
+  // proposed.
+  AutotuneOptions autotune;
 };
 
 class Daemon {

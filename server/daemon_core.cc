@@ -19,8 +19,39 @@ constexpr size_t kMaxClientDescription = 256;
 constexpr size_t kMaxOomMessage = 4096;
 constexpr size_t kMaxReleaseIds = 65536;
 constexpr size_t kMaxStats = 1024;
+constexpr size_t kMaxEventsPerBatch = 65536;
 
 int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
+
+// An event batch's columns are one length, within bounds, of known ops.
+absl::Status ValidateEvents(const v1::EventBatch& b) {
+  const int n = b.ops_size();
+  if (b.sizes_size() != n || b.ids_size() != n || b.streams_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event batch columns differ in length: ", n, " ops, ", b.sizes_size(),
+        " sizes, ", b.ids_size(), " ids, ", b.streams_size(), " streams"));
+  }
+  if (static_cast<size_t>(n) > kMaxEventsPerBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event batch holds ", n, " events; at most ", kMaxEventsPerBatch));
+  }
+  for (uint32_t op : b.ops()) {
+    if (op > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "event op ", op, " is not 0 (alloc), 1 (free_requested) or 2 "
+          "(free_completed)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A config in canonical form; as given when it does not parse (then it
+// equals no canonical config).
+std::string Canonical(absl::string_view config) {
+  absl::StatusOr<AllocatorConfig> parsed =
+      ParseAllocatorConfig(std::string(config));
+  return parsed.ok() ? FormatAllocatorConfig(*parsed) : std::string(config);
+}
 
 void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
   out->set_version(record.version);
@@ -78,6 +109,17 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
         "initial_config is not a config PyTorch 2.11 accepts: ",
         initial.status().message()));
   }
+  std::string current_config;
+  if (r.current_config_version() != 0) {
+    absl::StatusOr<AllocatorConfig> current =
+        ParseAllocatorConfig(r.current_config());
+    if (!current.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "current_config is not a config PyTorch 2.11 accepts: ",
+          current.status().message()));
+    }
+    current_config = FormatAllocatorConfig(*current);
+  }
   std::shared_ptr<Session> session = sessions_.Create(
       {.pid = peer.pid,
        .uid = peer.uid,
@@ -91,6 +133,12 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     sessions_.Remove(session->id());
     return s;
   }
+  AppliedConfig running = session->Current();
+  if (r.current_config_version() != 0) {
+    running = AdoptRunningConfig(r.job(), current_config,
+                                 r.current_config_version(), session->id());
+    session->Acked(running);
+  }
   metrics_->SessionStarted(session->id(), r.job(), r.device(), peer.pid);
   LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
                        peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
@@ -102,12 +150,36 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_fd_socket(options_.fd_socket);
   response.set_backend(options_.backend);
   response.set_capacity_bytes(pool_->Stats().capacity);
+  response.set_current_config_version(running.version);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
-    // The client applies it at start and ACKs like any push.
-    Push(*session, *config, false, "config for this job at registration");
+    // The client applies it at start and ACKs like any push; a client that
+    // runs it already (it reconnected) is not pushed it twice.
+    if (config->config != running.config) {
+      Push(*session, *config, false, "config for this job at registration");
+    }
+  }
+  if (observer_ != nullptr) {
+    observer_->SessionStarted(session->identity(), running, r.autotune());
   }
   return response;
+}
+
+AppliedConfig DaemonCore::AdoptRunningConfig(absl::string_view job,
+                                             const std::string& config,
+                                             uint64_t declared_version,
+                                             SessionId id) {
+  if (std::optional<ConfigRecord> known = configs_.Find(declared_version);
+      known.has_value() && known->config == config) {
+    return {.version = known->version, .config = known->config};
+  }
+  // Validated above, so this cannot fail.
+  absl::StatusOr<ConfigRecord> adopted = configs_.AddVersion(
+      job, config,
+      absl::StrCat("session ", id, " runs it (version ", declared_version,
+                   " of the daemon it was connected to before)"),
+      "adopt");
+  return {.version = adopted->version, .config = adopted->config};
 }
 
 absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
@@ -229,9 +301,21 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
     return absl::InvalidArgumentError(absl::StrCat(
         "telemetry holds ", r.stats_size(), " stats; at most ", kMaxStats));
   }
-  std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
-  metrics_->Telemetry(r.session_id(), stats, r.config_version());
-  (*session)->SetStats(std::move(stats));
+  if (r.has_events()) {
+    if (absl::Status s = ValidateEvents(r.events()); !s.ok()) return s;
+  }
+  // A report of events alone leaves the stats as they were.
+  if (r.stats_size() > 0 || !r.has_events()) {
+    std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
+    metrics_->Telemetry(r.session_id(), stats, r.config_version());
+    if (observer_ != nullptr) {
+      observer_->Stats(r.session_id(), stats, r.config_version());
+    }
+    (*session)->SetStats(std::move(stats));
+  }
+  if (r.has_events() && observer_ != nullptr) {
+    observer_->Events(r.session_id(), r.events());
+  }
   return absl::OkStatus();
 }
 
@@ -248,6 +332,7 @@ absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
   Session& session = **found;
   session.CountOom();
   metrics_->Oom(session.id());
+  if (observer_ != nullptr) observer_->Oom(session.id(), r.config_version());
   v1::OomResponse response;
   // Only an OOM the config caused is a reason to take the config back: not
   // one that followed a refusal of the node pool or a quota, which any
@@ -257,24 +342,15 @@ absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
   std::optional<AppliedConfig> target = session.RollBackTarget();
   if (!target.has_value()) return response;
   session.StartRollBack();
-  const std::string reason = absl::StrCat(
-      "OOM (", FormatSize(r.requested_bytes()), ") under pushed version ",
-      current.version, "; back to version ", target->version);
-  configs_.Record({.at = absl::Now(),
-                   .event = "rollback",
-                   .version = target->version,
-                   .job = session.identity().job,
-                   .config = target->config,
-                   .session_id = session.id(),
-                   .detail = reason});
-  metrics_->ConfigPushResult("rollback");
-  Push(session,
-       {.version = target->version,
-        .job = session.identity().job,
-        .config = target->config,
-        .set_at = absl::Now(),
-        .author = "rollback"},
-       true, reason);
+  PushRollBack(session,
+               {.version = target->version,
+                .job = session.identity().job,
+                .config = target->config,
+                .set_at = absl::Now(),
+                .author = "rollback"},
+               absl::StrCat("OOM (", FormatSize(r.requested_bytes()),
+                            ") under pushed version ", current.version,
+                            "; back to version ", target->version));
   response.set_rolled_back(true);
   return response;
 }
@@ -305,6 +381,9 @@ absl::Status DaemonCore::AckConfig(const PeerCredentials& peer,
                    .config = config,
                    .session_id = session.id(),
                    .detail = r.error()});
+  if (observer_ != nullptr) {
+    observer_->Acked(session.id(), r.version(), r.applied(), r.error());
+  }
   if (!r.applied()) {
     metrics_->ConfigPushResult("nack");
     return absl::OkStatus();
@@ -342,6 +421,7 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   std::shared_ptr<Session> session = sessions_.Remove(id);
   if (session == nullptr) return;
   session->Close();
+  if (observer_ != nullptr) observer_->SessionEnded(id);
   const uint64_t held = pool_->EndSession(id);
   metrics_->SessionEnded(id);
   SignalReleased();
@@ -391,6 +471,19 @@ void DaemonCore::Push(Session& session, const ConfigRecord& record,
   push->set_rollback(rollback);
   push->set_reason(std::move(reason));
   session.Push(std::move(message));
+}
+
+void DaemonCore::PushRollBack(Session& session, const ConfigRecord& target,
+                              std::string reason) {
+  configs_.Record({.at = absl::Now(),
+                   .event = "rollback",
+                   .version = target.version,
+                   .job = session.identity().job,
+                   .config = target.config,
+                   .session_id = session.id(),
+                   .detail = reason});
+  metrics_->ConfigPushResult("rollback");
+  Push(session, target, true, std::move(reason));
 }
 
 void DaemonCore::PublishPool() {
@@ -474,7 +567,7 @@ v1::GetConfigResponse DaemonCore::GetConfig(absl::string_view job) const {
 
 absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
     absl::string_view job, absl::string_view config, absl::string_view author,
-    uint64_t predicted_peak_reserved_bytes) {
+    uint64_t predicted_peak_reserved_bytes, bool skip_running) {
   absl::StatusOr<ConfigRecord> record =
       configs_.Set(job, config, author, predicted_peak_reserved_bytes);
   if (!record.ok()) return record.status();
@@ -487,11 +580,51 @@ absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
     const bool applies = job.empty() ? !configs_.HasOwnConfig(session_job)
                                      : session_job == job;
     if (!applies) continue;
+    if (skip_running && s->Current().config == record->config) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
     ++pushed;
   }
   r.set_pushed_to(pushed);
   return r;
+}
+
+absl::StatusOr<uint64_t> DaemonCore::PushToSession(
+    SessionId id, absl::string_view config, absl::string_view author,
+    std::string reason, uint64_t predicted_peak_reserved_bytes) {
+  std::shared_ptr<Session> session = sessions_.Find(id);
+  if (session == nullptr) return absl::NotFoundError(absl::StrCat("no session ", id));
+  absl::StatusOr<ConfigRecord> record =
+      configs_.AddVersion(session->identity().job, config, author, "push",
+                          predicted_peak_reserved_bytes);
+  if (!record.ok()) return record.status();
+  Push(*session, *record, false, std::move(reason));
+  return record->version;
+}
+
+absl::Status DaemonCore::RollBackSession(SessionId id,
+                                         absl::string_view config,
+                                         std::string reason) {
+  std::shared_ptr<Session> session = sessions_.Find(id);
+  if (session == nullptr) return absl::NotFoundError(absl::StrCat("no session ", id));
+  // An OOM rolled it back already: once is enough.
+  if (session->rolling_back()) return absl::OkStatus();
+  const std::string canonical = Canonical(config);
+  ConfigRecord target{.job = session->identity().job,
+                      .config = canonical,
+                      .set_at = absl::Now(),
+                      .author = "rollback"};
+  if (std::optional<AppliedConfig> back = session->RollBackTarget();
+      back.has_value() && back->config == canonical) {
+    target.version = back->version;
+  } else {
+    absl::StatusOr<ConfigRecord> added = configs_.AddVersion(
+        target.job, canonical, "autotune rollback", "push");
+    if (!added.ok()) return added.status();
+    target.version = added->version;
+  }
+  session->StartRollBack();
+  PushRollBack(*session, target, std::move(reason));
+  return absl::OkStatus();
 }
 
 void DaemonCore::ClearConfig(absl::string_view job, absl::string_view author) {

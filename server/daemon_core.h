@@ -36,6 +36,7 @@
 #include "server/config_store.h"
 #include "server/metrics.h"
 #include "server/pool/node_pool.h"
+#include "server/session_observer.h"
 #include "server/session_registry.h"
 
 namespace allocd {
@@ -59,6 +60,10 @@ class DaemonCore {
  public:
   // `pool` and `metrics` outlive the core.
   DaemonCore(DaemonCoreOptions options, NodePool* pool, Metrics* metrics);
+
+  // Tells `observer` (which outlives the core, or is reset to null first)
+  // what sessions report. Call before serving.
+  void SetObserver(SessionObserver* observer) { observer_ = observer; }
 
   // --- Allocd service
   absl::StatusOr<v1::RegisterResponse> Register(const PeerCredentials& peer,
@@ -103,9 +108,25 @@ class DaemonCore {
   // Also how a config file sets configs: `author` says who.
   // `predicted_peak_reserved_bytes`: allocd tune's prediction for the job
   // under `config` (0: none), exported for dashboards.
+  // `skip_running`: sessions that run `config` already (a canary) get no
+  // push.
   absl::StatusOr<v1::SetConfigResponse> SetConfig(
       absl::string_view job, absl::string_view config,
-      absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0);
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0,
+      bool skip_running = false);
+  // Pushes `config` to one session as a new version that is not its job's
+  // config (an autotuner's canary). Returns the version.
+  absl::StatusOr<uint64_t> PushToSession(SessionId id, absl::string_view config,
+                                         absl::string_view author,
+                                         std::string reason,
+                                         uint64_t predicted_peak_reserved_bytes);
+  // Pushes `config` back to a session as a rollback, unless it is rolling
+  // back already (an OOM did it). The version is the one the session ran
+  // `config` under, when it did.
+  absl::Status RollBackSession(SessionId id, absl::string_view config,
+                               std::string reason);
+  // Records an entry in the config history (the autotuner's decisions).
+  void RecordHistory(HistoryRecord record) { configs_.Record(std::move(record)); }
   // Removes `job`'s own config (the config file dropped its entry); its
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);
@@ -125,6 +146,15 @@ class DaemonCore {
       const PeerCredentials& peer, SessionId id) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
             std::string reason);
+  // Pushes `target` to `session` as a rollback and records it.
+  void PushRollBack(Session& session, const ConfigRecord& target,
+                    std::string reason);
+  // The version under which this daemon records the config (canonical) a
+  // registering client declared it runs under `declared_version`: that
+  // version when this daemon set it, else a new one (a restarted daemon).
+  AppliedConfig AdoptRunningConfig(absl::string_view job,
+                                   const std::string& config,
+                                   uint64_t declared_version, SessionId id);
   void PublishPool();
   // Wakes Reclaim()s waiting for memory to come back.
   void SignalReleased();
@@ -139,6 +169,7 @@ class DaemonCore {
   const absl::Time started_ = absl::Now();
   SessionRegistry sessions_;
   ConfigStore configs_;
+  SessionObserver* observer_ = nullptr;
 
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;

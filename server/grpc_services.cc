@@ -217,4 +217,44 @@ grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
                      });
 }
 
+grpc::Status AdminService::AutotuneStatus(grpc::ServerContext* context,
+                                          const v1::AutotuneStatusRequest*,
+                                          v1::AutotuneStatusResponse* response) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneStatus",
+                     [&](const PeerCredentials&) {
+                       *response = autotune_->Status();
+                       return absl::OkStatus();
+                     });
+}
+
+grpc::Status AdminService::AutotuneHistory(
+    grpc::ServerContext* context, const v1::AutotuneHistoryRequest* request,
+    v1::AutotuneHistoryResponse* response) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneHistory",
+                     [&](const PeerCredentials&) {
+                       *response = autotune_->History(request->job(),
+                                                      request->limit());
+                       return absl::OkStatus();
+                     });
+}
+
+grpc::Status AdminService::AutotuneRun(grpc::ServerContext* context,
+                                       const v1::AutotuneRunRequest* request,
+                                       v1::AutotuneRunResponse* response) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneRun",
+                     [&](const PeerCredentials&) {
+                       return Into(autotune_->Run(request->job()), response);
+                     });
+}
+
+grpc::Status AdminService::AutotuneSetMode(
+    grpc::ServerContext* context, const v1::AutotuneSetModeRequest* request,
+    v1::AutotuneSetModeResponse*) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneSetMode",
+                     [&](const PeerCredentials&) {
+                       return autotune_->SetMode(request->job(),
+                                                 request->mode());
+                     });
+}
+
 }  // namespace allocd

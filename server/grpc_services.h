@@ -7,6 +7,7 @@
 #define ALLOCD_SERVER_GRPC_SERVICES_H_
 
 #include "allocd.grpc.pb.h"
+#include "server/daemon_autotune.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
@@ -48,8 +49,9 @@ class AllocdService final : public v1::Allocd::Service {
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(DaemonCore* core, const PeerTable* peers, Metrics* metrics)
-      : core_(core), peers_(peers), metrics_(metrics) {}
+  AdminService(DaemonCore* core, DaemonAutotune* autotune,
+               const PeerTable* peers, Metrics* metrics)
+      : core_(core), autotune_(autotune), peers_(peers), metrics_(metrics) {}
 
   grpc::Status Status(grpc::ServerContext* context,
                       const v1::StatusRequest* request,
@@ -72,9 +74,22 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status TrimPool(grpc::ServerContext* context,
                         const v1::TrimPoolRequest* request,
                         v1::TrimPoolResponse* response) override;
+  grpc::Status AutotuneStatus(grpc::ServerContext* context,
+                              const v1::AutotuneStatusRequest* request,
+                              v1::AutotuneStatusResponse* response) override;
+  grpc::Status AutotuneHistory(grpc::ServerContext* context,
+                               const v1::AutotuneHistoryRequest* request,
+                               v1::AutotuneHistoryResponse* response) override;
+  grpc::Status AutotuneRun(grpc::ServerContext* context,
+                           const v1::AutotuneRunRequest* request,
+                           v1::AutotuneRunResponse* response) override;
+  grpc::Status AutotuneSetMode(grpc::ServerContext* context,
+                               const v1::AutotuneSetModeRequest* request,
+                               v1::AutotuneSetModeResponse* response) override;
 
  private:
   DaemonCore* const core_;
+  DaemonAutotune* const autotune_;
   const PeerTable* const peers_;
   Metrics* const metrics_;
 };

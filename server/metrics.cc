@@ -147,6 +147,27 @@ Metrics::Metrics()
                          "allocd_reclaim_requests_total",
                          "Times the daemon asked sessions to release "
                          "cached memory for another session.")),
+      autotune_runs_(Register(prometheus::BuildCounter(), *registry_,
+                              "allocd_autotune_runs_total",
+                              "Autotuner runs (replays of the job's window "
+                              "under candidate configs), by job.")),
+      autotune_decisions_(Register(
+          prometheus::BuildCounter(), *registry_,
+          "allocd_autotune_decisions_total",
+          "Autotuner decisions by job and result: pushed, recommended, kept, "
+          "rolled_back, skipped (a pushed decision that is rolled back "
+          "counts once for each).")),
+      autotune_predicted_saving_(Register(
+          prometheus::BuildGauge(), *registry_,
+          "allocd_autotune_predicted_saving_bytes",
+          "Peak reserved bytes the autotuner's newest proposal for the job "
+          "predicted to save over the rest of its run.")),
+      autotune_realized_saving_(Register(
+          prometheus::BuildGauge(), *registry_,
+          "allocd_autotune_realized_saving_bytes",
+          "Peak reserved bytes the job saved after the autotuner's push: "
+          "the predicted peak on its old config minus the peak its "
+          "sessions reported since.")),
       reloads_(Register(prometheus::BuildCounter(), *registry_,
                         "allocd_config_reloads_total",
                         "Config file versions applied (at start and on "
@@ -314,6 +335,36 @@ void Metrics::ConfigPrediction(absl::string_view job,
 }
 
 void Metrics::ReclaimRequested() { reclaims_.Add({}).Increment(); }
+
+void Metrics::AutotuneRun(absl::string_view job) {
+  autotune_runs_.Add({{"job", std::string(job)}}).Increment();
+  // Every result's series exists from the job's first run, at 0, so that
+  // increase() sees a job's first rollback (a series born at 1 shows none).
+  for (const char* result :
+       {"pushed", "recommended", "kept", "rolled_back", "skipped"}) {
+    autotune_decisions_.Add({{"job", std::string(job)}, {"result", result}});
+  }
+  // Nothing predicted or saved until a decision says otherwise.
+  autotune_predicted_saving_.Add({{"job", std::string(job)}});
+  autotune_realized_saving_.Add({{"job", std::string(job)}});
+}
+
+void Metrics::AutotuneDecision(absl::string_view job,
+                               absl::string_view result) {
+  autotune_decisions_
+      .Add({{"job", std::string(job)}, {"result", std::string(result)}})
+      .Increment();
+}
+
+void Metrics::AutotunePredictedSaving(absl::string_view job, int64_t bytes) {
+  autotune_predicted_saving_.Add({{"job", std::string(job)}})
+      .Set(static_cast<double>(bytes));
+}
+
+void Metrics::AutotuneRealizedSaving(absl::string_view job, int64_t bytes) {
+  autotune_realized_saving_.Add({{"job", std::string(job)}})
+      .Set(static_cast<double>(bytes));
+}
 
 void Metrics::ConfigReload(bool ok) {
   (ok ? reloads_ : reload_errors_).Add({}).Increment();

@@ -65,6 +65,15 @@ class Metrics {
   // (the empty job: the default); 0 removes the series.
   void ConfigPrediction(absl::string_view job, uint64_t predicted_bytes);
   void ReclaimRequested();
+  // The autotuner: a run for `job` started (its series exist from then on,
+  // at 0); one of its decisions reached
+  // `result` ("pushed", "recommended", "kept", "rolled_back", "skipped");
+  // the saving it predicted for the job's newest proposal, and the saving
+  // realised after a push (peak reserved bytes).
+  void AutotuneRun(absl::string_view job);
+  void AutotuneDecision(absl::string_view job, absl::string_view result);
+  void AutotunePredictedSaving(absl::string_view job, int64_t bytes);
+  void AutotuneRealizedSaving(absl::string_view job, int64_t bytes);
   // The config file was read again: applied, or rejected (last good kept).
   void ConfigReload(bool ok);
   void Pool(const PoolGauges& pool);
@@ -92,6 +101,10 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& predicted_peak_reserved_;
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Family<prometheus::Counter>& reclaims_;
+  prometheus::Family<prometheus::Counter>& autotune_runs_;
+  prometheus::Family<prometheus::Counter>& autotune_decisions_;
+  prometheus::Family<prometheus::Gauge>& autotune_predicted_saving_;
+  prometheus::Family<prometheus::Gauge>& autotune_realized_saving_;
   prometheus::Family<prometheus::Counter>& reloads_;
   prometheus::Family<prometheus::Counter>& reload_errors_;
   prometheus::Family<prometheus::Gauge>& pool_bytes_;

@@ -3,13 +3,17 @@ randomly initialised Llama-style model, variable batch and length), as a
 measured training run: loss and time of every step, peak reserved memory as
 the allocator sees it, and the GPU's used memory as nvidia-smi sees it.
 
-    python llama_lora_train.py --mode native|transparent|engine [--steps N] [--seed S]
+    python llama_lora_train.py --mode native|transparent|engine|advise [--steps N] [--seed S]
         [--socket PATH] [--json OUT] [--kill-daemon-at STEP --daemon-pid PID]
 
 --mode native uses PyTorch's allocator with $PYTORCH_CUDA_ALLOC_CONF;
 --mode transparent calls allocd.enable() before importing torch (PyTorch's
 allocator on daemon memory); --mode engine (or allocd) calls
-allocd.enable(mode="engine") (allocd's engine behind CUDAPluggableAllocator).
+allocd.enable(mode="engine") (allocd's engine behind CUDAPluggableAllocator);
+--mode advise keeps PyTorch's allocator and calls allocd.advise(). Under
+transparent and advise, the daemon's autotuner gets the allocation stream and
+may push configs: the result then has each step's peak reserved, the config
+each step ended on, and allocd.stats() (the config run at the end and why).
 The daemon must serve --backend cuda. Run each mode in a fresh process.
 Step times are CUDA-event times of each step.
 """
@@ -58,7 +62,8 @@ class UsedMemoryWatch:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["native", "transparent", "engine", "allocd"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "engine", "allocd", "advise"],
+                   required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
@@ -74,11 +79,16 @@ def main():
 
     baseline_mib = gpu_used_mib()
     engine = a.mode in ("engine", "allocd")
-    if a.mode != "native":
+    # PyTorch's own allocator with a daemon session: steps are tracked one by one.
+    tracked = a.mode in ("transparent", "advise")
+    if a.mode in ("transparent", "engine", "allocd"):
         import allocd
         allocd.enable(socket=a.socket, job=a.job, required=True,
                       mode="engine" if engine else "transparent")
     import torch
+    if a.mode == "advise":
+        import allocd
+        allocd.advise(socket=a.socket, job=a.job, required=True)
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
@@ -97,7 +107,7 @@ def main():
         model = get_peft_model(model, lcfg)
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
         rng = random.Random(a.seed)
-        losses, times = [], []
+        losses, times, step_peaks, step_configs = [], [], [], []
         for step in range(a.steps):
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,6 +125,12 @@ def main():
             losses.append(out.loss.item())
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1000)
+            if tracked:
+                # Each step's own peak, and the config it ended on: what a
+                # push did to the steps after it.
+                step_peaks.append(torch.cuda.max_memory_reserved())
+                step_configs.append(allocd.stats().get("config", ""))
+                torch.cuda.reset_peak_memory_stats()
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
                 os.kill(a.daemon_pid, signal.SIGKILL)
                 print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
@@ -138,7 +154,15 @@ def main():
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
     }
-    if not engine:  # PyTorch's own allocator: its own numbers
+    if tracked:
+        s = allocd.stats()
+        result["peak_reserved"] = max(step_peaks, default=0)
+        result["step_peak_reserved"] = step_peaks
+        result["step_config"] = step_configs
+        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
+                                               "config_reason", "configs_applied",
+                                               "events_sent", "events_dropped") if k in s}
+    elif not engine:  # PyTorch's own allocator: its own numbers
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["peak_allocated"] = torch.cuda.max_memory_allocated()
     else:

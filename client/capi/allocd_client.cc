@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,9 @@ struct allocd_client {
   absl::Mutex mu;
   // Taken from the client but not yet handed out (a buffer was too small).
   std::deque<std::string> pending ABSL_GUARDED_BY(mu);
+  // Pushed configs handed out and not yet ACKed, by version: an ACK makes
+  // one the config the client runs.
+  std::map<uint64_t, std::string> pushed ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -74,12 +78,19 @@ const char* allocd_last_error(void) { return last_error.c_str(); }
 
 allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
-                              const char* description) {
+                              const char* description, const char* autotune) {
+  absl::StatusOr<allocd::v1::AutotunePreferences> preferences =
+      allocd::ParseAutotunePreferences(Or(autotune));
+  if (!preferences.ok()) {
+    Fail(std::string(preferences.status().message()));
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<allocd::DaemonClient>> client =
       allocd::DaemonClient::Connect({.socket = Or(socket),
                                      .job = Or(job),
                                      .initial_config = Or(initial_config),
-                                     .description = Or(description)});
+                                     .description = Or(description),
+                                     .autotune = *std::move(preferences)});
   if (!client.ok()) {
     Fail(std::string(client.status().message()));
     return nullptr;
@@ -115,6 +126,9 @@ int allocd_flush_telemetry(allocd_client* c) {
 int64_t allocd_next_control(allocd_client* c, char* buf, size_t len) {
   absl::MutexLock lock(&c->mu);
   for (allocd::v1::ControlMessage& m : c->client->TakeControl()) {
+    if (m.has_config()) {
+      c->pushed[m.config().config().version()] = m.config().config().config();
+    }
     c->pending.push_back(ControlJson(m));
   }
   if (c->pending.empty()) return 0;
@@ -131,7 +145,45 @@ int64_t allocd_next_control(allocd_client* c, char* buf, size_t len) {
 
 int allocd_ack(allocd_client* c, uint64_t version, int applied,
                const char* error) {
+  {
+    absl::MutexLock lock(&c->mu);
+    auto it = c->pushed.find(version);
+    if (applied != 0 && it != c->pushed.end()) {
+      c->client->SetRunning(it->second, version);
+    }
+    if (it != c->pushed.end()) c->pushed.erase(it);
+  }
   return Result(c->client->Ack(version, applied != 0, Or(error)));
+}
+
+int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
+                             const uint64_t* sizes, const uint64_t* ids,
+                             const uint64_t* streams, size_t n,
+                             uint64_t dropped_before) {
+  allocd::EventRecorder* events = c->client->events();
+  if (events == nullptr) return Fail("event recording is off");
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i] > static_cast<uint8_t>(allocd::TraceOp::kFreeCompleted)) {
+      return Fail("ops must be 0 (alloc), 1 (free_requested) or 2 "
+                  "(free_completed)");
+    }
+  }
+  events->Drop(dropped_before);
+  const uint64_t dropped = events->dropped_total();
+  for (size_t i = 0; i < n; ++i) {
+    events->Record(static_cast<allocd::TraceOp>(ops[i]), streams[i], ids[i],
+                   sizes[i]);
+  }
+  return static_cast<int64_t>(n - (events->dropped_total() - dropped));
+}
+
+uint64_t allocd_events_dropped(allocd_client* c) {
+  allocd::EventRecorder* events = c->client->events();
+  return events == nullptr ? 0 : events->dropped_total();
+}
+
+uint64_t allocd_config_version(allocd_client* c) {
+  return c->client->running_version();
 }
 
 int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,

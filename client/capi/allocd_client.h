@@ -23,10 +23,13 @@ typedef struct allocd_client allocd_client;
 ALLOCD_API const char* allocd_last_error(void);
 
 /* Registers a session with the daemon at `socket` and opens its lease.
- * `job` and `initial_config` may be empty. NULL when no daemon answers. */
+ * `job` and `initial_config` may be empty. `autotune` is the job's
+ * autotune preferences as JSON ({"pinned_keys": [...],
+ * "allow_memory_fraction": bool, "mode": "off|recommend|apply"}) or empty.
+ * NULL when no daemon answers or the preferences do not parse. */
 ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
-                              const char* description);
+                              const char* description, const char* autotune);
 /* Ends the session (the daemon takes back its chunks) and frees `c`; of a
  * borrowed client, frees only `c`. */
 ALLOCD_API void allocd_disconnect(allocd_client* c);
@@ -50,7 +53,27 @@ ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
  * error (a buffer too small keeps the message for the next call). */
 ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
 
-/* ACK (applied != 0) or NACK a pushed config version. */
+/* Records `n` allocator events for the daemon's autotuner, in order:
+ * event i is (ops[i]: 0 alloc, 1 free_requested, 2 free_completed;
+ * sizes[i]; ids[i]; streams[i]). `dropped_before`: events the caller lost
+ * just before these (a gap in its source). The telemetry thread sends them
+ * in batches; when the client's buffer is full they are dropped and
+ * counted. Returns the number recorded, -1 on error. */
+ALLOCD_API int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
+                                        const uint64_t* sizes,
+                                        const uint64_t* ids,
+                                        const uint64_t* streams, size_t n,
+                                        uint64_t dropped_before);
+/* Events lost so far (buffer full, send failed, or dropped_before). */
+ALLOCD_API uint64_t allocd_events_dropped(allocd_client* c);
+
+/* The version to report the running config under: the last ACKed push's,
+ * or what a restarted daemon registered it as after a reconnect. */
+ALLOCD_API uint64_t allocd_config_version(allocd_client* c);
+
+/* ACK (applied != 0) or NACK a pushed config version. An ACK also makes
+ * the pushed config the one the client declares as running when it
+ * registers again. */
 ALLOCD_API int allocd_ack(allocd_client* c, uint64_t version, int applied,
                const char* error);
 ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,

@@ -22,6 +22,8 @@
 //
 // Configuration (environment): ALLOCD_SOCKET, ALLOCD_JOB,
 // PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config),
+// ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
+// package writes them),
 // ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -383,13 +385,17 @@ class Interposer {
       const char* v = std::getenv(name);
       return std::string(v != nullptr ? v : fallback);
     };
+    absl::StatusOr<v1::AutotunePreferences> autotune =
+        ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
+    if (!autotune.ok()) return autotune.status();
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(
             {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
              .job = env("ALLOCD_JOB", ""),
              .device = device,
              .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
-             .description = "liballocd_interpose (PyTorch's allocator)"});
+             .description = "liballocd_interpose (PyTorch's allocator)",
+             .autotune = *std::move(autotune)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);

@@ -41,7 +41,11 @@ class ManagedAllocator {
  public:
   static absl::StatusOr<std::unique_ptr<ManagedAllocator>> Create(
       const std::string& socket, const std::string& job,
-      const std::string& config_string, int device) {
+      const std::string& config_string, int device,
+      const std::string& autotune) {
+    absl::StatusOr<v1::AutotunePreferences> preferences =
+        ParseAutotunePreferences(autotune);
+    if (!preferences.ok()) return preferences.status();
     absl::StatusOr<AllocatorConfig> config =
         ParseAllocatorConfig(config_string);
     if (!config.ok()) return config.status();
@@ -58,7 +62,8 @@ class ManagedAllocator {
                                .job = job,
                                .device = device,
                                .initial_config = FormatAllocatorConfig(*config),
-                               .description = "liballocd_torch (PyTorch)"});
+                               .description = "liballocd_torch (PyTorch)",
+                               .autotune = *std::move(preferences)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);
@@ -112,6 +117,7 @@ class ManagedAllocator {
                       .stream_id = event.stream,
                       .id = event.id,
                       .requested = size};
+    Evidence(TraceOp::kAlloc, live_[ptr]);
     return ptr;
   }
 
@@ -125,10 +131,12 @@ class ManagedAllocator {
     }
     Live live = std::move(it->second);
     live_.erase(it);
+    Evidence(TraceOp::kFreeRequested, live);
     if (live.used_on.empty()) {
       Check(engine_->Free(live.allocation), "free");
       Record(TraceOp::kFreeRequested, live);
       Record(TraceOp::kFreeCompleted, live);
+      Evidence(TraceOp::kFreeCompleted, live);
     } else {
       // Other streams may still use the block: it returns to the cache
       // once what they queued before now is done.
@@ -246,6 +254,15 @@ class ManagedAllocator {
     std::vector<CUevent> events;
   };
 
+  // Appends to the client's event record, the autotuner's evidence
+  // (bounded; drops when full).
+  void Evidence(TraceOp op, const Live& live) {
+    if (EventRecorder* events = client_->events()) {
+      events->Record(op, reinterpret_cast<uint64_t>(live.stream), live.id,
+                     live.requested);
+    }
+  }
+
   ManagedAllocator(cuda::PrimaryContext context,
                    std::unique_ptr<DaemonClient> client,
                    std::unique_ptr<CudaDaemonBackend> backend,
@@ -338,6 +355,7 @@ class ManagedAllocator {
         continue;
       }
       engine_->CompleteFree(d.live.allocation);
+      Evidence(TraceOp::kFreeCompleted, d.live);
       if (record) Record(TraceOp::kFreeCompleted, d.live);
       spare_events_.insert(spare_events_.end(), d.events.begin(),
                            d.events.end());
@@ -419,7 +437,8 @@ using allocd::Managed;
 extern "C" {
 
 int allocd_torch_configure(const char* socket, const char* job,
-                           const char* config, int device) {
+                           const char* config, int device,
+                           const char* autotune) {
   absl::MutexLock lock(&allocd::configure_mu);
   if (allocd::managed != nullptr) {
     allocd::last_error = "allocd is already enabled in this process";
@@ -427,7 +446,8 @@ int allocd_torch_configure(const char* socket, const char* job,
   }
   absl::StatusOr<std::unique_ptr<allocd::ManagedAllocator>> created =
       allocd::ManagedAllocator::Create(allocd::Or(socket), allocd::Or(job),
-                                       allocd::Or(config), device);
+                                       allocd::Or(config), device,
+                                       allocd::Or(autotune));
   if (!created.ok()) {
     allocd::last_error = std::string(created.status().message());
     return -1;

@@ -40,11 +40,14 @@ extern "C" {
 /* Connects to the daemon at `socket` as job `job` (may be empty), with the
  * allocator config `config` (a PYTORCH_CUDA_ALLOC_CONF; empty: PyTorch's
  * defaults) on CUDA device `device` (the daemon's device, as this process
- * numbers it). 0 on success; -1 with the reason in
+ * numbers it), with the job's autotune preferences `autotune` (JSON, as
+ * allocd_connect() takes them; may be empty). The allocator's
+ * malloc/free/free_completed stream goes to the daemon's autotuner. 0 on success; -1 with the reason in
  * allocd_torch_last_error() (no daemon, a daemon without --backend cuda, a
  * bad config, a second call). */
 ALLOCD_TORCH_API int allocd_torch_configure(const char* socket, const char* job,
-                                            const char* config, int device);
+                                            const char* config, int device,
+                                            const char* autotune);
 ALLOCD_TORCH_API const char* allocd_torch_last_error(void);
 
 ALLOCD_TORCH_API void* allocd_torch_malloc(ssize_t size, int device,

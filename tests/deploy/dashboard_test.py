@@ -63,6 +63,9 @@ def main():
         "pool usage": r"allocd_pool_bytes",
         "RPC latency": r"histogram_quantile\(.*allocd_rpc_duration_seconds_bucket",
         "config versions": r"allocd_config_version",
+        "autotuner decisions": r"allocd_autotune_decisions_total",
+        "autotuner savings": r"allocd_autotune_predicted_saving_bytes.*"
+                             r"allocd_autotune_realized_saving_bytes",
     }
     for view, pattern in views.items():
         if not panel_with(pattern):

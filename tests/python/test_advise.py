@@ -24,11 +24,77 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
 
 
+class FakeHistory:
+    """PyTorch's allocator history as _record_memory_history/_snapshot expose it.
+
+    A ring of at most max_entries trace entries (the oldest overwritten),
+    counters of the alloc/free_requested/free_completed events that ever
+    happened (as memory_stats counts them), and `racing`: events another
+    thread makes between a snapshot and the clear that follows it.
+    """
+
+    def __init__(self, knows_skip_actions=True):
+        self.knows_skip_actions = knows_skip_actions
+        self.ring = []
+        self.max_entries = None
+        self.enabled = False
+        self.skipped = []
+        self.counts = {"allocation.all.allocated": 0, "allocation.all.freed": 0,
+                       "active.all.freed": 0}
+        self.racing = []
+        self.calls = []
+        self.next_addr = 1 << 20
+
+    def event(self, action, addr, size, stream=7):
+        counter = {"alloc": "allocation.all.allocated",
+                   "free_requested": "allocation.all.freed",
+                   "free_completed": "active.all.freed"}.get(action)
+        if counter:
+            self.counts[counter] += 1
+        if not self.enabled or action in self.skipped:
+            return
+        self.ring.append({"action": action, "addr": addr, "size": size, "stream": stream,
+                          "frames": []})
+        if len(self.ring) > self.max_entries:
+            del self.ring[0]
+
+    def step(self, sizes):
+        """One training step: every size allocated, then freed in order."""
+        addrs = []
+        for size in sizes:
+            addrs.append(self.next_addr)
+            self.event("alloc", self.next_addr, size)
+            self.next_addr += size
+        for addr, size in zip(addrs, sizes):
+            self.event("free_requested", addr, size)
+            self.event("free_completed", addr, size)
+
+    def record(self, enabled="all", context="all", stacks="all", max_entries=None,
+               clear_history=False, skip_actions=None, **kwargs):
+        if skip_actions is not None and not self.knows_skip_actions:
+            raise TypeError("unexpected keyword argument 'skip_actions'")
+        self.calls.append(dict(enabled=enabled, context=context, stacks=stacks,
+                               max_entries=max_entries, clear_history=clear_history,
+                               skip_actions=skip_actions))
+        for action, addr, size in self.racing:
+            self.event(action, addr, size)
+        self.racing = []
+        self.enabled = enabled is not None
+        self.max_entries = max_entries
+        self.skipped = list(skip_actions or [])
+        if clear_history or enabled is None:
+            self.ring = []
+
+    def snapshot(self):
+        return {"segments": [], "device_traces": [list(self.ring)]}
+
+
 class FakeTorch(types.ModuleType):
     """The parts of torch that allocd.advise uses."""
 
-    def __init__(self):
+    def __init__(self, history=None):
         super().__init__("torch")
+        self.history = history or FakeHistory()
         self.__version__ = "2.11.0+fake"
         self.settings = []
         self.empty_cache_calls = 0
@@ -43,6 +109,14 @@ class FakeTorch(types.ModuleType):
                     raise RuntimeError(f"refused: {update}")
                 fake.settings.append(update)
 
+            @staticmethod
+            def _record_memory_history(enabled="all", **kwargs):
+                fake.history.record(enabled, **kwargs)
+
+            @staticmethod
+            def _snapshot():
+                return fake.history.snapshot()
+
         class Cuda:
             memory = Memory
 
@@ -50,7 +124,7 @@ class FakeTorch(types.ModuleType):
             def memory_stats(device):
                 return {"reserved_bytes.all.current": 4 << 20,
                         "allocated_bytes.all.current": 1 << 20,
-                        "num_alloc_retries": 0}
+                        "num_alloc_retries": 0, **fake.history.counts}
 
             @staticmethod
             def empty_cache():
@@ -67,6 +141,70 @@ class FakeTorch(types.ModuleType):
 
         self.cuda = Cuda
         self._C = C
+
+
+class HistoryReaderTest(unittest.TestCase):
+    """allocd's incremental reader of PyTorch's allocator history, alone."""
+
+    def reader(self, history, ring=1 << 17):
+        torch = FakeTorch(history)
+        reader = allocd._HistoryReader(torch, 0, ring=ring)
+        reader.start()
+        return reader
+
+    def test_records_without_stacks_and_reads_each_event_once(self):
+        history = FakeHistory()
+        reader = self.reader(history)
+        first = history.calls[0]
+        self.assertEqual((first["enabled"], first["context"]), ("all", None))
+        self.assertTrue(first["clear_history"])
+        self.assertIn("segment_alloc", first["skip_actions"])
+        history.step([512, 4096])
+        ops, sizes, ids, streams, dropped = reader.read()
+        self.assertEqual(list(ops), [0, 0, 1, 2, 1, 2])
+        self.assertEqual(list(sizes), [512, 4096, 512, 512, 4096, 4096])
+        self.assertEqual(ids[0], ids[2])
+        self.assertEqual(set(streams), {7})
+        self.assertEqual(dropped, 0)
+        # The ring was cleared when it was read: the next round holds only
+        # what happened since.
+        self.assertEqual(history.ring, [])
+        history.step([1 << 20])
+        ops, sizes, *_ = reader.read()
+        self.assertEqual(list(sizes), [1 << 20] * 3)
+
+    def test_events_lost_between_snapshot_and_clear_are_dropped_before_the_next(self):
+        history = FakeHistory()
+        reader = self.reader(history)
+        history.step([256])
+        # Another thread allocates and frees while the reader is between
+        # its snapshot and the clear: PyTorch counts them, the ring loses them.
+        history.racing = [("alloc", 99, 64), ("free_requested", 99, 64),
+                          ("free_completed", 99, 64)]
+        ops, *_, dropped = reader.read()
+        self.assertEqual((len(ops), dropped), (3, 0))
+        history.step([128])
+        ops, *_, dropped = reader.read()
+        self.assertEqual((len(ops), dropped), (3, 3))
+        # Counted once only.
+        history.step([128])
+        self.assertEqual(reader.read()[4], 0)
+
+    def test_a_round_that_overflows_the_ring_counts_the_oldest_as_dropped(self):
+        history = FakeHistory()
+        reader = self.reader(history, ring=4)
+        history.step([1, 2, 3])  # 9 events; the ring keeps the newest 4
+        ops, sizes, *_, dropped = reader.read()
+        self.assertEqual((len(ops), dropped), (4, 5))
+
+    def test_a_pytorch_without_skip_actions_records_everything(self):
+        history = FakeHistory(knows_skip_actions=False)
+        reader = self.reader(history)
+        self.assertIsNone(history.calls[-1]["skip_actions"])
+        history.event("segment_alloc", 0, 2 << 20)
+        history.step([8])
+        ops, *_ = reader.read()
+        self.assertEqual(list(ops), [0, 1, 2])  # segment actions are not events
 
 
 def wait_for(predicate, seconds=10.0):
@@ -122,6 +260,29 @@ class AdviseTest(unittest.TestCase):
                                  .get("stats", {}).get("reserved_bytes.all.current")
                                  == str(4 << 20)))
         self.assertEqual(allocd.stats()["configs_applied"], 1)
+        # The push took effect for the next peak: the cache was emptied,
+        # and the job says what it runs and why.
+        self.assertGreaterEqual(self.torch.empty_cache_calls, 1)
+        self.assertIn("garbage_collection_threshold:0.6", allocd.stats()["config"])
+        self.assertIn("set by", allocd.stats()["config_reason"])
+
+    def test_the_allocation_stream_reaches_the_daemons_autotuner(self):
+        self.assertTrue(allocd.advise(socket=self.socket, job="tuned", period=0.05,
+                                      pinned_keys=["expandable_segments"]))
+        # Under the advisor's lock, as PyTorch's allocator lock keeps a real
+        # job's events out of the reader's snapshot-to-clear gap here.
+        with allocd._advisor._lock:
+            for _ in range(50):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+
+        def job():
+            jobs = self.allocctl("autotune", "status").get("jobs", [])
+            return next((j for j in jobs if j["job"] == "tuned"), None)
+
+        self.assertTrue(wait_for(lambda: job() and int(job().get("window_events", 0)) >= 450))
+        self.assertEqual(job()["pinned_keys"], ["expandable_segments"])
+        self.assertEqual(allocd.stats()["events_sent"], 450)  # 50 steps of 3 allocs, 6 frees
+        self.assertEqual(allocd.stats()["events_dropped"], 0)
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

@@ -385,7 +385,7 @@ class EnableTest(unittest.TestCase):
         self.lib = FakeEngineLib()
         self.saved = dict(allocd._MODES)
 
-        def fake_enable(torch, socket, job, config, device):
+        def fake_enable(torch, socket, job, config, device, autotune=""):
             engine = _engine.Engine(self.lib, torch)
             engine.route()
             return engine

@@ -124,6 +124,27 @@ TEST(NodeConfigFileTest, ParsesConfigsPerJobAndUidQuotas) {
   EXPECT_EQ(f->uid_quotas.at(1000), uint64_t{20} << 30);
 }
 
+TEST(NodeConfigFileTest, ParsesAutotuneModesPerJob) {
+  absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(R"({
+    "autotune": {
+      "mode": "recommend",
+      "jobs": {"llama": "apply",
+               "bert": {"mode": "off", "pinned_keys": ["expandable_segments"],
+                        "allow_memory_fraction": true},
+               "gpt": {"pinned_keys": ["max_split_size_mb"]}}
+    }
+  })");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->autotune_mode, AutotuneMode::kRecommend);
+  EXPECT_EQ(f->autotune_jobs.at("llama").mode, AutotuneMode::kApply);
+  EXPECT_EQ(f->autotune_jobs.at("bert").mode, AutotuneMode::kOff);
+  EXPECT_EQ(f->autotune_jobs.at("bert").pinned_keys,
+            std::vector<std::string>{"expandable_segments"});
+  EXPECT_TRUE(f->autotune_jobs.at("bert").allow_memory_fraction);
+  // No mode of its own: the daemon's.
+  EXPECT_FALSE(f->autotune_jobs.at("gpt").mode.has_value());
+}
+
 TEST(NodeConfigFileTest, ErrorsNameTheEntry) {
   auto message = [](absl::string_view text) {
     absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(text);
@@ -136,6 +157,12 @@ TEST(NodeConfigFileTest, ErrorsNameTheEntry) {
   EXPECT_THAT(message(R"({"uid_quotas": {"1": "lots"}})"),
               HasSubstr("uid_quotas.1"));
   EXPECT_THAT(message(R"({"defaults": ""})"), HasSubstr("unknown key"));
+  EXPECT_THAT(message(R"({"autotune": {"mode": "always"}})"),
+              HasSubstr("autotune.mode"));
+  EXPECT_THAT(message(R"({"autotune": {"jobs": {"llama": {"mode": "on"}}}})"),
+              HasSubstr("autotune.jobs.llama.mode"));
+  EXPECT_THAT(message(R"({"autotune": {"jobs": {"llama": {"pinned": []}}}})"),
+              HasSubstr("autotune.jobs.llama.pinned"));
 }
 
 // One size parser everywhere: a unit is required, Kubernetes' suffixes and

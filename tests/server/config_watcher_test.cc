@@ -55,7 +55,7 @@ TEST_F(ConfigWatcherTest, AppliesChangesAndKeepsTheLastGoodFileOnErrors) {
             "jobs": {"llama": "max_split_size_mb:256"},
             "uid_quotas": {"1000": "1GiB"}})");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
-      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok()) << watcher.status();
   EXPECT_EQ(Effective("llama"), "max_split_size_mb:256");
   EXPECT_EQ(Effective("other"), "expandable_segments:True");
@@ -94,7 +94,7 @@ TEST_F(ConfigWatcherTest, AppliesChangesAndKeepsTheLastGoodFileOnErrors) {
 TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
   Write(R"({"uid_quotas": {"4242": "4MiB"}})");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
-      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok());
   ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
   EXPECT_FALSE(pool_.Acquire(100, 6 << 20).ok());
@@ -106,7 +106,7 @@ TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
 TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
   Write("{ not json");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
-      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   EXPECT_FALSE(watcher.ok());
   EXPECT_THAT(watcher.status().message(), HasSubstr(path_));
   // There is no last good file to keep: the daemon cannot start with it.

@@ -53,5 +53,141 @@ TEST_F(DaemonCoreTest, ClearingAJobsConfigRemovesItsPrediction) {
   EXPECT_THAT(metrics_.Render(), Not(HasSubstr(std::string(kPredicted) + "{")));
 }
 
+// Remembers what the core reported.
+class RecordingObserver : public SessionObserver {
+ public:
+  void SessionStarted(const SessionIdentity& identity, const AppliedConfig& running,
+                      const v1::AutotunePreferences& preferences) override {
+    started.push_back({identity.id, running.version, running.config,
+                       preferences.pinned_keys_size()});
+  }
+  void SessionEnded(SessionId id) override { ended.push_back(id); }
+  void Events(SessionId, const v1::EventBatch& batch) override {
+    events += batch.ops_size();
+  }
+  void Stats(SessionId, const std::map<std::string, int64_t>& s, uint64_t) override {
+    stats += s.size();
+  }
+  void Oom(SessionId, uint64_t version) override { ooms.push_back(version); }
+  void Acked(SessionId, uint64_t version, bool applied, const std::string&) override {
+    acks.push_back({version, applied});
+  }
+
+  struct Started {
+    SessionId id;
+    uint64_t version;
+    std::string config;
+    int pinned;
+  };
+  std::vector<Started> started;
+  std::vector<SessionId> ended;
+  int events = 0;
+  size_t stats = 0;
+  std::vector<uint64_t> ooms;
+  std::vector<std::pair<uint64_t, bool>> acks;
+};
+
+class DaemonCoreObserverTest : public DaemonCoreTest {
+ protected:
+  void SetUp() override { core_.SetObserver(&observer_); }
+
+  v1::RegisterResponse Register(const std::string& current = "",
+                                uint64_t current_version = 0) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_job("llama");
+    r.set_initial_config("max_split_size_mb:64");
+    r.set_current_config(current);
+    r.set_current_config_version(current_version);
+    r.mutable_autotune()->add_pinned_keys("expandable_segments");
+    absl::StatusOr<v1::RegisterResponse> response = core_.Register(kPeer, r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::RegisterResponse();
+  }
+
+  static constexpr PeerCredentials kPeer{.pid = 4242, .uid = 0, .gid = 0};
+  RecordingObserver observer_;
+};
+
+TEST_F(DaemonCoreObserverTest, ReportsWhatSessionsSayAndNothingElse) {
+  const SessionId id = Register().session_id();
+  ASSERT_EQ(observer_.started.size(), 1u);
+  EXPECT_EQ(observer_.started[0].config, "max_split_size_mb:64");
+  EXPECT_EQ(observer_.started[0].pinned, 1);
+
+  v1::TelemetryReport events;
+  events.set_session_id(id);
+  for (int i = 0; i < 3; ++i) {
+    events.mutable_events()->add_ops(i);
+    events.mutable_events()->add_sizes(512);
+    events.mutable_events()->add_ids(1);
+    events.mutable_events()->add_streams(7);
+  }
+  absl::Status sent = core_.Telemetry(kPeer, events);
+  ASSERT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(observer_.events, 3);
+  EXPECT_EQ(observer_.stats, 0u);  // events alone leave the stats be
+
+  v1::TelemetryReport bad = events;
+  bad.mutable_events()->add_ops(9);
+  EXPECT_TRUE(absl::IsInvalidArgument(core_.Telemetry(kPeer, bad)));
+  bad = events;
+  bad.mutable_events()->set_ops(0, 5);
+  bad.mutable_events()->add_sizes(1);
+  bad.mutable_events()->add_ids(1);
+  bad.mutable_events()->add_streams(1);
+  bad.mutable_events()->add_ops(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(core_.Telemetry(kPeer, bad)));
+  EXPECT_EQ(observer_.events, 3);
+
+  absl::StatusOr<uint64_t> pushed = core_.PushToSession(
+      id, "expandable_segments:True", "autotune", "canary", 0);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  // The canary's version is not the job's config.
+  EXPECT_EQ(core_.GetConfig("llama").config().version(), 0u);
+  v1::ConfigAck ack;
+  ack.set_session_id(id);
+  ack.set_version(*pushed);
+  ack.set_applied(true);
+  ASSERT_TRUE(core_.AckConfig(kPeer, ack).ok());
+  EXPECT_EQ(observer_.acks, (std::vector<std::pair<uint64_t, bool>>{{*pushed, true}}));
+
+  v1::OomReport oom;
+  oom.set_session_id(id);
+  oom.set_requested_bytes(1 << 20);
+  oom.set_config_version(*pushed);
+  absl::StatusOr<v1::OomResponse> oomed = core_.ReportOom(kPeer, oom);
+  ASSERT_TRUE(oomed.ok()) << oomed.status();
+  EXPECT_TRUE(oomed->rolled_back());
+  EXPECT_EQ(observer_.ooms, std::vector<uint64_t>{*pushed});
+  // The core rolled back already: the autotuner's rollback adds none.
+  ASSERT_TRUE(core_.RollBackSession(id, "max_split_size_mb:64", "again").ok());
+  int rollbacks = 0;
+  const v1::HistoryResponse history = core_.History("llama", 100);
+  for (const v1::HistoryEntry& e : history.entries()) {
+    rollbacks += e.event() == "rollback";
+  }
+  EXPECT_EQ(rollbacks, 1);
+
+  core_.EndSession(id, "test");
+  EXPECT_EQ(observer_.ended, std::vector<SessionId>{id});
+}
+
+TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain) {
+  // A restarted daemon whose config for the job is what the client runs.
+  ASSERT_TRUE(core_.SetConfig("llama", "expandable_segments:True", "test").ok());
+  v1::RegisterResponse r = Register("expandable_segments:True", 17);
+  ASSERT_EQ(observer_.started.size(), 1u);
+  EXPECT_EQ(observer_.started[0].config, "expandable_segments:True");
+  EXPECT_NE(r.current_config_version(), 0u);
+  EXPECT_EQ(observer_.started[0].version, r.current_config_version());
+  std::shared_ptr<Session> session = core_.Watch(kPeer, r.session_id()).value();
+  v1::ControlMessage message;
+  EXPECT_FALSE(session->WaitNext(&message, absl::ZeroDuration()));
+  EXPECT_EQ(session->Current().config, "expandable_segments:True");
+  // An OOM under it goes back to the client's initial config.
+  EXPECT_EQ(session->RollBackTarget()->config, "max_split_size_mb:64");
+}
+
 }  // namespace
 }  // namespace allocd

@@ -36,6 +36,7 @@ struct Options {
   std::optional<uint32_t> uid;
   std::string quota;
   std::string predicted_peak;
+  std::string mode;
 };
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
@@ -156,6 +157,64 @@ void PrintHistory(const v1::HistoryResponse& r) {
   }
 }
 
+std::string SignedSize(int64_t bytes) {
+  return bytes < 0 ? "-" + FormatSize(static_cast<uint64_t>(-bytes))
+                   : FormatSize(static_cast<uint64_t>(bytes));
+}
+
+// One decision, as `autotune history` and `autotune status` print it.
+void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
+  std::printf("%s#%llu %s  %-16s %-11s %s\n", indent,
+              static_cast<unsigned long long>(d.id()),
+              Time(d.unix_micros()).c_str(), d.job().c_str(),
+              d.result().c_str(), d.trigger().c_str());
+  std::printf("%s  from: %s\n", indent,
+              d.from_config().empty() ? "(PyTorch defaults)"
+                                      : d.from_config().c_str());
+  if (!d.to_config().empty()) {
+    std::printf("%s  to:   %s%s\n", indent, d.to_config().c_str(),
+                d.has_memory_fraction()
+                    ? absl::StrCat(" + memory fraction ", d.memory_fraction()).c_str()
+                    : "");
+    std::printf("%s  predicted peak reserved %s -> %s (saves %s)\n", indent,
+                FormatSize(d.predicted_peak_current()).c_str(),
+                FormatSize(d.predicted_peak_switched()).c_str(),
+                SignedSize(d.predicted_saving()).c_str());
+  }
+  if (d.has_realized_peak()) {
+    std::printf("%s  realised peak reserved %s (saved %s)\n", indent,
+                FormatSize(d.realized_peak()).c_str(),
+                SignedSize(d.realized_saving()).c_str());
+  }
+  std::printf("%s  %llu events, %llu candidates replayed in %.2f s%s\n", indent,
+              static_cast<unsigned long long>(d.window_events()),
+              static_cast<unsigned long long>(d.candidates()),
+              d.replay_seconds(),
+              d.version() == 0
+                  ? ""
+                  : absl::StrCat("; pushed as v", d.version()).c_str());
+  if (!d.why().empty()) std::printf("%s  why: %s\n", indent, d.why().c_str());
+}
+
+void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
+  std::printf("autotune mode %s (jobs without their own)\n", r.mode().c_str());
+  std::printf("%-20s %-9s %-9s %8s %10s %8s %s\n", "JOB", "MODE", "STATE",
+              "SESSIONS", "EVENTS", "DROPPED", "PINNED");
+  for (const v1::AutotuneJob& j : r.jobs()) {
+    std::string pinned;
+    for (const std::string& k : j.pinned_keys()) {
+      absl::StrAppend(&pinned, pinned.empty() ? "" : ",", k);
+    }
+    std::printf("%-20s %-9s %-9s %8llu %10llu %8llu %s\n",
+                j.job().empty() ? "-" : j.job().c_str(), j.mode().c_str(),
+                j.state().c_str(), static_cast<unsigned long long>(j.sessions()),
+                static_cast<unsigned long long>(j.window_events()),
+                static_cast<unsigned long long>(j.dropped_events()),
+                pinned.empty() ? "-" : pinned.c_str());
+    if (j.has_last()) PrintDecision(j.last(), "    ");
+  }
+}
+
 // --predicted-peak-reserved: printed by `allocd tune` in bytes, so a bare
 // number is bytes there.
 const SizeContext kPredictedPeak{.bare_number_is_bytes = true};
@@ -257,6 +316,27 @@ int main(int argc, char** argv) {
   target->add_option("--uid", o.uid, "uid");
   target->require_option(1);
 
+  CLI::App* autotune = app.add_subcommand(
+      "autotune", "the daemon's autotuner: what it saw, decided and pushed");
+  autotune->require_subcommand(1);
+  CLI::App* at_status = autotune->add_subcommand(
+      "status", "each job's mode, state, window and newest decision");
+  CLI::App* at_history = autotune->add_subcommand(
+      "history", "decisions, newest first: trigger, prediction, result, "
+                 "realised saving, and why");
+  at_history->add_option("--job,-j", o.job, "only this job");
+  at_history->add_option("--limit,-n", o.limit, "decisions (default 20)");
+  CLI::App* at_run = autotune->add_subcommand(
+      "run", "decide for JOB now, whatever the triggers say");
+  at_run->add_option("JOB", o.job, "job label")->required();
+  CLI::App* at_set = autotune->add_subcommand(
+      "set", "a job's mode (or, without --job, the daemon's default)");
+  at_set->add_option("--job,-j", o.job, "job label (default: the daemon's "
+                                        "default for jobs without their own)");
+  at_set->add_option("--mode,-m", o.mode, "off, recommend or apply")
+      ->required()
+      ->check(CLI::IsMember({"off", "recommend", "apply"}));
+
   CLI::App* pool = app.add_subcommand("pool", "the node pool's memory");
   pool->require_subcommand(1);
   CLI::App* pool_trim = pool->add_subcommand(
@@ -331,6 +411,60 @@ int main(int argc, char** argv) {
         [](const v1::TrimPoolResponse& r) {
           std::printf("gave %s of cached chunks back to the device\n",
                       FormatSize(r.trimmed_bytes()).c_str());
+        });
+  }
+  if (at_status->parsed()) {
+    return Call<v1::AutotuneStatusResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::AutotuneStatusResponse* r) {
+          return admin->AutotuneStatus(c, v1::AutotuneStatusRequest(), r);
+        },
+        PrintAutotuneStatus);
+  }
+  if (at_history->parsed()) {
+    v1::AutotuneHistoryRequest request;
+    request.set_job(o.job);
+    request.set_limit(o.limit);
+    return Call<v1::AutotuneHistoryResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::AutotuneHistoryResponse* r) {
+          return admin->AutotuneHistory(c, request, r);
+        },
+        [](const v1::AutotuneHistoryResponse& r) {
+          if (r.decisions().empty()) std::printf("no decisions yet\n");
+          for (const v1::AutotuneDecision& d : r.decisions()) PrintDecision(d, "");
+        });
+  }
+  if (at_run->parsed()) {
+    v1::AutotuneRunRequest request;
+    request.set_job(o.job);
+    return Call<v1::AutotuneRunResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::AutotuneRunResponse* r) {
+          return admin->AutotuneRun(c, request, r);
+        },
+        [&](const v1::AutotuneRunResponse& r) {
+          std::printf("run queued for job %s: decision #%llu (allocctl "
+                      "autotune history --job %s)\n",
+                      o.job.c_str(),
+                      static_cast<unsigned long long>(r.decision_id()),
+                      o.job.c_str());
+        });
+  }
+  if (at_set->parsed()) {
+    v1::AutotuneSetModeRequest request;
+    request.set_job(o.job);
+    request.set_mode(o.mode);
+    return Call<v1::AutotuneSetModeResponse>(
+        o,
+        [&](grpc::ClientContext* c, v1::AutotuneSetModeResponse* r) {
+          return admin->AutotuneSetMode(c, request, r);
+        },
+        [&](const v1::AutotuneSetModeResponse&) {
+          std::printf("autotune mode of %s: %s\n",
+                      o.job.empty() ? "the daemon (jobs without their own)"
+                                    : ("job " + o.job).c_str(),
+                      o.mode.c_str());
         });
   }
   if (history->parsed()) {

@@ -1,6 +1,7 @@
 #include "tools/allocd/client_replay_command.h"
 
 #include <chrono>
+#include <optional>
 #include <ostream>
 #include <utility>
 
@@ -24,15 +25,25 @@ namespace {
 // nothing next to the replay.
 constexpr uint64_t kSafePointEvents = 512;
 
-// Drives a LiveSession between trace events, and stops the replay when its
-// time is up.
+// Drives a LiveSession between trace events, records the events that ran
+// for the daemon's autotuner, and stops the replay when its time is up.
 class LiveReplay final : public ReplayObserver {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Replays end at the first safe point past `stop_at`.
-  LiveReplay(LiveSession& session, Clock::time_point stop_at)
-      : session_(session), stop_at_(stop_at) {}
+  // Replays end at the first safe point past `stop_at`. `events`: where
+  // to record (null: not recorded).
+  LiveReplay(LiveSession& session, const Trace& trace, EventRecorder* events,
+             Clock::time_point stop_at)
+      : session_(session),
+        trace_(trace),
+        events_(events),
+        live_(trace.num_ids),
+        stop_at_(stop_at) {}
+
+  // The next replay is a new lifetime of the traced process: its ids are
+  // new to the daemon.
+  void NextLoop() { id_base_ += trace_.num_ids; }
 
   void OnEvent(uint64_t, const TraceEvent&) override {}
   void OnDeviceCall(DeviceCall, uint64_t, uint64_t) override {}
@@ -43,6 +54,11 @@ class LiveReplay final : public ReplayObserver {
     if (event.op == TraceOp::kAlloc && a.size > 0) {
       *reinterpret_cast<volatile char*>(a.address) = 1;
     }
+    if (events_ == nullptr) return;
+    if (event.op == TraceOp::kAlloc) live_[event.id] = event;
+    if (event.op == TraceOp::kFreeCompleted) live_[event.id].reset();
+    events_->Record(event.op, trace_.streams[event.stream],
+                    id_base_ + event.id, event.size);
   }
 
   void OnOutOfMemory(const TraceEvent& event, uint64_t device_free) override {
@@ -65,10 +81,26 @@ class LiveReplay final : public ReplayObserver {
 
   void OnEnd(const CachingAllocator& allocator) override {
     session_.Publish(allocator);
+    if (events_ == nullptr) return;
+    // The process's lifetime ends: what it still held is freed, so the
+    // daemon's window holds no allocation that lives forever.
+    for (std::optional<TraceEvent>& alloc : live_) {
+      if (!alloc.has_value()) continue;
+      for (TraceOp op : {TraceOp::kFreeRequested, TraceOp::kFreeCompleted}) {
+        events_->Record(op, trace_.streams[alloc->stream], id_base_ + alloc->id,
+                        alloc->size);
+      }
+      alloc.reset();
+    }
   }
 
  private:
   LiveSession& session_;
+  const Trace& trace_;
+  EventRecorder* const events_;
+  // By id: this loop's allocations not yet free_completed.
+  std::vector<std::optional<TraceEvent>> live_;
+  uint64_t id_base_ = 0;
   const Clock::time_point stop_at_;
   bool oom_since_safe_point_ = false;
 };
@@ -93,11 +125,15 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     err << "allocd client-replay: " << trace.status().message() << "\n";
     return 1;
   }
+  v1::AutotunePreferences preferences;
+  for (const std::string& key : o.pinned_keys) preferences.add_pinned_keys(key);
+  preferences.set_mode(o.autotune_mode);
   absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
       {.socket = o.socket,
        .job = o.job,
        .initial_config = FormatAllocatorConfig(*config),
-       .description = "allocd client-replay"});
+       .description = "allocd client-replay",
+       .autotune = preferences});
   if (!client.ok()) {
     err << "allocd client-replay: " << client.status().message() << "\n";
     return 1;
@@ -110,7 +146,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
                         std::chrono::duration<double>(o.duration_seconds))
           : LiveReplay::Clock::time_point::max();
   LiveSession session(**client, *config);
-  LiveReplay observer(session, stop_at);
+  LiveReplay observer(session, *trace, (*client)->events(), stop_at);
   const uint64_t first_session = (*client)->session_id();
   auto elapsed = [&] {
     return std::chrono::duration<double>(LiveReplay::Clock::now() - start)
@@ -119,6 +155,9 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   int loops = 0;
   uint64_t events = 0;
   int64_t peak_reserved = 0;
+  // Each whole loop: the config version it ended on and its peak reserved,
+  // so a report shows what a push did to the loops after it.
+  nlohmann::json loop_peaks = nlohmann::json::array();
   int64_t device_allocs = 0;
   for (;;) {
     // Each loop is a fresh process lifetime of the traced job: a new
@@ -134,7 +173,11 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     peak_reserved = std::max(peak_reserved, r->peak_reserved);
     device_allocs += r->num_device_alloc;
     if (r->events < trace->events.size()) break;  // time is up mid-trace
+    loop_peaks.push_back({{"config_version", session.config_version()},
+                          {"config", FormatAllocatorConfig(session.config())},
+                          {"peak_reserved", r->peak_reserved}});
     ++loops;
+    observer.NextLoop();
     const bool more = o.duration_seconds > 0
                           ? LiveReplay::Clock::now() < stop_at
                           : loops < o.loops;
@@ -151,6 +194,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
       {"seconds", seconds},
       {"peak_reserved", peak_reserved},
       {"num_device_alloc", device_allocs},
+      {"loop_peaks", loop_peaks},
   });
   if (o.json) {
     out << j.dump(2) << "\n";

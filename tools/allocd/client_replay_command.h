@@ -8,6 +8,7 @@
 
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace allocd {
 
@@ -23,6 +24,9 @@ struct ClientReplayCommandOptions {
   // stopping in the middle of a replay when time is up.
   double duration_seconds = 0;
   bool json = false;
+  // The job's autotune preferences.
+  std::vector<std::string> pinned_keys;
+  std::string autotune_mode;
 };
 
 // Returns the exit code: 0 when every loop ran (OOMs included, reported),

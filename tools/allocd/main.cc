@@ -182,6 +182,34 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
   serve->add_option("--admin-uid", admin_uids,
                     "uids allowed to administer besides root and the "
                     "daemon's own (repeatable)");
+  allocd::AutotuneOptions& a = d.autotune;
+  serve->add_option("--autotune", o.autotune_mode,
+                    "off: no autotuning; recommend: replay each job's allocation "
+                    "stream under candidate configs and show the better one "
+                    "(allocctl autotune history), push nothing (default); apply: "
+                    "push it, to one session first, rolling back on a NACK, an "
+                    "OOM or a peak worse than predicted")
+      ->check(CLI::IsMember({"off", "recommend", "apply"}));
+  serve->add_option("--autotune-threads", a.threads,
+                    "threads replaying windows (default 1)")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--autotune-nice", a.nice,
+                    "niceness added to those threads (default 10)")
+      ->check(CLI::Range(0, 19));
+  serve->add_option("--autotune-window-events", a.window_events,
+                    "allocation events kept per job, the daemon's memory bound "
+                    "(default 1048576, ~32 bytes each)")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--autotune-first-pass-events", a.first_pass_min_events,
+                    "a job's first decision waits for this many events (and "
+                    "two steps) in its window (default 2000); set it to a "
+                    "whole training step or more for jobs whose first steps "
+                    "differ from the rest")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--autotune-min-saving", a.min_saving,
+                    "propose a config only if it saves at least this fraction "
+                    "of the predicted peak reserved (default 0.05)")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
@@ -204,6 +232,12 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
                 "replay again and again for this many seconds, then stop, "
                 "even in the middle of the trace (overrides --loop)")
       ->check(CLI::PositiveNumber);
+  c->add_option("--pin", o.pinned_keys,
+                "a config key the daemon's autotuner must never change "
+                "(repeatable), e.g. expandable_segments");
+  c->add_option("--autotune-mode", o.autotune_mode,
+                "this job's autotune mode, unless an admin set one")
+      ->check(CLI::IsMember({"off", "recommend", "apply"}));
   c->add_flag("--json", o.json, "print one JSON object");
 }
 #endif
@@ -266,6 +300,8 @@ int main(int argc, char** argv) {
 #ifdef ALLOCD_WITH_SERVER
   if (app.got_subcommand("serve")) {
     serve_options.daemon.admin_uids = admin_uids;
+    serve_options.daemon.autotune.default_policy.mode =
+        *allocd::ParseAutotuneMode(serve_options.autotune_mode);
     return allocd::RunServe(serve_options, std::cerr);
   }
   if (app.got_subcommand("client-replay")) {

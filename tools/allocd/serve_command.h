@@ -19,6 +19,8 @@ struct ServeCommandOptions {
   std::string trim_after = "5m";
   // A size ("16GiB"); empty: no high water.
   std::string cache_high_water;
+  // --autotune: off, recommend, apply.
+  std::string autotune_mode = "recommend";
 };
 
 // Returns the process exit code: 0 after a clean shutdown, 1 when the

@@ -19,15 +19,18 @@ allocator with allocd's copy of it, rule for rule, behind
 CUDAPluggableAllocator.
 
 Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
-to the daemon, applies the allocator configs it pushes at runtime with
-``torch.cuda.memory._set_allocator_settings`` and acknowledges each one (or
-reports why it could not), and empties the cache when the daemon asks for
-memory back on behalf of another process.
+to the daemon, with the allocator's alloc/free stream read from PyTorch's
+allocator history (for the daemon's autotuner), applies the allocator
+configs it pushes at runtime with ``torch.cuda.memory._set_allocator_settings``
+followed by ``empty_cache()`` (so the next peak is met under the new rules)
+and acknowledges each one (or reports why it could not), and empties the
+cache when the daemon asks for memory back on behalf of another process.
 
 If no daemon answers, the job goes on with PyTorch's allocator as it is and a
 warning says why, unless ``required=True``.
 """
 
+import array
 import ctypes
 import json
 import os
@@ -63,6 +66,16 @@ def _settings(socket, job):
     job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
     config = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", ""))
     return socket, job, config
+
+
+def _autotune_json(pinned_keys, autotune_mode):
+    """The job's autotune preferences as the client library takes them."""
+    preferences = {}
+    if pinned_keys:
+        preferences["pinned_keys"] = list(pinned_keys)
+    if autotune_mode:
+        preferences["mode"] = autotune_mode
+    return json.dumps(preferences) if preferences else ""
 
 
 def _unavailable(error, required):
@@ -102,7 +115,12 @@ def _load_client(path=None, mode=ctypes.DEFAULT_MODE):
     return _load(path or _library_path(), {
         **extra,
         "allocd_last_error": (ctypes.c_char_p, []),
-        "allocd_connect": (c_client, [ctypes.c_char_p] * 4),
+        "allocd_connect": (c_client, [ctypes.c_char_p] * 5),
+        "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_size_t, ctypes.c_uint64]),
+        "allocd_events_dropped": (ctypes.c_uint64, [c_client]),
+        "allocd_config_version": (ctypes.c_uint64, [c_client]),
         "allocd_disconnect": (None, [c_client]),
         "allocd_session_id": (ctypes.c_uint64, [c_client]),
         "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
@@ -114,18 +132,108 @@ def _load_client(path=None, mode=ctypes.DEFAULT_MODE):
     }, mode=mode)
 
 
-class _Advisor:
-    """The advisor thread: telemetry out, configs and reclaims in."""
+# PyTorch's trace actions the autotuner replays, as the daemon numbers them.
+_OPS = {"alloc": 0, "free_requested": 1, "free_completed": 2}
+# memory_stats() counters of the same three events: allocation requests,
+# frees requested (allocation.freed) and blocks returned to the cache
+# (active.freed).
+_COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.freed")
+# Actions the reader does not need, left out of PyTorch's ring when its
+# _record_memory_history knows skip_actions.
+_SKIP = ["segment_alloc", "segment_free", "snapshot"]
 
-    def __init__(self, lib, client, torch, device, period):
+
+class _HistoryReader:
+    """The allocator's alloc/free stream, read incrementally from PyTorch's history.
+
+    Recording uses the cheapest settings that still give sizes, streams and
+    order: ``_record_memory_history("all", context=None, stacks="python",
+    max_entries=ring)`` (no stack traces), leaving segment and snapshot
+    actions out where PyTorch can. Each round takes ``_snapshot()`` and at
+    once re-arms recording with ``clear_history=True``, so the ring only
+    ever holds the events since the last round: nothing is copied twice, and
+    the ring's memory stays bounded by ``ring`` entries.
+
+    What can be lost, and how it is counted: events the allocator recorded
+    between the snapshot and the clear, and the oldest events of a round
+    that overflowed the ring. PyTorch's own counters of the three events
+    (memory_stats, read just before each snapshot) say how many happened;
+    whatever they count beyond what was read is reported as dropped before
+    the round's events. The count is a lower bound (events between the
+    counter read and the snapshot are read but not yet counted), and it is
+    reported where the gap is: before the events that follow it.
+    """
+
+    def __init__(self, torch, device, ring=1 << 17):
+        self._torch = torch
+        self._device = device
+        self._ring = ring
+        self._skip = True
+        self._base = 0
+        self._seen = 0
+        self._lost = 0
+
+    def _record(self, clear):
+        kwargs = dict(context=None, stacks="python", max_entries=self._ring,
+                      clear_history=clear)
+        if self._skip:
+            try:
+                self._torch.cuda.memory._record_memory_history("all", skip_actions=_SKIP,
+                                                               **kwargs)
+                return
+            except (TypeError, ValueError, RuntimeError):
+                self._skip = False  # a PyTorch without skip_actions
+        self._torch.cuda.memory._record_memory_history("all", **kwargs)
+
+    def _counted(self):
+        stats = self._torch.cuda.memory_stats(self._device)
+        return sum(int(stats.get(name, 0)) for name in _COUNTERS)
+
+    def start(self):
+        self._record(clear=True)
+        self._base = self._counted()
+
+    def stop(self):
+        self._torch.cuda.memory._record_memory_history(None)
+
+    def read(self):
+        """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
+        counted = self._counted() - self._base
+        snapshot = self._torch.cuda.memory._snapshot()
+        self._record(clear=True)
+        traces = snapshot.get("device_traces", [])
+        entries = traces[self._device] if self._device < len(traces) else []
+        ops, sizes, ids, streams = (array.array("B"), array.array("Q"), array.array("Q"),
+                                    array.array("Q"))
+        for entry in entries:
+            op = _OPS.get(entry.get("action"))
+            if op is None:
+                continue
+            ops.append(op)
+            sizes.append(int(entry.get("size", 0)))
+            ids.append(int(entry.get("addr", 0)) & 0xFFFFFFFFFFFFFFFF)
+            streams.append(int(entry.get("stream", 0)) & 0xFFFFFFFFFFFFFFFF)
+        self._seen += len(ops)
+        lost = max(self._lost, counted - self._seen)
+        dropped, self._lost = lost - self._lost, lost
+        return ops, sizes, ids, streams, dropped
+
+
+class _Advisor:
+    """The advisor thread: telemetry and allocator events out, configs and reclaims in."""
+
+    def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
         self._client = client
         self._torch = torch
         self._device = device
         self._period = period
+        self._history = history
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.config_version = 0
+        self.config = config
+        self.config_reason = "the config the process started with"
+        self.events_sent = 0
         self.applied = 0
         self.rejected = 0
         self.reclaims = 0
@@ -135,13 +243,25 @@ class _Advisor:
 
     def start(self):
         self._attach_oom_observer()
+        if self._history is not None:
+            self._history.start()
         self._thread.start()
 
     def stop(self):
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self._history is not None:
+            self._history.stop()
         self._lib.allocd_disconnect(self._client)
+
+    @property
+    def config_version(self):
+        """The version of the running config, as the daemon connected now knows it."""
+        return self._lib.allocd_config_version(self._client)
+
+    def events_dropped(self):
+        return self._lib.allocd_events_dropped(self._client)
 
     def session_id(self):
         return self._lib.allocd_session_id(self._client)
@@ -155,7 +275,7 @@ class _Advisor:
             self._stop.wait(self._period)
 
     def step(self):
-        """One round: handle what the daemon sent, then publish stats."""
+        """One round: handle what the daemon sent, then publish stats and events."""
         with self._lock:
             for message in self._control():
                 if message["type"] == "config":
@@ -164,6 +284,20 @@ class _Advisor:
                     self._torch.cuda.empty_cache()
                     self.reclaims += 1
             self._publish()
+            if self._history is not None:
+                self._send_events()
+
+    def _send_events(self):
+        ops, sizes, ids, streams, dropped = self._history.read()
+        if not ops and not dropped:
+            return
+
+        def address(column):
+            return column.buffer_info()[0] if len(column) else None
+
+        self._lib.allocd_record_events(self._client, address(ops), address(sizes),
+                                       address(ids), address(streams), len(ops), dropped)
+        self.events_sent += len(ops)
 
     def _control(self):
         buffer = ctypes.create_string_buffer(1 << 16)
@@ -181,7 +315,12 @@ class _Advisor:
             self.rejected += 1
             self._lib.allocd_ack(self._client, version, 0, str(error).encode())
             return
-        self.config_version = version
+        # Blocks cached under the old rules would serve the next peak as the
+        # old config cut them: released here, between rounds, the new
+        # config shapes it.
+        self._torch.cuda.empty_cache()
+        self.config = message["config"]
+        self.config_reason = message.get("reason", "")
         self.applied += 1
         self._lib.allocd_ack(self._client, version, 1, b"")
 
@@ -212,9 +351,9 @@ _managed = None
 _transparent = None  # the interposer's path once transparent mode is on
 
 
-def _enable_engine(torch, socket, job, config, device):
+def _enable_engine(torch, socket, job, config, device, autotune):
     from . import _engine  # imported here: it needs this module complete
-    engine = _engine.enable(torch, socket, job, config, device)
+    engine = _engine.enable(torch, socket, job, config, device, autotune)
     if not engine.oom_is_torch_error():
         warnings.warn("allocd: PyTorch's c10 library was not found in this process: an "
                       "allocation that does not fit raises RuntimeError, not "
@@ -224,7 +363,7 @@ def _enable_engine(torch, socket, job, config, device):
 
 
 # The modes that replace PyTorch's allocator: each takes (torch, socket, job,
-# config, device) and returns what it installed (with .mode, .stats() for
+# config, device, autotune preferences as JSON) and returns what it installed (with .mode, .stats() for
 # allocd.stats() and .unroute() for shutdown()), or raises
 # AllocdUnavailable/OSError before it changes PyTorch. The transparent mode,
 # the default, keeps PyTorch's allocator and is set up before torch loads.
@@ -232,7 +371,8 @@ _MODES = {"engine": _enable_engine}
 _DEFAULT_MODE = "transparent"
 
 
-def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0):
+def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0,
+           pinned_keys=(), autotune_mode=None):
     """Managed mode: the job's GPU memory comes from the node's allocd daemon.
 
     mode="transparent" (the default, or $ALLOCD_MODE): PyTorch's own caching
@@ -270,7 +410,10 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     numbers it (default: the current one in transparent mode, 0 in engine
     mode). required: raise AllocdUnavailable instead of warning when no
     daemon answers or a library is missing. period: seconds between
-    telemetry rounds (transparent mode).
+    telemetry rounds (transparent mode). pinned_keys, autotune_mode: as for
+    advise(); the allocation stream goes to the daemon's autotuner (in
+    transparent mode from PyTorch's allocator history, in engine mode from
+    the engine itself).
 
     Returns True when enabled. Calling it again is a no-op.
     """
@@ -279,7 +422,8 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
         return True
     mode = mode or os.environ.get("ALLOCD_MODE", _DEFAULT_MODE)
     if mode == "transparent":
-        return _enable_transparent(socket, job, device, required, period)
+        return _enable_transparent(socket, job, device, required, period,
+                                   _autotune_json(pinned_keys, autotune_mode))
     if mode not in _MODES:
         raise ValueError(f"allocd.enable: unknown mode {mode!r}; modes: transparent, "
                          f"{', '.join(_MODES)}")
@@ -288,13 +432,14 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     socket, job, config = _settings(socket, job)
     device = 0 if device is None else device
     try:
-        _managed = _MODES[mode](torch, socket, job, config, device)
+        _managed = _MODES[mode](torch, socket, job, config, device,
+                                _autotune_json(pinned_keys, autotune_mode))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     return True
 
 
-def _enable_transparent(socket, job, device, required, period):
+def _enable_transparent(socket, job, device, required, period, autotune):
     global _transparent, _advisor
     import sys
     socket, job, _ = _settings(socket, job)
@@ -309,6 +454,7 @@ def _enable_transparent(socket, job, device, required, period):
             path = _library_path(_INTERPOSE_LIBRARY)
         # The interposer connects with these when PyTorch first asks for memory.
         os.environ["ALLOCD_SOCKET"], os.environ["ALLOCD_JOB"] = socket, job
+        os.environ["ALLOCD_AUTOTUNE"] = autotune
         lib = _load_client(path, mode=ctypes.RTLD_GLOBAL)
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
@@ -326,7 +472,8 @@ def _enable_transparent(socket, job, device, required, period):
     return True
 
 
-def advise(socket=None, job=None, device=None, period=1.0, required=False):
+def advise(socket=None, job=None, device=None, period=1.0, required=False,
+           record_events=True, pinned_keys=(), autotune_mode=None):
     """Connects this job to the allocd daemon in advisor mode.
 
     socket: the daemon's socket ($ALLOCD_SOCKET, else /run/allocd/allocd.sock).
@@ -334,6 +481,13 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
     device: the CUDA device whose allocator is advised (the current one).
     period: seconds between telemetry rounds.
     required: raise AllocdUnavailable instead of warning when no daemon answers.
+    record_events: send the allocator's alloc/free stream, read from PyTorch's
+        allocator history, to the daemon's autotuner (off: stats only; turn it
+        off when the job records its own memory history, which this clears).
+    pinned_keys: PYTORCH_CUDA_ALLOC_CONF keys the autotuner must never change,
+        e.g. ("expandable_segments",).
+    autotune_mode: "off", "recommend" or "apply" for this job, unless an admin
+        set its mode (default: the daemon's).
 
     Returns True when connected. Calling it again is a no-op.
     """
@@ -346,14 +500,16 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False):
     try:
         lib = _load_client()
         client = lib.allocd_connect(socket.encode(), job.encode(), initial.encode(),
-                                    f"allocd-python torch {torch.__version__}".encode())
+                                    f"allocd-python torch {torch.__version__}".encode(),
+                                    _autotune_json(pinned_keys, autotune_mode).encode())
         if not client:
             raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     if device is None:
         device = torch.cuda.current_device()
-    _advisor = _Advisor(lib, client, torch, device, period)
+    history = _HistoryReader(torch, device) if record_events else None
+    _advisor = _Advisor(lib, client, torch, device, period, initial, history)
     _advisor.start()
     return True
 
@@ -371,11 +527,15 @@ def stats():
         "connected": True,
         **mode,
         "session_id": _advisor.session_id(),
+        "config": _advisor.config,
         "config_version": _advisor.config_version,
+        "config_reason": _advisor.config_reason,
         "configs_applied": _advisor.applied,
         "configs_rejected": _advisor.rejected,
         "reclaims": _advisor.reclaims,
         "ooms_reported": _advisor.ooms,
+        "events_sent": _advisor.events_sent,
+        "events_dropped": _advisor.events_dropped(),
         "memory_stats": dict(_advisor.last_stats),
     }
 

@@ -71,7 +71,8 @@ from . import AllocdUnavailable, _library_path, _load
 _TORCH_LIBRARY = "liballocd_torch.so"
 
 _SIGNATURES = {
-    "allocd_torch_configure": (ctypes.c_int, [ctypes.c_char_p] * 3 + [ctypes.c_int]),
+    "allocd_torch_configure": (ctypes.c_int, [ctypes.c_char_p] * 3 + [ctypes.c_int,
+                                                                  ctypes.c_char_p]),
     "allocd_torch_last_error": (ctypes.c_char_p, []),
     "allocd_torch_stats_json": (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_size_t]),
     "allocd_torch_memory_stats_json": (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_size_t]),
@@ -89,14 +90,15 @@ _HOOKS = (("set_reset_fn", "allocd_torch_empty_cache"),
           ("set_record_stream_fn", "allocd_torch_record_stream"))
 
 
-def enable(torch, socket, job, config, device):
+def enable(torch, socket, job, config, device, autotune=""):
     """Installs liballocd_torch.so as PyTorch's CUDA allocator and routes
     PyTorch's memory functions to it. Returns the Engine. Raises
     AllocdUnavailable (or OSError) when it cannot, before touching PyTorch.
     """
     path = _library_path(_TORCH_LIBRARY)
     lib = _load(path, _SIGNATURES)
-    if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device):
+    if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device,
+                                  autotune.encode()):
         raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         path, "allocd_torch_malloc", "allocd_torch_free")

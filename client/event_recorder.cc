@@ -1,0 +1,109 @@
+#include "client/event_recorder.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace allocd {
+
+EventRecorder::EventRecorder(size_t capacity, std::function<void()> half_full)
+    : capacity_(std::max<size_t>(capacity, 2)),
+      half_full_(std::move(half_full)) {
+  absl::MutexLock lock(&mu_);
+  buffer_ = FreshBuffer();
+}
+
+std::vector<RecordedEvent> EventRecorder::FreshBuffer() const {
+  std::vector<RecordedEvent> buffer;
+  buffer.reserve(capacity_);
+  return buffer;
+}
+
+void EventRecorder::Record(TraceOp op, uint64_t stream, uint64_t id,
+                           uint64_t size) {
+  bool half_full;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!Append(op, stream, id, size)) return;
+    half_full = buffer_.size() == capacity_ / 2;
+  }
+  if (half_full && half_full_) half_full_();
+}
+
+bool EventRecorder::Append(TraceOp op, uint64_t stream, uint64_t id,
+                           uint64_t size) {
+  // After a gap the buffer needs a marker and the event: two slots.
+  const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;
+  if (buffer_.size() + needed > capacity_) {
+    ++trailing_gap_;
+    ++dropped_total_;
+    return false;
+  }
+  if (trailing_gap_ > 0) {
+    if (buffer_.empty()) {
+      leading_gap_ += trailing_gap_;
+      buffer_sequence_ += trailing_gap_;
+    } else {
+      buffer_.push_back({.op = kGap, .stream = 0, .id = 0,
+                         .size = trailing_gap_});
+    }
+    trailing_gap_ = 0;
+  }
+  buffer_.push_back({.op = op, .stream = stream, .id = id, .size = size});
+  return true;
+}
+
+void EventRecorder::Drop(uint64_t events) {
+  absl::MutexLock lock(&mu_);
+  trailing_gap_ += events;
+  dropped_total_ += events;
+}
+
+std::vector<RecordedBatch> EventRecorder::Take() {
+  std::vector<RecordedEvent> fresh = FreshBuffer();
+  std::vector<RecordedEvent> taken;
+  uint64_t sequence;
+  uint64_t gap;
+  {
+    absl::MutexLock lock(&mu_);
+    if (buffer_.empty()) return {};
+    taken = std::exchange(buffer_, std::move(fresh));
+    sequence = buffer_sequence_;
+    gap = leading_gap_;
+    // What follows the taken events starts after them and their gaps.
+    uint64_t span = 0;
+    for (const RecordedEvent& e : taken) span += e.op == kGap ? e.size : 1;
+    buffer_sequence_ += span + trailing_gap_;
+    leading_gap_ = trailing_gap_;
+    trailing_gap_ = 0;
+  }
+  std::vector<RecordedBatch> batches(1);
+  batches.back().sequence = sequence;
+  batches.back().dropped = gap;
+  for (const RecordedEvent& e : taken) {
+    if (e.op == kGap) {
+      const uint64_t next = batches.back().sequence +
+                            batches.back().events.size() + e.size;
+      batches.push_back({.sequence = next, .dropped = e.size});
+      continue;
+    }
+    batches.back().events.push_back(e);
+  }
+  return batches;
+}
+
+void EventRecorder::Unsent(const std::vector<RecordedBatch>& batches) {
+  uint64_t lost = 0;
+  for (const RecordedBatch& b : batches) lost += b.dropped + b.events.size();
+  if (lost == 0) return;
+  absl::MutexLock lock(&mu_);
+  for (const RecordedBatch& b : batches) dropped_total_ += b.events.size();
+  // They all came before whatever waits now.
+  leading_gap_ += lost;
+}
+
+uint64_t EventRecorder::dropped_total() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_total_;
+}
+
+}  // namespace allocd

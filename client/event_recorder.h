@@ -1,0 +1,91 @@
+// EventRecorder: a client's bounded record of its allocator event stream
+// (alloc, free_requested, free_completed; size, stream, id), the evidence
+// the daemon's autotuner replays under candidate configs.
+//
+// The allocator's hot path appends with Record(): one uncontended lock and
+// a store into a buffer reserved up front, never an allocation. The
+// telemetry thread takes everything recorded with Take(), which swaps the
+// buffer for a fresh one, and encodes and sends it off the hot path. A
+// full buffer drops events and counts them, so a client holds at most
+// 2 x `capacity` events whatever happens to the daemon; the counts tell the
+// daemon exactly where its window has gaps.
+//
+// Thread-safe.
+#ifndef ALLOCD_CLIENT_EVENT_RECORDER_H_
+#define ALLOCD_CLIENT_EVENT_RECORDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/trace/trace.h"
+
+namespace allocd {
+
+struct RecordedEvent {
+  TraceOp op;
+  uint64_t stream;
+  uint64_t id;
+  uint64_t size;
+};
+
+// Contiguous events of the stream: the first is event number `sequence`
+// (dropped ones count), and `dropped` events were lost just before it.
+struct RecordedBatch {
+  uint64_t sequence = 0;
+  uint64_t dropped = 0;
+  std::vector<RecordedEvent> events;
+};
+
+class EventRecorder {
+ public:
+  // `capacity`: most events held between two Take()s (at least 2).
+  // `half_full` (optional) runs once each time the buffer reaches half its
+  // capacity, outside the recorder's lock: the taker's cue to come early.
+  explicit EventRecorder(size_t capacity,
+                         std::function<void()> half_full = nullptr);
+
+  void Record(TraceOp op, uint64_t stream, uint64_t id, uint64_t size);
+  // `events` of the stream were lost here, outside the recorder (e.g.
+  // PyTorch's history ring was cleared with events the reader had not
+  // seen): a gap between what was recorded and what comes next.
+  void Drop(uint64_t events);
+  // Everything recorded since the last call, split at the gaps. Empty when
+  // nothing happened; a trailing gap is reported with the next events.
+  std::vector<RecordedBatch> Take();
+  // Gives back batches that could not be sent: they become a gap before
+  // everything still to be taken.
+  void Unsent(const std::vector<RecordedBatch>& batches);
+
+  // Events lost so far (dropped here, Drop()ped, Unsent()).
+  uint64_t dropped_total() const;
+  size_t capacity() const { return capacity_; }
+
+ private:
+  // A gap inside the buffer: `size` events lost there. Not an op a
+  // client records.
+  static constexpr TraceOp kGap = static_cast<TraceOp>(0xff);
+
+  std::vector<RecordedEvent> FreshBuffer() const;
+  // Record() under the lock; false when the event was dropped.
+  bool Append(TraceOp op, uint64_t stream, uint64_t id, uint64_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t capacity_;
+  const std::function<void()> half_full_;
+  mutable absl::Mutex mu_;
+  std::vector<RecordedEvent> buffer_ ABSL_GUARDED_BY(mu_);
+  // Stream position of the buffer's first slot, after `leading_gap_`.
+  uint64_t buffer_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // Lost before the buffer's first event, and after its last one.
+  uint64_t leading_gap_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t trailing_gap_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_EVENT_RECORDER_H_

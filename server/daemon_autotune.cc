@@ -1,0 +1,316 @@
+#include "server/daemon_autotune.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/bytes.h"
+#include "server/log.h"
+
+namespace allocd {
+namespace {
+
+// Decisions whose last counted result is remembered (older ones no longer
+// change).
+constexpr size_t kCountedDecisions = 4096;
+constexpr char kAuthor[] = "autotune";
+
+void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
+  out->set_id(d.id);
+  out->set_unix_micros(absl::ToUnixMicros(d.at));
+  out->set_job(d.job);
+  out->set_trigger(d.trigger);
+  out->set_result(d.result);
+  out->set_from_config(d.from_config);
+  out->set_to_config(d.to_config);
+  if (d.memory_fraction) out->set_memory_fraction(*d.memory_fraction);
+  out->set_predicted_peak_current(d.predicted_peak_current);
+  out->set_predicted_peak_switched(d.predicted_peak_switched);
+  out->set_predicted_saving(d.predicted_saving);
+  if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
+  if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
+  out->set_window_events(d.window_events);
+  out->set_replay_seconds(d.replay_seconds);
+  out->set_candidates(d.candidates);
+  for (uint64_t s : d.sessions) out->add_sessions(s);
+  out->set_version(d.version);
+  out->set_why(d.why);
+}
+
+std::vector<EvidenceEvent> ToEvidence(const v1::EventBatch& b) {
+  std::vector<EvidenceEvent> events(b.ops_size());
+  for (int i = 0; i < b.ops_size(); ++i) {
+    events[i] = {.op = static_cast<TraceOp>(b.ops(i)),
+                 .stream = b.streams(i),
+                 .id = b.ids(i),
+                 .size = b.sizes(i)};
+  }
+  return events;
+}
+
+}  // namespace
+
+DaemonAutotune::DaemonAutotune(AutotuneOptions options, DaemonCore* core,
+                               Metrics* metrics)
+    : core_(core),
+      metrics_(metrics),
+      flag_mode_(options.default_policy.mode),
+      default_mode_(options.default_policy.mode),
+      autotuner_(std::make_unique<Autotuner>(std::move(options), this)) {}
+
+DaemonAutotune::~DaemonAutotune() { autotuner_.reset(); }
+
+// ------------------------------------------------------------ sessions
+
+void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
+                                    const AppliedConfig& running,
+                                    const v1::AutotunePreferences& preferences) {
+  std::vector<std::pair<std::string, JobPolicy>> policies;
+  {
+    absl::MutexLock lock(&mu_);
+    const bool asks = preferences.pinned_keys_size() > 0 ||
+                      preferences.allow_memory_fraction() ||
+                      !preferences.mode().empty();
+    // The job's newest session speaks for it; one that asks nothing keeps
+    // what an earlier one asked.
+    if (asks) {
+      job_preferences_[identity.job] = preferences;
+      policies = Policies({identity.job});
+    }
+  }
+  Publish(policies);
+  autotuner_->SessionStarted(identity.id, identity.job, running.config,
+                             running.version);
+}
+
+void DaemonAutotune::SessionEnded(SessionId id) {
+  {
+    absl::MutexLock lock(&mu_);
+    next_sequence_.erase(id);
+  }
+  autotuner_->SessionEnded(id);
+}
+
+void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
+  uint64_t dropped = batch.dropped();
+  {
+    absl::MutexLock lock(&mu_);
+    auto [next, first] = next_sequence_.try_emplace(id, batch.sequence());
+    // A batch that never arrived (a broken stream) is a gap the client
+    // could not count.
+    const uint64_t expected = next->second + batch.dropped();
+    if (!first && batch.sequence() > expected) {
+      dropped += batch.sequence() - expected;
+    }
+    next->second = batch.sequence() + batch.ops_size();
+  }
+  autotuner_->Events(id, ToEvidence(batch), dropped);
+}
+
+void DaemonAutotune::Stats(SessionId id,
+                           const std::map<std::string, int64_t>& stats,
+                           uint64_t config_version) {
+  autotuner_->Stats(id, stats, config_version);
+}
+
+void DaemonAutotune::Oom(SessionId id, uint64_t config_version) {
+  autotuner_->Oom(id, config_version);
+}
+
+void DaemonAutotune::Acked(SessionId id, uint64_t version, bool applied,
+                           const std::string& error) {
+  autotuner_->Acked(id, version, applied, error);
+}
+
+// ------------------------------------------------------------- actions
+
+absl::StatusOr<uint64_t> DaemonAutotune::PushToSession(
+    SessionIdValue session, const std::string& config,
+    const std::string& reason, uint64_t predicted_peak_reserved) {
+  return core_->PushToSession(session, config, kAuthor, reason,
+                              predicted_peak_reserved);
+}
+
+absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
+    const std::string& job, const std::string& config,
+    const std::string& reason, uint64_t predicted_peak_reserved) {
+  absl::StatusOr<v1::SetConfigResponse> set = core_->SetConfig(
+      job, config, absl::StrCat(kAuthor, ": ", reason),
+      predicted_peak_reserved, /*skip_running=*/true);
+  if (!set.ok()) return set.status();
+  return set->config().version();
+}
+
+absl::Status DaemonAutotune::RollBackSession(SessionIdValue session,
+                                             const std::string& config,
+                                             const std::string& reason) {
+  return core_->RollBackSession(session, config, reason);
+}
+
+void DaemonAutotune::OnRun(const std::string& job) {
+  metrics_->AutotuneRun(job);
+}
+
+void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
+  bool changed;
+  {
+    absl::MutexLock lock(&mu_);
+    std::string& counted = counted_[d.id];
+    changed = counted != d.result;
+    counted = d.result;
+    while (counted_.size() > kCountedDecisions) counted_.erase(counted_.begin());
+  }
+  if (!d.to_config.empty()) {
+    metrics_->AutotunePredictedSaving(d.job, d.predicted_saving);
+  }
+  if (d.realized_saving) metrics_->AutotuneRealizedSaving(d.job, *d.realized_saving);
+  if (!changed) return;
+  metrics_->AutotuneDecision(d.job, d.result);
+  const std::string summary = absl::StrCat(
+      "decision ", d.id, " (", d.trigger, "): ", d.result,
+      d.to_config.empty() ? ""
+                          : absl::StrCat(" \"", d.to_config, "\", predicted peak ",
+                                         FormatSize(d.predicted_peak_current), " -> ",
+                                         FormatSize(d.predicted_peak_switched)),
+      "; ", d.why);
+  core_->RecordHistory({.at = absl::Now(),
+                        .event = "autotune",
+                        .version = d.version,
+                        .job = d.job,
+                        .config = d.to_config.empty() ? d.from_config : d.to_config,
+                        .session_id = d.sessions.empty() ? 0 : d.sessions.front(),
+                        .detail = summary});
+  LogInfo(absl::StrCat("autotune: job \"", d.job, "\" ", summary));
+}
+
+// ---------------------------------------------------------------- admin
+
+v1::AutotuneStatusResponse DaemonAutotune::Status() const {
+  v1::AutotuneStatusResponse r;
+  {
+    absl::MutexLock lock(&mu_);
+    r.set_mode(AutotuneModeName(default_mode_));
+  }
+  for (const AutotuneJobStatus& s : autotuner_->Status()) {
+    v1::AutotuneJob* job = r.add_jobs();
+    job->set_job(s.job);
+    job->set_mode(AutotuneModeName(s.policy.mode));
+    for (const std::string& k : s.policy.pinned_keys) job->add_pinned_keys(k);
+    job->set_allow_memory_fraction(s.policy.allow_memory_fraction);
+    job->set_sessions(s.sessions);
+    job->set_window_events(s.window_events);
+    job->set_dropped_events(s.dropped_events);
+    job->set_state(s.state);
+    if (s.last) Fill(*s.last, job->mutable_last());
+  }
+  return r;
+}
+
+v1::AutotuneHistoryResponse DaemonAutotune::History(const std::string& job,
+                                                    uint32_t limit) const {
+  v1::AutotuneHistoryResponse r;
+  for (const AutotuneDecision& d :
+       autotuner_->History(job, limit == 0 ? 20 : std::min(limit, 10000u))) {
+    Fill(d, r.add_decisions());
+  }
+  return r;
+}
+
+absl::StatusOr<v1::AutotuneRunResponse> DaemonAutotune::Run(
+    const std::string& job) {
+  absl::StatusOr<uint64_t> id = autotuner_->RunNow(job);
+  if (!id.ok()) return id.status();
+  v1::AutotuneRunResponse r;
+  r.set_decision_id(*id);
+  return r;
+}
+
+absl::Status DaemonAutotune::SetMode(const std::string& job,
+                                     const std::string& mode) {
+  absl::StatusOr<AutotuneMode> parsed = ParseAutotuneMode(mode);
+  if (!parsed.ok()) return parsed.status();
+  if (!job.empty()) {
+    if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
+  }
+  std::vector<std::pair<std::string, JobPolicy>> policies;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job.empty()) {
+      admin_default_mode_ = *parsed;
+    } else {
+      admin_modes_[job] = *parsed;
+    }
+    policies = Policies(job.empty() ? std::set<std::string>{}
+                                    : std::set<std::string>{job});
+  }
+  Publish(policies);
+  LogInfo(absl::StrCat("autotune mode of ",
+                       job.empty() ? "the daemon" : absl::StrCat("job \"", job, "\""),
+                       " set to ", mode, " by an admin"));
+  return absl::OkStatus();
+}
+
+void DaemonAutotune::SetFilePolicies(
+    std::optional<AutotuneMode> default_mode,
+    std::map<std::string, AutotuneFilePolicy> jobs) {
+  std::vector<std::pair<std::string, JobPolicy>> policies;
+  {
+    absl::MutexLock lock(&mu_);
+    // Jobs the old file named are among the policied ones, so all of them
+    // are given their policy without the file's entry.
+    file_policies_ = std::move(jobs);
+    file_default_mode_ = default_mode;
+    policies = Policies({});
+  }
+  Publish(policies);
+}
+
+JobPolicy DaemonAutotune::EffectivePolicy(const std::string& job) const {
+  JobPolicy policy{.mode = default_mode_};
+  std::set<std::string> pinned;
+  if (auto p = job_preferences_.find(job); p != job_preferences_.end()) {
+    if (!p->second.mode().empty()) {
+      policy.mode = *ParseAutotuneMode(p->second.mode());
+    }
+    pinned.insert(p->second.pinned_keys().begin(), p->second.pinned_keys().end());
+  }
+  if (auto f = file_policies_.find(job); f != file_policies_.end()) {
+    if (f->second.mode) policy.mode = *f->second.mode;
+    pinned.insert(f->second.pinned_keys.begin(), f->second.pinned_keys.end());
+  }
+  if (auto a = admin_modes_.find(job); a != admin_modes_.end()) {
+    policy.mode = a->second;
+  }
+  policy.pinned_keys.assign(pinned.begin(), pinned.end());
+  // allow_memory_fraction stays false whatever the job or the file allow:
+  // a push carries a config string only, and PyTorch does not apply a
+  // memory fraction given at runtime to an allocator that exists, so a
+  // proposed fraction could not be applied as predicted.
+  return policy;
+}
+
+std::vector<std::pair<std::string, JobPolicy>> DaemonAutotune::Policies(
+    std::set<std::string> jobs) {
+  std::vector<std::pair<std::string, JobPolicy>> out;
+  if (jobs.empty()) {
+    default_mode_ = admin_default_mode_.value_or(
+        file_default_mode_.value_or(flag_mode_));
+    out.emplace_back("", JobPolicy{.mode = default_mode_});
+    jobs = policied_;
+    for (const auto& [job, p] : job_preferences_) jobs.insert(job);
+    for (const auto& [job, p] : file_policies_) jobs.insert(job);
+    for (const auto& [job, m] : admin_modes_) jobs.insert(job);
+  }
+  for (const std::string& job : jobs) {
+    out.emplace_back(job, EffectivePolicy(job));
+    policied_.insert(job);
+  }
+  return out;
+}
+
+void DaemonAutotune::Publish(
+    const std::vector<std::pair<std::string, JobPolicy>>& policies) {
+  for (const auto& [job, policy] : policies) autotuner_->SetPolicy(job, policy);
+}
+
+}  // namespace allocd

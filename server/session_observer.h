@@ -1,0 +1,41 @@
+// SessionObserver: what DaemonCore tells a listener about its sessions — the
+// hooks the autotuner is fed through (server/daemon_autotune.h). The core
+// only reports what sessions said; it decides nothing on an observer's
+// behalf. Calls come from RPC threads, after the core validated the input;
+// implementations are thread-safe, cheap, and do not call back into the
+// core synchronously.
+#ifndef ALLOCD_SERVER_SESSION_OBSERVER_H_
+#define ALLOCD_SERVER_SESSION_OBSERVER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "allocd.pb.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+
+class SessionObserver {
+ public:
+  virtual ~SessionObserver() = default;
+  // A session registered; it runs `running` (its initial config as version
+  // 0, or what a reconnecting client re-declared) and the job asked for
+  // `preferences`.
+  virtual void SessionStarted(const SessionIdentity& identity,
+                              const AppliedConfig& running,
+                              const v1::AutotunePreferences& preferences) = 0;
+  virtual void SessionEnded(SessionId id) = 0;
+  // Allocator events, validated (columns of one length, ops 0..2).
+  virtual void Events(SessionId id, const v1::EventBatch& batch) = 0;
+  virtual void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
+                     uint64_t config_version) = 0;
+  virtual void Oom(SessionId id, uint64_t config_version) = 0;
+  // An ACK (applied) or NACK of a pushed version.
+  virtual void Acked(SessionId id, uint64_t version, bool applied,
+                     const std::string& error) = 0;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_SESSION_OBSERVER_H_

@@ -1,0 +1,301 @@
+// The autotuning loop end to end (issue 12): a real `allocd serve
+// --autotune ...` process on a real Unix socket, jobs as real processes
+// (`allocd client-replay` of the shipped llama_lora trace, whose events and
+// stats reach the daemon through the client library) or as a client in this
+// process fed the same trace, and the daemon's surfaces (the Admin service,
+// allocctl). No mocks.
+//
+// llama_lora under the guides' max_split_size_mb:64 peaks near 20 GiB of
+// reserved memory per replay, under expandable_segments:True near 4.5 GiB:
+// the push the autotuner should make. Its first decision waits for 300000
+// events (--autotune-first-pass-events), a little more than one replay, so
+// the window covers the job's largest step.
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/trace/snapshot_reader.h"
+#include "allocd.grpc.pb.h"
+#include "client/daemon_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ipc/unix_socket.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/daemon_harness.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using harness::Child;
+using harness::Dial;
+
+const std::string kTrace =
+    std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz";
+
+class AutotuneDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = "/tmp/allocd_autotune_XXXXXX";
+    dir_ = mkdtemp(pattern.data());
+    socket_ = dir_ + "/allocd.sock";
+  }
+
+  void StartDaemon(const std::string& mode) {
+    daemon_ = std::make_unique<Child>(std::vector<std::string>{
+        ALLOCD_BINARY, "serve", "--socket", socket_, "--metrics-addr", "",
+        "--capacity", "24GiB", "--autotune", mode,
+        "--autotune-first-pass-events", "300000"});
+    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    admin_ = v1::Admin::NewStub(Dial(socket_));
+  }
+
+  std::unique_ptr<Child> Replay(const std::string& job,
+                                std::vector<std::string> extra) {
+    std::vector<std::string> args = {ALLOCD_BINARY, "client-replay", kTrace,
+                                     "--socket", socket_, "--job", job,
+                                     "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return std::make_unique<Child>(std::move(args));
+  }
+
+  static nlohmann::json Finish(Child& child) {
+    const std::string out = child.Rest(absl::Seconds(120));
+    EXPECT_EQ(child.Wait(), 0) << out;
+    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    return j;
+  }
+
+  std::vector<v1::AutotuneDecision> Decisions(const std::string& job) {
+    grpc::ClientContext context;
+    v1::AutotuneHistoryRequest request;
+    request.set_job(job);
+    request.set_limit(100);
+    v1::AutotuneHistoryResponse r;
+    EXPECT_TRUE(admin_->AutotuneHistory(&context, request, &r).ok());
+    return {r.decisions().begin(), r.decisions().end()};
+  }
+
+  // Waits until `job` has a decision whose result is one of `results`.
+  std::optional<v1::AutotuneDecision> AwaitDecision(
+      const std::string& job, const std::vector<std::string>& results,
+      absl::Duration limit = absl::Seconds(90)) {
+    const absl::Time deadline = absl::Now() + limit;
+    while (absl::Now() < deadline) {
+      for (const v1::AutotuneDecision& d : Decisions(job)) {
+        for (const std::string& r : results) {
+          if (d.result() == r) return d;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return std::nullopt;
+  }
+
+  std::vector<v1::HistoryEntry> ConfigHistory() {
+    grpc::ClientContext context;
+    v1::HistoryRequest request;
+    request.set_limit(1000);
+    v1::HistoryResponse r;
+    EXPECT_TRUE(admin_->History(&context, request, &r).ok());
+    return {r.entries().begin(), r.entries().end()};
+  }
+
+  int CountEvents(const std::string& event) {
+    int n = 0;
+    for (const v1::HistoryEntry& e : ConfigHistory()) n += e.event() == event;
+    return n;
+  }
+
+  // allocctl's output for `args` (exit 0 expected).
+  std::string Allocctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {ALLOCCTL_BINARY, "--socket", socket_});
+    Child ctl(std::move(args), /*with_stderr=*/true);
+    std::string out = ctl.Rest(absl::Seconds(20));
+    EXPECT_EQ(ctl.Wait(), 0) << out;
+    return out;
+  }
+
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops) {
+  StartDaemon("apply");
+  std::unique_ptr<Child> job =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "25"});
+  nlohmann::json out = Finish(*job);
+
+  std::optional<v1::AutotuneDecision> d = AwaitDecision("llama", {"pushed"});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->trigger(), "bad_start_config");
+  EXPECT_EQ(d->from_config(), "max_split_size_mb:64");
+  EXPECT_GT(d->predicted_saving(), 0);
+  ASSERT_TRUE(d->has_realized_saving());
+  EXPECT_GT(d->realized_saving(), 0);
+  // The job ran the pushed config, and said why.
+  EXPECT_EQ(out["config"], d->to_config());
+  EXPECT_THAT(out["config_reason"].get<std::string>(), HasSubstr("autotune"));
+  // Its replays before the push ran the config it kept until then: every
+  // replay after it peaked below every one before.
+  int64_t before_min = INT64_MAX, after_max = 0;
+  int before = 0, after = 0;
+  for (const nlohmann::json& loop : out["loop_peaks"]) {
+    const int64_t peak = loop["peak_reserved"].get<int64_t>();
+    if (loop["config"] == "max_split_size_mb:64") {
+      before_min = std::min(before_min, peak);
+      ++before;
+    } else {
+      after_max = std::max(after_max, peak);
+      ++after;
+    }
+  }
+  ASSERT_GT(before, 0);
+  ASSERT_GT(after, 0);
+  EXPECT_LT(after_max, before_min);
+  // The realised peak the daemon recorded is the one the job saw.
+  EXPECT_LE(d->realized_peak(), after_max);
+}
+
+TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
+  StartDaemon("recommend");
+  std::unique_ptr<Child> job =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "12"});
+  std::optional<v1::AutotuneDecision> d = AwaitDecision("llama", {"recommended"});
+  nlohmann::json out = Finish(*job);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_FALSE(d->to_config().empty());
+  EXPECT_EQ(d->version(), 0u);
+  EXPECT_EQ(out["pushes_applied"], 0);
+  EXPECT_EQ(out["config"], "max_split_size_mb:64");
+  EXPECT_EQ(CountEvents("push") + CountEvents("set"), 0);
+  // allocctl shows it, --json anywhere on the line.
+  EXPECT_THAT(Allocctl({"autotune", "history"}), HasSubstr("recommended"));
+  nlohmann::json status =
+      nlohmann::json::parse(Allocctl({"autotune", "status", "--json"}));
+  ASSERT_EQ(status["jobs"].size(), 1u);
+  EXPECT_EQ(status["jobs"][0]["last"]["result"], "recommended");
+  EXPECT_EQ(status["mode"], "recommend");
+}
+
+TEST_F(AutotuneDaemonTest, PinnedKeysAreNeverChanged) {
+  StartDaemon("apply");
+  std::unique_ptr<Child> job =
+      Replay("pinned", {"--config", "max_split_size_mb:64", "--duration", "15",
+                        "--pin", "expandable_segments"});
+  std::optional<v1::AutotuneDecision> d = AwaitDecision(
+      "pinned", {"pushed", "kept", "skipped", "recommended", "rolled_back"});
+  nlohmann::json out = Finish(*job);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->to_config(), Not(HasSubstr("expandable_segments:True")));
+  EXPECT_THAT(out["config"].get<std::string>(),
+              Not(HasSubstr("expandable_segments:True")));
+  nlohmann::json status =
+      nlohmann::json::parse(Allocctl({"--json", "autotune", "status"}));
+  EXPECT_EQ(status["jobs"][0]["pinned_keys"],
+            nlohmann::json::array({"expandable_segments"}));
+}
+
+TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
+  StartDaemon("apply");
+  absl::StatusOr<Trace> trace = ReadSnapshotFile(kTrace);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
+      {.socket = socket_,
+       .job = "oom",
+       .initial_config = "max_split_size_mb:64",
+       .event_capacity = size_t{1} << 19});
+  ASSERT_TRUE(client.ok()) << client.status();
+  EventRecorder* events = (*client)->events();
+  ASSERT_NE(events, nullptr);
+  // Two lifetimes of the job's allocation stream, fed no faster than the
+  // telemetry thread sends it, with stats like the real run's.
+  std::optional<v1::ConfigPush> push;
+  for (int loop = 0; loop < 2 && !push; ++loop) {
+    for (size_t i = 0; i < trace->events.size(); ++i) {
+      const TraceEvent& e = trace->events[i];
+      events->Record(e.op, trace->streams[e.stream],
+                     uint64_t{e.id} + loop * trace->num_ids, e.size);
+      if (i % 20000 == 0) {
+        (*client)->PublishStats({{"reserved_bytes.all.current", int64_t{20} << 30},
+                                 {"allocated_bytes.all.current", int64_t{4} << 30}},
+                                (*client)->running_version());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+  EXPECT_EQ(events->dropped_total(), 0u);
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (!push && absl::Now() < deadline) {
+    for (v1::ControlMessage& m : (*client)->TakeControl()) {
+      if (m.has_config()) push = m.config();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(push.has_value()) << "no canary push";
+  EXPECT_FALSE(push->rollback());
+  const uint64_t version = push->config().version();
+  ASSERT_TRUE((*client)->Ack(version, true, "").ok());
+  ASSERT_TRUE((*client)->ReportOom(uint64_t{2} << 20, "CUDA out of memory", version).ok());
+
+  std::optional<v1::ConfigPush> rollback;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!rollback && absl::Now() < until) {
+    for (v1::ControlMessage& m : (*client)->TakeControl()) {
+      if (m.has_config()) rollback = m.config();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(rollback.has_value());
+  EXPECT_TRUE(rollback->rollback());
+  EXPECT_EQ(rollback->config().config(), "max_split_size_mb:64");
+  ASSERT_TRUE((*client)->Ack(rollback->config().version(), true, "").ok());
+  std::optional<v1::AutotuneDecision> d = AwaitDecision("oom", {"rolled_back"});
+  ASSERT_TRUE(d.has_value());
+  // One rollback, though the core and the autotuner both saw the OOM.
+  EXPECT_EQ(CountEvents("rollback"), 1);
+  EXPECT_TRUE((*client)->TakeControl().empty());
+}
+
+TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
+  StartDaemon("apply");
+  std::unique_ptr<Child> job =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "35"});
+  // The canary runs the pushed config (it ACKed); the daemon dies while it
+  // watches.
+  ASSERT_TRUE(AwaitDecision("llama", {"pushed"}).has_value());
+  for (int i = 0; i < 1000 && CountEvents("ack") < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(CountEvents("ack"), 1);
+  daemon_->Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  StartDaemon("apply");
+
+  // The job came back, declaring what it runs; the new daemon decides on
+  // its own window and finds nothing to push.
+  std::optional<v1::AutotuneDecision> d =
+      AwaitDecision("llama", {"pushed", "kept", "recommended", "skipped"});
+  nlohmann::json out = Finish(*job);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_NE(d->result(), "pushed") << d->why();
+  EXPECT_EQ(d->from_config(), out["config"]);
+  EXPECT_GE(out["reconnects"].get<int>(), 1);
+  EXPECT_EQ(out["pushes_applied"], 1);  // the canary push, once
+  EXPECT_EQ(CountEvents("adopt"), 1);
+  EXPECT_EQ(CountEvents("push") + CountEvents("set"), 0);
+}
+
+}  // namespace
+}  // namespace allocd
