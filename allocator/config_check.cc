@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -90,7 +91,11 @@ struct Item {
   bool has_colon = false;
 };
 
-std::vector<Item> SplitItems(absl::string_view conf) {
+// With `spaces_separate`, whitespace after a complete "key:value" ends the
+// item as a ',' would: what a person who wrote "a:1 b:2" meant (PyTorch
+// drops the spaces and reads "a:1b:2").
+std::vector<Item> SplitItems(absl::string_view conf,
+                             bool spaces_separate = false) {
   std::vector<Item> items;
   std::string current;
   int depth = 0;
@@ -107,7 +112,14 @@ std::vector<Item> SplitItems(absl::string_view conf) {
     current.clear();
   };
   for (const char ch : conf) {
-    if (absl::ascii_isspace(static_cast<unsigned char>(ch))) continue;
+    if (absl::ascii_isspace(static_cast<unsigned char>(ch))) {
+      const size_t colon = current.find(':');
+      if (spaces_separate && depth == 0 && colon != std::string::npos &&
+          colon + 1 < current.size()) {
+        flush();
+      }
+      continue;
+    }
     if (ch == '[') ++depth;
     if (ch == ']') depth = std::max(0, depth - 1);
     if (ch == ',' && depth == 0) {
@@ -553,12 +565,16 @@ std::optional<std::string> FixMegabytes(const std::string& value,
   return absl::StrCat(whole);
 }
 
-// A percentage where a fraction was meant: 80 -> 0.8.
+// A percentage where a fraction was meant: 80 -> 0.8. Only whole numbers
+// from 2 to 100 read as one: 1.5 is no percentage anybody writes, and 0.015
+// would be a wrong guess.
 std::optional<std::string> FixFraction(const std::string& value,
                                        bool open_interval) {
   double number = 0;
   if (!absl::SimpleAtod(value, &number)) return std::nullopt;
-  if (number > 1 && number <= 100) number /= 100;
+  if (number >= 2 && number <= 100 && number == std::floor(number)) {
+    number /= 100;
+  }
   const bool ok =
       open_interval ? number > 0 && number < 1 : number >= 0 && number <= 1;
   if (!ok) return std::nullopt;
@@ -638,9 +654,9 @@ std::string_view ValueHint(Kind kind) {
     case Kind::kMegabytes:
       return "a whole number of MiB, at least 20 (or large_segment_size_mb)";
     case Kind::kThreshold:
-      return "a number strictly between 0 and 1";
+      return "a number strictly between 0 and 1, such as 0.8";
     case Kind::kFraction:
-      return "a number from 0 to 1";
+      return "a number from 0 to 1, such as 0.9";
     case Kind::kRoundup:
       return "a power of two such as 4, or a list like [256:1,>:4] of "
              "power-of-two boundaries in MiB and divisions";
@@ -653,10 +669,18 @@ std::string_view ValueHint(Kind kind) {
 }
 
 // The item made acceptable, or nullopt to drop it; says what it changed.
-std::optional<Item> FixItem(const Item& item,
-                            std::vector<std::string>& suggestions) {
+std::optional<Item> FixItem(Item item, std::vector<std::string>& suggestions) {
   if (ItemParses(item)) return item;
   const std::string written = JoinItems({item});
+  if (const size_t equals = item.key.find('=');
+      !item.has_colon && equals != std::string::npos) {
+    item = {item.key.substr(0, equals), item.key.substr(equals + 1), true};
+    suggestions.push_back(absl::StrCat(
+        written, " -> ", JoinItems({item}),
+        " (PYTORCH_CUDA_ALLOC_CONF writes key:value; '=' is allocd tune "
+        "--space's syntax)"));
+    return FixItem(item, suggestions);
+  }
   const std::optional<std::string> key = KeyFor(item.key);
   if (!key) {
     suggestions.push_back(absl::StrCat(
@@ -702,7 +726,14 @@ void DropUntilAccepted(std::vector<Item>& items,
 
 void SuggestFix(absl::string_view conf, ConfigCheck& check) {
   std::vector<Item> fixed;
-  for (const Item& item : SplitItems(conf)) {
+  const std::vector<Item> spaced = SplitItems(conf, /*spaces_separate=*/true);
+  if (spaced.size() > SplitItems(conf).size()) {
+    check.suggestions.push_back(absl::StrCat(
+        "separate the keys with ',': ", JoinItems(spaced),
+        " (PyTorch drops spaces, so it read ", JoinItems(SplitItems(conf)),
+        ")"));
+  }
+  for (const Item& item : spaced) {
     if (std::optional<Item> f = FixItem(item, check.suggestions)) {
       fixed.push_back(*std::move(f));
     }
@@ -713,13 +744,40 @@ void SuggestFix(absl::string_view conf, ConfigCheck& check) {
       FormatAllocatorConfig(*ParseAllocatorConfig(JoinItems(fixed)));
 }
 
+// In words, for a string whose tokens PyTorch ran out of (its message is an
+// internal assert about its tokenizer, which says nothing to a user).
+std::string SyntaxError(absl::string_view conf) {
+  const std::string what =
+      "PYTORCH_CUDA_ALLOC_CONF is key:value pairs separated by commas, e.g. "
+      "max_split_size_mb:128,expandable_segments:True";
+  if (SplitItems(conf, /*spaces_separate=*/true).size() >
+      SplitItems(conf).size()) {
+    return absl::StrCat(what, "; spaces do not separate keys (PyTorch drops "
+                              "them and read \"",
+                        JoinItems(SplitItems(conf)), "\")");
+  }
+  for (const Item& item : SplitItems(conf)) {
+    if (!item.has_colon && absl::StrContains(item.key, "=")) {
+      return absl::StrCat(what, "; '", item.key,
+                          "' has '=' where ':' belongs");
+    }
+    if (!item.has_colon || item.value.empty()) {
+      return absl::StrCat(what, "; '", JoinItems({item}), "' has no value");
+    }
+  }
+  return absl::StrCat(what, "; PyTorch could not read this one");
+}
+
 }  // namespace
 
 ConfigCheck CheckAllocatorConfig(std::string_view conf) {
   ConfigCheck check;
   absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(conf);
   if (!config.ok()) {
-    check.error = std::string(config.status().message());
+    check.pytorch_error = std::string(config.status().message());
+    check.error = absl::StrContains(check.pytorch_error, "INTERNAL ASSERT")
+                      ? SyntaxError(ToAbsl(conf))
+                      : check.pytorch_error;
     SuggestFix(ToAbsl(conf), check);
     return check;
   }

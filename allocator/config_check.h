@@ -23,8 +23,12 @@ struct ConfigKeyExplanation {
 
 struct ConfigCheck {
   bool accepted = false;
-  // PyTorch's error when rejected (ParseAllocatorConfig's message).
+  // Why it was rejected: PyTorch's error, or, where that is an internal
+  // assert of PyTorch's tokenizer (a '=' for ':', keys separated by
+  // spaces, a key without a value), the syntax in words.
   std::string error;
+  // PyTorch's own error (ParseAllocatorConfig's message) when rejected.
+  std::string pytorch_error;
   // The parsed config when accepted.
   std::optional<AllocatorConfig> config;
   // One line per key that the string sets (or names at its default), in

@@ -28,7 +28,11 @@ absl::StatusOr<std::string> ValidConfig(const nlohmann::json& value,
 
 }  // namespace
 
-absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(absl::string_view text) {
+absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
+    absl::string_view text, std::optional<uint64_t> pool_capacity) {
+  const SizeContext quota_sizes{
+      .percent_of = pool_capacity,
+      .no_percent_reason = "the node pool's capacity is not known here"};
   nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError("config file is not a JSON object");
@@ -64,12 +68,18 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(absl::string_view text) {
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": not a numeric uid"));
         }
+        if (size_value.is_number()) {
+          // A number has no unit: say which the person probably meant.
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": ", ParseSize(size_value.dump()).status().message(),
+              "; sizes are strings, e.g. \"20GiB\""));
+        }
         if (!size_value.is_string()) {
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": a size string like \"20GiB\""));
         }
         absl::StatusOr<uint64_t> bytes =
-            ParseSize(size_value.get<std::string>());
+            ParseSize(size_value.get<std::string>(), quota_sizes);
         if (!bytes.ok()) {
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": ", bytes.status().message()));

@@ -4,11 +4,12 @@
 //   {
 //     "default": "expandable_segments:True",
 //     "jobs": {"llama-lora": "max_split_size_mb:256,garbage_collection_threshold:0.6"},
-//     "uid_quotas": {"1000": "20GiB"}
+//     "uid_quotas": {"1000": "20GiB", "1001": "25%"}
 //   }
 //
 // Every entry is validated (configs as PyTorch 2.11 would, sizes as
-// allocd's SIZE); an error names the entry.
+// allocd's SIZE: a unit is required, "N%" is of the node pool's capacity);
+// an error names the entry.
 #ifndef ALLOCD_SERVER_CONFIG_FILE_H_
 #define ALLOCD_SERVER_CONFIG_FILE_H_
 
@@ -30,7 +31,10 @@ struct NodeConfigFile {
   std::map<uid_t, uint64_t> uid_quotas;
 };
 
-absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(absl::string_view text);
+// `pool_capacity`: what a quota of "N%" is a percentage of (nullopt: such
+// a quota is an error).
+absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
+    absl::string_view text, std::optional<uint64_t> pool_capacity = std::nullopt);
 
 }  // namespace allocd
 

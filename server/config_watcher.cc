@@ -25,7 +25,14 @@ absl::StatusOr<std::unique_ptr<ConfigWatcher>> ConfigWatcher::Start(
     Metrics* metrics) {
   std::unique_ptr<ConfigWatcher> watcher(
       new ConfigWatcher(std::move(path), period, core, metrics));
-  if (absl::Status s = watcher->Reload(); !s.ok()) return s;
+  if (absl::Status s = watcher->Reload(); !s.ok()) {
+    // No good file yet: the daemon does not start on a file it cannot use.
+    return absl::Status(
+        s.code(),
+        absl::StrCat("cannot start with --config ", s.message(),
+                     ". Fix the file (allocd check-config 'CONFIG' checks "
+                     "each config), or start without --config"));
+  }
   watcher->thread_ = std::thread([w = watcher.get()] { w->Loop(); });
   return watcher;
 }
@@ -51,24 +58,27 @@ void ConfigWatcher::Loop() {
       };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), period_)) return;
     }
-    (void)Reload();  // errors are logged and counted there
+    if (absl::Status s = Reload(); !s.ok()) {
+      LogError(absl::StrCat("config file rejected, keeping the last good one: ",
+                            s.message()));
+    }
   }
 }
 
 absl::Status ConfigWatcher::Reload() {
   absl::StatusOr<std::string> text = ReadText(path_);
   absl::MutexLock lock(&mu_);
+  // Only once per bad content, not every period: the same text again is
+  // no change.
   if (text.ok() && *text == last_text_) return absl::OkStatus();
   absl::StatusOr<NodeConfigFile> parsed =
-      text.ok() ? ParseNodeConfigFile(*text) : text.status();
+      text.ok() ? ParseNodeConfigFile(*text, core_->pool().capacity())
+                : text.status();
   if (!parsed.ok()) {
     const absl::Status error(parsed.status().code(),
                              absl::StrCat(path_, ": ", parsed.status().message()));
-    // Only once per bad content, not every period.
     if (text.ok()) last_text_ = *text;
     metrics_->ConfigReload(false);
-    LogError(absl::StrCat("config file rejected, keeping the last good one: ",
-                          error.message()));
     return error;
   }
   last_text_ = *text;

@@ -30,7 +30,8 @@ class ConfigWatcher {
   ~ConfigWatcher();
 
   // Reads the file now and applies it if it changed. OK when unchanged or
-  // applied; the parse error otherwise.
+  // applied; the parse error otherwise (counted in the metrics; the last
+  // good file stays in force).
   absl::Status Reload();
 
  private:

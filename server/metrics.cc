@@ -1,5 +1,11 @@
 #include "server/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <sstream>
 #include <utility>
@@ -20,6 +26,52 @@ int64_t StatOr0(const std::map<std::string, int64_t>& stats,
                 const std::string& key) {
   auto it = stats.find(key);
   return it == stats.end() ? 0 : it->second;
+}
+
+// Why `address` ("HOST:PORT", "[::1]:PORT") cannot be listened on, found
+// by binding it the way an HTTP server does; the exposer itself only says
+// "null context when constructing CivetServer".
+std::string WhyCannotListen(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "it is not HOST:PORT";
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(),
+                          &hints, &found);
+      e != 0) {
+    return absl::StrCat("'", address, "' is not a host and port (", gai_strerror(e), ")");
+  }
+  std::string why = "the HTTP server did not start";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const int result = bind(fd, a->ai_addr, a->ai_addrlen);
+    const int error = errno;
+    close(fd);
+    if (result == 0) continue;
+    if (error == EADDRINUSE) {
+      why = absl::StrCat("port ", port, " is already in use (another allocd serve, or another exporter)");
+    } else if (error == EADDRNOTAVAIL) {
+      why = absl::StrCat(host, " is not an address of this machine");
+    } else if (error == EACCES) {
+      why = absl::StrCat("port ", port, " needs privileges (ports below 1024)");
+    } else {
+      why = std::strerror(error);
+    }
+    break;
+  }
+  freeaddrinfo(found);
+  return why;
 }
 
 }  // namespace
@@ -130,9 +182,11 @@ Metrics::~Metrics() = default;
 absl::Status Metrics::Serve(const std::string& address) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  } catch (const std::exception&) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on ", address, ": ", WhyCannotListen(address),
+        ". Give another --metrics-addr HOST:PORT, or --metrics-addr '' for "
+        "no metrics"));
   }
   exposer_->RegisterCollectable(registry_);
   return absl::OkStatus();

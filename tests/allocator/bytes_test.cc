@@ -1,17 +1,20 @@
 // FormatSize is PyTorch's format_size (c10/cuda/CUDACachingAllocator.cpp,
 // used in "CUDA out of memory" messages): "<= 1024" bytes, then KiB up to and
 // including 1 MiB, MiB up to and including 1 GiB, then GiB, two decimals.
-// ParseSize is allocd's own parser for sizes on the command line.
+// ParseSize is allocd's one parser for sizes: flags, allocctl, config files.
 #include "allocator/bytes.h"
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace allocd {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * 1024;
@@ -50,12 +53,76 @@ TEST(FormatSizeTest, RoundsToTwoDecimals) {
   EXPECT_EQ(FormatSize(1030), "1.01 KiB");
 }
 
-TEST(ParseSizeTest, PlainIntegers) {
-  EXPECT_EQ(ParseSize("0").value(), 0u);
-  EXPECT_EQ(ParseSize("512").value(), 512u);
-  EXPECT_EQ(ParseSize("84465090560").value(), 84465090560u);
-  EXPECT_EQ(ParseSize("18446744073709551615").value(),
+// A person's "80" means 80 GB, never 80 bytes: a number without a unit is
+// refused with a suggestion, except where bytes are documented.
+TEST(ParseSizeTest, ANumberWithoutAUnitIsRefusedWithASuggestion) {
+  absl::StatusOr<uint64_t> small = ParseSize("80");
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(small.status().message(), HasSubstr("did you mean 80GB?"));
+  absl::StatusOr<uint64_t> decimal = ParseSize("79.1");
+  ASSERT_FALSE(decimal.ok());
+  EXPECT_THAT(decimal.status().message(), HasSubstr("did you mean 79.1GB?"));
+  // A large one was printed by a program, in bytes.
+  absl::StatusOr<uint64_t> large = ParseSize("84465090560");
+  ASSERT_FALSE(large.ok());
+  EXPECT_THAT(large.status().message(),
+              HasSubstr("did you mean 84465090560B?"));
+}
+
+TEST(ParseSizeTest, BareNumbersAreBytesWhereDocumented) {
+  const SizeContext bytes{.bare_number_is_bytes = true};
+  EXPECT_EQ(ParseSize("0", bytes).value(), 0u);
+  EXPECT_EQ(ParseSize("512", bytes).value(), 512u);
+  EXPECT_EQ(ParseSize("84465090560", bytes).value(), 84465090560u);
+  EXPECT_EQ(ParseSize("18446744073709551615", bytes).value(),
             uint64_t{18446744073709551615u});
+  // Units still work there.
+  EXPECT_EQ(ParseSize("80GB", bytes).value(), 80000000000u);
+}
+
+TEST(ParseSizeTest, ExplicitBytes) {
+  EXPECT_EQ(ParseSize("80B").value(), 80u);
+  EXPECT_EQ(ParseSize("84465090560B").value(), 84465090560u);
+  // Exact past 2^53, where a double would round.
+  EXPECT_EQ(ParseSize("18446744073709551615B").value(),
+            uint64_t{18446744073709551615u});
+}
+
+// Kubernetes quantities: G is 10^9, Gi is 2^30.
+TEST(ParseSizeTest, KubernetesSuffixes) {
+  EXPECT_EQ(ParseSize("80G").value(), 80000000000u);
+  EXPECT_EQ(ParseSize("80Gi").value(), 80 * kGiB);
+  EXPECT_EQ(ParseSize("512Mi").value(), 512 * kMiB);
+  EXPECT_EQ(ParseSize("512M").value(), 512000000u);
+  EXPECT_EQ(ParseSize("4Ki").value(), 4 * kKiB);
+  EXPECT_EQ(ParseSize("4K").value(), 4000u);
+  EXPECT_EQ(ParseSize("1Ti").value(), 1024 * kGiB);
+  EXPECT_EQ(ParseSize("2T").value(), 2000000000000u);
+  EXPECT_EQ(ParseSize("1.5Gi").value(), 3 * kGiB / 2);
+}
+
+TEST(ParseSizeTest, PercentOfAKnownDevice) {
+  const SizeContext device{.percent_of = 80 * kGiB};
+  EXPECT_EQ(ParseSize("80%", device).value(), 64 * kGiB);
+  EXPECT_EQ(ParseSize("100%", device).value(), 80 * kGiB);
+  EXPECT_EQ(ParseSize("12.5 %", device).value(), 10 * kGiB);
+  // Units keep their meaning beside a device.
+  EXPECT_EQ(ParseSize("80GB", device).value(), 80000000000u);
+  for (const char* text : {"0%", "101%", "-5%", "%", "x%"}) {
+    EXPECT_FALSE(ParseSize(text, device).ok()) << text;
+  }
+}
+
+TEST(ParseSizeTest, PercentWithoutADeviceSaysWhy) {
+  absl::StatusOr<uint64_t> parsed = ParseSize("80%");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("is a percentage"));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("no device"));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("80GB"));
+  const SizeContext sim{.no_percent_reason = "--backend sim has no device"};
+  EXPECT_THAT(ParseSize("80%", sim).status().message(),
+              HasSubstr("--backend sim has no device"));
 }
 
 TEST(ParseSizeTest, DecimalUnitsArePowersOf1000) {
@@ -85,7 +152,7 @@ TEST(ParseSizeTest, CaseAndSpacesAreAccepted) {
 TEST(ParseSizeTest, RejectsMalformedSizes) {
   for (const char* text :
        {"", " ", "-1", "-1GB", "12XB", "GB", "abc", "1.2.3GB", "12 X",
-        "1e400GB", "nanGB", "infGB"}) {
+        "1e400GB", "nanGB", "infGB", "+5GB", "5XiB", "GiB"}) {
     absl::StatusOr<uint64_t> parsed = ParseSize(text);
     EXPECT_FALSE(parsed.ok()) << "'" << text << "' parsed as " << *parsed;
     if (!parsed.ok()) {
@@ -96,7 +163,9 @@ TEST(ParseSizeTest, RejectsMalformedSizes) {
 }
 
 TEST(ParseSizeTest, RejectsValuesPast64Bits) {
-  EXPECT_FALSE(ParseSize("18446744073709551616").ok());
+  EXPECT_FALSE(ParseSize("18446744073709551616B").ok());
+  EXPECT_FALSE(
+      ParseSize("18446744073709551616", {.bare_number_is_bytes = true}).ok());
   EXPECT_FALSE(ParseSize("20000000TB").ok());
 }
 

@@ -148,6 +148,56 @@ TEST(ConfigCheckTest, ConflictingItemsAreDroppedUntilAccepted) {
   ExpectFixParses(check);
 }
 
+// "max_split_size_mb=64" (the '=' of allocd tune --space) makes PyTorch's
+// tokenizer run out of tokens: its message is an internal assert. The check
+// says the syntax instead, and fixes it.
+TEST(ConfigCheckTest, AnEqualsSignIsExplainedAndFixed) {
+  const ConfigCheck check = CheckAllocatorConfig("max_split_size_mb=64");
+  EXPECT_FALSE(check.accepted);
+  EXPECT_THAT(check.pytorch_error, HasSubstr("INTERNAL ASSERT"));
+  EXPECT_THAT(check.error, Not(HasSubstr("INTERNAL ASSERT")));
+  EXPECT_THAT(check.error, HasSubstr("key:value"));
+  EXPECT_THAT(check.error, HasSubstr("'=' where ':' belongs"));
+  ExpectFixParses(check);
+  EXPECT_EQ(*check.fixed_config, "max_split_size_mb:64");
+}
+
+// PyTorch drops whitespace everywhere, so "a:1 b:2" is "a:1b:2", which it
+// rejects. The fix keeps both keys, and the message says what PyTorch read.
+TEST(ConfigCheckTest, SpaceSeparatedKeysKeepEveryKey) {
+  for (const char* conf : {"max_split_size_mb:64 expandable_segments:True",
+                           "garbage_collection_threshold:0.6 max_split_size_mb:128"}) {
+    const ConfigCheck check = CheckAllocatorConfig(conf);
+    EXPECT_FALSE(check.accepted) << conf;
+    EXPECT_THAT(check.error, HasSubstr("spaces do not separate keys")) << conf;
+    ExpectFixParses(check);
+    const ConfigCheck spaced_fix = CheckAllocatorConfig(*check.fixed_config);
+    EXPECT_EQ(spaced_fix.keys.size(), 2u) << *check.fixed_config;
+  }
+  const ConfigCheck check =
+      CheckAllocatorConfig("max_split_size_mb:64 expandable_segments:True");
+  EXPECT_THAT(check.error,
+              HasSubstr("read \"max_split_size_mb:64expandable_segments:True\""));
+  EXPECT_EQ(*check.fixed_config, "max_split_size_mb:64,expandable_segments:True");
+  // A space after the ':' is no separator (and PyTorch accepts it).
+  EXPECT_TRUE(CheckAllocatorConfig("max_split_size_mb: 64").accepted);
+}
+
+// 1.5 is not a percentage anybody writes: no "fix" to 0.015, but the range
+// and an example.
+TEST(ConfigCheckTest, AThresholdAboveOneIsNotReadAsAPercentage) {
+  const ConfigCheck check = CheckAllocatorConfig("garbage_collection_threshold:1.5");
+  EXPECT_FALSE(check.accepted);
+  EXPECT_FALSE(check.fixed_config.has_value()) << *check.fixed_config;
+  EXPECT_THAT(check.suggestions,
+              ElementsAre(AllOf(HasSubstr("strictly between 0 and 1"),
+                                HasSubstr("0.8"))));
+  // A whole percentage still reads as one.
+  const ConfigCheck percent = CheckAllocatorConfig("garbage_collection_threshold:60");
+  ASSERT_TRUE(percent.fixed_config.has_value());
+  EXPECT_EQ(*percent.fixed_config, "garbage_collection_threshold:0.6");
+}
+
 TEST(ConfigCheckTest, NothingToSalvageMeansNoFix) {
   const ConfigCheck check = CheckAllocatorConfig("hello world");
   EXPECT_FALSE(check.accepted);

@@ -3,7 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+
 #include <array>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -15,16 +22,18 @@
 
 namespace {
 
+using testing::AllOf;
 using testing::ContainsRegex;
 using testing::HasSubstr;
+using testing::Not;
 
 struct CommandResult {
   int exit_code;
   std::string output;  // stdout and stderr together
 };
 
-CommandResult RunAllocd(const std::string& args) {
-  const std::string command = std::string(ALLOCD_BINARY) + " " + args + " 2>&1";
+CommandResult Run(const std::string& binary, const std::string& args) {
+  const std::string command = binary + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> buffer;
@@ -35,6 +44,8 @@ CommandResult RunAllocd(const std::string& args) {
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
+
+CommandResult RunAllocd(const std::string& args) { return Run(ALLOCD_BINARY, args); }
 
 const std::string kLlama =
     std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz";
@@ -57,7 +68,7 @@ TEST(CliTest, NoCommandIsAnError) {
 TEST(CliTest, ReplayJsonHasTheDocumentedFields) {
   const CommandResult r =
       RunAllocd("replay " + kLlama +
-          " --capacity 84465090560 --config max_split_size_mb:256 --json");
+          " --capacity 84465090560B --config max_split_size_mb:256 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
   for (const char* key :
@@ -113,7 +124,7 @@ TEST(CliTest, ReplayRejectsABadConfigWithPyTorchsWords) {
 }
 
 TEST(CliTest, ReplayRejectsBadSizesAndFractions) {
-  EXPECT_EQ(RunAllocd("replay " + kLlama + " --capacity 12XB").exit_code, 1);
+  EXPECT_EQ(RunAllocd("replay " + kLlama + " --capacity 12XB").exit_code, 2);
   const CommandResult no_capacity = RunAllocd("replay " + kLlama + " --memory-fraction 0.5");
   EXPECT_EQ(no_capacity.exit_code, 1);
   EXPECT_THAT(no_capacity.output, HasSubstr("needs --capacity"));
@@ -195,7 +206,7 @@ TEST(CliTest, ReplayExportErrorsAreClear) {
 TEST(CliTest, TuneWritesAnHtmlReport) {
   const std::string dir = TempPath("report");
   const CommandResult r = RunAllocd("tune " + kLlama +
-                                    " --capacity 84465090560 --budget 30 --jobs 2 --report " + dir);
+                                    " --capacity 84465090560B --budget 30 --jobs 2 --report " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("report written to " + dir + "/index.html"));
   // The prediction, ready to travel with a push to a node's daemon.
@@ -298,10 +309,239 @@ TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
   const std::string socket = ::testing::TempDir() + "/fd_limit.sock";
   const CommandResult r = RunAllocd(
       "serve --backend sim --metrics-addr '' --socket " + socket +
-      " --capacity " + std::to_string(capacity));
+      " --capacity " + std::to_string(capacity) + "B");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("RLIMIT_NOFILE"));
   EXPECT_THAT(r.output, HasSubstr("lower --capacity to at most"));
 }
 
+// --- Sizes: one parser for every flag (allocator/bytes.h) ---------------
+
+int64_t ReplayCapacity(const std::string& capacity) {
+  const CommandResult r = RunAllocd("replay " + kLlama + " --json --capacity " + capacity);
+  EXPECT_EQ(r.exit_code, 0) << capacity << ": " << r.output;
+  if (r.exit_code != 0) return -1;
+  return nlohmann::json::parse(r.output)["capacity"].get<int64_t>();
+}
+
+TEST(CliSizeTest, EveryUnitForm) {
+  EXPECT_EQ(ReplayCapacity("80GB"), 80000000000);
+  EXPECT_EQ(ReplayCapacity("80G"), 80000000000);
+  EXPECT_EQ(ReplayCapacity("80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(ReplayCapacity("80Gi"), int64_t{80} << 30);
+  EXPECT_EQ(ReplayCapacity("79.1GiB"), 84932978278);
+  EXPECT_EQ(ReplayCapacity("84465090560B"), 84465090560);
+}
+
+TEST(CliSizeTest, ABareNumberIsAUsageErrorWithASuggestion) {
+  const CommandResult r = RunAllocd("replay " + kLlama + " --capacity 80");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("did you mean 80GB?"));
+  EXPECT_THAT(r.output, HasSubstr("Usage: allocd replay"));
+  const CommandResult bytes = RunAllocd("replay " + kLlama + " --capacity 84465090560");
+  EXPECT_EQ(bytes.exit_code, 2);
+  EXPECT_THAT(bytes.output, HasSubstr("did you mean 84465090560B?"));
+  for (const char* flag : {"--capacity", "--total-memory", "--memory-budget"}) {
+    const CommandResult tune = RunAllocd("tune " + kLlama + " " + flag + " 80");
+    EXPECT_EQ(tune.exit_code, 2) << flag;
+    EXPECT_THAT(tune.output, HasSubstr("did you mean 80GB?")) << flag;
+  }
+}
+
+TEST(CliSizeTest, PercentNeedsADevice) {
+  // A snapshot does not say how much memory its GPU had.
+  const CommandResult replay = RunAllocd("replay " + kLlama + " --capacity 80%");
+  EXPECT_EQ(replay.exit_code, 1) << replay.output;
+  EXPECT_THAT(replay.output, HasSubstr("is a percentage"));
+  const CommandResult no_total = RunAllocd("tune " + kLlama + " --capacity 95% --budget 3");
+  EXPECT_EQ(no_total.exit_code, 1) << no_total.output;
+  EXPECT_THAT(no_total.output, HasSubstr("no --total-memory"));
+  // tune knows the device from --total-memory.
+  const CommandResult tune = RunAllocd(
+      "tune " + kLlama + " --capacity 95% --total-memory 80GB --budget 3 --jobs 2 --json");
+  ASSERT_EQ(tune.exit_code, 0) << tune.output;
+  EXPECT_EQ(nlohmann::json::parse(tune.output)["capacity"].get<int64_t>(), 76000000000);
+}
+
+TEST(CliSizeTest, TotalMemoryBelowTheTracesPeakIsRefused) {
+  const CommandResult r = RunAllocd("tune " + kLlama + " --total-memory 2GB --budget 3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--total-memory 1.86 GiB is less than the 3.92 GiB"));
+  // Nothing was tuned.
+  EXPECT_THAT(r.output, Not(HasSubstr("PYTORCH_CUDA_ALLOC_CONF")));
+}
+
+// --- Exit status: 0 done, 1 error, 2 usage (the usage printed) ----------
+
+TEST(CliExitTest, UsageErrorsPrintTheUsageAndExit2) {
+  struct Case {
+    std::string args, message, usage;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "A subcommand is required", "Usage: allocd [OPTIONS] SUBCOMMAND"},
+           {"replay", "TRACE is required", "Usage: allocd replay [OPTIONS] TRACE"},
+           {"replay " + kLlama + " --bogus", "--bogus", "Usage: allocd replay"},
+           {"tune " + kLlama + " --objective fastest", "--objective", "Usage: allocd tune"},
+           {"--socket /tmp/x.sock replay " + kLlama,
+            "--socket does not apply to `allocd replay`", "Usage: allocd replay"},
+           {"frobnicate", "frobnicate", "Usage: allocd"}}) {
+    const CommandResult r = RunAllocd(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_THAT(r.output, AllOf(HasSubstr(c.message), HasSubstr(c.usage),
+                                HasSubstr("--help' for the options")))
+        << c.args;
+  }
+}
+
+TEST(CliExitTest, HelpDocumentsTheExitStatus) {
+  for (const char* args : {"--help", "replay --help", "check-config --help"}) {
+    const CommandResult r = RunAllocd(args);
+    EXPECT_EQ(r.exit_code, 0) << args;
+    EXPECT_THAT(r.output, AllOf(HasSubstr("Exit status:"), HasSubstr("2: a usage error")))
+        << args;
+  }
+  EXPECT_THAT(RunAllocd("tune --help").output, HasSubstr("3: no candidate config fits"));
+}
+
+TEST(CliExitTest, TuneWithNothingThatFitsExits3) {
+  const CommandResult r = RunAllocd("tune " + kLlama + " --capacity 1GB --budget 3 --jobs 2");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("No candidate"));
+}
+
+TEST(CliExitTest, GlobalFlagsBeforeTheSubcommand) {
+  const CommandResult r = RunAllocd("--json replay " + kLlama);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["num_ooms"], 0);
+  const CommandResult check = RunAllocd("--json check-config expandable_segments:True");
+  ASSERT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_EQ(nlohmann::json::parse(check.output)["accepted"], true);
+}
+
+// --- Messages that say what happened and what to do ----------------------
+
+TEST(CliMessageTest, ATextFileIsNotAPickleSnapshot) {
+  const std::string path = TempPath("notes.txt");
+  std::ofstream(path) << "hello world, these are my notes\n";
+  const CommandResult r = RunAllocd("replay " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("not a pickle snapshot"));
+  EXPECT_THAT(r.output, HasSubstr("hello world"));
+  EXPECT_THAT(r.output, Not(HasSubstr("BINGET")));
+  // The path once.
+  EXPECT_EQ(r.output.find(path), r.output.rfind(path)) << r.output;
+  std::remove(path.c_str());
+}
+
+TEST(CliMessageTest, CheckConfigExplainsTheSyntax) {
+  const CommandResult equals = RunAllocd("check-config max_split_size_mb=64");
+  EXPECT_EQ(equals.exit_code, 1);
+  EXPECT_THAT(equals.output, HasSubstr("key:value"));
+  EXPECT_THAT(equals.output, Not(HasSubstr("INTERNAL ASSERT")));
+  EXPECT_THAT(equals.output, HasSubstr("fixed config (PyTorch accepts it): max_split_size_mb:64"));
+  const CommandResult spaces =
+      RunAllocd("check-config 'max_split_size_mb:64 expandable_segments:True'");
+  EXPECT_THAT(spaces.output, HasSubstr("spaces do not separate keys"));
+  EXPECT_THAT(spaces.output, HasSubstr("fixed config (PyTorch accepts it): "
+                                       "max_split_size_mb:64,expandable_segments:True"));
+  const CommandResult threshold = RunAllocd("check-config garbage_collection_threshold:1.5");
+  EXPECT_THAT(threshold.output, HasSubstr("strictly between 0 and 1, such as 0.8"));
+  EXPECT_THAT(threshold.output, Not(HasSubstr("0.015")));
+  const CommandResult json = RunAllocd("check-config max_split_size_mb=64 --json");
+  const nlohmann::json j = nlohmann::json::parse(json.output);
+  EXPECT_THAT(j["pytorch_error"].get<std::string>(), HasSubstr("INTERNAL ASSERT"));
+  EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("key:value"));
+}
+
+#ifdef ALLOCCTL_BINARY
+CommandResult RunAllocctl(const std::string& args) { return Run(ALLOCCTL_BINARY, args); }
+
+TEST(CliMessageTest, ABusyMetricsPortSaysSo) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+  const CommandResult r = RunAllocd("serve --capacity 64MiB --socket " + TempPath("busy.sock") +
+                                    " --metrics-addr 127.0.0.1:" + port);
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("port " + port + " is already in use"));
+  EXPECT_THAT(r.output, HasSubstr("--metrics-addr"));
+  EXPECT_THAT(r.output, Not(HasSubstr("CivetServer")));
+}
+
+TEST(CliMessageTest, ABadConfigFileAtStartIsNotKeptFromBefore) {
+  const std::string config = TempPath("bad_config.json");
+  std::ofstream(config) << R"({"jobs": {"llama": "max_split_size_mb=64"}})";
+  const CommandResult r = RunAllocd("serve --capacity 64MiB --metrics-addr '' --socket " +
+                                    TempPath("config.sock") + " --config " + config);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cannot start with --config " + config));
+  EXPECT_THAT(r.output, HasSubstr("jobs.llama"));
+  EXPECT_THAT(r.output, Not(HasSubstr("last good")));
+  std::remove(config.c_str());
+}
+
+TEST(CliExitTest, AllocctlUsageErrorsExit2) {
+  for (const char* args : {"", "config", "quota set 20GiB", "sessions --bogus",
+                           "quota set 80 --uid 1000"}) {
+    const CommandResult r = RunAllocctl(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("Usage: allocctl")) << args;
+  }
+  EXPECT_THAT(RunAllocctl("quota set 80 --uid 1000").output, HasSubstr("did you mean 80GB?"));
+  EXPECT_THAT(RunAllocctl("--help").output, HasSubstr("4: the daemon does not allow"));
+}
+
+// A daemon of the sim backend for allocctl to talk to.
+class CliDaemonTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = TempPath("daemon.sock");
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--capacity", "64MiB",
+                                     "--metrics-addr", "", "--socket", socket_};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    for (int i = 0; i < 500 && access(socket_.c_str(), F_OK) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  void TearDown() override {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  std::string socket_;
+  pid_t pid_ = 0;
+};
+
+TEST_F(CliDaemonTest, GlobalFlagsBeforeOrAfterTheSubcommand) {
+  for (const std::string& args :
+       {"--socket " + socket_ + " --json sessions", "sessions --json --socket " + socket_,
+        "--json sessions -s " + socket_, "config history --socket " + socket_ + " --json"}) {
+    const CommandResult r = RunAllocctl(args);
+    ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_TRUE(nlohmann::json::parse(r.output).is_object()) << args << "\n" << r.output;
+  }
+}
+
+TEST_F(CliDaemonTest, QuotaSizes) {
+  EXPECT_EQ(RunAllocctl("quota set 25% --uid 1000 --socket " + socket_).exit_code, 0);
+  EXPECT_EQ(RunAllocctl("quota set 20Gi --uid 1000 --socket " + socket_).exit_code, 0);
+  EXPECT_EQ(RunAllocctl("quota set none --uid 1000 --socket " + socket_).exit_code, 0);
+  const CommandResult predicted = RunAllocctl(
+      "config set expandable_segments:True --predicted-peak-reserved 4802478080 --json -s " +
+      socket_);
+  ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
+  EXPECT_THAT(predicted.output, HasSubstr("4802478080"));
+}
+#endif
+
 }  // namespace
+

@@ -296,7 +296,7 @@ class DaemonLoadTest : public ::testing::Test {
         std::vector<std::string>{ALLOCD_BINARY, "serve", "--backend", "sim",
                                  "--socket", socket_, "--metrics-addr",
                                  "127.0.0.1:0", "--capacity",
-                                 std::to_string(capacity)},
+                                 std::to_string(capacity) + "B"},
         dir_ + "/daemon.out", dir_ + "/daemon.log");
     const std::regex port_line("metrics on port ([0-9]+)");
     const auto deadline = Clock::now() + 60s;

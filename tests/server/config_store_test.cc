@@ -10,6 +10,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::AllOf;
 
 TEST(ConfigStoreTest, VersionsAreNodeWideAndCanonical) {
   ConfigStore store;
@@ -135,6 +136,31 @@ TEST(NodeConfigFileTest, ErrorsNameTheEntry) {
   EXPECT_THAT(message(R"({"uid_quotas": {"1": "lots"}})"),
               HasSubstr("uid_quotas.1"));
   EXPECT_THAT(message(R"({"defaults": ""})"), HasSubstr("unknown key"));
+}
+
+// One size parser everywhere: a unit is required, Kubernetes' suffixes and
+// percentages of the pool work.
+TEST(NodeConfigFileTest, QuotaSizesNeedAUnit) {
+  auto message = [](absl::string_view text) {
+    absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(text, uint64_t{80} << 30);
+    return f.ok() ? std::string("ok") : std::string(f.status().message());
+  };
+  EXPECT_THAT(message(R"({"uid_quotas": {"1": "20"}})"),
+              HasSubstr("did you mean 20GB?"));
+  EXPECT_THAT(message(R"({"uid_quotas": {"1": 20}})"),
+              AllOf(HasSubstr("uid_quotas.1"), HasSubstr("did you mean 20GB?"),
+                    HasSubstr("sizes are strings")));
+  absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(
+      R"({"uid_quotas": {"1": "20Gi", "2": "20G", "3": "25%", "4": "512B"}})",
+      uint64_t{80} << 30);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->uid_quotas.at(1), uint64_t{20} << 30);
+  EXPECT_EQ(f->uid_quotas.at(2), 20000000000u);
+  EXPECT_EQ(f->uid_quotas.at(3), uint64_t{20} << 30);
+  EXPECT_EQ(f->uid_quotas.at(4), 512u);
+  // Without a pool a percentage says why it cannot be.
+  EXPECT_THAT(ParseNodeConfigFile(R"({"uid_quotas": {"1": "25%"}})").status().message(),
+              HasSubstr("capacity is not known"));
   EXPECT_THAT(message("not json"), HasSubstr("not a JSON object"));
 }
 

@@ -14,6 +14,7 @@ namespace allocd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ConfigWatcherTest : public ::testing::Test {
  protected:
@@ -108,6 +109,20 @@ TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
       ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
   EXPECT_FALSE(watcher.ok());
   EXPECT_THAT(watcher.status().message(), HasSubstr(path_));
+  // There is no last good file to keep: the daemon cannot start with it.
+  EXPECT_THAT(watcher.status().message(), HasSubstr("cannot start with --config"));
+  EXPECT_THAT(watcher.status().message(), Not(HasSubstr("last good")));
+}
+
+TEST_F(ConfigWatcherTest, AQuotaInPercentIsOfThePool) {
+  Write(R"({"uid_quotas": {"4242": "25%"}})");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
+  // 25% of the 1 GiB pool.
+  EXPECT_TRUE(pool_.Acquire(100, 256 << 20).ok());
+  EXPECT_FALSE(pool_.Acquire(100, 2 << 20).ok());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
@@ -20,6 +21,7 @@
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/unix_socket.h"
+#include "tools/common/cli.h"
 
 namespace allocd {
 namespace {
@@ -152,17 +154,21 @@ void PrintHistory(const v1::HistoryResponse& r) {
   }
 }
 
-// A size argument ("20GiB", "4.8GB", bytes); nullopt, and why on stderr,
-// when it is not one.
-std::optional<uint64_t> ParseSizeArgument(const char* name,
-                                          const std::string& text) {
-  absl::StatusOr<uint64_t> bytes = ParseSize(text);
-  if (!bytes.ok()) {
-    std::cerr << "allocctl: " << name << ": " << bytes.status().message()
-              << "\n";
-    return std::nullopt;
+// --predicted-peak-reserved: printed by `allocd tune` in bytes, so a bare
+// number is bytes there.
+const SizeContext kPredictedPeak{.bare_number_is_bytes = true};
+
+// The pool's capacity, what a quota of "N%" is a percentage of.
+absl::StatusOr<uint64_t> PoolCapacity(v1::Admin::Stub& admin) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  v1::StatusResponse status;
+  if (grpc::Status s = admin.Status(&context, v1::StatusRequest(), &status);
+      !s.ok()) {
+    return absl::UnavailableError(s.error_message());
   }
-  return *bytes;
+  return status.capacity_bytes();
 }
 
 int Health(const Options& o, const std::shared_ptr<grpc::Channel>& channel) {
@@ -193,9 +199,15 @@ int main(int argc, char** argv) {
       "uids.",
       "allocctl"};
   app.require_subcommand(1);
+  // --socket and --json also after the subcommand: `allocctl sessions --json`.
+  app.fallthrough();
+  app.footer(ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n"));
   app.add_option("--socket,-s", o.socket,
-                 "the daemon's socket (default /run/allocd/allocd.sock)");
-  app.add_flag("--json", o.json, "print the daemon's answer as JSON");
+                 "the daemon's socket (default /run/allocd/allocd.sock); "
+                 "before or after the subcommand");
+  app.add_flag("--json", o.json,
+               "print the daemon's answer as JSON; before or after the "
+               "subcommand");
 
   CLI::App* status = app.add_subcommand("status", "the node pool and daemon");
   CLI::App* health = app.add_subcommand(
@@ -216,8 +228,10 @@ int main(int argc, char** argv) {
                                      "its own config)");
   set->add_option("--predicted-peak-reserved", o.predicted_peak,
                   "the job's peak reserved memory `allocd tune` predicted "
-                  "under CONFIG, e.g. 4.8GB; exported for dashboards to set "
-                  "against the realised peak");
+                  "under CONFIG: bytes as tune prints it, or a size such as "
+                  "4.8GB; exported for dashboards to set against the "
+                  "realised peak")
+      ->check(SizeSyntax(kPredictedPeak));
   CLI::App* history = config->add_subcommand(
       "history", "config sets, ACKs, NACKs and rollbacks, newest first");
   history->add_option("--job,-j", o.job, "only this job");
@@ -226,13 +240,23 @@ int main(int argc, char** argv) {
   quota->require_subcommand(1);
   CLI::App* quota_set = quota->add_subcommand(
       "set", "most memory a session or a uid may hold; 'none' clears it");
-  quota_set->add_option("SIZE", o.quota, "e.g. 20GiB, or none")->required();
+  quota_set->add_option("SIZE", o.quota,
+                        "e.g. 20GiB, 20Gi, 25% of the pool's capacity, or none")
+      ->required()
+      ->check(CLI::Validator(
+          [size = SizeSyntax()](std::string& value) {
+            return value == "none" ? std::string() : size(value);
+          },
+          "SIZE|none"));
   auto* target = quota_set->add_option_group("target");
   target->add_option("--session", o.session, "session id");
   target->add_option("--uid", o.uid, "uid");
   target->require_option(1);
 
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code =
+          ParseCommandLine(app, argc, argv, std::cout, std::cerr)) {
+    return *exit_code;
+  }
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(o.socket);
   if (!channel.ok()) {
@@ -274,10 +298,9 @@ int main(int argc, char** argv) {
     request.set_job(o.job);
     request.set_config(o.config);
     if (!o.predicted_peak.empty()) {
-      std::optional<uint64_t> bytes =
-          ParseSizeArgument("--predicted-peak-reserved", o.predicted_peak);
-      if (!bytes) return 2;
-      request.set_predicted_peak_reserved_bytes(*bytes);
+      // SizeSyntax checked it.
+      request.set_predicted_peak_reserved_bytes(
+          *ParseSize(o.predicted_peak, kPredictedPeak));
     }
     return Call<v1::SetConfigResponse>(
         o,
@@ -304,9 +327,17 @@ int main(int argc, char** argv) {
   if (o.session) request.set_session_id(*o.session);
   if (o.uid) request.set_uid(*o.uid);
   if (o.quota != "none") {
-    std::optional<uint64_t> bytes = ParseSizeArgument("SIZE", o.quota);
-    if (!bytes) return 2;
-    request.set_bytes(*bytes);
+    SizeContext of_pool;
+    if (absl::EndsWith(o.quota, "%")) {
+      absl::StatusOr<uint64_t> capacity = PoolCapacity(*admin);
+      if (!capacity.ok()) {
+        std::cerr << "allocctl: " << capacity.status().message() << "\n";
+        return kExitError;
+      }
+      of_pool.percent_of = *capacity;
+    }
+    // SizeSyntax checked the form.
+    request.set_bytes(*ParseSize(o.quota, of_pool));
   }
   return Call<v1::SetQuotaResponse>(
       o,

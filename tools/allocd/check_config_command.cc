@@ -22,6 +22,8 @@ nlohmann::json ToJson(const ConfigCheck& check) {
       {"accepted", check.accepted},
       {"error",
        check.accepted ? nlohmann::json(nullptr) : nlohmann::json(check.error)},
+      {"pytorch_error", check.accepted ? nlohmann::json(nullptr)
+                                       : nlohmann::json(check.pytorch_error)},
       {"keys", keys},
       {"warnings", check.warnings},
       {"suggestions", check.suggestions},

@@ -10,7 +10,7 @@
 namespace allocd {
 
 // Prints the check of `conf` for people, or as one JSON object with
-// `accepted`, `error`, `keys` ({key, value, explanation}), `warnings`,
+// `accepted`, `error` (in words), `pytorch_error` (PyTorch's own), `keys` ({key, value, explanation}), `warnings`,
 // `suggestions`, `fixed_config` and `canonical`. Returns the process exit
 // code: 0 when PyTorch accepts `conf`, 1 when it rejects it.
 int RunCheckConfig(std::string_view conf, bool json, std::ostream& out);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "tools/common/cli.h"
 #include "tools/allocd/check_config_command.h"
 #include "tools/allocd/replay_command.h"
 #include "tools/allocd/run_command.h"
@@ -39,9 +40,10 @@ void AddReplay(CLI::App& app, allocd::ReplayCommandOptions& options,
                      "PYTORCH_CUDA_ALLOC_CONF to replay under (default: "
                      "PyTorch's defaults)");
   replay->add_option("--capacity", options.capacity,
-                     "device memory the job can use: bytes or 80GB, 79.1GiB, "
-                     "... (default: unlimited). With --memory-fraction: the "
-                     "device's total memory");
+                     "device memory the job can use: 80GB, 79.1GiB, 80Gi, "
+                     "84465090560B (default: unlimited). With "
+                     "--memory-fraction: the device's total memory")
+      ->check(allocd::SizeSyntax());
   replay->add_option("--memory-fraction", fraction,
                      "torch.cuda.set_per_process_memory_fraction(F): caps "
                      "reserved memory at F x --capacity; only then does "
@@ -89,11 +91,14 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
   tune->add_option("TRACE", o.trace_path, "snapshot pickle (.pickle or .pickle.gz)")
       ->required();
   tune->add_option("--capacity", o.capacity,
-                   "device memory the job can use, e.g. 80GB or 84465090560 "
-                   "(default: unlimited)");
+                   "device memory the job can use, e.g. 80GB, 84465090560B, "
+                   "or 95% of --total-memory (default: unlimited)")
+      ->check(allocd::SizeSyntax());
   tune->add_option("--total-memory", o.total_memory,
                    "the device's total memory, the base of memory fractions "
-                   "(default: --capacity)");
+                   "and percentages, e.g. 80GB; at least the trace's peak "
+                   "(default: --capacity)")
+      ->check(allocd::SizeSyntax());
   tune->add_option("--objective", o.objective,
                    "peak: least peak reserved with no OOM (default); capacity: "
                    "smallest device memory the job fits in; device-allocs: "
@@ -120,7 +125,9 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
                    "this many percent more than the best config without one "
                    "(default 5)");
   tune->add_option("--memory-budget", o.memory_budget,
-                   "device-allocs objective: peak reserved allowed (default: --capacity)");
+                   "device-allocs objective: peak reserved allowed, e.g. 20GB "
+                   "or 50% of --total-memory (default: --capacity)")
+      ->check(allocd::SizeSyntax());
   tune->add_option("--device", o.device, "which device's trace (default: the only one)");
   tune->add_option("--top", o.top, "rows in the ranked table (default 10)");
   tune->add_option("--report", o.report_dir,
@@ -128,6 +135,8 @@ void AddTune(CLI::App& app, allocd::TuneCommandOptions& o) {
                    "index.html (self-contained) and timeline.svg, "
                    "fragmentation.svg, landscape.svg");
   tune->add_flag("--json", o.json, "print one JSON object");
+  tune->footer(allocd::ExitStatusHelp(
+      "  3: no candidate config fits (no recommendation)\n"));
 }
 
 #ifdef ALLOCD_WITH_SERVER
@@ -153,7 +162,9 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "sim: memfd chunks, no GPU; cuda: GPU memory (default sim)")
       ->check(CLI::IsMember({"sim", "cuda"}));
   serve->add_option("--capacity", o.capacity,
-                    "most memory the pool hands out, e.g. 8GiB (default 8GiB)");
+                    "most memory the pool hands out, e.g. 70GiB, or 90% of "
+                    "the GPU with --backend cuda (default 8GiB)")
+      ->check(allocd::SizeSyntax());
   serve->add_option("--config", d.config_file,
                     "JSON file of allocator configs per job and uid quotas: "
                     "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "
@@ -193,6 +204,16 @@ int main(int argc, char** argv) {
   CLI::App app{kDescription, "allocd"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "allocd 0.1.0");
+  app.footer(allocd::ExitStatusHelp());
+  // Global flags, also accepted before the subcommand; each subcommand
+  // that uses one has its own (tools/common/cli.h).
+  bool global_json = false;
+  std::string global_socket;
+  app.add_flag("--json", global_json,
+               "print one JSON object (replay, tune, check-config, "
+               "client-replay)");
+  app.add_option("--socket", global_socket,
+                 "the daemon's socket (serve, client-replay)");
 
   allocd::ReplayCommandOptions replay_options;
   std::optional<double> fraction;
@@ -223,7 +244,10 @@ int main(int argc, char** argv) {
   allocd::RunCommandOptions run_options;
   AddRun(app, run_options);
 
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code =
+          allocd::ParseCommandLine(app, argc, argv, std::cout, std::cerr)) {
+    return *exit_code;
+  }
 
   if (app.got_subcommand("run")) {
     return allocd::RunUnderAllocd(run_options, std::cerr);

@@ -30,7 +30,11 @@ absl::StatusOr<Setup> MakeSetup(const ReplayCommandOptions& options) {
         options.config, config.status().message(), options.config));
   }
   setup.config = *config;
-  absl::StatusOr<uint64_t> capacity = ParseSizeFlag("--capacity", options.capacity);
+  absl::StatusOr<uint64_t> capacity = ParseSizeFlag(
+      "--capacity", options.capacity,
+      {.no_percent_reason =
+           "a snapshot does not record its GPU's memory, so replay has no "
+           "device to take it of"});
   if (!capacity.ok()) return capacity.status();
   setup.replay.capacity = *capacity;
   setup.replay.total_memory = *capacity;

@@ -22,7 +22,10 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
 
   DaemonOptions daemon_options = options.daemon;
   absl::StatusOr<uint64_t> capacity =
-      ParseSizeFlag("--capacity", options.capacity);
+      ParseSizeFlag("--capacity", options.capacity,
+                    {.no_percent_reason =
+                         "the pool's --capacity is the memory jobs on the "
+                         "node may share, not a part of one device"});
   if (!capacity.ok()) {
     err << "allocd serve: " << capacity.status().message() << "\n";
     return 1;

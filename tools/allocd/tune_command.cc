@@ -19,11 +19,15 @@ absl::StatusOr<TuneOptions> MakeTuneOptions(const TuneCommandOptions& o) {
   absl::StatusOr<Objective> objective = ParseObjective(o.objective);
   if (!objective.ok()) return objective.status();
   t.objective = *objective;
-  absl::StatusOr<uint64_t> capacity = ParseSizeFlag("--capacity", o.capacity);
-  if (!capacity.ok()) return capacity.status();
   absl::StatusOr<uint64_t> total = ParseSizeFlag("--total-memory", o.total_memory);
   if (!total.ok()) return total.status();
-  absl::StatusOr<uint64_t> budget = ParseSizeFlag("--memory-budget", o.memory_budget);
+  // Percentages are of the device, which only --total-memory describes.
+  SizeContext of_device{.no_percent_reason = "there is no --total-memory to take it of"};
+  if (*total > 0) of_device.percent_of = *total;
+  absl::StatusOr<uint64_t> capacity = ParseSizeFlag("--capacity", o.capacity, of_device);
+  if (!capacity.ok()) return capacity.status();
+  absl::StatusOr<uint64_t> budget =
+      ParseSizeFlag("--memory-budget", o.memory_budget, of_device);
   if (!budget.ok()) return budget.status();
   t.capacity = *capacity;
   t.total_memory = *total;
@@ -69,6 +73,12 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     err << "allocd tune: " << trace.status().message() << "\n";
     return 1;
   }
+  if (absl::Status s = CheckDeviceHoldsTrace(*trace, "--total-memory",
+                                             tune_options->total_memory);
+      !s.ok()) {
+    err << "allocd tune: " << s.message() << "\n";
+    return 1;
+  }
 
   ProgressBar bar("tuning");
   tune_options->progress = [&bar](size_t done, size_t planned) { bar.Update(done, planned); };
@@ -98,7 +108,7 @@ int RunTune(const TuneCommandOptions& options, std::ostream& out, std::ostream& 
     (options.json ? err : out)
         << "\nreport written to " << options.report_dir << "/index.html\n";
   }
-  return report->recommended() != nullptr ? 0 : 2;
+  return report->recommended() != nullptr ? 0 : kExitNothingFits;
 }
 
 }  // namespace allocd

@@ -26,7 +26,11 @@ struct TuneCommandOptions {
   bool json = false;
 };
 
-// Returns the exit code: 0 with a recommendation, 2 when no candidate fits,
+// `allocd tune`'s exit status when no candidate fits (0, 1 and 2 are
+// tools/common/cli.h's).
+inline constexpr int kExitNothingFits = 3;
+
+// Returns the exit code: 0 with a recommendation, 3 when no candidate fits,
 // 1 on errors (printed to `err`).
 int RunTune(const TuneCommandOptions& options, std::ostream& out,
             std::ostream& err);

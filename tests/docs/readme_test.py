@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The README's commands, run as written, so that it cannot rot.
+
+Every ```sh block and every transcript (a ``` block whose first line starts
+with "$ ") in README.md and docs/*.md must say, in an HTML comment right
+above it, whether this test runs it:
+
+    <!-- readme-test: run -->             run it; it must exit 0
+    <!-- readme-test: run, exit N -->     run it; it must exit N
+    <!-- readme-test: skip: REASON -->    needs what a test has not (root, a GPU, a cluster)
+
+A sh block runs as one bash script (set -euo pipefail); a transcript's "$ "
+commands run one by one, and every line it shows as their output (other
+than "...") must be in what they print. They run the way the README's
+install step leaves a machine: allocd and allocctl from `cmake --install`
+on PATH (into a temporary prefix), in a scratch directory that links the
+repository's top-level entries (so traces/ is there and nothing is written
+into the checkout), with a private /tmp and network when unshare(1) allows
+(so fixed sockets and ports of the walkthroughs do not collide with
+anything else on the machine). Background jobs a block starts are ended
+with it.
+
+The test also checks that the README points at nothing outside the
+repository: every relative link resolves to a file in it.
+
+    readme_test.py SOURCE_DIR BUILD_DIR
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+MARKER = re.compile(r"<!--\s*readme-test:\s*(run(?:,\s*exit\s+(\d+))?|skip:[^>]*?)\s*-->")
+FENCE = re.compile(r"^```(\w*)\s*$")
+TIMEOUT = 300
+
+
+def blocks(path):
+    """(line, language, lines, marker) of each fenced block."""
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, language = i, m.group(1)
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("```"):
+            j += 1
+        k = start - 1
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        marker = MARKER.search(lines[k]) if k >= 0 else None
+        yield start + 1, language, lines[start + 1:j], marker
+        i = j + 1
+
+
+def runnable(language, body):
+    return language in ("sh", "bash") or (language == "" and body and body[0].startswith("$ "))
+
+
+def isolate():
+    """The command prefix that gives a block a private /tmp and loopback."""
+    if shutil.which("unshare") is None:
+        return None
+    probe = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "--net", "--fork", "true"],
+        capture_output=True)
+    return ["unshare", "--map-root-user", "--mount", "--net", "--fork", "--kill-child"] \
+        if probe.returncode == 0 else None
+
+
+SETUP = """
+if [ -n "${READMETEST_ISOLATED:-}" ]; then
+  mount -t tmpfs tmpfs /tmp
+  ip link set lo up 2>/dev/null || true
+fi
+"""
+
+
+def run_script(script, workdir, env, isolation):
+    """Runs bash `script`; (exit status, output). Its process group ends with it."""
+    full = SETUP + script + "\n"
+    command = (isolation or []) + ["bash", "-c", full]
+    if isolation:
+        env = dict(env, READMETEST_ISOLATED="1")
+    process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+        return 124, output
+    finally:
+        try:
+            os.killpg(process.pid, 9)  # background jobs the block left
+        except ProcessLookupError:
+            pass
+    return process.returncode, output
+
+
+def check_links(source, doc, failures):
+    text = doc.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://|#|mailto:", target):
+            continue
+        path = (doc.parent / target.split("#")[0]).resolve()
+        if not str(path).startswith(str(source.resolve())) or not path.exists():
+            failures.append(f"{doc.relative_to(source)}: link {target} is not a file of the repository")
+    if re.search(r"shared folder|\.\./shared/|/work/shared", text):
+        failures.append(f"{doc.relative_to(source)}: points at the project's shared folder, "
+                        "outside the repository")
+
+
+def main():
+    source, build = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    docs = [source / "README.md"] + sorted((source / "docs").glob("*.md"))
+    failures, ran, skipped = [], 0, 0
+    # Not under /tmp, which the isolated blocks get a fresh one of.
+    with tempfile.TemporaryDirectory(prefix="readme_test_", dir=build) as tmp:
+        tmp = pathlib.Path(tmp)
+        prefix = tmp / "prefix"
+        install = subprocess.run(["cmake", "--install", str(build), "--prefix", str(prefix)],
+                                 capture_output=True, text=True)
+        if install.returncode != 0:
+            print(install.stdout + install.stderr)
+            print("readme_test: cmake --install failed")
+            return 1
+        workdir = tmp / "work"
+        workdir.mkdir()
+        for entry in source.iterdir():
+            if entry.name not in (".git", "build"):
+                (workdir / entry.name).symlink_to(entry)
+        env = dict(os.environ, PATH=f"{prefix / 'bin'}:{os.environ['PATH']}")
+        isolation = isolate()
+        for doc in docs:
+            check_links(source, doc, failures)
+            for line, language, body, marker in blocks(doc):
+                where = f"{doc.relative_to(source)}:{line}"
+                if not runnable(language, body):
+                    continue
+                if marker is None:
+                    failures.append(f"{where}: a command block without a "
+                                    "<!-- readme-test: run|skip: why --> marker above it")
+                    continue
+                if marker.group(1).startswith("skip"):
+                    skipped += 1
+                    continue
+                expected = int(marker.group(2) or 0)
+                ran += 1
+                if language in ("sh", "bash"):
+                    status, output = run_script("set -euo pipefail\n" + "\n".join(body),
+                                                workdir, env, isolation)
+                    if status != expected:
+                        failures.append(f"{where}: exit {status}, not {expected}:\n{output}")
+                    continue
+                # A transcript: "$ command" lines, each followed by its output.
+                commands, shown = [], []
+                for text in body:
+                    if text.startswith("$ "):
+                        commands.append(text[2:])
+                    elif text.strip() and text.strip() != "...":
+                        shown.append(text.rstrip())
+                status, output = run_script("\n".join(commands), workdir, env, isolation)
+                if status != expected:
+                    failures.append(f"{where}: exit {status}, not {expected}:\n{output}")
+                printed = [l.rstrip() for l in output.splitlines()]
+                for text in shown:
+                    if text not in printed:
+                        failures.append(f"{where}: the README shows\n  {text}\n"
+                                        f"but the command printed:\n{output}")
+    for failure in failures:
+        print(f"FAIL {failure}\n")
+    print(f"readme_test: {ran} blocks run, {skipped} skipped (marked), "
+          f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
