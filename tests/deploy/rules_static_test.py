@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static checks of the alerts (no tools needed): every alert has a severity,
-a summary, a description and a runbook_url whose anchor is a heading of the
-README; every alert has promtool unit tests where it fires and where it must
+a summary, a description and a runbook_url whose anchor is a heading of
+docs/runbooks.md; every alert has promtool unit tests where it fires and where it must
 not; the monitoring overlay's PrometheusRule is what gen-prometheusrule makes
 of the rules file."""
 import re
@@ -28,7 +28,7 @@ def main():
     alerts = d.alert_names()
     if len(alerts) < 6:
         d.fail(f"expected at least 6 alerts, found {alerts}")
-    readme = (d.SOURCE_DIR / "README.md").read_text()
+    readme = (d.SOURCE_DIR / "docs" / "runbooks.md").read_text()
     anchors = {github_anchor(h) for h in re.findall(r"^#+\s+(.+)$", readme, re.M)}
 
     for name, block in rule_blocks(text).items():
@@ -37,9 +37,9 @@ def main():
                 d.fail(f"{name}: no {key[:-1]}")
         url = re.search(r"runbook_url:\s*(\S+)", block).group(1)
         anchor = url.split("#", 1)[1] if "#" in url else ""
-        if "README.md#" not in url or anchor not in anchors:
-            d.fail(f"{name}: runbook_url {url} does not point at a README heading "
-                   f"(#{anchor} not among the README's anchors)")
+        if "docs/runbooks.md#" not in url or anchor not in anchors:
+            d.fail(f"{name}: runbook_url {url} does not point at a heading of "
+                   f"docs/runbooks.md (#{anchor} not among its anchors)")
 
     # Unit tests: for every alert, an eval where it fires and one where not.
     firing, quiet = set(), set()
@@ -67,7 +67,7 @@ def main():
         d.fail(proc.stdout + proc.stderr)
 
     d.log(f"{len(alerts)} alerts ({', '.join(alerts)}): severity, summary, description, "
-          f"runbook_url -> README anchor; each fires and stays quiet in unit tests; "
+          f"runbook_url -> docs/runbooks.md anchor; each fires and stays quiet in unit tests; "
           f"PrometheusRule in sync")
     return 0
 

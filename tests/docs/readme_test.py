@@ -104,21 +104,43 @@ def run_script(script, workdir, env, isolation):
     return process.returncode, output
 
 
+def anchors(path):
+    """GitHub's anchors of the headings of a Markdown file."""
+    result = set()
+    for heading in re.findall(r"^#+\s+(.+)$", path.read_text(), re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        result.add(anchor)
+    return result
+
+
 def check_links(source, doc, failures):
     text = doc.read_text()
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+://|#|mailto:", target):
+        if re.match(r"[a-z]+://|mailto:", target):
             continue
-        path = (doc.parent / target.split("#")[0]).resolve()
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc.resolve()
         if not str(path).startswith(str(source.resolve())) or not path.exists():
             failures.append(f"{doc.relative_to(source)}: link {target} is not a file of the repository")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            failures.append(f"{doc.relative_to(source)}: link {target}: no such heading")
     if re.search(r"shared folder|\.\./shared/|/work/shared", text):
         failures.append(f"{doc.relative_to(source)}: points at the project's shared folder, "
                         "outside the repository")
 
 
+def check_metrics(source, failures):
+    """docs/metrics.md lists exactly the metrics server/metrics.cc exports."""
+    code = set(re.findall(r'"(allocd_[a-z_]+)"', (source / "server" / "metrics.cc").read_text()))
+    documented = set(re.findall(r"^\| `(allocd_[a-z_]+)`", (source / "docs" / "metrics.md").read_text(), re.M))
+    for name in sorted(code - documented):
+        failures.append(f"docs/metrics.md does not describe {name} (server/metrics.cc exports it)")
+    for name in sorted(documented - code):
+        failures.append(f"docs/metrics.md describes {name}, which server/metrics.cc does not export")
+
+
 def main():
-    source, build = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    source, build = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2]).resolve()
     docs = [source / "README.md"] + sorted((source / "docs").glob("*.md"))
     failures, ran, skipped = [], 0, 0
     # Not under /tmp, which the isolated blocks get a fresh one of.
@@ -174,6 +196,7 @@ def main():
                     if text not in printed:
                         failures.append(f"{where}: the README shows\n  {text}\n"
                                         f"but the command printed:\n{output}")
+    check_metrics(source, failures)
     for failure in failures:
         print(f"FAIL {failure}\n")
     print(f"readme_test: {ran} blocks run, {skipped} skipped (marked), "
