@@ -11,27 +11,28 @@
 # Depends come from dpkg-shlibdeps (the libraries the binaries load) plus
 # python3.
 #
-# The Python package and the interposer are also part of a plain
-# `cmake --install` (relative destinations: <prefix>/lib/...); the unit and
-# the files under /etc only of the package (component system, excluded from
-# a plain install, which must not write to /etc).
+# The interposer is also part of a plain `cmake --install` (<prefix>/lib/allocd,
+# where an installed `allocd run` looks); the Python package (pip installs it
+# elsewhere: `pip install build/release/python`), the unit and the files
+# under /etc only of the package (components python and system, excluded
+# from a plain install, which must not write to /etc).
 if(NOT ALLOCD_BUILD_SERVER)
   return()
 endif()
 
-set(ALLOCD_PYTHON_INSTALL_DIR lib/python3/dist-packages/allocd CACHE STRING
-    "where cmake --install and the .deb put the Python package, under the prefix")
+# Debian's python3 imports distribution packages from here.
+set(_python_dir lib/python3/dist-packages/allocd)
 install(FILES ${PROJECT_SOURCE_DIR}/client/python/allocd/__init__.py
-        DESTINATION ${ALLOCD_PYTHON_INSTALL_DIR} COMPONENT python)
-install(TARGETS allocd_client_c LIBRARY DESTINATION ${ALLOCD_PYTHON_INSTALL_DIR}
-        COMPONENT python)
+        DESTINATION ${_python_dir} COMPONENT python EXCLUDE_FROM_ALL)
+install(TARGETS allocd_client_c LIBRARY DESTINATION ${_python_dir}
+        COMPONENT python EXCLUDE_FROM_ALL)
 if(TARGET allocd_torch)
-  install(TARGETS allocd_torch LIBRARY DESTINATION ${ALLOCD_PYTHON_INSTALL_DIR}
-          COMPONENT python)
+  install(TARGETS allocd_torch LIBRARY DESTINATION ${_python_dir}
+          COMPONENT python EXCLUDE_FROM_ALL)
 endif()
 if(TARGET allocd_interpose)
   # Where `allocd run` looks: ../lib/allocd next to the allocd binary.
-  install(TARGETS allocd_interpose LIBRARY DESTINATION lib/allocd COMPONENT python)
+  install(TARGETS allocd_interpose LIBRARY DESTINATION lib/allocd)
 endif()
 
 set(_systemd ${PROJECT_SOURCE_DIR}/deploy/systemd)
