@@ -1,6 +1,7 @@
 #include "client/daemon_client.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -34,6 +35,24 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// The side socket that RegisterResponse names, as this process reaches it.
+// The daemon names it by its own path, in its gRPC socket's directory; a
+// client in another mount namespace (a container that mounts the socket
+// directory elsewhere, the host outside the daemon's container) finds it
+// under that name beside the socket it connected to, and uses the announced
+// path only when there is nothing there.
+std::string SideSocketPath(const std::string& client_socket,
+                           const std::string& announced) {
+  const size_t dir_end = client_socket.rfind('/');
+  const size_t name_start = announced.rfind('/');
+  if (dir_end == std::string::npos || name_start == std::string::npos) {
+    return announced;
+  }
+  std::string beside =
+      client_socket.substr(0, dir_end) + announced.substr(name_start);
+  return access(beside.c_str(), F_OK) == 0 ? beside : announced;
 }
 
 // One registered session over one connection to one daemon.
@@ -129,7 +148,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->capacity = response.capacity_bytes();
   c->running_version = response.current_config_version();
 
-  absl::StatusOr<UniqueFd> lease = ConnectUnix(response.fd_socket());
+  absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
   if (!lease.ok()) return lease.status();
   v1::SideRequest lease_request;
   lease_request.set_lease_session_id(c->session_id);

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Static checks of deploy/docker/Dockerfile (no Docker daemon needed): a
 Debian 12 builder that runs scripts/install-deps and the release preset; a
-debian:12-slim runtime with the two binaries, a non-root USER, a HEALTHCHECK
-through `allocctl health`; and its apt package list covers every shared
-library that the built binaries load (ldd + dpkg -S on this Debian 12
-machine, which builds like the image's builder).
+debian:12-slim runtime (the last stage, through the stages it is built on)
+with the two binaries from the builder, a non-root USER, a HEALTHCHECK
+through `allocctl health`; the runtime-prebuilt target the same image with
+the binaries of a build tree (the build context allocd-prebuilt); and its
+apt package list covers every shared library that the built binaries load
+(ldd + dpkg -S on this Debian 12 machine, which builds like the image's
+builder). tests/deploy/image_test.sh builds and runs the image.
 
     dockerfile_test.py [ALLOCD_BINARY ALLOCCTL_BINARY]
 """
@@ -30,6 +33,30 @@ def instructions(text):
             word, _, rest = line.partition(" ")
             out.append((word.upper(), rest.strip()))
     return out
+
+
+def stages_of(ins):
+    """{stage name: its instructions, FROM first}, in the Dockerfile's order
+    (an unnamed stage is named by its index)."""
+    stages = {}
+    for word, args in ins:
+        if word == "FROM":
+            m = re.search(r"\s+AS\s+(\S+)\s*$", args, re.I)
+            current = m.group(1) if m else str(len(stages))
+            stages[current] = []
+        if stages:
+            stages[current].append((word, args))
+    return stages
+
+
+def chain(stages, name):
+    """The stages `name` is built on, its base first, ending with `name`."""
+    names = [name]
+    while True:
+        base = stages[names[0]][0][1].split()[0]
+        if base not in stages or base in names:
+            return names
+        names.insert(0, base)
 
 
 def candidate_paths(lib):
@@ -65,11 +92,14 @@ def main():
         d.fail("not a multi-stage build")
     if not re.match(r"debian:12(\s|$)", froms[0]) or " AS builder" not in froms[0]:
         d.fail(f"builder stage should be 'FROM debian:12 AS builder', is {froms[0]!r}")
-    if not froms[-1].startswith("debian:12-slim"):
-        d.fail(f"runtime stage should be debian:12-slim, is {froms[-1]!r}")
-
-    runtime_start = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
-    builder, runtime = ins[:runtime_start], ins[runtime_start:]
+    stages = stages_of(ins)
+    final = list(stages)[-1]
+    runtime = chain(stages, final)
+    if not stages[runtime[0]][0][1].startswith("debian:12-slim"):
+        d.fail(f"runtime stage {final} is not built on debian:12-slim but on "
+               f"{stages[runtime[0]][0][1]!r}")
+    builder = stages["builder"]
+    runtime = [i for name in runtime for i in stages[name]]
     builder_runs = " ".join(a for w, a in builder if w == "RUN")
     for needle in ("scripts/install-deps", "cmake --preset release",
                    "cmake --build --preset release"):
@@ -81,6 +111,13 @@ def main():
         d.fail("runtime stage does not copy allocd and allocctl from the builder")
     if any("--from" not in c for c in copies):
         d.fail(f"runtime stage copies from the context: {copies}")
+    prebuilt = stages.get("runtime-prebuilt")
+    if prebuilt is None or chain(stages, "runtime-prebuilt")[:-1] != chain(stages, final)[:-1]:
+        d.fail("no stage runtime-prebuilt built on the same stages as the runtime")
+    prebuilt_copies = [a for w, a in prebuilt if w == "COPY"]
+    if prebuilt_copies != ["--from=allocd-prebuilt bin/allocd bin/allocctl /usr/bin/"]:
+        d.fail(f"runtime-prebuilt should copy bin/allocd and bin/allocctl from the build "
+               f"context allocd-prebuilt and nothing else: {prebuilt_copies}")
     users = [a for w, a in runtime if w == "USER"]
     if not users or users[-1].split(":")[0] in ("0", "root"):
         d.fail(f"runtime stage does not switch to a non-root USER ({users})")
@@ -124,7 +161,7 @@ def main():
                    ", ".join(f"{p} ({lib})" for p, lib in sorted(missing.items())))
         checked = (f"static, and its {len(packages)} runtime packages cover the "
                    f"{len(needed)} packages whose libraries allocd and allocctl load")
-    d.log(f"Dockerfile: {len(froms)} stages ({' / '.join(froms)}); USER {users[-1]}; "
+    d.log(f"Dockerfile: {len(froms)} stages ({' / '.join(froms)}); runtime {' -> '.join(chain(stages, final))}; USER {users[-1]}; "
           f"{checked}")
     return 0
 
