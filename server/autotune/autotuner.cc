@@ -550,11 +550,15 @@ void Autotuner::Impl::RunDecision(const Task& task) {
         running.memory_fraction = parsed->per_process_memory_fraction;
       }
     }
-    if (job.window->has_gap()) {
+    if (job.window->has_gap() &&
+        static_cast<double>(job.window->dropped_events()) >
+            options_.max_lost_fraction *
+                static_cast<double>(job.window->total_events())) {
       skip_why = absl::StrFormat(
-          "the client dropped events inside the window (%d so far): its replay would miss "
-          "allocations; the next run waits for the window to move past the gap",
-          job.window->dropped_events());
+          "the client dropped events inside the window (%d so far, more than %g of "
+          "them): its replay would miss allocations; the next run waits for the "
+          "window to move past the gap",
+          job.window->dropped_events(), options_.max_lost_fraction);
     }
     full = job.window->size() >= options_.window_events;
     // A first pass nobody asked an id for waits quietly for a clean window.

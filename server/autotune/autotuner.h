@@ -72,6 +72,13 @@ struct AutotuneOptions {
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
   double rollback_margin = 0.10;  // realised peak > predicted * (1 + margin): roll back
+  // A window whose clients lost at most this fraction of its events is
+  // replayed anyway: the window repairs what a few lost events break (frees
+  // of unseen ids left out, an id allocated again freed first), and an
+  // advisor, which reads PyTorch's history between rounds, loses a handful
+  // of events on any busy job. Above it, runs wait for the window to move
+  // past the gap.
+  double max_lost_fraction = 0.001;
 
   // --- additions of the core (not in the first contract)
   // The first pass runs once the window holds this many events and two

@@ -434,5 +434,22 @@ TEST(AutotunerTest, AGapInTheWindowSkipsTheRun) {
   EXPECT_TRUE(actions.pushes().empty());
 }
 
+// An advisor loses a few events between reading PyTorch's history and
+// clearing it (measured on the H100: 15 of 416,255 for llama_lora): that
+// must not keep a job from ever being tuned.
+TEST(AutotunerTest, AFewLostEventsDoNotHoldTheJobBack) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "busy", "max_split_size_mb:64", 1);
+  Feed(tuner, 1, LlamaLora(), 0, 3000);
+  tuner.Events(1, {}, 2);
+  Feed(tuner, 1, LlamaLora(), 3000, 6000);
+  ASSERT_TRUE(tuner.RunNow("busy").ok());
+  tuner.WaitIdle();
+  const AutotuneDecision d = tuner.History("busy", 1)[0];
+  EXPECT_EQ(d.why.find("dropped"), std::string::npos) << d.why;
+}
+
 }  // namespace
 }  // namespace allocd

@@ -117,7 +117,7 @@ TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
 TEST_F(ConfigWatcherTest, AQuotaInPercentIsOfThePool) {
   Write(R"({"uid_quotas": {"4242": "25%"}})");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
-      ConfigWatcher::Start(path_, absl::Hours(1), &core_, &metrics_);
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok()) << watcher.status();
   ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
   // 25% of the 1 GiB pool.

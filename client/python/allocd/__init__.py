@@ -442,7 +442,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
 def _enable_transparent(socket, job, device, required, period, autotune):
     global _transparent, _advisor
     import sys
-    socket, job, _ = _settings(socket, job)
+    socket, job, config = _settings(socket, job)
     path = _loaded_interposer()
     try:
         if path is None:
@@ -467,7 +467,10 @@ def _enable_transparent(socket, job, device, required, period, autotune):
             f"no daemon session for CUDA device {device} (the interposer said why on stderr); "
             "the job runs on PyTorch's own memory"), required)
     _transparent = path
-    _advisor = _Advisor(lib, client, torch, device, period)
+    # PyTorch's own allocator: its history is the autotuner's evidence, as in
+    # advise().
+    _advisor = _Advisor(lib, client, torch, device, period, config,
+                        _HistoryReader(torch, device))
     _advisor.start()
     return True
 
