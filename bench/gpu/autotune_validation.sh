@@ -15,17 +15,11 @@ parts=${*:-llama resnet overhead}
 mkdir -p "$out"
 exec > >(tee -a "$out/autotune.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
-  ldconfig -p | grep -q "$l " && rm -f "$bundle/lib/$l"
-done
-export LD_LIBRARY_PATH=$bundle/lib PYTHONPATH=$bundle/python ALLOCD_LIB_DIR=$bundle/python/allocd
-bin=$bundle/bin sock=$out/allocd.sock
-want() { [[ " $parts " == *" $1 "* ]]; }
+sock=$out/allocd.sock
+. "$here/common.sh"
 # After each part, so a run cut short still returns what it measured.
 pack() { (cd "$out" && tar czf autotune.tgz --exclude autotune.tgz --exclude allocd.sock \
   --exclude '*.fds' .); }
-step() { echo; echo "=== $(date -u +%T) $*"; }
-allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__)"
 "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' --capacity 70GiB \

@@ -33,14 +33,8 @@ work=$out/raw
 mkdir -p "$work"
 exec > >(tee -a "$out/validation.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-# The bundle's libraries, except what the system has (Python's own SSL).
-for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
-  ldconfig -p | grep -q "$l " && rm -f "$bundle/lib/$l"
-done
-export LD_LIBRARY_PATH=$bundle/lib PYTHONPATH=$bundle/python
-bin=$bundle/bin
 sock=$work/allocd.sock
-step() { echo; echo "=== $(date -u +%T) $*"; }
+. "$here/common.sh"
 
 start_daemon() {
   "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
@@ -50,8 +44,6 @@ start_daemon() {
   echo "allocd serve did not start:"; cat "$work/daemon.log"; exit 1
 }
 stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }
-want() { [[ " $parts " == *" $1 "* ]]; }
-allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
 
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$work/gpu.csv"

@@ -19,14 +19,9 @@ parts=${*:-compat train steptime workset peaks kills}
 mkdir -p "$out"
 exec > >(tee -a "$out/transparent.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
-  ldconfig -p | grep -q "$l " && rm -f "$bundle/lib/$l"
-done
-export LD_LIBRARY_PATH=$bundle/lib PYTHONPATH=$bundle/python ALLOCD_LIB_DIR=$bundle/python/allocd
-bin=$bundle/bin sock=$out/allocd.sock
+sock=$out/allocd.sock
+. "$here/common.sh"
 export ALLOCD_SOCKET=$sock
-step() { echo; echo "=== $(date -u +%T) $*"; }
-want() { [[ " $parts " == *" $1 "* ]]; }
 run_t() { "$bin/allocd" run --socket "$sock" -- "$@"; }
 start_daemon() {
   "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
@@ -36,7 +31,6 @@ start_daemon() {
   echo "allocd serve did not start"; cat "$out/daemon.log"; exit 1
 }
 stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }
-allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
 
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.csv"
