@@ -39,6 +39,24 @@ using harness::Dial;
 const std::string kTrace =
     std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz";
 
+// Under AddressSanitizer the replays (the job's and the autotuner's) run
+// several times slower: jobs run longer and waits last longer, so that the
+// same push happens at the same point of a job.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kSlowdown = 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int kSlowdown = 4;
+#else
+constexpr int kSlowdown = 1;
+#endif
+#else
+constexpr int kSlowdown = 1;
+#endif
+
+// `seconds` of a job's --duration, as the build runs.
+std::string JobSeconds(int seconds) { return std::to_string(seconds * kSlowdown); }
+
 class AutotuneDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -68,7 +86,7 @@ class AutotuneDaemonTest : public ::testing::Test {
   }
 
   static nlohmann::json Finish(Child& child) {
-    const std::string out = child.Rest(absl::Seconds(120));
+    const std::string out = child.Rest(absl::Seconds(120 * kSlowdown));
     EXPECT_EQ(child.Wait(), 0) << out;
     nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << out;
@@ -89,7 +107,7 @@ class AutotuneDaemonTest : public ::testing::Test {
   std::optional<v1::AutotuneDecision> AwaitDecision(
       const std::string& job, const std::vector<std::string>& results,
       absl::Duration limit = absl::Seconds(90)) {
-    const absl::Time deadline = absl::Now() + limit;
+    const absl::Time deadline = absl::Now() + limit * kSlowdown;
     while (absl::Now() < deadline) {
       for (const v1::AutotuneDecision& d : Decisions(job)) {
         for (const std::string& r : results) {
@@ -134,7 +152,7 @@ class AutotuneDaemonTest : public ::testing::Test {
 TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops) {
   StartDaemon("apply");
   std::unique_ptr<Child> job =
-      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "25"});
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(25)});
   nlohmann::json out = Finish(*job);
 
   std::optional<v1::AutotuneDecision> d = AwaitDecision("llama", {"pushed"});
@@ -171,7 +189,7 @@ TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops
 TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   StartDaemon("recommend");
   std::unique_ptr<Child> job =
-      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "12"});
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(12)});
   std::optional<v1::AutotuneDecision> d = AwaitDecision("llama", {"recommended"});
   nlohmann::json out = Finish(*job);
   ASSERT_TRUE(d.has_value());
@@ -192,7 +210,7 @@ TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
 TEST_F(AutotuneDaemonTest, PinnedKeysAreNeverChanged) {
   StartDaemon("apply");
   std::unique_ptr<Child> job =
-      Replay("pinned", {"--config", "max_split_size_mb:64", "--duration", "15",
+      Replay("pinned", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(15),
                         "--pin", "expandable_segments"});
   std::optional<v1::AutotuneDecision> d = AwaitDecision(
       "pinned", {"pushed", "kept", "skipped", "recommended", "rolled_back"});
@@ -236,7 +254,7 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
     }
   }
   EXPECT_EQ(events->dropped_total(), 0u);
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  const absl::Time deadline = absl::Now() + absl::Seconds(90) * kSlowdown;
   while (!push && absl::Now() < deadline) {
     for (v1::ControlMessage& m : (*client)->TakeControl()) {
       if (m.has_config()) push = m.config();
@@ -250,7 +268,7 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
   ASSERT_TRUE((*client)->ReportOom(uint64_t{2} << 20, "CUDA out of memory", version).ok());
 
   std::optional<v1::ConfigPush> rollback;
-  const absl::Time until = absl::Now() + absl::Seconds(10);
+  const absl::Time until = absl::Now() + absl::Seconds(10) * kSlowdown;
   while (!rollback && absl::Now() < until) {
     for (v1::ControlMessage& m : (*client)->TakeControl()) {
       if (m.has_config()) rollback = m.config();
@@ -271,7 +289,7 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
 TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
   StartDaemon("apply");
   std::unique_ptr<Child> job =
-      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", "35"});
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(35)});
   // The canary runs the pushed config (it ACKed); the daemon dies while it
   // watches.
   ASSERT_TRUE(AwaitDecision("llama", {"pushed"}).has_value());
