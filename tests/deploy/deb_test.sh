@@ -76,7 +76,9 @@ dpkg -x "$deb" "$root"
 # Each library in a process of its own, as the package loads them (advise()
 # the client, enable() the torch library: each carries the protocol's
 # protobuf descriptors, which one process registers once).
+# (A sanitized build's libraries need the sanitizer runtime preloaded.)
 for lib in "$root"/usr/lib/python3/dist-packages/allocd/*.so; do
+  LD_PRELOAD=${ALLOCD_SANITIZER_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 \
   python3 - "$root/usr/lib/python3/dist-packages" "$(basename "$lib")" <<'EOF'
 import ctypes, pathlib, sys
 sys.path.insert(0, sys.argv[1])
