@@ -15,17 +15,14 @@ parts=${*:-llama resnet overhead}
 mkdir -p "$out"
 exec > >(tee -a "$out/autotune.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-sock=$out/allocd.sock
+sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
 # After each part, so a run cut short still returns what it measured.
 pack() { (cd "$out" && tar czf autotune.tgz --exclude autotune.tgz --exclude allocd.sock \
   --exclude '*.fds' .); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__)"
-"$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' --capacity 70GiB \
-  --autotune apply --autotune-threads 4 --autotune-first-pass-events 150000 2>"$out/daemon.log" &
-daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+start_daemon 70GiB --autotune apply --autotune-threads 4 --autotune-first-pass-events 150000
 conf=max_split_size_mb:64
 if want llama; then
   step "llama_lora, $conf: native"
@@ -47,7 +44,7 @@ allocctl autotune history --limit 50 --json >"$out/autotune_history.json"
 allocctl autotune history --limit 50
 allocctl config history --limit 50 >"$out/config_history.txt"
 pack
-kill $daemon; wait $daemon
+stop_daemon
 if want overhead; then
   step "advisor recording overhead"
   timeout 300 python "$here/autotune_overhead.py" --allocd "$bin/allocd" --pairs 5 --steps 100 --warmup 20 --json "$out/overhead.json" | tail -5

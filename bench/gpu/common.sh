@@ -1,5 +1,6 @@
 # Sourced by the GPU scripts (run_validation.sh, transparent_validation.sh,
-# autotune_validation.sh) after they set `bundle`, `parts` and `sock`:
+# autotune_validation.sh) after they set `bundle`, `parts`, `sock` and
+# `daemon_log`:
 # the bundle's libraries and Python package on the paths, except what the
 # system has (Python's own SSL and zlib), and the helpers they share.
 for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
@@ -10,3 +11,16 @@ bin=$bundle/bin
 step() { echo; echo "=== $(date -u +%T) $*"; }
 want() { [[ " $parts " == *" $1 "* ]]; }
 allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
+# start_daemon [CAPACITY [SERVE FLAGS...]]: `allocd serve --backend cuda` on
+# $sock (CAPACITY: default $CAPACITY, else 76GiB), its log appended to
+# $daemon_log; returns once the socket is there. stop_daemon: SIGTERM, wait.
+start_daemon() {
+  local capacity=${1:-${CAPACITY:-76GiB}}
+  shift $(( $# > 0 ? 1 : 0 ))
+  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
+      --capacity "$capacity" "$@" 2>>"$daemon_log" &
+  daemon=$!
+  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
+  echo "allocd serve did not start:"; cat "$daemon_log"; exit 1
+}
+stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }

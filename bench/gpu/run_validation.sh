@@ -33,17 +33,9 @@ work=$out/raw
 mkdir -p "$work"
 exec > >(tee -a "$out/validation.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-sock=$work/allocd.sock
+sock=$work/allocd.sock daemon_log=$work/daemon.log
 . "$here/common.sh"
 
-start_daemon() {
-  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
-      --capacity "${CAPACITY:-76GiB}" 2>>"$work/daemon.log" &
-  daemon=$!
-  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "allocd serve did not start:"; cat "$work/daemon.log"; exit 1
-}
-stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }
 
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$work/gpu.csv"

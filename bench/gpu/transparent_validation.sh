@@ -19,18 +19,10 @@ parts=${*:-compat train steptime workset peaks kills}
 mkdir -p "$out"
 exec > >(tee -a "$out/transparent.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
-sock=$out/allocd.sock
+sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
 export ALLOCD_SOCKET=$sock
 run_t() { "$bin/allocd" run --socket "$sock" -- "$@"; }
-start_daemon() {
-  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
-      --capacity "${1:-76GiB}" 2>>"$out/daemon.log" &
-  daemon=$!
-  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "allocd serve did not start"; cat "$out/daemon.log"; exit 1
-}
-stop_daemon() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; }
 
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.csv"
