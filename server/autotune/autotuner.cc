@@ -339,6 +339,7 @@ class Autotuner::Impl {
     uint64_t decision_id = 0;  // kPromote, kRollBack
     bool first_pass = false;  // decide only once the window holds two steps
     std::string reason;       // kRollBack
+    absl::Time triggered_at;  // kDecide
   };
 
   absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
@@ -391,7 +392,7 @@ class Autotuner::Impl {
     job.queued = true;
     // An admin's run is told its id now; others get one when they record.
     job.queued_id = admin ? next_decision_id_++ : 0;
-    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, 0, first_pass, ""});
+    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, 0, first_pass, "", Now()});
     return true;
   }
 
@@ -503,6 +504,9 @@ class Autotuner::Impl {
     if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
       acting.phase = Phase::kCanaryWatching;
       acting.watch_since = Now();
+      if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
+        d->trigger_to_ack = acting.watch_since - d->triggered_at;
+      }
     }
   }
 
@@ -604,6 +608,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
     rec.id = job.queued_id != 0 ? job.queued_id : next_decision_id_++;
+    rec.triggered_at = task.triggered_at;
     rec.at = Now();
     rec.job = task.job;
     rec.trigger = task.trigger;

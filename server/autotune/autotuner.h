@@ -100,7 +100,8 @@ struct AutotuneOptions {
 
 struct AutotuneDecision {
   uint64_t id = 0;  // increasing per daemon
-  absl::Time at;
+  absl::Time triggered_at;  // when the trigger queued the run
+  absl::Time at;            // when the decision was made
   std::string job;
   // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config", "admin"
   std::string trigger;
@@ -117,6 +118,9 @@ struct AutotuneDecision {
   int64_t predicted_saving = 0;
   std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
   std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
+  // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
+  // ACK"): queueing, the replays, the push and the client's apply.
+  std::optional<absl::Duration> trigger_to_ack;
   uint64_t window_events = 0;
   double replay_seconds = 0;  // wall time of the decision's replays
   size_t candidates = 0;

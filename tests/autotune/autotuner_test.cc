@@ -210,7 +210,11 @@ TEST(AutotunerTest, ApplyPushesToTheCanaryThenTheJob) {
   FakeActions actions;
   Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
   const AutotuneDecision d = PushToCanary(tuner, actions);
+  EXPECT_FALSE(d.trigger_to_ack.has_value());
+  clock.Advance(absl::Seconds(2));
   tuner.Acked(1, d.version, true, "");
+  ASSERT_TRUE(tuner.History("llama", 1)[0].trigger_to_ack.has_value());
+  EXPECT_EQ(*tuner.History("llama", 1)[0].trigger_to_ack, absl::Seconds(2));
   const int64_t realized = d.predicted_peak_switched;
   tuner.Stats(1, Reserved(realized), d.version);
   tuner.WaitIdle();

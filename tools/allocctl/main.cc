@@ -186,6 +186,9 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
                 FormatSize(d.realized_peak()).c_str(),
                 SignedSize(d.realized_saving()).c_str());
   }
+  if (d.has_trigger_to_ack_seconds()) {
+    std::printf("%s  trigger to the canary's ACK: %.2f s\n", indent, d.trigger_to_ack_seconds());
+  }
   std::printf("%s  %llu events, %llu candidates replayed in %.2f s%s\n", indent,
               static_cast<unsigned long long>(d.window_events()),
               static_cast<unsigned long long>(d.candidates()),
