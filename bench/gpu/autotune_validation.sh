@@ -7,7 +7,7 @@
 # the advisor's recording overhead (autotune_overhead.py). Everything lands
 # in OUT (one tarball, OUT/autotune.tgz, for machines that return few files).
 #   bench/gpu/autotune_validation.sh [BUNDLE] [OUT] [PART...]
-# PARTS: llama resnet overhead (default: all).
+# PARTS: llama resnet overhead (default: all). NATIVE=0: no native runs.
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-autotune}
@@ -35,9 +35,11 @@ run_job() {  # run_job WORKLOAD SCRIPT_ARGS...: every start config and mode
   local w=$1 script=$2; shift 2
   for conf in "${starts[@]}" "$tuned"; do
     local n; n=$(name "$conf")
-    step "$w, ${conf:-defaults}: native"
-    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/$script" --mode native "$@" \
-      --json "$out/${w}_native_$n.json" | cut -c1-150
+    if [ "${NATIVE:-1}" = 1 ]; then
+      step "$w, ${conf:-defaults}: native"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/$script" --mode native "$@" \
+        --json "$out/${w}_native_$n.json" | cut -c1-150
+    fi
     [ "$conf" = "$tuned" ] && continue
     for mode in advise transparent; do
       step "$w, ${conf:-defaults}: $mode"

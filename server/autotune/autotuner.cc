@@ -42,6 +42,15 @@ void NiceThisThread(int nice) {
   if (errno == 0) setpriority(PRIO_PROCESS, tid, std::min(19, current + nice));
 }
 
+// How far FindStepPeriod follows a stream that lost events: each lost event
+// takes up to three with it (an allocation, then its two frees, which the
+// window drops as unmatched); at most 32, past which a period check would
+// cost more than finding the step is worth.
+size_t StepShift(const JobWindow& window) {
+  if (!window.has_gap()) return 0;
+  return static_cast<size_t>(std::min<uint64_t>(3 * window.dropped_events(), 32));
+}
+
 std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
@@ -534,6 +543,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   JobPolicy policy;
   std::string skip_why;
   bool full = false;
+  size_t max_shift = 0;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -571,10 +581,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       return;
     }
     trace = job.window->ToTrace();
+    max_shift = StepShift(*job.window);
   }
   if (task.first_pass && !full && skip_why.empty()) {
     // The first pass decides once the window holds two steps (or is full).
-    const std::optional<uint64_t> step = FindStepPeriod(trace);
+    const std::optional<uint64_t> step = FindStepPeriod(trace, max_shift);
     if (!step || trace.events.size() < 2 * *step) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
@@ -596,6 +607,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     decide.max_call_ratio = options_.max_call_ratio;
     decide.budget = options_.budget;
     decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
+    decide.max_shift = max_shift;
     decide.on_replay = options_.on_replay;
     d = ::allocd::Decide(trace, running, policy, decide);
   } else {

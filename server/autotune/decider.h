@@ -44,6 +44,8 @@ struct DecideOptions {
   size_t budget = 32;
   // Windows shorter than this are not decided on.
   size_t min_events = 1000;
+  // Events the window may have lost in a row (FindStepPeriod's max_shift).
+  size_t max_shift = 0;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };

@@ -1,6 +1,7 @@
 #include "server/autotune/step_period.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,6 +16,7 @@ constexpr double kNearBest = 0.15;
 constexpr size_t kAnchors = 32;
 constexpr size_t kMaxCandidates = 64;  // the best supported
 constexpr size_t kMaxCompared = 50000;   // events compared per candidate (sampled)
+constexpr size_t kRealign = 16;          // events that must match to move the offset
 
 std::vector<uint32_t> Signatures(const Trace& trace) {
   std::vector<uint8_t> small(trace.num_ids, 0);
@@ -30,21 +32,41 @@ std::vector<uint32_t> Signatures(const Trace& trace) {
 }
 
 // Share of events from `period` on that equal the one a period earlier,
-// over an even sample of at most kMaxCompared of them.
-double MatchShare(const std::vector<uint32_t>& sig, size_t period) {
+// over an even sample of at most kMaxCompared of them. With `max_shift`, a
+// mismatch looks for the offset (at most that many events either way) at
+// which the kRealign events up to it match a period earlier, and keeps that
+// offset: a lost event shifts everything after it by one, once.
+double MatchShare(const std::vector<uint32_t>& sig, size_t period, size_t max_shift) {
   const size_t n = sig.size();
   const size_t stride = std::max<size_t>(1, (n - period) / kMaxCompared);
+  auto run_equal = [&](size_t i, ptrdiff_t offset) {
+    const ptrdiff_t j = static_cast<ptrdiff_t>(i - period) + offset;
+    if (j + 1 < static_cast<ptrdiff_t>(kRealign) || j >= static_cast<ptrdiff_t>(i)) return false;
+    return std::equal(sig.begin() + (i + 1 - kRealign), sig.begin() + i + 1,
+                      sig.begin() + (j + 1 - kRealign));
+  };
+  const ptrdiff_t shift = static_cast<ptrdiff_t>(max_shift);
+  ptrdiff_t offset = 0;
   size_t compared = 0;
   size_t equal = 0;
   for (size_t i = period; i < n; i += stride, ++compared) {
-    equal += sig[i] == sig[i - period];
+    const ptrdiff_t j = static_cast<ptrdiff_t>(i - period) + offset;
+    if (j >= 0 && sig[i] == sig[j]) {
+      ++equal;
+      continue;
+    }
+    for (ptrdiff_t d = 1; d <= shift; ++d) {
+      if (run_equal(i, offset - d)) { offset -= d; ++equal; break; }
+      if (run_equal(i, offset + d)) { offset += d; ++equal; break; }
+    }
+    offset = std::clamp(offset, -shift, shift);
   }
   return compared == 0 ? 0 : static_cast<double>(equal) / static_cast<double>(compared);
 }
 
 }  // namespace
 
-std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
+std::optional<uint64_t> FindStepPeriod(const Trace& trace, size_t max_shift) {
   const std::vector<uint32_t> sig = Signatures(trace);
   const size_t n = sig.size();
   if (n < 4 * kTail) return std::nullopt;
@@ -95,7 +117,7 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace) {
   std::vector<std::pair<size_t, double>> shares;
   double best = 0;
   for (size_t period : candidates) {
-    shares.emplace_back(period, MatchShare(sig, period));
+    shares.emplace_back(period, MatchShare(sig, period, max_shift));
     best = std::max(best, shares.back().second);
   }
   if (best < kMinMatch) return std::nullopt;
