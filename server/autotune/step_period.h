@@ -20,10 +20,12 @@
 //
 // Lost events (an advisor loses a few between reading PyTorch's history and
 // clearing it) shift the stream after them: with `max_shift` > 0 the score
-// follows an offset of up to that many events, moved only where 16 events
-// in a row match at the new one, so a stream with a few gaps scores like one
+// follows an offset of up to that many events, moved only where the 16
+// events after a mismatch match at the new offset and not at the old one, so a stream with a few gaps scores like one
 // without; the step found is then the stream's, which is the real one less
-// the events lost in it (within `max_shift`).
+// the events lost in it (within `max_shift`). Realigning lifts a layer's
+// score too, so the step must then score within 0.05 of the best candidate
+// instead of 0.15.
 #ifndef ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 #define ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 
