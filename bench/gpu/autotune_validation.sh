@@ -7,7 +7,8 @@
 # the advisor's recording overhead (autotune_overhead.py). Everything lands
 # in OUT (one tarball, OUT/autotune.tgz, for machines that return few files).
 #   bench/gpu/autotune_validation.sh [BUNDLE] [OUT] [PART...]
-# PARTS: llama resnet overhead (default: all). NATIVE=0: no native runs.
+# PARTS: llama resnet overhead (default: all). NATIVE=0: no native runs;
+# FIRST_PASS_EVENTS: the daemon's --autotune-first-pass-events (default: its own).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-autotune}
@@ -23,7 +24,7 @@ pack() { (cd "$out" && tar czf autotune.tgz --exclude autotune.tgz --exclude all
   --exclude '*.fds' .); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__)"
-start_daemon 70GiB --autotune apply --autotune-threads 4 --autotune-first-pass-events 150000
+start_daemon 70GiB --autotune apply --autotune-threads 4 ${FIRST_PASS_EVENTS:+--autotune-first-pass-events $FIRST_PASS_EVENTS}
 # The starting configs: the guides' and PyTorch's defaults ("" below); each
 # job also runs natively under both and under what `allocd tune` finds for
 # these workloads offline (expandable_segments:True), the same steps without
