@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
+constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
 constexpr char kRetriesStat[] = "num_alloc_retries";
 // A max_split_size_mb this small stops the cache from splitting most large
 // blocks: the guides' 64 and 128 (tuner.h's GuideConfigs), which cost
@@ -176,7 +177,8 @@ class Autotuner::Impl {
       const int64_t retries = StatOr(stats, kRetriesStat, session.retries);
 
       if (job.acting && RunsPushedVersion(*job.acting, id, config_version)) {
-        Watch(session.job, job, reserved, now, notify);
+        Watch(session.job, job, reserved,
+              std::max(allocated, StatOr(stats, kAllocatedPeakStat, 0)), now, notify);
       }
       if (retries > session.retries) {
         Enqueue(session.job, job, "alloc_retry", false);
@@ -319,7 +321,9 @@ class Autotuner::Impl {
     absl::Time watch_since;
     int64_t predicted_current = 0;
     int64_t predicted_switched = 0;
+    int64_t predicted_allocated = 0;
     int64_t realized_peak = -1;
+    int64_t realized_allocated = 0;
   };
 
   struct Job {
@@ -415,10 +419,14 @@ class Autotuner::Impl {
 
   // A stats report of a session under the pushed version: the realised
   // peak, the rollback margin, and the end of the canary's watch.
-  void Watch(const std::string& name, Job& job, int64_t reserved, absl::Time now,
-             std::vector<AutotuneDecision>& notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `allocated`: the most the session allocated since its last report, as
+  // far as it knows (PyTorch's peak, which the job may reset, or the current).
+  void Watch(const std::string& name, Job& job, int64_t reserved, int64_t allocated,
+             absl::Time now, std::vector<AutotuneDecision>& notify)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Acting& acting = *job.acting;
     if (acting.phase == Phase::kRollingBack || acting.phase == Phase::kCanaryPushed) return;
+    acting.realized_allocated = std::max(acting.realized_allocated, allocated);
     if (reserved > acting.realized_peak) {
       acting.realized_peak = reserved;
       if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
@@ -427,13 +435,21 @@ class Autotuner::Impl {
         notify.push_back(*d);
       }
     }
-    const double limit =
-        static_cast<double>(acting.predicted_switched) * (1.0 + options_.rollback_margin);
-    if (static_cast<double>(acting.realized_peak) > limit) {
+    const double growth =
+        acting.predicted_allocated > 0
+            ? std::max(1.0, static_cast<double>(acting.realized_allocated) /
+                                static_cast<double>(acting.predicted_allocated))
+            : 1.0;
+    const double expected = static_cast<double>(acting.predicted_switched) * growth;
+    if (static_cast<double>(acting.realized_peak) > expected * (1.0 + options_.rollback_margin)) {
       QueueRollBack(name, job, absl::StrFormat(
-          "the realised peak %s is above the predicted %s by more than %.0f%%",
-          GiB(acting.realized_peak), GiB(acting.predicted_switched),
-          100 * options_.rollback_margin));
+          "the realised peak %s is above the predicted %s by more than %.0f%%%s",
+          GiB(acting.realized_peak), GiB(static_cast<int64_t>(expected)),
+          100 * options_.rollback_margin,
+          growth > 1.0 ? absl::StrFormat(" (%s predicted for the window, scaled by the job "
+                                         "allocating %.2fx what it did there)",
+                                         GiB(acting.predicted_switched), growth)
+                       : std::string()));
       return;
     }
     if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
@@ -628,6 +644,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.predicted_peak_current = d.predicted_peak_current;
     rec.predicted_peak_switched = d.predicted_peak_switched;
     rec.predicted_saving = d.predicted_peak_current - d.predicted_peak_switched;
+    rec.predicted_peak_allocated = d.predicted_peak_allocated;
     rec.window_events = trace.events.size();
     rec.replay_seconds = d.replay_seconds;
     rec.candidates = d.candidates;
@@ -661,6 +678,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.rollback_config = LiveConfigString(running.config, d.to.config);
           acting.predicted_current = d.predicted_peak_current;
           acting.predicted_switched = d.predicted_peak_switched;
+          acting.predicted_allocated = d.predicted_peak_allocated;
           job.acting = std::move(acting);
         }
         break;

@@ -66,6 +66,9 @@ struct Decision {
   std::string to_config;
   int64_t predicted_peak_current = 0;   // staying, after the switch point
   int64_t predicted_peak_switched = 0;  // the proposal (or the best kept one)
+  // Peak allocated after the switch point: the job's own need, the same
+  // under every config.
+  int64_t predicted_peak_allocated = 0;
   uint64_t switch_event = 0;
   std::optional<uint64_t> step_events;
   size_t candidates = 0;
