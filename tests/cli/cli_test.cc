@@ -560,7 +560,7 @@ TEST(CliMessageTest, ABadConfigFileAtStartIsNotKeptFromBefore) {
 // A percentage of the pool's device: --backend cuda knows its memory
 // (cuMemGetInfo's total, tested on a GPU), sim has none and says so.
 TEST(CliSizeTest, ServeCapacityInPercentNeedsADevice) {
-  const CommandResult r = RunAllocd("serve --capacity 90% --metrics-addr '' --socket " +
+  const CommandResult r = RunAllocd("serve --backend sim --capacity 90% --metrics-addr '' --socket " +
                                     TempPath("percent.sock"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--backend sim has no device memory"));
@@ -588,8 +588,9 @@ class CliDaemonTest : public testing::Test {
  protected:
   void SetUp() override {
     socket_ = TempPath("daemon.sock");
-    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--capacity", "64MiB",
-                                     "--metrics-addr", "", "--socket", socket_};
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend", "sim",
+                                     "--capacity", "64MiB", "--metrics-addr", "",
+                                     "--socket", socket_};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

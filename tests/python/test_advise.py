@@ -221,7 +221,7 @@ class AdviseTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="allocd_py_")
         self.socket = os.path.join(self.dir, "a.sock")
         self.daemon = subprocess.Popen(
-            [os.environ["ALLOCD_BINARY"], "serve", "--socket", self.socket,
+            [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,
              "--metrics-addr", "", "--capacity", "1GiB"], stderr=subprocess.DEVNULL)
         self.assertTrue(wait_for(lambda: os.path.exists(self.socket)))
         self.torch = FakeTorch()
