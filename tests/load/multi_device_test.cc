@@ -174,7 +174,8 @@ TEST_F(MultiDeviceTest, DdpRanksGetChunksFromTheirOwnGpusPool) {
   Touch("exit");
   for (auto& client : clients_) EXPECT_EQ(client->Wait(), 0);
   harness::WaitForInUse(*admin_, 0, absl::Seconds(10));
-  for (const v1::DeviceStatus& d : harness::PoolStatus(*admin_).devices()) {
+  const v1::StatusResponse after = harness::PoolStatus(*admin_);
+  for (const v1::DeviceStatus& d : after.devices()) {
     EXPECT_EQ(d.in_use_bytes(), 0u) << d.gpu_uuid();
     EXPECT_EQ(d.free_bytes(), bytes_of(d.node_device())) << d.gpu_uuid();
   }
