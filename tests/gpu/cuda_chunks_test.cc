@@ -208,7 +208,10 @@ class CudaChunksTest : public ::testing::Test {
 
   std::unique_ptr<DaemonClient> Client(std::string job = "gpu-test") {
     absl::StatusOr<std::unique_ptr<DaemonClient>> c = DaemonClient::Connect(
-        {.socket = socket_, .job = job, .reconnect_wait = absl::Seconds(20)});
+        {.socket = socket_,
+         .job = job,
+         .gpu_uuid = GpuUuid(0).value_or(""),
+         .reconnect_wait = absl::Seconds(20)});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
