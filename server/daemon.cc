@@ -147,7 +147,7 @@ absl::StatusOr<std::vector<FoundDevice>> FindDevices(const DaemonOptions& o,
   // --backend auto on a machine without a GPU: say so, loudly, since the
   // memory handed out is then not GPU memory.
   LogError(absl::StrCat(
-      "no GPU visible (", gpus.status().message(), "): serving SIMULATED "
+      "no GPU to serve (", gpus.status().message(), "): serving SIMULATED "
       "memory (memfd chunks, no GPU), ", o.sim_devices, " device(s). Pass "
       "--backend cuda to refuse to start without a GPU, or --backend sim to "
       "silence this"));
