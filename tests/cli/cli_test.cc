@@ -569,6 +569,18 @@ TEST(CliSizeTest, ServeCapacityInPercentNeedsADevice) {
   EXPECT_THAT(bare.output, HasSubstr("did you mean 64GB?"));
 }
 
+TEST(CliSizeTest, ServeDeviceFlagsAreCheckedBeforeStarting) {
+  const CommandResult none = RunAllocd("serve --backend sim --sim-devices 0");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("--sim-devices"));
+  const CommandResult headroom = RunAllocd("serve --headroom 2XB");
+  EXPECT_EQ(headroom.exit_code, 2) << headroom.output;
+  EXPECT_THAT(headroom.output, HasSubstr("--headroom"));
+  const CommandResult backend = RunAllocd("serve --backend gpu");
+  EXPECT_EQ(backend.exit_code, 2) << backend.output;
+  EXPECT_THAT(backend.output, HasSubstr("auto"));
+}
+
 TEST(CliExitTest, AllocctlUsageErrorsExit2) {
   for (const char* args : {"", "config", "quota set 20GiB", "sessions --bogus",
                            "quota set 80 --uid 1000"}) {

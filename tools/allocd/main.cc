@@ -183,7 +183,7 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "device, so an idle node holds no GPU memory: 30s, 5m, "
                     "1h, inf (default 5m)");
   serve->add_option("--cache-high-water", o.cache_high_water,
-                    "cached chunks above this size go back to the device at "
+                    "cached chunks of a GPU above this size go back to it at "
                     "once, e.g. 16GiB (default: no limit)");
   serve->add_option("--config", d.config_file,
                     "JSON file of allocator configs per job and uid quotas: "
