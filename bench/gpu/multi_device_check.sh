@@ -68,11 +68,11 @@ check(status["backend"] == "cuda", f"backend {status['backend']} (auto found the
 check([d["gpu_uuid"] for d in devices] == [row[1] for row in smi],
       "the daemon's devices are nvidia-smi's, same UUIDs, same order")
 for i, d in enumerate(devices):
-    free_mib = float(smi[i][3].split()[0])  # free now, with the client's memory taken
     held = int(d.get("in_use_bytes", 0))
     check(held == (i + 1) * GiB, f"GPU {i} pool holds {held / GiB:.2f} GiB, its client's {i + 1} GiB")
     cap = int(d["capacity_bytes"])
-    print(f"     GPU {i}: capacity {cap / GiB:.2f} GiB (free at start minus 1 GiB headroom)")
+    print(f"     GPU {i}: capacity {cap / GiB:.2f} GiB (free at start minus 1 GiB headroom; "
+          f"nvidia-smi said {smi[i][3]} free before the daemon started)")
     mine = [s for s in sessions if s.get("gpu_uuid") == d["gpu_uuid"]]
     check(len(mine) == 1 and int(mine[0].get("held_bytes", 0)) == (i + 1) * GiB
           and int(mine[0].get("device", 0)) == 0,
