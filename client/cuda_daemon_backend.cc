@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda/cuda_driver.h"
 
@@ -92,11 +93,29 @@ absl::StatusOr<std::unique_ptr<ChunkMapper>> MakeCudaChunkMapper(
       std::make_unique<CudaChunkMapper>(std::move(*context)));
 }
 
+absl::StatusOr<std::string> GpuUuid(int ordinal) {
+  if (absl::Status s = cuda::Init(); !s.ok()) return s;
+  absl::StatusOr<CUdevice> device = cuda::GetDevice(ordinal);
+  if (!device.ok()) return device.status();
+  return cuda::DeviceUuid(*device);
+}
+
 absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> CudaDaemonBackend::Create(
     DaemonClient* client, int ordinal) {
   absl::StatusOr<std::unique_ptr<ChunkMapper>> mapper =
       MakeCudaChunkMapper(ordinal);
   if (!mapper.ok()) return mapper.status();
+  // A daemon before per-GPU pools names no device: it has one.
+  if (const std::string served = client->gpu_uuid(); !served.empty()) {
+    absl::StatusOr<std::string> mine = GpuUuid(ordinal);
+    if (!mine.ok()) return mine.status();
+    if (!absl::EqualsIgnoreCase(served, *mine)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemon serves this session from ", served, ", not from CUDA "
+          "device ", ordinal, " (", *mine, "): connect with gpu_uuid ",
+          *mine));
+    }
+  }
   return std::unique_ptr<CudaDaemonBackend>(
       new CudaDaemonBackend(client, std::move(*mapper), ordinal));
 }

@@ -63,6 +63,7 @@ struct Connection {
   uint64_t session_id = 0;
   uint64_t chunk_bytes = 0;
   uint64_t capacity = 0;
+  std::string gpu_uuid;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
   // The lease; claims travel over it, one at a time.
@@ -130,6 +131,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   v1::RegisterRequest request;
   request.set_protocol_version(kProtocolVersion);
   request.set_device(o.device);
+  request.set_gpu_uuid(o.gpu_uuid);
   request.set_job(o.job);
   request.set_initial_config(o.initial_config);
   request.set_client(o.description);
@@ -146,6 +148,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->session_id = response.session_id();
   c->chunk_bytes = response.chunk_bytes();
   c->capacity = response.capacity_bytes();
+  c->gpu_uuid = response.gpu_uuid();
   c->running_version = response.current_config_version();
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
@@ -658,6 +661,11 @@ uint64_t DaemonClient::chunk_bytes() const {
 uint64_t DaemonClient::capacity_bytes() const {
   std::shared_ptr<Connection> c = state_->Current();
   return c == nullptr ? 0 : c->capacity;
+}
+
+std::string DaemonClient::gpu_uuid() const {
+  std::shared_ptr<Connection> c = state_->Current();
+  return c == nullptr ? "" : c->gpu_uuid;
 }
 
 }  // namespace allocd

@@ -40,7 +40,11 @@ namespace allocd {
 struct DaemonClientOptions {
   std::string socket = "/run/allocd/allocd.sock";
   std::string job;
+  // The client's CUDA ordinal (as CUDA_VISIBLE_DEVICES numbers it).
   int device = 0;
+  // The UUID of that GPU, "GPU-..." (GpuUuid in cuda_daemon_backend.h):
+  // picks the daemon's pool for it. Empty: the daemon's first device.
+  std::string gpu_uuid;
   // Canonical PYTORCH_CUDA_ALLOC_CONF the process starts with.
   std::string initial_config;
   std::string description = "allocd-client";
@@ -121,6 +125,9 @@ class DaemonClient {
   bool connected() const;
   uint64_t chunk_bytes() const;
   uint64_t capacity_bytes() const;
+  // The device whose pool serves the session, as the daemon named it
+  // ("" from a daemon before per-GPU pools).
+  std::string gpu_uuid() const;
 
   struct State;
 

@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint32_t kProtocolVersion = 1;
 constexpr size_t kMaxClientDescription = 256;
+constexpr size_t kMaxGpuUuid = 128;
 constexpr size_t kMaxOomMessage = 4096;
 constexpr size_t kMaxReleaseIds = 65536;
 constexpr size_t kMaxStats = 1024;
@@ -62,12 +63,33 @@ void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
   out->set_predicted_peak_reserved_bytes(record.predicted_peak_reserved_bytes);
 }
 
+std::unique_ptr<DevicePools> OneDevice(NodePool* pool,
+                                       const std::string& backend) {
+  auto pools = std::make_unique<DevicePools>();
+  // A new DevicePools takes any first UUID.
+  (void)pools->AddBorrowed(SimDeviceUuid(0), backend, pool);
+  return pools;
+}
+
 }  // namespace
+
+DaemonCore::DaemonCore(DaemonCoreOptions options, const DevicePools* pools,
+                       Metrics* metrics)
+    : options_(std::move(options)), pools_(pools), metrics_(metrics) {
+  for (const DevicePool& device : pools_->devices()) PublishPool(device);
+}
 
 DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
                        Metrics* metrics)
-    : options_(std::move(options)), pool_(pool), metrics_(metrics) {
-  PublishPool();
+    : options_(std::move(options)),
+      owned_pools_(OneDevice(pool, options_.backend)),
+      pools_(owned_pools_.get()),
+      metrics_(metrics) {
+  PublishPool(pools_->at(0));
+}
+
+NodePool& DaemonCore::PoolOf(const Session& session) const {
+  return *pools_->at(session.identity().node_device).pool;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OwnedSession(
@@ -97,6 +119,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     return absl::InvalidArgumentError(
         absl::StrCat("device ", r.device(), " out of range"));
   }
+  if (r.gpu_uuid().size() > kMaxGpuUuid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_uuid is ", r.gpu_uuid().size(), " bytes; at most ", kMaxGpuUuid));
+  }
+  absl::StatusOr<const DevicePool*> found = pools_->ForClient(r.gpu_uuid());
+  if (!found.ok()) return found.status();
+  const DevicePool& device = **found;
   if (r.client().size() > kMaxClientDescription) {
     return absl::InvalidArgumentError(
         absl::StrCat("client description is ", r.client().size(),
@@ -125,10 +154,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
        .uid = peer.uid,
        .job = r.job(),
        .device = r.device(),
+       .node_device = device.index,
+       .gpu_uuid = device.uuid,
        .client = r.client(),
        .initial_config = FormatAllocatorConfig(*initial),
        .registered_at = absl::Now()});
-  if (absl::Status s = pool_->AddSession(session->id(), peer.uid, peer.pid);
+  if (absl::Status s =
+          device.pool->AddSession(session->id(), peer.uid, peer.pid);
       !s.ok()) {
     sessions_.Remove(session->id());
     return s;
@@ -139,17 +171,21 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
                                  r.current_config_version(), session->id());
     session->Acked(running);
   }
-  metrics_->SessionStarted(session->id(), r.job(), r.device(), peer.pid);
+  metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
+                           peer.pid);
   LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
                        peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
-                       "\", device ", r.device(), ", ", r.client()));
+                       "\", device ", device.index, " (", device.uuid,
+                       ", the client's ", r.device(), "), ", r.client()));
 
   v1::RegisterResponse response;
   response.set_session_id(session->id());
-  response.set_chunk_bytes(pool_->Stats().chunk_bytes);
+  response.set_chunk_bytes(device.pool->chunk_bytes());
   response.set_fd_socket(options_.fd_socket);
   response.set_backend(options_.backend);
-  response.set_capacity_bytes(pool_->Stats().capacity);
+  response.set_capacity_bytes(device.pool->capacity());
+  response.set_gpu_uuid(device.uuid);
+  response.set_node_device(device.index);
   response.set_current_config_version(running.version);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
@@ -192,17 +228,18 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  NodePool& pool = PoolOf(**session);
   (*session)->BeginAcquire();
-  absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
+  absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes());
   if (!grant.ok() && IsNodeShortage(grant.status())) {
-    Reclaim(r.session_id(), r.bytes());
-    grant = pool_->Acquire(r.session_id(), r.bytes());
+    Reclaim(**session, r.bytes());
+    grant = pool.Acquire(r.session_id(), r.bytes());
   }
   (*session)->EndAcquire();
   if (absl::IsResourceExhausted(grant.status())) {
     (*session)->NoteAcquireRefused();
   }
-  PublishPool();
+  PublishPool(**session);
   if (!grant.ok()) return grant.status();
   v1::AcquireChunksResponse response;
   for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
@@ -212,8 +249,10 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
   return response;
 }
 
-void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
-  const PoolStats before = pool_->Stats();
+void DaemonCore::Reclaim(const Session& except, uint64_t bytes) {
+  NodePool& pool = PoolOf(except);
+  const int device = except.identity().node_device;
+  const PoolStats before = pool.Stats();
   const uint64_t available = before.capacity - before.in_use_bytes;
   if (available >= bytes) return;
   const uint64_t shortfall = bytes - available;
@@ -225,7 +264,11 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   for (std::shared_ptr<Session>& s : sessions_.List()) {
     // A session blocked in its own acquire answers no reclaim until that
     // returns: waiting on it could only time out.
-    if (s->id() == except || s->acquiring()) continue;
+    // Only memory of the same GPU helps.
+    if (s->id() == except.id() || s->identity().node_device != device ||
+        s->acquiring()) {
+      continue;
+    }
     const std::map<std::string, int64_t> stats = s->Stats();
     auto reserved = stats.find("reserved_bytes.all.current");
     auto allocated = stats.find("allocated_bytes.all.current");
@@ -242,7 +285,7 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
     v1::ControlMessage message;
     message.mutable_reclaim()->set_bytes(std::min(cached, shortfall));
     message.mutable_reclaim()->set_reason(absl::StrCat(
-        "session ", except, " needs ", FormatSize(bytes),
+        "session ", except.id(), " needs ", FormatSize(bytes),
         " and the node pool is short by ", FormatSize(shortfall)));
     session->Push(std::move(message));
   }
@@ -250,7 +293,7 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   const absl::Time deadline = absl::Now() + options_.reclaim_wait;
   absl::MutexLock lock(&released_mu_);
   while (absl::Now() < deadline) {
-    const PoolStats now = pool_->Stats();
+    const PoolStats now = pool.Stats();
     if (now.capacity - now.in_use_bytes >= bytes) return;
     released_cv_.WaitWithDeadline(&released_mu_, deadline);
   }
@@ -262,12 +305,16 @@ void DaemonCore::SignalReleased() {
 }
 
 void DaemonCore::AbandonGrant(absl::string_view claim_token) {
-  const uint64_t returned = pool_->Abandon(claim_token);
-  if (returned == 0) return;
-  LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
-                       " went back to the pool: its client gave up waiting"));
-  SignalReleased();
-  PublishPool();
+  for (const DevicePool& device : pools_->devices()) {
+    const uint64_t returned = device.pool->Abandon(claim_token);
+    if (returned == 0) continue;
+    LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
+                         " went back to the pool of device ", device.index,
+                         ": its client gave up waiting"));
+    SignalReleased();
+    PublishPool(device);
+    return;
+  }
 }
 
 absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
@@ -282,11 +329,12 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
         r.chunk_ids_size()));
   }
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
-  const uint64_t before = pool_->Stats().in_use_bytes;
-  if (absl::Status s = pool_->Release(r.session_id(), ids); !s.ok()) return s;
-  const uint64_t after = pool_->Stats().in_use_bytes;
+  NodePool& pool = PoolOf(**session);
+  const uint64_t before = pool.Stats().in_use_bytes;
+  if (absl::Status s = pool.Release(r.session_id(), ids); !s.ok()) return s;
+  const uint64_t after = pool.Stats().in_use_bytes;
   SignalReleased();
-  PublishPool();
+  PublishPool(**session);
   v1::ReleaseChunksResponse response;
   response.set_released_bytes(before > after ? before - after : 0);
   return response;
@@ -414,7 +462,14 @@ absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
 absl::Status DaemonCore::Claim(const PeerCredentials& peer,
                                absl::string_view token, size_t batch_size,
                                NodePool::ClaimSink sink) {
-  return pool_->Claim(token, peer.pid, batch_size, sink);
+  // Tokens are unique across pools (128 random bits): the one pool that
+  // knows it answers; the others say NotFound.
+  absl::Status status = absl::NotFoundError("no devices");
+  for (const DevicePool& device : pools_->devices()) {
+    status = device.pool->Claim(token, peer.pid, batch_size, sink);
+    if (!absl::IsNotFound(status)) return status;
+  }
+  return status;
 }
 
 void DaemonCore::EndSession(SessionId id, absl::string_view why) {
@@ -422,10 +477,10 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   if (session == nullptr) return;
   session->Close();
   if (observer_ != nullptr) observer_->SessionEnded(id);
-  const uint64_t held = pool_->EndSession(id);
+  const uint64_t held = PoolOf(*session).EndSession(id);
   metrics_->SessionEnded(id);
   SignalReleased();
-  PublishPool();
+  PublishPool(*session);
   LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
                        ", job \"", session->identity().job, "\") ended: ",
                        why, "; ", FormatSize(held), " back to the pool"));
@@ -441,20 +496,43 @@ void DaemonCore::ExpireUnleased(absl::Time now) {
 }
 
 uint64_t DaemonCore::TrimIdle() {
-  const uint64_t trimmed = pool_->TrimIdle(options_.trim);
-  if (trimmed > 0) {
+  uint64_t total = 0;
+  for (const DevicePool& device : pools_->devices()) {
+    const uint64_t trimmed = device.pool->TrimIdle(options_.trim);
+    if (trimmed == 0) continue;
     LogInfo(absl::StrCat("trimmed ", FormatSize(trimmed),
-                         " of cached chunks back to the device"));
-    PublishPool();
+                         " of cached chunks back to device ", device.index,
+                         " (", device.uuid, ")"));
+    PublishPool(device);
+    total += trimmed;
   }
-  return trimmed;
+  return total;
 }
 
-v1::TrimPoolResponse DaemonCore::TrimPool() {
+absl::StatusOr<v1::TrimPoolResponse> DaemonCore::TrimPool(
+    absl::string_view device) {
+  std::vector<const DevicePool*> targets;
+  if (device.empty()) {
+    for (const DevicePool& d : pools_->devices()) targets.push_back(&d);
+  } else {
+    absl::StatusOr<const DevicePool*> found = pools_->ForAdmin(device);
+    if (!found.ok()) return found.status();
+    targets.push_back(*found);
+  }
+  uint64_t trimmed = 0;
+  for (const DevicePool* d : targets) {
+    trimmed += d->pool->TrimFree(UINT64_MAX);
+    PublishPool(*d);
+  }
   v1::TrimPoolResponse response;
-  response.set_trimmed_bytes(pool_->TrimFree(UINT64_MAX));
-  PublishPool();
+  response.set_trimmed_bytes(trimmed);
   return response;
+}
+
+void DaemonCore::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
+  for (const DevicePool& device : pools_->devices()) {
+    device.pool->SetUidQuota(uid, bytes);
+  }
 }
 
 void DaemonCore::EndAll() {
@@ -486,9 +564,14 @@ void DaemonCore::PushRollBack(Session& session, const ConfigRecord& target,
   Push(session, target, true, std::move(reason));
 }
 
-void DaemonCore::PublishPool() {
-  const PoolStats stats = pool_->Stats();
-  metrics_->Pool({.capacity = stats.capacity,
+void DaemonCore::PublishPool(const Session& session) {
+  PublishPool(pools_->at(session.identity().node_device));
+}
+
+void DaemonCore::PublishPool(const DevicePool& device) {
+  const PoolStats stats = device.pool->Stats();
+  metrics_->Pool(device.index, device.uuid,
+                 {.capacity = stats.capacity,
                   .in_use = stats.in_use_bytes,
                   .free = stats.free_bytes,
                   .chunks_created_total = stats.chunks_created_total,
@@ -513,16 +596,33 @@ absl::Status DaemonCore::CheckAdmin(const PeerCredentials& peer) const {
 }
 
 v1::StatusResponse DaemonCore::Status() const {
-  const PoolStats stats = pool_->Stats();
   v1::StatusResponse r;
   r.set_backend(options_.backend);
-  r.set_capacity_bytes(stats.capacity);
-  r.set_chunk_bytes(stats.chunk_bytes);
-  r.set_in_use_bytes(stats.in_use_bytes);
-  r.set_free_bytes(stats.free_bytes);
-  r.set_chunks_created_total(stats.chunks_created_total);
-  r.set_chunks_reused_total(stats.chunks_reused_total);
-  r.set_trimmed_bytes_total(stats.trimmed_bytes_total);
+  r.set_chunk_bytes(pools_->at(0).pool->chunk_bytes());
+  for (const DevicePool& device : pools_->devices()) {
+    const PoolStats stats = device.pool->Stats();
+    v1::DeviceStatus* d = r.add_devices();
+    d->set_node_device(device.index);
+    d->set_gpu_uuid(device.uuid);
+    d->set_name(device.name);
+    d->set_capacity_bytes(stats.capacity);
+    d->set_chunk_bytes(stats.chunk_bytes);
+    d->set_in_use_bytes(stats.in_use_bytes);
+    d->set_free_bytes(stats.free_bytes);
+    d->set_chunks_created_total(stats.chunks_created_total);
+    d->set_chunks_reused_total(stats.chunks_reused_total);
+    d->set_trimmed_bytes_total(stats.trimmed_bytes_total);
+    d->set_sessions(static_cast<uint32_t>(stats.sessions.size()));
+    r.set_capacity_bytes(r.capacity_bytes() + stats.capacity);
+    r.set_in_use_bytes(r.in_use_bytes() + stats.in_use_bytes);
+    r.set_free_bytes(r.free_bytes() + stats.free_bytes);
+    r.set_chunks_created_total(r.chunks_created_total() +
+                               stats.chunks_created_total);
+    r.set_chunks_reused_total(r.chunks_reused_total() +
+                              stats.chunks_reused_total);
+    r.set_trimmed_bytes_total(r.trimmed_bytes_total() +
+                              stats.trimmed_bytes_total);
+  }
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_version(ALLOCD_VERSION);
   r.set_started_unix_micros(UnixMicros(started_));
@@ -530,7 +630,10 @@ v1::StatusResponse DaemonCore::Status() const {
 }
 
 v1::ListSessionsResponse DaemonCore::ListSessions() const {
-  const PoolStats stats = pool_->Stats();
+  std::vector<PoolStats> pools;
+  for (const DevicePool& device : pools_->devices()) {
+    pools.push_back(device.pool->Stats());
+  }
   v1::ListSessionsResponse r;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     const SessionIdentity& id = s->identity();
@@ -540,8 +643,11 @@ v1::ListSessionsResponse DaemonCore::ListSessions() const {
     info->set_uid(id.uid);
     info->set_job(id.job);
     info->set_device(id.device);
+    info->set_gpu_uuid(id.gpu_uuid);
+    info->set_node_device(id.node_device);
     info->set_client(id.client);
     info->set_registered_unix_micros(UnixMicros(id.registered_at));
+    const PoolStats& stats = pools[id.node_device];
     if (auto held = stats.sessions.find(id.id); held != stats.sessions.end()) {
       info->set_held_bytes(held->second.bytes);
       if (held->second.quota.has_value()) {
@@ -645,15 +751,17 @@ absl::Status DaemonCore::SetQuota(const v1::SetQuotaRequest& r) {
   std::optional<size_t> bytes;
   if (r.has_bytes()) bytes = r.bytes();
   switch (r.target_case()) {
-    case v1::SetQuotaRequest::kSessionId:
-      if (sessions_.Find(r.session_id()) == nullptr) {
+    case v1::SetQuotaRequest::kSessionId: {
+      std::shared_ptr<Session> session = sessions_.Find(r.session_id());
+      if (session == nullptr) {
         return absl::NotFoundError(
             absl::StrCat("no session ", r.session_id()));
       }
-      pool_->SetSessionQuota(r.session_id(), bytes);
+      PoolOf(*session).SetSessionQuota(r.session_id(), bytes);
       return absl::OkStatus();
+    }
     case v1::SetQuotaRequest::kUid:
-      pool_->SetUidQuota(r.uid(), bytes);
+      SetUidQuota(r.uid(), bytes);
       return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(

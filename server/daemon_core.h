@@ -12,6 +12,10 @@
 // - when the pool is short, the daemon asks the other sessions to release
 //   cached segments and waits up to `reclaim_wait` before answering
 //   ResourceExhausted;
+// - a session belongs to one device (the GPU whose UUID it registered
+//   with): its chunks come from that device's pool only, reclaims ask only
+//   sessions of that device, and a process using several GPUs has a
+//   session per device;
 // - an OOM under a pushed config rolls the session back to the config it
 //   ran before (pushed as a rollback), once per OOM'd version.
 //
@@ -24,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,7 @@
 #include "ipc/unix_socket.h"
 #include "server/config_store.h"
 #include "server/metrics.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/node_pool.h"
 #include "server/session_observer.h"
 #include "server/session_registry.h"
@@ -58,7 +64,11 @@ struct DaemonCoreOptions {
 
 class DaemonCore {
  public:
-  // `pool` and `metrics` outlive the core.
+  // `pools` (one per device, at least one) and `metrics` outlive the core.
+  DaemonCore(DaemonCoreOptions options, const DevicePools* pools,
+             Metrics* metrics);
+  // One device, SimDeviceUuid(0), served from `pool` (which outlives the
+  // core): tests and benchmarks.
   DaemonCore(DaemonCoreOptions options, NodePool* pool, Metrics* metrics);
 
   // Tells `observer` (which outlives the core, or is reset to null first)
@@ -131,17 +141,24 @@ class DaemonCore {
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);
   absl::Status SetQuota(const v1::SetQuotaRequest& r);
-  // `allocctl pool trim`: every cached chunk back to the device now.
-  v1::TrimPoolResponse TrimPool();
+  // `allocctl pool trim [--device D]`: every cached chunk of device `device`
+  // (a UUID or index; empty: of every device) back to the device now.
+  // NotFound for an unknown device.
+  absl::StatusOr<v1::TrimPoolResponse> TrimPool(absl::string_view device = "");
+  // A uid quota (nullopt: none) on every device: what the uid's sessions on
+  // one GPU may hold together.
+  void SetUidQuota(uid_t uid, std::optional<uint64_t> bytes);
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 
   // Ends every session (shutdown).
   void EndAll();
   size_t session_count() const { return sessions_.size(); }
-  NodePool& pool() { return *pool_; }
+  const DevicePools& pools() const { return *pools_; }
   ConfigStore& configs() { return configs_; }
 
  private:
+  // The pool serving `session` (its device's).
+  NodePool& PoolOf(const Session& session) const;
   absl::StatusOr<std::shared_ptr<Session>> OwnedSession(
       const PeerCredentials& peer, SessionId id) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
@@ -155,16 +172,20 @@ class DaemonCore {
   AppliedConfig AdoptRunningConfig(absl::string_view job,
                                    const std::string& config,
                                    uint64_t declared_version, SessionId id);
-  void PublishPool();
+  // Exports the device's pool (PublishPool(session): the session's).
+  void PublishPool(const DevicePool& device);
+  void PublishPool(const Session& session);
   // Wakes Reclaim()s waiting for memory to come back.
   void SignalReleased();
-  // Asks every session but `except` that caches memory and is not itself
-  // waiting in an acquire to release it, then waits until `bytes` could be
-  // had or reclaim_wait passes.
-  void Reclaim(SessionId except, uint64_t bytes);
+  // Asks every session of `except`'s device but `except` that caches
+  // memory and is not itself waiting in an acquire to release it, then
+  // waits until `bytes` could be had there or reclaim_wait passes.
+  void Reclaim(const Session& except, uint64_t bytes);
 
   const DaemonCoreOptions options_;
-  NodePool* const pool_;
+  // Set by the one-pool constructor only.
+  std::unique_ptr<DevicePools> owned_pools_;
+  const DevicePools* const pools_;
   Metrics* const metrics_;
   const absl::Time started_ = absl::Now();
   SessionRegistry sessions_;

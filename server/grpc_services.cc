@@ -208,11 +208,14 @@ grpc::Status AdminService::History(grpc::ServerContext* context,
 }
 
 grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
-                                    const v1::TrimPoolRequest*,
+                                    const v1::TrimPoolRequest* request,
                                     v1::TrimPoolResponse* response) {
   return HandleAdmin(core_, metrics_, peers_, context, "Admin.TrimPool",
                      [&](const PeerCredentials&) {
-                       *response = core_->TrimPool();
+                       absl::StatusOr<v1::TrimPoolResponse> trimmed =
+                           core_->TrimPool(request->device());
+                       if (!trimmed.ok()) return trimmed.status();
+                       *response = *std::move(trimmed);
                        return absl::OkStatus();
                      });
 }

@@ -152,7 +152,9 @@ int Run(int argc, char** argv) {
   } stop{daemon};
 
   absl::StatusOr<std::unique_ptr<DaemonClient>> client =
-      DaemonClient::Connect({.socket = socket, .job = "cuda-chunk-bench"});
+      DaemonClient::Connect({.socket = socket,
+                             .job = "cuda-chunk-bench",
+                             .gpu_uuid = GpuUuid(0).value_or("")});
   if (!client.ok()) return Fail("connect", client.status());
   absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
       CudaDaemonBackend::Create(client->get(), 0);

@@ -388,11 +388,16 @@ class Interposer {
     absl::StatusOr<v1::AutotunePreferences> autotune =
         ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
     if (!autotune.ok()) return autotune.status();
+    // The daemon matches the GPU by UUID: `device` is only this process's
+    // number for it.
+    absl::StatusOr<std::string> uuid = GpuUuid(device);
+    if (!uuid.ok()) return uuid.status();
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(
             {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
              .job = env("ALLOCD_JOB", ""),
              .device = device,
+             .gpu_uuid = *std::move(uuid),
              .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune)});

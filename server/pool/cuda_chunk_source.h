@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/pool/chunk_source.h"
@@ -39,6 +40,11 @@ class CudaChunkSource final : public ChunkSource {
   // clear error for no such device or one that cannot export POSIX FDs.
   static absl::StatusOr<std::unique_ptr<CudaChunkSource>> Create(
       int ordinal = 0);
+  // One source per device the driver sees, in PCI bus order (nvidia-smi's
+  // numbering), whatever CUDA_DEVICE_ORDER says. FailedPrecondition when
+  // there is no driver or no device; the first device's error otherwise.
+  static absl::StatusOr<std::vector<std::unique_ptr<CudaChunkSource>>>
+  CreateAll();
   ~CudaChunkSource() override;
 
   // cuMemCreate. ResourceExhausted when the device is out of memory.
@@ -51,6 +57,13 @@ class CudaChunkSource final : public ChunkSource {
   // cuMemGetInfo's total, read at Create.
   std::optional<uint64_t> DeviceMemory() const override;
   size_t Granularity() const override { return granularity_; }
+  // The device's UUID, "GPU-..." as nvidia-smi prints it.
+  const std::string& uuid() const;
+  // e.g. "NVIDIA H100 80GB HBM3".
+  const std::string& device_name() const;
+  // cuMemGetInfo's free, read at Create: what the daemon can take without
+  // squeezing processes already on the GPU.
+  uint64_t free_memory_at_start() const;
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }
   // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, 2 MiB chunks".

@@ -52,7 +52,8 @@ class DaemonTest : public ::testing::Test {
   // tests replay a real job and get room for it.
   void StartDaemon(const std::string& capacity = "64MiB",
                    std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--socket",
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend",
+                                     "sim", "--socket",
                                      socket_, "--metrics-addr", "",
                                      "--capacity", capacity};
     args.insert(args.end(), extra.begin(), extra.end());
