@@ -42,7 +42,7 @@ class MmapChunkMapper final : public ChunkMapper {
     return 0;
   }
 
-  void Unmap(uint64_t address, size_t bytes, size_t,
+  void Unmap(uint64_t address, size_t bytes,
              absl::Span<const ChunkMapping>) override {
     // One call for the whole range, whatever is mapped in it.
     mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
@@ -63,8 +63,7 @@ DaemonBackend::DaemonBackend(DaemonClient* client,
                              std::unique_ptr<ChunkMapper> mapper)
     : client_(client),
       mapper_(std::move(mapper)),
-      total_(client->capacity_bytes()),
-      chunk_bytes_(client->chunk_bytes()) {}
+      total_(client->capacity_bytes()) {}
 
 DaemonBackend::~DaemonBackend() {
   while (!ranges_.empty()) {
@@ -77,8 +76,9 @@ size_t DaemonBackend::FreeMemory() const {
   return total_ > held_ ? total_ - held_ : 0;
 }
 
-absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
-  absl::StatusOr<ReceivedChunks> got = client_->Acquire(bytes);
+absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
+                                uint64_t max_chunk_bytes) {
+  absl::StatusOr<ReceivedChunks> got = client_->Acquire(bytes, max_chunk_bytes);
   if (!got.ok()) {
     // The engine's OOM path (free the cache, retry, report) handles both.
     if (absl::IsResourceExhausted(got.status()) ||
@@ -87,23 +87,34 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
     }
     return got.status();
   }
+  uint64_t at = address;
   for (size_t i = 0; i < got->ids.size(); ++i) {
-    const uint64_t at = address + i * got->chunk_bytes;
-    absl::StatusOr<uint64_t> handle = mapper_->Map(
-        at, got->chunk_bytes, got->fds[i].get(), got->offsets[i]);
+    const uint64_t size = got->sizes[i];
+    absl::StatusOr<uint64_t> handle;
+    if (at + size > address + bytes) {
+      handle = absl::DataLossError(
+          absl::StrCat("the daemon's chunks add up to more than the ",
+                       FormatSize(bytes), " asked for"));
+    } else {
+      handle = mapper_->Map(at, size, got->fds[i].get(), got->offsets[i]);
+    }
     if (!handle.ok()) {
       // Give back what this call took: the mapped ones and the rest.
-      Unmap(address, i * got->chunk_bytes, true);
+      Unmap(address, at - address, true);
       std::vector<uint64_t> rest(got->ids.begin() + i, got->ids.end());
       (void)client_->Release(got->epoch, rest);
       return handle.status();
     }
     // The mapping holds the memory: the FD is no longer needed.
     got->fds[i].reset();
-    chunks_[at] = {.epoch = got->epoch, .id = got->ids[i], .handle = *handle};
-    held_ += got->chunk_bytes;
+    chunks_[at] = {.epoch = got->epoch,
+                   .id = got->ids[i],
+                   .bytes = size,
+                   .handle = *handle};
+    held_ += size;
+    at += size;
   }
-  const size_t mapped = got->ids.size() * got->chunk_bytes;
+  const size_t mapped = at - address;
   if (absl::Status s = mapper_->EnableAccess(address, mapped); !s.ok()) {
     Unmap(address, mapped, true);
     return s;
@@ -118,13 +129,13 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + bytes;) {
     ids_by_epoch[it->second.epoch].push_back(it->second.id);
-    mappings.push_back({.address = it->first, .handle = it->second.handle});
-    held_ -= chunk_bytes_;
+    mappings.push_back({.address = it->first,
+                        .bytes = it->second.bytes,
+                        .handle = it->second.handle});
+    held_ -= it->second.bytes;
     it = chunks_.erase(it);
   }
-  if (!mappings.empty()) {
-    mapper_->Unmap(address, bytes, chunk_bytes_, mappings);
-  }
+  if (!mappings.empty()) mapper_->Unmap(address, bytes, mappings);
   if (!keep_reservation) {
     mapper_->Free(address, bytes);
     ranges_.erase(address);
@@ -138,7 +149,8 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (!address.ok()) return address;
   ranges_[*address] = bytes;
-  if (absl::Status s = Map(*address, bytes); !s.ok()) {
+  // Freed whole (FreeSegment): the daemon's largest chunks serve it.
+  if (absl::Status s = Map(*address, bytes, UINT64_MAX); !s.ok()) {
     mapper_->Free(*address, bytes);
     ranges_.erase(*address);
     return s;
@@ -161,7 +173,8 @@ void DaemonBackend::ReleaseAddressRange(uint64_t address, size_t bytes) {
 }
 
 absl::Status DaemonBackend::MapPages(uint64_t address, size_t bytes) {
-  return Map(address, bytes);
+  // UnmapPages may take back any page range of it: the smallest chunks.
+  return Map(address, bytes, client_->chunk_bytes());
 }
 
 void DaemonBackend::UnmapPages(uint64_t address, size_t bytes) {

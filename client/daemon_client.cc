@@ -474,7 +474,8 @@ DaemonClient::~DaemonClient() {
   state_->telemetry_thread.join();
 }
 
-absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
+absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
+                                                     uint64_t max_chunk_bytes) {
   const absl::Time deadline = absl::Now() + state_->options.reconnect_wait;
   for (;;) {
     std::shared_ptr<Connection> c = state_->WaitConnected(deadline);
@@ -489,6 +490,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     v1::AcquireChunksRequest request;
     request.set_session_id(c->session_id);
     request.set_bytes(bytes);
+    request.set_max_chunk_bytes(max_chunk_bytes);
     v1::AcquireChunksResponse response;
     grpc::Status status = c->stub->AcquireChunks(&context, request, &response);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -499,11 +501,10 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     }
     if (!status.ok()) return FromGrpc(status);
 
-    ReceivedChunks chunks{.epoch = c->epoch,
-                          .ids = {response.chunk_ids().begin(),
-                                  response.chunk_ids().end()},
-                          .chunk_bytes = c->chunk_bytes,
-                          .reused = response.reused_chunks()};
+    ReceivedChunks chunks{
+        .epoch = c->epoch,
+        .ids = {response.chunk_ids().begin(), response.chunk_ids().end()},
+        .reused = response.reused_chunks()};
     v1::SideRequest claim;
     claim.set_claim_token(response.claim_token());
     absl::StatusOr<v1::SideResponse> answer;
@@ -515,8 +516,13 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     if (claimed.ok()) {
       chunks.offsets.assign(answer->offsets().begin(),
                             answer->offsets().end());
+      chunks.sizes.assign(answer->sizes().begin(), answer->sizes().end());
+      if (chunks.sizes.empty()) {  // a daemon before sized chunks
+        chunks.sizes.assign(chunks.ids.size(), c->chunk_bytes);
+      }
       if (chunks.fds.size() != chunks.ids.size() ||
-          chunks.offsets.size() != chunks.ids.size()) {
+          chunks.offsets.size() != chunks.ids.size() ||
+          chunks.sizes.size() != chunks.ids.size()) {
         claimed = absl::DataLossError(
             absl::StrCat("daemon sent ", chunks.fds.size(), " FDs for ",
                          chunks.ids.size(), " chunks"));

@@ -58,14 +58,14 @@ struct DaemonClientOptions {
   v1::AutotunePreferences autotune;
 };
 
-// Chunks the daemon handed over, in id order: chunk i is `chunk_bytes` at
-// offsets[i] of fds[i].
+// Chunks the daemon handed over, in id order: chunk i is sizes[i] bytes at
+// offsets[i] of fds[i], mapped whole.
 struct ReceivedChunks {
   uint64_t epoch = 0;
   std::vector<uint64_t> ids;
   std::vector<UniqueFd> fds;
   std::vector<uint64_t> offsets;
-  uint64_t chunk_bytes = 0;
+  std::vector<uint64_t> sizes;
   uint32_t reused = 0;
 };
 
@@ -85,10 +85,13 @@ class DaemonClient {
   // and takes back every chunk of the current epoch.
   ~DaemonClient();
 
-  // At least `bytes` of chunks. ResourceExhausted when the node (or a
-  // quota) has no more; Unavailable when the daemon stayed away longer
-  // than reconnect_wait.
-  absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes);
+  // At least `bytes` of chunks, none larger than `max_chunk_bytes` (the
+  // daemon's chunk sizes up to it, largest first; chunk_bytes() for chunks
+  // of the smallest size only, e.g. to unmap any of them on its own later).
+  // ResourceExhausted when the node (or a quota) has no more; Unavailable
+  // when the daemon stayed away longer than reconnect_wait.
+  absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
+                                         uint64_t max_chunk_bytes = UINT64_MAX);
   // Returns chunks of `epoch`; of an older epoch, a no-op.
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
 
@@ -119,6 +122,7 @@ class DaemonClient {
   uint64_t session_id() const;
   uint64_t epoch() const;
   bool connected() const;
+  // The daemon's smallest chunk: every grant is a multiple of it.
   uint64_t chunk_bytes() const;
   uint64_t capacity_bytes() const;
 

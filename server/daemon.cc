@@ -126,7 +126,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       !fds.ok()) {
     return fds;
   }
-  parts->pool = std::make_unique<NodePool>(parts->chunks.get(), o.capacity);
+  parts->pool = std::make_unique<NodePool>(
+      parts->chunks.get(),
+      NodePool::Options{
+          .capacity = o.capacity,
+          .chunk_classes = DefaultChunkClasses(parts->chunks->Granularity())});
   const std::string fd_socket = o.socket + ".fds";
   parts->core = std::make_unique<DaemonCore>(
       DaemonCoreOptions{.backend = o.backend,

@@ -192,11 +192,15 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  // A client that does not say maps every chunk at the smallest size.
+  const uint64_t max_chunk_bytes =
+      r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool_->chunk_bytes();
   (*session)->BeginAcquire();
-  absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
+  absl::StatusOr<Grant> grant =
+      pool_->Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   if (!grant.ok() && IsNodeShortage(grant.status())) {
     Reclaim(r.session_id(), r.bytes());
-    grant = pool_->Acquire(r.session_id(), r.bytes());
+    grant = pool_->Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
   if (absl::IsResourceExhausted(grant.status())) {

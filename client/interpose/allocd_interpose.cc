@@ -4,15 +4,16 @@
 // node daemon's chunks, so the allocator itself (stats, snapshots, OOM
 // errors, CUDA graph pools) stays PyTorch's:
 //
-// - cudaMalloc / cudaFree: a segment of N bytes is N / 2 MiB daemon chunks
-//   mapped into one contiguous range (CudaDaemonBackend); cudaFree
+// - cudaMalloc / cudaFree: a segment of N bytes is daemon chunks (of the
+//   daemon's sizes, 2 MiB to 1 GiB: a 2 GiB segment is two imports and two
+//   maps) mapped into one contiguous range (CudaDaemonBackend); cudaFree
 //   synchronises the device as cudaFree does, unmaps and returns them.
 // - expandable segments: PyTorch resolves the driver's VMM calls with
 //   cudaGetDriverEntryPoint(ByVersion) (c10/cuda/driver_api.cpp); for
 //   cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap this library hands
-//   out its own functions: a cuMemCreate of N bytes takes N / 2 MiB chunks
-//   and returns a handle of this library's, which cuMemMap maps chunk by
-//   chunk. Every other driver call is the driver's.
+//   out its own functions: a cuMemCreate of N bytes takes daemon chunks
+//   adding up to N and returns a handle of this library's, which cuMemMap
+//   maps chunk by chunk. Every other driver call is the driver's.
 // - cudaMemGetInfo: what the daemon can still give this process.
 //
 // When the daemon cannot give memory the call fails as CUDA would
@@ -122,12 +123,14 @@ struct DriverVmm {
 // the driver's (they are addresses of its objects).
 constexpr CUmemGenericAllocationHandle kOurHandleBit = uint64_t{1} << 63;
 
-// One cuMemCreate served from daemon chunks.
+// One cuMemCreate served from daemon chunks: chunks[i] (imported) is
+// sizes[i] bytes; they are mapped in order.
 struct VmmAllocation {
   uint64_t epoch = 0;
   std::vector<uint64_t> ids;
-  std::vector<CUmemGenericAllocationHandle> chunks;  // imported
-  uint64_t chunk_bytes = 0;
+  std::vector<CUmemGenericAllocationHandle> chunks;
+  std::vector<uint64_t> sizes;
+  uint64_t bytes = 0;
 };
 
 // A device's connection to the daemon.
@@ -215,9 +218,9 @@ class Interposer {
           std::string(chunks.status().message()).c_str());
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    VmmAllocation allocation{.epoch = chunks->epoch,
-                             .ids = chunks->ids,
-                             .chunk_bytes = chunks->chunk_bytes};
+    VmmAllocation allocation{
+        .epoch = chunks->epoch, .ids = chunks->ids, .sizes = chunks->sizes};
+    for (uint64_t size : allocation.sizes) allocation.bytes += size;
     for (const UniqueFd& fd : chunks->fds) {
       absl::StatusOr<CUmemGenericAllocationHandle> imported =
           cuda::ImportFromFd(fd.get());
@@ -232,7 +235,7 @@ class Interposer {
       }
       allocation.chunks.push_back(*imported);
     }
-    session->vmm_bytes += allocation.chunk_bytes * allocation.chunks.size();
+    session->vmm_bytes += allocation.bytes;
     const CUmemGenericAllocationHandle ours = kOurHandleBit | next_handle_++;
     vmm_[ours] = {session, std::move(allocation)};
     *handle = ours;
@@ -251,7 +254,7 @@ class Interposer {
       (void)cuda::MemRelease(h);
     }
     (void)session->client->Release(allocation.epoch, allocation.ids);
-    session->vmm_bytes -= allocation.chunk_bytes * allocation.chunks.size();
+    session->vmm_bytes -= allocation.bytes;
     vmm_.erase(it);
     return CUDA_SUCCESS;
   }
@@ -266,21 +269,18 @@ class Interposer {
     auto it = vmm_.find(handle);
     if (it == vmm_.end()) return CUDA_ERROR_INVALID_VALUE;
     const VmmAllocation& allocation = it->second.second;
-    if (offset != 0 ||
-        bytes != allocation.chunk_bytes * allocation.chunks.size()) {
+    if (offset != 0 || bytes != allocation.bytes) {
       return CUDA_ERROR_NOT_SUPPORTED;  // PyTorch maps whole handles
     }
+    CUdeviceptr at = address;
     for (size_t i = 0; i < allocation.chunks.size(); ++i) {
       const CUresult r =
-          driver_.map(address + i * allocation.chunk_bytes,
-                      allocation.chunk_bytes, 0, allocation.chunks[i], 0);
+          driver_.map(at, allocation.sizes[i], 0, allocation.chunks[i], 0);
       if (r != CUDA_SUCCESS) {
-        for (size_t j = 0; j < i; ++j) {
-          driver_.unmap(address + j * allocation.chunk_bytes,
-                        allocation.chunk_bytes);
-        }
+        UnmapChunks(address, allocation, i);
         return r;
       }
+      at += allocation.sizes[i];
     }
     mapped_[address] = handle;
     return CUDA_SUCCESS;
@@ -306,12 +306,9 @@ class Interposer {
         continue;
       }
       const VmmAllocation& allocation = vmm_.at(it->second).second;
-      for (size_t i = 0; i < allocation.chunks.size(); ++i) {
-        const CUresult r = driver_.unmap(at + i * allocation.chunk_bytes,
-                                         allocation.chunk_bytes);
-        if (r != CUDA_SUCCESS) result = r;
-      }
-      at += allocation.chunk_bytes * allocation.chunks.size();
+      const CUresult r = UnmapChunks(at, allocation, allocation.chunks.size());
+      if (r != CUDA_SUCCESS) result = r;
+      at += allocation.bytes;
       mapped_.erase(it);
     }
     return result;
@@ -341,6 +338,19 @@ class Interposer {
 
  private:
   Interposer() = default;
+
+  // Unmaps the first `count` chunks of `allocation`, mapped at `address`;
+  // the last error, if any.
+  CUresult UnmapChunks(CUdeviceptr address, const VmmAllocation& allocation,
+                       size_t count) {
+    CUresult result = CUDA_SUCCESS;
+    for (size_t i = 0; i < count; ++i) {
+      const CUresult r = driver_.unmap(address, allocation.sizes[i]);
+      if (r != CUDA_SUCCESS) result = r;
+      address += allocation.sizes[i];
+    }
+    return result;
+  }
 
   static size_t RoundUp(size_t bytes, size_t unit) {
     return (bytes + unit - 1) / unit * unit;

@@ -144,7 +144,7 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
   {
     std::vector<ChunkMemory> chunks;
     for (int i = 0; i < 3; ++i) {
-      absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk();
+      absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk(chunk);
       ASSERT_TRUE(c.ok()) << c.status();
       EXPECT_EQ(c->offset, 0u);
       // The daemon keeps no FD per chunk: each claim exports one.
@@ -164,7 +164,7 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
       absl::StatusOr<uint64_t> handle =
           (*mapper)->Map(*range + i * chunk, chunk, fd->get(), 0);
       ASSERT_TRUE(handle.ok()) << handle.status();
-      mapped.push_back({*range + i * chunk, *handle});
+      mapped.push_back({*range + i * chunk, chunk, *handle});
     }
     // Each chunk was exported once and its export kept: the next claim of
     // a chunk gets a copy, not a new export.
@@ -178,7 +178,7 @@ TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
     std::set<uint64_t> found;
     EXPECT_EQ(CheckSegment(*range, 3 * chunk, chunk, &found), "");
     EXPECT_EQ(found.size(), 3u);
-    (*mapper)->Unmap(*range, 3 * chunk, chunk, mapped);
+    (*mapper)->Unmap(*range, 3 * chunk, mapped);
     (*mapper)->Free(*range, 3 * chunk);
   }
   EXPECT_EQ((*source)->live_chunks(), 0u);
