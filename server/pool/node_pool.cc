@@ -146,7 +146,12 @@ uint64_t NodePool::EndSession(SessionId id) {
   SessionState& state = s->second;
   const uint64_t returned = BytesOf(state.chunks);
   for (uint64_t chunk_id : state.chunks) {
-    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+    Disown(chunk_id, chunks_.at(chunk_id));
+  }
+  EndShares(state, nullptr);
+  while (!state.opened.empty()) {
+    const std::string token = state.opened.begin()->first;
+    CloseOpen(state, token);
   }
   // Including chunks an Acquire of this session is still creating: that
   // Acquire sees the session gone and caches them.
@@ -229,6 +234,10 @@ NodePool::SessionState* NodePool::SameSession(SessionId id,
 uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
   SessionState* s = SameSession(claim.session, claim.incarnation);
   if (s == nullptr) return 0;  // EndSession took the chunks back already.
+  if (!claim.share.empty()) {  // an open: the chunks stay their owner's
+    CloseOpen(*s, claim.share);
+    return 0;
+  }
   uint64_t returned = 0;
   for (uint64_t chunk_id : claim.chunk_ids) {
     auto chunk = chunks_.find(chunk_id);
@@ -237,7 +246,7 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
       continue;
     }
     s->chunks.erase(chunk_id);
-    ReturnToCache(chunk_id, chunk->second);
+    Disown(chunk_id, chunk->second);
     returned += chunk->second.bytes;
   }
   SubtractHeld(*s, returned);
@@ -255,14 +264,16 @@ uint64_t NodePool::Abandon(absl::string_view token) {
 
 std::string NodePool::AddClaim(SessionId id, const SessionState& s,
                                std::string token, uint64_t grant,
-                               const std::vector<uint64_t>& chunk_ids) {
+                               const std::vector<uint64_t>& chunk_ids,
+                               std::string share) {
   DropExpiredClaims();
   claims_[token] = PendingClaim{.grant = grant,
                                 .session = id,
                                 .incarnation = s.incarnation,
                                 .pid = s.pid,
                                 .expires = options_.now() + options_.token_ttl,
-                                .chunk_ids = chunk_ids};
+                                .chunk_ids = chunk_ids,
+                                .share = std::move(share)};
   return token;
 }
 
@@ -421,8 +432,10 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
     }
     for (uint64_t chunk_id : it->second.chunk_ids) {
       auto chunk = chunks_.find(chunk_id);
-      // Released (or its session ended) since the Acquire: not sent.
-      if (chunk == chunks_.end() || chunk->second.owner != it->second.session) {
+      // Released (or its session ended) since the Acquire: not sent. An
+      // open's chunks are another session's, and live while it is open.
+      if (chunk == chunks_.end() || (it->second.share.empty() &&
+                                     chunk->second.owner != it->second.session)) {
         continue;
       }
       files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
@@ -466,14 +479,9 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
   return absl::OkStatus();
 }
 
-absl::Status NodePool::Release(SessionId id,
-                               absl::Span<const uint64_t> chunk_ids) {
-  absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
+absl::StatusOr<absl::flat_hash_set<uint64_t>> NodePool::HeldBy(
+    SessionId id, absl::Span<const uint64_t> chunk_ids,
+    absl::string_view what) const {
   absl::flat_hash_set<uint64_t> seen;
   seen.reserve(chunk_ids.size());
   for (uint64_t chunk_id : chunk_ids) {
@@ -484,20 +492,144 @@ absl::Status NodePool::Release(SessionId id,
     auto chunk = chunks_.find(chunk_id);
     if (chunk == chunks_.end() || chunk->second.owner != id ||
         chunk->second.pending) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "chunk ", chunk_id, " is not held by session ", id,
-          "; nothing was released"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("chunk ", chunk_id, " is not held by session ", id,
+                       "; nothing was ", what));
     }
   }
+  return seen;
+}
+
+absl::Status NodePool::Release(SessionId id,
+                               absl::Span<const uint64_t> chunk_ids) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  absl::StatusOr<absl::flat_hash_set<uint64_t>> released_ids =
+      HeldBy(id, chunk_ids, "released");
+  if (!released_ids.ok()) return released_ids.status();
   uint64_t released = 0;
   for (uint64_t chunk_id : chunk_ids) {
     s->second.chunks.erase(chunk_id);
     Chunk& chunk = chunks_.at(chunk_id);
     released += chunk.bytes;
-    ReturnToCache(chunk_id, chunk);
+    Disown(chunk_id, chunk);
   }
   SubtractHeld(s->second, released);
+  EndShares(s->second, &*released_ids);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NodePool::Share(
+    SessionId id, absl::Span<const uint64_t> chunk_ids) {
+  if (chunk_ids.empty()) {
+    return absl::InvalidArgumentError("a share of no chunks");
+  }
+  absl::StatusOr<std::string> token = NewToken();  // a syscall: unlocked
+  if (!token.ok()) return token.status();
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  if (absl::Status held = HeldBy(id, chunk_ids, "shared").status();
+      !held.ok()) {
+    return held;
+  }
+  shares_[*token] = ShareState{
+      .owner = id, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
+  s->second.shared.insert(*token);
+  return token;
+}
+
+absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
+                                          absl::string_view share_token) {
+  absl::StatusOr<std::string> claim_token = NewToken();
+  if (!claim_token.ok()) return claim_token.status();
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  auto share = shares_.find(share_token);
+  if (share == shares_.end() || !share->second.open) {
+    return absl::NotFoundError(
+        "unknown share token, or its owner freed the memory or ended");
+  }
+  Grant grant;
+  grant.chunk_ids = share->second.chunk_ids;
+  for (uint64_t chunk_id : grant.chunk_ids) {
+    Chunk& chunk = chunks_.at(chunk_id);  // the owner's: live
+    ++chunk.opens;
+    grant.chunk_sizes.push_back(chunk.bytes);
+    grant.bytes += chunk.bytes;
+  }
+  ++share->second.opens;
+  std::string key = share->first;
+  ++s->second.opened[key];
+  grant.token = AddClaim(id, s->second, *std::move(claim_token), /*grant=*/0,
+                         grant.chunk_ids, std::move(key));
+  return grant;
+}
+
+absl::Status NodePool::CloseShare(SessionId id,
+                                  absl::string_view share_token) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end() ||
+      !CloseOpen(s->second, std::string(share_token))) {
+    return absl::NotFoundError(absl::StrCat(
+        "session ", id, " has no open of that share token"));
+  }
+  return absl::OkStatus();
+}
+
+void NodePool::Disown(uint64_t chunk_id, Chunk& chunk) {
+  if (chunk.opens == 0) {
+    ReturnToCache(chunk_id, chunk);
+    return;
+  }
+  chunk.owner = kNoSession;
+  chunk.pending = false;
+  chunk.grant = 0;
+}
+
+void NodePool::EndShares(SessionState& s,
+                         const absl::flat_hash_set<uint64_t>* affected) {
+  for (auto it = s.shared.begin(); it != s.shared.end();) {
+    auto share = shares_.find(*it);  // present while the owner lists it
+    const std::vector<uint64_t>& ids = share->second.chunk_ids;
+    if (affected != nullptr &&
+        std::none_of(ids.begin(), ids.end(),
+                     [&](uint64_t id) { return affected->contains(id); })) {
+      ++it;
+      continue;
+    }
+    share->second.open = false;
+    if (share->second.opens == 0) shares_.erase(share);
+    s.shared.erase(it++);
+  }
+}
+
+bool NodePool::CloseOpen(SessionState& s, const std::string& token) {
+  auto opened = s.opened.find(token);
+  if (opened == s.opened.end()) return false;
+  if (--opened->second == 0) s.opened.erase(opened);
+  auto share = shares_.find(token);  // present while opens > 0
+  for (uint64_t chunk_id : share->second.chunk_ids) {
+    Chunk& chunk = chunks_.at(chunk_id);  // held by the open: live
+    // The last open of a chunk whose owner gave it up: nobody's now.
+    if (--chunk.opens == 0 && chunk.owner == kNoSession) {
+      ReturnToCache(chunk_id, chunk);
+    }
+  }
+  if (--share->second.opens == 0 && !share->second.open) shares_.erase(share);
+  return true;
 }
 
 bool NodePool::SetSessionQuota(SessionId id, std::optional<uint64_t> bytes) {

@@ -37,6 +37,13 @@
 // of the chunks' FDs, only for a caller the kernel says is that pid
 // (SO_PEERCRED on the socket the token came over).
 //
+// Sharing (CUDA IPC: torch.multiprocessing sends a CUDA tensor as a handle
+// of its segment): the owner of chunks names them with a share token
+// (Share), other sessions map them too (OpenShare, then Claim, as for an
+// Acquire) while the owner keeps them. A chunk goes back to the cache only
+// when its owner released it (or ended) and every open of it is closed
+// (CloseShare, or the opener's EndSession).
+//
 // Thread-safe: one mutex; chunk creation and destruction (device calls) run
 // outside it, so a large Acquire does not stall other sessions' calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
@@ -243,6 +250,29 @@ class NodePool {
   // An empty list is a no-op.
   absl::Status Release(SessionId id, absl::Span<const uint64_t> chunk_ids);
 
+  // A share token (32 hex digits) for chunks `chunk_ids` of session `id`,
+  // in that order, which must all be its own. Sessions open it until the
+  // owner releases one of the chunks or ends. Errors as Release's:
+  // InvalidArgument for an empty list or an id listed twice,
+  // PermissionDenied naming a chunk the session does not hold, NotFound
+  // for no session `id`.
+  absl::StatusOr<std::string> Share(SessionId id,
+                                    absl::Span<const uint64_t> chunk_ids);
+
+  // Session `id` opens share `share_token`: a Grant of the shared chunks
+  // (ids, sizes, bytes; reused_chunks 0) whose claim token gives their FDs
+  // to the session's pid, as an Acquire's does. The chunks stay the
+  // owner's (its quotas, its held bytes); until the open is closed none of
+  // them is reused. An open whose claim token expires unclaimed, or is
+  // abandoned, closes. NotFound for no session `id`, or a share that is
+  // unknown or no longer open to new opens.
+  absl::StatusOr<Grant> OpenShare(SessionId id, absl::string_view share_token);
+
+  // Closes one open of `share_token` by session `id` (EndSession closes
+  // all of a session's); chunks nobody holds or opens any more go back to
+  // the cache. NotFound when the session has no open of it.
+  absl::Status CloseShare(SessionId id, absl::string_view share_token);
+
   // Quotas on held bytes; nullopt removes one. Lowering a quota below what
   // is held revokes nothing: it only refuses further Acquires. False (and
   // nothing set) for an unknown session.
@@ -284,6 +314,9 @@ class NodePool {
     // that expires takes back only its own chunks, not ones its session
     // released and got again through a later grant.
     uint64_t grant = 0;
+    // Opens of shares that include it: while any, it is not cached even
+    // when no session owns it.
+    uint32_t opens = 0;
   };
   struct SessionState {
     uid_t uid = 0;
@@ -294,6 +327,17 @@ class NodePool {
     uint64_t held = 0;
     std::optional<uint64_t> quota;
     absl::flat_hash_set<uint64_t> chunks;
+    // Share tokens of its chunks, and the shares it has open (how often).
+    absl::flat_hash_set<std::string> shared;
+    absl::flat_hash_map<std::string, uint32_t> opened;
+  };
+  struct ShareState {
+    SessionId owner = 0;
+    std::vector<uint64_t> chunk_ids;
+    // False once the owner released one of the chunks or ended: no new
+    // opens; the share is forgotten when its last open closes.
+    bool open = true;
+    uint32_t opens = 0;
   };
   struct PendingClaim {
     uint64_t grant = 0;
@@ -302,6 +346,8 @@ class NodePool {
     pid_t pid = 0;
     absl::Time expires;
     std::vector<uint64_t> chunk_ids;
+    // The share an OpenShare grant opened; empty for an Acquire's.
+    std::string share;
   };
 
   static constexpr SessionId kNoSession = 0;
@@ -327,6 +373,19 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk its owner gives up: to the cache, or, while shares of it are
+  // open, to nobody until the last closes.
+  void Disown(uint64_t chunk_id, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes new opens away from the shares of `s` that `affected` says
+  // include a chunk it gave up (all when `affected` is null); forgets
+  // those nobody has open.
+  void EndShares(SessionState& s,
+                 const absl::flat_hash_set<uint64_t>* affected)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes one open of share `token` by `s`; false when it had none.
+  bool CloseOpen(SessionState& s, const std::string& token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a cached chunk out of free_ and free_by_size_.
   void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, while `more(coldest, bytes
@@ -339,10 +398,17 @@ class NodePool {
   // The bytes of the live chunks `chunk_ids`.
   uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& chunk_ids) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a granted claim; returns its token.
+  // Records a granted claim (of an open of `share`, when not empty);
+  // returns its token.
   std::string AddClaim(SessionId id, const SessionState& s, std::string token,
-                       uint64_t grant, const std::vector<uint64_t>& chunk_ids)
+                       uint64_t grant, const std::vector<uint64_t>& chunk_ids,
+                       std::string share = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The set of `chunk_ids` when session `id` holds every one of them (not
+  // pending); otherwise Release's errors, "nothing was `what`".
+  absl::StatusOr<absl::flat_hash_set<uint64_t>> HeldBy(
+      SessionId id, absl::Span<const uint64_t> chunk_ids,
+      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the chunks of an unclaimed grant that its session still holds
   // to the cache; returns their bytes.
@@ -384,6 +450,7 @@ class NodePool {
   absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ShareState> shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;

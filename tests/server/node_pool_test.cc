@@ -850,6 +850,153 @@ TEST_F(NodePoolTest, AFailedCreationCachesWhatWasCreatedAtItsSize) {
   EXPECT_THAT(g->chunk_sizes, ::testing::ElementsAre(8 * kChunk, kChunk));
 }
 
+TEST_F(NodePoolTest, ASharedChunkIsMappedByTheOpenerWhileItsOwnerKeepsIt) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 9 * kChunk);  // 8 + 1
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, a->token, 11);
+  ASSERT_TRUE(mine.ok());
+  char* written = Map((*mine)[1]);
+  std::strcpy(written, "the owner's tensor");
+
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok()) << share.status();
+  EXPECT_EQ(share->size(), 32u);
+  absl::StatusOr<Grant> opened = pool->OpenShare(2, *share);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->chunk_ids, a->chunk_ids);
+  EXPECT_EQ(opened->chunk_sizes, a->chunk_sizes);
+  EXPECT_EQ(opened->bytes, 9 * kChunk);
+  // Only the opener's pid claims the FDs.
+  EXPECT_EQ(ClaimAll(*pool, opened->token, 11).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::vector<ChunkFd>> theirs =
+      ClaimAll(*pool, opened->token, 22);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  ASSERT_EQ(theirs->size(), 2u);
+  EXPECT_EQ((*theirs)[1].bytes, kChunk);
+  char* seen = Map((*theirs)[1]);
+  EXPECT_STREQ(seen, "the owner's tensor");  // the same memory
+  munmap(seen, kChunk);
+  munmap(written, kChunk);
+  // The chunks stay the owner's: its bytes, not the opener's.
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
+  EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
+  // The opener cannot release them.
+  EXPECT_EQ(pool->Release(2, a->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(NodePoolTest, SharedChunksReturnToTheCacheWhenOwnerAndOpenersAreDone) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(3, 0, 33).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());  // twice: two closes
+  ASSERT_TRUE(pool->OpenShare(3, *share).ok());
+
+  // The owner frees its memory: nobody holds it, nothing is cached, and
+  // the share takes no new opens.
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.in_use_bytes, 2 * kChunk);
+  EXPECT_EQ(pool->OpenShare(3, *share).status().code(),
+            absl::StatusCode::kNotFound);
+  // Not for an Acquire, and not trimmed.
+  absl::StatusOr<Grant> other = pool->Acquire(3, kChunk);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->reused_chunks, 0u);
+  EXPECT_EQ(pool->TrimFree(UINT64_MAX), 0u);
+
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Stats().free_bytes, 0u);  // session 3 still has it open
+  // The last opener ends: the chunks go back to the cache.
+  pool->EndSession(3);
+  stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 3 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 0u);
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodePoolTest, AnOwnerThatEndsLeavesItsOpenSharesMapped) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
+  absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok() && kept.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  absl::StatusOr<std::string> unopened = pool->Share(1, kept->chunk_ids);
+  ASSERT_TRUE(share.ok() && unopened.ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
+  pool->EndSession(1);
+  // The shared chunks wait for their opener; the other goes to the cache.
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  EXPECT_EQ(pool->OpenShare(2, *unopened).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 4 * kChunk);
+}
+
+TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(pool->Share(2, a->chunk_ids).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pool->Share(1, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(1, {a->chunk_ids[0], a->chunk_ids[0]}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(9, a->chunk_ids).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->OpenShare(2, "00000000000000000000000000000000")
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  // A share of some chunks ends when one of them is released, not when
+  // another is.
+  absl::StatusOr<std::string> first = pool->Share(1, {a->chunk_ids[0]});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[1]}).ok());
+  EXPECT_TRUE(pool->OpenShare(2, *first).ok());
+}
+
+TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok());
+  absl::StatusOr<Grant> abandoned = pool->OpenShare(2, *share);
+  absl::StatusOr<Grant> expired = pool->OpenShare(2, *share);
+  ASSERT_TRUE(abandoned.ok() && expired.ok());
+  EXPECT_EQ(pool->Abandon(abandoned->token), 0u);  // nothing was the opener's
+  now_ += absl::Minutes(1);  // past the token TTL
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  // The expired claim is dropped on the next claim: its open closes too.
+  EXPECT_EQ(ClaimAll(*pool, expired->token, 22).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+}
+
 // Sessions acquiring, releasing and ending at once, with chunks of the
 // smallest size only and with size classes (where Acquires trim each
 // other's cached chunks to make room).
