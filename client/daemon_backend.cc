@@ -66,6 +66,7 @@ DaemonBackend::DaemonBackend(DaemonClient* client,
       total_(client->capacity_bytes()) {}
 
 DaemonBackend::~DaemonBackend() {
+  while (!shared_.empty()) CloseShared(shared_.begin()->first);
   while (!ranges_.empty()) {
     auto [address, bytes] = *ranges_.begin();
     Unmap(address, bytes, false);
@@ -74,6 +75,38 @@ DaemonBackend::~DaemonBackend() {
 
 size_t DaemonBackend::FreeMemory() const {
   return total_ > held_ ? total_ - held_ : 0;
+}
+
+absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
+    uint64_t address, size_t bytes, ReceivedChunks& got) {
+  std::vector<ChunkMapping> mappings;
+  uint64_t at = address;
+  absl::Status failed;
+  for (size_t i = 0; i < got.ids.size() && failed.ok(); ++i) {
+    const uint64_t size = got.sizes[i];
+    if (at + size > address + bytes) {
+      failed = absl::DataLossError(
+          absl::StrCat("the daemon's chunks add up to more than the ",
+                       FormatSize(bytes), " asked for"));
+      break;
+    }
+    absl::StatusOr<uint64_t> handle =
+        mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
+    if (!handle.ok()) {
+      failed = handle.status();
+      break;
+    }
+    // The mapping holds the memory: the FD is no longer needed.
+    got.fds[i].reset();
+    mappings.push_back({.address = at, .bytes = size, .handle = *handle});
+    at += size;
+  }
+  if (failed.ok()) failed = mapper_->EnableAccess(address, at - address);
+  if (!failed.ok()) {
+    if (!mappings.empty()) mapper_->Unmap(address, at - address, mappings);
+    return failed;
+  }
+  return mappings;
 }
 
 absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
@@ -87,37 +120,19 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
     }
     return got.status();
   }
-  uint64_t at = address;
-  for (size_t i = 0; i < got->ids.size(); ++i) {
-    const uint64_t size = got->sizes[i];
-    absl::StatusOr<uint64_t> handle;
-    if (at + size > address + bytes) {
-      handle = absl::DataLossError(
-          absl::StrCat("the daemon's chunks add up to more than the ",
-                       FormatSize(bytes), " asked for"));
-    } else {
-      handle = mapper_->Map(at, size, got->fds[i].get(), got->offsets[i]);
-    }
-    if (!handle.ok()) {
-      // Give back what this call took: the mapped ones and the rest.
-      Unmap(address, at - address, true);
-      std::vector<uint64_t> rest(got->ids.begin() + i, got->ids.end());
-      (void)client_->Release(got->epoch, rest);
-      return handle.status();
-    }
-    // The mapping holds the memory: the FD is no longer needed.
-    got->fds[i].reset();
-    chunks_[at] = {.epoch = got->epoch,
-                   .id = got->ids[i],
-                   .bytes = size,
-                   .handle = *handle};
-    held_ += size;
-    at += size;
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      MapReceived(address, bytes, *got);
+  if (!mapped.ok()) {
+    (void)client_->Release(got->epoch, got->ids);
+    return mapped.status();
   }
-  const size_t mapped = at - address;
-  if (absl::Status s = mapper_->EnableAccess(address, mapped); !s.ok()) {
-    Unmap(address, mapped, true);
-    return s;
+  for (size_t i = 0; i < mapped->size(); ++i) {
+    const ChunkMapping& m = (*mapped)[i];
+    chunks_[m.address] = {.epoch = got->epoch,
+                          .id = got->ids[i],
+                          .bytes = m.bytes,
+                          .handle = m.handle};
+    held_ += m.bytes;
   }
   return absl::OkStatus();
 }
@@ -155,11 +170,62 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
     ranges_.erase(*address);
     return s;
   }
+  segments_[*address] = bytes;
   return address;
 }
 
 void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
+  segments_.erase(address);
   Unmap(address, bytes, false);
+}
+
+absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
+  auto segment = segments_.find(address);
+  if (segment == segments_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
+  }
+  std::vector<uint64_t> ids;
+  uint64_t epoch = 0;
+  for (auto it = chunks_.lower_bound(address);
+       it != chunks_.end() && it->first < address + segment->second; ++it) {
+    epoch = it->second.epoch;  // one Acquire: one epoch
+    ids.push_back(it->second.id);
+  }
+  return client_->Share(epoch, ids);
+}
+
+absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
+    const std::string& share_token) {
+  absl::StatusOr<ReceivedChunks> got = client_->OpenShare(share_token);
+  if (!got.ok()) return got.status();
+  size_t bytes = 0;
+  for (uint64_t size : got->sizes) bytes += size;
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      address.ok() ? MapReceived(*address, bytes, *got)
+                   : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+  if (!mapped.ok()) {
+    if (address.ok()) mapper_->Free(*address, bytes);
+    (void)client_->CloseShare(got->epoch, share_token);
+    return mapped.status();
+  }
+  shared_[*address] = {.epoch = got->epoch,
+                       .token = share_token,
+                       .bytes = bytes,
+                       .mappings = *std::move(mapped)};
+  return std::pair{*address, bytes};
+}
+
+bool DaemonBackend::CloseShared(uint64_t address) {
+  auto it = shared_.find(address);
+  if (it == shared_.end()) return false;
+  SharedRange& range = it->second;
+  mapper_->Unmap(address, range.bytes, range.mappings);
+  mapper_->Free(address, range.bytes);
+  (void)client_->CloseShare(range.epoch, range.token);
+  shared_.erase(it);
+  return true;
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::ReserveAddressRange(size_t bytes) {

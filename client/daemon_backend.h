@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -82,8 +84,22 @@ class DaemonBackend : public DeviceBackend {
   size_t TotalMemory() const override { return total_; }
   size_t FreeMemory() const override;
 
-  // Chunks mapped now.
+  // Chunks mapped now (not counting those OpenShared mapped).
   uint64_t held_bytes() const { return held_; }
+
+  // Sharing a segment with another process (CUDA IPC). ShareSegment: a
+  // token naming the chunks of the segment AllocateSegment gave at
+  // `address`, which another process's OpenShared maps while this one keeps
+  // them. NotFound when no segment starts there.
+  absl::StatusOr<std::string> ShareSegment(uint64_t address);
+  // Maps the chunks another process shared under `share_token` into a new
+  // range, read-write: returns its address and size. They stay the other
+  // process's (not in held_bytes) until CloseShared.
+  absl::StatusOr<std::pair<uint64_t, size_t>> OpenShared(
+      const std::string& share_token);
+  // Unmaps (after the work queued on them, on a GPU) a range OpenShared
+  // gave and closes the open; false when `address` is not one.
+  bool CloseShared(uint64_t address);
 
  private:
   // The chunk mapped at an address, which daemon session gave it, its size
@@ -94,9 +110,21 @@ class DaemonBackend : public DeviceBackend {
     uint64_t bytes;
     uint64_t handle;
   };
+  // A range OpenShared mapped.
+  struct SharedRange {
+    uint64_t epoch;
+    std::string token;
+    size_t bytes;
+    std::vector<ChunkMapping> mappings;
+  };
   // Maps chunks of at most `max_chunk_bytes` each over [address, address +
   // bytes).
   absl::Status Map(uint64_t address, size_t bytes, uint64_t max_chunk_bytes);
+  // Maps `got`'s chunks one after another from `address`, within `bytes`,
+  // and enables access to them; on failure unmaps what it mapped.
+  absl::StatusOr<std::vector<ChunkMapping>> MapReceived(uint64_t address,
+                                                        size_t bytes,
+                                                        ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
 
   DaemonClient* const client_;
@@ -104,6 +132,8 @@ class DaemonBackend : public DeviceBackend {
   const uint64_t total_;
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
+  std::map<uint64_t, size_t> segments_;     // AllocateSegment's, by address
+  std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
   uint64_t held_ = 0;
 };
 

@@ -95,6 +95,19 @@ class DaemonClient {
   // Returns chunks of `epoch`; of an older epoch, a no-op.
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
 
+  // Sharing chunks with other processes (CUDA IPC). Share: a token under
+  // which other sessions of the daemon may open chunks `ids` of `epoch`,
+  // which this process holds (FailedPrecondition for an older epoch's).
+  absl::StatusOr<std::string> Share(uint64_t epoch,
+                                    absl::Span<const uint64_t> ids);
+  // The chunks another process shared under `share_token`, to map while it
+  // keeps them; CloseShare (with the answer's epoch) when done. NotFound
+  // when the token is unknown or its owner freed the memory or ended.
+  absl::StatusOr<ReceivedChunks> OpenShare(const std::string& share_token);
+  // Closes an open of `epoch` (of an older epoch: a no-op, that daemon
+  // closed it when the session ended).
+  absl::Status CloseShare(uint64_t epoch, const std::string& share_token);
+
   // Control messages received since the last call, in order.
   std::vector<v1::ControlMessage> TakeControl();
   // ACK (applied) or NACK a pushed config version.

@@ -296,6 +296,54 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
   return response;
 }
 
+absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
+    const PeerCredentials& peer, const v1::ShareChunksRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk_ids must hold at most ", kMaxReleaseIds, " ids; got ",
+        r.chunk_ids_size()));
+  }
+  std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
+  absl::StatusOr<std::string> token = pool_->Share(r.session_id(), ids);
+  if (!token.ok()) return token.status();
+  v1::ShareChunksResponse response;
+  response.set_share_token(*std::move(token));
+  return response;
+}
+
+absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::OpenShare(
+    const PeerCredentials& peer, const v1::OpenShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  absl::StatusOr<Grant> grant =
+      pool_->OpenShare(r.session_id(), r.share_token());
+  if (!grant.ok()) return grant.status();
+  v1::AcquireChunksResponse response;
+  for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
+  response.set_bytes(grant->bytes);
+  response.set_claim_token(grant->token);
+  return response;
+}
+
+absl::StatusOr<v1::CloseShareResponse> DaemonCore::CloseShare(
+    const PeerCredentials& peer, const v1::CloseShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (absl::Status s = pool_->CloseShare(r.session_id(), r.share_token());
+      !s.ok()) {
+    return s;
+  }
+  // Chunks may have gone back to the cache: an Acquire may be waiting.
+  SignalReleased();
+  PublishPool();
+  return v1::CloseShareResponse();
+}
+
 absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
                                    const v1::TelemetryReport& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =

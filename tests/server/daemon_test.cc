@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "allocd.grpc.pb.h"
+#include "client/daemon_backend.h"
 #include "client/daemon_client.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -503,6 +504,47 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
   EXPECT_TRUE(cacher->TakeControl().empty());
+}
+
+// CUDA IPC in transparent mode, in sim: a segment one process shares is
+// mapped by another, the same memory, while the first keeps it; it goes
+// back to the pool when both are done with it.
+TEST_F(DaemonTest, ASharedSegmentIsMappedByAnotherSessionUntilBothAreDone) {
+  std::unique_ptr<DaemonClient> owner_client = Client("owner");
+  std::unique_ptr<DaemonClient> opener_client = Client("opener");
+  DaemonBackend owner(owner_client.get());
+  DaemonBackend opener(opener_client.get());
+  constexpr size_t kBytes = 9 * kChunk;  // chunks of two sizes
+  absl::StatusOr<uint64_t> segment = owner.AllocateSegment(kBytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  char* mine = reinterpret_cast<char*>(*segment);
+  std::strcpy(mine + kBytes - 64, "written by the owner");
+
+  absl::StatusOr<std::string> token = owner.ShareSegment(*segment);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(owner.ShareSegment(*segment + kChunk).status().code(),
+            absl::StatusCode::kNotFound);  // not a segment's start
+  absl::StatusOr<std::pair<uint64_t, size_t>> theirs = opener.OpenShared(*token);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_EQ(theirs->second, kBytes);
+  EXPECT_NE(theirs->first, *segment);
+  char* seen = reinterpret_cast<char*>(theirs->first);
+  EXPECT_STREQ(seen + kBytes - 64, "written by the owner");
+  std::strcpy(seen, "and by the opener");
+  EXPECT_STREQ(mine, "and by the opener");
+  EXPECT_EQ(opener.held_bytes(), 0u);  // the owner's memory
+
+  // The owner frees it: the opener still maps it, the pool keeps it.
+  owner.FreeSegment(*segment, kBytes);
+  EXPECT_STREQ(seen, "and by the opener");
+  EXPECT_EQ(Status().in_use_bytes(), kBytes);
+  EXPECT_EQ(Status().free_bytes(), 0u);
+  EXPECT_EQ(opener.OpenShared(*token).status().code(),
+            absl::StatusCode::kNotFound);  // no new opens
+  EXPECT_TRUE(opener.CloseShared(theirs->first));
+  EXPECT_FALSE(opener.CloseShared(theirs->first));
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), kBytes);
 }
 
 TEST_F(DaemonTest, OnlyAdminsMayAdminister) {
