@@ -203,8 +203,9 @@ absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
   for (uint64_t size : got->sizes) bytes += size;
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   absl::StatusOr<std::vector<ChunkMapping>> mapped =
-      address.ok() ? MapReceived(*address, bytes, *got)
-                   : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+      address.ok()
+          ? MapReceived(*address, bytes, *got)
+          : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
   if (!mapped.ok()) {
     if (address.ok()) mapper_->Free(*address, bytes);
     (void)client_->CloseShare(got->epoch, share_token);

@@ -596,15 +596,15 @@ absl::Status DaemonClient::CloseShare(uint64_t epoch,
                                       const std::string& share_token) {
   std::shared_ptr<Connection> c = state_->Current();
   if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
-  return CallOnSession(*state_, [&](v1::Allocd::Stub& stub,
-                                    grpc::ClientContext* context,
-                                    uint64_t session) {
-    v1::CloseShareRequest request;
-    request.set_session_id(session);
-    request.set_share_token(share_token);
-    v1::CloseShareResponse response;
-    return stub.CloseShare(context, request, &response);
-  });
+  return CallOnSession(*state_,
+                       [&](v1::Allocd::Stub& stub, grpc::ClientContext* context,
+                           uint64_t session) {
+                         v1::CloseShareRequest request;
+                         request.set_session_id(session);
+                         request.set_share_token(share_token);
+                         v1::CloseShareResponse response;
+                         return stub.CloseShare(context, request, &response);
+                       });
 }
 
 absl::Status DaemonClient::Release(uint64_t epoch,

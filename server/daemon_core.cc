@@ -302,9 +302,9 @@ absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
       OwnedSession(peer, r.session_id());
   if (!session.ok()) return session.status();
   if (static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk_ids must hold at most ", kMaxReleaseIds, " ids; got ",
-        r.chunk_ids_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_ids must hold at most ", kMaxReleaseIds,
+                     " ids; got ", r.chunk_ids_size()));
   }
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
   absl::StatusOr<std::string> token = pool_->Share(r.session_id(), ids);

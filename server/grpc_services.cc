@@ -90,12 +90,11 @@ grpc::Status AllocdService::ShareChunks(grpc::ServerContext* context,
 grpc::Status AllocdService::OpenShare(grpc::ServerContext* context,
                                       const v1::OpenShareRequest* request,
                                       v1::AcquireChunksResponse* response) {
-  return Handle(metrics_, peers_, context, "OpenShare",
-                [&](const PeerCredentials& peer) {
-                  return GrantOrAbandon(core_, context,
-                                        core_->OpenShare(peer, *request),
-                                        response);
-                });
+  return Handle(
+      metrics_, peers_, context, "OpenShare", [&](const PeerCredentials& peer) {
+        return GrantOrAbandon(core_, context, core_->OpenShare(peer, *request),
+                              response);
+      });
 }
 
 grpc::Status AllocdService::CloseShare(grpc::ServerContext* context,

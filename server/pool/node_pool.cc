@@ -434,8 +434,9 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
       auto chunk = chunks_.find(chunk_id);
       // Released (or its session ended) since the Acquire: not sent. An
       // open's chunks are another session's, and live while it is open.
-      if (chunk == chunks_.end() || (it->second.share.empty() &&
-                                     chunk->second.owner != it->second.session)) {
+      if (chunk == chunks_.end() ||
+          (it->second.share.empty() &&
+           chunk->second.owner != it->second.session)) {
         continue;
       }
       files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
@@ -577,14 +578,12 @@ absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
   return grant;
 }
 
-absl::Status NodePool::CloseShare(SessionId id,
-                                  absl::string_view share_token) {
+absl::Status NodePool::CloseShare(SessionId id, absl::string_view share_token) {
   absl::MutexLock lock(&mu_);
   auto s = sessions_.find(id);
-  if (s == sessions_.end() ||
-      !CloseOpen(s->second, std::string(share_token))) {
-    return absl::NotFoundError(absl::StrCat(
-        "session ", id, " has no open of that share token"));
+  if (s == sessions_.end() || !CloseOpen(s->second, std::string(share_token))) {
+    return absl::NotFoundError(
+        absl::StrCat("session ", id, " has no open of that share token"));
   }
   return absl::OkStatus();
 }

@@ -380,8 +380,7 @@ class NodePool {
   // Takes new opens away from the shares of `s` that `affected` says
   // include a chunk it gave up (all when `affected` is null); forgets
   // those nobody has open.
-  void EndShares(SessionState& s,
-                 const absl::flat_hash_set<uint64_t>* affected)
+  void EndShares(SessionState& s, const absl::flat_hash_set<uint64_t>* affected)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes one open of share `token` by `s`; false when it had none.
   bool CloseOpen(SessionState& s, const std::string& token)

@@ -524,7 +524,8 @@ TEST_F(DaemonTest, ASharedSegmentIsMappedByAnotherSessionUntilBothAreDone) {
   ASSERT_TRUE(token.ok()) << token.status();
   EXPECT_EQ(owner.ShareSegment(*segment + kChunk).status().code(),
             absl::StatusCode::kNotFound);  // not a segment's start
-  absl::StatusOr<std::pair<uint64_t, size_t>> theirs = opener.OpenShared(*token);
+  absl::StatusOr<std::pair<uint64_t, size_t>> theirs =
+      opener.OpenShared(*token);
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   EXPECT_EQ(theirs->second, kBytes);
   EXPECT_NE(theirs->first, *segment);

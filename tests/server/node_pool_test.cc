@@ -964,10 +964,9 @@ TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool->Share(9, a->chunk_ids).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool->OpenShare(2, "00000000000000000000000000000000")
-                .status()
-                .code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      pool->OpenShare(2, "00000000000000000000000000000000").status().code(),
+      absl::StatusCode::kNotFound);
   // A share of some chunks ends when one of them is released, not when
   // another is.
   absl::StatusOr<std::string> first = pool->Share(1, {a->chunk_ids[0]});
@@ -988,7 +987,7 @@ TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
   absl::StatusOr<Grant> expired = pool->OpenShare(2, *share);
   ASSERT_TRUE(abandoned.ok() && expired.ok());
   EXPECT_EQ(pool->Abandon(abandoned->token), 0u);  // nothing was the opener's
-  now_ += absl::Minutes(1);  // past the token TTL
+  now_ += absl::Minutes(1);                        // past the token TTL
   ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
   // The expired claim is dropped on the next claim: its open closes too.
   EXPECT_EQ(ClaimAll(*pool, expired->token, 22).status().code(),
