@@ -506,6 +506,33 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   EXPECT_TRUE(cacher->TakeControl().empty());
 }
 
+// A segment, freed whole, gets the daemon's largest chunks; pages of an
+// expandable segment, unmapped in any sub-range, the smallest.
+TEST_F(DaemonTest, SegmentsGetLargeChunksAndExpandablePagesSmallOnes) {
+  std::unique_ptr<DaemonClient> client = Client();
+  DaemonBackend backend(client.get());
+  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(17 * kChunk);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(Status().chunks_created_total(), 3u);  // 16 + 16 + 2 MiB
+  EXPECT_EQ(backend.held_bytes(), 17 * kChunk);
+  std::memset(reinterpret_cast<void*>(*segment), 7, 17 * kChunk);
+  backend.FreeSegment(*segment, 17 * kChunk);
+  EXPECT_EQ(Status().free_bytes(), 17 * kChunk);
+
+  absl::StatusOr<uint64_t> range = backend.ReserveAddressRange(16 * kChunk);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_TRUE(backend.MapPages(*range, 8 * kChunk).ok());
+  // The cached 2 MiB chunk and 7 new ones, not the cached 16 MiB chunks.
+  EXPECT_EQ(Status().chunks_created_total(), 10u);
+  backend.UnmapPages(*range + 2 * kChunk, 3 * kChunk);
+  EXPECT_EQ(backend.held_bytes(), 5 * kChunk);
+  EXPECT_EQ(Status().in_use_bytes(), 5 * kChunk);
+  std::memset(reinterpret_cast<void*>(*range), 1, 2 * kChunk);
+  std::memset(reinterpret_cast<void*>(*range + 5 * kChunk), 1, 3 * kChunk);
+  backend.ReleaseAddressRange(*range, 16 * kChunk);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
 // CUDA IPC in transparent mode, in sim: a segment one process shares is
 // mapped by another, the same memory, while the first keeps it; it goes
 // back to the pool when both are done with it.
