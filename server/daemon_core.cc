@@ -570,6 +570,7 @@ v1::StatusResponse DaemonCore::Status() const {
   r.set_backend(options_.backend);
   r.set_capacity_bytes(stats.capacity);
   r.set_chunk_bytes(stats.chunk_bytes);
+  for (uint64_t size : pool_->chunk_classes()) r.add_chunk_classes(size);
   r.set_in_use_bytes(stats.in_use_bytes);
   r.set_free_bytes(stats.free_bytes);
   r.set_chunks_created_total(stats.chunks_created_total);
