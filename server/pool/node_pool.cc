@@ -328,8 +328,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
           AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
       return grant;
     }
-    for (uint64_t chunk_id : grant.chunk_ids)
+    for (uint64_t chunk_id : grant.chunk_ids) {
       chunks_.at(chunk_id).pending = true;
+    }
     if (create_bytes > room) {
       const uint64_t needed = create_bytes - room;
       trimmed_total_ += TrimColdestLocked(

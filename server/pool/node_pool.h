@@ -23,13 +23,17 @@
 // chunks must serve requests of other sizes: a freed 2 GiB segment is
 // 2 x 1 GiB that any request of 1 GiB or more reuses whole, where an exact
 // 2 GiB chunk would serve only another 2 GiB request. Ratio 8 keeps both
-// the chunks per request and the classes few (4 for a GPU of 80 GiB).
+// the chunks per request and the number of classes (4) small.
 //
 // A request takes the cached chunks of each of its classes, most recently
 // freed first, and creates the rest. When the capacity has no room for
 // what it must create, it destroys cached chunks of other classes (or
 // surplus of its own), coldest first, rather than failing: the node is short
 // only when the request exceeds the free capacity plus everything cached.
+// Smaller cached chunks are not stitched together to stand in for a larger
+// class: re-creating one 1 GiB chunk costs a few driver calls in the daemon,
+// mapping 512 chunks of 2 MiB costs every client that gets them ~45 ms.
+// The price is churn (destroy, create) when the classes jobs need change.
 //
 // Handing out a chunk is two steps, because its FD cannot travel over gRPC:
 // Acquire() picks the chunks and returns their ids with a one-time claim
