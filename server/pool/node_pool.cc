@@ -217,6 +217,7 @@ std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
 void NodePool::DropExpiredClaims() {
   const absl::Time now = options_.now();
   absl::erase_if(claims_, [&](const auto& c) {
+    mu_.AssertHeld();
     if (c.second.expires > now) return false;
     ReturnUnclaimed(c.second);
     return true;
@@ -361,6 +362,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
   SessionState* const alive = SameSession(id, incarnation);
   // Every created chunk becomes live: the session's, or cached on failure.
   auto add_created = [&](size_t i) -> std::pair<const uint64_t, Chunk>& {
+    mu_.AssertHeld();
     live_bytes_ += to_create[i];
     return *chunks_
                 .emplace(next_chunk_id_++,
