@@ -65,14 +65,13 @@ class CudaChunkMapper final : public ChunkMapper {
     return cuda::SetReadWriteAccess(address, bytes, context_.device());
   }
 
-  void Unmap(uint64_t, size_t, size_t chunk_bytes,
-             absl::Span<const ChunkMapping> chunks) override {
+  void Unmap(uint64_t, size_t, absl::Span<const ChunkMapping> chunks) override {
     (void)context_.Bind();
     // Like cudaFree: work still queued on the memory finishes first (the
     // chunks may be another process's next).
     (void)cuda::Synchronize();
     for (const ChunkMapping& chunk : chunks) {
-      (void)cuda::MemUnmap(chunk.address, chunk_bytes);
+      (void)cuda::MemUnmap(chunk.address, chunk.bytes);
       (void)cuda::MemRelease(chunk.handle);
     }
   }

@@ -103,6 +103,37 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
   return all;
 }
 
+// Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
+// lease of `c`.
+absl::StatusOr<ReceivedChunks> ClaimGrant(
+    Connection& c, const v1::AcquireChunksResponse& response) {
+  ReceivedChunks chunks{
+      .epoch = c.epoch,
+      .ids = {response.chunk_ids().begin(), response.chunk_ids().end()},
+      .reused = response.reused_chunks()};
+  v1::SideRequest claim;
+  claim.set_claim_token(response.claim_token());
+  absl::StatusOr<v1::SideResponse> answer;
+  {
+    absl::MutexLock lock(&c.lease_mu);
+    answer = SideCall(c.lease.get(), claim, &chunks.fds);
+  }
+  if (!answer.ok()) return answer.status();
+  chunks.offsets.assign(answer->offsets().begin(), answer->offsets().end());
+  chunks.sizes.assign(answer->sizes().begin(), answer->sizes().end());
+  if (chunks.sizes.empty()) {  // a daemon before sized chunks
+    chunks.sizes.assign(chunks.ids.size(), c.chunk_bytes);
+  }
+  if (chunks.fds.size() != chunks.ids.size() ||
+      chunks.offsets.size() != chunks.ids.size() ||
+      chunks.sizes.size() != chunks.ids.size()) {
+    return absl::DataLossError(absl::StrCat("daemon sent ", chunks.fds.size(),
+                                            " FDs for ", chunks.ids.size(),
+                                            " chunks"));
+  }
+  return chunks;
+}
+
 // What the process runs, as it declares it when it registers.
 struct RunningConfig {
   std::string config;
@@ -477,7 +508,18 @@ DaemonClient::~DaemonClient() {
   state_->telemetry_thread.join();
 }
 
-absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
+// One unary RPC for the current session: `rpc(stub, context, session)`.
+template <typename Rpc>
+absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
+  std::shared_ptr<Connection> c = state.Current();
+  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+  grpc::ClientContext context;
+  SetDeadline(context, state.options.rpc_timeout);
+  return FromGrpc(rpc(*c->stub, &context, c->session_id));
+}
+
+absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
+                                                     uint64_t max_chunk_bytes) {
   const absl::Time deadline = absl::Now() + state_->options.reconnect_wait;
   for (;;) {
     std::shared_ptr<Connection> c = state_->WaitConnected(deadline);
@@ -492,6 +534,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     v1::AcquireChunksRequest request;
     request.set_session_id(c->session_id);
     request.set_bytes(bytes);
+    request.set_max_chunk_bytes(max_chunk_bytes);
     v1::AcquireChunksResponse response;
     grpc::Status status = c->stub->AcquireChunks(&context, request, &response);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -501,37 +544,70 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
       continue;
     }
     if (!status.ok()) return FromGrpc(status);
-
-    ReceivedChunks chunks{.epoch = c->epoch,
-                          .ids = {response.chunk_ids().begin(),
-                                  response.chunk_ids().end()},
-                          .chunk_bytes = c->chunk_bytes,
-                          .reused = response.reused_chunks()};
-    v1::SideRequest claim;
-    claim.set_claim_token(response.claim_token());
-    absl::StatusOr<v1::SideResponse> answer;
-    {
-      absl::MutexLock lock(&c->lease_mu);
-      answer = SideCall(c->lease.get(), claim, &chunks.fds);
-    }
-    absl::Status claimed = answer.status();
-    if (claimed.ok()) {
-      chunks.offsets.assign(answer->offsets().begin(),
-                            answer->offsets().end());
-      if (chunks.fds.size() != chunks.ids.size() ||
-          chunks.offsets.size() != chunks.ids.size()) {
-        claimed = absl::DataLossError(
-            absl::StrCat("daemon sent ", chunks.fds.size(), " FDs for ",
-                         chunks.ids.size(), " chunks"));
-      }
-    }
-    if (!claimed.ok()) {
+    absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+    if (!chunks.ok()) {
       // Unusable here, so not ours to keep: the session must not hold them.
-      (void)Release(c->epoch, chunks.ids);
-      return claimed;
+      std::vector<uint64_t> ids(response.chunk_ids().begin(),
+                                response.chunk_ids().end());
+      (void)Release(c->epoch, ids);
     }
     return chunks;
   }
+}
+
+absl::StatusOr<std::string> DaemonClient::Share(
+    uint64_t epoch, absl::Span<const uint64_t> ids) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr || c->epoch != epoch) {
+    return absl::FailedPreconditionError(
+        "these chunks came from an allocd daemon this process is no longer "
+        "connected to: they cannot be shared");
+  }
+  grpc::ClientContext context;
+  SetDeadline(context, state_->options.rpc_timeout);
+  v1::ShareChunksRequest request;
+  request.set_session_id(c->session_id);
+  for (uint64_t id : ids) request.add_chunk_ids(id);
+  v1::ShareChunksResponse response;
+  if (grpc::Status s = c->stub->ShareChunks(&context, request, &response);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  return response.share_token();
+}
+
+absl::StatusOr<ReceivedChunks> DaemonClient::OpenShare(
+    const std::string& share_token) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+  grpc::ClientContext context;
+  SetDeadline(context, state_->options.rpc_timeout);
+  v1::OpenShareRequest request;
+  request.set_session_id(c->session_id);
+  request.set_share_token(share_token);
+  v1::AcquireChunksResponse response;
+  if (grpc::Status s = c->stub->OpenShare(&context, request, &response);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+  if (!chunks.ok()) (void)CloseShare(c->epoch, share_token);
+  return chunks;
+}
+
+absl::Status DaemonClient::CloseShare(uint64_t epoch,
+                                      const std::string& share_token) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
+  return CallOnSession(*state_,
+                       [&](v1::Allocd::Stub& stub, grpc::ClientContext* context,
+                           uint64_t session) {
+                         v1::CloseShareRequest request;
+                         request.set_session_id(session);
+                         request.set_share_token(share_token);
+                         v1::CloseShareResponse response;
+                         return stub.CloseShare(context, request, &response);
+                       });
 }
 
 absl::Status DaemonClient::Release(uint64_t epoch,
@@ -563,16 +639,6 @@ std::vector<v1::ControlMessage> DaemonClient::TakeControl() {
       std::make_move_iterator(state_->control.end()));
   state_->control.clear();
   return out;
-}
-
-// One unary RPC for the current session: `rpc(stub, context, session)`.
-template <typename Rpc>
-absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
-  std::shared_ptr<Connection> c = state.Current();
-  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
-  grpc::ClientContext context;
-  SetDeadline(context, state.options.rpc_timeout);
-  return FromGrpc(rpc(*c->stub, &context, c->session_id));
 }
 
 absl::Status DaemonClient::Ack(uint64_t version, bool applied,

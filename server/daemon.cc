@@ -246,9 +246,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   for (size_t i = 0; i < devices->size(); ++i) {
     FoundDevice& device = (*devices)[i];
     // Checked by FindDevices: UUIDs are the driver's, or distinct.
+    const size_t granularity = device.source->Granularity();
     if (absl::Status s = parts->pools.Add(
             device.uuid, device.name, std::move(device.source),
-            NodePool::Options{.capacity = capacities[i]});
+            NodePool::Options{.capacity = capacities[i],
+                              .chunk_classes = DefaultChunkClasses(granularity)});
         !s.ok()) {
       return s;
     }

@@ -229,11 +229,14 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "]; got ", r.bytes()));
   }
   NodePool& pool = PoolOf(**session);
+  // A client that does not say maps every chunk at the smallest size.
+  const uint64_t max_chunk_bytes =
+      r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool.chunk_bytes();
   (*session)->BeginAcquire();
-  absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes());
+  absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   if (!grant.ok() && IsNodeShortage(grant.status())) {
     Reclaim(**session, r.bytes());
-    grant = pool.Acquire(r.session_id(), r.bytes());
+    grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
   if (absl::IsResourceExhausted(grant.status())) {
@@ -338,6 +341,56 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
   v1::ReleaseChunksResponse response;
   response.set_released_bytes(before > after ? before - after : 0);
   return response;
+}
+
+absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
+    const PeerCredentials& peer, const v1::ShareChunksRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_ids must hold at most ", kMaxReleaseIds,
+                     " ids; got ", r.chunk_ids_size()));
+  }
+  std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
+  absl::StatusOr<std::string> token = PoolOf(**session).Share(r.session_id(), ids);
+  if (!token.ok()) return token.status();
+  v1::ShareChunksResponse response;
+  response.set_share_token(*std::move(token));
+  return response;
+}
+
+absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::OpenShare(
+    const PeerCredentials& peer, const v1::OpenShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  // Shares stay on their GPU: the token is only known to the pool of the
+  // session that made it.
+  absl::StatusOr<Grant> grant =
+      PoolOf(**session).OpenShare(r.session_id(), r.share_token());
+  if (!grant.ok()) return grant.status();
+  v1::AcquireChunksResponse response;
+  for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
+  response.set_bytes(grant->bytes);
+  response.set_claim_token(grant->token);
+  return response;
+}
+
+absl::StatusOr<v1::CloseShareResponse> DaemonCore::CloseShare(
+    const PeerCredentials& peer, const v1::CloseShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (absl::Status s = PoolOf(**session).CloseShare(r.session_id(), r.share_token());
+      !s.ok()) {
+    return s;
+  }
+  // Chunks may have gone back to the cache: an Acquire may be waiting.
+  SignalReleased();
+  PublishPool(**session);
+  return v1::CloseShareResponse();
 }
 
 absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
@@ -599,6 +652,7 @@ v1::StatusResponse DaemonCore::Status() const {
   v1::StatusResponse r;
   r.set_backend(options_.backend);
   r.set_chunk_bytes(pools_->at(0).pool->chunk_bytes());
+  for (uint64_t size : pools_->at(0).pool->chunk_classes()) r.add_chunk_classes(size);
   for (const DevicePool& device : pools_->devices()) {
     const PoolStats stats = device.pool->Stats();
     v1::DeviceStatus* d = r.add_devices();

@@ -82,6 +82,14 @@ class DaemonCore {
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r);
   absl::StatusOr<v1::ReleaseChunksResponse> ReleaseChunks(
       const PeerCredentials& peer, const v1::ReleaseChunksRequest& r);
+  // Sharing chunks with other sessions (NodePool::Share, OpenShare,
+  // CloseShare).
+  absl::StatusOr<v1::ShareChunksResponse> ShareChunks(
+      const PeerCredentials& peer, const v1::ShareChunksRequest& r);
+  absl::StatusOr<v1::AcquireChunksResponse> OpenShare(
+      const PeerCredentials& peer, const v1::OpenShareRequest& r);
+  absl::StatusOr<v1::CloseShareResponse> CloseShare(
+      const PeerCredentials& peer, const v1::CloseShareRequest& r);
   absl::Status Telemetry(const PeerCredentials& peer,
                          const v1::TelemetryReport& r);
   absl::StatusOr<v1::OomResponse> ReportOom(const PeerCredentials& peer,

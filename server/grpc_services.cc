@@ -48,21 +48,61 @@ grpc::Status AllocdService::Register(grpc::ServerContext* context,
                 });
 }
 
+namespace {
+
+// A grant's answer (AcquireChunks, OpenShare), given back when the client
+// gave up waiting for it: no chunk may stay granted to a client that does
+// not know of it.
+absl::Status GrantOrAbandon(DaemonCore* core, grpc::ServerContext* context,
+                            absl::StatusOr<v1::AcquireChunksResponse> grant,
+                            v1::AcquireChunksResponse* response) {
+  absl::Status s = Into(std::move(grant), response);
+  if (s.ok() && context->IsCancelled()) {
+    core->AbandonGrant(response->claim_token());
+    return absl::CancelledError(
+        "the client gave up before the chunks were granted");
+  }
+  return s;
+}
+
+}  // namespace
+
 grpc::Status AllocdService::AcquireChunks(
     grpc::ServerContext* context, const v1::AcquireChunksRequest* request,
     v1::AcquireChunksResponse* response) {
   return Handle(metrics_, peers_, context, "AcquireChunks",
                 [&](const PeerCredentials& peer) {
-                  absl::Status s =
-                      Into(core_->AcquireChunks(peer, *request), response);
-                  // The answer would reach nobody: no chunk may stay
-                  // granted to a client that does not know of it.
-                  if (s.ok() && context->IsCancelled()) {
-                    core_->AbandonGrant(response->claim_token());
-                    return absl::CancelledError(
-                        "the client gave up before the chunks were granted");
-                  }
-                  return s;
+                  return GrantOrAbandon(core_, context,
+                                        core_->AcquireChunks(peer, *request),
+                                        response);
+                });
+}
+
+grpc::Status AllocdService::ShareChunks(grpc::ServerContext* context,
+                                        const v1::ShareChunksRequest* request,
+                                        v1::ShareChunksResponse* response) {
+  return Handle(metrics_, peers_, context, "ShareChunks",
+                [&](const PeerCredentials& peer) {
+                  return Into(core_->ShareChunks(peer, *request), response);
+                });
+}
+
+grpc::Status AllocdService::OpenShare(grpc::ServerContext* context,
+                                      const v1::OpenShareRequest* request,
+                                      v1::AcquireChunksResponse* response) {
+  return Handle(
+      metrics_, peers_, context, "OpenShare", [&](const PeerCredentials& peer) {
+        return GrantOrAbandon(core_, context, core_->OpenShare(peer, *request),
+                              response);
+      });
+}
+
+grpc::Status AllocdService::CloseShare(grpc::ServerContext* context,
+                                       const v1::CloseShareRequest* request,
+                                       v1::CloseShareResponse* response) {
+  return Handle(metrics_, peers_, context, "CloseShare",
+                [&](const PeerCredentials& peer) {
+                  return Into(core_->CloseShare(peer, *request), response);
                 });
 }
 

@@ -178,14 +178,19 @@ std::string CudaChunkSource::Describe() const {
   return absl::StrCat("CUDA device ", device_->context.ordinal(), " (",
                       device_->name, "), driver ",
                       device_->driver_version / 1000, ".",
-                      device_->driver_version % 1000 / 10, ", ",
-                      FormatSize(granularity_), " chunks");
+                      device_->driver_version % 1000 / 10, ", chunks of ",
+                      FormatSize(granularity_), " and multiples");
 }
 
-absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk() {
+absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk(uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk of ", bytes, " bytes is not a multiple of ",
+                     FormatSize(granularity_)));
+  }
   if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
   absl::StatusOr<CUmemGenericAllocationHandle> handle =
-      cuda::MemCreate(granularity_, device_->prop);
+      cuda::MemCreate(bytes, device_->prop);
   if (!handle.ok()) return handle.status();
   auto chunk = std::make_shared<CudaChunk>();
   chunk->handle = *handle;

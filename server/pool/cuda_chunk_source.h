@@ -1,6 +1,7 @@
 // CudaChunkSource: the node pool's chunks as GPU memory. Each chunk is one
-// cuMemCreate allocation of the device's minimum VMM granularity (2 MiB on
-// an H100), exportable as a POSIX file descriptor. The pool keeps the
+// cuMemCreate allocation of the size the pool asks (a multiple of the
+// device's minimum VMM granularity, 2 MiB on an H100), exportable as a
+// POSIX file descriptor. The pool keeps the
 // allocation handle (ChunkMemory.handle); a claim passes the client an FD
 // of the chunk with SCM_RIGHTS, which it imports with
 // cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
@@ -47,8 +48,9 @@ class CudaChunkSource final : public ChunkSource {
   CreateAll();
   ~CudaChunkSource() override;
 
-  // cuMemCreate. ResourceExhausted when the device is out of memory.
-  absl::StatusOr<ChunkMemory> CreateChunk() override;
+  // cuMemCreate of `bytes`. ResourceExhausted when the device is out of
+  // memory.
+  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override;
   // An FD of the chunk's allocation: a copy of its kept export, else
   // cuMemExportToShareableHandle (kept when the FD budget allows).
   absl::StatusOr<UniqueFd> OpenForClient(
@@ -66,7 +68,8 @@ class CudaChunkSource final : public ChunkSource {
   uint64_t free_memory_at_start() const;
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }
-  // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, 2 MiB chunks".
+  // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, chunks of 2 MiB
+  // and multiples".
   std::string Describe() const;
 
   // Chunks created and not yet released.

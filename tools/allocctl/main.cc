@@ -10,10 +10,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
 #include "allocd.grpc.pb.h"
@@ -94,11 +96,14 @@ int Call(const Options& o, Rpc&& rpc, Print&& print) {
 void PrintStatus(const v1::StatusResponse& r) {
   std::printf("allocd %s, backend %s, up since %s\n", r.version().c_str(),
               r.backend().c_str(), Time(r.started_unix_micros()).c_str());
+  std::vector<std::string> sizes;
+  for (uint64_t size : r.chunk_classes()) sizes.push_back(FormatSize(size));
+  if (sizes.empty()) sizes.push_back(FormatSize(r.chunk_bytes()));
   std::printf("pool: %s in use, %s cached free, capacity %s (chunks of %s)\n",
               FormatSize(r.in_use_bytes()).c_str(),
               FormatSize(r.free_bytes()).c_str(),
               FormatSize(r.capacity_bytes()).c_str(),
-              FormatSize(r.chunk_bytes()).c_str());
+              absl::StrJoin(sizes, ", ").c_str());
   std::printf("chunks handed out: %llu created, %llu reused; %u sessions\n",
               static_cast<unsigned long long>(r.chunks_created_total()),
               static_cast<unsigned long long>(r.chunks_reused_total()),
