@@ -170,19 +170,30 @@ TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   EXPECT_EQ(status[0].last->id, d.id);
 }
 
+// Feeds llama_lora to session 1 `read` events at a time, as a client's
+// rounds send them, until the job's first decision; when `lossy`, every
+// other round loses its first event. Returns how many events were fed.
+size_t FeedUntilDecided(Autotuner& tuner, const std::string& job, size_t read, bool lossy) {
+  const Trace& trace = LlamaLora();
+  size_t fed = 0;
+  for (int round = 1; fed < trace.events.size() && tuner.History(job, 1).empty(); ++round) {
+    const size_t lost = lossy && round % 2 == 0 ? 1 : 0;
+    if (lost != 0) tuner.Events(1, {}, lost);
+    const size_t next = std::min(fed + read, trace.events.size());
+    Feed(tuner, 1, trace, fed + lost, next, SIZE_MAX);
+    tuner.WaitIdle();
+    fed = next;
+  }
+  return fed;
+}
+
 TEST(AutotunerTest, TheFirstPassWaitsForTwoSteps) {
   FakeClock clock;
   FakeActions actions;
   Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
   tuner.SessionStarted(1, "llama", "", 1);
   const Trace& trace = LlamaLora();
-  size_t fed = 0;
-  while (fed < trace.events.size() && tuner.History("llama", 1).empty()) {
-    const size_t next = std::min(fed + 10000, trace.events.size());
-    Feed(tuner, 1, trace, fed, next);
-    tuner.WaitIdle();
-    fed = next;
-  }
+  const size_t fed = FeedUntilDecided(tuner, "llama", 10000, /*lossy=*/false);
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].trigger, "first_pass");
@@ -203,22 +214,11 @@ TEST(AutotunerTest, TheFirstPassFindsTheStepOfAStreamThatLostEvents) {
   FakeActions actions;
   Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
   tuner.SessionStarted(1, "llama", "", 1);
-  const Trace& trace = LlamaLora();
-  size_t fed = 0;
-  int reads = 0;
-  while (fed < trace.events.size() && tuner.History("llama", 1).empty()) {
-    // Each read loses the first event of the next one, every other read.
-    const size_t lost = ++reads % 2 == 0 ? 1 : 0;
-    if (lost != 0) tuner.Events(1, {}, lost);
-    const size_t next = std::min(fed + 9000, trace.events.size());
-    Feed(tuner, 1, trace, fed + lost, next, SIZE_MAX);
-    tuner.WaitIdle();
-    fed = next;
-  }
+  const size_t fed = FeedUntilDecided(tuner, "llama", 9000, /*lossy=*/true);
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].result, "recommended") << history[0].why;
-  EXPECT_LT(fed, trace.events.size() / 2);
+  EXPECT_LT(fed, LlamaLora().events.size() / 2);
 }
 
 // Apply mode up to the canary's push; returns the decision.

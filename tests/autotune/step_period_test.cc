@@ -31,6 +31,10 @@ Trace Loop(int steps, int layers) {
   return b.Build();
 }
 
+absl::StatusOr<Trace> Recorded(const std::string& workload) {
+  return ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/" + workload + ".pickle.gz");
+}
+
 TEST(StepPeriodTest, FindsTheStepNotTheLayer) {
   const Trace one = Loop(1, 12);
   const Trace trace = Loop(10, 12);
@@ -56,8 +60,7 @@ TEST(StepPeriodTest, NoneWithoutARepetition) {
 
 TEST(StepPeriodTest, LlamaLoraTakesOneTwentiethOfItsTrace) {
   // The recording ran 20 steps (traces/README.md).
-  absl::StatusOr<Trace> trace =
-      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  absl::StatusOr<Trace> trace = Recorded("llama_lora");
   ASSERT_TRUE(trace.ok()) << trace.status();
   const std::optional<uint64_t> period = FindStepPeriod(*trace);
   ASSERT_TRUE(period.has_value());
@@ -88,8 +91,7 @@ TEST(StepPeriodTest, BuildingTheModelIsNotATrainingStep) {
   ASSERT_TRUE(step.has_value());
   EXPECT_TRUE(ReturnsWhatItAllocates(training, *step));
   // Also the real llama_lora, over its training steps.
-  absl::StatusOr<Trace> llama =
-      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  absl::StatusOr<Trace> llama = Recorded("llama_lora");
   ASSERT_TRUE(llama.ok()) << llama.status();
   const std::optional<uint64_t> llama_step = FindStepPeriod(*llama);
   ASSERT_TRUE(llama_step.has_value());
@@ -104,8 +106,7 @@ TEST(StepPeriodTest, BuildingTheModelIsNotATrainingStep) {
 // which must not hide the step (without the offset, the score finds four
 // steps: 55,374 events).
 TEST(StepPeriodTest, AFewLostEventsDoNotHideTheStep) {
-  absl::StatusOr<Trace> trace =
-      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  absl::StatusOr<Trace> trace = Recorded("llama_lora");
   ASSERT_TRUE(trace.ok()) << trace.status();
   const std::optional<uint64_t> full = FindStepPeriod(*trace);
   ASSERT_TRUE(full.has_value());
@@ -127,8 +128,7 @@ TEST(StepPeriodTest, AFewLostEventsDoNotHideTheStep) {
 // gpt2_full's steps differ in length (autocast, variable batches): no
 // period is claimed, or one close to the average step.
 TEST(StepPeriodTest, Gpt2FullClaimsNoWrongStep) {
-  absl::StatusOr<Trace> trace =
-      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/gpt2_full.pickle.gz");
+  absl::StatusOr<Trace> trace = Recorded("gpt2_full");
   ASSERT_TRUE(trace.ok()) << trace.status();
   const std::optional<uint64_t> period = FindStepPeriod(*trace);
   if (!period) return;
