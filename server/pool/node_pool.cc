@@ -64,7 +64,17 @@ bool IsNodeShortage(const absl::Status& status) {
 NodePool::NodePool(ChunkSource* source, Options options)
     : source_(source),
       options_(std::move(options)),
-      chunk_bytes_(source->Granularity()) {}
+      chunk_bytes_(source->Granularity()),
+      next_chunk_id_(
+          (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
+
+uint64_t NodePool::NewChunkId() {
+  uint64_t id;
+  do {
+    id = next_chunk_id_++;
+  } while (chunks_.contains(id));
+  return id;
+}
 
 absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid) {
   if (id == kNoSession) {
@@ -97,6 +107,11 @@ void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
 }
 
 void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
+  if (chunk.memory.file == nullptr) {
+    // Adopted on a client's word: no memory here to hand out again.
+    chunks_.erase(chunk_id);
+    return;
+  }
   chunk.owner = kNoSession;
   chunk.pending = false;
   chunk.grant = 0;
@@ -288,7 +303,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     SessionState& state = *alive;
     for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
     for (ChunkMemory& memory : created) {
-      const uint64_t chunk_id = next_chunk_id_++;
+      const uint64_t chunk_id = NewChunkId();
       chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory),
                                       .owner = id,
                                       .grant = serial});
@@ -302,7 +317,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   // Undo: what was created is cached for whoever asks next; the reused
   // chunks go back (EndSession already took them back from a dead session).
   for (ChunkMemory& memory : created) {
-    const uint64_t chunk_id = next_chunk_id_++;
+    const uint64_t chunk_id = NewChunkId();
     Chunk& chunk = chunks_[chunk_id];
     chunk.memory = std::move(memory);
     ReturnToCache(chunk_id, chunk);
@@ -470,6 +485,107 @@ uint64_t NodePool::TrimIdle(const TrimPolicy& policy) {
   });
 }
 
+std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
+  if (chunk.id == 0) return "chunk id 0 is no chunk";
+  if (chunk.bytes != chunk_bytes_) {
+    return absl::StrCat("declared as ", FormatSize(chunk.bytes),
+                        "; this pool's chunks are ", FormatSize(chunk_bytes_));
+  }
+  return "";
+}
+
+absl::flat_hash_map<std::string, uint64_t> NodePool::LiveIdentities() const {
+  absl::flat_hash_map<std::string, uint64_t> identities;
+  for (const auto& [chunk_id, chunk] : chunks_) {
+    if (chunk.memory.file == nullptr) continue;
+    if (std::string identity = source_->Identity(chunk.memory);
+        !identity.empty()) {
+      identities.emplace(std::move(identity), chunk_id);
+    }
+  }
+  return identities;
+}
+
+absl::StatusOr<AdoptOutcome> NodePool::Adopt(
+    SessionId id, std::vector<DeclaredChunk> chunks) {
+  struct Candidate {
+    uint64_t id = 0;
+    uint64_t bytes = 0;
+    ChunkMemory memory;
+    std::string identity;
+  };
+  AdoptOutcome outcome;
+  // Proofs are checked outside the lock: syscalls (on a device, driver
+  // calls) per chunk.
+  const bool proves = source_->ProvesChunks();
+  std::vector<Candidate> candidates;
+  candidates.reserve(chunks.size());
+  absl::flat_hash_set<uint64_t> listed;
+  for (DeclaredChunk& declared : chunks) {
+    std::string why = RefuseDeclared(declared);
+    if (why.empty() && !listed.insert(declared.id).second) {
+      why = "listed twice in the declaration";
+    }
+    Candidate candidate{.id = declared.id, .bytes = declared.bytes};
+    if (why.empty() && proves) {
+      absl::StatusOr<ChunkMemory> memory = source_->AdoptChunk(
+          std::move(declared.fd), declared.offset, declared.bytes);
+      if (memory.ok()) {
+        candidate.identity = source_->Identity(*memory);
+        candidate.memory = *std::move(memory);
+      } else {
+        why = std::string(memory.status().message());
+      }
+    }
+    if (!why.empty()) {
+      outcome.refused.emplace_back(declared.id, std::move(why));
+      continue;
+    }
+    candidates.push_back(std::move(candidate));
+  }
+
+  // Refused proofs' memory is dropped after the lock is released.
+  std::vector<ChunkMemory> dropped;
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  SessionState& state = s->second;
+  absl::flat_hash_map<std::string, uint64_t> identities;
+  if (proves) identities = LiveIdentities();
+  for (Candidate& candidate : candidates) {
+    std::string why;
+    if (auto live = chunks_.find(candidate.id); live != chunks_.end()) {
+      const SessionId owner = live->second.owner;
+      why = owner == kNoSession ? "its id is a cached chunk's"
+            : owner == id       ? "this session holds it already"
+                                : absl::StrCat("session ", owner,
+                                               " holds a chunk of that id");
+    } else if (!candidate.identity.empty()) {
+      auto [same, fresh] =
+          identities.try_emplace(candidate.identity, candidate.id);
+      if (!fresh) {
+        why = absl::StrCat("its memory is chunk ", same->second, "'s");
+      }
+    }
+    if (!why.empty()) {
+      outcome.refused.emplace_back(candidate.id, std::move(why));
+      dropped.push_back(std::move(candidate.memory));
+      continue;
+    }
+    chunks_.emplace(candidate.id,
+                    Chunk{.memory = std::move(candidate.memory), .owner = id});
+    state.chunks.insert(candidate.id);
+    outcome.adopted.push_back(candidate.id);
+    outcome.adopted_bytes += candidate.bytes;
+  }
+  AddHeld(state, outcome.adopted_bytes);
+  adopted_total_ += outcome.adopted_bytes;
+  return outcome;
+}
+
 PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats{.capacity = options_.capacity,
@@ -479,7 +595,8 @@ PoolStats NodePool::Stats() const {
                   .creating_bytes = creating_chunks_ * chunk_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
-                  .trimmed_bytes_total = trimmed_total_};
+                  .trimmed_bytes_total = trimmed_total_,
+                  .adopted_bytes_total = adopted_total_};
   stats.in_use_bytes = stats.created_bytes - stats.free_bytes;
   for (const auto& [id, s] : sessions_) {
     stats.sessions[id] = SessionHolding{

@@ -12,6 +12,15 @@
 // of the chunks' FDs, only for a caller the kernel says is that pid
 // (SO_PEERCRED on the socket the token came over).
 //
+// After a daemon restart the chunks surviving clients still map are
+// nobody's in a new pool: Adopt() takes each reconnecting session's
+// declaration of what it holds into the accounting (see DeclaredChunk for
+// what a client proves), so the pool never promises memory the device no
+// longer has. Chunk ids are the daemon's, and a restarted daemon must not
+// hand out an id an adopted chunk carries: ids are namespaced by a random
+// epoch per pool (Options::chunk_id_epoch, in the top 24 bits), and a new
+// id is never one a live chunk has (an adopted chunk of the same epoch).
+//
 // Thread-safe: one mutex; chunk creation and destruction (device calls) run
 // outside it, so a large Acquire does not stall other sessions' calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
@@ -25,6 +34,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -93,7 +103,33 @@ struct PoolStats {
   // Cached chunks destroyed (their memory back to the device) by TrimFree
   // and TrimIdle.
   uint64_t trimmed_bytes_total = 0;
+  // Chunks sessions declared after a restart and the pool adopted (Adopt).
+  uint64_t adopted_bytes_total = 0;
   std::map<SessionId, SessionHolding> sessions;
+};
+
+// One chunk a reconnecting client says it holds from the daemon before a
+// restart (NodePool::Adopt).
+struct DeclaredChunk {
+  // The id the earlier daemon gave it.
+  uint64_t id = 0;
+  // Its size, as the client got it (each chunk has its own).
+  uint64_t bytes = 0;
+  // The proof, where the source takes one (ChunkSource::ProvesChunks): an
+  // FD of the chunk, which the pool keeps as the chunk's memory, and where
+  // in its file the chunk starts. Ignored (closed) by a source that takes
+  // chunks on the client's word.
+  UniqueFd fd;
+  uint64_t offset = 0;
+};
+
+// What Adopt() made of a declaration.
+struct AdoptOutcome {
+  // Now the session's, in declaration order.
+  std::vector<uint64_t> adopted;
+  uint64_t adopted_bytes = 0;
+  // Not the session's (nor anyone's through this declaration), with why.
+  std::vector<std::pair<uint64_t, std::string>> refused;
 };
 
 // When cached chunks go back to the device (TrimIdle): a node without jobs
@@ -129,6 +165,10 @@ class NodePool {
     absl::Duration token_ttl = absl::Seconds(30);
     // The clock for token expiry (tests move it).
     std::function<absl::Time()> now = [] { return absl::Now(); };
+    // The top 24 bits of every chunk id this pool makes (the rest counts
+    // from 1), so that a restarted daemon (another epoch: the daemon draws
+    // one at random) makes no id that a surviving client still holds.
+    uint32_t chunk_id_epoch = 0;
   };
 
   // `source` must outlive the pool. Chunks are source->Granularity() bytes.
@@ -215,6 +255,29 @@ class NodePool {
   // destroyed.
   uint64_t TrimIdle(const TrimPolicy& policy);
 
+  // Takes the chunks session `id` declares it still holds from the daemon
+  // before a restart into the pool: each one adopted is the session's (as
+  // if it had acquired it), counts against the capacity and the quotas,
+  // and is never handed out again until released. An adopted chunk with
+  // memory (proven with its FD) goes back to the cache when released like
+  // any other; one taken on the client's word has no memory here and
+  // leaves the pool when released (its memory goes back to the device when
+  // the client unmaps it). The capacity and quotas refuse nothing here:
+  // the memory is in use whatever the pool says, so the pool counts it and
+  // refuses Acquires until it is back under its limits.
+  // A chunk is refused, with why, and owned by nobody through this
+  // declaration, when:
+  //  - its id is 0 or listed twice in `chunks`;
+  //  - its size is not one this pool's chunks have;
+  //  - the source takes proofs (ProvesChunks) and its FD is missing or is
+  //    not such a chunk of that size (ChunkSource::AdoptChunk);
+  //  - its id is a live chunk's already (another session's, this one's,
+  //    cached), or its memory is a live chunk's under another id:
+  //    nothing is ever owned twice.
+  // NotFound for no session `id` (or one that ended meanwhile).
+  absl::StatusOr<AdoptOutcome> Adopt(SessionId id,
+                                     std::vector<DeclaredChunk> chunks);
+
   PoolStats Stats() const;
 
   uint64_t chunk_bytes() const { return chunk_bytes_; }
@@ -283,6 +346,16 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubtractHeld(SessionState& s, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk id not in use: the next of this pool's epoch that no live
+  // (adopted) chunk has.
+  uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a chunk a client declares cannot be adopted before its proof is
+  // looked at ("" when it can so far): its id and size.
+  std::string RefuseDeclared(const DeclaredChunk& chunk) const;
+  // Live chunks by their memory's identity (ChunkSource::Identity), for a
+  // declaration's proofs to be matched against.
+  absl::flat_hash_map<std::string, uint64_t> LiveIdentities() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks coldest first while `more(cached chunk, bytes
   // destroyed so far)` says so; the memory is released outside the lock.
   uint64_t TrimColdest(
@@ -293,7 +366,7 @@ class NodePool {
   const uint64_t chunk_bytes_;
 
   mutable absl::Mutex mu_;
-  uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
@@ -310,6 +383,7 @@ class NodePool {
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at
