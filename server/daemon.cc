@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <utility>
@@ -50,6 +51,17 @@ absl::Status CheckOpenFileLimit(uint64_t capacity, const ChunkSource& source) {
       FormatSize(*limit > kDaemonFdHeadroom
                      ? (*limit - kDaemonFdHeadroom) * granularity
                      : 0)));
+}
+
+// The pool's chunk id epoch: random, so that ids a surviving client holds
+// from the daemon before are never made again (NodePool::Options).
+uint32_t RandomChunkIdEpoch() {
+  uint32_t epoch = 0;
+  while (epoch == 0) {
+    if (getrandom(&epoch, sizeof epoch, 0) != sizeof epoch) epoch = 0;
+    epoch &= 0xFFFFFF;
+  }
+  return epoch;
 }
 
 absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
@@ -126,7 +138,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       !fds.ok()) {
     return fds;
   }
-  parts->pool = std::make_unique<NodePool>(parts->chunks.get(), o.capacity);
+  parts->pool = std::make_unique<NodePool>(
+      parts->chunks.get(),
+      NodePool::Options{.capacity = o.capacity,
+                        .chunk_id_epoch = RandomChunkIdEpoch()});
   const std::string fd_socket = o.socket + ".fds";
   parts->core = std::make_unique<DaemonCore>(
       DaemonCoreOptions{.backend = o.backend,
@@ -134,7 +149,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
                         .admin_uids = o.admin_uids,
-                        .trim = o.trim},
+                        .trim = o.trim,
+                        .sessions_file = o.socket + ".sessions",
+                        .adopt_window = o.adopt_window,
+                        .device_free = parts->chunks->DeviceFreeMemory()},
       parts->pool.get(), &parts->metrics);
   AutotuneOptions autotune = o.autotune;
   if (autotune.capacity == 0) autotune.capacity = o.capacity;

@@ -66,7 +66,45 @@ void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
 
 DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
                        Metrics* metrics)
-    : options_(std::move(options)), pool_(pool), metrics_(metrics) {
+    : options_(std::move(options)),
+      pool_(pool),
+      metrics_(metrics),
+      adoption_(options_.sessions_file.empty()
+                    ? SessionsByPid{}
+                    : ReadSessionsFile(options_.sessions_file, ProcessAlive),
+                started_ + options_.adopt_window) {
+  if (const SessionsByPid awaited = adoption_.pending(); !awaited.empty()) {
+    std::string pids;
+    for (const auto& [pid, sessions] : awaited) {
+      absl::StrAppend(&pids, pids.empty() ? "" : ", ", pid);
+    }
+    LogInfo(absl::StrCat(
+        "restarted with ", awaited.size(), " process(es) of the daemon "
+        "before still alive (pids ", pids, "): new memory waits up to ",
+        absl::FormatDuration(options_.adopt_window),
+        " for them to re-declare the chunks they hold"));
+  }
+  SettleAdoption();
+  PublishPool();
+}
+
+void DaemonCore::SettleAdoption() {
+  if (adoption_.open() || adoption_settled_.exchange(true)) return;
+  if (!options_.device_free.has_value()) return;
+  const PoolStats stats = pool_->Stats();
+  // What the adopted chunks hold is in use on the device, not free.
+  const uint64_t limit = *options_.device_free + stats.created_bytes;
+  if (stats.capacity <= limit) return;
+  LogError(absl::StrCat(
+      "--capacity ", FormatSize(stats.capacity), " is more than the device "
+      "can give: ", FormatSize(*options_.device_free), " free at start",
+      stats.created_bytes > 0
+          ? absl::StrCat(" plus ", FormatSize(stats.created_bytes),
+                         " its surviving clients hold")
+          : "",
+      "; serving ", FormatSize(limit), " (other processes use the rest of "
+      "the GPU: lower --capacity to silence this)"));
+  pool_->SetCapacity(limit);
   PublishPool();
 }
 
@@ -139,6 +177,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
                                  r.current_config_version(), session->id());
     session->Acked(running);
   }
+  SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), r.device(), peer.pid);
   LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
                        peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
@@ -151,6 +190,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_backend(options_.backend);
   response.set_capacity_bytes(pool_->Stats().capacity);
   response.set_current_config_version(running.version);
+  response.set_declare_fds(pool_->proves_chunks());
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
     // The client applies it at start and ACKs like any push; a client that
@@ -192,6 +232,9 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  // After a restart: not before the surviving sessions' chunks are counted.
+  adoption_.Wait();
+  SettleAdoption();
   (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
   if (!grant.ok() && IsNodeShortage(grant.status())) {
@@ -411,6 +454,61 @@ absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
+    const PeerCredentials& peer, SessionId id,
+    std::vector<DeclaredChunk> chunks, bool last) {
+  absl::StatusOr<std::shared_ptr<Session>> session = OwnedSession(peer, id);
+  if (!session.ok()) return session.status();
+  const size_t declared = chunks.size();
+  absl::StatusOr<AdoptOutcome> outcome = pool_->Adopt(id, std::move(chunks));
+  if (!outcome.ok()) return outcome.status();
+  const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
+                                       ", job \"", (*session)->identity().job,
+                                       "\")");
+  // Every refusal is logged, a few in full.
+  constexpr size_t kRefusalsLogged = 8;
+  for (size_t i = 0; i < outcome->refused.size() && i < kRefusalsLogged; ++i) {
+    const auto& [chunk, why] = outcome->refused[i];
+    LogError(absl::StrCat(who, " declared chunk ", chunk,
+                          ", not adopted: ", why));
+  }
+  if (outcome->refused.size() > kRefusalsLogged) {
+    LogError(absl::StrCat(who, ": ",
+                          outcome->refused.size() - kRefusalsLogged,
+                          " more declared chunks not adopted"));
+  }
+  if (declared > 0) {
+    LogInfo(absl::StrCat(who, " re-declared ", declared, " chunk(s): ",
+                         outcome->adopted.size(), " adopted (",
+                         FormatSize(outcome->adopted_bytes), ")"));
+  }
+  if (last) {
+    adoption_.Returned(peer.pid);
+    SaveSessions();
+    SettleAdoption();
+  }
+  PublishPool();
+  return outcome;
+}
+
+void DaemonCore::SaveSessions() {
+  if (options_.sessions_file.empty() || shutting_down_) return;
+  SessionsByPid sessions;
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    ++sessions[s->identity().pid];
+  }
+  // A process that has not finished declaring counts as it did before.
+  for (const auto& [pid, awaited] : adoption_.pending()) {
+    int& count = sessions[pid];
+    count = std::max(count, awaited);
+  }
+  if (absl::Status s = WriteSessionsFile(options_.sessions_file, sessions);
+      !s.ok()) {
+    LogError(absl::StrCat("the sessions file (for the next daemon after a "
+                          "restart): ", s.message()));
+  }
+}
+
 absl::Status DaemonCore::Claim(const PeerCredentials& peer,
                                absl::string_view token, size_t batch_size,
                                NodePool::ClaimSink sink) {
@@ -423,6 +521,7 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   session->Close();
   if (observer_ != nullptr) observer_->SessionEnded(id);
   const uint64_t held = pool_->EndSession(id);
+  SaveSessions();
   metrics_->SessionEnded(id);
   SignalReleased();
   PublishPool();
@@ -432,6 +531,13 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
 }
 
 void DaemonCore::ExpireUnleased(absl::Time now) {
+  if (adoption_.open()) {
+    adoption_.Tick(now);
+    if (!adoption_.open()) {
+      SaveSessions();
+      SettleAdoption();
+    }
+  }
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     if (!s->leased() &&
         now - s->identity().registered_at > options_.lease_grace) {
@@ -458,6 +564,7 @@ v1::TrimPoolResponse DaemonCore::TrimPool() {
 }
 
 void DaemonCore::EndAll() {
+  shutting_down_ = true;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     EndSession(s->id(), "daemon shutting down");
   }
@@ -523,6 +630,8 @@ v1::StatusResponse DaemonCore::Status() const {
   r.set_chunks_created_total(stats.chunks_created_total);
   r.set_chunks_reused_total(stats.chunks_reused_total);
   r.set_trimmed_bytes_total(stats.trimmed_bytes_total);
+  r.set_adopted_bytes_total(stats.adopted_bytes_total);
+  r.set_adopting(adoption_.open());
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_version(ALLOCD_VERSION);
   r.set_started_unix_micros(UnixMicros(started_));

@@ -13,7 +13,11 @@
 //   cached segments and waits up to `reclaim_wait` before answering
 //   ResourceExhausted;
 // - an OOM under a pushed config rolls the session back to the config it
-//   ran before (pushed as a rollback), once per OOM'd version.
+//   ran before (pushed as a rollback), once per OOM'd version;
+// - after a restart, sessions that reconnect re-declare the chunks they
+//   still hold (DeclareChunks, NodePool::Adopt), and AcquireChunks waits
+//   until the sessions of the daemon before have done so or adopt_window
+//   has passed (AdoptionWindow): memory they map is never promised twice.
 //
 // Thread-safe.
 #ifndef ALLOCD_SERVER_DAEMON_CORE_H_
@@ -21,9 +25,11 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +39,7 @@
 #include "absl/time/time.h"
 #include "allocd.pb.h"
 #include "ipc/unix_socket.h"
+#include "server/adoption_window.h"
 #include "server/config_store.h"
 #include "server/metrics.h"
 #include "server/pool/node_pool.h"
@@ -54,6 +61,17 @@ struct DaemonCoreOptions {
   uint64_t max_acquire_bytes = uint64_t{1} << 40;
   // When cached chunks go back to the device (TrimIdle).
   TrimPolicy trim;
+  // Where the pids of live sessions are kept for the next daemon (see
+  // AdoptionWindow); empty: nowhere, and no adoption window.
+  std::string sessions_file;
+  // The longest AcquireChunks waits after a restart for the sessions of
+  // the daemon before to re-declare their chunks.
+  absl::Duration adopt_window = absl::Seconds(5);
+  // The device's free memory when the daemon started (CUDA; nullopt: no
+  // device). Once the adoption window closes the capacity is clipped, with
+  // a warning, to that plus what the adopted chunks hold (memory in use,
+  // so not free): the pool never promises what the device does not have.
+  std::optional<uint64_t> device_free;
 };
 
 class DaemonCore {
@@ -87,6 +105,13 @@ class DaemonCore {
 
   // --- side socket
   absl::Status Lease(const PeerCredentials& peer, SessionId id);
+  // A reconnecting session's chunks from the daemon before (a frame of its
+  // SideRequest.declare; `last`: its declaration is complete). Refusals
+  // are logged; NotFound/PermissionDenied as for any call on the session.
+  absl::StatusOr<AdoptOutcome> DeclareChunks(const PeerCredentials& peer,
+                                             SessionId id,
+                                             std::vector<DeclaredChunk> chunks,
+                                             bool last);
   // The FDs of a grant, for SCM_RIGHTS, in batches (NodePool::Claim).
   absl::Status Claim(const PeerCredentials& peer, absl::string_view token,
                      size_t batch_size, NodePool::ClaimSink sink);
@@ -156,6 +181,12 @@ class DaemonCore {
                                    const std::string& config,
                                    uint64_t declared_version, SessionId id);
   void PublishPool();
+  // Once the adoption window has closed (at most once): clips the
+  // capacity to the device (options_.device_free).
+  void SettleAdoption();
+  // Writes the sessions file: the pids of live sessions, and of the daemon
+  // before's sessions still awaited.
+  void SaveSessions();
   // Wakes Reclaim()s waiting for memory to come back.
   void SignalReleased();
   // Asks every session but `except` that caches memory and is not itself
@@ -170,6 +201,12 @@ class DaemonCore {
   SessionRegistry sessions_;
   ConfigStore configs_;
   SessionObserver* observer_ = nullptr;
+  AdoptionWindow adoption_;
+  // Set by EndAll: the sessions file keeps the sessions a shutdown ends,
+  // whose processes live on and will declare their chunks to the next
+  // daemon.
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> adoption_settled_{false};
 
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;

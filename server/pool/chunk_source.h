@@ -63,6 +63,11 @@ class ChunkSource {
   // The device's total memory, what `allocd serve --capacity N%` is a
   // percentage of; nullopt for a source without a device (sim).
   virtual std::optional<uint64_t> DeviceMemory() const { return std::nullopt; }
+  // The device's free memory now (cuMemGetInfo), which the daemon checks
+  // its capacity against; nullopt for a source without a device.
+  virtual std::optional<uint64_t> DeviceFreeMemory() const {
+    return std::nullopt;
+  }
   // A short name for logs and metrics, as `allocd serve --backend` spells
   // it: "sim", "cuda".
   virtual std::string Name() const = 0;

@@ -122,6 +122,13 @@ std::optional<uint64_t> CudaChunkSource::DeviceMemory() const {
   return device_->total_memory;
 }
 
+std::optional<uint64_t> CudaChunkSource::DeviceFreeMemory() const {
+  if (!device_->context.Bind().ok()) return std::nullopt;
+  absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
+  if (!memory.ok()) return std::nullopt;
+  return memory->free;
+}
+
 uint64_t CudaChunkSource::live_chunks() const { return device_->live.load(); }
 
 std::string CudaChunkSource::Describe() const {

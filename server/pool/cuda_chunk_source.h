@@ -50,6 +50,8 @@ class CudaChunkSource final : public ChunkSource {
   int FdsPerChunk() const override { return 0; }
   // cuMemGetInfo's total, read at Create.
   std::optional<uint64_t> DeviceMemory() const override;
+  // cuMemGetInfo's free, now (nullopt when the driver will not say).
+  std::optional<uint64_t> DeviceFreeMemory() const override;
   size_t Granularity() const override { return granularity_; }
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }

@@ -65,6 +65,7 @@ NodePool::NodePool(ChunkSource* source, Options options)
     : source_(source),
       options_(std::move(options)),
       chunk_bytes_(source->Granularity()),
+      capacity_(options_.capacity),
       next_chunk_id_(
           (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
 
@@ -233,10 +234,10 @@ std::string NodePool::AddClaim(SessionId id, const SessionState& s,
 
 absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
-  if (bytes > options_.capacity) {
+  if (bytes > capacity_.load()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "node pool exhausted: asks ", FormatSize(bytes),
-        ", more than its capacity of ", FormatSize(options_.capacity)));
+        ", more than its capacity of ", FormatSize(capacity_.load())));
   }
   // bytes <= capacity: no overflow below.
   const uint64_t count = bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0);
@@ -259,13 +260,13 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     SessionState& state = s->second;
     if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
     const uint64_t live = chunks_.size() + creating_chunks_;
-    const uint64_t room = options_.capacity / chunk_bytes_ -
-                          std::min(live, options_.capacity / chunk_bytes_);
+    const uint64_t room = capacity_.load() / chunk_bytes_ -
+                          std::min(live, capacity_.load() / chunk_bytes_);
     const uint64_t reuse = std::min<uint64_t>(free_.size(), count);
     to_create = count - reuse;
     if (to_create > room) {
       return NodeShortage(rounded, (free_.size() + room) * chunk_bytes_,
-                          options_.capacity);
+                          capacity_.load());
     }
     grant.reused_chunks = static_cast<uint32_t>(reuse);
     serial = next_grant_++;
@@ -485,6 +486,11 @@ uint64_t NodePool::TrimIdle(const TrimPolicy& policy) {
   });
 }
 
+void NodePool::SetCapacity(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  capacity_ = bytes;
+}
+
 std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
   if (chunk.id == 0) return "chunk id 0 is no chunk";
   if (chunk.bytes != chunk_bytes_) {
@@ -588,7 +594,7 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
 
 PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
-  PoolStats stats{.capacity = options_.capacity,
+  PoolStats stats{.capacity = capacity_.load(),
                   .chunk_bytes = chunk_bytes_,
                   .created_bytes = chunks_.size() * chunk_bytes_,
                   .free_bytes = free_.size() * chunk_bytes_,

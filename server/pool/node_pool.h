@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -281,7 +282,13 @@ class NodePool {
   PoolStats Stats() const;
 
   uint64_t chunk_bytes() const { return chunk_bytes_; }
-  uint64_t capacity() const { return options_.capacity; }
+  uint64_t capacity() const { return capacity_.load(); }
+  // Lowers (or raises) the capacity: the daemon clips it to what the
+  // device really has free once it knows what surviving clients hold.
+  // Revokes nothing: it only refuses Acquires while above it.
+  void SetCapacity(uint64_t bytes);
+  // Whether clients prove the chunks they declare (ChunkSource::ProvesChunks).
+  bool proves_chunks() const { return source_->ProvesChunks(); }
 
  private:
   struct Chunk {
@@ -364,6 +371,9 @@ class NodePool {
   ChunkSource* const source_;
   const Options options_;
   const uint64_t chunk_bytes_;
+  // Options::capacity until SetCapacity; read outside the lock by Acquire's
+  // first check.
+  std::atomic<uint64_t> capacity_;
 
   mutable absl::Mutex mu_;
   uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_);
