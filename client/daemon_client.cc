@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -65,6 +67,11 @@ struct Connection {
   uint64_t capacity = 0;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
+  // Whether chunks declared to this daemon after a restart are proven with
+  // their FDs, so the client keeps an FD of each chunk it holds.
+  bool declare_fds = false;
+  // Whether this daemon takes declarations at all.
+  bool adopts_chunks = false;
   // The lease; claims travel over it, one at a time.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
@@ -100,6 +107,32 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
   }
   all.set_more(false);
   return all;
+}
+
+// A chunk the process holds, by the epoch it was granted in and its id.
+using HeldKey = std::pair<uint64_t, uint64_t>;
+struct HeldChunk {
+  uint64_t bytes = 0;
+  uint64_t offset = 0;
+  // An FD of the chunk, to prove it to a restarted daemon (declare_fds);
+  // invalid when that daemon takes ids and sizes alone.
+  UniqueFd proof;
+  // The epoch of the session that owns it in its daemon's books: the
+  // granting one, then the one a restarted daemon adopted it into; 0 when
+  // a restarted daemon refused it (it is nobody's to release).
+  uint64_t owner_epoch = 0;
+};
+
+// A dup() of `fd`, raising RLIMIT_NOFILE once when this process runs out:
+// a sim-mode client keeps an FD per chunk it holds.
+UniqueFd DupProof(int fd) {
+  static std::atomic<bool> raised{false};
+  UniqueFd copy(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid() && errno == EMFILE && !raised.exchange(true) &&
+      RaiseOpenFileLimit().ok()) {
+    copy.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  }
+  return copy;
 }
 
 // What the process runs, as it declares it when it registers.
@@ -147,6 +180,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->chunk_bytes = response.chunk_bytes();
   c->capacity = response.capacity_bytes();
   c->running_version = response.current_config_version();
+  c->declare_fds = response.declare_fds();
+  c->adopts_chunks = response.adopts_chunks();
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
   if (!lease.ok()) return lease.status();
@@ -235,6 +270,13 @@ struct DaemonClient::State {
   }
 
   void SessionLoop();
+  // After a reconnect, before `c` serves calls: re-declares every chunk the
+  // process holds to the new daemon (SideRequest.declare) and records
+  // which it adopted; those released meanwhile are released on `c`.
+  void DeclareHeld(Connection& c);
+  // ReleaseChunks of `ids` on `c`, in batches.
+  absl::Status ReleaseOn(const std::shared_ptr<Connection>& c,
+                         absl::Span<const uint64_t> ids);
   void TelemetryLoop();
   // Writes `stats` (when not null) and `batches` on the telemetry stream;
   // false when the stream broke (unsent batches go back to the recorder
@@ -257,6 +299,8 @@ struct DaemonClient::State {
   bool flush ABSL_GUARDED_BY(mu) = false;
   // The recorder is half full: send before the period ends.
   bool events_waiting ABSL_GUARDED_BY(mu) = false;
+  // Every chunk Acquire handed out and Release has not taken back.
+  std::map<HeldKey, HeldChunk> held ABSL_GUARDED_BY(mu);
   RunningConfig running ABSL_GUARDED_BY(mu);
   // Bumped by every SetRunning, so a registration that declared an older
   // config does not overwrite a newer version.
@@ -287,6 +331,9 @@ void DaemonClient::State::SessionLoop() {
       }
       absl::StatusOr<std::shared_ptr<Connection>> fresh =
           Establish(options, next_epoch, declared);
+      // The new daemon owns what this process still holds before it hands
+      // out anything (Acquire waits for the connection).
+      if (fresh.ok()) DeclareHeld(**fresh);
       absl::MutexLock lock(&mu);
       if (stopping) return;
       if (fresh.ok()) {
@@ -331,6 +378,108 @@ void DaemonClient::State::SessionLoop() {
     // The stream ends only when the daemon or the session went away.
     Lost(c);
   }
+}
+
+void DaemonClient::State::DeclareHeld(Connection& c) {
+  if (!c.adopts_chunks) return;
+  std::vector<HeldKey> keys;
+  {
+    absl::MutexLock lock(&mu);
+    keys.reserve(held.size());
+    for (const auto& [key, chunk] : held) keys.push_back(key);
+  }
+  std::vector<uint64_t> stale;  // adopted, but released meanwhile
+  for (size_t begin = 0; begin == 0 || begin < keys.size();
+       begin += kMaxFdsPerMessage) {
+    const size_t end = std::min(keys.size(), begin + kMaxFdsPerMessage);
+    v1::SideRequest request;
+    v1::DeclareChunks* declare = request.mutable_declare();
+    std::vector<UniqueFd> proofs;
+    std::map<uint64_t, HeldKey> by_id;  // this frame's chunks
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t i = begin; i < end; ++i) {
+        auto it = held.find(keys[i]);
+        if (it == held.end() || !by_id.emplace(keys[i].second, keys[i]).second) {
+          continue;  // released since, or an id twice (ids of two daemons)
+        }
+        if (c.declare_fds) {
+          if (!it->second.proof.valid()) continue;  // nothing to prove it
+          proofs.push_back(DupProof(it->second.proof.get()));
+          if (!proofs.back().valid()) {
+            proofs.pop_back();
+            by_id.erase(keys[i].second);
+            continue;
+          }
+        }
+        declare->add_chunk_ids(keys[i].second);
+        declare->add_sizes(it->second.bytes);
+        declare->add_offsets(it->second.offset);
+      }
+    }
+    declare->set_more(end < keys.size());
+    std::vector<int> fds;
+    for (const UniqueFd& fd : proofs) fds.push_back(fd.get());
+    absl::StatusOr<v1::SideResponse> answer;
+    {
+      absl::MutexLock lock(&c.lease_mu);
+      if (absl::Status sent =
+              SendMessage(c.lease.get(), request.SerializeAsString(), fds);
+          !sent.ok()) {
+        return;  // the daemon went away again: the next one gets them
+      }
+      absl::StatusOr<ReceivedMessage> frame =
+          ReceiveMessage(c.lease.get(), kMaxSideResponse, absl::Seconds(10));
+      if (!frame.ok()) return;
+      v1::SideResponse response;
+      if (!response.ParseFromString(frame->payload)) return;
+      answer = std::move(response);
+    }
+    if (!answer->error().empty()) return;  // e.g. an old daemon: no adoption
+    absl::MutexLock lock(&mu);
+    for (uint64_t id : answer->adopted_chunk_ids()) {
+      auto key = by_id.find(id);
+      if (key == by_id.end()) continue;
+      auto it = held.find(key->second);
+      if (it == held.end()) {
+        stale.push_back(id);
+      } else {
+        it->second.owner_epoch = c.epoch;
+      }
+    }
+    for (uint64_t id : answer->refused_chunk_ids()) {
+      auto key = by_id.find(id);
+      if (key == by_id.end()) continue;
+      if (auto it = held.find(key->second); it != held.end()) {
+        it->second.owner_epoch = 0;
+      }
+    }
+  }
+  if (!stale.empty()) {
+    // `c` is not published yet: release on it directly.
+    auto self = std::shared_ptr<Connection>(&c, [](Connection*) {});
+    (void)ReleaseOn(self, stale);
+  }
+}
+
+absl::Status DaemonClient::State::ReleaseOn(
+    const std::shared_ptr<Connection>& c, absl::Span<const uint64_t> ids) {
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
+    const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
+    grpc::ClientContext context;
+    SetDeadline(context, options.rpc_timeout);
+    v1::ReleaseChunksRequest request;
+    request.set_session_id(c->session_id);
+    for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
+    v1::ReleaseChunksResponse response;
+    grpc::Status s = c->stub->ReleaseChunks(&context, request, &response);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      Lost(c);
+      return absl::OkStatus();  // the daemon takes them back when it ends
+    }
+    if (!s.ok()) return FromGrpc(s);
+  }
+  return absl::OkStatus();
 }
 
 bool DaemonClient::State::SendTelemetry(
@@ -527,30 +676,44 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
       (void)Release(c->epoch, chunks.ids);
       return claimed;
     }
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->connection != nullptr && state_->connection != c) {
+        // The daemon restarted meanwhile and the new one has heard what
+        // this process holds already: these are nobody's now. Ask again.
+        continue;
+      }
+      for (size_t i = 0; i < chunks.ids.size(); ++i) {
+        state_->held[{c->epoch, chunks.ids[i]}] = HeldChunk{
+            .bytes = chunks.chunk_bytes,
+            .offset = chunks.offsets[i],
+            .proof = c->declare_fds ? DupProof(chunks.fds[i].get())
+                                    : UniqueFd(),
+            .owner_epoch = c->epoch};
+      }
+    }
     return chunks;
   }
 }
 
 absl::Status DaemonClient::Release(uint64_t epoch,
                                    absl::Span<const uint64_t> ids) {
-  std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
-  for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
-    const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
-    grpc::ClientContext context;
-    SetDeadline(context, state_->options.rpc_timeout);
-    v1::ReleaseChunksRequest request;
-    request.set_session_id(c->session_id);
-    for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
-    v1::ReleaseChunksResponse response;
-    grpc::Status s = c->stub->ReleaseChunks(&context, request, &response);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      state_->Lost(c);
-      return absl::OkStatus();  // the daemon takes them back when it ends
+  std::shared_ptr<Connection> c;
+  std::vector<uint64_t> owned;  // by the current session
+  {
+    absl::MutexLock lock(&state_->mu);
+    c = state_->connection;
+    for (uint64_t id : ids) {
+      auto it = state_->held.find({epoch, id});
+      // Never recorded (a claim that failed): its granting session's.
+      const uint64_t owner =
+          it == state_->held.end() ? epoch : it->second.owner_epoch;
+      if (it != state_->held.end()) state_->held.erase(it);
+      if (c != nullptr && owner == c->epoch) owned.push_back(id);
     }
-    if (!s.ok()) return FromGrpc(s);
   }
-  return absl::OkStatus();
+  if (owned.empty()) return absl::OkStatus();
+  return state_->ReleaseOn(c, owned);
 }
 
 std::vector<v1::ControlMessage> DaemonClient::TakeControl() {

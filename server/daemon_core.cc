@@ -191,6 +191,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_capacity_bytes(pool_->Stats().capacity);
   response.set_current_config_version(running.version);
   response.set_declare_fds(pool_->proves_chunks());
+  response.set_adopts_chunks(true);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
     // The client applies it at start and ACKs like any push; a client that
