@@ -671,6 +671,12 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
                          chunks.ids.size(), " chunks"));
       }
     }
+    if (absl::IsUnavailable(answer.status()) ||
+        absl::IsDataLoss(answer.status())) {
+      // The daemon died mid-claim: the grant died with it. Ask the next.
+      state_->Lost(c);
+      continue;
+    }
     if (!claimed.ok()) {
       // Unusable here, so not ours to keep: the session must not hold them.
       (void)Release(c->epoch, chunks.ids);

@@ -494,6 +494,9 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
 
 void DaemonCore::SaveSessions() {
   if (options_.sessions_file.empty() || shutting_down_) return;
+  // One writer at a time, each with the state as it is then: the last
+  // write is the newest.
+  absl::MutexLock lock(&sessions_file_mu_);
   SessionsByPid sessions;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     ++sessions[s->identity().pid];

@@ -207,6 +207,7 @@ class DaemonCore {
   // daemon.
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> adoption_settled_{false};
+  absl::Mutex sessions_file_mu_;
 
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;
