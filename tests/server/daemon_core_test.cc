@@ -1,5 +1,10 @@
 #include "server/daemon_core.h"
 
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics.h"
@@ -187,6 +192,80 @@ TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain
   EXPECT_EQ(session->Current().config, "expandable_segments:True");
   // An OOM under it goes back to the client's initial config.
   EXPECT_EQ(session->RollBackTarget()->config, "max_split_size_mb:64");
+}
+
+// A restarted core: the sessions file names a live process (this one, pid
+// 4242 to the core) and a dead one. New memory waits for the live one to
+// re-declare, then the chunks it declared are its own, and the file lists
+// the sessions the core has now, for the daemon after it.
+TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  const int fd = mkstemp(pattern.data());
+  close(fd);
+  const std::string file = pattern;
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(file, {{self, 1}, {999999999, 1}}).ok());
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{64} << 20);
+  Metrics metrics;
+  DaemonCore core({.sessions_file = file, .adopt_window = absl::Hours(1)},
+                  &pool, &metrics);
+  EXPECT_TRUE(core.Status().adopting());
+
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials newcomer{.pid = self + 1, .uid = 0};
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> back = core.Register(survivor, request);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->adopts_chunks());
+  EXPECT_TRUE(back->declare_fds());  // sim: the memfds prove the chunks
+  absl::StatusOr<v1::RegisterResponse> fresh = core.Register(newcomer, request);
+  ASSERT_TRUE(fresh.ok());
+
+  absl::Notification served;
+  absl::StatusOr<v1::AcquireChunksResponse> granted;
+  std::thread acquire([&] {
+    v1::AcquireChunksRequest r;
+    r.set_session_id(fresh->session_id());
+    r.set_bytes(2 << 20);
+    granted = core.AcquireChunks(newcomer, r);
+    served.Notify();
+  });
+  EXPECT_FALSE(served.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+
+  // The survivor's chunk from the daemon before, proven by its memfd.
+  absl::StatusOr<ChunkMemory> old = source.CreateChunk();
+  ASSERT_TRUE(old.ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 77,
+                      .bytes = 2 << 20,
+                      .fd = UniqueFd(dup(old->file->get()))});
+  // Another process cannot declare on the survivor's session.
+  EXPECT_EQ(core.DeclareChunks(newcomer, back->session_id(), {}, true)
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<AdoptOutcome> adopted =
+      core.DeclareChunks(survivor, back->session_id(), std::move(declared),
+                         /*last=*/true);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->adopted, std::vector<uint64_t>{77});
+  acquire.join();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_NE(granted->chunk_ids(0), 77u);
+  const v1::StatusResponse status = core.Status();
+  EXPECT_FALSE(status.adopting());
+  EXPECT_EQ(status.in_use_bytes(), uint64_t{4} << 20);
+  EXPECT_EQ(status.adopted_bytes_total(), uint64_t{2} << 20);
+  // The file: this process's two sessions; the dead one is forgotten.
+  EXPECT_THAT(ReadSessionsFile(file, [](pid_t) { return true; }),
+              ::testing::ElementsAre(::testing::Pair(self, 1),
+                                     ::testing::Pair(self + 1, 1)));
+  core.EndAll();
+  // A shutdown leaves them listed: their processes live on.
+  EXPECT_EQ(ReadSessionsFile(file, [](pid_t) { return true; }).size(), 2u);
+  unlink(file.c_str());
 }
 
 }  // namespace
