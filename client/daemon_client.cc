@@ -273,7 +273,7 @@ struct DaemonClient::State {
   // After a reconnect, before `c` serves calls: re-declares every chunk the
   // process holds to the new daemon (SideRequest.declare) and records
   // which it adopted; those released meanwhile are released on `c`.
-  void DeclareHeld(Connection& c);
+  void DeclareHeld(const std::shared_ptr<Connection>& c);
   // ReleaseChunks of `ids` on `c`, in batches.
   absl::Status ReleaseOn(const std::shared_ptr<Connection>& c,
                          absl::Span<const uint64_t> ids);
@@ -301,6 +301,8 @@ struct DaemonClient::State {
   bool events_waiting ABSL_GUARDED_BY(mu) = false;
   // Every chunk Acquire handed out and Release has not taken back.
   std::map<HeldKey, HeldChunk> held ABSL_GUARDED_BY(mu);
+  // The epoch of the newest connection whose declaration began.
+  uint64_t declared_epoch ABSL_GUARDED_BY(mu) = 0;
   RunningConfig running ABSL_GUARDED_BY(mu);
   // Bumped by every SetRunning, so a registration that declared an older
   // config does not overwrite a newer version.
@@ -333,7 +335,7 @@ void DaemonClient::State::SessionLoop() {
           Establish(options, next_epoch, declared);
       // The new daemon owns what this process still holds before it hands
       // out anything (Acquire waits for the connection).
-      if (fresh.ok()) DeclareHeld(**fresh);
+      if (fresh.ok()) DeclareHeld(*fresh);
       absl::MutexLock lock(&mu);
       if (stopping) return;
       if (fresh.ok()) {
@@ -380,11 +382,14 @@ void DaemonClient::State::SessionLoop() {
   }
 }
 
-void DaemonClient::State::DeclareHeld(Connection& c) {
-  if (!c.adopts_chunks) return;
+void DaemonClient::State::DeclareHeld(const std::shared_ptr<Connection>& c) {
   std::vector<HeldKey> keys;
   {
     absl::MutexLock lock(&mu);
+    // From here on, chunks an Acquire on an older connection claims are
+    // not declared: that Acquire drops them and asks again.
+    declared_epoch = c->epoch;
+    if (!c->adopts_chunks) return;
     keys.reserve(held.size());
     for (const auto& [key, chunk] : held) keys.push_back(key);
   }
@@ -403,7 +408,7 @@ void DaemonClient::State::DeclareHeld(Connection& c) {
         if (it == held.end() || !by_id.emplace(keys[i].second, keys[i]).second) {
           continue;  // released since, or an id twice (ids of two daemons)
         }
-        if (c.declare_fds) {
+        if (c->declare_fds) {
           if (!it->second.proof.valid()) continue;  // nothing to prove it
           proofs.push_back(DupProof(it->second.proof.get()));
           if (!proofs.back().valid()) {
@@ -422,14 +427,14 @@ void DaemonClient::State::DeclareHeld(Connection& c) {
     for (const UniqueFd& fd : proofs) fds.push_back(fd.get());
     absl::StatusOr<v1::SideResponse> answer;
     {
-      absl::MutexLock lock(&c.lease_mu);
+      absl::MutexLock lock(&c->lease_mu);
       if (absl::Status sent =
-              SendMessage(c.lease.get(), request.SerializeAsString(), fds);
+              SendMessage(c->lease.get(), request.SerializeAsString(), fds);
           !sent.ok()) {
         return;  // the daemon went away again: the next one gets them
       }
       absl::StatusOr<ReceivedMessage> frame =
-          ReceiveMessage(c.lease.get(), kMaxSideResponse, absl::Seconds(10));
+          ReceiveMessage(c->lease.get(), kMaxSideResponse, absl::Seconds(10));
       if (!frame.ok()) return;
       v1::SideResponse response;
       if (!response.ParseFromString(frame->payload)) return;
@@ -444,7 +449,7 @@ void DaemonClient::State::DeclareHeld(Connection& c) {
       if (it == held.end()) {
         stale.push_back(id);
       } else {
-        it->second.owner_epoch = c.epoch;
+        it->second.owner_epoch = c->epoch;
       }
     }
     for (uint64_t id : answer->refused_chunk_ids()) {
@@ -455,11 +460,8 @@ void DaemonClient::State::DeclareHeld(Connection& c) {
       }
     }
   }
-  if (!stale.empty()) {
-    // `c` is not published yet: release on it directly.
-    auto self = std::shared_ptr<Connection>(&c, [](Connection*) {});
-    (void)ReleaseOn(self, stale);
-  }
+  // `c` is not published yet: Release would not find it.
+  if (!stale.empty()) (void)ReleaseOn(c, stale);
 }
 
 absl::Status DaemonClient::State::ReleaseOn(
@@ -684,7 +686,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     }
     {
       absl::MutexLock lock(&state_->mu);
-      if (state_->connection != nullptr && state_->connection != c) {
+      if (state_->declared_epoch > c->epoch) {
         // The daemon restarted meanwhile and the new one has heard what
         // this process holds already: these are nobody's now. Ask again.
         continue;
