@@ -102,6 +102,13 @@ void PrintStatus(const v1::StatusResponse& r) {
               r.sessions());
   std::printf("given back to the device since start: %s\n",
               FormatSize(r.trimmed_bytes_total()).c_str());
+  if (r.adopting() || r.adopted_bytes_total() > 0) {
+    std::printf("adopted from the daemon before (a restart): %s%s\n",
+                FormatSize(r.adopted_bytes_total()).c_str(),
+                r.adopting() ? "; still waiting for its jobs to re-declare "
+                               "their chunks (new memory waits)"
+                             : "");
+  }
 }
 
 int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
