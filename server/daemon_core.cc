@@ -89,7 +89,12 @@ DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
 }
 
 void DaemonCore::SettleAdoption() {
-  if (adoption_.open() || adoption_settled_.exchange(true)) return;
+  if (adoption_.open()) return;
+  // Acquires wait here for the first caller to finish: none may create
+  // memory before the capacity is what the device can give.
+  absl::MutexLock lock(&settle_mu_);
+  if (settled_) return;
+  settled_ = true;
   if (!options_.device_free.has_value()) return;
   const PoolStats stats = pool_->Stats();
   // What the adopted chunks hold is in use on the device, not free.
@@ -104,6 +109,7 @@ void DaemonCore::SettleAdoption() {
           : "",
       "; serving ", FormatSize(limit), " (other processes use the rest of "
       "the GPU: lower --capacity to silence this)"));
+  configured_capacity_ = stats.capacity;
   pool_->SetCapacity(limit);
   PublishPool();
 }
@@ -463,6 +469,16 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
   const size_t declared = chunks.size();
   absl::StatusOr<AdoptOutcome> outcome = pool_->Adopt(id, std::move(chunks));
   if (!outcome.ok()) return outcome.status();
+  {
+    // A late declaration (after the capacity was clipped to the device)
+    // holds memory that was not free then: the device gets it back when
+    // it is released, so the clipped capacity grows by it.
+    absl::MutexLock lock(&settle_mu_);
+    if (configured_capacity_.has_value() && outcome->adopted_bytes > 0) {
+      pool_->SetCapacity(std::min(
+          *configured_capacity_, pool_->capacity() + outcome->adopted_bytes));
+    }
+  }
   const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
                                        ", job \"", (*session)->identity().job,
                                        "\")");

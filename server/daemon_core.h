@@ -206,7 +206,11 @@ class DaemonCore {
   // whose processes live on and will declare their chunks to the next
   // daemon.
   std::atomic<bool> shutting_down_{false};
-  std::atomic<bool> adoption_settled_{false};
+  absl::Mutex settle_mu_;
+  bool settled_ ABSL_GUARDED_BY(settle_mu_) = false;
+  // The capacity before SettleAdoption clipped it to the device; nullopt
+  // when it did not.
+  std::optional<uint64_t> configured_capacity_ ABSL_GUARDED_BY(settle_mu_);
   absl::Mutex sessions_file_mu_;
 
   // Signalled whenever chunks return to the pool.

@@ -268,5 +268,55 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   unlink(file.c_str());
 }
 
+// On a device, the capacity is clipped to what was free at start plus what
+// the survivors hold (in use, so not free), and grows by what a late
+// declaration holds.
+TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  {
+    MemfdChunkSource source;
+    NodePool pool(&source, 64 * kChunk);
+    Metrics metrics;
+    DaemonCore core({.device_free = 5 * kChunk}, &pool, &metrics);
+    EXPECT_EQ(core.Status().capacity_bytes(), 5 * kChunk);  // no window
+  }
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source;
+  NodePool pool(&source, 64 * kChunk);
+  Metrics metrics;
+  DaemonCore core({.sessions_file = pattern,
+                   .adopt_window = absl::Hours(1),
+                   .device_free = 5 * kChunk},
+                  &pool, &metrics);
+  EXPECT_EQ(core.Status().capacity_bytes(), 64 * kChunk);  // not yet
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials late{.pid = self + 1, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> a = core.Register(survivor, request);
+  absl::StatusOr<v1::RegisterResponse> b = core.Register(late, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto chunks = [&](std::vector<uint64_t> ids) {
+    std::vector<DeclaredChunk> declared;
+    for (uint64_t id : ids) {
+      absl::StatusOr<ChunkMemory> memory = source.CreateChunk();
+      EXPECT_TRUE(memory.ok());
+      declared.push_back({.id = id,
+                          .bytes = kChunk,
+                          .fd = UniqueFd(dup(memory->file->get()))});
+    }
+    return declared;
+  };
+  ASSERT_TRUE(core.DeclareChunks(survivor, a->session_id(), chunks({1, 2}), true).ok());
+  EXPECT_EQ(core.Status().capacity_bytes(), 7 * kChunk);
+  ASSERT_TRUE(core.DeclareChunks(late, b->session_id(), chunks({3}), true).ok());
+  EXPECT_EQ(core.Status().capacity_bytes(), 8 * kChunk);
+  EXPECT_EQ(core.Status().in_use_bytes(), 3 * kChunk);
+  unlink(pattern.c_str());
+}
+
 }  // namespace
 }  // namespace allocd
