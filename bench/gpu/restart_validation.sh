@@ -63,7 +63,7 @@ if want restart; then
   wait "$newcomer"; echo "newcomer: $(cat "$out/newcomer.json" 2>/dev/null)"
   sleep 2
   step "pause the load; the daemon's books against each job's reserved bytes"
-  for j in "${jobs[@]}"; do kill -USR1 "$(pgrep -P "$j" -f restart_holder || echo "$j")" 2>/dev/null || kill -USR1 "$j"; done
+  kill -USR1 "${jobs[@]}"  # `allocd run` execs: these are the Python processes
   sleep 3
   allocctl --json sessions >"$out/sessions_after.json"
   allocctl --json status | tee "$out/status_after.json"
