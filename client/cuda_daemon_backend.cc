@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda/cuda_driver.h"
 
@@ -64,14 +65,13 @@ class CudaChunkMapper final : public ChunkMapper {
     return cuda::SetReadWriteAccess(address, bytes, context_.device());
   }
 
-  void Unmap(uint64_t, size_t, size_t chunk_bytes,
-             absl::Span<const ChunkMapping> chunks) override {
+  void Unmap(uint64_t, size_t, absl::Span<const ChunkMapping> chunks) override {
     (void)context_.Bind();
     // Like cudaFree: work still queued on the memory finishes first (the
     // chunks may be another process's next).
     (void)cuda::Synchronize();
     for (const ChunkMapping& chunk : chunks) {
-      (void)cuda::MemUnmap(chunk.address, chunk_bytes);
+      (void)cuda::MemUnmap(chunk.address, chunk.bytes);
       (void)cuda::MemRelease(chunk.handle);
     }
   }
@@ -92,11 +92,29 @@ absl::StatusOr<std::unique_ptr<ChunkMapper>> MakeCudaChunkMapper(
       std::make_unique<CudaChunkMapper>(std::move(*context)));
 }
 
+absl::StatusOr<std::string> GpuUuid(int ordinal) {
+  if (absl::Status s = cuda::Init(); !s.ok()) return s;
+  absl::StatusOr<CUdevice> device = cuda::GetDevice(ordinal);
+  if (!device.ok()) return device.status();
+  return cuda::DeviceUuid(*device);
+}
+
 absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> CudaDaemonBackend::Create(
     DaemonClient* client, int ordinal) {
   absl::StatusOr<std::unique_ptr<ChunkMapper>> mapper =
       MakeCudaChunkMapper(ordinal);
   if (!mapper.ok()) return mapper.status();
+  // A daemon before per-GPU pools names no device: it has one.
+  if (const std::string served = client->gpu_uuid(); !served.empty()) {
+    absl::StatusOr<std::string> mine = GpuUuid(ordinal);
+    if (!mine.ok()) return mine.status();
+    if (!absl::EqualsIgnoreCase(served, *mine)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemon serves this session from ", served, ", not from CUDA "
+          "device ", ordinal, " (", *mine, "): connect with gpu_uuid ",
+          *mine));
+    }
+  }
   return std::unique_ptr<CudaDaemonBackend>(
       new CudaDaemonBackend(client, std::move(*mapper), ordinal));
 }

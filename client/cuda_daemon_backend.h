@@ -31,10 +31,18 @@ namespace allocd {
 // FailedPrecondition "no CUDA driver: ..." without a driver.
 absl::StatusOr<std::unique_ptr<ChunkMapper>> MakeCudaChunkMapper(int ordinal);
 
+// The UUID of device `ordinal` as this process numbers it (under its
+// CUDA_VISIBLE_DEVICES), "GPU-..." as nvidia-smi prints it: what
+// DaemonClientOptions::gpu_uuid takes, so that the daemon serves the
+// session from that GPU's pool.
+absl::StatusOr<std::string> GpuUuid(int ordinal);
+
 class CudaDaemonBackend final : public DaemonBackend {
  public:
   // `client` (connected to a daemon serving --backend cuda) outlives the
   // backend. Leaves the device's primary context current on this thread.
+  // FailedPrecondition when the daemon serves the client's session from
+  // another GPU than `ordinal` (its chunks would be another GPU's memory).
   static absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> Create(
       DaemonClient* client, int ordinal = 0);
 

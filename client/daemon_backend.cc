@@ -42,7 +42,7 @@ class MmapChunkMapper final : public ChunkMapper {
     return 0;
   }
 
-  void Unmap(uint64_t address, size_t bytes, size_t,
+  void Unmap(uint64_t address, size_t bytes,
              absl::Span<const ChunkMapping>) override {
     // One call for the whole range, whatever is mapped in it.
     mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
@@ -63,10 +63,10 @@ DaemonBackend::DaemonBackend(DaemonClient* client,
                              std::unique_ptr<ChunkMapper> mapper)
     : client_(client),
       mapper_(std::move(mapper)),
-      total_(client->capacity_bytes()),
-      chunk_bytes_(client->chunk_bytes()) {}
+      total_(client->capacity_bytes()) {}
 
 DaemonBackend::~DaemonBackend() {
+  while (!shared_.empty()) CloseShared(shared_.begin()->first);
   while (!ranges_.empty()) {
     auto [address, bytes] = *ranges_.begin();
     Unmap(address, bytes, false);
@@ -77,8 +77,41 @@ size_t DaemonBackend::FreeMemory() const {
   return total_ > held_ ? total_ - held_ : 0;
 }
 
-absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
-  absl::StatusOr<ReceivedChunks> got = client_->Acquire(bytes);
+absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
+    uint64_t address, size_t bytes, ReceivedChunks& got) {
+  std::vector<ChunkMapping> mappings;
+  uint64_t at = address;
+  absl::Status failed;
+  for (size_t i = 0; i < got.ids.size() && failed.ok(); ++i) {
+    const uint64_t size = got.sizes[i];
+    if (at + size > address + bytes) {
+      failed = absl::DataLossError(
+          absl::StrCat("the daemon's chunks add up to more than the ",
+                       FormatSize(bytes), " asked for"));
+      break;
+    }
+    absl::StatusOr<uint64_t> handle =
+        mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
+    if (!handle.ok()) {
+      failed = handle.status();
+      break;
+    }
+    // The mapping holds the memory: the FD is no longer needed.
+    got.fds[i].reset();
+    mappings.push_back({.address = at, .bytes = size, .handle = *handle});
+    at += size;
+  }
+  if (failed.ok()) failed = mapper_->EnableAccess(address, at - address);
+  if (!failed.ok()) {
+    if (!mappings.empty()) mapper_->Unmap(address, at - address, mappings);
+    return failed;
+  }
+  return mappings;
+}
+
+absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
+                                uint64_t max_chunk_bytes) {
+  absl::StatusOr<ReceivedChunks> got = client_->Acquire(bytes, max_chunk_bytes);
   if (!got.ok()) {
     // The engine's OOM path (free the cache, retry, report) handles both.
     if (absl::IsResourceExhausted(got.status()) ||
@@ -87,26 +120,19 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes) {
     }
     return got.status();
   }
-  for (size_t i = 0; i < got->ids.size(); ++i) {
-    const uint64_t at = address + i * got->chunk_bytes;
-    absl::StatusOr<uint64_t> handle = mapper_->Map(
-        at, got->chunk_bytes, got->fds[i].get(), got->offsets[i]);
-    if (!handle.ok()) {
-      // Give back what this call took: the mapped ones and the rest.
-      Unmap(address, i * got->chunk_bytes, true);
-      std::vector<uint64_t> rest(got->ids.begin() + i, got->ids.end());
-      (void)client_->Release(got->epoch, rest);
-      return handle.status();
-    }
-    // The mapping holds the memory: the FD is no longer needed.
-    got->fds[i].reset();
-    chunks_[at] = {.epoch = got->epoch, .id = got->ids[i], .handle = *handle};
-    held_ += got->chunk_bytes;
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      MapReceived(address, bytes, *got);
+  if (!mapped.ok()) {
+    (void)client_->Release(got->epoch, got->ids);
+    return mapped.status();
   }
-  const size_t mapped = got->ids.size() * got->chunk_bytes;
-  if (absl::Status s = mapper_->EnableAccess(address, mapped); !s.ok()) {
-    Unmap(address, mapped, true);
-    return s;
+  for (size_t i = 0; i < mapped->size(); ++i) {
+    const ChunkMapping& m = (*mapped)[i];
+    chunks_[m.address] = {.epoch = got->epoch,
+                          .id = got->ids[i],
+                          .bytes = m.bytes,
+                          .handle = m.handle};
+    held_ += m.bytes;
   }
   return absl::OkStatus();
 }
@@ -118,13 +144,13 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + bytes;) {
     ids_by_epoch[it->second.epoch].push_back(it->second.id);
-    mappings.push_back({.address = it->first, .handle = it->second.handle});
-    held_ -= chunk_bytes_;
+    mappings.push_back({.address = it->first,
+                        .bytes = it->second.bytes,
+                        .handle = it->second.handle});
+    held_ -= it->second.bytes;
     it = chunks_.erase(it);
   }
-  if (!mappings.empty()) {
-    mapper_->Unmap(address, bytes, chunk_bytes_, mappings);
-  }
+  if (!mappings.empty()) mapper_->Unmap(address, bytes, mappings);
   if (!keep_reservation) {
     mapper_->Free(address, bytes);
     ranges_.erase(address);
@@ -138,16 +164,69 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (!address.ok()) return address;
   ranges_[*address] = bytes;
-  if (absl::Status s = Map(*address, bytes); !s.ok()) {
+  // Freed whole (FreeSegment): the daemon's largest chunks serve it.
+  if (absl::Status s = Map(*address, bytes, UINT64_MAX); !s.ok()) {
     mapper_->Free(*address, bytes);
     ranges_.erase(*address);
     return s;
   }
+  segments_[*address] = bytes;
   return address;
 }
 
 void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
+  segments_.erase(address);
   Unmap(address, bytes, false);
+}
+
+absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
+  auto segment = segments_.find(address);
+  if (segment == segments_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
+  }
+  std::vector<uint64_t> ids;
+  uint64_t epoch = 0;
+  for (auto it = chunks_.lower_bound(address);
+       it != chunks_.end() && it->first < address + segment->second; ++it) {
+    epoch = it->second.epoch;  // one Acquire: one epoch
+    ids.push_back(it->second.id);
+  }
+  return client_->Share(epoch, ids);
+}
+
+absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
+    const std::string& share_token) {
+  absl::StatusOr<ReceivedChunks> got = client_->OpenShare(share_token);
+  if (!got.ok()) return got.status();
+  size_t bytes = 0;
+  for (uint64_t size : got->sizes) bytes += size;
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      address.ok()
+          ? MapReceived(*address, bytes, *got)
+          : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+  if (!mapped.ok()) {
+    if (address.ok()) mapper_->Free(*address, bytes);
+    (void)client_->CloseShare(got->epoch, share_token);
+    return mapped.status();
+  }
+  shared_[*address] = {.epoch = got->epoch,
+                       .token = share_token,
+                       .bytes = bytes,
+                       .mappings = *std::move(mapped)};
+  return std::pair{*address, bytes};
+}
+
+bool DaemonBackend::CloseShared(uint64_t address) {
+  auto it = shared_.find(address);
+  if (it == shared_.end()) return false;
+  SharedRange& range = it->second;
+  mapper_->Unmap(address, range.bytes, range.mappings);
+  mapper_->Free(address, range.bytes);
+  (void)client_->CloseShare(range.epoch, range.token);
+  shared_.erase(it);
+  return true;
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::ReserveAddressRange(size_t bytes) {
@@ -161,7 +240,8 @@ void DaemonBackend::ReleaseAddressRange(uint64_t address, size_t bytes) {
 }
 
 absl::Status DaemonBackend::MapPages(uint64_t address, size_t bytes) {
-  return Map(address, bytes);
+  // UnmapPages may take back any page range of it: the smallest chunks.
+  return Map(address, bytes, client_->chunk_bytes());
 }
 
 void DaemonBackend::UnmapPages(uint64_t address, size_t bytes) {

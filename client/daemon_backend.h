@@ -1,8 +1,12 @@
 // DaemonBackend: the engine's DeviceBackend in a client process, with
 // memory from the node daemon. A segment is a run of daemon chunks mapped
 // at consecutive addresses of one reserved range, the way the CUDA VMM
-// backend maps cuMemCreate chunks; expandable segments map and unmap chunks
-// inside their reservation. How chunks get into the address space is a
+// backend maps cuMemCreate chunks: one Acquire (one request, one claim) for
+// the segment, chunks of the daemon's larger sizes (a 2 GiB segment is two
+// 1 GiB chunks), one EnableAccess over the whole range. Expandable segments
+// map and unmap chunks inside their reservation, with chunks of the
+// smallest size only, since the engine unmaps any page range of what it
+// mapped. How chunks get into the address space is a
 // ChunkMapper's business: by default the chunks are memfd files mapped with
 // mmap (sim mode), so the memory is real and shared with the daemon; the
 // CUDA VMM mapper is in client/cuda_daemon_backend.h.
@@ -14,6 +18,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -22,9 +28,11 @@
 
 namespace allocd {
 
-// One chunk as a ChunkMapper mapped it: where, and the mapper's handle.
+// One chunk as a ChunkMapper mapped it: where, its size, and the mapper's
+// handle.
 struct ChunkMapping {
   uint64_t address;
+  uint64_t bytes;
   uint64_t handle;
 };
 
@@ -36,8 +44,8 @@ class ChunkMapper {
   virtual absl::StatusOr<uint64_t> Reserve(size_t bytes) = 0;
   // Frees a reservation whose chunks are all unmapped.
   virtual void Free(uint64_t address, size_t bytes) = 0;
-  // Maps one chunk, `chunk_bytes` at `offset` of `fd` (which stays the
-  // caller's), at `address` inside a reservation. Returns a handle that
+  // Maps one chunk whole, `chunk_bytes` at `offset` of `fd` (which stays
+  // the caller's), at `address` inside a reservation. Returns a handle that
   // Unmap gets back.
   virtual absl::StatusOr<uint64_t> Map(uint64_t address, size_t chunk_bytes,
                                        int fd, uint64_t offset) = 0;
@@ -48,9 +56,9 @@ class ChunkMapper {
     (void)bytes;
     return absl::OkStatus();
   }
-  // Unmaps `chunks`, each `chunk_bytes`, which are every chunk mapped in
-  // [address, address + bytes); the range stays reserved.
-  virtual void Unmap(uint64_t address, size_t bytes, size_t chunk_bytes,
+  // Unmaps `chunks`, which are every chunk mapped in [address, address +
+  // bytes); the range stays reserved.
+  virtual void Unmap(uint64_t address, size_t bytes,
                      absl::Span<const ChunkMapping> chunks) = 0;
 };
 
@@ -76,26 +84,56 @@ class DaemonBackend : public DeviceBackend {
   size_t TotalMemory() const override { return total_; }
   size_t FreeMemory() const override;
 
-  // Chunks mapped now.
+  // Chunks mapped now (not counting those OpenShared mapped).
   uint64_t held_bytes() const { return held_; }
 
+  // Sharing a segment with another process (CUDA IPC). ShareSegment: a
+  // token naming the chunks of the segment AllocateSegment gave at
+  // `address`, which another process's OpenShared maps while this one keeps
+  // them. NotFound when no segment starts there.
+  absl::StatusOr<std::string> ShareSegment(uint64_t address);
+  // Maps the chunks another process shared under `share_token` into a new
+  // range, read-write: returns its address and size. They stay the other
+  // process's (not in held_bytes) until CloseShared.
+  absl::StatusOr<std::pair<uint64_t, size_t>> OpenShared(
+      const std::string& share_token);
+  // Unmaps (after the work queued on them, on a GPU) a range OpenShared
+  // gave and closes the open; false when `address` is not one.
+  bool CloseShared(uint64_t address);
+
  private:
-  // The chunk mapped at an address, which daemon session gave it, and the
-  // mapper's handle.
+  // The chunk mapped at an address, which daemon session gave it, its size
+  // and the mapper's handle.
   struct MappedChunk {
     uint64_t epoch;
     uint64_t id;
+    uint64_t bytes;
     uint64_t handle;
   };
-  absl::Status Map(uint64_t address, size_t bytes);
+  // A range OpenShared mapped.
+  struct SharedRange {
+    uint64_t epoch;
+    std::string token;
+    size_t bytes;
+    std::vector<ChunkMapping> mappings;
+  };
+  // Maps chunks of at most `max_chunk_bytes` each over [address, address +
+  // bytes).
+  absl::Status Map(uint64_t address, size_t bytes, uint64_t max_chunk_bytes);
+  // Maps `got`'s chunks one after another from `address`, within `bytes`,
+  // and enables access to them; on failure unmaps what it mapped.
+  absl::StatusOr<std::vector<ChunkMapping>> MapReceived(uint64_t address,
+                                                        size_t bytes,
+                                                        ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
 
   DaemonClient* const client_;
   const std::unique_ptr<ChunkMapper> mapper_;
   const uint64_t total_;
-  const uint64_t chunk_bytes_;
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
+  std::map<uint64_t, size_t> segments_;     // AllocateSegment's, by address
+  std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
   uint64_t held_ = 0;
 };
 

@@ -65,6 +65,7 @@ struct Connection {
   uint64_t session_id = 0;
   uint64_t chunk_bytes = 0;
   uint64_t capacity = 0;
+  std::string gpu_uuid;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
   // Whether chunks declared to this daemon after a restart are proven with
@@ -135,6 +136,38 @@ UniqueFd DupProof(int fd) {
   return copy;
 }
 
+// Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
+// lease of `c`.
+absl::StatusOr<ReceivedChunks> ClaimGrant(
+    Connection& c, const v1::AcquireChunksResponse& response) {
+  ReceivedChunks chunks{
+      .epoch = c.epoch,
+      .ids = {response.chunk_ids().begin(), response.chunk_ids().end()},
+      .reused = response.reused_chunks()};
+  v1::SideRequest claim;
+  claim.set_claim_token(response.claim_token());
+  absl::StatusOr<v1::SideResponse> answer;
+  {
+    absl::MutexLock lock(&c.lease_mu);
+    answer = SideCall(c.lease.get(), claim, &chunks.fds);
+  }
+  if (!answer.ok()) return answer.status();
+  chunks.offsets.assign(answer->offsets().begin(), answer->offsets().end());
+  chunks.sizes.assign(answer->sizes().begin(), answer->sizes().end());
+  if (chunks.sizes.empty()) {  // a daemon before sized chunks
+    chunks.sizes.assign(chunks.ids.size(), c.chunk_bytes);
+  }
+  if (chunks.fds.size() != chunks.ids.size() ||
+      chunks.offsets.size() != chunks.ids.size() ||
+      chunks.sizes.size() != chunks.ids.size()) {
+    // Not DataLoss, which says the connection broke (Acquire asks again).
+    return absl::InternalError(absl::StrCat("daemon sent ", chunks.fds.size(),
+                                            " FDs for ", chunks.ids.size(),
+                                            " chunks"));
+  }
+  return chunks;
+}
+
 // What the process runs, as it declares it when it registers.
 struct RunningConfig {
   std::string config;
@@ -163,6 +196,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   v1::RegisterRequest request;
   request.set_protocol_version(kProtocolVersion);
   request.set_device(o.device);
+  request.set_gpu_uuid(o.gpu_uuid);
   request.set_job(o.job);
   request.set_initial_config(o.initial_config);
   request.set_client(o.description);
@@ -179,6 +213,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->session_id = response.session_id();
   c->chunk_bytes = response.chunk_bytes();
   c->capacity = response.capacity_bytes();
+  c->gpu_uuid = response.gpu_uuid();
   c->running_version = response.current_config_version();
   c->declare_fds = response.declare_fds();
   c->adopts_chunks = response.adopts_chunks();
@@ -274,6 +309,10 @@ struct DaemonClient::State {
   // process holds to the new daemon (SideRequest.declare) and records
   // which it adopted; those released meanwhile are released on `c`.
   void DeclareHeld(const std::shared_ptr<Connection>& c);
+  // Whether the session of `c` owns every chunk of `ids` granted in
+  // `epoch`: it granted them, or adopted them after a restart.
+  bool OwnedBy(const Connection& c, uint64_t epoch,
+               absl::Span<const uint64_t> ids);
   // ReleaseChunks of `ids` on `c`, in batches.
   absl::Status ReleaseOn(const std::shared_ptr<Connection>& c,
                          absl::Span<const uint64_t> ids);
@@ -464,6 +503,17 @@ void DaemonClient::State::DeclareHeld(const std::shared_ptr<Connection>& c) {
   if (!stale.empty()) (void)ReleaseOn(c, stale);
 }
 
+bool DaemonClient::State::OwnedBy(const Connection& c, uint64_t epoch,
+                                  absl::Span<const uint64_t> ids) {
+  absl::MutexLock lock(&mu);
+  return std::all_of(ids.begin(), ids.end(), [&](uint64_t id) {
+    mu.AssertHeld();
+    auto it = held.find({epoch, id});
+    // Not held (never recorded): its granting session's.
+    return (it == held.end() ? epoch : it->second.owner_epoch) == c.epoch;
+  });
+}
+
 absl::Status DaemonClient::State::ReleaseOn(
     const std::shared_ptr<Connection>& c, absl::Span<const uint64_t> ids) {
   for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
@@ -625,7 +675,18 @@ DaemonClient::~DaemonClient() {
   state_->telemetry_thread.join();
 }
 
-absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
+// One unary RPC for the current session: `rpc(stub, context, session)`.
+template <typename Rpc>
+absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
+  std::shared_ptr<Connection> c = state.Current();
+  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+  grpc::ClientContext context;
+  SetDeadline(context, state.options.rpc_timeout);
+  return FromGrpc(rpc(*c->stub, &context, c->session_id));
+}
+
+absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
+                                                     uint64_t max_chunk_bytes) {
   const absl::Time deadline = absl::Now() + state_->options.reconnect_wait;
   for (;;) {
     std::shared_ptr<Connection> c = state_->WaitConnected(deadline);
@@ -640,6 +701,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
     v1::AcquireChunksRequest request;
     request.set_session_id(c->session_id);
     request.set_bytes(bytes);
+    request.set_max_chunk_bytes(max_chunk_bytes);
     v1::AcquireChunksResponse response;
     grpc::Status status = c->stub->AcquireChunks(&context, request, &response);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -649,40 +711,19 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
       continue;
     }
     if (!status.ok()) return FromGrpc(status);
-
-    ReceivedChunks chunks{.epoch = c->epoch,
-                          .ids = {response.chunk_ids().begin(),
-                                  response.chunk_ids().end()},
-                          .chunk_bytes = c->chunk_bytes,
-                          .reused = response.reused_chunks()};
-    v1::SideRequest claim;
-    claim.set_claim_token(response.claim_token());
-    absl::StatusOr<v1::SideResponse> answer;
-    {
-      absl::MutexLock lock(&c->lease_mu);
-      answer = SideCall(c->lease.get(), claim, &chunks.fds);
-    }
-    absl::Status claimed = answer.status();
-    if (claimed.ok()) {
-      chunks.offsets.assign(answer->offsets().begin(),
-                            answer->offsets().end());
-      if (chunks.fds.size() != chunks.ids.size() ||
-          chunks.offsets.size() != chunks.ids.size()) {
-        claimed = absl::DataLossError(
-            absl::StrCat("daemon sent ", chunks.fds.size(), " FDs for ",
-                         chunks.ids.size(), " chunks"));
-      }
-    }
-    if (absl::IsUnavailable(answer.status()) ||
-        absl::IsDataLoss(answer.status())) {
+    absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+    if (absl::IsUnavailable(chunks.status()) ||
+        absl::IsDataLoss(chunks.status())) {
       // The daemon died mid-claim: the grant died with it. Ask the next.
       state_->Lost(c);
       continue;
     }
-    if (!claimed.ok()) {
+    if (!chunks.ok()) {
       // Unusable here, so not ours to keep: the session must not hold them.
-      (void)Release(c->epoch, chunks.ids);
-      return claimed;
+      std::vector<uint64_t> ids(response.chunk_ids().begin(),
+                                response.chunk_ids().end());
+      (void)Release(c->epoch, ids);
+      return chunks;
     }
     {
       absl::MutexLock lock(&state_->mu);
@@ -691,17 +732,73 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes) {
         // this process holds already: these are nobody's now. Ask again.
         continue;
       }
-      for (size_t i = 0; i < chunks.ids.size(); ++i) {
-        state_->held[{c->epoch, chunks.ids[i]}] = HeldChunk{
-            .bytes = chunks.chunk_bytes,
-            .offset = chunks.offsets[i],
-            .proof = c->declare_fds ? DupProof(chunks.fds[i].get())
+      for (size_t i = 0; i < chunks->ids.size(); ++i) {
+        state_->held[{c->epoch, chunks->ids[i]}] = HeldChunk{
+            .bytes = chunks->sizes[i],
+            .offset = chunks->offsets[i],
+            .proof = c->declare_fds ? DupProof(chunks->fds[i].get())
                                     : UniqueFd(),
             .owner_epoch = c->epoch};
       }
     }
     return chunks;
   }
+}
+
+absl::StatusOr<std::string> DaemonClient::Share(
+    uint64_t epoch, absl::Span<const uint64_t> ids) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr || !state_->OwnedBy(*c, epoch, ids)) {
+    return absl::FailedPreconditionError(
+        "these chunks came from an allocd daemon this process is no longer "
+        "connected to (and the daemon now did not adopt them): they cannot "
+        "be shared");
+  }
+  grpc::ClientContext context;
+  SetDeadline(context, state_->options.rpc_timeout);
+  v1::ShareChunksRequest request;
+  request.set_session_id(c->session_id);
+  for (uint64_t id : ids) request.add_chunk_ids(id);
+  v1::ShareChunksResponse response;
+  if (grpc::Status s = c->stub->ShareChunks(&context, request, &response);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  return response.share_token();
+}
+
+absl::StatusOr<ReceivedChunks> DaemonClient::OpenShare(
+    const std::string& share_token) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+  grpc::ClientContext context;
+  SetDeadline(context, state_->options.rpc_timeout);
+  v1::OpenShareRequest request;
+  request.set_session_id(c->session_id);
+  request.set_share_token(share_token);
+  v1::AcquireChunksResponse response;
+  if (grpc::Status s = c->stub->OpenShare(&context, request, &response);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+  if (!chunks.ok()) (void)CloseShare(c->epoch, share_token);
+  return chunks;
+}
+
+absl::Status DaemonClient::CloseShare(uint64_t epoch,
+                                      const std::string& share_token) {
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
+  return CallOnSession(*state_,
+                       [&](v1::Allocd::Stub& stub, grpc::ClientContext* context,
+                           uint64_t session) {
+                         v1::CloseShareRequest request;
+                         request.set_session_id(session);
+                         request.set_share_token(share_token);
+                         v1::CloseShareResponse response;
+                         return stub.CloseShare(context, request, &response);
+                       });
 }
 
 absl::Status DaemonClient::Release(uint64_t epoch,
@@ -731,16 +828,6 @@ std::vector<v1::ControlMessage> DaemonClient::TakeControl() {
       std::make_move_iterator(state_->control.end()));
   state_->control.clear();
   return out;
-}
-
-// One unary RPC for the current session: `rpc(stub, context, session)`.
-template <typename Rpc>
-absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
-  std::shared_ptr<Connection> c = state.Current();
-  if (c == nullptr) return absl::UnavailableError("not connected to allocd");
-  grpc::ClientContext context;
-  SetDeadline(context, state.options.rpc_timeout);
-  return FromGrpc(rpc(*c->stub, &context, c->session_id));
 }
 
 absl::Status DaemonClient::Ack(uint64_t version, bool applied,
@@ -829,6 +916,11 @@ uint64_t DaemonClient::chunk_bytes() const {
 uint64_t DaemonClient::capacity_bytes() const {
   std::shared_ptr<Connection> c = state_->Current();
   return c == nullptr ? 0 : c->capacity;
+}
+
+std::string DaemonClient::gpu_uuid() const {
+  std::shared_ptr<Connection> c = state_->Current();
+  return c == nullptr ? "" : c->gpu_uuid;
 }
 
 }  // namespace allocd

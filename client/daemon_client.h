@@ -48,7 +48,11 @@ namespace allocd {
 struct DaemonClientOptions {
   std::string socket = "/run/allocd/allocd.sock";
   std::string job;
+  // The client's CUDA ordinal (as CUDA_VISIBLE_DEVICES numbers it).
   int device = 0;
+  // The UUID of that GPU, "GPU-..." (GpuUuid in cuda_daemon_backend.h):
+  // picks the daemon's pool for it. Empty: the daemon's first device.
+  std::string gpu_uuid;
   // Canonical PYTORCH_CUDA_ALLOC_CONF the process starts with.
   std::string initial_config;
   std::string description = "allocd-client";
@@ -66,14 +70,14 @@ struct DaemonClientOptions {
   v1::AutotunePreferences autotune;
 };
 
-// Chunks the daemon handed over, in id order: chunk i is `chunk_bytes` at
-// offsets[i] of fds[i].
+// Chunks the daemon handed over, in id order: chunk i is sizes[i] bytes at
+// offsets[i] of fds[i], mapped whole.
 struct ReceivedChunks {
   uint64_t epoch = 0;
   std::vector<uint64_t> ids;
   std::vector<UniqueFd> fds;
   std::vector<uint64_t> offsets;
-  uint64_t chunk_bytes = 0;
+  std::vector<uint64_t> sizes;
   uint32_t reused = 0;
 };
 
@@ -93,14 +97,31 @@ class DaemonClient {
   // and takes back every chunk of the current epoch.
   ~DaemonClient();
 
-  // At least `bytes` of chunks. ResourceExhausted when the node (or a
-  // quota) has no more; Unavailable when the daemon stayed away longer
-  // than reconnect_wait.
-  absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes);
+  // At least `bytes` of chunks, none larger than `max_chunk_bytes` (the
+  // daemon's chunk sizes up to it, largest first; chunk_bytes() for chunks
+  // of the smallest size only, e.g. to unmap any of them on its own later).
+  // ResourceExhausted when the node (or a quota) has no more; Unavailable
+  // when the daemon stayed away longer than reconnect_wait.
+  absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
+                                         uint64_t max_chunk_bytes = UINT64_MAX);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
+
+  // Sharing chunks with other processes (CUDA IPC). Share: a token under
+  // which other sessions of the daemon may open chunks `ids` of `epoch`,
+  // which this process holds (FailedPrecondition for an older epoch's that
+  // the daemon now did not adopt).
+  absl::StatusOr<std::string> Share(uint64_t epoch,
+                                    absl::Span<const uint64_t> ids);
+  // The chunks another process shared under `share_token`, to map while it
+  // keeps them; CloseShare (with the answer's epoch) when done. NotFound
+  // when the token is unknown or its owner freed the memory or ended.
+  absl::StatusOr<ReceivedChunks> OpenShare(const std::string& share_token);
+  // Closes an open of `epoch` (of an older epoch: a no-op, that daemon
+  // closed it when the session ended).
+  absl::Status CloseShare(uint64_t epoch, const std::string& share_token);
 
   // Control messages received since the last call, in order.
   std::vector<v1::ControlMessage> TakeControl();
@@ -129,8 +150,12 @@ class DaemonClient {
   uint64_t session_id() const;
   uint64_t epoch() const;
   bool connected() const;
+  // The daemon's smallest chunk: every grant is a multiple of it.
   uint64_t chunk_bytes() const;
   uint64_t capacity_bytes() const;
+  // The device whose pool serves the session, as the daemon named it
+  // ("" from a daemon before per-GPU pools).
+  std::string gpu_uuid() const;
 
   struct State;
 

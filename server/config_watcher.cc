@@ -77,7 +77,7 @@ absl::Status ConfigWatcher::Reload() {
   // no change.
   if (text.ok() && *text == last_text_) return absl::OkStatus();
   absl::StatusOr<NodeConfigFile> parsed =
-      text.ok() ? ParseNodeConfigFile(*text, core_->pool().capacity())
+      text.ok() ? ParseNodeConfigFile(*text, core_->pools().min_capacity())
                 : text.status();
   if (!parsed.ok()) {
     const absl::Status error(parsed.status().code(),
@@ -112,10 +112,10 @@ void ConfigWatcher::Apply(const NodeConfigFile& next) {
     if (!next.job_configs.contains(job)) core_->ClearConfig(job, author);
   }
   for (const auto& [uid, bytes] : applied_.uid_quotas) {
-    if (!next.uid_quotas.contains(uid)) core_->pool().SetUidQuota(uid, std::nullopt);
+    if (!next.uid_quotas.contains(uid)) core_->SetUidQuota(uid, std::nullopt);
   }
   for (const auto& [uid, bytes] : next.uid_quotas) {
-    core_->pool().SetUidQuota(uid, bytes);
+    core_->SetUidQuota(uid, bytes);
   }
   if (autotune_ != nullptr &&
       (next.autotune_mode != applied_.autotune_mode ||

@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
 #ifdef ALLOCD_WITH_CUDA
 #include "server/pool/cuda_chunk_source.h"
@@ -32,25 +34,51 @@ namespace {
 // Bounds what a client can make the daemon parse in one message.
 constexpr int kMaxMessageBytes = 1 << 20;
 
-// The pool holds one FD per chunk: a full pool must fit in RLIMIT_NOFILE,
-// or the daemon would fail deep into a job's run instead of at start.
-absl::Status CheckOpenFileLimit(uint64_t capacity, const ChunkSource& source) {
+// One device the daemon serves, before its pool exists.
+struct FoundDevice {
+  std::string uuid;
+  std::string name;
+  std::unique_ptr<ChunkSource> source;
+  // Free memory at start (cuMemGetInfo); nullopt for a sim device.
+  std::optional<uint64_t> free_memory;
+};
+
+// A pool holds FdsPerChunk() FDs per chunk: every full pool must fit in
+// RLIMIT_NOFILE, or the daemon would fail deep into a job's run instead of
+// at start.
+absl::Status CheckOpenFileLimit(
+    const std::vector<FoundDevice>& devices,
+    const std::vector<uint64_t>& capacities) {
   absl::StatusOr<uint64_t> limit = RaiseOpenFileLimit();
   if (!limit.ok()) return limit.status();
-  if (source.FdsPerChunk() == 0) return absl::OkStatus();
-  const size_t granularity = source.Granularity();
-  const uint64_t chunks = (capacity + granularity - 1) / granularity;
-  if (chunks + kDaemonFdHeadroom <= *limit) return absl::OkStatus();
+  uint64_t chunks = 0;
+  uint64_t capacity = 0;
+  size_t granularity = 0;
+  size_t holding = 0;  // devices whose chunks hold FDs
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const ChunkSource& source = *devices[i].source;
+    if (source.FdsPerChunk() == 0) continue;
+    granularity = source.Granularity();
+    chunks += (capacities[i] + granularity - 1) / granularity *
+              source.FdsPerChunk();
+    capacity += capacities[i];
+    ++holding;
+  }
+  if (holding == 0 || chunks + kDaemonFdHeadroom <= *limit) {
+    return absl::OkStatus();
+  }
+  const uint64_t most =
+      *limit > kDaemonFdHeadroom ? (*limit - kDaemonFdHeadroom) * granularity
+                                 : 0;
   return absl::FailedPreconditionError(absl::StrCat(
-      "--capacity ", FormatSize(capacity), " is ", chunks, " chunks of ",
-      FormatSize(granularity), ", one file descriptor each, plus ",
-      kDaemonFdHeadroom, " for sockets: more than RLIMIT_NOFILE allows (",
-      *limit,
+      "--capacity ", FormatSize(capacity),
+      holding > 1 ? absl::StrCat(" over ", holding, " devices") : "", " is ",
+      chunks, " chunks of ", FormatSize(granularity),
+      ", one file descriptor each, plus ", kDaemonFdHeadroom,
+      " for sockets: more than RLIMIT_NOFILE allows (", *limit,
       "). Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
       "docker --ulimit nofile=) or lower --capacity to at most ",
-      FormatSize(*limit > kDaemonFdHeadroom
-                     ? (*limit - kDaemonFdHeadroom) * granularity
-                     : 0)));
+      FormatSize(most / holding), holding > 1 ? " per device" : ""));
 }
 
 // The pool's chunk id epoch: random, so that ids a surviving client holds
@@ -64,29 +92,128 @@ uint32_t RandomChunkIdEpoch() {
   return epoch;
 }
 
-absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
-    const std::string& backend) {
-  if (backend == "sim") return std::make_unique<MemfdChunkSource>();
-  if (backend == "cuda") {
-#ifdef ALLOCD_WITH_CUDA
-    // Device 0 of those CUDA_VISIBLE_DEVICES shows.
-    absl::StatusOr<std::unique_ptr<CudaChunkSource>> cuda =
-        CudaChunkSource::Create(0);
-    if (!cuda.ok()) {
-      return absl::Status(cuda.status().code(),
-                          absl::StrCat("--backend cuda: ",
-                                       cuda.status().message()));
-    }
-    LogInfo(absl::StrCat("chunks from ", (*cuda)->Describe()));
-    return std::unique_ptr<ChunkSource>(std::move(*cuda));
-#else
-    return absl::UnimplementedError(
-        "--backend cuda: this build has no CUDA backend (built without the "
-        "CUDA toolkit); use --backend sim");
-#endif
+std::vector<FoundDevice> SimDevices(int count) {
+  std::vector<FoundDevice> devices;
+  for (int i = 0; i < count; ++i) {
+    devices.push_back({.uuid = SimDeviceUuid(i),
+                       .name = "memfd",
+                       .source = std::make_unique<MemfdChunkSource>()});
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend must be sim or cuda; got \"", backend, "\""));
+  return devices;
+}
+
+// Every GPU the driver sees, in PCI bus order.
+absl::StatusOr<std::vector<FoundDevice>> CudaDevices() {
+#ifdef ALLOCD_WITH_CUDA
+  absl::StatusOr<std::vector<std::unique_ptr<CudaChunkSource>>> sources =
+      CudaChunkSource::CreateAll();
+  if (!sources.ok()) return sources.status();
+  std::vector<FoundDevice> devices;
+  for (std::unique_ptr<CudaChunkSource>& source : *sources) {
+    LogInfo(absl::StrCat("device ", devices.size(), ": ", source->uuid(),
+                         ", chunks from ", source->Describe(), ", ",
+                         FormatSize(source->free_memory_at_start()),
+                         " free at start"));
+    FoundDevice device{.uuid = source->uuid(),
+                       .name = source->device_name(),
+                       .free_memory = source->free_memory_at_start()};
+    device.source = std::move(source);
+    devices.push_back(std::move(device));
+  }
+  return devices;
+#else
+  return absl::UnimplementedError(
+      "this build has no CUDA backend (built without the CUDA toolkit)");
+#endif
+}
+
+// The devices `--backend` (and `--sim-devices`) ask for; `*backend` becomes
+// what serves them ("sim" or "cuda").
+absl::StatusOr<std::vector<FoundDevice>> FindDevices(const DaemonOptions& o,
+                                                     std::string* backend) {
+  if (o.sim_devices < 1 || o.sim_devices > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sim-devices must be in [1, 1024]; got ", o.sim_devices));
+  }
+  if (o.backend == "sim") {
+    *backend = "sim";
+    return SimDevices(o.sim_devices);
+  }
+  if (o.backend != "cuda" && o.backend != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend must be auto, sim or cuda; got \"", o.backend, "\""));
+  }
+  absl::StatusOr<std::vector<FoundDevice>> gpus = CudaDevices();
+  if (gpus.ok()) {
+    *backend = "cuda";
+    return gpus;
+  }
+  if (o.backend == "cuda") {
+    return absl::Status(
+        gpus.status().code(),
+        absl::StrCat("--backend cuda: ", gpus.status().message(),
+                     absl::IsUnimplemented(gpus.status())
+                         ? "; use --backend sim"
+                         : ""));
+  }
+  // --backend auto on a machine without a GPU: say so, loudly, since the
+  // memory handed out is then not GPU memory.
+  LogError(absl::StrCat(
+      "no GPU to serve (", gpus.status().message(), "): serving SIMULATED "
+      "memory (memfd chunks, no GPU), ", o.sim_devices, " device(s). Pass "
+      "--backend cuda to refuse to start without a GPU, or --backend sim to "
+      "silence this"));
+  *backend = "sim";
+  return SimDevices(o.sim_devices);
+}
+
+// The capacity of `device`'s pool: --capacity (a size, or a percentage of
+// the device's memory), else its free memory at start minus --headroom on
+// a GPU, else DaemonOptions::capacity.
+absl::StatusOr<uint64_t> DeviceCapacity(const DaemonOptions& o,
+                                        const std::string& backend,
+                                        const FoundDevice& device) {
+  const SizeContext sizes{
+      .percent_of = device.source->DeviceMemory(),
+      .no_percent_reason = absl::StrCat("--backend ", backend,
+                                        " has no device memory to take "
+                                        "it of")};
+  if (!o.capacity_size.empty()) {
+    absl::StatusOr<uint64_t> capacity = ParseSize(o.capacity_size, sizes);
+    if (!capacity.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--capacity: ", capacity.status().message()));
+    }
+    return *capacity;
+  }
+  if (!device.free_memory.has_value()) return o.capacity;
+  absl::StatusOr<uint64_t> headroom = ParseSize(o.headroom, sizes);
+  if (!headroom.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--headroom: ", headroom.status().message()));
+  }
+  if (*device.free_memory <= *headroom) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device.uuid, " (", device.name, ") has ",
+        FormatSize(*device.free_memory), " free, no more than --headroom ",
+        FormatSize(*headroom), ": other processes hold its memory. Free it, "
+        "lower --headroom, or give --capacity"));
+  }
+  return *device.free_memory - *headroom;
+}
+
+// "8 GiB" for one device or devices alike, "8 GiB, 7.5 GiB" otherwise.
+std::string CapacitySummary(const DevicePools& pools) {
+  std::string out;
+  bool alike = true;
+  for (const DevicePool& d : pools.devices()) {
+    alike = alike && d.pool->capacity() == pools.at(0).pool->capacity();
+    absl::StrAppend(&out, out.empty() ? "" : ", ",
+                    FormatSize(d.pool->capacity()));
+  }
+  return alike ? absl::StrCat(FormatSize(pools.at(0).pool->capacity()),
+                              pools.size() > 1 ? " each" : "")
+               : out;
 }
 
 }  // namespace
@@ -96,8 +223,7 @@ absl::StatusOr<std::unique_ptr<ChunkSource>> MakeChunkSource(
 struct Daemon::Parts {
   DaemonOptions options;
   Metrics metrics;
-  std::unique_ptr<ChunkSource> chunks;
-  std::unique_ptr<NodePool> pool;
+  DevicePools pools;
   std::unique_ptr<DaemonCore> core;
   std::unique_ptr<DaemonAutotune> autotune;
   std::unique_ptr<ConfigWatcher> config_watcher;
@@ -114,37 +240,45 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   auto parts = std::make_unique<Parts>();
   parts->options = std::move(options);
   const DaemonOptions& o = parts->options;
-  absl::StatusOr<std::unique_ptr<ChunkSource>> chunks =
-      MakeChunkSource(o.backend);
-  if (!chunks.ok()) return chunks.status();
-  parts->chunks = std::move(*chunks);
-  if (!o.capacity_size.empty()) {
-    absl::StatusOr<uint64_t> capacity = ParseSize(
-        o.capacity_size,
-        {.percent_of = parts->chunks->DeviceMemory(),
-         .no_percent_reason = absl::StrCat("--backend ", o.backend,
-                                           " has no device memory to take "
-                                           "it of")});
-    if (!capacity.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--capacity: ", capacity.status().message()));
+  std::string backend;
+  absl::StatusOr<std::vector<FoundDevice>> devices = FindDevices(o, &backend);
+  if (!devices.ok()) return devices.status();
+  std::vector<uint64_t> capacities;
+  // For fitting each capacity after a restart (DaemonCore::SettleAdoption).
+  std::vector<DeviceAtStart> at_start;
+  for (const FoundDevice& device : *devices) {
+    absl::StatusOr<uint64_t> capacity = DeviceCapacity(o, backend, device);
+    if (!capacity.ok()) return capacity.status();
+    if (*capacity == 0) {
+      return absl::InvalidArgumentError("--capacity must be more than 0");
     }
-    parts->options.capacity = *capacity;
+    capacities.push_back(*capacity);
+    at_start.push_back(
+        {.free_memory = device.free_memory,
+         .capacity_from_free =
+             o.capacity_size.empty() && device.free_memory.has_value()});
   }
-  if (o.capacity == 0) {
-    return absl::InvalidArgumentError("--capacity must be more than 0");
-  }
-  if (absl::Status fds = CheckOpenFileLimit(o.capacity, *parts->chunks);
-      !fds.ok()) {
+  if (absl::Status fds = CheckOpenFileLimit(*devices, capacities); !fds.ok()) {
     return fds;
   }
-  parts->pool = std::make_unique<NodePool>(
-      parts->chunks.get(),
-      NodePool::Options{.capacity = o.capacity,
-                        .chunk_id_epoch = RandomChunkIdEpoch()});
+  for (size_t i = 0; i < devices->size(); ++i) {
+    FoundDevice& device = (*devices)[i];
+    // Checked by FindDevices: UUIDs are the driver's, or distinct.
+    const size_t granularity = device.source->Granularity();
+    if (absl::Status s = parts->pools.Add(
+            device.uuid, device.name, std::move(device.source),
+            NodePool::Options{.capacity = capacities[i],
+                              .chunk_classes = DefaultChunkClasses(granularity),
+                              .chunk_id_epoch = RandomChunkIdEpoch()});
+        !s.ok()) {
+      return s;
+    }
+  }
+  parts->options.backend = backend;
+  parts->options.capacity = parts->pools.min_capacity();
   const std::string fd_socket = o.socket + ".fds";
   parts->core = std::make_unique<DaemonCore>(
-      DaemonCoreOptions{.backend = o.backend,
+      DaemonCoreOptions{.backend = backend,
                         .fd_socket = fd_socket,
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
@@ -152,8 +286,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .trim = o.trim,
                         .sessions_file = o.socket + ".sessions",
                         .adopt_window = o.adopt_window,
-                        .device_free = parts->chunks->DeviceFreeMemory()},
-      parts->pool.get(), &parts->metrics);
+                        .devices_at_start = std::move(at_start)},
+      &parts->pools, &parts->metrics);
   AutotuneOptions autotune = o.autotune;
   if (autotune.capacity == 0) autotune.capacity = o.capacity;
   parts->autotune = std::make_unique<DaemonAutotune>(
@@ -208,7 +342,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   LogInfo(absl::StrCat(
       "serving on ", o.socket,
       o.admin_socket.empty() ? "" : absl::StrCat(" (admin ", o.admin_socket, ")"),
-      ", backend ", o.backend, ", capacity ", FormatSize(o.capacity),
+      ", backend ", backend, ", ", parts->pools.size(), " device(s), capacity ",
+      CapacitySummary(parts->pools),
       ", autotune ", AutotuneModeName(o.autotune.default_policy.mode),
       o.metrics_address.empty()
           ? ""

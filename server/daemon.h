@@ -24,13 +24,21 @@ struct DaemonOptions {
   std::string admin_socket;
   // host:port for /metrics; empty: no exposer.
   std::string metrics_address = "127.0.0.1:9464";
-  // "sim": memfd chunks, no GPU.
-  std::string backend = "sim";
+  // "auto": every GPU the CUDA driver sees (cuda), else sim with a notice
+  // on stderr. "cuda": every GPU, or an error. "sim": memfd chunks, no GPU.
+  std::string backend = "auto";
+  // Sim devices (SimDeviceUuid(0..N-1)), a pool each.
+  int sim_devices = 1;
+  // Each sim device's capacity when `capacity_size` is empty; after Start,
+  // the smallest device's capacity.
   uint64_t capacity = uint64_t{8} << 30;
-  // The capacity as `--capacity` gave it, when not empty: a size ("70GiB"),
-  // or "N%" of the device's memory (ChunkSource::DeviceMemory). Overrides
-  // `capacity`.
+  // Each device's capacity as `--capacity` gave it, when not empty: a size
+  // ("70GiB"), or "N%" of the device's memory (ChunkSource::DeviceMemory).
+  // Empty: on a GPU, its free memory at start minus `headroom`.
   std::string capacity_size;
+  // What a GPU's default capacity leaves free: a size, or "N%" of the
+  // device's memory.
+  std::string headroom = "1GiB";
   // JSON configs per job and quotas (see server/config_file.h); optional.
   // Read again every `config_poll`; changes apply without a restart.
   std::string config_file;

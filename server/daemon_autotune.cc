@@ -27,8 +27,10 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_predicted_peak_current(d.predicted_peak_current);
   out->set_predicted_peak_switched(d.predicted_peak_switched);
   out->set_predicted_saving(d.predicted_saving);
+  out->set_predicted_peak_allocated(d.predicted_peak_allocated);
   if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
+  if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));
   out->set_window_events(d.window_events);
   out->set_replay_seconds(d.replay_seconds);
   out->set_candidates(d.candidates);

@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint32_t kProtocolVersion = 1;
 constexpr size_t kMaxClientDescription = 256;
+constexpr size_t kMaxGpuUuid = 128;
 constexpr size_t kMaxOomMessage = 4096;
 constexpr size_t kMaxReleaseIds = 65536;
 constexpr size_t kMaxStats = 1024;
@@ -62,17 +63,36 @@ void Fill(const ConfigRecord& record, v1::ConfigVersion* out) {
   out->set_predicted_peak_reserved_bytes(record.predicted_peak_reserved_bytes);
 }
 
+std::unique_ptr<DevicePools> OneDevice(NodePool* pool,
+                                       const std::string& backend) {
+  auto pools = std::make_unique<DevicePools>();
+  // A new DevicePools takes any first UUID.
+  (void)pools->AddBorrowed(SimDeviceUuid(0), backend, pool);
+  return pools;
+}
+
 }  // namespace
+
+DaemonCore::DaemonCore(DaemonCoreOptions options, const DevicePools* pools,
+                       Metrics* metrics)
+    : options_(std::move(options)), pools_(pools), metrics_(metrics) {
+  Start();
+}
 
 DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
                        Metrics* metrics)
     : options_(std::move(options)),
-      pool_(pool),
-      metrics_(metrics),
-      adoption_(options_.sessions_file.empty()
-                    ? SessionsByPid{}
-                    : ReadSessionsFile(options_.sessions_file, ProcessAlive),
-                started_ + options_.adopt_window) {
+      owned_pools_(OneDevice(pool, options_.backend)),
+      pools_(owned_pools_.get()),
+      metrics_(metrics) {
+  Start();
+}
+
+NodePool& DaemonCore::PoolOf(const Session& session) const {
+  return *pools_->at(session.identity().node_device).pool;
+}
+
+void DaemonCore::Start() {
   if (const SessionsByPid awaited = adoption_.pending(); !awaited.empty()) {
     std::string pids;
     for (const auto& [pid, sessions] : awaited) {
@@ -85,7 +105,7 @@ DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
         " for them to re-declare the chunks they hold"));
   }
   SettleAdoption();
-  PublishPool();
+  for (const DevicePool& device : pools_->devices()) PublishPool(device);
 }
 
 void DaemonCore::SettleAdoption() {
@@ -95,23 +115,45 @@ void DaemonCore::SettleAdoption() {
   absl::MutexLock lock(&settle_mu_);
   if (settled_) return;
   settled_ = true;
-  if (!options_.device_free.has_value()) return;
-  const PoolStats stats = pool_->Stats();
-  // What the adopted chunks hold is in use on the device, not free.
-  const uint64_t limit = *options_.device_free + stats.created_bytes;
+  for (const DevicePool& device : pools_->devices()) FitCapacity(device);
+}
+
+void DaemonCore::FitCapacity(const DevicePool& device) {
+  if (static_cast<size_t>(device.index) >= options_.devices_at_start.size()) {
+    return;
+  }
+  const DeviceAtStart& at_start = options_.devices_at_start[device.index];
+  if (!at_start.free_memory.has_value()) return;
+  const PoolStats stats = device.pool->Stats();
+  // Before any Acquire: the live chunks are the adopted ones, in use on the
+  // device at start, so not in its free memory.
+  const uint64_t adopted = stats.created_bytes;
+  if (at_start.capacity_from_free) {
+    capacity_ceiling_[device.index] = UINT64_MAX;
+    if (adopted == 0) return;
+    device.pool->SetCapacity(stats.capacity + adopted);
+    LogInfo(absl::StrCat("device ", device.index, " (", device.uuid,
+                         "): capacity ", FormatSize(stats.capacity + adopted),
+                         ", its free memory at start less --headroom plus ",
+                         FormatSize(adopted),
+                         " its surviving clients hold"));
+    PublishPool(device);
+    return;
+  }
+  const uint64_t limit = *at_start.free_memory + adopted;
   if (stats.capacity <= limit) return;
   LogError(absl::StrCat(
-      "--capacity ", FormatSize(stats.capacity), " is more than the device "
-      "can give: ", FormatSize(*options_.device_free), " free at start",
-      stats.created_bytes > 0
-          ? absl::StrCat(" plus ", FormatSize(stats.created_bytes),
-                         " its surviving clients hold")
-          : "",
+      "device ", device.index, " (", device.uuid, "): --capacity ",
+      FormatSize(stats.capacity), " is more than the device can give: ",
+      FormatSize(*at_start.free_memory), " free at start",
+      adopted > 0 ? absl::StrCat(" plus ", FormatSize(adopted),
+                                 " its surviving clients hold")
+                  : "",
       "; serving ", FormatSize(limit), " (other processes use the rest of "
       "the GPU: lower --capacity to silence this)"));
-  configured_capacity_ = stats.capacity;
-  pool_->SetCapacity(limit);
-  PublishPool();
+  capacity_ceiling_[device.index] = stats.capacity;
+  device.pool->SetCapacity(limit);
+  PublishPool(device);
 }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OwnedSession(
@@ -141,6 +183,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     return absl::InvalidArgumentError(
         absl::StrCat("device ", r.device(), " out of range"));
   }
+  if (r.gpu_uuid().size() > kMaxGpuUuid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_uuid is ", r.gpu_uuid().size(), " bytes; at most ", kMaxGpuUuid));
+  }
+  absl::StatusOr<const DevicePool*> found = pools_->ForClient(r.gpu_uuid());
+  if (!found.ok()) return found.status();
+  const DevicePool& device = **found;
   if (r.client().size() > kMaxClientDescription) {
     return absl::InvalidArgumentError(
         absl::StrCat("client description is ", r.client().size(),
@@ -169,10 +218,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
        .uid = peer.uid,
        .job = r.job(),
        .device = r.device(),
+       .node_device = device.index,
+       .gpu_uuid = device.uuid,
        .client = r.client(),
        .initial_config = FormatAllocatorConfig(*initial),
        .registered_at = absl::Now()});
-  if (absl::Status s = pool_->AddSession(session->id(), peer.uid, peer.pid);
+  if (absl::Status s =
+          device.pool->AddSession(session->id(), peer.uid, peer.pid);
       !s.ok()) {
     sessions_.Remove(session->id());
     return s;
@@ -184,19 +236,23 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     session->Acked(running);
   }
   SaveSessions();
-  metrics_->SessionStarted(session->id(), r.job(), r.device(), peer.pid);
+  metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
+                           peer.pid);
   LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
                        peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
-                       "\", device ", r.device(), ", ", r.client()));
+                       "\", device ", device.index, " (", device.uuid,
+                       ", the client's ", r.device(), "), ", r.client()));
 
   v1::RegisterResponse response;
   response.set_session_id(session->id());
-  response.set_chunk_bytes(pool_->Stats().chunk_bytes);
+  response.set_chunk_bytes(device.pool->chunk_bytes());
   response.set_fd_socket(options_.fd_socket);
   response.set_backend(options_.backend);
-  response.set_capacity_bytes(pool_->Stats().capacity);
+  response.set_capacity_bytes(device.pool->capacity());
+  response.set_gpu_uuid(device.uuid);
+  response.set_node_device(device.index);
   response.set_current_config_version(running.version);
-  response.set_declare_fds(pool_->proves_chunks());
+  response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
@@ -242,17 +298,21 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
   // After a restart: not before the surviving sessions' chunks are counted.
   adoption_.Wait();
   SettleAdoption();
+  NodePool& pool = PoolOf(**session);
+  // A client that does not say maps every chunk at the smallest size.
+  const uint64_t max_chunk_bytes =
+      r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool.chunk_bytes();
   (*session)->BeginAcquire();
-  absl::StatusOr<Grant> grant = pool_->Acquire(r.session_id(), r.bytes());
+  absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   if (!grant.ok() && IsNodeShortage(grant.status())) {
-    Reclaim(r.session_id(), r.bytes());
-    grant = pool_->Acquire(r.session_id(), r.bytes());
+    Reclaim(**session, r.bytes());
+    grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
   if (absl::IsResourceExhausted(grant.status())) {
     (*session)->NoteAcquireRefused();
   }
-  PublishPool();
+  PublishPool(**session);
   if (!grant.ok()) return grant.status();
   v1::AcquireChunksResponse response;
   for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
@@ -262,8 +322,10 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
   return response;
 }
 
-void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
-  const PoolStats before = pool_->Stats();
+void DaemonCore::Reclaim(const Session& except, uint64_t bytes) {
+  NodePool& pool = PoolOf(except);
+  const int device = except.identity().node_device;
+  const PoolStats before = pool.Stats();
   const uint64_t available = before.capacity - before.in_use_bytes;
   if (available >= bytes) return;
   const uint64_t shortfall = bytes - available;
@@ -275,7 +337,11 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   for (std::shared_ptr<Session>& s : sessions_.List()) {
     // A session blocked in its own acquire answers no reclaim until that
     // returns: waiting on it could only time out.
-    if (s->id() == except || s->acquiring()) continue;
+    // Only memory of the same GPU helps.
+    if (s->id() == except.id() || s->identity().node_device != device ||
+        s->acquiring()) {
+      continue;
+    }
     const std::map<std::string, int64_t> stats = s->Stats();
     auto reserved = stats.find("reserved_bytes.all.current");
     auto allocated = stats.find("allocated_bytes.all.current");
@@ -292,7 +358,7 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
     v1::ControlMessage message;
     message.mutable_reclaim()->set_bytes(std::min(cached, shortfall));
     message.mutable_reclaim()->set_reason(absl::StrCat(
-        "session ", except, " needs ", FormatSize(bytes),
+        "session ", except.id(), " needs ", FormatSize(bytes),
         " and the node pool is short by ", FormatSize(shortfall)));
     session->Push(std::move(message));
   }
@@ -300,7 +366,7 @@ void DaemonCore::Reclaim(SessionId except, uint64_t bytes) {
   const absl::Time deadline = absl::Now() + options_.reclaim_wait;
   absl::MutexLock lock(&released_mu_);
   while (absl::Now() < deadline) {
-    const PoolStats now = pool_->Stats();
+    const PoolStats now = pool.Stats();
     if (now.capacity - now.in_use_bytes >= bytes) return;
     released_cv_.WaitWithDeadline(&released_mu_, deadline);
   }
@@ -312,12 +378,16 @@ void DaemonCore::SignalReleased() {
 }
 
 void DaemonCore::AbandonGrant(absl::string_view claim_token) {
-  const uint64_t returned = pool_->Abandon(claim_token);
-  if (returned == 0) return;
-  LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
-                       " went back to the pool: its client gave up waiting"));
-  SignalReleased();
-  PublishPool();
+  for (const DevicePool& device : pools_->devices()) {
+    const uint64_t returned = device.pool->Abandon(claim_token);
+    if (returned == 0) continue;
+    LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
+                         " went back to the pool of device ", device.index,
+                         ": its client gave up waiting"));
+    SignalReleased();
+    PublishPool(device);
+    return;
+  }
 }
 
 absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
@@ -332,14 +402,65 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
         r.chunk_ids_size()));
   }
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
-  const uint64_t before = pool_->Stats().in_use_bytes;
-  if (absl::Status s = pool_->Release(r.session_id(), ids); !s.ok()) return s;
-  const uint64_t after = pool_->Stats().in_use_bytes;
+  NodePool& pool = PoolOf(**session);
+  const uint64_t before = pool.Stats().in_use_bytes;
+  if (absl::Status s = pool.Release(r.session_id(), ids); !s.ok()) return s;
+  const uint64_t after = pool.Stats().in_use_bytes;
   SignalReleased();
-  PublishPool();
+  PublishPool(**session);
   v1::ReleaseChunksResponse response;
   response.set_released_bytes(before > after ? before - after : 0);
   return response;
+}
+
+absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
+    const PeerCredentials& peer, const v1::ShareChunksRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_ids must hold at most ", kMaxReleaseIds,
+                     " ids; got ", r.chunk_ids_size()));
+  }
+  std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
+  absl::StatusOr<std::string> token = PoolOf(**session).Share(r.session_id(), ids);
+  if (!token.ok()) return token.status();
+  v1::ShareChunksResponse response;
+  response.set_share_token(*std::move(token));
+  return response;
+}
+
+absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::OpenShare(
+    const PeerCredentials& peer, const v1::OpenShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  // Shares stay on their GPU: the token is only known to the pool of the
+  // session that made it.
+  absl::StatusOr<Grant> grant =
+      PoolOf(**session).OpenShare(r.session_id(), r.share_token());
+  if (!grant.ok()) return grant.status();
+  v1::AcquireChunksResponse response;
+  for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
+  response.set_bytes(grant->bytes);
+  response.set_claim_token(grant->token);
+  return response;
+}
+
+absl::StatusOr<v1::CloseShareResponse> DaemonCore::CloseShare(
+    const PeerCredentials& peer, const v1::CloseShareRequest& r) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      OwnedSession(peer, r.session_id());
+  if (!session.ok()) return session.status();
+  if (absl::Status s = PoolOf(**session).CloseShare(r.session_id(), r.share_token());
+      !s.ok()) {
+    return s;
+  }
+  // Chunks may have gone back to the cache: an Acquire may be waiting.
+  SignalReleased();
+  PublishPool(**session);
+  return v1::CloseShareResponse();
 }
 
 absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
@@ -467,16 +588,19 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
   absl::StatusOr<std::shared_ptr<Session>> session = OwnedSession(peer, id);
   if (!session.ok()) return session.status();
   const size_t declared = chunks.size();
-  absl::StatusOr<AdoptOutcome> outcome = pool_->Adopt(id, std::move(chunks));
+  // The session's own device: its chunks came from that GPU's pool.
+  NodePool& pool = PoolOf(**session);
+  absl::StatusOr<AdoptOutcome> outcome = pool.Adopt(id, std::move(chunks));
   if (!outcome.ok()) return outcome.status();
   {
-    // A late declaration (after the capacity was clipped to the device)
+    // A late declaration (after the capacity was fitted to the device)
     // holds memory that was not free then: the device gets it back when
-    // it is released, so the clipped capacity grows by it.
+    // it is released, so the fitted capacity grows by it.
     absl::MutexLock lock(&settle_mu_);
-    if (configured_capacity_.has_value() && outcome->adopted_bytes > 0) {
-      pool_->SetCapacity(std::min(
-          *configured_capacity_, pool_->capacity() + outcome->adopted_bytes));
+    auto ceiling = capacity_ceiling_.find((*session)->identity().node_device);
+    if (ceiling != capacity_ceiling_.end() && outcome->adopted_bytes > 0) {
+      pool.SetCapacity(std::min(ceiling->second,
+                                pool.capacity() + outcome->adopted_bytes));
     }
   }
   const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
@@ -504,7 +628,7 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
     SaveSessions();
     SettleAdoption();
   }
-  PublishPool();
+  PublishPool(**session);
   return outcome;
 }
 
@@ -532,7 +656,14 @@ void DaemonCore::SaveSessions() {
 absl::Status DaemonCore::Claim(const PeerCredentials& peer,
                                absl::string_view token, size_t batch_size,
                                NodePool::ClaimSink sink) {
-  return pool_->Claim(token, peer.pid, batch_size, sink);
+  // Tokens are unique across pools (128 random bits): the one pool that
+  // knows it answers; the others say NotFound.
+  absl::Status status = absl::NotFoundError("no devices");
+  for (const DevicePool& device : pools_->devices()) {
+    status = device.pool->Claim(token, peer.pid, batch_size, sink);
+    if (!absl::IsNotFound(status)) return status;
+  }
+  return status;
 }
 
 void DaemonCore::EndSession(SessionId id, absl::string_view why) {
@@ -540,11 +671,11 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   if (session == nullptr) return;
   session->Close();
   if (observer_ != nullptr) observer_->SessionEnded(id);
-  const uint64_t held = pool_->EndSession(id);
+  const uint64_t held = PoolOf(*session).EndSession(id);
   SaveSessions();
   metrics_->SessionEnded(id);
   SignalReleased();
-  PublishPool();
+  PublishPool(*session);
   LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
                        ", job \"", session->identity().job, "\") ended: ",
                        why, "; ", FormatSize(held), " back to the pool"));
@@ -567,20 +698,43 @@ void DaemonCore::ExpireUnleased(absl::Time now) {
 }
 
 uint64_t DaemonCore::TrimIdle() {
-  const uint64_t trimmed = pool_->TrimIdle(options_.trim);
-  if (trimmed > 0) {
+  uint64_t total = 0;
+  for (const DevicePool& device : pools_->devices()) {
+    const uint64_t trimmed = device.pool->TrimIdle(options_.trim);
+    if (trimmed == 0) continue;
     LogInfo(absl::StrCat("trimmed ", FormatSize(trimmed),
-                         " of cached chunks back to the device"));
-    PublishPool();
+                         " of cached chunks back to device ", device.index,
+                         " (", device.uuid, ")"));
+    PublishPool(device);
+    total += trimmed;
   }
-  return trimmed;
+  return total;
 }
 
-v1::TrimPoolResponse DaemonCore::TrimPool() {
+absl::StatusOr<v1::TrimPoolResponse> DaemonCore::TrimPool(
+    absl::string_view device) {
+  std::vector<const DevicePool*> targets;
+  if (device.empty()) {
+    for (const DevicePool& d : pools_->devices()) targets.push_back(&d);
+  } else {
+    absl::StatusOr<const DevicePool*> found = pools_->ForAdmin(device);
+    if (!found.ok()) return found.status();
+    targets.push_back(*found);
+  }
+  uint64_t trimmed = 0;
+  for (const DevicePool* d : targets) {
+    trimmed += d->pool->TrimFree(UINT64_MAX);
+    PublishPool(*d);
+  }
   v1::TrimPoolResponse response;
-  response.set_trimmed_bytes(pool_->TrimFree(UINT64_MAX));
-  PublishPool();
+  response.set_trimmed_bytes(trimmed);
   return response;
+}
+
+void DaemonCore::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
+  for (const DevicePool& device : pools_->devices()) {
+    device.pool->SetUidQuota(uid, bytes);
+  }
 }
 
 void DaemonCore::EndAll() {
@@ -613,9 +767,14 @@ void DaemonCore::PushRollBack(Session& session, const ConfigRecord& target,
   Push(session, target, true, std::move(reason));
 }
 
-void DaemonCore::PublishPool() {
-  const PoolStats stats = pool_->Stats();
-  metrics_->Pool({.capacity = stats.capacity,
+void DaemonCore::PublishPool(const Session& session) {
+  PublishPool(pools_->at(session.identity().node_device));
+}
+
+void DaemonCore::PublishPool(const DevicePool& device) {
+  const PoolStats stats = device.pool->Stats();
+  metrics_->Pool(device.index, device.uuid,
+                 {.capacity = stats.capacity,
                   .in_use = stats.in_use_bytes,
                   .free = stats.free_bytes,
                   .chunks_created_total = stats.chunks_created_total,
@@ -640,17 +799,36 @@ absl::Status DaemonCore::CheckAdmin(const PeerCredentials& peer) const {
 }
 
 v1::StatusResponse DaemonCore::Status() const {
-  const PoolStats stats = pool_->Stats();
   v1::StatusResponse r;
   r.set_backend(options_.backend);
-  r.set_capacity_bytes(stats.capacity);
-  r.set_chunk_bytes(stats.chunk_bytes);
-  r.set_in_use_bytes(stats.in_use_bytes);
-  r.set_free_bytes(stats.free_bytes);
-  r.set_chunks_created_total(stats.chunks_created_total);
-  r.set_chunks_reused_total(stats.chunks_reused_total);
-  r.set_trimmed_bytes_total(stats.trimmed_bytes_total);
-  r.set_adopted_bytes_total(stats.adopted_bytes_total);
+  r.set_chunk_bytes(pools_->at(0).pool->chunk_bytes());
+  for (uint64_t size : pools_->at(0).pool->chunk_classes()) r.add_chunk_classes(size);
+  for (const DevicePool& device : pools_->devices()) {
+    const PoolStats stats = device.pool->Stats();
+    v1::DeviceStatus* d = r.add_devices();
+    d->set_node_device(device.index);
+    d->set_gpu_uuid(device.uuid);
+    d->set_name(device.name);
+    d->set_capacity_bytes(stats.capacity);
+    d->set_chunk_bytes(stats.chunk_bytes);
+    d->set_in_use_bytes(stats.in_use_bytes);
+    d->set_free_bytes(stats.free_bytes);
+    d->set_chunks_created_total(stats.chunks_created_total);
+    d->set_chunks_reused_total(stats.chunks_reused_total);
+    d->set_trimmed_bytes_total(stats.trimmed_bytes_total);
+    d->set_sessions(static_cast<uint32_t>(stats.sessions.size()));
+    r.set_capacity_bytes(r.capacity_bytes() + stats.capacity);
+    r.set_in_use_bytes(r.in_use_bytes() + stats.in_use_bytes);
+    r.set_free_bytes(r.free_bytes() + stats.free_bytes);
+    r.set_chunks_created_total(r.chunks_created_total() +
+                               stats.chunks_created_total);
+    r.set_chunks_reused_total(r.chunks_reused_total() +
+                              stats.chunks_reused_total);
+    r.set_trimmed_bytes_total(r.trimmed_bytes_total() +
+                              stats.trimmed_bytes_total);
+    r.set_adopted_bytes_total(r.adopted_bytes_total() +
+                              stats.adopted_bytes_total);
+  }
   r.set_adopting(adoption_.open());
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_version(ALLOCD_VERSION);
@@ -659,7 +837,10 @@ v1::StatusResponse DaemonCore::Status() const {
 }
 
 v1::ListSessionsResponse DaemonCore::ListSessions() const {
-  const PoolStats stats = pool_->Stats();
+  std::vector<PoolStats> pools;
+  for (const DevicePool& device : pools_->devices()) {
+    pools.push_back(device.pool->Stats());
+  }
   v1::ListSessionsResponse r;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     const SessionIdentity& id = s->identity();
@@ -669,8 +850,11 @@ v1::ListSessionsResponse DaemonCore::ListSessions() const {
     info->set_uid(id.uid);
     info->set_job(id.job);
     info->set_device(id.device);
+    info->set_gpu_uuid(id.gpu_uuid);
+    info->set_node_device(id.node_device);
     info->set_client(id.client);
     info->set_registered_unix_micros(UnixMicros(id.registered_at));
+    const PoolStats& stats = pools[id.node_device];
     if (auto held = stats.sessions.find(id.id); held != stats.sessions.end()) {
       info->set_held_bytes(held->second.bytes);
       if (held->second.quota.has_value()) {
@@ -774,15 +958,17 @@ absl::Status DaemonCore::SetQuota(const v1::SetQuotaRequest& r) {
   std::optional<size_t> bytes;
   if (r.has_bytes()) bytes = r.bytes();
   switch (r.target_case()) {
-    case v1::SetQuotaRequest::kSessionId:
-      if (sessions_.Find(r.session_id()) == nullptr) {
+    case v1::SetQuotaRequest::kSessionId: {
+      std::shared_ptr<Session> session = sessions_.Find(r.session_id());
+      if (session == nullptr) {
         return absl::NotFoundError(
             absl::StrCat("no session ", r.session_id()));
       }
-      pool_->SetSessionQuota(r.session_id(), bytes);
+      PoolOf(*session).SetSessionQuota(r.session_id(), bytes);
       return absl::OkStatus();
+    }
     case v1::SetQuotaRequest::kUid:
-      pool_->SetUidQuota(r.uid(), bytes);
+      SetUidQuota(r.uid(), bytes);
       return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(

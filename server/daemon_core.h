@@ -12,6 +12,10 @@
 // - when the pool is short, the daemon asks the other sessions to release
 //   cached segments and waits up to `reclaim_wait` before answering
 //   ResourceExhausted;
+// - a session belongs to one device (the GPU whose UUID it registered
+//   with): its chunks come from that device's pool only, reclaims ask only
+//   sessions of that device, and a process using several GPUs has a
+//   session per device;
 // - an OOM under a pushed config rolls the session back to the config it
 //   ran before (pushed as a rollback), once per OOM'd version;
 // - after a restart, sessions that reconnect re-declare the chunks they
@@ -42,11 +46,25 @@
 #include "server/adoption_window.h"
 #include "server/config_store.h"
 #include "server/metrics.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/node_pool.h"
 #include "server/session_observer.h"
 #include "server/session_registry.h"
 
 namespace allocd {
+
+// A device's memory when the daemon started, for fitting its pool's
+// capacity after a restart (DaemonCore::SettleAdoption).
+struct DeviceAtStart {
+  // cuMemGetInfo's free at start; nullopt: no device (sim), nothing fitted.
+  std::optional<uint64_t> free_memory;
+  // The capacity was derived from `free_memory` (free minus --headroom, no
+  // --capacity): the chunks surviving clients hold were in use at start,
+  // so the capacity grows by what the pool adopts. Otherwise (--capacity
+  // given) it is clipped, with a warning, to `free_memory` plus what the
+  // pool adopted.
+  bool capacity_from_free = false;
+};
 
 struct DaemonCoreOptions {
   // "sim" or "cuda": reported to clients and admins.
@@ -67,16 +85,20 @@ struct DaemonCoreOptions {
   // The longest AcquireChunks waits after a restart for the sessions of
   // the daemon before to re-declare their chunks.
   absl::Duration adopt_window = absl::Seconds(5);
-  // The device's free memory when the daemon started (CUDA; nullopt: no
-  // device). Once the adoption window closes the capacity is clipped, with
-  // a warning, to that plus what the adopted chunks hold (memory in use,
-  // so not free): the pool never promises what the device does not have.
-  std::optional<uint64_t> device_free;
+  // Each device's memory when the daemon started, by node device (missing
+  // ones: no device, as in sim). Once the adoption window closes each
+  // pool's capacity is fitted to it (DeviceAtStart): the pool never
+  // promises what the device does not have.
+  std::vector<DeviceAtStart> devices_at_start;
 };
 
 class DaemonCore {
  public:
-  // `pool` and `metrics` outlive the core.
+  // `pools` (one per device, at least one) and `metrics` outlive the core.
+  DaemonCore(DaemonCoreOptions options, const DevicePools* pools,
+             Metrics* metrics);
+  // One device, SimDeviceUuid(0), served from `pool` (which outlives the
+  // core): tests and benchmarks.
   DaemonCore(DaemonCoreOptions options, NodePool* pool, Metrics* metrics);
 
   // Tells `observer` (which outlives the core, or is reset to null first)
@@ -90,6 +112,14 @@ class DaemonCore {
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r);
   absl::StatusOr<v1::ReleaseChunksResponse> ReleaseChunks(
       const PeerCredentials& peer, const v1::ReleaseChunksRequest& r);
+  // Sharing chunks with other sessions (NodePool::Share, OpenShare,
+  // CloseShare).
+  absl::StatusOr<v1::ShareChunksResponse> ShareChunks(
+      const PeerCredentials& peer, const v1::ShareChunksRequest& r);
+  absl::StatusOr<v1::AcquireChunksResponse> OpenShare(
+      const PeerCredentials& peer, const v1::OpenShareRequest& r);
+  absl::StatusOr<v1::CloseShareResponse> CloseShare(
+      const PeerCredentials& peer, const v1::CloseShareRequest& r);
   absl::Status Telemetry(const PeerCredentials& peer,
                          const v1::TelemetryReport& r);
   absl::StatusOr<v1::OomResponse> ReportOom(const PeerCredentials& peer,
@@ -156,17 +186,24 @@ class DaemonCore {
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);
   absl::Status SetQuota(const v1::SetQuotaRequest& r);
-  // `allocctl pool trim`: every cached chunk back to the device now.
-  v1::TrimPoolResponse TrimPool();
+  // `allocctl pool trim [--device D]`: every cached chunk of device `device`
+  // (a UUID or index; empty: of every device) back to the device now.
+  // NotFound for an unknown device.
+  absl::StatusOr<v1::TrimPoolResponse> TrimPool(absl::string_view device = "");
+  // A uid quota (nullopt: none) on every device: what the uid's sessions on
+  // one GPU may hold together.
+  void SetUidQuota(uid_t uid, std::optional<uint64_t> bytes);
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 
   // Ends every session (shutdown).
   void EndAll();
   size_t session_count() const { return sessions_.size(); }
-  NodePool& pool() { return *pool_; }
+  const DevicePools& pools() const { return *pools_; }
   ConfigStore& configs() { return configs_; }
 
  private:
+  // The pool serving `session` (its device's).
+  NodePool& PoolOf(const Session& session) const;
   absl::StatusOr<std::shared_ptr<Session>> OwnedSession(
       const PeerCredentials& peer, SessionId id) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
@@ -180,37 +217,53 @@ class DaemonCore {
   AppliedConfig AdoptRunningConfig(absl::string_view job,
                                    const std::string& config,
                                    uint64_t declared_version, SessionId id);
-  void PublishPool();
-  // Once the adoption window has closed (at most once): clips the
-  // capacity to the device (options_.device_free).
+  // Exports the device's pool (PublishPool(session): the session's).
+  void PublishPool(const DevicePool& device);
+  void PublishPool(const Session& session);
+  // Logs the sessions a restart waits for, settles an adoption with
+  // nothing to wait for, and publishes every pool (both constructors).
+  void Start();
+  // Once the adoption window has closed (at most once): fits each device's
+  // capacity to its memory (options_.devices_at_start).
   void SettleAdoption();
+  // Fits device `device`'s capacity to its free memory at start plus what
+  // its pool adopted (SettleAdoption, under settle_mu_).
+  void FitCapacity(const DevicePool& device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(settle_mu_);
   // Writes the sessions file: the pids of live sessions, and of the daemon
   // before's sessions still awaited.
   void SaveSessions();
   // Wakes Reclaim()s waiting for memory to come back.
   void SignalReleased();
-  // Asks every session but `except` that caches memory and is not itself
-  // waiting in an acquire to release it, then waits until `bytes` could be
-  // had or reclaim_wait passes.
-  void Reclaim(SessionId except, uint64_t bytes);
+  // Asks every session of `except`'s device but `except` that caches
+  // memory and is not itself waiting in an acquire to release it, then
+  // waits until `bytes` could be had there or reclaim_wait passes.
+  void Reclaim(const Session& except, uint64_t bytes);
 
   const DaemonCoreOptions options_;
-  NodePool* const pool_;
+  // Set by the one-pool constructor only.
+  std::unique_ptr<DevicePools> owned_pools_;
+  const DevicePools* const pools_;
   Metrics* const metrics_;
   const absl::Time started_ = absl::Now();
   SessionRegistry sessions_;
   ConfigStore configs_;
   SessionObserver* observer_ = nullptr;
-  AdoptionWindow adoption_;
+  AdoptionWindow adoption_{
+      options_.sessions_file.empty()
+          ? SessionsByPid{}
+          : ReadSessionsFile(options_.sessions_file, ProcessAlive),
+      started_ + options_.adopt_window};
   // Set by EndAll: the sessions file keeps the sessions a shutdown ends,
   // whose processes live on and will declare their chunks to the next
   // daemon.
   std::atomic<bool> shutting_down_{false};
   absl::Mutex settle_mu_;
   bool settled_ ABSL_GUARDED_BY(settle_mu_) = false;
-  // The capacity before SettleAdoption clipped it to the device; nullopt
-  // when it did not.
-  std::optional<uint64_t> configured_capacity_ ABSL_GUARDED_BY(settle_mu_);
+  // By node device, once SettleAdoption fitted its capacity: the most a
+  // late declaration (after the fit) grows it to (the --capacity it
+  // clipped, or unbounded for a capacity derived from free memory).
+  std::map<int, uint64_t> capacity_ceiling_ ABSL_GUARDED_BY(settle_mu_);
   absl::Mutex sessions_file_mu_;
 
   // Signalled whenever chunks return to the pool.

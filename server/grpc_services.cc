@@ -48,21 +48,61 @@ grpc::Status AllocdService::Register(grpc::ServerContext* context,
                 });
 }
 
+namespace {
+
+// A grant's answer (AcquireChunks, OpenShare), given back when the client
+// gave up waiting for it: no chunk may stay granted to a client that does
+// not know of it.
+absl::Status GrantOrAbandon(DaemonCore* core, grpc::ServerContext* context,
+                            absl::StatusOr<v1::AcquireChunksResponse> grant,
+                            v1::AcquireChunksResponse* response) {
+  absl::Status s = Into(std::move(grant), response);
+  if (s.ok() && context->IsCancelled()) {
+    core->AbandonGrant(response->claim_token());
+    return absl::CancelledError(
+        "the client gave up before the chunks were granted");
+  }
+  return s;
+}
+
+}  // namespace
+
 grpc::Status AllocdService::AcquireChunks(
     grpc::ServerContext* context, const v1::AcquireChunksRequest* request,
     v1::AcquireChunksResponse* response) {
   return Handle(metrics_, peers_, context, "AcquireChunks",
                 [&](const PeerCredentials& peer) {
-                  absl::Status s =
-                      Into(core_->AcquireChunks(peer, *request), response);
-                  // The answer would reach nobody: no chunk may stay
-                  // granted to a client that does not know of it.
-                  if (s.ok() && context->IsCancelled()) {
-                    core_->AbandonGrant(response->claim_token());
-                    return absl::CancelledError(
-                        "the client gave up before the chunks were granted");
-                  }
-                  return s;
+                  return GrantOrAbandon(core_, context,
+                                        core_->AcquireChunks(peer, *request),
+                                        response);
+                });
+}
+
+grpc::Status AllocdService::ShareChunks(grpc::ServerContext* context,
+                                        const v1::ShareChunksRequest* request,
+                                        v1::ShareChunksResponse* response) {
+  return Handle(metrics_, peers_, context, "ShareChunks",
+                [&](const PeerCredentials& peer) {
+                  return Into(core_->ShareChunks(peer, *request), response);
+                });
+}
+
+grpc::Status AllocdService::OpenShare(grpc::ServerContext* context,
+                                      const v1::OpenShareRequest* request,
+                                      v1::AcquireChunksResponse* response) {
+  return Handle(
+      metrics_, peers_, context, "OpenShare", [&](const PeerCredentials& peer) {
+        return GrantOrAbandon(core_, context, core_->OpenShare(peer, *request),
+                              response);
+      });
+}
+
+grpc::Status AllocdService::CloseShare(grpc::ServerContext* context,
+                                       const v1::CloseShareRequest* request,
+                                       v1::CloseShareResponse* response) {
+  return Handle(metrics_, peers_, context, "CloseShare",
+                [&](const PeerCredentials& peer) {
+                  return Into(core_->CloseShare(peer, *request), response);
                 });
 }
 
@@ -208,11 +248,14 @@ grpc::Status AdminService::History(grpc::ServerContext* context,
 }
 
 grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
-                                    const v1::TrimPoolRequest*,
+                                    const v1::TrimPoolRequest* request,
                                     v1::TrimPoolResponse* response) {
   return HandleAdmin(core_, metrics_, peers_, context, "Admin.TrimPool",
                      [&](const PeerCredentials&) {
-                       *response = core_->TrimPool();
+                       absl::StatusOr<v1::TrimPoolResponse> trimmed =
+                           core_->TrimPool(request->device());
+                       if (!trimmed.ok()) return trimmed.status();
+                       *response = *std::move(trimmed);
                        return absl::OkStatus();
                      });
 }

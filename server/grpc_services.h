@@ -28,6 +28,15 @@ class AllocdService final : public v1::Allocd::Service {
   grpc::Status ReleaseChunks(grpc::ServerContext* context,
                              const v1::ReleaseChunksRequest* request,
                              v1::ReleaseChunksResponse* response) override;
+  grpc::Status ShareChunks(grpc::ServerContext* context,
+                           const v1::ShareChunksRequest* request,
+                           v1::ShareChunksResponse* response) override;
+  grpc::Status OpenShare(grpc::ServerContext* context,
+                         const v1::OpenShareRequest* request,
+                         v1::AcquireChunksResponse* response) override;
+  grpc::Status CloseShare(grpc::ServerContext* context,
+                          const v1::CloseShareRequest* request,
+                          v1::CloseShareResponse* response) override;
   grpc::Status StreamTelemetry(grpc::ServerContext* context,
                                grpc::ServerReader<v1::TelemetryReport>* reader,
                                v1::TelemetryAck* response) override;

@@ -197,7 +197,6 @@ Metrics::Metrics()
   sessions_.Add({}).Set(0);
   // Zero series exist from the start, so rate() and alerts see them.
   reclaims_.Add({});
-  trimmed_bytes_.Add({});
   reloads_.Add({});
   reload_errors_.Add({});
   for (const char* result : {"ack", "nack", "rollback"}) {
@@ -227,11 +226,13 @@ int Metrics::port() const {
 }
 
 void Metrics::SessionStarted(uint64_t session, absl::string_view job,
-                             int device, pid_t pid) {
+                             int device, absl::string_view gpu_uuid,
+                             pid_t pid) {
   auto s = std::make_unique<SessionSeries>();
   s->labels = {{"session", absl::StrCat(session)},
                {"job", std::string(job)},
                {"device", absl::StrCat(device)},
+               {"gpu_uuid", std::string(gpu_uuid)},
                {"pid", absl::StrCat(pid)}};
   s->reserved = &reserved_.Add(s->labels);
   s->allocated = &allocated_.Add(s->labels);
@@ -370,10 +371,19 @@ void Metrics::ConfigReload(bool ok) {
   (ok ? reloads_ : reload_errors_).Add({}).Increment();
 }
 
-void Metrics::Pool(const PoolGauges& pool) {
-  pool_bytes_.Add({{"state", "capacity"}}).Set(static_cast<double>(pool.capacity));
-  pool_bytes_.Add({{"state", "in_use"}}).Set(static_cast<double>(pool.in_use));
-  pool_bytes_.Add({{"state", "free"}}).Set(static_cast<double>(pool.free));
+void Metrics::Pool(int device, absl::string_view gpu_uuid,
+                   const PoolGauges& pool) {
+  const std::string index = absl::StrCat(device);
+  const std::string uuid(gpu_uuid);
+  auto labels = [&](const char* key, const char* value) {
+    return prometheus::Labels{
+        {key, value}, {"device", index}, {"gpu_uuid", uuid}};
+  };
+  pool_bytes_.Add(labels("state", "capacity"))
+      .Set(static_cast<double>(pool.capacity));
+  pool_bytes_.Add(labels("state", "in_use"))
+      .Set(static_cast<double>(pool.in_use));
+  pool_bytes_.Add(labels("state", "free")).Set(static_cast<double>(pool.free));
   // The pool's totals are monotonic; the counters follow them.
   auto follow = [](prometheus::Counter& counter, uint64_t total,
                    uint64_t& seen) {
@@ -381,12 +391,13 @@ void Metrics::Pool(const PoolGauges& pool) {
     seen = std::max(seen, total);
   };
   absl::MutexLock lock(&mu_);
-  follow(chunks_.Add({{"origin", "created"}}), pool.chunks_created_total,
-         chunks_created_seen_);
-  follow(chunks_.Add({{"origin", "reused"}}), pool.chunks_reused_total,
-         chunks_reused_seen_);
-  follow(trimmed_bytes_.Add({}), pool.trimmed_bytes_total,
-         trimmed_bytes_seen_);
+  PoolTotalsSeen& seen = pool_seen_[device];
+  follow(chunks_.Add(labels("origin", "created")), pool.chunks_created_total,
+         seen.chunks_created);
+  follow(chunks_.Add(labels("origin", "reused")), pool.chunks_reused_total,
+         seen.chunks_reused);
+  follow(trimmed_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
+         pool.trimmed_bytes_total, seen.trimmed_bytes);
 }
 
 void Metrics::Rpc(absl::string_view method, double seconds, bool ok) {

@@ -1,7 +1,10 @@
 // Metrics: the daemon's Prometheus series (prometheus-cpp), named by
 // Prometheus' conventions (base units, _total for counters, _bytes,
-// _seconds). Per-session series carry {session, job, device, pid} and are
-// removed when the session ends, so a busy node's /metrics stays bounded.
+// _seconds). Per-session series carry {session, job, device, gpu_uuid, pid}
+// and are removed when the session ends, so a busy node's /metrics stays
+// bounded. Pool series carry {device, gpu_uuid}: one pool per GPU. `device`
+// is the GPU's index on the node (the daemon's, not the client's
+// CUDA_VISIBLE_DEVICES ordinal); gpu_uuid names it for good.
 //
 // Thread-safe (prometheus-cpp metrics are atomic; the session index has
 // its own mutex).
@@ -49,8 +52,9 @@ class Metrics {
   // The port Serve bound (0 before).
   int port() const;
 
+  // `device`, `gpu_uuid`: the node's device whose pool serves it.
   void SessionStarted(uint64_t session, absl::string_view job, int device,
-                      pid_t pid);
+                      absl::string_view gpu_uuid, pid_t pid);
   void SessionEnded(uint64_t session);
   // A telemetry report: torch.cuda.memory_stats() under PyTorch's names.
   void Telemetry(uint64_t session, const std::map<std::string, int64_t>& stats,
@@ -76,7 +80,8 @@ class Metrics {
   void AutotuneRealizedSaving(absl::string_view job, int64_t bytes);
   // The config file was read again: applied, or rejected (last good kept).
   void ConfigReload(bool ok);
-  void Pool(const PoolGauges& pool);
+  // Device `device`'s pool (its series exist from the first call).
+  void Pool(int device, absl::string_view gpu_uuid, const PoolGauges& pool);
   void Rpc(absl::string_view method, double seconds, bool ok);
 
   // The exposition text, as a scrape would get it.
@@ -116,10 +121,14 @@ class Metrics {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<SessionSeries>> series_
       ABSL_GUARDED_BY(mu_);
-  // Last cumulative counts seen per session, to turn them into increments.
-  uint64_t chunks_created_seen_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t chunks_reused_seen_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t trimmed_bytes_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last cumulative counts seen per device pool, to turn them into
+  // increments.
+  struct PoolTotalsSeen {
+    uint64_t chunks_created = 0;
+    uint64_t chunks_reused = 0;
+    uint64_t trimmed_bytes = 0;
+  };
+  absl::flat_hash_map<int, PoolTotalsSeen> pool_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd

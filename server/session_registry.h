@@ -34,7 +34,11 @@ struct SessionIdentity {
   pid_t pid = 0;
   uid_t uid = 0;
   std::string job;
+  // The client's CUDA ordinal, as it reported it.
   int device = 0;
+  // The node's device whose pool serves the session (DevicePools).
+  int node_device = 0;
+  std::string gpu_uuid;
   std::string client;
   std::string initial_config;
   absl::Time registered_at;

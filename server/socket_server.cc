@@ -212,6 +212,7 @@ bool Serve(DaemonCore& core, SideConnection& c) {
             for (const ChunkFd& chunk : batch) {
               response.add_chunk_ids(chunk.id);
               response.add_offsets(chunk.offset);
+              response.add_sizes(chunk.bytes);
               fds.push_back(chunk.fd.get());
             }
             response.set_more(!last);

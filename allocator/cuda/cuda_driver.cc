@@ -22,6 +22,7 @@ namespace {
   X(cuDeviceGet)                    \
   X(cuDeviceGetName)                \
   X(cuDeviceGetAttribute)           \
+  X(cuDeviceGetUuid)                \
   X(cuDevicePrimaryCtxRetain)       \
   X(cuDevicePrimaryCtxRelease)      \
   X(cuCtxSetCurrent)                \
@@ -182,6 +183,29 @@ absl::StatusOr<std::string> DeviceName(CUdevice device) {
     return s;
   }
   return std::string(name);
+}
+
+std::string FormatGpuUuid(const CUuuid& uuid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    // nvidia-smi's grouping: 8-4-4-4-12 hex digits.
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto byte = static_cast<unsigned char>(uuid.bytes[i]);
+    out += kHex[byte >> 4];
+    out += kHex[byte & 0xf];
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> DeviceUuid(CUdevice device) {
+  ALLOCD_CUDA_API();
+  CUuuid uuid = {};
+  if (absl::Status s = ALLOCD_CUDA_CALL(cuDeviceGetUuid, &uuid, device);
+      !s.ok()) {
+    return s;
+  }
+  return FormatGpuUuid(uuid);
 }
 
 absl::StatusOr<int> DeviceAttribute(CUdevice device,

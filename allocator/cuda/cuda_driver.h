@@ -36,6 +36,11 @@ absl::StatusOr<int> DriverVersion();  // e.g. 13000
 absl::StatusOr<int> DeviceCount();
 absl::StatusOr<CUdevice> GetDevice(int ordinal);
 absl::StatusOr<std::string> DeviceName(CUdevice device);
+// The device's UUID as nvidia-smi and NVIDIA_VISIBLE_DEVICES write it,
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (lowercase hex): a name for the
+// physical GPU that CUDA_VISIBLE_DEVICES renumbering does not change.
+absl::StatusOr<std::string> DeviceUuid(CUdevice device);
+std::string FormatGpuUuid(const CUuuid& uuid);
 absl::StatusOr<int> DeviceAttribute(CUdevice device,
                                     CUdevice_attribute attribute);
 

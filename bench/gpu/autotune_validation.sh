@@ -1,12 +1,14 @@
 #!/bin/bash
 # The autotuning loop on a real GPU (issue 12, deliver 6): one daemon with
-# --autotune apply; llama_lora (advisor and transparent managed mode) and a
-# multi-scale ResNet-50 (advisor) started under the guides'
-# max_split_size_mb:64, each against a native run of the same config; the
-# advisor's recording overhead (autotune_overhead.py). Everything lands in
-# OUT (one tarball, OUT/autotune.tgz, for machines that return few files).
+# --autotune apply; llama_lora and a multi-scale ResNet-50, each in advisor
+# and transparent managed mode, started under the guides'
+# max_split_size_mb:64 and under PyTorch's defaults, against native runs of
+# the same steps under both and under what `allocd tune` recommends offline;
+# the advisor's recording overhead (autotune_overhead.py). Everything lands
+# in OUT (one tarball, OUT/autotune.tgz, for machines that return few files).
 #   bench/gpu/autotune_validation.sh [BUNDLE] [OUT] [PART...]
-# PARTS: llama resnet overhead (default: all).
+# PARTS: llama resnet overhead (default: all). NATIVE=0: no native runs;
+# FIRST_PASS_EVENTS: the daemon's --autotune-first-pass-events (default: its own).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-autotune}
@@ -22,24 +24,34 @@ pack() { (cd "$out" && tar czf autotune.tgz --exclude autotune.tgz --exclude all
   --exclude '*.fds' .); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__)"
-start_daemon 70GiB --autotune apply --autotune-threads 4 --autotune-first-pass-events 150000
-conf=max_split_size_mb:64
-if want llama; then
-  step "llama_lora, $conf: native"
-  PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/llama_lora_train.py" --mode native --steps 30 --json "$out/llama_native.json" | cut -c1-150
-  step "llama_lora, $conf: advisor"
-  PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/llama_lora_train.py" --mode advise --job llama-adv --steps 30 --socket "$sock" --json "$out/llama_advise.json" | cut -c1-150
-  step "llama_lora, $conf: transparent managed"
-  PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/llama_lora_train.py" --mode transparent --job llama-mgd --steps 30 --socket "$sock" --json "$out/llama_transparent.json" | cut -c1-150
-  pack
-fi
-if want resnet; then
-  step "resnet50, $conf: native (snapshot for allocd tune)"
-  PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/resnet_train.py" --mode native --snapshot "$out/resnet.pickle" --json "$out/resnet_native.json" | cut -c1-150
-  step "resnet50, $conf: advisor"
-  PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/resnet_train.py" --mode advise --job resnet-adv --socket "$sock" --json "$out/resnet_advise.json" | cut -c1-150
-  pack
-fi
+start_daemon 70GiB --autotune apply --autotune-threads 4 ${FIRST_PASS_EVENTS:+--autotune-first-pass-events $FIRST_PASS_EVENTS}
+# The starting configs: the guides' and PyTorch's defaults ("" below); each
+# job also runs natively under both and under what `allocd tune` finds for
+# these workloads offline (expandable_segments:True), the same steps without
+# a push, to compare the steps after one with.
+starts=("max_split_size_mb:64" "")
+tuned=expandable_segments:True
+name() { echo "${1:-defaults}" | tr ':,' '__'; }
+run_job() {  # run_job WORKLOAD SCRIPT_ARGS...: every start config and mode
+  local w=$1 script=$2; shift 2
+  for conf in "${starts[@]}" "$tuned"; do
+    local n; n=$(name "$conf")
+    if [ "${NATIVE:-1}" = 1 ]; then
+      step "$w, ${conf:-defaults}: native"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/$script" --mode native "$@" \
+        --json "$out/${w}_native_$n.json" | cut -c1-150
+    fi
+    [ "$conf" = "$tuned" ] && continue
+    for mode in advise transparent; do
+      step "$w, ${conf:-defaults}: $mode"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/$script" --mode $mode \
+        --job "$w-$mode-$n" --socket "$sock" "$@" --json "$out/${w}_${mode}_$n.json" | cut -c1-150
+    done
+    pack
+  done
+}
+want llama && run_job llama llama_lora_train.py --steps "${LLAMA_STEPS:-24}"
+want resnet && run_job resnet resnet_train.py
 allocctl autotune history --limit 50 --json >"$out/autotune_history.json"
 allocctl autotune history --limit 50
 allocctl config history --limit 50 >"$out/config_history.txt"

@@ -17,7 +17,11 @@
 //   steady state: memory one process freed, the next one gets);
 // - free_2MiB: FreeSegment (synchronize, unmap, release, free the range,
 //   ReleaseChunks RPC);
-// - acquire_map_64MiB: AllocateSegment of 32 cached chunks;
+// - acquire_map_64MiB: AllocateSegment of 64 MiB from cached chunks;
+// - acquire_map_cold_2GiB, acquire_map_2GiB: AllocateSegment(2 GiB) from a
+//   cold pool (two 1 GiB chunks created) and from its cache, what one of
+//   PyTorch's 2 GiB cudaMallocs pays in transparent mode; free_2GiB;
+//   local_create_map_2GiB: the same without a daemon (one cuMemCreate);
 // - step_*: the 2 MiB warm path taken apart (Acquire RPC + FD claim,
 //   import, close, reserve, map, set access);
 // - local_create_map_2MiB: no daemon: cuMemCreate + reserve + map + set
@@ -152,13 +156,39 @@ int Run(int argc, char** argv) {
   } stop{daemon};
 
   absl::StatusOr<std::unique_ptr<DaemonClient>> client =
-      DaemonClient::Connect({.socket = socket, .job = "cuda-chunk-bench"});
+      DaemonClient::Connect({.socket = socket,
+                             .job = "cuda-chunk-bench",
+                             .gpu_uuid = GpuUuid(0).value_or("")});
   if (!client.ok()) return Fail("connect", client.status());
   absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
       CudaDaemonBackend::Create(client->get(), 0);
   if (!backend.ok()) return Fail("CudaDaemonBackend", backend.status());
   const size_t chunk = (*client)->chunk_bytes();
   nlohmann::json results;
+
+  // 2 GiB segments first, while the pool is empty: the daemon's largest
+  // chunks (a handful of imports and maps, not 1,024).
+  {
+    constexpr size_t k2GiB = size_t{2} << 30;
+    const auto t0 = Clock::now();
+    absl::StatusOr<uint64_t> cold = (*backend)->AllocateSegment(k2GiB);
+    const auto t1 = Clock::now();
+    if (!cold.ok()) return Fail("AllocateSegment (cold 2 GiB)", cold.status());
+    (*backend)->FreeSegment(*cold, k2GiB);
+    results["acquire_map_cold_2GiB"] = Summary({Micros(t0, t1)});
+    std::vector<double> alloc_us, free_us;
+    for (int i = 0; i < std::max(10, iterations / 20); ++i) {
+      const auto a0 = Clock::now();
+      absl::StatusOr<uint64_t> a = (*backend)->AllocateSegment(k2GiB);
+      const auto a1 = Clock::now();
+      if (!a.ok()) return Fail("AllocateSegment (2 GiB)", a.status());
+      (*backend)->FreeSegment(*a, k2GiB);
+      alloc_us.push_back(Micros(a0, a1));
+      free_us.push_back(Micros(a1, Clock::now()));
+    }
+    results["acquire_map_2GiB"] = Summary(alloc_us);
+    results["free_2GiB"] = Summary(free_us);
+  }
 
   // Cold: every chunk new in the daemon.
   {
@@ -270,6 +300,23 @@ int Run(int argc, char** argv) {
       local.push_back(Micros(t0, t1));
     }
     results["local_create_map_2MiB"] = Summary(local);
+    {
+      constexpr size_t k2GiB = size_t{2} << 30;
+      const auto t0 = Clock::now();
+      absl::StatusOr<CUmemGenericAllocationHandle> h =
+          cuda::MemCreate(k2GiB, prop);
+      if (!h.ok()) return Fail("cuMemCreate (2 GiB)", h.status());
+      absl::StatusOr<CUdeviceptr> va = cuda::AddressReserve(k2GiB);
+      if (!va.ok()) return Fail("reserve", va.status());
+      CHECK_OK("map", cuda::MemMap(*va, k2GiB, *h));
+      CHECK_OK("access",
+               cuda::SetReadWriteAccess(*va, k2GiB, context->device()));
+      const auto t1 = Clock::now();
+      CHECK_OK("unmap", cuda::MemUnmap(*va, k2GiB));
+      CHECK_OK("release", cuda::MemRelease(*h));
+      CHECK_OK("free", cuda::AddressFree(*va, k2GiB));
+      results["local_create_map_2GiB"] = Summary({Micros(t0, t1)});
+    }
 
     // The driver's share of a claim, in one process: what the daemon does
     // (export the chunk to an FD, later close it) and what the client does

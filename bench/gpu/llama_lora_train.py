@@ -108,6 +108,7 @@ def main():
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
         rng = random.Random(a.seed)
         losses, times, step_peaks, step_configs = [], [], [], []
+        run_peak = run_allocated = 0
         for step in range(a.steps):
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -125,12 +126,16 @@ def main():
             losses.append(out.loss.item())
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1000)
-            if tracked:
+            if not engine:
                 # Each step's own peak, and the config it ended on: what a
-                # push did to the steps after it.
+                # push did to the steps after it (native: the same steps
+                # without one, to compare with).
                 step_peaks.append(torch.cuda.max_memory_reserved())
-                step_configs.append(allocd.stats().get("config", ""))
+                run_peak = max(run_peak, step_peaks[-1])
+                run_allocated = max(run_allocated, torch.cuda.max_memory_allocated())
                 torch.cuda.reset_peak_memory_stats()
+            if tracked:
+                step_configs.append(allocd.stats().get("config", ""))
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
                 os.kill(a.daemon_pid, signal.SIGKILL)
                 print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
@@ -154,18 +159,17 @@ def main():
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
     }
+    if not engine:
+        result["peak_reserved"] = max(run_peak, torch.cuda.max_memory_reserved())
+        result["peak_allocated"] = max(run_allocated, torch.cuda.max_memory_allocated())
+        result["step_peak_reserved"] = step_peaks
     if tracked:
         s = allocd.stats()
-        result["peak_reserved"] = max(step_peaks, default=0)
-        result["step_peak_reserved"] = step_peaks
         result["step_config"] = step_configs
         result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
                                                "config_reason", "configs_applied",
                                                "events_sent", "events_dropped") if k in s}
-    elif not engine:  # PyTorch's own allocator: its own numbers
-        result["peak_reserved"] = torch.cuda.max_memory_reserved()
-        result["peak_allocated"] = torch.cuda.max_memory_allocated()
-    else:
+    elif engine:
         s = allocd.stats()
         result["peak_reserved"] = s["reserved_bytes.all.peak"]
         result["peak_allocated"] = s["allocated_bytes.all.peak"]

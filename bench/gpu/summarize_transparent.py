@@ -73,6 +73,15 @@ def main():
         summary["working_set"].update(cold_ratio=ws["cold"]["seconds"] / base,
                                       warm_ratio=ws["warm"]["seconds"] / base)
         print("\n40 GiB working set:", json.dumps(summary["working_set"]))
+    rounds = {k: load(out, f"workset_{k}_rounds.json") for k in ("native", "transparent")}
+    if all(rounds.values()):
+        # Medians of the warm rounds (2 and later) of one process each.
+        warm = {k: statistics.median(v["rounds"][1:] or v["rounds"]) for k, v in rounds.items()}
+        summary["working_set_rounds"] = {
+            "native_rounds": rounds["native"]["rounds"],
+            "transparent_rounds": rounds["transparent"]["rounds"],
+            "warm_ratio_median": warm["transparent"] / warm["native"]}
+        print("40 GiB working set, rounds:", json.dumps(summary["working_set_rounds"]))
     peaks = [load(out, f"peaks_transparent_{i}.json") for i in (0, 1)]
     if all(peaks):
         summary["peaks"] = peaks

@@ -73,7 +73,13 @@ if want workset; then
   timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_cold.json"
   step "40 GiB working set: transparent, warm pool"
   timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_warm.json"
+  step "40 GiB working set, 5 rounds each (rounds 2-5 warm): native, transparent"
+  timeout 120 python "$here/working_set.py" --mode native --repeat 5 --json "$out/workset_native_rounds.json"
+  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 5 --json "$out/workset_transparent_rounds.json"
+  allocctl status
   stop_daemon
+  step "cuda_chunk_bench: segments of 2 MiB to 2 GiB through the daemon"
+  timeout 240 "$bin/cuda_chunk_bench" --allocd "$bin/allocd" --iterations 400 --out "$out/cuda_chunk_bench.json" | tail -40
 fi
 
 if want peaks; then

@@ -3,7 +3,12 @@ cudaMalloc (PyTorch's cache is empty at start), then freed. Run natively, and
 under transparent managed mode once with a cold daemon pool (chunks created)
 and once warm (the pool's cached chunks reused):
 
-    python working_set.py --mode native|transparent [--gib 40] [--json OUT]
+    python working_set.py --mode native|transparent [--gib 40] [--repeat N] [--json OUT]
+
+--repeat N acquires the working set N times in the process, freeing it with
+empty_cache() in between (the cudaFrees give it back to the daemon's pool):
+every round after the first is warm. "seconds" is the first round, "rounds"
+all of them.
 """
 import argparse
 import json
@@ -17,6 +22,7 @@ def main():
     p.add_argument("--mode", choices=["native", "transparent"], required=True)
     p.add_argument("--gib", type=int, default=40)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
+    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json")
     a = p.parse_args()
     if a.mode == "transparent":
@@ -26,14 +32,18 @@ def main():
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the context, outside the timing
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    pieces = [torch.empty(2 << 30, dtype=torch.uint8, device="cuda") for _ in range(a.gib // 2)]
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    result = {"mode": a.mode, "gib": a.gib, "seconds": seconds,
-              "reserved": torch.cuda.memory_reserved(),
+    rounds = []
+    for _ in range(max(1, a.repeat)):
+        start = time.perf_counter()
+        pieces = [torch.empty(2 << 30, dtype=torch.uint8, device="cuda") for _ in range(a.gib // 2)]
+        torch.cuda.synchronize()
+        rounds.append(time.perf_counter() - start)
+        reserved = torch.cuda.memory_reserved()
+        del pieces
+        torch.cuda.empty_cache()
+    result = {"mode": a.mode, "gib": a.gib, "seconds": rounds[0], "rounds": rounds,
+              "reserved": reserved,
               "device_allocs": torch.cuda.memory_stats()["num_device_alloc"]}
-    del pieces
     print(json.dumps(result))
     if a.json:
         with open(a.json, "w") as f:

@@ -79,6 +79,15 @@ const char* allocd_last_error(void) { return last_error.c_str(); }
 allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description, const char* autotune) {
+  return allocd_connect_gpu(socket, job, initial_config, description,
+                            autotune, nullptr);
+}
+
+allocd_client* allocd_connect_gpu(const char* socket, const char* job,
+                                  const char* initial_config,
+                                  const char* description,
+                                  const char* autotune,
+                                  const char* gpu_uuid) {
   absl::StatusOr<allocd::v1::AutotunePreferences> preferences =
       allocd::ParseAutotunePreferences(Or(autotune));
   if (!preferences.ok()) {
@@ -88,6 +97,7 @@ allocd_client* allocd_connect(const char* socket, const char* job,
   absl::StatusOr<std::unique_ptr<allocd::DaemonClient>> client =
       allocd::DaemonClient::Connect({.socket = Or(socket),
                                      .job = Or(job),
+                                     .gpu_uuid = Or(gpu_uuid),
                                      .initial_config = Or(initial_config),
                                      .description = Or(description),
                                      .autotune = *std::move(preferences)});

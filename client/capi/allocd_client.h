@@ -30,6 +30,16 @@ ALLOCD_API const char* allocd_last_error(void);
 ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description, const char* autotune);
+/* allocd_connect for the GPU whose UUID is `gpu_uuid` ("GPU-..." as
+ * nvidia-smi prints it): the daemon serves the session from that GPU's
+ * pool, whatever CUDA_VISIBLE_DEVICES numbers it here. Empty or NULL: the
+ * daemon's first device (what allocd_connect does). */
+ALLOCD_API allocd_client* allocd_connect_gpu(const char* socket,
+                                             const char* job,
+                                             const char* initial_config,
+                                             const char* description,
+                                             const char* autotune,
+                                             const char* gpu_uuid);
 /* Ends the session (the daemon takes back its chunks) and frees `c`; of a
  * borrowed client, frees only `c`. */
 ALLOCD_API void allocd_disconnect(allocd_client* c);

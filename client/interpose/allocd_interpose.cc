@@ -4,16 +4,27 @@
 // node daemon's chunks, so the allocator itself (stats, snapshots, OOM
 // errors, CUDA graph pools) stays PyTorch's:
 //
-// - cudaMalloc / cudaFree: a segment of N bytes is N / 2 MiB daemon chunks
-//   mapped into one contiguous range (CudaDaemonBackend); cudaFree
+// - cudaMalloc / cudaFree: a segment of N bytes is daemon chunks (of the
+//   daemon's sizes, 2 MiB to 1 GiB: a 2 GiB segment is two imports and two
+//   maps) mapped into one contiguous range (CudaDaemonBackend); cudaFree
 //   synchronises the device as cudaFree does, unmaps and returns them.
 // - expandable segments: PyTorch resolves the driver's VMM calls with
 //   cudaGetDriverEntryPoint(ByVersion) (c10/cuda/driver_api.cpp); for
 //   cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap this library hands
-//   out its own functions: a cuMemCreate of N bytes takes N / 2 MiB chunks
-//   and returns a handle of this library's, which cuMemMap maps chunk by
-//   chunk. Every other driver call is the driver's.
+//   out its own functions: a cuMemCreate of N bytes takes daemon chunks
+//   adding up to N and returns a handle of this library's, which cuMemMap
+//   maps chunk by chunk. Every other driver call is the driver's.
 // - cudaMemGetInfo: what the daemon can still give this process.
+// - CUDA IPC (torch.multiprocessing): PyTorch sends a CUDA tensor as
+//   cudaIpcGetMemHandle of its segment's base, and the receiver maps it with
+//   cudaIpcOpenMemHandle (c10/cuda/CUDACachingAllocator.cpp shareIpcHandle,
+//   getIpcDevPtr). The driver refuses VMM memory there, so for a segment
+//   this library mapped the handle is its own (IpcHandle: a magic, the
+//   daemon's share token of the segment's chunks, the size): the receiving
+//   process, with this library loaded too, opens the token with the daemon
+//   and maps the same chunks, which the daemon keeps until the owner freed
+//   them and every receiver closed them (cudaIpcCloseMemHandle). Any other
+//   handle or pointer is the runtime's.
 //
 // When the daemon cannot give memory the call fails as CUDA would
 // (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY), so PyTorch runs
@@ -96,6 +107,10 @@ using CudaMallocFn = cudaError_t (*)(void**, size_t);
 using CudaFreeFn = cudaError_t (*)(void*);
 using CudaMemGetInfoFn = cudaError_t (*)(size_t*, size_t*);
 using CudaGetDeviceFn = cudaError_t (*)(int*);
+using CudaIpcGetMemHandleFn = cudaError_t (*)(cudaIpcMemHandle_t*, void*);
+using CudaIpcOpenMemHandleFn = cudaError_t (*)(void**, cudaIpcMemHandle_t,
+                                               unsigned int);
+using CudaIpcCloseMemHandleFn = cudaError_t (*)(void*);
 using EntryPointFn = cudaError_t (*)(const char*, void**, unsigned long long,
                                      cudaDriverEntryPointQueryResult*);
 using EntryPointByVersionFn = cudaError_t (*)(const char*, void**,
@@ -122,19 +137,34 @@ struct DriverVmm {
 // the driver's (they are addresses of its objects).
 constexpr CUmemGenericAllocationHandle kOurHandleBit = uint64_t{1} << 63;
 
-// One cuMemCreate served from daemon chunks.
+// One cuMemCreate served from daemon chunks: chunks[i] (imported) is
+// sizes[i] bytes; they are mapped in order.
 struct VmmAllocation {
   uint64_t epoch = 0;
   std::vector<uint64_t> ids;
-  std::vector<CUmemGenericAllocationHandle> chunks;  // imported
-  uint64_t chunk_bytes = 0;
+  std::vector<CUmemGenericAllocationHandle> chunks;
+  std::vector<uint64_t> sizes;
+  uint64_t bytes = 0;
 };
+
+// What cudaIpcGetMemHandle gives for a segment this library mapped, in the
+// 64 bytes of a cudaIpcMemHandle_t (the rest zero).
+struct IpcHandle {
+  char magic[8];
+  // NodePool's share token: 32 hex digits.
+  char token[32];
+  uint64_t bytes;
+};
+static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
+constexpr char kIpcMagic[8] = {'a', 'l', 'l', 'o', 'c', 'd', 'I', '1'};
 
 // A device's connection to the daemon.
 struct DeviceSession {
   std::unique_ptr<DaemonClient> client;
   std::unique_ptr<CudaDaemonBackend> backend;
   std::map<uint64_t, size_t> segments;  // cudaMalloc'd here: address, bytes
+  // Share tokens of segments cudaIpcGetMemHandle was asked for, by address.
+  std::map<uint64_t, std::string> shares;
   uint64_t vmm_bytes = 0;               // held through cuMemCreate
   // The session as liballocd_client's C functions see it (Python's control
   // thread); made on first request.
@@ -175,11 +205,13 @@ class Interposer {
     {
       absl::MutexLock lock(&mu_);
       for (auto& [device, session] : sessions_) {
+        if (session == nullptr) continue;  // a device that runs natively
         auto it = session->segments.find(address);
         if (it == session->segments.end()) continue;
         // FreeSegment synchronises the device first, as cudaFree does.
         session->backend->FreeSegment(address, it->second);
         session->segments.erase(it);
+        session->shares.erase(address);
         Log("cudaFree(%p) back to the daemon", ptr);
         return cudaSuccess;
       }
@@ -215,9 +247,9 @@ class Interposer {
           std::string(chunks.status().message()).c_str());
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    VmmAllocation allocation{.epoch = chunks->epoch,
-                             .ids = chunks->ids,
-                             .chunk_bytes = chunks->chunk_bytes};
+    VmmAllocation allocation{
+        .epoch = chunks->epoch, .ids = chunks->ids, .sizes = chunks->sizes};
+    for (uint64_t size : allocation.sizes) allocation.bytes += size;
     for (const UniqueFd& fd : chunks->fds) {
       absl::StatusOr<CUmemGenericAllocationHandle> imported =
           cuda::ImportFromFd(fd.get());
@@ -232,7 +264,7 @@ class Interposer {
       }
       allocation.chunks.push_back(*imported);
     }
-    session->vmm_bytes += allocation.chunk_bytes * allocation.chunks.size();
+    session->vmm_bytes += allocation.bytes;
     const CUmemGenericAllocationHandle ours = kOurHandleBit | next_handle_++;
     vmm_[ours] = {session, std::move(allocation)};
     *handle = ours;
@@ -251,7 +283,7 @@ class Interposer {
       (void)cuda::MemRelease(h);
     }
     (void)session->client->Release(allocation.epoch, allocation.ids);
-    session->vmm_bytes -= allocation.chunk_bytes * allocation.chunks.size();
+    session->vmm_bytes -= allocation.bytes;
     vmm_.erase(it);
     return CUDA_SUCCESS;
   }
@@ -266,21 +298,18 @@ class Interposer {
     auto it = vmm_.find(handle);
     if (it == vmm_.end()) return CUDA_ERROR_INVALID_VALUE;
     const VmmAllocation& allocation = it->second.second;
-    if (offset != 0 ||
-        bytes != allocation.chunk_bytes * allocation.chunks.size()) {
+    if (offset != 0 || bytes != allocation.bytes) {
       return CUDA_ERROR_NOT_SUPPORTED;  // PyTorch maps whole handles
     }
+    CUdeviceptr at = address;
     for (size_t i = 0; i < allocation.chunks.size(); ++i) {
       const CUresult r =
-          driver_.map(address + i * allocation.chunk_bytes,
-                      allocation.chunk_bytes, 0, allocation.chunks[i], 0);
+          driver_.map(at, allocation.sizes[i], 0, allocation.chunks[i], 0);
       if (r != CUDA_SUCCESS) {
-        for (size_t j = 0; j < i; ++j) {
-          driver_.unmap(address + j * allocation.chunk_bytes,
-                        allocation.chunk_bytes);
-        }
+        UnmapChunks(address, allocation, i);
         return r;
       }
+      at += allocation.sizes[i];
     }
     mapped_[address] = handle;
     return CUDA_SUCCESS;
@@ -306,15 +335,90 @@ class Interposer {
         continue;
       }
       const VmmAllocation& allocation = vmm_.at(it->second).second;
-      for (size_t i = 0; i < allocation.chunks.size(); ++i) {
-        const CUresult r = driver_.unmap(at + i * allocation.chunk_bytes,
-                                         allocation.chunk_bytes);
-        if (r != CUDA_SUCCESS) result = r;
-      }
-      at += allocation.chunk_bytes * allocation.chunks.size();
+      const CUresult r = UnmapChunks(at, allocation, allocation.chunks.size());
+      if (r != CUDA_SUCCESS) result = r;
+      at += allocation.bytes;
       mapped_.erase(it);
     }
     return result;
+  }
+
+  cudaError_t IpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
+    const uint64_t address = reinterpret_cast<uint64_t>(ptr);
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [device, session] : sessions_) {
+        if (session == nullptr || !session->segments.contains(address)) {
+          continue;
+        }
+        auto token = session->shares.find(address);
+        if (token == session->shares.end()) {
+          absl::StatusOr<std::string> shared =
+              session->backend->ShareSegment(address);
+          if (!shared.ok() || shared->size() != sizeof(IpcHandle::token)) {
+            Log("cudaIpcGetMemHandle(%p) refused: %s", ptr,
+                shared.ok() ? "malformed share token"
+                            : std::string(shared.status().message()).c_str());
+            return cudaErrorMemoryAllocation;
+          }
+          token = session->shares.emplace(address, *std::move(shared)).first;
+        }
+        IpcHandle ours{.bytes = session->segments.at(address)};
+        std::memcpy(ours.magic, kIpcMagic, sizeof ours.magic);
+        std::memcpy(ours.token, token->second.data(), sizeof ours.token);
+        std::memset(handle, 0, sizeof *handle);
+        std::memcpy(handle, &ours, sizeof ours);
+        Log("cudaIpcGetMemHandle(%p): shared by the daemon", ptr);
+        return cudaSuccess;
+      }
+    }
+    return real_ipc_get_(handle, ptr);
+  }
+
+  cudaError_t IpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle,
+                               unsigned int flags) {
+    IpcHandle theirs;
+    std::memcpy(&theirs, &handle, sizeof theirs);
+    if (std::memcmp(theirs.magic, kIpcMagic, sizeof kIpcMagic) != 0) {
+      return real_ipc_open_(ptr, handle, flags);
+    }
+    DeviceSession* session = SessionForCurrentDevice();
+    if (session == nullptr) {
+      std::fprintf(
+          stderr,
+          "allocd: a CUDA IPC handle of memory from the allocd "
+          "daemon cannot be opened without a connection to it: run "
+          "this process under `allocd run` (or allocd.enable()) too\n");
+      return cudaErrorInvalidResourceHandle;
+    }
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::pair<uint64_t, size_t>> opened =
+        session->backend->OpenShared(
+            std::string(theirs.token, sizeof theirs.token));
+    if (!opened.ok()) {
+      Log("cudaIpcOpenMemHandle refused: %s",
+          std::string(opened.status().message()).c_str());
+      return absl::IsNotFound(opened.status()) ? cudaErrorInvalidResourceHandle
+                                               : cudaErrorMemoryAllocation;
+    }
+    *ptr = reinterpret_cast<void*>(opened->first);
+    Log("cudaIpcOpenMemHandle = %p (%zu bytes) from the daemon", *ptr,
+        opened->second);
+    return cudaSuccess;
+  }
+
+  cudaError_t IpcCloseMemHandle(void* ptr) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [device, session] : sessions_) {
+        if (session != nullptr &&
+            session->backend->CloseShared(reinterpret_cast<uint64_t>(ptr))) {
+          Log("cudaIpcCloseMemHandle(%p) back to the daemon", ptr);
+          return cudaSuccess;
+        }
+      }
+    }
+    return real_ipc_close_(ptr);
   }
 
   // The C handle on `device`'s session, connecting it if needed; nullptr
@@ -341,6 +445,19 @@ class Interposer {
 
  private:
   Interposer() = default;
+
+  // Unmaps the first `count` chunks of `allocation`, mapped at `address`;
+  // the last error, if any.
+  CUresult UnmapChunks(CUdeviceptr address, const VmmAllocation& allocation,
+                       size_t count) {
+    CUresult result = CUDA_SUCCESS;
+    for (size_t i = 0; i < count; ++i) {
+      const CUresult r = driver_.unmap(address, allocation.sizes[i]);
+      if (r != CUDA_SUCCESS) result = r;
+      address += allocation.sizes[i];
+    }
+    return result;
+  }
 
   static size_t RoundUp(size_t bytes, size_t unit) {
     return (bytes + unit - 1) / unit * unit;
@@ -388,11 +505,16 @@ class Interposer {
     absl::StatusOr<v1::AutotunePreferences> autotune =
         ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
     if (!autotune.ok()) return autotune.status();
+    // The daemon matches the GPU by UUID: `device` is only this process's
+    // number for it.
+    absl::StatusOr<std::string> uuid = GpuUuid(device);
+    if (!uuid.ok()) return uuid.status();
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(
             {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
              .job = env("ALLOCD_JOB", ""),
              .device = device,
+             .gpu_uuid = *std::move(uuid),
              .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune)});
@@ -409,6 +531,12 @@ class Interposer {
   CudaFreeFn real_free_ = Next<CudaFreeFn>("cudaFree");
   CudaMemGetInfoFn real_mem_get_info_ =
       Next<CudaMemGetInfoFn>("cudaMemGetInfo");
+  CudaIpcGetMemHandleFn real_ipc_get_ =
+      Next<CudaIpcGetMemHandleFn>("cudaIpcGetMemHandle");
+  CudaIpcOpenMemHandleFn real_ipc_open_ =
+      Next<CudaIpcOpenMemHandleFn>("cudaIpcOpenMemHandle");
+  CudaIpcCloseMemHandleFn real_ipc_close_ =
+      Next<CudaIpcCloseMemHandleFn>("cudaIpcCloseMemHandle");
 
  public:
   DriverVmm driver_;
@@ -488,6 +616,21 @@ ALLOCD_EXPORT cudaError_t cudaFree(void* ptr) {
 
 ALLOCD_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return Interposer::Get().MemGetInfo(free, total);
+}
+
+ALLOCD_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle,
+                                              void* ptr) {
+  return Interposer::Get().IpcGetMemHandle(handle, ptr);
+}
+
+ALLOCD_EXPORT cudaError_t cudaIpcOpenMemHandle(void** ptr,
+                                               cudaIpcMemHandle_t handle,
+                                               unsigned int flags) {
+  return Interposer::Get().IpcOpenMemHandle(ptr, handle, flags);
+}
+
+ALLOCD_EXPORT cudaError_t cudaIpcCloseMemHandle(void* ptr) {
+  return Interposer::Get().IpcCloseMemHandle(ptr);
 }
 
 ALLOCD_EXPORT cudaError_t cudaGetDriverEntryPoint(

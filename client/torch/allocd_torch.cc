@@ -57,10 +57,13 @@ class ManagedAllocator {
     absl::StatusOr<cuda::PrimaryContext> context =
         cuda::PrimaryContext::Open(device);
     if (!context.ok()) return context.status();
+    absl::StatusOr<std::string> uuid = cuda::DeviceUuid(context->device());
+    if (!uuid.ok()) return uuid.status();
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect({.socket = socket,
                                .job = job,
                                .device = device,
+                               .gpu_uuid = *std::move(uuid),
                                .initial_config = FormatAllocatorConfig(*config),
                                .description = "liballocd_torch (PyTorch)",
                                .autotune = *std::move(preferences)});

@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
+constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
 constexpr char kRetriesStat[] = "num_alloc_retries";
 // A max_split_size_mb this small stops the cache from splitting most large
 // blocks: the guides' 64 and 128 (tuner.h's GuideConfigs), which cost
@@ -40,6 +41,15 @@ void NiceThisThread(int nice) {
   errno = 0;
   const int current = getpriority(PRIO_PROCESS, tid);
   if (errno == 0) setpriority(PRIO_PROCESS, tid, std::min(19, current + nice));
+}
+
+// How far FindStepPeriod follows a stream that lost events: each lost event
+// takes up to three with it (an allocation, then its two frees, which the
+// window drops as unmatched); at most 32, past which a period check would
+// cost more than finding the step is worth.
+size_t StepShift(const JobWindow& window) {
+  if (!window.has_gap()) return 0;
+  return static_cast<size_t>(std::min<uint64_t>(3 * window.dropped_events(), 32));
 }
 
 std::string GiB(int64_t bytes) {
@@ -167,7 +177,8 @@ class Autotuner::Impl {
       const int64_t retries = StatOr(stats, kRetriesStat, session.retries);
 
       if (job.acting && RunsPushedVersion(*job.acting, id, config_version)) {
-        Watch(session.job, job, reserved, now, notify);
+        Watch(session.job, job, reserved,
+              std::max(allocated, StatOr(stats, kAllocatedPeakStat, 0)), now, notify);
       }
       if (retries > session.retries) {
         Enqueue(session.job, job, "alloc_retry", false);
@@ -310,7 +321,9 @@ class Autotuner::Impl {
     absl::Time watch_since;
     int64_t predicted_current = 0;
     int64_t predicted_switched = 0;
+    int64_t predicted_allocated = 0;
     int64_t realized_peak = -1;
+    int64_t realized_allocated = 0;
   };
 
   struct Job {
@@ -339,6 +352,7 @@ class Autotuner::Impl {
     uint64_t decision_id = 0;  // kPromote, kRollBack
     bool first_pass = false;  // decide only once the window holds two steps
     std::string reason;       // kRollBack
+    absl::Time triggered_at;  // kDecide
   };
 
   absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
@@ -391,7 +405,7 @@ class Autotuner::Impl {
     job.queued = true;
     // An admin's run is told its id now; others get one when they record.
     job.queued_id = admin ? next_decision_id_++ : 0;
-    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, 0, first_pass, ""});
+    tasks_.push_back(Task{TaskKind::kDecide, name, trigger, 0, first_pass, "", Now()});
     return true;
   }
 
@@ -405,10 +419,14 @@ class Autotuner::Impl {
 
   // A stats report of a session under the pushed version: the realised
   // peak, the rollback margin, and the end of the canary's watch.
-  void Watch(const std::string& name, Job& job, int64_t reserved, absl::Time now,
-             std::vector<AutotuneDecision>& notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `allocated`: the most the session allocated since its last report, as
+  // far as it knows (PyTorch's peak, which the job may reset, or the current).
+  void Watch(const std::string& name, Job& job, int64_t reserved, int64_t allocated,
+             absl::Time now, std::vector<AutotuneDecision>& notify)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Acting& acting = *job.acting;
     if (acting.phase == Phase::kRollingBack || acting.phase == Phase::kCanaryPushed) return;
+    acting.realized_allocated = std::max(acting.realized_allocated, allocated);
     if (reserved > acting.realized_peak) {
       acting.realized_peak = reserved;
       if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
@@ -417,13 +435,21 @@ class Autotuner::Impl {
         notify.push_back(*d);
       }
     }
-    const double limit =
-        static_cast<double>(acting.predicted_switched) * (1.0 + options_.rollback_margin);
-    if (static_cast<double>(acting.realized_peak) > limit) {
+    const double growth =
+        acting.predicted_allocated > 0
+            ? std::max(1.0, static_cast<double>(acting.realized_allocated) /
+                                static_cast<double>(acting.predicted_allocated))
+            : 1.0;
+    const double expected = static_cast<double>(acting.predicted_switched) * growth;
+    if (static_cast<double>(acting.realized_peak) > expected * (1.0 + options_.rollback_margin)) {
       QueueRollBack(name, job, absl::StrFormat(
-          "the realised peak %s is above the predicted %s by more than %.0f%%",
-          GiB(acting.realized_peak), GiB(acting.predicted_switched),
-          100 * options_.rollback_margin));
+          "the realised peak %s is above the predicted %s by more than %.0f%%%s",
+          GiB(acting.realized_peak), GiB(static_cast<int64_t>(expected)),
+          100 * options_.rollback_margin,
+          growth > 1.0 ? absl::StrFormat(" (%s predicted for the window, scaled by the job "
+                                         "allocating %.2fx what it did there)",
+                                         GiB(acting.predicted_switched), growth)
+                       : std::string()));
       return;
     }
     if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
@@ -503,6 +529,9 @@ class Autotuner::Impl {
     if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
       acting.phase = Phase::kCanaryWatching;
       acting.watch_since = Now();
+      if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
+        d->trigger_to_ack = acting.watch_since - d->triggered_at;
+      }
     }
   }
 
@@ -530,6 +559,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   JobPolicy policy;
   std::string skip_why;
   bool full = false;
+  size_t max_shift = 0;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -567,10 +597,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       return;
     }
     trace = job.window->ToTrace();
+    max_shift = StepShift(*job.window);
   }
   if (task.first_pass && !full && skip_why.empty()) {
     // The first pass decides once the window holds two steps (or is full).
-    const std::optional<uint64_t> step = FindStepPeriod(trace);
+    const std::optional<uint64_t> step = FindStepPeriod(trace, max_shift);
     if (!step || trace.events.size() < 2 * *step) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
@@ -592,6 +623,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     decide.max_call_ratio = options_.max_call_ratio;
     decide.budget = options_.budget;
     decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
+    decide.max_shift = max_shift;
     decide.on_replay = options_.on_replay;
     d = ::allocd::Decide(trace, running, policy, decide);
   } else {
@@ -604,6 +636,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
     rec.id = job.queued_id != 0 ? job.queued_id : next_decision_id_++;
+    rec.triggered_at = task.triggered_at;
     rec.at = Now();
     rec.job = task.job;
     rec.trigger = task.trigger;
@@ -611,6 +644,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.predicted_peak_current = d.predicted_peak_current;
     rec.predicted_peak_switched = d.predicted_peak_switched;
     rec.predicted_saving = d.predicted_peak_current - d.predicted_peak_switched;
+    rec.predicted_peak_allocated = d.predicted_peak_allocated;
     rec.window_events = trace.events.size();
     rec.replay_seconds = d.replay_seconds;
     rec.candidates = d.candidates;
@@ -644,6 +678,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.rollback_config = LiveConfigString(running.config, d.to.config);
           acting.predicted_current = d.predicted_peak_current;
           acting.predicted_switched = d.predicted_peak_switched;
+          acting.predicted_allocated = d.predicted_peak_allocated;
           job.acting = std::move(acting);
         }
         break;

@@ -71,7 +71,11 @@ struct AutotuneOptions {
   double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
-  double rollback_margin = 0.10;  // realised peak > predicted * (1 + margin): roll back
+  // Roll back when the realised peak reserved is above the predicted one by
+  // more than this, after scaling the prediction by how much more the job
+  // allocated than it did in the window (later steps of a job with dynamic
+  // shapes need more under any config: that is not the config's doing).
+  double rollback_margin = 0.10;
   // A window whose clients lost at most this fraction of its events is
   // replayed anyway: the window repairs what a few lost events break (frees
   // of unseen ids left out, an id allocated again freed first), and an
@@ -100,7 +104,8 @@ struct AutotuneOptions {
 
 struct AutotuneDecision {
   uint64_t id = 0;  // increasing per daemon
-  absl::Time at;
+  absl::Time triggered_at;  // when the trigger queued the run
+  absl::Time at;            // when the decision was made
   std::string job;
   // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config", "admin"
   std::string trigger;
@@ -115,8 +120,12 @@ struct AutotuneDecision {
   int64_t predicted_peak_current = 0;
   int64_t predicted_peak_switched = 0;
   int64_t predicted_saving = 0;
+  int64_t predicted_peak_allocated = 0;  // the job's need over the same events
   std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
   std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
+  // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
+  // ACK"): queueing, the replays, the push and the client's apply.
+  std::optional<absl::Duration> trigger_to_ack;
   uint64_t window_events = 0;
   double replay_seconds = 0;  // wall time of the decision's replays
   size_t candidates = 0;

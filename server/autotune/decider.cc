@@ -122,7 +122,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   "the job runs backend:cudaMallocAsync, which a running process cannot leave");
   }
 
-  d.step_events = FindStepPeriod(window);
+  d.step_events = FindStepPeriod(window, options.max_shift);
   d.switch_event = SwitchPoint(n, d.step_events);
   std::string evidence = absl::StrFormat("window of %d events; ", n);
   absl::StrAppend(&evidence,
@@ -145,6 +145,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   }
   const ReplayPhase& stayed = *stay->after_switch;
   d.predicted_peak_current = stayed.peak_reserved;
+  d.predicted_peak_allocated = stayed.peak_allocated;
   const std::string running_conf = FormatAllocatorConfig(running.config);
   absl::StrAppend(&evidence, absl::StrFormat("; staying on %s peaks at %s after it",
                                              ConfName(running_conf), Bytes(stayed.peak_reserved)));

@@ -44,6 +44,8 @@ struct DecideOptions {
   size_t budget = 32;
   // Windows shorter than this are not decided on.
   size_t min_events = 1000;
+  // Events the window may have lost in a row (FindStepPeriod's max_shift).
+  size_t max_shift = 0;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };
@@ -64,6 +66,9 @@ struct Decision {
   std::string to_config;
   int64_t predicted_peak_current = 0;   // staying, after the switch point
   int64_t predicted_peak_switched = 0;  // the proposal (or the best kept one)
+  // Peak allocated after the switch point: the job's own need, the same
+  // under every config.
+  int64_t predicted_peak_allocated = 0;
   uint64_t switch_event = 0;
   std::optional<uint64_t> step_events;
   size_t candidates = 0;

@@ -17,10 +17,20 @@
 // (a run that repeats exactly scores 1.0 at its whole length). The first
 // step or two (warm-up) may differ: llama_lora's step is found once about
 // four steps are in.
+//
+// Lost events (an advisor loses a few between reading PyTorch's history and
+// clearing it) shift the stream after them: with `max_shift` > 0 the score
+// follows an offset of up to that many events, moved only where the 16
+// events after a mismatch match at the new offset and not at the old one, so a stream with a few gaps scores like one
+// without; the step found is then the stream's, which is the real one less
+// the events lost in it (within `max_shift`). Realigning lifts a layer's
+// score too, so the step must then score within 0.05 of the best candidate
+// instead of 0.15.
 #ifndef ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 #define ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
 
 #include <cstdint>
+#include <cstddef>
 #include <optional>
 
 #include "allocator/trace/trace.h"
@@ -29,7 +39,8 @@ namespace allocd {
 
 // The step period in events, or nullopt when the trace holds no two
 // repetitions of one (too short, or steps that differ in structure).
-std::optional<uint64_t> FindStepPeriod(const Trace& trace);
+// `max_shift`: how many events the stream may have lost in a row (0: none).
+std::optional<uint64_t> FindStepPeriod(const Trace& trace, size_t max_shift = 0);
 
 }  // namespace allocd
 

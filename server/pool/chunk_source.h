@@ -1,7 +1,9 @@
 // ChunkSource: where the node pool's physical memory comes from, one chunk
 // at a time, and the file descriptors that carry a chunk to a client with
 // SCM_RIGHTS: memfd files in sim mode (memfd_chunk_source.h), cuMemCreate
-// allocations exported as POSIX FDs on a GPU (cuda_chunk_source.h).
+// allocations exported as POSIX FDs on a GPU (cuda_chunk_source.h). Chunks
+// come in sizes that are multiples of Granularity(), the node pool picks
+// which (its size classes, node_pool.h).
 #ifndef ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
 #define ALLOCD_SERVER_POOL_CHUNK_SOURCE_H_
 
@@ -21,11 +23,11 @@ namespace allocd {
 // keeps FDs leaves this many of RLIMIT_NOFILE free.
 inline constexpr uint64_t kDaemonFdHeadroom = 512;
 
-// One chunk of physical memory: `Granularity()` bytes at `offset` of what
-// OpenForClient() gives. The chunk lives as long as the last copy of `file`
-// (the shared_ptr may own more than the FD, e.g. a CUDA allocation handle,
-// through the aliasing constructor); its memory goes back to the device
-// once that copy is gone and no client maps it any more.
+// One chunk of physical memory: the bytes CreateChunk() was asked for, at
+// `offset` of what OpenForClient() gives. The chunk lives as long as the last
+// copy of `file` (the shared_ptr may own more than the FD, e.g. a CUDA
+// allocation handle, through the aliasing constructor); its memory goes back to
+// the device once that copy is gone and no client maps it any more.
 //
 // `file` is the FD the source keeps for the chunk, or an invalid one for a
 // source that exports FDs on demand (CUDA: an FD per chunk held by the
@@ -46,9 +48,11 @@ class ChunkSource {
  public:
   virtual ~ChunkSource();
 
-  // New, never handed out memory of Granularity() bytes. ResourceExhausted
-  // when the device (or this process's FD table) has no more.
-  virtual absl::StatusOr<ChunkMemory> CreateChunk() = 0;
+  // New, never handed out memory of `bytes` bytes, a positive multiple of
+  // Granularity(): one physical allocation, mapped whole by a client (CUDA
+  // maps an allocation only from its offset 0). ResourceExhausted when the
+  // device (or this process's FD table) has no more.
+  virtual absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) = 0;
   // A new FD (close-on-exec, the caller's) that maps `memory`, to pass to
   // the client it is granted to. ResourceExhausted when this process is out
   // of FDs. The default dup()s `memory.file`.
@@ -57,17 +61,12 @@ class ChunkSource {
   // FDs the source keeps open per live chunk (the daemon checks at start
   // that a full pool fits in RLIMIT_NOFILE).
   virtual int FdsPerChunk() const { return 1; }
-  // Bytes per chunk: a multiple of 2 MiB (the CUDA VMM granularity of
-  // current GPUs), the same for every chunk of this source.
+  // The smallest chunk, of which every chunk's size is a multiple: a
+  // multiple of 2 MiB (the CUDA VMM granularity of current GPUs).
   virtual size_t Granularity() const = 0;
   // The device's total memory, what `allocd serve --capacity N%` is a
   // percentage of; nullopt for a source without a device (sim).
   virtual std::optional<uint64_t> DeviceMemory() const { return std::nullopt; }
-  // The device's free memory now (cuMemGetInfo), which the daemon checks
-  // its capacity against; nullopt for a source without a device.
-  virtual std::optional<uint64_t> DeviceFreeMemory() const {
-    return std::nullopt;
-  }
   // A short name for logs and metrics, as `allocd serve --backend` spells
   // it: "sim", "cuda".
   virtual std::string Name() const = 0;

@@ -1,5 +1,7 @@
 #include "server/pool/cuda_chunk_source.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <utility>
 
@@ -17,8 +19,12 @@ struct CudaChunkSource::Device {
   cuda::PrimaryContext context;
   CUmemAllocationProp prop = {};
   std::string name;
+  std::string uuid;
   int driver_version = 0;
   uint64_t total_memory = 0;
+  uint64_t free_memory = 0;
+  // PCI domain, bus, device: the order nvidia-smi numbers GPUs in.
+  std::array<int, 3> pci = {};
   std::atomic<uint64_t> live{0};
   // Exported FDs kept for reuse, by allocation; at most `export_budget`.
   absl::Mutex exports_mu;
@@ -80,12 +86,23 @@ absl::StatusOr<std::unique_ptr<CudaChunkSource>> CudaChunkSource::Create(
   const CUdevice dev = device->context.device();
   absl::StatusOr<std::string> name = cuda::DeviceName(dev);
   device->name = name.ok() ? *name : "unknown";
+  absl::StatusOr<std::string> uuid = cuda::DeviceUuid(dev);
+  if (!uuid.ok()) return uuid.status();
+  device->uuid = *std::move(uuid);
+  for (auto [attribute, out] :
+       {std::pair{CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, &device->pci[0]},
+        std::pair{CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, &device->pci[1]},
+        std::pair{CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, &device->pci[2]}}) {
+    absl::StatusOr<int> value = cuda::DeviceAttribute(dev, attribute);
+    *out = value.ok() ? *value : 0;
+  }
   absl::StatusOr<int> version = cuda::DriverVersion();
   device->driver_version = version.ok() ? *version : 0;
   // Open made the context current on this thread.
   absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
   if (!memory.ok()) return memory.status();
   device->total_memory = memory->total;
+  device->free_memory = memory->free;
   for (auto [attribute, what] :
        {std::pair{CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                   "the virtual memory management API (cuMemCreate)"},
@@ -112,6 +129,29 @@ absl::StatusOr<std::unique_ptr<CudaChunkSource>> CudaChunkSource::Create(
       new CudaChunkSource(std::move(device), chunk));
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<CudaChunkSource>>>
+CudaChunkSource::CreateAll() {
+  if (absl::Status s = cuda::Init(); !s.ok()) return s;
+  absl::StatusOr<int> count = cuda::DeviceCount();
+  if (!count.ok()) return count.status();
+  if (*count == 0) {
+    return absl::FailedPreconditionError(
+        "no CUDA device: the driver sees none (CUDA_VISIBLE_DEVICES, the "
+        "container's device plugin)");
+  }
+  std::vector<std::unique_ptr<CudaChunkSource>> sources;
+  for (int ordinal = 0; ordinal < *count; ++ordinal) {
+    absl::StatusOr<std::unique_ptr<CudaChunkSource>> source = Create(ordinal);
+    if (!source.ok()) return source.status();
+    sources.push_back(*std::move(source));
+  }
+  std::stable_sort(sources.begin(), sources.end(),
+                   [](const auto& a, const auto& b) {
+                     return a->device_->pci < b->device_->pci;
+                   });
+  return sources;
+}
+
 CudaChunkSource::CudaChunkSource(std::shared_ptr<Device> device,
                                  size_t granularity)
     : device_(std::move(device)), granularity_(granularity) {}
@@ -122,11 +162,14 @@ std::optional<uint64_t> CudaChunkSource::DeviceMemory() const {
   return device_->total_memory;
 }
 
-std::optional<uint64_t> CudaChunkSource::DeviceFreeMemory() const {
-  if (!device_->context.Bind().ok()) return std::nullopt;
-  absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
-  if (!memory.ok()) return std::nullopt;
-  return memory->free;
+uint64_t CudaChunkSource::free_memory_at_start() const {
+  return device_->free_memory;
+}
+
+const std::string& CudaChunkSource::uuid() const { return device_->uuid; }
+
+const std::string& CudaChunkSource::device_name() const {
+  return device_->name;
 }
 
 uint64_t CudaChunkSource::live_chunks() const { return device_->live.load(); }
@@ -135,14 +178,19 @@ std::string CudaChunkSource::Describe() const {
   return absl::StrCat("CUDA device ", device_->context.ordinal(), " (",
                       device_->name, "), driver ",
                       device_->driver_version / 1000, ".",
-                      device_->driver_version % 1000 / 10, ", ",
-                      FormatSize(granularity_), " chunks");
+                      device_->driver_version % 1000 / 10, ", chunks of ",
+                      FormatSize(granularity_), " and multiples");
 }
 
-absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk() {
+absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk(uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk of ", bytes, " bytes is not a multiple of ",
+                     FormatSize(granularity_)));
+  }
   if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
   absl::StatusOr<CUmemGenericAllocationHandle> handle =
-      cuda::MemCreate(granularity_, device_->prop);
+      cuda::MemCreate(bytes, device_->prop);
   if (!handle.ok()) return handle.status();
   auto chunk = std::make_shared<CudaChunk>();
   chunk->handle = *handle;

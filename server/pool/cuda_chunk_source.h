@@ -1,6 +1,7 @@
 // CudaChunkSource: the node pool's chunks as GPU memory. Each chunk is one
-// cuMemCreate allocation of the device's minimum VMM granularity (2 MiB on
-// an H100), exportable as a POSIX file descriptor. The pool keeps the
+// cuMemCreate allocation of the size the pool asks (a multiple of the
+// device's minimum VMM granularity, 2 MiB on an H100), exportable as a
+// POSIX file descriptor. The pool keeps the
 // allocation handle (ChunkMemory.handle); a claim passes the client an FD
 // of the chunk with SCM_RIGHTS, which it imports with
 // cuMemImportFromShareableHandle (client/cuda_daemon_backend.h).
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/pool/chunk_source.h"
@@ -39,10 +41,16 @@ class CudaChunkSource final : public ChunkSource {
   // clear error for no such device or one that cannot export POSIX FDs.
   static absl::StatusOr<std::unique_ptr<CudaChunkSource>> Create(
       int ordinal = 0);
+  // One source per device the driver sees, in PCI bus order (nvidia-smi's
+  // numbering), whatever CUDA_DEVICE_ORDER says. FailedPrecondition when
+  // there is no driver or no device; the first device's error otherwise.
+  static absl::StatusOr<std::vector<std::unique_ptr<CudaChunkSource>>>
+  CreateAll();
   ~CudaChunkSource() override;
 
-  // cuMemCreate. ResourceExhausted when the device is out of memory.
-  absl::StatusOr<ChunkMemory> CreateChunk() override;
+  // cuMemCreate of `bytes`. ResourceExhausted when the device is out of
+  // memory.
+  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override;
   // An FD of the chunk's allocation: a copy of its kept export, else
   // cuMemExportToShareableHandle (kept when the FD budget allows).
   absl::StatusOr<UniqueFd> OpenForClient(
@@ -50,12 +58,18 @@ class CudaChunkSource final : public ChunkSource {
   int FdsPerChunk() const override { return 0; }
   // cuMemGetInfo's total, read at Create.
   std::optional<uint64_t> DeviceMemory() const override;
-  // cuMemGetInfo's free, now (nullopt when the driver will not say).
-  std::optional<uint64_t> DeviceFreeMemory() const override;
   size_t Granularity() const override { return granularity_; }
+  // The device's UUID, "GPU-..." as nvidia-smi prints it.
+  const std::string& uuid() const;
+  // e.g. "NVIDIA H100 80GB HBM3".
+  const std::string& device_name() const;
+  // cuMemGetInfo's free, read at Create: what the daemon can take without
+  // squeezing processes already on the GPU.
+  uint64_t free_memory_at_start() const;
   // "cuda"; Describe() has the device.
   std::string Name() const override { return "cuda"; }
-  // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, 2 MiB chunks".
+  // e.g. "device 0 (NVIDIA H100 80GB HBM3), driver 13.0, chunks of 2 MiB
+  // and multiples".
   std::string Describe() const;
 
   // Chunks created and not yet released.

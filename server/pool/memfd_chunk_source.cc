@@ -24,7 +24,7 @@ std::atomic<bool> raised_fd_limit{false};
 MemfdChunkSource::MemfdChunkSource(size_t granularity)
     : granularity_(granularity) {}
 
-absl::StatusOr<ChunkMemory> MemfdChunkSource::CreateChunk() {
+absl::StatusOr<ChunkMemory> MemfdChunkSource::CreateChunk(uint64_t bytes) {
   UniqueFd fd(memfd_create("allocd-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid() && errno == EMFILE && !raised_fd_limit.exchange(true) &&
       RaiseOpenFileLimit().ok()) {
@@ -39,10 +39,9 @@ absl::StatusOr<ChunkMemory> MemfdChunkSource::CreateChunk() {
     }
     return absl::ResourceExhaustedError(message);
   }
-  if (ftruncate(fd.get(), static_cast<off_t>(granularity_)) != 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("ftruncate of a ", granularity_,
-                     "-byte memfd chunk: ", strerror(errno)));
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ftruncate of a ", bytes, "-byte memfd chunk: ", strerror(errno)));
   }
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
       0) {

@@ -1,5 +1,5 @@
 // MemfdChunkSource: the node pool's chunks without a GPU, for sim mode and
-// CI. Each chunk is its own memfd_create() file of Granularity() bytes, so
+// CI. Each chunk is its own memfd_create() file of its size, so
 // the whole FD path (SCM_RIGHTS, mmap in the client, reuse across
 // processes) runs for real. Pages are allocated when first touched and go
 // back to the kernel when the last FD and mapping of the chunk are gone.
@@ -15,19 +15,20 @@
 namespace allocd {
 
 // Thread-safe (stateless). One FD per live chunk in this process: a pool of
-// N GiB holds 512 * N FDs, so CreateChunk() raises the soft RLIMIT_NOFILE to
-// the hard limit (once) when it runs out, before giving up.
+// N GiB holds up to 512 * N FDs (all 2 MiB chunks), so CreateChunk()
+// raises the soft RLIMIT_NOFILE to the hard limit (once) when it runs out,
+// before giving up.
 class MemfdChunkSource final : public ChunkSource {
  public:
-  // `granularity`: bytes per chunk, a positive multiple of the page size.
+  // `granularity`: the smallest chunk, a positive multiple of the page size.
   explicit MemfdChunkSource(size_t granularity = size_t{2} << 20);
 
-  // A zero-filled memfd "allocd-chunk" (close-on-exec) of Granularity()
-  // bytes, sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW |
-  // F_SEAL_SEAL): a client that gets the FD can map and write the chunk but
-  // cannot truncate it under the next process that gets it. Offset 0.
+  // A zero-filled memfd "allocd-chunk" (close-on-exec) of `bytes`, sealed
+  // against resizing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): a client
+  // that gets the FD can map and write the chunk but cannot truncate it
+  // under the next process that gets it. Offset 0.
   // ResourceExhausted when the kernel refuses memory or FDs.
-  absl::StatusOr<ChunkMemory> CreateChunk() override;
+  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override;
   size_t Granularity() const override { return granularity_; }
   std::string Name() const override { return "sim"; }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
@@ -45,7 +46,23 @@ absl::Status NodeShortage(uint64_t need, uint64_t available,
   return status;
 }
 
+// `classes` sorted, without duplicates, with `granularity` first, every
+// other one a multiple of it.
+std::vector<uint64_t> NormalizeClasses(std::vector<uint64_t> classes,
+                                       uint64_t granularity) {
+  std::erase_if(classes,
+                [&](uint64_t c) { return c == 0 || c % granularity != 0; });
+  classes.push_back(granularity);
+  std::sort(classes.begin(), classes.end());
+  classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
+  return classes;
+}
+
 }  // namespace
+
+std::vector<uint64_t> DefaultChunkClasses(uint64_t granularity) {
+  return {granularity, 8 * granularity, 64 * granularity, 512 * granularity};
+}
 
 std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
   if (!absl::IsResourceExhausted(status)) return std::nullopt;
@@ -65,6 +82,7 @@ NodePool::NodePool(ChunkSource* source, Options options)
     : source_(source),
       options_(std::move(options)),
       chunk_bytes_(source->Granularity()),
+      classes_(NormalizeClasses(options_.chunk_classes, chunk_bytes_)),
       capacity_(options_.capacity),
       next_chunk_id_(
           (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
@@ -108,8 +126,9 @@ void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
 }
 
 void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
-  if (chunk.memory.file == nullptr) {
+  if (!HasMemory(chunk)) {
     // Adopted on a client's word: no memory here to hand out again.
+    live_bytes_ -= chunk.bytes;
     chunks_.erase(chunk_id);
     return;
   }
@@ -117,7 +136,25 @@ void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
   chunk.pending = false;
   chunk.grant = 0;
   chunk.freed_at = options_.now();
-  free_.push_back(chunk_id);
+  chunk.free_order = next_free_order_++;
+  free_.emplace(chunk.free_order, chunk_id);
+  free_by_size_[chunk.bytes].emplace(chunk.free_order, chunk_id);
+  free_bytes_ += chunk.bytes;
+}
+
+void NodePool::RemoveFromCache(const Chunk& chunk) {
+  free_.erase(chunk.free_order);
+  auto same_size = free_by_size_.find(chunk.bytes);
+  same_size->second.erase(chunk.free_order);
+  if (same_size->second.empty()) free_by_size_.erase(same_size);
+  free_bytes_ -= chunk.bytes;
+}
+
+uint64_t NodePool::BytesOf(
+    const absl::flat_hash_set<uint64_t>& chunk_ids) const {
+  uint64_t bytes = 0;
+  for (uint64_t chunk_id : chunk_ids) bytes += chunks_.at(chunk_id).bytes;
+  return bytes;
 }
 
 uint64_t NodePool::EndSession(SessionId id) {
@@ -125,9 +162,14 @@ uint64_t NodePool::EndSession(SessionId id) {
   auto s = sessions_.find(id);
   if (s == sessions_.end()) return 0;
   SessionState& state = s->second;
-  const uint64_t returned = state.chunks.size() * chunk_bytes_;
+  const uint64_t returned = BytesOf(state.chunks);
   for (uint64_t chunk_id : state.chunks) {
-    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+    Disown(chunk_id, chunks_.at(chunk_id));
+  }
+  EndShares(state, nullptr);
+  while (!state.opened.empty()) {
+    const std::string token = state.opened.begin()->first;
+    CloseOpen(state, token);
   }
   // Including chunks an Acquire of this session is still creating: that
   // Acquire sees the session gone and caches them.
@@ -157,27 +199,43 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
   return absl::OkStatus();
 }
 
+std::vector<uint64_t> NodePool::SplitIntoClasses(
+    uint64_t bytes, uint64_t max_chunk_bytes) const {
+  std::vector<uint64_t> sizes;
+  for (auto c = classes_.rbegin(); c != classes_.rend(); ++c) {
+    if (*c > max_chunk_bytes && *c != chunk_bytes_) continue;
+    sizes.insert(sizes.end(), bytes / *c, *c);
+    bytes %= *c;
+  }
+  return sizes;
+}
+
 std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
-                                         size_t count, bool pending,
-                                         uint64_t grant) {
-  std::vector<uint64_t> taken;
-  taken.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    const uint64_t chunk_id = free_.back();
-    free_.pop_back();
+                                         const std::vector<uint64_t>& sizes,
+                                         uint64_t grant, Grant& grant_out) {
+  std::vector<uint64_t> to_create;
+  for (uint64_t size : sizes) {
+    auto cached = free_by_size_.find(size);
+    if (cached == free_by_size_.end()) {
+      to_create.push_back(size);
+      continue;
+    }
+    const uint64_t chunk_id = cached->second.rbegin()->second;
     Chunk& chunk = chunks_.at(chunk_id);
+    RemoveFromCache(chunk);
     chunk.owner = id;
-    chunk.pending = pending;
     chunk.grant = grant;
     s.chunks.insert(chunk_id);
-    taken.push_back(chunk_id);
+    grant_out.chunk_ids.push_back(chunk_id);
+    grant_out.chunk_sizes.push_back(size);
   }
-  return taken;
+  return to_create;
 }
 
 void NodePool::DropExpiredClaims() {
   const absl::Time now = options_.now();
   absl::erase_if(claims_, [&](const auto& c) {
+    mu_.AssertHeld();
     if (c.second.expires > now) return false;
     ReturnUnclaimed(c.second);
     return true;
@@ -195,6 +253,10 @@ NodePool::SessionState* NodePool::SameSession(SessionId id,
 uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
   SessionState* s = SameSession(claim.session, claim.incarnation);
   if (s == nullptr) return 0;  // EndSession took the chunks back already.
+  if (!claim.share.empty()) {  // an open: the chunks stay their owner's
+    CloseOpen(*s, claim.share);
+    return 0;
+  }
   uint64_t returned = 0;
   for (uint64_t chunk_id : claim.chunk_ids) {
     auto chunk = chunks_.find(chunk_id);
@@ -203,8 +265,8 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
       continue;
     }
     s->chunks.erase(chunk_id);
-    ReturnToCache(chunk_id, chunk->second);
-    returned += chunk_bytes_;
+    Disown(chunk_id, chunk->second);
+    returned += chunk->second.bytes;
   }
   SubtractHeld(*s, returned);
   return returned;
@@ -221,18 +283,21 @@ uint64_t NodePool::Abandon(absl::string_view token) {
 
 std::string NodePool::AddClaim(SessionId id, const SessionState& s,
                                std::string token, uint64_t grant,
-                               const std::vector<uint64_t>& chunk_ids) {
+                               const std::vector<uint64_t>& chunk_ids,
+                               std::string share) {
   DropExpiredClaims();
   claims_[token] = PendingClaim{.grant = grant,
                                 .session = id,
                                 .incarnation = s.incarnation,
                                 .pid = s.pid,
                                 .expires = options_.now() + options_.token_ttl,
-                                .chunk_ids = chunk_ids};
+                                .chunk_ids = chunk_ids,
+                                .share = std::move(share)};
   return token;
 }
 
-absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
+absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
+                                        uint64_t max_chunk_bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
   if (bytes > capacity_.load()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -240,16 +305,22 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
         ", more than its capacity of ", FormatSize(capacity_.load())));
   }
   // bytes <= capacity: no overflow below.
-  const uint64_t count = bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0);
-  const uint64_t rounded = count * chunk_bytes_;
+  const uint64_t rounded =
+      (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
+  const std::vector<uint64_t> sizes =
+      SplitIntoClasses(rounded, max_chunk_bytes);
   // Outside the lock: a syscall.
   absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
 
   Grant grant{.bytes = rounded};
-  uint64_t to_create = 0;
+  std::vector<uint64_t> to_create;
+  uint64_t create_bytes = 0;
   uint64_t incarnation = 0;
   uint64_t serial = 0;
+  // Cached chunks destroyed to make room: released before creating, outside
+  // the lock.
+  std::vector<ChunkMemory> doomed;
   {
     absl::MutexLock lock(&mu_);
     auto s = sessions_.find(id);
@@ -259,36 +330,44 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     }
     SessionState& state = s->second;
     if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
-    const uint64_t live = chunks_.size() + creating_chunks_;
-    const uint64_t room = capacity_.load() / chunk_bytes_ -
-                          std::min(live, capacity_.load() / chunk_bytes_);
-    const uint64_t reuse = std::min<uint64_t>(free_.size(), count);
-    to_create = count - reuse;
-    if (to_create > room) {
-      return NodeShortage(rounded, (free_.size() + room) * chunk_bytes_,
-                          capacity_.load());
+    const uint64_t live = live_bytes_ + creating_bytes_;
+    const uint64_t capacity = capacity_.load();
+    const uint64_t room = capacity - std::min(live, capacity);
+    // Every cached byte can become room, whatever its chunk's size.
+    if (rounded > free_bytes_ + room) {
+      return NodeShortage(rounded, free_bytes_ + room, capacity);
     }
-    grant.reused_chunks = static_cast<uint32_t>(reuse);
     serial = next_grant_++;
-    grant.chunk_ids =
-        TakeFree(id, state, reuse, /*pending=*/to_create > 0, serial);
+    to_create = TakeFree(id, state, sizes, serial, grant);
+    for (uint64_t size : to_create) create_bytes += size;
+    grant.reused_chunks = static_cast<uint32_t>(grant.chunk_ids.size());
     AddHeld(state, rounded);
-    reused_total_ += reuse;
-    if (to_create == 0) {  // all from the cache: done
+    reused_total_ += grant.reused_chunks;
+    if (to_create.empty()) {  // all from the cache: done
       grant.token =
           AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
       return grant;
     }
-    creating_chunks_ += to_create;
+    for (uint64_t chunk_id : grant.chunk_ids) {
+      chunks_.at(chunk_id).pending = true;
+    }
+    if (create_bytes > room) {
+      const uint64_t needed = create_bytes - room;
+      trimmed_total_ += TrimColdestLocked(
+          [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
+          doomed);
+    }
+    creating_bytes_ += create_bytes;
     incarnation = state.incarnation;
   }
+  doomed.clear();
 
   // New memory, outside the lock (on a GPU, cuMemCreate + export).
   std::vector<ChunkMemory> created;
-  created.reserve(to_create);
+  created.reserve(to_create.size());
   absl::Status failure;
-  for (uint64_t i = 0; i < to_create; ++i) {
-    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk();
+  for (uint64_t size : to_create) {
+    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(size);
     if (!memory.ok()) {
       failure = memory.status();
       break;
@@ -297,19 +376,29 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   }
 
   absl::MutexLock lock(&mu_);
-  creating_chunks_ -= to_create;
+  creating_bytes_ -= create_bytes;
   created_total_ += created.size();
   SessionState* const alive = SameSession(id, incarnation);
+  // Every created chunk becomes live: the session's, or cached on failure.
+  auto add_created = [&](size_t i) -> std::pair<const uint64_t, Chunk>& {
+    mu_.AssertHeld();
+    live_bytes_ += to_create[i];
+    return *chunks_
+                .emplace(NewChunkId(),
+                         Chunk{.memory = std::move(created[i]),
+                               .bytes = to_create[i]})
+                .first;
+  };
   if (alive != nullptr && failure.ok()) {
     SessionState& state = *alive;
     for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
-    for (ChunkMemory& memory : created) {
-      const uint64_t chunk_id = NewChunkId();
-      chunks_.emplace(chunk_id, Chunk{.memory = std::move(memory),
-                                      .owner = id,
-                                      .grant = serial});
+    for (size_t i = 0; i < created.size(); ++i) {
+      auto& [chunk_id, chunk] = add_created(i);
+      chunk.owner = id;
+      chunk.grant = serial;
       state.chunks.insert(chunk_id);
       grant.chunk_ids.push_back(chunk_id);
+      grant.chunk_sizes.push_back(chunk.bytes);
     }
     grant.token =
         AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
@@ -317,10 +406,8 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
   }
   // Undo: what was created is cached for whoever asks next; the reused
   // chunks go back (EndSession already took them back from a dead session).
-  for (ChunkMemory& memory : created) {
-    const uint64_t chunk_id = NewChunkId();
-    Chunk& chunk = chunks_[chunk_id];
-    chunk.memory = std::move(memory);
+  for (size_t i = 0; i < created.size(); ++i) {
+    auto& [chunk_id, chunk] = add_created(i);
     ReturnToCache(chunk_id, chunk);
   }
   reused_total_ -= grant.reused_chunks;
@@ -334,18 +421,23 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes) {
     ReturnToCache(chunk_id, chunks_.at(chunk_id));
   }
   SubtractHeld(state, rounded);
-  return absl::Status(failure.code(),
-                      absl::StrCat("creating chunk ", created.size() + 1,
-                                   " of ", to_create, " from the ",
-                                   source_->Name(), " source: ",
-                                   failure.message()));
+  return absl::Status(
+      failure.code(),
+      absl::StrCat("creating chunk ", created.size() + 1, " of ",
+                   to_create.size(), " from the ", source_->Name(),
+                   " source: ", failure.message()));
 }
 
 absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
                             size_t batch_size, ClaimSink sink) {
   // The files are copied under the lock and opened outside it; the
   // shared_ptrs keep them open even if the chunks are trimmed meanwhile.
-  std::vector<std::pair<uint64_t, ChunkMemory>> files;
+  struct File {
+    uint64_t chunk_id;
+    ChunkMemory memory;
+    uint64_t bytes;
+  };
+  std::vector<File> files;
   PendingClaim claim;
   std::string key;
   {
@@ -362,11 +454,14 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
     }
     for (uint64_t chunk_id : it->second.chunk_ids) {
       auto chunk = chunks_.find(chunk_id);
-      // Released (or its session ended) since the Acquire: not sent.
-      if (chunk == chunks_.end() || chunk->second.owner != it->second.session) {
+      // Released (or its session ended) since the Acquire: not sent. An
+      // open's chunks are another session's, and live while it is open.
+      if (chunk == chunks_.end() ||
+          (it->second.share.empty() &&
+           chunk->second.owner != it->second.session)) {
         continue;
       }
-      files.emplace_back(chunk_id, chunk->second.memory);
+      files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
     }
     key = it->first;
     claim = std::move(it->second);
@@ -379,7 +474,7 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
     const size_t end = std::min(files.size(), begin + batch_size);
     batch.clear();
     for (size_t i = begin; i < end; ++i) {
-      const auto& [chunk_id, memory] = files[i];
+      const auto& [chunk_id, memory, bytes] = files[i];
       absl::StatusOr<UniqueFd> copy = source_->OpenForClient(memory);
       if (!copy.ok()) {
         if (begin > 0) {
@@ -400,21 +495,16 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
       batch.push_back(ChunkFd{.id = chunk_id,
                               .fd = *std::move(copy),
                               .offset = memory.offset,
-                              .bytes = chunk_bytes_});
+                              .bytes = bytes});
     }
     if (absl::Status s = sink(batch, end == files.size()); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::Status NodePool::Release(SessionId id,
-                               absl::Span<const uint64_t> chunk_ids) {
-  absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
+absl::StatusOr<absl::flat_hash_set<uint64_t>> NodePool::HeldBy(
+    SessionId id, absl::Span<const uint64_t> chunk_ids,
+    absl::string_view what) const {
   absl::flat_hash_set<uint64_t> seen;
   seen.reserve(chunk_ids.size());
   for (uint64_t chunk_id : chunk_ids) {
@@ -425,17 +515,151 @@ absl::Status NodePool::Release(SessionId id,
     auto chunk = chunks_.find(chunk_id);
     if (chunk == chunks_.end() || chunk->second.owner != id ||
         chunk->second.pending) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "chunk ", chunk_id, " is not held by session ", id,
-          "; nothing was released"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("chunk ", chunk_id, " is not held by session ", id,
+                       "; nothing was ", what));
     }
   }
+  return seen;
+}
+
+absl::Status NodePool::Release(SessionId id,
+                               absl::Span<const uint64_t> chunk_ids) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  absl::StatusOr<absl::flat_hash_set<uint64_t>> released_ids =
+      HeldBy(id, chunk_ids, "released");
+  if (!released_ids.ok()) return released_ids.status();
+  uint64_t released = 0;
   for (uint64_t chunk_id : chunk_ids) {
     s->second.chunks.erase(chunk_id);
-    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+    Chunk& chunk = chunks_.at(chunk_id);
+    released += chunk.bytes;
+    Disown(chunk_id, chunk);
   }
-  SubtractHeld(s->second, chunk_ids.size() * chunk_bytes_);
+  SubtractHeld(s->second, released);
+  EndShares(s->second, &*released_ids);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NodePool::Share(
+    SessionId id, absl::Span<const uint64_t> chunk_ids) {
+  if (chunk_ids.empty()) {
+    return absl::InvalidArgumentError("a share of no chunks");
+  }
+  absl::StatusOr<std::string> token = NewToken();  // a syscall: unlocked
+  if (!token.ok()) return token.status();
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  if (absl::Status held = HeldBy(id, chunk_ids, "shared").status();
+      !held.ok()) {
+    return held;
+  }
+  for (uint64_t chunk_id : chunk_ids) {
+    if (!HasMemory(chunks_.at(chunk_id))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", chunk_id,
+          " was adopted after a daemon restart on the client's word, so the "
+          "daemon has no handle of it to give another process; nothing was "
+          "shared (share memory allocated after the restart)"));
+    }
+  }
+  shares_[*token] = ShareState{
+      .owner = id, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
+  s->second.shared.insert(*token);
+  return token;
+}
+
+absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
+                                          absl::string_view share_token) {
+  absl::StatusOr<std::string> claim_token = NewToken();
+  if (!claim_token.ok()) return claim_token.status();
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  auto share = shares_.find(share_token);
+  if (share == shares_.end() || !share->second.open) {
+    return absl::NotFoundError(
+        "unknown share token, or its owner freed the memory or ended");
+  }
+  Grant grant;
+  grant.chunk_ids = share->second.chunk_ids;
+  for (uint64_t chunk_id : grant.chunk_ids) {
+    Chunk& chunk = chunks_.at(chunk_id);  // the owner's: live
+    ++chunk.opens;
+    grant.chunk_sizes.push_back(chunk.bytes);
+    grant.bytes += chunk.bytes;
+  }
+  ++share->second.opens;
+  std::string key = share->first;
+  ++s->second.opened[key];
+  grant.token = AddClaim(id, s->second, *std::move(claim_token), /*grant=*/0,
+                         grant.chunk_ids, std::move(key));
+  return grant;
+}
+
+absl::Status NodePool::CloseShare(SessionId id, absl::string_view share_token) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end() || !CloseOpen(s->second, std::string(share_token))) {
+    return absl::NotFoundError(
+        absl::StrCat("session ", id, " has no open of that share token"));
+  }
+  return absl::OkStatus();
+}
+
+void NodePool::Disown(uint64_t chunk_id, Chunk& chunk) {
+  if (chunk.opens == 0) {
+    ReturnToCache(chunk_id, chunk);
+    return;
+  }
+  chunk.owner = kNoSession;
+  chunk.pending = false;
+  chunk.grant = 0;
+}
+
+void NodePool::EndShares(SessionState& s,
+                         const absl::flat_hash_set<uint64_t>* affected) {
+  for (auto it = s.shared.begin(); it != s.shared.end();) {
+    auto share = shares_.find(*it);  // present while the owner lists it
+    const std::vector<uint64_t>& ids = share->second.chunk_ids;
+    if (affected != nullptr &&
+        std::none_of(ids.begin(), ids.end(),
+                     [&](uint64_t id) { return affected->contains(id); })) {
+      ++it;
+      continue;
+    }
+    share->second.open = false;
+    if (share->second.opens == 0) shares_.erase(share);
+    s.shared.erase(it++);
+  }
+}
+
+bool NodePool::CloseOpen(SessionState& s, const std::string& token) {
+  auto opened = s.opened.find(token);
+  if (opened == s.opened.end()) return false;
+  if (--opened->second == 0) s.opened.erase(opened);
+  auto share = shares_.find(token);  // present while opens > 0
+  for (uint64_t chunk_id : share->second.chunk_ids) {
+    Chunk& chunk = chunks_.at(chunk_id);  // held by the open: live
+    // The last open of a chunk whose owner gave it up: nobody's now.
+    if (--chunk.opens == 0 && chunk.owner == kNoSession) {
+      ReturnToCache(chunk_id, chunk);
+    }
+  }
+  if (--share->second.opens == 0 && !share->second.open) shares_.erase(share);
+  return true;
 }
 
 bool NodePool::SetSessionQuota(SessionId id, std::optional<uint64_t> bytes) {
@@ -455,20 +679,29 @@ void NodePool::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
   }
 }
 
+uint64_t NodePool::TrimColdestLocked(
+    absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more,
+    std::vector<ChunkMemory>& doomed) {
+  uint64_t trimmed = 0;
+  while (!free_.empty()) {
+    auto chunk = chunks_.find(free_.begin()->second);
+    if (!more(chunk->second, trimmed)) break;
+    RemoveFromCache(chunk->second);
+    trimmed += chunk->second.bytes;
+    live_bytes_ -= chunk->second.bytes;
+    doomed.push_back(std::move(chunk->second.memory));
+    chunks_.erase(chunk);
+  }
+  return trimmed;
+}
+
 uint64_t NodePool::TrimColdest(
     absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more) {
   // Destroyed when this returns, after the lock is released: on a GPU that
   // is cuMemRelease.
   std::vector<ChunkMemory> doomed;
   absl::MutexLock lock(&mu_);
-  while (!free_.empty() &&
-         more(chunks_.at(free_.front()), doomed.size() * chunk_bytes_)) {
-    auto chunk = chunks_.find(free_.front());
-    free_.pop_front();
-    doomed.push_back(std::move(chunk->second.memory));
-    chunks_.erase(chunk);
-  }
-  const uint64_t trimmed = doomed.size() * chunk_bytes_;
+  const uint64_t trimmed = TrimColdestLocked(more, doomed);
   trimmed_total_ += trimmed;
   return trimmed;
 }
@@ -481,8 +714,7 @@ uint64_t NodePool::TrimIdle(const TrimPolicy& policy) {
   const absl::Time cutoff = options_.now() - policy.idle_after;
   return TrimColdest([&](const Chunk& coldest, uint64_t) {
     mu_.AssertHeld();
-    return coldest.freed_at <= cutoff ||
-           free_.size() * chunk_bytes_ > policy.high_water;
+    return coldest.freed_at <= cutoff || free_bytes_ > policy.high_water;
   });
 }
 
@@ -493,9 +725,13 @@ void NodePool::SetCapacity(uint64_t bytes) {
 
 std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
   if (chunk.id == 0) return "chunk id 0 is no chunk";
-  if (chunk.bytes != chunk_bytes_) {
+  if (std::find(classes_.begin(), classes_.end(), chunk.bytes) ==
+      classes_.end()) {
+    std::vector<std::string> sizes;
+    for (uint64_t c : classes_) sizes.push_back(FormatSize(c));
     return absl::StrCat("declared as ", FormatSize(chunk.bytes),
-                        "; this pool's chunks are ", FormatSize(chunk_bytes_));
+                        "; this pool's chunks are ",
+                        absl::StrJoin(sizes, ", "));
   }
   return "";
 }
@@ -503,7 +739,7 @@ std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
 absl::flat_hash_map<std::string, uint64_t> NodePool::LiveIdentities() const {
   absl::flat_hash_map<std::string, uint64_t> identities;
   for (const auto& [chunk_id, chunk] : chunks_) {
-    if (chunk.memory.file == nullptr) continue;
+    if (!HasMemory(chunk)) continue;
     if (std::string identity = source_->Identity(chunk.memory);
         !identity.empty()) {
       identities.emplace(std::move(identity), chunk_id);
@@ -581,8 +817,10 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
       dropped.push_back(std::move(candidate.memory));
       continue;
     }
-    chunks_.emplace(candidate.id,
-                    Chunk{.memory = std::move(candidate.memory), .owner = id});
+    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
+                                        .bytes = candidate.bytes,
+                                        .owner = id});
+    live_bytes_ += candidate.bytes;
     state.chunks.insert(candidate.id);
     outcome.adopted.push_back(candidate.id);
     outcome.adopted_bytes += candidate.bytes;
@@ -596,9 +834,9 @@ PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats{.capacity = capacity_.load(),
                   .chunk_bytes = chunk_bytes_,
-                  .created_bytes = chunks_.size() * chunk_bytes_,
-                  .free_bytes = free_.size() * chunk_bytes_,
-                  .creating_bytes = creating_chunks_ * chunk_bytes_,
+                  .created_bytes = live_bytes_,
+                  .free_bytes = free_bytes_,
+                  .creating_bytes = creating_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
                   .trimmed_bytes_total = trimmed_total_,

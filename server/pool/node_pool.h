@@ -4,13 +4,49 @@
 // A chunk a session releases, or leaves behind when it ends, stays in the
 // pool, cached ("free"), and the next Acquire of any session takes it before
 // creating memory again. Live chunks (held + free + being created) never
-// exceed the capacity. Every chunk is held by at most one session at a time.
+// exceed the capacity, counted in bytes. Every chunk is held by at most one
+// session at a time.
+//
+// Size classes. A chunk is one physical allocation, and a client maps each
+// chunk whole (CUDA's cuMemMap takes an allocation only from its offset 0),
+// so what a client pays per segment is an import and a map per chunk: a
+// 2 GiB cudaMalloc served by 2 MiB chunks is 1,024 of each (about 90 ms on
+// an H100, against 0.3 ms for the native cudaMalloc). So chunks come in a
+// few sizes, the pool's classes, by default 2 MiB, 16 MiB, 128 MiB and
+// 1 GiB (each 8x the last; DefaultChunkClasses), and Acquire splits a
+// request greedily, largest class first: 2 GiB is 2 chunks, a 20 MiB
+// segment (PyTorch's large-pool unit) is 16 + 2 + 2 MiB, and no request
+// maps more than 7 chunks of each class below 1 GiB. The split is exact
+// (every class is a multiple of the smallest), so no byte is wasted: a
+// grant is the request rounded up to the smallest class, as before.
+// Classes rather than chunks of the exact requested size, because cached
+// chunks must serve requests of other sizes: a freed 2 GiB segment is
+// 2 x 1 GiB that any request of 1 GiB or more reuses whole, where an exact
+// 2 GiB chunk would serve only another 2 GiB request. Ratio 8 keeps both
+// the chunks per request and the number of classes (4) small.
+//
+// A request takes the cached chunks of each of its classes, most recently
+// freed first, and creates the rest. When the capacity has no room for
+// what it must create, it destroys cached chunks of other classes (or
+// surplus of its own), coldest first, rather than failing: the node is short
+// only when the request exceeds the free capacity plus everything cached.
+// Smaller cached chunks are not stitched together to stand in for a larger
+// class: re-creating one 1 GiB chunk costs a few driver calls in the daemon,
+// mapping 512 chunks of 2 MiB costs every client that gets them ~45 ms.
+// The price is churn (destroy, create) when the classes jobs need change.
 //
 // Handing out a chunk is two steps, because its FD cannot travel over gRPC:
 // Acquire() picks the chunks and returns their ids with a one-time claim
 // token bound to the session's pid; Claim() exchanges the token for dup()s
 // of the chunks' FDs, only for a caller the kernel says is that pid
 // (SO_PEERCRED on the socket the token came over).
+//
+// Sharing (CUDA IPC: torch.multiprocessing sends a CUDA tensor as a handle
+// of its segment): the owner of chunks names them with a share token
+// (Share), other sessions map them too (OpenShare, then Claim, as for an
+// Acquire) while the owner keeps them. A chunk goes back to the cache only
+// when its owner released it (or ended) and every open of it is closed
+// (CloseShare, or the opener's EndSession).
 //
 // After a daemon restart the chunks surviving clients still map are
 // nobody's in a new pool: Adopt() takes each reconnecting session's
@@ -30,7 +66,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -40,8 +75,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/functional/function_ref.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -58,9 +93,11 @@ using SessionId = uint64_t;
 
 // What Acquire() handed out.
 struct Grant {
-  // The chunks, each chunk_bytes long: the cached ones first.
+  // The chunks: the cached ones first.
   std::vector<uint64_t> chunk_ids;
-  // chunk_ids.size() * chunk_bytes: the request rounded up to whole chunks.
+  // The bytes of each chunk, in chunk_ids order.
+  std::vector<uint64_t> chunk_sizes;
+  // The sum of chunk_sizes: the request rounded up to the smallest class.
   uint64_t bytes = 0;
   // 32 hex digits (128 random bits): the one-time key for Claim().
   std::string token;
@@ -70,8 +107,9 @@ struct Grant {
 
 // One claimed chunk, ready for SendMessage: `fd` is a dup() owned by the
 // caller (close it after sending; the pool keeps its own), and the chunk is
-// the `bytes` bytes at `offset` of the file it refers to. The FD stays valid
-// whatever happens to the chunk afterwards (Release, EndSession, TrimFree).
+// the `bytes` bytes (its size) at `offset` of the file it refers to. The FD
+// stays valid whatever happens to the chunk afterwards (Release, EndSession,
+// TrimFree).
 struct ChunkFd {
   uint64_t id = 0;
   UniqueFd fd;
@@ -89,6 +127,7 @@ struct SessionHolding {
 
 struct PoolStats {
   uint64_t capacity = 0;
+  // The smallest chunk (every grant is a multiple of it).
   uint64_t chunk_bytes = 0;
   // Live chunks: held by sessions plus cached free.
   uint64_t created_bytes = 0;
@@ -101,8 +140,9 @@ struct PoolStats {
   uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
-  // Cached chunks destroyed (their memory back to the device) by TrimFree
-  // and TrimIdle.
+  // Cached chunks destroyed (their memory back to the device) by TrimFree,
+  // TrimIdle, and Acquires that needed their room for chunks of another
+  // size.
   uint64_t trimmed_bytes_total = 0;
   // Chunks sessions declared after a restart and the pool adopted (Adopt).
   uint64_t adopted_bytes_total = 0;
@@ -154,6 +194,10 @@ std::optional<uint64_t> ShortfallBytes(const absl::Status& status);
 inline constexpr absl::string_view kShortfallPayloadUrl =
     "type.allocd.dev/allocd.NodeShortfallBytes";
 
+// The daemon's chunk sizes for a source of `granularity`: it, 8x, 64x and
+// 512x (2 MiB, 16 MiB, 128 MiB, 1 GiB on a GPU).
+std::vector<uint64_t> DefaultChunkClasses(uint64_t granularity);
+
 class NodePool {
  public:
   using SessionId = ::allocd::SessionId;
@@ -166,13 +210,17 @@ class NodePool {
     absl::Duration token_ttl = absl::Seconds(30);
     // The clock for token expiry (tests move it).
     std::function<absl::Time()> now = [] { return absl::Now(); };
+    // The sizes chunks are created in: multiples of the source's
+    // granularity, which is always one (added when missing); empty: the
+    // granularity alone, every chunk the same size.
+    std::vector<uint64_t> chunk_classes;
     // The top 24 bits of every chunk id this pool makes (the rest counts
     // from 1), so that a restarted daemon (another epoch: the daemon draws
     // one at random) makes no id that a surviving client still holds.
     uint32_t chunk_id_epoch = 0;
   };
 
-  // `source` must outlive the pool. Chunks are source->Granularity() bytes.
+  // `source` must outlive the pool.
   NodePool(ChunkSource* source, Options options);
   NodePool(ChunkSource* source, uint64_t capacity)
       : NodePool(source, Options{.capacity = capacity}) {}
@@ -191,9 +239,14 @@ class NodePool {
   // unknown session).
   uint64_t EndSession(SessionId id);
 
-  // Gives session `id` whole chunks covering `bytes`: cached ones first,
-  // then new ones from the source, up to the capacity. All or nothing: on
-  // any error the session holds what it held before. Errors:
+  // Gives session `id` chunks covering `bytes` rounded up to the smallest
+  // class, split into classes of at most `max_chunk_bytes` (largest first;
+  // a client that maps every chunk at the smallest size passes that):
+  // cached ones of those sizes first, then new ones from the source, up to
+  // the capacity, destroying cached chunks of other sizes when the capacity
+  // has no room for the new ones. All or nothing: on any error the session
+  // holds what it held before (chunks destroyed to make room stay
+  // destroyed). Errors:
   //  - InvalidArgument: bytes == 0;
   //  - NotFound: no session `id`;
   //  - ResourceExhausted, naming the limit:
@@ -202,11 +255,13 @@ class NodePool {
   //     "asks X, more than the node pool's capacity Z", or
   //     "node pool exhausted: need X, free Y of capacity Z (short by W)" --
   //     only the last is a node shortage (IsNodeShortage), with W in
-  //     ShortfallBytes(): what other sessions' cached memory could cover;
+  //     ShortfallBytes(): what other sessions must release (free counts
+  //     the pool's cache, whatever its chunks' sizes);
   //  - the source's error when it cannot create memory (what it created
   //    before failing stays cached);
   //  - Aborted when the session ends while its chunks are being created.
-  absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes);
+  absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes,
+                                uint64_t max_chunk_bytes = UINT64_MAX);
 
   // What Claim hands over: the next batch of a grant's chunks with their
   // FDs, and whether it is the last. An error stops the claim.
@@ -240,6 +295,30 @@ class NodePool {
   // An empty list is a no-op.
   absl::Status Release(SessionId id, absl::Span<const uint64_t> chunk_ids);
 
+  // A share token (32 hex digits) for chunks `chunk_ids` of session `id`,
+  // in that order, which must all be its own. Sessions open it until the
+  // owner releases one of the chunks or ends. Errors as Release's:
+  // InvalidArgument for an empty list or an id listed twice,
+  // PermissionDenied naming a chunk the session does not hold, NotFound
+  // for no session `id`; FailedPrecondition naming a chunk adopted on the
+  // client's word (Adopt), which the pool has no memory of to give out.
+  absl::StatusOr<std::string> Share(SessionId id,
+                                    absl::Span<const uint64_t> chunk_ids);
+
+  // Session `id` opens share `share_token`: a Grant of the shared chunks
+  // (ids, sizes, bytes; reused_chunks 0) whose claim token gives their FDs
+  // to the session's pid, as an Acquire's does. The chunks stay the
+  // owner's (its quotas, its held bytes); until the open is closed none of
+  // them is reused. An open whose claim token expires unclaimed, or is
+  // abandoned, closes. NotFound for no session `id`, or a share that is
+  // unknown or no longer open to new opens.
+  absl::StatusOr<Grant> OpenShare(SessionId id, absl::string_view share_token);
+
+  // Closes one open of `share_token` by session `id` (EndSession closes
+  // all of a session's); chunks nobody holds or opens any more go back to
+  // the cache. NotFound when the session has no open of it.
+  absl::Status CloseShare(SessionId id, absl::string_view share_token);
+
   // Quotas on held bytes; nullopt removes one. Lowering a quota below what
   // is held revokes nothing: it only refuses further Acquires. False (and
   // nothing set) for an unknown session.
@@ -261,15 +340,16 @@ class NodePool {
   // if it had acquired it), counts against the capacity and the quotas,
   // and is never handed out again until released. An adopted chunk with
   // memory (proven with its FD) goes back to the cache when released like
-  // any other; one taken on the client's word has no memory here and
-  // leaves the pool when released (its memory goes back to the device when
-  // the client unmaps it). The capacity and quotas refuse nothing here:
+  // any other; one taken on the client's word has no memory here: it
+  // cannot be shared (Share refuses it), and it leaves the pool when
+  // released, never cached nor trimmed (its memory goes back to the device
+  // when the client unmaps it). The capacity and quotas refuse nothing here:
   // the memory is in use whatever the pool says, so the pool counts it and
   // refuses Acquires until it is back under its limits.
   // A chunk is refused, with why, and owned by nobody through this
   // declaration, when:
   //  - its id is 0 or listed twice in `chunks`;
-  //  - its size is not one this pool's chunks have;
+  //  - its size is not one of this pool's classes (chunk_classes());
   //  - the source takes proofs (ProvesChunks) and its FD is missing or is
   //    not such a chunk of that size (ChunkSource::AdoptChunk);
   //  - its id is a live chunk's already (another session's, this one's,
@@ -281,7 +361,10 @@ class NodePool {
 
   PoolStats Stats() const;
 
+  // The smallest chunk.
   uint64_t chunk_bytes() const { return chunk_bytes_; }
+  // The chunk sizes, ascending; the first is chunk_bytes().
+  const std::vector<uint64_t>& chunk_classes() const { return classes_; }
   uint64_t capacity() const { return capacity_.load(); }
   // Lowers (or raises) the capacity: the daemon clips it to what the
   // device really has free once it knows what surviving clients hold.
@@ -293,17 +376,23 @@ class NodePool {
  private:
   struct Chunk {
     ChunkMemory memory;
+    uint64_t bytes = 0;
     // kNoSession: cached free.
     SessionId owner = 0;
     // Reserved by an Acquire still creating the rest of its chunks: owned,
     // but not yet the session's to release.
     bool pending = false;
-    // When it was last returned to the cache (for TrimIdle).
+    // When it was last returned to the cache (for TrimIdle), and its place
+    // in free_ while cached.
     absl::Time freed_at;
+    uint64_t free_order = 0;
     // The Acquire that handed it out (0 while cached): an unclaimed grant
     // that expires takes back only its own chunks, not ones its session
     // released and got again through a later grant.
     uint64_t grant = 0;
+    // Opens of shares that include it: while any, it is not cached even
+    // when no session owns it.
+    uint32_t opens = 0;
   };
   struct SessionState {
     uid_t uid = 0;
@@ -314,6 +403,17 @@ class NodePool {
     uint64_t held = 0;
     std::optional<uint64_t> quota;
     absl::flat_hash_set<uint64_t> chunks;
+    // Share tokens of its chunks, and the shares it has open (how often).
+    absl::flat_hash_set<std::string> shared;
+    absl::flat_hash_map<std::string, uint32_t> opened;
+  };
+  struct ShareState {
+    SessionId owner = 0;
+    std::vector<uint64_t> chunk_ids;
+    // False once the owner released one of the chunks or ended: no new
+    // opens; the share is forgotten when its last open closes.
+    bool open = true;
+    uint32_t opens = 0;
   };
   struct PendingClaim {
     uint64_t grant = 0;
@@ -322,6 +422,8 @@ class NodePool {
     pid_t pid = 0;
     absl::Time expires;
     std::vector<uint64_t> chunk_ids;
+    // The share an OpenShare grant opened; empty for an Acquire's.
+    std::string share;
   };
 
   static constexpr SessionId kNoSession = 0;
@@ -334,16 +436,59 @@ class NodePool {
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `count` cached chunks for session `id`, for grant `grant`.
-  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s, size_t count,
-                                 bool pending, uint64_t grant)
+  // `bytes` (a multiple of the smallest class) as chunk sizes, largest
+  // first, none above `max_chunk_bytes` (the smallest class at least).
+  std::vector<uint64_t> SplitIntoClasses(uint64_t bytes,
+                                         uint64_t max_chunk_bytes) const;
+  // Takes the cached chunks that match sizes of `sizes` (the most recently
+  // freed of each size) for session `id`, for grant `grant`, appending
+  // them to `grant_out`; returns the sizes left to create.
+  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
+                                 const std::vector<uint64_t>& sizes,
+                                 uint64_t grant, Grant& grant_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a granted claim; returns its token.
-  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
-                       uint64_t grant, const std::vector<uint64_t>& chunk_ids)
+  // A chunk its owner gives up: to the cache, or, while shares of it are
+  // open, to nobody until the last closes.
+  void Disown(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes new opens away from the shares of `s` that `affected` says
+  // include a chunk it gave up (all when `affected` is null); forgets
+  // those nobody has open.
+  void EndShares(SessionState& s, const absl::flat_hash_set<uint64_t>* affected)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes one open of share `token` by `s`; false when it had none.
+  bool CloseOpen(SessionState& s, const std::string& token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False for a chunk adopted on a client's word (Adopt without a proof):
+  // the pool counts it but has nothing to cache, share or hand out again.
+  static bool HasMemory(const Chunk& chunk) {
+    return chunk.memory.file != nullptr;
+  }
+  // Takes a cached chunk out of free_ and free_by_size_.
+  void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys cached chunks, coldest first, while `more(coldest, bytes
+  // destroyed so far)` says so: moves their memory to `doomed`, for the
+  // caller to drop outside the lock (on a GPU, cuMemRelease). Returns the
+  // bytes destroyed.
+  uint64_t TrimColdestLocked(
+      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more,
+      std::vector<ChunkMemory>& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes of the live chunks `chunk_ids`.
+  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& chunk_ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a granted claim (of an open of `share`, when not empty);
+  // returns its token.
+  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
+                       uint64_t grant, const std::vector<uint64_t>& chunk_ids,
+                       std::string share = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The set of `chunk_ids` when session `id` holds every one of them (not
+  // pending); otherwise Release's errors, "nothing was `what`".
+  absl::StatusOr<absl::flat_hash_set<uint64_t>> HeldBy(
+      SessionId id, absl::Span<const uint64_t> chunk_ids,
+      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the chunks of an unclaimed grant that its session still holds
   // to the cache; returns their bytes.
@@ -363,14 +508,15 @@ class NodePool {
   // declaration's proofs to be matched against.
   absl::flat_hash_map<std::string, uint64_t> LiveIdentities() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Destroys cached chunks coldest first while `more(cached chunk, bytes
-  // destroyed so far)` says so; the memory is released outside the lock.
+  // TrimColdestLocked under the lock, the memory released after it.
   uint64_t TrimColdest(
       absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
 
   ChunkSource* const source_;
   const Options options_;
   const uint64_t chunk_bytes_;
+  // Ascending; classes_[0] == chunk_bytes_.
+  const std::vector<uint64_t> classes_;
   // Options::capacity until SetCapacity; read outside the lock by Acquire's
   // first check.
   std::atomic<uint64_t> capacity_;
@@ -380,16 +526,24 @@ class NodePool {
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  // Cached chunks: the most recently freed at the back, reused first (still
-  // warm); trimmed from the front.
-  std::deque<uint64_t> free_ ABSL_GUARDED_BY(mu_);
-  // Chunks Acquires are creating right now, outside the lock.
-  uint64_t creating_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  // Cached chunks by Chunk::free_order: the most recently freed last,
+  // reused first (still warm); trimmed from the front (coldest).
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);
+  // The same chunks by size, then free_order.
+  absl::flat_hash_map<uint64_t, std::map<uint64_t, uint64_t>> free_by_size_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_free_order_ ABSL_GUARDED_BY(mu_) = 1;
+  // Bytes of live chunks (held + cached), of cached chunks, and of chunks
+  // Acquires are creating right now, outside the lock.
+  uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<SessionId, SessionState> sessions_ ABSL_GUARDED_BY(mu_);
   // Bytes held by each uid's sessions.
   absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ShareState> shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -560,13 +560,25 @@ TEST(CliMessageTest, ABadConfigFileAtStartIsNotKeptFromBefore) {
 // A percentage of the pool's device: --backend cuda knows its memory
 // (cuMemGetInfo's total, tested on a GPU), sim has none and says so.
 TEST(CliSizeTest, ServeCapacityInPercentNeedsADevice) {
-  const CommandResult r = RunAllocd("serve --capacity 90% --metrics-addr '' --socket " +
+  const CommandResult r = RunAllocd("serve --backend sim --capacity 90% --metrics-addr '' --socket " +
                                     TempPath("percent.sock"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--backend sim has no device memory"));
   const CommandResult bare = RunAllocd("serve --capacity 64 --metrics-addr ''");
   EXPECT_EQ(bare.exit_code, 2) << bare.output;
   EXPECT_THAT(bare.output, HasSubstr("did you mean 64GB?"));
+}
+
+TEST(CliSizeTest, ServeDeviceFlagsAreCheckedBeforeStarting) {
+  const CommandResult none = RunAllocd("serve --backend sim --sim-devices 0");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("--sim-devices"));
+  const CommandResult headroom = RunAllocd("serve --headroom 2XB");
+  EXPECT_EQ(headroom.exit_code, 2) << headroom.output;
+  EXPECT_THAT(headroom.output, HasSubstr("--headroom"));
+  const CommandResult backend = RunAllocd("serve --backend gpu");
+  EXPECT_EQ(backend.exit_code, 2) << backend.output;
+  EXPECT_THAT(backend.output, HasSubstr("auto"));
 }
 
 TEST(CliExitTest, AllocctlUsageErrorsExit2) {
@@ -588,8 +600,9 @@ class CliDaemonTest : public testing::Test {
  protected:
   void SetUp() override {
     socket_ = TempPath("daemon.sock");
-    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--capacity", "64MiB",
-                                     "--metrics-addr", "", "--socket", socket_};
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend", "sim",
+                                     "--capacity", "64MiB", "--metrics-addr", "",
+                                     "--socket", socket_};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -251,7 +251,8 @@ def metric_names(expr):
 def grafana_to_promql(expr):
     """Grafana's template variables made concrete, for Prometheus' API."""
     for var, value in (("$__rate_interval", "1m"), ("$__interval", "15s"),
-                       ("$__range", "5m"), ("$node", ".*"), ("$job", ".*")):
+                       ("$__range", "5m"), ("$node", ".*"), ("$gpu", ".*"),
+                       ("$job", ".*")):
         expr = expr.replace(var, value)
     m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", expr, re.S)
     if m:  # label_values(SELECTOR, LABEL): query the selector itself

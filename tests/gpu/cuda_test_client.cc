@@ -22,8 +22,12 @@ int main(int argc, char** argv) {
   if (argc != 4) return 64;
   const std::string mode = argv[1];
   const uint64_t bytes = std::strtoull(argv[3], nullptr, 10);
+  // The daemon serves the GPU this process calls device 0 (under its
+  // CUDA_VISIBLE_DEVICES) by that GPU's UUID.
   auto client = allocd::DaemonClient::Connect(
-      {.socket = argv[2], .job = "gpu-" + mode});
+      {.socket = argv[2],
+       .job = "gpu-" + mode,
+       .gpu_uuid = allocd::GpuUuid(0).value_or("")});
   if (!client.ok()) {
     std::printf("connect-error %s\n", std::string(client.status().message()).c_str());
     return 2;

@@ -100,6 +100,9 @@ class FakeTorch(types.ModuleType):
         self.empty_cache_calls = 0
         self.reject = None
         self.oom_observers = []
+        # What str(torch.cuda.get_device_properties(d).uuid) gives; None:
+        # a torch without it.
+        self.device_uuid = None
         fake = self
 
         class Memory:
@@ -133,6 +136,12 @@ class FakeTorch(types.ModuleType):
             @staticmethod
             def current_device():
                 return 0
+
+            @staticmethod
+            def get_device_properties(device):
+                if fake.device_uuid is None:
+                    raise AttributeError("uuid")
+                return types.SimpleNamespace(uuid=fake.device_uuid)
 
         class C:
             @staticmethod
@@ -221,8 +230,9 @@ class AdviseTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="allocd_py_")
         self.socket = os.path.join(self.dir, "a.sock")
         self.daemon = subprocess.Popen(
-            [os.environ["ALLOCD_BINARY"], "serve", "--socket", self.socket,
-             "--metrics-addr", "", "--capacity", "1GiB"], stderr=subprocess.DEVNULL)
+            [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,
+             "--sim-devices", "2", "--metrics-addr", "", "--capacity", "1GiB"],
+            stderr=subprocess.DEVNULL)
         self.assertTrue(wait_for(lambda: os.path.exists(self.socket)))
         self.torch = FakeTorch()
         sys.modules["torch"] = self.torch
@@ -240,6 +250,24 @@ class AdviseTest(unittest.TestCase):
 
     def history(self):
         return self.allocctl("config", "history").get("entries", [])
+
+    def test_the_session_is_on_the_gpu_whose_uuid_torch_reports(self):
+        self.torch.device_uuid = "SIM-GPU-1"
+        self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))
+        self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))
+        session = self.allocctl("sessions")["sessions"][0]
+        self.assertEqual(session["gpu_uuid"], "SIM-GPU-1")
+        self.assertEqual(session["node_device"], 1)
+
+    def test_without_a_uuid_from_torch_the_session_is_on_the_first_gpu(self):
+        self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))
+        self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))
+        self.assertEqual(self.allocctl("sessions")["sessions"][0]["gpu_uuid"], "SIM-GPU-0")
+
+    def test_pytorchs_bare_uuid_is_written_as_nvidia_smi_does(self):
+        self.torch.device_uuid = "8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f"
+        self.assertEqual(allocd._gpu_uuid(self.torch, 0),
+                         "GPU-8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f")
 
     def test_pushed_configs_are_applied_with_pytorchs_runtime_api_and_acked(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))

@@ -67,7 +67,8 @@ class AutotuneDaemonTest : public ::testing::Test {
 
   void StartDaemon(const std::string& mode) {
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
-        ALLOCD_BINARY, "serve", "--socket", socket_, "--metrics-addr", "",
+        ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
+        "--metrics-addr", "",
         "--capacity", "24GiB", "--autotune", mode,
         "--autotune-first-pass-events", "300000"});
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {

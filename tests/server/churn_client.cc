@@ -1,6 +1,7 @@
 // A client under load for restart_test: acquires and releases chunks of the
-// daemon in a loop (real memfd chunks, mapped, each stamped with this pid
-// and its id and checked before it goes back), across a daemon restart.
+// daemon in a loop (real memfd chunks of mixed size classes, mapped, each
+// stamped with this pid and its id and checked before it goes back), across
+// a daemon restart.
 //   churn_client SOCKET MAX_CHUNKS SEED
 // Prints "ready PID" once connected. On SIGUSR1 it stops after the current
 // call, checks every chunk it holds and prints
@@ -29,6 +30,8 @@ std::atomic<bool> pause_requested{false};
 struct Held {
   uint64_t epoch;
   uint64_t id;
+  // Its size class: chunks of 2 MiB and 16 MiB mixed.
+  uint64_t bytes;
   char* memory;
 };
 
@@ -36,10 +39,10 @@ std::string Stamp(uint64_t id) {
   return absl::StrCat("pid ", getpid(), " chunk ", id);
 }
 
-void Check(const Held& h, uint64_t bytes) {
+void Check(const Held& h) {
   const std::string stamp = Stamp(h.id);
   if (std::memcmp(h.memory, stamp.data(), stamp.size()) != 0 ||
-      std::memcmp(h.memory + bytes - stamp.size(), stamp.data(),
+      std::memcmp(h.memory + h.bytes - stamp.size(), stamp.data(),
                   stamp.size()) != 0) {
     std::printf("corrupt chunk %llu: stamped \"%s\", reads \"%.*s\"\n",
                 static_cast<unsigned long long>(h.id), stamp.c_str(),
@@ -64,33 +67,37 @@ int main(int argc, char** argv) {
   }
   std::printf("ready %d\n", getpid());
   std::vector<Held> held;
-  uint64_t chunk_bytes = (*client)->chunk_bytes();
+  const uint64_t chunk_bytes = (*client)->chunk_bytes();
   while (!pause_requested) {
     if (held.empty() || (held.size() < max_chunks && rng() % 2 == 0)) {
-      auto got = (*client)->Acquire((1 + rng() % 3) * chunk_bytes);
+      // Up to 18 MiB: a 16 MiB chunk and 2 MiB ones.
+      auto got = (*client)->Acquire((1 + rng() % 9) * chunk_bytes);
       if (!got.ok()) {
         if (absl::IsResourceExhausted(got.status())) continue;
         std::printf("acquire-error %s\n",
                     std::string(got.status().message()).c_str());
         return 1;
       }
-      chunk_bytes = got->chunk_bytes;
       for (size_t i = 0; i < got->ids.size(); ++i) {
-        void* p = mmap(nullptr, chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+        const uint64_t bytes = got->sizes[i];
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                        got->fds[i].get(), static_cast<off_t>(got->offsets[i]));
         if (p == MAP_FAILED) return 4;
-        Held h{.epoch = got->epoch, .id = got->ids[i], .memory = static_cast<char*>(p)};
+        Held h{.epoch = got->epoch,
+               .id = got->ids[i],
+               .bytes = bytes,
+               .memory = static_cast<char*>(p)};
         const std::string stamp = Stamp(h.id);
         std::memcpy(h.memory, stamp.data(), stamp.size());
-        std::memcpy(h.memory + chunk_bytes - stamp.size(), stamp.data(), stamp.size());
+        std::memcpy(h.memory + bytes - stamp.size(), stamp.data(), stamp.size());
         held.push_back(h);
       }
     } else {
       const size_t victim = rng() % held.size();
       const Held h = held[victim];
       held.erase(held.begin() + static_cast<std::ptrdiff_t>(victim));
-      Check(h, chunk_bytes);
-      munmap(h.memory, chunk_bytes);
+      Check(h);
+      munmap(h.memory, h.bytes);
       if (absl::Status s = (*client)->Release(h.epoch, {h.id}); !s.ok()) {
         std::printf("release-error %s\n", std::string(s.message()).c_str());
         return 1;
@@ -99,13 +106,15 @@ int main(int argc, char** argv) {
     usleep(500);
   }
   std::string ids;
+  uint64_t held_bytes = 0;
   for (const Held& h : held) {
-    Check(h, chunk_bytes);
+    Check(h);
     absl::StrAppend(&ids, ids.empty() ? "" : ",", h.id);
+    held_bytes += h.bytes;
   }
   std::printf("holding %llu %llu %s\n",
               static_cast<unsigned long long>((*client)->session_id()),
-              static_cast<unsigned long long>(held.size() * chunk_bytes),
+              static_cast<unsigned long long>(held_bytes),
               ids.c_str());
   for (;;) pause();
 }

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 
@@ -235,7 +236,7 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   EXPECT_FALSE(served.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
 
   // The survivor's chunk from the daemon before, proven by its memfd.
-  absl::StatusOr<ChunkMemory> old = source.CreateChunk();
+  absl::StatusOr<ChunkMemory> old = source.CreateChunk(2 << 20);
   ASSERT_TRUE(old.ok());
   std::vector<DeclaredChunk> declared;
   declared.push_back({.id = 77,
@@ -277,7 +278,8 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
     MemfdChunkSource source;
     NodePool pool(&source, 64 * kChunk);
     Metrics metrics;
-    DaemonCore core({.device_free = 5 * kChunk}, &pool, &metrics);
+    DaemonCore core({.devices_at_start = {{.free_memory = 5 * kChunk}}},
+                    &pool, &metrics);
     EXPECT_EQ(core.Status().capacity_bytes(), 5 * kChunk);  // no window
   }
   std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
@@ -289,7 +291,7 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
   Metrics metrics;
   DaemonCore core({.sessions_file = pattern,
                    .adopt_window = absl::Hours(1),
-                   .device_free = 5 * kChunk},
+                   .devices_at_start = {{.free_memory = 5 * kChunk}}},
                   &pool, &metrics);
   EXPECT_EQ(core.Status().capacity_bytes(), 64 * kChunk);  // not yet
   v1::RegisterRequest request;
@@ -302,7 +304,7 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
   auto chunks = [&](std::vector<uint64_t> ids) {
     std::vector<DeclaredChunk> declared;
     for (uint64_t id : ids) {
-      absl::StatusOr<ChunkMemory> memory = source.CreateChunk();
+      absl::StatusOr<ChunkMemory> memory = source.CreateChunk(kChunk);
       EXPECT_TRUE(memory.ok());
       declared.push_back({.id = id,
                           .bytes = kChunk,
@@ -315,6 +317,108 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
   ASSERT_TRUE(core.DeclareChunks(late, b->session_id(), chunks({3}), true).ok());
   EXPECT_EQ(core.Status().capacity_bytes(), 8 * kChunk);
   EXPECT_EQ(core.Status().in_use_bytes(), 3 * kChunk);
+  unlink(pattern.c_str());
+}
+
+// A capacity the daemon derived from the device's free memory (no
+// --capacity) grows by what the survivors hold: it was in use at start, so
+// not in the free memory the capacity was taken from.
+TEST(DaemonCoreRestartTest, ACapacityTakenFromFreeMemoryGrowsByTheAdopted) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source;
+  // 5 chunks free at start, 1 of headroom.
+  NodePool pool(&source, {.capacity = 4 * kChunk,
+                          .chunk_classes = DefaultChunkClasses(kChunk)});
+  Metrics metrics;
+  DaemonCore core(
+      {.sessions_file = pattern,
+       .adopt_window = absl::Hours(1),
+       .devices_at_start = {{.free_memory = 5 * kChunk,
+                             .capacity_from_free = true}}},
+      &pool, &metrics);
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials late{.pid = self + 1, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> a = core.Register(survivor, request);
+  absl::StatusOr<v1::RegisterResponse> b = core.Register(late, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto declare = [&](const PeerCredentials& peer, SessionId session,
+                     uint64_t id, uint64_t bytes) {
+    absl::StatusOr<ChunkMemory> memory = source.CreateChunk(bytes);
+    ASSERT_TRUE(memory.ok());
+    std::vector<DeclaredChunk> declared;
+    declared.push_back(
+        {.id = id, .bytes = bytes, .fd = UniqueFd(dup(memory->file->get()))});
+    absl::StatusOr<AdoptOutcome> outcome =
+        core.DeclareChunks(peer, session, std::move(declared), true);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(outcome->adopted.size(), 1u);
+  };
+  declare(survivor, a->session_id(), 1, 8 * kChunk);  // a 16 MiB class chunk
+  EXPECT_EQ(core.Status().capacity_bytes(), 12 * kChunk);
+  declare(late, b->session_id(), 2, kChunk);
+  EXPECT_EQ(core.Status().capacity_bytes(), 13 * kChunk);
+  EXPECT_EQ(core.Status().in_use_bytes(), 9 * kChunk);
+  unlink(pattern.c_str());
+}
+
+// With a pool per GPU, a session's declaration goes to its own device's
+// pool, and each device's capacity is fitted to its own free memory.
+TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source0;
+  MemfdChunkSource source1;
+  const NodePool::Options options{
+      .capacity = 64 * kChunk, .chunk_classes = DefaultChunkClasses(kChunk)};
+  NodePool pool0(&source0, options);
+  NodePool pool1(&source1, options);
+  DevicePools pools;
+  ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(0), "memfd", &pool0).ok());
+  ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(1), "memfd", &pool1).ok());
+  Metrics metrics;
+  DaemonCore core({.sessions_file = pattern,
+                   .adopt_window = absl::Hours(1),
+                   .devices_at_start = {{.free_memory = 10 * kChunk},
+                                        {.free_memory = 20 * kChunk}}},
+                  &pools, &metrics);
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  request.set_gpu_uuid(SimDeviceUuid(1));
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> session =
+      core.Register(survivor, request);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->node_device(), 1);
+  absl::StatusOr<ChunkMemory> memory = source1.CreateChunk(64 * kChunk);
+  ASSERT_TRUE(memory.ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 5,
+                      .bytes = 64 * kChunk,
+                      .fd = UniqueFd(dup(memory->file->get()))});
+  // Not a size the pools' chunks come in.
+  declared.push_back({.id = 6, .bytes = 3 * kChunk});
+  absl::StatusOr<AdoptOutcome> outcome = core.DeclareChunks(
+      survivor, session->session_id(), std::move(declared), true);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->adopted, std::vector<uint64_t>{5});
+  ASSERT_EQ(outcome->refused.size(), 1u);
+  EXPECT_EQ(outcome->refused[0].first, 6u);
+  EXPECT_EQ(pool0.Stats().in_use_bytes, 0u);
+  EXPECT_EQ(pool1.Stats().in_use_bytes, 64 * kChunk);
+  // Clipped to each device's free memory plus what it adopted.
+  EXPECT_EQ(pool0.capacity(), 10 * kChunk);
+  EXPECT_EQ(pool1.capacity(), 64 * kChunk);
+  const v1::StatusResponse status = core.Status();
+  EXPECT_EQ(status.adopted_bytes_total(), 64 * kChunk);
   unlink(pattern.c_str());
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "allocd.grpc.pb.h"
+#include "client/daemon_backend.h"
 #include "client/daemon_client.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -52,7 +53,8 @@ class DaemonTest : public ::testing::Test {
   // tests replay a real job and get room for it.
   void StartDaemon(const std::string& capacity = "64MiB",
                    std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--socket",
+    std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend",
+                                     "sim", "--socket",
                                      socket_, "--metrics-addr", "",
                                      "--capacity", capacity};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -491,7 +493,7 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   ASSERT_TRUE(cacher->Release(cached->epoch, cached->ids).ok());
   acquire.join();
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->reused, 8u);
+  EXPECT_EQ(got->reused, got->ids.size());  // all the cacher's memory
 
   // With nothing cached anywhere, a short pool answers at once.
   cacher->PublishStats({{"reserved_bytes.all.current", 0},
@@ -503,6 +505,75 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
   EXPECT_TRUE(cacher->TakeControl().empty());
+}
+
+// A segment, freed whole, gets the daemon's largest chunks; pages of an
+// expandable segment, unmapped in any sub-range, the smallest.
+TEST_F(DaemonTest, SegmentsGetLargeChunksAndExpandablePagesSmallOnes) {
+  std::unique_ptr<DaemonClient> client = Client();
+  DaemonBackend backend(client.get());
+  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(17 * kChunk);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(Status().chunks_created_total(), 3u);  // 16 + 16 + 2 MiB
+  EXPECT_EQ(backend.held_bytes(), 17 * kChunk);
+  std::memset(reinterpret_cast<void*>(*segment), 7, 17 * kChunk);
+  backend.FreeSegment(*segment, 17 * kChunk);
+  EXPECT_EQ(Status().free_bytes(), 17 * kChunk);
+
+  absl::StatusOr<uint64_t> range = backend.ReserveAddressRange(16 * kChunk);
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_TRUE(backend.MapPages(*range, 8 * kChunk).ok());
+  // The cached 2 MiB chunk and 7 new ones, not the cached 16 MiB chunks.
+  EXPECT_EQ(Status().chunks_created_total(), 10u);
+  backend.UnmapPages(*range + 2 * kChunk, 3 * kChunk);
+  EXPECT_EQ(backend.held_bytes(), 5 * kChunk);
+  EXPECT_EQ(Status().in_use_bytes(), 5 * kChunk);
+  std::memset(reinterpret_cast<void*>(*range), 1, 2 * kChunk);
+  std::memset(reinterpret_cast<void*>(*range + 5 * kChunk), 1, 3 * kChunk);
+  backend.ReleaseAddressRange(*range, 16 * kChunk);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
+// CUDA IPC in transparent mode, in sim: a segment one process shares is
+// mapped by another, the same memory, while the first keeps it; it goes
+// back to the pool when both are done with it.
+TEST_F(DaemonTest, ASharedSegmentIsMappedByAnotherSessionUntilBothAreDone) {
+  std::unique_ptr<DaemonClient> owner_client = Client("owner");
+  std::unique_ptr<DaemonClient> opener_client = Client("opener");
+  DaemonBackend owner(owner_client.get());
+  DaemonBackend opener(opener_client.get());
+  constexpr size_t kBytes = 9 * kChunk;  // chunks of two sizes
+  absl::StatusOr<uint64_t> segment = owner.AllocateSegment(kBytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  char* mine = reinterpret_cast<char*>(*segment);
+  std::strcpy(mine + kBytes - 64, "written by the owner");
+
+  absl::StatusOr<std::string> token = owner.ShareSegment(*segment);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(owner.ShareSegment(*segment + kChunk).status().code(),
+            absl::StatusCode::kNotFound);  // not a segment's start
+  absl::StatusOr<std::pair<uint64_t, size_t>> theirs =
+      opener.OpenShared(*token);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_EQ(theirs->second, kBytes);
+  EXPECT_NE(theirs->first, *segment);
+  char* seen = reinterpret_cast<char*>(theirs->first);
+  EXPECT_STREQ(seen + kBytes - 64, "written by the owner");
+  std::strcpy(seen, "and by the opener");
+  EXPECT_STREQ(mine, "and by the opener");
+  EXPECT_EQ(opener.held_bytes(), 0u);  // the owner's memory
+
+  // The owner frees it: the opener still maps it, the pool keeps it.
+  owner.FreeSegment(*segment, kBytes);
+  EXPECT_STREQ(seen, "and by the opener");
+  EXPECT_EQ(Status().in_use_bytes(), kBytes);
+  EXPECT_EQ(Status().free_bytes(), 0u);
+  EXPECT_EQ(opener.OpenShared(*token).status().code(),
+            absl::StatusCode::kNotFound);  // no new opens
+  EXPECT_TRUE(opener.CloseShared(theirs->first));
+  EXPECT_FALSE(opener.CloseShared(theirs->first));
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), kBytes);
 }
 
 TEST_F(DaemonTest, OnlyAdminsMayAdminister) {

@@ -29,13 +29,15 @@ using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
 
-constexpr uint64_t kChunk = uint64_t{2} << 20;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kChunk = 2 * kMiB;
 
 // A memfd source that can fail after a number of chunks, or block every
 // creation until released.
 class TestSource : public ChunkSource {
  public:
-  absl::StatusOr<ChunkMemory> CreateChunk() override {
+  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override {
     ++calls;
     if (absl::Notification* g = gate.load(); g != nullptr) {
       if (!entered.HasBeenNotified()) entered.Notify();
@@ -45,7 +47,7 @@ class TestSource : public ChunkSource {
       return absl::ResourceExhaustedError("the device is out of memory");
     }
     ++created;
-    return memfd.CreateChunk();
+    return memfd.CreateChunk(bytes);
   }
   size_t Granularity() const override { return kChunk; }
   std::string Name() const override { return "test"; }
@@ -72,10 +74,14 @@ class TestSource : public ChunkSource {
 
 class NodePoolTest : public ::testing::Test {
  protected:
-  std::unique_ptr<NodePool> MakePool(uint64_t chunks) {
+  // A pool of `chunks` smallest chunks' capacity, chunks of `classes`
+  // (default: the smallest only).
+  std::unique_ptr<NodePool> MakePool(uint64_t chunks,
+                                     std::vector<uint64_t> classes = {}) {
     return std::make_unique<NodePool>(
         &source_, NodePool::Options{.capacity = chunks * kChunk,
-                                    .now = [this] { return now_; }});
+                                    .now = [this] { return now_; },
+                                    .chunk_classes = std::move(classes)});
   }
   TestSource source_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
@@ -660,12 +666,368 @@ TEST_F(NodePoolTest, EndingASessionMidAcquireAbortsItAndCachesTheChunks) {
   EXPECT_EQ(stats.creating_bytes, 0u);
 }
 
-TEST_F(NodePoolTest, ConcurrentSessionsNeverShareAChunk) {
+TEST(DefaultChunkClassesTest, EachIsEightTimesTheLastUpToAGibibyte) {
+  EXPECT_THAT(DefaultChunkClasses(kChunk),
+              ::testing::ElementsAre(kChunk, 16 * kMiB, 128 * kMiB, kGiB));
+}
+
+TEST_F(NodePoolTest, TheSmallestClassIsTheSourcesGranularity) {
+  // Sizes that are no multiple of it are dropped, the granularity added.
+  auto pool = MakePool(1, {8 * kChunk, kChunk + 4096, 2 * kChunk, 8 * kChunk});
+  EXPECT_THAT(pool->chunk_classes(),
+              ::testing::ElementsAre(kChunk, 2 * kChunk, 8 * kChunk));
+  EXPECT_EQ(pool->chunk_bytes(), kChunk);
+  EXPECT_THAT(MakePool(1)->chunk_classes(), ::testing::ElementsAre(kChunk));
+}
+
+TEST_F(NodePoolTest, ARequestIsSplitIntoClassesLargestFirst) {
+  auto pool = MakePool(256, {kChunk, 8 * kChunk, 64 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  // 64 + 2 x 8 + 3 x 1 chunks' worth, the last one partly.
+  absl::StatusOr<Grant> g =
+      pool->Acquire(1, 64 * kChunk + 16 * kChunk + 3 * kChunk - 100);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->bytes, 83 * kChunk);
+  EXPECT_THAT(g->chunk_sizes,
+              ::testing::ElementsAre(64 * kChunk, 8 * kChunk, 8 * kChunk,
+                                     kChunk, kChunk, kChunk));
+  EXPECT_EQ(g->chunk_ids.size(), 6u);
+  EXPECT_EQ(source_.created.load(), 6);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  ASSERT_EQ(fds->size(), 6u);
+  for (size_t i = 0; i < fds->size(); ++i) {
+    const ChunkFd& chunk = (*fds)[i];
+    EXPECT_EQ(chunk.id, g->chunk_ids[i]);
+    EXPECT_EQ(chunk.bytes, g->chunk_sizes[i]);
+    // Each chunk is a file of its own size, mapped whole.
+    struct stat st;
+    ASSERT_EQ(fstat(chunk.fd.get(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), chunk.bytes);
+  }
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 83 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 83 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 83 * kChunk);
+  EXPECT_EQ(stats.chunk_bytes, kChunk);
+}
+
+TEST_F(NodePoolTest, MaxChunkBytesCapsTheClasses) {
+  auto pool = MakePool(64, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> small = pool->Acquire(1, 16 * kChunk, kChunk);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->chunk_sizes, std::vector<uint64_t>(16, kChunk));
+  // Below the smallest class: the smallest.
+  absl::StatusOr<Grant> tiny = pool->Acquire(1, 2 * kChunk, 4096);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->chunk_sizes, std::vector<uint64_t>(2, kChunk));
+  // Between two classes: the lower one.
+  absl::StatusOr<Grant> capped = pool->Acquire(1, 16 * kChunk, 10 * kChunk);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_THAT(capped->chunk_sizes,
+              ::testing::ElementsAre(8 * kChunk, 8 * kChunk));
+}
+
+TEST_F(NodePoolTest, CachedChunksServeRequestsOfTheirClass) {
+  auto pool = MakePool(64, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 17 * kChunk);  // 8 + 8 + 1
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  // 9 chunks' worth: a cached 8 and the cached 1; nothing new.
+  absl::StatusOr<Grant> b = pool->Acquire(2, 9 * kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->reused_chunks, 2u);
+  EXPECT_THAT(b->chunk_sizes, ::testing::ElementsAre(8 * kChunk, kChunk));
+  EXPECT_EQ(source_.created.load(), 3);
+  // Another 2: one more small chunk is created, the cached 8 stays cached.
+  absl::StatusOr<Grant> c = pool->Acquire(2, 2 * kChunk);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->reused_chunks, 0u);
+  EXPECT_EQ(source_.created.load(), 5);
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 8 * kChunk);
+  EXPECT_EQ(stats.sessions.at(2).bytes, 11 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
+  EXPECT_EQ(stats.chunks_reused_total, 2u);
+}
+
+TEST_F(NodePoolTest, ANeedForOneClassTrimsCachedChunksOfAnotherColdestFirst) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  // The whole capacity as small chunks, all cached: cold ones first.
+  absl::StatusOr<Grant> cold = pool->Acquire(1, 10 * kChunk, kChunk);
+  absl::StatusOr<Grant> warm = pool->Acquire(1, 6 * kChunk, kChunk);
+  ASSERT_TRUE(cold.ok() && warm.ok());
+  ASSERT_TRUE(pool->Release(1, cold->chunk_ids).ok());
+  now_ += absl::Seconds(1);
+  ASSERT_TRUE(pool->Release(1, warm->chunk_ids).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 16 * kChunk);
+
+  // One 8-chunk: no room and none cached, so 8 cold small ones go.
+  absl::StatusOr<Grant> big = pool->Acquire(2, 8 * kChunk);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_THAT(big->chunk_sizes, ::testing::ElementsAre(8 * kChunk));
+  EXPECT_EQ(big->reused_chunks, 0u);
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.trimmed_bytes_total, 8 * kChunk);
+  EXPECT_EQ(stats.created_bytes, 16 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 8 * kChunk);
+  // The warm ones and the 2 coldest-but-spared stay, reused next.
+  absl::StatusOr<Grant> again = pool->Acquire(2, 8 * kChunk, kChunk);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->reused_chunks, 8u);
+  std::vector<uint64_t> spared(cold->chunk_ids.begin() + 8,
+                               cold->chunk_ids.end());
+  spared.insert(spared.end(), warm->chunk_ids.begin(), warm->chunk_ids.end());
+  EXPECT_THAT(again->chunk_ids, UnorderedElementsAreArray(spared));
+
+  // And back: small chunks trim the cached big one.
+  ASSERT_TRUE(pool->Release(2, big->chunk_ids).ok());
+  ASSERT_TRUE(pool->Release(2, again->chunk_ids).ok());
+  ASSERT_TRUE(pool->Acquire(2, 8 * kChunk, kChunk).ok());  // the cached 8 small
+  absl::StatusOr<Grant> small = pool->Acquire(2, 3 * kChunk, kChunk);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->reused_chunks, 0u);
+  stats = pool->Stats();
+  EXPECT_EQ(stats.trimmed_bytes_total, 16 * kChunk);
+  EXPECT_EQ(stats.created_bytes, 11 * kChunk);  // 8 + 3 small live
+  EXPECT_EQ(stats.free_bytes, 0u);
+}
+
+TEST_F(NodePoolTest, TheNodeIsShortOnlyBeyondRoomPlusEveryCachedByte) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  absl::StatusOr<Grant> held = pool->Acquire(1, 8 * kChunk);  // one 8
+  absl::StatusOr<Grant> cached = pool->Acquire(1, 4 * kChunk);
+  ASSERT_TRUE(held.ok() && cached.ok());
+  ASSERT_TRUE(pool->Release(1, cached->chunk_ids).ok());
+  // Room for 4, 4 cached: 9 is short by 1, whatever the classes.
+  absl::Status s = pool->Acquire(2, 9 * kChunk).status();
+  EXPECT_TRUE(IsNodeShortage(s)) << s;
+  EXPECT_EQ(ShortfallBytes(s), kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, 4 * kChunk);  // nothing trimmed
+  EXPECT_EQ(pool->Stats().trimmed_bytes_total, 0u);
+  // 8 fits: the 4 cached small ones make room for one 8-chunk.
+  absl::StatusOr<Grant> fits = pool->Acquire(2, 8 * kChunk);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_THAT(fits->chunk_sizes, ::testing::ElementsAre(8 * kChunk));
+  EXPECT_EQ(pool->Stats().created_bytes, 16 * kChunk);
+}
+
+TEST_F(NodePoolTest, TrimsAndReleasesCountEachChunksOwnBytes) {
+  auto pool = MakePool(64, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> big = pool->Acquire(1, 8 * kChunk);
+  absl::StatusOr<Grant> small = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(big.ok() && small.ok());
+  ASSERT_TRUE(pool->Release(1, big->chunk_ids).ok());
+  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, 2 * kChunk);
+  now_ += absl::Seconds(10);
+  ASSERT_TRUE(pool->Release(1, {small->chunk_ids[0]}).ok());
+  // The coldest is the big one: asking for 1 chunk's bytes destroys 8.
+  EXPECT_EQ(pool->TrimFree(kChunk), 8 * kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  // The high water counts bytes.
+  absl::StatusOr<Grant> again = pool->Acquire(1, 8 * kChunk);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(pool->Release(1, again->chunk_ids).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+  EXPECT_EQ(pool->TrimIdle({.high_water = 8 * kChunk}), kChunk);  // coldest
+  EXPECT_EQ(pool->Stats().free_bytes, 8 * kChunk);
+  // EndSession returns the session's bytes, chunk sizes summed.
+  EXPECT_EQ(pool->EndSession(1), kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+  EXPECT_EQ(pool->TrimIdle({.idle_after = absl::ZeroDuration()}), 9 * kChunk);
+  EXPECT_EQ(pool->Stats().created_bytes, 0u);
+}
+
+TEST_F(NodePoolTest, AFailedCreationCachesWhatWasCreatedAtItsSize) {
+  auto pool = MakePool(64, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  source_.fail_after = 1;  // the 8-chunk, then out of memory
+  absl::Status s = pool->Acquire(1, 9 * kChunk).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("creating chunk 2 of 2"));
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 8 * kChunk);
+  EXPECT_EQ(stats.created_bytes, 8 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
+  source_.fail_after = -1;
+  absl::StatusOr<Grant> g = pool->Acquire(1, 9 * kChunk);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->reused_chunks, 1u);
+  EXPECT_THAT(g->chunk_sizes, ::testing::ElementsAre(8 * kChunk, kChunk));
+}
+
+TEST_F(NodePoolTest, ASharedChunkIsMappedByTheOpenerWhileItsOwnerKeepsIt) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 9 * kChunk);  // 8 + 1
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, a->token, 11);
+  ASSERT_TRUE(mine.ok());
+  char* written = Map((*mine)[1]);
+  std::strcpy(written, "the owner's tensor");
+
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok()) << share.status();
+  EXPECT_EQ(share->size(), 32u);
+  absl::StatusOr<Grant> opened = pool->OpenShare(2, *share);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->chunk_ids, a->chunk_ids);
+  EXPECT_EQ(opened->chunk_sizes, a->chunk_sizes);
+  EXPECT_EQ(opened->bytes, 9 * kChunk);
+  // Only the opener's pid claims the FDs.
+  EXPECT_EQ(ClaimAll(*pool, opened->token, 11).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::vector<ChunkFd>> theirs =
+      ClaimAll(*pool, opened->token, 22);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  ASSERT_EQ(theirs->size(), 2u);
+  EXPECT_EQ((*theirs)[1].bytes, kChunk);
+  char* seen = Map((*theirs)[1]);
+  EXPECT_STREQ(seen, "the owner's tensor");  // the same memory
+  munmap(seen, kChunk);
+  munmap(written, kChunk);
+  // The chunks stay the owner's: its bytes, not the opener's.
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
+  EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
+  // The opener cannot release them.
+  EXPECT_EQ(pool->Release(2, a->chunk_ids).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(NodePoolTest, SharedChunksReturnToTheCacheWhenOwnerAndOpenersAreDone) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(3, 0, 33).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());  // twice: two closes
+  ASSERT_TRUE(pool->OpenShare(3, *share).ok());
+
+  // The owner frees its memory: nobody holds it, nothing is cached, and
+  // the share takes no new opens.
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.in_use_bytes, 2 * kChunk);
+  EXPECT_EQ(pool->OpenShare(3, *share).status().code(),
+            absl::StatusCode::kNotFound);
+  // Not for an Acquire, and not trimmed.
+  absl::StatusOr<Grant> other = pool->Acquire(3, kChunk);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->reused_chunks, 0u);
+  EXPECT_EQ(pool->TrimFree(UINT64_MAX), 0u);
+
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Stats().free_bytes, 0u);  // session 3 still has it open
+  // The last opener ends: the chunks go back to the cache.
+  pool->EndSession(3);
+  stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 3 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 0u);
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodePoolTest, AnOwnerThatEndsLeavesItsOpenSharesMapped) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
+  absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok() && kept.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  absl::StatusOr<std::string> unopened = pool->Share(1, kept->chunk_ids);
+  ASSERT_TRUE(share.ok() && unopened.ok());
+  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
+  pool->EndSession(1);
+  // The shared chunks wait for their opener; the other goes to the cache.
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  EXPECT_EQ(pool->OpenShare(2, *unopened).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 4 * kChunk);
+}
+
+TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(pool->Share(2, a->chunk_ids).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pool->Share(1, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(1, {a->chunk_ids[0], a->chunk_ids[0]}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Share(9, a->chunk_ids).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      pool->OpenShare(2, "00000000000000000000000000000000").status().code(),
+      absl::StatusCode::kNotFound);
+  // A share of some chunks ends when one of them is released, not when
+  // another is.
+  absl::StatusOr<std::string> first = pool->Share(1, {a->chunk_ids[0]});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[1]}).ok());
+  EXPECT_TRUE(pool->OpenShare(2, *first).ok());
+}
+
+TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
+  ASSERT_TRUE(share.ok());
+  absl::StatusOr<Grant> abandoned = pool->OpenShare(2, *share);
+  absl::StatusOr<Grant> expired = pool->OpenShare(2, *share);
+  ASSERT_TRUE(abandoned.ok() && expired.ok());
+  EXPECT_EQ(pool->Abandon(abandoned->token), 0u);  // nothing was the opener's
+  now_ += absl::Minutes(1);                        // past the token TTL
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  // The expired claim is dropped on the next claim: its open closes too.
+  EXPECT_EQ(ClaimAll(*pool, expired->token, 22).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
+  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
+}
+
+// Sessions acquiring, releasing and ending at once, with chunks of the
+// smallest size only and with size classes (where Acquires trim each
+// other's cached chunks to make room).
+class ConcurrentNodePoolTest
+    : public NodePoolTest,
+      public ::testing::WithParamInterface<std::vector<uint64_t>> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Classes, ConcurrentNodePoolTest,
+    ::testing::Values(std::vector<uint64_t>{},
+                      std::vector<uint64_t>{kChunk, 2 * kChunk, 4 * kChunk}));
+
+TEST_P(ConcurrentNodePoolTest, ConcurrentSessionsNeverShareAChunk) {
   constexpr int kThreads = 4;
   constexpr uint64_t kCapacity = 24;
-  auto pool = MakePool(kCapacity);
+  auto pool = MakePool(kCapacity, GetParam());
   // owner[chunk id]: which session the test thinks holds it.
-  std::vector<std::atomic<uint64_t>> owner(1024);
+  std::vector<std::atomic<uint64_t>> owner(1 << 16);
   std::atomic<int> overlaps{0}, shortages{0}, grants{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -678,7 +1040,8 @@ TEST_F(NodePoolTest, ConcurrentSessionsNeverShareAChunk) {
       for (int i = 0; i < 400; ++i) {
         const int action = random() % 10;
         if (action < 5) {
-          absl::StatusOr<Grant> g = pool->Acquire(session, (1 + random() % 4) * kChunk);
+          absl::StatusOr<Grant> g =
+              pool->Acquire(session, (1 + random() % 7) * kChunk);
           if (!g.ok()) {
             EXPECT_TRUE(IsNodeShortage(g.status())) << g.status();
             ++shortages;
@@ -843,13 +1206,13 @@ TEST_F(NodePoolTest, ConflictingOrUnprovenDeclarationsAreRefused) {
   UniqueFd own(memfd_create("not-a-chunk", MFD_CLOEXEC));
   ASSERT_EQ(ftruncate(own.get(), kChunk), 0);
   claims.push_back({.id = 1001, .bytes = kChunk, .fd = std::move(own)});
-  absl::StatusOr<ChunkMemory> big = MemfdChunkSource(2 * kChunk).CreateChunk();
+  absl::StatusOr<ChunkMemory> big = MemfdChunkSource(kChunk).CreateChunk(2 * kChunk);
   ASSERT_TRUE(big.ok());
   claims.push_back(
       {.id = 1002, .bytes = kChunk, .fd = UniqueFd(dup(big->file->get()))});
   claims.push_back({.id = 1003, .bytes = 3 * kChunk});
   claims.push_back({.id = 0, .bytes = kChunk});
-  absl::StatusOr<ChunkMemory> fresh = source_.memfd.CreateChunk();
+  absl::StatusOr<ChunkMemory> fresh = source_.memfd.CreateChunk(kChunk);
   ASSERT_TRUE(fresh.ok());
   claims.push_back({.id = 1004, .bytes = kChunk, .fd = UniqueFd(dup(fresh->file->get()))});
   claims.push_back({.id = 1004, .bytes = kChunk, .fd = UniqueFd(dup(fresh->file->get()))});
@@ -928,6 +1291,78 @@ TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
   // The pool's first id is 1, which session 1 still holds: never handed out.
   EXPECT_NE(grant->chunk_ids[0], 1u);
   EXPECT_EQ(pool->Stats().sessions.at(1).bytes, kChunk);
+}
+
+// Chunks of the pool's size classes are adopted at their own sizes and
+// counted in bytes as Acquire counts them; a size between classes is no
+// chunk this pool makes.
+TEST_F(NodePoolTest, DeclaredChunksKeepTheirSizeClasses) {
+  const std::vector<uint64_t> classes = DefaultChunkClasses(kChunk);
+  auto pool = MakePool(64, classes);
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  std::vector<DeclaredChunk> declared;
+  for (uint64_t bytes : {8 * kChunk, kChunk, 2 * kChunk}) {
+    absl::StatusOr<ChunkMemory> memory = source_.memfd.CreateChunk(bytes);
+    ASSERT_TRUE(memory.ok());
+    declared.push_back({.id = 100 + bytes / kChunk,
+                        .bytes = bytes,
+                        .fd = UniqueFd(dup(memory->file->get()))});
+  }
+  absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->adopted, (std::vector<uint64_t>{108, 101}));
+  EXPECT_EQ(got->adopted_bytes, 9 * kChunk);
+  ASSERT_EQ(got->refused.size(), 1u);
+  EXPECT_EQ(got->refused[0].first, 102u);
+  EXPECT_THAT(got->refused[0].second, HasSubstr("16.00 MiB"));
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 9 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 9 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
+  // Released, the 16 MiB chunk is cached at its size and serves the next
+  // 16 MiB request whole.
+  ASSERT_TRUE(pool->Release(1, {108}).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 8 * kChunk);
+  absl::StatusOr<Grant> grant = pool->Acquire(1, 8 * kChunk);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->chunk_ids, std::vector<uint64_t>{108});
+  EXPECT_EQ(grant->chunk_sizes, std::vector<uint64_t>{8 * kChunk});
+  EXPECT_EQ(grant->reused_chunks, 1u);
+  EXPECT_EQ(pool->EndSession(1), 9 * kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+}
+
+// A chunk taken on the client's word (CUDA) has no memory in the pool: it
+// cannot be shared, is never cached nor trimmed, and its bytes leave the
+// pool's counters when released.
+TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordAreNeverSharedNorCached) {
+  source_.proves = false;
+  auto pool = MakePool(128, DefaultChunkClasses(kChunk));
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 5, .bytes = 64 * kChunk});
+  declared.push_back({.id = 6, .bytes = kChunk});
+  ASSERT_TRUE(pool->Adopt(1, std::move(declared)).ok());
+  absl::StatusOr<Grant> own = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(own.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, {own->chunk_ids[0], 6});
+  EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(share.status().message(), HasSubstr("chunk 6"));
+  // What the session acquired since can be shared as before.
+  EXPECT_TRUE(pool->Share(1, own->chunk_ids).ok());
+  EXPECT_EQ(pool->Stats().created_bytes, 66 * kChunk);
+  EXPECT_EQ(pool->TrimFree(UINT64_MAX), 0u);
+  ASSERT_TRUE(pool->Release(1, {5}).ok());
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 2 * kChunk);
+  // Nothing of it to reuse: a 128 MiB request creates a chunk.
+  absl::StatusOr<Grant> big = pool->Acquire(2, 64 * kChunk);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->reused_chunks, 0u);
+  EXPECT_NE(big->chunk_ids[0], 5u);
 }
 
 }  // namespace

@@ -33,9 +33,8 @@ std::unique_ptr<DaemonClient> Connect(const char* socket) {
 }
 
 char* Map(const allocd::ReceivedChunks& chunks, size_t i) {
-  void* p = mmap(nullptr, chunks.chunk_bytes, PROT_READ | PROT_WRITE,
-                 MAP_SHARED, chunks.fds[i].get(),
-                 static_cast<off_t>(chunks.offsets[i]));
+  void* p = mmap(nullptr, chunks.sizes[i], PROT_READ | PROT_WRITE, MAP_SHARED,
+                 chunks.fds[i].get(), static_cast<off_t>(chunks.offsets[i]));
   if (p == MAP_FAILED) std::exit(3);
   return static_cast<char*>(p);
 }

@@ -3,16 +3,19 @@
 // own uid and the uids given to it with --admin-uid.
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
 #include "allocd.grpc.pb.h"
@@ -37,6 +40,8 @@ struct Options {
   std::string quota;
   std::string predicted_peak;
   std::string mode;
+  // allocctl pool trim --device: a UUID or node index; empty: every device.
+  std::string device;
 };
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
@@ -91,11 +96,14 @@ int Call(const Options& o, Rpc&& rpc, Print&& print) {
 void PrintStatus(const v1::StatusResponse& r) {
   std::printf("allocd %s, backend %s, up since %s\n", r.version().c_str(),
               r.backend().c_str(), Time(r.started_unix_micros()).c_str());
+  std::vector<std::string> sizes;
+  for (uint64_t size : r.chunk_classes()) sizes.push_back(FormatSize(size));
+  if (sizes.empty()) sizes.push_back(FormatSize(r.chunk_bytes()));
   std::printf("pool: %s in use, %s cached free, capacity %s (chunks of %s)\n",
               FormatSize(r.in_use_bytes()).c_str(),
               FormatSize(r.free_bytes()).c_str(),
               FormatSize(r.capacity_bytes()).c_str(),
-              FormatSize(r.chunk_bytes()).c_str());
+              absl::StrJoin(sizes, ", ").c_str());
   std::printf("chunks handed out: %llu created, %llu reused; %u sessions\n",
               static_cast<unsigned long long>(r.chunks_created_total()),
               static_cast<unsigned long long>(r.chunks_reused_total()),
@@ -109,6 +117,18 @@ void PrintStatus(const v1::StatusResponse& r) {
                                "their chunks (new memory waits)"
                              : "");
   }
+  // One row per device's pool: the lines above are their sums.
+  std::printf("\n%-4s %-40s %-24s %10s %10s %10s %10s %8s\n", "DEV",
+              "GPU UUID", "NAME", "IN USE", "FREE", "CAPACITY", "TRIMMED",
+              "SESSIONS");
+  for (const v1::DeviceStatus& d : r.devices()) {
+    std::printf("%-4d %-40s %-24s %10s %10s %10s %10s %8u\n", d.node_device(),
+                d.gpu_uuid().c_str(), d.name().c_str(),
+                FormatSize(d.in_use_bytes()).c_str(),
+                FormatSize(d.free_bytes()).c_str(),
+                FormatSize(d.capacity_bytes()).c_str(),
+                FormatSize(d.trimmed_bytes_total()).c_str(), d.sessions());
+  }
 }
 
 int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
@@ -117,14 +137,17 @@ int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
 }
 
 void PrintSessions(const v1::ListSessionsResponse& r) {
-  std::printf("%-8s %-8s %-6s %-20s %-4s %10s %10s %10s %5s %s\n", "SESSION",
-              "PID", "UID", "JOB", "DEV", "HELD", "RESERVED", "ALLOCATED",
-              "OOMS", "CONFIG");
+  // DEV is the node's device (allocctl status), GPU UUID names it; the
+  // client's own CUDA ordinal is in --json (device).
+  std::printf("%-8s %-8s %-6s %-20s %-4s %-40s %10s %10s %10s %5s %s\n",
+              "SESSION", "PID", "UID", "JOB", "DEV", "GPU UUID", "HELD",
+              "RESERVED", "ALLOCATED", "OOMS", "CONFIG");
   for (const v1::SessionInfo& s : r.sessions()) {
     std::printf(
-        "%-8llu %-8d %-6u %-20s %-4d %10s %10s %10s %5llu v%llu %s\n",
+        "%-8llu %-8d %-6u %-20s %-4d %-40s %10s %10s %10s %5llu v%llu %s\n",
         static_cast<unsigned long long>(s.session_id()), s.pid(), s.uid(),
-        s.job().empty() ? "-" : s.job().c_str(), s.device(),
+        s.job().empty() ? "-" : s.job().c_str(), s.node_device(),
+        s.gpu_uuid().c_str(),
         FormatSize(s.held_bytes()).c_str(),
         FormatSize(Stat(s, "reserved_bytes.all.current")).c_str(),
         FormatSize(Stat(s, "allocated_bytes.all.current")).c_str(),
@@ -193,6 +216,9 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
                 FormatSize(d.realized_peak()).c_str(),
                 SignedSize(d.realized_saving()).c_str());
   }
+  if (d.has_trigger_to_ack_seconds()) {
+    std::printf("%s  trigger to the canary's ACK: %.2f s\n", indent, d.trigger_to_ack_seconds());
+  }
   std::printf("%s  %llu events, %llu candidates replayed in %.2f s%s\n", indent,
               static_cast<unsigned long long>(d.window_events()),
               static_cast<unsigned long long>(d.candidates()),
@@ -226,7 +252,9 @@ void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
 // number is bytes there.
 const SizeContext kPredictedPeak{.bare_number_is_bytes = true};
 
-// The pool's capacity, what a quota of "N%" is a percentage of.
+// What a quota of "N%" is a percentage of: a quota limits what is held on
+// one GPU, so the smallest device pool's capacity (a daemon before per-GPU
+// pools reports only the one capacity).
 absl::StatusOr<uint64_t> PoolCapacity(v1::Admin::Stub& admin) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
@@ -236,7 +264,11 @@ absl::StatusOr<uint64_t> PoolCapacity(v1::Admin::Stub& admin) {
       !s.ok()) {
     return absl::UnavailableError(s.error_message());
   }
-  return status.capacity_bytes();
+  uint64_t smallest = status.capacity_bytes();
+  for (const v1::DeviceStatus& d : status.devices()) {
+    smallest = std::min(smallest, d.capacity_bytes());
+  }
+  return smallest;
 }
 
 int Health(const Options& o, const std::shared_ptr<grpc::Channel>& channel) {
@@ -311,7 +343,8 @@ int main(int argc, char** argv) {
   CLI::App* quota_set = quota->add_subcommand(
       "set", "most memory a session or a uid may hold; 'none' clears it");
   quota_set->add_option("SIZE", o.quota,
-                        "e.g. 20GiB, 20Gi, 25% of the pool's capacity, or none")
+                        "e.g. 20GiB, 20Gi, 25% of a GPU pool's capacity, or none "
+                        "(a quota holds on each GPU)")
       ->required()
       ->check(CLI::Validator(
           [size = SizeSyntax()](std::string& value) {
@@ -349,6 +382,9 @@ int main(int argc, char** argv) {
   CLI::App* pool_trim = pool->add_subcommand(
       "trim",
       "give every cached chunk back to the device now (held chunks stay)");
+  pool_trim->add_option("--device,-d", o.device,
+                        "only this device: its GPU UUID or its index in "
+                        "allocctl status (default: every device)");
 
   if (std::optional<int> exit_code =
           ParseCommandLine(app, argc, argv, std::cout, std::cerr)) {
@@ -413,11 +449,15 @@ int main(int argc, char** argv) {
     return Call<v1::TrimPoolResponse>(
         o,
         [&](grpc::ClientContext* c, v1::TrimPoolResponse* r) {
-          return admin->TrimPool(c, v1::TrimPoolRequest(), r);
+          v1::TrimPoolRequest request;
+          request.set_device(o.device);
+          return admin->TrimPool(c, request, r);
         },
-        [](const v1::TrimPoolResponse& r) {
-          std::printf("gave %s of cached chunks back to the device\n",
-                      FormatSize(r.trimmed_bytes()).c_str());
+        [&](const v1::TrimPoolResponse& r) {
+          std::printf("gave %s of cached chunks back to the %s\n",
+                      FormatSize(r.trimmed_bytes()).c_str(),
+                      o.device.empty() ? "devices"
+                                       : ("device " + o.device).c_str());
         });
   }
   if (at_status->parsed()) {

@@ -162,18 +162,28 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "HOST:PORT for Prometheus /metrics (default "
                     "127.0.0.1:9464; '' disables)");
   serve->add_option("--backend", d.backend,
-                    "sim: memfd chunks, no GPU; cuda: GPU memory (default sim)")
-      ->check(CLI::IsMember({"sim", "cuda"}));
+                    "auto: every GPU the driver sees, a pool each, else sim "
+                    "with a notice (default); cuda: every GPU, or fail; sim: "
+                    "memfd chunks, no GPU")
+      ->check(CLI::IsMember({"auto", "sim", "cuda"}));
+  serve->add_option("--sim-devices", d.sim_devices,
+                    "sim devices, a pool each, named SIM-GPU-0.. (default 1)")
+      ->check(CLI::Range(1, 1024));
   serve->add_option("--capacity", o.capacity,
-                    "most memory the pool hands out, e.g. 70GiB, or 90% of "
-                    "the GPU with --backend cuda (default 8GiB)")
+                    "most memory each device's pool hands out, e.g. 70GiB, "
+                    "or 90% of the GPU (default: a GPU's free memory at start "
+                    "minus --headroom; 8GiB per sim device)")
+      ->check(allocd::SizeSyntax());
+  serve->add_option("--headroom", d.headroom,
+                    "GPU memory the default capacity leaves to other "
+                    "processes, e.g. 2GiB or 5% (default 1GiB)")
       ->check(allocd::SizeSyntax());
   serve->add_option("--trim-after", o.trim_after,
                     "cached chunks not reused for this long go back to the "
                     "device, so an idle node holds no GPU memory: 30s, 5m, "
                     "1h, inf (default 5m)");
   serve->add_option("--cache-high-water", o.cache_high_water,
-                    "cached chunks above this size go back to the device at "
+                    "cached chunks of a GPU above this size go back to it at "
                     "once, e.g. 16GiB (default: no limit)");
   serve->add_option("--adopt-window", o.adopt_window,
                     "after a restart, new memory waits up to this long for "

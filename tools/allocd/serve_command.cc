@@ -23,8 +23,8 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
   signal(SIGPIPE, SIG_IGN);
 
   DaemonOptions daemon_options = options.daemon;
-  // A percentage is of the device, which only the daemon's chunk source
-  // knows: the daemon reads the size.
+  // A percentage is of the device, which only the daemon's chunk sources
+  // know: the daemon reads the sizes.
   daemon_options.capacity_size = options.capacity;
   if (!absl::ParseDuration(options.trim_after,
                            &daemon_options.trim.idle_after) ||

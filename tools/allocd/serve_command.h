@@ -13,8 +13,9 @@ namespace allocd {
 
 struct ServeCommandOptions {
   DaemonOptions daemon;
-  // As the user wrote it ("8GiB").
-  std::string capacity = "8GiB";
+  // Per device, as the user wrote it ("8GiB", "90%"); empty: a GPU's free
+  // memory at start minus the headroom, 8GiB per sim device.
+  std::string capacity;
   // "5m", "30s", "1h", "inf" (never).
   std::string trim_after = "5m";
   // A size ("16GiB"); empty: no high water.

@@ -68,6 +68,19 @@ def _settings(socket, job):
     return socket, job, config
 
 
+def _gpu_uuid(torch, device):
+    """The UUID of CUDA device `device` as nvidia-smi prints it ("GPU-..."): the daemon serves the
+    session from its pool for that GPU, whatever CUDA_VISIBLE_DEVICES numbers it here. "" when torch
+    cannot tell (the daemon then serves its first device)."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, AssertionError, RuntimeError):
+        return ""
+    # PyTorch prints the bare 8-4-4-4-12 hex form.
+    bare = len(uuid) == 36 and all(c in "0123456789abcdefABCDEF-" for c in uuid)
+    return f"GPU-{uuid}" if bare else uuid
+
+
 def _autotune_json(pinned_keys, autotune_mode):
     """The job's autotune preferences as the client library takes them."""
     preferences = {}
@@ -115,7 +128,7 @@ def _load_client(path=None, mode=ctypes.DEFAULT_MODE):
     return _load(path or _library_path(), {
         **extra,
         "allocd_last_error": (ctypes.c_char_p, []),
-        "allocd_connect": (c_client, [ctypes.c_char_p] * 5),
+        "allocd_connect_gpu": (c_client, [ctypes.c_char_p] * 6),
         "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_size_t, ctypes.c_uint64]),
@@ -500,17 +513,18 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
     import torch  # imported here so that `import allocd` stays cheap
 
     socket, job, initial = _settings(socket, job)
+    if device is None:
+        device = torch.cuda.current_device()
     try:
         lib = _load_client()
-        client = lib.allocd_connect(socket.encode(), job.encode(), initial.encode(),
-                                    f"allocd-python torch {torch.__version__}".encode(),
-                                    _autotune_json(pinned_keys, autotune_mode).encode())
+        client = lib.allocd_connect_gpu(socket.encode(), job.encode(), initial.encode(),
+                                        f"allocd-python torch {torch.__version__}".encode(),
+                                        _autotune_json(pinned_keys, autotune_mode).encode(),
+                                        _gpu_uuid(torch, device).encode())
         if not client:
             raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
-    if device is None:
-        device = torch.cuda.current_device()
     history = _HistoryReader(torch, device) if record_events else None
     _advisor = _Advisor(lib, client, torch, device, period, initial, history)
     _advisor.start()
