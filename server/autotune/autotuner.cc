@@ -600,9 +600,10 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     max_shift = StepShift(*job.window);
   }
   if (task.first_pass && !full && skip_why.empty()) {
-    // The first pass decides once the window holds two steps (or is full).
+    // The first pass decides once the window holds two steps of training
+    // (or is full): a repeat that keeps what it allocates builds the model.
     const std::optional<uint64_t> step = FindStepPeriod(trace, max_shift);
-    if (!step || trace.events.size() < 2 * *step) {
+    if (!step || trace.events.size() < 2 * *step || !ReturnsWhatItAllocates(trace, *step)) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
       if (job.queued_id == 0) {

@@ -1,7 +1,9 @@
 #include "server/autotune/step_period.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -134,6 +136,38 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace, size_t max_shift) {
     if (share >= std::max(kMinMatch, best - near)) return period;
   }
   return std::nullopt;
+}
+
+bool ReturnsWhatItAllocates(const Trace& trace, uint64_t period) {
+  const size_t n = trace.events.size();
+  if (period == 0 || 2 * period > n) return false;
+  // The least live over each of the last two periods: the bytes a step
+  // keeps between steps, whatever its phase and its shapes.
+  std::vector<uint64_t> size_of(trace.num_ids, 0);
+  int64_t live = 0;
+  int64_t floor_before = INT64_MAX;
+  int64_t floor_last = INT64_MAX;
+  uint64_t allocated = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TraceEvent& e = trace.events[i];
+    if (e.id < size_of.size()) {
+      if (e.op == TraceOp::kAlloc) {
+        size_of[e.id] = e.size;
+        live += static_cast<int64_t>(e.size);
+        if (i >= n - period) allocated += e.size;
+      } else if (e.op == TraceOp::kFreeRequested) {
+        live -= static_cast<int64_t>(size_of[e.id]);
+        size_of[e.id] = 0;
+      }
+    }
+    if (i >= n - period) {
+      floor_last = std::min(floor_last, live);
+    } else if (i >= n - 2 * period) {
+      floor_before = std::min(floor_before, live);
+    }
+  }
+  const uint64_t kept = static_cast<uint64_t>(std::abs(floor_last - floor_before));
+  return allocated > 0 && 10 * kept <= allocated;
 }
 
 }  // namespace allocd

@@ -42,6 +42,15 @@ namespace allocd {
 // `max_shift`: how many events the stream may have lost in a row (0: none).
 std::optional<uint64_t> FindStepPeriod(const Trace& trace, size_t max_shift = 0);
 
+// Whether the last `period` events of `trace` give back (nearly) what they
+// allocate, as a training step does: the least bytes live over them differ
+// from the least live over the period before by at most a tenth of what the
+// last period allocated (the least, so that neither where the period starts
+// in a step nor the step's shapes matter). A loop that builds a model repeats too (each layer's weights,
+// llama_lora: 250 events a layer), but keeps all it allocates: deciding on
+// it would tune the model's construction, not its training.
+bool ReturnsWhatItAllocates(const Trace& trace, uint64_t period);
+
 }  // namespace allocd
 
 #endif  // ALLOCD_SERVER_AUTOTUNE_STEP_PERIOD_H_
