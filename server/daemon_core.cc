@@ -817,6 +817,7 @@ v1::StatusResponse DaemonCore::Status() const {
     d->set_chunks_reused_total(stats.chunks_reused_total);
     d->set_trimmed_bytes_total(stats.trimmed_bytes_total);
     d->set_sessions(static_cast<uint32_t>(stats.sessions.size()));
+    d->set_adopted_bytes_total(stats.adopted_bytes_total);
     r.set_capacity_bytes(r.capacity_bytes() + stats.capacity);
     r.set_in_use_bytes(r.in_use_bytes() + stats.in_use_bytes);
     r.set_free_bytes(r.free_bytes() + stats.free_bytes);

@@ -419,6 +419,9 @@ TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   EXPECT_EQ(pool1.capacity(), 64 * kChunk);
   const v1::StatusResponse status = core.Status();
   EXPECT_EQ(status.adopted_bytes_total(), 64 * kChunk);
+  ASSERT_EQ(status.devices_size(), 2);
+  EXPECT_EQ(status.devices(0).adopted_bytes_total(), 0u);
+  EXPECT_EQ(status.devices(1).adopted_bytes_total(), 64 * kChunk);
   unlink(pattern.c_str());
 }
 
