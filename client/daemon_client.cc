@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -66,6 +68,11 @@ struct Connection {
   std::string gpu_uuid;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
+  // Whether chunks declared to this daemon after a restart are proven with
+  // their FDs, so the client keeps an FD of each chunk it holds.
+  bool declare_fds = false;
+  // Whether this daemon takes declarations at all.
+  bool adopts_chunks = false;
   // The lease; claims travel over it, one at a time.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
@@ -103,6 +110,32 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
   return all;
 }
 
+// A chunk the process holds, by the epoch it was granted in and its id.
+using HeldKey = std::pair<uint64_t, uint64_t>;
+struct HeldChunk {
+  uint64_t bytes = 0;
+  uint64_t offset = 0;
+  // An FD of the chunk, to prove it to a restarted daemon (declare_fds);
+  // invalid when that daemon takes ids and sizes alone.
+  UniqueFd proof;
+  // The epoch of the session that owns it in its daemon's books: the
+  // granting one, then the one a restarted daemon adopted it into; 0 when
+  // a restarted daemon refused it (it is nobody's to release).
+  uint64_t owner_epoch = 0;
+};
+
+// A dup() of `fd`, raising RLIMIT_NOFILE once when this process runs out:
+// a sim-mode client keeps an FD per chunk it holds.
+UniqueFd DupProof(int fd) {
+  static std::atomic<bool> raised{false};
+  UniqueFd copy(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid() && errno == EMFILE && !raised.exchange(true) &&
+      RaiseOpenFileLimit().ok()) {
+    copy.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  }
+  return copy;
+}
+
 // Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
 // lease of `c`.
 absl::StatusOr<ReceivedChunks> ClaimGrant(
@@ -127,7 +160,8 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
   if (chunks.fds.size() != chunks.ids.size() ||
       chunks.offsets.size() != chunks.ids.size() ||
       chunks.sizes.size() != chunks.ids.size()) {
-    return absl::DataLossError(absl::StrCat("daemon sent ", chunks.fds.size(),
+    // Not DataLoss, which says the connection broke (Acquire asks again).
+    return absl::InternalError(absl::StrCat("daemon sent ", chunks.fds.size(),
                                             " FDs for ", chunks.ids.size(),
                                             " chunks"));
   }
@@ -181,6 +215,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->capacity = response.capacity_bytes();
   c->gpu_uuid = response.gpu_uuid();
   c->running_version = response.current_config_version();
+  c->declare_fds = response.declare_fds();
+  c->adopts_chunks = response.adopts_chunks();
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
   if (!lease.ok()) return lease.status();
@@ -269,6 +305,17 @@ struct DaemonClient::State {
   }
 
   void SessionLoop();
+  // After a reconnect, before `c` serves calls: re-declares every chunk the
+  // process holds to the new daemon (SideRequest.declare) and records
+  // which it adopted; those released meanwhile are released on `c`.
+  void DeclareHeld(const std::shared_ptr<Connection>& c);
+  // Whether the session of `c` owns every chunk of `ids` granted in
+  // `epoch`: it granted them, or adopted them after a restart.
+  bool OwnedBy(const Connection& c, uint64_t epoch,
+               absl::Span<const uint64_t> ids);
+  // ReleaseChunks of `ids` on `c`, in batches.
+  absl::Status ReleaseOn(const std::shared_ptr<Connection>& c,
+                         absl::Span<const uint64_t> ids);
   void TelemetryLoop();
   // Writes `stats` (when not null) and `batches` on the telemetry stream;
   // false when the stream broke (unsent batches go back to the recorder
@@ -291,6 +338,10 @@ struct DaemonClient::State {
   bool flush ABSL_GUARDED_BY(mu) = false;
   // The recorder is half full: send before the period ends.
   bool events_waiting ABSL_GUARDED_BY(mu) = false;
+  // Every chunk Acquire handed out and Release has not taken back.
+  std::map<HeldKey, HeldChunk> held ABSL_GUARDED_BY(mu);
+  // The epoch of the newest connection whose declaration began.
+  uint64_t declared_epoch ABSL_GUARDED_BY(mu) = 0;
   RunningConfig running ABSL_GUARDED_BY(mu);
   // Bumped by every SetRunning, so a registration that declared an older
   // config does not overwrite a newer version.
@@ -321,6 +372,9 @@ void DaemonClient::State::SessionLoop() {
       }
       absl::StatusOr<std::shared_ptr<Connection>> fresh =
           Establish(options, next_epoch, declared);
+      // The new daemon owns what this process still holds before it hands
+      // out anything (Acquire waits for the connection).
+      if (fresh.ok()) DeclareHeld(*fresh);
       absl::MutexLock lock(&mu);
       if (stopping) return;
       if (fresh.ok()) {
@@ -365,6 +419,119 @@ void DaemonClient::State::SessionLoop() {
     // The stream ends only when the daemon or the session went away.
     Lost(c);
   }
+}
+
+void DaemonClient::State::DeclareHeld(const std::shared_ptr<Connection>& c) {
+  std::vector<HeldKey> keys;
+  {
+    absl::MutexLock lock(&mu);
+    // From here on, chunks an Acquire on an older connection claims are
+    // not declared: that Acquire drops them and asks again.
+    declared_epoch = c->epoch;
+    if (!c->adopts_chunks) return;
+    keys.reserve(held.size());
+    for (const auto& [key, chunk] : held) keys.push_back(key);
+  }
+  std::vector<uint64_t> stale;  // adopted, but released meanwhile
+  for (size_t begin = 0; begin == 0 || begin < keys.size();
+       begin += kMaxFdsPerMessage) {
+    const size_t end = std::min(keys.size(), begin + kMaxFdsPerMessage);
+    v1::SideRequest request;
+    v1::DeclareChunks* declare = request.mutable_declare();
+    std::vector<UniqueFd> proofs;
+    std::map<uint64_t, HeldKey> by_id;  // this frame's chunks
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t i = begin; i < end; ++i) {
+        auto it = held.find(keys[i]);
+        if (it == held.end() || !by_id.emplace(keys[i].second, keys[i]).second) {
+          continue;  // released since, or an id twice (ids of two daemons)
+        }
+        if (c->declare_fds) {
+          if (!it->second.proof.valid()) continue;  // nothing to prove it
+          proofs.push_back(DupProof(it->second.proof.get()));
+          if (!proofs.back().valid()) {
+            proofs.pop_back();
+            by_id.erase(keys[i].second);
+            continue;
+          }
+        }
+        declare->add_chunk_ids(keys[i].second);
+        declare->add_sizes(it->second.bytes);
+        declare->add_offsets(it->second.offset);
+      }
+    }
+    declare->set_more(end < keys.size());
+    std::vector<int> fds;
+    for (const UniqueFd& fd : proofs) fds.push_back(fd.get());
+    absl::StatusOr<v1::SideResponse> answer;
+    {
+      absl::MutexLock lock(&c->lease_mu);
+      if (absl::Status sent =
+              SendMessage(c->lease.get(), request.SerializeAsString(), fds);
+          !sent.ok()) {
+        return;  // the daemon went away again: the next one gets them
+      }
+      absl::StatusOr<ReceivedMessage> frame =
+          ReceiveMessage(c->lease.get(), kMaxSideResponse, absl::Seconds(10));
+      if (!frame.ok()) return;
+      v1::SideResponse response;
+      if (!response.ParseFromString(frame->payload)) return;
+      answer = std::move(response);
+    }
+    if (!answer->error().empty()) return;  // e.g. an old daemon: no adoption
+    absl::MutexLock lock(&mu);
+    for (uint64_t id : answer->adopted_chunk_ids()) {
+      auto key = by_id.find(id);
+      if (key == by_id.end()) continue;
+      auto it = held.find(key->second);
+      if (it == held.end()) {
+        stale.push_back(id);
+      } else {
+        it->second.owner_epoch = c->epoch;
+      }
+    }
+    for (uint64_t id : answer->refused_chunk_ids()) {
+      auto key = by_id.find(id);
+      if (key == by_id.end()) continue;
+      if (auto it = held.find(key->second); it != held.end()) {
+        it->second.owner_epoch = 0;
+      }
+    }
+  }
+  // `c` is not published yet: Release would not find it.
+  if (!stale.empty()) (void)ReleaseOn(c, stale);
+}
+
+bool DaemonClient::State::OwnedBy(const Connection& c, uint64_t epoch,
+                                  absl::Span<const uint64_t> ids) {
+  absl::MutexLock lock(&mu);
+  return std::all_of(ids.begin(), ids.end(), [&](uint64_t id) {
+    mu.AssertHeld();
+    auto it = held.find({epoch, id});
+    // Not held (never recorded): its granting session's.
+    return (it == held.end() ? epoch : it->second.owner_epoch) == c.epoch;
+  });
+}
+
+absl::Status DaemonClient::State::ReleaseOn(
+    const std::shared_ptr<Connection>& c, absl::Span<const uint64_t> ids) {
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
+    const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
+    grpc::ClientContext context;
+    SetDeadline(context, options.rpc_timeout);
+    v1::ReleaseChunksRequest request;
+    request.set_session_id(c->session_id);
+    for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
+    v1::ReleaseChunksResponse response;
+    grpc::Status s = c->stub->ReleaseChunks(&context, request, &response);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      Lost(c);
+      return absl::OkStatus();  // the daemon takes them back when it ends
+    }
+    if (!s.ok()) return FromGrpc(s);
+  }
+  return absl::OkStatus();
 }
 
 bool DaemonClient::State::SendTelemetry(
@@ -545,11 +712,34 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
     }
     if (!status.ok()) return FromGrpc(status);
     absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+    if (absl::IsUnavailable(chunks.status()) ||
+        absl::IsDataLoss(chunks.status())) {
+      // The daemon died mid-claim: the grant died with it. Ask the next.
+      state_->Lost(c);
+      continue;
+    }
     if (!chunks.ok()) {
       // Unusable here, so not ours to keep: the session must not hold them.
       std::vector<uint64_t> ids(response.chunk_ids().begin(),
                                 response.chunk_ids().end());
       (void)Release(c->epoch, ids);
+      return chunks;
+    }
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->declared_epoch > c->epoch) {
+        // The daemon restarted meanwhile and the new one has heard what
+        // this process holds already: these are nobody's now. Ask again.
+        continue;
+      }
+      for (size_t i = 0; i < chunks->ids.size(); ++i) {
+        state_->held[{c->epoch, chunks->ids[i]}] = HeldChunk{
+            .bytes = chunks->sizes[i],
+            .offset = chunks->offsets[i],
+            .proof = c->declare_fds ? DupProof(chunks->fds[i].get())
+                                    : UniqueFd(),
+            .owner_epoch = c->epoch};
+      }
     }
     return chunks;
   }
@@ -558,10 +748,11 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
 absl::StatusOr<std::string> DaemonClient::Share(
     uint64_t epoch, absl::Span<const uint64_t> ids) {
   std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr || c->epoch != epoch) {
+  if (c == nullptr || !state_->OwnedBy(*c, epoch, ids)) {
     return absl::FailedPreconditionError(
         "these chunks came from an allocd daemon this process is no longer "
-        "connected to: they cannot be shared");
+        "connected to (and the daemon now did not adopt them): they cannot "
+        "be shared");
   }
   grpc::ClientContext context;
   SetDeadline(context, state_->options.rpc_timeout);
@@ -612,24 +803,22 @@ absl::Status DaemonClient::CloseShare(uint64_t epoch,
 
 absl::Status DaemonClient::Release(uint64_t epoch,
                                    absl::Span<const uint64_t> ids) {
-  std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
-  for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
-    const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
-    grpc::ClientContext context;
-    SetDeadline(context, state_->options.rpc_timeout);
-    v1::ReleaseChunksRequest request;
-    request.set_session_id(c->session_id);
-    for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
-    v1::ReleaseChunksResponse response;
-    grpc::Status s = c->stub->ReleaseChunks(&context, request, &response);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      state_->Lost(c);
-      return absl::OkStatus();  // the daemon takes them back when it ends
+  std::shared_ptr<Connection> c;
+  std::vector<uint64_t> owned;  // by the current session
+  {
+    absl::MutexLock lock(&state_->mu);
+    c = state_->connection;
+    for (uint64_t id : ids) {
+      auto it = state_->held.find({epoch, id});
+      // Never recorded (a claim that failed): its granting session's.
+      const uint64_t owner =
+          it == state_->held.end() ? epoch : it->second.owner_epoch;
+      if (it != state_->held.end()) state_->held.erase(it);
+      if (c != nullptr && owner == c->epoch) owned.push_back(id);
     }
-    if (!s.ok()) return FromGrpc(s);
   }
-  return absl::OkStatus();
+  if (owned.empty()) return absl::OkStatus();
+  return state_->ReleaseOn(c, owned);
 }
 
 std::vector<v1::ControlMessage> DaemonClient::TakeControl() {

@@ -12,11 +12,19 @@
 //   telemetry, and with them, in packed batches, the allocator events the
 //   engine recorded (events()) for the daemon's autotuner;
 // - when the daemon goes away, the same thread reconnects with exponential
-//   backoff and registers a new session: the epoch goes up, and chunks of
-//   an earlier epoch stay mapped and usable but are no longer the new
-//   daemon's to take back (Release of them only drops them locally). The
-//   new session re-declares the config the process runs (SetRunning), so
-//   a restarted daemon does not push it again.
+//   backoff and registers a new session (the epoch goes up), and before
+//   the new session serves any call it re-declares every chunk the process
+//   holds (Acquire'd and not Released), so the restarted daemon counts
+//   them and promises their memory to nobody else (NodePool::Adopt). What
+//   the client proves: in sim mode the chunk's memfd (the client keeps an
+//   FD of each chunk it holds, and passes a copy back); with CUDA, ids and
+//   sizes alone, since the client holds the imported allocation handles
+//   but exporting each again would cost about 1 ms per chunk. Chunks the
+//   new daemon adopted are released to it as usual (Release with the epoch
+//   they were granted in); one it refused stays mapped and usable, and its
+//   Release only drops it here. The new session also re-declares the
+//   config the process runs (SetRunning), so a restarted daemon does not
+//   push it again.
 //
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_DAEMON_CLIENT_H_
@@ -96,12 +104,15 @@ class DaemonClient {
   // when the daemon stayed away longer than reconnect_wait.
   absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
                                          uint64_t max_chunk_bytes = UINT64_MAX);
-  // Returns chunks of `epoch`; of an older epoch, a no-op.
+  // Returns chunks granted in `epoch` to the daemon that owns them now (the
+  // one that granted them, or a restarted one that adopted them); chunks no
+  // live daemon owns are only forgotten here.
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
 
   // Sharing chunks with other processes (CUDA IPC). Share: a token under
   // which other sessions of the daemon may open chunks `ids` of `epoch`,
-  // which this process holds (FailedPrecondition for an older epoch's).
+  // which this process holds (FailedPrecondition for an older epoch's that
+  // the daemon now did not adopt).
   absl::StatusOr<std::string> Share(uint64_t epoch,
                                     absl::Span<const uint64_t> ids);
   // The chunks another process shared under `share_token`, to map while it

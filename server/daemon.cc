@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <optional>
@@ -78,6 +79,17 @@ absl::Status CheckOpenFileLimit(
       "). Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
       "docker --ulimit nofile=) or lower --capacity to at most ",
       FormatSize(most / holding), holding > 1 ? " per device" : ""));
+}
+
+// The pool's chunk id epoch: random, so that ids a surviving client holds
+// from the daemon before are never made again (NodePool::Options).
+uint32_t RandomChunkIdEpoch() {
+  uint32_t epoch = 0;
+  while (epoch == 0) {
+    if (getrandom(&epoch, sizeof epoch, 0) != sizeof epoch) epoch = 0;
+    epoch &= 0xFFFFFF;
+  }
+  return epoch;
 }
 
 std::vector<FoundDevice> SimDevices(int count) {
@@ -232,6 +244,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   absl::StatusOr<std::vector<FoundDevice>> devices = FindDevices(o, &backend);
   if (!devices.ok()) return devices.status();
   std::vector<uint64_t> capacities;
+  // For fitting each capacity after a restart (DaemonCore::SettleAdoption).
+  std::vector<DeviceAtStart> at_start;
   for (const FoundDevice& device : *devices) {
     absl::StatusOr<uint64_t> capacity = DeviceCapacity(o, backend, device);
     if (!capacity.ok()) return capacity.status();
@@ -239,6 +253,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       return absl::InvalidArgumentError("--capacity must be more than 0");
     }
     capacities.push_back(*capacity);
+    at_start.push_back(
+        {.free_memory = device.free_memory,
+         .capacity_from_free =
+             o.capacity_size.empty() && device.free_memory.has_value()});
   }
   if (absl::Status fds = CheckOpenFileLimit(*devices, capacities); !fds.ok()) {
     return fds;
@@ -250,7 +268,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     if (absl::Status s = parts->pools.Add(
             device.uuid, device.name, std::move(device.source),
             NodePool::Options{.capacity = capacities[i],
-                              .chunk_classes = DefaultChunkClasses(granularity)});
+                              .chunk_classes = DefaultChunkClasses(granularity),
+                              .chunk_id_epoch = RandomChunkIdEpoch()});
         !s.ok()) {
       return s;
     }
@@ -264,7 +283,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
                         .admin_uids = o.admin_uids,
-                        .trim = o.trim},
+                        .trim = o.trim,
+                        .sessions_file = o.socket + ".sessions",
+                        .adopt_window = o.adopt_window,
+                        .devices_at_start = std::move(at_start)},
       &parts->pools, &parts->metrics);
   AutotuneOptions autotune = o.autotune;
   if (autotune.capacity == 0) autotune.capacity = o.capacity;

@@ -51,6 +51,10 @@ struct DaemonOptions {
   // an H100 (a 40 GiB working set: 2.8 s from a cold pool, 1.8 s warm), so
   // a job that comes back after 5 idle minutes pays well under a step.
   TrimPolicy trim{.idle_after = absl::Minutes(5)};
+  // After a restart, new memory waits up to this long for the sessions of
+  // the daemon before (pids in `socket` + ".sessions") to re-declare the
+  // chunks they hold (DaemonCoreOptions::adopt_window).
+  absl::Duration adopt_window = absl::Seconds(5);
   // The autotuner (--autotune MODE and its knobs). Its capacity, when 0,
   // is the pool's: a candidate that would not fit the node is never
   // proposed.

@@ -76,7 +76,7 @@ std::unique_ptr<DevicePools> OneDevice(NodePool* pool,
 DaemonCore::DaemonCore(DaemonCoreOptions options, const DevicePools* pools,
                        Metrics* metrics)
     : options_(std::move(options)), pools_(pools), metrics_(metrics) {
-  for (const DevicePool& device : pools_->devices()) PublishPool(device);
+  Start();
 }
 
 DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
@@ -85,11 +85,75 @@ DaemonCore::DaemonCore(DaemonCoreOptions options, NodePool* pool,
       owned_pools_(OneDevice(pool, options_.backend)),
       pools_(owned_pools_.get()),
       metrics_(metrics) {
-  PublishPool(pools_->at(0));
+  Start();
 }
 
 NodePool& DaemonCore::PoolOf(const Session& session) const {
   return *pools_->at(session.identity().node_device).pool;
+}
+
+void DaemonCore::Start() {
+  if (const SessionsByPid awaited = adoption_.pending(); !awaited.empty()) {
+    std::string pids;
+    for (const auto& [pid, sessions] : awaited) {
+      absl::StrAppend(&pids, pids.empty() ? "" : ", ", pid);
+    }
+    LogInfo(absl::StrCat(
+        "restarted with ", awaited.size(), " process(es) of the daemon "
+        "before still alive (pids ", pids, "): new memory waits up to ",
+        absl::FormatDuration(options_.adopt_window),
+        " for them to re-declare the chunks they hold"));
+  }
+  SettleAdoption();
+  for (const DevicePool& device : pools_->devices()) PublishPool(device);
+}
+
+void DaemonCore::SettleAdoption() {
+  if (adoption_.open()) return;
+  // Acquires wait here for the first caller to finish: none may create
+  // memory before the capacity is what the device can give.
+  absl::MutexLock lock(&settle_mu_);
+  if (settled_) return;
+  settled_ = true;
+  for (const DevicePool& device : pools_->devices()) FitCapacity(device);
+}
+
+void DaemonCore::FitCapacity(const DevicePool& device) {
+  if (static_cast<size_t>(device.index) >= options_.devices_at_start.size()) {
+    return;
+  }
+  const DeviceAtStart& at_start = options_.devices_at_start[device.index];
+  if (!at_start.free_memory.has_value()) return;
+  const PoolStats stats = device.pool->Stats();
+  // Before any Acquire: the live chunks are the adopted ones, in use on the
+  // device at start, so not in its free memory.
+  const uint64_t adopted = stats.created_bytes;
+  if (at_start.capacity_from_free) {
+    capacity_ceiling_[device.index] = UINT64_MAX;
+    if (adopted == 0) return;
+    device.pool->SetCapacity(stats.capacity + adopted);
+    LogInfo(absl::StrCat("device ", device.index, " (", device.uuid,
+                         "): capacity ", FormatSize(stats.capacity + adopted),
+                         ", its free memory at start less --headroom plus ",
+                         FormatSize(adopted),
+                         " its surviving clients hold"));
+    PublishPool(device);
+    return;
+  }
+  const uint64_t limit = *at_start.free_memory + adopted;
+  if (stats.capacity <= limit) return;
+  LogError(absl::StrCat(
+      "device ", device.index, " (", device.uuid, "): --capacity ",
+      FormatSize(stats.capacity), " is more than the device can give: ",
+      FormatSize(*at_start.free_memory), " free at start",
+      adopted > 0 ? absl::StrCat(" plus ", FormatSize(adopted),
+                                 " its surviving clients hold")
+                  : "",
+      "; serving ", FormatSize(limit), " (other processes use the rest of "
+      "the GPU: lower --capacity to silence this)"));
+  capacity_ceiling_[device.index] = stats.capacity;
+  device.pool->SetCapacity(limit);
+  PublishPool(device);
 }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::OwnedSession(
@@ -171,6 +235,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
                                  r.current_config_version(), session->id());
     session->Acked(running);
   }
+  SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
                            peer.pid);
   LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
@@ -187,6 +252,8 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_gpu_uuid(device.uuid);
   response.set_node_device(device.index);
   response.set_current_config_version(running.version);
+  response.set_declare_fds(device.pool->proves_chunks());
+  response.set_adopts_chunks(true);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
     // The client applies it at start and ACKs like any push; a client that
@@ -228,6 +295,9 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  // After a restart: not before the surviving sessions' chunks are counted.
+  adoption_.Wait();
+  SettleAdoption();
   NodePool& pool = PoolOf(**session);
   // A client that does not say maps every chunk at the smallest size.
   const uint64_t max_chunk_bytes =
@@ -512,6 +582,77 @@ absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
+    const PeerCredentials& peer, SessionId id,
+    std::vector<DeclaredChunk> chunks, bool last) {
+  absl::StatusOr<std::shared_ptr<Session>> session = OwnedSession(peer, id);
+  if (!session.ok()) return session.status();
+  const size_t declared = chunks.size();
+  // The session's own device: its chunks came from that GPU's pool.
+  NodePool& pool = PoolOf(**session);
+  absl::StatusOr<AdoptOutcome> outcome = pool.Adopt(id, std::move(chunks));
+  if (!outcome.ok()) return outcome.status();
+  {
+    // A late declaration (after the capacity was fitted to the device)
+    // holds memory that was not free then: the device gets it back when
+    // it is released, so the fitted capacity grows by it.
+    absl::MutexLock lock(&settle_mu_);
+    auto ceiling = capacity_ceiling_.find((*session)->identity().node_device);
+    if (ceiling != capacity_ceiling_.end() && outcome->adopted_bytes > 0) {
+      pool.SetCapacity(std::min(ceiling->second,
+                                pool.capacity() + outcome->adopted_bytes));
+    }
+  }
+  const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
+                                       ", job \"", (*session)->identity().job,
+                                       "\")");
+  // Every refusal is logged, a few in full.
+  constexpr size_t kRefusalsLogged = 8;
+  for (size_t i = 0; i < outcome->refused.size() && i < kRefusalsLogged; ++i) {
+    const auto& [chunk, why] = outcome->refused[i];
+    LogError(absl::StrCat(who, " declared chunk ", chunk,
+                          ", not adopted: ", why));
+  }
+  if (outcome->refused.size() > kRefusalsLogged) {
+    LogError(absl::StrCat(who, ": ",
+                          outcome->refused.size() - kRefusalsLogged,
+                          " more declared chunks not adopted"));
+  }
+  if (declared > 0) {
+    LogInfo(absl::StrCat(who, " re-declared ", declared, " chunk(s): ",
+                         outcome->adopted.size(), " adopted (",
+                         FormatSize(outcome->adopted_bytes), ")"));
+  }
+  if (last) {
+    adoption_.Returned(peer.pid);
+    SaveSessions();
+    SettleAdoption();
+  }
+  PublishPool(**session);
+  return outcome;
+}
+
+void DaemonCore::SaveSessions() {
+  if (options_.sessions_file.empty() || shutting_down_) return;
+  // One writer at a time, each with the state as it is then: the last
+  // write is the newest.
+  absl::MutexLock lock(&sessions_file_mu_);
+  SessionsByPid sessions;
+  for (const std::shared_ptr<Session>& s : sessions_.List()) {
+    ++sessions[s->identity().pid];
+  }
+  // A process that has not finished declaring counts as it did before.
+  for (const auto& [pid, awaited] : adoption_.pending()) {
+    int& count = sessions[pid];
+    count = std::max(count, awaited);
+  }
+  if (absl::Status s = WriteSessionsFile(options_.sessions_file, sessions);
+      !s.ok()) {
+    LogError(absl::StrCat("the sessions file (for the next daemon after a "
+                          "restart): ", s.message()));
+  }
+}
+
 absl::Status DaemonCore::Claim(const PeerCredentials& peer,
                                absl::string_view token, size_t batch_size,
                                NodePool::ClaimSink sink) {
@@ -531,6 +672,7 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   session->Close();
   if (observer_ != nullptr) observer_->SessionEnded(id);
   const uint64_t held = PoolOf(*session).EndSession(id);
+  SaveSessions();
   metrics_->SessionEnded(id);
   SignalReleased();
   PublishPool(*session);
@@ -540,6 +682,13 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
 }
 
 void DaemonCore::ExpireUnleased(absl::Time now) {
+  if (adoption_.open()) {
+    adoption_.Tick(now);
+    if (!adoption_.open()) {
+      SaveSessions();
+      SettleAdoption();
+    }
+  }
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     if (!s->leased() &&
         now - s->identity().registered_at > options_.lease_grace) {
@@ -589,6 +738,7 @@ void DaemonCore::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
 }
 
 void DaemonCore::EndAll() {
+  shutting_down_ = true;
   for (const std::shared_ptr<Session>& s : sessions_.List()) {
     EndSession(s->id(), "daemon shutting down");
   }
@@ -667,6 +817,7 @@ v1::StatusResponse DaemonCore::Status() const {
     d->set_chunks_reused_total(stats.chunks_reused_total);
     d->set_trimmed_bytes_total(stats.trimmed_bytes_total);
     d->set_sessions(static_cast<uint32_t>(stats.sessions.size()));
+    d->set_adopted_bytes_total(stats.adopted_bytes_total);
     r.set_capacity_bytes(r.capacity_bytes() + stats.capacity);
     r.set_in_use_bytes(r.in_use_bytes() + stats.in_use_bytes);
     r.set_free_bytes(r.free_bytes() + stats.free_bytes);
@@ -676,7 +827,10 @@ v1::StatusResponse DaemonCore::Status() const {
                               stats.chunks_reused_total);
     r.set_trimmed_bytes_total(r.trimmed_bytes_total() +
                               stats.trimmed_bytes_total);
+    r.set_adopted_bytes_total(r.adopted_bytes_total() +
+                              stats.adopted_bytes_total);
   }
+  r.set_adopting(adoption_.open());
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_version(ALLOCD_VERSION);
   r.set_started_unix_micros(UnixMicros(started_));

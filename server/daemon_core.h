@@ -17,7 +17,11 @@
 //   sessions of that device, and a process using several GPUs has a
 //   session per device;
 // - an OOM under a pushed config rolls the session back to the config it
-//   ran before (pushed as a rollback), once per OOM'd version.
+//   ran before (pushed as a rollback), once per OOM'd version;
+// - after a restart, sessions that reconnect re-declare the chunks they
+//   still hold (DeclareChunks, NodePool::Adopt), and AcquireChunks waits
+//   until the sessions of the daemon before have done so or adopt_window
+//   has passed (AdoptionWindow): memory they map is never promised twice.
 //
 // Thread-safe.
 #ifndef ALLOCD_SERVER_DAEMON_CORE_H_
@@ -25,6 +29,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +43,7 @@
 #include "absl/time/time.h"
 #include "allocd.pb.h"
 #include "ipc/unix_socket.h"
+#include "server/adoption_window.h"
 #include "server/config_store.h"
 #include "server/metrics.h"
 #include "server/pool/device_pools.h"
@@ -46,6 +52,19 @@
 #include "server/session_registry.h"
 
 namespace allocd {
+
+// A device's memory when the daemon started, for fitting its pool's
+// capacity after a restart (DaemonCore::SettleAdoption).
+struct DeviceAtStart {
+  // cuMemGetInfo's free at start; nullopt: no device (sim), nothing fitted.
+  std::optional<uint64_t> free_memory;
+  // The capacity was derived from `free_memory` (free minus --headroom, no
+  // --capacity): the chunks surviving clients hold were in use at start,
+  // so the capacity grows by what the pool adopts. Otherwise (--capacity
+  // given) it is clipped, with a warning, to `free_memory` plus what the
+  // pool adopted.
+  bool capacity_from_free = false;
+};
 
 struct DaemonCoreOptions {
   // "sim" or "cuda": reported to clients and admins.
@@ -60,6 +79,17 @@ struct DaemonCoreOptions {
   uint64_t max_acquire_bytes = uint64_t{1} << 40;
   // When cached chunks go back to the device (TrimIdle).
   TrimPolicy trim;
+  // Where the pids of live sessions are kept for the next daemon (see
+  // AdoptionWindow); empty: nowhere, and no adoption window.
+  std::string sessions_file;
+  // The longest AcquireChunks waits after a restart for the sessions of
+  // the daemon before to re-declare their chunks.
+  absl::Duration adopt_window = absl::Seconds(5);
+  // Each device's memory when the daemon started, by node device (missing
+  // ones: no device, as in sim). Once the adoption window closes each
+  // pool's capacity is fitted to it (DeviceAtStart): the pool never
+  // promises what the device does not have.
+  std::vector<DeviceAtStart> devices_at_start;
 };
 
 class DaemonCore {
@@ -105,6 +135,13 @@ class DaemonCore {
 
   // --- side socket
   absl::Status Lease(const PeerCredentials& peer, SessionId id);
+  // A reconnecting session's chunks from the daemon before (a frame of its
+  // SideRequest.declare; `last`: its declaration is complete). Refusals
+  // are logged; NotFound/PermissionDenied as for any call on the session.
+  absl::StatusOr<AdoptOutcome> DeclareChunks(const PeerCredentials& peer,
+                                             SessionId id,
+                                             std::vector<DeclaredChunk> chunks,
+                                             bool last);
   // The FDs of a grant, for SCM_RIGHTS, in batches (NodePool::Claim).
   absl::Status Claim(const PeerCredentials& peer, absl::string_view token,
                      size_t batch_size, NodePool::ClaimSink sink);
@@ -183,6 +220,19 @@ class DaemonCore {
   // Exports the device's pool (PublishPool(session): the session's).
   void PublishPool(const DevicePool& device);
   void PublishPool(const Session& session);
+  // Logs the sessions a restart waits for, settles an adoption with
+  // nothing to wait for, and publishes every pool (both constructors).
+  void Start();
+  // Once the adoption window has closed (at most once): fits each device's
+  // capacity to its memory (options_.devices_at_start).
+  void SettleAdoption();
+  // Fits device `device`'s capacity to its free memory at start plus what
+  // its pool adopted (SettleAdoption, under settle_mu_).
+  void FitCapacity(const DevicePool& device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(settle_mu_);
+  // Writes the sessions file: the pids of live sessions, and of the daemon
+  // before's sessions still awaited.
+  void SaveSessions();
   // Wakes Reclaim()s waiting for memory to come back.
   void SignalReleased();
   // Asks every session of `except`'s device but `except` that caches
@@ -199,6 +249,22 @@ class DaemonCore {
   SessionRegistry sessions_;
   ConfigStore configs_;
   SessionObserver* observer_ = nullptr;
+  AdoptionWindow adoption_{
+      options_.sessions_file.empty()
+          ? SessionsByPid{}
+          : ReadSessionsFile(options_.sessions_file, ProcessAlive),
+      started_ + options_.adopt_window};
+  // Set by EndAll: the sessions file keeps the sessions a shutdown ends,
+  // whose processes live on and will declare their chunks to the next
+  // daemon.
+  std::atomic<bool> shutting_down_{false};
+  absl::Mutex settle_mu_;
+  bool settled_ ABSL_GUARDED_BY(settle_mu_) = false;
+  // By node device, once SettleAdoption fitted its capacity: the most a
+  // late declaration (after the fit) grows it to (the --capacity it
+  // clipped, or unbounded for a capacity derived from free memory).
+  std::map<int, uint64_t> capacity_ceiling_ ABSL_GUARDED_BY(settle_mu_);
+  absl::Mutex sessions_file_mu_;
 
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;

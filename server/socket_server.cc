@@ -23,8 +23,9 @@
 namespace allocd {
 namespace {
 
-// Largest side-socket request: a lease or a claim token.
-constexpr size_t kMaxSideRequest = 4096;
+// Largest side-socket request: a lease, a claim token, or a declaration of
+// up to kMaxFdsPerMessage chunks (three varints each).
+constexpr size_t kMaxSideRequest = 64 << 10;
 // A client must send a whole frame within this once it started one.
 constexpr absl::Duration kFrameTimeout = absl::Seconds(1);
 // How often the side channel looks for sessions that never leased.
@@ -132,13 +133,57 @@ v1::SideResponse ErrorResponse(const absl::Status& status) {
   return response;
 }
 
+// One frame of a reconnecting client's declaration, on its lease.
+absl::StatusOr<v1::SideResponse> Declare(DaemonCore& core,
+                                         const SideConnection& c,
+                                         const v1::DeclareChunks& declare,
+                                         std::vector<UniqueFd> fds) {
+  if (c.lease == 0) {
+    return absl::FailedPreconditionError(
+        "chunks are declared on a lease connection, after the lease");
+  }
+  const int n = declare.chunk_ids_size();
+  if (declare.sizes_size() != n ||
+      (declare.offsets_size() != 0 && declare.offsets_size() != n) ||
+      (!fds.empty() && fds.size() != static_cast<size_t>(n))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a declaration of ", n, " chunk ids needs as many sizes (got ",
+        declare.sizes_size(), "), offsets (got ", declare.offsets_size(),
+        ") and FDs, if any (got ", fds.size(), ")"));
+  }
+  if (static_cast<size_t>(n) > kMaxFdsPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a declaration frame holds at most ", kMaxFdsPerMessage,
+        " chunks; got ", n));
+  }
+  std::vector<DeclaredChunk> chunks(n);
+  for (int i = 0; i < n; ++i) {
+    chunks[i].id = declare.chunk_ids(i);
+    chunks[i].bytes = declare.sizes(i);
+    if (declare.offsets_size() == n) chunks[i].offset = declare.offsets(i);
+    if (!fds.empty()) chunks[i].fd = std::move(fds[i]);
+  }
+  absl::StatusOr<AdoptOutcome> outcome =
+      core.DeclareChunks(c.peer, c.lease, std::move(chunks), !declare.more());
+  if (!outcome.ok()) return outcome.status();
+  v1::SideResponse response;
+  for (uint64_t id : outcome->adopted) response.add_adopted_chunk_ids(id);
+  for (const auto& [id, why] : outcome->refused) {
+    response.add_refused_chunk_ids(id);
+    response.add_refused_reasons(why);
+  }
+  return response;
+}
+
 // Answers one request. False when the connection should close.
 bool Serve(DaemonCore& core, SideConnection& c) {
   absl::StatusOr<ReceivedMessage> frame =
       ReceiveMessage(c.fd.get(), kMaxSideRequest, kFrameTimeout);
   if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
   v1::SideRequest request;
-  if (!frame->fds.empty() || !request.ParseFromString(frame->payload)) {
+  if (!request.ParseFromString(frame->payload) ||
+      (!frame->fds.empty() &&
+       request.request_case() != v1::SideRequest::kDeclare)) {
     (void)SendMessage(c.fd.get(),
                       ErrorResponse(absl::InvalidArgumentError(
                                         "malformed side-socket request"))
@@ -183,6 +228,15 @@ bool Serve(DaemonCore& core, SideConnection& c) {
             .ok();
       }
       return true;
+    }
+    case v1::SideRequest::kDeclare: {
+      absl::StatusOr<v1::SideResponse> answer =
+          Declare(core, c, request.declare(), std::move(frame->fds));
+      return SendMessage(c.fd.get(), answer.ok()
+                                         ? answer->SerializeAsString()
+                                         : ErrorResponse(answer.status())
+                                               .SerializeAsString())
+          .ok();
     }
     default:
       (void)SendMessage(c.fd.get(),

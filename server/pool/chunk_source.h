@@ -70,6 +70,28 @@ class ChunkSource {
   // A short name for logs and metrics, as `allocd serve --backend` spells
   // it: "sim", "cuda".
   virtual std::string Name() const = 0;
+
+  // After a daemon restart (NodePool::Adopt): whether a reconnecting client
+  // proves each chunk it re-declares by passing an FD of it back (sim: the
+  // memfd it was given). False: a declared chunk is taken on the client's
+  // word, and the pool counts it without having its memory (CUDA, where
+  // exporting every held chunk again would take the client about 1 ms per
+  // 2 MiB chunk: 40 s for a full H100).
+  virtual bool ProvesChunks() const { return false; }
+  // Checks a client's proof that it maps `bytes` at `offset` of `fd` made
+  // by this source, and returns that memory, kept from now on like a
+  // created chunk's. InvalidArgument saying why when `fd` is not such a
+  // chunk; the default (a source that does not ProvesChunks):
+  // Unimplemented.
+  virtual absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
+                                                 uint64_t bytes) const;
+  // Names the physical memory behind `memory`, the same for every FD of
+  // one chunk (sim: the memfd's device and inode), so that one chunk
+  // declared under two ids is caught; "" when the source cannot tell.
+  virtual std::string Identity(const ChunkMemory& memory) const {
+    (void)memory;
+    return "";
+  }
 };
 
 }  // namespace allocd

@@ -32,6 +32,15 @@ class MemfdChunkSource final : public ChunkSource {
   size_t Granularity() const override { return granularity_; }
   std::string Name() const override { return "sim"; }
 
+  // A client proves a chunk with its memfd: AdoptChunk takes an FD that is
+  // a memfd "allocd-chunk" of exactly `bytes` (offset 0) with this source's
+  // seals, which only the daemon that created it could have set before
+  // F_SEAL_SEAL; its identity is the file's device and inode.
+  bool ProvesChunks() const override { return true; }
+  absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
+                                         uint64_t bytes) const override;
+  std::string Identity(const ChunkMemory& memory) const override;
+
  private:
   const size_t granularity_;
 };

@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
@@ -81,7 +82,18 @@ NodePool::NodePool(ChunkSource* source, Options options)
     : source_(source),
       options_(std::move(options)),
       chunk_bytes_(source->Granularity()),
-      classes_(NormalizeClasses(options_.chunk_classes, chunk_bytes_)) {}
+      classes_(NormalizeClasses(options_.chunk_classes, chunk_bytes_)),
+      capacity_(options_.capacity),
+      next_chunk_id_(
+          (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
+
+uint64_t NodePool::NewChunkId() {
+  uint64_t id;
+  do {
+    id = next_chunk_id_++;
+  } while (chunks_.contains(id));
+  return id;
+}
 
 absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid) {
   if (id == kNoSession) {
@@ -114,6 +126,12 @@ void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
 }
 
 void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
+  if (!HasMemory(chunk)) {
+    // Adopted on a client's word: no memory here to hand out again.
+    live_bytes_ -= chunk.bytes;
+    chunks_.erase(chunk_id);
+    return;
+  }
   chunk.owner = kNoSession;
   chunk.pending = false;
   chunk.grant = 0;
@@ -281,10 +299,10 @@ std::string NodePool::AddClaim(SessionId id, const SessionState& s,
 absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
                                         uint64_t max_chunk_bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
-  if (bytes > options_.capacity) {
+  if (bytes > capacity_.load()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "node pool exhausted: asks ", FormatSize(bytes),
-        ", more than its capacity of ", FormatSize(options_.capacity)));
+        ", more than its capacity of ", FormatSize(capacity_.load())));
   }
   // bytes <= capacity: no overflow below.
   const uint64_t rounded =
@@ -313,10 +331,11 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     SessionState& state = s->second;
     if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
     const uint64_t live = live_bytes_ + creating_bytes_;
-    const uint64_t room = options_.capacity - std::min(live, options_.capacity);
+    const uint64_t capacity = capacity_.load();
+    const uint64_t room = capacity - std::min(live, capacity);
     // Every cached byte can become room, whatever its chunk's size.
     if (rounded > free_bytes_ + room) {
-      return NodeShortage(rounded, free_bytes_ + room, options_.capacity);
+      return NodeShortage(rounded, free_bytes_ + room, capacity);
     }
     serial = next_grant_++;
     to_create = TakeFree(id, state, sizes, serial, grant);
@@ -365,7 +384,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     mu_.AssertHeld();
     live_bytes_ += to_create[i];
     return *chunks_
-                .emplace(next_chunk_id_++,
+                .emplace(NewChunkId(),
                          Chunk{.memory = std::move(created[i]),
                                .bytes = to_create[i]})
                 .first;
@@ -544,6 +563,15 @@ absl::StatusOr<std::string> NodePool::Share(
       !held.ok()) {
     return held;
   }
+  for (uint64_t chunk_id : chunk_ids) {
+    if (!HasMemory(chunks_.at(chunk_id))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", chunk_id,
+          " was adopted after a daemon restart on the client's word, so the "
+          "daemon has no handle of it to give another process; nothing was "
+          "shared (share memory allocated after the restart)"));
+    }
+  }
   shares_[*token] = ShareState{
       .owner = id, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
   s->second.shared.insert(*token);
@@ -690,16 +718,129 @@ uint64_t NodePool::TrimIdle(const TrimPolicy& policy) {
   });
 }
 
+void NodePool::SetCapacity(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  capacity_ = bytes;
+}
+
+std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
+  if (chunk.id == 0) return "chunk id 0 is no chunk";
+  if (std::find(classes_.begin(), classes_.end(), chunk.bytes) ==
+      classes_.end()) {
+    std::vector<std::string> sizes;
+    for (uint64_t c : classes_) sizes.push_back(FormatSize(c));
+    return absl::StrCat("declared as ", FormatSize(chunk.bytes),
+                        "; this pool's chunks are ",
+                        absl::StrJoin(sizes, ", "));
+  }
+  return "";
+}
+
+absl::flat_hash_map<std::string, uint64_t> NodePool::LiveIdentities() const {
+  absl::flat_hash_map<std::string, uint64_t> identities;
+  for (const auto& [chunk_id, chunk] : chunks_) {
+    if (!HasMemory(chunk)) continue;
+    if (std::string identity = source_->Identity(chunk.memory);
+        !identity.empty()) {
+      identities.emplace(std::move(identity), chunk_id);
+    }
+  }
+  return identities;
+}
+
+absl::StatusOr<AdoptOutcome> NodePool::Adopt(
+    SessionId id, std::vector<DeclaredChunk> chunks) {
+  struct Candidate {
+    uint64_t id = 0;
+    uint64_t bytes = 0;
+    ChunkMemory memory;
+    std::string identity;
+  };
+  AdoptOutcome outcome;
+  // Proofs are checked outside the lock: syscalls (on a device, driver
+  // calls) per chunk.
+  const bool proves = source_->ProvesChunks();
+  std::vector<Candidate> candidates;
+  candidates.reserve(chunks.size());
+  absl::flat_hash_set<uint64_t> listed;
+  for (DeclaredChunk& declared : chunks) {
+    std::string why = RefuseDeclared(declared);
+    if (why.empty() && !listed.insert(declared.id).second) {
+      why = "listed twice in the declaration";
+    }
+    Candidate candidate{.id = declared.id, .bytes = declared.bytes};
+    if (why.empty() && proves) {
+      absl::StatusOr<ChunkMemory> memory = source_->AdoptChunk(
+          std::move(declared.fd), declared.offset, declared.bytes);
+      if (memory.ok()) {
+        candidate.identity = source_->Identity(*memory);
+        candidate.memory = *std::move(memory);
+      } else {
+        why = std::string(memory.status().message());
+      }
+    }
+    if (!why.empty()) {
+      outcome.refused.emplace_back(declared.id, std::move(why));
+      continue;
+    }
+    candidates.push_back(std::move(candidate));
+  }
+
+  // Refused proofs' memory is dropped after the lock is released.
+  std::vector<ChunkMemory> dropped;
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no session ", id, " in the node pool"));
+  }
+  SessionState& state = s->second;
+  absl::flat_hash_map<std::string, uint64_t> identities;
+  if (proves) identities = LiveIdentities();
+  for (Candidate& candidate : candidates) {
+    std::string why;
+    if (auto live = chunks_.find(candidate.id); live != chunks_.end()) {
+      const SessionId owner = live->second.owner;
+      why = owner == kNoSession ? "its id is a cached chunk's"
+            : owner == id       ? "this session holds it already"
+                                : absl::StrCat("session ", owner,
+                                               " holds a chunk of that id");
+    } else if (!candidate.identity.empty()) {
+      auto [same, fresh] =
+          identities.try_emplace(candidate.identity, candidate.id);
+      if (!fresh) {
+        why = absl::StrCat("its memory is chunk ", same->second, "'s");
+      }
+    }
+    if (!why.empty()) {
+      outcome.refused.emplace_back(candidate.id, std::move(why));
+      dropped.push_back(std::move(candidate.memory));
+      continue;
+    }
+    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
+                                        .bytes = candidate.bytes,
+                                        .owner = id});
+    live_bytes_ += candidate.bytes;
+    state.chunks.insert(candidate.id);
+    outcome.adopted.push_back(candidate.id);
+    outcome.adopted_bytes += candidate.bytes;
+  }
+  AddHeld(state, outcome.adopted_bytes);
+  adopted_total_ += outcome.adopted_bytes;
+  return outcome;
+}
+
 PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
-  PoolStats stats{.capacity = options_.capacity,
+  PoolStats stats{.capacity = capacity_.load(),
                   .chunk_bytes = chunk_bytes_,
                   .created_bytes = live_bytes_,
                   .free_bytes = free_bytes_,
                   .creating_bytes = creating_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
-                  .trimmed_bytes_total = trimmed_total_};
+                  .trimmed_bytes_total = trimmed_total_,
+                  .adopted_bytes_total = adopted_total_};
   stats.in_use_bytes = stats.created_bytes - stats.free_bytes;
   for (const auto& [id, s] : sessions_) {
     stats.sessions[id] = SessionHolding{

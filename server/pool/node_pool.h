@@ -48,6 +48,15 @@
 // when its owner released it (or ended) and every open of it is closed
 // (CloseShare, or the opener's EndSession).
 //
+// After a daemon restart the chunks surviving clients still map are
+// nobody's in a new pool: Adopt() takes each reconnecting session's
+// declaration of what it holds into the accounting (see DeclaredChunk for
+// what a client proves), so the pool never promises memory the device no
+// longer has. Chunk ids are the daemon's, and a restarted daemon must not
+// hand out an id an adopted chunk carries: ids are namespaced by a random
+// epoch per pool (Options::chunk_id_epoch, in the top 24 bits), and a new
+// id is never one a live chunk has (an adopted chunk of the same epoch).
+//
 // Thread-safe: one mutex; chunk creation and destruction (device calls) run
 // outside it, so a large Acquire does not stall other sessions' calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
@@ -55,11 +64,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -133,7 +144,33 @@ struct PoolStats {
   // TrimIdle, and Acquires that needed their room for chunks of another
   // size.
   uint64_t trimmed_bytes_total = 0;
+  // Chunks sessions declared after a restart and the pool adopted (Adopt).
+  uint64_t adopted_bytes_total = 0;
   std::map<SessionId, SessionHolding> sessions;
+};
+
+// One chunk a reconnecting client says it holds from the daemon before a
+// restart (NodePool::Adopt).
+struct DeclaredChunk {
+  // The id the earlier daemon gave it.
+  uint64_t id = 0;
+  // Its size, as the client got it (each chunk has its own).
+  uint64_t bytes = 0;
+  // The proof, where the source takes one (ChunkSource::ProvesChunks): an
+  // FD of the chunk, which the pool keeps as the chunk's memory, and where
+  // in its file the chunk starts. Ignored (closed) by a source that takes
+  // chunks on the client's word.
+  UniqueFd fd;
+  uint64_t offset = 0;
+};
+
+// What Adopt() made of a declaration.
+struct AdoptOutcome {
+  // Now the session's, in declaration order.
+  std::vector<uint64_t> adopted;
+  uint64_t adopted_bytes = 0;
+  // Not the session's (nor anyone's through this declaration), with why.
+  std::vector<std::pair<uint64_t, std::string>> refused;
 };
 
 // When cached chunks go back to the device (TrimIdle): a node without jobs
@@ -177,6 +214,10 @@ class NodePool {
     // granularity, which is always one (added when missing); empty: the
     // granularity alone, every chunk the same size.
     std::vector<uint64_t> chunk_classes;
+    // The top 24 bits of every chunk id this pool makes (the rest counts
+    // from 1), so that a restarted daemon (another epoch: the daemon draws
+    // one at random) makes no id that a surviving client still holds.
+    uint32_t chunk_id_epoch = 0;
   };
 
   // `source` must outlive the pool.
@@ -259,7 +300,8 @@ class NodePool {
   // owner releases one of the chunks or ends. Errors as Release's:
   // InvalidArgument for an empty list or an id listed twice,
   // PermissionDenied naming a chunk the session does not hold, NotFound
-  // for no session `id`.
+  // for no session `id`; FailedPrecondition naming a chunk adopted on the
+  // client's word (Adopt), which the pool has no memory of to give out.
   absl::StatusOr<std::string> Share(SessionId id,
                                     absl::Span<const uint64_t> chunk_ids);
 
@@ -293,13 +335,43 @@ class NodePool {
   // destroyed.
   uint64_t TrimIdle(const TrimPolicy& policy);
 
+  // Takes the chunks session `id` declares it still holds from the daemon
+  // before a restart into the pool: each one adopted is the session's (as
+  // if it had acquired it), counts against the capacity and the quotas,
+  // and is never handed out again until released. An adopted chunk with
+  // memory (proven with its FD) goes back to the cache when released like
+  // any other; one taken on the client's word has no memory here: it
+  // cannot be shared (Share refuses it), and it leaves the pool when
+  // released, never cached nor trimmed (its memory goes back to the device
+  // when the client unmaps it). The capacity and quotas refuse nothing here:
+  // the memory is in use whatever the pool says, so the pool counts it and
+  // refuses Acquires until it is back under its limits.
+  // A chunk is refused, with why, and owned by nobody through this
+  // declaration, when:
+  //  - its id is 0 or listed twice in `chunks`;
+  //  - its size is not one of this pool's classes (chunk_classes());
+  //  - the source takes proofs (ProvesChunks) and its FD is missing or is
+  //    not such a chunk of that size (ChunkSource::AdoptChunk);
+  //  - its id is a live chunk's already (another session's, this one's,
+  //    cached), or its memory is a live chunk's under another id:
+  //    nothing is ever owned twice.
+  // NotFound for no session `id` (or one that ended meanwhile).
+  absl::StatusOr<AdoptOutcome> Adopt(SessionId id,
+                                     std::vector<DeclaredChunk> chunks);
+
   PoolStats Stats() const;
 
   // The smallest chunk.
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   // The chunk sizes, ascending; the first is chunk_bytes().
   const std::vector<uint64_t>& chunk_classes() const { return classes_; }
-  uint64_t capacity() const { return options_.capacity; }
+  uint64_t capacity() const { return capacity_.load(); }
+  // Lowers (or raises) the capacity: the daemon clips it to what the
+  // device really has free once it knows what surviving clients hold.
+  // Revokes nothing: it only refuses Acquires while above it.
+  void SetCapacity(uint64_t bytes);
+  // Whether clients prove the chunks they declare (ChunkSource::ProvesChunks).
+  bool proves_chunks() const { return source_->ProvesChunks(); }
 
  private:
   struct Chunk {
@@ -389,6 +461,11 @@ class NodePool {
   // Closes one open of share `token` by `s`; false when it had none.
   bool CloseOpen(SessionState& s, const std::string& token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False for a chunk adopted on a client's word (Adopt without a proof):
+  // the pool counts it but has nothing to cache, share or hand out again.
+  static bool HasMemory(const Chunk& chunk) {
+    return chunk.memory.file != nullptr;
+  }
   // Takes a cached chunk out of free_ and free_by_size_.
   void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, while `more(coldest, bytes
@@ -421,6 +498,16 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubtractHeld(SessionState& s, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk id not in use: the next of this pool's epoch that no live
+  // (adopted) chunk has.
+  uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a chunk a client declares cannot be adopted before its proof is
+  // looked at ("" when it can so far): its id and size.
+  std::string RefuseDeclared(const DeclaredChunk& chunk) const;
+  // Live chunks by their memory's identity (ChunkSource::Identity), for a
+  // declaration's proofs to be matched against.
+  absl::flat_hash_map<std::string, uint64_t> LiveIdentities() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TrimColdestLocked under the lock, the memory released after it.
   uint64_t TrimColdest(
       absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
@@ -430,9 +517,12 @@ class NodePool {
   const uint64_t chunk_bytes_;
   // Ascending; classes_[0] == chunk_bytes_.
   const std::vector<uint64_t> classes_;
+  // Options::capacity until SetCapacity; read outside the lock by Acquire's
+  // first check.
+  std::atomic<uint64_t> capacity_;
 
   mutable absl::Mutex mu_;
-  uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
@@ -457,6 +547,7 @@ class NodePool {
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at

@@ -382,8 +382,9 @@ TEST_F(CudaChunksTest, DaemonKilledWithSigkillLeavesMappedMemoryReadable) {
   // Still writable too.
   ASSERT_TRUE(WriteSegment(*segment, 2 * chunk, chunk).ok());
 
-  // A new daemon: the client reconnects and gets new memory; the old
-  // segment stays mapped and its data intact.
+  // A new daemon: the client reconnects, re-declares the two chunks it
+  // maps (adopted on its word: CUDA chunks are not proven by FD), and gets
+  // new memory; the old segment stays mapped and its data intact.
   StartDaemon();
   absl::StatusOr<uint64_t> fresh = backend->AllocateSegment(chunk);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
@@ -391,10 +392,15 @@ TEST_F(CudaChunksTest, DaemonKilledWithSigkillLeavesMappedMemoryReadable) {
   ASSERT_TRUE(cuda::MemsetD8(*fresh, 0x33, chunk).ok());
   found.clear();
   EXPECT_EQ(CheckSegment(*segment, 2 * chunk, chunk, &found), "");
-  EXPECT_EQ(Status().in_use_bytes(), chunk);  // the new daemon's only
-  backend->FreeSegment(*segment, 2 * chunk);  // the old daemon's: local only
+  EXPECT_EQ(Status().in_use_bytes(), 3 * chunk);  // adopted + new
+  EXPECT_EQ(Status().adopted_bytes_total(), 2 * chunk);
+  // Released, the adopted chunks leave the pool (it never had their
+  // memory); the new daemon's own chunk is cached.
+  backend->FreeSegment(*segment, 2 * chunk);
+  EXPECT_EQ(Status().in_use_bytes(), chunk);
   backend->FreeSegment(*fresh, chunk);
   EXPECT_EQ(Status().free_bytes(), chunk);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
 }
 
 TEST_F(CudaChunksTest, ClientKilledWithSigkillGivesItsGpuChunksBack) {

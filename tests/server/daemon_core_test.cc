@@ -1,8 +1,14 @@
 #include "server/daemon_core.h"
 
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 
@@ -187,6 +193,236 @@ TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain
   EXPECT_EQ(session->Current().config, "expandable_segments:True");
   // An OOM under it goes back to the client's initial config.
   EXPECT_EQ(session->RollBackTarget()->config, "max_split_size_mb:64");
+}
+
+// A restarted core: the sessions file names a live process (this one, pid
+// 4242 to the core) and a dead one. New memory waits for the live one to
+// re-declare, then the chunks it declared are its own, and the file lists
+// the sessions the core has now, for the daemon after it.
+TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  const int fd = mkstemp(pattern.data());
+  close(fd);
+  const std::string file = pattern;
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(file, {{self, 1}, {999999999, 1}}).ok());
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{64} << 20);
+  Metrics metrics;
+  DaemonCore core({.sessions_file = file, .adopt_window = absl::Hours(1)},
+                  &pool, &metrics);
+  EXPECT_TRUE(core.Status().adopting());
+
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials newcomer{.pid = self + 1, .uid = 0};
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> back = core.Register(survivor, request);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->adopts_chunks());
+  EXPECT_TRUE(back->declare_fds());  // sim: the memfds prove the chunks
+  absl::StatusOr<v1::RegisterResponse> fresh = core.Register(newcomer, request);
+  ASSERT_TRUE(fresh.ok());
+
+  absl::Notification served;
+  absl::StatusOr<v1::AcquireChunksResponse> granted;
+  std::thread acquire([&] {
+    v1::AcquireChunksRequest r;
+    r.set_session_id(fresh->session_id());
+    r.set_bytes(2 << 20);
+    granted = core.AcquireChunks(newcomer, r);
+    served.Notify();
+  });
+  EXPECT_FALSE(served.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+
+  // The survivor's chunk from the daemon before, proven by its memfd.
+  absl::StatusOr<ChunkMemory> old = source.CreateChunk(2 << 20);
+  ASSERT_TRUE(old.ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 77,
+                      .bytes = 2 << 20,
+                      .fd = UniqueFd(dup(old->file->get()))});
+  // Another process cannot declare on the survivor's session.
+  EXPECT_EQ(core.DeclareChunks(newcomer, back->session_id(), {}, true)
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<AdoptOutcome> adopted =
+      core.DeclareChunks(survivor, back->session_id(), std::move(declared),
+                         /*last=*/true);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->adopted, std::vector<uint64_t>{77});
+  acquire.join();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_NE(granted->chunk_ids(0), 77u);
+  const v1::StatusResponse status = core.Status();
+  EXPECT_FALSE(status.adopting());
+  EXPECT_EQ(status.in_use_bytes(), uint64_t{4} << 20);
+  EXPECT_EQ(status.adopted_bytes_total(), uint64_t{2} << 20);
+  // The file: this process's two sessions; the dead one is forgotten.
+  EXPECT_THAT(ReadSessionsFile(file, [](pid_t) { return true; }),
+              ::testing::ElementsAre(::testing::Pair(self, 1),
+                                     ::testing::Pair(self + 1, 1)));
+  core.EndAll();
+  // A shutdown leaves them listed: their processes live on.
+  EXPECT_EQ(ReadSessionsFile(file, [](pid_t) { return true; }).size(), 2u);
+  unlink(file.c_str());
+}
+
+// On a device, the capacity is clipped to what was free at start plus what
+// the survivors hold (in use, so not free), and grows by what a late
+// declaration holds.
+TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  {
+    MemfdChunkSource source;
+    NodePool pool(&source, 64 * kChunk);
+    Metrics metrics;
+    DaemonCore core({.devices_at_start = {{.free_memory = 5 * kChunk}}},
+                    &pool, &metrics);
+    EXPECT_EQ(core.Status().capacity_bytes(), 5 * kChunk);  // no window
+  }
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source;
+  NodePool pool(&source, 64 * kChunk);
+  Metrics metrics;
+  DaemonCore core({.sessions_file = pattern,
+                   .adopt_window = absl::Hours(1),
+                   .devices_at_start = {{.free_memory = 5 * kChunk}}},
+                  &pool, &metrics);
+  EXPECT_EQ(core.Status().capacity_bytes(), 64 * kChunk);  // not yet
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials late{.pid = self + 1, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> a = core.Register(survivor, request);
+  absl::StatusOr<v1::RegisterResponse> b = core.Register(late, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto chunks = [&](std::vector<uint64_t> ids) {
+    std::vector<DeclaredChunk> declared;
+    for (uint64_t id : ids) {
+      absl::StatusOr<ChunkMemory> memory = source.CreateChunk(kChunk);
+      EXPECT_TRUE(memory.ok());
+      declared.push_back({.id = id,
+                          .bytes = kChunk,
+                          .fd = UniqueFd(dup(memory->file->get()))});
+    }
+    return declared;
+  };
+  ASSERT_TRUE(core.DeclareChunks(survivor, a->session_id(), chunks({1, 2}), true).ok());
+  EXPECT_EQ(core.Status().capacity_bytes(), 7 * kChunk);
+  ASSERT_TRUE(core.DeclareChunks(late, b->session_id(), chunks({3}), true).ok());
+  EXPECT_EQ(core.Status().capacity_bytes(), 8 * kChunk);
+  EXPECT_EQ(core.Status().in_use_bytes(), 3 * kChunk);
+  unlink(pattern.c_str());
+}
+
+// A capacity the daemon derived from the device's free memory (no
+// --capacity) grows by what the survivors hold: it was in use at start, so
+// not in the free memory the capacity was taken from.
+TEST(DaemonCoreRestartTest, ACapacityTakenFromFreeMemoryGrowsByTheAdopted) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source;
+  // 5 chunks free at start, 1 of headroom.
+  NodePool pool(&source, {.capacity = 4 * kChunk,
+                          .chunk_classes = DefaultChunkClasses(kChunk)});
+  Metrics metrics;
+  DaemonCore core(
+      {.sessions_file = pattern,
+       .adopt_window = absl::Hours(1),
+       .devices_at_start = {{.free_memory = 5 * kChunk,
+                             .capacity_from_free = true}}},
+      &pool, &metrics);
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  const PeerCredentials late{.pid = self + 1, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> a = core.Register(survivor, request);
+  absl::StatusOr<v1::RegisterResponse> b = core.Register(late, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto declare = [&](const PeerCredentials& peer, SessionId session,
+                     uint64_t id, uint64_t bytes) {
+    absl::StatusOr<ChunkMemory> memory = source.CreateChunk(bytes);
+    ASSERT_TRUE(memory.ok());
+    std::vector<DeclaredChunk> declared;
+    declared.push_back(
+        {.id = id, .bytes = bytes, .fd = UniqueFd(dup(memory->file->get()))});
+    absl::StatusOr<AdoptOutcome> outcome =
+        core.DeclareChunks(peer, session, std::move(declared), true);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(outcome->adopted.size(), 1u);
+  };
+  declare(survivor, a->session_id(), 1, 8 * kChunk);  // a 16 MiB class chunk
+  EXPECT_EQ(core.Status().capacity_bytes(), 12 * kChunk);
+  declare(late, b->session_id(), 2, kChunk);
+  EXPECT_EQ(core.Status().capacity_bytes(), 13 * kChunk);
+  EXPECT_EQ(core.Status().in_use_bytes(), 9 * kChunk);
+  unlink(pattern.c_str());
+}
+
+// With a pool per GPU, a session's declaration goes to its own device's
+// pool, and each device's capacity is fitted to its own free memory.
+TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
+  constexpr uint64_t kChunk = uint64_t{2} << 20;
+  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
+  close(mkstemp(pattern.data()));
+  const pid_t self = getpid();
+  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  MemfdChunkSource source0;
+  MemfdChunkSource source1;
+  const NodePool::Options options{
+      .capacity = 64 * kChunk, .chunk_classes = DefaultChunkClasses(kChunk)};
+  NodePool pool0(&source0, options);
+  NodePool pool1(&source1, options);
+  DevicePools pools;
+  ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(0), "memfd", &pool0).ok());
+  ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(1), "memfd", &pool1).ok());
+  Metrics metrics;
+  DaemonCore core({.sessions_file = pattern,
+                   .adopt_window = absl::Hours(1),
+                   .devices_at_start = {{.free_memory = 10 * kChunk},
+                                        {.free_memory = 20 * kChunk}}},
+                  &pools, &metrics);
+  v1::RegisterRequest request;
+  request.set_protocol_version(1);
+  request.set_gpu_uuid(SimDeviceUuid(1));
+  const PeerCredentials survivor{.pid = self, .uid = 0};
+  absl::StatusOr<v1::RegisterResponse> session =
+      core.Register(survivor, request);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->node_device(), 1);
+  absl::StatusOr<ChunkMemory> memory = source1.CreateChunk(64 * kChunk);
+  ASSERT_TRUE(memory.ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 5,
+                      .bytes = 64 * kChunk,
+                      .fd = UniqueFd(dup(memory->file->get()))});
+  // Not a size the pools' chunks come in.
+  declared.push_back({.id = 6, .bytes = 3 * kChunk});
+  absl::StatusOr<AdoptOutcome> outcome = core.DeclareChunks(
+      survivor, session->session_id(), std::move(declared), true);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->adopted, std::vector<uint64_t>{5});
+  ASSERT_EQ(outcome->refused.size(), 1u);
+  EXPECT_EQ(outcome->refused[0].first, 6u);
+  EXPECT_EQ(pool0.Stats().in_use_bytes, 0u);
+  EXPECT_EQ(pool1.Stats().in_use_bytes, 64 * kChunk);
+  // Clipped to each device's free memory plus what it adopted.
+  EXPECT_EQ(pool0.capacity(), 10 * kChunk);
+  EXPECT_EQ(pool1.capacity(), 64 * kChunk);
+  const v1::StatusResponse status = core.Status();
+  EXPECT_EQ(status.adopted_bytes_total(), 64 * kChunk);
+  ASSERT_EQ(status.devices_size(), 2);
+  EXPECT_EQ(status.devices(0).adopted_bytes_total(), 0u);
+  EXPECT_EQ(status.devices(1).adopted_bytes_total(), 64 * kChunk);
+  unlink(pattern.c_str());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,7 +22,9 @@
 namespace allocd {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
@@ -48,8 +51,19 @@ class TestSource : public ChunkSource {
   }
   size_t Granularity() const override { return kChunk; }
   std::string Name() const override { return "test"; }
+  // Proofs as the memfd source checks them, unless `proves` is false (a
+  // source like CUDA's that takes declared chunks on the client's word).
+  bool ProvesChunks() const override { return proves; }
+  absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
+                                         uint64_t bytes) const override {
+    return memfd.AdoptChunk(std::move(fd), offset, bytes);
+  }
+  std::string Identity(const ChunkMemory& memory) const override {
+    return memfd.Identity(memory);
+  }
 
   MemfdChunkSource memfd{kChunk};
+  bool proves = true;
   std::atomic<int> fail_after{-1};
   std::atomic<int> created{0};
   std::atomic<int> calls{0};
@@ -1078,6 +1092,277 @@ TEST_P(ConcurrentNodePoolTest, ConcurrentSessionsNeverShareAChunk) {
   EXPECT_LE(stats.created_bytes, stats.capacity);
   EXPECT_GT(stats.chunks_reused_total, 0u);
   EXPECT_THAT(stats.sessions, IsEmpty());
+}
+
+// ------------------------------------------------ adoption after a restart
+
+// What a client holds from a daemon: chunk ids with their FDs.
+struct Held {
+  std::vector<uint64_t> ids;
+  std::vector<ChunkFd> fds;
+};
+
+Held Take(NodePool& pool, SessionId session, pid_t pid, uint64_t chunks) {
+  absl::StatusOr<Grant> grant = pool.Acquire(session, chunks * kChunk);
+  EXPECT_TRUE(grant.ok()) << grant.status();
+  if (!grant.ok()) return {};
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(pool, grant->token, pid);
+  EXPECT_TRUE(fds.ok()) << fds.status();
+  return {.ids = grant->chunk_ids, .fds = fds.ok() ? std::move(*fds) : std::vector<ChunkFd>{}};
+}
+
+// A client's declaration of `held`, each chunk proven with a dup of its FD.
+std::vector<DeclaredChunk> Declare(const Held& held) {
+  std::vector<DeclaredChunk> declared;
+  for (const ChunkFd& chunk : held.fds) {
+    declared.push_back({.id = chunk.id,
+                        .bytes = chunk.bytes,
+                        .fd = UniqueFd(dup(chunk.fd.get())),
+                        .offset = chunk.offset});
+  }
+  return declared;
+}
+
+std::vector<uint64_t> RefusedIds(const AdoptOutcome& outcome) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, why] : outcome.refused) ids.push_back(id);
+  return ids;
+}
+
+TEST_F(NodePoolTest, ARestartedPoolAdoptsWhatSessionsProveTheyHold) {
+  Held one, two;
+  {
+    NodePool before(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 1});
+    ASSERT_TRUE(before.AddSession(1, 1000, 11).ok());
+    ASSERT_TRUE(before.AddSession(2, 1001, 22).ok());
+    one = Take(before, 1, 11, 3);
+    two = Take(before, 2, 22, 2);
+    std::strcpy(Map(one.fds[0]), "kept across the restart");
+  }  // the daemon dies; its clients keep their chunks
+  NodePool after(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 2});
+  ASSERT_TRUE(after.AddSession(7, 1000, 11).ok());
+  ASSERT_TRUE(after.AddSession(8, 1001, 22).ok());
+  absl::StatusOr<AdoptOutcome> a = after.Adopt(7, Declare(one));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->adopted, one.ids);
+  EXPECT_EQ(a->adopted_bytes, 3 * kChunk);
+  EXPECT_THAT(a->refused, IsEmpty());
+  absl::StatusOr<AdoptOutcome> b = after.Adopt(8, Declare(two));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->adopted, two.ids);
+
+  PoolStats stats = after.Stats();
+  EXPECT_EQ(stats.in_use_bytes, 5 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.adopted_bytes_total, 5 * kChunk);
+  EXPECT_EQ(stats.sessions.at(7).bytes, 3 * kChunk);
+  EXPECT_EQ(stats.sessions.at(8).bytes, 2 * kChunk);
+  // They count against the capacity: 3 chunks left, not 8.
+  ASSERT_TRUE(after.AddSession(9, 1002, 33).ok());
+  absl::StatusOr<Grant> too_much = after.Acquire(9, 4 * kChunk);
+  EXPECT_TRUE(IsNodeShortage(too_much.status())) << too_much.status();
+  absl::StatusOr<Grant> fits = after.Acquire(9, 3 * kChunk);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  for (uint64_t id : fits->chunk_ids) {
+    EXPECT_THAT(one.ids, Not(Contains(id)));
+    EXPECT_THAT(two.ids, Not(Contains(id)));
+    EXPECT_EQ(id >> 40, 2u);  // this pool's epoch
+  }
+  // Released, an adopted chunk is cached memory like any other: the next
+  // session gets the same bytes.
+  ASSERT_TRUE(after.Release(7, {one.ids[0]}).ok());
+  ASSERT_TRUE(after.Release(9, fits->chunk_ids).ok());
+  Held next = Take(after, 9, 33, 4);
+  EXPECT_THAT(next.ids, Contains(one.ids[0]));
+  for (const ChunkFd& chunk : next.fds) {
+    if (chunk.id == one.ids[0]) {
+      EXPECT_STREQ(Map(chunk), "kept across the restart");
+    }
+  }
+  EXPECT_EQ(after.Stats().chunks_created_total, 3u);
+}
+
+TEST_F(NodePoolTest, ConflictingOrUnprovenDeclarationsAreRefused) {
+  Held one;
+  {
+    NodePool before(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 1});
+    ASSERT_TRUE(before.AddSession(1, 1000, 11).ok());
+    one = Take(before, 1, 11, 3);
+  }
+  NodePool after(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 2});
+  ASSERT_TRUE(after.AddSession(7, 1000, 11).ok());
+  ASSERT_TRUE(after.AddSession(8, 1001, 22).ok());
+  ASSERT_TRUE(after.Adopt(7, Declare(one)).ok());
+
+  std::vector<DeclaredChunk> claims;
+  // Session 7's chunk, by id and with its very FD.
+  claims.push_back(std::move(Declare(one)[0]));
+  // Session 7's memory under an id of its own.
+  DeclaredChunk alias = std::move(Declare(one)[1]);
+  alias.id = 999;
+  claims.push_back(std::move(alias));
+  // No FD; a file that is no daemon chunk; a wrong size; id 0; twice.
+  claims.push_back({.id = 1000, .bytes = kChunk});
+  UniqueFd own(memfd_create("not-a-chunk", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(own.get(), kChunk), 0);
+  claims.push_back({.id = 1001, .bytes = kChunk, .fd = std::move(own)});
+  absl::StatusOr<ChunkMemory> big = MemfdChunkSource(kChunk).CreateChunk(2 * kChunk);
+  ASSERT_TRUE(big.ok());
+  claims.push_back(
+      {.id = 1002, .bytes = kChunk, .fd = UniqueFd(dup(big->file->get()))});
+  claims.push_back({.id = 1003, .bytes = 3 * kChunk});
+  claims.push_back({.id = 0, .bytes = kChunk});
+  absl::StatusOr<ChunkMemory> fresh = source_.memfd.CreateChunk(kChunk);
+  ASSERT_TRUE(fresh.ok());
+  claims.push_back({.id = 1004, .bytes = kChunk, .fd = UniqueFd(dup(fresh->file->get()))});
+  claims.push_back({.id = 1004, .bytes = kChunk, .fd = UniqueFd(dup(fresh->file->get()))});
+
+  absl::StatusOr<AdoptOutcome> got = after.Adopt(8, std::move(claims));
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Only the one proven chunk nobody has.
+  EXPECT_EQ(got->adopted, std::vector<uint64_t>{1004});
+  EXPECT_THAT(RefusedIds(*got), UnorderedElementsAre(one.ids[0], 999, 1000, 1001,
+                                                    1002, 1003, 0, 1004));
+  auto why = [&](uint64_t id) {
+    for (const auto& [refused, reason] : got->refused) {
+      if (refused == id) return reason;
+    }
+    return std::string();
+  };
+  EXPECT_THAT(why(one.ids[0]), HasSubstr("session 7 holds"));
+  EXPECT_THAT(why(999), HasSubstr(absl::StrCat("chunk ", one.ids[1])));
+  EXPECT_THAT(why(1000), HasSubstr("no FD"));
+  EXPECT_THAT(why(1001), HasSubstr("not a memfd the allocd daemon made"));
+  EXPECT_THAT(why(1002), HasSubstr("bytes"));
+  EXPECT_THAT(why(1003), HasSubstr("this pool's chunks are"));
+  EXPECT_THAT(why(0), HasSubstr("id 0"));
+  EXPECT_THAT(why(1004), HasSubstr("twice"));
+  PoolStats stats = after.Stats();
+  EXPECT_EQ(stats.sessions.at(7).bytes, 3 * kChunk);
+  EXPECT_EQ(stats.sessions.at(8).bytes, kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 4 * kChunk);
+  // Session 7 cannot release what it did not get, nor 8 what 7 holds.
+  EXPECT_EQ(after.Release(8, {one.ids[0]}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(after.Adopt(42, {}).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordLeaveThePoolWhenReleased) {
+  source_.proves = false;  // as on a GPU
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->SetSessionQuota(1, 4 * kChunk));
+  std::vector<DeclaredChunk> declared;
+  for (uint64_t id : {5, 6, 7}) declared.push_back({.id = id, .bytes = kChunk});
+  absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->adopted, (std::vector<uint64_t>{5, 6, 7}));
+  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, 3 * kChunk);
+  // They count against the session's quota.
+  EXPECT_FALSE(pool->Acquire(1, 2 * kChunk).ok());
+  ASSERT_TRUE(pool->Release(1, {5, 6}).ok());
+  // Nothing cached: the pool never had their memory to give again.
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.created_bytes, kChunk);
+  EXPECT_EQ(pool->EndSession(1), kChunk);
+  EXPECT_EQ(pool->Stats().created_bytes, 0u);
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  absl::StatusOr<Grant> grant = pool->Acquire(2, kChunk);
+  ASSERT_TRUE(grant.ok());
+  EXPECT_EQ(grant->reused_chunks, 0u);
+}
+
+TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
+  source_.proves = false;
+  auto pool = MakePool(2);  // epoch 0: ids 1, 2, ...
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  std::vector<DeclaredChunk> declared;
+  for (uint64_t id : {1, 2, 3}) declared.push_back({.id = id, .bytes = kChunk});
+  absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->adopted_bytes, 3 * kChunk);  // over the capacity: counted
+  EXPECT_EQ(pool->Stats().in_use_bytes, 3 * kChunk);
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  EXPECT_TRUE(IsNodeShortage(pool->Acquire(2, kChunk).status()));
+  ASSERT_TRUE(pool->Release(1, {2, 3}).ok());
+  absl::StatusOr<Grant> grant = pool->Acquire(2, kChunk);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  // The pool's first id is 1, which session 1 still holds: never handed out.
+  EXPECT_NE(grant->chunk_ids[0], 1u);
+  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, kChunk);
+}
+
+// Chunks of the pool's size classes are adopted at their own sizes and
+// counted in bytes as Acquire counts them; a size between classes is no
+// chunk this pool makes.
+TEST_F(NodePoolTest, DeclaredChunksKeepTheirSizeClasses) {
+  const std::vector<uint64_t> classes = DefaultChunkClasses(kChunk);
+  auto pool = MakePool(64, classes);
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  std::vector<DeclaredChunk> declared;
+  for (uint64_t bytes : {8 * kChunk, kChunk, 2 * kChunk}) {
+    absl::StatusOr<ChunkMemory> memory = source_.memfd.CreateChunk(bytes);
+    ASSERT_TRUE(memory.ok());
+    declared.push_back({.id = 100 + bytes / kChunk,
+                        .bytes = bytes,
+                        .fd = UniqueFd(dup(memory->file->get()))});
+  }
+  absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->adopted, (std::vector<uint64_t>{108, 101}));
+  EXPECT_EQ(got->adopted_bytes, 9 * kChunk);
+  ASSERT_EQ(got->refused.size(), 1u);
+  EXPECT_EQ(got->refused[0].first, 102u);
+  EXPECT_THAT(got->refused[0].second, HasSubstr("16.00 MiB"));
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 9 * kChunk);
+  EXPECT_EQ(stats.in_use_bytes, 9 * kChunk);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
+  // Released, the 16 MiB chunk is cached at its size and serves the next
+  // 16 MiB request whole.
+  ASSERT_TRUE(pool->Release(1, {108}).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 8 * kChunk);
+  absl::StatusOr<Grant> grant = pool->Acquire(1, 8 * kChunk);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->chunk_ids, std::vector<uint64_t>{108});
+  EXPECT_EQ(grant->chunk_sizes, std::vector<uint64_t>{8 * kChunk});
+  EXPECT_EQ(grant->reused_chunks, 1u);
+  EXPECT_EQ(pool->EndSession(1), 9 * kChunk);
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+}
+
+// A chunk taken on the client's word (CUDA) has no memory in the pool: it
+// cannot be shared, is never cached nor trimmed, and its bytes leave the
+// pool's counters when released.
+TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordAreNeverSharedNorCached) {
+  source_.proves = false;
+  auto pool = MakePool(128, DefaultChunkClasses(kChunk));
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  std::vector<DeclaredChunk> declared;
+  declared.push_back({.id = 5, .bytes = 64 * kChunk});
+  declared.push_back({.id = 6, .bytes = kChunk});
+  ASSERT_TRUE(pool->Adopt(1, std::move(declared)).ok());
+  absl::StatusOr<Grant> own = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(own.ok());
+  absl::StatusOr<std::string> share = pool->Share(1, {own->chunk_ids[0], 6});
+  EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(share.status().message(), HasSubstr("chunk 6"));
+  // What the session acquired since can be shared as before.
+  EXPECT_TRUE(pool->Share(1, own->chunk_ids).ok());
+  EXPECT_EQ(pool->Stats().created_bytes, 66 * kChunk);
+  EXPECT_EQ(pool->TrimFree(UINT64_MAX), 0u);
+  ASSERT_TRUE(pool->Release(1, {5}).ok());
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.sessions.at(1).bytes, 2 * kChunk);
+  // Nothing of it to reuse: a 128 MiB request creates a chunk.
+  absl::StatusOr<Grant> big = pool->Acquire(2, 64 * kChunk);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->reused_chunks, 0u);
+  EXPECT_NE(big->chunk_ids[0], 5u);
 }
 
 }  // namespace

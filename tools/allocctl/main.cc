@@ -110,6 +110,13 @@ void PrintStatus(const v1::StatusResponse& r) {
               r.sessions());
   std::printf("given back to the device since start: %s\n",
               FormatSize(r.trimmed_bytes_total()).c_str());
+  if (r.adopting() || r.adopted_bytes_total() > 0) {
+    std::printf("adopted from the daemon before (a restart): %s%s\n",
+                FormatSize(r.adopted_bytes_total()).c_str(),
+                r.adopting() ? "; still waiting for its jobs to re-declare "
+                               "their chunks (new memory waits)"
+                             : "");
+  }
   // One row per device's pool: the lines above are their sums.
   std::printf("\n%-4s %-40s %-24s %10s %10s %10s %10s %8s\n", "DEV",
               "GPU UUID", "NAME", "IN USE", "FREE", "CAPACITY", "TRIMMED",

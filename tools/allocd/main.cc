@@ -185,6 +185,11 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
   serve->add_option("--cache-high-water", o.cache_high_water,
                     "cached chunks of a GPU above this size go back to it at "
                     "once, e.g. 16GiB (default: no limit)");
+  serve->add_option("--adopt-window", o.adopt_window,
+                    "after a restart, new memory waits up to this long for "
+                    "the clients of the daemon before to re-declare the "
+                    "chunks they still hold; ends early when all are back "
+                    "(default 5s)");
   serve->add_option("--config", d.config_file,
                     "JSON file of allocator configs per job and uid quotas: "
                     "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "

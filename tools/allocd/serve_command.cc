@@ -33,6 +33,14 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
         << " is not a duration: write e.g. 30s, 5m, 1h, or inf\n";
     return kExitUsage;
   }
+  if (!absl::ParseDuration(options.adopt_window,
+                           &daemon_options.adopt_window) ||
+      daemon_options.adopt_window < absl::ZeroDuration() ||
+      daemon_options.adopt_window == absl::InfiniteDuration()) {
+    err << "allocd serve: --adopt-window " << options.adopt_window
+        << " is not a finite duration: write e.g. 5s, 30s, or 0s\n";
+    return kExitUsage;
+  }
   if (!options.cache_high_water.empty()) {
     absl::StatusOr<uint64_t> high_water = ParseSizeFlag(
         "--cache-high-water", options.cache_high_water,

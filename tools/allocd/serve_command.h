@@ -20,6 +20,9 @@ struct ServeCommandOptions {
   std::string trim_after = "5m";
   // A size ("16GiB"); empty: no high water.
   std::string cache_high_water;
+  // "5s", "30s": how long new memory waits after a restart for surviving
+  // clients to re-declare their chunks.
+  std::string adopt_window = "5s";
   // --autotune: off, recommend, apply.
   std::string autotune_mode = "recommend";
 };

@@ -1,0 +1,77 @@
+// AdoptionWindow: after a daemon restart, new memory waits until the
+// sessions of the daemon before have re-declared the chunks they still hold
+// (NodePool::Adopt), so the pool never promises anyone memory a surviving
+// job maps.
+//
+// Which sessions to wait for comes from the sessions file, where every
+// daemon keeps the pids of its live sessions (one line per session) while
+// it runs, and leaves them when it dies or shuts down. The window closes
+// when each of those processes that is still alive has finished its
+// declaration (as many times as it had sessions), or at the deadline,
+// whichever comes first; a process that dies meanwhile is not waited for.
+// Without a file (a first start), or with no live process in it, there is
+// no window.
+//
+// Thread-safe.
+#ifndef ALLOCD_SERVER_ADOPTION_WINDOW_H_
+#define ALLOCD_SERVER_ADOPTION_WINDOW_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace allocd {
+
+// Sessions by pid: how many sessions each process has (or had).
+using SessionsByPid = std::map<pid_t, int>;
+
+// The sessions file's processes that are still alive (`alive` tells). A
+// missing or unreadable file reads as none.
+SessionsByPid ReadSessionsFile(const std::string& path,
+                               const std::function<bool(pid_t)>& alive);
+// Replaces the file (atomically: a crash leaves the old or the new one).
+// Errors are the caller's to log; the daemon runs on without the file.
+absl::Status WriteSessionsFile(const std::string& path,
+                               const SessionsByPid& sessions);
+// Whether process `pid` exists (kill(pid, 0)).
+bool ProcessAlive(pid_t pid);
+
+class AdoptionWindow {
+ public:
+  // Open until `deadline` while `expected` is not empty; `alive` tells
+  // whether a process still exists (tests replace it).
+  AdoptionWindow(SessionsByPid expected, absl::Time deadline,
+                 std::function<bool(pid_t)> alive = ProcessAlive);
+
+  // A session of `pid` finished declaring what it holds.
+  void Returned(pid_t pid);
+  // Stops waiting for processes that died; closes the window at its
+  // deadline. Called periodically.
+  void Tick(absl::Time now);
+  // Blocks until the window is closed (at most until its deadline).
+  void Wait();
+  bool open() const;
+  // The processes still waited for (their sessions).
+  SessionsByPid pending() const;
+
+ private:
+  void CloseIfDone(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Time deadline_;
+  const std::function<bool(pid_t)> alive_;
+  mutable absl::Mutex mu_;
+  SessionsByPid pending_ ABSL_GUARDED_BY(mu_);
+  bool open_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_ADOPTION_WINDOW_H_
