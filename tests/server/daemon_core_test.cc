@@ -195,17 +195,29 @@ TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain
   EXPECT_EQ(session->RollBackTarget()->config, "max_split_size_mb:64");
 }
 
+// The sessions file a daemon before this one left, listing `sessions`;
+// removed when the test ends.
+class SessionsFile {
+ public:
+  explicit SessionsFile(const SessionsByPid& sessions) {
+    close(mkstemp(path_.data()));
+    EXPECT_TRUE(WriteSessionsFile(path_, sessions).ok());
+  }
+  ~SessionsFile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_ = "/tmp/allocd_core_sessions_XXXXXX";
+};
+
 // A restarted core: the sessions file names a live process (this one, pid
 // 4242 to the core) and a dead one. New memory waits for the live one to
 // re-declare, then the chunks it declared are its own, and the file lists
 // the sessions the core has now, for the daemon after it.
 TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
-  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
-  const int fd = mkstemp(pattern.data());
-  close(fd);
-  const std::string file = pattern;
   const pid_t self = getpid();
-  ASSERT_TRUE(WriteSessionsFile(file, {{self, 1}, {999999999, 1}}).ok());
+  const SessionsFile sessions_file({{self, 1}, {999999999, 1}});
+  const std::string& file = sessions_file.path();
   MemfdChunkSource source;
   NodePool pool(&source, uint64_t{64} << 20);
   Metrics metrics;
@@ -266,7 +278,6 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   core.EndAll();
   // A shutdown leaves them listed: their processes live on.
   EXPECT_EQ(ReadSessionsFile(file, [](pid_t) { return true; }).size(), 2u);
-  unlink(file.c_str());
 }
 
 // On a device, the capacity is clipped to what was free at start plus what
@@ -282,14 +293,12 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
                     &pool, &metrics);
     EXPECT_EQ(core.Status().capacity_bytes(), 5 * kChunk);  // no window
   }
-  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
-  close(mkstemp(pattern.data()));
   const pid_t self = getpid();
-  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  const SessionsFile sessions_file(SessionsByPid{{self, 1}});
   MemfdChunkSource source;
   NodePool pool(&source, 64 * kChunk);
   Metrics metrics;
-  DaemonCore core({.sessions_file = pattern,
+  DaemonCore core({.sessions_file = sessions_file.path(),
                    .adopt_window = absl::Hours(1),
                    .devices_at_start = {{.free_memory = 5 * kChunk}}},
                   &pool, &metrics);
@@ -317,7 +326,6 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
   ASSERT_TRUE(core.DeclareChunks(late, b->session_id(), chunks({3}), true).ok());
   EXPECT_EQ(core.Status().capacity_bytes(), 8 * kChunk);
   EXPECT_EQ(core.Status().in_use_bytes(), 3 * kChunk);
-  unlink(pattern.c_str());
 }
 
 // A capacity the daemon derived from the device's free memory (no
@@ -325,17 +333,15 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
 // not in the free memory the capacity was taken from.
 TEST(DaemonCoreRestartTest, ACapacityTakenFromFreeMemoryGrowsByTheAdopted) {
   constexpr uint64_t kChunk = uint64_t{2} << 20;
-  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
-  close(mkstemp(pattern.data()));
   const pid_t self = getpid();
-  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  const SessionsFile sessions_file(SessionsByPid{{self, 1}});
   MemfdChunkSource source;
   // 5 chunks free at start, 1 of headroom.
   NodePool pool(&source, {.capacity = 4 * kChunk,
                           .chunk_classes = DefaultChunkClasses(kChunk)});
   Metrics metrics;
   DaemonCore core(
-      {.sessions_file = pattern,
+      {.sessions_file = sessions_file.path(),
        .adopt_window = absl::Hours(1),
        .devices_at_start = {{.free_memory = 5 * kChunk,
                              .capacity_from_free = true}}},
@@ -364,17 +370,14 @@ TEST(DaemonCoreRestartTest, ACapacityTakenFromFreeMemoryGrowsByTheAdopted) {
   declare(late, b->session_id(), 2, kChunk);
   EXPECT_EQ(core.Status().capacity_bytes(), 13 * kChunk);
   EXPECT_EQ(core.Status().in_use_bytes(), 9 * kChunk);
-  unlink(pattern.c_str());
 }
 
 // With a pool per GPU, a session's declaration goes to its own device's
 // pool, and each device's capacity is fitted to its own free memory.
 TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   constexpr uint64_t kChunk = uint64_t{2} << 20;
-  std::string pattern = "/tmp/allocd_core_sessions_XXXXXX";
-  close(mkstemp(pattern.data()));
   const pid_t self = getpid();
-  ASSERT_TRUE(WriteSessionsFile(pattern, {{self, 1}}).ok());
+  const SessionsFile sessions_file(SessionsByPid{{self, 1}});
   MemfdChunkSource source0;
   MemfdChunkSource source1;
   const NodePool::Options options{
@@ -385,7 +388,7 @@ TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(0), "memfd", &pool0).ok());
   ASSERT_TRUE(pools.AddBorrowed(SimDeviceUuid(1), "memfd", &pool1).ok());
   Metrics metrics;
-  DaemonCore core({.sessions_file = pattern,
+  DaemonCore core({.sessions_file = sessions_file.path(),
                    .adopt_window = absl::Hours(1),
                    .devices_at_start = {{.free_memory = 10 * kChunk},
                                         {.free_memory = 20 * kChunk}}},
@@ -422,7 +425,6 @@ TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   ASSERT_EQ(status.devices_size(), 2);
   EXPECT_EQ(status.devices(0).adopted_bytes_total(), 0u);
   EXPECT_EQ(status.devices(1).adopted_bytes_total(), 64 * kChunk);
-  unlink(pattern.c_str());
 }
 
 }  // namespace
