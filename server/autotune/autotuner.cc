@@ -441,9 +441,13 @@ class Autotuner::Impl {
                                 static_cast<double>(acting.predicted_allocated))
             : 1.0;
     const double expected = static_cast<double>(acting.predicted_switched) * growth;
-    if (static_cast<double>(acting.realized_peak) > expected * (1.0 + options_.rollback_margin)) {
+    const double staying = static_cast<double>(acting.predicted_current) * growth;
+    const double realized = static_cast<double>(acting.realized_peak);
+    if (realized > expected * (1.0 + options_.rollback_margin) &&
+        realized > (expected + staying) / 2) {
       QueueRollBack(name, job, absl::StrFormat(
-          "the realised peak %s is above the predicted %s by more than %.0f%%%s",
+          "the realised peak %s is above the predicted %s by more than %.0f%%, and "
+          "nearer to what staying would cost%s",
           GiB(acting.realized_peak), GiB(static_cast<int64_t>(expected)),
           100 * options_.rollback_margin,
           growth > 1.0 ? absl::StrFormat(" (%s predicted for the window, scaled by the job "

@@ -72,9 +72,13 @@ struct AutotuneOptions {
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
   // Roll back when the realised peak reserved is above the predicted one by
-  // more than this, after scaling the prediction by how much more the job
-  // allocated than it did in the window (later steps of a job with dynamic
-  // shapes need more under any config: that is not the config's doing).
+  // more than this and has lost at least half the predicted saving (it is
+  // nearer to what staying would cost than to the prediction: a push that
+  // kept most of its promise is not undone for missing it by a little, as
+  // when the job got it later in a step than predicted). Both predictions
+  // are first scaled by how much more the job allocated than it did in the
+  // window (later steps of a job with dynamic shapes need more under any
+  // config: that is not the config's doing).
   double rollback_margin = 0.10;
   // A window whose clients lost at most this fraction of its events is
   // replayed anyway: the window repairs what a few lost events break (frees

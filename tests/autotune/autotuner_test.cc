@@ -323,9 +323,8 @@ TEST(AutotunerTest, ARealisedPeakWorseThanPredictedRollsBack) {
   Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
   const AutotuneDecision d = PushToCanary(tuner, actions);
   tuner.Acked(1, d.version, true, "");
-  // 20% over, for what the job needed in the window.
-  tuner.Stats(1, Reserved(d.predicted_peak_switched * 12 / 10, d.predicted_peak_allocated),
-              d.version);
+  // What staying was predicted to cost, for what the job needed in the window.
+  tuner.Stats(1, Reserved(d.predicted_peak_current, d.predicted_peak_allocated), d.version);
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "rollback");
@@ -337,6 +336,24 @@ TEST(AutotunerTest, ARealisedPeakWorseThanPredictedRollsBack) {
 // Later steps of a job with dynamic shapes need more memory under any
 // config (on the H100, llama_lora's steps after a first pass at step 3
 // allocated 1.2x the window's peak): that is no reason to roll back.
+// A push that kept most of its promise stays, though it missed the
+// prediction by more than the margin (under ASan the sim job got its push
+// later in a step than predicted: 4.90 GiB against 4.42, where staying
+// costs 19.73).
+TEST(AutotunerTest, APushThatKeptMostOfItsSavingIsNotRolledBack) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, true, "");
+  ASSERT_GT(d.predicted_peak_current, 2 * d.predicted_peak_switched);
+  tuner.Stats(1, Reserved(d.predicted_peak_switched * 12 / 10, d.predicted_peak_allocated),
+              d.version);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, "pushed");
+}
+
 TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
   FakeClock clock;
   FakeActions actions;
@@ -349,8 +366,9 @@ TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 1u);
   EXPECT_EQ(tuner.History("llama", 1)[0].result, "pushed");
-  // The same job wasting more than predicted on what it allocates is.
-  tuner.Stats(1, Reserved(d.predicted_peak_switched * 16 / 10, d.predicted_peak_allocated * 13 / 10),
+  // The same job losing most of the saving on what it allocates is.
+  tuner.Stats(1, Reserved(d.predicted_peak_current * 13 / 10 * 8 / 10,
+                          d.predicted_peak_allocated * 13 / 10),
               d.version);
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 2u);
