@@ -779,7 +779,8 @@ void DaemonCore::PublishPool(const DevicePool& device) {
                   .free = stats.free_bytes,
                   .chunks_created_total = stats.chunks_created_total,
                   .chunks_reused_total = stats.chunks_reused_total,
-                  .trimmed_bytes_total = stats.trimmed_bytes_total});
+                  .trimmed_bytes_total = stats.trimmed_bytes_total,
+                  .adopted_bytes_total = stats.adopted_bytes_total});
   for (const auto& [id, held] : stats.sessions) {
     metrics_->Held(id, held.bytes);
   }

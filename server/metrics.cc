@@ -189,6 +189,11 @@ Metrics::Metrics()
                               "Cached chunks given back to the device "
                               "(idle past --trim-after, above "
                               "--cache-high-water, or allocctl pool trim).")),
+      adopted_bytes_(Register(prometheus::BuildCounter(), *registry_,
+                              "allocd_pool_adopted_bytes_total",
+                              "Chunks surviving clients re-declared to this "
+                              "daemon after a restart, adopted into the "
+                              "pool's accounting.")),
       sessions_(Register(prometheus::BuildGauge(), *registry_,
                          "allocd_sessions", "Live client sessions.")),
       rpc_seconds_(Register(prometheus::BuildHistogram(), *registry_,
@@ -398,6 +403,8 @@ void Metrics::Pool(int device, absl::string_view gpu_uuid,
          seen.chunks_reused);
   follow(trimmed_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
          pool.trimmed_bytes_total, seen.trimmed_bytes);
+  follow(adopted_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
+         pool.adopted_bytes_total, seen.adopted_bytes);
 }
 
 void Metrics::Rpc(absl::string_view method, double seconds, bool ok) {

@@ -39,6 +39,7 @@ struct PoolGauges {
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
   uint64_t trimmed_bytes_total = 0;
+  uint64_t adopted_bytes_total = 0;
 };
 
 class Metrics {
@@ -115,6 +116,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pool_bytes_;
   prometheus::Family<prometheus::Counter>& chunks_;
   prometheus::Family<prometheus::Counter>& trimmed_bytes_;
+  prometheus::Family<prometheus::Counter>& adopted_bytes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
 
@@ -127,6 +129,7 @@ class Metrics {
     uint64_t chunks_created = 0;
     uint64_t chunks_reused = 0;
     uint64_t trimmed_bytes = 0;
+    uint64_t adopted_bytes = 0;
   };
   absl::flat_hash_map<int, PoolTotalsSeen> pool_seen_ ABSL_GUARDED_BY(mu_);
 };

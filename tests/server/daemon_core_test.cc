@@ -425,6 +425,9 @@ TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   ASSERT_EQ(status.devices_size(), 2);
   EXPECT_EQ(status.devices(0).adopted_bytes_total(), 0u);
   EXPECT_EQ(status.devices(1).adopted_bytes_total(), 64 * kChunk);
+  EXPECT_THAT(metrics.Render(),
+              HasSubstr("allocd_pool_adopted_bytes_total{device=\"1\",gpu_uuid=\"" +
+                        SimDeviceUuid(1) + "\"} 134217728"));
 }
 
 }  // namespace
