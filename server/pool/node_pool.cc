@@ -242,6 +242,14 @@ void NodePool::DropExpiredClaims() {
   });
 }
 
+absl::StatusOr<NodePool::SessionState*> NodePool::FindSession(SessionId id) {
+  auto s = sessions_.find(id);
+  if (s == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", id, " in the node pool"));
+  }
+  return &s->second;
+}
+
 NodePool::SessionState* NodePool::SameSession(SessionId id,
                                               uint64_t incarnation) {
   auto s = sessions_.find(id);
@@ -323,12 +331,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
   std::vector<ChunkMemory> doomed;
   {
     absl::MutexLock lock(&mu_);
-    auto s = sessions_.find(id);
-    if (s == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("no session ", id, " in the node pool"));
-    }
-    SessionState& state = s->second;
+    absl::StatusOr<SessionState*> found = FindSession(id);
+    if (!found.ok()) return found.status();
+    SessionState& state = **found;
     if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
     const uint64_t live = live_bytes_ + creating_bytes_;
     const uint64_t capacity = capacity_.load();
@@ -526,23 +531,21 @@ absl::StatusOr<absl::flat_hash_set<uint64_t>> NodePool::HeldBy(
 absl::Status NodePool::Release(SessionId id,
                                absl::Span<const uint64_t> chunk_ids) {
   absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
   absl::StatusOr<absl::flat_hash_set<uint64_t>> released_ids =
       HeldBy(id, chunk_ids, "released");
   if (!released_ids.ok()) return released_ids.status();
   uint64_t released = 0;
   for (uint64_t chunk_id : chunk_ids) {
-    s->second.chunks.erase(chunk_id);
+    state.chunks.erase(chunk_id);
     Chunk& chunk = chunks_.at(chunk_id);
     released += chunk.bytes;
     Disown(chunk_id, chunk);
   }
-  SubtractHeld(s->second, released);
-  EndShares(s->second, &*released_ids);
+  SubtractHeld(state, released);
+  EndShares(state, &*released_ids);
   return absl::OkStatus();
 }
 
@@ -554,11 +557,9 @@ absl::StatusOr<std::string> NodePool::Share(
   absl::StatusOr<std::string> token = NewToken();  // a syscall: unlocked
   if (!token.ok()) return token.status();
   absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
   if (absl::Status held = HeldBy(id, chunk_ids, "shared").status();
       !held.ok()) {
     return held;
@@ -574,7 +575,7 @@ absl::StatusOr<std::string> NodePool::Share(
   }
   shares_[*token] = ShareState{
       .owner = id, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
-  s->second.shared.insert(*token);
+  state.shared.insert(*token);
   return token;
 }
 
@@ -583,11 +584,9 @@ absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
   absl::StatusOr<std::string> claim_token = NewToken();
   if (!claim_token.ok()) return claim_token.status();
   absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
   auto share = shares_.find(share_token);
   if (share == shares_.end() || !share->second.open) {
     return absl::NotFoundError(
@@ -603,8 +602,8 @@ absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
   }
   ++share->second.opens;
   std::string key = share->first;
-  ++s->second.opened[key];
-  grant.token = AddClaim(id, s->second, *std::move(claim_token), /*grant=*/0,
+  ++state.opened[key];
+  grant.token = AddClaim(id, state, *std::move(claim_token), /*grant=*/0,
                          grant.chunk_ids, std::move(key));
   return grant;
 }
@@ -789,12 +788,9 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
   // Refused proofs' memory is dropped after the lock is released.
   std::vector<ChunkMemory> dropped;
   absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no session ", id, " in the node pool"));
-  }
-  SessionState& state = s->second;
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
   absl::flat_hash_map<std::string, uint64_t> identities;
   if (proves) identities = LiveIdentities();
   for (Candidate& candidate : candidates) {

@@ -428,6 +428,9 @@ class NodePool {
 
   static constexpr SessionId kNoSession = 0;
 
+  // Session `id`, or NotFound naming it.
+  absl::StatusOr<SessionState*> FindSession(SessionId id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Session `id` if it is still the incarnation that began work outside the
   // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
   SessionState* SameSession(SessionId id, uint64_t incarnation)
