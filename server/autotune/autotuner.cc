@@ -603,11 +603,14 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     trace = job.window->ToTrace();
     max_shift = StepShift(*job.window);
   }
+  // Found once: the first pass's gate and Decide's switch point use it.
+  std::optional<std::optional<uint64_t>> step;
   if (task.first_pass && !full && skip_why.empty()) {
     // The first pass decides once the window holds two steps of training
     // (or is full): a repeat that keeps what it allocates builds the model.
-    const std::optional<uint64_t> step = FindStepPeriod(trace, max_shift);
-    if (!step || trace.events.size() < 2 * *step || !ReturnsWhatItAllocates(trace, *step)) {
+    step = FindStepPeriod(trace, max_shift);
+    if (!*step || trace.events.size() < 2 * **step ||
+        !ReturnsWhatItAllocates(trace, **step)) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
       if (job.queued_id == 0) {
@@ -629,6 +632,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     decide.budget = options_.budget;
     decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
     decide.max_shift = max_shift;
+    decide.step_events = step;
     decide.on_replay = options_.on_replay;
     d = ::allocd::Decide(trace, running, policy, decide);
   } else {

@@ -122,7 +122,8 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   "the job runs backend:cudaMallocAsync, which a running process cannot leave");
   }
 
-  d.step_events = FindStepPeriod(window, options.max_shift);
+  d.step_events = options.step_events ? *options.step_events
+                                      : FindStepPeriod(window, options.max_shift);
   d.switch_event = SwitchPoint(n, d.step_events);
   std::string evidence = absl::StrFormat("window of %d events; ", n);
   absl::StrAppend(&evidence,

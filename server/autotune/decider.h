@@ -46,6 +46,9 @@ struct DecideOptions {
   size_t min_events = 1000;
   // Events the window may have lost in a row (FindStepPeriod's max_shift).
   size_t max_shift = 0;
+  // FindStepPeriod(window, max_shift) when the caller has it already (the
+  // autotuner's first pass); unset: Decide finds it.
+  std::optional<std::optional<uint64_t>> step_events;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };
