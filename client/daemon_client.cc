@@ -324,10 +324,26 @@ struct DaemonClient::State {
                      uint64_t session_id, v1::TelemetryReport* stats,
                      std::vector<RecordedBatch>& batches);
 
+  // Serves calls on `c` from now on, as session `new_epoch`.
+  void Serve(std::shared_ptr<Connection> c, uint64_t new_epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    terms = PoolTerms{c->chunk_bytes, c->capacity, c->gpu_uuid};
+    connection = std::move(c);
+    epoch = new_epoch;
+  }
+
   const DaemonClientOptions options;
   absl::Mutex mu;
   std::shared_ptr<Connection> connection ABSL_GUARDED_BY(mu);
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
+  // What the last daemon said of its pool, kept while it is away: a
+  // cudaMalloc in the gap rounds to its chunks and waits in Acquire for the
+  // next daemon (chunk_bytes() 0 there was a division by zero, SIGFPE).
+  struct PoolTerms {
+    uint64_t chunk_bytes = 0;
+    uint64_t capacity = 0;
+    std::string gpu_uuid;
+  };
+  PoolTerms terms ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   grpc::ClientContext* watch_context ABSL_GUARDED_BY(mu) = nullptr;
   grpc::ClientContext* telemetry_context ABSL_GUARDED_BY(mu) = nullptr;
@@ -378,8 +394,7 @@ void DaemonClient::State::SessionLoop() {
       absl::MutexLock lock(&mu);
       if (stopping) return;
       if (fresh.ok()) {
-        connection = *fresh;
-        epoch = next_epoch;
+        Serve(*fresh, next_epoch);
         if (generation == running_generation) {
           running.version = (*fresh)->running_version;
         }
@@ -650,8 +665,7 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   if (!c.ok()) return c.status();
   {
     absl::MutexLock lock(&state->mu);
-    state->connection = *c;
-    state->epoch = 1;
+    state->Serve(*c, 1);
   }
   State* s = state.get();
   s->session_thread = std::thread([s] { s->SessionLoop(); });
@@ -909,18 +923,18 @@ uint64_t DaemonClient::epoch() const {
 bool DaemonClient::connected() const { return state_->Current() != nullptr; }
 
 uint64_t DaemonClient::chunk_bytes() const {
-  std::shared_ptr<Connection> c = state_->Current();
-  return c == nullptr ? 0 : c->chunk_bytes;
+  absl::MutexLock lock(&state_->mu);
+  return state_->terms.chunk_bytes;
 }
 
 uint64_t DaemonClient::capacity_bytes() const {
-  std::shared_ptr<Connection> c = state_->Current();
-  return c == nullptr ? 0 : c->capacity;
+  absl::MutexLock lock(&state_->mu);
+  return state_->terms.capacity;
 }
 
 std::string DaemonClient::gpu_uuid() const {
-  std::shared_ptr<Connection> c = state_->Current();
-  return c == nullptr ? "" : c->gpu_uuid;
+  absl::MutexLock lock(&state_->mu);
+  return state_->terms.gpu_uuid;
 }
 
 }  // namespace allocd

@@ -150,7 +150,9 @@ class DaemonClient {
   uint64_t session_id() const;
   uint64_t epoch() const;
   bool connected() const;
-  // The daemon's smallest chunk: every grant is a multiple of it.
+  // The daemon's smallest chunk: every grant is a multiple of it. This,
+  // capacity_bytes() and gpu_uuid() are the last daemon's word while none
+  // answers (they are never 0 after Connect).
   uint64_t chunk_bytes() const;
   uint64_t capacity_bytes() const;
   // The device whose pool serves the session, as the daemon named it

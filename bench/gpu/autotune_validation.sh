@@ -19,9 +19,6 @@ exec > >(tee -a "$out/autotune.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
 sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
-# After each part, so a run cut short still returns what it measured.
-pack() { (cd "$out" && tar czf autotune.tgz --exclude autotune.tgz --exclude allocd.sock \
-  --exclude '*.fds' .); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__)"
 start_daemon 70GiB --autotune apply --autotune-threads 4 ${FIRST_PASS_EVENTS:+--autotune-first-pass-events $FIRST_PASS_EVENTS}
@@ -47,7 +44,7 @@ run_job() {  # run_job WORKLOAD SCRIPT_ARGS...: every start config and mode
       PYTORCH_CUDA_ALLOC_CONF=$conf timeout 200 python "$here/$script" --mode $mode \
         --job "$w-$mode-$n" --socket "$sock" "$@" --json "$out/${w}_${mode}_$n.json" | cut -c1-150
     done
-    pack
+    pack autotune
   done
 }
 want llama && run_job llama llama_lora_train.py --steps "${LLAMA_STEPS:-24}"
@@ -55,10 +52,10 @@ want resnet && run_job resnet resnet_train.py
 allocctl autotune history --limit 50 --json >"$out/autotune_history.json"
 allocctl autotune history --limit 50
 allocctl config history --limit 50 >"$out/config_history.txt"
-pack
+pack autotune
 stop_daemon
 if want overhead; then
   step "advisor recording overhead"
   timeout 300 python "$here/autotune_overhead.py" --allocd "$bin/allocd" --pairs 5 --steps 100 --warmup 20 --json "$out/overhead.json" | tail -5
 fi
-pack
+pack autotune

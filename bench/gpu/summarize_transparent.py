@@ -42,6 +42,39 @@ def steady_median(run, warmup=10):
     return statistics.median(run["step_seconds"][warmup:])
 
 
+def pool_counter(status, key):
+    return int(status.get(key, 0))
+
+
+def trim_cost(out):
+    """A job on a warm pool against the same job after `allocctl pool trim`:
+    model to GPU and first step, and the chunks the trimmed pool created."""
+    pairs = []
+    for i in range(1, 4):
+        warm, cold = load(out, f"trim_warm_{i}.json"), load(out, f"trim_cold_{i}.json")
+        before, after = load(out, f"trim_cold_{i}_before.json"), load(out, f"trim_cold_{i}_pool.json")
+        if not (warm and cold and before and after):
+            continue
+        pairs.append({
+            "model_to_gpu_s": [warm["model_to_gpu_seconds"], cold["model_to_gpu_seconds"]],
+            "first_step_s": [warm["step_seconds"][0], cold["step_seconds"][0]],
+            "chunks_created_by_cold_job": pool_counter(after, "chunks_created_total")
+            - pool_counter(before, "chunks_created_total"),
+            "cached_bytes_after_trim": pool_counter(before, "free_bytes"),
+            "losses_identical": warm["losses"] == cold["losses"],
+        })
+    if not pairs:
+        return None
+    slowdown = [(p["model_to_gpu_s"][1] + p["first_step_s"][1])
+                - (p["model_to_gpu_s"][0] + p["first_step_s"][0]) for p in pairs]
+    idle = load(out, "trim_idle_pool.json") or {}
+    return {"pairs": pairs, "cold_minus_warm_s": slowdown,
+            "cold_minus_warm_median_s": statistics.median(slowdown),
+            "idle_after_trim_after": {"in_use_bytes": pool_counter(idle, "in_use_bytes"),
+                                      "cached_bytes": pool_counter(idle, "free_bytes"),
+                                      "trimmed_bytes_total": pool_counter(idle, "trimmed_bytes_total")}}
+
+
 def main():
     out = sys.argv[1]
     summary = {"compat": compat(out)}
@@ -94,6 +127,10 @@ def main():
         summary["daemon_killed"] = {"steps": len(dk["losses"]),
                                     "losses_identical_to_native": dk["losses"] == native["losses"]}
         print("daemon killed mid-training:", json.dumps(summary["daemon_killed"]))
+    trim = trim_cost(out)
+    if trim:
+        summary["trim"] = trim
+        print("\ntrim:", json.dumps(trim))
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 

@@ -9,13 +9,19 @@
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
-# Results in OUT (JSON per run, transparent.log).
+#   trim       (issue 14) a job that comes back to a warm pool and to one
+#              `allocctl pool trim` emptied, 2 interleaved pairs: the model
+#              put on the GPU and the first step, against the chunks the
+#              trimmed pool had to create; then the daemon's own trim
+#              (--trim-after 20s) of an idle node, with nvidia-smi's view
+# Results in OUT (JSON per run, transparent.log, all of it in
+# transparent.tgz after each part).
 #   bench/gpu/transparent_validation.sh [BUNDLE] [OUT] [PART...]
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-transparent}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-compat train steptime workset peaks kills}
+parts=${*:-compat train steptime workset peaks kills trim}
 mkdir -p "$out"
 exec > >(tee -a "$out/transparent.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,6 +47,7 @@ if want compat; then
     step "compat: engine"; timeout 200 python "$here/engine_compat.py" --socket "$sock" --json "$out/compat_engine.json"
   fi
   stop_daemon
+  pack transparent
 fi
 
 if want train; then
@@ -51,6 +58,7 @@ if want train; then
   timeout 300 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" --json "$out/train_transparent.json" | cut -c1-200
   allocctl status
   stop_daemon
+  pack transparent
 fi
 
 if want steptime; then
@@ -63,6 +71,7 @@ if want steptime; then
     done
   done
   stop_daemon
+  pack transparent
 fi
 
 if want workset; then
@@ -80,6 +89,7 @@ if want workset; then
   stop_daemon
   step "cuda_chunk_bench: segments of 2 MiB to 2 GiB through the daemon"
   timeout 240 "$bin/cuda_chunk_bench" --allocd "$bin/allocd" --iterations 400 --out "$out/cuda_chunk_bench.json" | tail -40
+  pack transparent
 fi
 
 if want peaks; then
@@ -93,6 +103,7 @@ if want peaks; then
   wait
   cat "$out"/peaks_transparent_*.json; echo
   stop_daemon
+  pack transparent
 fi
 
 if want kills; then
@@ -118,6 +129,31 @@ PY
     --restart-daemon "'$bin/allocd' serve --backend cuda --socket '$sock' --metrics-addr '' --capacity 76GiB 2>>'$out/daemon2.log'" \
     --json "$out/train_transparent_daemon_killed.json" | cut -c1-200
   pkill -f "allocd serve --backend cuda --socket $sock"
+  pack transparent
+fi
+if want trim; then
+  start_daemon 76GiB --trim-after 20s
+  trim_job() {  # NAME: a 3-step llama_lora job at a fixed shape, and the pool after it
+    timeout 200 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" --steps 3 \
+      --shape 4x512 --json "$out/trim_$1.json" >/dev/null
+    allocctl --json status >"$out/trim_$1_pool.json"
+  }
+  step "trim: a job on a warm pool, then on a trimmed one, 2 pairs"
+  trim_job prime
+  for i in 1 2; do
+    trim_job warm_$i
+    allocctl pool trim
+    allocctl --json status >"$out/trim_cold_${i}_before.json"
+    trim_job cold_$i
+  done
+  step "trim: the node idle for 30 s (--trim-after 20s)"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee "$out/trim_idle_smi_before.txt"
+  sleep 30
+  allocctl --json status >"$out/trim_idle_pool.json"; allocctl status
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee "$out/trim_idle_smi_after.txt"
+  stop_daemon
+  pack transparent
 fi
 step summary
 python "$here/summarize_transparent.py" "$out"
+pack transparent

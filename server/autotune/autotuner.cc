@@ -606,11 +606,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
   if (task.first_pass && !full && skip_why.empty()) {
-    // The first pass decides once the window holds two steps of training
-    // (or is full): a repeat that keeps what it allocates builds the model.
+    // The first pass decides once the window ends in three steps of
+    // training (or is full): a repeat that keeps or drifts is the model's
+    // construction or one pass's layers (ReturnsWhatItAllocates).
     step = FindStepPeriod(trace, max_shift);
-    if (!*step || trace.events.size() < 2 * **step ||
-        !ReturnsWhatItAllocates(trace, **step)) {
+    if (!*step || !ReturnsWhatItAllocates(trace, **step)) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
       if (job.queued_id == 0) {

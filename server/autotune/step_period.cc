@@ -1,6 +1,7 @@
 #include "server/autotune/step_period.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstddef>
 #include <cstdint>
@@ -139,35 +140,41 @@ std::optional<uint64_t> FindStepPeriod(const Trace& trace, size_t max_shift) {
 }
 
 bool ReturnsWhatItAllocates(const Trace& trace, uint64_t period) {
+  constexpr size_t kPeriods = 3;
   const size_t n = trace.events.size();
-  if (period == 0 || 2 * period > n) return false;
-  // The least live over each of the last two periods: the bytes a step
-  // keeps between steps, whatever its phase and its shapes.
+  if (period == 0 || kPeriods * period > n) return false;
+  // floor[k]: the least live over the k-th of the last kPeriods periods.
   std::vector<uint64_t> size_of(trace.num_ids, 0);
+  std::array<int64_t, kPeriods> floor;
+  floor.fill(INT64_MAX);
   int64_t live = 0;
-  int64_t floor_before = INT64_MAX;
-  int64_t floor_last = INT64_MAX;
-  uint64_t allocated = 0;
+  int64_t allocated = 0;  // over the last period
+  const size_t first = n - kPeriods * period;
   for (size_t i = 0; i < n; ++i) {
     const TraceEvent& e = trace.events[i];
     if (e.id < size_of.size()) {
       if (e.op == TraceOp::kAlloc) {
         size_of[e.id] = e.size;
         live += static_cast<int64_t>(e.size);
-        if (i >= n - period) allocated += e.size;
+        if (i >= n - period) allocated += static_cast<int64_t>(e.size);
       } else if (e.op == TraceOp::kFreeRequested) {
         live -= static_cast<int64_t>(size_of[e.id]);
         size_of[e.id] = 0;
       }
     }
-    if (i >= n - period) {
-      floor_last = std::min(floor_last, live);
-    } else if (i >= n - 2 * period) {
-      floor_before = std::min(floor_before, live);
+    if (i >= first) {
+      int64_t& f = floor[(i - first) / period];
+      f = std::min(f, live);
     }
   }
-  const uint64_t kept = static_cast<uint64_t>(std::abs(floor_last - floor_before));
-  return allocated > 0 && 10 * kept <= allocated;
+  if (allocated == 0) return false;
+  const int64_t last = floor[2] - floor[1];
+  const int64_t before = floor[1] - floor[0];
+  // Layers are alike: each keeps (or frees) the same bytes, a ramp.
+  const bool ramp = last != 0 && (last > 0) == (before > 0) &&
+                    10 * std::abs(last - before) <= std::max(std::abs(last), std::abs(before)) &&
+                    10000 * std::abs(last) > allocated;
+  return 10 * std::abs(last) <= allocated && !ramp;
 }
 
 }  // namespace allocd

@@ -470,6 +470,32 @@ TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
   EXPECT_GT(Status().chunks_created_total(), 0u);
 }
 
+// A transparent job's cudaMalloc while the daemon is away rounds to the last
+// daemon's chunks and waits for the next one (on the H100, two of three jobs
+// died of SIGFPE here: the chunk size read 0 while disconnected).
+TEST_F(DaemonTest, ASegmentAskedForWhileTheDaemonIsAwayComesFromTheNextOne) {
+  std::unique_ptr<DaemonClient> client = Client();
+  const uint64_t chunk = client->chunk_bytes();
+  const uint64_t capacity = client->capacity_bytes();
+  ASSERT_EQ(chunk, kChunk);
+  daemon_->Kill();
+  for (int i = 0; i < 500 && client->connected(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(client->connected());
+  EXPECT_EQ(client->chunk_bytes(), chunk);
+  EXPECT_EQ(client->capacity_bytes(), capacity);
+  DaemonBackend backend(client.get());
+  absl::StatusOr<uint64_t> segment;
+  std::thread allocate([&] { segment = backend.AllocateSegment(3 * client->chunk_bytes()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  StartDaemon("16GiB");
+  allocate.join();
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(Status().in_use_bytes(), 3 * kChunk);
+  backend.FreeSegment(*segment, 3 * kChunk);
+}
+
 TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   std::unique_ptr<DaemonClient> cacher = Client("cacher");
   absl::StatusOr<ReceivedChunks> cached = cacher->Acquire(28 * kChunk);
