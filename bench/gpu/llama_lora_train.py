@@ -98,10 +98,12 @@ def main():
                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
     torch.manual_seed(a.seed)
     with UsedMemoryWatch() as watch:
-        # From an empty GPU to the model on it: where a returning job pays
-        # for chunks a trimmed pool must create again.
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        # From an empty GPU to the model on it (built on the CPU first, ~10 s
+        # that would drown it): where a returning job pays for chunks a
+        # trimmed pool must create again.
         setup_start = time.perf_counter()
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
+        model = model.cuda()
         torch.cuda.synchronize()
         setup_seconds = time.perf_counter() - setup_start
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

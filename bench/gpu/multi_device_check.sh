@@ -85,5 +85,5 @@ kill $(jobs -p | tail -n "$gpus") 2>/dev/null || true
 sleep 1
 allocctl pool trim --device 0
 allocctl status
-kill "$(jobs -p | head -1)"
+kill $(jobs -p) 2>/dev/null || true
 wait 2>/dev/null || true

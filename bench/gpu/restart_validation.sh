@@ -58,7 +58,7 @@ if want restart; then
     allocctl --json status | grep -q '"adopting": true' || break
     sleep 0.1
   done
-  echo "adoption window closed $(echo "$(date +%s.%N) - $restarted" | bc) s after the restart"
+  echo "adoption window closed $(python3 -c "import sys; print(round(float(sys.argv[1]) - float(sys.argv[2]), 2))" "$(date +%s.%N)" "$restarted") s after the restart"
   grep -E "restarted with|re-declared|not adopted|more than the device" "$out/daemon2.log"
   wait "$newcomer"; echo "newcomer: $(cat "$out/newcomer.json" 2>/dev/null)"
   sleep 2
@@ -107,5 +107,5 @@ signal.sigwait({signal.SIGTERM})" &
   grep "more than the device" "$out/daemon_clip.log" || echo "NO CLIP WARNING"
   allocctl status
   stop_daemon
-  kill "$hog"; wait "$hog" 2>/dev/null
+  kill -9 "$hog"; wait "$hog" 2>/dev/null || true
 fi
