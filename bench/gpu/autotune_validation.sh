@@ -9,6 +9,7 @@
 #   bench/gpu/autotune_validation.sh [BUNDLE] [OUT] [PART...]
 # PARTS: llama resnet overhead (default: all). NATIVE=0: no native runs;
 # FIRST_PASS_EVENTS: the daemon's --autotune-first-pass-events (default: its own).
+# LLAMA_STEPS (24), RESNET_STEPS (60: 24 of its steps take 3 s, over before a decision lands).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-autotune}
@@ -48,7 +49,7 @@ run_job() {  # run_job WORKLOAD SCRIPT_ARGS...: every start config and mode
   done
 }
 want llama && run_job llama llama_lora_train.py --steps "${LLAMA_STEPS:-24}"
-want resnet && run_job resnet resnet_train.py
+want resnet && run_job resnet resnet_train.py --steps "${RESNET_STEPS:-60}"
 allocctl autotune history --limit 50 --json >"$out/autotune_history.json"
 allocctl autotune history --limit 50
 allocctl config history --limit 50 >"$out/config_history.txt"

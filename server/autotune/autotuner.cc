@@ -43,14 +43,14 @@ void NiceThisThread(int nice) {
   if (errno == 0) setpriority(PRIO_PROCESS, tid, std::min(19, current + nice));
 }
 
-// How far FindStepPeriod follows a stream that lost events: each lost event
-// takes up to three with it (an allocation, then its two frees, which the
-// window drops as unmatched); at most 32, past which a period check would
-// cost more than finding the step is worth.
-size_t StepShift(const JobWindow& window) {
-  if (!window.has_gap()) return 0;
-  return static_cast<size_t>(std::min<uint64_t>(3 * window.dropped_events(), 32));
-}
+// How far FindStepPeriod follows a stream whose steps are not all the same
+// length: a multi-scale ResNet-50's differ by up to 12 events (cuDNN's
+// workspaces depend on the shape; on the H100 no step was found without
+// this, so a job that lost no events was never decided on), and each event
+// an advisor loses takes up to three with it (an allocation, then its two
+// frees, which the window drops as unmatched). At most 32, past which a
+// period check would cost more than finding the step is worth.
+constexpr size_t kStepShift = 32;
 
 std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
@@ -563,7 +563,6 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   JobPolicy policy;
   std::string skip_why;
   bool full = false;
-  size_t max_shift = 0;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -601,7 +600,6 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       return;
     }
     trace = job.window->ToTrace();
-    max_shift = StepShift(*job.window);
   }
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
@@ -609,7 +607,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     // The first pass decides once the window ends in three steps of
     // training (or is full): a repeat that keeps or drifts is the model's
     // construction or one pass's layers (ReturnsWhatItAllocates).
-    step = FindStepPeriod(trace, max_shift);
+    step = FindStepPeriod(trace, kStepShift);
     if (!*step || !ReturnsWhatItAllocates(trace, **step)) {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
@@ -631,7 +629,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     decide.max_call_ratio = options_.max_call_ratio;
     decide.budget = options_.budget;
     decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
-    decide.max_shift = max_shift;
+    decide.max_shift = kStepShift;
     decide.step_events = step;
     decide.on_replay = options_.on_replay;
     d = ::allocd::Decide(trace, running, policy, decide);

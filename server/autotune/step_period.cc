@@ -174,7 +174,7 @@ bool ReturnsWhatItAllocates(const Trace& trace, uint64_t period) {
   const bool ramp = last != 0 && (last > 0) == (before > 0) &&
                     10 * std::abs(last - before) <= std::max(std::abs(last), std::abs(before)) &&
                     10000 * std::abs(last) > allocated;
-  return 10 * std::abs(last) <= allocated && !ramp;
+  return 100 * std::abs(last) <= allocated && !ramp;
 }
 
 }  // namespace allocd

@@ -35,6 +35,17 @@ absl::StatusOr<Trace> Recorded(const std::string& workload) {
   return ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/" + workload + ".pickle.gz");
 }
 
+// bench/gpu/resnet_train.py --steps 60 under max_split_size_mb:64 on the
+// H100 (PyTorch 2.11, 2026-11-23): a ResNet-50 whose input resolution
+// changes every step.
+absl::StatusOr<Trace> MultiScaleResNet() {
+  return ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) +
+                          "/tests/autotune/data/resnet50_multiscale.pickle.gz");
+}
+
+// How far the daemon lets the stream shift (autotuner.cc's kStepShift).
+constexpr size_t kShift = 32;
+
 TEST(StepPeriodTest, FindsTheStepNotTheLayer) {
   const Trace one = Loop(1, 12);
   const Trace trace = Loop(10, 12);
@@ -129,17 +140,19 @@ TEST(StepPeriodTest, TheLayersOfTheFirstStepAreNotTrainingSteps) {
   }
   EXPECT_TRUE(ReturnsWhatItAllocates(steps.Build(), 1 + 16 * 3));
 
-  // The real llama_lora: whatever repeats before its fourth step is not
-  // taken for a step; from then on, its step is.
+  // The real llama_lora, searched as the daemon does: whatever repeats
+  // before its fourth step is not taken for a step (allowed to shift, the
+  // search finds 250-event layers up to the logits, where the floor jumps by
+  // 7% of what a layer allocates); from then on, its step is.
   absl::StatusOr<Trace> llama = Recorded("llama_lora");
   ASSERT_TRUE(llama.ok()) << llama.status();
   const std::optional<uint64_t> step = FindStepPeriod(*llama);
   ASSERT_TRUE(step.has_value());
   bool found_early = false;
-  for (size_t n = 1024; n < llama->events.size(); n = n * 3 / 2) {
+  for (size_t n = 2000; n < llama->events.size(); n = n * 5 / 4) {
     Trace prefix = *llama;
     prefix.events.resize(n);
-    const std::optional<uint64_t> period = FindStepPeriod(prefix);
+    const std::optional<uint64_t> period = FindStepPeriod(prefix, kShift);
     if (!period) continue;
     SCOPED_TRACE(testing::Message() << n << " events, period " << *period);
     if (n < 3 * *step) {
@@ -151,6 +164,27 @@ TEST(StepPeriodTest, TheLayersOfTheFirstStepAreNotTrainingSteps) {
     }
   }
   EXPECT_TRUE(found_early);  // the case this guards against is in the trace
+}
+
+// Its steps differ by up to 12 events (cuDNN's workspaces follow the
+// shape): no step repeats exactly, and the daemon never decided on a job
+// that lost no events until the search was allowed to shift.
+TEST(StepPeriodTest, AMultiScaleResNetsStepIsFoundThoughStepsDifferInLength) {
+  absl::StatusOr<Trace> trace = MultiScaleResNet();
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_FALSE(FindStepPeriod(*trace).has_value());
+  const std::optional<uint64_t> step = FindStepPeriod(*trace, kShift);
+  ASSERT_TRUE(step.has_value());
+  const double per_step = static_cast<double>(trace->events.size()) / 60;
+  EXPECT_NEAR(static_cast<double>(*step), per_step, 0.02 * per_step);
+  EXPECT_TRUE(ReturnsWhatItAllocates(*trace, *step));
+  // Before its third step, nothing it repeats is taken for a step.
+  for (size_t n = 2000; n < 3 * *step; n = n * 5 / 4) {
+    Trace prefix = *trace;
+    prefix.events.resize(n);
+    const std::optional<uint64_t> period = FindStepPeriod(prefix, kShift);
+    if (period) EXPECT_FALSE(ReturnsWhatItAllocates(prefix, *period)) << n << " events, period " << *period;
+  }
 }
 
 // An advisor loses a few events between reading PyTorch's history and
