@@ -31,6 +31,8 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
   if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));
+  if (d.best_reachable_peak) out->set_best_reachable_peak(*d.best_reachable_peak);
+  out->set_reviewed_events(d.reviewed_events);
   out->set_window_events(d.window_events);
   out->set_replay_seconds(d.replay_seconds);
   out->set_candidates(d.candidates);

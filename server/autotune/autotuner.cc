@@ -122,7 +122,8 @@ class Autotuner::Impl {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
       if (it == sessions_.end()) return;
-      Job& job = jobs_[it->second.job];
+      const std::string name = it->second.job;
+      Job& job = jobs_[name];
       sessions_.erase(it);
       std::erase(job.sessions, id);
       if (job.acting && job.acting->canary == id && job.acting->phase != Phase::kApplied) {
@@ -135,6 +136,7 @@ class Autotuner::Impl {
         job.acting.reset();
       }
       if (job.recorded == id) {
+        QueueReview(name, job);
         job.recorded = 0;
         job.window.reset();
         if (!job.sessions.empty()) StartRecording(job, job.sessions.front());
@@ -151,6 +153,11 @@ class Autotuner::Impl {
     Job& job = jobs_[it->second.job];
     if (job.recorded != id || job.window == nullptr) return;
     job.window->Add(events, dropped_before);
+    // A long job's push is reviewed on half a window of events after it,
+    // before the window lets it go.
+    if (job.review && job.window->total_events() - job.review->second >= options_.window_events / 2) {
+      QueueReview(it->second.job, job);
+    }
     const size_t size = job.window->size();
     if (!job.first_pass_done && size >= job.next_first_pass_check) {
       // Probed on the worker (finding the step is not for this thread);
@@ -341,18 +348,30 @@ class Autotuner::Impl {
     absl::Time cooldown_until = absl::InfinitePast();
     std::optional<Acting> acting;
     std::deque<AutotuneDecision> history;  // oldest first
+    // A push the canary ACKed while its events were recorded: where in the
+    // window's stream it happened (JobWindow::total_events() then), for the
+    // review when that session ends or half a window after the push.
+    std::optional<std::pair<uint64_t, uint64_t>> review;  // (decision id, event)
     std::set<std::string> rolled_back;     // configs never proposed again
   };
 
-  enum class TaskKind { kDecide, kPromote, kRollBack };
+  enum class TaskKind { kDecide, kPromote, kRollBack, kReview };
+  // kReview: the canary's window, the push's index in it, what it ran.
+  struct ReviewInput {
+    Trace trace;
+    uint64_t switch_event = 0;
+    RunningConfig running;
+    JobPolicy policy;
+  };
   struct Task {
     TaskKind kind;
     std::string job;
     std::string trigger;  // kDecide (which records under Job::queued_id)
-    uint64_t decision_id = 0;  // kPromote, kRollBack
+    uint64_t decision_id = 0;  // kPromote, kRollBack, kReview
     bool first_pass = false;  // decide only once the window holds two steps
     std::string reason;       // kRollBack
     absl::Time triggered_at;  // kDecide
+    std::shared_ptr<const ReviewInput> review;  // kReview
   };
 
   absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
@@ -498,6 +517,7 @@ class Autotuner::Impl {
         case TaskKind::kDecide: RunDecision(task); break;
         case TaskKind::kPromote: Promote(task); break;
         case TaskKind::kRollBack: RollBack(task); break;
+        case TaskKind::kReview: Review(task); break;
       }
       absl::MutexLock lock(&mu_);
       busy_ = false;
@@ -533,6 +553,9 @@ class Autotuner::Impl {
     if (acting.phase == Phase::kCanaryPushed && id == acting.canary) {
       acting.phase = Phase::kCanaryWatching;
       acting.watch_since = Now();
+      if (job.recorded == id && job.window != nullptr) {
+        job.review = {acting.decision_id, job.window->total_events()};
+      }
       if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
         d->trigger_to_ack = acting.watch_since - d->triggered_at;
       }
@@ -541,6 +564,12 @@ class Autotuner::Impl {
 
   void RunDecision(const Task& task);
   void Promote(const Task& task);
+  void Review(const Task& task);
+  // What every replay of a job's window runs under.
+  DecideOptions BaseDecideOptions() const;
+  // Queues the review of `job`'s last push (Job::review) on the window of
+  // its recorded session, as it is now.
+  void QueueReview(const std::string& name, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RollBack(const Task& task);
 
   const AutotuneOptions options_;
@@ -621,17 +650,8 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   actions_->OnRun(task.job);
   Decision d;
   if (skip_why.empty()) {
-    DecideOptions decide;
-    decide.threads = std::max(1, options_.threads);
-    decide.capacity = options_.capacity;
-    decide.total_memory = options_.total_memory;
-    decide.min_saving = options_.min_saving;
-    decide.max_call_ratio = options_.max_call_ratio;
-    decide.budget = options_.budget;
-    decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
-    decide.max_shift = kStepShift;
+    DecideOptions decide = BaseDecideOptions();
     decide.step_events = step;
-    decide.on_replay = options_.on_replay;
     d = ::allocd::Decide(trace, running, policy, decide);
   } else {
     d.why = skip_why;
@@ -726,6 +746,73 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       }
     }
     notify.push_back(*stored);
+  }
+  Notify(notify);
+}
+
+DecideOptions Autotuner::Impl::BaseDecideOptions() const {
+  DecideOptions decide;
+  decide.threads = std::max(1, options_.threads);
+  decide.capacity = options_.capacity;
+  decide.total_memory = options_.total_memory;
+  decide.min_saving = options_.min_saving;
+  decide.max_call_ratio = options_.max_call_ratio;
+  decide.budget = options_.budget;
+  decide.min_events = std::min(options_.first_pass_min_events, options_.window_events);
+  decide.max_shift = kStepShift;
+  decide.on_replay = options_.on_replay;
+  return decide;
+}
+
+void Autotuner::Impl::QueueReview(const std::string& name, Job& job) {
+  if (!job.review || job.window == nullptr) return;
+  const auto [decision_id, pushed_at] = *job.review;
+  job.review.reset();
+  AutotuneDecision* d = FindDecision(job, decision_id);
+  if (d == nullptr || d->result != "pushed") return;  // rolled back: nothing to judge
+  absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
+  const uint64_t window_start = job.window->total_events() - job.window->size();
+  if (!from.ok() || pushed_at < window_start) {
+    absl::StrAppend(&d->why, "; not reviewed: the push left the window before the job ended");
+    return;
+  }
+  auto input = std::make_shared<ReviewInput>();
+  input->trace = job.window->ToTrace();
+  // ToTrace starts with what was live at the window's start (the prelude).
+  const uint64_t prelude = input->trace.events.size() - job.window->size();
+  input->switch_event = prelude + (pushed_at - window_start);
+  input->running.config = *from;
+  if (d->memory_fraction) input->running.memory_fraction = d->memory_fraction;
+  input->policy = PolicyOf(job);
+  Task task{TaskKind::kReview, name, "", decision_id, false, ""};
+  task.review = std::move(input);
+  tasks_.push_back(std::move(task));
+}
+
+// The best the job could have had from the push on: Decide, switched where
+// the push happened, over the events after it. Staying counts too (a push
+// that should not have been made is judged against not making it).
+void Autotuner::Impl::Review(const Task& task) {
+  const ReviewInput& in = *task.review;
+  DecideOptions decide = BaseDecideOptions();
+  decide.switch_event = in.switch_event;
+  const Decision d = ::allocd::Decide(in.trace, in.running, in.policy, decide);
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    AutotuneDecision* rec = FindDecision(job, task.decision_id);
+    if (rec == nullptr) return;
+    if (d.predicted_peak_current <= 0 || d.switch_event != in.switch_event) {
+      absl::StrAppend(&rec->why, "; not reviewed: ", d.why);
+    } else {
+      rec->best_reachable_peak =
+          d.predicted_peak_switched > 0
+              ? std::min(d.predicted_peak_switched, d.predicted_peak_current)
+              : d.predicted_peak_current;
+      rec->reviewed_events = in.trace.events.size() - in.switch_event;
+    }
+    notify.push_back(*rec);
   }
   Notify(notify);
 }

@@ -130,6 +130,16 @@ struct AutotuneDecision {
   // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
   // ACK"): queueing, the replays, the push and the client's apply.
   std::optional<absl::Duration> trigger_to_ack;
+  // A push's review, once the canary's session has ended or run half a
+  // window of events after the push: the least peak
+  // reserved that staying, or any config the autotuner could push, reaches
+  // on the events the canary ran after the push, switched to at the push
+  // from the state there (a replay of its window): the issue's "best config
+  // on those same steps", which realized_peak is judged against; over
+  // reviewed_events events. Unset when the push left the window or was
+  // rolled back.
+  std::optional<int64_t> best_reachable_peak;
+  uint64_t reviewed_events = 0;
   uint64_t window_events = 0;
   double replay_seconds = 0;  // wall time of the decision's replays
   size_t candidates = 0;

@@ -124,7 +124,9 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
 
   d.step_events = options.step_events ? *options.step_events
                                       : FindStepPeriod(window, options.max_shift);
-  d.switch_event = SwitchPoint(n, d.step_events);
+  d.switch_event = options.switch_event && *options.switch_event < n
+                       ? *options.switch_event
+                       : SwitchPoint(n, d.step_events);
   std::string evidence = absl::StrFormat("window of %d events; ", n);
   absl::StrAppend(&evidence,
                   d.step_events ? absl::StrFormat("a step takes %d events", *d.step_events)

@@ -49,6 +49,10 @@ struct DecideOptions {
   // FindStepPeriod(window, max_shift) when the caller has it already (the
   // autotuner's first pass); unset: Decide finds it.
   std::optional<std::optional<uint64_t>> step_events;
+  // Where to switch, an index into the window's events (the autotuner's
+  // review of a push: where it happened); unset, or past the window's end:
+  // the switch point described above.
+  std::optional<uint64_t> switch_event;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };

@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
+#include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
 #include "gtest/gtest.h"
 
@@ -277,6 +278,36 @@ TEST(AutotunerTest, ApplyPushesToTheCanaryThenTheJob) {
   EXPECT_EQ(*tuner.History("llama", 1)[0].realized_peak, realized + 5);
 }
 
+// The bar for a push: the best config on the steps after it, from
+// the state at the push. The canary's window holds both; when it ends, the
+// push is replayed where it happened and judged on what came after.
+TEST(AutotunerTest, APushIsReviewedOnTheEventsAfterItWhenItsCanaryEnds) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  tuner.Acked(1, d.version, true, "");
+  const Trace& trace = LlamaLora();
+  const size_t after_push = trace.events.size() - TrainingEvents();
+  Feed(tuner, 1, trace, TrainingEvents(), trace.events.size());
+  EXPECT_FALSE(tuner.History("llama", 1)[0].best_reachable_peak.has_value());
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  ASSERT_TRUE(after.best_reachable_peak.has_value()) << after.why;
+  // The window leaves out frees of what it never saw allocated.
+  EXPECT_LE(after.reviewed_events, after_push);
+  EXPECT_GT(after.reviewed_events, after_push * 9 / 10);
+  // No better than the best, no worse than staying on the job's config.
+  ReplayOptions stay;
+  stay.live_switch = LiveSwitch{TrainingEvents(), std::nullopt, std::nullopt};
+  absl::StatusOr<ReplayResult> stayed =
+      Replay(trace, *ParseAllocatorConfig("max_split_size_mb:64"), stay);
+  ASSERT_TRUE(stayed.ok()) << stayed.status();
+  EXPECT_LE(*after.best_reachable_peak, stayed->after_switch->peak_reserved);
+  EXPECT_GE(*after.best_reachable_peak, stayed->after_switch->peak_allocated);
+}
+
 TEST(AutotunerTest, ANackRollsBackAndTheConfigIsNotProposedAgain) {
   FakeClock clock;
   FakeActions actions;
@@ -315,6 +346,10 @@ TEST(AutotunerTest, AnOomUnderThePushedVersionRollsBack) {
   EXPECT_EQ(actions.pushes()[1].kind, "rollback");
   EXPECT_EQ(tuner.History("llama", 1)[0].result, "rolled_back");
   EXPECT_EQ(tuner.Status()[0].state, "watching");
+  // A push rolled back is not judged on what came after it.
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  EXPECT_FALSE(tuner.History("llama", 1)[0].best_reachable_peak.has_value());
 }
 
 TEST(AutotunerTest, ARealisedPeakWorseThanPredictedRollsBack) {

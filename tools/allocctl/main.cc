@@ -216,6 +216,14 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
                 FormatSize(d.realized_peak()).c_str(),
                 SignedSize(d.realized_saving()).c_str());
   }
+  if (d.has_best_reachable_peak() && d.has_realized_peak()) {
+    std::printf("%s  best reachable from the push on the %llu events after it: %s (realised %+.1f%%)\n",
+                indent, static_cast<unsigned long long>(d.reviewed_events()),
+                FormatSize(d.best_reachable_peak()).c_str(),
+                100.0 * (static_cast<double>(d.realized_peak()) /
+                             static_cast<double>(std::max<int64_t>(1, d.best_reachable_peak())) -
+                         1.0));
+  }
   if (d.has_trigger_to_ack_seconds()) {
     std::printf("%s  trigger to the canary's ACK: %.2f s\n", indent, d.trigger_to_ack_seconds());
   }
