@@ -161,9 +161,12 @@ class Autotuner::Impl {
     const size_t size = job.window->size();
     if (!job.first_pass_done && size >= job.next_first_pass_check) {
       // Probed on the worker (finding the step is not for this thread);
-      // the next probe waits for twice the events, or a full window.
+      // the next probe waits for half as many events again, or a full
+      // window. (Twice as many let a job whose first look fell where it
+      // rebuilt its model, 300k events in, wait for 600k, where it did so
+      // again: a restarted llama_lora replay was never decided on.)
       if (Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true)) {
-        job.next_first_pass_check = std::min(2 * size, options_.window_events);
+        job.next_first_pass_check = std::min(size + size / 2, options_.window_events);
       }
     }
   }

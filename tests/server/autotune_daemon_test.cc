@@ -238,13 +238,13 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
   ASSERT_TRUE(client.ok()) << client.status();
   EventRecorder* events = (*client)->events();
   ASSERT_NE(events, nullptr);
-  // Four lifetimes of the job's allocation stream, fed no faster than the
+  // Two lifetimes of the job's allocation stream, fed no faster than the
   // telemetry thread sends it, with stats like the real run's. The first
-  // pass looks past 300k and 600k events, each time just after one lifetime
-  // freed the model and the next built it again (280k events each), which
-  // is no training step; it decides when the window is full (2^20 events).
+  // pass's first look, past 300k events, lands just after the first
+  // lifetime freed the model and the second built it again (280k events
+  // each), which is no training step; its next, past 450k, on steps.
   std::optional<v1::ConfigPush> push;
-  for (int loop = 0; loop < 4; ++loop) {
+  for (int loop = 0; loop < 2; ++loop) {
     for (size_t i = 0; i < trace->events.size(); ++i) {
       const TraceEvent& e = trace->events[i];
       events->Record(e.op, trace->streams[e.stream],
