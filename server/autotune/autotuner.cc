@@ -371,7 +371,7 @@ class Autotuner::Impl {
     std::string job;
     std::string trigger;  // kDecide (which records under Job::queued_id)
     uint64_t decision_id = 0;  // kPromote, kRollBack, kReview
-    bool first_pass = false;  // decide only once the window holds two steps
+    bool first_pass = false;  // decide only once the window ends in steps
     std::string reason;       // kRollBack
     absl::Time triggered_at;  // kDecide
     std::shared_ptr<const ReviewInput> review;  // kReview
@@ -774,8 +774,9 @@ void Autotuner::Impl::QueueReview(const std::string& name, Job& job) {
   AutotuneDecision* d = FindDecision(job, decision_id);
   if (d == nullptr || d->result != "pushed") return;  // rolled back: nothing to judge
   absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
+  if (!from.ok()) return;  // canonical: parses, as it did to be decided on
   const uint64_t window_start = job.window->total_events() - job.window->size();
-  if (!from.ok() || pushed_at < window_start) {
+  if (pushed_at < window_start) {
     absl::StrAppend(&d->why, "; not reviewed: the push left the window before the job ended");
     return;
   }
@@ -785,7 +786,11 @@ void Autotuner::Impl::QueueReview(const std::string& name, Job& job) {
   const uint64_t prelude = input->trace.events.size() - job.window->size();
   input->switch_event = prelude + (pushed_at - window_start);
   input->running.config = *from;
-  if (d->memory_fraction) input->running.memory_fraction = d->memory_fraction;
+  // What the job ran, as RunDecision reads it (the decision's own
+  // memory_fraction is the one it proposed).
+  if (from->per_process_memory_fraction < 1.0) {
+    input->running.memory_fraction = from->per_process_memory_fraction;
+  }
   input->policy = PolicyOf(job);
   Task task{TaskKind::kReview, name, "", decision_id, false, ""};
   task.review = std::move(input);
