@@ -57,15 +57,20 @@ std::string SideSocketPath(const std::string& client_socket,
   return access(beside.c_str(), F_OK) == 0 ? beside : announced;
 }
 
+// What a daemon said of the pool that serves a session (RegisterResponse).
+struct PoolTerms {
+  uint64_t chunk_bytes = 0;
+  uint64_t capacity = 0;
+  std::string gpu_uuid;
+};
+
 // One registered session over one connection to one daemon.
 struct Connection {
   uint64_t epoch = 0;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Allocd::Stub> stub;
   uint64_t session_id = 0;
-  uint64_t chunk_bytes = 0;
-  uint64_t capacity = 0;
-  std::string gpu_uuid;
+  PoolTerms pool;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
   // Whether chunks declared to this daemon after a restart are proven with
@@ -155,7 +160,7 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
   chunks.offsets.assign(answer->offsets().begin(), answer->offsets().end());
   chunks.sizes.assign(answer->sizes().begin(), answer->sizes().end());
   if (chunks.sizes.empty()) {  // a daemon before sized chunks
-    chunks.sizes.assign(chunks.ids.size(), c.chunk_bytes);
+    chunks.sizes.assign(chunks.ids.size(), c.pool.chunk_bytes);
   }
   if (chunks.fds.size() != chunks.ids.size() ||
       chunks.offsets.size() != chunks.ids.size() ||
@@ -211,9 +216,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
     return FromGrpc(s);
   }
   c->session_id = response.session_id();
-  c->chunk_bytes = response.chunk_bytes();
-  c->capacity = response.capacity_bytes();
-  c->gpu_uuid = response.gpu_uuid();
+  c->pool = PoolTerms{response.chunk_bytes(), response.capacity_bytes(), response.gpu_uuid()};
   c->running_version = response.current_config_version();
   c->declare_fds = response.declare_fds();
   c->adopts_chunks = response.adopts_chunks();
@@ -326,7 +329,7 @@ struct DaemonClient::State {
 
   // Serves calls on `c` from now on, as session `new_epoch`.
   void Serve(std::shared_ptr<Connection> c, uint64_t new_epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    terms = PoolTerms{c->chunk_bytes, c->capacity, c->gpu_uuid};
+    terms = c->pool;
     connection = std::move(c);
     epoch = new_epoch;
   }
@@ -335,14 +338,9 @@ struct DaemonClient::State {
   absl::Mutex mu;
   std::shared_ptr<Connection> connection ABSL_GUARDED_BY(mu);
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
-  // What the last daemon said of its pool, kept while it is away: a
-  // cudaMalloc in the gap rounds to its chunks and waits in Acquire for the
-  // next daemon (chunk_bytes() 0 there was a division by zero, SIGFPE).
-  struct PoolTerms {
-    uint64_t chunk_bytes = 0;
-    uint64_t capacity = 0;
-    std::string gpu_uuid;
-  };
+  // The last daemon's pool terms, kept while it is away: a cudaMalloc in
+  // the gap rounds to its chunks and waits in Acquire for the next daemon
+  // (chunk_bytes() 0 there was a division by zero, SIGFPE).
   PoolTerms terms ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   grpc::ClientContext* watch_context ABSL_GUARDED_BY(mu) = nullptr;

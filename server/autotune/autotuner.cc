@@ -775,6 +775,8 @@ void Autotuner::Impl::QueueReview(const std::string& name, Job& job) {
   if (d == nullptr || d->result != "pushed") return;  // rolled back: nothing to judge
   absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
   if (!from.ok()) return;  // canonical: parses, as it did to be decided on
+  // Nothing ran after the push: nothing to judge it on.
+  if (pushed_at >= job.window->total_events()) return;
   const uint64_t window_start = job.window->total_events() - job.window->size();
   if (pushed_at < window_start) {
     absl::StrAppend(&d->why, "; not reviewed: the push left the window before the job ended");
@@ -811,7 +813,7 @@ void Autotuner::Impl::Review(const Task& task) {
     Job& job = jobs_[task.job];
     AutotuneDecision* rec = FindDecision(job, task.decision_id);
     if (rec == nullptr) return;
-    if (d.predicted_peak_current <= 0 || d.switch_event != in.switch_event) {
+    if (d.predicted_peak_current <= 0) {
       absl::StrAppend(&rec->why, "; not reviewed: ", d.why);
     } else {
       rec->best_reachable_peak =
