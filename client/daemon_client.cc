@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -78,6 +79,8 @@ struct Connection {
   bool declare_fds = false;
   // Whether this daemon takes declarations at all.
   bool adopts_chunks = false;
+  // Whether this daemon grants and takes back chunks on the lease.
+  bool lease_acquires = false;
   // The lease; claims travel over it, one at a time.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
@@ -141,24 +144,17 @@ UniqueFd DupProof(int fd) {
   return copy;
 }
 
-// Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
-// lease of `c`.
-absl::StatusOr<ReceivedChunks> ClaimGrant(
-    Connection& c, const v1::AcquireChunksResponse& response) {
+// The chunks a claim's answer carries, with their FDs.
+absl::StatusOr<ReceivedChunks> ChunksOfClaim(const Connection& c,
+                                             const v1::SideResponse& answer,
+                                             std::vector<UniqueFd> fds) {
   ReceivedChunks chunks{
       .epoch = c.epoch,
-      .ids = {response.chunk_ids().begin(), response.chunk_ids().end()},
-      .reused = response.reused_chunks()};
-  v1::SideRequest claim;
-  claim.set_claim_token(response.claim_token());
-  absl::StatusOr<v1::SideResponse> answer;
-  {
-    absl::MutexLock lock(&c.lease_mu);
-    answer = SideCall(c.lease.get(), claim, &chunks.fds);
-  }
-  if (!answer.ok()) return answer.status();
-  chunks.offsets.assign(answer->offsets().begin(), answer->offsets().end());
-  chunks.sizes.assign(answer->sizes().begin(), answer->sizes().end());
+      .ids = {answer.chunk_ids().begin(), answer.chunk_ids().end()},
+      .fds = std::move(fds),
+      .offsets = {answer.offsets().begin(), answer.offsets().end()},
+      .sizes = {answer.sizes().begin(), answer.sizes().end()},
+      .reused = answer.reused_chunks()};
   if (chunks.sizes.empty()) {  // a daemon before sized chunks
     chunks.sizes.assign(chunks.ids.size(), c.pool.chunk_bytes);
   }
@@ -171,6 +167,41 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
                                             " chunks"));
   }
   return chunks;
+}
+
+// A call on the lease of `c`, which carries one call at a time.
+absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
+                                           const v1::SideRequest& request,
+                                           std::vector<UniqueFd>* fds) {
+  absl::MutexLock lock(&c.lease_mu);
+  return SideCall(c.lease.get(), request, fds);
+}
+
+// Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
+// lease of `c`.
+absl::StatusOr<ReceivedChunks> ClaimGrant(
+    Connection& c, const v1::AcquireChunksResponse& response) {
+  v1::SideRequest claim;
+  claim.set_claim_token(response.claim_token());
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, claim, &fds);
+  if (!answer.ok()) return answer.status();
+  answer->set_reused_chunks(response.reused_chunks());
+  return ChunksOfClaim(c, *answer, std::move(fds));
+}
+
+// A grant on the lease of `c` (lease_acquires), FDs included: nullopt when
+// the daemon would have to wait for it (ask over gRPC).
+absl::StatusOr<std::optional<ReceivedChunks>> AcquireOnLease(
+    Connection& c, uint64_t bytes, uint64_t max_chunk_bytes) {
+  v1::SideRequest request;
+  request.mutable_acquire()->set_bytes(bytes);
+  request.mutable_acquire()->set_max_chunk_bytes(max_chunk_bytes);
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, request, &fds);
+  if (!answer.ok()) return answer.status();
+  if (answer->would_wait()) return std::nullopt;
+  return ChunksOfClaim(c, *answer, std::move(fds));
 }
 
 // What the process runs, as it declares it when it registers.
@@ -220,6 +251,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->running_version = response.current_config_version();
   c->declare_fds = response.declare_fds();
   c->adopts_chunks = response.adopts_chunks();
+  c->lease_acquires = response.lease_acquires();
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
   if (!lease.ok()) return lease.status();
@@ -531,18 +563,27 @@ absl::Status DaemonClient::State::ReleaseOn(
     const std::shared_ptr<Connection>& c, absl::Span<const uint64_t> ids) {
   for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
     const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
-    grpc::ClientContext context;
-    SetDeadline(context, options.rpc_timeout);
     v1::ReleaseChunksRequest request;
     request.set_session_id(c->session_id);
     for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
-    v1::ReleaseChunksResponse response;
-    grpc::Status s = c->stub->ReleaseChunks(&context, request, &response);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    absl::Status s;
+    if (c->lease_acquires) {
+      v1::SideRequest on_lease;
+      *on_lease.mutable_release() = std::move(request);
+      s = LeaseCall(*c, on_lease, nullptr).status();
+      // A lease that broke (DataLoss) is a daemon gone, as Unavailable.
+      if (absl::IsDataLoss(s)) s = absl::UnavailableError(s.message());
+    } else {
+      grpc::ClientContext context;
+      SetDeadline(context, options.rpc_timeout);
+      v1::ReleaseChunksResponse response;
+      s = FromGrpc(c->stub->ReleaseChunks(&context, request, &response));
+    }
+    if (absl::IsUnavailable(s)) {
       Lost(c);
       return absl::OkStatus();  // the daemon takes them back when it ends
     }
-    if (!s.ok()) return FromGrpc(s);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -708,35 +749,52 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
           " did not come back within ",
           absl::FormatDuration(state_->options.reconnect_wait)));
     }
-    grpc::ClientContext context;
-    SetDeadline(context, state_->options.rpc_timeout);
-    v1::AcquireChunksRequest request;
-    request.set_session_id(c->session_id);
-    request.set_bytes(bytes);
-    request.set_max_chunk_bytes(max_chunk_bytes);
-    v1::AcquireChunksResponse response;
-    grpc::Status status = c->stub->AcquireChunks(&context, request, &response);
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-        status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      // The daemon died, or restarted and no longer knows the session.
-      state_->Lost(c);
-      continue;
+    // One round trip on the lease when the daemon can grant at once; over
+    // gRPC, and a claim, when it has to wait (or speaks no lease acquires).
+    absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
+    if (c->lease_acquires) {
+      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes);
     }
-    if (!status.ok()) return FromGrpc(status);
-    absl::StatusOr<ReceivedChunks> chunks = ClaimGrant(*c, response);
+    absl::StatusOr<ReceivedChunks> chunks = absl::UnknownError("");
+    v1::AcquireChunksResponse response;
+    if (!on_lease.ok()) {
+      chunks = on_lease.status();
+    } else if (on_lease->has_value()) {
+      chunks = **std::move(on_lease);
+    } else {
+      grpc::ClientContext context;
+      SetDeadline(context, state_->options.rpc_timeout);
+      v1::AcquireChunksRequest request;
+      request.set_session_id(c->session_id);
+      request.set_bytes(bytes);
+      request.set_max_chunk_bytes(max_chunk_bytes);
+      grpc::Status status =
+          c->stub->AcquireChunks(&context, request, &response);
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        // The daemon died, or restarted and no longer knows the session.
+        state_->Lost(c);
+        continue;
+      }
+      if (!status.ok()) return FromGrpc(status);
+      chunks = ClaimGrant(*c, response);
+      if (!chunks.ok() && !absl::IsUnavailable(chunks.status()) &&
+          !absl::IsDataLoss(chunks.status())) {
+        // Unusable here, so not ours to keep: the session must not hold
+        // them. (A lease acquire's daemon takes them back itself.)
+        std::vector<uint64_t> ids(response.chunk_ids().begin(),
+                                  response.chunk_ids().end());
+        (void)Release(c->epoch, ids);
+        return chunks;
+      }
+    }
     if (absl::IsUnavailable(chunks.status()) ||
         absl::IsDataLoss(chunks.status())) {
-      // The daemon died mid-claim: the grant died with it. Ask the next.
+      // The daemon died mid-call: the grant died with it. Ask the next.
       state_->Lost(c);
       continue;
     }
-    if (!chunks.ok()) {
-      // Unusable here, so not ours to keep: the session must not hold them.
-      std::vector<uint64_t> ids(response.chunk_ids().begin(),
-                                response.chunk_ids().end());
-      (void)Release(c->epoch, ids);
-      return chunks;
-    }
+    if (!chunks.ok()) return chunks.status();
     {
       absl::MutexLock lock(&state_->mu);
       if (state_->declared_epoch > c->epoch) {

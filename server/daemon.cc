@@ -322,7 +322,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
 
   absl::StatusOr<std::unique_ptr<SideChannel>> side =
-      SideChannel::Start(fd_socket, 0660, parts->core.get());
+      SideChannel::Start(fd_socket, 0660, parts->core.get(),
+                         &parts->metrics);
   if (!side.ok()) return side.status();
   parts->side = std::move(*side);
   struct Listen {

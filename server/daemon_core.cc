@@ -254,6 +254,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_current_config_version(running.version);
   response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
+  response.set_lease_acquires(true);
   if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
     Fill(*config, response.mutable_config());
     // The client applies it at start and ACKs like any push; a client that
@@ -287,6 +288,21 @@ AppliedConfig DaemonCore::AdoptRunningConfig(absl::string_view job,
 
 absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
     const PeerCredentials& peer, const v1::AcquireChunksRequest& r) {
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> granted =
+      Acquire(peer, r, /*may_wait=*/true);
+  if (!granted.ok()) return granted.status();
+  return **std::move(granted);  // never nullopt when it may wait
+}
+
+absl::StatusOr<std::optional<v1::AcquireChunksResponse>>
+DaemonCore::AcquireChunksNow(const PeerCredentials& peer,
+                             const v1::AcquireChunksRequest& r) {
+  return Acquire(peer, r, /*may_wait=*/false);
+}
+
+absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
+    const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
+    bool may_wait) {
   absl::StatusOr<std::shared_ptr<Session>> session =
       OwnedSession(peer, r.session_id());
   if (!session.ok()) return session.status();
@@ -296,6 +312,7 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
         "]; got ", r.bytes()));
   }
   // After a restart: not before the surviving sessions' chunks are counted.
+  if (!may_wait && adoption_.open()) return std::nullopt;
   adoption_.Wait();
   SettleAdoption();
   NodePool& pool = PoolOf(**session);
@@ -305,6 +322,10 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::AcquireChunks(
   (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   if (!grant.ok() && IsNodeShortage(grant.status())) {
+    if (!may_wait) {
+      (*session)->EndAcquire();
+      return std::nullopt;
+    }
     Reclaim(**session, r.bytes());
     grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
@@ -377,17 +398,19 @@ void DaemonCore::SignalReleased() {
   released_cv_.SignalAll();
 }
 
-void DaemonCore::AbandonGrant(absl::string_view claim_token) {
+uint64_t DaemonCore::AbandonGrant(absl::string_view claim_token,
+                                  absl::string_view why) {
   for (const DevicePool& device : pools_->devices()) {
     const uint64_t returned = device.pool->Abandon(claim_token);
     if (returned == 0) continue;
     LogInfo(absl::StrCat("an unclaimed grant of ", FormatSize(returned),
                          " went back to the pool of device ", device.index,
-                         ": its client gave up waiting"));
+                         ": ", why));
     SignalReleased();
     PublishPool(device);
-    return;
+    return returned;
   }
+  return 0;
 }
 
 absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(

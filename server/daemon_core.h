@@ -110,6 +110,12 @@ class DaemonCore {
                                                 const v1::RegisterRequest& r);
   absl::StatusOr<v1::AcquireChunksResponse> AcquireChunks(
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r);
+  // AcquireChunks for the lease's thread, which serves every session's
+  // claims and so never waits: nullopt, with nothing granted, where
+  // AcquireChunks would wait (the adoption window after a restart is open,
+  // or the node is short and other sessions must give memory back).
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> AcquireChunksNow(
+      const PeerCredentials& peer, const v1::AcquireChunksRequest& r);
   absl::StatusOr<v1::ReleaseChunksResponse> ReleaseChunks(
       const PeerCredentials& peer, const v1::ReleaseChunksRequest& r);
   // Sharing chunks with other sessions (NodePool::Share, OpenShare,
@@ -129,9 +135,11 @@ class DaemonCore {
   absl::StatusOr<std::shared_ptr<Session>> Watch(const PeerCredentials& peer,
                                                  SessionId id);
 
-  // Gives back a grant whose client gave up on its AcquireChunks before
-  // the answer reached it (deadline, cancellation): nobody will claim it.
-  void AbandonGrant(absl::string_view claim_token);
+  // Gives back a grant nobody will claim: its client gave up on its
+  // AcquireChunks before the answer reached it (deadline, cancellation), or
+  // its claim on the lease failed. `why` ends the log line. Returns the
+  // bytes given back: 0 when the token was unknown or used already.
+  uint64_t AbandonGrant(absl::string_view claim_token, absl::string_view why);
 
   // --- side socket
   absl::Status Lease(const PeerCredentials& peer, SessionId id);
@@ -204,6 +212,10 @@ class DaemonCore {
  private:
   // The pool serving `session` (its device's).
   NodePool& PoolOf(const Session& session) const;
+  // AcquireChunks; nullopt where it would wait and `may_wait` is false.
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> Acquire(
+      const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
+      bool may_wait);
   absl::StatusOr<std::shared_ptr<Session>> OwnedSession(
       const PeerCredentials& peer, SessionId id) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,

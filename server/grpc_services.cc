@@ -58,7 +58,7 @@ absl::Status GrantOrAbandon(DaemonCore* core, grpc::ServerContext* context,
                             v1::AcquireChunksResponse* response) {
   absl::Status s = Into(std::move(grant), response);
   if (s.ok() && context->IsCancelled()) {
-    core->AbandonGrant(response->claim_token());
+    core->AbandonGrant(response->claim_token(), "its client gave up waiting");
     return absl::CancelledError(
         "the client gave up before the chunks were granted");
   }

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -97,18 +99,20 @@ void GrpcAcceptor::Loop() {
 // ------------------------------------------------------------ SideChannel
 
 absl::StatusOr<std::unique_ptr<SideChannel>> SideChannel::Start(
-    const std::string& path, mode_t mode, DaemonCore* core) {
+    const std::string& path, mode_t mode, DaemonCore* core,
+    Metrics* metrics) {
   absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
   if (!listener.ok()) return listener.status();
   return std::unique_ptr<SideChannel>(
-      new SideChannel(path, std::move(*listener), core));
+      new SideChannel(path, std::move(*listener), core, metrics));
 }
 
 SideChannel::SideChannel(std::string path, UniqueFd listener,
-                         DaemonCore* core)
+                         DaemonCore* core, Metrics* metrics)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       core_(core),
+      metrics_(metrics),
       thread_([this] { Loop(); }) {}
 
 SideChannel::~SideChannel() {
@@ -175,8 +179,88 @@ absl::StatusOr<v1::SideResponse> Declare(DaemonCore& core,
   return response;
 }
 
+// `request` for the session `c` is the lease of, whatever it names.
+template <typename Request>
+Request ForLease(const SideConnection& c, Request request) {
+  request.set_session_id(c.lease);
+  return request;
+}
+
+// Sends the FDs of the grant `token` names, a frame per batch (SCM_RIGHTS
+// carries at most kMaxFdsPerMessage FDs), the first frame starting from
+// `first`; or why not (then `*claimed`, when given, says it). False when
+// the connection should close.
+bool SendClaim(DaemonCore& core, const SideConnection& c,
+               const std::string& token, v1::SideResponse first,
+               absl::Status* claimed_status = nullptr) {
+  bool connection_ok = true;
+  bool first_frame = true;
+  absl::Status claimed = core.Claim(
+      c.peer, token, kMaxFdsPerMessage,
+      [&](std::vector<ChunkFd>& batch, bool last) {
+        v1::SideResponse response;
+        if (first_frame) response = std::move(first);
+        first_frame = false;
+        std::vector<int> fds;
+        for (const ChunkFd& chunk : batch) {
+          response.add_chunk_ids(chunk.id);
+          response.add_offsets(chunk.offset);
+          response.add_sizes(chunk.bytes);
+          fds.push_back(chunk.fd.get());
+        }
+        response.set_more(!last);
+        absl::Status sent =
+            SendMessage(c.fd.get(), response.SerializeAsString(), fds);
+        connection_ok = sent.ok();
+        return sent;
+      });
+  if (claimed_status != nullptr) *claimed_status = claimed;
+  if (!connection_ok) return false;
+  if (!claimed.ok()) {
+    return SendMessage(c.fd.get(), ErrorResponse(claimed).SerializeAsString())
+        .ok();
+  }
+  return true;
+}
+
+// An acquire on the lease: granted and claimed in one answer, or
+// would_wait; `*ok` says whether it was not refused. False when the
+// connection should close.
+bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
+                    const v1::AcquireChunksRequest& request, bool* ok) {
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> grant =
+      c.lease == 0 ? absl::FailedPreconditionError(
+                         "chunks are acquired on a lease connection")
+                   : core.AcquireChunksNow(c.peer, ForLease(c, request));
+  *ok = grant.ok();
+  if (!grant.ok() || !grant->has_value()) {
+    v1::SideResponse response = grant.ok() ? v1::SideResponse()
+                                           : ErrorResponse(grant.status());
+    response.set_would_wait(grant.ok());
+    return SendMessage(c.fd.get(), response.SerializeAsString()).ok();
+  }
+  const std::string& token = (*grant)->claim_token();
+  v1::SideResponse first;
+  first.set_reused_chunks((*grant)->reused_chunks());
+  absl::Status claimed;
+  const bool connection_ok =
+      SendClaim(core, c, token, std::move(first), &claimed);
+  *ok = claimed.ok();
+  if (!claimed.ok() &&
+      core.AbandonGrant(token, absl::StrCat("its claim failed: ",
+                                            claimed.message())) == 0) {
+    // Some frames went out before it failed (the token is used): the
+    // client drops what it got, so the session must not keep the chunks.
+    v1::ReleaseChunksRequest release;
+    release.set_session_id(c.lease);
+    *release.mutable_chunk_ids() = (*grant)->chunk_ids();
+    (void)core.ReleaseChunks(c.peer, release);
+  }
+  return connection_ok;
+}
+
 // Answers one request. False when the connection should close.
-bool Serve(DaemonCore& core, SideConnection& c) {
+bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
   absl::StatusOr<ReceivedMessage> frame =
       ReceiveMessage(c.fd.get(), kMaxSideRequest, kFrameTimeout);
   if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
@@ -201,33 +285,34 @@ bool Serve(DaemonCore& core, SideConnection& c) {
                  .ok() &&
              s.ok();
     }
-    case v1::SideRequest::kClaimToken: {
-      // A frame per batch: SCM_RIGHTS carries at most kMaxFdsPerMessage FDs.
-      bool connection_ok = true;
-      absl::Status claimed = core.Claim(
-          c.peer, request.claim_token(), kMaxFdsPerMessage,
-          [&](std::vector<ChunkFd>& batch, bool last) {
-            v1::SideResponse response;
-            std::vector<int> fds;
-            for (const ChunkFd& chunk : batch) {
-              response.add_chunk_ids(chunk.id);
-              response.add_offsets(chunk.offset);
-              response.add_sizes(chunk.bytes);
-              fds.push_back(chunk.fd.get());
-            }
-            response.set_more(!last);
-            absl::Status sent =
-                SendMessage(c.fd.get(), response.SerializeAsString(), fds);
-            connection_ok = sent.ok();
-            return sent;
-          });
-      if (!connection_ok) return false;
-      if (!claimed.ok()) {
-        return SendMessage(c.fd.get(),
-                           ErrorResponse(claimed).SerializeAsString())
-            .ok();
+    case v1::SideRequest::kClaimToken:
+      return SendClaim(core, c, request.claim_token(), v1::SideResponse());
+    case v1::SideRequest::kAcquire: {
+      const absl::Time start = absl::Now();
+      bool ok = false;
+      const bool open = AcquireOnLease(core, c, request.acquire(), &ok);
+      metrics.Rpc("AcquireChunks", absl::ToDoubleSeconds(absl::Now() - start),
+                  ok);
+      return open;
+    }
+    case v1::SideRequest::kRelease: {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<v1::ReleaseChunksResponse> released =
+          c.lease == 0
+              ? absl::FailedPreconditionError(
+                    "chunks are released on a lease connection")
+              : core.ReleaseChunks(c.peer, ForLease(c, request.release()));
+      v1::SideResponse response;
+      if (released.ok()) {
+        response.set_released_bytes(released->released_bytes());
+      } else {
+        response = ErrorResponse(released.status());
       }
-      return true;
+      const bool open =
+          SendMessage(c.fd.get(), response.SerializeAsString()).ok();
+      metrics.Rpc("ReleaseChunks", absl::ToDoubleSeconds(absl::Now() - start),
+                  released.ok());
+      return open;
     }
     case v1::SideRequest::kDeclare: {
       absl::StatusOr<v1::SideResponse> answer =
@@ -279,7 +364,7 @@ void SideChannel::Loop() {
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = connections.find(fds[i].fd);
-      if (!Serve(*core_, it->second)) {
+      if (!Serve(*core_, *metrics_, it->second)) {
         close_connection(it, "lease connection closed");
       }
     }

@@ -5,7 +5,9 @@
 // SO_PEERCRED in the PeerTable and hands the connection to gRPC.
 //
 // SideChannel: serves the side socket: lease connections (their EOF ends
-// the session at once) and chunk FD claims, answered with SCM_RIGHTS.
+// the session at once), chunk FD claims, answered with SCM_RIGHTS, and the
+// acquires and releases a session makes on its lease (one round trip, no
+// gRPC: what PyTorch's cudaMalloc waits for in transparent mode).
 #ifndef ALLOCD_SERVER_SOCKET_SERVER_H_
 #define ALLOCD_SERVER_SOCKET_SERVER_H_
 
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "ipc/unix_socket.h"
 #include "server/daemon_core.h"
+#include "server/metrics.h"
 #include "server/peer_table.h"
 
 namespace grpc {
@@ -58,17 +61,23 @@ class GrpcAcceptor {
 
 class SideChannel {
  public:
+  // `metrics` (which outlives the channel) times the acquires and releases
+  // served on leases as allocd_rpc_duration_seconds' AcquireChunks and
+  // ReleaseChunks, as if they had come over gRPC.
   static absl::StatusOr<std::unique_ptr<SideChannel>> Start(
-      const std::string& path, mode_t mode, DaemonCore* core);
+      const std::string& path, mode_t mode, DaemonCore* core,
+      Metrics* metrics);
   ~SideChannel();  // stops, closes every connection, removes the socket
 
  private:
-  SideChannel(std::string path, UniqueFd listener, DaemonCore* core);
+  SideChannel(std::string path, UniqueFd listener, DaemonCore* core,
+              Metrics* metrics);
   void Loop();
 
   const std::string path_;
   UniqueFd listener_;
   DaemonCore* const core_;
+  Metrics* const metrics_;
   WakeFd stop_;
   std::thread thread_;
 };

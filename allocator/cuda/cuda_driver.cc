@@ -38,6 +38,8 @@ namespace {
   X(cuMemUnmap)                     \
   X(cuMemSetAccess)                 \
   X(cuMemGetInfo)                   \
+  X(cuMemAlloc)                     \
+  X(cuMemFree)                      \
   X(cuMemsetD8)                     \
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
@@ -337,6 +339,21 @@ absl::Status MemMap(CUdeviceptr address, size_t bytes,
 absl::Status MemUnmap(CUdeviceptr address, size_t bytes) {
   ALLOCD_CUDA_API();
   return ALLOCD_CUDA_CALL(cuMemUnmap, address, bytes);
+}
+
+absl::StatusOr<CUdeviceptr> MemAlloc(size_t bytes) {
+  ALLOCD_CUDA_API();
+  CUdeviceptr address = 0;
+  if (absl::Status s = ALLOCD_CUDA_CALL(cuMemAlloc, &address, bytes);
+      !s.ok()) {
+    return s;
+  }
+  return address;
+}
+
+absl::Status MemFree(CUdeviceptr address) {
+  ALLOCD_CUDA_API();
+  return ALLOCD_CUDA_CALL(cuMemFree, address);
 }
 
 absl::Status SetReadWriteAccess(CUdeviceptr address, size_t bytes,

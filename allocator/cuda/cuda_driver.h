@@ -76,6 +76,11 @@ absl::Status MemUnmap(CUdeviceptr address, size_t bytes);
 absl::Status SetReadWriteAccess(CUdeviceptr address, size_t bytes,
                                 CUdevice device);
 
+// Plain device memory, as the runtime's cudaMalloc gets it (benchmarks'
+// native baseline).
+absl::StatusOr<CUdeviceptr> MemAlloc(size_t bytes);
+absl::Status MemFree(CUdeviceptr address);
+
 struct MemInfo {
   size_t free = 0;
   size_t total = 0;

@@ -22,6 +22,8 @@
 //   cold pool (two 1 GiB chunks created) and from its cache, what one of
 //   PyTorch's 2 GiB cudaMallocs pays in transparent mode; free_2GiB;
 //   local_create_map_2GiB: the same without a daemon (one cuMemCreate);
+// - step2g_*: the warm 2 GiB path taken apart, and native_mem_alloc_2GiB,
+//   the driver's cuMemAlloc of 2 GiB (what cudaMalloc pays natively);
 // - step_*: the 2 MiB warm path taken apart (Acquire RPC + FD claim,
 //   import, close, reserve, map, set access);
 // - local_create_map_2MiB: no daemon: cuMemCreate + reserve + map + set
@@ -88,6 +90,80 @@ int Fail(const std::string& what, const absl::Status& s) {
 
 #define CHECK_OK(what, expr)                            \
   if (absl::Status s_ = (expr); !s_.ok()) return Fail(what, s_)
+
+// A warm 2 GiB segment taken apart (the daemon's 1 GiB chunks), beside what
+// the driver's own cuMemAlloc of 2 GiB (the runtime's cudaMalloc) costs:
+// step2g_* and native_mem_alloc_2GiB / native_mem_free_2GiB.
+int TakeApart2GiB(DaemonClient& client, int iterations,
+                  nlohmann::json& results) {
+  constexpr size_t k2GiB = size_t{2} << 30;
+  absl::StatusOr<cuda::PrimaryContext> context = cuda::PrimaryContext::Open(0);
+  if (!context.ok()) return Fail("context", context.status());
+  std::vector<double> acquire, import, reserve, map, access, unmap, release,
+      native_alloc, native_free;
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    absl::StatusOr<ReceivedChunks> got = client.Acquire(k2GiB, UINT64_MAX);
+    const auto t1 = Clock::now();
+    if (!got.ok()) return Fail("Acquire (2 GiB)", got.status());
+    std::vector<CUmemGenericAllocationHandle> handles;
+    for (const UniqueFd& fd : got->fds) {
+      absl::StatusOr<CUmemGenericAllocationHandle> h =
+          cuda::ImportFromFd(fd.get());
+      if (!h.ok()) return Fail("import", h.status());
+      handles.push_back(*h);
+    }
+    const auto t2 = Clock::now();
+    absl::StatusOr<CUdeviceptr> va = cuda::AddressReserve(k2GiB);
+    const auto t3 = Clock::now();
+    if (!va.ok()) return Fail("reserve", va.status());
+    CUdeviceptr at = *va;
+    for (size_t c = 0; c < handles.size(); ++c) {
+      CHECK_OK("map", cuda::MemMap(at, got->sizes[c], handles[c]));
+      at += got->sizes[c];
+    }
+    const auto t4 = Clock::now();
+    CHECK_OK("access", cuda::SetReadWriteAccess(*va, k2GiB, context->device()));
+    const auto t5 = Clock::now();
+    at = *va;
+    for (size_t c = 0; c < handles.size(); ++c) {
+      CHECK_OK("unmap", cuda::MemUnmap(at, got->sizes[c]));
+      at += got->sizes[c];
+    }
+    const auto t6 = Clock::now();
+    for (CUmemGenericAllocationHandle h : handles) {
+      CHECK_OK("release", cuda::MemRelease(h));
+    }
+    CHECK_OK("free", cuda::AddressFree(*va, k2GiB));
+    CHECK_OK("Release", client.Release(got->epoch, got->ids));
+    const auto t7 = Clock::now();
+    absl::StatusOr<CUdeviceptr> native = cuda::MemAlloc(k2GiB);
+    const auto t8 = Clock::now();
+    if (!native.ok()) return Fail("cuMemAlloc (2 GiB)", native.status());
+    CHECK_OK("cuMemFree", cuda::MemFree(*native));
+    const auto t9 = Clock::now();
+    if (i == 0) continue;  // warm-up
+    acquire.push_back(Micros(t0, t1));
+    import.push_back(Micros(t1, t2));
+    reserve.push_back(Micros(t2, t3));
+    map.push_back(Micros(t3, t4));
+    access.push_back(Micros(t4, t5));
+    unmap.push_back(Micros(t5, t6));
+    release.push_back(Micros(t6, t7));
+    native_alloc.push_back(Micros(t7, t8));
+    native_free.push_back(Micros(t8, t9));
+  }
+  results["step2g_acquire_rpc_and_fds"] = Summary(acquire);
+  results["step2g_import"] = Summary(import);
+  results["step2g_reserve"] = Summary(reserve);
+  results["step2g_map"] = Summary(map);
+  results["step2g_set_access"] = Summary(access);
+  results["step2g_unmap"] = Summary(unmap);
+  results["step2g_release_free_rpc"] = Summary(release);
+  results["native_mem_alloc_2GiB"] = Summary(native_alloc);
+  results["native_mem_free_2GiB"] = Summary(native_free);
+  return 0;
+}
 
 int Run(int argc, char** argv) {
   const char* env_allocd = std::getenv("ALLOCD_BINARY");
@@ -188,6 +264,11 @@ int Run(int argc, char** argv) {
     }
     results["acquire_map_2GiB"] = Summary(alloc_us);
     results["free_2GiB"] = Summary(free_us);
+    if (int r = TakeApart2GiB(**client, std::max(10, iterations / 20),
+                              results);
+        r != 0) {
+      return r;
+    }
   }
 
   // Cold: every chunk new in the daemon.

@@ -214,6 +214,41 @@ class SessionsFile {
 // 4242 to the core) and a dead one. New memory waits for the live one to
 // re-declare, then the chunks it declared are its own, and the file lists
 // the sessions the core has now, for the daemon after it.
+// What the lease's thread serves: a grant at once, or nullopt with nothing
+// taken where AcquireChunks would wait for other sessions to give back.
+TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> holder = core_.Register(peer, hello);
+  absl::StatusOr<v1::RegisterResponse> asker = core_.Register(peer, hello);
+  ASSERT_TRUE(holder.ok() && asker.ok());
+  EXPECT_TRUE(holder->lease_acquires());
+  v1::AcquireChunksRequest r;
+  r.set_session_id(holder->session_id());
+  r.set_bytes(uint64_t{768} << 20);
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
+      core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_TRUE(now->has_value());
+  EXPECT_EQ((*now)->bytes(), uint64_t{768} << 20);
+
+  // 512 MiB more is short by 256: another session would have to give back.
+  r.set_session_id(asker->session_id());
+  r.set_bytes(uint64_t{512} << 20);
+  now = core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_FALSE(now->has_value());
+  EXPECT_EQ(core_.Status().in_use_bytes(), uint64_t{768} << 20);
+  // What no wait would change is refused as AcquireChunks refuses it.
+  r.set_bytes(uint64_t{2} << 30);
+  EXPECT_EQ(core_.AcquireChunksNow(peer, r).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  r.set_session_id(12345);
+  EXPECT_EQ(core_.AcquireChunksNow(peer, r).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   const pid_t self = getpid();
   const SessionsFile sessions_file({{self, 1}, {999999999, 1}});
@@ -246,6 +281,16 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
     served.Notify();
   });
   EXPECT_FALSE(served.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  // The lease's thread never waits: it is told to ask over gRPC.
+  {
+    v1::AcquireChunksRequest r;
+    r.set_session_id(fresh->session_id());
+    r.set_bytes(2 << 20);
+    absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
+        core.AcquireChunksNow(newcomer, r);
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_FALSE(now->has_value());
+  }
 
   // The survivor's chunk from the daemon before, proven by its memfd.
   absl::StatusOr<ChunkMemory> old = source.CreateChunk(2 << 20);

@@ -237,6 +237,65 @@ TEST_F(DaemonTest, AnotherProcessCannotClaimATokenOrReleaseAChunk) {
   EXPECT_EQ(frame->fds.size(), 1u);
 }
 
+// What a cudaMalloc waits for in transparent mode: one frame on the lease
+// with the chunks and their FDs, and one to give them back.
+TEST_F(DaemonTest, ALeaseAcquiresWithItsFdsInOneAnswerAndReleases) {
+  auto stub = v1::Allocd::NewStub(Dial(socket_));
+  grpc::ClientContext register_context;
+  v1::RegisterRequest register_request;
+  register_request.set_protocol_version(1);
+  v1::RegisterResponse session;
+  ASSERT_TRUE(
+      stub->Register(&register_context, register_request, &session).ok());
+  ASSERT_TRUE(session.lease_acquires());
+  UniqueFd side = std::move(*ConnectUnix(session.fd_socket()));
+  auto call = [&](const v1::SideRequest& request) {
+    EXPECT_TRUE(SendMessage(side.get(), request.SerializeAsString()).ok());
+    absl::StatusOr<ReceivedMessage> frame =
+        ReceiveMessage(side.get(), 1 << 20, absl::Seconds(5));
+    EXPECT_TRUE(frame.ok()) << frame.status();
+    v1::SideResponse response;
+    if (frame.ok()) EXPECT_TRUE(response.ParseFromString(frame->payload));
+    return std::pair{response, frame.ok() ? frame->fds.size() : 0};
+  };
+  v1::SideRequest acquire;
+  acquire.mutable_acquire()->set_bytes(3 * kChunk);
+  // Not before the connection is the session's lease.
+  auto [refused, no_fds] = call(acquire);
+  EXPECT_EQ(refused.code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(no_fds, 0u);
+  v1::SideRequest lease;
+  lease.set_lease_session_id(session.session_id());
+  ASSERT_TRUE(call(lease).first.error().empty());
+
+  auto [granted, fds] = call(acquire);
+  ASSERT_TRUE(granted.error().empty()) << granted.error();
+  EXPECT_FALSE(granted.more());
+  EXPECT_FALSE(granted.would_wait());
+  EXPECT_EQ(granted.chunk_ids_size(), 3);
+  EXPECT_EQ(fds, 3u);
+  EXPECT_EQ(granted.reused_chunks(), 0u);
+  EXPECT_EQ(Status().in_use_bytes(), 3 * kChunk);
+
+  v1::SideRequest release;
+  *release.mutable_release()->mutable_chunk_ids() = granted.chunk_ids();
+  auto [released, none] = call(release);
+  EXPECT_TRUE(released.error().empty()) << released.error();
+  EXPECT_EQ(released.released_bytes(), 3 * kChunk);
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  // Released twice: not the session's any more.
+  EXPECT_EQ(call(release).first.code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // The cache serves the next one; more than the node has is refused.
+  auto [again, fds_again] = call(acquire);
+  EXPECT_EQ(again.reused_chunks(), 3u);
+  EXPECT_EQ(fds_again, 3u);
+  acquire.mutable_acquire()->set_bytes(64 * kChunk);
+  auto [too_much, _] = call(acquire);
+  EXPECT_EQ(too_much.code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_FALSE(too_much.would_wait());
+}
+
 TEST_F(DaemonTest, QuotaExceededIsAClearErrorAndLeaksNothing) {
   std::unique_ptr<DaemonClient> client = Client();
   grpc::ClientContext context;
