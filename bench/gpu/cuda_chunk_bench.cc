@@ -3,7 +3,7 @@
 // `allocd serve --backend cuda` in another process.
 //
 //   cuda_chunk_bench [--allocd BIN | --socket SOCKET] [--iterations N]
-//                    [--out FILE.json]
+//                    [--out FILE.json] [--working-set-gib N --capacity SIZE]
 //
 // Starts `allocd serve --backend cuda` (BIN, default: the build's or
 // $ALLOCD_BINARY) on a temporary socket unless --socket names a running
@@ -22,6 +22,9 @@
 //   cold pool (two 1 GiB chunks created) and from its cache, what one of
 //   PyTorch's 2 GiB cudaMallocs pays in transparent mode; free_2GiB;
 //   local_create_map_2GiB: the same without a daemon (one cuMemCreate);
+// - ws_*: with --working-set-gib, a working set of 2 GiB segments made
+//   each way (driver, local VMM, imported, daemon), 3 rounds (WorkingSet;
+//   the daemon started by the benchmark gets --capacity, default 4GiB);
 // - step2g_*: the warm 2 GiB path taken apart, and native_mem_alloc_2GiB,
 //   the driver's cuMemAlloc of 2 GiB (what cudaMalloc pays natively);
 // - step_*: the 2 MiB warm path taken apart (Acquire RPC + FD claim,
@@ -165,12 +168,161 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
   return 0;
 }
 
+// A working set of `gib` GiB as 2 GiB segments allocated back to back and
+// then freed, `rounds` times, each way a segment can come to be:
+// - ws_native: cuMemAlloc (what cudaMalloc does natively);
+// - ws_local_vmm: two 1 GiB cuMemCreate chunks, not exportable, mapped
+//   into one reserved range with one cuMemSetAccess (PyTorch's expandable
+//   segments' way);
+// - ws_local_vmm_exportable: the same with POSIX FD handles (the daemon's
+//   chunks);
+// - ws_imported: chunks made once and exported, each segment importing
+//   its two FDs (a transparent process's driver work, without the daemon);
+// - ws_daemon: AllocateSegment through the daemon, the first round cold.
+// Each entry's "rounds_ms" is the time to acquire the whole set in each
+// round; frees are not timed.
+int WorkingSet(CudaDaemonBackend& backend, int gib, int rounds,
+               nlohmann::json& results) {
+  constexpr size_t k1GiB = size_t{1} << 30;
+  constexpr size_t k2GiB = size_t{2} << 30;
+  const int segments = gib / 2;
+  absl::StatusOr<cuda::PrimaryContext> context = cuda::PrimaryContext::Open(0);
+  if (!context.ok()) return Fail("context", context.status());
+  const CUdevice device = context->device();
+  // One way of making segments: `make` one, `drop` it.
+  struct Segment {
+    CUdeviceptr address = 0;
+    std::vector<CUmemGenericAllocationHandle> handles;
+  };
+  auto measure = [&](const char* name, auto&& make, auto&& drop) -> int {
+    nlohmann::json rounds_ms = nlohmann::json::array();
+    for (int r = 0; r < rounds; ++r) {
+      std::vector<Segment> held;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < segments; ++i) {
+        absl::StatusOr<Segment> made = make();
+        if (!made.ok()) return Fail(name, made.status());
+        held.push_back(*std::move(made));
+      }
+      const auto t1 = Clock::now();
+      rounds_ms.push_back(std::round(Micros(t0, t1) / 10) / 100);
+      for (Segment& segment : held) {
+        if (absl::Status s = drop(segment); !s.ok()) return Fail(name, s);
+      }
+    }
+    results[name] = {{"gib", segments * 2}, {"rounds_ms", rounds_ms}};
+    return 0;
+  };
+  // Maps `handles` (1 GiB each) into a new 2 GiB range, read-write.
+  auto map_range = [&](std::vector<CUmemGenericAllocationHandle> handles)
+      -> absl::StatusOr<Segment> {
+    absl::StatusOr<CUdeviceptr> va = cuda::AddressReserve(k2GiB);
+    if (!va.ok()) return va.status();
+    for (size_t c = 0; c < handles.size(); ++c) {
+      if (absl::Status s = cuda::MemMap(*va + c * k1GiB, k1GiB, handles[c]);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = cuda::SetReadWriteAccess(*va, k2GiB, device);
+        !s.ok()) {
+      return s;
+    }
+    return Segment{*va, std::move(handles)};
+  };
+  auto unmap_range = [&](Segment& segment) -> absl::Status {
+    for (size_t c = 0; c < segment.handles.size(); ++c) {
+      if (absl::Status s = cuda::MemUnmap(segment.address + c * k1GiB, k1GiB);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = cuda::MemRelease(segment.handles[c]); !s.ok()) {
+        return s;
+      }
+    }
+    return cuda::AddressFree(segment.address, k2GiB);
+  };
+  auto local = [&](bool exportable) {
+    return [&, exportable]() -> absl::StatusOr<Segment> {
+      std::vector<CUmemGenericAllocationHandle> handles;
+      for (int c = 0; c < 2; ++c) {
+        absl::StatusOr<CUmemGenericAllocationHandle> h =
+            cuda::MemCreate(k1GiB, cuda::DeviceMemoryProp(device, exportable));
+        if (!h.ok()) return h.status();
+        handles.push_back(*h);
+      }
+      return map_range(std::move(handles));
+    };
+  };
+  if (int r = measure(
+          "ws_native",
+          [&]() -> absl::StatusOr<Segment> {
+            absl::StatusOr<CUdeviceptr> a = cuda::MemAlloc(k2GiB);
+            if (!a.ok()) return a.status();
+            return Segment{*a, {}};
+          },
+          [](Segment& s) { return cuda::MemFree(s.address); });
+      r != 0) {
+    return r;
+  }
+  if (int r = measure("ws_local_vmm", local(false), unmap_range); r != 0) {
+    return r;
+  }
+  if (int r = measure("ws_local_vmm_exportable", local(true), unmap_range);
+      r != 0) {
+    return r;
+  }
+  {
+    // The daemon's side done here once: chunks made and exported.
+    std::vector<CUmemGenericAllocationHandle> owned;
+    std::vector<UniqueFd> exported;
+    for (int i = 0; i < 2 * segments; ++i) {
+      absl::StatusOr<CUmemGenericAllocationHandle> h =
+          cuda::MemCreate(k1GiB, cuda::DeviceMemoryProp(device, true));
+      if (!h.ok()) return Fail("cuMemCreate", h.status());
+      absl::StatusOr<int> fd = cuda::ExportToFd(*h);
+      if (!fd.ok()) return Fail("export", fd.status());
+      owned.push_back(*h);
+      exported.emplace_back(*fd);
+    }
+    int next = 0;
+    const int r = measure(
+        "ws_imported",
+        [&]() -> absl::StatusOr<Segment> {
+          std::vector<CUmemGenericAllocationHandle> handles;
+          for (int c = 0; c < 2; ++c) {
+            absl::StatusOr<CUmemGenericAllocationHandle> h =
+                cuda::ImportFromFd(exported[next++ % exported.size()].get());
+            if (!h.ok()) return h.status();
+            handles.push_back(*h);
+          }
+          return map_range(std::move(handles));
+        },
+        unmap_range);
+    for (CUmemGenericAllocationHandle h : owned) (void)cuda::MemRelease(h);
+    if (r != 0) return r;
+  }
+  return measure(
+      "ws_daemon",
+      [&]() -> absl::StatusOr<Segment> {
+        absl::StatusOr<uint64_t> a = backend.AllocateSegment(k2GiB);
+        if (!a.ok()) return a.status();
+        return Segment{*a, {}};
+      },
+      [&](Segment& s) {
+        backend.FreeSegment(s.address, k2GiB);
+        return absl::OkStatus();
+      });
+}
+
 int Run(int argc, char** argv) {
   const char* env_allocd = std::getenv("ALLOCD_BINARY");
   std::string allocd = env_allocd != nullptr ? env_allocd : ALLOCD_BINARY;
   std::string socket;
   std::string out;
   int iterations = 2000;
+  int working_set_gib = 0;
+  std::string capacity = "4GiB";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -184,10 +336,15 @@ int Run(int argc, char** argv) {
       iterations = std::max(10, std::atoi(value().c_str()));
     } else if (a == "--out") {
       out = value();
+    } else if (a == "--working-set-gib") {
+      working_set_gib = std::max(0, std::atoi(value().c_str()));
+    } else if (a == "--capacity") {
+      capacity = value();
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "cuda_chunk_bench [--allocd BIN | --socket SOCKET] [--iterations "
-          "N] [--out FILE.json]\nchunk acquire latency through allocd serve "
+          "N] [--out FILE.json]\n                 [--working-set-gib N "
+          "--capacity SIZE]\nchunk acquire latency through allocd serve "
           "--backend cuda; prints JSON\n");
       return 0;
     } else {
@@ -207,7 +364,7 @@ int Run(int argc, char** argv) {
     std::vector<std::string> args = {allocd,     "serve",          "--backend",
                                      "cuda",     "--socket",       socket,
                                      "--metrics-addr", "",         "--capacity",
-                                     "4GiB"};
+                                     capacity};
     std::vector<char*> argv_d;
     for (std::string& s : args) argv_d.push_back(s.data());
     argv_d.push_back(nullptr);
@@ -241,6 +398,13 @@ int Run(int argc, char** argv) {
   if (!backend.ok()) return Fail("CudaDaemonBackend", backend.status());
   const size_t chunk = (*client)->chunk_bytes();
   nlohmann::json results;
+  if (working_set_gib > 0) {
+    // First, while the daemon's pool is cold.
+    if (int r = WorkingSet(**backend, working_set_gib, 3, results);
+        r != 0) {
+      return r;
+    }
+  }
 
   // 2 GiB segments first, while the pool is empty: the daemon's largest
   // chunks (a handful of imports and maps, not 1,024).

@@ -40,6 +40,7 @@ class UsedMemoryWatch:
 
     def __init__(self, period=0.2):
         self.peak = 0
+        self._period = period
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
 
@@ -52,12 +53,14 @@ class UsedMemoryWatch:
             self._stop.wait(period)
 
     def __enter__(self):
-        self._thread.start()
+        if self._period > 0:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join()
+        if self._period > 0:
+            self._thread.join()
 
 
 def main():
@@ -75,6 +78,12 @@ def main():
     p.add_argument("--shape", type=lambda s: tuple(int(x) for x in s.split("x")),
                    help="BATCHxSEQLEN for every step (default: the workload's varying shapes); "
                         "fixed shapes make step times comparable to 1%%")
+    p.add_argument("--autotune-mode", choices=["off", "recommend", "apply"],
+                   help="the job's autotune mode (default: the daemon's); recommend records and "
+                        "decides without pushing, so the config stays the one the run started with")
+    p.add_argument("--smi-period", type=float, default=0.2,
+                   help="seconds between nvidia-smi samples of the GPU's used memory (0: none; "
+                        "each sample is a process that takes the driver's lock: off to time steps)")
     a = p.parse_args()
 
     baseline_mib = gpu_used_mib()
@@ -84,11 +93,12 @@ def main():
     if a.mode in ("transparent", "engine", "allocd"):
         import allocd
         allocd.enable(socket=a.socket, job=a.job, required=True,
-                      mode="engine" if engine else "transparent")
+                      mode="engine" if engine else "transparent",
+                      autotune_mode=a.autotune_mode)
     import torch
     if a.mode == "advise":
         import allocd
-        allocd.advise(socket=a.socket, job=a.job, required=True)
+        allocd.advise(socket=a.socket, job=a.job, required=True, autotune_mode=a.autotune_mode)
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
@@ -97,7 +107,7 @@ def main():
     cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
     torch.manual_seed(a.seed)
-    with UsedMemoryWatch() as watch:
+    with UsedMemoryWatch(a.smi_period) as watch:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
         # From an empty GPU to the model on it (built on the CPU first, ~10 s
         # that would drown it): where a returning job pays for chunks a

@@ -4,8 +4,10 @@
 #              PyTorch's defaults and with expandable segments
 #   train      llama_lora natively and transparent: losses, peak reserved,
 #              nvidia-smi's used memory
-#   steptime   a fixed shape, 5 interleaved native/transparent pairs
-#   workset    a 40 GiB working set: native, transparent cold, warm
+#   steptime   a fixed, GPU-bound shape, 5 interleaved native/transparent
+#              pairs (autotune recommend: no push)
+#   workset    a 40 GiB working set: 3 interleaved native / transparent
+#              cold / warm, and cuda_chunk_bench's working set each way
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
@@ -63,32 +65,47 @@ fi
 
 if want steptime; then
   start_daemon
-  step "step time: 4x512, 40 steps, 5 interleaved pairs"
+  # GPU-bound (8x1024: ~16k tokens a step) and nothing else sampling the
+  # driver (no nvidia-smi thread); transparent records and the autotuner
+  # decides, but pushes nothing, so both run PyTorch's defaults throughout.
+  step "step time: 8x1024, 50 steps, 5 interleaved pairs"
   for i in 1 2 3 4 5; do
     for mode in native transparent; do
-      timeout 200 python "$here/llama_lora_train.py" --mode $mode --socket "$sock" --steps 40 \
-        --shape 4x512 --json "$out/step_${mode}_$i.json" >/dev/null
+      timeout 200 python "$here/llama_lora_train.py" --mode $mode --socket "$sock" --steps 50 \
+        --shape 8x1024 --smi-period 0 --autotune-mode recommend \
+        --json "$out/step_${mode}_$i.json" >/dev/null
     done
   done
+  python - "$out" <<'PY'
+import json, statistics, sys
+ratios = []
+for i in range(1, 6):
+    med = {m: statistics.median(json.load(open(f"{sys.argv[1]}/step_{m}_{i}.json"))["step_seconds"][10:])
+           for m in ("native", "transparent")}
+    ratios.append(med["transparent"] / med["native"])
+    print(f"pair {i}: native {med['native']*1e3:.1f} ms, transparent {med['transparent']*1e3:.1f} ms, "
+          f"ratio {ratios[-1]:.4f}")
+print(f"median ratio {statistics.median(ratios):.4f}, spread {min(ratios):.4f}-{max(ratios):.4f}")
+PY
   stop_daemon
   pack transparent
 fi
 
 if want workset; then
-  step "40 GiB working set: native"
-  timeout 120 python "$here/working_set.py" --mode native --json "$out/workset_native.json"
   start_daemon
-  step "40 GiB working set: transparent, cold pool"
-  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_cold.json"
-  step "40 GiB working set: transparent, warm pool"
-  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --json "$out/workset_warm.json"
-  step "40 GiB working set, 5 rounds each (rounds 2-5 warm): native, transparent"
-  timeout 120 python "$here/working_set.py" --mode native --repeat 5 --json "$out/workset_native_rounds.json"
-  timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 5 --json "$out/workset_transparent_rounds.json"
+  step "40 GiB working set: 3 interleaved native / transparent cold / warm, each process 3 rounds"
+  for i in 1 2 3; do
+    timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
+    allocctl pool trim >/dev/null  # the pool cold: every chunk created
+    timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
+    timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
+    allocctl pool trim >/dev/null  # room for the next native run
+  done
   allocctl status
   stop_daemon
-  step "cuda_chunk_bench: segments of 2 MiB to 2 GiB through the daemon"
-  timeout 240 "$bin/cuda_chunk_bench" --allocd "$bin/allocd" --iterations 400 --out "$out/cuda_chunk_bench.json" | tail -40
+  step "cuda_chunk_bench: the working set each way in one process, segments of 2 MiB to 2 GiB"
+  timeout 240 "$bin/cuda_chunk_bench" --allocd "$bin/allocd" --iterations 400 \
+    --working-set-gib 40 --capacity 44GiB --out "$out/cuda_chunk_bench.json" | tail -60
   pack transparent
 fi
 
