@@ -113,11 +113,13 @@ if want peaks; then
   start_daemon
   step "two transparent jobs, alternating 44 GiB peaks"
   t0=$(python -c "import time; print(time.time() + 8)")
+  jobs=()
   for i in 0 1; do
     timeout 120 python "$here/alternating_peaks.py" --index $i --mode transparent --socket "$sock" \
       --start "$t0" --json "$out/peaks_transparent_$i.json" &
+    jobs+=($!)
   done
-  wait
+  wait "${jobs[@]}"  # not the daemon, a child of this shell too
   cat "$out"/peaks_transparent_*.json; echo
   stop_daemon
   pack transparent
