@@ -81,6 +81,8 @@ def main():
     p.add_argument("--autotune-mode", choices=["off", "recommend", "apply"],
                    help="the job's autotune mode (default: the daemon's); recommend records and "
                         "decides without pushing, so the config stays the one the run started with")
+    p.add_argument("--no-record-events", action="store_true",
+                   help="transparent/advise: no allocation stream to the autotuner (stats only)")
     p.add_argument("--smi-period", type=float, default=0.2,
                    help="seconds between nvidia-smi samples of the GPU's used memory (0: none; "
                         "each sample is a process that takes the driver's lock: off to time steps)")
@@ -94,11 +96,12 @@ def main():
         import allocd
         allocd.enable(socket=a.socket, job=a.job, required=True,
                       mode="engine" if engine else "transparent",
-                      autotune_mode=a.autotune_mode)
+                      autotune_mode=a.autotune_mode, record_events=not a.no_record_events)
     import torch
     if a.mode == "advise":
         import allocd
-        allocd.advise(socket=a.socket, job=a.job, required=True, autotune_mode=a.autotune_mode)
+        allocd.advise(socket=a.socket, job=a.job, required=True, autotune_mode=a.autotune_mode,
+                      record_events=not a.no_record_events)
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from peft import LoraConfig, get_peft_model
@@ -186,7 +189,8 @@ def main():
         result["step_config"] = step_configs
         result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
                                                "config_reason", "configs_applied",
-                                               "events_sent", "events_dropped") if k in s}
+                                               "events_sent", "events_dropped",
+                                               "advisor_seconds") if k in s}
     elif engine:
         s = allocd.stats()
         result["peak_reserved"] = s["reserved_bytes.all.peak"]

@@ -67,25 +67,36 @@ if want steptime; then
   start_daemon
   # GPU-bound (8x1024: ~16k tokens a step) and nothing else sampling the
   # driver (no nvidia-smi thread); transparent records and the autotuner
-  # decides, but pushes nothing, so both run PyTorch's defaults throughout.
-  step "step time: 8x1024, 50 steps, 5 interleaved pairs"
-  for i in 1 2 3 4 5; do
-    for mode in native transparent; do
-      timeout 200 python "$here/llama_lora_train.py" --mode $mode --socket "$sock" --steps 50 \
-        --shape 8x1024 --smi-period 0 --autotune-mode recommend \
+  # decides, but pushes nothing, so every run is on PyTorch's defaults.
+  # transparent_norec: the same without the allocation stream (what reading
+  # PyTorch's history costs). STEP_PAIRS (5) rounds of the three, STEP_STEPS
+  # (50) steps each; the median of steps 10 on.
+  pairs=${STEP_PAIRS:-5} steps=${STEP_STEPS:-50}
+  step "step time: 8x1024, $steps steps, $pairs interleaved rounds of native / transparent / transparent_norec"
+  for i in $(seq "$pairs"); do
+    for mode in native transparent transparent_norec; do
+      extra=(); [ $mode = transparent_norec ] && extra=(--no-record-events)
+      timeout 200 python "$here/llama_lora_train.py" --mode ${mode%_norec} --socket "$sock" \
+        --steps "$steps" --shape 8x1024 --smi-period 0 --autotune-mode recommend "${extra[@]}" \
         --json "$out/step_${mode}_$i.json" >/dev/null
     done
   done
-  python - "$out" <<'PY'
+  python - "$out" "$pairs" <<'PY'
 import json, statistics, sys
-ratios = []
-for i in range(1, 6):
-    med = {m: statistics.median(json.load(open(f"{sys.argv[1]}/step_{m}_{i}.json"))["step_seconds"][10:])
-           for m in ("native", "transparent")}
-    ratios.append(med["transparent"] / med["native"])
-    print(f"pair {i}: native {med['native']*1e3:.1f} ms, transparent {med['transparent']*1e3:.1f} ms, "
-          f"ratio {ratios[-1]:.4f}")
-print(f"median ratio {statistics.median(ratios):.4f}, spread {min(ratios):.4f}-{max(ratios):.4f}")
+out, pairs = sys.argv[1], int(sys.argv[2])
+ratios = {"transparent": [], "transparent_norec": []}
+for i in range(1, pairs + 1):
+    runs = {m: json.load(open(f"{out}/step_{m}_{i}.json"))
+            for m in ("native", "transparent", "transparent_norec")}
+    med = {m: statistics.median(r["step_seconds"][10:]) for m, r in runs.items()}
+    line = f"round {i}: native {med['native']*1e3:.1f} ms"
+    for m in ratios:
+        ratios[m].append(med[m] / med["native"])
+        busy = runs[m].get("allocd", {}).get("advisor_seconds", 0)
+        line += f", {m} {med[m]*1e3:.1f} ms ({ratios[m][-1]:.4f}; advisor busy {busy:.2f} s)"
+    print(line)
+for m, r in ratios.items():
+    print(f"{m}/native: median {statistics.median(r):.4f}, spread {min(r):.4f}-{max(r):.4f}")
 PY
   stop_daemon
   pack transparent

@@ -311,6 +311,8 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(job()["pinned_keys"], ["expandable_segments"])
         self.assertEqual(allocd.stats()["events_sent"], 450)  # 50 steps of 3 allocs, 6 frees
         self.assertEqual(allocd.stats()["events_dropped"], 0)
+        # What reading it cost the job, as time the advisor thread was busy.
+        self.assertGreater(allocd.stats()["advisor_seconds"], 0)
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

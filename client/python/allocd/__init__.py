@@ -35,6 +35,7 @@ import ctypes
 import json
 import os
 import threading
+import time
 import warnings
 
 __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
@@ -252,6 +253,7 @@ class _Advisor:
         self.reclaims = 0
         self.ooms = 0
         self.last_stats = {}
+        self.busy_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
 
     def start(self):
@@ -284,7 +286,10 @@ class _Advisor:
 
     def _run(self):
         while not self._stop.is_set():
+            start = time.perf_counter()
             self.step()
+            # Time this thread kept the GIL and the allocator from the job.
+            self.busy_seconds += time.perf_counter() - start
             self._stop.wait(self._period)
 
     def step(self):
@@ -385,7 +390,7 @@ _DEFAULT_MODE = "transparent"
 
 
 def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0,
-           pinned_keys=(), autotune_mode=None):
+           pinned_keys=(), autotune_mode=None, record_events=True):
     """Managed mode: the job's GPU memory comes from the node's allocd daemon.
 
     mode="transparent" (the default, or $ALLOCD_MODE): PyTorch's own caching
@@ -397,8 +402,9 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     initialises CUDA: start the job with ``allocd run -- python train.py``,
     or call enable() before ``import torch``. Pushed configs are applied with
     torch.cuda.memory._set_allocator_settings and reclaims with
-    empty_cache(), as in advise(). Not yet: CUDA tensors shared between
-    processes with torch.multiprocessing (cudaIpcGetMemHandle).
+    empty_cache(), as in advise(). CUDA tensors shared between processes
+    with torch.multiprocessing open in a receiver that runs transparent too
+    (not with expandable_segments:True).
 
     mode="engine": allocd's copy of PyTorch's caching allocator runs behind
     torch.cuda.memory.CUDAPluggableAllocator, where allocd can run policies
@@ -426,7 +432,10 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     telemetry rounds (transparent mode). pinned_keys, autotune_mode: as for
     advise(); the allocation stream goes to the daemon's autotuner (in
     transparent mode from PyTorch's allocator history, in engine mode from
-    the engine itself).
+    the engine itself). record_events (transparent mode): as for advise();
+    reading the history is what transparent mode costs a step (about 1% on
+    a GPU-bound llama step, bench/gpu/results/transparent), so a job that
+    does not want the autotuner can turn it off.
 
     Returns True when enabled. Calling it again is a no-op.
     """
@@ -436,7 +445,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     mode = mode or os.environ.get("ALLOCD_MODE", _DEFAULT_MODE)
     if mode == "transparent":
         return _enable_transparent(socket, job, device, required, period,
-                                   _autotune_json(pinned_keys, autotune_mode))
+                                   _autotune_json(pinned_keys, autotune_mode), record_events)
     if mode not in _MODES:
         raise ValueError(f"allocd.enable: unknown mode {mode!r}; modes: transparent, "
                          f"{', '.join(_MODES)}")
@@ -452,7 +461,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     return True
 
 
-def _enable_transparent(socket, job, device, required, period, autotune):
+def _enable_transparent(socket, job, device, required, period, autotune, record_events):
     global _transparent, _advisor
     import sys
     socket, job, config = _settings(socket, job)
@@ -483,7 +492,7 @@ def _enable_transparent(socket, job, device, required, period, autotune):
     # PyTorch's own allocator: its history is the autotuner's evidence, as in
     # advise().
     _advisor = _Advisor(lib, client, torch, device, period, config,
-                        _HistoryReader(torch, device))
+                        _HistoryReader(torch, device) if record_events else None)
     _advisor.start()
     return True
 
@@ -553,6 +562,7 @@ def stats():
         "ooms_reported": _advisor.ooms,
         "events_sent": _advisor.events_sent,
         "events_dropped": _advisor.events_dropped(),
+        "advisor_seconds": _advisor.busy_seconds,
         "memory_stats": dict(_advisor.last_stats),
     }
 
