@@ -1,0 +1,169 @@
+#!/bin/bash
+# One daemon for every GPU of a node with several (issue 16), on a machine
+# with 2 or more GPUs:
+#   ddp       a 2-process DDP job (torchrun, NCCL) natively twice, in
+#             transparent mode and in advisor mode: each rank's GPU (UUID),
+#             losses, peak reserved, step times; the daemon's sessions
+#   peaks     two single-GPU jobs with alternating peaks on GPU 1 while the
+#             DDP job runs on both: the pools of both GPUs sampled
+#   kills     kill -9 of one rank (its chunks back to its GPU's pool); kill -9
+#             of the daemon at step 10 (both ranks train on, reconnect)
+#   autotune  the DDP job started on max_split_size_mb:64, varying shapes,
+#             autotune apply: the decision, its push to each rank, per-rank
+#             peaks against the same job run natively
+# Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
+#   bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
+set -u
+bundle=$(cd "${1:-.gpu}" && pwd)
+out=${2:-/tmp/allocd-ddp}
+shift $(( $# < 2 ? $# : 2 ))
+parts=${*:-ddp peaks kills autotune}
+mkdir -p "$out"
+exec > >(tee -a "$out/ddp.log") 2>&1
+here=$(cd "$(dirname "$0")" && pwd)
+sock=$out/allocd.sock daemon_log=$out/daemon.log
+. "$here/common.sh"
+export ALLOCD_SOCKET=$sock NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
+ddp() {  # NAME MODE [ARGS...]: a 2-rank DDP run, results in $out/NAME_rank*.json
+  local name=$1 mode=$2; shift 2
+  timeout 240 torchrun --standalone --nproc_per_node 2 "$here/ddp_train.py" --mode "$mode" \
+    --socket "$sock" --out "$out/$name" "$@" 2>&1 | grep -v -i "warn" | tail -3
+}
+# The daemon serving every GPU, sized from each one's free memory.
+start_all() {
+  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' "$@" 2>>"$daemon_log" &
+  daemon=$!
+  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
+  echo "allocd serve did not start:"; cat "$daemon_log"; exit 1
+}
+sample_pools() {  # NAME SECONDS: the daemon's status every second, for SECONDS
+  for t in $(seq "$2"); do
+    allocctl --json status >"$out/pools_$1_$t.json" 2>/dev/null; sleep 1
+  done
+}
+summary() {  # NAMES...: per rank, what each run did
+  python3 - "$out" "$@" <<'PY'
+import json, statistics, sys
+out, names = sys.argv[1], sys.argv[2:]
+for name in names:
+    for rank in (0, 1):
+        try:
+            r = json.load(open(f"{out}/{name}_rank{rank}.json"))
+        except FileNotFoundError:
+            print(f"{name} rank {rank}: no result"); continue
+        t = r["step_seconds"][5:] or r["step_seconds"]
+        print(f"{name} rank {rank}: {r['uuid']} peak {r['peak_reserved']} "
+              f"step median {statistics.median(t)*1e3:.1f} ms, losses {r['losses'][0]:.6f} .. "
+              f"{r['losses'][-1]:.6f}, config {r.get('allocd', {}).get('config', '-')!r}")
+PY
+}
+
+step device
+nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.csv"
+python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
+
+if want ddp; then
+  start_all
+  allocctl status
+  step "DDP: native, native again (control), transparent, advise (20 steps, 8x512)"
+  ddp native native; ddp native2 native
+  ( sleep 12; allocctl --json sessions >"$out/sessions_transparent.json" ) &
+  ddp transparent transparent --job ddp-t --autotune-mode recommend
+  ( sleep 12; allocctl --json sessions >"$out/sessions_advise.json" ) &
+  ddp advise advise --job ddp-a --autotune-mode recommend
+  summary native native2 transparent advise
+  allocctl status
+  stop_daemon
+  pack ddp
+fi
+
+if want peaks; then
+  start_all
+  step "two jobs on GPU 1 with alternating peaks while DDP runs on both"
+  cap1=$(allocctl --json status | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['devices'][1]['capacity_bytes'])")
+  peak=$(python3 -c "print(round(int('$cap1') / 2**30 * 0.52))")  # two peaks > GPU 1's pool
+  echo "GPU 1 pool $cap1 bytes: peaks of $peak GiB"
+  ddp peaks_ddp transparent --job ddp-p --steps 1000 --autotune-mode off &
+  ddp_job=$!
+  sleep 15
+  t0=$(python3 -c "import time; print(time.time() + 8)")
+  jobs=()
+  for i in 0 1; do
+    CUDA_VISIBLE_DEVICES=1 timeout 150 python3 "$here/alternating_peaks.py" --index $i \
+      --mode transparent --socket "$sock" --peak-gib "$peak" --start "$t0" \
+      --json "$out/peaks_gpu1_$i.json" &
+    jobs+=($!)
+  done
+  sample_pools peaks 40 &
+  sampler=$!
+  wait "${jobs[@]}" "$ddp_job" "$sampler"
+  cat "$out"/peaks_gpu1_*.json; echo
+  summary peaks_ddp
+  python3 - "$out" <<'PY'
+import glob, json, sys
+rows = []
+for f in sorted(glob.glob(f"{sys.argv[1]}/pools_peaks_*.json"), key=lambda f: int(f.split("_")[-1][:-5])):
+    d = json.load(open(f))
+    rows.append([(dv.get("gpu_uuid", "")[:12], int(dv.get("in_use_bytes", 0)) >> 30)
+                 for dv in d.get("devices", [])])
+print("in use per GPU (GiB), each second:", rows)
+PY
+  stop_daemon
+  pack ddp
+fi
+
+if want kills; then
+  start_all
+  step "kill -9 of rank 1 of a transparent DDP job"
+  ddp kill_rank transparent --job ddp-k --steps 5000 --autotune-mode off &
+  kill_job=$!
+  sleep 25
+  allocctl --json status >"$out/kill_rank_before.json"
+  victim=$(pgrep -f "ddp_train.py --mode transparent" | while read -r p; do
+    grep -qz '^LOCAL_RANK=1$' "/proc/$p/environ" 2>/dev/null && echo "$p"; done | head -1)
+  echo "rank 1 is pid $victim"; kill -9 "$victim"
+  sleep 3
+  allocctl --json status >"$out/kill_rank_after.json"
+  wait "$kill_job"  # torchrun ends rank 0 too
+  python3 - "$out" <<'PY'
+import json, sys
+for when in ("before", "after"):
+    d = json.load(open(f"{sys.argv[1]}/kill_rank_{when}.json"))
+    print(when, [(dv.get("gpu_uuid", "")[:12], int(dv.get("in_use_bytes", 0)),
+                  int(dv.get("free_bytes", 0)))
+                 for dv in d.get("devices", [])])
+PY
+  step "kill -9 of the daemon at step 10 of 30, restarted 1 s later"
+  ddp daemon_killed transparent --job ddp-d --steps 30 --autotune-mode off \
+    --kill-daemon-at 10 --daemon-pid "$daemon" \
+    --restart-daemon "'$bin/allocd' serve --backend cuda --socket '$sock' --metrics-addr '' 2>>'$out/daemon2.log'"
+  summary daemon_killed
+  pkill -f "allocd serve --backend cuda --socket $sock"
+  pack ddp
+fi
+
+if want autotune; then
+  step "autotune on DDP: max_split_size_mb:64, varying shapes, 24 steps: native, then transparent apply"
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 24 --varying
+  start_all
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_transparent transparent --job ddp-tune \
+    --steps 24 --varying --autotune-mode apply
+  summary tune_native tune_transparent
+  allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -8
+  python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+for rank in (0, 1):
+    n = json.load(open(f"{out}/tune_native_rank{rank}.json"))
+    t = json.load(open(f"{out}/tune_transparent_rank{rank}.json"))
+    switched = next((i for i, c in enumerate(t["step_config"]) if c != t["step_config"][0]), None)
+    after = t["step_peak_reserved"][switched + 1:] if switched is not None else []
+    native_after = n["step_peak_reserved"][switched + 1:] if switched is not None else []
+    print(f"rank {rank}: config {t['step_config'][-1]!r} from step {switched}; peak after it "
+          f"{max(after, default=0) / 2**30:.2f} GiB vs native {max(native_after, default=0) / 2**30:.2f} GiB")
+PY
+  stop_daemon
+  pack ddp
+fi
