@@ -326,7 +326,7 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
       (*session)->EndAcquire();
       return std::nullopt;
     }
-    Reclaim(**session, r.bytes());
+    Reclaim(**session, *ShortfallBytes(grant.status()));
     grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
@@ -343,13 +343,10 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
   return response;
 }
 
-void DaemonCore::Reclaim(const Session& except, uint64_t bytes) {
+void DaemonCore::Reclaim(const Session& except, uint64_t shortfall) {
   NodePool& pool = PoolOf(except);
   const int device = except.identity().node_device;
   const PoolStats before = pool.Stats();
-  const uint64_t available = before.capacity - before.in_use_bytes;
-  if (available >= bytes) return;
-  const uint64_t shortfall = bytes - available;
   // What the others cache (reserved but not allocated, from their last
   // telemetry) is all a reclaim can free; ask only when it can cover the
   // shortfall, or the asker would wait for nothing.
@@ -379,16 +376,20 @@ void DaemonCore::Reclaim(const Session& except, uint64_t bytes) {
     v1::ControlMessage message;
     message.mutable_reclaim()->set_bytes(std::min(cached, shortfall));
     message.mutable_reclaim()->set_reason(absl::StrCat(
-        "session ", except.id(), " needs ", FormatSize(bytes),
-        " and the node pool is short by ", FormatSize(shortfall)));
+        "session ", except.id(), " needs memory and the node pool of device ",
+        device, " is short by ", FormatSize(shortfall)));
     session->Push(std::move(message));
   }
   metrics_->ReclaimRequested();
   const absl::Time deadline = absl::Now() + options_.reclaim_wait;
   absl::MutexLock lock(&released_mu_);
   while (absl::Now() < deadline) {
-    const PoolStats now = pool.Stats();
-    if (now.capacity - now.in_use_bytes >= bytes) return;
+    // Given back since the ask: in the cache, or the device's again.
+    const uint64_t in_use = pool.Stats().in_use_bytes;
+    if (before.in_use_bytes - std::min(in_use, before.in_use_bytes) >=
+        shortfall) {
+      return;
+    }
     released_cv_.WaitWithDeadline(&released_mu_, deadline);
   }
 }

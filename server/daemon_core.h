@@ -249,8 +249,10 @@ class DaemonCore {
   void SignalReleased();
   // Asks every session of `except`'s device but `except` that caches
   // memory and is not itself waiting in an acquire to release it, then
-  // waits until `bytes` could be had there or reclaim_wait passes.
-  void Reclaim(const Session& except, uint64_t bytes);
+  // waits until `shortfall` bytes (ShortfallBytes of the refusal: short of
+  // the pool's capacity, or of the device's memory) came back or
+  // reclaim_wait passes.
+  void Reclaim(const Session& except, uint64_t shortfall);
 
   const DaemonCoreOptions options_;
   // Set by the one-pool constructor only.

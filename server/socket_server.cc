@@ -25,9 +25,11 @@
 namespace allocd {
 namespace {
 
-// Largest side-socket request: a lease, a claim token, or a declaration of
-// up to kMaxFdsPerMessage chunks (three varints each).
-constexpr size_t kMaxSideRequest = 64 << 10;
+// Largest side-socket request: a release of the most ids one ReleaseChunks
+// takes (65,536 varints of up to 10 bytes); a lease, a claim token, an
+// acquire or a declaration (up to kMaxFdsPerMessage chunks) are far less.
+// A frame over it closes the connection, which ends a lease's session.
+constexpr size_t kMaxSideRequest = 1 << 20;
 // A client must send a whole frame within this once it started one.
 constexpr absl::Duration kFrameTimeout = absl::Seconds(1);
 // How often the side channel looks for sessions that never leased.

@@ -35,15 +35,22 @@ absl::StatusOr<std::string> NewToken() {
   return absl::BytesToHexString(absl::string_view(bytes, sizeof bytes));
 }
 
+// ResourceExhausted(`message`) that other sessions releasing `short_by`
+// bytes could turn into a grant (IsNodeShortage).
+absl::Status Shortage(uint64_t short_by, absl::string_view message) {
+  absl::Status status = absl::ResourceExhaustedError(message);
+  status.SetPayload(kShortfallPayloadUrl, absl::Cord(absl::StrCat(short_by)));
+  return status;
+}
+
 absl::Status NodeShortage(uint64_t need, uint64_t available,
                           uint64_t capacity) {
   const uint64_t short_by = need - available;
-  absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-      "node pool exhausted: need ", FormatSize(need), ", free ",
-      FormatSize(available), " of capacity ", FormatSize(capacity),
-      " (short by ", FormatSize(short_by), ")"));
-  status.SetPayload(kShortfallPayloadUrl, absl::Cord(absl::StrCat(short_by)));
-  return status;
+  return Shortage(short_by,
+                  absl::StrCat("node pool exhausted: need ", FormatSize(need),
+                               ", free ", FormatSize(available),
+                               " of capacity ", FormatSize(capacity),
+                               " (short by ", FormatSize(short_by), ")"));
 }
 
 // `classes` sorted, without duplicates, with `granularity` first, every
@@ -426,11 +433,19 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     ReturnToCache(chunk_id, chunks_.at(chunk_id));
   }
   SubtractHeld(state, rounded);
-  return absl::Status(
-      failure.code(),
+  const std::string why =
       absl::StrCat("creating chunk ", created.size() + 1, " of ",
                    to_create.size(), " from the ", source_->Name(),
-                   " source: ", failure.message()));
+                   " source: ", failure.message());
+  if (absl::IsResourceExhausted(failure)) {
+    // The device is full below the pool's capacity (other processes'
+    // contexts and native memory took what the capacity counted on): what
+    // other sessions cache, given back, is memory the cache can serve.
+    uint64_t created_bytes = 0;
+    for (size_t i = 0; i < created.size(); ++i) created_bytes += to_create[i];
+    return Shortage(create_bytes - created_bytes, why);
+  }
+  return absl::Status(failure.code(), why);
 }
 
 absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,

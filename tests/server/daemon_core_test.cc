@@ -2,12 +2,16 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics.h"
+#include "server/pool/chunk_source.h"
 #include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
@@ -247,6 +251,94 @@ TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
   r.set_session_id(12345);
   EXPECT_EQ(core_.AcquireChunksNow(peer, r).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A device whose memory runs out before the pool's capacity does (other
+// processes' contexts and native allocations took some): CreateChunk fails
+// once `limit` bytes of chunks live.
+class FullDeviceSource final : public ChunkSource {
+ public:
+  explicit FullDeviceSource(uint64_t limit) : limit_(limit) {}
+  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override {
+    if (live_->load() + bytes > limit_) {
+      return absl::ResourceExhaustedError("out of memory (the device)");
+    }
+    absl::StatusOr<ChunkMemory> memory = memfd_.CreateChunk(bytes);
+    if (!memory.ok()) return memory;
+    live_->fetch_add(bytes);
+    // The chunk's memory goes back to the device when its file closes.
+    auto live = live_;
+    memory->file = std::shared_ptr<const UniqueFd>(
+        new UniqueFd(dup(memory->file->get())),
+        [live, bytes](const UniqueFd* fd) {
+          live->fetch_sub(bytes);
+          delete fd;
+        });
+    return memory;
+  }
+  size_t Granularity() const override { return memfd_.Granularity(); }
+  std::string Name() const override { return "full-device"; }
+
+ private:
+  MemfdChunkSource memfd_;
+  const uint64_t limit_;
+  std::shared_ptr<std::atomic<uint64_t>> live_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+};
+
+// The pool's capacity has room, the device has not: the other session's
+// cache is asked back, as for a shortage of the pool, and serves the grant.
+TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  FullDeviceSource source(16 * kMiB);
+  NodePool pool(&source, uint64_t{1} << 30);
+  Metrics metrics;
+  DaemonCore core({.reclaim_wait = absl::Seconds(10)}, &pool, &metrics);
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> cacher = core.Register(peer, hello);
+  absl::StatusOr<v1::RegisterResponse> needy = core.Register(peer, hello);
+  ASSERT_TRUE(cacher.ok() && needy.ok());
+  v1::AcquireChunksRequest ask;
+  ask.set_session_id(cacher->session_id());
+  ask.set_bytes(12 * kMiB);
+  absl::StatusOr<v1::AcquireChunksResponse> cached =
+      core.AcquireChunks(peer, ask);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  v1::TelemetryReport report;
+  report.set_session_id(cacher->session_id());
+  (*report.mutable_stats())["reserved_bytes.all.current"] = 12 * kMiB;
+  (*report.mutable_stats())["allocated_bytes.all.current"] = 0;
+  ASSERT_TRUE(core.Telemetry(peer, report).ok());
+
+  // The cacher answers the reclaim as its allocator would: empty_cache.
+  absl::StatusOr<std::shared_ptr<Session>> watched =
+      core.Watch(peer, cacher->session_id());
+  ASSERT_TRUE(watched.ok());
+  std::thread cacher_thread([&] {
+    v1::ControlMessage message;
+    ASSERT_TRUE((*watched)->WaitNext(&message, absl::Seconds(10)));
+    ASSERT_TRUE(message.has_reclaim());
+    EXPECT_EQ(message.reclaim().bytes(), 8 * kMiB);  // what the device lacks
+    v1::ReleaseChunksRequest release;
+    release.set_session_id(cacher->session_id());
+    *release.mutable_chunk_ids() = cached->chunk_ids();
+    EXPECT_TRUE(core.ReleaseChunks(peer, release).ok());
+  });
+  ask.set_session_id(needy->session_id());
+  // Not on the lease's thread, which never waits...
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
+      core.AcquireChunksNow(peer, ask);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_FALSE(now->has_value());
+  // ...but over gRPC: the cacher's chunks come back and serve it.
+  absl::StatusOr<v1::AcquireChunksResponse> granted =
+      core.AcquireChunks(peer, ask);
+  cacher_thread.join();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_GE(granted->reused_chunks(), 1u);
+  EXPECT_EQ(core.Status().in_use_bytes(), 12 * kMiB);
 }
 
 TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {

@@ -285,6 +285,14 @@ TEST_F(DaemonTest, ALeaseAcquiresWithItsFdsInOneAnswerAndReleases) {
   EXPECT_EQ(Status().in_use_bytes(), 0u);
   // Released twice: not the session's any more.
   EXPECT_EQ(call(release).first.code(), grpc::StatusCode::PERMISSION_DENIED);
+  // As many ids as a release takes, each a long varint: refused (none is
+  // the session's), and the lease, whose loss would end the session, stays.
+  v1::SideRequest largest;
+  for (uint64_t i = 0; i < 65536; ++i) {
+    largest.mutable_release()->add_chunk_ids((uint64_t{1} << 62) + i);
+  }
+  ASSERT_GT(largest.ByteSizeLong(), size_t{512} << 10);
+  EXPECT_EQ(call(largest).first.code(), grpc::StatusCode::PERMISSION_DENIED);
 
   // The cache serves the next one; more than the node has is refused.
   auto [again, fds_again] = call(acquire);

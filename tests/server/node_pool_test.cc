@@ -600,7 +600,10 @@ TEST_F(NodePoolTest, AFailingSourceTakesNothingAndKeepsWhatItCreated) {
   EXPECT_EQ(s.message(),
             "creating chunk 3 of 4 from the test source: the device is out of "
             "memory");
-  EXPECT_FALSE(IsNodeShortage(s));
+  // The device is full below the pool's capacity: a shortage of the two
+  // chunks it could not make, which other sessions' caches could cover.
+  EXPECT_TRUE(IsNodeShortage(s));
+  EXPECT_EQ(ShortfallBytes(s), 2 * kChunk);
   PoolStats stats = pool->Stats();
   EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
   EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
