@@ -85,6 +85,28 @@ nlohmann::json Summary(std::vector<double> us) {
           {"max_us", round(us.back())}};
 }
 
+// Durations of consecutive phases of an iteration, each under its result
+// name: Add() takes when each phase began and when the last one ended.
+class Phases {
+ public:
+  explicit Phases(std::vector<std::string> names)
+      : names_(std::move(names)), us_(names_.size()) {}
+  void Add(const std::vector<Clock::time_point>& marks) {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      us_[i].push_back(Micros(marks[i], marks[i + 1]));
+    }
+  }
+  void Report(nlohmann::json& results) const {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      results[names_[i]] = Summary(us_[i]);
+    }
+  }
+
+ private:
+  const std::vector<std::string> names_;
+  std::vector<std::vector<double>> us_;
+};
+
 int Fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "cuda_chunk_bench: %s: %s\n", what.c_str(),
                std::string(s.message()).c_str());
@@ -102,8 +124,10 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
   constexpr size_t k2GiB = size_t{2} << 30;
   absl::StatusOr<cuda::PrimaryContext> context = cuda::PrimaryContext::Open(0);
   if (!context.ok()) return Fail("context", context.status());
-  std::vector<double> acquire, import, reserve, map, access, unmap, release,
-      native_alloc, native_free;
+  Phases phases({"step2g_acquire_rpc_and_fds", "step2g_import",
+                 "step2g_reserve", "step2g_map", "step2g_set_access",
+                 "step2g_unmap", "step2g_release_free_rpc",
+                 "native_mem_alloc_2GiB", "native_mem_free_2GiB"});
   for (int i = 0; i < iterations; ++i) {
     const auto t0 = Clock::now();
     absl::StatusOr<ReceivedChunks> got = client.Acquire(k2GiB, UINT64_MAX);
@@ -146,25 +170,9 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
     CHECK_OK("cuMemFree", cuda::MemFree(*native));
     const auto t9 = Clock::now();
     if (i == 0) continue;  // warm-up
-    acquire.push_back(Micros(t0, t1));
-    import.push_back(Micros(t1, t2));
-    reserve.push_back(Micros(t2, t3));
-    map.push_back(Micros(t3, t4));
-    access.push_back(Micros(t4, t5));
-    unmap.push_back(Micros(t5, t6));
-    release.push_back(Micros(t6, t7));
-    native_alloc.push_back(Micros(t7, t8));
-    native_free.push_back(Micros(t8, t9));
+    phases.Add({t0, t1, t2, t3, t4, t5, t6, t7, t8, t9});
   }
-  results["step2g_acquire_rpc_and_fds"] = Summary(acquire);
-  results["step2g_import"] = Summary(import);
-  results["step2g_reserve"] = Summary(reserve);
-  results["step2g_map"] = Summary(map);
-  results["step2g_set_access"] = Summary(access);
-  results["step2g_unmap"] = Summary(unmap);
-  results["step2g_release_free_rpc"] = Summary(release);
-  results["native_mem_alloc_2GiB"] = Summary(native_alloc);
-  results["native_mem_free_2GiB"] = Summary(native_free);
+  phases.Report(results);
   return 0;
 }
 
@@ -486,7 +494,8 @@ int Run(int argc, char** argv) {
     absl::StatusOr<cuda::PrimaryContext> context =
         cuda::PrimaryContext::Open(0);
     if (!context.ok()) return Fail("context", context.status());
-    std::vector<double> acquire, import, close_fd, reserve, map, access;
+    Phases phases({"step_acquire_rpc_and_fd", "step_import", "step_close_fd",
+                   "step_reserve", "step_map", "step_set_access"});
     for (int i = 0; i < iterations; ++i) {
       const auto t0 = Clock::now();
       absl::StatusOr<ReceivedChunks> got = (*client)->Acquire(chunk);
@@ -510,19 +519,9 @@ int Run(int argc, char** argv) {
       CHECK_OK("release", cuda::MemRelease(*handle));
       CHECK_OK("free", cuda::AddressFree(*va, chunk));
       CHECK_OK("Release", (*client)->Release(got->epoch, got->ids));
-      acquire.push_back(Micros(t0, t1));
-      import.push_back(Micros(t1, t2));
-      close_fd.push_back(Micros(t2, t3));
-      reserve.push_back(Micros(t3, t4));
-      map.push_back(Micros(t4, t5));
-      access.push_back(Micros(t5, t6));
+      phases.Add({t0, t1, t2, t3, t4, t5, t6});
     }
-    results["step_acquire_rpc_and_fd"] = Summary(acquire);
-    results["step_import"] = Summary(import);
-    results["step_close_fd"] = Summary(close_fd);
-    results["step_reserve"] = Summary(reserve);
-    results["step_map"] = Summary(map);
-    results["step_set_access"] = Summary(access);
+    phases.Report(results);
 
     // No daemon at all.
     const CUmemAllocationProp prop =
@@ -569,7 +568,9 @@ int Run(int argc, char** argv) {
     absl::StatusOr<CUmemGenericAllocationHandle> owned = cuda::MemCreate(
         chunk, cuda::DeviceMemoryProp(context->device(), true));
     if (!owned.ok()) return Fail("cuMemCreate", owned.status());
-    std::vector<double> exp, imp, close_imported, close_exported, release;
+    Phases driver({"driver_export", "driver_import",
+                   "driver_close_client_copy", "driver_close_last_copy",
+                   "driver_release_imported"});
     for (int i = 0; i < iterations; ++i) {
       const auto t0 = Clock::now();
       absl::StatusOr<int> fd = cuda::ExportToFd(*owned);
@@ -586,18 +587,10 @@ int Run(int argc, char** argv) {
       const auto t4 = Clock::now();
       CHECK_OK("release", cuda::MemRelease(*imported));
       const auto t5 = Clock::now();
-      exp.push_back(Micros(t0, t1));
-      imp.push_back(Micros(t1, t2));
-      close_imported.push_back(Micros(t2, t3));
-      close_exported.push_back(Micros(t3, t4));
-      release.push_back(Micros(t4, t5));
+      driver.Add({t0, t1, t2, t3, t4, t5});
     }
     CHECK_OK("release", cuda::MemRelease(*owned));
-    results["driver_export"] = Summary(exp);
-    results["driver_import"] = Summary(imp);
-    results["driver_close_client_copy"] = Summary(close_imported);
-    results["driver_close_last_copy"] = Summary(close_exported);
-    results["driver_release_imported"] = Summary(release);
+    driver.Report(results);
   }
 
   absl::StatusOr<CUdevice> device = cuda::GetDevice(0);

@@ -18,10 +18,8 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import time
+
+from daemon_kill import kill_daemon
 
 
 def main():
@@ -95,12 +93,7 @@ def main():
         if a.mode != "native":
             configs.append(allocd.stats().get("config", ""))
         if rank == 0 and a.kill_daemon_at is not None and step == a.kill_daemon_at:
-            os.kill(a.daemon_pid, signal.SIGKILL)
-            print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
-            if a.restart_daemon:
-                time.sleep(1.0)
-                subprocess.Popen(a.restart_daemon, shell=True, start_new_session=True,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            kill_daemon(a.daemon_pid, a.restart_daemon, step)
     props = torch.cuda.get_device_properties(local_rank)
     uuid = str(getattr(props, "uuid", ""))
     result = {

@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
+
+from daemon_kill import kill_daemon
 
 
 def gpu_used_mib():
@@ -157,15 +157,7 @@ def main():
             if tracked:
                 step_configs.append(allocd.stats().get("config", ""))
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
-                os.kill(a.daemon_pid, signal.SIGKILL)
-                print(f"step {step}: killed the daemon (pid {a.daemon_pid})", file=sys.stderr)
-                if a.restart_daemon:
-                    time.sleep(1.0)
-                    # Its own session, and none of our pipes: a daemon holding
-                    # this script's stdout would keep `script | tee` open.
-                    subprocess.Popen(a.restart_daemon, shell=True, start_new_session=True,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-                    print(f"step {step}: restarted it", file=sys.stderr)
+                kill_daemon(a.daemon_pid, a.restart_daemon, step)
 
     result = {
         "mode": a.mode,
