@@ -145,11 +145,11 @@ PY
 fi
 
 if want autotune; then
-  step "autotune on DDP: max_split_size_mb:64, varying shapes, 24 steps: native, then transparent apply"
-  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 24 --varying
+  step "autotune on DDP: max_split_size_mb:64, varying shapes, 300 steps (the first run, 24 steps, ended before the push reached the second rank): native, then transparent apply"
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 300 --varying
   start_all
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_transparent transparent --job ddp-tune \
-    --steps 24 --varying --autotune-mode apply
+    --steps 300 --varying --autotune-mode apply
   summary tune_native tune_transparent
   allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -8
   python3 - "$out" <<'PY'
