@@ -749,45 +749,44 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
           " did not come back within ",
           absl::FormatDuration(state_->options.reconnect_wait)));
     }
-    // One round trip on the lease when the daemon can grant at once; over
-    // gRPC, and a claim, when it has to wait (or speaks no lease acquires).
-    absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
-    if (c->lease_acquires) {
-      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes);
-    }
-    absl::StatusOr<ReceivedChunks> chunks = absl::UnknownError("");
-    v1::AcquireChunksResponse response;
-    if (!on_lease.ok()) {
-      chunks = on_lease.status();
-    } else if (on_lease->has_value()) {
-      chunks = **std::move(on_lease);
-    } else {
+    // Over gRPC, then a claim on the lease. Unavailable when the daemon
+    // died, or restarted and no longer knows the session.
+    auto over_rpc = [&]() -> absl::StatusOr<ReceivedChunks> {
       grpc::ClientContext context;
       SetDeadline(context, state_->options.rpc_timeout);
       v1::AcquireChunksRequest request;
       request.set_session_id(c->session_id);
       request.set_bytes(bytes);
       request.set_max_chunk_bytes(max_chunk_bytes);
+      v1::AcquireChunksResponse response;
       grpc::Status status =
           c->stub->AcquireChunks(&context, request, &response);
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
           status.error_code() == grpc::StatusCode::NOT_FOUND) {
-        // The daemon died, or restarted and no longer knows the session.
-        state_->Lost(c);
-        continue;
+        return absl::UnavailableError(status.error_message());
       }
       if (!status.ok()) return FromGrpc(status);
-      chunks = ClaimGrant(*c, response);
-      if (!chunks.ok() && !absl::IsUnavailable(chunks.status()) &&
-          !absl::IsDataLoss(chunks.status())) {
+      absl::StatusOr<ReceivedChunks> claimed = ClaimGrant(*c, response);
+      if (!claimed.ok() && !absl::IsUnavailable(claimed.status()) &&
+          !absl::IsDataLoss(claimed.status())) {
         // Unusable here, so not ours to keep: the session must not hold
         // them. (A lease acquire's daemon takes them back itself.)
         std::vector<uint64_t> ids(response.chunk_ids().begin(),
                                   response.chunk_ids().end());
         (void)Release(c->epoch, ids);
-        return chunks;
       }
+      return claimed;
+    };
+    // One round trip on the lease when the daemon can grant at once; over
+    // gRPC when it has to wait (or speaks no lease acquires).
+    absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
+    if (c->lease_acquires) {
+      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes);
     }
+    absl::StatusOr<ReceivedChunks> chunks =
+        !on_lease.ok()          ? on_lease.status()
+        : on_lease->has_value() ? **std::move(on_lease)
+                                : over_rpc();
     if (absl::IsUnavailable(chunks.status()) ||
         absl::IsDataLoss(chunks.status())) {
       // The daemon died mid-call: the grant died with it. Ask the next.

@@ -12,13 +12,16 @@ step() { echo; echo "=== $(date -u +%T) $*"; }
 want() { [[ " $parts " == *" $1 "* ]]; }
 allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }
 # start_daemon [CAPACITY [SERVE FLAGS...]]: `allocd serve --backend cuda` on
-# $sock (CAPACITY: default $CAPACITY, else 76GiB), its log appended to
-# $daemon_log; returns once the socket is there. stop_daemon: SIGTERM, wait.
+# $sock (CAPACITY: default $CAPACITY, else 76GiB; `device`: no --capacity,
+# every GPU sized from its free memory), its log appended to $daemon_log;
+# returns once the socket is there. stop_daemon: SIGTERM, wait.
 start_daemon() {
   local capacity=${1:-${CAPACITY:-76GiB}}
   shift $(( $# > 0 ? 1 : 0 ))
+  local sizing=(--capacity "$capacity")
+  [ "$capacity" = device ] && sizing=()
   "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' \
-      --capacity "$capacity" "$@" 2>>"$daemon_log" &
+      "${sizing[@]}" "$@" 2>>"$daemon_log" &
   daemon=$!
   for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
   echo "allocd serve did not start:"; cat "$daemon_log"; exit 1

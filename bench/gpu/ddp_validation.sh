@@ -31,13 +31,6 @@ ddp() {  # NAME MODE [ARGS...]: a 2-rank DDP run, results in $out/NAME_rank*.jso
   timeout 240 torchrun --standalone --nproc_per_node 2 "$here/ddp_train.py" --mode "$mode" \
     --socket "$sock" --out "$out/$name" "$@" 2>&1 | grep -v -i "warn" | tail -3
 }
-# The daemon serving every GPU, sized from each one's free memory.
-start_all() {
-  "$bin/allocd" serve --backend cuda --socket "$sock" --metrics-addr '' "$@" 2>>"$daemon_log" &
-  daemon=$!
-  for _ in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "allocd serve did not start:"; cat "$daemon_log"; exit 1
-}
 sample_pools() {  # NAME SECONDS: the daemon's status every second, for SECONDS
   for t in $(seq "$2"); do
     allocctl --json status >"$out/pools_$1_$t.json" 2>/dev/null; sleep 1
@@ -65,7 +58,7 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,memory.used -
 python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 
 if want ddp; then
-  start_all
+  start_daemon device  # every GPU, each sized from its free memory
   allocctl status
   step "DDP: native, native again (control), transparent, advise (20 steps, 8x512)"
   ddp native native; ddp native2 native
@@ -80,7 +73,7 @@ if want ddp; then
 fi
 
 if want peaks; then
-  start_all
+  start_daemon device
   step "two jobs on GPU 1 with alternating peaks while DDP runs on both"
   cap1=$(allocctl --json status | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['devices'][1]['capacity_bytes'])")
   peak=$(python3 -c "print(round(int('$cap1') / 2**30 * 0.52))")  # two peaks > GPU 1's pool
@@ -115,7 +108,7 @@ PY
 fi
 
 if want kills; then
-  start_all
+  start_daemon device
   step "kill -9 of rank 1 of a transparent DDP job"
   ddp kill_rank transparent --job ddp-k --steps 5000 --autotune-mode off &
   kill_job=$!
@@ -147,7 +140,7 @@ fi
 if want autotune; then
   step "autotune on DDP: max_split_size_mb:64, varying shapes, 300 steps (the first run, 24 steps, ended before the push reached the second rank): native, then transparent apply"
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 300 --varying
-  start_all
+  start_daemon device
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_transparent transparent --job ddp-tune \
     --steps 300 --varying --autotune-mode apply
   summary tune_native tune_transparent
