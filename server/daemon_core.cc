@@ -213,6 +213,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     }
     current_config = FormatAllocatorConfig(*current);
   }
+  absl::ReleasableMutexLock fanout(&fanout_mu_);
   std::shared_ptr<Session> session = sessions_.Create(
       {.pid = peer.pid,
        .uid = peer.uid,
@@ -235,6 +236,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
                                  r.current_config_version(), session->id());
     session->Acked(running);
   }
+  std::optional<ConfigRecord> config = configs_.Effective(r.job());
+  // The client applies it at start and ACKs like any push; a client that
+  // runs it already (it reconnected) is not pushed it twice.
+  if (config.has_value() && config->config != running.config) {
+    Push(*session, *config, false, "config for this job at registration");
+  }
+  fanout.Release();
   SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
                            peer.pid);
@@ -255,14 +263,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
   response.set_lease_acquires(true);
-  if (std::optional<ConfigRecord> config = configs_.Effective(r.job())) {
-    Fill(*config, response.mutable_config());
-    // The client applies it at start and ACKs like any push; a client that
-    // runs it already (it reconnected) is not pushed it twice.
-    if (config->config != running.config) {
-      Push(*session, *config, false, "config for this job at registration");
-    }
-  }
+  if (config.has_value()) Fill(*config, response.mutable_config());
   if (observer_ != nullptr) {
     observer_->SessionStarted(session->identity(), running, r.autotune());
   }
@@ -907,6 +908,7 @@ v1::GetConfigResponse DaemonCore::GetConfig(absl::string_view job) const {
 absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
     absl::string_view job, absl::string_view config, absl::string_view author,
     uint64_t predicted_peak_reserved_bytes, bool skip_running) {
+  absl::MutexLock fanout(&fanout_mu_);
   absl::StatusOr<ConfigRecord> record =
       configs_.Set(job, config, author, predicted_peak_reserved_bytes);
   if (!record.ok()) return record.status();
@@ -967,6 +969,7 @@ absl::Status DaemonCore::RollBackSession(SessionId id,
 }
 
 void DaemonCore::ClearConfig(absl::string_view job, absl::string_view author) {
+  absl::MutexLock fanout(&fanout_mu_);
   if (!configs_.Clear(job, author)) return;
   metrics_->ConfigPrediction(job, 0);
   if (job.empty()) return;

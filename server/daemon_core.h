@@ -279,6 +279,11 @@ class DaemonCore {
   // clipped, or unbounded for a capacity derived from free memory).
   std::map<int, uint64_t> capacity_ceiling_ ABSL_GUARDED_BY(settle_mu_);
   absl::Mutex sessions_file_mu_;
+  // Held by a registration from its session's creation to its config at
+  // registration, and by a job config's fan-out to the sessions it applies
+  // to: otherwise a session created during a SetConfig is pushed the new
+  // version by both, applies it twice and ACKs twice.
+  absl::Mutex fanout_mu_;
 
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;

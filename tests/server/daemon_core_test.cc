@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -197,6 +198,44 @@ TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain
   EXPECT_EQ(session->Current().config, "expandable_segments:True");
   // An OOM under it goes back to the client's initial config.
   EXPECT_EQ(session->RollBackTarget()->config, "max_split_size_mb:64");
+}
+
+// A session registering while its job's config is set is pushed that
+// version once: by the set's fan-out or by its registration, never both
+// (the client would apply it twice and ACK twice).
+TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  hello.set_job("llama");
+  std::atomic<bool> registering{true};
+  std::thread setter([&] {
+    for (int i = 0; registering; ++i) {
+      ASSERT_TRUE(core_.SetConfig("llama",
+                                  i % 2 == 0 ? "max_split_size_mb:256"
+                                             : "max_split_size_mb:512",
+                                  "test")
+                      .ok());
+    }
+  });
+  std::vector<SessionId> ids;
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<v1::RegisterResponse> r = core_.Register(peer, hello);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ids.push_back(r->session_id());
+  }
+  registering = false;
+  setter.join();
+  for (SessionId id : ids) {
+    std::shared_ptr<Session> session = core_.Watch(peer, id).value();
+    std::set<uint64_t> versions;
+    v1::ControlMessage m;
+    while (session->WaitNext(&m, absl::ZeroDuration())) {
+      EXPECT_TRUE(versions.insert(m.config().config().version()).second)
+          << "session " << id << " was pushed version "
+          << m.config().config().version() << " twice";
+    }
+  }
 }
 
 // The sessions file a daemon before this one left, listing `sessions`;

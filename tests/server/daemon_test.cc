@@ -457,8 +457,10 @@ TEST_F(DaemonTest, LiveClientsAckConfigsTheyCanApplyAndNackOthers) {
   for (int i = 0; i < 1000 && (CountEvents("ack") < 2 || CountEvents("nack") < 2); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(CountEvents("ack"), 2);
-  EXPECT_EQ(CountEvents("nack"), 2);
+  std::string history;
+  for (const v1::HistoryEntry& e : History()) history += e.DebugString();
+  EXPECT_EQ(CountEvents("ack"), 2) << history;
+  EXPECT_EQ(CountEvents("nack"), 2) << history;
   for (const v1::HistoryEntry& e : History()) {
     if (e.event() == "nack") {
       EXPECT_THAT(e.detail(), HasSubstr("backend"));
