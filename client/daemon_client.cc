@@ -16,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "allocd.grpc.pb.h"
+#include "client/grant_read_ahead.h"
+#include "proto/telemetry_stats.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -191,12 +193,14 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
 }
 
 // A grant on the lease of `c` (lease_acquires), FDs included: nullopt when
-// the daemon would have to wait for it (ask over gRPC).
+// the daemon would have to wait for it (ask over gRPC), or, `read_ahead`,
+// when it would leave the pool less than as much again.
 absl::StatusOr<std::optional<ReceivedChunks>> AcquireOnLease(
-    Connection& c, uint64_t bytes, uint64_t max_chunk_bytes) {
+    Connection& c, uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead) {
   v1::SideRequest request;
   request.mutable_acquire()->set_bytes(bytes);
   request.mutable_acquire()->set_max_chunk_bytes(max_chunk_bytes);
+  request.mutable_acquire()->set_read_ahead(read_ahead);
   std::vector<UniqueFd> fds;
   absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, request, &fds);
   if (!answer.ok()) return answer.status();
@@ -340,6 +344,13 @@ struct DaemonClient::State {
   }
 
   void SessionLoop();
+  void SetReadAheadBytes(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    read_ahead_bytes = static_cast<int64_t>(bytes);
+    (*stats.mutable_stats())[kReadAheadStat] = read_ahead_bytes;
+    ++stats_published;
+    flush = true;
+  }
   // After a reconnect, before `c` serves calls: re-declares every chunk the
   // process holds to the new daemon (SideRequest.declare) and records
   // which it adopted; those released meanwhile are released on `c`.
@@ -393,6 +404,10 @@ struct DaemonClient::State {
   // config does not overwrite a newer version.
   uint64_t running_generation ABSL_GUARDED_BY(mu) = 0;
   std::unique_ptr<EventRecorder> recorder;
+  // Set before the threads start (options.read_ahead_keep).
+  std::unique_ptr<GrantReadAhead> read_ahead;
+  // What it holds now, sent with the stats at once (a reclaim counts it).
+  int64_t read_ahead_bytes ABSL_GUARDED_BY(mu) = 0;
   std::thread session_thread;
   std::thread telemetry_thread;
 };
@@ -453,6 +468,8 @@ void DaemonClient::State::SessionLoop() {
         c->stub->WatchConfig(&context, request);
     v1::ControlMessage message;
     while (reader->Read(&message)) {
+      // Memory read ahead is the first to go back: it is no segment's.
+      if (message.has_reclaim() && read_ahead != nullptr) read_ahead->Drop();
       absl::MutexLock lock(&mu);
       control.push_back(std::move(message));
     }
@@ -707,9 +724,29 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
     state->Serve(*c, 1);
   }
   State* s = state.get();
+  std::unique_ptr<DaemonClient> client(new DaemonClient(std::move(state)));
+  if (s->options.read_ahead_keep > absl::ZeroDuration()) {
+    DaemonClient* self = client.get();
+    s->read_ahead = std::make_unique<GrantReadAhead>(
+        [self](const GrantReadAhead::Key& key) -> std::optional<ReceivedChunks> {
+          absl::StatusOr<std::optional<ReceivedChunks>> got =
+              self->AcquireGrant(key.bytes, key.max_chunk_bytes,
+                                 /*read_ahead=*/true);
+          if (!got.ok() || !got->has_value()) return std::nullopt;
+          uint64_t bytes = 0;
+          for (uint64_t size : (*got)->sizes) bytes += size;
+          self->state_->SetReadAheadBytes(bytes);
+          return *std::move(got);
+        },
+        [self](ReceivedChunks chunks) {
+          self->state_->SetReadAheadBytes(0);
+          (void)self->Release(chunks.epoch, chunks.ids);
+        },
+        s->options.read_ahead_keep);
+  }
   s->session_thread = std::thread([s] { s->SessionLoop(); });
   s->telemetry_thread = std::thread([s] { s->TelemetryLoop(); });
-  return std::unique_ptr<DaemonClient>(new DaemonClient(std::move(state)));
+  return client;
 }
 
 DaemonClient::DaemonClient(std::unique_ptr<State> state)
@@ -726,6 +763,8 @@ DaemonClient::~DaemonClient() {
   }
   state_->session_thread.join();
   state_->telemetry_thread.join();
+  // Gives back what it read ahead (the session thread reads the pointer).
+  state_->read_ahead.reset();
 }
 
 // One unary RPC for the current session: `rpc(stub, context, session)`.
@@ -740,9 +779,31 @@ absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
 
 absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
                                                      uint64_t max_chunk_bytes) {
-  const absl::Time deadline = absl::Now() + state_->options.reconnect_wait;
+  const GrantReadAhead::Key key{.bytes = bytes,
+                                .max_chunk_bytes = max_chunk_bytes};
+  GrantReadAhead* const ahead = state_->read_ahead.get();
+  if (ahead != nullptr) {
+    if (std::optional<ReceivedChunks> parked = ahead->Take(key)) {
+      state_->SetReadAheadBytes(0);
+      ahead->Granted(key);
+      return *std::move(parked);
+    }
+  }
+  absl::StatusOr<std::optional<ReceivedChunks>> got =
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/false);
+  if (!got.ok()) return got.status();
+  if (ahead != nullptr) ahead->Granted(key);
+  return **std::move(got);
+}
+
+absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
+    uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead) {
+  const bool may_wait = !read_ahead;
+  const absl::Time deadline =
+      may_wait ? absl::Now() + state_->options.reconnect_wait : absl::Now();
   for (;;) {
     std::shared_ptr<Connection> c = state_->WaitConnected(deadline);
+    if (c == nullptr && !may_wait) return std::nullopt;
     if (c == nullptr) {
       return absl::UnavailableError(absl::StrCat(
           "the allocd daemon at ", state_->options.socket,
@@ -781,7 +842,10 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
     // gRPC when it has to wait (or speaks no lease acquires).
     absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
     if (c->lease_acquires) {
-      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes);
+      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes, read_ahead);
+    }
+    if (!may_wait && on_lease.ok() && !on_lease->has_value()) {
+      return std::nullopt;
     }
     absl::StatusOr<ReceivedChunks> chunks =
         !on_lease.ok()          ? on_lease.status()
@@ -791,6 +855,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
         absl::IsDataLoss(chunks.status())) {
       // The daemon died mid-call: the grant died with it. Ask the next.
       state_->Lost(c);
+      if (!may_wait) return std::nullopt;
       continue;
     }
     if (!chunks.ok()) return chunks.status();
@@ -799,6 +864,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
       if (state_->declared_epoch > c->epoch) {
         // The daemon restarted meanwhile and the new one has heard what
         // this process holds already: these are nobody's now. Ask again.
+        if (!may_wait) return std::nullopt;
         continue;
       }
       for (size_t i = 0; i < chunks->ids.size(); ++i) {
@@ -810,7 +876,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
             .owner_epoch = c->epoch};
       }
     }
-    return chunks;
+    return std::optional<ReceivedChunks>(*std::move(chunks));
   }
 }
 
@@ -935,6 +1001,9 @@ void DaemonClient::PublishStats(std::map<std::string, int64_t> stats,
   absl::MutexLock lock(&state_->mu);
   state_->stats.clear_stats();
   for (auto& [k, v] : stats) (*state_->stats.mutable_stats())[k] = v;
+  if (state_->read_ahead != nullptr) {
+    (*state_->stats.mutable_stats())[kReadAheadStat] = state_->read_ahead_bytes;
+  }
   state_->stats.set_config_version(config_version);
   ++state_->stats_published;
 }

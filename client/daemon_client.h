@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ struct DaemonClientOptions {
   // What the job lets the autotuner do (pinned keys, memory fraction, a
   // mode of its own).
   v1::AutotunePreferences autotune;
+  // How long a grant read ahead is kept for the next Acquire of its size
+  // (GrantReadAhead); zero: nothing is read ahead.
+  absl::Duration read_ahead_keep = absl::ZeroDuration();
 };
 
 // Chunks the daemon handed over, in id order: chunk i is sizes[i] bytes at
@@ -101,7 +105,9 @@ class DaemonClient {
   // daemon's chunk sizes up to it, largest first; chunk_bytes() for chunks
   // of the smallest size only, e.g. to unmap any of them on its own later).
   // ResourceExhausted when the node (or a quota) has no more; Unavailable
-  // when the daemon stayed away longer than reconnect_wait.
+  // when the daemon stayed away longer than reconnect_wait. With
+  // read_ahead_keep, the second call in a row with the same arguments
+  // starts asking for the next grant like it in the background.
   absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
                                          uint64_t max_chunk_bytes = UINT64_MAX);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
@@ -163,6 +169,13 @@ class DaemonClient {
 
  private:
   explicit DaemonClient(std::unique_ptr<State> state);
+  // Acquire's round trip: waits for a lost daemon and for other sessions
+  // to give memory back. `read_ahead`: asks as GrantReadAhead does, and
+  // answers nullopt where it would wait (the daemon is away, the node is
+  // short or would be left less than as much again, the daemon grants
+  // nothing on the lease).
+  absl::StatusOr<std::optional<ReceivedChunks>> AcquireGrant(
+      uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead);
   std::unique_ptr<State> state_;
 };
 

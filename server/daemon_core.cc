@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/bytes.h"
 #include "allocator/config.h"
+#include "proto/telemetry_stats.h"
 #include "server/log.h"
 
 namespace allocd {
@@ -23,6 +26,23 @@ constexpr size_t kMaxStats = 1024;
 constexpr size_t kMaxEventsPerBatch = 65536;
 
 int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
+
+// What a session could give back, by its last telemetry: what its
+// allocator caches (reserved, not allocated) and what its client read
+// ahead and has not mapped.
+uint64_t CachedBytes(const std::map<std::string, int64_t>& stats) {
+  auto reserved = stats.find("reserved_bytes.all.current");
+  auto allocated = stats.find("allocated_bytes.all.current");
+  auto read_ahead = stats.find(kReadAheadStat);
+  int64_t cached = 0;
+  if (reserved != stats.end() && allocated != stats.end()) {
+    cached += std::max<int64_t>(reserved->second - allocated->second, 0);
+  }
+  if (read_ahead != stats.end()) {
+    cached += std::max<int64_t>(read_ahead->second, 0);
+  }
+  return static_cast<uint64_t>(cached);
+}
 
 // An event batch's columns are one length, within bounds, of known ops.
 absl::Status ValidateEvents(const v1::EventBatch& b) {
@@ -312,6 +332,8 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
         "bytes must be in [1, ", FormatSize(options_.max_acquire_bytes),
         "]; got ", r.bytes()));
   }
+  // Memory a client asks for ahead of need never makes others give back.
+  if (r.read_ahead()) may_wait = false;
   // After a restart: not before the surviving sessions' chunks are counted.
   if (!may_wait && adoption_.open()) return std::nullopt;
   adoption_.Wait();
@@ -320,6 +342,12 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
   // A client that does not say maps every chunk at the smallest size.
   const uint64_t max_chunk_bytes =
       r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool.chunk_bytes();
+  if (r.read_ahead()) {
+    const PoolStats stats = pool.Stats();
+    const uint64_t taken = stats.in_use_bytes + stats.creating_bytes;
+    const uint64_t room = stats.capacity - std::min(stats.capacity, taken);
+    if (room / 2 < r.bytes()) return std::nullopt;
+  }
   (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   if (!grant.ok() && IsNodeShortage(grant.status())) {
@@ -331,6 +359,7 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
     grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
+  if (r.read_ahead() && !grant.ok()) return std::nullopt;
   if (absl::IsResourceExhausted(grant.status())) {
     (*session)->NoteAcquireRefused();
   }
@@ -361,14 +390,8 @@ void DaemonCore::Reclaim(const Session& except, uint64_t shortfall) {
         s->acquiring()) {
       continue;
     }
-    const std::map<std::string, int64_t> stats = s->Stats();
-    auto reserved = stats.find("reserved_bytes.all.current");
-    auto allocated = stats.find("allocated_bytes.all.current");
-    if (reserved == stats.end() || allocated == stats.end() ||
-        reserved->second <= allocated->second) {
-      continue;
-    }
-    const uint64_t cached = reserved->second - allocated->second;
+    const uint64_t cached = CachedBytes(s->Stats());
+    if (cached == 0) continue;
     reclaimable += cached;
     cachers.emplace_back(std::move(s), cached);
   }

@@ -186,11 +186,13 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
 //   chunks);
 // - ws_imported: chunks made once and exported, each segment importing
 //   its two FDs (a transparent process's driver work, without the daemon);
-// - ws_daemon: AllocateSegment through the daemon, the first round cold.
+// - ws_daemon: AllocateSegment through the daemon, the first round cold;
+// - ws_daemon_read_ahead: the same, warm, through a client that reads the
+//   next grant ahead (GrantReadAhead, as ALLOCD_READ_AHEAD_MS does).
 // Each entry's "rounds_ms" is the time to acquire the whole set in each
 // round; frees are not timed.
-int WorkingSet(CudaDaemonBackend& backend, int gib, int rounds,
-               nlohmann::json& results) {
+int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
+               int gib, int rounds, nlohmann::json& results) {
   constexpr size_t k1GiB = size_t{1} << 30;
   constexpr size_t k2GiB = size_t{2} << 30;
   const int segments = gib / 2;
@@ -310,17 +312,22 @@ int WorkingSet(CudaDaemonBackend& backend, int gib, int rounds,
     for (CUmemGenericAllocationHandle h : owned) (void)cuda::MemRelease(h);
     if (r != 0) return r;
   }
-  return measure(
-      "ws_daemon",
-      [&]() -> absl::StatusOr<Segment> {
-        absl::StatusOr<uint64_t> a = backend.AllocateSegment(k2GiB);
-        if (!a.ok()) return a.status();
-        return Segment{*a, {}};
-      },
-      [&](Segment& s) {
-        backend.FreeSegment(s.address, k2GiB);
-        return absl::OkStatus();
-      });
+  auto through = [&](CudaDaemonBackend& b) {
+    return std::pair{
+        [&b]() -> absl::StatusOr<Segment> {
+          absl::StatusOr<uint64_t> a = b.AllocateSegment(k2GiB);
+          if (!a.ok()) return a.status();
+          return Segment{*a, {}};
+        },
+        [&b](Segment& s) {
+          b.FreeSegment(s.address, k2GiB);
+          return absl::OkStatus();
+        }};
+  };
+  auto [daemon_make, daemon_drop] = through(backend);
+  if (int r = measure("ws_daemon", daemon_make, daemon_drop); r != 0) return r;
+  auto [ahead_make, ahead_drop] = through(reading_ahead);
+  return measure("ws_daemon_read_ahead", ahead_make, ahead_drop);
 }
 
 int Run(int argc, char** argv) {
@@ -407,8 +414,20 @@ int Run(int argc, char** argv) {
   const size_t chunk = (*client)->chunk_bytes();
   nlohmann::json results;
   if (working_set_gib > 0) {
+    absl::StatusOr<std::unique_ptr<DaemonClient>> ahead_client =
+        DaemonClient::Connect({.socket = socket,
+                               .job = "cuda-chunk-bench-read-ahead",
+                               .gpu_uuid = GpuUuid(0).value_or(""),
+                               .read_ahead_keep = absl::Milliseconds(200)});
+    if (!ahead_client.ok()) return Fail("connect", ahead_client.status());
+    absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> reading_ahead =
+        CudaDaemonBackend::Create(ahead_client->get(), 0);
+    if (!reading_ahead.ok()) {
+      return Fail("CudaDaemonBackend", reading_ahead.status());
+    }
     // First, while the daemon's pool is cold.
-    if (int r = WorkingSet(**backend, working_set_gib, 3, results);
+    if (int r = WorkingSet(**backend, **reading_ahead, working_set_gib, 3,
+                           results);
         r != 0) {
       return r;
     }

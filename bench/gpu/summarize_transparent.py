@@ -99,22 +99,28 @@ def main():
         summary["step_time_ratio"] = {"median": statistics.median(ratios), "min": min(ratios),
                                       "max": max(ratios), "pairs": ratios}
         print("\nstep time transparent/native:", json.dumps(summary["step_time_ratio"]))
-    ws = {k: load(out, f"workset_{k}.json") for k in ("native", "cold", "warm")}
-    if all(ws.values()):
-        base = ws["native"]["seconds"]
-        summary["working_set"] = {k: v["seconds"] for k, v in ws.items()}
-        summary["working_set"].update(cold_ratio=ws["cold"]["seconds"] / base,
-                                      warm_ratio=ws["warm"]["seconds"] / base)
+    # The working set's interleaved triples: each kind's first round against
+    # native's first round of the same triple.
+    kinds = ("cold", "warm", "warm_read_ahead")
+    triples = []
+    for i in (1, 2, 3):
+        native = load(out, f"workset_native_{i}.json")
+        if not native:
+            continue
+        row = {"native_ms": [round(r * 1000, 2) for r in native["rounds"]]}
+        for k in kinds:
+            run = load(out, f"workset_{k}_{i}.json")
+            if run:
+                row[f"{k}_ms"] = [round(r * 1000, 2) for r in run["rounds"]]
+                row[f"{k}_ratio"] = run["rounds"][0] / native["rounds"][0]
+        triples.append(row)
+    if triples:
+        summary["working_set"] = {"triples": triples}
+        for k in kinds:
+            ratios = [t[f"{k}_ratio"] for t in triples if f"{k}_ratio" in t]
+            if ratios:
+                summary["working_set"][f"{k}_ratio_median"] = statistics.median(ratios)
         print("\n40 GiB working set:", json.dumps(summary["working_set"]))
-    rounds = {k: load(out, f"workset_{k}_rounds.json") for k in ("native", "transparent")}
-    if all(rounds.values()):
-        # Medians of the warm rounds (2 and later) of one process each.
-        warm = {k: statistics.median(v["rounds"][1:] or v["rounds"]) for k, v in rounds.items()}
-        summary["working_set_rounds"] = {
-            "native_rounds": rounds["native"]["rounds"],
-            "transparent_rounds": rounds["transparent"]["rounds"],
-            "warm_ratio_median": warm["transparent"] / warm["native"]}
-        print("40 GiB working set, rounds:", json.dumps(summary["working_set_rounds"]))
     peaks = [load(out, f"peaks_transparent_{i}.json") for i in (0, 1)]
     if all(peaks):
         summary["peaks"] = peaks

@@ -7,7 +7,8 @@
 #   steptime   a fixed, GPU-bound shape, 5 interleaved native/transparent
 #              pairs (autotune recommend: no push)
 #   workset    a 40 GiB working set: 3 interleaved native / transparent
-#              cold / warm, and cuda_chunk_bench's working set each way
+#              cold / warm / warm reading ahead (ALLOCD_READ_AHEAD_MS),
+#              and cuda_chunk_bench's working set each way
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
@@ -104,12 +105,13 @@ fi
 
 if want workset; then
   start_daemon
-  step "40 GiB working set: 3 interleaved native / transparent cold / warm, each process 3 rounds"
+  step "40 GiB working set: 3 interleaved native / transparent cold / warm / warm reading ahead, each process 3 rounds"
   for i in 1 2 3; do
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
     allocctl pool trim >/dev/null  # the pool cold: every chunk created
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
+    ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_read_ahead_$i.json"
     allocctl pool trim >/dev/null  # room for the next native run
   done
   allocctl status

@@ -35,6 +35,8 @@
 // PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config),
 // ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
 // package writes them),
+// ALLOCD_READ_AHEAD_MS (how long a grant read ahead for the next cudaMalloc
+// of a size is kept, GrantReadAhead; 0, the default: none),
 // ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -51,6 +53,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "client/capi/allocd_client.h"
@@ -505,6 +509,13 @@ class Interposer {
     absl::StatusOr<v1::AutotunePreferences> autotune =
         ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
     if (!autotune.ok()) return autotune.status();
+    int read_ahead_ms = 0;
+    if (const std::string ms = env("ALLOCD_READ_AHEAD_MS", "0");
+        !absl::SimpleAtoi(ms, &read_ahead_ms) || read_ahead_ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ALLOCD_READ_AHEAD_MS must be milliseconds (0 or more); got \"",
+          ms, "\""));
+    }
     // The daemon matches the GPU by UUID: `device` is only this process's
     // number for it.
     absl::StatusOr<std::string> uuid = GpuUuid(device);
@@ -517,7 +528,8 @@ class Interposer {
              .gpu_uuid = *std::move(uuid),
              .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
              .description = "liballocd_interpose (PyTorch's allocator)",
-             .autotune = *std::move(autotune)});
+             .autotune = *std::move(autotune),
+             .read_ahead_keep = absl::Milliseconds(read_ahead_ms)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);

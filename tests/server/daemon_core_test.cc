@@ -292,6 +292,38 @@ TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
             absl::StatusCode::kNotFound);
 }
 
+// A grant read ahead (GrantReadAhead) leaves the pool as much again free,
+// or is not made: it never waits, and never takes what others cache.
+TEST_F(DaemonCoreTest, AReadAheadLeavesThePoolAsMuchAgainFree) {
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> session = core_.Register(peer, hello);
+  ASSERT_TRUE(session.ok());
+  v1::AcquireChunksRequest r;
+  r.set_session_id(session->session_id());
+  r.set_read_ahead(true);
+  r.set_bytes(uint64_t{512} << 20);  // of 1 GiB: half is left
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> ahead =
+      core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(ahead.ok() && ahead->has_value());
+  r.set_bytes(uint64_t{258} << 20);  // 256 MiB would be left: not enough
+  ahead = core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(ahead.ok());
+  EXPECT_FALSE(ahead->has_value());
+  // Beyond the pool it is not an error either (nothing was needed yet).
+  r.set_bytes(uint64_t{2} << 30);
+  ahead = core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(ahead.ok());
+  EXPECT_FALSE(ahead->has_value());
+  EXPECT_EQ(core_.Status().in_use_bytes(), uint64_t{512} << 20);
+  // The same request, needed, is granted.
+  r.set_read_ahead(false);
+  r.set_bytes(uint64_t{258} << 20);
+  ahead = core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(ahead.ok() && ahead->has_value());
+}
+
 // A device whose memory runs out before the pool's capacity does (other
 // processes' contexts and native allocations took some): CreateChunk fails
 // once `limit` bytes of chunks live.

@@ -255,7 +255,9 @@ TEST_F(DaemonTest, ALeaseAcquiresWithItsFdsInOneAnswerAndReleases) {
         ReceiveMessage(side.get(), 1 << 20, absl::Seconds(5));
     EXPECT_TRUE(frame.ok()) << frame.status();
     v1::SideResponse response;
-    if (frame.ok()) EXPECT_TRUE(response.ParseFromString(frame->payload));
+    if (frame.ok()) {
+      EXPECT_TRUE(response.ParseFromString(frame->payload));
+    }
     return std::pair{response, frame.ok() ? frame->fds.size() : 0};
   };
   v1::SideRequest acquire;
@@ -563,6 +565,44 @@ TEST_F(DaemonTest, ASegmentAskedForWhileTheDaemonIsAwayComesFromTheNextOne) {
   ASSERT_TRUE(segment.ok()) << segment.status();
   EXPECT_EQ(Status().in_use_bytes(), 3 * kChunk);
   backend.FreeSegment(*segment, 3 * kChunk);
+}
+
+// A client reading ahead: from the second segment of a size on, the next
+// one's chunks are already the process's when it asks; what nobody took
+// goes back at once when another session is short (its time, in
+// GrantReadAheadTest, is never waited for here).
+TEST_F(DaemonTest, AClientReadsTheNextSegmentAheadAndGivesItBackWhenAsked) {
+  absl::StatusOr<std::unique_ptr<DaemonClient>> connected =
+      DaemonClient::Connect({.socket = socket_,
+                             .job = "loader",
+                             .read_ahead_keep = absl::Seconds(60)});
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  DaemonClient& client = **connected;
+  DaemonBackend backend(&client);
+  constexpr uint64_t kSegment = 4 * kChunk;
+  std::vector<uint64_t> segments;
+  for (int i = 0; i < 2; ++i) {
+    segments.push_back(backend.AllocateSegment(kSegment).value());
+  }
+  // The third segment's chunks, read ahead.
+  EXPECT_LT(WaitForInUse(3 * kSegment, absl::Seconds(5)), absl::Seconds(5));
+  const uint64_t created = Status().chunks_created_total();
+  segments.push_back(backend.AllocateSegment(kSegment).value());
+  EXPECT_EQ(backend.held_bytes(), 3 * kSegment);
+  EXPECT_LT(WaitForInUse(4 * kSegment, absl::Seconds(5)),  // and the fourth's
+            absl::Seconds(5));
+  // The third came without a chunk made for it: only the fourth's were.
+  EXPECT_EQ(Status().chunks_created_total(), created + kSegment / kChunk);
+
+  // 56 MiB of 64 taken: 8 MiB of them read ahead.
+  std::unique_ptr<DaemonClient> other = Client("other");
+  ASSERT_TRUE(other->Acquire(12 * kChunk).ok());
+  ASSERT_TRUE(client.FlushTelemetry().ok());
+  // A session short by 6 MiB gets them from what was read ahead.
+  absl::StatusOr<ReceivedChunks> needy = other->Acquire(7 * kChunk);
+  ASSERT_TRUE(needy.ok()) << needy.status();
+  EXPECT_EQ(Status().in_use_bytes(), 3 * kSegment + 19 * kChunk);
+  for (uint64_t segment : segments) backend.FreeSegment(segment, kSegment);
 }
 
 TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
