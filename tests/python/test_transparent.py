@@ -53,8 +53,9 @@ STAND_IN = "libz.so.1"
 
 class RunTest(unittest.TestCase):
     def run_allocd(self, *args):
+        env = {k: v for k, v in os.environ.items() if k != "ALLOCD_READ_AHEAD_MS"}
         return subprocess.run([os.environ["ALLOCD_BINARY"], "run", *args],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30, env=env)
 
     def test_the_command_gets_the_interposer_and_the_session_settings(self):
         library = STAND_IN
@@ -66,6 +67,15 @@ class RunTest(unittest.TestCase):
         self.assertEqual(env["ALLOCD_SOCKET"], "/tmp/a.sock")
         self.assertEqual(env["ALLOCD_JOB"], "j1")
         self.assertEqual(env["ALLOCD_MODE"], "transparent")
+        self.assertNotIn("ALLOCD_READ_AHEAD_MS", env)
+
+    def test_read_ahead_reaches_the_interposer(self):
+        r = self.run_allocd("--interposer", STAND_IN, "--read-ahead-ms", "200", "--", "env")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ALLOCD_READ_AHEAD_MS=200", r.stdout.splitlines())
+        refused = self.run_allocd("--interposer", STAND_IN, "--read-ahead-ms", "-5", "--", "env")
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("read-ahead-ms", refused.stderr)
 
     def test_options_after_the_command_are_the_commands(self):
         library = STAND_IN

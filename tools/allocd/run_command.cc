@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 namespace allocd {
@@ -60,6 +61,9 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
   setenv("ALLOCD_MODE", "transparent", 1);
   SetEnv("ALLOCD_SOCKET", options.socket);
   SetEnv("ALLOCD_JOB", options.job);
+  if (options.read_ahead_ms.has_value()) {
+    SetEnv("ALLOCD_READ_AHEAD_MS", std::to_string(*options.read_ahead_ms));
+  }
   std::vector<char*> argv;
   for (const std::string& arg : options.command) {
     argv.push_back(const_cast<char*>(arg.c_str()));

@@ -4,6 +4,7 @@
 #ifndef ALLOCD_TOOLS_ALLOCD_RUN_COMMAND_H_
 #define ALLOCD_TOOLS_ALLOCD_RUN_COMMAND_H_
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@ struct RunCommandOptions {
   std::string job;
   // The interposer to preload; empty: found next to this program.
   std::string interposer;
+  // ALLOCD_READ_AHEAD_MS for the interposer; unset: the environment's.
+  std::optional<int> read_ahead_ms;
   std::vector<std::string> command;
 };
 

@@ -432,9 +432,13 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     advise(); the allocation stream goes to the daemon's autotuner (in
     transparent mode from PyTorch's allocator history, in engine mode from
     the engine itself). record_events (transparent mode): as for advise();
-    reading the history is what transparent mode costs a step (about 1% on
-    a GPU-bound llama step, bench/gpu/results/transparent), so a job that
-    does not want the autotuner can turn it off.
+    reading the history is what transparent mode costs a step: on a
+    GPU-bound llama with ~13,000 allocator events a step the median step
+    was native's and the mean 8% slower (each telemetry round holds the GIL
+    while it reads; bench/gpu/results/transparent), so a job that does not
+    want the autotuner can turn it off. $ALLOCD_READ_AHEAD_MS (or `allocd
+    run --read-ahead-ms`) has the interposer read the next segment's chunks
+    ahead (off by default).
 
     Returns True when enabled. Calling it again is a no-op.
     """
