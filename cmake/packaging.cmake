@@ -2,8 +2,9 @@
 #   cmake --build --preset release && (cd build/release && cpack -G DEB)
 # gives build/release/allocd_<version>_<arch>.deb with
 #   /usr/bin/allocd, /usr/bin/allocctl               (the install rules in tools/)
-#   /usr/lib/python3/dist-packages/allocd/           (import allocd: __init__.py
-#       and liballocd_client.so, + liballocd_torch.so with the CUDA toolkit)
+#   /usr/lib/python3/dist-packages/allocd/           (import allocd: its .py
+#       files, the tracker's source and liballocd_client.so, +
+#       liballocd_torch.so with the CUDA toolkit)
 #   /usr/lib/allocd/liballocd_interpose.so           (allocd run; CUDA toolkit only)
 #   /usr/lib/systemd/system/allocd.service           (deploy/systemd)
 #   /etc/default/allocd, /etc/allocd/config.json     (conffiles)
@@ -22,8 +23,10 @@ endif()
 
 # Debian's python3 imports distribution packages from here.
 set(_python_dir lib/python3/dist-packages/allocd)
-install(FILES ${PROJECT_SOURCE_DIR}/client/python/allocd/__init__.py
-        DESTINATION ${_python_dir} COMPONENT python EXCLUDE_FROM_ALL)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/python/allocd/
+        DESTINATION ${_python_dir} COMPONENT python EXCLUDE_FROM_ALL
+        FILES_MATCHING PATTERN "*.py" PATTERN "*.cpp"
+        PATTERN "__pycache__" EXCLUDE)
 install(TARGETS allocd_client_c LIBRARY DESTINATION ${_python_dir}
         COMPONENT python EXCLUDE_FROM_ALL)
 if(TARGET allocd_torch)

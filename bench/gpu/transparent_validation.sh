@@ -4,8 +4,11 @@
 #              PyTorch's defaults and with expandable segments
 #   train      llama_lora natively and transparent: losses, peak reserved,
 #              nvidia-smi's used memory
-#   steptime   a fixed, GPU-bound shape, 5 interleaved native/transparent
-#              pairs (autotune recommend: no push)
+#   steptime   a fixed, GPU-bound shape, 5 interleaved rounds of native and
+#              transparent with the stream from the C++ tracker, from
+#              PyTorch's history and none (autotune recommend: no push)
+#   tracker    tracker_check.py: the tracker built against this PyTorch, its
+#              stream against PyTorch's history, its cost per event
 #   workset    a 40 GiB working set: 3 interleaved native / transparent
 #              cold / warm / warm reading ahead (ALLOCD_READ_AHEAD_MS),
 #              and cuda_chunk_bench's working set each way
@@ -24,7 +27,7 @@ set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-transparent}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-compat train steptime workset peaks kills trim}
+parts=${*:-compat train tracker steptime workset peaks kills trim}
 mkdir -p "$out"
 exec > >(tee -a "$out/transparent.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -69,37 +72,50 @@ if want steptime; then
   # GPU-bound (8x1024: ~16k tokens a step) and nothing else sampling the
   # driver (no nvidia-smi thread); transparent records and the autotuner
   # decides, but pushes nothing, so every run is on PyTorch's defaults.
-  # transparent_norec: the same without the allocation stream (what reading
-  # PyTorch's history costs). STEP_PAIRS (5) rounds of the three, STEP_STEPS
-  # (50) steps each; the median of steps 10 on.
+  # The allocation stream three ways: transparent (the C++ tracker),
+  # transparent_history (PyTorch's history, what the tracker replaces),
+  # transparent_norec (none). STEP_PAIRS (5) rounds of the four, STEP_STEPS
+  # (50) steps each; the median and the mean of steps 10 on.
   pairs=${STEP_PAIRS:-5} steps=${STEP_STEPS:-50}
-  step "step time: 8x1024, $steps steps, $pairs interleaved rounds of native / transparent / transparent_norec"
+  step "step time: 8x1024, $steps steps, $pairs interleaved rounds of native / transparent (tracker) / transparent_history / transparent_norec"
   for i in $(seq "$pairs"); do
-    for mode in native transparent transparent_norec; do
-      extra=(); [ $mode = transparent_norec ] && extra=(--no-record-events)
-      timeout 200 python "$here/llama_lora_train.py" --mode ${mode%_norec} --socket "$sock" \
-        --steps "$steps" --shape 8x1024 --smi-period 0 --autotune-mode recommend "${extra[@]}" \
-        --json "$out/step_${mode}_$i.json" >/dev/null
+    for mode in native transparent transparent_history transparent_norec; do
+      extra=() source=tracker
+      [ $mode = transparent_norec ] && extra=(--no-record-events)
+      [ $mode = transparent_history ] && source=history
+      ALLOCD_EVENT_SOURCE=$source timeout 200 python "$here/llama_lora_train.py" \
+        --mode ${mode%%_*} --socket "$sock" --steps "$steps" --shape 8x1024 --smi-period 0 \
+        --autotune-mode recommend "${extra[@]}" --json "$out/step_${mode}_$i.json" >/dev/null
     done
   done
   python - "$out" "$pairs" <<'PY'
 import json, statistics, sys
 out, pairs = sys.argv[1], int(sys.argv[2])
-ratios = {"transparent": [], "transparent_norec": []}
+modes = ("transparent", "transparent_history", "transparent_norec")
+ratios = {m: {"median": [], "mean": []} for m in modes}
 for i in range(1, pairs + 1):
-    runs = {m: json.load(open(f"{out}/step_{m}_{i}.json"))
-            for m in ("native", "transparent", "transparent_norec")}
-    med = {m: statistics.median(r["step_seconds"][10:]) for m, r in runs.items()}
-    line = f"round {i}: native {med['native']*1e3:.1f} ms"
-    for m in ratios:
-        ratios[m].append(med[m] / med["native"])
-        busy = runs[m].get("allocd", {}).get("advisor_seconds", 0)
-        line += f", {m} {med[m]*1e3:.1f} ms ({ratios[m][-1]:.4f}; advisor busy {busy:.2f} s)"
+    runs = {m: json.load(open(f"{out}/step_{m}_{i}.json")) for m in ("native",) + modes}
+    steady = {m: r["step_seconds"][10:] for m, r in runs.items()}
+    line = f"round {i}: native {statistics.median(steady['native'])*1e3:.1f} ms"
+    for m in modes:
+        for kind, f in (("median", statistics.median), ("mean", statistics.mean)):
+            ratios[m][kind].append(f(steady[m]) / f(steady["native"]))
+        info = runs[m].get("allocd", {})
+        line += (f", {m} {ratios[m]['median'][-1]:.4f}/{ratios[m]['mean'][-1]:.4f}"
+                 f" ({info.get('event_source')}, advisor busy {info.get('advisor_seconds', 0):.2f} s)")
     print(line)
 for m, r in ratios.items():
-    print(f"{m}/native: median {statistics.median(r):.4f}, spread {min(r):.4f}-{max(r):.4f}")
+    for kind, v in r.items():
+        print(f"{m}/native, {kind} step: median of rounds {statistics.median(v):.4f}, "
+              f"spread {min(v):.4f}-{max(v):.4f}")
 PY
   stop_daemon
+  pack transparent
+fi
+
+if want tracker; then
+  step "the C++ allocation-stream tracker: built against this PyTorch, its stream against PyTorch's history, cost per event"
+  timeout 600 python "$here/tracker_check.py" --json "$out/tracker_check.json"
   pack transparent
 fi
 

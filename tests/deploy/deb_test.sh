@@ -56,7 +56,8 @@ grep -q 'useradd --system' "$WORK/control/postinst" || fail "postinst does not c
 # ---- contents ----------------------------------------------------------------
 dpkg-deb -c "$deb" | tee "$WORK/contents.txt"
 py=./usr/lib/python3/dist-packages/allocd
-expected=(./usr/bin/allocd ./usr/bin/allocctl "$py/__init__.py" "$py/liballocd_client.so"
+expected=(./usr/bin/allocd ./usr/bin/allocctl "$py/__init__.py" "$py/_engine.py"
+  "$py/_tracker.py" "$py/_trace_tracker.cpp" "$py/liballocd_client.so"
   ./usr/lib/systemd/system/allocd.service ./etc/default/allocd ./etc/allocd/config.json)
 if [[ "$WITH_CUDA" == 1 ]]; then
   expected+=("$py/liballocd_torch.so" ./usr/lib/allocd/liballocd_interpose.so)

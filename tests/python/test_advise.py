@@ -21,6 +21,8 @@ import warnings
 # this interpreter loads; the daemon's binaries link their own.
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
+# The stand-in's history is the stream here (test_tracker.py: the tracker).
+os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 import allocd  # noqa: E402
 
 
@@ -311,6 +313,7 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(job()["pinned_keys"], ["expandable_segments"])
         self.assertEqual(allocd.stats()["events_sent"], 450)  # 50 steps of 3 allocs, 6 frees
         self.assertEqual(allocd.stats()["events_dropped"], 0)
+        self.assertEqual(allocd.stats()["event_source"], "history")
         # What reading it cost the job, as time the advisor thread was busy.
         self.assertGreater(allocd.stats()["advisor_seconds"], 0)
 

@@ -232,6 +232,34 @@ class _HistoryReader:
         return ops, sizes, ids, streams, dropped
 
 
+def _event_reader(torch, device):
+    """Where the advisor reads the allocation stream: $ALLOCD_EVENT_SOURCE.
+
+    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
+    and attaches, else PyTorch's history with a warning that says why and
+    what it costs; "tracker": the tracker or AllocdUnavailable; "history":
+    PyTorch's history (_HistoryReader).
+    """
+    source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
+    if source not in ("auto", "tracker", "history"):
+        raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
+    if source != "history":
+        from . import _tracker
+        try:
+            reader = _tracker.TrackerReader.for_torch(torch, device)
+            reader.start()
+            return reader
+        except _tracker.TrackerUnavailable as why:
+            if source == "tracker":
+                raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
+            warnings.warn(
+                "allocd: reading the allocation stream from PyTorch's history, which holds "
+                "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
+                f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
+                stacklevel=3)
+    return _HistoryReader(torch, device)
+
+
 class _Advisor:
     """The advisor thread: telemetry and allocator events out, configs and reclaims in."""
 
@@ -273,6 +301,13 @@ class _Advisor:
     def config_version(self):
         """The version of the running config, as the daemon connected now knows it."""
         return self._lib.allocd_config_version(self._client)
+
+    @property
+    def event_source(self):
+        """Where the allocation stream is read: "tracker", "history" or None."""
+        if self._history is None:
+            return None
+        return "history" if isinstance(self._history, _HistoryReader) else "tracker"
 
     def events_dropped(self):
         return self._lib.allocd_events_dropped(self._client)
@@ -494,8 +529,12 @@ def _enable_transparent(socket, job, device, required, period, autotune, record_
     _transparent = path
     # PyTorch's own allocator: its history is the autotuner's evidence, as in
     # advise().
-    _advisor = _Advisor(lib, client, torch, device, period, config,
-                        _HistoryReader(torch, device) if record_events else None)
+    try:
+        events = _event_reader(torch, device) if record_events else None
+    except AllocdUnavailable as error:
+        lib.allocd_disconnect(client)
+        return _unavailable(error, required)
+    _advisor = _Advisor(lib, client, torch, device, period, config, events)
     _advisor.start()
     return True
 
@@ -509,9 +548,13 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
     device: the CUDA device whose allocator is advised (the current one).
     period: seconds between telemetry rounds.
     required: raise AllocdUnavailable instead of warning when no daemon answers.
-    record_events: send the allocator's alloc/free stream, read from PyTorch's
-        allocator history, to the daemon's autotuner (off: stats only; turn it
-        off when the job records its own memory history, which this clears).
+    record_events: send the allocator's alloc/free stream to the daemon's
+        autotuner (off: stats only). It is read by a C++ tracker inside
+        PyTorch's allocator, compiled against this PyTorch once per node
+        (allocd/_tracker.py); where that cannot be built, from PyTorch's
+        allocator history, which costs the GIL a moment per event and
+        clears a history the job records itself ($ALLOCD_EVENT_SOURCE:
+        auto, tracker, history).
     pinned_keys: PYTORCH_CUDA_ALLOC_CONF keys the autotuner must never change,
         e.g. ("expandable_segments",).
     autotune_mode: "off", "recommend" or "apply" for this job, unless an admin
@@ -537,8 +580,12 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
             raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
-    history = _HistoryReader(torch, device) if record_events else None
-    _advisor = _Advisor(lib, client, torch, device, period, initial, history)
+    try:
+        events = _event_reader(torch, device) if record_events else None
+    except AllocdUnavailable as error:
+        lib.allocd_disconnect(client)
+        return _unavailable(error, required)
+    _advisor = _Advisor(lib, client, torch, device, period, initial, events)
     _advisor.start()
     return True
 
@@ -566,6 +613,7 @@ def stats():
         "events_sent": _advisor.events_sent,
         "events_dropped": _advisor.events_dropped(),
         "advisor_seconds": _advisor.busy_seconds,
+        "event_source": _advisor.event_source,
         "memory_stats": dict(_advisor.last_stats),
     }
 

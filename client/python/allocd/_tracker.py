@@ -1,0 +1,169 @@
+"""The allocation stream from a C++ trace tracker inside PyTorch's allocator.
+
+allocd's autotuner replays what the job's allocator did: every alloc,
+free_requested and free_completed. Reading them from PyTorch's history
+(``_snapshot()``, allocd._HistoryReader) builds a Python dict per event with
+the GIL held; a job with 13,000 events a step lost 8% of its mean step to
+it. The tracker in ``_trace_tracker.cpp`` keeps them in C++ as the allocator
+makes them, and a round takes them as four arrays.
+
+It must be compiled against the PyTorch the job runs (PyTorch has no C ABI
+for it): ``build()`` does that once per PyTorch version and source, with
+the system's C++ compiler and the headers PyTorch ships, into
+``$ALLOCD_CACHE_DIR`` (default ``$XDG_CACHE_HOME/allocd``, else
+``~/.cache/allocd``); processes of one node share it, and while one
+compiles the others wait for it. Where it cannot (no compiler, no CUDA
+headers, a PyTorch whose API differs), ``TrackerUnavailable`` says why and
+allocd reads PyTorch's history instead.
+"""
+
+import array
+import ctypes
+import fcntl
+import hashlib
+import importlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
+_COMPILE_TIMEOUT_S = 600
+
+
+class TrackerUnavailable(Exception):
+    """The tracker cannot be built or attached here; the message says why."""
+
+
+def cache_dir():
+    explicit = os.environ.get("ALLOCD_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "allocd")
+
+
+def _include_paths(torch):
+    cpp_extension = getattr(getattr(torch, "utils", None), "cpp_extension", None)
+    if cpp_extension is None:
+        try:
+            cpp_extension = importlib.import_module(torch.__name__ + ".utils.cpp_extension")
+        except ImportError as error:
+            raise TrackerUnavailable(f"torch.utils.cpp_extension is missing ({error})") from None
+    try:
+        return cpp_extension.include_paths(device_type="cuda")
+    except TypeError:  # PyTorch before 2.6 took a flag
+        return cpp_extension.include_paths(cuda=True)
+
+
+def _compiler():
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise TrackerUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
+    return cxx
+
+
+def build(torch):
+    """The path of the tracker library for this PyTorch, compiled if not cached."""
+    with open(_SOURCE, "rb") as f:
+        source = f.read()
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    key = hashlib.sha256(source + f"{torch.__version__}|{abi}".encode()).hexdigest()[:16]
+    directory = cache_dir()
+    path = os.path.join(directory, f"trace_tracker-{key}.so")
+    if os.path.exists(path):
+        return path
+    try:
+        os.makedirs(directory, exist_ok=True)
+        lock = open(os.path.join(directory, ".lock"), "w")
+    except OSError as error:
+        raise TrackerUnavailable(f"cannot write the cache {directory}: {error}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process of the node compiling it
+        if os.path.exists(path):
+            return path
+        includes = _include_paths(torch)
+        lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+        cxx = _compiler()
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+        os.close(fd)
+        error = ""
+        try:
+            # PyTorch's headers want C++17 before 2.10, C++20 since.
+            for standard in ("c++20", "c++17"):
+                command = [cxx, f"-std={standard}", "-O2", "-shared", "-fPIC",
+                           f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                           *[f"-I{p}" for p in includes], _SOURCE,
+                           f"-L{lib_dir}", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{lib_dir}",
+                           "-o", partial]
+                try:
+                    done = subprocess.run(command, capture_output=True, text=True,
+                                          timeout=_COMPILE_TIMEOUT_S)
+                except (OSError, subprocess.TimeoutExpired) as error:
+                    raise TrackerUnavailable(f"compiling it failed: {error}") from None
+                if done.returncode == 0:
+                    os.replace(partial, path)  # whole or not at all, for the others
+                    return path
+                lines = done.stderr.strip().splitlines()
+                error = next((line for line in lines if "error" in line), lines[-1] if lines else "")
+            raise TrackerUnavailable(f"compiling it against PyTorch {torch.__version__} "
+                                     f"failed: {error.strip()}")
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+
+
+def _load(path):
+    lib = ctypes.CDLL(path)
+    u64, p = ctypes.c_uint64, ctypes.c_void_p
+    lib.allocd_tracker_attach.argtypes, lib.allocd_tracker_attach.restype = [ctypes.c_int, u64], ctypes.c_int
+    lib.allocd_tracker_stop.argtypes, lib.allocd_tracker_stop.restype = [], None
+    lib.allocd_tracker_pending.argtypes, lib.allocd_tracker_pending.restype = [], u64
+    lib.allocd_tracker_take.argtypes = [p, p, p, p, u64, ctypes.POINTER(u64)]
+    lib.allocd_tracker_take.restype = u64
+    return lib
+
+
+class TrackerReader:
+    """The allocation stream of one device from the tracker: start, stop, read.
+
+    The interface of allocd._HistoryReader. ``capacity`` bounds the events
+    kept between two reads; beyond it the newest are counted as dropped and
+    reported before the events that follow the gap.
+    """
+
+    def __init__(self, lib, device, capacity=1 << 20):
+        self._lib = lib
+        self._device = device
+        self._capacity = capacity
+        self._gap = 0  # dropped after the last events read
+
+    @classmethod
+    def for_torch(cls, torch, device):
+        """Built (or cached) for this PyTorch and loaded; TrackerUnavailable if not."""
+        try:
+            return cls(_load(build(torch)), device)
+        except OSError as error:
+            raise TrackerUnavailable(f"loading it failed: {error}") from None
+
+    def start(self):
+        if self._lib.allocd_tracker_attach(self._device, self._capacity) != 0:
+            raise TrackerUnavailable("PyTorch refused the tracker (CUDA not initialised?)")
+        self._gap = 0
+
+    def stop(self):
+        self._lib.allocd_tracker_stop()
+
+    def read(self):
+        """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
+        n = self._lib.allocd_tracker_pending()
+        ops = array.array("B", bytes(n))
+        sizes, ids, streams = (array.array("Q", bytes(8 * n)) for _ in range(3))
+        address = (lambda a: a.buffer_info()[0]) if n else (lambda a: None)
+        dropped = ctypes.c_uint64(0)
+        got = self._lib.allocd_tracker_take(address(ops), address(sizes), address(ids),
+                                            address(streams), n, ctypes.byref(dropped))
+        for column in (ops, sizes, ids, streams):
+            del column[got:]
+        before, self._gap = self._gap, dropped.value
+        return ops, sizes, ids, streams, before

@@ -1,0 +1,187 @@
+"""allocd's allocation-stream tracker (allocd/_tracker.py), built for real.
+
+The package compiles allocd/_trace_tracker.cpp with this machine's C++
+compiler against a model of PyTorch's allocator API (fake_torch/include,
+with a libc10_cuda.so that calls the attached trackers for the events a test
+makes), loads it and reads the events; the GPU validation does the same
+against PyTorch's own headers and allocator.
+Environment: ALLOCD_PYTHON_DIR, FAKE_TORCH_LIB, FAKE_TORCH_INCLUDE.
+"""
+
+import atexit
+import ctypes
+import os
+import shutil
+import sys
+import tempfile
+import types
+import unittest
+import warnings
+
+os.environ.pop("LD_PRELOAD", None)
+sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
+import allocd  # noqa: E402
+from allocd import _tracker  # noqa: E402
+
+LIB = os.environ["FAKE_TORCH_LIB"]
+# Built trackers go to a cache of this test's own.
+CACHE = tempfile.mkdtemp(prefix="allocd_tracker_")
+os.environ["ALLOCD_CACHE_DIR"] = CACHE
+atexit.register(shutil.rmtree, CACHE, True)
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC = 0, 1, 2, 3
+
+
+def fake_torch(include=os.environ["FAKE_TORCH_INCLUDE"], version="2.11.0+fake"):
+    """A torch whose headers are the model and whose lib/ holds the fakes."""
+    torch = types.ModuleType("torch")
+    torch.__version__ = version
+    torch.__file__ = os.path.join(os.path.dirname(LIB), "__init__.py")
+    torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+    extension = types.SimpleNamespace(include_paths=lambda device_type="cpu": [include])
+    torch.utils = types.SimpleNamespace(cpp_extension=extension)
+    return torch
+
+
+# The fake allocator: the same library the built tracker links.
+c10 = ctypes.CDLL(os.path.join(LIB, "libc10_cuda.so"))
+c10.fake_torch_emit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                ctypes.c_uint64]
+c10.fake_torch_trackers.restype = ctypes.c_size_t
+
+
+class TrackerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cache = CACHE
+        cls.path = _tracker.build(fake_torch())
+        cls.reader = _tracker.TrackerReader.for_torch(fake_torch(), 0)
+
+    def setUp(self):
+        self.reader._capacity = 1 << 20
+        self.reader.start()
+
+    def tearDown(self):
+        self.reader.stop()
+
+    def test_is_built_once_per_pytorch_and_reused(self):
+        self.assertTrue(self.path.startswith(self.cache))
+        built_at = os.stat(self.path).st_mtime_ns
+        self.assertEqual(_tracker.build(fake_torch()), self.path)
+        self.assertEqual(os.stat(self.path).st_mtime_ns, built_at)
+        # Nothing half-written is left next to it.
+        self.assertEqual([f for f in os.listdir(self.cache) if f.endswith(".so")],
+                         [os.path.basename(self.path)])
+
+    def test_reads_the_devices_allocs_and_frees_in_order(self):
+        c10.fake_torch_emit(ALLOC, 0, 0x1000, 512, 7)
+        c10.fake_torch_emit(SEGMENT_ALLOC, 0, 0x1000, 2 << 20, 7)  # not the stream's
+        c10.fake_torch_emit(ALLOC, 1, 0x9000, 64, 7)  # another device's
+        c10.fake_torch_emit(ALLOC, 0, 0x2000, 4096, 9)
+        c10.fake_torch_emit(FREE_REQUESTED, 0, 0x1000, 512, 7)
+        c10.fake_torch_emit(FREE_COMPLETED, 0, 0x1000, 512, 7)
+        ops, sizes, ids, streams, dropped = self.reader.read()
+        self.assertEqual(list(ops), [0, 0, 1, 2])
+        self.assertEqual(list(sizes), [512, 4096, 512, 512])
+        self.assertEqual(list(ids), [0x1000, 0x2000, 0x1000, 0x1000])
+        self.assertEqual(list(streams), [7, 9, 7, 7])
+        self.assertEqual(dropped, 0)
+        # Each event once.
+        self.assertEqual([len(c) for c in self.reader.read()[:4]], [0, 0, 0, 0])
+
+    def test_a_full_buffer_reports_its_gap_before_the_events_after_it(self):
+        self.reader._capacity = 2
+        self.reader.start()
+        for addr in (1, 2, 3, 4):
+            c10.fake_torch_emit(ALLOC, 0, addr, 8, 0)
+        ops, _, ids, _, dropped = self.reader.read()
+        self.assertEqual((list(ids), dropped), ([1, 2], 0))
+        c10.fake_torch_emit(ALLOC, 0, 5, 8, 0)
+        _, _, ids, _, dropped = self.reader.read()
+        self.assertEqual((list(ids), dropped), ([5], 2))
+
+    def test_stopped_it_keeps_nothing_and_one_tracker_serves_every_start(self):
+        self.reader.stop()
+        c10.fake_torch_emit(ALLOC, 0, 1, 8, 0)
+        self.reader.start()
+        c10.fake_torch_emit(ALLOC, 0, 2, 8, 0)
+        self.assertEqual(list(self.reader.read()[2]), [2])
+        self.assertEqual(c10.fake_torch_trackers(), 1)
+
+    def test_a_pytorch_it_does_not_compile_against_says_why(self):
+        broken = tempfile.mkdtemp(prefix="allocd_headers_")
+        os.makedirs(os.path.join(broken, "c10", "cuda"))
+        with open(os.path.join(broken, "c10", "cuda", "CUDACachingAllocator.h"), "w") as f:
+            f.write("#pragma once\nnamespace c10::cuda::CUDACachingAllocator {}\n")
+        try:
+            with self.assertRaises(_tracker.TrackerUnavailable) as caught:
+                _tracker.build(fake_torch(include=broken, version="2.99.0+other"))
+            self.assertIn("2.99.0+other", str(caught.exception))
+            self.assertIn("TraceEntry", str(caught.exception))
+        finally:
+            shutil.rmtree(broken)
+
+    def test_no_compiler_says_so(self):
+        saved = os.environ.get("PATH"), os.environ.pop("CXX", None)
+        os.environ["PATH"] = tempfile.gettempdir()
+        try:
+            with self.assertRaises(_tracker.TrackerUnavailable) as caught:
+                _tracker.build(fake_torch(version="2.98.0"))
+            self.assertIn("no C++ compiler", str(caught.exception))
+        finally:
+            os.environ["PATH"] = saved[0]
+            if saved[1] is not None:
+                os.environ["CXX"] = saved[1]
+
+
+class EventSourceTest(unittest.TestCase):
+    """Which reader the advisor gets: $ALLOCD_EVENT_SOURCE."""
+
+    def setUp(self):
+        self.saved = os.environ.get("ALLOCD_EVENT_SOURCE")
+
+    def tearDown(self):
+        if self.saved is None:
+            os.environ.pop("ALLOCD_EVENT_SOURCE", None)
+        else:
+            os.environ["ALLOCD_EVENT_SOURCE"] = self.saved
+
+    def torch_without_extensions(self):
+        torch = types.ModuleType("torch_without_extensions")
+        torch.__version__ = "2.11.0"
+        torch._C = types.SimpleNamespace()
+        return torch
+
+    def test_auto_falls_back_to_the_history_and_says_why(self):
+        os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reader = allocd._event_reader(self.torch_without_extensions(), 0)
+        self.assertIsInstance(reader, allocd._HistoryReader)
+        self.assertEqual(len(caught), 1)
+        self.assertIn("cpp_extension", str(caught[0].message))
+        self.assertIn("record_events=False", str(caught[0].message))
+
+    def test_auto_takes_the_tracker_where_it_builds(self):
+        os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reader = allocd._event_reader(fake_torch(), 0)
+        self.assertIsInstance(reader, _tracker.TrackerReader)
+        self.assertEqual(caught, [])
+        reader.stop()
+
+    def test_tracker_only_refuses_to_fall_back(self):
+        os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
+        with self.assertRaises(allocd.AllocdUnavailable):
+            allocd._event_reader(self.torch_without_extensions(), 0)
+
+    def test_history_and_a_typo(self):
+        os.environ["ALLOCD_EVENT_SOURCE"] = "history"
+        self.assertIsInstance(allocd._event_reader(fake_torch(), 0), allocd._HistoryReader)
+        os.environ["ALLOCD_EVENT_SOURCE"] = "histroy"
+        with self.assertRaises(ValueError):
+            allocd._event_reader(fake_torch(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
