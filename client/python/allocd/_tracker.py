@@ -25,6 +25,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
@@ -85,6 +86,8 @@ def build(torch):
         includes = _include_paths(torch)
         lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
         cxx = _compiler()
+        sys.stderr.write(f"allocd: compiling the allocation-stream tracker for PyTorch "
+                         f"{torch.__version__} into {directory} (once per version)\n")
         fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
         os.close(fd)
         error = ""
