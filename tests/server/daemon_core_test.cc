@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
@@ -216,17 +218,14 @@ TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
                                              : "max_split_size_mb:512",
                                   "test")
                       .ok());
+      // Registrations get the lock between two sets (it is not fair).
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   });
-  std::vector<SessionId> ids;
-  for (int i = 0; i < 300; ++i) {
-    absl::StatusOr<v1::RegisterResponse> r = core_.Register(peer, hello);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ids.push_back(r->session_id());
-  }
-  registering = false;
-  setter.join();
-  for (SessionId id : ids) {
+  // Each session is checked, then ended, a few registrations later (a
+  // racing push lands by then): a set pushes to the open sessions only.
+  std::deque<SessionId> open;
+  auto check_and_end = [&](SessionId id) {
     std::shared_ptr<Session> session = core_.Watch(peer, id).value();
     std::set<uint64_t> versions;
     v1::ControlMessage m;
@@ -235,7 +234,20 @@ TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
           << "session " << id << " was pushed version "
           << m.config().config().version() << " twice";
     }
+    core_.EndSession(id, "checked");
+  };
+  for (int i = 0; i < 400; ++i) {
+    absl::StatusOr<v1::RegisterResponse> r = core_.Register(peer, hello);
+    ASSERT_TRUE(r.ok()) << r.status();
+    open.push_back(r->session_id());
+    if (open.size() > 4) {
+      check_and_end(open.front());
+      open.pop_front();
+    }
   }
+  registering = false;
+  setter.join();
+  for (SessionId id : open) check_and_end(id);
 }
 
 // The sessions file a daemon before this one left, listing `sessions`;
