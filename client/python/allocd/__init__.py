@@ -237,8 +237,9 @@ def _event_reader(torch, device):
 
     "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
     and attaches, else PyTorch's history with a warning that says why and
-    what it costs; "tracker": the tracker or AllocdUnavailable; "history":
-    PyTorch's history (_HistoryReader).
+    what it costs; "tracker": the tracker, or AllocdUnavailable from
+    enable()/advise() whatever `required` says; "history": PyTorch's history
+    (_HistoryReader).
     """
     source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
     if source not in ("auto", "tracker", "history"):
@@ -526,16 +527,10 @@ def _enable_transparent(socket, job, device, required, period, autotune, record_
         return _unavailable(AllocdUnavailable(
             f"no daemon session for CUDA device {device} (the interposer said why on stderr); "
             "the job runs on PyTorch's own memory"), required)
-    _transparent = path
-    # PyTorch's own allocator: its history is the autotuner's evidence, as in
+    # PyTorch's own allocator: its stream is the autotuner's evidence, as in
     # advise().
-    try:
-        events = _event_reader(torch, device) if record_events else None
-    except AllocdUnavailable as error:
-        lib.allocd_disconnect(client)
-        return _unavailable(error, required)
-    _advisor = _Advisor(lib, client, torch, device, period, config, events)
-    _advisor.start()
+    _start_advisor(lib, client, torch, device, period, config, record_events)
+    _transparent = path
     return True
 
 
@@ -580,12 +575,20 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
             raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
+    return _start_advisor(lib, client, torch, device, period, initial, record_events)
+
+
+def _start_advisor(lib, client, torch, device, period, config, record_events):
+    """Starts the advisor thread on a connected session. AllocdUnavailable
+    when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
+    for by name, it is not silently replaced."""
+    global _advisor
     try:
         events = _event_reader(torch, device) if record_events else None
-    except AllocdUnavailable as error:
+    except AllocdUnavailable:
         lib.allocd_disconnect(client)
-        return _unavailable(error, required)
-    _advisor = _Advisor(lib, client, torch, device, period, initial, events)
+        raise
+    _advisor = _Advisor(lib, client, torch, device, period, config, events)
     _advisor.start()
     return True
 
