@@ -501,7 +501,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
 
 
 def _enable_transparent(socket, job, device, required, period, autotune, record_events):
-    global _transparent, _advisor
+    global _transparent
     import sys
     socket, job, config = _settings(socket, job)
     path = _loaded_interposer()
