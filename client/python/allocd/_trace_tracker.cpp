@@ -22,6 +22,7 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -43,15 +44,24 @@ struct Buffer {
 Buffer* buffer = nullptr;  // never freed: the tracker outlives any stop
 std::mutex attach_mu;
 
-// A stream as a number, whatever PyTorch's TraceEntry holds it as.
+template <typename S, typename = void>
+struct HasStreamHandle : std::false_type {};  // c10::cuda::CUDAStream
+template <typename S>
+struct HasStreamHandle<S, std::void_t<decltype(std::declval<const S&>().stream())>>
+    : std::true_type {};
+
+// A stream as a number, whatever PyTorch's TraceEntry holds it as: the
+// cudaStream_t (what _snapshot() reports), else c10::Stream's id.
 template <typename S>
 uint64_t StreamId(const S& stream) {
   if constexpr (std::is_pointer_v<S>) {
     return reinterpret_cast<uintptr_t>(stream);
   } else if constexpr (std::is_integral_v<S>) {
     return static_cast<uint64_t>(stream);
-  } else {
+  } else if constexpr (HasStreamHandle<S>::value) {
     return reinterpret_cast<uintptr_t>(stream.stream());
+  } else {
+    return static_cast<uint64_t>(stream.id());
   }
 }
 
