@@ -17,10 +17,10 @@
 #include "absl/time/clock.h"
 #include "allocd.grpc.pb.h"
 #include "client/grant_read_ahead.h"
-#include "proto/telemetry_stats.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "proto/telemetry_stats.h"
 
 namespace allocd {
 namespace {
