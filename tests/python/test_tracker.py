@@ -145,18 +145,30 @@ class EventSourceTest(unittest.TestCase):
         else:
             os.environ["ALLOCD_EVENT_SOURCE"] = self.saved
 
+    @staticmethod
+    def with_history(torch):
+        """`torch` with the history API the history reader starts with; what
+        it was asked to record is in torch.recording."""
+        torch.recording = []
+        memory = types.SimpleNamespace(
+            _record_memory_history=lambda enabled="all", **kw: torch.recording.append(enabled))
+        torch.cuda = types.SimpleNamespace(memory=memory, memory_stats=lambda device: {})
+        return torch
+
     def torch_without_extensions(self):
         torch = types.ModuleType("torch_without_extensions")
         torch.__version__ = "2.11.0"
         torch._C = types.SimpleNamespace()
-        return torch
+        return self.with_history(torch)
 
     def test_auto_falls_back_to_the_history_and_says_why(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            reader = allocd._event_reader(self.torch_without_extensions(), 0)
+            self.last_torch = self.torch_without_extensions()
+            reader = allocd._event_reader(self.last_torch, 0)
         self.assertIsInstance(reader, allocd._HistoryReader)
+        self.assertEqual(self.last_torch.recording, ["all"])  # started
         self.assertEqual(len(caught), 1)
         self.assertIn("cpp_extension", str(caught[0].message))
         self.assertIn("record_events=False", str(caught[0].message))
@@ -177,7 +189,9 @@ class EventSourceTest(unittest.TestCase):
 
     def test_history_and_a_typo(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
-        self.assertIsInstance(allocd._event_reader(fake_torch(), 0), allocd._HistoryReader)
+        torch = self.with_history(fake_torch())
+        self.assertIsInstance(allocd._event_reader(torch, 0), allocd._HistoryReader)
+        self.assertEqual(torch.recording, ["all"])
         os.environ["ALLOCD_EVENT_SOURCE"] = "histroy"
         with self.assertRaises(ValueError):
             allocd._event_reader(fake_torch(), 0)

@@ -233,7 +233,7 @@ class _HistoryReader:
 
 
 def _event_reader(torch, device):
-    """Where the advisor reads the allocation stream: $ALLOCD_EVENT_SOURCE.
+    """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
 
     "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
     and attaches, else PyTorch's history with a warning that says why and
@@ -258,11 +258,16 @@ def _event_reader(torch, device):
                 "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
                 f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
                 stacklevel=3)
-    return _HistoryReader(torch, device)
+    reader = _HistoryReader(torch, device)
+    reader.start()
+    return reader
 
 
 class _Advisor:
-    """The advisor thread: telemetry and allocator events out, configs and reclaims in."""
+    """The advisor thread: telemetry and allocator events out, configs and reclaims in.
+
+    history: a started reader of the allocation stream (_event_reader), or None.
+    """
 
     def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
@@ -286,8 +291,6 @@ class _Advisor:
 
     def start(self):
         self._attach_oom_observer()
-        if self._history is not None:
-            self._history.start()
         self._thread.start()
 
     def stop(self):
@@ -466,9 +469,10 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     daemon answers or a library is missing. period: seconds between
     telemetry rounds (transparent mode). pinned_keys, autotune_mode: as for
     advise(); the allocation stream goes to the daemon's autotuner (in
-    transparent mode from PyTorch's allocator history, in engine mode from
-    the engine itself). record_events (transparent mode): as for advise();
-    reading the history is what transparent mode costs a step: on a
+    transparent mode from PyTorch's allocator, read as advise() reads it;
+    in engine mode from the engine itself). record_events (transparent
+    mode): as for advise(). Read from PyTorch's history (where the tracker
+    cannot be built) it is what transparent mode costs a step: on a
     GPU-bound llama with ~13,000 allocator events a step the median step
     was native's and the mean 8% slower (each telemetry round holds the GIL
     while it reads; bench/gpu/results/transparent), so a job that does not
