@@ -199,8 +199,7 @@ absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
     const std::string& share_token) {
   absl::StatusOr<ReceivedChunks> got = client_->OpenShare(share_token);
   if (!got.ok()) return got.status();
-  size_t bytes = 0;
-  for (uint64_t size : got->sizes) bytes += size;
+  const size_t bytes = got->bytes();
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   absl::StatusOr<std::vector<ChunkMapping>> mapped =
       address.ok()

@@ -733,9 +733,7 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
               self->AcquireGrant(key.bytes, key.max_chunk_bytes,
                                  /*read_ahead=*/true);
           if (!got.ok() || !got->has_value()) return std::nullopt;
-          uint64_t bytes = 0;
-          for (uint64_t size : (*got)->sizes) bytes += size;
-          self->state_->SetReadAheadBytes(bytes);
+          self->state_->SetReadAheadBytes((*got)->bytes());
           return *std::move(got);
         },
         [self](ReceivedChunks chunks) {

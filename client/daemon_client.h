@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,11 @@ struct ReceivedChunks {
   std::vector<uint64_t> offsets;
   std::vector<uint64_t> sizes;
   uint32_t reused = 0;
+
+  // The bytes of all the chunks.
+  uint64_t bytes() const {
+    return std::accumulate(sizes.begin(), sizes.end(), uint64_t{0});
+  }
 };
 
 // A job's autotune preferences as JSON, the form the Python package and

@@ -70,10 +70,7 @@ void GrantReadAhead::Drop() {
 
 uint64_t GrantReadAhead::parked_bytes() const {
   absl::MutexLock lock(&mu_);
-  if (!parked_.has_value()) return 0;
-  uint64_t bytes = 0;
-  for (uint64_t size : parked_->chunks.sizes) bytes += size;
-  return bytes;
+  return parked_.has_value() ? parked_->chunks.bytes() : 0;
 }
 
 GrantReadAhead::Counters GrantReadAhead::counters() const {

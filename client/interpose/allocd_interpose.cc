@@ -251,9 +251,10 @@ class Interposer {
           std::string(chunks.status().message()).c_str());
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    VmmAllocation allocation{
-        .epoch = chunks->epoch, .ids = chunks->ids, .sizes = chunks->sizes};
-    for (uint64_t size : allocation.sizes) allocation.bytes += size;
+    VmmAllocation allocation{.epoch = chunks->epoch,
+                             .ids = chunks->ids,
+                             .sizes = chunks->sizes,
+                             .bytes = chunks->bytes()};
     for (const UniqueFd& fd : chunks->fds) {
       absl::StatusOr<CUmemGenericAllocationHandle> imported =
           cuda::ImportFromFd(fd.get());
