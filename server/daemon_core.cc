@@ -342,11 +342,8 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
   // A client that does not say maps every chunk at the smallest size.
   const uint64_t max_chunk_bytes =
       r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool.chunk_bytes();
-  if (r.read_ahead()) {
-    const PoolStats stats = pool.Stats();
-    const uint64_t taken = stats.in_use_bytes + stats.creating_bytes;
-    const uint64_t room = stats.capacity - std::min(stats.capacity, taken);
-    if (room / 2 < r.bytes()) return std::nullopt;
+  if (r.read_ahead() && pool.AvailableBytes() / 2 < r.bytes()) {
+    return std::nullopt;
   }
   (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);

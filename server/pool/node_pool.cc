@@ -342,9 +342,8 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     if (!found.ok()) return found.status();
     SessionState& state = **found;
     if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
-    const uint64_t live = live_bytes_ + creating_bytes_;
     const uint64_t capacity = capacity_.load();
-    const uint64_t room = capacity - std::min(live, capacity);
+    const uint64_t room = UncreatedRoom(capacity);
     // Every cached byte can become room, whatever its chunk's size.
     if (rounded > free_bytes_ + room) {
       return NodeShortage(rounded, free_bytes_ + room, capacity);
@@ -839,6 +838,15 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
   AddHeld(state, outcome.adopted_bytes);
   adopted_total_ += outcome.adopted_bytes;
   return outcome;
+}
+
+uint64_t NodePool::UncreatedRoom(uint64_t capacity) const {
+  return capacity - std::min(live_bytes_ + creating_bytes_, capacity);
+}
+
+uint64_t NodePool::AvailableBytes() const {
+  absl::MutexLock lock(&mu_);
+  return free_bytes_ + UncreatedRoom(capacity_.load());
 }
 
 PoolStats NodePool::Stats() const {

@@ -360,6 +360,9 @@ class NodePool {
                                      std::vector<DeclaredChunk> chunks);
 
   PoolStats Stats() const;
+  // What an Acquire could be granted now with nobody giving back: the cached
+  // chunks and the capacity not yet created (capacity - in use - creating).
+  uint64_t AvailableBytes() const;
 
   // The smallest chunk.
   uint64_t chunk_bytes() const { return chunk_bytes_; }
@@ -434,6 +437,10 @@ class NodePool {
   // Session `id` if it is still the incarnation that began work outside the
   // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
   SessionState* SameSession(SessionId id, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Of `capacity`, what is not created nor being created.
+  uint64_t UncreatedRoom(uint64_t capacity) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckQuotas(SessionId id, const SessionState& s,

@@ -167,6 +167,22 @@ TEST_F(NodePoolTest, CachedChunksGoFirstAndOnlyTheRestIsCreated) {
   EXPECT_EQ(stats.created_bytes, 5 * kChunk);
 }
 
+// What could be granted with nobody giving back: the cache and what is not
+// created yet, and no more than an Acquire then gets.
+TEST_F(NodePoolTest, AvailableBytesAreTheCacheAndTheUncreatedCapacity) {
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  EXPECT_EQ(pool->AvailableBytes(), 8 * kChunk);
+  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(pool->AvailableBytes(), 5 * kChunk);
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0]}).ok());  // cached now
+  EXPECT_EQ(pool->AvailableBytes(), 6 * kChunk);
+  EXPECT_TRUE(pool->Acquire(1, 6 * kChunk).ok());
+  EXPECT_EQ(pool->AvailableBytes(), 0u);
+  EXPECT_FALSE(pool->Acquire(1, kChunk).ok());
+}
+
 TEST_F(NodePoolTest, AClaimArrivesInBatchesWhoseFdsCloseAsTheyGo) {
   auto pool = MakePool(8);
   ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
