@@ -36,11 +36,7 @@ std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
     std::optional<ReceivedChunks> chunks = std::move(parked_->chunks);
     const bool match = parked_->key == key;
     parked_.reset();
-    if (match) {
-      ++counters_.taken;
-      return chunks;
-    }
-    ++counters_.given_back;
+    if (match) return chunks;
     other = std::move(chunks);
   }
   give_back_(*std::move(other));
@@ -73,11 +69,6 @@ uint64_t GrantReadAhead::parked_bytes() const {
   return parked_.has_value() ? parked_->chunks.bytes() : 0;
 }
 
-GrantReadAhead::Counters GrantReadAhead::counters() const {
-  absl::MutexLock lock(&mu_);
-  return counters_;
-}
-
 void GrantReadAhead::Run() {
   mu_.Lock();
   for (;;) {
@@ -92,7 +83,6 @@ void GrantReadAhead::Run() {
         (stopping_ || parked_->until <= absl::Now())) {
       ReceivedChunks back = std::move(parked_->chunks);
       parked_.reset();
-      ++counters_.given_back;
       mu_.Unlock();
       give_back_(std::move(back));
       mu_.Lock();
@@ -112,10 +102,8 @@ void GrantReadAhead::Run() {
       if (last_ == key) refused_ = true;
       continue;
     }
-    ++counters_.fetched;
     // Dropped meanwhile, or the caller moved on to another size.
     if (drops != drops_ || stopping_ || last_ != key) {
-      ++counters_.given_back;
       mu_.Unlock();
       give_back_(*std::move(got));
       mu_.Lock();

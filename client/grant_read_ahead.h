@@ -49,11 +49,6 @@ class GrantReadAhead {
   // Returns a grant nobody took to the daemon.
   using GiveBack = std::function<void(ReceivedChunks)>;
 
-  struct Counters {
-    uint64_t taken = 0;       // requests served by a parked grant
-    uint64_t fetched = 0;     // grants read ahead
-    uint64_t given_back = 0;  // grants read ahead and never taken
-  };
 
   GrantReadAhead(Fetch fetch, GiveBack give_back, absl::Duration keep);
   // Waits for a fetch in flight; gives back what is parked.
@@ -71,7 +66,6 @@ class GrantReadAhead {
   void Drop();
 
   uint64_t parked_bytes() const;
-  Counters counters() const;
 
  private:
   struct Parked {
@@ -97,7 +91,6 @@ class GrantReadAhead {
   // Bumped by Drop: a fetch that began before brings back nothing to keep.
   uint64_t drops_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Parked> parked_ ABSL_GUARDED_BY(mu_);
-  Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
