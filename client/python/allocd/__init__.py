@@ -110,6 +110,11 @@ def _load(path, signatures, mode=ctypes.DEFAULT_MODE):
     return lib
 
 
+def _address(column):
+    """Where an array.array's items start, for a C function (None when empty)."""
+    return column.buffer_info()[0] if len(column) else None
+
+
 def _loaded_interposer():
     """The path of liballocd_interpose.so if this process has it loaded."""
     with open("/proc/self/maps") as maps:
@@ -347,12 +352,8 @@ class _Advisor:
         ops, sizes, ids, streams, dropped = self._history.read()
         if not ops and not dropped:
             return
-
-        def address(column):
-            return column.buffer_info()[0] if len(column) else None
-
-        self._lib.allocd_record_events(self._client, address(ops), address(sizes),
-                                       address(ids), address(streams), len(ops), dropped)
+        self._lib.allocd_record_events(self._client, _address(ops), _address(sizes),
+                                       _address(ids), _address(streams), len(ops), dropped)
         self.events_sent += len(ops)
 
     def _control(self):

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+from . import _address, _load
+
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
 _COMPILE_TIMEOUT_S = 600
 
@@ -116,15 +118,13 @@ def build(torch):
                 os.unlink(partial)
 
 
-def _load(path):
-    lib = ctypes.CDLL(path)
-    u64, p = ctypes.c_uint64, ctypes.c_void_p
-    lib.allocd_tracker_attach.argtypes, lib.allocd_tracker_attach.restype = [ctypes.c_int, u64], ctypes.c_int
-    lib.allocd_tracker_stop.argtypes, lib.allocd_tracker_stop.restype = [], None
-    lib.allocd_tracker_pending.argtypes, lib.allocd_tracker_pending.restype = [], u64
-    lib.allocd_tracker_take.argtypes = [p, p, p, p, u64, ctypes.POINTER(u64)]
-    lib.allocd_tracker_take.restype = u64
-    return lib
+_SIGNATURES = {
+    "allocd_tracker_attach": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]),
+    "allocd_tracker_stop": (None, []),
+    "allocd_tracker_pending": (ctypes.c_uint64, []),
+    "allocd_tracker_take": (ctypes.c_uint64, [ctypes.c_void_p] * 4 +
+                            [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
+}
 
 
 class TrackerReader:
@@ -145,7 +145,7 @@ class TrackerReader:
     def for_torch(cls, torch, device):
         """Built (or cached) for this PyTorch and loaded; TrackerUnavailable if not."""
         try:
-            return cls(_load(build(torch)), device)
+            return cls(_load(build(torch), _SIGNATURES), device)
         except OSError as error:
             raise TrackerUnavailable(f"loading it failed: {error}") from None
 
@@ -162,10 +162,9 @@ class TrackerReader:
         n = self._lib.allocd_tracker_pending()
         ops = array.array("B", bytes(n))
         sizes, ids, streams = (array.array("Q", bytes(8 * n)) for _ in range(3))
-        address = (lambda a: a.buffer_info()[0]) if n else (lambda a: None)
         dropped = ctypes.c_uint64(0)
-        got = self._lib.allocd_tracker_take(address(ops), address(sizes), address(ids),
-                                            address(streams), n, ctypes.byref(dropped))
+        got = self._lib.allocd_tracker_take(_address(ops), _address(sizes), _address(ids),
+                                            _address(streams), n, ctypes.byref(dropped))
         for column in (ops, sizes, ids, streams):
             del column[got:]
         before, self._gap = self._gap, dropped.value
