@@ -29,7 +29,8 @@ export ALLOCD_SOCKET=$sock NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 ddp() {  # NAME MODE [ARGS...]: a 2-rank DDP run, results in $out/NAME_rank*.json
   local name=$1 mode=$2; shift 2
   timeout 240 torchrun --standalone --nproc_per_node 2 "$here/ddp_train.py" --mode "$mode" \
-    --socket "$sock" --out "$out/$name" "$@" 2>&1 | grep -v -i "warn" | tail -3
+    --socket "$sock" --out "$out/$name" "$@" >"$out/$name.log" 2>&1
+  grep -v -i "warn" "$out/$name.log" | tail -3
 }
 sample_pools() {  # NAME SECONDS: the daemon's status every second, for SECONDS
   for t in $(seq "$2"); do
@@ -138,11 +139,11 @@ PY
 fi
 
 if want autotune; then
-  step "autotune on DDP: max_split_size_mb:64, varying shapes, 300 steps (the first run, 24 steps, ended before the push reached the second rank): native, then transparent apply"
-  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 300 --varying
+  step "autotune on DDP: max_split_size_mb:64, varying shapes, 500 steps (the first run, 24 steps, ended before the push reached the second rank): native, then transparent apply"
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 500 --varying
   start_daemon device
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_transparent transparent --job ddp-tune \
-    --steps 300 --varying --autotune-mode apply
+    --steps 500 --varying --autotune-mode apply
   summary tune_native tune_transparent
   allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -8
   python3 - "$out" <<'PY'

@@ -32,13 +32,15 @@ ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC = 0, 1, 2, 3
 
 
 def fake_torch(include=os.environ["FAKE_TORCH_INCLUDE"], version="2.11.0+fake"):
-    """A torch whose headers are the model and whose lib/ holds the fakes."""
+    """A torch whose headers are the model and whose lib/ holds the fakes;
+    its torch.cuda.init is the fake allocator's lazy initialisation."""
     torch = types.ModuleType("torch")
     torch.__version__ = version
     torch.__file__ = os.path.join(os.path.dirname(LIB), "__init__.py")
     torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
     extension = types.SimpleNamespace(include_paths=lambda device_type="cpu": [include])
     torch.utils = types.SimpleNamespace(cpp_extension=extension)
+    torch.cuda = types.SimpleNamespace(init=lambda: c10.fake_torch_init())
     return torch
 
 
@@ -47,6 +49,9 @@ c10 = ctypes.CDLL(os.path.join(LIB, "libc10_cuda.so"))
 c10.fake_torch_emit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                 ctypes.c_uint64]
 c10.fake_torch_trackers.restype = ctypes.c_size_t
+# As PyTorch's: a tracker attached before CUDA's lazy initialisation is
+# given to no device allocator. Every test's reader must initialise first.
+assert c10.fake_torch_trackers() == 0
 
 
 class TrackerTest(unittest.TestCase):
@@ -98,6 +103,14 @@ class TrackerTest(unittest.TestCase):
         c10.fake_torch_emit(ALLOC, 0, 5, 8, 0)
         _, _, ids, _, dropped = self.reader.read()
         self.assertEqual((list(ids), dropped), ([5], 2))
+
+    def test_it_initialises_pytorchs_allocator_before_it_attaches(self):
+        # transparent enable() starts it before the job touches CUDA; had it
+        # attached first, PyTorch would have kept it nowhere and every read
+        # been empty (as on the first GPU run of the tracker).
+        self.assertEqual(c10.fake_torch_trackers(), 1)
+        c10.fake_torch_emit(ALLOC, 0, 0x40, 512, 0)
+        self.assertEqual(list(self.reader.read()[2]), [0x40])
 
     def test_stopped_it_keeps_nothing_and_one_tracker_serves_every_start(self):
         self.reader.stop()

@@ -135,8 +135,9 @@ class TrackerReader:
     reported before the events that follow the gap.
     """
 
-    def __init__(self, lib, device, capacity=1 << 20):
+    def __init__(self, lib, torch, device, capacity=1 << 20):
         self._lib = lib
+        self._torch = torch
         self._device = device
         self._capacity = capacity
         self._gap = 0  # dropped after the last events read
@@ -145,11 +146,17 @@ class TrackerReader:
     def for_torch(cls, torch, device):
         """Built (or cached) for this PyTorch and loaded; TrackerUnavailable if not."""
         try:
-            return cls(_load(build(torch), _SIGNATURES), device)
+            return cls(_load(build(torch), _SIGNATURES), torch, device)
         except OSError as error:
             raise TrackerUnavailable(f"loading it failed: {error}") from None
 
     def start(self):
+        # PyTorch hands a tracker to the device allocators that exist, and
+        # makes them at CUDA's lazy initialisation: attached before it (as
+        # allocd.enable() does in transparent mode, before the job touches
+        # CUDA), the tracker would be given to none and read nothing.
+        # Initialising makes no context, so no device is touched.
+        self._torch.cuda.init()
         if self._lib.allocd_tracker_attach(self._device, self._capacity) != 0:
             raise TrackerUnavailable("PyTorch refused the tracker (CUDA not initialised?)")
         self._gap = 0
