@@ -91,6 +91,7 @@ ReplayPhase PhaseCounters(const DeviceStats& stats, uint64_t first_event) {
   p.reserved_at_start = stats.reserved_bytes.all().current;
   p.peak_reserved = stats.reserved_bytes.all().peak;
   p.peak_allocated = stats.allocated_bytes.all().peak;
+  p.peak_requested = stats.requested_bytes.all().peak;
   p.num_device_alloc = stats.num_device_alloc;
   p.num_device_free = stats.num_device_free;
   p.num_alloc_retries = stats.num_alloc_retries;
@@ -114,7 +115,6 @@ class SwitchSplitter {
     before_ = PhaseCounters(allocator.Stats(), 0);
     before_.reserved_at_start = 0;
     before_.first_oom_event = result.first_oom_event;
-    before_peak_requested_ = allocator.Stats().requested_bytes.all().peak;
     start_ = PhaseCounters(allocator.Stats(), event);
     if (switch_->config) {
       allocator.Reconfigure(*switch_->config);
@@ -142,7 +142,7 @@ class SwitchSplitter {
     after.first_oom_event = first_oom_after_;
     result.peak_reserved = std::max(before_.peak_reserved, after.peak_reserved);
     result.peak_allocated = std::max(before_.peak_allocated, after.peak_allocated);
-    result.peak_requested = std::max(before_peak_requested_, result.peak_requested);
+    result.peak_requested = std::max(before_.peak_requested, after.peak_requested);
     result.before_switch = before_;
     result.after_switch = after;
   }
@@ -151,7 +151,6 @@ class SwitchSplitter {
   const std::optional<LiveSwitch>& switch_;
   bool done_ = false;
   ReplayPhase before_;
-  int64_t before_peak_requested_ = 0;
   ReplayPhase start_;  // accumulated counters before the switch's own work
   std::optional<uint64_t> first_oom_after_;
 };

@@ -76,6 +76,7 @@ struct ReplayPhase {
   int64_t reserved_at_start = 0;
   int64_t peak_reserved = 0;
   int64_t peak_allocated = 0;
+  int64_t peak_requested = 0;  // sizes as asked: what the job itself held
   int64_t num_device_alloc = 0;
   int64_t num_device_free = 0;
   int64_t num_alloc_retries = 0;

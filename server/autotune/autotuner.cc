@@ -153,6 +153,10 @@ class Autotuner::Impl {
     Job& job = jobs_[it->second.job];
     if (job.recorded != id || job.window == nullptr) return;
     job.window->Add(events, dropped_before);
+    if (job.acting && job.acting->canary == id) {
+      job.acting->realized_requested =
+          std::max(job.acting->realized_requested, job.window->peak_requested_bytes());
+    }
     // A long job's push is reviewed on half a window of events after it,
     // before the window lets it go.
     if (job.review && job.window->total_events() - job.review->second >= options_.window_events / 2) {
@@ -332,8 +336,10 @@ class Autotuner::Impl {
     int64_t predicted_current = 0;
     int64_t predicted_switched = 0;
     int64_t predicted_allocated = 0;
+    int64_t predicted_requested = 0;
     int64_t realized_peak = -1;
-    int64_t realized_allocated = 0;
+    int64_t realized_allocated = 0;  // PyTorch's peak in the stats reports
+    int64_t realized_requested = 0;  // the canary's stream since the push (0: none yet)
   };
 
   struct Job {
@@ -457,11 +463,7 @@ class Autotuner::Impl {
         notify.push_back(*d);
       }
     }
-    const double growth =
-        acting.predicted_allocated > 0
-            ? std::max(1.0, static_cast<double>(acting.realized_allocated) /
-                                static_cast<double>(acting.predicted_allocated))
-            : 1.0;
+    const double growth = Growth(acting);
     const double expected = static_cast<double>(acting.predicted_switched) * growth;
     const double staying = static_cast<double>(acting.predicted_current) * growth;
     const double realized = static_cast<double>(acting.realized_peak);
@@ -482,6 +484,24 @@ class Autotuner::Impl {
       acting.phase = Phase::kPromoting;
       tasks_.push_back(Task{TaskKind::kPromote, name, "", acting.decision_id, false, ""});
     }
+  }
+
+  // How much more the job needs since the push than in the window's events
+  // after the switch point (at least 1): on the canary's own stream once
+  // it sent events after the push (exact, and no job resets it), else on
+  // PyTorch's allocated peak in the stats reports. (A DDP job on an H200
+  // that reset its peak every step showed 1x there while its steps needed
+  // 2.4x the window's: its push was rolled back for that growth.)
+  static double Growth(const Acting& acting) {
+    const auto ratio = [](int64_t realized, int64_t predicted) {
+      return std::max(1.0, static_cast<double>(realized) / static_cast<double>(predicted));
+    };
+    if (acting.realized_requested > 0 && acting.predicted_requested > 0) {
+      return ratio(acting.realized_requested, acting.predicted_requested);
+    }
+    return acting.predicted_allocated > 0
+               ? ratio(acting.realized_allocated, acting.predicted_allocated)
+               : 1.0;
   }
 
   AutotuneDecision* FindDecision(Job& job, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -675,6 +695,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.predicted_peak_switched = d.predicted_peak_switched;
     rec.predicted_saving = d.predicted_peak_current - d.predicted_peak_switched;
     rec.predicted_peak_allocated = d.predicted_peak_allocated;
+    rec.predicted_peak_requested = d.predicted_peak_requested;
     rec.window_events = trace.events.size();
     rec.replay_seconds = d.replay_seconds;
     rec.candidates = d.candidates;
@@ -709,6 +730,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.predicted_current = d.predicted_peak_current;
           acting.predicted_switched = d.predicted_peak_switched;
           acting.predicted_allocated = d.predicted_peak_allocated;
+          acting.predicted_requested = d.predicted_peak_requested;
+          // The canary's growth is measured from here.
+          if (job.window) job.window->ResetPeakRequested();
           job.acting = std::move(acting);
         }
         break;

@@ -78,7 +78,10 @@ struct AutotuneOptions {
   // when the job got it later in a step than predicted). Both predictions
   // are first scaled by how much more the job allocated than it did in the
   // window (later steps of a job with dynamic shapes need more under any
-  // config: that is not the config's doing).
+  // config: that is not the config's doing): measured on the canary's
+  // stream after the push where it has sent one, else on PyTorch's peak
+  // in its stats reports, which a job that resets it every step shows
+  // only in part.
   double rollback_margin = 0.10;
   // A window whose clients lost at most this fraction of its events is
   // replayed anyway: the window repairs what a few lost events break (frees
@@ -125,6 +128,7 @@ struct AutotuneDecision {
   int64_t predicted_peak_switched = 0;
   int64_t predicted_saving = 0;
   int64_t predicted_peak_allocated = 0;  // the job's need over the same events
+  int64_t predicted_peak_requested = 0;  // the same in sizes as asked
   std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
   std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
   // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->

@@ -149,6 +149,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   const ReplayPhase& stayed = *stay->after_switch;
   d.predicted_peak_current = stayed.peak_reserved;
   d.predicted_peak_allocated = stayed.peak_allocated;
+  d.predicted_peak_requested = stayed.peak_requested;
   const std::string running_conf = FormatAllocatorConfig(running.config);
   absl::StrAppend(&evidence, absl::StrFormat("; staying on %s peaks at %s after it",
                                              ConfName(running_conf), Bytes(stayed.peak_reserved)));

@@ -76,6 +76,9 @@ struct Decision {
   // Peak allocated after the switch point: the job's own need, the same
   // under every config.
   int64_t predicted_peak_allocated = 0;
+  // The same in sizes as asked (no rounding, so no config's): what a
+  // stream of the job's events after a push is measured against.
+  int64_t predicted_peak_requested = 0;
   uint64_t switch_event = 0;
   std::optional<uint64_t> step_events;
   size_t candidates = 0;

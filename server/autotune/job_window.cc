@@ -23,13 +23,18 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
     case TraceOp::kAlloc: {
       if (it != live_ids_.end()) {
         // The id is reused, so its free was lost: free the old allocation.
-        if (!it->second.free_requested) Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+        if (!it->second.free_requested) {
+          Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+          Release(it->second.size);
+        }
         Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
         live_ids_.erase(it);
       }
       const uint32_t id = next_id_++;
-      live_ids_.emplace(e.id, LiveId{id, false});
+      live_ids_.emplace(e.id, LiveId{id, false, e.size});
       Append(TraceOp::kAlloc, stream, id, e.size);
+      requested_bytes_ += static_cast<int64_t>(e.size);
+      peak_requested_bytes_ = std::max(peak_requested_bytes_, requested_bytes_);
       return;
     }
     case TraceOp::kFreeRequested:
@@ -39,6 +44,7 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
       }
       it->second.free_requested = true;
       Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+      Release(it->second.size);
       return;
     case TraceOp::kFreeCompleted:
       if (it == live_ids_.end()) {
@@ -46,12 +52,17 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
         return;
       }
       // A plain free (no record_stream) may come as free_completed alone.
-      if (!it->second.free_requested) Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+      if (!it->second.free_requested) {
+        Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
+        Release(it->second.size);
+      }
       Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
       live_ids_.erase(it);
       return;
   }
 }
+
+void JobWindow::Release(uint64_t size) { requested_bytes_ -= static_cast<int64_t>(size); }
 
 uint16_t JobWindow::StreamIndex(uint64_t handle) {
   auto it = std::find(stream_handles_.begin(), stream_handles_.end(), handle);

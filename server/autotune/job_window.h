@@ -45,6 +45,15 @@ class JobWindow {
   // Bytes this window holds (events, live ids, prelude).
   size_t MemoryBytes() const;
 
+  // The bytes the session's allocations held (sizes as asked, from an
+  // alloc to its free_requested, as PyTorch's requested_bytes), counting
+  // only allocations recorded, and the most they held since the window
+  // began or the last ResetPeakRequested. Unlike PyTorch's own peak, no
+  // job can reset it: what a push's watch measures growth with.
+  int64_t requested_bytes() const { return requested_bytes_; }
+  int64_t peak_requested_bytes() const { return peak_requested_bytes_; }
+  void ResetPeakRequested() { peak_requested_bytes_ = requested_bytes_; }
+
   // The prelude then the window, with dense ids and streams indexed in
   // ascending handle order. Frees the window left out are counted in
   // Trace::omitted.unmatched_frees.
@@ -65,6 +74,7 @@ class JobWindow {
   };
 
   void AddOne(const EvidenceEvent& event);
+  void Release(uint64_t size);
   void Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size);
   uint16_t StreamIndex(uint64_t handle);
   void DropOldest();
@@ -81,6 +91,7 @@ class JobWindow {
   struct LiveId {
     uint32_t id;
     bool free_requested;
+    uint64_t size;
   };
   // Client id -> window id, from alloc to free_completed.
   absl::flat_hash_map<uint64_t, LiveId> live_ids_;
@@ -89,6 +100,8 @@ class JobWindow {
   absl::flat_hash_map<uint32_t, Live> prelude_;
   // The window's stream index -> CUDA handle, in order of first use.
   std::vector<uint64_t> stream_handles_;
+  int64_t requested_bytes_ = 0;
+  int64_t peak_requested_bytes_ = 0;
 };
 
 }  // namespace allocd

@@ -411,6 +411,36 @@ TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
   EXPECT_NE(tuner.History("llama", 1)[0].why.find("scaled by the job"), std::string::npos);
 }
 
+// The growth that excuses a realised peak is measured on the canary's own
+// stream once it sends events after the push: a job that resets PyTorch's
+// peak every step (as ddp_train.py does) reports the window's need however
+// much more its later steps ask for; and a report of growth the stream
+// does not show excuses nothing.
+TEST(AutotunerTest, GrowthIsMeasuredOnTheCanarysStreamWhichNoJobResets) {
+  for (const bool grew : {true, false}) {
+    SCOPED_TRACE(grew ? "the stream grew" : "only the report grew");
+    FakeClock clock;
+    FakeActions actions;
+    Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+    const AutotuneDecision d = PushToCanary(tuner, actions);
+    ASSERT_GT(d.predicted_peak_requested, 0);
+    ASSERT_GT(d.predicted_peak_current, 2 * d.predicted_peak_switched);
+    tuner.Acked(1, d.version, true, "");
+    // A step after the push asks for twice (or a tenth of) the window's most.
+    const int64_t asked = grew ? 2 * d.predicted_peak_requested : d.predicted_peak_requested / 10;
+    tuner.Events(1, {{TraceOp::kAlloc, LlamaLora().streams[0], 0xA110C, static_cast<uint64_t>(asked)},
+                     {TraceOp::kFreeRequested, LlamaLora().streams[0], 0xA110C, 0}},
+                 0);
+    // 90% of what staying was predicted to cost: with the job's growth
+    // (2x) well under what staying costs it, without it nearer to staying.
+    const int64_t allocated_report = grew ? d.predicted_peak_allocated : 3 * d.predicted_peak_allocated;
+    tuner.Stats(1, Reserved(d.predicted_peak_current * 9 / 10, allocated_report), d.version);
+    tuner.WaitIdle();
+    EXPECT_EQ(tuner.History("llama", 1)[0].result, grew ? "pushed" : "rolled_back")
+        << tuner.History("llama", 1)[0].why;
+  }
+}
+
 TEST(AutotunerTest, ARestartedDaemonDoesNotPushTheConfigAgain) {
   FakeClock clock;
   std::string autotuned;

@@ -88,6 +88,25 @@ TEST(JobWindowTest, FreesOfUnknownIdsAreLeftOutAndCounted) {
   MustReplay(trace);
 }
 
+// A push's watch measures what the job needs by this, as PyTorch's
+// requested_bytes (an alloc to its free request), however the client's
+// frees came: a reused id's lost free, a free_completed alone.
+TEST(JobWindowTest, ItTalliesWhatTheJobAskedForAndItsPeakSinceAReset) {
+  JobWindow window(4);  // the tally does not depend on what the window keeps
+  window.Add({Alloc(0xA, 100), Alloc(0xB, 50), Requested(0xA)}, 0);
+  EXPECT_EQ(window.requested_bytes(), 50);
+  EXPECT_EQ(window.peak_requested_bytes(), 150);
+  window.Add({Completed(0xA), Completed(0xB)}, 0);  // 0xB freed without a request
+  EXPECT_EQ(window.requested_bytes(), 0);
+  window.Add({Requested(0x99), Alloc(0xC, 30), Alloc(0xC, 40)}, 0);  // 0xC's free lost
+  EXPECT_EQ(window.requested_bytes(), 40);
+  EXPECT_EQ(window.peak_requested_bytes(), 150);
+  window.ResetPeakRequested();
+  EXPECT_EQ(window.peak_requested_bytes(), 40);
+  window.Add({Alloc(0xD, 70), Requested(0xD)}, 0);
+  EXPECT_EQ(window.peak_requested_bytes(), 110);
+}
+
 TEST(JobWindowTest, StreamsAreIndexedInHandleOrder) {
   JobWindow window(100);
   window.Add({Alloc(1, 10, 0x900), Alloc(2, 10, 0x100), Alloc(3, 10, 0x900)}, 0);
@@ -126,6 +145,9 @@ TEST(JobWindowTest, LlamaLoraReplaysAsRecordedAndInAnyWindow) {
   EXPECT_EQ(a.peak_reserved, b.peak_reserved);
   EXPECT_EQ(a.peak_allocated, b.peak_allocated);
   EXPECT_EQ(a.num_device_alloc, b.num_device_alloc);
+  // Its tally of what the job asked for is the allocator's.
+  EXPECT_EQ(all.peak_requested_bytes(), b.peak_requested);
+  EXPECT_EQ(all.requested_bytes(), b.stats.requested_bytes.all().current);
 
   JobWindow half(recorded->events.size() / 2);
   half.Add(events, 0);
