@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -41,6 +42,8 @@ struct FoundDevice {
   std::unique_ptr<ChunkSource> source;
   // Free memory at start (cuMemGetInfo); nullopt for a sim device.
   std::optional<uint64_t> free_memory;
+  // A GPU's CudaChunkSource::KeepFree; empty for a sim device.
+  std::function<void(uint64_t)> keep_free;
 };
 
 // A pool holds FdsPerChunk() FDs per chunk: every full pool must fit in
@@ -114,9 +117,11 @@ absl::StatusOr<std::vector<FoundDevice>> CudaDevices() {
                          ", chunks from ", source->Describe(), ", ",
                          FormatSize(source->free_memory_at_start()),
                          " free at start"));
+    CudaChunkSource* cuda = source.get();
     FoundDevice device{.uuid = source->uuid(),
                        .name = source->device_name(),
-                       .free_memory = source->free_memory_at_start()};
+                       .free_memory = source->free_memory_at_start(),
+                       .keep_free = [cuda](uint64_t bytes) { cuda->KeepFree(bytes); }};
     device.source = std::move(source);
     devices.push_back(std::move(device));
   }
@@ -167,19 +172,34 @@ absl::StatusOr<std::vector<FoundDevice>> FindDevices(const DaemonOptions& o,
   return SimDevices(o.sim_devices);
 }
 
+SizeContext DeviceSizes(const std::string& backend, const FoundDevice& device) {
+  return SizeContext{.percent_of = device.source->DeviceMemory(),
+                     .no_percent_reason = absl::StrCat("--backend ", backend,
+                                                       " has no device memory to take "
+                                                       "it of")};
+}
+
+// --headroom on a GPU: what the default capacity leaves of its free memory
+// at start, and what the pool never takes of it later (KeepFree).
+absl::StatusOr<uint64_t> DeviceHeadroom(const DaemonOptions& o,
+                                        const std::string& backend,
+                                        const FoundDevice& device) {
+  absl::StatusOr<uint64_t> headroom = ParseSize(o.headroom, DeviceSizes(backend, device));
+  if (!headroom.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--headroom: ", headroom.status().message()));
+  }
+  return *headroom;
+}
+
 // The capacity of `device`'s pool: --capacity (a size, or a percentage of
 // the device's memory), else its free memory at start minus --headroom on
 // a GPU, else DaemonOptions::capacity.
 absl::StatusOr<uint64_t> DeviceCapacity(const DaemonOptions& o,
                                         const std::string& backend,
                                         const FoundDevice& device) {
-  const SizeContext sizes{
-      .percent_of = device.source->DeviceMemory(),
-      .no_percent_reason = absl::StrCat("--backend ", backend,
-                                        " has no device memory to take "
-                                        "it of")};
   if (!o.capacity_size.empty()) {
-    absl::StatusOr<uint64_t> capacity = ParseSize(o.capacity_size, sizes);
+    absl::StatusOr<uint64_t> capacity = ParseSize(o.capacity_size, DeviceSizes(backend, device));
     if (!capacity.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--capacity: ", capacity.status().message()));
@@ -187,11 +207,8 @@ absl::StatusOr<uint64_t> DeviceCapacity(const DaemonOptions& o,
     return *capacity;
   }
   if (!device.free_memory.has_value()) return o.capacity;
-  absl::StatusOr<uint64_t> headroom = ParseSize(o.headroom, sizes);
-  if (!headroom.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--headroom: ", headroom.status().message()));
-  }
+  absl::StatusOr<uint64_t> headroom = DeviceHeadroom(o, backend, device);
+  if (!headroom.ok()) return headroom.status();
   if (*device.free_memory <= *headroom) {
     return absl::FailedPreconditionError(absl::StrCat(
         "device ", device.uuid, " (", device.name, ") has ",
@@ -253,6 +270,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       return absl::InvalidArgumentError("--capacity must be more than 0");
     }
     capacities.push_back(*capacity);
+    if (device.keep_free) {
+      absl::StatusOr<uint64_t> headroom = DeviceHeadroom(o, backend, device);
+      if (!headroom.ok()) return headroom.status();
+      device.keep_free(*headroom);
+    }
     at_start.push_back(
         {.free_memory = device.free_memory,
          .capacity_from_free =

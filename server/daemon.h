@@ -36,8 +36,10 @@ struct DaemonOptions {
   // ("70GiB"), or "N%" of the device's memory (ChunkSource::DeviceMemory).
   // Empty: on a GPU, its free memory at start minus `headroom`.
   std::string capacity_size;
-  // What a GPU's default capacity leaves free: a size, or "N%" of the
-  // device's memory.
+  // What the daemon leaves free on a GPU (a size, or "N%" of the device's
+  // memory): its default capacity is free memory at start minus this, and
+  // its pool never creates a chunk that would leave less free
+  // (CudaChunkSource::KeepFree).
   std::string headroom = "1GiB";
   // JSON configs per job and quotas (see server/config_file.h); optional.
   // Read again every `config_poll`; changes apply without a restart.

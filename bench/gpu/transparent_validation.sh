@@ -87,6 +87,7 @@ if want steptime; then
         --mode ${mode%%_*} --socket "$sock" --steps "$steps" --shape 8x1024 --smi-period 0 \
         --autotune-mode recommend "${extra[@]}" --json "$out/step_${mode}_$i.json" >/dev/null
     done
+    pack transparent  # a run cut short keeps the rounds it finished
   done
   python - "$out" "$pairs" <<'PY'
 import json, statistics, sys

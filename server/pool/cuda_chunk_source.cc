@@ -189,6 +189,16 @@ absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk(uint64_t bytes) {
                      FormatSize(granularity_)));
   }
   if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
+  if (const uint64_t keep = keep_free_.load(); keep > 0) {
+    absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
+    if (!memory.ok()) return memory.status();
+    if (memory->free < bytes + keep) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device ", device_->uuid, " has ", FormatSize(memory->free),
+          " free: a chunk of ", FormatSize(bytes), " would leave less than the ",
+          FormatSize(keep), " kept free for its processes' own CUDA needs (--headroom)"));
+    }
+  }
   absl::StatusOr<CUmemGenericAllocationHandle> handle =
       cuda::MemCreate(bytes, device_->prop);
   if (!handle.ok()) return handle.status();
@@ -200,6 +210,8 @@ absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk(uint64_t bytes) {
   std::shared_ptr<const UniqueFd> file(chunk, &chunk->no_fd);
   return ChunkMemory{.file = std::move(file), .handle = *handle, .offset = 0};
 }
+
+void CudaChunkSource::KeepFree(uint64_t bytes) { keep_free_.store(bytes); }
 
 absl::StatusOr<UniqueFd> CudaChunkSource::OpenForClient(
     const ChunkMemory& memory) const {

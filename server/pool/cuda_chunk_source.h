@@ -23,6 +23,7 @@
 #ifndef ALLOCD_SERVER_POOL_CUDA_CHUNK_SOURCE_H_
 #define ALLOCD_SERVER_POOL_CUDA_CHUNK_SOURCE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,8 +50,18 @@ class CudaChunkSource final : public ChunkSource {
   ~CudaChunkSource() override;
 
   // cuMemCreate of `bytes`. ResourceExhausted when the device is out of
-  // memory.
+  // memory, or when the chunk would leave it less free than KeepFree's.
   absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override;
+  // From now on, no chunk is created that would leave the device less than
+  // `bytes` free (cuMemGetInfo at each creation; 0, the default: no
+  // check). A pool sized at start from the device's free memory still needs
+  // this: the processes it serves make their CUDA contexts, load kernels
+  // lazily and let libraries (cuBLAS, NCCL) allocate beside it later, and
+  // a pool that took the last of the device, keeping what they free
+  // cached, made a DDP rank's next cuBLAS kernel fail to launch
+  // (CUBLAS_STATUS_EXECUTION_FAILED on an H200) where natively the
+  // allocator's retry would have given memory back to the device.
+  void KeepFree(uint64_t bytes);
   // An FD of the chunk's allocation: a copy of its kept export, else
   // cuMemExportToShareableHandle (kept when the FD budget allows).
   absl::StatusOr<UniqueFd> OpenForClient(
@@ -85,6 +96,7 @@ class CudaChunkSource final : public ChunkSource {
   // Shared with every chunk: the last chunk released releases the context.
   std::shared_ptr<Device> device_;
   const size_t granularity_;
+  std::atomic<uint64_t> keep_free_{0};
 };
 
 }  // namespace allocd

@@ -194,6 +194,41 @@ TEST(CudaDriverTest, CallsWithoutADriverSaySo) {
 
 // The chunk source alone, in this process: exported chunks import, map and
 // hold data; dropping the last reference releases them.
+// The pool never takes the last of the device: what its processes load and
+// allocate beside it after start needs room (KeepFree).
+TEST(CudaChunkSourceTest, NoChunkLeavesTheDeviceLessFreeThanItKeeps) {
+  REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<CudaChunkSource>> source =
+      CudaChunkSource::Create(0);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const size_t chunk = (*source)->Granularity();
+  absl::StatusOr<cuda::MemInfo> memory = cuda::MemGetInfo();
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  // Room for two chunks above what is kept (other processes on the GPU may
+  // take some of it: then fewer are made, never one too many).
+  const uint64_t keep = memory->free - 2 * chunk - chunk / 2;
+  (*source)->KeepFree(keep);
+  std::vector<ChunkMemory> chunks;
+  absl::Status refused;
+  for (int i = 0; i < 3 && refused.ok(); ++i) {
+    absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk(chunk);
+    if (c.ok()) {
+      chunks.push_back(std::move(*c));
+    } else {
+      refused = c.status();
+    }
+  }
+  EXPECT_LE(chunks.size(), 2u);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find("kept free"), std::string::npos) << refused;
+  memory = cuda::MemGetInfo();
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_GE(memory->free, keep);
+  (*source)->KeepFree(0);  // no check: the device's own limit
+  absl::StatusOr<ChunkMemory> c = (*source)->CreateChunk(chunk);
+  EXPECT_TRUE(c.ok()) << c.status();
+}
+
 TEST(CudaChunkSourceTest, ChunksAreExportedGpuMemory) {
   REQUIRE_GPU();
   absl::StatusOr<std::unique_ptr<CudaChunkSource>> source =

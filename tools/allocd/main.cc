@@ -183,8 +183,12 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "minus --headroom; 8GiB per sim device)")
       ->check(allocd::SizeSyntax());
   serve->add_option("--headroom", d.headroom,
-                    "GPU memory the default capacity leaves to other "
-                    "processes, e.g. 2GiB or 5% (default 1GiB)")
+                    "GPU memory the daemon leaves free for the CUDA "
+                    "contexts, kernels and libraries' own buffers of the "
+                    "processes on it: the default capacity is free memory at "
+                    "start minus this, and no chunk is ever created that "
+                    "would leave less free; e.g. 2GiB or 5%, 0 for no check "
+                    "(default 1GiB)")
       ->check(allocd::SizeSyntax());
   serve->add_option("--trim-after", o.trim_after,
                     "cached chunks not reused for this long go back to the "
