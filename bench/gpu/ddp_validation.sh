@@ -142,8 +142,15 @@ if want autotune; then
   step "autotune on DDP: max_split_size_mb:64, varying shapes, 500 steps (the first run, 24 steps, ended before the push reached the second rank): native, then transparent apply"
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_native native --steps 500 --varying
   start_daemon device
+  # Each GPU's memory as the driver sees it, every second: the pool never
+  # takes what the ranks' own CUDA needs (--headroom).
+  nvidia-smi --query-gpu=timestamp,index,memory.used,memory.free --format=csv,noheader \
+    -lms 1000 >"$out/smi_tune_transparent.csv" &
+  smi=$!
   PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp tune_transparent transparent --job ddp-tune \
     --steps 500 --varying --autotune-mode apply
+  kill "$smi"
+  sort -t, -k4 -n "$out/smi_tune_transparent.csv" | head -2 | sed 's/^/least free: /'
   summary tune_native tune_transparent
   allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -8
   python3 - "$out" <<'PY'

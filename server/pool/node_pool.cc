@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -377,13 +378,27 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
   std::vector<ChunkMemory> created;
   created.reserve(to_create.size());
   absl::Status failure;
-  for (uint64_t size : to_create) {
-    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(size);
-    if (!memory.ok()) {
-      failure = memory.status();
-      break;
+  bool trimmed_for_device = false;
+  for (size_t i = 0; i < to_create.size();) {
+    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(to_create[i]);
+    if (memory.ok()) {
+      created.push_back(*std::move(memory));
+      ++i;
+      continue;
     }
-    created.push_back(*std::move(memory));
+    // The device is full below the capacity (its processes' contexts and
+    // the headroom the source keeps take what the capacity counted on):
+    // the cache's chunks of other sizes, given back to the device, make
+    // the room, once. (Without this a DDP rank on an H200 that switched to
+    // expandable segments ran out of memory beside 120 GiB of its own
+    // former segments, cached whole.)
+    if (absl::IsResourceExhausted(memory.status()) && !trimmed_for_device) {
+      trimmed_for_device = true;
+      const uint64_t missing = std::accumulate(to_create.begin() + i, to_create.end(), uint64_t{0});
+      if (TrimFree(missing) > 0) continue;
+    }
+    failure = memory.status();
+    break;
   }
 
   absl::MutexLock lock(&mu_);

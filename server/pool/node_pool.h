@@ -244,7 +244,9 @@ class NodePool {
   // a client that maps every chunk at the smallest size passes that):
   // cached ones of those sizes first, then new ones from the source, up to
   // the capacity, destroying cached chunks of other sizes when the capacity
-  // has no room for the new ones. All or nothing: on any error the session
+  // has no room for the new ones, or when the source runs out of memory
+  // (ResourceExhausted) before the capacity does (then once, and the
+  // creation is tried again). All or nothing: on any error the session
   // holds what it held before (chunks destroyed to make room stay
   // destroyed). Errors:
   //  - InvalidArgument: bytes == 0;

@@ -16,6 +16,7 @@
 #include "server/metrics.h"
 #include "server/pool/chunk_source.h"
 #include "server/pool/device_pools.h"
+#include "tests/server/full_device_source.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 
@@ -335,39 +336,6 @@ TEST_F(DaemonCoreTest, AReadAheadLeavesThePoolAsMuchAgainFree) {
   ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok() && ahead->has_value());
 }
-
-// A device whose memory runs out before the pool's capacity does (other
-// processes' contexts and native allocations took some): CreateChunk fails
-// once `limit` bytes of chunks live.
-class FullDeviceSource final : public ChunkSource {
- public:
-  explicit FullDeviceSource(uint64_t limit) : limit_(limit) {}
-  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override {
-    if (live_->load() + bytes > limit_) {
-      return absl::ResourceExhaustedError("out of memory (the device)");
-    }
-    absl::StatusOr<ChunkMemory> memory = memfd_.CreateChunk(bytes);
-    if (!memory.ok()) return memory;
-    live_->fetch_add(bytes);
-    // The chunk's memory goes back to the device when its file closes.
-    auto live = live_;
-    memory->file = std::shared_ptr<const UniqueFd>(
-        new UniqueFd(dup(memory->file->get())),
-        [live, bytes](const UniqueFd* fd) {
-          live->fetch_sub(bytes);
-          delete fd;
-        });
-    return memory;
-  }
-  size_t Granularity() const override { return memfd_.Granularity(); }
-  std::string Name() const override { return "full-device"; }
-
- private:
-  MemfdChunkSource memfd_;
-  const uint64_t limit_;
-  std::shared_ptr<std::atomic<uint64_t>> live_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
-};
 
 // The pool's capacity has room, the device has not: the other session's
 // cache is asked back, as for a shortage of the pool, and serves the grant.

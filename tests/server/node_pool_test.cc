@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pool/memfd_chunk_source.h"
+#include "tests/server/full_device_source.h"
 
 namespace allocd {
 namespace {
@@ -631,6 +632,30 @@ TEST_F(NodePoolTest, AFailingSourceTakesNothingAndKeepsWhatItCreated) {
   absl::StatusOr<Grant> b = pool->Acquire(2, 5 * kChunk);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->reused_chunks, 3u);
+}
+
+// The device fills before the capacity: a chunk of a size the cache does
+// not hold is made by giving the cache's chunks of other sizes back to the
+// device, as when the capacity is full.
+TEST(NodePoolDeviceTest, AFullDeviceTrimsTheCacheOfOtherSizesToCreate) {
+  FullDeviceSource source(8 * kChunk);
+  NodePool pool(&source, NodePool::Options{.capacity = 64 * kChunk,
+                                           .chunk_classes = DefaultChunkClasses(kChunk)});
+  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
+  absl::StatusOr<Grant> big = pool.Acquire(1, 8 * kChunk);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_EQ(big->chunk_sizes, (std::vector<uint64_t>{8 * kChunk}));
+  ASSERT_TRUE(pool.Release(1, big->chunk_ids).ok());  // cached whole
+  absl::StatusOr<Grant> small = pool.Acquire(1, kChunk);
+  ASSERT_TRUE(small.ok()) << small.status();
+  const PoolStats stats = pool.Stats();
+  EXPECT_EQ(stats.trimmed_bytes_total, 8 * kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
+  // What the device cannot hold even with the cache given back is a
+  // shortage, as before.
+  absl::Status over = pool.Acquire(1, 8 * kChunk).status();
+  EXPECT_TRUE(IsNodeShortage(over)) << over;
 }
 
 TEST_F(NodePoolTest, CreationRunsOutsideTheLockAndReservesCapacity) {
