@@ -13,7 +13,9 @@
 #             peaks against the same job run natively
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
-#   bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
+#   [NPROC=2] bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
+# NPROC=1 runs the job as one rank (a one-GPU machine: the autotune part's
+# mechanics without the multi-GPU claims).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-ddp}
@@ -28,7 +30,7 @@ export ALLOCD_SOCKET=$sock NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
 ddp() {  # NAME MODE [ARGS...]: a 2-rank DDP run, results in $out/NAME_rank*.json
   local name=$1 mode=$2; shift 2
-  timeout 240 torchrun --standalone --nproc_per_node 2 "$here/ddp_train.py" --mode "$mode" \
+  timeout 240 torchrun --standalone --nproc_per_node "${NPROC:-2}" "$here/ddp_train.py" --mode "$mode" \
     --socket "$sock" --out "$out/$name" "$@" >"$out/$name.log" 2>&1
   grep -v -i "warn" "$out/$name.log" | tail -3
 }
@@ -38,11 +40,11 @@ sample_pools() {  # NAME SECONDS: the daemon's status every second, for SECONDS
   done
 }
 summary() {  # NAMES...: per rank, what each run did
-  python3 - "$out" "$@" <<'PY'
+  python3 - "$out" "${NPROC:-2}" "$@" <<'PY'
 import json, statistics, sys
-out, names = sys.argv[1], sys.argv[2:]
+out, nproc, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 for name in names:
-    for rank in (0, 1):
+    for rank in range(nproc):
         try:
             r = json.load(open(f"{out}/{name}_rank{rank}.json"))
         except FileNotFoundError:
@@ -153,10 +155,10 @@ if want autotune; then
   sort -t, -k4 -n "$out/smi_tune_transparent.csv" | head -2 | sed 's/^/least free: /'
   summary tune_native tune_transparent
   allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -8
-  python3 - "$out" <<'PY'
+  python3 - "$out" "${NPROC:-2}" <<'PY'
 import json, sys
 out = sys.argv[1]
-for rank in (0, 1):
+for rank in range(int(sys.argv[2])):
     n = json.load(open(f"{out}/tune_native_rank{rank}.json"))
     t = json.load(open(f"{out}/tune_transparent_rank{rank}.json"))
     switched = next((i for i, c in enumerate(t["step_config"]) if c != t["step_config"][0]), None)
