@@ -325,7 +325,7 @@ class ManagedAllocator {
     return it->second;
   }
 
-  CUevent NewEvent() {
+  CUevent NewEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!spare_events_.empty()) {
       CUevent event = spare_events_.back();
       spare_events_.pop_back();
