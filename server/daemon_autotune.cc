@@ -28,6 +28,7 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_predicted_peak_switched(d.predicted_peak_switched);
   out->set_predicted_saving(d.predicted_saving);
   out->set_predicted_peak_allocated(d.predicted_peak_allocated);
+  out->set_predicted_peak_requested(d.predicted_peak_requested);
   if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
   if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));

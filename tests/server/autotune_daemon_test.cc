@@ -195,6 +195,10 @@ TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   nlohmann::json out = Finish(*job);
   ASSERT_TRUE(d.has_value());
   EXPECT_FALSE(d->to_config().empty());
+  // The job's need after the switch point, as PyTorch rounds it and as it
+  // asked (what a push's watch measures growth against).
+  EXPECT_GT(d->predicted_peak_requested(), 0);
+  EXPECT_LE(d->predicted_peak_requested(), d->predicted_peak_allocated());
   EXPECT_EQ(d->version(), 0u);
   EXPECT_EQ(out["pushes_applied"], 0);
   EXPECT_EQ(out["config"], "max_split_size_mb:64");
