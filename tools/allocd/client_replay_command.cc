@@ -155,13 +155,15 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   int loops = 0;
   uint64_t events = 0;
   int64_t peak_reserved = 0;
-  // Each whole loop: the config version it ended on and its peak reserved,
-  // so a report shows what a push did to the loops after it.
+  // Each whole loop: the config versions it started and ended on (a push
+  // can land mid-loop) and its peak reserved, so a report shows what a push
+  // did to the loops after it.
   nlohmann::json loop_peaks = nlohmann::json::array();
   int64_t device_allocs = 0;
   for (;;) {
     // Each loop is a fresh process lifetime of the traced job: a new
     // allocator on the same session, under the config it runs now.
+    const uint64_t started_on = session.config_version();
     absl::StatusOr<ReplayResult> r = Replay(
         *trace, session.config(),
         {.observer = &observer, .device = &backend});
@@ -173,7 +175,8 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     peak_reserved = std::max(peak_reserved, r->peak_reserved);
     device_allocs += r->num_device_alloc;
     if (r->events < trace->events.size()) break;  // time is up mid-trace
-    loop_peaks.push_back({{"config_version", session.config_version()},
+    loop_peaks.push_back({{"started_config_version", started_on},
+                          {"config_version", session.config_version()},
                           {"config", FormatAllocatorConfig(session.config())},
                           {"peak_reserved", r->peak_reserved}});
     ++loops;
