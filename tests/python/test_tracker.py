@@ -31,16 +31,45 @@ atexit.register(shutil.rmtree, CACHE, True)
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC = 0, 1, 2, 3
 
 
+class FakeCuda:
+    """torch.cuda's lazy initialisation as PyTorch 2.11 has it: calls queued
+    with _lazy_call run at init(), after the allocator is made (the fake
+    allocator's fake_torch_init), or at once when it was."""
+
+    def __init__(self):
+        self.initialized = False
+        self.queued = []
+
+    def is_initialized(self):
+        return self.initialized
+
+    def _lazy_call(self, fn):
+        if self.initialized:
+            fn()
+        else:
+            self.queued.append(fn)
+
+    def init(self):
+        if not self.initialized:
+            c10.fake_torch_init()
+            self.initialized = True
+            for fn in self.queued:
+                fn()
+
+
+FAKE_CUDA = FakeCuda()
+
+
 def fake_torch(include=os.environ["FAKE_TORCH_INCLUDE"], version="2.11.0+fake"):
     """A torch whose headers are the model and whose lib/ holds the fakes;
-    its torch.cuda.init is the fake allocator's lazy initialisation."""
+    its CUDA is the one FAKE_CUDA, whose allocator is process-wide."""
     torch = types.ModuleType("torch")
     torch.__version__ = version
     torch.__file__ = os.path.join(os.path.dirname(LIB), "__init__.py")
     torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
     extension = types.SimpleNamespace(include_paths=lambda device_type="cpu": [include])
     torch.utils = types.SimpleNamespace(cpp_extension=extension)
-    torch.cuda = types.SimpleNamespace(init=lambda: c10.fake_torch_init())
+    torch.cuda = FAKE_CUDA
     return torch
 
 
@@ -49,9 +78,23 @@ c10 = ctypes.CDLL(os.path.join(LIB, "libc10_cuda.so"))
 c10.fake_torch_emit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                 ctypes.c_uint64]
 c10.fake_torch_trackers.restype = ctypes.c_size_t
-# As PyTorch's: a tracker attached before CUDA's lazy initialisation is
-# given to no device allocator. Every test's reader must initialise first.
-assert c10.fake_torch_trackers() == 0
+
+
+def setUpModule():
+    """Before any test initialises the fake CUDA: a reader started before
+    CUDA's lazy initialisation neither initialises it (a job may fork
+    before it touches CUDA) nor attaches to nothing (PyTorch would give the
+    tracker to no device allocator, as the fake does): it attaches at the
+    initialisation."""
+    reader = _tracker.TrackerReader.for_torch(fake_torch(), 0)
+    reader.start()
+    assert not FAKE_CUDA.initialized
+    assert c10.fake_torch_trackers() == 0
+    FAKE_CUDA.init()
+    assert c10.fake_torch_trackers() == 1
+    c10.fake_torch_emit(ALLOC, 0, 0x40, 512, 0)
+    assert list(reader.read()[2]) == [0x40], "the tracker attached at initialisation reads"
+    reader.stop()
 
 
 class TrackerTest(unittest.TestCase):
@@ -104,13 +147,19 @@ class TrackerTest(unittest.TestCase):
         _, _, ids, _, dropped = self.reader.read()
         self.assertEqual((list(ids), dropped), ([5], 2))
 
-    def test_it_initialises_pytorchs_allocator_before_it_attaches(self):
-        # transparent enable() starts it before the job touches CUDA; had it
-        # attached first, PyTorch would have kept it nowhere and every read
-        # been empty (as on the first GPU run of the tracker).
-        self.assertEqual(c10.fake_torch_trackers(), 1)
-        c10.fake_torch_emit(ALLOC, 0, 0x40, 512, 0)
-        self.assertEqual(list(self.reader.read()[2]), [0x40])
+    def test_a_reader_stopped_before_cuda_initialises_is_not_started_by_it(self):
+        # Its attach queued for the initialisation must not re-arm the
+        # tracker after the stop.
+        self.reader.stop()
+        torch = fake_torch()
+        torch.cuda = FakeCuda()
+        late = _tracker.TrackerReader.for_torch(torch, 0)
+        late.start()
+        late.stop()
+        torch.cuda.init()
+        c10.fake_torch_emit(ALLOC, 0, 0x50, 512, 0)
+        self.assertEqual(list(late.read()[2]), [])
+        self.reader.start()  # as setUp left it, for tearDown
 
     def test_stopped_it_keeps_nothing_and_one_tracker_serves_every_start(self):
         self.reader.stop()

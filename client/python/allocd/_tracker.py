@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 
 from . import _address, _load
 
@@ -141,6 +142,7 @@ class TrackerReader:
         self._device = device
         self._capacity = capacity
         self._gap = 0  # dropped after the last events read
+        self._stopped = False  # an attach queued for CUDA's initialisation is void
 
     @classmethod
     def for_torch(cls, torch, device):
@@ -151,17 +153,38 @@ class TrackerReader:
             raise TrackerUnavailable(f"loading it failed: {error}") from None
 
     def start(self):
-        # PyTorch hands a tracker to the device allocators that exist, and
-        # makes them at CUDA's lazy initialisation: attached before it (as
-        # allocd.enable() does in transparent mode, before the job touches
-        # CUDA), the tracker would be given to none and read nothing.
-        # Initialising makes no context, so no device is touched.
-        self._torch.cuda.init()
-        if self._lib.allocd_tracker_attach(self._device, self._capacity) != 0:
-            raise TrackerUnavailable("PyTorch refused the tracker (CUDA not initialised?)")
+        """Keeps the device's events from now on; TrackerUnavailable when
+        PyTorch refuses the tracker.
+
+        PyTorch gives a tracker only to the device allocators that exist,
+        and makes them at CUDA's lazy initialisation: before it (transparent
+        enable() runs before the job touches CUDA) the tracker is attached
+        there (torch.cuda._lazy_call), not by initialising CUDA now, which a
+        job that forks before it uses CUDA could not live with. A refusal
+        then is a warning: the job's CUDA must not fail for it.
+        """
         self._gap = 0
+        self._stopped = False
+        if self._torch.cuda.is_initialized():
+            self._attach()
+        else:
+            self._torch.cuda._lazy_call(self._attach_at_initialisation)
+
+    def _attach(self):
+        if self._lib.allocd_tracker_attach(self._device, self._capacity) != 0:
+            raise TrackerUnavailable("PyTorch refused the tracker")
+
+    def _attach_at_initialisation(self):
+        if self._stopped:
+            return
+        try:
+            self._attach()
+        except TrackerUnavailable as why:
+            warnings.warn(f"allocd: the allocation-stream tracker: {why}; the autotuner gets "
+                          "no events from this process", stacklevel=2)
 
     def stop(self):
+        self._stopped = True
         self._lib.allocd_tracker_stop()
 
     def read(self):
