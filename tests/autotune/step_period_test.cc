@@ -183,7 +183,9 @@ TEST(StepPeriodTest, AMultiScaleResNetsStepIsFoundThoughStepsDifferInLength) {
     Trace prefix = *trace;
     prefix.events.resize(n);
     const std::optional<uint64_t> period = FindStepPeriod(prefix, kShift);
-    if (period) EXPECT_FALSE(ReturnsWhatItAllocates(prefix, *period)) << n << " events, period " << *period;
+    if (period) {
+      EXPECT_FALSE(ReturnsWhatItAllocates(prefix, *period)) << n << " events, period " << *period;
+    }
   }
 }
 

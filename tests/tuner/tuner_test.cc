@@ -73,7 +73,9 @@ TEST(TunerTest, PeakObjectiveReachesTheLowerBound) {
   ASSERT_NE(recommended, nullptr);
   EXPECT_LE(static_cast<double>(recommended->replay.peak_reserved),
             (1 + report.options.cap_threshold) * static_cast<double>(118 * kMiB));
-  if (recommended != &best) EXPECT_FALSE(recommended->candidate.memory_fraction);
+  if (recommended != &best) {
+    EXPECT_FALSE(recommended->candidate.memory_fraction);
+  }
 }
 
 TEST(TunerTest, CapacityObjectiveFindsTheLeastMemoryTheJobFitsIn) {
