@@ -193,11 +193,12 @@ absl::StatusOr<uint64_t> DeviceHeadroom(const DaemonOptions& o,
 }
 
 // The capacity of `device`'s pool: --capacity (a size, or a percentage of
-// the device's memory), else its free memory at start minus --headroom on
-// a GPU, else DaemonOptions::capacity.
+// the device's memory), else its free memory at start minus `headroom` (its
+// --headroom) on a GPU, else DaemonOptions::capacity.
 absl::StatusOr<uint64_t> DeviceCapacity(const DaemonOptions& o,
                                         const std::string& backend,
-                                        const FoundDevice& device) {
+                                        const FoundDevice& device,
+                                        std::optional<uint64_t> headroom) {
   if (!o.capacity_size.empty()) {
     absl::StatusOr<uint64_t> capacity = ParseSize(o.capacity_size, DeviceSizes(backend, device));
     if (!capacity.ok()) {
@@ -206,9 +207,7 @@ absl::StatusOr<uint64_t> DeviceCapacity(const DaemonOptions& o,
     }
     return *capacity;
   }
-  if (!device.free_memory.has_value()) return o.capacity;
-  absl::StatusOr<uint64_t> headroom = DeviceHeadroom(o, backend, device);
-  if (!headroom.ok()) return headroom.status();
+  if (!device.free_memory.has_value() || !headroom.has_value()) return o.capacity;
   if (*device.free_memory <= *headroom) {
     return absl::FailedPreconditionError(absl::StrCat(
         "device ", device.uuid, " (", device.name, ") has ",
@@ -264,17 +263,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   // For fitting each capacity after a restart (DaemonCore::SettleAdoption).
   std::vector<DeviceAtStart> at_start;
   for (const FoundDevice& device : *devices) {
-    absl::StatusOr<uint64_t> capacity = DeviceCapacity(o, backend, device);
+    // A GPU's (parsed once: its default capacity and its KeepFree).
+    std::optional<uint64_t> headroom;
+    if (device.free_memory.has_value()) {
+      absl::StatusOr<uint64_t> parsed = DeviceHeadroom(o, backend, device);
+      if (!parsed.ok()) return parsed.status();
+      headroom = *parsed;
+    }
+    absl::StatusOr<uint64_t> capacity = DeviceCapacity(o, backend, device, headroom);
     if (!capacity.ok()) return capacity.status();
     if (*capacity == 0) {
       return absl::InvalidArgumentError("--capacity must be more than 0");
     }
     capacities.push_back(*capacity);
-    if (device.keep_free) {
-      absl::StatusOr<uint64_t> headroom = DeviceHeadroom(o, backend, device);
-      if (!headroom.ok()) return headroom.status();
-      device.keep_free(*headroom);
-    }
+    if (device.keep_free && headroom.has_value()) device.keep_free(*headroom);
     at_start.push_back(
         {.free_memory = device.free_memory,
          .capacity_from_free =
