@@ -23,10 +23,7 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
     case TraceOp::kAlloc: {
       if (it != live_ids_.end()) {
         // The id is reused, so its free was lost: free the old allocation.
-        if (!it->second.free_requested) {
-          Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
-          Release(it->second.size);
-        }
+        if (!it->second.free_requested) RequestFree(it->second);
         Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
         live_ids_.erase(it);
       }
@@ -42,9 +39,7 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
         ++unmatched_frees_;
         return;
       }
-      it->second.free_requested = true;
-      Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
-      Release(it->second.size);
+      RequestFree(it->second);
       return;
     case TraceOp::kFreeCompleted:
       if (it == live_ids_.end()) {
@@ -52,17 +47,18 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
         return;
       }
       // A plain free (no record_stream) may come as free_completed alone.
-      if (!it->second.free_requested) {
-        Append(TraceOp::kFreeRequested, 0, it->second.id, 0);
-        Release(it->second.size);
-      }
+      if (!it->second.free_requested) RequestFree(it->second);
       Append(TraceOp::kFreeCompleted, 0, it->second.id, 0);
       live_ids_.erase(it);
       return;
   }
 }
 
-void JobWindow::Release(uint64_t size) { requested_bytes_ -= static_cast<int64_t>(size); }
+void JobWindow::RequestFree(LiveId& live) {
+  live.free_requested = true;
+  Append(TraceOp::kFreeRequested, 0, live.id, 0);
+  requested_bytes_ -= static_cast<int64_t>(live.size);
+}
 
 uint16_t JobWindow::StreamIndex(uint64_t handle) {
   auto it = std::find(stream_handles_.begin(), stream_handles_.end(), handle);

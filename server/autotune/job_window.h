@@ -74,7 +74,6 @@ class JobWindow {
   };
 
   void AddOne(const EvidenceEvent& event);
-  void Release(uint64_t size);
   void Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size);
   uint16_t StreamIndex(uint64_t handle);
   void DropOldest();
@@ -98,6 +97,9 @@ class JobWindow {
   // Window id -> what the allocation was, for those allocated before the
   // window's start and not yet free_completed at it.
   absl::flat_hash_map<uint32_t, Live> prelude_;
+  // Appends the free_requested of a live id, which no longer counts as
+  // requested.
+  void RequestFree(LiveId& live);
   // The window's stream index -> CUDA handle, in order of first use.
   std::vector<uint64_t> stream_handles_;
   int64_t requested_bytes_ = 0;
