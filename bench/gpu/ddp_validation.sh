@@ -28,7 +28,7 @@ sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
 export ALLOCD_SOCKET=$sock NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
-ddp() {  # NAME MODE [ARGS...]: a 2-rank DDP run, results in $out/NAME_rank*.json
+ddp() {  # NAME MODE [ARGS...]: a DDP run of NPROC ranks (2), results in $out/NAME_rank*.json, its output in NAME.log
   local name=$1 mode=$2; shift 2
   timeout 240 torchrun --standalone --nproc_per_node "${NPROC:-2}" "$here/ddp_train.py" --mode "$mode" \
     --socket "$sock" --out "$out/$name" "$@" >"$out/$name.log" 2>&1
