@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -186,6 +187,7 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
 //   chunks);
 // - ws_imported: chunks made once and exported, each segment importing
 //   its two FDs (a transparent process's driver work, without the daemon);
+//   ws_imported_N_threads: the same work shared by N threads at once;
 // - ws_daemon: AllocateSegment through the daemon, the first round cold;
 // - ws_daemon_read_ahead: the same, warm, through a client that reads the
 //   next grant ahead (GrantReadAhead, as ALLOCD_READ_AHEAD_MS does).
@@ -204,17 +206,37 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
     CUdeviceptr address = 0;
     std::vector<CUmemGenericAllocationHandle> handles;
   };
-  auto measure = [&](const char* name, auto&& make, auto&& drop) -> int {
+  // `threads` > 1: the segments are made by that many threads at once, each
+  // with the context current (whether the driver's VMM calls scale).
+  auto measure = [&](const std::string& name, auto&& make, auto&& drop,
+                     int threads = 1) -> int {
     nlohmann::json rounds_ms = nlohmann::json::array();
     for (int r = 0; r < rounds; ++r) {
-      std::vector<Segment> held;
+      std::vector<Segment> held(segments);
+      std::vector<absl::Status> failed(threads);
       const auto t0 = Clock::now();
-      for (int i = 0; i < segments; ++i) {
-        absl::StatusOr<Segment> made = make();
-        if (!made.ok()) return Fail(name, made.status());
-        held.push_back(*std::move(made));
+      auto make_share = [&](int t) {
+        if (threads > 1) failed[t] = context->Bind();
+        for (int i = t; i < segments && failed[t].ok(); i += threads) {
+          absl::StatusOr<Segment> made = make();
+          if (!made.ok()) {
+            failed[t] = made.status();
+          } else {
+            held[i] = *std::move(made);
+          }
+        }
+      };
+      if (threads == 1) {
+        make_share(0);
+      } else {
+        std::vector<std::thread> workers;
+        for (int t = 0; t < threads; ++t) workers.emplace_back(make_share, t);
+        for (std::thread& w : workers) w.join();
       }
       const auto t1 = Clock::now();
+      for (const absl::Status& s : failed) {
+        if (!s.ok()) return Fail(name, s);
+      }
       rounds_ms.push_back(std::round(Micros(t0, t1) / 10) / 100);
       for (Segment& segment : held) {
         if (absl::Status s = drop(segment); !s.ok()) return Fail(name, s);
@@ -295,20 +317,24 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
       owned.push_back(*h);
       exported.emplace_back(*fd);
     }
-    int next = 0;
-    const int r = measure(
-        "ws_imported",
-        [&]() -> absl::StatusOr<Segment> {
-          std::vector<CUmemGenericAllocationHandle> handles;
-          for (int c = 0; c < 2; ++c) {
-            absl::StatusOr<CUmemGenericAllocationHandle> h =
-                cuda::ImportFromFd(exported[next++ % exported.size()].get());
-            if (!h.ok()) return h.status();
-            handles.push_back(*h);
-          }
-          return map_range(std::move(handles));
-        },
-        unmap_range);
+    std::atomic<size_t> next = 0;
+    auto import_segment = [&]() -> absl::StatusOr<Segment> {
+      std::vector<CUmemGenericAllocationHandle> handles;
+      for (int c = 0; c < 2; ++c) {
+        absl::StatusOr<CUmemGenericAllocationHandle> h =
+            cuda::ImportFromFd(exported[next++ % exported.size()].get());
+        if (!h.ok()) return h.status();
+        handles.push_back(*h);
+      }
+      return map_range(std::move(handles));
+    };
+    int r = measure("ws_imported", import_segment, unmap_range);
+    for (int threads : {2, 4}) {
+      if (r == 0) {
+        r = measure(absl::StrCat("ws_imported_", threads, "_threads"),
+                    import_segment, unmap_range, threads);
+      }
+    }
     for (CUmemGenericAllocationHandle h : owned) (void)cuda::MemRelease(h);
     if (r != 0) return r;
   }

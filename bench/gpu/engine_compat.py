@@ -17,7 +17,8 @@ Checks, each ok/failed with what it saw:
   empty_cache  reserved memory drops after empty_cache();
   reduce_overhead  torch.compile(mode="reduce-overhead") (engine mode is
                expected to fail here: CUDA-graph trees need PyTorch's pools).
-Prints one JSON document: {"modes": {mode: {"checks": {...}}}, "summary"}.
+Prints one JSON document: {"modes": {mode: {"checks": {...}}}, "summary"}
+(and writes it to --json FILE).
 
   PYTHONPATH=.gpu/python LD_LIBRARY_PATH=.gpu/lib \\
       python bench/gpu/engine_compat.py --allocd .gpu/bin/allocd > engine_compat.json
@@ -242,6 +243,7 @@ def main():
     parser.add_argument("--capacity", default="16GiB", help="the daemon's pool")
     parser.add_argument("--modes", default="native,engine")
     parser.add_argument("--workdir", help="where snapshots and logs go (default: a temp dir)")
+    parser.add_argument("--json", help="also write the report to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="engine_compat_")
@@ -290,6 +292,9 @@ def main():
     report["summary"] = summary
     report["all_expected_passed"] = ok
     print(json.dumps(report, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
     return 0 if ok else 1
 
 

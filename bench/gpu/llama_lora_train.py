@@ -5,6 +5,7 @@ the allocator sees it, and the GPU's used memory as nvidia-smi sees it.
 
     python llama_lora_train.py --mode native|transparent|engine|advise [--steps N] [--seed S]
         [--socket PATH] [--json OUT] [--kill-daemon-at STEP --daemon-pid PID]
+        [--deterministic]
 
 --mode native uses PyTorch's allocator with $PYTORCH_CUDA_ALLOC_CONF;
 --mode transparent calls allocd.enable() before importing torch (PyTorch's
@@ -25,6 +26,7 @@ import subprocess
 import threading
 import time
 
+import deterministic
 from daemon_kill import kill_daemon
 
 
@@ -86,7 +88,9 @@ def main():
     p.add_argument("--smi-period", type=float, default=0.2,
                    help="seconds between nvidia-smi samples of the GPU's used memory (0: none; "
                         "each sample is a process that takes the driver's lock: off to time steps)")
+    deterministic.add_argument(p)
     a = p.parse_args()
+    deterministic.before_torch(a)
 
     baseline_mib = gpu_used_mib()
     engine = a.mode in ("engine", "allocd")
@@ -98,6 +102,7 @@ def main():
                       mode="engine" if engine else "transparent",
                       autotune_mode=a.autotune_mode, record_events=not a.no_record_events)
     import torch
+    deterministic.after_torch(a, torch)
     if a.mode == "advise":
         import allocd
         allocd.advise(socket=a.socket, job=a.job, required=True, autotune_mode=a.autotune_mode,
@@ -108,7 +113,9 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = False
     cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096,
+                      # SDPA's fused backward kernels have no deterministic form.
+                      attn_implementation="eager" if a.deterministic else None)
     torch.manual_seed(a.seed)
     with UsedMemoryWatch(a.smi_period) as watch:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)

@@ -4,6 +4,7 @@ with each step's peak reserved memory and the allocator config it ended on.
 
     python resnet_train.py --mode native|advise|transparent [--steps N]
         [--socket PATH] [--job NAME] [--snapshot OUT.pickle] [--json OUT]
+        [--autotune-mode off|recommend|apply] [--deterministic]
 
 --mode advise keeps PyTorch's allocator and calls allocd.advise(); --mode
 transparent calls allocd.enable() before importing torch (PyTorch's allocator
@@ -16,6 +17,8 @@ import json
 import os
 import random
 
+import deterministic
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__,
@@ -26,15 +29,22 @@ def main():
     p.add_argument("--job", default="resnet50")
     p.add_argument("--snapshot")
     p.add_argument("--json")
+    p.add_argument("--autotune-mode", choices=["off", "recommend", "apply"],
+                   help="the job's autotune mode (default: the daemon's); recommend decides "
+                        "without pushing, so every step runs on the config it started with")
+    deterministic.add_argument(p)
     a = p.parse_args()
+    deterministic.before_torch(a)
     if a.mode == "transparent":
         import allocd
-        allocd.enable(socket=a.socket, job=a.job, required=True)
+        allocd.enable(socket=a.socket, job=a.job, required=True, autotune_mode=a.autotune_mode)
     import torch
     import torchvision
+    deterministic.after_torch(a, torch)
     if a.mode == "advise":
         import allocd
-        allocd.advise(socket=a.socket, job=a.job, required=True, period=0.5)
+        allocd.advise(socket=a.socket, job=a.job, required=True, period=0.5,
+                      autotune_mode=a.autotune_mode)
     if a.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None)
     torch.manual_seed(0)

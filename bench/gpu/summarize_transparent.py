@@ -82,14 +82,27 @@ def main():
     for r in summary["compat"]:
         print(f"| {r['check']} | {'ok' if r['native'] else 'FAIL'} | "
               f"{'ok' if r['transparent'] else 'FAIL'} | {r['note']} |")
-    native, ours = load(out, "train_native.json"), load(out, "train_transparent.json")
-    if native and ours:
-        summary["train"] = {
-            "losses_identical": native["losses"] == ours["losses"],
-            "peak_reserved": [native["peak_reserved"], ours["peak_reserved"]],
-            "gpu_used_mib_peak": [native["gpu_used_mib_peak"], ours["gpu_used_mib_peak"]],
+    engine = load(out, "compat_engine.json")
+    if engine:
+        summary["engine_compat"] = {"checks": engine["summary"],
+                                    "all_expected_passed": engine["all_expected_passed"]}
+        print("\nengine mode (reduce_overhead is expected to fail):",
+              json.dumps(summary["engine_compat"]))
+    for workload in ("llama_lora", "resnet"):
+        runs = {run: load(out, f"train_{workload}_{run}.json")
+                for run in ("native", "native_control", "transparent")}
+        if not all(runs.values()):
+            continue
+        native = runs["native"]
+        summary.setdefault("train", {})[workload] = {
+            "steps": native["steps"],
+            "native_losses_repeat": runs["native_control"]["losses"] == native["losses"],
+            "losses_identical": runs["transparent"]["losses"] == native["losses"],
+            "peak_reserved": {run: r["peak_reserved"] for run, r in runs.items()},
+            "gpu_used_mib_peak": {run: r.get("gpu_used_mib_peak") for run, r in runs.items()},
+            "transparent_config": runs["transparent"].get("allocd", {}).get("config"),
         }
-        print("\ntrain:", json.dumps(summary["train"]))
+        print(f"\ntrain {workload}:", json.dumps(summary["train"][workload]))
     ratios = []
     for i in range(1, 6):
         n, t = load(out, f"step_native_{i}.json"), load(out, f"step_transparent_{i}.json")

@@ -2,8 +2,9 @@
 # Transparent managed mode on a real GPU (issue 13, deliver 3 and 5):
 #   compat     transparent_compat.py natively and under `allocd run`, with
 #              PyTorch's defaults and with expandable segments
-#   train      llama_lora natively and transparent: losses, peak reserved,
-#              nvidia-smi's used memory
+#   train      llama_lora and resnet (not llama-like), deterministic, natively
+#              twice and transparent: losses, peak reserved, nvidia-smi's
+#              used memory
 #   steptime   a fixed, GPU-bound shape, 5 interleaved rounds of native and
 #              transparent with the stream from the C++ tracker, from
 #              PyTorch's history and none (autotune recommend: no push)
@@ -58,10 +59,17 @@ fi
 
 if want train; then
   start_daemon
-  step "llama_lora 30 steps: native"
-  timeout 300 python "$here/llama_lora_train.py" --mode native --json "$out/train_native.json" | cut -c1-200
-  step "llama_lora 30 steps: transparent"
-  timeout 300 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" --json "$out/train_transparent.json" | cut -c1-200
+  # --deterministic: runs of one seed are bit-identical natively (the native
+  # control shows it), so transparent's losses and peaks can be compared bit
+  # for bit; recommend: the autotuner decides, pushes nothing (same config).
+  for workload in llama_lora resnet; do
+    for run in native native_control transparent; do
+      step "$workload: $run (deterministic)"
+      timeout 300 python "$here/${workload}_train.py" --mode ${run%%_*} --socket "$sock" \
+        --deterministic $([ $run = transparent ] && echo --autotune-mode recommend) \
+        --json "$out/train_${workload}_$run.json" | cut -c1-200
+    done
+  done
   allocctl status
   stop_daemon
   pack transparent
