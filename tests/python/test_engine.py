@@ -123,7 +123,12 @@ def make_fake_torch():
     C._accelerator_getDeviceStats = refuse("getDeviceStats")
     C._accelerator_resetPeakStats = refuse("resetPeakStats")
     C._accelerator_resetAccumulatedStats = refuse("resetAccumulatedStats")
-    C._accelerator_isAllocatorInitialized = lambda: True
+    # As on PyTorch 2.11 under a pluggable allocator: torch.accelerator asks
+    # the allocator registered for CUDA at load time, PyTorch's own, which
+    # is never initialized; its empty_cache has nothing to empty.
+    C._accelerator_isAllocatorInitialized = lambda: False
+    C._accelerator_emptyCache = lambda: calls.update(["registered emptyCache"])
+    C._cuda_emptyCache = lambda: calls.update(["current emptyCache"])
     C._cuda_memorySnapshot = refuse("snapshot")
     C._cuda_record_memory_history = refuse("recordHistory")
     C._cuda_record_memory_history_legacy = refuse("recordHistory")
@@ -185,12 +190,16 @@ def make_fake_torch():
     memory.memory_summary = memory_summary
     memory._record_memory_history = _record_memory_history
     memory._snapshot = _snapshot
-    memory.memory_snapshot = lambda mempool_id=None: torch._C._cuda_memorySnapshot(
-        mempool_id)["segments"]
+    def memory_snapshot(mempool_id=None, include_traces=True):  # 2.10+
+        pool = (0, 0) if mempool_id is None else mempool_id
+        return torch._C._cuda_memorySnapshot((pool[0], pool[1], include_traces))["segments"]
+
+    memory.memory_snapshot = memory_snapshot
 
     cuda = types.ModuleType("torch.cuda")
     cuda.memory = memory
     cuda.current_device = lambda: MANAGED
+    cuda.is_initialized = lambda: True
     for name in dir(memory):  # torch/cuda/__init__.py: from .memory import *
         if not name.startswith("_"):
             setattr(cuda, name, getattr(memory, name))
@@ -205,6 +214,12 @@ def make_fake_torch():
         return collections.OrderedDict(sorted(flatten(stats)))
 
     accelerator.memory_stats = acc_memory_stats
+
+    def acc_empty_cache():
+        if torch._C._accelerator_isAllocatorInitialized():
+            torch._C._accelerator_emptyCache()
+
+    accelerator.empty_cache = acc_empty_cache
     for name, key in (("memory_allocated", "allocated_bytes.all.current"),
                       ("max_memory_allocated", "allocated_bytes.all.peak"),
                       ("memory_reserved", "reserved_bytes.all.current"),
@@ -307,6 +322,9 @@ class EngineRoutingTest(unittest.TestCase):
         self.assertEqual(snapshot["segments"][0]["total_size"], 2 << 20)
         self.assertEqual(snapshot["device_traces"], [[]])
         self.assertEqual(memory.memory_snapshot(), snapshot["segments"])
+        self.assertEqual(memory.memory_snapshot(include_traces=False), snapshot["segments"])
+        with self.assertRaisesRegex(RuntimeError, REFUSED):  # a MemPool's: PyTorch's
+            memory.memory_snapshot(mempool_id=(1, 2))
 
         memory._record_memory_history(max_entries=1000)
         self.assertEqual(self.lib.history[-1], (1, 1000, 0))
@@ -319,6 +337,21 @@ class EngineRoutingTest(unittest.TestCase):
         self.assertEqual(self.lib.history[-1], (1, sys.maxsize, 1))
         memory._record_memory_history(True, max_entries=50)  # the legacy form
         self.assertEqual(self.lib.history[-1], (1, 50, 0))
+
+    def test_a_snapshot_without_traces_has_none(self):
+        self.torch.cuda.memory._record_memory_history(max_entries=1000)
+        self.assertEqual(self.torch._C._cuda_memorySnapshot((0, 0, True))["device_traces"][0][0]
+                         ["action"], "alloc")
+        self.assertEqual(self.torch._C._cuda_memorySnapshot((0, 0, False))["device_traces"],
+                         [[]])
+
+    def test_accelerator_empty_cache_empties_the_engine(self):
+        self.torch.accelerator.empty_cache()
+        self.assertEqual(self.torch.calls["current emptyCache"], 1)
+        self.assertEqual(self.torch.calls["registered emptyCache"], 0)
+        self.engine.unroute()
+        self.torch.accelerator.empty_cache()  # PyTorch's own: nothing to empty
+        self.assertEqual(self.torch.calls["current emptyCache"], 1)
 
     def test_functions_bound_before_routing_are_routed_too(self):
         self.engine.unroute()

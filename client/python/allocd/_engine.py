@@ -27,6 +27,11 @@ _accelerator_getDeviceStats                 torch.accelerator.memory_stats,
                                             max_memory_reserved
 _accelerator_resetPeakStats                 torch.accelerator.reset_peak_memory_stats
 _accelerator_resetAccumulatedStats          torch.accelerator.reset_accumulated_memory_stats
+_accelerator_isAllocatorInitialized         every torch.accelerator memory function
+                                            (the allocator PyTorch registered
+                                            for CUDA is never initialized
+                                            under a pluggable one)
+_accelerator_emptyCache                     torch.accelerator.empty_cache
 _cuda_memorySnapshot                        torch.cuda.memory._snapshot,
                                             memory_snapshot, _dump_snapshot
 _cuda_record_memory_history(_legacy)        torch.cuda.memory._record_memory_history
@@ -203,11 +208,42 @@ class Engine:
     def _snapshot(self, name):
         original = self._originals[name]
 
-        def routed(mempool_id=None, *args, **kwargs):
-            # A MemPool's snapshot is PyTorch's (engine mode has no pools).
-            if mempool_id is not None:
-                return original(mempool_id, *args, **kwargs)
-            return self.snapshot()
+        def routed(pool=None, *args, **kwargs):
+            # `pool`: None (_snapshot), or (pool id, pool id, include_traces)
+            # from memory_snapshot on 2.10+, (0, 0, ...) naming the default
+            # pool. A MemPool's snapshot is PyTorch's (engine mode has no
+            # pools).
+            if pool is not None and tuple(pool[:2]) != (0, 0):
+                return original(pool, *args, **kwargs)
+            snapshot = self.snapshot()
+            if pool is not None and len(pool) > 2 and not pool[2]:
+                snapshot["device_traces"] = [[] for _ in snapshot.get("device_traces", [])]
+            return snapshot
+
+        return routed
+
+    def _allocator_initialized(self):
+        # torch.accelerator asks the allocator PyTorch registered for CUDA at
+        # load time, which a pluggable allocator does not replace: it stays
+        # uninitialized, and torch.accelerator.memory_stats() would be {}.
+        original = self._originals["_accelerator_isAllocatorInitialized"]
+
+        def routed():
+            return bool(original()) or (self.torch.cuda.is_initialized()
+                                        and self._manages(None))
+
+        return routed
+
+    def _empty_cache(self):
+        # Likewise torch.accelerator.empty_cache(): that registered allocator
+        # holds nothing; PyTorch's current (pluggable) allocator is the
+        # engine's.
+        original = self._originals["_accelerator_emptyCache"]
+
+        def routed():
+            if self.torch.cuda.is_initialized() and self._manages(None):
+                return self.torch._C._cuda_emptyCache()
+            return original()
 
         return routed
 
@@ -238,6 +274,8 @@ class Engine:
                 "_accelerator_resetPeakStats", self.reset_peak_stats),
             "_accelerator_resetAccumulatedStats": lambda: self._per_device(
                 "_accelerator_resetAccumulatedStats", self.reset_accumulated_stats),
+            "_accelerator_isAllocatorInitialized": self._allocator_initialized,
+            "_accelerator_emptyCache": self._empty_cache,
             "_cuda_memorySnapshot": lambda: self._snapshot("_cuda_memorySnapshot"),
             "_cuda_record_memory_history": lambda: self._record_history,
             "_cuda_record_memory_history_legacy": lambda: self._record_history_legacy,
