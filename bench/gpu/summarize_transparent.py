@@ -126,6 +126,12 @@ def main():
             if run:
                 row[f"{k}_ms"] = [round(r * 1000, 2) for r in run["rounds"]]
                 row[f"{k}_ratio"] = run["rounds"][0] / native["rounds"][0]
+        before, after = load(out, f"workset_cold_{i}_before.json"), load(out, f"workset_cold_{i}_pool.json")
+        if before and after:
+            # A cold run that created nothing was not cold.
+            row["cold_chunks_created"] = (pool_counter(after, "chunks_created_total")
+                                          - pool_counter(before, "chunks_created_total"))
+            row["cached_bytes_before_cold"] = pool_counter(before, "free_bytes")
         triples.append(row)
     if triples:
         summary["working_set"] = {"triples": triples}

@@ -134,7 +134,9 @@ if want workset; then
   for i in 1 2 3; do
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
     allocctl pool trim >/dev/null  # the pool cold: every chunk created
+    allocctl --json status >"$out/workset_cold_${i}_before.json"
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
+    allocctl --json status >"$out/workset_cold_${i}_pool.json"  # what the cold run created
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
     ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_read_ahead_$i.json"
     allocctl pool trim >/dev/null  # room for the next native run
