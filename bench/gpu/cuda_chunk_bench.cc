@@ -189,12 +189,15 @@ int TakeApart2GiB(DaemonClient& client, int iterations,
 //   its two FDs (a transparent process's driver work, without the daemon);
 //   ws_imported_N_threads: the same work shared by N threads at once;
 // - ws_daemon: AllocateSegment through the daemon, the first round cold;
+//   ws_daemon_batched_N: N segments' chunks in one grant, each segment
+//   imported and mapped as ws_imported does (round trips amortised);
 // - ws_daemon_read_ahead: the same, warm, through a client that reads the
 //   next grant ahead (GrantReadAhead, as ALLOCD_READ_AHEAD_MS does).
 // Each entry's "rounds_ms" is the time to acquire the whole set in each
 // round; frees are not timed.
-int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
-               int gib, int rounds, nlohmann::json& results) {
+int WorkingSet(DaemonClient& client, CudaDaemonBackend& backend,
+               CudaDaemonBackend& reading_ahead, int gib, int rounds,
+               nlohmann::json& results) {
   constexpr size_t k1GiB = size_t{1} << 30;
   constexpr size_t k2GiB = size_t{2} << 30;
   const int segments = gib / 2;
@@ -205,12 +208,18 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
   struct Segment {
     CUdeviceptr address = 0;
     std::vector<CUmemGenericAllocationHandle> handles;
+    // Daemon chunks mapped by hand (ws_daemon_batched_*): what to release.
+    uint64_t epoch = 0;
+    std::vector<uint64_t> ids;
   };
   // `threads` > 1: the segments are made by that many threads at once, each
   // with the context current (whether the driver's VMM calls scale).
   auto measure = [&](const std::string& name, auto&& make, auto&& drop,
                      int threads = 1) -> int {
     nlohmann::json rounds_ms = nlohmann::json::array();
+    // Each segment's time in the first round (one thread): where a round
+    // that is slower than the next ones pays.
+    nlohmann::json first_round_us = nlohmann::json::array();
     for (int r = 0; r < rounds; ++r) {
       std::vector<Segment> held(segments);
       std::vector<absl::Status> failed(threads);
@@ -218,7 +227,11 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
       auto make_share = [&](int t) {
         if (threads > 1) failed[t] = context->Bind();
         for (int i = t; i < segments && failed[t].ok(); i += threads) {
+          const auto m0 = Clock::now();
           absl::StatusOr<Segment> made = make();
+          if (r == 0 && threads == 1) {
+            first_round_us.push_back(std::round(Micros(m0, Clock::now())));
+          }
           if (!made.ok()) {
             failed[t] = made.status();
           } else {
@@ -243,6 +256,7 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
       }
     }
     results[name] = {{"gib", segments * 2}, {"rounds_ms", rounds_ms}};
+    if (threads == 1) results[name]["first_round_us"] = first_round_us;
     return 0;
   };
   // Maps `handles` (1 GiB each) into a new 2 GiB range, read-write.
@@ -352,6 +366,49 @@ int WorkingSet(CudaDaemonBackend& backend, CudaDaemonBackend& reading_ahead,
   };
   auto [daemon_make, daemon_drop] = through(backend);
   if (int r = measure("ws_daemon", daemon_make, daemon_drop); r != 0) return r;
+  // The grants of `per_grant` segments in one round trip, each segment its
+  // two 1 GiB chunks imported and mapped as above: how close fewer round
+  // trips come to ws_imported.
+  for (int per_grant : {2, 5, 10}) {
+    if (segments % per_grant != 0) continue;
+    ReceivedChunks stash;
+    size_t next_chunk = 0;
+    auto make = [&]() -> absl::StatusOr<Segment> {
+      if (next_chunk == stash.ids.size()) {
+        absl::StatusOr<ReceivedChunks> got =
+            client.Acquire(per_grant * k2GiB, k1GiB);
+        if (!got.ok()) return got.status();
+        if (got->ids.size() != size_t(2 * per_grant)) {
+          return absl::InternalError("a grant not of 1 GiB chunks");
+        }
+        stash = *std::move(got);
+        next_chunk = 0;
+      }
+      std::vector<CUmemGenericAllocationHandle> handles;
+      std::vector<uint64_t> ids;
+      for (int c = 0; c < 2; ++c, ++next_chunk) {
+        absl::StatusOr<CUmemGenericAllocationHandle> h =
+            cuda::ImportFromFd(stash.fds[next_chunk].get());
+        if (!h.ok()) return h.status();
+        handles.push_back(*h);
+        ids.push_back(stash.ids[next_chunk]);
+      }
+      absl::StatusOr<Segment> mapped = map_range(std::move(handles));
+      if (!mapped.ok()) return mapped.status();
+      mapped->epoch = stash.epoch;
+      mapped->ids = std::move(ids);
+      return mapped;
+    };
+    auto drop = [&](Segment& segment) -> absl::Status {
+      if (absl::Status s = unmap_range(segment); !s.ok()) return s;
+      return client.Release(segment.epoch, segment.ids);
+    };
+    if (int r = measure(absl::StrCat("ws_daemon_batched_", per_grant), make,
+                        drop);
+        r != 0) {
+      return r;
+    }
+  }
   auto [ahead_make, ahead_drop] = through(reading_ahead);
   return measure("ws_daemon_read_ahead", ahead_make, ahead_drop);
 }
@@ -452,8 +509,8 @@ int Run(int argc, char** argv) {
       return Fail("CudaDaemonBackend", reading_ahead.status());
     }
     // First, while the daemon's pool is cold.
-    if (int r = WorkingSet(**backend, **reading_ahead, working_set_gib, 3,
-                           results);
+    if (int r = WorkingSet(**client, **backend, **reading_ahead,
+                           working_set_gib, 3, results);
         r != 0) {
       return r;
     }

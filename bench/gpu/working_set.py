@@ -8,7 +8,7 @@ and once warm (the pool's cached chunks reused):
 --repeat N acquires the working set N times in the process, freeing it with
 empty_cache() in between (the cudaFrees give it back to the daemon's pool):
 every round after the first is warm. "seconds" is the first round, "rounds"
-all of them.
+all of them, "first_round_us_each" each 2 GiB tensor of the first round.
 """
 import argparse
 import json
@@ -32,16 +32,22 @@ def main():
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the context, outside the timing
     torch.cuda.synchronize()
-    rounds = []
+    rounds, first_round_each = [], []
     for _ in range(max(1, a.repeat)):
         start = time.perf_counter()
-        pieces = [torch.empty(2 << 30, dtype=torch.uint8, device="cuda") for _ in range(a.gib // 2)]
+        pieces, marks = [], [start]
+        for _ in range(a.gib // 2):
+            pieces.append(torch.empty(2 << 30, dtype=torch.uint8, device="cuda"))
+            marks.append(time.perf_counter())
         torch.cuda.synchronize()
         rounds.append(time.perf_counter() - start)
+        if not first_round_each:  # where a first round slower than the next pays
+            first_round_each = [round((b - a_) * 1e6) for a_, b in zip(marks, marks[1:])]
         reserved = torch.cuda.memory_reserved()
         del pieces
         torch.cuda.empty_cache()
     result = {"mode": a.mode, "gib": a.gib, "seconds": rounds[0], "rounds": rounds,
+              "first_round_us_each": first_round_each,
               "reserved": reserved,
               "device_allocs": torch.cuda.memory_stats()["num_device_alloc"]}
     print(json.dumps(result))
