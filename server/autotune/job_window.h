@@ -72,8 +72,16 @@ class JobWindow {
     uint16_t stream;
     bool free_requested = false;
   };
+  struct LiveId {
+    uint32_t id;
+    bool free_requested;
+    uint64_t size;
+  };
 
   void AddOne(const EvidenceEvent& event);
+  // Appends the free_requested of a live id, which no longer counts as
+  // requested.
+  void RequestFree(LiveId& live);
   void Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size);
   uint16_t StreamIndex(uint64_t handle);
   void DropOldest();
@@ -87,19 +95,11 @@ class JobWindow {
   uint64_t last_gap_seq_ = 0;    // events lost just before this one
   bool any_gap_ = false;
   uint64_t unmatched_frees_ = 0;
-  struct LiveId {
-    uint32_t id;
-    bool free_requested;
-    uint64_t size;
-  };
   // Client id -> window id, from alloc to free_completed.
   absl::flat_hash_map<uint64_t, LiveId> live_ids_;
   // Window id -> what the allocation was, for those allocated before the
   // window's start and not yet free_completed at it.
   absl::flat_hash_map<uint32_t, Live> prelude_;
-  // Appends the free_requested of a live id, which no longer counts as
-  // requested.
-  void RequestFree(LiveId& live);
   // The window's stream index -> CUDA handle, in order of first use.
   std::vector<uint64_t> stream_handles_;
   int64_t requested_bytes_ = 0;
