@@ -222,6 +222,11 @@ class Engine:
 
         return routed
 
+    def _serves_current_device(self):
+        """Whether PyTorch's CUDA is up and its current device is the engine's
+        (the torch.accelerator calls below name no device)."""
+        return self.torch.cuda.is_initialized() and self._manages(None)
+
     def _allocator_initialized(self):
         # torch.accelerator asks the allocator PyTorch registered for CUDA at
         # load time, which a pluggable allocator does not replace: it stays
@@ -229,8 +234,7 @@ class Engine:
         original = self._originals["_accelerator_isAllocatorInitialized"]
 
         def routed():
-            return bool(original()) or (self.torch.cuda.is_initialized()
-                                        and self._manages(None))
+            return bool(original()) or self._serves_current_device()
 
         return routed
 
@@ -241,7 +245,7 @@ class Engine:
         original = self._originals["_accelerator_emptyCache"]
 
         def routed():
-            if self.torch.cuda.is_initialized() and self._manages(None):
+            if self._serves_current_device():
                 return self.torch._C._cuda_emptyCache()
             return original()
 
