@@ -193,14 +193,17 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
 }
 
 // A grant on the lease of `c` (lease_acquires), FDs included: nullopt when
-// the daemon would have to wait for it (ask over gRPC), or, `read_ahead`,
-// when it would leave the pool less than as much again.
+// the daemon would have to wait for it (ask over gRPC), or, `read_ahead`
+// (up to that many grants of `bytes`), when its cache holds too little or
+// it would leave the pool less than as much again.
 absl::StatusOr<std::optional<ReceivedChunks>> AcquireOnLease(
-    Connection& c, uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead) {
+    Connection& c, uint64_t bytes, uint64_t max_chunk_bytes,
+    uint32_t read_ahead) {
   v1::SideRequest request;
   request.mutable_acquire()->set_bytes(bytes);
   request.mutable_acquire()->set_max_chunk_bytes(max_chunk_bytes);
-  request.mutable_acquire()->set_read_ahead(read_ahead);
+  request.mutable_acquire()->set_read_ahead(read_ahead > 0);
+  request.mutable_acquire()->set_count(read_ahead);
   std::vector<UniqueFd> fds;
   absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, request, &fds);
   if (!answer.ok()) return answer.status();
@@ -270,6 +273,48 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<ReceivedChunks>> SplitGrant(ReceivedChunks grant,
+                                                       uint64_t each) {
+  const size_t n = grant.ids.size();
+  if (each == 0 || grant.fds.size() != n || grant.offsets.size() != n ||
+      grant.sizes.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a grant of ", n, " chunks (", grant.fds.size(), " FDs, ",
+        grant.offsets.size(), " offsets, ", grant.sizes.size(),
+        " sizes) cannot be split into grants of ", each, " bytes"));
+  }
+  std::vector<ReceivedChunks> grants;
+  uint32_t reused = grant.reused;
+  uint64_t filled = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (filled == 0) grants.push_back(ReceivedChunks{.epoch = grant.epoch});
+    ReceivedChunks& part = grants.back();
+    part.ids.push_back(grant.ids[i]);
+    part.fds.push_back(std::move(grant.fds[i]));
+    part.offsets.push_back(grant.offsets[i]);
+    part.sizes.push_back(grant.sizes[i]);
+    filled += grant.sizes[i];
+    if (filled > each) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", grant.ids[i], " of ", grant.sizes[i],
+          " bytes crosses the end of a grant of ", each, " bytes"));
+    }
+    if (filled == each) {
+      filled = 0;
+      const uint32_t counted =
+          std::min<uint32_t>(reused, static_cast<uint32_t>(part.ids.size()));
+      part.reused = counted;
+      reused -= counted;
+    }
+  }
+  if (filled != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a grant of ", grant.bytes(), " bytes is not whole grants of ", each,
+        " bytes"));
+  }
+  return grants;
+}
 
 absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
     absl::string_view json) {
@@ -728,13 +773,23 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   if (s->options.read_ahead_keep > absl::ZeroDuration()) {
     DaemonClient* self = client.get();
     s->read_ahead = std::make_unique<GrantReadAhead>(
-        [self](const GrantReadAhead::Key& key) -> std::optional<ReceivedChunks> {
+        [self](const GrantReadAhead::Key& key,
+               uint32_t count) -> std::vector<ReceivedChunks> {
           absl::StatusOr<std::optional<ReceivedChunks>> got =
-              self->AcquireGrant(key.bytes, key.max_chunk_bytes,
-                                 /*read_ahead=*/true);
-          if (!got.ok() || !got->has_value()) return std::nullopt;
-          self->state_->SetReadAheadBytes((*got)->bytes());
-          return *std::move(got);
+              self->AcquireGrant(key.bytes, key.max_chunk_bytes, count);
+          if (!got.ok() || !got->has_value()) return {};
+          const uint64_t bytes = (*got)->bytes();
+          const uint64_t epoch = (*got)->epoch;
+          const std::vector<uint64_t> ids = (*got)->ids;
+          const uint64_t unit = self->chunk_bytes();
+          absl::StatusOr<std::vector<ReceivedChunks>> grants =
+              SplitGrant(**std::move(got), (key.bytes + unit - 1) / unit * unit);
+          if (!grants.ok()) {  // not the daemon's grants of `key`: unusable
+            (void)self->Release(epoch, ids);
+            return {};
+          }
+          self->state_->SetReadAheadBytes(bytes);
+          return *std::move(grants);
         },
         [self](ReceivedChunks chunks) {
           self->state_->SetReadAheadBytes(0);
@@ -782,21 +837,23 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
   GrantReadAhead* const ahead = state_->read_ahead.get();
   if (ahead != nullptr) {
     if (std::optional<ReceivedChunks> parked = ahead->Take(key)) {
-      state_->SetReadAheadBytes(0);
-      ahead->Granted(key);
+      state_->SetReadAheadBytes(ahead->parked_bytes());
+      ahead->Granted(key, /*from_cache=*/true);
       return *std::move(parked);
     }
   }
   absl::StatusOr<std::optional<ReceivedChunks>> got =
-      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/false);
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0);
   if (!got.ok()) return got.status();
-  if (ahead != nullptr) ahead->Granted(key);
+  if (ahead != nullptr) {
+    ahead->Granted(key, (*got)->reused == (*got)->ids.size());
+  }
   return **std::move(got);
 }
 
 absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
-    uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead) {
-  const bool may_wait = !read_ahead;
+    uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead) {
+  const bool may_wait = read_ahead == 0;
   const absl::Time deadline =
       may_wait ? absl::Now() + state_->options.reconnect_wait : absl::Now();
   for (;;) {

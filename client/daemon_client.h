@@ -91,6 +91,13 @@ struct ReceivedChunks {
   }
 };
 
+// The grants of `grant`, which holds several of `each` bytes in a row (a
+// read-ahead's answer, AcquireChunksRequest.count): each its chunks,
+// adding up to `each`, in order, reused chunks counted first.
+// InvalidArgument when its chunks do not fall on those boundaries.
+absl::StatusOr<std::vector<ReceivedChunks>> SplitGrant(ReceivedChunks grant,
+                                                       uint64_t each);
+
 // A job's autotune preferences as JSON, the form the Python package and
 // the C ABI pass them in: {"pinned_keys": ["expandable_segments"],
 // "allow_memory_fraction": false, "mode": "apply"}, every field optional;
@@ -113,7 +120,8 @@ class DaemonClient {
   // ResourceExhausted when the node (or a quota) has no more; Unavailable
   // when the daemon stayed away longer than reconnect_wait. With
   // read_ahead_keep, the second call in a row with the same arguments
-  // starts asking for the next grant like it in the background.
+  // starts asking for the next grants like it in the background
+  // (GrantReadAhead).
   absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
                                          uint64_t max_chunk_bytes = UINT64_MAX);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
@@ -176,12 +184,13 @@ class DaemonClient {
  private:
   explicit DaemonClient(std::unique_ptr<State> state);
   // Acquire's round trip: waits for a lost daemon and for other sessions
-  // to give memory back. `read_ahead`: asks as GrantReadAhead does, and
-  // answers nullopt where it would wait (the daemon is away, the node is
-  // short or would be left less than as much again, the daemon grants
-  // nothing on the lease).
+  // to give memory back. `read_ahead` > 0: up to that many grants of
+  // `bytes` in one (SplitGrant parts them), asked as GrantReadAhead does,
+  // and nullopt where it would wait (the daemon is away, the node is short
+  // or would be left less than as much again, its cache holds too little,
+  // the daemon grants nothing on the lease).
   absl::StatusOr<std::optional<ReceivedChunks>> AcquireGrant(
-      uint64_t bytes, uint64_t max_chunk_bytes, bool read_ahead);
+      uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead);
   std::unique_ptr<State> state_;
 };
 

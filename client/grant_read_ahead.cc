@@ -1,5 +1,6 @@
 #include "client/grant_read_ahead.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -21,29 +22,35 @@ GrantReadAhead::~GrantReadAhead() {
   thread_.join();
 }
 
-std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
-  std::optional<ReceivedChunks> other;  // parked for another key
-  {
-    absl::MutexLock lock(&mu_);
-    // A fetch wanted or in flight is one round trip from done, never a
-    // wait for other sessions: for this key, waiting beats asking twice.
-    if (wanted_.has_value() && !(*wanted_ == key)) wanted_.reset();
-    auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !fetching_ && !wanted_.has_value();
-    };
-    mu_.Await(absl::Condition(&settled));
-    if (!parked_.has_value()) return std::nullopt;
-    std::optional<ReceivedChunks> chunks = std::move(parked_->chunks);
-    const bool match = parked_->key == key;
-    parked_.reset();
-    if (match) return chunks;
-    other = std::move(chunks);
-  }
-  give_back_(*std::move(other));
-  return std::nullopt;
+void GrantReadAhead::GiveBackAll(std::deque<ReceivedChunks> grants) {
+  mu_.Unlock();
+  for (ReceivedChunks& grant : grants) give_back_(std::move(grant));
+  mu_.Lock();
 }
 
-void GrantReadAhead::Granted(const Key& key) {
+std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  // A fetch wanted or in flight is one round trip from done, never a wait
+  // for other sessions: for this key, waiting beats asking twice.
+  if (wanted_.has_value() && !(*wanted_ == key)) wanted_.reset();
+  auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !fetching_ && !wanted_.has_value();
+  };
+  mu_.Await(absl::Condition(&settled));
+  if (!parked_.has_value()) return std::nullopt;
+  if (!(parked_->key == key)) {
+    std::deque<ReceivedChunks> other = std::move(parked_->grants);
+    parked_.reset();
+    GiveBackAll(std::move(other));
+    return std::nullopt;
+  }
+  ReceivedChunks next = std::move(parked_->grants.front());
+  parked_->grants.pop_front();
+  if (parked_->grants.empty()) parked_.reset();
+  return next;
+}
+
+void GrantReadAhead::Granted(const Key& key, bool from_cache) {
   absl::MutexLock lock(&mu_);
   if (last_ == key) {
     ++run_;
@@ -51,7 +58,9 @@ void GrantReadAhead::Granted(const Key& key) {
     last_ = key;
     run_ = 1;
     refused_ = false;
+    batch_ = 1;
   }
+  if (from_cache) refused_ = false;
   if (run_ >= 2 && !refused_ && !parked_.has_value() && !fetching_) {
     wanted_ = key;
   }
@@ -66,7 +75,11 @@ void GrantReadAhead::Drop() {
 
 uint64_t GrantReadAhead::parked_bytes() const {
   absl::MutexLock lock(&mu_);
-  return parked_.has_value() ? parked_->chunks.bytes() : 0;
+  uint64_t bytes = 0;
+  if (parked_.has_value()) {
+    for (const ReceivedChunks& grant : parked_->grants) bytes += grant.bytes();
+  }
+  return bytes;
 }
 
 void GrantReadAhead::Run() {
@@ -81,36 +94,36 @@ void GrantReadAhead::Run() {
                                               : absl::InfiniteFuture());
     if (parked_.has_value() &&
         (stopping_ || parked_->until <= absl::Now())) {
-      ReceivedChunks back = std::move(parked_->chunks);
+      std::deque<ReceivedChunks> expired = std::move(parked_->grants);
       parked_.reset();
-      mu_.Unlock();
-      give_back_(std::move(back));
-      mu_.Lock();
+      GiveBackAll(std::move(expired));
       continue;
     }
     if (stopping_) break;
     if (!wanted_.has_value() || parked_.has_value()) continue;
     const Key key = *wanted_;
+    const uint32_t count = batch_;
     wanted_.reset();
     fetching_ = true;
     const uint64_t drops = drops_;
     mu_.Unlock();
-    std::optional<ReceivedChunks> got = fetch_(key);
+    std::vector<ReceivedChunks> got = fetch_(key, count);
     mu_.Lock();
     fetching_ = false;
-    if (!got.has_value()) {
+    std::deque<ReceivedChunks> grants(std::make_move_iterator(got.begin()),
+                                      std::make_move_iterator(got.end()));
+    if (grants.empty()) {
       if (last_ == key) refused_ = true;
       continue;
     }
     // Dropped meanwhile, or the caller moved on to another size.
     if (drops != drops_ || stopping_ || last_ != key) {
-      mu_.Unlock();
-      give_back_(*std::move(got));
-      mu_.Lock();
+      GiveBackAll(std::move(grants));
       continue;
     }
+    batch_ = std::min(batch_ * 2, kMaxBatch);
     parked_ = Parked{
-        .key = key, .chunks = *std::move(got), .until = absl::Now() + keep_};
+        .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
   }
   mu_.Unlock();
 }

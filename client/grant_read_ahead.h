@@ -1,32 +1,40 @@
-// GrantReadAhead: the daemon's next grant, asked for before the process
-// needs it.
+// GrantReadAhead: the daemon's next grants, asked for before the process
+// needs them.
 //
 // A process that fills its cache segment after segment of one size
 // (PyTorch taking a model's working set in 2 GiB cudaMallocs) pays a round
 // trip to the daemon for each segment, then maps it. From the second
-// request in a row of one size on, the next grant of that size is asked for
-// in the background as soon as the caller has its own, so the round trip
-// runs while the caller maps; the caller's next request of that size takes
-// the parked grant without asking.
+// request in a row of one size on, the next grants of that size are asked
+// for in the background as soon as the caller has its own, so the round
+// trip runs while the caller maps; the caller's next requests of that size
+// take the parked grants without asking. Each fetch of a run asks for
+// twice as many grants as the last (1, 2, 4, ... up to kMaxBatch), so a
+// long run pays one round trip per kMaxBatch segments and a short one
+// holds little it will not use.
 //
 // Memory read ahead is the session's in the daemon's books but no
 // segment's, so it is held briefly and given back early:
-// - at most one grant is parked, for at most `keep`;
-// - a request of another size gives it back first (before the caller asks
-//   for its own, so the two never count against a quota together);
-// - Drop() gives it back (the daemon asked the session to give memory back);
+// - at most one fetch's grants are parked, for at most `keep`;
+// - a request of another size gives them back first (before the caller
+//   asks for its own, so the two never count against a quota together);
+// - Drop() gives them back (the daemon asked the session to give memory
+//   back);
 // - a fetch is never one that waits for other sessions to give memory
-//   back: Fetch answers nullopt then, and nothing is read ahead until the
-//   size changes.
+//   back, nor one that makes the daemon create memory: Fetch answers
+//   nothing then, and nothing is read ahead until the size changes or the
+//   caller's own grant comes from the daemon's cache (a process that frees
+//   its working set and takes it again reads ahead the second time).
 //
 // Thread-safe. One background thread fetches and gives back.
 #ifndef ALLOCD_CLIENT_GRANT_READ_AHEAD_H_
 #define ALLOCD_CLIENT_GRANT_READ_AHEAD_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -43,12 +51,16 @@ class GrantReadAhead {
     uint64_t max_chunk_bytes = 0;
     bool operator==(const Key&) const = default;
   };
-  // A grant the daemon gives at once, or nullopt (it would wait for other
-  // sessions, it is away, or it refused).
-  using Fetch = std::function<std::optional<ReceivedChunks>(const Key&)>;
+  // Up to `count` grants of `key` (each one segment's chunks) that the
+  // daemon gives at once from its cache; none when it would wait for other
+  // sessions or create memory, is away, or refused.
+  using Fetch =
+      std::function<std::vector<ReceivedChunks>(const Key&, uint32_t count)>;
   // Returns a grant nobody took to the daemon.
   using GiveBack = std::function<void(ReceivedChunks)>;
 
+  // The most grants one fetch asks for.
+  static constexpr uint32_t kMaxBatch = 8;
 
   GrantReadAhead(Fetch fetch, GiveBack give_back, absl::Duration keep);
   // Waits for a fetch in flight; gives back what is parked.
@@ -56,12 +68,14 @@ class GrantReadAhead {
   GrantReadAhead(const GrantReadAhead&) = delete;
   GrantReadAhead& operator=(const GrantReadAhead&) = delete;
 
-  // The grant read ahead for `key`, waiting for one in flight; nullopt when
-  // there is none (a parked grant of another key is given back first).
+  // The next grant read ahead for `key`, waiting for a fetch in flight;
+  // nullopt when there is none (grants parked for another key are given
+  // back first).
   std::optional<ReceivedChunks> Take(const Key& key);
-  // The caller holds a grant of `key` (taken or its own): from the second
-  // in a row of one key, the next is read ahead.
-  void Granted(const Key& key);
+  // The caller holds a grant of `key` (taken or its own; `from_cache`: all
+  // its chunks were cached in the daemon): from the second in a row of one
+  // key, once the parked grants are taken, the next are read ahead.
+  void Granted(const Key& key, bool from_cache);
   // Gives back what is parked and what a fetch in flight brings.
   void Drop();
 
@@ -70,10 +84,13 @@ class GrantReadAhead {
  private:
   struct Parked {
     Key key;
-    ReceivedChunks chunks;
+    std::deque<ReceivedChunks> grants;  // never empty
     absl::Time until;
   };
   void Run();
+  // Gives every grant of `parked` back, without the lock.
+  void GiveBackAll(std::deque<ReceivedChunks> grants)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Fetch fetch_;
   const GiveBack give_back_;
@@ -86,6 +103,8 @@ class GrantReadAhead {
   std::optional<Key> last_ ABSL_GUARDED_BY(mu_);
   int run_ ABSL_GUARDED_BY(mu_) = 0;
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  // How many grants the run's next fetch asks for.
+  uint32_t batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::optional<Key> wanted_ ABSL_GUARDED_BY(mu_);
   bool fetching_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped by Drop: a fetch that began before brings back nothing to keep.

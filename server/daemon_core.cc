@@ -24,8 +24,19 @@ constexpr size_t kMaxOomMessage = 4096;
 constexpr size_t kMaxReleaseIds = 65536;
 constexpr size_t kMaxStats = 1024;
 constexpr size_t kMaxEventsPerBatch = 65536;
+// The most grants one read-ahead takes (AcquireChunksRequest.count).
+constexpr uint32_t kMaxReadAheadGrants = 16;
 
 int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
+
+v1::AcquireChunksResponse ResponseOf(const Grant& grant) {
+  v1::AcquireChunksResponse response;
+  for (uint64_t id : grant.chunk_ids) response.add_chunk_ids(id);
+  response.set_bytes(grant.bytes);
+  response.set_claim_token(grant.token);
+  response.set_reused_chunks(grant.reused_chunks);
+  return response;
+}
 
 // What a session could give back, by its last telemetry: what its
 // allocator caches (reserved, not allocated) and what its client read
@@ -342,8 +353,17 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
   // A client that does not say maps every chunk at the smallest size.
   const uint64_t max_chunk_bytes =
       r.max_chunk_bytes() != 0 ? r.max_chunk_bytes() : pool.chunk_bytes();
-  if (r.read_ahead() && pool.AvailableBytes() / 2 < r.bytes()) {
-    return std::nullopt;
+  if (r.read_ahead()) {
+    // As many as leave the pool as much again free.
+    const uint64_t fit = pool.AvailableBytes() / 2 / r.bytes();
+    const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(
+        fit, std::clamp<uint32_t>(r.count(), 1, kMaxReadAheadGrants)));
+    if (count == 0) return std::nullopt;
+    absl::StatusOr<Grant> grant =
+        pool.AcquireCached(r.session_id(), r.bytes(), max_chunk_bytes, count);
+    if (!grant.ok() || grant->chunk_ids.empty()) return std::nullopt;
+    PublishPool(**session);
+    return ResponseOf(*grant);
   }
   (*session)->BeginAcquire();
   absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
@@ -356,18 +376,12 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
     grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
   }
   (*session)->EndAcquire();
-  if (r.read_ahead() && !grant.ok()) return std::nullopt;
   if (absl::IsResourceExhausted(grant.status())) {
     (*session)->NoteAcquireRefused();
   }
   PublishPool(**session);
   if (!grant.ok()) return grant.status();
-  v1::AcquireChunksResponse response;
-  for (uint64_t id : grant->chunk_ids) response.add_chunk_ids(id);
-  response.set_bytes(grant->bytes);
-  response.set_claim_token(grant->token);
-  response.set_reused_chunks(grant->reused_chunks);
-  return response;
+  return ResponseOf(*grant);
 }
 
 void DaemonCore::Reclaim(const Session& except, uint64_t shortfall) {

@@ -312,6 +312,50 @@ std::string NodePool::AddClaim(SessionId id, const SessionState& s,
   return token;
 }
 
+absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
+                                              uint64_t max_chunk_bytes,
+                                              uint32_t max_count) {
+  if (bytes == 0 || max_count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a cached acquire needs bytes and a count; got ", bytes, " bytes, ",
+        max_count, " grants"));
+  }
+  Grant grant;
+  if (bytes > capacity_.load()) return grant;
+  const uint64_t rounded =
+      (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
+  const std::vector<uint64_t> sizes =
+      SplitIntoClasses(rounded, max_chunk_bytes);
+  absl::flat_hash_map<uint64_t, uint64_t> per_grant;  // chunks of each size
+  for (uint64_t size : sizes) ++per_grant[size];
+  // Outside the lock: a syscall (and wasted when nothing is cached).
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
+
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
+  uint64_t count = max_count;
+  for (const auto& [size, needed] : per_grant) {
+    auto cached = free_by_size_.find(size);
+    count = std::min<uint64_t>(
+        count, cached == free_by_size_.end() ? 0 : cached->second.size() / needed);
+  }
+  while (count > 0 && !CheckQuotas(id, state, count * rounded).ok()) --count;
+  if (count == 0) return grant;
+  const uint64_t serial = next_grant_++;
+  for (uint64_t i = 0; i < count; ++i) {
+    TakeFree(id, state, sizes, serial, grant);  // all cached: creates none
+  }
+  grant.bytes = count * rounded;
+  grant.reused_chunks = static_cast<uint32_t>(grant.chunk_ids.size());
+  AddHeld(state, grant.bytes);
+  reused_total_ += grant.reused_chunks;
+  grant.token = AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
+  return grant;
+}
+
 absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
                                         uint64_t max_chunk_bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");

@@ -265,6 +265,21 @@ class NodePool {
   absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes,
                                 uint64_t max_chunk_bytes = UINT64_MAX);
 
+  // Memory a client reads ahead (its next segments of one size): up to
+  // `max_count` grants of `bytes` each, split as Acquire splits one, all
+  // from the cache -- nothing created, nothing destroyed, because a
+  // creation in the daemon stalls the asking client's own mapping on the
+  // GPU, and a read-ahead is worth no more than the mapping it hides. As
+  // many whole grants as the cache (and the quotas) allow, in one Grant of
+  // one token: the chunks of the first, then of the second, and so on;
+  // Grant.bytes is their count times `bytes` rounded up to the smallest
+  // class. An empty Grant (no chunks, no token) when not even one fits.
+  // Errors: InvalidArgument for bytes == 0 or max_count == 0; NotFound for
+  // no session `id`.
+  absl::StatusOr<Grant> AcquireCached(SessionId id, uint64_t bytes,
+                                      uint64_t max_chunk_bytes,
+                                      uint32_t max_count);
+
   // What Claim hands over: the next batch of a grant's chunks with their
   // FDs, and whether it is the last. An error stops the claim.
   using ClaimSink =

@@ -1,5 +1,7 @@
 #include "client/grant_read_ahead.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -19,18 +21,22 @@ constexpr Key kTwoGiB{.bytes = kSegment, .max_chunk_bytes = uint64_t{1} << 30};
 constexpr Key kTwentyMiB{.bytes = uint64_t{20} << 20,
                          .max_chunk_bytes = uint64_t{2} << 20};
 
-// A daemon that grants whatever is asked as one chunk with the next id,
-// and records what it granted and got back.
+// A daemon that grants what is asked, as many grants as it caches (all by
+// default), each one chunk with the next id, and records what it granted
+// and got back.
 class FakeDaemon {
  public:
-  std::optional<ReceivedChunks> Grant(const Key& key) {
+  std::vector<ReceivedChunks> Grant(const Key& key, uint32_t count) {
     absl::MutexLock lock(&mu_);
-    if (refuse_) return std::nullopt;
+    if (refuse_) return {};
     fetched_.push_back(key);
-    ReceivedChunks chunks;
-    chunks.ids = {next_id_++};
-    chunks.sizes = {key.bytes};
-    return chunks;
+    counts_.push_back(count);
+    std::vector<ReceivedChunks> grants(std::min(count, cached_));
+    for (ReceivedChunks& grant : grants) {
+      grant.ids = {next_id_++};
+      grant.sizes = {key.bytes};
+    }
+    return grants;
   }
   void Return(ReceivedChunks chunks) {
     absl::MutexLock lock(&mu_);
@@ -40,9 +46,18 @@ class FakeDaemon {
     absl::MutexLock lock(&mu_);
     refuse_ = refuse;
   }
+  void Cache(uint32_t grants) {
+    absl::MutexLock lock(&mu_);
+    cached_ = grants;
+  }
   std::vector<Key> fetched() const {
     absl::MutexLock lock(&mu_);
     return fetched_;
+  }
+  // How many grants each fetch asked for.
+  std::vector<uint32_t> counts() const {
+    absl::MutexLock lock(&mu_);
+    return counts_;
   }
   std::vector<uint64_t> returned() const {
     absl::MutexLock lock(&mu_);
@@ -52,8 +67,10 @@ class FakeDaemon {
  private:
   mutable absl::Mutex mu_;
   bool refuse_ = false;
+  uint32_t cached_ = UINT32_MAX;
   uint64_t next_id_ = 100;
   std::vector<Key> fetched_;
+  std::vector<uint32_t> counts_;
   std::vector<uint64_t> returned_;
 };
 
@@ -61,13 +78,17 @@ class GrantReadAheadTest : public ::testing::Test {
  protected:
   std::unique_ptr<GrantReadAhead> Make(absl::Duration keep = absl::Seconds(30)) {
     return std::make_unique<GrantReadAhead>(
-        [this](const Key& key) { return daemon_.Grant(key); },
+        [this](const Key& key, uint32_t count) {
+          return daemon_.Grant(key, count);
+        },
         [this](ReceivedChunks c) { daemon_.Return(std::move(c)); }, keep);
   }
-  // What a caller without a parked grant gets by itself.
-  static void OwnGrant(GrantReadAhead& ahead, const Key& key) {
+  // What a caller without a parked grant gets by itself, made for it
+  // unless `from_cache`.
+  static void OwnGrant(GrantReadAhead& ahead, const Key& key,
+                       bool from_cache = false) {
     EXPECT_FALSE(ahead.Take(key).has_value());
-    ahead.Granted(key);
+    ahead.Granted(key, from_cache);
   }
   static bool Eventually(const std::function<bool()>& done) {
     for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -84,21 +105,41 @@ TEST_F(GrantReadAheadTest, TheSecondRequestOfASizeReadsTheNextAhead) {
   EXPECT_TRUE(daemon_.fetched().empty()) << "one request is not a run";
   OwnGrant(*ahead, kTwoGiB);
   ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
-  // Served from the parked grant, and the one after it is read ahead.
-  int taken = 0;
-  for (uint64_t id : {100u, 101u, 102u}) {
+  // Served from the parked grants, in order, each fetch asking twice as
+  // many as the last, up to the batch; none asked while some are parked.
+  for (uint64_t id = 100; id < 120; ++id) {
     std::optional<ReceivedChunks> got = ahead->Take(kTwoGiB);
-    ASSERT_TRUE(got.has_value());
-    ++taken;
+    ASSERT_TRUE(got.has_value()) << id;
     EXPECT_EQ(got->ids, std::vector<uint64_t>{id});
-    ahead->Granted(kTwoGiB);
+    ahead->Granted(kTwoGiB, /*from_cache=*/true);
   }
-  EXPECT_EQ(taken, 3);
   EXPECT_TRUE(daemon_.returned().empty());
-  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
+  const std::vector<uint32_t> doubling = {1, 2, 4, 8, 8};
+  ASSERT_TRUE(Eventually([&] { return daemon_.counts() == doubling; }));
+  // 1 + 2 + 4 + 8 + 8 = 23 read ahead, 20 taken.
+  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == 3 * kSegment; }));
   ahead.reset();
   // What was read ahead last and never taken went back.
-  EXPECT_EQ(daemon_.returned(), std::vector<uint64_t>{103});
+  EXPECT_EQ(daemon_.returned(), (std::vector<uint64_t>{120, 121, 122}));
+}
+
+TEST_F(GrantReadAheadTest, AFetchParksWhatTheDaemonGivesAndANewRunStartsAtOne) {
+  std::unique_ptr<GrantReadAhead> ahead = Make();
+  OwnGrant(*ahead, kTwoGiB);
+  OwnGrant(*ahead, kTwoGiB);
+  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
+  daemon_.Cache(1);  // asked for 2, it has one
+  ASSERT_TRUE(ahead->Take(kTwoGiB).has_value());
+  ahead->Granted(kTwoGiB, /*from_cache=*/true);
+  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
+  EXPECT_EQ(daemon_.counts(), (std::vector<uint32_t>{1, 2}));
+  // Another size: what is parked goes back, and its run asks one first.
+  daemon_.Cache(UINT32_MAX);
+  OwnGrant(*ahead, kTwentyMiB);
+  OwnGrant(*ahead, kTwentyMiB);
+  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() > 0; }));
+  EXPECT_EQ(daemon_.counts(), (std::vector<uint32_t>{1, 2, 1}));
+  EXPECT_EQ(daemon_.returned(), std::vector<uint64_t>{101});
 }
 
 TEST_F(GrantReadAheadTest, AParkedGrantGoesBackAfterItsTime) {
@@ -120,7 +161,7 @@ TEST_F(GrantReadAheadTest, ARequestOfAnotherSizeGivesTheParkedGrantBackFirst) {
   // against a quota together with it.
   EXPECT_FALSE(ahead->Take(kTwentyMiB).has_value());
   EXPECT_EQ(daemon_.returned(), std::vector<uint64_t>{100});
-  ahead->Granted(kTwentyMiB);
+  ahead->Granted(kTwentyMiB, /*from_cache=*/false);
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(daemon_.fetched().size(), 1u) << "a new size starts a new run";
 }
@@ -129,10 +170,10 @@ TEST_F(GrantReadAheadTest, DropGivesBackWhatIsParkedAndWhatAFetchBrings) {
   absl::Notification fetching;
   absl::Notification answer;
   GrantReadAhead ahead(
-      [&](const Key& key) {
+      [&](const Key& key, uint32_t count) {
         fetching.Notify();
         answer.WaitForNotification();
-        return daemon_.Grant(key);
+        return daemon_.Grant(key, count);
       },
       [this](ReceivedChunks c) { daemon_.Return(std::move(c)); },
       absl::Seconds(30));
@@ -172,6 +213,22 @@ TEST_F(GrantReadAheadTest, ARefusedFetchStopsReadingAheadUntilTheSizeChanges) {
   OwnGrant(*ahead, kTwentyMiB);
   ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() > 0; }));
   EXPECT_EQ(daemon_.fetched(), std::vector<Key>{kTwentyMiB});
+}
+
+TEST_F(GrantReadAheadTest, AnOwnGrantFromTheCacheEndsARefusal) {
+  std::unique_ptr<GrantReadAhead> ahead = Make();
+  daemon_.Refuse(true);  // a cold pool: nothing cached to read ahead
+  OwnGrant(*ahead, kTwoGiB);
+  OwnGrant(*ahead, kTwoGiB);
+  absl::SleepFor(absl::Milliseconds(20));
+  daemon_.Refuse(false);
+  OwnGrant(*ahead, kTwoGiB);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(daemon_.fetched().empty());
+  // The process freed its segments and takes them again, from the cache.
+  OwnGrant(*ahead, kTwoGiB, /*from_cache=*/true);
+  ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
+  EXPECT_EQ(daemon_.fetched(), std::vector<Key>{kTwoGiB});
 }
 
 }  // namespace

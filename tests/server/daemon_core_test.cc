@@ -305,9 +305,11 @@ TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
             absl::StatusCode::kNotFound);
 }
 
-// A grant read ahead (GrantReadAhead) leaves the pool as much again free,
-// or is not made: it never waits, and never takes what others cache.
-TEST_F(DaemonCoreTest, AReadAheadLeavesThePoolAsMuchAgainFree) {
+// A grant read ahead (GrantReadAhead) comes from the cache only and leaves
+// the pool as much again free, or is not made: it never waits, never takes
+// what others cache, and never makes the daemon create memory.
+TEST_F(DaemonCoreTest, AReadAheadTakesCachedGrantsLeavingThePoolAsMuchAgainFree) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
   const PeerCredentials peer{.pid = getpid(), .uid = 0};
   v1::RegisterRequest hello;
   hello.set_protocol_version(1);
@@ -316,11 +318,39 @@ TEST_F(DaemonCoreTest, AReadAheadLeavesThePoolAsMuchAgainFree) {
   v1::AcquireChunksRequest r;
   r.set_session_id(session->session_id());
   r.set_read_ahead(true);
-  r.set_bytes(uint64_t{512} << 20);  // of 1 GiB: half is left
+  r.set_count(8);
+  r.set_bytes(128 * kMiB);
+  // A cold pool: nothing is read ahead, and nothing is created for it.
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> ahead =
       core_.AcquireChunksNow(peer, r);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_FALSE(ahead->has_value());
+  EXPECT_EQ(pool_.Stats().chunks_created_total, 0u);
+
+  // 768 MiB cached of the 1 GiB.
+  v1::AcquireChunksRequest needed = r;
+  needed.set_read_ahead(false);
+  needed.set_count(0);
+  needed.set_bytes(768 * kMiB);
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> held =
+      core_.AcquireChunksNow(peer, needed);
+  ASSERT_TRUE(held.ok() && held->has_value());
+  v1::ReleaseChunksRequest release;
+  release.set_session_id(session->session_id());
+  *release.mutable_chunk_ids() = (*held)->chunk_ids();
+  ASSERT_TRUE(core_.ReleaseChunks(peer, release).ok());
+  const uint64_t created = pool_.Stats().chunks_created_total;
+
+  // Eight grants of 128 MiB asked, six cached: four leave as much again
+  // (1 GiB available, 512 MiB after), in one answer, all from the cache.
+  ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok() && ahead->has_value());
-  r.set_bytes(uint64_t{258} << 20);  // 256 MiB would be left: not enough
+  EXPECT_EQ((*ahead)->bytes(), 512 * kMiB);
+  EXPECT_EQ((*ahead)->reused_chunks(),
+            static_cast<uint32_t>((*ahead)->chunk_ids_size()));
+  // Count 0 is one grant; 258 MiB would leave 254 of 512: none.
+  r.set_count(0);
+  r.set_bytes(258 * kMiB);
   ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok());
   EXPECT_FALSE(ahead->has_value());
@@ -329,10 +359,11 @@ TEST_F(DaemonCoreTest, AReadAheadLeavesThePoolAsMuchAgainFree) {
   ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok());
   EXPECT_FALSE(ahead->has_value());
-  EXPECT_EQ(core_.Status().in_use_bytes(), uint64_t{512} << 20);
+  EXPECT_EQ(core_.Status().in_use_bytes(), 512 * kMiB);
+  EXPECT_EQ(pool_.Stats().chunks_created_total, created);
   // The same request, needed, is granted.
   r.set_read_ahead(false);
-  r.set_bytes(uint64_t{258} << 20);
+  r.set_bytes(258 * kMiB);
   ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok() && ahead->has_value());
 }

@@ -303,6 +303,62 @@ TEST_F(NodePoolTest, BadArgumentsAndUnknownSessions) {
   EXPECT_EQ(pool->EndSession(7), 0u);
 }
 
+// A read-ahead's grants come from the cache only, as many whole ones as
+// it holds: never a creation (it stalls the client's mapping).
+TEST_F(NodePoolTest, ACachedAcquireTakesWholeGrantsFromTheCacheOnly) {
+  auto pool = MakePool(64, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  // Cached: three 8s and two 1s.
+  absl::StatusOr<Grant> a = pool->Acquire(1, 26 * kChunk);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  const int created = source_.created.load();
+  ASSERT_EQ(created, 5);
+
+  // Grants of 9 (an 8 and a 1): two are whole in the cache, not four.
+  absl::StatusOr<Grant> ahead = pool->AcquireCached(2, 9 * kChunk, UINT64_MAX, 4);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_EQ(ahead->bytes, 18 * kChunk);
+  EXPECT_THAT(ahead->chunk_sizes,
+              ::testing::ElementsAre(8 * kChunk, kChunk, 8 * kChunk, kChunk));
+  EXPECT_EQ(ahead->reused_chunks, 4u);
+  EXPECT_FALSE(ahead->token.empty());
+  EXPECT_EQ(source_.created.load(), created);
+  EXPECT_EQ(pool->Stats().sessions.at(2).bytes, 18 * kChunk);
+  // The one 8 left makes no grant of 9: nothing, and nothing created.
+  ahead = pool->AcquireCached(2, 9 * kChunk, UINT64_MAX, 4);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_TRUE(ahead->chunk_ids.empty());
+  EXPECT_TRUE(ahead->token.empty());
+  EXPECT_EQ(source_.created.load(), created);
+  // Of 8 it makes one, the count caps, and a quota counts whole grants.
+  ASSERT_TRUE(pool->SetSessionQuota(2, 18 * kChunk));
+  ahead = pool->AcquireCached(2, 8 * kChunk, UINT64_MAX, 1);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_TRUE(ahead->chunk_ids.empty()) << "over session 2's quota";
+  ASSERT_TRUE(pool->SetSessionQuota(2, 26 * kChunk));
+  ahead = pool->AcquireCached(2, 8 * kChunk, UINT64_MAX, 1);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_THAT(ahead->chunk_sizes, ::testing::ElementsAre(8 * kChunk));
+  // The grant is claimed like any other.
+  int fds = 0;
+  ASSERT_TRUE(pool->Claim(ahead->token, 2, 16,
+                          [&](std::vector<ChunkFd>& batch, bool) {
+                            fds += static_cast<int>(batch.size());
+                            return absl::OkStatus();
+                          })
+                  .ok());
+  EXPECT_EQ(fds, 1);
+
+  EXPECT_EQ(pool->AcquireCached(2, 0, UINT64_MAX, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->AcquireCached(2, kChunk, UINT64_MAX, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->AcquireCached(9, kChunk, UINT64_MAX, 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(NodePoolTest, QuotasPerSessionAndPerUidNameTheLimit) {
   auto pool = MakePool(16);
   ASSERT_TRUE(pool->AddSession(1, 500, 1).ok());
