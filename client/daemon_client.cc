@@ -32,6 +32,8 @@ constexpr size_t kMaxReleaseBatch = 65536;
 // Events per telemetry message: ~16 bytes each packed, well inside the
 // daemon's 1 MiB message limit.
 constexpr size_t kMaxEventsPerReport = 16384;
+// The descriptor table a client reserves when it connects (ReserveFdTable).
+constexpr int kFdTableSlots = 4096;
 
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -760,6 +762,11 @@ void DaemonClient::State::TelemetryLoop() {
 
 absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
     DaemonClientOptions options) {
+  // Grants arrive as FDs, a read-ahead's up to GrantReadAhead::kMaxBatch
+  // segments' at once, on top of the ~50 a fresh CUDA process holds in a
+  // table of 64: the table grows here, once, rather than under a grant the
+  // process waits for. Best effort: without it grants still arrive, later.
+  (void)ReserveFdTable(kFdTableSlots);
   auto state = std::make_unique<State>(std::move(options));
   absl::StatusOr<std::shared_ptr<Connection>> c =
       Establish(state->options, 1, RunningConfig{});

@@ -318,6 +318,25 @@ absl::StatusOr<uint64_t> RaiseOpenFileLimit() {
   return static_cast<uint64_t>(limit.rlim_cur);
 }
 
+absl::StatusOr<int> ReserveFdTable(int slots) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return Errno(errno, "getrlimit(RLIMIT_NOFILE)");
+  }
+  const int size = static_cast<int>(std::min<uint64_t>(
+      static_cast<uint64_t>(std::max(slots, 1)),
+      std::min<uint64_t>(limit.rlim_cur, INT_MAX)));
+  UniqueFd any(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!any.valid()) return Errno(errno, "open(/dev/null)");
+  // The lowest free descriptor at or above the last slot: the table holds
+  // it from now on, and no descriptor already open is touched.
+  UniqueFd high(fcntl(any.get(), F_DUPFD_CLOEXEC, size - 1));
+  if (!high.valid() && errno != EMFILE) {  // EMFILE: all taken up there
+    return Errno(errno, "fcntl(F_DUPFD_CLOEXEC) to grow the descriptor table");
+  }
+  return size;
+}
+
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {
   ucred cred{};
   socklen_t size = sizeof cred;

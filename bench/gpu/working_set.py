@@ -4,6 +4,7 @@ under transparent managed mode once with a cold daemon pool (chunks created)
 and once warm (the pool's cached chunks reused):
 
     python working_set.py --mode native|transparent [--gib 40] [--repeat N] [--json OUT]
+                          [--no-record-events]
 
 --repeat N acquires the working set N times in the process, freeing it with
 empty_cache() in between (the cudaFrees give it back to the daemon's pool):
@@ -24,10 +25,13 @@ def main():
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json")
+    p.add_argument("--no-record-events", dest="record_events", action="store_false",
+                   help="transparent: send the daemon no allocation stream (no autotuner)")
     a = p.parse_args()
     if a.mode == "transparent":
         import allocd
-        allocd.enable(socket=a.socket, job="working-set", required=True)
+        allocd.enable(socket=a.socket, job="working-set", required=True,
+                      record_events=a.record_events)
     import torch
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the context, outside the timing

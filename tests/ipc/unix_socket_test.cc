@@ -10,9 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -446,6 +449,43 @@ TEST(UnixSocketTest, RaiseOpenFileLimitReachesTheHardLimit) {
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_EQ(*now, before.rlim_max);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+}
+
+// The kernel's own view of the table: /proc/self/status "FDSize:".
+int FdTableSize() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("FDSize:", 0) == 0) return std::atoi(line.c_str() + 7);
+  }
+  return -1;
+}
+
+int OpenDescriptors() {
+  return static_cast<int>(std::distance(
+      std::filesystem::directory_iterator("/proc/self/fd"),
+      std::filesystem::directory_iterator()));
+}
+
+TEST(UnixSocketTest, ReserveFdTableGrowsTheTableAndOpensNothing) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  const int before = FdTableSize();
+  ASSERT_GT(before, 0);
+  const int want =
+      static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 4 * before));
+  if (want <= before) GTEST_SKIP() << "RLIMIT_NOFILE leaves no room to grow";
+  const int open_before = OpenDescriptors();
+  absl::StatusOr<int> size = ReserveFdTable(4 * before);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, want);
+  EXPECT_GE(FdTableSize(), want);
+  EXPECT_EQ(OpenDescriptors(), open_before);
+  // Descriptors still come from the bottom.
+  UniqueFd next(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  EXPECT_LT(next.get(), 64);
+  // Asking again (or for less) is the table it has.
+  EXPECT_EQ(ReserveFdTable(16).value(), 16);
+  EXPECT_GE(FdTableSize(), want);
 }
 
 }  // namespace
