@@ -35,8 +35,8 @@
 // PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config),
 // ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
 // package writes them),
-// ALLOCD_READ_AHEAD_MS (how long a grant read ahead for the next cudaMalloc
-// of a size is kept, GrantReadAhead; 0, the default: none),
+// ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
+// of a size are kept, GrantReadAhead; 0, the default: none),
 // ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
 #include <cuda.h>
 #include <cuda_runtime_api.h>

@@ -75,9 +75,10 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
                   "job label: picks the configs the daemon pushes "
                   "(default: $ALLOCD_JOB)");
   run->add_option("--read-ahead-ms", o.read_ahead_ms,
-                  "read the next segment's chunks ahead while PyTorch maps "
-                  "the current one, from the second same-size cudaMalloc in "
-                  "a row, and keep them this long for it (default: "
+                  "read the next segments' chunks ahead from the daemon's "
+                  "cache while PyTorch maps the current one, from the second "
+                  "same-size cudaMalloc in a row, and keep them this long "
+                  "for it (default: "
                   "$ALLOCD_READ_AHEAD_MS, else 0: off). What is not taken "
                   "goes back then, or at once when another job on the GPU "
                   "is short")
