@@ -322,8 +322,7 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
   }
   Grant grant;
   if (bytes > capacity_.load()) return grant;
-  const uint64_t rounded =
-      (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
+  const uint64_t rounded = RoundToChunks(bytes);
   const std::vector<uint64_t> sizes =
       SplitIntoClasses(rounded, max_chunk_bytes);
   absl::flat_hash_map<uint64_t, uint64_t> per_grant;  // chunks of each size
@@ -364,9 +363,7 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
         "node pool exhausted: asks ", FormatSize(bytes),
         ", more than its capacity of ", FormatSize(capacity_.load())));
   }
-  // bytes <= capacity: no overflow below.
-  const uint64_t rounded =
-      (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
+  const uint64_t rounded = RoundToChunks(bytes);
   const std::vector<uint64_t> sizes =
       SplitIntoClasses(rounded, max_chunk_bytes);
   // Outside the lock: a syscall.

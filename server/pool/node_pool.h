@@ -463,6 +463,11 @@ class NodePool {
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `bytes` rounded up to a multiple of the smallest class; `bytes` is at
+  // most the capacity, so this does not overflow.
+  uint64_t RoundToChunks(uint64_t bytes) const {
+    return (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
+  }
   // `bytes` (a multiple of the smallest class) as chunk sizes, largest
   // first, none above `max_chunk_bytes` (the smallest class at least).
   std::vector<uint64_t> SplitIntoClasses(uint64_t bytes,
