@@ -88,7 +88,7 @@ class GrantReadAhead {
     absl::Time until;
   };
   void Run();
-  // Gives every grant of `parked` back, without the lock.
+  // Gives every one of `grants` back, with `mu_` released meanwhile.
   void GiveBackAll(std::deque<ReceivedChunks> grants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
