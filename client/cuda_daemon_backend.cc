@@ -12,7 +12,8 @@ namespace {
 class CudaChunkMapper final : public ChunkMapper {
  public:
   explicit CudaChunkMapper(cuda::PrimaryContext context)
-      : context_(std::move(context)) {}
+      : context_(std::move(context)),
+        prop_(cuda::DeviceMemoryProp(context_.device(), /*exportable=*/true)) {}
 
   absl::StatusOr<uint64_t> Reserve(size_t bytes) override {
     if (absl::Status s = context_.Bind(); !s.ok()) return s;
@@ -59,6 +60,30 @@ class CudaChunkMapper final : public ChunkMapper {
     return static_cast<uint64_t>(*handle);
   }
 
+  bool CanCreate() const override { return true; }
+
+  // An exportable allocation, as the daemon's CudaChunkSource makes one.
+  absl::StatusOr<uint64_t> Create(uint64_t address,
+                                  size_t chunk_bytes) override {
+    if (absl::Status s = context_.Bind(); !s.ok()) return s;
+    absl::StatusOr<CUmemGenericAllocationHandle> handle =
+        cuda::MemCreate(chunk_bytes, prop_);
+    if (!handle.ok()) return handle.status();
+    if (absl::Status s = cuda::MemMap(address, chunk_bytes, *handle);
+        !s.ok()) {
+      (void)cuda::MemRelease(*handle);
+      return s;
+    }
+    return static_cast<uint64_t>(*handle);
+  }
+
+  absl::StatusOr<UniqueFd> Export(const ChunkMapping& chunk) override {
+    if (absl::Status s = context_.Bind(); !s.ok()) return s;
+    absl::StatusOr<int> fd = cuda::ExportToFd(chunk.handle);
+    if (!fd.ok()) return fd.status();
+    return UniqueFd(*fd);
+  }
+
   absl::Status EnableAccess(uint64_t address, size_t bytes) override {
     // One call for every chunk of the run, as PyTorch's expandable
     // segments do.
@@ -78,6 +103,7 @@ class CudaChunkMapper final : public ChunkMapper {
 
  private:
   const cuda::PrimaryContext context_;
+  const CUmemAllocationProp prop_;
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "client/daemon_backend.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,6 +17,34 @@ namespace {
 // memory that chunks are mmap()ed over.
 class MmapChunkMapper final : public ChunkMapper {
  public:
+  bool CanCreate() const override { return true; }
+
+  // A memfd as the daemon's MemfdChunkSource makes one (its name and
+  // seals, which its AdoptChunk checks), kept for Export until unmapped.
+  absl::StatusOr<uint64_t> Create(uint64_t address,
+                                  size_t chunk_bytes) override {
+    UniqueFd fd(memfd_create("allocd-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd.valid() ||
+        ftruncate(fd.get(), static_cast<off_t>(chunk_bytes)) != 0 ||
+        fcntl(fd.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "making a ", FormatSize(chunk_bytes), " memfd chunk: ", strerror(errno)));
+    }
+    absl::StatusOr<uint64_t> handle = Map(address, chunk_bytes, fd.get(), 0);
+    if (handle.ok()) made_[address] = std::move(fd);
+    return handle;
+  }
+
+  absl::StatusOr<UniqueFd> Export(const ChunkMapping& chunk) override {
+    auto it = made_.find(chunk.address);
+    if (it == made_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no chunk made here is mapped at 0x", absl::Hex(chunk.address)));
+    }
+    return DuplicateFd(it->second.get());
+  }
+
   absl::StatusOr<uint64_t> Reserve(size_t bytes) override {
     void* p = mmap(nullptr, bytes, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -47,10 +77,22 @@ class MmapChunkMapper final : public ChunkMapper {
     // One call for the whole range, whatever is mapped in it.
     mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    made_.erase(made_.lower_bound(address), made_.lower_bound(address + bytes));
   }
+
+ private:
+  std::map<uint64_t, UniqueFd> made_;  // Create's memfds, by address
 };
 
 }  // namespace
+
+absl::StatusOr<uint64_t> ChunkMapper::Create(uint64_t, size_t) {
+  return absl::UnimplementedError("this mapper makes no chunks");
+}
+
+absl::StatusOr<UniqueFd> ChunkMapper::Export(const ChunkMapping&) {
+  return absl::UnimplementedError("this mapper makes no chunks");
+}
 
 std::unique_ptr<ChunkMapper> MakeMmapChunkMapper() {
   return std::make_unique<MmapChunkMapper>();
@@ -82,6 +124,7 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
   std::vector<ChunkMapping> mappings;
   uint64_t at = address;
   absl::Status failed;
+  const size_t first_made = got.ids.size() - got.client_made;
   for (size_t i = 0; i < got.ids.size() && failed.ok(); ++i) {
     const uint64_t size = got.sizes[i];
     if (at + size > address + bytes) {
@@ -91,7 +134,8 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
       break;
     }
     absl::StatusOr<uint64_t> handle =
-        mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
+        i >= first_made ? mapper_->Create(at, size)
+                        : mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
     if (!handle.ok()) {
       failed = handle.status();
       break;
@@ -111,7 +155,8 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
 
 absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
                                 uint64_t max_chunk_bytes) {
-  absl::StatusOr<ReceivedChunks> got = client_->Acquire(bytes, max_chunk_bytes);
+  absl::StatusOr<ReceivedChunks> got =
+      client_->Acquire(bytes, max_chunk_bytes, client_creates_);
   if (!got.ok()) {
     // The engine's OOM path (free the cache, retry, report) handles both.
     if (absl::IsResourceExhausted(got.status()) ||
@@ -126,12 +171,14 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
     (void)client_->Release(got->epoch, got->ids);
     return mapped.status();
   }
+  const size_t first_made = got->ids.size() - got->client_made;
   for (size_t i = 0; i < mapped->size(); ++i) {
     const ChunkMapping& m = (*mapped)[i];
     chunks_[m.address] = {.epoch = got->epoch,
                           .id = got->ids[i],
                           .bytes = m.bytes,
-                          .handle = m.handle};
+                          .handle = m.handle,
+                          .made_here = i >= first_made};
     held_ += m.bytes;
   }
   return absl::OkStatus();
@@ -185,12 +232,31 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
     return absl::NotFoundError(absl::StrCat(
         "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
   }
-  std::vector<uint64_t> ids;
+  std::vector<uint64_t> ids, made_ids;
+  std::vector<UniqueFd> made_fds;
+  std::vector<MappedChunk*> made;
   uint64_t epoch = 0;
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + segment->second; ++it) {
-    epoch = it->second.epoch;  // one Acquire: one epoch
-    ids.push_back(it->second.id);
+    MappedChunk& chunk = it->second;
+    epoch = chunk.epoch;  // one Acquire: one epoch
+    ids.push_back(chunk.id);
+    if (!chunk.made_here) continue;
+    // The daemon can share only memory it holds: give it first.
+    absl::StatusOr<UniqueFd> fd = mapper_->Export(
+        {.address = it->first, .bytes = chunk.bytes, .handle = chunk.handle});
+    if (!fd.ok()) return fd.status();
+    made_ids.push_back(chunk.id);
+    made_fds.push_back(*std::move(fd));
+    made.push_back(&chunk);
+  }
+  if (!made.empty()) {
+    std::vector<int> fds;
+    for (const UniqueFd& fd : made_fds) fds.push_back(fd.get());
+    if (absl::Status s = client_->GiveMemory(epoch, made_ids, fds); !s.ok()) {
+      return s;
+    }
+    for (MappedChunk* chunk : made) chunk->made_here = false;
   }
   return client_->Share(epoch, ids);
 }

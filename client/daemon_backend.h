@@ -49,6 +49,18 @@ class ChunkMapper {
   // Unmap gets back.
   virtual absl::StatusOr<uint64_t> Map(uint64_t address, size_t chunk_bytes,
                                        int fd, uint64_t offset) = 0;
+  // Whether Create and Export work.
+  virtual bool CanCreate() const { return false; }
+  // Makes a chunk of `chunk_bytes` in this process, as the daemon's source
+  // makes one (so the daemon can hold and share its memory after Export),
+  // and maps it whole at `address` inside a reservation. Returns a handle
+  // that Unmap gets back; the memory goes with the mapping.
+  // ResourceExhausted when the device has no more. Unimplemented by
+  // default.
+  virtual absl::StatusOr<uint64_t> Create(uint64_t address,
+                                          size_t chunk_bytes);
+  // A new FD (the caller's) of the memory of `chunk`, which Create made.
+  virtual absl::StatusOr<UniqueFd> Export(const ChunkMapping& chunk);
   // After Map of every chunk of [address, address + bytes): makes the range
   // usable.
   virtual absl::Status EnableAccess(uint64_t address, size_t bytes) {
@@ -87,6 +99,14 @@ class DaemonBackend : public DeviceBackend {
   // Chunks mapped now (not counting those OpenShared mapped).
   uint64_t held_bytes() const { return held_; }
 
+  // From now on, a segment's chunks the daemon has not cached are made in
+  // this process (AcquireChunksRequest.client_creates) when `on` and the
+  // mapper can (ChunkMapper::CanCreate): on a GPU, creating a chunk here
+  // costs less than the daemon's creation and export and this process's
+  // import together. Off by default. ShareSegment gives their memory to the
+  // daemon first (DaemonClient::GiveMemory).
+  void set_client_creates(bool on) { client_creates_ = on && mapper_->CanCreate(); }
+
   // Sharing a segment with another process (CUDA IPC). ShareSegment: a
   // token naming the chunks of the segment AllocateSegment gave at
   // `address`, which another process's OpenShared maps while this one keeps
@@ -109,6 +129,8 @@ class DaemonBackend : public DeviceBackend {
     uint64_t id;
     uint64_t bytes;
     uint64_t handle;
+    // Made here (ChunkMapper::Create), its memory not yet the daemon's.
+    bool made_here = false;
   };
   // A range OpenShared mapped.
   struct SharedRange {
@@ -135,6 +157,7 @@ class DaemonBackend : public DeviceBackend {
   std::map<uint64_t, size_t> segments_;     // AllocateSegment's, by address
   std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
   uint64_t held_ = 0;
+  bool client_creates_ = false;
 };
 
 }  // namespace allocd

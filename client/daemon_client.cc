@@ -90,12 +90,15 @@ struct Connection {
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
 };
 
-// Sends `request` and gathers the answer, which may span several frames
-// (a claim of more chunks than one frame carries FDs for).
+// Sends `request` (with `send_fds` riding along) and gathers the answer,
+// which may span several frames (a claim of more chunks than one frame
+// carries FDs for).
 absl::StatusOr<v1::SideResponse> SideCall(int fd,
                                           const v1::SideRequest& request,
-                                          std::vector<UniqueFd>* fds) {
-  if (absl::Status s = SendMessage(fd, request.SerializeAsString()); !s.ok()) {
+                                          std::vector<UniqueFd>* fds,
+                                          absl::Span<const int> send_fds = {}) {
+  if (absl::Status s = SendMessage(fd, request.SerializeAsString(), send_fds);
+      !s.ok()) {
     return s;
   }
   v1::SideResponse all;
@@ -164,21 +167,31 @@ absl::StatusOr<ReceivedChunks> ChunksOfClaim(const Connection& c,
   }
   if (chunks.fds.size() != chunks.ids.size() ||
       chunks.offsets.size() != chunks.ids.size() ||
-      chunks.sizes.size() != chunks.ids.size()) {
+      chunks.sizes.size() != chunks.ids.size() ||
+      answer.client_made_sizes_size() != answer.client_made_ids_size()) {
     // Not DataLoss, which says the connection broke (Acquire asks again).
-    return absl::InternalError(absl::StrCat("daemon sent ", chunks.fds.size(),
-                                            " FDs for ", chunks.ids.size(),
-                                            " chunks"));
+    return absl::InternalError(absl::StrCat(
+        "daemon sent ", chunks.fds.size(), " FDs for ", chunks.ids.size(),
+        " chunks, and ", answer.client_made_sizes_size(), " sizes for ",
+        answer.client_made_ids_size(), " chunks to make"));
   }
+  for (int i = 0; i < answer.client_made_ids_size(); ++i) {
+    chunks.ids.push_back(answer.client_made_ids(i));
+    chunks.fds.emplace_back();
+    chunks.offsets.push_back(0);
+    chunks.sizes.push_back(answer.client_made_sizes(i));
+  }
+  chunks.client_made = static_cast<uint32_t>(answer.client_made_ids_size());
   return chunks;
 }
 
 // A call on the lease of `c`, which carries one call at a time.
 absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
                                            const v1::SideRequest& request,
-                                           std::vector<UniqueFd>* fds) {
+                                           std::vector<UniqueFd>* fds,
+                                           absl::Span<const int> send_fds = {}) {
   absl::MutexLock lock(&c.lease_mu);
-  return SideCall(c.lease.get(), request, fds);
+  return SideCall(c.lease.get(), request, fds, send_fds);
 }
 
 // Claims the FDs of a grant (an AcquireChunks or OpenShare answer) over the
@@ -191,6 +204,8 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
   absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, claim, &fds);
   if (!answer.ok()) return answer.status();
   answer->set_reused_chunks(response.reused_chunks());
+  *answer->mutable_client_made_ids() = response.client_made_ids();
+  *answer->mutable_client_made_sizes() = response.client_made_sizes();
   return ChunksOfClaim(c, *answer, std::move(fds));
 }
 
@@ -200,8 +215,9 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
 // it would leave the pool less than as much again.
 absl::StatusOr<std::optional<ReceivedChunks>> AcquireOnLease(
     Connection& c, uint64_t bytes, uint64_t max_chunk_bytes,
-    uint32_t read_ahead) {
+    uint32_t read_ahead, bool client_creates) {
   v1::SideRequest request;
+  request.mutable_acquire()->set_client_creates(client_creates);
   request.mutable_acquire()->set_bytes(bytes);
   request.mutable_acquire()->set_max_chunk_bytes(max_chunk_bytes);
   request.mutable_acquire()->set_read_ahead(read_ahead > 0);
@@ -288,6 +304,7 @@ absl::StatusOr<std::vector<ReceivedChunks>> SplitGrant(ReceivedChunks grant,
   }
   std::vector<ReceivedChunks> grants;
   uint32_t reused = grant.reused;
+  const size_t first_made = n - std::min<size_t>(grant.client_made, n);
   uint64_t filled = 0;
   for (size_t i = 0; i < n; ++i) {
     if (filled == 0) grants.push_back(ReceivedChunks{.epoch = grant.epoch});
@@ -296,6 +313,7 @@ absl::StatusOr<std::vector<ReceivedChunks>> SplitGrant(ReceivedChunks grant,
     part.fds.push_back(std::move(grant.fds[i]));
     part.offsets.push_back(grant.offsets[i]);
     part.sizes.push_back(grant.sizes[i]);
+    if (i >= first_made) ++part.client_made;
     filled += grant.sizes[i];
     if (filled > each) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -783,7 +801,8 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
         [self](const GrantReadAhead::Key& key,
                uint32_t count) -> std::vector<ReceivedChunks> {
           absl::StatusOr<std::optional<ReceivedChunks>> got =
-              self->AcquireGrant(key.bytes, key.max_chunk_bytes, count);
+              self->AcquireGrant(key.bytes, key.max_chunk_bytes, count,
+                                 key.client_creates);
           if (!got.ok() || !got->has_value()) return {};
           const uint64_t bytes = (*got)->bytes();
           const uint64_t epoch = (*got)->epoch;
@@ -838,9 +857,11 @@ absl::Status CallOnSession(DaemonClient::State& state, Rpc&& rpc) {
 }
 
 absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
-                                                     uint64_t max_chunk_bytes) {
+                                                     uint64_t max_chunk_bytes,
+                                                     bool client_creates) {
   const GrantReadAhead::Key key{.bytes = bytes,
-                                .max_chunk_bytes = max_chunk_bytes};
+                                .max_chunk_bytes = max_chunk_bytes,
+                                .client_creates = client_creates};
   GrantReadAhead* const ahead = state_->read_ahead.get();
   if (ahead != nullptr) {
     if (std::optional<ReceivedChunks> parked = ahead->Take(key)) {
@@ -850,7 +871,7 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
     }
   }
   absl::StatusOr<std::optional<ReceivedChunks>> got =
-      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0);
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
   if (!got.ok()) return got.status();
   if (ahead != nullptr) {
     ahead->Granted(key, (*got)->reused == (*got)->ids.size());
@@ -859,7 +880,8 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
 }
 
 absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
-    uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead) {
+    uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead,
+    bool client_creates) {
   const bool may_wait = read_ahead == 0;
   const absl::Time deadline =
       may_wait ? absl::Now() + state_->options.reconnect_wait : absl::Now();
@@ -881,6 +903,7 @@ absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
       request.set_session_id(c->session_id);
       request.set_bytes(bytes);
       request.set_max_chunk_bytes(max_chunk_bytes);
+      request.set_client_creates(client_creates);
       v1::AcquireChunksResponse response;
       grpc::Status status =
           c->stub->AcquireChunks(&context, request, &response);
@@ -904,7 +927,8 @@ absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
     // gRPC when it has to wait (or speaks no lease acquires).
     absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
     if (c->lease_acquires) {
-      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes, read_ahead);
+      on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes, read_ahead,
+                                client_creates);
     }
     if (!may_wait && on_lease.ok() && !on_lease->has_value()) {
       return std::nullopt;
@@ -962,6 +986,33 @@ absl::StatusOr<std::string> DaemonClient::Share(
     return FromGrpc(s);
   }
   return response.share_token();
+}
+
+absl::Status DaemonClient::GiveMemory(uint64_t epoch,
+                                      absl::Span<const uint64_t> ids,
+                                      absl::Span<const int> fds) {
+  if (ids.size() != fds.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " FDs for ", ids.size(), " chunks"));
+  }
+  std::shared_ptr<Connection> c = state_->Current();
+  if (c == nullptr || !state_->OwnedBy(*c, epoch, ids)) {
+    return absl::FailedPreconditionError(
+        "these chunks came from an allocd daemon this process is no longer "
+        "connected to (and the daemon now did not adopt them): their memory "
+        "cannot be given to it");
+  }
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxFdsPerMessage) {
+    const size_t n = std::min(ids.size() - begin, kMaxFdsPerMessage);
+    v1::SideRequest request;
+    for (uint64_t id : ids.subspan(begin, n)) {
+      request.mutable_give_memory()->add_chunk_ids(id);
+    }
+    absl::StatusOr<v1::SideResponse> answer =
+        LeaseCall(*c, request, nullptr, fds.subspan(begin, n));
+    if (!answer.ok()) return answer.status();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ReceivedChunks> DaemonClient::OpenShare(

@@ -84,6 +84,10 @@ struct ReceivedChunks {
   std::vector<uint64_t> offsets;
   std::vector<uint64_t> sizes;
   uint32_t reused = 0;
+  // The last client_made chunks (Acquire with client_creates) have no FD
+  // (fds[i] invalid, offsets[i] 0): the process makes each itself, one
+  // allocation of sizes[i], and holds and releases it as a granted one.
+  uint32_t client_made = 0;
 
   // The bytes of all the chunks.
   uint64_t bytes() const {
@@ -93,7 +97,8 @@ struct ReceivedChunks {
 
 // The grants of `grant`, which holds several of `each` bytes in a row (a
 // read-ahead's answer, AcquireChunksRequest.count): each its chunks,
-// adding up to `each`, in order, reused chunks counted first.
+// adding up to `each`, in order, reused chunks counted first and
+// client-made ones (the answer's last) last.
 // InvalidArgument when its chunks do not fall on those boundaries.
 absl::StatusOr<std::vector<ReceivedChunks>> SplitGrant(ReceivedChunks grant,
                                                        uint64_t each);
@@ -121,9 +126,12 @@ class DaemonClient {
   // when the daemon stayed away longer than reconnect_wait. With
   // read_ahead_keep, the second call in a row with the same arguments
   // starts asking for the next grants like it in the background
-  // (GrantReadAhead).
+  // (GrantReadAhead). With `client_creates`, the chunks the daemon has not
+  // cached come as ReceivedChunks.client_made, for the caller to make
+  // (AcquireChunksRequest.client_creates; a daemon before it creates them).
   absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
-                                         uint64_t max_chunk_bytes = UINT64_MAX);
+                                         uint64_t max_chunk_bytes = UINT64_MAX,
+                                         bool client_creates = false);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.
@@ -142,6 +150,12 @@ class DaemonClient {
   // Closes an open of `epoch` (of an older epoch: a no-op, that daemon
   // closed it when the session ended).
   absl::Status CloseShare(uint64_t epoch, const std::string& share_token);
+  // Gives the daemon the memory of client-made chunks `ids` of `epoch`, an
+  // FD of each in `fds` (the same order; the caller keeps its own), so it
+  // can share them (NodePool::GiveMemory). FailedPrecondition for an older
+  // epoch's chunks, as Share.
+  absl::Status GiveMemory(uint64_t epoch, absl::Span<const uint64_t> ids,
+                          absl::Span<const int> fds);
 
   // Control messages received since the last call, in order.
   std::vector<v1::ControlMessage> TakeControl();
@@ -190,7 +204,8 @@ class DaemonClient {
   // or would be left less than as much again, its cache holds too little,
   // the daemon grants nothing on the lease).
   absl::StatusOr<std::optional<ReceivedChunks>> AcquireGrant(
-      uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead);
+      uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead,
+      bool client_creates = false);
   std::unique_ptr<State> state_;
 };
 

@@ -23,7 +23,10 @@
 //   back, nor one that makes the daemon create memory: Fetch answers
 //   nothing then, and nothing is read ahead until the size changes or the
 //   caller's own grant comes from the daemon's cache (a process that frees
-//   its working set and takes it again reads ahead the second time).
+//   its working set and takes it again reads ahead the second time);
+// - for a caller that makes the chunks the daemon has not cached
+//   (Key::client_creates), the daemon grants those as budget: a cold pool
+//   is read ahead too, holding no memory.
 //
 // Thread-safe. One background thread fetches and gives back.
 #ifndef ALLOCD_CLIENT_GRANT_READ_AHEAD_H_
@@ -49,6 +52,9 @@ class GrantReadAhead {
   struct Key {
     uint64_t bytes = 0;
     uint64_t max_chunk_bytes = 0;
+    // The caller makes what the daemon has not cached: a grant read ahead
+    // may be budget only (client-made chunks), which holds no memory.
+    bool client_creates = false;
     bool operator==(const Key&) const = default;
   };
   // Up to `count` grants of `key` (each one segment's chunks) that the

@@ -35,6 +35,11 @@ v1::AcquireChunksResponse ResponseOf(const Grant& grant) {
   response.set_bytes(grant.bytes);
   response.set_claim_token(grant.token);
   response.set_reused_chunks(grant.reused_chunks);
+  const size_t first_made = grant.chunk_ids.size() - grant.client_made;
+  for (size_t i = first_made; i < grant.chunk_ids.size(); ++i) {
+    response.add_client_made_ids(grant.chunk_ids[i]);
+    response.add_client_made_sizes(grant.chunk_sizes[i]);
+  }
   return response;
 }
 
@@ -360,20 +365,25 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
         fit, std::clamp<uint32_t>(r.count(), 1, kMaxReadAheadGrants)));
     if (count == 0) return std::nullopt;
     absl::StatusOr<Grant> grant =
-        pool.AcquireCached(r.session_id(), r.bytes(), max_chunk_bytes, count);
+        pool.AcquireCached(r.session_id(), r.bytes(), max_chunk_bytes, count,
+                           r.client_creates());
     if (!grant.ok() || grant->chunk_ids.empty()) return std::nullopt;
     PublishPool(**session);
     return ResponseOf(*grant);
   }
   (*session)->BeginAcquire();
-  absl::StatusOr<Grant> grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
+  auto acquire = [&] {
+    return pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes,
+                        r.client_creates());
+  };
+  absl::StatusOr<Grant> grant = acquire();
   if (!grant.ok() && IsNodeShortage(grant.status())) {
     if (!may_wait) {
       (*session)->EndAcquire();
       return std::nullopt;
     }
     Reclaim(**session, *ShortfallBytes(grant.status()));
-    grant = pool.Acquire(r.session_id(), r.bytes(), max_chunk_bytes);
+    grant = acquire();
   }
   (*session)->EndAcquire();
   if (absl::IsResourceExhausted(grant.status())) {
@@ -470,6 +480,14 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
   v1::ReleaseChunksResponse response;
   response.set_released_bytes(before > after ? before - after : 0);
   return response;
+}
+
+absl::Status DaemonCore::GiveMemory(const PeerCredentials& peer, SessionId id,
+                                    absl::Span<const uint64_t> chunk_ids,
+                                    std::vector<UniqueFd> fds) {
+  absl::StatusOr<std::shared_ptr<Session>> session = OwnedSession(peer, id);
+  if (!session.ok()) return session.status();
+  return PoolOf(**session).GiveMemory(id, chunk_ids, std::move(fds));
 }
 
 absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
@@ -838,6 +856,7 @@ void DaemonCore::PublishPool(const DevicePool& device) {
                   .free = stats.free_bytes,
                   .chunks_created_total = stats.chunks_created_total,
                   .chunks_reused_total = stats.chunks_reused_total,
+                  .chunks_client_made_total = stats.chunks_client_made_total,
                   .trimmed_bytes_total = stats.trimmed_bytes_total,
                   .adopted_bytes_total = stats.adopted_bytes_total});
   for (const auto& [id, held] : stats.sessions) {
@@ -875,6 +894,7 @@ v1::StatusResponse DaemonCore::Status() const {
     d->set_free_bytes(stats.free_bytes);
     d->set_chunks_created_total(stats.chunks_created_total);
     d->set_chunks_reused_total(stats.chunks_reused_total);
+    d->set_chunks_client_made_total(stats.chunks_client_made_total);
     d->set_trimmed_bytes_total(stats.trimmed_bytes_total);
     d->set_sessions(static_cast<uint32_t>(stats.sessions.size()));
     d->set_adopted_bytes_total(stats.adopted_bytes_total);
@@ -885,6 +905,8 @@ v1::StatusResponse DaemonCore::Status() const {
                                stats.chunks_created_total);
     r.set_chunks_reused_total(r.chunks_reused_total() +
                               stats.chunks_reused_total);
+    r.set_chunks_client_made_total(r.chunks_client_made_total() +
+                                   stats.chunks_client_made_total);
     r.set_trimmed_bytes_total(r.trimmed_bytes_total() +
                               stats.trimmed_bytes_total);
     r.set_adopted_bytes_total(r.adopted_bytes_total() +

@@ -150,6 +150,11 @@ class DaemonCore {
                                              SessionId id,
                                              std::vector<DeclaredChunk> chunks,
                                              bool last);
+  // The memory of chunks session `id` made itself (one FD each, in order),
+  // for its pool to hold: NodePool::GiveMemory, and its errors.
+  absl::Status GiveMemory(const PeerCredentials& peer, SessionId id,
+                          absl::Span<const uint64_t> chunk_ids,
+                          std::vector<UniqueFd> fds);
   // The FDs of a grant, for SCM_RIGHTS, in batches (NodePool::Claim).
   absl::Status Claim(const PeerCredentials& peer, absl::string_view token,
                      size_t batch_size, NodePool::ClaimSink sink);

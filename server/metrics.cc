@@ -401,6 +401,8 @@ void Metrics::Pool(int device, absl::string_view gpu_uuid,
          seen.chunks_created);
   follow(chunks_.Add(labels("origin", "reused")), pool.chunks_reused_total,
          seen.chunks_reused);
+  follow(chunks_.Add(labels("origin", "client_made")),
+         pool.chunks_client_made_total, seen.chunks_client_made);
   follow(trimmed_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
          pool.trimmed_bytes_total, seen.trimmed_bytes);
   follow(adopted_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),

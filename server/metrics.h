@@ -38,6 +38,7 @@ struct PoolGauges {
   uint64_t free = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
+  uint64_t chunks_client_made_total = 0;
   uint64_t trimmed_bytes_total = 0;
   uint64_t adopted_bytes_total = 0;
 };
@@ -128,6 +129,7 @@ class Metrics {
   struct PoolTotalsSeen {
     uint64_t chunks_created = 0;
     uint64_t chunks_reused = 0;
+    uint64_t chunks_client_made = 0;
     uint64_t trimmed_bytes = 0;
     uint64_t adopted_bytes = 0;
   };

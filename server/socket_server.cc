@@ -244,6 +244,8 @@ bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
   const std::string& token = (*grant)->claim_token();
   v1::SideResponse first;
   first.set_reused_chunks((*grant)->reused_chunks());
+  *first.mutable_client_made_ids() = (*grant)->client_made_ids();
+  *first.mutable_client_made_sizes() = (*grant)->client_made_sizes();
   absl::Status claimed;
   const bool connection_ok =
       SendClaim(core, c, token, std::move(first), &claimed);
@@ -269,7 +271,8 @@ bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
   v1::SideRequest request;
   if (!request.ParseFromString(frame->payload) ||
       (!frame->fds.empty() &&
-       request.request_case() != v1::SideRequest::kDeclare)) {
+       request.request_case() != v1::SideRequest::kDeclare &&
+       request.request_case() != v1::SideRequest::kGiveMemory)) {
     (void)SendMessage(c.fd.get(),
                       ErrorResponse(absl::InvalidArgumentError(
                                         "malformed side-socket request"))
@@ -315,6 +318,17 @@ bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
       metrics.Rpc("ReleaseChunks", absl::ToDoubleSeconds(absl::Now() - start),
                   released.ok());
       return open;
+    }
+    case v1::SideRequest::kGiveMemory: {
+      const auto& ids = request.give_memory().chunk_ids();
+      absl::Status given =
+          c.lease == 0
+              ? absl::FailedPreconditionError(
+                    "memory is given on a lease connection, after the lease")
+              : core.GiveMemory(c.peer, c.lease, {ids.data(), static_cast<size_t>(ids.size())},
+                                std::move(frame->fds));
+      return SendMessage(c.fd.get(), ErrorResponse(given).SerializeAsString())
+          .ok();
     }
     case v1::SideRequest::kDeclare: {
       absl::StatusOr<v1::SideResponse> answer =

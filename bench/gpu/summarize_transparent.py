@@ -114,7 +114,7 @@ def main():
         print("\nstep time transparent/native:", json.dumps(summary["step_time_ratio"]))
     # The working set's interleaved triples: each kind's first round against
     # native's first round of the same triple.
-    kinds = ("cold", "warm", "warm_read_ahead")
+    kinds = ("cold", "cold_read_ahead", "cold_daemon_creates", "warm", "warm_read_ahead")
     triples = []
     for i in (1, 2, 3):
         native = load(out, f"workset_native_{i}.json")
@@ -128,9 +128,11 @@ def main():
                 row[f"{k}_ratio"] = run["rounds"][0] / native["rounds"][0]
         before, after = load(out, f"workset_cold_{i}_before.json"), load(out, f"workset_cold_{i}_pool.json")
         if before and after:
-            # A cold run that created nothing was not cold.
+            # A cold run that made nothing (daemon or client) was not cold.
             row["cold_chunks_created"] = (pool_counter(after, "chunks_created_total")
                                           - pool_counter(before, "chunks_created_total"))
+            row["cold_chunks_client_made"] = (pool_counter(after, "chunks_client_made_total")
+                                              - pool_counter(before, "chunks_client_made_total"))
             row["cached_bytes_before_cold"] = pool_counter(before, "free_bytes")
         triples.append(row)
     if triples:

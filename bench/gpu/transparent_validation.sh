@@ -11,8 +11,11 @@
 #   tracker    tracker_check.py: the tracker built against this PyTorch, its
 #              stream against PyTorch's history, its cost per event
 #   workset    a 40 GiB working set: 3 interleaved native / transparent
-#              cold / warm / warm reading ahead (ALLOCD_READ_AHEAD_MS),
-#              and cuda_chunk_bench's working set each way
+#              cold (the process makes the chunks) / cold reading ahead
+#              (ALLOCD_READ_AHEAD_MS) / cold with the daemon creating them
+#              (ALLOCD_CLIENT_CREATES=0, which leaves them cached) / warm
+#              (from that cache) / warm reading ahead, and
+#              cuda_chunk_bench's working set each way
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
@@ -130,13 +133,17 @@ fi
 
 if want workset; then
   start_daemon
-  step "40 GiB working set: 3 interleaved native / transparent cold / warm / warm reading ahead, each process 3 rounds"
+  step "40 GiB working set: 3 interleaved native / transparent cold / cold reading ahead / cold, the daemon creating / warm / warm reading ahead, each process 3 rounds"
   for i in 1 2 3; do
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
-    allocctl pool trim >/dev/null  # the pool cold: every chunk created
+    allocctl pool trim >/dev/null  # the pool cold: every chunk made anew
     allocctl --json status >"$out/workset_cold_${i}_before.json"
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
-    allocctl --json status >"$out/workset_cold_${i}_pool.json"  # what the cold run created
+    allocctl --json status >"$out/workset_cold_${i}_pool.json"  # what the cold run made
+    # Chunks the process made leave the pool when freed: still cold. The
+    # daemon's own chunks stay cached for the warm runs.
+    ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_read_ahead_$i.json"
+    ALLOCD_CLIENT_CREATES=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_daemon_creates_$i.json"
     timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
     ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_read_ahead_$i.json"
     allocctl pool trim >/dev/null  # room for the next native run

@@ -5,9 +5,12 @@
 // errors, CUDA graph pools) stays PyTorch's:
 //
 // - cudaMalloc / cudaFree: a segment of N bytes is daemon chunks (of the
-//   daemon's sizes, 2 MiB to 1 GiB: a 2 GiB segment is two imports and two
-//   maps) mapped into one contiguous range (CudaDaemonBackend); cudaFree
-//   synchronises the device as cudaFree does, unmaps and returns them.
+//   daemon's sizes, 2 MiB to 1 GiB: a 2 GiB segment is two chunks) mapped
+//   into one contiguous range (CudaDaemonBackend); the chunks the daemon
+//   has cached are imported, the others the daemon counts and this process
+//   makes itself with cuMemCreate (cheaper than the daemon's creation,
+//   export and this process's import); cudaFree synchronises the device as
+//   cudaFree does, unmaps and returns them.
 // - expandable segments: PyTorch resolves the driver's VMM calls with
 //   cudaGetDriverEntryPoint(ByVersion) (c10/cuda/driver_api.cpp); for
 //   cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap this library hands
@@ -37,6 +40,8 @@
 // package writes them),
 // ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
 // of a size are kept, GrantReadAhead; 0, the default: none),
+// ALLOCD_CLIENT_CREATES (1, the default: chunks the daemon has not cached
+// are made in this process; 0: the daemon creates every chunk),
 // ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -517,6 +522,13 @@ class Interposer {
           "ALLOCD_READ_AHEAD_MS must be milliseconds (0 or more); got \"",
           ms, "\""));
     }
+    const std::string client_creates = env("ALLOCD_CLIENT_CREATES", "1");
+    if (client_creates != "0" && client_creates != "1") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ALLOCD_CLIENT_CREATES must be 1 (this process makes the chunks "
+          "the daemon has not cached) or 0 (the daemon creates them); got \"",
+          client_creates, "\""));
+    }
     // The daemon matches the GPU by UUID: `device` is only this process's
     // number for it.
     absl::StatusOr<std::string> uuid = GpuUuid(device);
@@ -535,6 +547,7 @@ class Interposer {
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);
     if (!backend.ok()) return backend.status();
+    (*backend)->set_client_creates(client_creates == "1");
     session.client = *std::move(client);
     session.backend = *std::move(backend);
     return absl::OkStatus();

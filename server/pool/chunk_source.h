@@ -80,8 +80,10 @@ class ChunkSource {
   virtual bool ProvesChunks() const { return false; }
   // Checks a client's proof that it maps `bytes` at `offset` of `fd` made
   // by this source, and returns that memory, kept from now on like a
-  // created chunk's. InvalidArgument saying why when `fd` is not such a
-  // chunk; the default (a source that does not ProvesChunks):
+  // created chunk's. Also how the pool takes the memory of a chunk its
+  // client made (NodePool::GiveMemory), which the client makes as this
+  // source would. InvalidArgument saying why when `fd` is not such a
+  // chunk; the default (a source that takes no memory from clients):
   // Unimplemented.
   virtual absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
                                                  uint64_t bytes) const;

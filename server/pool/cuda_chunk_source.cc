@@ -213,8 +213,34 @@ absl::StatusOr<ChunkMemory> CudaChunkSource::CreateChunk(uint64_t bytes) {
 
 void CudaChunkSource::KeepFree(uint64_t bytes) { keep_free_.store(bytes); }
 
+absl::StatusOr<ChunkMemory> CudaChunkSource::AdoptChunk(UniqueFd fd,
+                                                        uint64_t offset,
+                                                        uint64_t bytes) const {
+  if (!fd.valid()) return absl::InvalidArgumentError("no FD of its memory");
+  if (offset != 0 || bytes == 0 || bytes % granularity_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a chunk is a whole allocation of a multiple of ",
+        FormatSize(granularity_), "; got ", bytes, " bytes at offset ", offset));
+  }
+  if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
+  // Imported only to check it is an allocation: the driver refuses to
+  // export an imported handle again (CUDA_ERROR_INVALID_VALUE), so the FD,
+  // which keeps the allocation alive by itself, is what the pool holds and
+  // what its claims copy.
+  absl::StatusOr<CUmemGenericAllocationHandle> handle =
+      cuda::ImportFromFd(fd.get());
+  if (!handle.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "its FD is not a CUDA allocation's: ", handle.status().message()));
+  }
+  (void)cuda::MemRelease(*handle);
+  return ChunkMemory{.file = std::make_shared<const UniqueFd>(std::move(fd)),
+                     .offset = 0};
+}
+
 absl::StatusOr<UniqueFd> CudaChunkSource::OpenForClient(
     const ChunkMemory& memory) const {
+  if (memory.file->valid()) return DuplicateFd(memory.file->get());  // given
   {
     absl::MutexLock lock(&device_->exports_mu);
     if (auto it = device_->exports.find(memory.handle);

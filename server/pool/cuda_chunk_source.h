@@ -62,10 +62,21 @@ class CudaChunkSource final : public ChunkSource {
   // (CUBLAS_STATUS_EXECUTION_FAILED on an H200) where natively the
   // allocator's retry would have given memory back to the device.
   void KeepFree(uint64_t bytes);
-  // An FD of the chunk's allocation: a copy of its kept export, else
-  // cuMemExportToShareableHandle (kept when the FD budget allows).
+  // An FD of the chunk's allocation: a copy of the FD a client gave
+  // (AdoptChunk) or of its kept export, else cuMemExportToShareableHandle
+  // (kept when the FD budget allows).
   absl::StatusOr<UniqueFd> OpenForClient(
       const ChunkMemory& memory) const override;
+  // A client's exported allocation (the memory of a chunk it made,
+  // NodePool::GiveMemory): the FD is kept (it holds the allocation) and
+  // claims get copies of it, as OpenForClient's own exports. The driver
+  // tells neither the size nor the maker of an allocation, so both are the
+  // client's word (a client that lies only fails the maps of whoever opens
+  // it); restart declarations are still taken without FDs (ProvesChunks).
+  // InvalidArgument when `fd` does not import as an allocation, or
+  // `offset` is not 0.
+  absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
+                                         uint64_t bytes) const override;
   int FdsPerChunk() const override { return 0; }
   // cuMemGetInfo's total, read at Create.
   std::optional<uint64_t> DeviceMemory() const override;

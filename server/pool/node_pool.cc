@@ -314,7 +314,8 @@ std::string NodePool::AddClaim(SessionId id, const SessionState& s,
 
 absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
                                               uint64_t max_chunk_bytes,
-                                              uint32_t max_count) {
+                                              uint32_t max_count,
+                                              bool client_creates) {
   if (bytes == 0 || max_count == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a cached acquire needs bytes and a count; got ", bytes, " bytes, ",
@@ -342,21 +343,46 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
         count, cached == free_by_size_.end() ? 0 : cached->second.size() / needed);
   }
   while (count > 0 && !CheckQuotas(id, state, count * rounded).ok()) --count;
-  if (count == 0) return grant;
+  // The rest for the client to make, in the room no cached chunk fills.
+  uint64_t made = client_creates ? std::min<uint64_t>(
+                                       max_count - count,
+                                       UncreatedRoom(capacity_.load()) / rounded)
+                                 : 0;
+  while (made > 0 && !CheckQuotas(id, state, (count + made) * rounded).ok()) {
+    --made;
+  }
+  if (count + made == 0) return grant;
   const uint64_t serial = next_grant_++;
   for (uint64_t i = 0; i < count; ++i) {
     TakeFree(id, state, sizes, serial, grant);  // all cached: creates none
   }
-  grant.bytes = count * rounded;
-  grant.reused_chunks = static_cast<uint32_t>(grant.chunk_ids.size());
+  const std::vector<uint64_t> cached = grant.chunk_ids;
+  for (uint64_t i = 0; i < made; ++i) {
+    for (uint64_t size : sizes) AddClientMade(id, state, serial, size, grant);
+  }
+  grant.bytes = (count + made) * rounded;
+  grant.reused_chunks = static_cast<uint32_t>(cached.size());
   AddHeld(state, grant.bytes);
   reused_total_ += grant.reused_chunks;
-  grant.token = AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
+  grant.token = AddClaim(id, state, *std::move(token), serial, cached);
   return grant;
 }
 
+void NodePool::AddClientMade(SessionId id, SessionState& s, uint64_t serial,
+                             uint64_t size, Grant& grant) {
+  const uint64_t chunk_id = NewChunkId();
+  chunks_.emplace(chunk_id, Chunk{.bytes = size, .owner = id, .grant = serial});
+  live_bytes_ += size;
+  s.chunks.insert(chunk_id);
+  grant.chunk_ids.push_back(chunk_id);
+  grant.chunk_sizes.push_back(size);
+  ++grant.client_made;
+  ++client_made_total_;
+}
+
 absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
-                                        uint64_t max_chunk_bytes) {
+                                        uint64_t max_chunk_bytes,
+                                        bool client_creates) {
   if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
   if (bytes > capacity_.load()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -401,14 +427,24 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
           AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
       return grant;
     }
-    for (uint64_t chunk_id : grant.chunk_ids) {
-      chunks_.at(chunk_id).pending = true;
-    }
     if (create_bytes > room) {
       const uint64_t needed = create_bytes - room;
       trimmed_total_ += TrimColdestLocked(
           [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
           doomed);
+    }
+    if (client_creates) {
+      // Counted now, made by the client: no memory here until GiveMemory.
+      std::vector<uint64_t> with_memory = grant.chunk_ids;
+      for (uint64_t size : to_create) {
+        AddClientMade(id, state, serial, size, grant);
+      }
+      grant.token =
+          AddClaim(id, state, *std::move(token), serial, with_memory);
+      return grant;  // `doomed` is released after the lock
+    }
+    for (uint64_t chunk_id : grant.chunk_ids) {
+      chunks_.at(chunk_id).pending = true;
     }
     creating_bytes_ += create_bytes;
     incarnation = state.incarnation;
@@ -619,6 +655,74 @@ absl::Status NodePool::Release(SessionId id,
   return absl::OkStatus();
 }
 
+absl::Status NodePool::GiveMemory(SessionId id,
+                                  absl::Span<const uint64_t> chunk_ids,
+                                  std::vector<UniqueFd> fds) {
+  if (fds.size() != chunk_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " FDs for ", chunk_ids.size(), " chunks; nothing was taken"));
+  }
+  // Which chunks, unlocked again while the source checks the FDs (syscalls,
+  // on a device driver calls); checked again after.
+  auto memoryless = [&](absl::string_view what) -> absl::StatusOr<std::vector<uint64_t>> {
+    mu_.AssertHeld();
+    absl::StatusOr<SessionState*> found = FindSession(id);
+    if (!found.ok()) return found.status();
+    if (absl::Status held = HeldBy(id, chunk_ids, what).status(); !held.ok()) {
+      return held;
+    }
+    std::vector<uint64_t> sizes;
+    for (uint64_t chunk_id : chunk_ids) {
+      const Chunk& chunk = chunks_.at(chunk_id);
+      if (HasMemory(chunk)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the pool holds the memory of chunk ", chunk_id,
+            " already; nothing was ", what));
+      }
+      sizes.push_back(chunk.bytes);
+    }
+    return sizes;
+  };
+  absl::StatusOr<std::vector<uint64_t>> sizes;
+  {
+    absl::MutexLock lock(&mu_);
+    sizes = memoryless("taken");
+  }
+  if (!sizes.ok()) return sizes.status();
+  // Refused memory is dropped after the lock is released.
+  std::vector<ChunkMemory> memories;
+  std::vector<std::string> identities;
+  for (size_t i = 0; i < chunk_ids.size(); ++i) {
+    absl::StatusOr<ChunkMemory> memory =
+        source_->AdoptChunk(std::move(fds[i]), /*offset=*/0, (*sizes)[i]);
+    if (!memory.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunk_ids[i], ": ", memory.status().message(),
+          "; nothing was taken"));
+    }
+    identities.push_back(source_->Identity(*memory));
+    memories.push_back(*std::move(memory));
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status again = memoryless("taken").status(); !again.ok()) {
+    return again;  // released or given meanwhile
+  }
+  absl::flat_hash_map<std::string, uint64_t> live = LiveIdentities();
+  for (size_t i = 0; i < chunk_ids.size(); ++i) {
+    if (identities[i].empty()) continue;
+    auto [same, fresh] = live.try_emplace(identities[i], chunk_ids[i]);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunk_ids[i], ": its FD is the memory of chunk ",
+          same->second, "; nothing was taken"));
+    }
+  }
+  for (size_t i = 0; i < chunk_ids.size(); ++i) {
+    chunks_.at(chunk_ids[i]).memory = std::move(memories[i]);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> NodePool::Share(
     SessionId id, absl::Span<const uint64_t> chunk_ids) {
   if (chunk_ids.empty()) {
@@ -637,10 +741,10 @@ absl::StatusOr<std::string> NodePool::Share(
   for (uint64_t chunk_id : chunk_ids) {
     if (!HasMemory(chunks_.at(chunk_id))) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "chunk ", chunk_id,
-          " was adopted after a daemon restart on the client's word, so the "
-          "daemon has no handle of it to give another process; nothing was "
-          "shared (share memory allocated after the restart)"));
+          "the daemon holds no memory of chunk ", chunk_id,
+          " (made by its client, or adopted on the client's word after a "
+          "daemon restart) to give another process; nothing was shared "
+          "(the client gives it first: GiveMemory)"));
     }
   }
   shares_[*token] = ShareState{
@@ -914,6 +1018,7 @@ PoolStats NodePool::Stats() const {
                   .creating_bytes = creating_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
+                  .chunks_client_made_total = client_made_total_,
                   .trimmed_bytes_total = trimmed_total_,
                   .adopted_bytes_total = adopted_total_};
   stats.in_use_bytes = stats.created_bytes - stats.free_bytes;

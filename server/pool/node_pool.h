@@ -103,6 +103,10 @@ struct Grant {
   std::string token;
   // How many of the chunks came from the cache rather than new memory.
   uint32_t reused_chunks = 0;
+  // How many of the chunks, the last ones, the client makes itself
+  // (Acquire with client_creates): the pool holds no memory of them and
+  // the claim gives no FD of them.
+  uint32_t client_made = 0;
 };
 
 // One claimed chunk, ready for SendMessage: `fd` is a dup() owned by the
@@ -140,6 +144,8 @@ struct PoolStats {
   uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
+  // Chunks granted for their clients to make (Acquire's client_creates).
+  uint64_t chunks_client_made_total = 0;
   // Cached chunks destroyed (their memory back to the device) by TrimFree,
   // TrimIdle, and Acquires that needed their room for chunks of another
   // size.
@@ -262,8 +268,29 @@ class NodePool {
   //  - the source's error when it cannot create memory (what it created
   //    before failing stays cached);
   //  - Aborted when the session ends while its chunks are being created.
+  // With `client_creates`, the source creates nothing: the chunks not
+  // cached are counted as the session's (the capacity, the quotas, and
+  // cached chunks destroyed to make room, as for new ones) without memory
+  // here, the grant's last Grant.client_made chunks, which the client
+  // creates itself. Like chunks adopted on the client's word, they cannot
+  // be shared and leave the pool when released, until GiveMemory gives the
+  // pool their memory.
   absl::StatusOr<Grant> Acquire(SessionId id, uint64_t bytes,
-                                uint64_t max_chunk_bytes = UINT64_MAX);
+                                uint64_t max_chunk_bytes = UINT64_MAX,
+                                bool client_creates = false);
+
+  // The memory of chunks `chunk_ids` of session `id` that the pool holds
+  // none of (client-made, or adopted on the client's word), one FD each in
+  // `fds` (the same order, each an FD of a whole chunk as
+  // ChunkSource::AdoptChunk takes it): from now on the pool holds it, as a
+  // created chunk's (shared, cached when released). All or nothing:
+  // InvalidArgument for a count that differs or an id listed twice;
+  // PermissionDenied naming a chunk the session does not hold;
+  // FailedPrecondition naming one whose memory the pool holds already;
+  // the source's error (InvalidArgument, naming the chunk) when an FD is
+  // not such a chunk; NotFound for no session `id`.
+  absl::Status GiveMemory(SessionId id, absl::Span<const uint64_t> chunk_ids,
+                          std::vector<UniqueFd> fds);
 
   // Memory a client reads ahead (its next segments of one size): up to
   // `max_count` grants of `bytes` each, split as Acquire splits one, all
@@ -276,9 +303,14 @@ class NodePool {
   // class. An empty Grant (no chunks, no token) when not even one fits.
   // Errors: InvalidArgument for bytes == 0 or max_count == 0; NotFound for
   // no session `id`.
+  // With `client_creates`, the grants the cache cannot serve are made by
+  // the client (as Acquire's client_creates), as many as the capacity has
+  // room for beside the cache (no cached chunk is destroyed for them) and
+  // the quotas allow: the first grants cached, the rest client-made.
   absl::StatusOr<Grant> AcquireCached(SessionId id, uint64_t bytes,
                                       uint64_t max_chunk_bytes,
-                                      uint32_t max_count);
+                                      uint32_t max_count,
+                                      bool client_creates = false);
 
   // What Claim hands over: the next batch of a grant's chunks with their
   // FDs, and whether it is the last. An error stops the claim.
@@ -533,6 +565,10 @@ class NodePool {
   // A chunk id not in use: the next of this pool's epoch that no live
   // (adopted) chunk has.
   uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk of `size` for session `id` (state `s`) to make itself, appended
+  // to `grant` (of serial `serial`): counted, no memory here.
+  void AddClientMade(SessionId id, SessionState& s, uint64_t serial,
+                     uint64_t size, Grant& grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a chunk a client declares cannot be adopted before its proof is
   // looked at ("" when it can so far): its id and size.
   std::string RefuseDeclared(const DeclaredChunk& chunk) const;
@@ -577,6 +613,7 @@ class NodePool {
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, ShareState> shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -68,5 +68,24 @@ TEST(SplitGrantTest, ChunksAcrossABoundaryOrALeftoverAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SplitGrantTest, ClientMadeChunksStayWithTheirGrants) {
+  ReceivedChunks answer =
+      GrantOf({16 * kMiB, 4 * kMiB, 16 * kMiB, 4 * kMiB, 16 * kMiB, 4 * kMiB},
+              /*reused=*/2);
+  // The last two grants are the client's to make: no FDs.
+  answer.client_made = 4;
+  for (size_t i = 2; i < answer.fds.size(); ++i) answer.fds[i].reset();
+  absl::StatusOr<std::vector<ReceivedChunks>> grants =
+      SplitGrant(std::move(answer), 20 * kMiB);
+  ASSERT_TRUE(grants.ok()) << grants.status();
+  ASSERT_EQ(grants->size(), 3u);
+  EXPECT_EQ((*grants)[0].client_made, 0u);
+  EXPECT_EQ((*grants)[0].reused, 2u);
+  EXPECT_EQ((*grants)[1].client_made, 2u);
+  EXPECT_EQ((*grants)[2].client_made, 2u);
+  EXPECT_THAT((*grants)[2].ids, ElementsAre(14, 15));
+  EXPECT_FALSE((*grants)[2].fds[0].valid());
+}
+
 }  // namespace
 }  // namespace allocd

@@ -371,6 +371,40 @@ TEST_F(CudaChunksTest, SegmentIsContiguousGpuMemoryThatTheNextProcessReads) {
   EXPECT_EQ(after.chunks_reused_total(), 4u);
 }
 
+// Transparent mode's path: the client makes what the pool has not cached;
+// sharing a segment gives its memory to the daemon, which then hands it to
+// the next process like memory it created (the driver exports no imported
+// handle again: the daemon keeps the client's FD).
+TEST_F(CudaChunksTest, MemoryTheClientMadeIsSharedAndThenServesTheNextProcess) {
+  std::unique_ptr<DaemonClient> client = Client();
+  std::unique_ptr<CudaDaemonBackend> backend = Backend(client.get());
+  ASSERT_NE(backend, nullptr);
+  backend->set_client_creates(true);
+  const uint64_t chunk = client->chunk_bytes();
+  const uint64_t bytes = 4 * chunk;
+  absl::StatusOr<uint64_t> segment = backend->AllocateSegment(bytes);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(WriteSegment(*segment, bytes, chunk).ok());
+  std::set<uint64_t> found;
+  EXPECT_EQ(CheckSegment(*segment, bytes, chunk, &found), "");
+  v1::StatusResponse status = Status();
+  EXPECT_EQ(status.chunks_created_total(), 0u);
+  EXPECT_EQ(status.chunks_client_made_total(), 4u);
+  EXPECT_EQ(status.in_use_bytes(), bytes);
+
+  absl::StatusOr<std::string> token = backend->ShareSegment(*segment);
+  ASSERT_TRUE(token.ok()) << token.status();
+  backend->FreeSegment(*segment, bytes);
+  EXPECT_EQ(Status().free_bytes(), bytes);  // given, so cached
+
+  std::unique_ptr<Child> reader = Helper("read", bytes);
+  EXPECT_EQ(reader->Line(), "verified 4");
+  EXPECT_EQ(reader->Wait(), 0);
+  status = Status();
+  EXPECT_EQ(status.chunks_reused_total(), 4u);
+  EXPECT_EQ(status.chunks_created_total(), 0u);
+}
+
 TEST_F(CudaChunksTest, ExpandableRangeGrowsAndShrinksInPlace) {
   std::unique_ptr<DaemonClient> client = Client();
   std::unique_ptr<CudaDaemonBackend> backend = Backend(client.get());

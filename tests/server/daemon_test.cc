@@ -615,6 +615,38 @@ TEST_F(DaemonTest, AClientReadsTheNextSegmentsAheadFromTheCacheAndGivesThemBackW
   for (uint64_t segment : segments) backend.FreeSegment(segment, kSegment);
 }
 
+// A client that makes its own chunks reads ahead on a cold pool too: the
+// grants are budget (nothing held, nothing created), and the next
+// segments take them without a round trip.
+TEST_F(DaemonTest, AClientThatMakesItsChunksReadsAheadBudgetOnAColdPool) {
+  absl::StatusOr<std::unique_ptr<DaemonClient>> connected =
+      DaemonClient::Connect({.socket = socket_,
+                             .job = "maker",
+                             .read_ahead_keep = absl::Milliseconds(300)});
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  DaemonBackend backend(connected->get());
+  backend.set_client_creates(true);
+  constexpr uint64_t kSegment = 3 * kChunk;
+  std::vector<uint64_t> segments;
+  // Own, own (a run: 1 read ahead), that one (2 read ahead), one of them.
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<uint64_t> segment = backend.AllocateSegment(kSegment);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    std::memset(reinterpret_cast<void*>(*segment), i, kSegment);
+    segments.push_back(*segment);
+  }
+  v1::StatusResponse status = Status();
+  EXPECT_EQ(status.chunks_created_total(), 0u);
+  EXPECT_EQ(status.chunks_client_made_total(), 5 * kSegment / kChunk);
+  EXPECT_EQ(status.in_use_bytes(), 5 * kSegment);  // one still read ahead
+  // Not taken within the keep, it goes back; nothing is cached.
+  EXPECT_LT(WaitForInUse(4 * kSegment, absl::Seconds(5)), absl::Seconds(5));
+  for (uint64_t segment : segments) backend.FreeSegment(segment, kSegment);
+  status = Status();
+  EXPECT_EQ(status.in_use_bytes(), 0u);
+  EXPECT_EQ(status.free_bytes(), 0u);
+}
+
 TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   std::unique_ptr<DaemonClient> cacher = Client("cacher");
   absl::StatusOr<ReceivedChunks> cached = cacher->Acquire(28 * kChunk);
@@ -719,6 +751,59 @@ TEST_F(DaemonTest, ASharedSegmentIsMappedByAnotherSessionUntilBothAreDone) {
   EXPECT_FALSE(opener.CloseShared(theirs->first));
   EXPECT_EQ(Status().in_use_bytes(), 0u);
   EXPECT_EQ(Status().free_bytes(), kBytes);
+}
+
+// Transparent mode's client on a GPU makes the chunks the pool has not
+// cached (cheaper than the daemon's creation, export and its import); in
+// sim the same path: memfds made in this process, counted by the daemon,
+// their memory given to it when a segment is shared.
+TEST_F(DaemonTest, AClientMakesWhatThePoolHasNotCachedAndGivesItToShare) {
+  std::unique_ptr<DaemonClient> owner_client = Client("owner");
+  std::unique_ptr<DaemonClient> opener_client = Client("opener");
+  DaemonBackend owner(owner_client.get());
+  owner.set_client_creates(true);
+  DaemonBackend opener(opener_client.get());
+  constexpr size_t kBytes = 9 * kChunk;  // 16 MiB + 2 MiB
+  absl::StatusOr<uint64_t> shared = owner.AllocateSegment(kBytes);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  absl::StatusOr<uint64_t> kept = owner.AllocateSegment(kChunk);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  v1::StatusResponse status = Status();
+  EXPECT_EQ(status.chunks_created_total(), 0u);
+  EXPECT_EQ(status.chunks_client_made_total(), 3u);
+  EXPECT_EQ(status.in_use_bytes(), kBytes + kChunk);
+  EXPECT_EQ(owner.held_bytes(), kBytes + kChunk);
+  char* mine = reinterpret_cast<char*>(*shared);
+  std::strcpy(mine + kBytes - 64, "made and written by the owner");
+  std::memset(reinterpret_cast<void*>(*kept), 3, kChunk);
+
+  absl::StatusOr<std::string> token = owner.ShareSegment(*shared);
+  ASSERT_TRUE(token.ok()) << token.status();
+  absl::StatusOr<std::pair<uint64_t, size_t>> theirs =
+      opener.OpenShared(*token);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  char* seen = reinterpret_cast<char*>(theirs->first);
+  EXPECT_STREQ(seen + kBytes - 64, "made and written by the owner");
+  std::strcpy(seen, "and by the opener");
+  EXPECT_STREQ(mine, "and by the opener");  // one memory
+  EXPECT_TRUE(owner.ShareSegment(*shared).ok());  // given once, shared again
+
+  // Never given, the other segment leaves the pool when freed.
+  owner.FreeSegment(*kept, kChunk);
+  status = Status();
+  EXPECT_EQ(status.in_use_bytes(), kBytes);
+  EXPECT_EQ(status.free_bytes(), 0u);
+  // Given, the shared one is cached once both are done, and serves the next.
+  owner.FreeSegment(*shared, kBytes);
+  EXPECT_TRUE(opener.CloseShared(theirs->first));
+  EXPECT_EQ(Status().free_bytes(), kBytes);
+  absl::StatusOr<uint64_t> next = owner.AllocateSegment(kBytes);
+  ASSERT_TRUE(next.ok()) << next.status();
+  status = Status();
+  EXPECT_EQ(status.chunks_reused_total(), 2u);
+  EXPECT_EQ(status.chunks_client_made_total(), 3u);
+  EXPECT_STREQ(reinterpret_cast<char*>(*next), "and by the opener");
+  owner.FreeSegment(*next, kBytes);
 }
 
 TEST_F(DaemonTest, OnlyAdminsMayAdminister) {

@@ -1465,5 +1465,182 @@ TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordAreNeverSharedNorCached) {
   EXPECT_NE(big->chunk_ids[0], 5u);
 }
 
+// What a client that makes its own chunks does: a memfd as the daemon's
+// memfd source makes one, and an FD of it to give.
+UniqueFd ClientMadeChunk(uint64_t bytes, const char* text) {
+  MemfdChunkSource client{kChunk};
+  absl::StatusOr<ChunkMemory> made = client.CreateChunk(bytes);
+  EXPECT_TRUE(made.ok()) << made.status();
+  char* p = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                    MAP_SHARED, made->file->get(), 0));
+  std::strcpy(p, text);
+  munmap(p, bytes);
+  absl::StatusOr<UniqueFd> fd = DuplicateFd(made->file->get());
+  EXPECT_TRUE(fd.ok());
+  return *std::move(fd);
+}
+
+TEST_F(NodePoolTest, ChunksTheClientMakesAreCountedWithoutMemoryHere) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  absl::StatusOr<Grant> small = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE(pool->Release(1, small->chunk_ids).ok());  // one 2 MiB cached
+
+  absl::StatusOr<Grant> grant =
+      pool->Acquire(1, 9 * kChunk, UINT64_MAX, /*client_creates=*/true);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(source_.created.load(), 1);  // the cached chunk's, no other
+  EXPECT_EQ(grant->reused_chunks, 1u);
+  EXPECT_EQ(grant->client_made, 1u);
+  ASSERT_EQ(grant->chunk_ids.size(), 2u);
+  EXPECT_EQ(grant->chunk_ids[0], small->chunk_ids[0]);  // the cached first
+  EXPECT_EQ(grant->chunk_sizes, (std::vector<uint64_t>{kChunk, 8 * kChunk}));
+  EXPECT_EQ(grant->bytes, 9 * kChunk);
+  // The claim gives the cached chunk's FD only.
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, grant->token, 11);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  ASSERT_EQ(fds->size(), 1u);
+  EXPECT_EQ((*fds)[0].id, grant->chunk_ids[0]);
+
+  PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, 9 * kChunk);  // counted against capacity
+  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
+  EXPECT_EQ(stats.chunks_client_made_total, 1u);
+  absl::StatusOr<Grant> over =
+      pool->Acquire(1, 8 * kChunk, UINT64_MAX, /*client_creates=*/true);
+  EXPECT_TRUE(IsNodeShortage(over.status())) << over.status();
+  // No memory here to share until the client gives it.
+  absl::StatusOr<std::string> share = pool->Share(1, grant->chunk_ids);
+  EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(share.status().message(),
+              HasSubstr(absl::StrCat("chunk ", grant->chunk_ids[1])));
+  // Released, it leaves the pool: nothing cached, nothing to trim.
+  ASSERT_TRUE(pool->Release(1, {grant->chunk_ids[1]}).ok());
+  stats = pool->Stats();
+  EXPECT_EQ(stats.created_bytes, kChunk);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.sessions.at(1).bytes, kChunk);
+}
+
+TEST_F(NodePoolTest, MemoryTheClientGivesIsSharedAndCachedLikeACreatedChunk) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  absl::StatusOr<Grant> grant =
+      pool->Acquire(1, 9 * kChunk, UINT64_MAX, /*client_creates=*/true);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->client_made, 2u);
+  EXPECT_EQ(source_.calls.load(), 0);
+  absl::StatusOr<std::vector<ChunkFd>> none = ClaimAll(*pool, grant->token, 11);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_THAT(*none, IsEmpty());
+  const uint64_t big = grant->chunk_ids[0], small = grant->chunk_ids[1];
+
+  auto give = [&](SessionId id, std::vector<uint64_t> ids,
+                  std::vector<UniqueFd> fds) {
+    return pool->GiveMemory(id, ids, std::move(fds));
+  };
+  std::vector<UniqueFd> one;
+  one.push_back(ClientMadeChunk(8 * kChunk, "big"));
+  EXPECT_EQ(give(1, {big, small}, std::move(one)).code(),
+            absl::StatusCode::kInvalidArgument);  // an FD short
+  std::vector<UniqueFd> theirs;
+  theirs.push_back(ClientMadeChunk(kChunk, "small"));
+  EXPECT_EQ(give(2, {small}, std::move(theirs)).code(),
+            absl::StatusCode::kPermissionDenied);  // not session 2's
+  std::vector<UniqueFd> foreign;
+  foreign.emplace_back(memfd_create("not-a-chunk", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(foreign[0].get(), kChunk), 0);
+  absl::Status refused = give(1, {small}, std::move(foreign));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("chunk ", small)));
+  std::vector<UniqueFd> wrong_size;
+  wrong_size.push_back(ClientMadeChunk(kChunk, "small"));
+  EXPECT_EQ(give(1, {big}, std::move(wrong_size)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // One memory for two chunks: nothing is taken.
+  UniqueFd shared_memory = ClientMadeChunk(kChunk, "twice");
+  std::vector<UniqueFd> twice;
+  twice.push_back(*DuplicateFd(shared_memory.get()));
+  std::vector<UniqueFd> again;
+  again.push_back(std::move(shared_memory));
+  ASSERT_TRUE(give(1, {small}, std::move(twice)).ok());
+  absl::StatusOr<Grant> other =
+      pool->Acquire(1, kChunk, UINT64_MAX, /*client_creates=*/true);
+  ASSERT_TRUE(other.ok());
+  absl::Status duplicate = give(1, other->chunk_ids, std::move(again));
+  EXPECT_EQ(duplicate.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(duplicate.message(),
+              HasSubstr(absl::StrCat("memory of chunk ", small)));
+  // Given once: not twice.
+  std::vector<UniqueFd> small_again;
+  small_again.push_back(ClientMadeChunk(kChunk, "small"));
+  EXPECT_EQ(give(1, {small}, std::move(small_again)).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  std::vector<UniqueFd> big_fd;
+  big_fd.push_back(ClientMadeChunk(8 * kChunk, "the client's tensor"));
+  ASSERT_TRUE(give(1, {big}, std::move(big_fd)).ok());
+  absl::StatusOr<std::string> share = pool->Share(1, {big, small});
+  ASSERT_TRUE(share.ok()) << share.status();
+  absl::StatusOr<Grant> opened = pool->OpenShare(2, *share);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  absl::StatusOr<std::vector<ChunkFd>> seen = ClaimAll(*pool, opened->token, 22);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  ASSERT_EQ(seen->size(), 2u);
+  char* p = Map((*seen)[0]);
+  EXPECT_STREQ(p, "the client's tensor");
+  munmap(p, 8 * kChunk);
+  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
+
+  // Released, given memory is cached and serves the next acquire.
+  ASSERT_TRUE(pool->Release(1, {big, small}).ok());
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+  absl::StatusOr<Grant> next =
+      pool->Acquire(2, 9 * kChunk, UINT64_MAX, /*client_creates=*/true);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->reused_chunks, 2u);
+  EXPECT_EQ(next->client_made, 0u);
+  EXPECT_EQ(source_.calls.load(), 0);
+}
+
+TEST_F(NodePoolTest, AReadAheadForAClientThatMakesChunksIsCachedFirstThenBudget) {
+  auto pool = MakePool(16, {kChunk, 8 * kChunk});
+  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  absl::StatusOr<Grant> first = pool->Acquire(1, 9 * kChunk);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(pool->Release(1, first->chunk_ids).ok());  // one grant cached
+  EXPECT_EQ(source_.created.load(), 2);
+
+  // 16 chunks: 9 cached, 7 of room; grants of 9: the cached one, then none
+  // made (7 < 9), and nothing destroyed for one.
+  absl::StatusOr<Grant> ahead = pool->AcquireCached(
+      1, 9 * kChunk, UINT64_MAX, /*max_count=*/3, /*client_creates=*/true);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_EQ(ahead->bytes, 9 * kChunk);
+  EXPECT_EQ(ahead->client_made, 0u);
+  ASSERT_TRUE(pool->Release(1, ahead->chunk_ids).ok());
+
+  // Grants of three 2 MiB chunks: the cache holds one such chunk, not a
+  // grant's three, so all are budget, as many as the room (7 chunks) holds.
+  absl::StatusOr<Grant> budget = pool->AcquireCached(
+      1, 3 * kChunk, UINT64_MAX, /*max_count=*/8, /*client_creates=*/true);
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_EQ(budget->bytes, 6 * kChunk);  // 7 chunks of room: two grants
+  EXPECT_EQ(budget->client_made, 6u);
+  EXPECT_EQ(budget->reused_chunks, 0u);
+  EXPECT_EQ(source_.created.load(), 2);  // nothing created, nothing destroyed
+  EXPECT_EQ(pool->Stats().free_bytes, 9 * kChunk);
+  absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, budget->token, 11);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_THAT(*fds, IsEmpty());
+  // Without client_creates the same read-ahead gets nothing.
+  absl::StatusOr<Grant> none =
+      pool->AcquireCached(1, 3 * kChunk, UINT64_MAX, /*max_count=*/8);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->chunk_ids.empty());
+}
+
 }  // namespace
 }  // namespace allocd

@@ -104,10 +104,13 @@ void PrintStatus(const v1::StatusResponse& r) {
               FormatSize(r.free_bytes()).c_str(),
               FormatSize(r.capacity_bytes()).c_str(),
               absl::StrJoin(sizes, ", ").c_str());
-  std::printf("chunks handed out: %llu created, %llu reused; %u sessions\n",
-              static_cast<unsigned long long>(r.chunks_created_total()),
-              static_cast<unsigned long long>(r.chunks_reused_total()),
-              r.sessions());
+  std::printf(
+      "chunks handed out: %llu created, %llu reused, %llu made by their "
+      "clients; %u sessions\n",
+      static_cast<unsigned long long>(r.chunks_created_total()),
+      static_cast<unsigned long long>(r.chunks_reused_total()),
+      static_cast<unsigned long long>(r.chunks_client_made_total()),
+      r.sessions());
   std::printf("given back to the device since start: %s\n",
               FormatSize(r.trimmed_bytes_total()).c_str());
   if (r.adopting() || r.adopted_bytes_total() > 0) {

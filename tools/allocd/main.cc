@@ -67,6 +67,8 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
       "(liballocd_interpose.so preloaded). memory_stats(), snapshots,\n"
       "torch.OutOfMemoryError, CUDA graphs and torch.compile work as\n"
       "natively; without a daemon the command runs natively with a warning.\n"
+      "Memory the daemon has not cached is made by the process itself and\n"
+      "counted by the daemon (ALLOCD_CLIENT_CREATES=0: the daemon makes it).\n"
       "  allocd run --job llama -- python train.py");
   run->add_option("--socket", o.socket,
                   "the daemon's socket (default: $ALLOCD_SOCKET, else "

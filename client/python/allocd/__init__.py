@@ -479,7 +479,9 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     while it reads; bench/gpu/results/transparent), so a job that does not
     want the autotuner can turn it off. $ALLOCD_READ_AHEAD_MS (or `allocd
     run --read-ahead-ms`) has the interposer read the next segments' chunks
-    ahead from the daemon's cache (off by default).
+    ahead from the daemon's cache (off by default); memory the daemon has
+    not cached is made by the process itself, counted by the daemon
+    ($ALLOCD_CLIENT_CREATES=0: the daemon makes it).
 
     Returns True when enabled. Calling it again is a no-op.
     """
