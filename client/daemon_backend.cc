@@ -155,21 +155,28 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
 
 absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
                                 uint64_t max_chunk_bytes) {
-  absl::StatusOr<ReceivedChunks> got =
-      client_->Acquire(bytes, max_chunk_bytes, client_creates_);
-  if (!got.ok()) {
-    // The engine's OOM path (free the cache, retry, report) handles both.
-    if (absl::IsResourceExhausted(got.status()) ||
-        absl::IsUnavailable(got.status())) {
-      return absl::ResourceExhaustedError(got.status().message());
+  absl::StatusOr<ReceivedChunks> got;
+  absl::StatusOr<std::vector<ChunkMapping>> mapped;
+  for (bool creates = client_creates_;; creates = false) {
+    got = client_->Acquire(bytes, max_chunk_bytes, creates);
+    if (!got.ok()) {
+      // The engine's OOM path (free the cache, retry, report) handles both.
+      if (absl::IsResourceExhausted(got.status()) ||
+          absl::IsUnavailable(got.status())) {
+        return absl::ResourceExhaustedError(got.status().message());
+      }
+      return got.status();
     }
-    return got.status();
-  }
-  absl::StatusOr<std::vector<ChunkMapping>> mapped =
-      MapReceived(address, bytes, *got);
-  if (!mapped.ok()) {
+    mapped = MapReceived(address, bytes, *got);
+    if (mapped.ok()) break;
     (void)client_->Release(got->epoch, got->ids);
-    return mapped.status();
+    // The device is full below the pool's capacity (another job's cache,
+    // contexts): the daemon makes the chunks instead, and only it can make
+    // room by trimming its cache and asking other jobs to give theirs back.
+    const bool device_full =
+        got->client_made > 0 && absl::IsResourceExhausted(mapped.status());
+    if (!device_full) return mapped.status();
+    ++client_create_fallbacks_;
   }
   const size_t first_made = got->ids.size() - got->client_made;
   for (size_t i = 0; i < mapped->size(); ++i) {

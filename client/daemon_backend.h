@@ -105,7 +105,12 @@ class DaemonBackend : public DeviceBackend {
   // costs less than the daemon's creation and export and this process's
   // import together. Off by default. ShareSegment gives their memory to the
   // daemon first (DaemonClient::GiveMemory).
+  // When the device has no room for a chunk made here, the segment is asked
+  // for again with every chunk made by the daemon, which can trim its cache
+  // and reclaim other jobs' (counted by client_create_fallbacks).
   void set_client_creates(bool on) { client_creates_ = on && mapper_->CanCreate(); }
+  // Segments the daemon made because this process could not.
+  uint64_t client_create_fallbacks() const { return client_create_fallbacks_; }
 
   // Sharing a segment with another process (CUDA IPC). ShareSegment: a
   // token naming the chunks of the segment AllocateSegment gave at
@@ -158,6 +163,7 @@ class DaemonBackend : public DeviceBackend {
   std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
   uint64_t held_ = 0;
   bool client_creates_ = false;
+  uint64_t client_create_fallbacks_ = 0;
 };
 
 }  // namespace allocd

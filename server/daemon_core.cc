@@ -398,23 +398,60 @@ void DaemonCore::Reclaim(const Session& except, uint64_t shortfall) {
   NodePool& pool = PoolOf(except);
   const int device = except.identity().node_device;
   const PoolStats before = pool.Stats();
+  const absl::Time deadline = absl::Now() + options_.reclaim_wait;
   // What the others cache (reserved but not allocated, from their last
   // telemetry) is all a reclaim can free; ask only when it can cover the
   // shortfall, or the asker would wait for nothing.
   std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> cachers;
   uint64_t reclaimable = 0;
-  for (std::shared_ptr<Session>& s : sessions_.List()) {
-    // A session blocked in its own acquire answers no reclaim until that
-    // returns: waiting on it could only time out.
-    // Only memory of the same GPU helps.
-    if (s->id() == except.id() || s->identity().node_device != device ||
-        s->acquiring()) {
-      continue;
+  // Sessions holding memory, with the telemetry they were counted by.
+  std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> holders;
+  auto count_others = [&] {
+    cachers.clear();
+    holders.clear();
+    reclaimable = 0;
+    for (std::shared_ptr<Session>& s : sessions_.List()) {
+      // A session blocked in its own acquire answers no reclaim until that
+      // returns: waiting on it could only time out.
+      // Only memory of the same GPU helps.
+      if (s->id() == except.id() || s->identity().node_device != device ||
+          s->acquiring()) {
+        continue;
+      }
+      const uint64_t version = s->stats_version();
+      const std::map<std::string, int64_t> stats = s->Stats();
+      if (auto r = stats.find("reserved_bytes.all.current");
+          r != stats.end() && r->second > 0) {
+        holders.emplace_back(s, version);
+      }
+      const uint64_t cached = CachedBytes(stats);
+      if (cached == 0) continue;
+      reclaimable += cached;
+      cachers.emplace_back(std::move(s), cached);
     }
-    const uint64_t cached = CachedBytes(s->Stats());
-    if (cached == 0) continue;
-    reclaimable += cached;
-    cachers.emplace_back(std::move(s), cached);
+  };
+  count_others();
+  if (reclaimable < shortfall && !holders.empty()) {
+    // A job that has just freed its peak into its allocator's cache reports
+    // it with its next telemetry (another job gathering its own peak in the
+    // meantime would be refused): wait for each job holding memory to
+    // report once more, within reclaim_wait.
+    const std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> counted =
+        holders;
+    auto all_reported = [&] {
+      for (const auto& [session, version] : counted) {
+        if (!session->closed() && session->stats_version() == version) {
+          return false;
+        }
+      }
+      return true;
+    };
+    absl::MutexLock lock(&released_mu_);
+    while (reclaimable < shortfall && !all_reported() &&
+           !released_cv_.WaitWithDeadline(&released_mu_, deadline)) {
+      count_others();
+    }
+    count_others();
   }
   if (reclaimable < shortfall) return;
   for (auto& [session, cached] : cachers) {
@@ -426,17 +463,26 @@ void DaemonCore::Reclaim(const Session& except, uint64_t shortfall) {
     session->Push(std::move(message));
   }
   metrics_->ReclaimRequested();
-  const absl::Time deadline = absl::Now() + options_.reclaim_wait;
-  absl::MutexLock lock(&released_mu_);
-  while (absl::Now() < deadline) {
-    // Given back since the ask: in the cache, or the device's again.
-    const uint64_t in_use = pool.Stats().in_use_bytes;
-    if (before.in_use_bytes - std::min(in_use, before.in_use_bytes) >=
-        shortfall) {
-      return;
+  const absl::Time asked = absl::Now();
+  uint64_t returned = 0;
+  {
+    absl::MutexLock lock(&released_mu_);
+    while (absl::Now() < deadline) {
+      // Given back since the ask: in the cache, or the device's again.
+      const uint64_t in_use = pool.Stats().in_use_bytes;
+      returned = before.in_use_bytes - std::min(in_use, before.in_use_bytes);
+      if (returned >= shortfall) break;
+      released_cv_.WaitWithDeadline(&released_mu_, deadline);
     }
-    released_cv_.WaitWithDeadline(&released_mu_, deadline);
   }
+  // Why a job waited, or got nothing, is the first question of an OOM.
+  LogInfo(absl::StrCat(
+      "reclaim for session ", except.id(), " on device ", device, ": short by ",
+      FormatSize(shortfall), ", asked ", cachers.size(),
+      " session(s) caching ", FormatSize(reclaimable), "; ",
+      FormatSize(returned), " came back in ",
+      absl::ToInt64Milliseconds(absl::Now() - asked), " ms",
+      returned >= shortfall ? "" : " (not enough: the acquire is retried once)"));
 }
 
 void DaemonCore::SignalReleased() {
@@ -560,6 +606,7 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
       observer_->Stats(r.session_id(), stats, r.config_version());
     }
     (*session)->SetStats(std::move(stats));
+    SignalReleased();  // a Reclaim may wait for what this session caches
   }
   if (r.has_events() && observer_ != nullptr) {
     observer_->Events(r.session_id(), r.events());

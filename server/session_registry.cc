@@ -111,6 +111,12 @@ bool Session::rolling_back() const {
 void Session::SetStats(std::map<std::string, int64_t> stats) {
   absl::MutexLock lock(&mu_);
   stats_ = std::move(stats);
+  ++stats_version_;
+}
+
+uint64_t Session::stats_version() const {
+  absl::MutexLock lock(&mu_);
+  return stats_version_;
 }
 
 std::map<std::string, int64_t> Session::Stats() const {

@@ -96,6 +96,8 @@ class Session {
 
   void SetStats(std::map<std::string, int64_t> stats);
   std::map<std::string, int64_t> Stats() const;
+  // How many times SetStats ran: a change says fresh telemetry came.
+  uint64_t stats_version() const;
   // Returns the OOM count after this one.
   uint64_t CountOom();
   uint64_t ooms() const;
@@ -112,6 +114,7 @@ class Session {
   std::vector<AppliedConfig> applied_ ABSL_GUARDED_BY(mu_);
   bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t stats_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ooms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

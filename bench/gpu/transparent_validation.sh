@@ -85,12 +85,14 @@ if want steptime; then
   # decides, but pushes nothing, so every run is on PyTorch's defaults.
   # The allocation stream three ways: transparent (the C++ tracker),
   # transparent_history (PyTorch's history, what the tracker replaces),
-  # transparent_norec (none). STEP_PAIRS (5) rounds of the four, STEP_STEPS
-  # (50) steps each; the median and the mean of steps 10 on.
+  # transparent_norec (none). STEP_PAIRS (5) rounds of native and
+  # STEP_MODES (the three), STEP_STEPS (50) steps each; the median and the
+  # mean of steps 10 on.
   pairs=${STEP_PAIRS:-5} steps=${STEP_STEPS:-50}
-  step "step time: 8x1024, $steps steps, $pairs interleaved rounds of native / transparent (tracker) / transparent_history / transparent_norec"
+  modes=${STEP_MODES:-transparent transparent_history transparent_norec}
+  step "step time: 8x1024, $steps steps, $pairs interleaved rounds of native / ${modes// / / }"
   for i in $(seq "$pairs"); do
-    for mode in native transparent transparent_history transparent_norec; do
+    for mode in native $modes; do
       extra=() source=tracker
       [ $mode = transparent_norec ] && extra=(--no-record-events)
       [ $mode = transparent_history ] && source=history
@@ -100,10 +102,9 @@ if want steptime; then
     done
     pack transparent  # a run cut short keeps the rounds it finished
   done
-  python - "$out" "$pairs" <<'PY'
+  python - "$out" "$pairs" $modes <<'PY'
 import json, statistics, sys
-out, pairs = sys.argv[1], int(sys.argv[2])
-modes = ("transparent", "transparent_history", "transparent_norec")
+out, pairs, modes = sys.argv[1], int(sys.argv[2]), tuple(sys.argv[3:])
 ratios = {m: {"median": [], "mean": []} for m in modes}
 for i in range(1, pairs + 1):
     runs = {m: json.load(open(f"{out}/step_{m}_{i}.json")) for m in ("native",) + modes}

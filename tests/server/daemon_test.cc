@@ -684,6 +684,37 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   EXPECT_TRUE(cacher->TakeControl().empty());
 }
 
+// A job that has just freed its peak into its allocator's cache tells the
+// daemon with its next telemetry: a short pool waits for that report
+// before it answers.
+TEST_F(DaemonTest, AShortPoolWaitsForTheTelemetryOfJobsHoldingMemory) {
+  std::unique_ptr<DaemonClient> holder = Client("holder");
+  absl::StatusOr<ReceivedChunks> held = holder->Acquire(28 * kChunk);
+  ASSERT_TRUE(held.ok());
+  // All of it allocated when it last reported.
+  holder->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
+                        {"allocated_bytes.all.current", 28 * kChunk}},
+                       0);
+  ASSERT_TRUE(holder->FlushTelemetry().ok());
+
+  std::unique_ptr<DaemonClient> needy = Client("needy");
+  absl::StatusOr<ReceivedChunks> got;
+  std::thread acquire([&] { got = needy->Acquire(8 * kChunk); });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_TRUE(holder->TakeControl().empty()) << "nothing known to be cached";
+  // Its peak freed, its next report says so: now it is asked.
+  holder->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
+                        {"allocated_bytes.all.current", 0}},
+                       0);
+  ASSERT_TRUE(holder->FlushTelemetry().ok());
+  std::vector<v1::ControlMessage> asked = AwaitControl(*holder);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+  ASSERT_TRUE(holder->Release(held->epoch, held->ids).ok());
+  acquire.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+}
+
 // A segment, freed whole, gets the daemon's largest chunks; pages of an
 // expandable segment, unmapped in any sub-range, the smallest.
 TEST_F(DaemonTest, SegmentsGetLargeChunksAndExpandablePagesSmallOnes) {
@@ -804,6 +835,62 @@ TEST_F(DaemonTest, AClientMakesWhatThePoolHasNotCachedAndGivesItToShare) {
   EXPECT_EQ(status.chunks_client_made_total(), 3u);
   EXPECT_STREQ(reinterpret_cast<char*>(*next), "and by the opener");
   owner.FreeSegment(*next, kBytes);
+}
+
+// A ChunkMapper on a device with no room left: the process can map what
+// the daemon made but can make nothing itself.
+class DeviceFullMapper : public ChunkMapper {
+ public:
+  absl::StatusOr<uint64_t> Reserve(size_t bytes) override {
+    return mapper_->Reserve(bytes);
+  }
+  void Free(uint64_t address, size_t bytes) override {
+    mapper_->Free(address, bytes);
+  }
+  absl::StatusOr<uint64_t> Map(uint64_t address, size_t chunk_bytes, int fd,
+                               uint64_t offset) override {
+    return mapper_->Map(address, chunk_bytes, fd, offset);
+  }
+  bool CanCreate() const override { return true; }
+  absl::StatusOr<uint64_t> Create(uint64_t, size_t) override {
+    ++create_attempts;
+    return absl::ResourceExhaustedError("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY");
+  }
+  void Unmap(uint64_t address, size_t bytes,
+             absl::Span<const ChunkMapping> chunks) override {
+    mapper_->Unmap(address, bytes, chunks);
+  }
+  int create_attempts = 0;
+
+ private:
+  const std::unique_ptr<ChunkMapper> mapper_ = MakeMmapChunkMapper();
+};
+
+// Where the process cannot make a chunk, the daemon makes the segment
+// (and only it can reclaim other jobs' caches for room); nothing of the
+// first grant stays counted.
+TEST_F(DaemonTest, WhenTheDeviceHasNoRoomForTheClientsChunksTheDaemonMakesThem) {
+  std::unique_ptr<DaemonClient> client = Client("full");
+  auto mapper = std::make_unique<DeviceFullMapper>();
+  DeviceFullMapper* const full = mapper.get();
+  DaemonBackend backend(client.get(), std::move(mapper));
+  backend.set_client_creates(true);
+  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(9 * kChunk);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(full->create_attempts, 1);
+  EXPECT_EQ(backend.client_create_fallbacks(), 1u);
+  std::memset(reinterpret_cast<void*>(*segment), 5, 9 * kChunk);
+  v1::StatusResponse status = Status();
+  EXPECT_EQ(status.chunks_created_total(), 2u);  // 16 MiB + 2 MiB
+  EXPECT_EQ(status.in_use_bytes(), 9 * kChunk);
+  EXPECT_EQ(backend.held_bytes(), 9 * kChunk);
+  backend.FreeSegment(*segment, 9 * kChunk);
+  EXPECT_EQ(Status().free_bytes(), 9 * kChunk);  // the daemon's: cached
+
+  // A failure that is not the device's is the caller's, as before.
+  absl::StatusOr<uint64_t> too_big = backend.AllocateSegment(1000 * kChunk);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_EQ(backend.client_create_fallbacks(), 1u);
 }
 
 TEST_F(DaemonTest, OnlyAdminsMayAdminister) {

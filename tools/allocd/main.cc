@@ -81,9 +81,9 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
                   "cache while PyTorch maps the current one, from the second "
                   "same-size cudaMalloc in a row, and keep them this long "
                   "for it (default: "
-                  "$ALLOCD_READ_AHEAD_MS, else 0: off). What is not taken "
-                  "goes back then, or at once when another job on the GPU "
-                  "is short")
+                  "$ALLOCD_READ_AHEAD_MS, else 200; 0: off). What is not "
+                  "taken goes back then, or at once when another job on "
+                  "the GPU is short")
       ->check(CLI::NonNegativeNumber);
   run->add_option("--interposer", o.interposer,
                   "liballocd_interpose.so to preload (default: found next to "

@@ -478,8 +478,8 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     was native's and the mean 8% slower (each telemetry round holds the GIL
     while it reads; bench/gpu/results/transparent), so a job that does not
     want the autotuner can turn it off. $ALLOCD_READ_AHEAD_MS (or `allocd
-    run --read-ahead-ms`) has the interposer read the next segments' chunks
-    ahead from the daemon's cache (off by default); memory the daemon has
+    run --read-ahead-ms`, 200 by default, 0: off) is how long the interposer
+    keeps the next segments' chunks it reads ahead; memory the daemon has
     not cached is made by the process itself, counted by the daemon
     ($ALLOCD_CLIENT_CREATES=0: the daemon makes it).
 
