@@ -11,10 +11,11 @@
 #   tracker    tracker_check.py: the tracker built against this PyTorch, its
 #              stream against PyTorch's history, its cost per event
 #   workset    a 40 GiB working set: 3 interleaved native / transparent
-#              cold (the process makes the chunks) / cold reading ahead
-#              (ALLOCD_READ_AHEAD_MS) / cold with the daemon creating them
-#              (ALLOCD_CLIENT_CREATES=0, which leaves them cached) / warm
-#              (from that cache) / warm reading ahead, and
+#              cold without read-ahead (ALLOCD_READ_AHEAD_MS=0; the process
+#              makes the chunks) / cold reading ahead (the default) / cold
+#              with the daemon creating them (ALLOCD_CLIENT_CREATES=0, which
+#              leaves them cached) / warm (from that cache) / warm reading
+#              ahead, and
 #              cuda_chunk_bench's working set each way
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
@@ -139,13 +140,13 @@ if want workset; then
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
     allocctl pool trim >/dev/null  # the pool cold: every chunk made anew
     allocctl --json status >"$out/workset_cold_${i}_before.json"
-    timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
+    ALLOCD_READ_AHEAD_MS=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_$i.json"
     allocctl --json status >"$out/workset_cold_${i}_pool.json"  # what the cold run made
     # Chunks the process made leave the pool when freed: still cold. The
     # daemon's own chunks stay cached for the warm runs.
     ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_read_ahead_$i.json"
-    ALLOCD_CLIENT_CREATES=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_daemon_creates_$i.json"
-    timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
+    ALLOCD_READ_AHEAD_MS=0 ALLOCD_CLIENT_CREATES=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_daemon_creates_$i.json"
+    ALLOCD_READ_AHEAD_MS=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
     ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_read_ahead_$i.json"
     allocctl pool trim >/dev/null  # room for the next native run
   done
