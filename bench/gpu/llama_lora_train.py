@@ -189,7 +189,7 @@ def main():
         result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
                                                "config_reason", "configs_applied",
                                                "events_sent", "events_dropped",
-                                               "advisor_seconds") if k in s}
+                                               "advisor_seconds", "event_source") if k in s}
     elif engine:
         s = allocd.stats()
         result["peak_reserved"] = s["reserved_bytes.all.peak"]
