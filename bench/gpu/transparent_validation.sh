@@ -203,9 +203,11 @@ PY
 fi
 if want trim; then
   start_daemon 76GiB --trim-after 20s
-  trim_job() {  # NAME: a 3-step llama_lora job at a fixed shape, and the pool after it
+  # NAME: a 3-step llama_lora job at a fixed shape, and the pool after it;
+  # deterministic, so that its losses on a warm and a trimmed pool compare.
+  trim_job() {
     timeout 200 python "$here/llama_lora_train.py" --mode transparent --socket "$sock" --steps 3 \
-      --shape 4x512 --json "$out/trim_$1.json" >/dev/null
+      --shape 4x512 --deterministic --json "$out/trim_$1.json" >/dev/null
     allocctl --json status >"$out/trim_$1_pool.json"
   }
   step "trim: a job on a warm pool, then on a trimmed one, 2 pairs"
