@@ -424,6 +424,12 @@ struct DaemonClient::State {
   // `epoch`: it granted them, or adopted them after a restart.
   bool OwnedBy(const Connection& c, uint64_t epoch,
                absl::Span<const uint64_t> ids);
+  // The current connection when its session owns `ids` of `epoch`
+  // (OwnedBy); else FailedPrecondition saying so, ending in `refused`: what
+  // cannot be done with them.
+  absl::StatusOr<std::shared_ptr<Connection>> Owner(
+      uint64_t epoch, absl::Span<const uint64_t> ids,
+      absl::string_view refused);
   // ReleaseChunks of `ids` on `c`, in batches.
   absl::Status ReleaseOn(const std::shared_ptr<Connection>& c,
                          absl::Span<const uint64_t> ids);
@@ -628,6 +634,18 @@ void DaemonClient::State::DeclareHeld(const std::shared_ptr<Connection>& c) {
   }
   // `c` is not published yet: Release would not find it.
   if (!stale.empty()) (void)ReleaseOn(c, stale);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> DaemonClient::State::Owner(
+    uint64_t epoch, absl::Span<const uint64_t> ids, absl::string_view refused) {
+  std::shared_ptr<Connection> c = Current();
+  if (c == nullptr || !OwnedBy(*c, epoch, ids)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "these chunks came from an allocd daemon this process is no longer "
+        "connected to (and the daemon now did not adopt them): ",
+        refused));
+  }
+  return c;
 }
 
 bool DaemonClient::State::OwnedBy(const Connection& c, uint64_t epoch,
@@ -968,13 +986,10 @@ absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
 
 absl::StatusOr<std::string> DaemonClient::Share(
     uint64_t epoch, absl::Span<const uint64_t> ids) {
-  std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr || !state_->OwnedBy(*c, epoch, ids)) {
-    return absl::FailedPreconditionError(
-        "these chunks came from an allocd daemon this process is no longer "
-        "connected to (and the daemon now did not adopt them): they cannot "
-        "be shared");
-  }
+  absl::StatusOr<std::shared_ptr<Connection>> owner =
+      state_->Owner(epoch, ids, "they cannot be shared");
+  if (!owner.ok()) return owner.status();
+  const std::shared_ptr<Connection>& c = *owner;
   grpc::ClientContext context;
   SetDeadline(context, state_->options.rpc_timeout);
   v1::ShareChunksRequest request;
@@ -995,13 +1010,10 @@ absl::Status DaemonClient::GiveMemory(uint64_t epoch,
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " FDs for ", ids.size(), " chunks"));
   }
-  std::shared_ptr<Connection> c = state_->Current();
-  if (c == nullptr || !state_->OwnedBy(*c, epoch, ids)) {
-    return absl::FailedPreconditionError(
-        "these chunks came from an allocd daemon this process is no longer "
-        "connected to (and the daemon now did not adopt them): their memory "
-        "cannot be given to it");
-  }
+  absl::StatusOr<std::shared_ptr<Connection>> owner =
+      state_->Owner(epoch, ids, "their memory cannot be given to it");
+  if (!owner.ok()) return owner.status();
+  Connection& c = **owner;
   for (size_t begin = 0; begin < ids.size(); begin += kMaxFdsPerMessage) {
     const size_t n = std::min(ids.size() - begin, kMaxFdsPerMessage);
     v1::SideRequest request;
@@ -1009,7 +1021,7 @@ absl::Status DaemonClient::GiveMemory(uint64_t epoch,
       request.mutable_give_memory()->add_chunk_ids(id);
     }
     absl::StatusOr<v1::SideResponse> answer =
-        LeaseCall(*c, request, nullptr, fds.subspan(begin, n));
+        LeaseCall(c, request, nullptr, fds.subspan(begin, n));
     if (!answer.ok()) return answer.status();
   }
   return absl::OkStatus();

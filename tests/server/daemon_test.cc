@@ -70,9 +70,16 @@ class DaemonTest : public ::testing::Test {
     return harness::WaitForInUse(*admin_, bytes, limit);
   }
 
-  std::unique_ptr<DaemonClient> Client(std::string job = "") {
+  // A client of job `job`, reading ahead for `read_ahead_keep` (zero:
+  // not reading ahead).
+  std::unique_ptr<DaemonClient> Client(
+      std::string job = "",
+      absl::Duration read_ahead_keep = absl::ZeroDuration()) {
     absl::StatusOr<std::unique_ptr<DaemonClient>> c = DaemonClient::Connect(
-        {.socket = socket_, .job = job, .reconnect_wait = absl::Seconds(2)});
+        {.socket = socket_,
+         .job = job,
+         .reconnect_wait = absl::Seconds(2),
+         .read_ahead_keep = read_ahead_keep});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -572,12 +579,9 @@ TEST_F(DaemonTest, ASegmentAskedForWhileTheDaemonIsAwayComesFromTheNextOne) {
 // goes back at once when another session is short (its time, in
 // GrantReadAheadTest, is never waited for here).
 TEST_F(DaemonTest, AClientReadsTheNextSegmentsAheadFromTheCacheAndGivesThemBackWhenAsked) {
-  absl::StatusOr<std::unique_ptr<DaemonClient>> connected =
-      DaemonClient::Connect({.socket = socket_,
-                             .job = "loader",
-                             .read_ahead_keep = absl::Seconds(60)});
-  ASSERT_TRUE(connected.ok()) << connected.status();
-  DaemonClient& client = **connected;
+  std::unique_ptr<DaemonClient> connected = Client("loader", absl::Seconds(60));
+  ASSERT_NE(connected, nullptr);
+  DaemonClient& client = *connected;
   DaemonBackend backend(&client);
   constexpr uint64_t kSegment = 4 * kChunk;
   std::vector<uint64_t> segments;
@@ -619,12 +623,9 @@ TEST_F(DaemonTest, AClientReadsTheNextSegmentsAheadFromTheCacheAndGivesThemBackW
 // grants are budget (nothing held, nothing created), and the next
 // segments take them without a round trip.
 TEST_F(DaemonTest, AClientThatMakesItsChunksReadsAheadBudgetOnAColdPool) {
-  absl::StatusOr<std::unique_ptr<DaemonClient>> connected =
-      DaemonClient::Connect({.socket = socket_,
-                             .job = "maker",
-                             .read_ahead_keep = absl::Milliseconds(300)});
-  ASSERT_TRUE(connected.ok()) << connected.status();
-  DaemonBackend backend(connected->get());
+  std::unique_ptr<DaemonClient> connected = Client("maker", absl::Milliseconds(300));
+  ASSERT_NE(connected, nullptr);
+  DaemonBackend backend(connected.get());
   backend.set_client_creates(true);
   constexpr uint64_t kSegment = 3 * kChunk;
   std::vector<uint64_t> segments;
