@@ -10,6 +10,7 @@
 // the push the autotuner should make. Its first decision waits for 300000
 // events (--autotune-first-pass-events), a little more than one replay, so
 // the window covers the job's largest step.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -65,12 +66,14 @@ class AutotuneDaemonTest : public ::testing::Test {
     socket_ = dir_ + "/allocd.sock";
   }
 
-  void StartDaemon(const std::string& mode) {
-    daemon_ = std::make_unique<Child>(std::vector<std::string>{
+  void StartDaemon(const std::string& mode, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "",
         "--capacity", "24GiB", "--autotune", mode,
-        "--autotune-first-pass-events", "300000"});
+        "--autotune-first-pass-events", "300000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_ = std::make_unique<Child>(std::move(args));
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -314,10 +317,18 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
   EXPECT_TRUE((*client)->TakeControl().empty());
 }
 
+// Two daemons decide on one job in turn, each on a window of its own, so
+// the job runs until the second has decided and is then stopped (SIGTERM):
+// on a loaded machine a decision took 80 s of a 140 s job. Each window holds
+// 2^19 events, so that each daemon decides once that many have come in
+// whatever its first looks found: on llama_lora replayed in a loop, a look
+// between 560k and 840k events in takes the whole lifetime for the step, of
+// which the window holds fewer than the three the first pass waits for.
 TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
-  StartDaemon("apply");
+  const std::vector<std::string> window = {"--autotune-window-events", "524288"};
+  StartDaemon("apply", window);
   std::unique_ptr<Child> job =
-      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(35)});
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(300)});
   // The canary runs the pushed config (it ACKed); the daemon dies while it
   // watches.
   ASSERT_TRUE(AwaitDecision("llama", {"pushed"}).has_value());
@@ -327,12 +338,13 @@ TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTw
   ASSERT_EQ(CountEvents("ack"), 1);
   daemon_->Kill();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  StartDaemon("apply");
+  StartDaemon("apply", window);
 
   // The job came back, declaring what it runs; the new daemon decides on
   // its own window and finds nothing to push.
   std::optional<v1::AutotuneDecision> d =
       AwaitDecision("llama", {"pushed", "kept", "recommended", "skipped"});
+  ASSERT_EQ(kill(job->pid(), SIGTERM), 0);
   nlohmann::json out = Finish(*job);
   ASSERT_TRUE(d.has_value());
   EXPECT_NE(d->result(), "pushed") << d->why();

@@ -548,6 +548,32 @@ TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
   EXPECT_GT(Status().chunks_created_total(), 0u);
 }
 
+// A client-replay stopped by hand (SIGTERM, or Ctrl-C's SIGINT) stops at
+// its next safe point and reports what ran, as when its duration is up: how
+// the autotuner's tests end a job once they have seen what they waited for,
+// whatever the machine's speed.
+TEST_F(DaemonTest, ClientReplayStoppedBySigtermReportsWhatRan) {
+  daemon_->Kill();
+  StartDaemon("24GiB");
+  Child replay({ALLOCD_BINARY, "client-replay",
+                std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz",
+                "--socket", socket_, "--duration", "600", "--json"});
+  for (int i = 0; i < 3000 && Status().in_use_bytes() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(Status().in_use_bytes(), 0u);
+  ASSERT_EQ(kill(replay.pid(), SIGTERM), 0);
+  const std::string out = replay.Rest(absl::Seconds(60));
+  EXPECT_EQ(replay.Wait(), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_GT(j["events"].get<uint64_t>(), 0u);
+  EXPECT_LT(j["seconds"].get<double>(), 600);
+  // The session ended as a finished job's does: everything came back.
+  WaitForInUse(0, absl::Seconds(10));
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
 // A transparent job's cudaMalloc while the daemon is away rounds to the last
 // daemon's chunks and waits for the next one (on the H100, two of three jobs
 // died of SIGFPE here: the chunk size read 0 while disconnected).

@@ -1,5 +1,8 @@
 #include "tools/allocd/client_replay_command.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <ostream>
@@ -25,13 +28,47 @@ namespace {
 // nothing next to the replay.
 constexpr uint64_t kSafePointEvents = 512;
 
+// Set by SIGINT and SIGTERM: the replay stops at its next safe point and
+// reports what ran, as when its time is up (a job stopped by hand, or by a
+// test once it has seen what it waited for, whatever the machine's speed).
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free,
+              "set from a signal handler");
+
+// Routes SIGINT and SIGTERM to `stop_requested` while alive; restores the
+// handlers it found.
+class StopOnSignals {
+ public:
+  StopOnSignals() {
+    stop_requested.store(false);
+    struct sigaction request = {};
+    request.sa_handler = [](int) { stop_requested.store(true); };
+    sigemptyset(&request.sa_mask);
+    request.sa_flags = SA_RESTART;  // the client's blocking calls go on
+    sigaction(SIGINT, &request, &old_int_);
+    sigaction(SIGTERM, &request, &old_term_);
+  }
+  ~StopOnSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+};
+
 // Drives a LiveSession between trace events, records the events that ran
-// for the daemon's autotuner, and stops the replay when its time is up.
+// for the daemon's autotuner, and stops the replay when its time is up or a
+// stop was requested.
 class LiveReplay final : public ReplayObserver {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Replays end at the first safe point past `stop_at`. `events`: where
+  // Replays end at the first safe point past `stop_at` or a requested stop.
+  // `events`: where
   // to record (null: not recorded).
   LiveReplay(LiveSession& session, const Trace& trace, EventRecorder* events,
              Clock::time_point stop_at)
@@ -76,7 +113,7 @@ class LiveReplay final : public ReplayObserver {
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
     oom_since_safe_point_ = false;
     session_.Poll(allocator);
-    return Clock::now() < stop_at_;
+    return Clock::now() < stop_at_ && !stop_requested.load();
   }
 
   void OnEnd(const CachingAllocator& allocator) override {
@@ -147,6 +184,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
           : LiveReplay::Clock::time_point::max();
   LiveSession session(**client, *config);
   LiveReplay observer(session, *trace, (*client)->events(), stop_at);
+  const StopOnSignals stop_on_signals;
   const uint64_t first_session = (*client)->session_id();
   auto elapsed = [&] {
     return std::chrono::duration<double>(LiveReplay::Clock::now() - start)
@@ -181,9 +219,9 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
                           {"peak_reserved", r->peak_reserved}});
     ++loops;
     observer.NextLoop();
-    const bool more = o.duration_seconds > 0
-                          ? LiveReplay::Clock::now() < stop_at
-                          : loops < o.loops;
+    const bool more = !stop_requested.load() &&
+                      (o.duration_seconds > 0 ? LiveReplay::Clock::now() < stop_at
+                                              : loops < o.loops);
     if (!more) break;
   }
   (void)(*client)->FlushTelemetry();

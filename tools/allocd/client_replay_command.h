@@ -29,8 +29,10 @@ struct ClientReplayCommandOptions {
   std::string autotune_mode;
 };
 
-// Returns the exit code: 0 when every loop ran (OOMs included, reported),
-// 1 on an error printed to `err` (no daemon, bad trace or config).
+// SIGINT and SIGTERM, once the session is up, stop the replay at its next
+// safe point, as when the duration is up. Returns the exit code: 0 when
+// every loop ran or it was stopped (OOMs included, reported), 1 on an error
+// printed to `err` (no daemon, bad trace or config).
 int RunClientReplay(const ClientReplayCommandOptions& options,
                     std::ostream& out, std::ostream& err);
 

@@ -247,7 +247,9 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
       "client-replay",
       "Replay a snapshot as a live client of `allocd serve`: segments from\n"
       "daemon chunks (mapped and written), telemetry, config pushes applied\n"
-      "and ACKed, reclaim requests answered. For load tests and demos.");
+      "and ACKed, reclaim requests answered. For load tests and demos.\n"
+      "SIGINT or SIGTERM stops it at the next safe point (512 events) with\n"
+      "the report of what ran, exit status 0.");
   c->add_option("TRACE", o.trace_path, "snapshot pickle (.pickle or .pickle.gz)")
       ->required();
   c->add_option("--socket", o.socket,
