@@ -183,7 +183,10 @@ Metrics::Metrics()
       chunks_(Register(prometheus::BuildCounter(), *registry_,
                        "allocd_pool_chunks_total",
                        "Chunks handed out, by origin: created (new "
-                       "memory) or reused (freed by a session).")),
+                       "memory the daemon made), reused (freed by a "
+                       "session) or client_made (granted for the client "
+                       "to make; one it could not make is asked for again "
+                       "and counted as created too).")),
       trimmed_bytes_(Register(prometheus::BuildCounter(), *registry_,
                               "allocd_pool_trimmed_bytes_total",
                               "Cached chunks given back to the device "
