@@ -67,9 +67,8 @@ class LiveReplay final : public ReplayObserver {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Replays end at the first safe point past `stop_at` or a requested stop.
-  // `events`: where
-  // to record (null: not recorded).
+  // Replays end at the first safe point once Stopped(). `events`: where to
+  // record (null: not recorded).
   LiveReplay(LiveSession& session, const Trace& trace, EventRecorder* events,
              Clock::time_point stop_at)
       : session_(session),
@@ -81,6 +80,11 @@ class LiveReplay final : public ReplayObserver {
   // The next replay is a new lifetime of the traced process: its ids are
   // new to the daemon.
   void NextLoop() { id_base_ += trace_.num_ids; }
+
+  // Past `stop_at`, or a stop was requested.
+  bool Stopped() const {
+    return Clock::now() >= stop_at_ || stop_requested.load();
+  }
 
   void OnEvent(uint64_t, const TraceEvent&) override {}
   void OnDeviceCall(DeviceCall, uint64_t, uint64_t) override {}
@@ -113,7 +117,7 @@ class LiveReplay final : public ReplayObserver {
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
     oom_since_safe_point_ = false;
     session_.Poll(allocator);
-    return Clock::now() < stop_at_ && !stop_requested.load();
+    return !Stopped();
   }
 
   void OnEnd(const CachingAllocator& allocator) override {
@@ -219,9 +223,8 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
                           {"peak_reserved", r->peak_reserved}});
     ++loops;
     observer.NextLoop();
-    const bool more = !stop_requested.load() &&
-                      (o.duration_seconds > 0 ? LiveReplay::Clock::now() < stop_at
-                                              : loops < o.loops);
+    const bool more =
+        !observer.Stopped() && (o.duration_seconds > 0 || loops < o.loops);
     if (!more) break;
   }
   (void)(*client)->FlushTelemetry();
