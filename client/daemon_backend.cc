@@ -6,9 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "allocator/bytes.h"
+#include "proto/telemetry_stats.h"
 
 namespace allocd {
 namespace {
@@ -32,11 +35,15 @@ class MmapChunkMapper final : public ChunkMapper {
           "making a ", FormatSize(chunk_bytes), " memfd chunk: ", strerror(errno)));
     }
     absl::StatusOr<uint64_t> handle = Map(address, chunk_bytes, fd.get(), 0);
-    if (handle.ok()) made_[address] = std::move(fd);
+    if (handle.ok()) {
+      absl::MutexLock lock(&mu_);
+      made_[address] = std::move(fd);
+    }
     return handle;
   }
 
   absl::StatusOr<UniqueFd> Export(const ChunkMapping& chunk) override {
+    absl::MutexLock lock(&mu_);
     auto it = made_.find(chunk.address);
     if (it == made_.end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -77,11 +84,14 @@ class MmapChunkMapper final : public ChunkMapper {
     // One call for the whole range, whatever is mapped in it.
     mmap(reinterpret_cast<void*>(address), bytes, PROT_NONE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    absl::MutexLock lock(&mu_);
     made_.erase(made_.lower_bound(address), made_.lower_bound(address + bytes));
   }
 
  private:
-  std::map<uint64_t, UniqueFd> made_;  // Create's memfds, by address
+  // A working set handed over is mapped on another thread.
+  absl::Mutex mu_;
+  std::map<uint64_t, UniqueFd> made_ ABSL_GUARDED_BY(mu_);  // Create's memfds
 };
 
 }  // namespace
@@ -108,6 +118,10 @@ DaemonBackend::DaemonBackend(DaemonClient* client,
       total_(client->capacity_bytes()) {}
 
 DaemonBackend::~DaemonBackend() {
+  if (handover_ != nullptr) {
+    client_->OnReclaim(nullptr);
+    handover_.reset();
+  }
   while (!shared_.empty()) CloseShared(shared_.begin()->first);
   while (!ranges_.empty()) {
     auto [address, bytes] = *ranges_.begin();
@@ -215,6 +229,13 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
+  if (handover_ != nullptr) {
+    if (std::optional<WorkingSetHandover::Segment> ready =
+            handover_->Take(bytes)) {
+      AdoptHandedOver(*ready);
+      return ready->address;
+    }
+  }
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (!address.ok()) return address;
   ranges_[*address] = bytes;
@@ -224,13 +245,106 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
     ranges_.erase(*address);
     return s;
   }
-  segments_[*address] = bytes;
+  CountSegment(*address, bytes);
   return address;
+}
+
+void DaemonBackend::AdoptHandedOver(const WorkingSetHandover::Segment& segment) {
+  ranges_[segment.address] = segment.bytes;
+  uint64_t at = segment.address;
+  for (size_t i = 0; i < segment.ids.size(); ++i) {
+    chunks_[at] = {.epoch = segment.epoch,
+                   .id = segment.ids[i],
+                   .bytes = segment.sizes[i],
+                   .handle = segment.handles[i]};
+    held_ += segment.sizes[i];
+    at += segment.sizes[i];
+  }
+  CountSegment(segment.address, segment.bytes);
+}
+
+void DaemonBackend::CountSegment(uint64_t address, size_t bytes) {
+  segments_[address] = bytes;
+  segment_order_[address] = next_order_;
+  sizes_by_order_[next_order_++] = bytes;
+  segment_bytes_ += bytes;
+  if (segment_bytes_ <= peak_segment_bytes_) return;
+  peak_segment_bytes_ = segment_bytes_;
+  std::vector<uint64_t> working_set;
+  for (const auto& [order, size] : sizes_by_order_) {
+    if (working_set.size() == kMaxWorkingSetSegments) break;
+    working_set.push_back(size);
+  }
+  client_->PublishWorkingSet(std::move(working_set));
 }
 
 void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
   segments_.erase(address);
+  if (auto it = segment_order_.find(address); it != segment_order_.end()) {
+    sizes_by_order_.erase(it->second);
+    segment_order_.erase(it);
+    segment_bytes_ -= bytes;
+  }
   Unmap(address, bytes, false);
+}
+
+void DaemonBackend::HandOver(absl::Duration keep) {
+  const std::vector<uint64_t>& plan = client_->handed_working_set();
+  if (plan.empty() || keep <= absl::ZeroDuration() || handover_ != nullptr) {
+    return;
+  }
+  WorkingSetHandover::Callbacks callbacks{
+      .fetch =
+          [this](uint64_t bytes, uint32_t count) {
+            return client_->AcquireAhead(bytes, UINT64_MAX, count);
+          },
+      .map = [this](ReceivedChunks grant)
+          -> absl::StatusOr<WorkingSetHandover::Segment> {
+        const uint64_t bytes = grant.bytes();
+        absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
+        absl::StatusOr<std::vector<ChunkMapping>> mapped =
+            address.ok()
+                ? MapReceived(*address, bytes, grant)
+                : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+        if (!mapped.ok()) {
+          if (address.ok()) mapper_->Free(*address, bytes);
+          (void)client_->Release(grant.epoch, grant.ids);
+          return mapped.status();
+        }
+        WorkingSetHandover::Segment segment{.address = *address,
+                                            .bytes = bytes,
+                                            .epoch = grant.epoch,
+                                            .ids = grant.ids,
+                                            .sizes = grant.sizes};
+        for (const ChunkMapping& m : *mapped) {
+          segment.handles.push_back(m.handle);
+        }
+        return segment;
+      },
+      .give_back =
+          [this](WorkingSetHandover::Segment segment) {
+            std::vector<ChunkMapping> mappings;
+            uint64_t at = segment.address;
+            for (size_t i = 0; i < segment.ids.size(); ++i) {
+              mappings.push_back({.address = at,
+                                  .bytes = segment.sizes[i],
+                                  .handle = segment.handles[i]});
+              at += segment.sizes[i];
+            }
+            mapper_->Unmap(segment.address, segment.bytes, mappings);
+            mapper_->Free(segment.address, segment.bytes);
+            (void)client_->Release(segment.epoch, segment.ids);
+          },
+      .release =
+          [this](ReceivedChunks grant) {
+            (void)client_->Release(grant.epoch, grant.ids);
+          },
+      .report = [this](uint64_t bytes) { client_->SetHandedOverBytes(bytes); },
+  };
+  handover_ = std::make_unique<WorkingSetHandover>(plan, std::move(callbacks),
+                                                   keep);
+  WorkingSetHandover* const handover = handover_.get();
+  client_->OnReclaim([handover] { handover->Drop(); });
 }
 
 absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {

@@ -22,9 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/device_backend.h"
 #include "client/daemon_client.h"
+#include "client/working_set_handover.h"
 
 namespace allocd {
 
@@ -112,6 +114,21 @@ class DaemonBackend : public DeviceBackend {
   // Segments the daemon made because this process could not.
   uint64_t client_create_fallbacks() const { return client_create_fallbacks_; }
 
+  // The working set. Every segment AllocateSegment maps counts; when the
+  // segments' bytes reach a new high, their sizes (in the order they were
+  // asked for) go to the daemon (DaemonClient::PublishWorkingSet), which
+  // hands them to the job's next session.
+  // HandOver: maps the working set the daemon handed this session
+  // (DaemonClient::handed_working_set) ahead, from the daemon's cache, on
+  // a background thread, for AllocateSegment to take: WorkingSetHandover,
+  // which gives back what is not taken within `keep` (and on a reclaim).
+  // Nothing when the daemon handed over nothing or `keep` is zero. Call
+  // once, before the first AllocateSegment; the mapper is then called from
+  // that thread too.
+  void HandOver(absl::Duration keep);
+  // Nullptr without a handover (tests, stats).
+  const WorkingSetHandover* handover() const { return handover_.get(); }
+
   // Sharing a segment with another process (CUDA IPC). ShareSegment: a
   // token naming the chunks of the segment AllocateSegment gave at
   // `address`, which another process's OpenShared maps while this one keeps
@@ -154,16 +171,31 @@ class DaemonBackend : public DeviceBackend {
                                                         ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
 
+  // Takes `segment`, which the handover mapped at its address, as one of
+  // AllocateSegment's.
+  void AdoptHandedOver(const WorkingSetHandover::Segment& segment);
+  // A segment of `bytes` joins the working set (AllocateSegment's).
+  void CountSegment(uint64_t address, size_t bytes);
+
   DaemonClient* const client_;
   const std::unique_ptr<ChunkMapper> mapper_;
   const uint64_t total_;
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
   std::map<uint64_t, size_t> segments_;     // AllocateSegment's, by address
+  // The live segments' sizes by the order they were asked for, their
+  // bytes, and the most they reached (the working set's).
+  std::map<uint64_t, uint64_t> segment_order_;  // by address
+  std::map<uint64_t, uint64_t> sizes_by_order_;
+  uint64_t next_order_ = 0;
+  uint64_t segment_bytes_ = 0;
+  uint64_t peak_segment_bytes_ = 0;
   std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
   uint64_t held_ = 0;
   bool client_creates_ = false;
   uint64_t client_create_fallbacks_ = 0;
+  // Destroyed first: its thread uses the mapper and the client.
+  std::unique_ptr<WorkingSetHandover> handover_;
 };
 
 }  // namespace allocd

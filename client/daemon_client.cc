@@ -85,6 +85,8 @@ struct Connection {
   bool adopts_chunks = false;
   // Whether this daemon grants and takes back chunks on the lease.
   bool lease_acquires = false;
+  // The job's last working set, as this daemon handed it over.
+  std::vector<uint64_t> working_set;
   // The lease; claims travel over it, one at a time.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
@@ -277,6 +279,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Establish(
   c->declare_fds = response.declare_fds();
   c->adopts_chunks = response.adopts_chunks();
   c->lease_acquires = response.lease_acquires();
+  c->working_set.assign(response.working_set().segment_bytes().begin(),
+                        response.working_set().segment_bytes().end());
 
   absl::StatusOr<UniqueFd> lease = ConnectUnix(SideSocketPath(o.socket, response.fd_socket()));
   if (!lease.ok()) return lease.status();
@@ -409,10 +413,21 @@ struct DaemonClient::State {
   }
 
   void SessionLoop();
+  // What the read-ahead, and the working set handed over, hold now: sent
+  // at once, as one stat (a reclaim counts it as cached).
   void SetReadAheadBytes(uint64_t bytes) {
     absl::MutexLock lock(&mu);
     read_ahead_bytes = static_cast<int64_t>(bytes);
-    (*stats.mutable_stats())[kReadAheadStat] = read_ahead_bytes;
+    PublishAheadBytes();
+  }
+  void SetHandedOverBytes(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    handed_over_bytes = static_cast<int64_t>(bytes);
+    PublishAheadBytes();
+  }
+  void PublishAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    (*stats.mutable_stats())[kReadAheadStat] =
+        read_ahead_bytes + handed_over_bytes;
     ++stats_published;
     flush = true;
   }
@@ -446,6 +461,11 @@ struct DaemonClient::State {
     terms = c->pool;
     connection = std::move(c);
     epoch = new_epoch;
+    // A restarted daemon knows nothing of the working set yet.
+    if (!working_set.segment_bytes().empty()) {
+      *stats.mutable_working_set() = working_set;
+      ++stats_published;
+    }
   }
 
   const DaemonClientOptions options;
@@ -479,6 +499,15 @@ struct DaemonClient::State {
   std::unique_ptr<GrantReadAhead> read_ahead;
   // What it holds now, sent with the stats at once (a reclaim counts it).
   int64_t read_ahead_bytes ABSL_GUARDED_BY(mu) = 0;
+  // What the working set handed over holds and the process has not taken.
+  int64_t handed_over_bytes ABSL_GUARDED_BY(mu) = 0;
+  // The last PublishWorkingSet (stats.working_set carries it until sent).
+  v1::WorkingSet working_set ABSL_GUARDED_BY(mu);
+  // The first daemon's RegisterResponse.working_set.
+  std::vector<uint64_t> handed_working_set;
+  // Called on a reclaim request (OnReclaim); held while it runs.
+  absl::Mutex reclaim_mu;
+  std::function<void()> on_reclaim ABSL_GUARDED_BY(reclaim_mu);
   std::thread session_thread;
   std::thread telemetry_thread;
 };
@@ -540,7 +569,11 @@ void DaemonClient::State::SessionLoop() {
     v1::ControlMessage message;
     while (reader->Read(&message)) {
       // Memory read ahead is the first to go back: it is no segment's.
-      if (message.has_reclaim() && read_ahead != nullptr) read_ahead->Drop();
+      if (message.has_reclaim()) {
+        if (read_ahead != nullptr) read_ahead->Drop();
+        absl::MutexLock hook(&reclaim_mu);
+        if (on_reclaim) on_reclaim();
+      }
       absl::MutexLock lock(&mu);
       control.push_back(std::move(message));
     }
@@ -767,6 +800,8 @@ void DaemonClient::State::TelemetryLoop() {
       new_stats = sequence != stats_sent;
       if (new_stats) report = stats;
       if (!new_stats) flush = false;
+      stats.clear_working_set();  // sent once
+
     }
     // Events go out every period, whether the stats changed or not; while
     // the daemon is away they stay in the recorder (up to its capacity).
@@ -786,6 +821,10 @@ void DaemonClient::State::TelemetryLoop() {
     if (!SendTelemetry(*writer, c->session_id, new_stats ? &report : nullptr,
                        batches)) {
       close_stream();
+      absl::MutexLock lock(&mu);
+      if (report.has_working_set() && !stats.has_working_set()) {
+        *stats.mutable_working_set() = working_set;  // the next try sends it
+      }
       continue;
     }
     if (!new_stats) continue;
@@ -807,6 +846,7 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
   absl::StatusOr<std::shared_ptr<Connection>> c =
       Establish(state->options, 1, RunningConfig{});
   if (!c.ok()) return c.status();
+  state->handed_working_set = (*c)->working_set;
   {
     absl::MutexLock lock(&state->mu);
     state->Serve(*c, 1);
@@ -818,22 +858,12 @@ absl::StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(
     s->read_ahead = std::make_unique<GrantReadAhead>(
         [self](const GrantReadAhead::Key& key,
                uint32_t count) -> std::vector<ReceivedChunks> {
-          absl::StatusOr<std::optional<ReceivedChunks>> got =
-              self->AcquireGrant(key.bytes, key.max_chunk_bytes, count,
-                                 key.client_creates);
-          if (!got.ok() || !got->has_value()) return {};
-          const uint64_t bytes = (*got)->bytes();
-          const uint64_t epoch = (*got)->epoch;
-          const std::vector<uint64_t> ids = (*got)->ids;
-          const uint64_t unit = self->chunk_bytes();
-          absl::StatusOr<std::vector<ReceivedChunks>> grants =
-              SplitGrant(**std::move(got), (key.bytes + unit - 1) / unit * unit);
-          if (!grants.ok()) {  // not the daemon's grants of `key`: unusable
-            (void)self->Release(epoch, ids);
-            return {};
-          }
-          self->state_->SetReadAheadBytes(bytes);
-          return *std::move(grants);
+          std::vector<ReceivedChunks> grants = self->AcquireAhead(
+              key.bytes, key.max_chunk_bytes, count, key.client_creates);
+          uint64_t bytes = 0;
+          for (const ReceivedChunks& grant : grants) bytes += grant.bytes();
+          if (bytes != 0) self->state_->SetReadAheadBytes(bytes);
+          return grants;
         },
         [self](ReceivedChunks chunks) {
           self->state_->SetReadAheadBytes(0);
@@ -895,6 +925,25 @@ absl::StatusOr<ReceivedChunks> DaemonClient::Acquire(uint64_t bytes,
     ahead->Granted(key, (*got)->reused == (*got)->ids.size());
   }
   return **std::move(got);
+}
+
+std::vector<ReceivedChunks> DaemonClient::AcquireAhead(uint64_t bytes,
+                                                      uint64_t max_chunk_bytes,
+                                                      uint32_t count,
+                                                      bool client_creates) {
+  absl::StatusOr<std::optional<ReceivedChunks>> got = AcquireGrant(
+      bytes, max_chunk_bytes, std::max<uint32_t>(count, 1), client_creates);
+  if (!got.ok() || !got->has_value()) return {};
+  const uint64_t epoch = (*got)->epoch;
+  const std::vector<uint64_t> ids = (*got)->ids;
+  const uint64_t unit = chunk_bytes();
+  absl::StatusOr<std::vector<ReceivedChunks>> grants =
+      SplitGrant(**std::move(got), (bytes + unit - 1) / unit * unit);
+  if (!grants.ok()) {  // not the daemon's grants of `bytes`: unusable
+    (void)Release(epoch, ids);
+    return {};
+  }
+  return *std::move(grants);
 }
 
 absl::StatusOr<std::optional<ReceivedChunks>> DaemonClient::AcquireGrant(
@@ -1126,8 +1175,9 @@ void DaemonClient::PublishStats(std::map<std::string, int64_t> stats,
   absl::MutexLock lock(&state_->mu);
   state_->stats.clear_stats();
   for (auto& [k, v] : stats) (*state_->stats.mutable_stats())[k] = v;
-  if (state_->read_ahead != nullptr) {
-    (*state_->stats.mutable_stats())[kReadAheadStat] = state_->read_ahead_bytes;
+  if (state_->read_ahead != nullptr || state_->handed_over_bytes != 0) {
+    (*state_->stats.mutable_stats())[kReadAheadStat] =
+        state_->read_ahead_bytes + state_->handed_over_bytes;
   }
   state_->stats.set_config_version(config_version);
   ++state_->stats_published;
@@ -1144,6 +1194,27 @@ absl::Status DaemonClient::FlushTelemetry() {
     return absl::DeadlineExceededError("telemetry not sent");
   }
   return absl::OkStatus();
+}
+
+void DaemonClient::PublishWorkingSet(std::vector<uint64_t> segment_bytes) {
+  absl::MutexLock lock(&state_->mu);
+  state_->working_set.mutable_segment_bytes()->Assign(segment_bytes.begin(),
+                                                      segment_bytes.end());
+  *state_->stats.mutable_working_set() = state_->working_set;
+  ++state_->stats_published;
+}
+
+const std::vector<uint64_t>& DaemonClient::handed_working_set() const {
+  return state_->handed_working_set;
+}
+
+void DaemonClient::SetHandedOverBytes(uint64_t bytes) {
+  state_->SetHandedOverBytes(bytes);
+}
+
+void DaemonClient::OnReclaim(std::function<void()> drop) {
+  absl::MutexLock lock(&state_->reclaim_mu);
+  state_->on_reclaim = std::move(drop);
 }
 
 EventRecorder* DaemonClient::events() { return state_->recorder.get(); }

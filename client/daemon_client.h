@@ -31,6 +31,7 @@
 #define ALLOCD_CLIENT_DAEMON_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -132,6 +133,14 @@ class DaemonClient {
   absl::StatusOr<ReceivedChunks> Acquire(uint64_t bytes,
                                          uint64_t max_chunk_bytes = UINT64_MAX,
                                          bool client_creates = false);
+  // Up to `count` grants of `bytes` each (as Acquire's, split), asked for
+  // ahead of need (AcquireChunksRequest.read_ahead): only what the daemon
+  // gives at once from its cache, or, with `client_creates`, as budget;
+  // none when it would wait or create, is away, or refused.
+  std::vector<ReceivedChunks> AcquireAhead(uint64_t bytes,
+                                           uint64_t max_chunk_bytes,
+                                           uint32_t count,
+                                           bool client_creates = false);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.
@@ -168,6 +177,24 @@ class DaemonClient {
                     uint64_t config_version);
   // Sends the latest published stats now (and waits for them to be sent).
   absl::Status FlushTelemetry();
+
+  // The working set: the segment sizes the process held when its
+  // segments' bytes were highest, in the order it asked for them (at most
+  // kMaxWorkingSetSegments), sent with the next telemetry. The daemon
+  // keeps the last one of a session that ends for the job's next session.
+  void PublishWorkingSet(std::vector<uint64_t> segment_bytes);
+  // What the daemon handed over when this client registered: the job's
+  // last session's working set on this device (empty: none).
+  const std::vector<uint64_t>& handed_working_set() const;
+  // Bytes the process holds of the working set handed over and has not
+  // taken into a segment: reported as read ahead, which a reclaim counts
+  // as cached.
+  void SetHandedOverBytes(uint64_t bytes);
+  // `drop` runs (on the client's thread) when the daemon asks the process
+  // to give memory back, before the request is queued for TakeControl; it
+  // must not wait for the caller's own locks. OnReclaim(nullptr) returns
+  // after a call in progress.
+  void OnReclaim(std::function<void()> drop);
 
   // Where the engine records its malloc/free/free_completed stream; null
   // when event_capacity is 0.

@@ -4,11 +4,17 @@
 #ifndef ALLOCD_PROTO_TELEMETRY_STATS_H_
 #define ALLOCD_PROTO_TELEMETRY_STATS_H_
 
+#include <cstddef>
+
 namespace allocd {
 
 // Bytes the client read ahead (AcquireChunksRequest.read_ahead) and holds
 // unmapped: a reclaim counts them as cached.
 inline constexpr char kReadAheadStat[] = "allocd.read_ahead_bytes";
+
+// The most segments of a working set (TelemetryReport.working_set) a
+// client sends and the daemon keeps.
+inline constexpr size_t kMaxWorkingSetSegments = 4096;
 
 }  // namespace allocd
 

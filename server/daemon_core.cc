@@ -299,6 +299,9 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
   response.set_lease_acquires(true);
+  for (uint64_t bytes : LastWorkingSet(r.job(), device.index)) {
+    response.mutable_working_set()->add_segment_bytes(bytes);
+  }
   if (config.has_value()) Fill(*config, response.mutable_config());
   if (observer_ != nullptr) {
     observer_->SessionStarted(session->identity(), running, r.autotune());
@@ -598,6 +601,13 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
   if (r.has_events()) {
     if (absl::Status s = ValidateEvents(r.events()); !s.ok()) return s;
   }
+  if (r.has_working_set()) {
+    absl::Status valid =
+        ValidateWorkingSet(r.working_set(), PoolOf(**session).chunk_bytes());
+    if (!valid.ok()) return valid;
+    (*session)->SetWorkingSet({r.working_set().segment_bytes().begin(),
+                               r.working_set().segment_bytes().end()});
+  }
   // A report of events alone leaves the stats as they were.
   if (r.stats_size() > 0 || !r.has_events()) {
     std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
@@ -791,6 +801,11 @@ absl::Status DaemonCore::Claim(const PeerCredentials& peer,
 }
 
 void DaemonCore::EndSession(SessionId id, absl::string_view why) {
+  // Kept before the registry forgets the session: the job's next session
+  // may register the moment it is gone.
+  if (std::shared_ptr<Session> ending = sessions_.Find(id)) {
+    RememberWorkingSet(*ending);
+  }
   std::shared_ptr<Session> session = sessions_.Remove(id);
   if (session == nullptr) return;
   session->Close();
@@ -803,6 +818,42 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
                        ", job \"", session->identity().job, "\") ended: ",
                        why, "; ", FormatSize(held), " back to the pool"));
+}
+
+absl::Status DaemonCore::ValidateWorkingSet(const v1::WorkingSet& set,
+                                            uint64_t chunk_bytes) const {
+  if (static_cast<size_t>(set.segment_bytes_size()) > kMaxWorkingSetSegments) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the working set holds ", set.segment_bytes_size(),
+                     " segments; at most ", kMaxWorkingSetSegments));
+  }
+  for (uint64_t bytes : set.segment_bytes()) {
+    if (bytes == 0 || bytes % chunk_bytes != 0 ||
+        bytes > options_.max_acquire_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a working set's segment of ", bytes,
+          " bytes: each must be a multiple of ", FormatSize(chunk_bytes),
+          " up to ", FormatSize(options_.max_acquire_bytes)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void DaemonCore::RememberWorkingSet(const Session& ended) {
+  const SessionIdentity& who = ended.identity();
+  std::vector<uint64_t> segments = ended.WorkingSet();
+  // A job without a label has no next session to recognise.
+  if (who.job.empty() || segments.empty()) return;
+  absl::MutexLock lock(&working_sets_mu_);
+  working_sets_[{who.job, who.node_device}] = std::move(segments);
+}
+
+std::vector<uint64_t> DaemonCore::LastWorkingSet(const std::string& job,
+                                                 int node_device) const {
+  if (job.empty()) return {};
+  absl::MutexLock lock(&working_sets_mu_);
+  auto it = working_sets_.find({job, node_device});
+  return it == working_sets_.end() ? std::vector<uint64_t>{} : it->second;
 }
 
 void DaemonCore::ExpireUnleased(absl::Time now) {

@@ -290,6 +290,19 @@ class DaemonCore {
   // version by both, applies it twice and ACKs twice.
   absl::Mutex fanout_mu_;
 
+  // The working set an ended session reported, kept for the job's next
+  // session on the device (RegisterResponse.working_set); by job label
+  // and node device, the last one to end. In memory only: a restarted
+  // daemon hands over nothing until a session of the job ends again.
+  absl::Status ValidateWorkingSet(const v1::WorkingSet& set,
+                                  uint64_t chunk_bytes) const;
+  void RememberWorkingSet(const Session& ended);
+  std::vector<uint64_t> LastWorkingSet(const std::string& job,
+                                       int node_device) const;
+  mutable absl::Mutex working_sets_mu_;
+  std::map<std::pair<std::string, int>, std::vector<uint64_t>> working_sets_
+      ABSL_GUARDED_BY(working_sets_mu_);
+
   // Signalled whenever chunks return to the pool.
   absl::Mutex released_mu_;
   absl::CondVar released_cv_;

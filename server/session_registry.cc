@@ -124,6 +124,16 @@ std::map<std::string, int64_t> Session::Stats() const {
   return stats_;
 }
 
+void Session::SetWorkingSet(std::vector<uint64_t> segment_bytes) {
+  absl::MutexLock lock(&mu_);
+  working_set_ = std::move(segment_bytes);
+}
+
+std::vector<uint64_t> Session::WorkingSet() const {
+  absl::MutexLock lock(&mu_);
+  return working_set_;
+}
+
 uint64_t Session::CountOom() {
   absl::MutexLock lock(&mu_);
   return ++ooms_;

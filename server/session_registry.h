@@ -98,6 +98,10 @@ class Session {
   std::map<std::string, int64_t> Stats() const;
   // How many times SetStats ran: a change says fresh telemetry came.
   uint64_t stats_version() const;
+  // The segment sizes the session last reported holding at its peak
+  // (TelemetryReport.working_set), in the order it asked for them.
+  void SetWorkingSet(std::vector<uint64_t> segment_bytes);
+  std::vector<uint64_t> WorkingSet() const;
   // Returns the OOM count after this one.
   uint64_t CountOom();
   uint64_t ooms() const;
@@ -115,6 +119,7 @@ class Session {
   bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(mu_);
   uint64_t stats_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> working_set_ ABSL_GUARDED_BY(mu_);
   uint64_t ooms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -40,6 +40,10 @@
 // package writes them),
 // ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
 // of a size are kept, GrantReadAhead; 200 by default, 0: none),
+// ALLOCD_HANDOVER_MS (the segments the job's last session held, which the
+// daemon hands over when this process connects, are mapped from its cache
+// ahead of PyTorch's cudaMallocs and kept this long after the last one
+// taken, WorkingSetHandover; 30000 by default, 0: none),
 // ALLOCD_CLIENT_CREATES (1, the default: chunks the daemon has not cached
 // are made in this process; 0: the daemon creates every chunk),
 // ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
@@ -153,6 +157,7 @@ constexpr CUmemGenericAllocationHandle kOurHandleBit = uint64_t{1} << 63;
 // holds is budget or cached chunks, given back after this long or at once
 // when another job is short.
 constexpr char kDefaultReadAheadMs[] = "200";
+constexpr char kDefaultHandoverMs[] = "30000";
 
 // One cuMemCreate served from daemon chunks: chunks[i] (imported) is
 // sizes[i] bytes; they are mapped in order.
@@ -523,13 +528,22 @@ class Interposer {
     absl::StatusOr<v1::AutotunePreferences> autotune =
         ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
     if (!autotune.ok()) return autotune.status();
-    int read_ahead_ms = 0;
-    if (const std::string ms = env("ALLOCD_READ_AHEAD_MS", kDefaultReadAheadMs);
-        !absl::SimpleAtoi(ms, &read_ahead_ms) || read_ahead_ms < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ALLOCD_READ_AHEAD_MS must be milliseconds (0 or more); got \"",
-          ms, "\""));
-    }
+    auto milliseconds = [&env](const char* name,
+                               const char* fallback) -> absl::StatusOr<int> {
+      int ms = 0;
+      if (const std::string text = env(name, fallback);
+          !absl::SimpleAtoi(text, &ms) || ms < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " must be milliseconds (0 or more); got \"", text, "\""));
+      }
+      return ms;
+    };
+    absl::StatusOr<int> read_ahead_ms =
+        milliseconds("ALLOCD_READ_AHEAD_MS", kDefaultReadAheadMs);
+    if (!read_ahead_ms.ok()) return read_ahead_ms.status();
+    absl::StatusOr<int> handover_ms =
+        milliseconds("ALLOCD_HANDOVER_MS", kDefaultHandoverMs);
+    if (!handover_ms.ok()) return handover_ms.status();
     const std::string client_creates = env("ALLOCD_CLIENT_CREATES", "1");
     if (client_creates != "0" && client_creates != "1") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -550,12 +564,13 @@ class Interposer {
              .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
-             .read_ahead_keep = absl::Milliseconds(read_ahead_ms)});
+             .read_ahead_keep = absl::Milliseconds(*read_ahead_ms)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);
     if (!backend.ok()) return backend.status();
     (*backend)->set_client_creates(client_creates == "1");
+    (*backend)->HandOver(absl::Milliseconds(*handover_ms));
     session.client = *std::move(client);
     session.backend = *std::move(backend);
     return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/telemetry_stats.h"
 #include "server/metrics.h"
 #include "server/pool/chunk_source.h"
 #include "server/pool/device_pools.h"
@@ -366,6 +367,53 @@ TEST_F(DaemonCoreTest, AReadAheadTakesCachedGrantsLeavingThePoolAsMuchAgainFree)
   r.set_bytes(258 * kMiB);
   ahead = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(ahead.ok() && ahead->has_value());
+}
+
+// A session's working set (its segments at its peak, from its telemetry)
+// is handed to the next session of the same job on the device when it ends;
+// a job without a label, or another job, is handed nothing, and a working
+// set that cannot be one is refused.
+TEST_F(DaemonCoreTest, AnEndedSessionsWorkingSetIsHandedToItsJobsNextSession) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  auto hello = [&](const std::string& job) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_job(job);
+    absl::StatusOr<v1::RegisterResponse> response = core_.Register(peer, r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return *response;
+  };
+  auto report = [&](uint64_t session, std::vector<uint64_t> segments) {
+    v1::TelemetryReport r;
+    r.set_session_id(session);
+    for (uint64_t bytes : segments) {
+      r.mutable_working_set()->add_segment_bytes(bytes);
+    }
+    return core_.Telemetry(peer, r);
+  };
+  const v1::RegisterResponse first = hello("trainer");
+  EXPECT_EQ(first.working_set().segment_bytes_size(), 0);
+  ASSERT_TRUE(report(first.session_id(), {20 * kMiB, 2 * kMiB}).ok());
+  ASSERT_TRUE(
+      report(first.session_id(), {20 * kMiB, 2 * kMiB, 512 * kMiB}).ok());
+  // Not a multiple of the chunk, zero, too many: refused, the last kept.
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {kMiB})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {0})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(
+      first.session_id(),
+      std::vector<uint64_t>(kMaxWorkingSetSegments + 1, 2 * kMiB))));
+  const v1::RegisterResponse unlabelled = hello("");
+  ASSERT_TRUE(report(unlabelled.session_id(), {2 * kMiB}).ok());
+  // Nothing before the session ends.
+  EXPECT_EQ(hello("trainer").working_set().segment_bytes_size(), 0);
+  core_.EndSession(first.session_id(), "test");
+  core_.EndSession(unlabelled.session_id(), "test");
+
+  EXPECT_THAT(hello("trainer").working_set().segment_bytes(),
+              ::testing::ElementsAre(20 * kMiB, 2 * kMiB, 512 * kMiB));
+  EXPECT_EQ(hello("evaluator").working_set().segment_bytes_size(), 0);
+  EXPECT_EQ(hello("").working_set().segment_bytes_size(), 0);
 }
 
 // The pool's capacity has room, the device has not: the other session's

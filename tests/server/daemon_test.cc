@@ -674,6 +674,67 @@ TEST_F(DaemonTest, AClientThatMakesItsChunksReadsAheadBudgetOnAColdPool) {
   EXPECT_EQ(status.free_bytes(), 0u);
 }
 
+// A job that starts again is handed the segments its last run held at its
+// peak, mapped ahead from the daemon's cache (nothing created for them),
+// and its segment requests take them; another job is handed nothing, and
+// what the new run has not taken goes back when another session is short.
+TEST_F(DaemonTest, AJobsNextRunFindsItsLastWorkingSetMappedFromTheCache) {
+  constexpr uint64_t kLarge = 4 * kChunk;
+  {
+    std::unique_ptr<DaemonClient> first = Client("trainer");
+    ASSERT_NE(first, nullptr);
+    EXPECT_TRUE(first->handed_working_set().empty());
+    DaemonBackend backend(first.get());
+    const uint64_t a = backend.AllocateSegment(kLarge).value();
+    const uint64_t b = backend.AllocateSegment(kChunk).value();
+    const uint64_t c = backend.AllocateSegment(kLarge).value();
+    // Below the peak: the working set stays large, small, large.
+    backend.FreeSegment(b, kChunk);
+    const uint64_t d = backend.AllocateSegment(kChunk).value();
+    ASSERT_TRUE(first->FlushTelemetry().ok());
+    for (auto [address, bytes] : {std::pair{a, kLarge}, std::pair{c, kLarge},
+                                  std::pair{d, kChunk}}) {
+      backend.FreeSegment(address, bytes);
+    }
+  }
+  for (int i = 0; i < 500 && Status().sessions() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(Status().sessions(), 0u);
+  const uint64_t created = Status().chunks_created_total();
+
+  std::unique_ptr<DaemonClient> other = Client("evaluator");
+  EXPECT_TRUE(other->handed_working_set().empty());
+  std::unique_ptr<DaemonClient> second = Client("trainer");
+  ASSERT_NE(second, nullptr);
+  EXPECT_THAT(second->handed_working_set(),
+              ::testing::ElementsAre(kLarge, kChunk, kLarge));
+  DaemonBackend backend(second.get());
+  backend.HandOver(absl::Seconds(60));
+  ASSERT_NE(backend.handover(), nullptr);
+  ASSERT_TRUE(backend.handover()->WaitPrepared(absl::Seconds(5)));
+  EXPECT_EQ(backend.handover()->counts().prepared, 3u);
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kLarge + kChunk);
+  EXPECT_EQ(Status().chunks_created_total(), created) << "all from the cache";
+  EXPECT_EQ(backend.held_bytes(), 0u) << "none is the process's segment yet";
+
+  absl::StatusOr<uint64_t> large = backend.AllocateSegment(kLarge);
+  ASSERT_TRUE(large.ok()) << large.status();
+  std::memset(reinterpret_cast<void*>(*large), 7, kLarge);  // mapped
+  EXPECT_EQ(backend.handover()->counts().taken, 1u);
+  EXPECT_EQ(backend.held_bytes(), kLarge);
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kLarge + kChunk);
+
+  // 64 MiB: 14 in use, 5 of them handed over and not taken. A session
+  // asking for 54 is short by 4: the daemon asks for what was handed over.
+  ASSERT_TRUE(second->FlushTelemetry().ok());
+  absl::StatusOr<ReceivedChunks> needy = other->Acquire(27 * kChunk);
+  ASSERT_TRUE(needy.ok()) << needy.status();
+  EXPECT_EQ(backend.handover()->counts().given_back, 2u);
+  EXPECT_EQ(Status().in_use_bytes(), kLarge + 27 * kChunk);
+  backend.FreeSegment(*large, kLarge);
+}
+
 TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   std::unique_ptr<DaemonClient> cacher = Client("cacher");
   absl::StatusOr<ReceivedChunks> cached = cacher->Acquire(28 * kChunk);

@@ -85,6 +85,16 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
                   "taken goes back then, or at once when another job on "
                   "the GPU is short")
       ->check(CLI::NonNegativeNumber);
+  run->add_option("--handover-ms", o.handover_ms,
+                  "map the segments this job's last run held (the daemon "
+                  "remembers them by --job and GPU) from the daemon's cache "
+                  "while the command starts, so its cudaMallocs find them "
+                  "mapped; keep those not taken this long after the last "
+                  "one taken, or 60 s if it asks for none (default: "
+                  "$ALLOCD_HANDOVER_MS, else 30000; 0: off). Only memory the "
+                  "daemon had cached is used, and it goes back at once when "
+                  "another job on the GPU is short")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--interposer", o.interposer,
                   "liballocd_interpose.so to preload (default: found next to "
                   "this program, or in $ALLOCD_LIB_DIR)");

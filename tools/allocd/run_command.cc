@@ -64,6 +64,9 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
   if (options.read_ahead_ms.has_value()) {
     SetEnv("ALLOCD_READ_AHEAD_MS", std::to_string(*options.read_ahead_ms));
   }
+  if (options.handover_ms.has_value()) {
+    SetEnv("ALLOCD_HANDOVER_MS", std::to_string(*options.handover_ms));
+  }
   std::vector<char*> argv;
   for (const std::string& arg : options.command) {
     argv.push_back(const_cast<char*>(arg.c_str()));

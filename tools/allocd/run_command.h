@@ -19,6 +19,8 @@ struct RunCommandOptions {
   std::string interposer;
   // ALLOCD_READ_AHEAD_MS for the interposer; unset: the environment's.
   std::optional<int> read_ahead_ms;
+  // ALLOCD_HANDOVER_MS for the interposer; unset: the environment's.
+  std::optional<int> handover_ms;
   std::vector<std::string> command;
 };
 
