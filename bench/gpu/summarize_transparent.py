@@ -91,7 +91,9 @@ def main():
               json.dumps(summary["engine_compat"]))
     for workload in ("llama_lora", "resnet"):
         runs = {run: load(out, f"train_{workload}_{run}.json")
-                for run in ("native", "native_control", "transparent")}
+                for run in ("native", "native_control", "transparent", "transparent_again")}
+        if runs["transparent_again"] is None:  # runs before the handover had none
+            del runs["transparent_again"]
         if not all(runs.values()):
             continue
         native = runs["native"]
@@ -99,6 +101,8 @@ def main():
             "steps": native["steps"],
             "native_losses_repeat": runs["native_control"]["losses"] == native["losses"],
             "losses_identical": runs["transparent"]["losses"] == native["losses"],
+            "losses_identical_handed_over": (runs["transparent_again"]["losses"] == native["losses"]
+                                             if "transparent_again" in runs else None),
             "peak_reserved": {run: r["peak_reserved"] for run, r in runs.items()},
             "gpu_used_mib_peak": {run: r.get("gpu_used_mib_peak") for run, r in runs.items()},
             "transparent_config": runs["transparent"].get("allocd", {}).get("config"),
@@ -115,7 +119,8 @@ def main():
         print("\nstep time transparent/native:", json.dumps(summary["step_time_ratio"]))
     # The working set's interleaved triples: each kind's first round against
     # native's first round of the same triple.
-    kinds = ("cold", "cold_read_ahead", "cold_daemon_creates", "warm", "warm_read_ahead")
+    kinds = ("cold", "cold_read_ahead", "cold_daemon_creates", "warm", "warm_read_ahead",
+             "warm_handover")
     triples = []
     for i in (1, 2, 3):
         native = load(out, f"workset_native_{i}.json")

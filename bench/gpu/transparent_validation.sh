@@ -15,7 +15,8 @@
 #              makes the chunks) / cold reading ahead (the default) / cold
 #              with the daemon creating them (ALLOCD_CLIENT_CREATES=0, which
 #              leaves them cached) / warm (from that cache) / warm reading
-#              ahead, and
+#              ahead / warm with the job's last working set handed over (the
+#              default; the others run ALLOCD_HANDOVER_MS=0), and
 #              cuda_chunk_bench's working set each way
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
@@ -67,10 +68,12 @@ if want train; then
   # control shows it), so transparent's losses and peaks can be compared bit
   # for bit; recommend: the autotuner decides, pushes nothing (same config).
   for workload in llama_lora resnet; do
-    for run in native native_control transparent; do
+    # transparent_again: the job's second run, handed the first's working
+    # set (mapped from the daemon's cache while it starts).
+    for run in native native_control transparent transparent_again; do
       step "$workload: $run (deterministic)"
       timeout 300 python "$here/${workload}_train.py" --mode ${run%%_*} --socket "$sock" \
-        --deterministic $([ $run = transparent ] && echo --autotune-mode recommend) \
+        --deterministic $([ ${run%%_*} = transparent ] && echo --autotune-mode recommend) \
         --json "$out/train_${workload}_$run.json" | cut -c1-200
     done
   done
@@ -135,7 +138,8 @@ fi
 
 if want workset; then
   start_daemon
-  step "40 GiB working set: 3 interleaved native / transparent cold / cold reading ahead / cold, the daemon creating / warm / warm reading ahead, each process 3 rounds"
+  step "40 GiB working set: 3 interleaved native / transparent cold / cold reading ahead / cold, the daemon creating / warm / warm reading ahead / warm, handed over, each process 3 rounds"
+  export ALLOCD_HANDOVER_MS=0  # but for the last run of each triple
   for i in 1 2 3; do
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
     allocctl pool trim >/dev/null  # the pool cold: every chunk made anew
@@ -148,8 +152,13 @@ if want workset; then
     ALLOCD_READ_AHEAD_MS=0 ALLOCD_CLIENT_CREATES=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_cold_daemon_creates_$i.json"
     ALLOCD_READ_AHEAD_MS=0 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_$i.json"
     ALLOCD_READ_AHEAD_MS=200 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_read_ahead_$i.json"
+    # The defaults: the last run's working set mapped from the cache while
+    # the process starts.
+    ALLOCD_HANDOVER_MS=30000 timeout 120 python "$here/working_set.py" --mode transparent --socket "$sock" --repeat 3 --json "$out/workset_warm_handover_$i.json"
+    allocctl --json status >"$out/workset_warm_handover_${i}_pool.json"
     allocctl pool trim >/dev/null  # room for the next native run
   done
+  unset ALLOCD_HANDOVER_MS
   allocctl status
   stop_daemon
   if [ -z "${SKIP_CHUNK_BENCH:-}" ]; then  # set: the processes' runs only
