@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -282,10 +283,19 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
                            peer.pid);
-  LogInfo(absl::StrCat("session ", session->id(), " registered: pid ",
-                       peer.pid, ", uid ", peer.uid, ", job \"", r.job(),
-                       "\", device ", device.index, " (", device.uuid,
-                       ", the client's ", r.device(), "), ", r.client()));
+  const std::vector<uint64_t> working_set =
+      LastWorkingSet(r.job(), device.index);
+  const uint64_t handed_bytes =
+      std::accumulate(working_set.begin(), working_set.end(), uint64_t{0});
+  LogInfo(absl::StrCat(
+      "session ", session->id(), " registered: pid ", peer.pid, ", uid ",
+      peer.uid, ", job \"", r.job(), "\", device ", device.index, " (",
+      device.uuid, ", the client's ", r.device(), "), ", r.client(),
+      working_set.empty()
+          ? ""
+          : absl::StrCat("; handed its job's last working set: ",
+                         working_set.size(), " segments, ",
+                         FormatSize(handed_bytes))));
 
   v1::RegisterResponse response;
   response.set_session_id(session->id());
@@ -299,7 +309,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
   response.set_lease_acquires(true);
-  for (uint64_t bytes : LastWorkingSet(r.job(), device.index)) {
+  for (uint64_t bytes : working_set) {
     response.mutable_working_set()->add_segment_bytes(bytes);
   }
   if (config.has_value()) Fill(*config, response.mutable_config());

@@ -76,6 +76,36 @@ def trim_cost(out):
                                       "trimmed_bytes_total": pool_counter(idle, "trimmed_bytes_total")}}
 
 
+def handover(out):
+    """llama_lora natively and transparent: handed its last working set
+    from the daemon's cache ("again") and not ("off"), each after a run
+    whose chunks the daemon made; losses, peaks, time to the first step,
+    and what each run took from the pool."""
+    native = load(out, "handover_native.json")
+    if not native:
+        return None
+    result = {}
+    previous = load(out, "handover_native_pool.json")
+    for run in ("first", "again", "refill", "off"):
+        r, pool = load(out, f"handover_{run}.json"), load(out, f"handover_{run}_pool.json")
+        if not (r and pool and previous):
+            continue
+        result[run] = {
+            "losses_identical": r["losses"] == native["losses"],
+            "peak_reserved": [native["peak_reserved"], r["peak_reserved"]],
+            "model_to_gpu_s": r["model_to_gpu_seconds"],
+            "first_step_s": r["step_seconds"][0],
+            "chunks_created": pool_counter(pool, "chunks_created_total")
+            - pool_counter(previous, "chunks_created_total"),
+            "chunks_client_made": pool_counter(pool, "chunks_client_made_total")
+            - pool_counter(previous, "chunks_client_made_total"),
+        }
+        previous = pool
+    result["native"] = {"model_to_gpu_s": native["model_to_gpu_seconds"],
+                        "first_step_s": native["step_seconds"][0]}
+    return result
+
+
 def main():
     out = sys.argv[1]
     summary = {"compat": compat(out)}
@@ -162,6 +192,10 @@ def main():
         summary["daemon_killed"] = {"steps": dk["steps"], "steps_done": len(dk["losses"]),
                                     "losses_finite": all(math.isfinite(x) for x in dk["losses"])}
         print("daemon killed mid-training:", json.dumps(summary["daemon_killed"]))
+    handed = handover(out)
+    if handed:
+        summary["handover"] = handed
+        print("\nhandover:", json.dumps(handed))
     trim = trim_cost(out)
     if trim:
         summary["trim"] = trim

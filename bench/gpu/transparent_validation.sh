@@ -21,6 +21,12 @@
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
+#   handover   llama_lora (deterministic, 30 steps) natively, then
+#              transparent three times: a first run whose chunks the daemon
+#              makes (ALLOCD_CLIENT_CREATES=0: they stay cached when it ends),
+#              the next handed that run's working set from the cache (the
+#              defaults), and one more without the handover
+#              (ALLOCD_HANDOVER_MS=0); the pool's counters after each
 #   trim       (issue 14) a job that comes back to a warm pool and to one
 #              `allocctl pool trim` emptied, 2 interleaved pairs: the model
 #              put on the GPU and the first step, against the chunks the
@@ -33,7 +39,7 @@ set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-transparent}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-compat train tracker steptime workset peaks kills trim}
+parts=${*:-compat train tracker steptime workset peaks kills handover trim}
 mkdir -p "$out"
 exec > >(tee -a "$out/transparent.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -210,6 +216,24 @@ PY
   pkill -f "allocd serve --backend cuda --socket $sock"
   pack transparent
 fi
+if want handover; then
+  start_daemon
+  step "handover: llama_lora natively, then transparent: daemon-made (cached at its end) / handed over / not handed over"
+  handover_run() {
+    timeout 300 python "$here/llama_lora_train.py" --mode "$2" --socket "$sock" --deterministic \
+      $([ "$2" = transparent ] && echo --autotune-mode recommend) --json "$out/handover_$1.json" | cut -c1-200
+    allocctl --json status >"$out/handover_$1_pool.json"
+  }
+  handover_run native native
+  ALLOCD_CLIENT_CREATES=0 handover_run first transparent
+  handover_run again transparent
+  ALLOCD_CLIENT_CREATES=0 handover_run refill transparent
+  ALLOCD_HANDOVER_MS=0 handover_run off transparent
+  grep -E "registered|ended" "$daemon_log" | tail -8
+  stop_daemon
+  pack transparent
+fi
+
 if want trim; then
   start_daemon 76GiB --trim-after 20s
   # NAME: a 3-step llama_lora job at a fixed shape, and the pool after it;
