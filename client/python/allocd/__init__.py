@@ -481,7 +481,12 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     run --read-ahead-ms`, 200 by default, 0: off) is how long the interposer
     keeps the next segments' chunks it reads ahead; memory the daemon has
     not cached is made by the process itself, counted by the daemon
-    ($ALLOCD_CLIENT_CREATES=0: the daemon makes it).
+    ($ALLOCD_CLIENT_CREATES=0: the daemon makes it). A job whose last run
+    (same job label, same GPU) ended is handed that run's segments: the
+    interposer maps them from the daemon's cache while the job starts, and
+    gives back what PyTorch has not taken 30 s after the last one it took
+    ($ALLOCD_HANDOVER_MS or `allocd run --handover-ms`; 0: off), or at once
+    when another job on the GPU is short.
 
     Returns True when enabled. Calling it again is a no-op.
     """
