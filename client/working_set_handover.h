@@ -118,9 +118,9 @@ class WorkingSetHandover {
   void Run();
   // Whether nothing is (or may be) kept any longer; Expired: that, or
   // the keep has run out.
-  bool NothingToKeep() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Expired() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time Deadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NothingToKeep() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool Expired() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Time Deadline() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ReportHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Callbacks callbacks_;
