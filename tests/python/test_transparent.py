@@ -53,7 +53,8 @@ STAND_IN = "libz.so.1"
 
 class RunTest(unittest.TestCase):
     def run_allocd(self, *args):
-        env = {k: v for k, v in os.environ.items() if k != "ALLOCD_READ_AHEAD_MS"}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("ALLOCD_READ_AHEAD_MS", "ALLOCD_HANDOVER_MS")}
         return subprocess.run([os.environ["ALLOCD_BINARY"], "run", *args],
                               capture_output=True, text=True, timeout=30, env=env)
 
@@ -68,14 +69,18 @@ class RunTest(unittest.TestCase):
         self.assertEqual(env["ALLOCD_JOB"], "j1")
         self.assertEqual(env["ALLOCD_MODE"], "transparent")
         self.assertNotIn("ALLOCD_READ_AHEAD_MS", env)
+        self.assertNotIn("ALLOCD_HANDOVER_MS", env)
 
-    def test_read_ahead_reaches_the_interposer(self):
-        r = self.run_allocd("--interposer", STAND_IN, "--read-ahead-ms", "200", "--", "env")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("ALLOCD_READ_AHEAD_MS=200", r.stdout.splitlines())
-        refused = self.run_allocd("--interposer", STAND_IN, "--read-ahead-ms", "-5", "--", "env")
-        self.assertNotEqual(refused.returncode, 0)
-        self.assertIn("read-ahead-ms", refused.stderr)
+    def test_read_ahead_and_handover_reach_the_interposer(self):
+        for option, variable in (("--read-ahead-ms", "ALLOCD_READ_AHEAD_MS"),
+                                 ("--handover-ms", "ALLOCD_HANDOVER_MS")):
+            with self.subTest(option):
+                r = self.run_allocd("--interposer", STAND_IN, option, "200", "--", "env")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(f"{variable}=200", r.stdout.splitlines())
+                refused = self.run_allocd("--interposer", STAND_IN, option, "-5", "--", "env")
+                self.assertNotEqual(refused.returncode, 0)
+                self.assertIn(option[2:], refused.stderr)
 
     def test_options_after_the_command_are_the_commands(self):
         library = STAND_IN
