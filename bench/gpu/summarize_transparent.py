@@ -152,7 +152,7 @@ def main():
     kinds = ("cold", "cold_read_ahead", "cold_daemon_creates", "warm", "warm_read_ahead",
              "warm_handover")
     triples = []
-    for i in (1, 2, 3):
+    for i in range(1, 13):
         native = load(out, f"workset_native_{i}.json")
         if not native:
             continue

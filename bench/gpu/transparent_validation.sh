@@ -17,7 +17,8 @@
 #              leaves them cached) / warm (from that cache) / warm reading
 #              ahead / warm with the job's last working set handed over (the
 #              default; the others run ALLOCD_HANDOVER_MS=0), and
-#              cuda_chunk_bench's working set each way
+#              cuda_chunk_bench's working set each way (WORKSET_TRIPLES
+#              triples, 3 by default)
 #   peaks      two jobs with alternating 44 GiB peaks, transparent
 #   kills      kill -9 of a transparent job holding 20 GiB; kill -9 of the
 #              daemon mid-training
@@ -146,7 +147,7 @@ if want workset; then
   start_daemon
   step "40 GiB working set: 3 interleaved native / transparent cold / cold reading ahead / cold, the daemon creating / warm / warm reading ahead / warm, handed over, each process 3 rounds"
   export ALLOCD_HANDOVER_MS=0  # but for the last run of each triple
-  for i in 1 2 3; do
+  for i in $(seq "${WORKSET_TRIPLES:-3}"); do
     timeout 120 python "$here/working_set.py" --mode native --repeat 3 --json "$out/workset_native_$i.json"
     allocctl pool trim >/dev/null  # the pool cold: every chunk made anew
     allocctl --json status >"$out/workset_cold_${i}_before.json"
