@@ -264,8 +264,7 @@ void DaemonBackend::AdoptHandedOver(const WorkingSetHandover::Segment& segment) 
 }
 
 void DaemonBackend::CountSegment(uint64_t address, size_t bytes) {
-  segments_[address] = bytes;
-  segment_order_[address] = next_order_;
+  segments_[address] = {.bytes = bytes, .order = next_order_};
   sizes_by_order_[next_order_++] = bytes;
   segment_bytes_ += bytes;
   if (segment_bytes_ <= peak_segment_bytes_) return;
@@ -279,11 +278,10 @@ void DaemonBackend::CountSegment(uint64_t address, size_t bytes) {
 }
 
 void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
-  segments_.erase(address);
-  if (auto it = segment_order_.find(address); it != segment_order_.end()) {
-    sizes_by_order_.erase(it->second);
-    segment_order_.erase(it);
-    segment_bytes_ -= bytes;
+  if (auto it = segments_.find(address); it != segments_.end()) {
+    sizes_by_order_.erase(it->second.order);
+    segment_bytes_ -= it->second.bytes;
+    segments_.erase(it);
   }
   Unmap(address, bytes, false);
 }
@@ -300,23 +298,17 @@ void DaemonBackend::HandOver(absl::Duration keep) {
           },
       .map = [this](ReceivedChunks grant)
           -> absl::StatusOr<WorkingSetHandover::Segment> {
-        const uint64_t bytes = grant.bytes();
-        absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
-        absl::StatusOr<std::vector<ChunkMapping>> mapped =
-            address.ok()
-                ? MapReceived(*address, bytes, grant)
-                : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+        absl::StatusOr<MappedRange> mapped = MapIntoNewRange(grant);
         if (!mapped.ok()) {
-          if (address.ok()) mapper_->Free(*address, bytes);
           (void)client_->Release(grant.epoch, grant.ids);
           return mapped.status();
         }
-        WorkingSetHandover::Segment segment{.address = *address,
-                                            .bytes = bytes,
+        WorkingSetHandover::Segment segment{.address = mapped->address,
+                                            .bytes = grant.bytes(),
                                             .epoch = grant.epoch,
                                             .ids = grant.ids,
                                             .sizes = grant.sizes};
-        for (const ChunkMapping& m : *mapped) {
+        for (const ChunkMapping& m : mapped->mappings) {
           segment.handles.push_back(m.handle);
         }
         return segment;
@@ -358,7 +350,7 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
   std::vector<MappedChunk*> made;
   uint64_t epoch = 0;
   for (auto it = chunks_.lower_bound(address);
-       it != chunks_.end() && it->first < address + segment->second; ++it) {
+       it != chunks_.end() && it->first < address + segment->second.bytes; ++it) {
     MappedChunk& chunk = it->second;
     epoch = chunk.epoch;  // one Acquire: one epoch
     ids.push_back(chunk.id);
@@ -387,21 +379,30 @@ absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
   absl::StatusOr<ReceivedChunks> got = client_->OpenShare(share_token);
   if (!got.ok()) return got.status();
   const size_t bytes = got->bytes();
-  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
-  absl::StatusOr<std::vector<ChunkMapping>> mapped =
-      address.ok()
-          ? MapReceived(*address, bytes, *got)
-          : absl::StatusOr<std::vector<ChunkMapping>>(address.status());
+  absl::StatusOr<MappedRange> mapped = MapIntoNewRange(*got);
   if (!mapped.ok()) {
-    if (address.ok()) mapper_->Free(*address, bytes);
     (void)client_->CloseShare(got->epoch, share_token);
     return mapped.status();
   }
-  shared_[*address] = {.epoch = got->epoch,
-                       .token = share_token,
-                       .bytes = bytes,
-                       .mappings = *std::move(mapped)};
-  return std::pair{*address, bytes};
+  shared_[mapped->address] = {.epoch = got->epoch,
+                              .token = share_token,
+                              .bytes = bytes,
+                              .mappings = std::move(mapped->mappings)};
+  return std::pair{mapped->address, bytes};
+}
+
+absl::StatusOr<DaemonBackend::MappedRange> DaemonBackend::MapIntoNewRange(
+    ReceivedChunks& got) {
+  const size_t bytes = got.bytes();
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
+  if (!address.ok()) return address.status();
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      MapReceived(*address, bytes, got);
+  if (!mapped.ok()) {
+    mapper_->Free(*address, bytes);
+    return mapped.status();
+  }
+  return MappedRange{.address = *address, .mappings = *std::move(mapped)};
 }
 
 bool DaemonBackend::CloseShared(uint64_t address) {

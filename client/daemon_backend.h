@@ -169,6 +169,13 @@ class DaemonBackend : public DeviceBackend {
   absl::StatusOr<std::vector<ChunkMapping>> MapReceived(uint64_t address,
                                                         size_t bytes,
                                                         ReceivedChunks& got);
+  // A range of its own for all of `got`'s chunks, mapped (MapReceived):
+  // its address and the mappings. On failure nothing stays reserved.
+  struct MappedRange {
+    uint64_t address;
+    std::vector<ChunkMapping> mappings;
+  };
+  absl::StatusOr<MappedRange> MapIntoNewRange(ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
 
   // Takes `segment`, which the handover mapped at its address, as one of
@@ -182,10 +189,14 @@ class DaemonBackend : public DeviceBackend {
   const uint64_t total_;
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
-  std::map<uint64_t, size_t> segments_;     // AllocateSegment's, by address
+  // AllocateSegment's, by address: its bytes and when it was asked for.
+  struct Segment {
+    size_t bytes;
+    uint64_t order;
+  };
+  std::map<uint64_t, Segment> segments_;
   // The live segments' sizes by the order they were asked for, their
   // bytes, and the most they reached (the working set's).
-  std::map<uint64_t, uint64_t> segment_order_;  // by address
   std::map<uint64_t, uint64_t> sizes_by_order_;
   uint64_t next_order_ = 0;
   uint64_t segment_bytes_ = 0;
