@@ -426,10 +426,14 @@ struct DaemonClient::State {
     PublishAheadBytes();
   }
   void PublishAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    (*stats.mutable_stats())[kReadAheadStat] =
-        read_ahead_bytes + handed_over_bytes;
+    WriteAheadBytes();
     ++stats_published;
     flush = true;
+  }
+  // Into the stats to send, as one stat (kReadAheadStat).
+  void WriteAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    (*stats.mutable_stats())[kReadAheadStat] =
+        read_ahead_bytes + handed_over_bytes;
   }
   // After a reconnect, before `c` serves calls: re-declares every chunk the
   // process holds to the new daemon (SideRequest.declare) and records
@@ -463,7 +467,7 @@ struct DaemonClient::State {
     epoch = new_epoch;
     // A restarted daemon knows nothing of the working set yet.
     if (!working_set.segment_bytes().empty()) {
-      *stats.mutable_working_set() = working_set;
+      working_set_unsent = true;
       ++stats_published;
     }
   }
@@ -501,8 +505,10 @@ struct DaemonClient::State {
   int64_t read_ahead_bytes ABSL_GUARDED_BY(mu) = 0;
   // What the working set handed over holds and the process has not taken.
   int64_t handed_over_bytes ABSL_GUARDED_BY(mu) = 0;
-  // The last PublishWorkingSet (stats.working_set carries it until sent).
+  // The last PublishWorkingSet, and whether the daemon has it yet (it goes
+  // with the next stats).
   v1::WorkingSet working_set ABSL_GUARDED_BY(mu);
+  bool working_set_unsent ABSL_GUARDED_BY(mu) = false;
   // The first daemon's RegisterResponse.working_set.
   std::vector<uint64_t> handed_working_set;
   // Called on a reclaim request (OnReclaim); held while it runs.
@@ -800,8 +806,10 @@ void DaemonClient::State::TelemetryLoop() {
       new_stats = sequence != stats_sent;
       if (new_stats) report = stats;
       if (!new_stats) flush = false;
-      stats.clear_working_set();  // sent once
-
+      if (new_stats && working_set_unsent) {
+        *report.mutable_working_set() = working_set;
+        working_set_unsent = false;
+      }
     }
     // Events go out every period, whether the stats changed or not; while
     // the daemon is away they stay in the recorder (up to its capacity).
@@ -821,9 +829,9 @@ void DaemonClient::State::TelemetryLoop() {
     if (!SendTelemetry(*writer, c->session_id, new_stats ? &report : nullptr,
                        batches)) {
       close_stream();
-      absl::MutexLock lock(&mu);
-      if (report.has_working_set() && !stats.has_working_set()) {
-        *stats.mutable_working_set() = working_set;  // the next try sends it
+      if (report.has_working_set()) {
+        absl::MutexLock lock(&mu);
+        working_set_unsent = true;  // the next try sends the latest
       }
       continue;
     }
@@ -1176,8 +1184,7 @@ void DaemonClient::PublishStats(std::map<std::string, int64_t> stats,
   state_->stats.clear_stats();
   for (auto& [k, v] : stats) (*state_->stats.mutable_stats())[k] = v;
   if (state_->read_ahead != nullptr || state_->handed_over_bytes != 0) {
-    (*state_->stats.mutable_stats())[kReadAheadStat] =
-        state_->read_ahead_bytes + state_->handed_over_bytes;
+    state_->WriteAheadBytes();
   }
   state_->stats.set_config_version(config_version);
   ++state_->stats_published;
@@ -1200,7 +1207,7 @@ void DaemonClient::PublishWorkingSet(std::vector<uint64_t> segment_bytes) {
   absl::MutexLock lock(&state_->mu);
   state_->working_set.mutable_segment_bytes()->Assign(segment_bytes.begin(),
                                                       segment_bytes.end());
-  *state_->stats.mutable_working_set() = state_->working_set;
+  state_->working_set_unsent = true;
   ++state_->stats_published;
 }
 
