@@ -691,7 +691,25 @@ TEST_F(DaemonTest, AJobsNextRunFindsItsLastWorkingSetMappedFromTheCache) {
     // Below the peak: the working set stays large, small, large.
     backend.FreeSegment(b, kChunk);
     const uint64_t d = backend.AllocateSegment(kChunk).value();
+    // Sent is not yet read: the daemon reads the telemetry stream on
+    // another thread than the lease whose end ends the session. A stat
+    // published after the working set shows, once the daemon lists it,
+    // that the daemon has read the working set too (the stream is in order).
+    first->PublishStats({{"allocd.test_marker", 1}}, 0);
     ASSERT_TRUE(first->FlushTelemetry().ok());
+    const uint64_t first_id = first->session_id();
+    bool read = false;
+    for (int i = 0; i < 500 && !read; ++i) {
+      grpc::ClientContext context;
+      v1::ListSessionsResponse sessions;
+      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
+      for (const v1::SessionInfo& session : sessions.sessions()) {
+        read |= session.session_id() == first_id &&
+                session.stats().contains("allocd.test_marker");
+      }
+      if (!read) absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_TRUE(read);
     for (auto [address, bytes] : {std::pair{a, kLarge}, std::pair{c, kLarge},
                                   std::pair{d, kChunk}}) {
       backend.FreeSegment(address, bytes);
