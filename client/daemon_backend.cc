@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/bytes.h"
-#include "proto/telemetry_stats.h"
+#include "proto/protocol.h"
 
 namespace allocd {
 namespace {

@@ -20,15 +20,11 @@
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
-#include "proto/telemetry_stats.h"
+#include "proto/protocol.h"
 
 namespace allocd {
 namespace {
 
-constexpr uint32_t kProtocolVersion = 1;
-// A claim answer: ids of up to a few thousand chunks.
-constexpr size_t kMaxSideResponse = 1 << 20;
-constexpr size_t kMaxReleaseBatch = 65536;
 // Events per telemetry message: ~16 bytes each packed, well inside the
 // daemon's 1 MiB message limit.
 constexpr size_t kMaxEventsPerReport = 16384;
@@ -106,7 +102,7 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
   v1::SideResponse all;
   for (;;) {
     absl::StatusOr<ReceivedMessage> frame =
-        ReceiveMessage(fd, kMaxSideResponse, absl::Seconds(10));
+        ReceiveMessage(fd, kMaxSideMessageBytes, absl::Seconds(10));
     if (!frame.ok()) return frame.status();
     v1::SideResponse response;
     if (!response.ParseFromString(frame->payload)) {
@@ -645,7 +641,7 @@ void DaemonClient::State::DeclareHeld(const std::shared_ptr<Connection>& c) {
         return;  // the daemon went away again: the next one gets them
       }
       absl::StatusOr<ReceivedMessage> frame =
-          ReceiveMessage(c->lease.get(), kMaxSideResponse, absl::Seconds(10));
+          ReceiveMessage(c->lease.get(), kMaxSideMessageBytes, absl::Seconds(10));
       if (!frame.ok()) return;
       v1::SideResponse response;
       if (!response.ParseFromString(frame->payload)) return;
@@ -700,8 +696,8 @@ bool DaemonClient::State::OwnedBy(const Connection& c, uint64_t epoch,
 
 absl::Status DaemonClient::State::ReleaseOn(
     const std::shared_ptr<Connection>& c, absl::Span<const uint64_t> ids) {
-  for (size_t begin = 0; begin < ids.size(); begin += kMaxReleaseBatch) {
-    const size_t end = std::min(ids.size(), begin + kMaxReleaseBatch);
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxChunkIdsPerRequest) {
+    const size_t end = std::min(ids.size(), begin + kMaxChunkIdsPerRequest);
     v1::ReleaseChunksRequest request;
     request.set_session_id(c->session_id);
     for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);

@@ -130,7 +130,7 @@ void DaemonAutotune::Acked(SessionId id, uint64_t version, bool applied,
 // ------------------------------------------------------------- actions
 
 absl::StatusOr<uint64_t> DaemonAutotune::PushToSession(
-    SessionIdValue session, const std::string& config,
+    SessionId session, const std::string& config,
     const std::string& reason, uint64_t predicted_peak_reserved) {
   return core_->PushToSession(session, config, kAuthor, reason,
                               predicted_peak_reserved);
@@ -146,7 +146,7 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   return set->config().version();
 }
 
-absl::Status DaemonAutotune::RollBackSession(SessionIdValue session,
+absl::Status DaemonAutotune::RollBackSession(SessionId session,
                                              const std::string& config,
                                              const std::string& reason) {
   return core_->RollBackSession(session, config, reason);

@@ -57,7 +57,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
              const std::string& error) override;
 
   // --- AutotuneActions
-  absl::StatusOr<uint64_t> PushToSession(SessionIdValue session,
+  absl::StatusOr<uint64_t> PushToSession(SessionId session,
                                          const std::string& config,
                                          const std::string& reason,
                                          uint64_t predicted_peak_reserved) override;
@@ -65,7 +65,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                         const std::string& config,
                                         const std::string& reason,
                                         uint64_t predicted_peak_reserved) override;
-  absl::Status RollBackSession(SessionIdValue session, const std::string& config,
+  absl::Status RollBackSession(SessionId session, const std::string& config,
                                const std::string& reason) override;
   void OnRun(const std::string& job) override;
   void OnDecision(const AutotuneDecision& decision) override;

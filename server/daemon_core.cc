@@ -12,21 +12,16 @@
 #include "absl/time/clock.h"
 #include "allocator/bytes.h"
 #include "allocator/config.h"
-#include "proto/telemetry_stats.h"
+#include "proto/protocol.h"
 #include "server/log.h"
 
 namespace allocd {
 namespace {
 
-constexpr uint32_t kProtocolVersion = 1;
 constexpr size_t kMaxClientDescription = 256;
 constexpr size_t kMaxGpuUuid = 128;
 constexpr size_t kMaxOomMessage = 4096;
-constexpr size_t kMaxReleaseIds = 65536;
 constexpr size_t kMaxStats = 1024;
-constexpr size_t kMaxEventsPerBatch = 65536;
-// The most grants one read-ahead takes (AcquireChunksRequest.count).
-constexpr uint32_t kMaxReadAheadGrants = 16;
 
 int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
 
@@ -524,9 +519,9 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
       OwnedSession(peer, r.session_id());
   if (!session.ok()) return session.status();
   if (r.chunk_ids_size() == 0 ||
-      static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+      static_cast<size_t>(r.chunk_ids_size()) > kMaxChunkIdsPerRequest) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "chunk_ids must hold 1 to ", kMaxReleaseIds, " ids; got ",
+        "chunk_ids must hold 1 to ", kMaxChunkIdsPerRequest, " ids; got ",
         r.chunk_ids_size()));
   }
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
@@ -554,9 +549,9 @@ absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
   absl::StatusOr<std::shared_ptr<Session>> session =
       OwnedSession(peer, r.session_id());
   if (!session.ok()) return session.status();
-  if (static_cast<size_t>(r.chunk_ids_size()) > kMaxReleaseIds) {
+  if (static_cast<size_t>(r.chunk_ids_size()) > kMaxChunkIdsPerRequest) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk_ids must hold at most ", kMaxReleaseIds,
+        absl::StrCat("chunk_ids must hold at most ", kMaxChunkIdsPerRequest,
                      " ids; got ", r.chunk_ids_size()));
   }
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());

@@ -20,6 +20,7 @@
 #include "allocd.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
+#include "proto/protocol.h"
 #include "server/log.h"
 
 namespace allocd {
@@ -29,7 +30,6 @@ namespace {
 // takes (65,536 varints of up to 10 bytes); a lease, a claim token, an
 // acquire or a declaration (up to kMaxFdsPerMessage chunks) are far less.
 // A frame over it closes the connection, which ends a lease's session.
-constexpr size_t kMaxSideRequest = 1 << 20;
 // A client must send a whole frame within this once it started one.
 constexpr absl::Duration kFrameTimeout = absl::Seconds(1);
 // How often the side channel looks for sessions that never leased.
@@ -266,7 +266,7 @@ bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
 // Answers one request. False when the connection should close.
 bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
   absl::StatusOr<ReceivedMessage> frame =
-      ReceiveMessage(c.fd.get(), kMaxSideRequest, kFrameTimeout);
+      ReceiveMessage(c.fd.get(), kMaxSideMessageBytes, kFrameTimeout);
   if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
   v1::SideRequest request;
   if (!request.ParseFromString(frame->payload) ||

@@ -97,7 +97,7 @@ class Autotuner::Impl {
     worker_.join();
   }
 
-  void SessionStarted(SessionIdValue id, const std::string& job_name, const std::string& config,
+  void SessionStarted(SessionId id, const std::string& job_name, const std::string& config,
                       uint64_t config_version) {
     absl::MutexLock lock(&mu_);
     if (auto it = sessions_.find(id); it != sessions_.end()) {
@@ -116,7 +116,7 @@ class Autotuner::Impl {
     }
   }
 
-  void SessionEnded(SessionIdValue id) {
+  void SessionEnded(SessionId id) {
     std::vector<AutotuneDecision> notify;
     {
       absl::MutexLock lock(&mu_);
@@ -145,7 +145,7 @@ class Autotuner::Impl {
     Notify(notify);
   }
 
-  void Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+  void Events(SessionId id, const std::vector<EvidenceEvent>& events,
               uint64_t dropped_before) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
@@ -175,7 +175,7 @@ class Autotuner::Impl {
     }
   }
 
-  void Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+  void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
              uint64_t config_version) {
     std::vector<AutotuneDecision> notify;
     {
@@ -213,7 +213,7 @@ class Autotuner::Impl {
     Notify(notify);
   }
 
-  void Oom(SessionIdValue id, uint64_t config_version) {
+  void Oom(SessionId id, uint64_t config_version) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
@@ -226,7 +226,7 @@ class Autotuner::Impl {
     Enqueue(it->second.job, job, "oom", false);
   }
 
-  void Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error) {
+  void Acked(SessionId id, uint64_t version, bool applied, const std::string& error) {
     absl::MutexLock lock(&mu_);
     AckedLocked(id, version, applied, error);
   }
@@ -323,7 +323,7 @@ class Autotuner::Impl {
   struct Acting {
     uint64_t decision_id = 0;
     Phase phase = Phase::kCanaryPushed;
-    SessionIdValue canary = 0;
+    SessionId canary = 0;
     std::string to_config;
     // Pushed to roll back: gives back exactly what the job ran.
     std::string rollback_config;
@@ -344,10 +344,10 @@ class Autotuner::Impl {
 
   struct Job {
     std::optional<JobPolicy> policy;
-    std::vector<SessionIdValue> sessions;  // oldest first
+    std::vector<SessionId> sessions;  // oldest first
     // The session whose events the window holds: one session's stream is
     // decided on, never a merge of several.
-    SessionIdValue recorded = 0;
+    SessionId recorded = 0;
     std::unique_ptr<JobWindow> window;
     std::string first_trigger = "first_pass";
     bool first_pass_done = false;
@@ -399,7 +399,7 @@ class Autotuner::Impl {
     return "watching";
   }
 
-  void StartRecording(Job& job, SessionIdValue id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void StartRecording(Job& job, SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     job.recorded = id;
     job.window.reset();
     if (ModeOf(job) != AutotuneMode::kOff) {
@@ -417,7 +417,7 @@ class Autotuner::Impl {
     }
   }
 
-  static bool RunsPushedVersion(const Acting& acting, SessionIdValue id, uint64_t version) {
+  static bool RunsPushedVersion(const Acting& acting, SessionId id, uint64_t version) {
     return (id == acting.canary && version == acting.canary_version && version != 0) ||
            (version == acting.job_version && version != 0);
   }
@@ -551,7 +551,7 @@ class Autotuner::Impl {
 
   // Acked with the lock held (also for an answer that came before
   // PushToSession returned).
-  void AckedLocked(SessionIdValue id, uint64_t version, bool applied, const std::string& error)
+  void AckedLocked(SessionId id, uint64_t version, bool applied, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
@@ -602,7 +602,7 @@ class Autotuner::Impl {
   mutable absl::Mutex mu_;
   JobPolicy default_policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<SessionIdValue, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -683,7 +683,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   }
 
   AutotuneDecision rec;
-  std::optional<SessionIdValue> canary;
+  std::optional<SessionId> canary;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -889,7 +889,7 @@ void Autotuner::Impl::Promote(const Task& task) {
     if (AutotuneDecision* d = FindDecision(job, task.decision_id)) {
       d->version = *version;
       d->sessions = {job.acting->canary};
-      for (SessionIdValue s : job.sessions) {
+      for (SessionId s : job.sessions) {
         if (s != job.acting->canary) d->sessions.push_back(s);
       }
       absl::StrAppend(&d->why, "; ", reason, "; set for the whole job");
@@ -900,7 +900,7 @@ void Autotuner::Impl::Promote(const Task& task) {
 }
 
 void Autotuner::Impl::RollBack(const Task& task) {
-  SessionIdValue canary = 0;
+  SessionId canary = 0;
   std::string rollback_config;
   bool whole_job = false;
   {
@@ -922,7 +922,7 @@ void Autotuner::Impl::RollBack(const Task& task) {
     Job& job = jobs_[task.job];
     if (!job.acting || job.acting->decision_id != task.decision_id) return;
     job.rolled_back.insert(job.acting->to_config);
-    for (SessionIdValue s : job.sessions) {
+    for (SessionId s : job.sessions) {
       if (s == canary || whole_job) sessions_[s].config = rollback_config;
     }
     job.acting.reset();
@@ -941,21 +941,21 @@ Autotuner::Autotuner(AutotuneOptions options, AutotuneActions* actions)
     : impl_(std::make_unique<Impl>(std::move(options), actions)) {}
 Autotuner::~Autotuner() = default;
 
-void Autotuner::SessionStarted(SessionIdValue id, const std::string& job, const std::string& config,
+void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::string& config,
                                uint64_t config_version) {
   impl_->SessionStarted(id, job, config, config_version);
 }
-void Autotuner::SessionEnded(SessionIdValue id) { impl_->SessionEnded(id); }
-void Autotuner::Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
+void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,
                        uint64_t dropped_before) {
   impl_->Events(id, events, dropped_before);
 }
-void Autotuner::Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+void Autotuner::Stats(SessionId id, const std::map<std::string, int64_t>& stats,
                       uint64_t config_version) {
   impl_->Stats(id, stats, config_version);
 }
-void Autotuner::Oom(SessionIdValue id, uint64_t config_version) { impl_->Oom(id, config_version); }
-void Autotuner::Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error) {
+void Autotuner::Oom(SessionId id, uint64_t config_version) { impl_->Oom(id, config_version); }
+void Autotuner::Acked(SessionId id, uint64_t version, bool applied, const std::string& error) {
   impl_->Acked(id, version, applied, error);
 }
 absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job) { return impl_->RunNow(job); }

@@ -27,11 +27,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "allocator/trace/trace.h"
+#include "server/session_id.h"
 
 namespace allocd {
-
-// The same numbers as the server's SessionId.
-using SessionIdValue = uint64_t;
 
 enum class AutotuneMode { kOff, kRecommend, kApply };
 // "off" | "recommend" | "apply"; InvalidArgument otherwise.
@@ -162,7 +160,7 @@ class AutotuneActions {
   // Pushes `config` (canonical PYTORCH_CUDA_ALLOC_CONF) to one session only
   // (the canary) as a new config version, without making it the job's
   // config. Returns the version.
-  virtual absl::StatusOr<uint64_t> PushToSession(SessionIdValue session,
+  virtual absl::StatusOr<uint64_t> PushToSession(SessionId session,
                                                  const std::string& config,
                                                  const std::string& reason,
                                                  uint64_t predicted_peak_reserved) = 0;
@@ -174,7 +172,7 @@ class AutotuneActions {
                                                 const std::string& reason,
                                                 uint64_t predicted_peak_reserved) = 0;
   // Pushes `config` back to the session as a rollback.
-  virtual absl::Status RollBackSession(SessionIdValue session, const std::string& config,
+  virtual absl::Status RollBackSession(SessionId session, const std::string& config,
                                        const std::string& reason) = 0;
   // Observers for metrics and history: a run started for `job`; a decision
   // was recorded or updated (result changed, realised saving known).
@@ -208,19 +206,19 @@ class Autotuner {
   // `config`/`config_version`: what the session runs now (a reconnecting
   // client re-declares the config it already runs, so a restarted daemon
   // does not push it again).
-  void SessionStarted(SessionIdValue id, const std::string& job, const std::string& config,
+  void SessionStarted(SessionId id, const std::string& job, const std::string& config,
                       uint64_t config_version);
-  void SessionEnded(SessionIdValue id);
+  void SessionEnded(SessionId id);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these.
-  void Events(SessionIdValue id, const std::vector<EvidenceEvent>& events,
+  void Events(SessionId id, const std::vector<EvidenceEvent>& events,
               uint64_t dropped_before);
   // memory_stats() under PyTorch's names ("reserved_bytes.all.current",
   // "num_alloc_retries", ...).
-  void Stats(SessionIdValue id, const std::map<std::string, int64_t>& stats,
+  void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
              uint64_t config_version);
-  void Oom(SessionIdValue id, uint64_t config_version);
-  void Acked(SessionIdValue id, uint64_t version, bool applied, const std::string& error);
+  void Oom(SessionId id, uint64_t config_version);
+  void Acked(SessionId id, uint64_t version, bool applied, const std::string& error);
 
   // --- admin
   // Queues a run for `job` now; returns the decision id it will record.

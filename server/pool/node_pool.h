@@ -85,11 +85,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/pool/chunk_source.h"
+#include "server/session_id.h"
 
 namespace allocd {
-
-// Names a client session (the daemon's session id). 0 is not a session.
-using SessionId = uint64_t;
 
 // What Acquire() handed out.
 struct Grant {
@@ -206,8 +204,6 @@ std::vector<uint64_t> DefaultChunkClasses(uint64_t granularity);
 
 class NodePool {
  public:
-  using SessionId = ::allocd::SessionId;
-
   struct Options {
     // Most bytes of live chunks (held + cached + being created).
     uint64_t capacity = 0;

@@ -34,7 +34,7 @@ class FakeActions : public AutotuneActions {
     uint64_t version;
   };
 
-  absl::StatusOr<uint64_t> PushToSession(SessionIdValue session, const std::string& config,
+  absl::StatusOr<uint64_t> PushToSession(SessionId session, const std::string& config,
                                          const std::string&, uint64_t) override {
     absl::MutexLock lock(&mu_);
     pushes_.push_back({"session", session, config, next_version_});
@@ -46,7 +46,7 @@ class FakeActions : public AutotuneActions {
     pushes_.push_back({"job", 0, config, next_version_});
     return next_version_++;
   }
-  absl::Status RollBackSession(SessionIdValue session, const std::string& config,
+  absl::Status RollBackSession(SessionId session, const std::string& config,
                                const std::string&) override {
     absl::MutexLock lock(&mu_);
     pushes_.push_back({"rollback", session, config, 0});
@@ -108,7 +108,7 @@ AutotuneOptions Options(FakeClock& clock, AutotuneMode mode) {
 }
 
 // Feeds events [begin, end) of the trace in batches of `batch_events`.
-void Feed(Autotuner& tuner, SessionIdValue session, const Trace& trace, size_t begin,
+void Feed(Autotuner& tuner, SessionId session, const Trace& trace, size_t begin,
           size_t end, size_t batch_events = 10000) {
   std::vector<EvidenceEvent> batch;
   for (size_t i = begin; i < end; ++i) {
@@ -127,7 +127,7 @@ void Feed(Autotuner& tuner, SessionIdValue session, const Trace& trace, size_t b
 // window holds when it gets to it).
 size_t TrainingEvents() { return LlamaLora().events.size() * 9 / 10; }
 
-void FeedAll(Autotuner& tuner, SessionIdValue session) {
+void FeedAll(Autotuner& tuner, SessionId session) {
   Feed(tuner, session, LlamaLora(), 0, TrainingEvents(), SIZE_MAX);
   tuner.WaitIdle();
 }
@@ -479,10 +479,10 @@ TEST(AutotunerTest, AtMostThreadsReplaysAtOnce) {
     };
     Autotuner tuner(options, &actions);
     // Three jobs decide at about the same time.
-    for (SessionIdValue s : {1, 2, 3}) {
+    for (SessionId s : {1, 2, 3}) {
       tuner.SessionStarted(s, "job" + std::to_string(s), "max_split_size_mb:64", 1);
     }
-    for (SessionIdValue s : {1, 2, 3}) {
+    for (SessionId s : {1, 2, 3}) {
       Feed(tuner, s, LlamaLora(), 0, TrainingEvents(), SIZE_MAX);
     }
     tuner.WaitIdle();

@@ -13,7 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/telemetry_stats.h"
+#include "proto/protocol.h"
 #include "server/metrics.h"
 #include "server/pool/chunk_source.h"
 #include "server/pool/device_pools.h"

@@ -1,0 +1,45 @@
+// The wire contract beyond allocd.proto's messages: the protocol version and
+// the limits both sides hold each other to. The client and the daemon read
+// them from here, so a limit cannot differ between the side that keeps to it
+// and the side that enforces it.
+#ifndef ALLOCD_PROTO_PROTOCOL_H_
+#define ALLOCD_PROTO_PROTOCOL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace allocd {
+
+// RegisterRequest.protocol_version: a daemon refuses a client that speaks
+// another (FailedPrecondition, naming both).
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// The most chunk ids one ReleaseChunksRequest or ShareChunksRequest holds;
+// a client releases more in batches of this many.
+inline constexpr size_t kMaxChunkIdsPerRequest = 65536;
+
+// The most events one TelemetryReport's EventBatch holds.
+inline constexpr size_t kMaxEventsPerBatch = 65536;
+
+// The most grants one read-ahead takes (AcquireChunksRequest.count).
+inline constexpr uint32_t kMaxReadAheadGrants = 16;
+
+// The largest side-socket message either side reads (a frame of a
+// SideRequest or SideResponse).
+inline constexpr size_t kMaxSideMessageBytes = size_t{1} << 20;
+
+// Telemetry stats (TelemetryReport.stats) that are allocd's own, not
+// PyTorch's memory_stats() names: the client adds them to what the process
+// publishes, the daemon reads them.
+//
+// Bytes the client read ahead (AcquireChunksRequest.read_ahead) and holds
+// unmapped: a reclaim counts them as cached.
+inline constexpr char kReadAheadStat[] = "allocd.read_ahead_bytes";
+
+// The most segments of a working set (TelemetryReport.working_set) a
+// client sends and the daemon keeps.
+inline constexpr size_t kMaxWorkingSetSegments = 4096;
+
+}  // namespace allocd
+
+#endif  // ALLOCD_PROTO_PROTOCOL_H_
