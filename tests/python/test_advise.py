@@ -24,6 +24,7 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 # The stand-in's history is the stream here (test_tracker.py: the tracker).
 os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 import allocd  # noqa: E402
+from allocd import _advisor, _history  # noqa: E402
 
 
 class FakeHistory:
@@ -159,7 +160,7 @@ class HistoryReaderTest(unittest.TestCase):
 
     def reader(self, history, ring=1 << 17):
         torch = FakeTorch(history)
-        reader = allocd._HistoryReader(torch, 0, ring=ring)
+        reader = _history.HistoryReader(torch, 0, ring=ring)
         reader.start()
         return reader
 
@@ -268,7 +269,7 @@ class AdviseTest(unittest.TestCase):
 
     def test_pytorchs_bare_uuid_is_written_as_nvidia_smi_does(self):
         self.torch.device_uuid = "8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f"
-        self.assertEqual(allocd._gpu_uuid(self.torch, 0),
+        self.assertEqual(_advisor.gpu_uuid(self.torch, 0),
                          "GPU-8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f")
 
     def test_pushed_configs_are_applied_with_pytorchs_runtime_api_and_acked(self):
@@ -301,7 +302,7 @@ class AdviseTest(unittest.TestCase):
                                       pinned_keys=["expandable_segments"]))
         # Under the advisor's lock, as PyTorch's allocator lock keeps a real
         # job's events out of the reader's snapshot-to-clear gap here.
-        with allocd._advisor._lock:
+        with allocd._state.advisor._lock:
             for _ in range(50):
                 self.torch.history.step([1 << 20, 2 << 20, 512])
 

@@ -24,7 +24,7 @@ import warnings
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
-from allocd import _engine  # noqa: E402
+from allocd import _bindings, _engine  # noqa: E402
 
 MANAGED = 0
 OTHER = 1
@@ -386,8 +386,8 @@ class LibraryTest(unittest.TestCase):
     """The real liballocd_torch.so, before allocd_torch_configure (no GPU here)."""
 
     def setUp(self):
-        self.lib = allocd._load(allocd._library_path(_engine._TORCH_LIBRARY),
-                                _engine._SIGNATURES)
+        self.lib = _bindings.load(_bindings.library_path(_engine._TORCH_LIBRARY),
+                                  _engine._SIGNATURES)
 
     def test_every_function_the_engine_calls_is_exported(self):
         for name in _engine._SIGNATURES:
@@ -429,7 +429,7 @@ class EnableTest(unittest.TestCase):
 
     def tearDown(self):
         allocd.shutdown()
-        allocd._managed = None
+        allocd._state.managed = None
         _engine.enable = self.real_enable
         allocd._MODES.clear()
         allocd._MODES.update(self.saved)
@@ -457,7 +457,7 @@ class EnableTest(unittest.TestCase):
     def test_an_unknown_mode_is_refused_before_anything_changes(self):
         with self.assertRaisesRegex(ValueError, "unknown mode 'fast'.*engine"):
             allocd.enable(mode="fast")
-        self.assertIsNone(allocd._managed)
+        self.assertIsNone(allocd._state.managed)
 
     def test_oom_without_pytorchs_error_type_warns(self):
         self.lib.torch_oom = 0

@@ -21,7 +21,7 @@ import warnings
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
-from allocd import _tracker  # noqa: E402
+from allocd import _advisor, _history, _tracker  # noqa: E402
 
 LIB = os.environ["FAKE_TORCH_LIB"]
 # Built trackers go to a cache of this test's own.
@@ -228,8 +228,8 @@ class EventSourceTest(unittest.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.last_torch = self.torch_without_extensions()
-            reader = allocd._event_reader(self.last_torch, 0)
-        self.assertIsInstance(reader, allocd._HistoryReader)
+            reader = _advisor.event_reader(self.last_torch, 0)
+        self.assertIsInstance(reader, _history.HistoryReader)
         self.assertEqual(self.last_torch.recording, ["all"])  # started
         self.assertEqual(len(caught), 1)
         self.assertIn("cpp_extension", str(caught[0].message))
@@ -239,7 +239,7 @@ class EventSourceTest(unittest.TestCase):
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            reader = allocd._event_reader(fake_torch(), 0)
+            reader = _advisor.event_reader(fake_torch(), 0)
         self.assertIsInstance(reader, _tracker.TrackerReader)
         self.assertEqual(caught, [])
         reader.stop()
@@ -247,16 +247,16 @@ class EventSourceTest(unittest.TestCase):
     def test_tracker_only_refuses_to_fall_back(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
         with self.assertRaises(allocd.AllocdUnavailable):
-            allocd._event_reader(self.torch_without_extensions(), 0)
+            _advisor.event_reader(self.torch_without_extensions(), 0)
 
     def test_history_and_a_typo(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())
-        self.assertIsInstance(allocd._event_reader(torch, 0), allocd._HistoryReader)
+        self.assertIsInstance(_advisor.event_reader(torch, 0), _history.HistoryReader)
         self.assertEqual(torch.recording, ["all"])
         os.environ["ALLOCD_EVENT_SOURCE"] = "histroy"
         with self.assertRaises(ValueError):
-            allocd._event_reader(fake_torch(), 0)
+            _advisor.event_reader(fake_torch(), 0)
 
 
 if __name__ == "__main__":

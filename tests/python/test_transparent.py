@@ -14,6 +14,7 @@ import warnings
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
+from allocd import _bindings  # noqa: E402
 
 
 class InitialisedTorch(types.ModuleType):
@@ -43,7 +44,7 @@ class EnableTest(unittest.TestCase):
         self.assertEqual(allocd.stats(), {"connected": False})
 
     def test_no_interposer_in_this_process(self):
-        self.assertIsNone(allocd._loaded_interposer())
+        self.assertIsNone(_bindings.loaded_interposer())
 
 
 # Any library every process can load stands in for the interposer (which

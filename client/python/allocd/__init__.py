@@ -30,35 +30,16 @@ If no daemon answers, the job goes on with PyTorch's allocator as it is and a
 warning says why, unless ``required=True``.
 """
 
-import array
-import ctypes
 import json
 import os
-import threading
-import time
 import warnings
+
+from . import _advisor, _engine, _transparent
+from ._bindings import AllocdUnavailable
 
 __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/allocd/allocd.sock"
-_LIBRARY = "liballocd_client.so"
-_INTERPOSE_LIBRARY = "liballocd_interpose.so"
-
-
-class AllocdUnavailable(RuntimeError):
-    """No allocd daemon could be reached (or its client library loaded)."""
-
-
-def _library_path(name=_LIBRARY):
-    here = os.path.dirname(os.path.abspath(__file__))
-    for directory in (os.environ.get("ALLOCD_LIB_DIR"), here):
-        if directory and os.path.exists(os.path.join(directory, name)):
-            return os.path.join(directory, name)
-    raise AllocdUnavailable(
-        f"{name} not found next to {here} or in $ALLOCD_LIB_DIR; "
-        "build allocd (cmake --build --preset release; liballocd_torch.so needs the "
-        "CUDA toolkit) and import the package from build/release/python, or "
-        "pip install build/release/python")
 
 
 def _settings(socket, job):
@@ -67,19 +48,6 @@ def _settings(socket, job):
     job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
     config = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", ""))
     return socket, job, config
-
-
-def _gpu_uuid(torch, device):
-    """The UUID of CUDA device `device` as nvidia-smi prints it ("GPU-..."): the daemon serves the
-    session from its pool for that GPU, whatever CUDA_VISIBLE_DEVICES numbers it here. "" when torch
-    cannot tell (the daemon then serves its first device)."""
-    try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-    except (AttributeError, AssertionError, RuntimeError):
-        return ""
-    # PyTorch prints the bare 8-4-4-4-12 hex form.
-    bare = len(uuid) == 36 and all(c in "0123456789abcdefABCDEF-" for c in uuid)
-    return f"GPU-{uuid}" if bare else uuid
 
 
 def _autotune_json(pinned_keys, autotune_mode):
@@ -100,331 +68,27 @@ def _unavailable(error, required):
     return False
 
 
-def _load(path, signatures, mode=ctypes.DEFAULT_MODE):
-    """The library at `path`, its functions typed as `signatures` says."""
-    lib = ctypes.CDLL(path, mode=mode)
-    for name, (restype, argtypes) in signatures.items():
-        function = getattr(lib, name)
-        function.restype = restype
-        function.argtypes = argtypes
-    return lib
+class _State:
+    """What allocd runs in this process: written only by enable(), advise()
+    and shutdown(), read by stats()."""
+
+    def __init__(self):
+        # The advisor thread: advise()'s, or transparent mode's telemetry.
+        self.advisor = None
+        # What a mode of _MODES installed (with .mode, .stats(), .unroute()).
+        self.managed = None
+        # The interposer's path once transparent mode is on.
+        self.interposer = None
 
 
-def _address(column):
-    """Where an array.array's items start, for a C function (None when empty)."""
-    return column.buffer_info()[0] if len(column) else None
-
-
-def _loaded_interposer():
-    """The path of liballocd_interpose.so if this process has it loaded."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if path.endswith("/" + _INTERPOSE_LIBRARY):
-                return path
-    return None
-
-
-def _load_client(path=None, mode=ctypes.DEFAULT_MODE):
-    """liballocd_client's C functions: from the interposer when this process
-    has it (one copy of the client per process), else liballocd_client.so."""
-    path = path or _loaded_interposer()
-    extra = {"allocd_interpose_session": (ctypes.c_void_p, [ctypes.c_int])} if path else {}
-    c_client = ctypes.c_void_p
-    return _load(path or _library_path(), {
-        **extra,
-        "allocd_last_error": (ctypes.c_char_p, []),
-        "allocd_connect_gpu": (c_client, [ctypes.c_char_p] * 6),
-        "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
-                                                  ctypes.c_void_p, ctypes.c_void_p,
-                                                  ctypes.c_size_t, ctypes.c_uint64]),
-        "allocd_events_dropped": (ctypes.c_uint64, [c_client]),
-        "allocd_config_version": (ctypes.c_uint64, [c_client]),
-        "allocd_disconnect": (None, [c_client]),
-        "allocd_session_id": (ctypes.c_uint64, [c_client]),
-        "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
-        "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
-        "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
-        "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
-        "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
-                                             ctypes.c_uint64]),
-    }, mode=mode)
-
-
-# PyTorch's trace actions the autotuner replays, as the daemon numbers them.
-_OPS = {"alloc": 0, "free_requested": 1, "free_completed": 2}
-# memory_stats() counters of the same three events: allocation requests,
-# frees requested (allocation.freed) and blocks returned to the cache
-# (active.freed).
-_COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.freed")
-# Actions the reader does not need, left out of PyTorch's ring when its
-# _record_memory_history knows skip_actions.
-_SKIP = ["segment_alloc", "segment_free", "snapshot"]
-
-
-class _HistoryReader:
-    """The allocator's alloc/free stream, read incrementally from PyTorch's history.
-
-    Recording uses the cheapest settings that still give sizes, streams and
-    order: ``_record_memory_history("all", context=None, stacks="python",
-    max_entries=ring)`` (no stack traces), leaving segment and snapshot
-    actions out where PyTorch can. Each round takes ``_snapshot()`` and at
-    once re-arms recording with ``clear_history=True``, so the ring only
-    ever holds the events since the last round: nothing is copied twice, and
-    the ring's memory stays bounded by ``ring`` entries.
-
-    What can be lost, and how it is counted: events the allocator recorded
-    between the snapshot and the clear, and the oldest events of a round
-    that overflowed the ring. PyTorch's own counters of the three events
-    (memory_stats, read just before each snapshot) say how many happened;
-    whatever they count beyond what was read is reported as dropped before
-    the round's events. The count is a lower bound (events between the
-    counter read and the snapshot are read but not yet counted), and it is
-    reported where the gap is: before the events that follow it.
-    """
-
-    def __init__(self, torch, device, ring=1 << 17):
-        self._torch = torch
-        self._device = device
-        self._ring = ring
-        self._skip = True
-        self._base = 0
-        self._seen = 0
-        self._lost = 0
-
-    def _record(self, clear):
-        kwargs = dict(context=None, stacks="python", max_entries=self._ring,
-                      clear_history=clear)
-        if self._skip:
-            try:
-                self._torch.cuda.memory._record_memory_history("all", skip_actions=_SKIP,
-                                                               **kwargs)
-                return
-            except (TypeError, ValueError, RuntimeError):
-                self._skip = False  # a PyTorch without skip_actions
-        self._torch.cuda.memory._record_memory_history("all", **kwargs)
-
-    def _counted(self):
-        stats = self._torch.cuda.memory_stats(self._device)
-        return sum(int(stats.get(name, 0)) for name in _COUNTERS)
-
-    def start(self):
-        self._record(clear=True)
-        self._base = self._counted()
-
-    def stop(self):
-        self._torch.cuda.memory._record_memory_history(None)
-
-    def read(self):
-        """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
-        counted = self._counted() - self._base
-        snapshot = self._torch.cuda.memory._snapshot()
-        self._record(clear=True)
-        traces = snapshot.get("device_traces", [])
-        entries = traces[self._device] if self._device < len(traces) else []
-        # Column by column with comprehensions: this runs with the GIL held
-        # while the job waits, at ~13,000 events a step on a large model
-        # (about 40% less than a loop appending to four arrays).
-        kept = [e for e in entries if e["action"] in _OPS]
-        mask = 0xFFFFFFFFFFFFFFFF
-        ops = array.array("B", [_OPS[e["action"]] for e in kept])
-        sizes = array.array("Q", [e["size"] for e in kept])
-        ids = array.array("Q", [e["addr"] & mask for e in kept])
-        streams = array.array("Q", [e["stream"] & mask for e in kept])
-        self._seen += len(ops)
-        lost = max(self._lost, counted - self._seen)
-        dropped, self._lost = lost - self._lost, lost
-        return ops, sizes, ids, streams, dropped
-
-
-def _event_reader(torch, device):
-    """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
-
-    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
-    and attaches, else PyTorch's history with a warning that says why and
-    what it costs; "tracker": the tracker, or AllocdUnavailable from
-    enable()/advise() whatever `required` says; "history": PyTorch's history
-    (_HistoryReader).
-    """
-    source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
-    if source not in ("auto", "tracker", "history"):
-        raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
-    if source != "history":
-        from . import _tracker
-        try:
-            reader = _tracker.TrackerReader.for_torch(torch, device)
-            reader.start()
-            return reader
-        except _tracker.TrackerUnavailable as why:
-            if source == "tracker":
-                raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
-            warnings.warn(
-                "allocd: reading the allocation stream from PyTorch's history, which holds "
-                "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
-                f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
-                stacklevel=3)
-    reader = _HistoryReader(torch, device)
-    reader.start()
-    return reader
-
-
-class _Advisor:
-    """The advisor thread: telemetry and allocator events out, configs and reclaims in.
-
-    history: a started reader of the allocation stream (_event_reader), or None.
-    """
-
-    def __init__(self, lib, client, torch, device, period, config, history=None):
-        self._lib = lib
-        self._client = client
-        self._torch = torch
-        self._device = device
-        self._period = period
-        self._history = history
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.config = config
-        self.config_reason = "the config the process started with"
-        self.events_sent = 0
-        self.applied = 0
-        self.rejected = 0
-        self.reclaims = 0
-        self.ooms = 0
-        self.last_stats = {}
-        self.busy_seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
-
-    def start(self):
-        self._attach_oom_observer()
-        self._thread.start()
-
-    def stop(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self._history is not None:
-            self._history.stop()
-        self._lib.allocd_disconnect(self._client)
-
-    @property
-    def config_version(self):
-        """The version of the running config, as the daemon connected now knows it."""
-        return self._lib.allocd_config_version(self._client)
-
-    @property
-    def event_source(self):
-        """Where the allocation stream is read: "tracker", "history" or None."""
-        if self._history is None:
-            return None
-        return "history" if isinstance(self._history, _HistoryReader) else "tracker"
-
-    def events_dropped(self):
-        return self._lib.allocd_events_dropped(self._client)
-
-    def session_id(self):
-        return self._lib.allocd_session_id(self._client)
-
-    def _error(self):
-        return self._lib.allocd_last_error().decode(errors="replace")
-
-    def _run(self):
-        while not self._stop.is_set():
-            start = time.perf_counter()
-            self.step()
-            # Time this thread kept the GIL and the allocator from the job.
-            self.busy_seconds += time.perf_counter() - start
-            self._stop.wait(self._period)
-
-    def step(self):
-        """One round: handle what the daemon sent, then publish stats and events."""
-        with self._lock:
-            for message in self._control():
-                if message["type"] == "config":
-                    self._apply(message)
-                elif message["type"] == "reclaim":
-                    self._torch.cuda.empty_cache()
-                    self.reclaims += 1
-            self._publish()
-            if self._history is not None:
-                self._send_events()
-
-    def _send_events(self):
-        ops, sizes, ids, streams, dropped = self._history.read()
-        if not ops and not dropped:
-            return
-        self._lib.allocd_record_events(self._client, _address(ops), _address(sizes),
-                                       _address(ids), _address(streams), len(ops), dropped)
-        self.events_sent += len(ops)
-
-    def _control(self):
-        buffer = ctypes.create_string_buffer(1 << 16)
-        while True:
-            size = self._lib.allocd_next_control(self._client, buffer, len(buffer))
-            if size <= 0:
-                return
-            yield json.loads(buffer.value.decode())
-
-    def _apply(self, message):
-        version = message["version"]
-        try:
-            self._torch.cuda.memory._set_allocator_settings(message["update"])
-        except Exception as error:  # PyTorch raises RuntimeError for what it rejects
-            self.rejected += 1
-            self._lib.allocd_ack(self._client, version, 0, str(error).encode())
-            return
-        # Blocks cached under the old rules would serve the next peak as the
-        # old config cut them: released here, between rounds, the new
-        # config shapes it.
-        self._torch.cuda.empty_cache()
-        self.config = message["config"]
-        self.config_reason = message.get("reason", "")
-        self.applied += 1
-        self._lib.allocd_ack(self._client, version, 1, b"")
-
-    def _publish(self):
-        stats = {k: int(v) for k, v in self._torch.cuda.memory_stats(self._device).items()
-                 if isinstance(v, (int, float))}
-        self.last_stats = stats
-        self._lib.allocd_publish_stats(self._client, json.dumps(stats).encode(),
-                                       self.config_version)
-
-    def _attach_oom_observer(self):
-        attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
-            return
-
-        def observer(device, alloc, device_allocated, device_free):
-            self.ooms += 1
-            message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
-                       f"bytes; {device_allocated} allocated, {device_free} free")
-            self._lib.allocd_report_oom(self._client, alloc, message.encode(),
-                                        self.config_version)
-
-        attach(observer)
-
-
-_advisor = None
-_managed = None
-_transparent = None  # the interposer's path once transparent mode is on
-
-
-def _enable_engine(torch, socket, job, config, device, autotune):
-    from . import _engine  # imported here: it needs this module complete
-    engine = _engine.enable(torch, socket, job, config, device, autotune)
-    if not engine.oom_is_torch_error():
-        warnings.warn("allocd: PyTorch's c10 library was not found in this process: an "
-                      "allocation that does not fit raises RuntimeError, not "
-                      "torch.OutOfMemoryError", RuntimeWarning, stacklevel=3)
-    return engine
-
-
+_state = _State()
 
 # The modes that replace PyTorch's allocator: each takes (torch, socket, job,
-# config, device, autotune preferences as JSON) and returns what it installed (with .mode, .stats() for
-# allocd.stats() and .unroute() for shutdown()), or raises
-# AllocdUnavailable/OSError before it changes PyTorch. The transparent mode,
-# the default, keeps PyTorch's allocator and is set up before torch loads.
-_MODES = {"engine": _enable_engine}
+# config, device, autotune preferences as JSON) and returns what it installed
+# (with .mode, .stats() for allocd.stats() and .unroute() for shutdown()), or
+# raises AllocdUnavailable/OSError before it changes PyTorch. The transparent
+# mode, the default, keeps PyTorch's allocator and is set up before torch loads.
+_MODES = {"engine": _engine.enable_mode}
 _DEFAULT_MODE = "transparent"
 
 
@@ -490,8 +154,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
 
     Returns True when enabled. Calling it again is a no-op.
     """
-    global _managed
-    if _managed is not None or _transparent is not None:
+    if _state.managed is not None or _state.interposer is not None:
         return True
     mode = mode or os.environ.get("ALLOCD_MODE", _DEFAULT_MODE)
     if mode == "transparent":
@@ -505,44 +168,31 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     socket, job, config = _settings(socket, job)
     device = 0 if device is None else device
     try:
-        _managed = _MODES[mode](torch, socket, job, config, device,
-                                _autotune_json(pinned_keys, autotune_mode))
+        _state.managed = _MODES[mode](torch, socket, job, config, device,
+                                      _autotune_json(pinned_keys, autotune_mode))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     return True
 
 
 def _enable_transparent(socket, job, device, required, period, autotune, record_events):
-    global _transparent
-    import sys
     socket, job, config = _settings(socket, job)
-    path = _loaded_interposer()
     try:
-        if path is None:
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_initialized():
-                raise AllocdUnavailable(
-                    "CUDA was initialised before allocd.enable(): start the job with "
-                    "`allocd run -- python ...`, or call allocd.enable() before importing torch")
-            path = _library_path(_INTERPOSE_LIBRARY)
-        # The interposer connects with these when PyTorch first asks for memory.
-        os.environ["ALLOCD_SOCKET"], os.environ["ALLOCD_JOB"] = socket, job
-        os.environ["ALLOCD_AUTOTUNE"] = autotune
-        lib = _load_client(path, mode=ctypes.RTLD_GLOBAL)
+        path, lib = _transparent.load_interposer(socket, job, autotune)
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     import torch
     if device is None:
         device = torch.cuda.current_device()
-    client = lib.allocd_interpose_session(device)
-    if not client:
-        return _unavailable(AllocdUnavailable(
-            f"no daemon session for CUDA device {device} (the interposer said why on stderr); "
-            "the job runs on PyTorch's own memory"), required)
+    try:
+        client = _transparent.open_session(lib, device)
+    except AllocdUnavailable as error:
+        return _unavailable(error, required)
     # PyTorch's own allocator: its stream is the autotuner's evidence, as in
     # advise().
-    _start_advisor(lib, client, torch, device, period, config, record_events)
-    _transparent = path
+    _state.advisor = _advisor.start_advisor(lib, client, torch, device, period, config,
+                                            record_events)
+    _state.interposer = path
     return True
 
 
@@ -569,8 +219,7 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
 
     Returns True when connected. Calling it again is a no-op.
     """
-    global _advisor
-    if _advisor is not None:
+    if _state.advisor is not None:
         return True
     import torch  # imported here so that `import allocd` stays cheap
 
@@ -578,58 +227,41 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
     if device is None:
         device = torch.cuda.current_device()
     try:
-        lib = _load_client()
-        client = lib.allocd_connect_gpu(socket.encode(), job.encode(), initial.encode(),
-                                        f"allocd-python torch {torch.__version__}".encode(),
-                                        _autotune_json(pinned_keys, autotune_mode).encode(),
-                                        _gpu_uuid(torch, device).encode())
-        if not client:
-            raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
+        lib, client = _advisor.connect(torch, socket, job, initial, device,
+                                       _autotune_json(pinned_keys, autotune_mode))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
-    return _start_advisor(lib, client, torch, device, period, initial, record_events)
-
-
-def _start_advisor(lib, client, torch, device, period, config, record_events):
-    """Starts the advisor thread on a connected session. AllocdUnavailable
-    when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
-    for by name, it is not silently replaced."""
-    global _advisor
-    try:
-        events = _event_reader(torch, device) if record_events else None
-    except AllocdUnavailable:
-        lib.allocd_disconnect(client)
-        raise
-    _advisor = _Advisor(lib, client, torch, device, period, config, events)
-    _advisor.start()
+    _state.advisor = _advisor.start_advisor(lib, client, torch, device, period, initial,
+                                            record_events)
     return True
 
 
 def stats():
     """What allocd knows of this process: session, config version, counts."""
-    if _managed is not None:
-        return {"connected": True, "mode": "managed", "managed_mode": _managed.mode,
-                **_managed.stats()}
-    if _advisor is None:
+    managed, advisor = _state.managed, _state.advisor
+    if managed is not None:
+        return {"connected": True, "mode": "managed", "managed_mode": managed.mode,
+                **managed.stats()}
+    if advisor is None:
         return {"connected": False}
-    mode = {"mode": "managed", "managed_mode": "transparent"} if _transparent else {
+    mode = {"mode": "managed", "managed_mode": "transparent"} if _state.interposer else {
         "mode": "advise"}
     return {
         "connected": True,
         **mode,
-        "session_id": _advisor.session_id(),
-        "config": _advisor.config,
-        "config_version": _advisor.config_version,
-        "config_reason": _advisor.config_reason,
-        "configs_applied": _advisor.applied,
-        "configs_rejected": _advisor.rejected,
-        "reclaims": _advisor.reclaims,
-        "ooms_reported": _advisor.ooms,
-        "events_sent": _advisor.events_sent,
-        "events_dropped": _advisor.events_dropped(),
-        "advisor_seconds": _advisor.busy_seconds,
-        "event_source": _advisor.event_source,
-        "memory_stats": dict(_advisor.last_stats),
+        "session_id": advisor.session_id(),
+        "config": advisor.config,
+        "config_version": advisor.config_version,
+        "config_reason": advisor.config_reason,
+        "configs_applied": advisor.applied,
+        "configs_rejected": advisor.rejected,
+        "reclaims": advisor.reclaims,
+        "ooms_reported": advisor.ooms,
+        "events_sent": advisor.events_sent,
+        "events_dropped": advisor.events_dropped(),
+        "advisor_seconds": advisor.busy_seconds,
+        "event_source": advisor.event_source,
+        "memory_stats": dict(advisor.last_stats),
     }
 
 
@@ -638,12 +270,11 @@ def shutdown():
 
     In managed mode PyTorch's memory functions get their own implementations
     back; the allocator itself stays (PyTorch cannot swap it out)."""
-    global _advisor
-    if _advisor is not None:
-        _advisor.stop()
-        _advisor = None
-    if _managed is not None:
-        _managed.unroute()
+    if _state.advisor is not None:
+        _state.advisor.stop()
+        _state.advisor = None
+    if _state.managed is not None:
+        _state.managed.unroute()
 
 
 import atexit  # noqa: E402  (registered once the module is complete)

@@ -70,8 +70,9 @@ import ctypes
 import json
 import pickle
 import sys
+import warnings
 
-from . import AllocdUnavailable, _library_path, _load
+from ._bindings import AllocdUnavailable, library_path, load
 
 _TORCH_LIBRARY = "liballocd_torch.so"
 
@@ -100,8 +101,8 @@ def enable(torch, socket, job, config, device, autotune=""):
     PyTorch's memory functions to it. Returns the Engine. Raises
     AllocdUnavailable (or OSError) when it cannot, before touching PyTorch.
     """
-    path = _library_path(_TORCH_LIBRARY)
-    lib = _load(path, _SIGNATURES)
+    path = library_path(_TORCH_LIBRARY)
+    lib = load(path, _SIGNATURES)
     if lib.allocd_torch_configure(socket.encode(), job.encode(), config.encode(), device,
                                   autotune.encode()):
         raise AllocdUnavailable(lib.allocd_torch_last_error().decode(errors="replace"))
@@ -114,6 +115,17 @@ def enable(torch, socket, job, config, device, autotune=""):
     torch.cuda.memory.change_current_allocator(allocator)
     engine = Engine(lib, torch, allocator)
     engine.route()
+    return engine
+
+
+def enable_mode(torch, socket, job, config, device, autotune):
+    """enable(mode="engine"): enable(), and a warning when an allocation that
+    does not fit cannot raise PyTorch's own error type."""
+    engine = enable(torch, socket, job, config, device, autotune)
+    if not engine.oom_is_torch_error():
+        warnings.warn("allocd: PyTorch's c10 library was not found in this process: an "
+                      "allocation that does not fit raises RuntimeError, not "
+                      "torch.OutOfMemoryError", RuntimeWarning, stacklevel=3)
     return engine
 
 

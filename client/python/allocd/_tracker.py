@@ -2,7 +2,7 @@
 
 allocd's autotuner replays what the job's allocator did: every alloc,
 free_requested and free_completed. Reading them from PyTorch's history
-(``_snapshot()``, allocd._HistoryReader) builds a Python dict per event with
+(``_snapshot()``, _history.HistoryReader) builds a Python dict per event with
 the GIL held; a job with 13,000 events a step lost 8% of its mean step to
 it. The tracker in ``_trace_tracker.cpp`` keeps them in C++ as the allocator
 makes them, and a round takes them as four arrays.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import warnings
 
-from . import _address, _load
+from ._bindings import address, load
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
 _COMPILE_TIMEOUT_S = 600
@@ -131,7 +131,7 @@ _SIGNATURES = {
 class TrackerReader:
     """The allocation stream of one device from the tracker: start, stop, read.
 
-    The interface of allocd._HistoryReader. ``capacity`` bounds the events
+    The interface of _history.HistoryReader. ``capacity`` bounds the events
     kept between two reads; beyond it the newest are counted as dropped and
     reported before the events that follow the gap.
     """
@@ -148,7 +148,7 @@ class TrackerReader:
     def for_torch(cls, torch, device):
         """Built (or cached) for this PyTorch and loaded; TrackerUnavailable if not."""
         try:
-            return cls(_load(build(torch), _SIGNATURES), torch, device)
+            return cls(load(build(torch), _SIGNATURES), torch, device)
         except OSError as error:
             raise TrackerUnavailable(f"loading it failed: {error}") from None
 
@@ -193,8 +193,8 @@ class TrackerReader:
         ops = array.array("B", bytes(n))
         sizes, ids, streams = (array.array("Q", bytes(8 * n)) for _ in range(3))
         dropped = ctypes.c_uint64(0)
-        got = self._lib.allocd_tracker_take(_address(ops), _address(sizes), _address(ids),
-                                            _address(streams), n, ctypes.byref(dropped))
+        got = self._lib.allocd_tracker_take(address(ops), address(sizes), address(ids),
+                                            address(streams), n, ctypes.byref(dropped))
         for column in (ops, sizes, ids, streams):
             del column[got:]
         before, self._gap = self._gap, dropped.value

@@ -1,0 +1,228 @@
+"""The advisor: a thread that streams a session's telemetry and allocation
+events to the daemon and applies what the daemon sends back.
+
+Each round it publishes ``torch.cuda.memory_stats()`` and the allocator's
+alloc/free stream (for the daemon's autotuner), applies the allocator configs
+the daemon pushes with ``torch.cuda.memory._set_allocator_settings`` followed
+by ``empty_cache()`` and acknowledges each one (or reports why it could not),
+and empties the cache when the daemon asks for memory back on behalf of
+another process. advise() runs it on a session of its own (``connect``),
+transparent mode on the interposer's session.
+"""
+
+import ctypes
+import json
+import os
+import threading
+import time
+import warnings
+
+from ._bindings import AllocdUnavailable, address, load_client
+from ._history import HistoryReader
+
+
+def gpu_uuid(torch, device):
+    """The UUID of CUDA device `device` as nvidia-smi prints it ("GPU-..."): the daemon serves the
+    session from its pool for that GPU, whatever CUDA_VISIBLE_DEVICES numbers it here. "" when torch
+    cannot tell (the daemon then serves its first device)."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, AssertionError, RuntimeError):
+        return ""
+    # PyTorch prints the bare 8-4-4-4-12 hex form.
+    bare = len(uuid) == 36 and all(c in "0123456789abcdefABCDEF-" for c in uuid)
+    return f"GPU-{uuid}" if bare else uuid
+
+
+def connect(torch, socket, job, config, device, autotune):
+    """A daemon session of its own for advise(), as (lib, client).
+    AllocdUnavailable (or OSError) when no daemon answers or the client
+    library cannot be loaded."""
+    lib = load_client()
+    client = lib.allocd_connect_gpu(socket.encode(), job.encode(), config.encode(),
+                                    f"allocd-python torch {torch.__version__}".encode(),
+                                    autotune.encode(), gpu_uuid(torch, device).encode())
+    if not client:
+        raise AllocdUnavailable(lib.allocd_last_error().decode(errors="replace"))
+    return lib, client
+
+
+def start_advisor(lib, client, torch, device, period, config, record_events):
+    """The advisor thread, started on a connected session. AllocdUnavailable
+    when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
+    for by name, it is not silently replaced."""
+    try:
+        events = event_reader(torch, device) if record_events else None
+    except AllocdUnavailable:
+        lib.allocd_disconnect(client)
+        raise
+    advisor = Advisor(lib, client, torch, device, period, config, events)
+    advisor.start()
+    return advisor
+
+
+def event_reader(torch, device):
+    """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
+
+    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
+    and attaches, else PyTorch's history with a warning that says why and
+    what it costs; "tracker": the tracker, or AllocdUnavailable from
+    enable()/advise() whatever `required` says; "history": PyTorch's history
+    (HistoryReader).
+    """
+    source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
+    if source not in ("auto", "tracker", "history"):
+        raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
+    if source != "history":
+        from . import _tracker
+        try:
+            reader = _tracker.TrackerReader.for_torch(torch, device)
+            reader.start()
+            return reader
+        except _tracker.TrackerUnavailable as why:
+            if source == "tracker":
+                raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
+            warnings.warn(
+                "allocd: reading the allocation stream from PyTorch's history, which holds "
+                "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
+                f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
+                stacklevel=3)
+    reader = HistoryReader(torch, device)
+    reader.start()
+    return reader
+
+
+class Advisor:
+    """The advisor thread: telemetry and allocator events out, configs and reclaims in.
+
+    history: a started reader of the allocation stream (event_reader), or None.
+    """
+
+    def __init__(self, lib, client, torch, device, period, config, history=None):
+        self._lib = lib
+        self._client = client
+        self._torch = torch
+        self._device = device
+        self._period = period
+        self._history = history
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.config = config
+        self.config_reason = "the config the process started with"
+        self.events_sent = 0
+        self.applied = 0
+        self.rejected = 0
+        self.reclaims = 0
+        self.ooms = 0
+        self.last_stats = {}
+        self.busy_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
+
+    def start(self):
+        self._attach_oom_observer()
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._history is not None:
+            self._history.stop()
+        self._lib.allocd_disconnect(self._client)
+
+    @property
+    def config_version(self):
+        """The version of the running config, as the daemon connected now knows it."""
+        return self._lib.allocd_config_version(self._client)
+
+    @property
+    def event_source(self):
+        """Where the allocation stream is read: "tracker", "history" or None."""
+        if self._history is None:
+            return None
+        return "history" if isinstance(self._history, HistoryReader) else "tracker"
+
+    def events_dropped(self):
+        return self._lib.allocd_events_dropped(self._client)
+
+    def session_id(self):
+        return self._lib.allocd_session_id(self._client)
+
+    def _error(self):
+        return self._lib.allocd_last_error().decode(errors="replace")
+
+    def _run(self):
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            self.step()
+            # Time this thread kept the GIL and the allocator from the job.
+            self.busy_seconds += time.perf_counter() - start
+            self._stop.wait(self._period)
+
+    def step(self):
+        """One round: handle what the daemon sent, then publish stats and events."""
+        with self._lock:
+            for message in self._control():
+                if message["type"] == "config":
+                    self._apply(message)
+                elif message["type"] == "reclaim":
+                    self._torch.cuda.empty_cache()
+                    self.reclaims += 1
+            self._publish()
+            if self._history is not None:
+                self._send_events()
+
+    def _send_events(self):
+        ops, sizes, ids, streams, dropped = self._history.read()
+        if not ops and not dropped:
+            return
+        self._lib.allocd_record_events(self._client, address(ops), address(sizes),
+                                       address(ids), address(streams), len(ops), dropped)
+        self.events_sent += len(ops)
+
+    def _control(self):
+        buffer = ctypes.create_string_buffer(1 << 16)
+        while True:
+            size = self._lib.allocd_next_control(self._client, buffer, len(buffer))
+            if size <= 0:
+                return
+            yield json.loads(buffer.value.decode())
+
+    def _apply(self, message):
+        version = message["version"]
+        try:
+            self._torch.cuda.memory._set_allocator_settings(message["update"])
+        except Exception as error:  # PyTorch raises RuntimeError for what it rejects
+            self.rejected += 1
+            self._lib.allocd_ack(self._client, version, 0, str(error).encode())
+            return
+        # Blocks cached under the old rules would serve the next peak as the
+        # old config cut them: released here, between rounds, the new
+        # config shapes it.
+        self._torch.cuda.empty_cache()
+        self.config = message["config"]
+        self.config_reason = message.get("reason", "")
+        self.applied += 1
+        self._lib.allocd_ack(self._client, version, 1, b"")
+
+    def _publish(self):
+        stats = {k: int(v) for k, v in self._torch.cuda.memory_stats(self._device).items()
+                 if isinstance(v, (int, float))}
+        self.last_stats = stats
+        self._lib.allocd_publish_stats(self._client, json.dumps(stats).encode(),
+                                       self.config_version)
+
+    def _attach_oom_observer(self):
+        attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return
+
+        def observer(device, alloc, device_allocated, device_free):
+            self.ooms += 1
+            message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
+                       f"bytes; {device_allocated} allocated, {device_free} free")
+            self._lib.allocd_report_oom(self._client, alloc, message.encode(),
+                                        self.config_version)
+
+        attach(observer)
+

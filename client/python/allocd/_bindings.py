@@ -1,0 +1,82 @@
+"""allocd's C libraries through ctypes: where they are found, how they load,
+and liballocd_client's C functions with their signatures (the engine's and
+the tracker's libraries keep their tables in their own modules).
+"""
+
+import ctypes
+import os
+
+CLIENT_LIBRARY = "liballocd_client.so"
+INTERPOSE_LIBRARY = "liballocd_interpose.so"
+
+
+class AllocdUnavailable(RuntimeError):
+    """No allocd daemon could be reached (or its client library loaded)."""
+
+    # Raised to users as allocd.AllocdUnavailable, the name they catch.
+    __module__ = "allocd"
+
+
+def library_path(name=CLIENT_LIBRARY):
+    """The path of allocd's library `name`: in $ALLOCD_LIB_DIR, else next to
+    the package. AllocdUnavailable when neither has it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for directory in (os.environ.get("ALLOCD_LIB_DIR"), here):
+        if directory and os.path.exists(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    raise AllocdUnavailable(
+        f"{name} not found next to {here} or in $ALLOCD_LIB_DIR; "
+        "build allocd (cmake --build --preset release; liballocd_torch.so needs the "
+        "CUDA toolkit) and import the package from build/release/python, or "
+        "pip install build/release/python")
+
+
+def load(path, signatures, mode=ctypes.DEFAULT_MODE):
+    """The library at `path`, its functions typed as `signatures` says."""
+    lib = ctypes.CDLL(path, mode=mode)
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+def address(column):
+    """Where an array.array's items start, for a C function (None when empty)."""
+    return column.buffer_info()[0] if len(column) else None
+
+
+def loaded_interposer():
+    """The path of liballocd_interpose.so if this process has it loaded."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if path.endswith("/" + INTERPOSE_LIBRARY):
+                return path
+    return None
+
+
+def load_client(path=None, mode=ctypes.DEFAULT_MODE):
+    """liballocd_client's C functions: from the interposer when this process
+    has it (one copy of the client per process), else liballocd_client.so."""
+    path = path or loaded_interposer()
+    extra = {"allocd_interpose_session": (ctypes.c_void_p, [ctypes.c_int])} if path else {}
+    c_client = ctypes.c_void_p
+    return load(path or library_path(), {
+        **extra,
+        "allocd_last_error": (ctypes.c_char_p, []),
+        "allocd_connect_gpu": (c_client, [ctypes.c_char_p] * 6),
+        "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_void_p, ctypes.c_void_p,
+                                                  ctypes.c_size_t, ctypes.c_uint64]),
+        "allocd_events_dropped": (ctypes.c_uint64, [c_client]),
+        "allocd_config_version": (ctypes.c_uint64, [c_client]),
+        "allocd_disconnect": (None, [c_client]),
+        "allocd_session_id": (ctypes.c_uint64, [c_client]),
+        "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
+        "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
+        "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
+        "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
+        "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
+                                             ctypes.c_uint64]),
+    }, mode=mode)
