@@ -61,6 +61,8 @@ def _autotune_json(pinned_keys, autotune_mode):
 
 
 def _unavailable(error, required):
+    """What enable() and advise() return when allocd cannot be had: False with
+    a warning, or AllocdUnavailable when the caller required allocd."""
     if required:
         raise AllocdUnavailable(str(error)) from error
     warnings.warn(f"allocd: not connected, PyTorch's allocator runs as it is: {error}",
