@@ -14,7 +14,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
@@ -54,23 +53,7 @@ absl::Status NodeShortage(uint64_t need, uint64_t available,
                                " (short by ", FormatSize(short_by), ")"));
 }
 
-// `classes` sorted, without duplicates, with `granularity` first, every
-// other one a multiple of it.
-std::vector<uint64_t> NormalizeClasses(std::vector<uint64_t> classes,
-                                       uint64_t granularity) {
-  std::erase_if(classes,
-                [&](uint64_t c) { return c == 0 || c % granularity != 0; });
-  classes.push_back(granularity);
-  std::sort(classes.begin(), classes.end());
-  classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
-  return classes;
-}
-
 }  // namespace
-
-std::vector<uint64_t> DefaultChunkClasses(uint64_t granularity) {
-  return {granularity, 8 * granularity, 64 * granularity, 512 * granularity};
-}
 
 std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
   if (!absl::IsResourceExhausted(status)) return std::nullopt;
@@ -89,8 +72,7 @@ bool IsNodeShortage(const absl::Status& status) {
 NodePool::NodePool(ChunkSource* source, Options options)
     : source_(source),
       options_(std::move(options)),
-      chunk_bytes_(source->Granularity()),
-      classes_(NormalizeClasses(options_.chunk_classes, chunk_bytes_)),
+      classes_(options_.chunk_classes, source->Granularity()),
       capacity_(options_.capacity),
       next_chunk_id_(
           (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
@@ -174,11 +156,7 @@ uint64_t NodePool::EndSession(SessionId id) {
   for (uint64_t chunk_id : state.chunks) {
     Disown(chunk_id, chunks_.at(chunk_id));
   }
-  EndShares(state, nullptr);
-  while (!state.opened.empty()) {
-    const std::string token = state.opened.begin()->first;
-    CloseOpen(state, token);
-  }
+  CacheUnowned(shares_.EndSession(mu_, id));
   // Including chunks an Acquire of this session is still creating: that
   // Acquire sees the session gone and caches them.
   SubtractHeld(state, state.held);
@@ -205,17 +183,6 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
     }
   }
   return absl::OkStatus();
-}
-
-std::vector<uint64_t> NodePool::SplitIntoClasses(
-    uint64_t bytes, uint64_t max_chunk_bytes) const {
-  std::vector<uint64_t> sizes;
-  for (auto c = classes_.rbegin(); c != classes_.rend(); ++c) {
-    if (*c > max_chunk_bytes && *c != chunk_bytes_) continue;
-    sizes.insert(sizes.end(), bytes / *c, *c);
-    bytes %= *c;
-  }
-  return sizes;
 }
 
 std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
@@ -270,7 +237,10 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
   SessionState* s = SameSession(claim.session, claim.incarnation);
   if (s == nullptr) return 0;  // EndSession took the chunks back already.
   if (!claim.share.empty()) {  // an open: the chunks stay their owner's
-    CloseOpen(*s, claim.share);
+    if (std::optional<std::vector<uint64_t>> unheld =
+            shares_.Close(mu_, claim.session, claim.share)) {
+      CacheUnowned(*unheld);
+    }
     return 0;
   }
   uint64_t returned = 0;
@@ -323,9 +293,9 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
   }
   Grant grant;
   if (bytes > capacity_.load()) return grant;
-  const uint64_t rounded = RoundToChunks(bytes);
+  const uint64_t rounded = classes_.RoundUp(bytes);
   const std::vector<uint64_t> sizes =
-      SplitIntoClasses(rounded, max_chunk_bytes);
+      classes_.Split(rounded, max_chunk_bytes);
   absl::flat_hash_map<uint64_t, uint64_t> per_grant;  // chunks of each size
   for (uint64_t size : sizes) ++per_grant[size];
   // Outside the lock: a syscall (and wasted when nothing is cached).
@@ -389,18 +359,14 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
         "node pool exhausted: asks ", FormatSize(bytes),
         ", more than its capacity of ", FormatSize(capacity_.load())));
   }
-  const uint64_t rounded = RoundToChunks(bytes);
+  AcquireInFlight a{.id = id, .grant = {.bytes = classes_.RoundUp(bytes)}};
   const std::vector<uint64_t> sizes =
-      SplitIntoClasses(rounded, max_chunk_bytes);
+      classes_.Split(a.grant.bytes, max_chunk_bytes);
   // Outside the lock: a syscall.
   absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
+  a.token = *std::move(token);
 
-  Grant grant{.bytes = rounded};
-  std::vector<uint64_t> to_create;
-  uint64_t create_bytes = 0;
-  uint64_t incarnation = 0;
-  uint64_t serial = 0;
   // Cached chunks destroyed to make room: released before creating, outside
   // the lock.
   std::vector<ChunkMemory> doomed;
@@ -409,55 +375,79 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     absl::StatusOr<SessionState*> found = FindSession(id);
     if (!found.ok()) return found.status();
     SessionState& state = **found;
-    if (absl::Status q = CheckQuotas(id, state, rounded); !q.ok()) return q;
-    const uint64_t capacity = capacity_.load();
-    const uint64_t room = UncreatedRoom(capacity);
-    // Every cached byte can become room, whatever its chunk's size.
-    if (rounded > free_bytes_ + room) {
-      return NodeShortage(rounded, free_bytes_ + room, capacity);
+    if (absl::Status taken = TakeCached(a, state, sizes); !taken.ok()) {
+      return taken;
     }
-    serial = next_grant_++;
-    to_create = TakeFree(id, state, sizes, serial, grant);
-    for (uint64_t size : to_create) create_bytes += size;
-    grant.reused_chunks = static_cast<uint32_t>(grant.chunk_ids.size());
-    AddHeld(state, rounded);
-    reused_total_ += grant.reused_chunks;
-    if (to_create.empty()) {  // all from the cache: done
-      grant.token =
-          AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
-      return grant;
+    if (a.to_create.empty()) {  // all from the cache: done
+      a.grant.token = AddClaim(id, state, std::move(a.token), a.serial,
+                               a.grant.chunk_ids);
+      return std::move(a.grant);
     }
-    if (create_bytes > room) {
-      const uint64_t needed = create_bytes - room;
-      trimmed_total_ += TrimColdestLocked(
-          [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
-          doomed);
-    }
+    MakeRoom(a.create_bytes, doomed);
     if (client_creates) {
-      // Counted now, made by the client: no memory here until GiveMemory.
-      std::vector<uint64_t> with_memory = grant.chunk_ids;
-      for (uint64_t size : to_create) {
-        AddClientMade(id, state, serial, size, grant);
-      }
-      grant.token =
-          AddClaim(id, state, *std::move(token), serial, with_memory);
-      return grant;  // `doomed` is released after the lock
+      return GrantClientMade(a, state);  // `doomed` is released after the lock
     }
-    for (uint64_t chunk_id : grant.chunk_ids) {
+    // The chunks taken are not the session's to release until the rest is
+    // created; what is being created counts against the capacity.
+    for (uint64_t chunk_id : a.grant.chunk_ids) {
       chunks_.at(chunk_id).pending = true;
     }
-    creating_bytes_ += create_bytes;
-    incarnation = state.incarnation;
+    creating_bytes_ += a.create_bytes;
+    a.incarnation = state.incarnation;
   }
   doomed.clear();
-
-  // New memory, outside the lock (on a GPU, cuMemCreate + export).
   std::vector<ChunkMemory> created;
-  created.reserve(to_create.size());
-  absl::Status failure;
+  const absl::Status failure = CreateChunks(a.to_create, created);
+  absl::MutexLock lock(&mu_);
+  return CommitCreated(a, std::move(created), failure);
+}
+
+absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
+                                  const std::vector<uint64_t>& sizes) {
+  const uint64_t rounded = a.grant.bytes;
+  if (absl::Status q = CheckQuotas(a.id, s, rounded); !q.ok()) return q;
+  const uint64_t capacity = capacity_.load();
+  const uint64_t room = UncreatedRoom(capacity);
+  // Every cached byte can become room, whatever its chunk's size.
+  if (rounded > free_bytes_ + room) {
+    return NodeShortage(rounded, free_bytes_ + room, capacity);
+  }
+  a.serial = next_grant_++;
+  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant);
+  a.create_bytes =
+      std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
+  a.grant.reused_chunks = static_cast<uint32_t>(a.grant.chunk_ids.size());
+  AddHeld(s, rounded);
+  reused_total_ += a.grant.reused_chunks;
+  return absl::OkStatus();
+}
+
+void NodePool::MakeRoom(uint64_t create_bytes,
+                        std::vector<ChunkMemory>& doomed) {
+  const uint64_t room = UncreatedRoom(capacity_.load());
+  if (create_bytes <= room) return;
+  const uint64_t needed = create_bytes - room;
+  trimmed_total_ += TrimColdestLocked(
+      [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
+      doomed);
+}
+
+Grant NodePool::GrantClientMade(AcquireInFlight& a, SessionState& s) {
+  // Counted now, made by the client: no memory here until GiveMemory.
+  const std::vector<uint64_t> with_memory = a.grant.chunk_ids;
+  for (uint64_t size : a.to_create) {
+    AddClientMade(a.id, s, a.serial, size, a.grant);
+  }
+  a.grant.token = AddClaim(a.id, s, std::move(a.token), a.serial, with_memory);
+  return std::move(a.grant);
+}
+
+absl::Status NodePool::CreateChunks(const std::vector<uint64_t>& sizes,
+                                    std::vector<ChunkMemory>& created) {
+  created.reserve(sizes.size());
   bool trimmed_for_device = false;
-  for (size_t i = 0; i < to_create.size();) {
-    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(to_create[i]);
+  for (size_t i = 0; i < sizes.size();) {
+    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(sizes[i]);
     if (memory.ok()) {
       created.push_back(*std::move(memory));
       ++i;
@@ -471,70 +461,81 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     // former segments, cached whole.)
     if (absl::IsResourceExhausted(memory.status()) && !trimmed_for_device) {
       trimmed_for_device = true;
-      const uint64_t missing = std::accumulate(to_create.begin() + i, to_create.end(), uint64_t{0});
+      const uint64_t missing =
+          std::accumulate(sizes.begin() + i, sizes.end(), uint64_t{0});
       if (TrimFree(missing) > 0) continue;
     }
-    failure = memory.status();
-    break;
+    return memory.status();
   }
+  return absl::OkStatus();
+}
 
-  absl::MutexLock lock(&mu_);
-  creating_bytes_ -= create_bytes;
+std::pair<const uint64_t, NodePool::Chunk>& NodePool::AddCreated(
+    uint64_t size, ChunkMemory memory) {
+  live_bytes_ += size;
+  return *chunks_
+              .emplace(NewChunkId(),
+                       Chunk{.memory = std::move(memory), .bytes = size})
+              .first;
+}
+
+absl::StatusOr<Grant> NodePool::CommitCreated(
+    AcquireInFlight& a, std::vector<ChunkMemory> created,
+    const absl::Status& failure) {
+  creating_bytes_ -= a.create_bytes;
   created_total_ += created.size();
-  SessionState* const alive = SameSession(id, incarnation);
-  // Every created chunk becomes live: the session's, or cached on failure.
-  auto add_created = [&](size_t i) -> std::pair<const uint64_t, Chunk>& {
-    mu_.AssertHeld();
-    live_bytes_ += to_create[i];
-    return *chunks_
-                .emplace(NewChunkId(),
-                         Chunk{.memory = std::move(created[i]),
-                               .bytes = to_create[i]})
-                .first;
-  };
-  if (alive != nullptr && failure.ok()) {
-    SessionState& state = *alive;
-    for (uint64_t chunk_id : grant.chunk_ids) chunks_.at(chunk_id).pending = false;
-    for (size_t i = 0; i < created.size(); ++i) {
-      auto& [chunk_id, chunk] = add_created(i);
-      chunk.owner = id;
-      chunk.grant = serial;
-      state.chunks.insert(chunk_id);
-      grant.chunk_ids.push_back(chunk_id);
-      grant.chunk_sizes.push_back(chunk.bytes);
-    }
-    grant.token =
-        AddClaim(id, state, *std::move(token), serial, grant.chunk_ids);
-    return grant;
+  SessionState* const alive = SameSession(a.id, a.incarnation);
+  if (alive == nullptr || !failure.ok()) {
+    return UndoAcquire(a, alive, std::move(created), failure);
   }
-  // Undo: what was created is cached for whoever asks next; the reused
-  // chunks go back (EndSession already took them back from a dead session).
+  for (uint64_t chunk_id : a.grant.chunk_ids) {
+    chunks_.at(chunk_id).pending = false;
+  }
   for (size_t i = 0; i < created.size(); ++i) {
-    auto& [chunk_id, chunk] = add_created(i);
+    auto& [chunk_id, chunk] =
+        AddCreated(a.to_create[i], std::move(created[i]));
+    chunk.owner = a.id;
+    chunk.grant = a.serial;
+    alive->chunks.insert(chunk_id);
+    a.grant.chunk_ids.push_back(chunk_id);
+    a.grant.chunk_sizes.push_back(chunk.bytes);
+  }
+  a.grant.token = AddClaim(a.id, *alive, std::move(a.token), a.serial,
+                           a.grant.chunk_ids);
+  return std::move(a.grant);
+}
+
+absl::Status NodePool::UndoAcquire(AcquireInFlight& a, SessionState* alive,
+                                   std::vector<ChunkMemory> created,
+                                   const absl::Status& failure) {
+  // What was created is cached for whoever asks next; the reused chunks go
+  // back (EndSession already took them back from a dead session).
+  uint64_t created_bytes = 0;
+  for (size_t i = 0; i < created.size(); ++i) {
+    auto& [chunk_id, chunk] =
+        AddCreated(a.to_create[i], std::move(created[i]));
+    created_bytes += chunk.bytes;
     ReturnToCache(chunk_id, chunk);
   }
-  reused_total_ -= grant.reused_chunks;
+  reused_total_ -= a.grant.reused_chunks;
   if (alive == nullptr) {
     return absl::AbortedError(absl::StrCat(
-        "session ", id, " ended while its chunks were being created"));
+        "session ", a.id, " ended while its chunks were being created"));
   }
-  SessionState& state = *alive;
-  for (uint64_t chunk_id : grant.chunk_ids) {
-    state.chunks.erase(chunk_id);
+  for (uint64_t chunk_id : a.grant.chunk_ids) {
+    alive->chunks.erase(chunk_id);
     ReturnToCache(chunk_id, chunks_.at(chunk_id));
   }
-  SubtractHeld(state, rounded);
+  SubtractHeld(*alive, a.grant.bytes);
   const std::string why =
       absl::StrCat("creating chunk ", created.size() + 1, " of ",
-                   to_create.size(), " from the ", source_->Name(),
+                   a.to_create.size(), " from the ", source_->Name(),
                    " source: ", failure.message());
   if (absl::IsResourceExhausted(failure)) {
     // The device is full below the pool's capacity (other processes'
     // contexts and native memory took what the capacity counted on): what
     // other sessions cache, given back, is memory the cache can serve.
-    uint64_t created_bytes = 0;
-    for (size_t i = 0; i < created.size(); ++i) created_bytes += to_create[i];
-    return Shortage(create_bytes - created_bytes, why);
+    return Shortage(a.create_bytes - created_bytes, why);
   }
   return absl::Status(failure.code(), why);
 }
@@ -651,7 +652,7 @@ absl::Status NodePool::Release(SessionId id,
     Disown(chunk_id, chunk);
   }
   SubtractHeld(state, released);
-  EndShares(state, &*released_ids);
+  shares_.EndShares(mu_, id, *released_ids);
   return absl::OkStatus();
 }
 
@@ -731,9 +732,7 @@ absl::StatusOr<std::string> NodePool::Share(
   absl::StatusOr<std::string> token = NewToken();  // a syscall: unlocked
   if (!token.ok()) return token.status();
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<SessionState*> found = FindSession(id);
-  if (!found.ok()) return found.status();
-  SessionState& state = **found;
+  if (absl::Status found = FindSession(id).status(); !found.ok()) return found;
   if (absl::Status held = HeldBy(id, chunk_ids, "shared").status();
       !held.ok()) {
     return held;
@@ -747,9 +746,7 @@ absl::StatusOr<std::string> NodePool::Share(
           "(the client gives it first: GiveMemory)"));
     }
   }
-  shares_[*token] = ShareState{
-      .owner = id, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
-  state.shared.insert(*token);
+  shares_.Add(mu_, id, *token, chunk_ids);
   return token;
 }
 
@@ -760,40 +757,34 @@ absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
   absl::MutexLock lock(&mu_);
   absl::StatusOr<SessionState*> found = FindSession(id);
   if (!found.ok()) return found.status();
-  SessionState& state = **found;
-  auto share = shares_.find(share_token);
-  if (share == shares_.end() || !share->second.open) {
-    return absl::NotFoundError(
-        "unknown share token, or its owner freed the memory or ended");
-  }
-  Grant grant;
-  grant.chunk_ids = share->second.chunk_ids;
+  absl::StatusOr<std::vector<uint64_t>> chunk_ids =
+      shares_.Open(mu_, id, share_token);
+  if (!chunk_ids.ok()) return chunk_ids.status();
+  Grant grant{.chunk_ids = *std::move(chunk_ids)};
   for (uint64_t chunk_id : grant.chunk_ids) {
-    Chunk& chunk = chunks_.at(chunk_id);  // the owner's: live
-    ++chunk.opens;
-    grant.chunk_sizes.push_back(chunk.bytes);
-    grant.bytes += chunk.bytes;
+    const uint64_t bytes = chunks_.at(chunk_id).bytes;  // open: live
+    grant.chunk_sizes.push_back(bytes);
+    grant.bytes += bytes;
   }
-  ++share->second.opens;
-  std::string key = share->first;
-  ++state.opened[key];
-  grant.token = AddClaim(id, state, *std::move(claim_token), /*grant=*/0,
-                         grant.chunk_ids, std::move(key));
+  grant.token = AddClaim(id, **found, *std::move(claim_token), /*grant=*/0,
+                         grant.chunk_ids, std::string(share_token));
   return grant;
 }
 
 absl::Status NodePool::CloseShare(SessionId id, absl::string_view share_token) {
   absl::MutexLock lock(&mu_);
-  auto s = sessions_.find(id);
-  if (s == sessions_.end() || !CloseOpen(s->second, std::string(share_token))) {
+  std::optional<std::vector<uint64_t>> unheld =
+      shares_.Close(mu_, id, share_token);
+  if (!unheld) {
     return absl::NotFoundError(
         absl::StrCat("session ", id, " has no open of that share token"));
   }
+  CacheUnowned(*unheld);
   return absl::OkStatus();
 }
 
 void NodePool::Disown(uint64_t chunk_id, Chunk& chunk) {
-  if (chunk.opens == 0) {
+  if (!shares_.IsOpen(mu_, chunk_id)) {
     ReturnToCache(chunk_id, chunk);
     return;
   }
@@ -802,37 +793,11 @@ void NodePool::Disown(uint64_t chunk_id, Chunk& chunk) {
   chunk.grant = 0;
 }
 
-void NodePool::EndShares(SessionState& s,
-                         const absl::flat_hash_set<uint64_t>* affected) {
-  for (auto it = s.shared.begin(); it != s.shared.end();) {
-    auto share = shares_.find(*it);  // present while the owner lists it
-    const std::vector<uint64_t>& ids = share->second.chunk_ids;
-    if (affected != nullptr &&
-        std::none_of(ids.begin(), ids.end(),
-                     [&](uint64_t id) { return affected->contains(id); })) {
-      ++it;
-      continue;
-    }
-    share->second.open = false;
-    if (share->second.opens == 0) shares_.erase(share);
-    s.shared.erase(it++);
+void NodePool::CacheUnowned(absl::Span<const uint64_t> chunk_ids) {
+  for (uint64_t chunk_id : chunk_ids) {
+    Chunk& chunk = chunks_.at(chunk_id);  // held by an open until now: live
+    if (chunk.owner == kNoSession) ReturnToCache(chunk_id, chunk);
   }
-}
-
-bool NodePool::CloseOpen(SessionState& s, const std::string& token) {
-  auto opened = s.opened.find(token);
-  if (opened == s.opened.end()) return false;
-  if (--opened->second == 0) s.opened.erase(opened);
-  auto share = shares_.find(token);  // present while opens > 0
-  for (uint64_t chunk_id : share->second.chunk_ids) {
-    Chunk& chunk = chunks_.at(chunk_id);  // held by the open: live
-    // The last open of a chunk whose owner gave it up: nobody's now.
-    if (--chunk.opens == 0 && chunk.owner == kNoSession) {
-      ReturnToCache(chunk_id, chunk);
-    }
-  }
-  if (--share->second.opens == 0 && !share->second.open) shares_.erase(share);
-  return true;
 }
 
 bool NodePool::SetSessionQuota(SessionId id, std::optional<uint64_t> bytes) {
@@ -898,13 +863,9 @@ void NodePool::SetCapacity(uint64_t bytes) {
 
 std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
   if (chunk.id == 0) return "chunk id 0 is no chunk";
-  if (std::find(classes_.begin(), classes_.end(), chunk.bytes) ==
-      classes_.end()) {
-    std::vector<std::string> sizes;
-    for (uint64_t c : classes_) sizes.push_back(FormatSize(c));
+  if (!classes_.Contains(chunk.bytes)) {
     return absl::StrCat("declared as ", FormatSize(chunk.bytes),
-                        "; this pool's chunks are ",
-                        absl::StrJoin(sizes, ", "));
+                        "; this pool's chunks are ", classes_.Describe());
   }
   return "";
 }
@@ -1012,7 +973,7 @@ uint64_t NodePool::AvailableBytes() const {
 PoolStats NodePool::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats{.capacity = capacity_.load(),
-                  .chunk_bytes = chunk_bytes_,
+                  .chunk_bytes = classes_.smallest(),
                   .created_bytes = live_bytes_,
                   .free_bytes = free_bytes_,
                   .creating_bytes = creating_bytes_,

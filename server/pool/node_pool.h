@@ -7,23 +7,9 @@
 // exceed the capacity, counted in bytes. Every chunk is held by at most one
 // session at a time.
 //
-// Size classes. A chunk is one physical allocation, and a client maps each
-// chunk whole (CUDA's cuMemMap takes an allocation only from its offset 0),
-// so what a client pays per segment is an import and a map per chunk: a
-// 2 GiB cudaMalloc served by 2 MiB chunks is 1,024 of each (about 90 ms on
-// an H100, against 0.3 ms for the native cudaMalloc). So chunks come in a
-// few sizes, the pool's classes, by default 2 MiB, 16 MiB, 128 MiB and
-// 1 GiB (each 8x the last; DefaultChunkClasses), and Acquire splits a
-// request greedily, largest class first: 2 GiB is 2 chunks, a 20 MiB
-// segment (PyTorch's large-pool unit) is 16 + 2 + 2 MiB, and no request
-// maps more than 7 chunks of each class below 1 GiB. The split is exact
-// (every class is a multiple of the smallest), so no byte is wasted: a
-// grant is the request rounded up to the smallest class, as before.
-// Classes rather than chunks of the exact requested size, because cached
-// chunks must serve requests of other sizes: a freed 2 GiB segment is
-// 2 x 1 GiB that any request of 1 GiB or more reuses whole, where an exact
-// 2 GiB chunk would serve only another 2 GiB request. Ratio 8 keeps both
-// the chunks per request and the number of classes (4) small.
+// Size classes (chunk_classes.h): chunks come in a few sizes, by default
+// 2 MiB, 16 MiB, 128 MiB and 1 GiB, and Acquire splits a request into them,
+// largest class first, so that a client maps few chunks per segment.
 //
 // A request takes the cached chunks of each of its classes, most recently
 // freed first, and creates the rest. When the capacity has no room for
@@ -41,12 +27,10 @@
 // of the chunks' FDs, only for a caller the kernel says is that pid
 // (SO_PEERCRED on the socket the token came over).
 //
-// Sharing (CUDA IPC: torch.multiprocessing sends a CUDA tensor as a handle
-// of its segment): the owner of chunks names them with a share token
-// (Share), other sessions map them too (OpenShare, then Claim, as for an
-// Acquire) while the owner keeps them. A chunk goes back to the cache only
-// when its owner released it (or ended) and every open of it is closed
-// (CloseShare, or the opener's EndSession).
+// Sharing (chunk_shares.h): the owner of chunks names them with a share
+// token (Share), other sessions map them too (OpenShare, then Claim) while
+// the owner keeps them, and a chunk goes back to the cache only when its
+// owner and every opener are done with it.
 //
 // After a daemon restart the chunks surviving clients still map are
 // nobody's in a new pool: Adopt() takes each reconnecting session's
@@ -84,6 +68,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/pool/chunk_classes.h"
+#include "server/pool/chunk_shares.h"
 #include "server/pool/chunk_source.h"
 #include "server/session_id.h"
 
@@ -197,10 +183,6 @@ bool IsNodeShortage(const absl::Status& status);
 std::optional<uint64_t> ShortfallBytes(const absl::Status& status);
 inline constexpr absl::string_view kShortfallPayloadUrl =
     "type.allocd.dev/allocd.NodeShortfallBytes";
-
-// The daemon's chunk sizes for a source of `granularity`: it, 8x, 64x and
-// 512x (2 MiB, 16 MiB, 128 MiB, 1 GiB on a GPU).
-std::vector<uint64_t> DefaultChunkClasses(uint64_t granularity);
 
 class NodePool {
  public:
@@ -410,9 +392,11 @@ class NodePool {
   uint64_t AvailableBytes() const;
 
   // The smallest chunk.
-  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  uint64_t chunk_bytes() const { return classes_.smallest(); }
   // The chunk sizes, ascending; the first is chunk_bytes().
-  const std::vector<uint64_t>& chunk_classes() const { return classes_; }
+  const std::vector<uint64_t>& chunk_classes() const {
+    return classes_.sizes();
+  }
   uint64_t capacity() const { return capacity_.load(); }
   // Lowers (or raises) the capacity: the daemon clips it to what the
   // device really has free once it knows what surviving clients hold.
@@ -438,9 +422,6 @@ class NodePool {
     // that expires takes back only its own chunks, not ones its session
     // released and got again through a later grant.
     uint64_t grant = 0;
-    // Opens of shares that include it: while any, it is not cached even
-    // when no session owns it.
-    uint32_t opens = 0;
   };
   struct SessionState {
     uid_t uid = 0;
@@ -451,17 +432,22 @@ class NodePool {
     uint64_t held = 0;
     std::optional<uint64_t> quota;
     absl::flat_hash_set<uint64_t> chunks;
-    // Share tokens of its chunks, and the shares it has open (how often).
-    absl::flat_hash_set<std::string> shared;
-    absl::flat_hash_map<std::string, uint32_t> opened;
   };
-  struct ShareState {
-    SessionId owner = 0;
-    std::vector<uint64_t> chunk_ids;
-    // False once the owner released one of the chunks or ended: no new
-    // opens; the share is forgotten when its last open closes.
-    bool open = true;
-    uint32_t opens = 0;
+  // An Acquire between its steps.
+  struct AcquireInFlight {
+    SessionId id = 0;
+    // The grant so far: its bytes, then the cached chunks taken, then the
+    // created ones.
+    Grant grant;
+    // Its claim token, made before the lock is taken.
+    std::string token;
+    // The grant's serial (Chunk::grant), and the session's incarnation
+    // while its chunks are created outside the lock.
+    uint64_t serial = 0;
+    uint64_t incarnation = 0;
+    // The sizes of the chunks the cache did not have, and their sum.
+    std::vector<uint64_t> to_create;
+    uint64_t create_bytes = 0;
   };
   struct PendingClaim {
     uint64_t grant = 0;
@@ -491,15 +477,6 @@ class NodePool {
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `bytes` rounded up to a multiple of the smallest class; `bytes` is at
-  // most the capacity, so this does not overflow.
-  uint64_t RoundToChunks(uint64_t bytes) const {
-    return (bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0)) * chunk_bytes_;
-  }
-  // `bytes` (a multiple of the smallest class) as chunk sizes, largest
-  // first, none above `max_chunk_bytes` (the smallest class at least).
-  std::vector<uint64_t> SplitIntoClasses(uint64_t bytes,
-                                         uint64_t max_chunk_bytes) const;
   // Takes the cached chunks that match sizes of `sizes` (the most recently
   // freed of each size) for session `id`, for grant `grant`, appending
   // them to `grant_out`; returns the sizes left to create.
@@ -509,17 +486,57 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Acquire's steps, in order. Checks `a`'s quotas and that the node has
+  // room for it at all (Acquire's errors), then takes the cached chunks of
+  // `sizes` for session `a.id` (state `s`) and counts the grant as held;
+  // `a.to_create` is the rest.
+  absl::Status TakeCached(AcquireInFlight& a, SessionState& s,
+                          const std::vector<uint64_t>& sizes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys cached chunks, coldest first, until the capacity has room for
+  // `create_bytes` more, moving their memory to `doomed` (released outside
+  // the lock).
+  void MakeRoom(uint64_t create_bytes, std::vector<ChunkMemory>& doomed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With client_creates: `a.to_create` counted as the client's to make,
+  // and the grant done.
+  Grant GrantClientMade(AcquireInFlight& a, SessionState& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // New memory of `sizes` from the source, appended to `created`, outside
+  // the lock (on a GPU, cuMemCreate + export). The source's error for the
+  // first chunk it could not create, after trimming the cache once for a
+  // ResourceExhausted.
+  absl::Status CreateChunks(const std::vector<uint64_t>& sizes,
+                            std::vector<ChunkMemory>& created)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes the `created` chunks (of `a.to_create`'s first sizes) live, and
+  // the session's with the grant done when it is still alive and
+  // `failure` is OK; otherwise UndoAcquire.
+  absl::StatusOr<Grant> CommitCreated(AcquireInFlight& a,
+                                      std::vector<ChunkMemory> created,
+                                      const absl::Status& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Caches the `created` chunks and what `a` took from the cache, and
+  // returns Acquire's error: Aborted when the session ended (`alive` is
+  // null), else the source's `failure` (a node shortage when it is out of
+  // memory).
+  absl::Status UndoAcquire(AcquireInFlight& a, SessionState* alive,
+                           std::vector<ChunkMemory> created,
+                           const absl::Status& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new live chunk of `size` with `memory`, nobody's yet.
+  std::pair<const uint64_t, Chunk>& AddCreated(uint64_t size,
+                                               ChunkMemory memory)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // A chunk its owner gives up: to the cache, or, while shares of it are
   // open, to nobody until the last closes.
   void Disown(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes new opens away from the shares of `s` that `affected` says
-  // include a chunk it gave up (all when `affected` is null); forgets
-  // those nobody has open.
-  void EndShares(SessionState& s, const absl::flat_hash_set<uint64_t>* affected)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes one open of share `token` by `s`; false when it had none.
-  bool CloseOpen(SessionState& s, const std::string& token)
+  // Caches the chunks of `chunk_ids`, which no open of a share holds any
+  // more, that no session owns either.
+  void CacheUnowned(absl::Span<const uint64_t> chunk_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // False for a chunk adopted on a client's word (Adopt without a proof):
   // the pool counts it but has nothing to cache, share or hand out again.
@@ -578,9 +595,8 @@ class NodePool {
 
   ChunkSource* const source_;
   const Options options_;
-  const uint64_t chunk_bytes_;
-  // Ascending; classes_[0] == chunk_bytes_.
-  const std::vector<uint64_t> classes_;
+  // Options::chunk_classes, with the source's granularity.
+  const ChunkClasses classes_;
   // Options::capacity until SetCapacity; read outside the lock by Acquire's
   // first check.
   std::atomic<uint64_t> capacity_;
@@ -607,7 +623,7 @@ class NodePool {
   absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, ShareState> shares_ ABSL_GUARDED_BY(mu_);
+  ChunkShares shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "tests/server/full_device_source.h"
+#include "tests/server/node_pool_fixture.h"
 
 namespace allocd {
 namespace {
@@ -29,72 +30,6 @@ using ::testing::Not;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
-
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr uint64_t kChunk = 2 * kMiB;
-
-// A memfd source that can fail after a number of chunks, or block every
-// creation until released.
-class TestSource : public ChunkSource {
- public:
-  absl::StatusOr<ChunkMemory> CreateChunk(uint64_t bytes) override {
-    ++calls;
-    if (absl::Notification* g = gate.load(); g != nullptr) {
-      if (!entered.HasBeenNotified()) entered.Notify();
-      g->WaitForNotification();
-    }
-    if (fail_after >= 0 && created.load() >= fail_after) {
-      return absl::ResourceExhaustedError("the device is out of memory");
-    }
-    ++created;
-    return memfd.CreateChunk(bytes);
-  }
-  size_t Granularity() const override { return kChunk; }
-  std::string Name() const override { return "test"; }
-  // Proofs as the memfd source checks them, unless `proves` is false (a
-  // source like CUDA's that takes declared chunks on the client's word).
-  bool ProvesChunks() const override { return proves; }
-  absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
-                                         uint64_t bytes) const override {
-    return memfd.AdoptChunk(std::move(fd), offset, bytes);
-  }
-  std::string Identity(const ChunkMemory& memory) const override {
-    return memfd.Identity(memory);
-  }
-
-  MemfdChunkSource memfd{kChunk};
-  bool proves = true;
-  std::atomic<int> fail_after{-1};
-  std::atomic<int> created{0};
-  std::atomic<int> calls{0};
-  // While set, every creation waits for it.
-  std::atomic<absl::Notification*> gate{nullptr};
-  absl::Notification entered;
-};
-
-class NodePoolTest : public ::testing::Test {
- protected:
-  // A pool of `chunks` smallest chunks' capacity, chunks of `classes`
-  // (default: the smallest only).
-  std::unique_ptr<NodePool> MakePool(uint64_t chunks,
-                                     std::vector<uint64_t> classes = {}) {
-    return std::make_unique<NodePool>(
-        &source_, NodePool::Options{.capacity = chunks * kChunk,
-                                    .now = [this] { return now_; },
-                                    .chunk_classes = std::move(classes)});
-  }
-  TestSource source_;
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-};
-
-// Maps a claimed chunk.
-char* Map(const ChunkFd& chunk) {
-  void* p = mmap(nullptr, chunk.bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                 chunk.fd.get(), static_cast<off_t>(chunk.offset));
-  EXPECT_NE(p, MAP_FAILED);
-  return static_cast<char*>(p);
-}
 
 int OpenFds() {
   int count = 0;
@@ -766,11 +701,6 @@ TEST_F(NodePoolTest, EndingASessionMidAcquireAbortsItAndCachesTheChunks) {
   EXPECT_EQ(stats.creating_bytes, 0u);
 }
 
-TEST(DefaultChunkClassesTest, EachIsEightTimesTheLastUpToAGibibyte) {
-  EXPECT_THAT(DefaultChunkClasses(kChunk),
-              ::testing::ElementsAre(kChunk, 16 * kMiB, 128 * kMiB, kGiB));
-}
-
 TEST_F(NodePoolTest, TheSmallestClassIsTheSourcesGranularity) {
   // Sizes that are no multiple of it are dropped, the granularity added.
   auto pool = MakePool(1, {8 * kChunk, kChunk + 4096, 2 * kChunk, 8 * kChunk});
@@ -962,152 +892,6 @@ TEST_F(NodePoolTest, AFailedCreationCachesWhatWasCreatedAtItsSize) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->reused_chunks, 1u);
   EXPECT_THAT(g->chunk_sizes, ::testing::ElementsAre(8 * kChunk, kChunk));
-}
-
-TEST_F(NodePoolTest, ASharedChunkIsMappedByTheOpenerWhileItsOwnerKeepsIt) {
-  auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  absl::StatusOr<Grant> a = pool->Acquire(1, 9 * kChunk);  // 8 + 1
-  ASSERT_TRUE(a.ok());
-  absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, a->token, 11);
-  ASSERT_TRUE(mine.ok());
-  char* written = Map((*mine)[1]);
-  std::strcpy(written, "the owner's tensor");
-
-  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
-  ASSERT_TRUE(share.ok()) << share.status();
-  EXPECT_EQ(share->size(), 32u);
-  absl::StatusOr<Grant> opened = pool->OpenShare(2, *share);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  EXPECT_EQ(opened->chunk_ids, a->chunk_ids);
-  EXPECT_EQ(opened->chunk_sizes, a->chunk_sizes);
-  EXPECT_EQ(opened->bytes, 9 * kChunk);
-  // Only the opener's pid claims the FDs.
-  EXPECT_EQ(ClaimAll(*pool, opened->token, 11).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  absl::StatusOr<std::vector<ChunkFd>> theirs =
-      ClaimAll(*pool, opened->token, 22);
-  ASSERT_TRUE(theirs.ok()) << theirs.status();
-  ASSERT_EQ(theirs->size(), 2u);
-  EXPECT_EQ((*theirs)[1].bytes, kChunk);
-  char* seen = Map((*theirs)[1]);
-  EXPECT_STREQ(seen, "the owner's tensor");  // the same memory
-  munmap(seen, kChunk);
-  munmap(written, kChunk);
-  // The chunks stay the owner's: its bytes, not the opener's.
-  PoolStats stats = pool->Stats();
-  EXPECT_EQ(stats.sessions.at(1).bytes, 9 * kChunk);
-  EXPECT_EQ(stats.sessions.at(2).bytes, 0u);
-  // The opener cannot release them.
-  EXPECT_EQ(pool->Release(2, a->chunk_ids).code(),
-            absl::StatusCode::kPermissionDenied);
-}
-
-TEST_F(NodePoolTest, SharedChunksReturnToTheCacheWhenOwnerAndOpenersAreDone) {
-  auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  ASSERT_TRUE(pool->AddSession(3, 0, 33).ok());
-  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
-  ASSERT_TRUE(a.ok());
-  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
-  ASSERT_TRUE(share.ok());
-  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
-  ASSERT_TRUE(pool->OpenShare(2, *share).ok());  // twice: two closes
-  ASSERT_TRUE(pool->OpenShare(3, *share).ok());
-
-  // The owner frees its memory: nobody holds it, nothing is cached, and
-  // the share takes no new opens.
-  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
-  PoolStats stats = pool->Stats();
-  EXPECT_EQ(stats.sessions.at(1).bytes, 0u);
-  EXPECT_EQ(stats.free_bytes, 0u);
-  EXPECT_EQ(stats.in_use_bytes, 2 * kChunk);
-  EXPECT_EQ(pool->OpenShare(3, *share).status().code(),
-            absl::StatusCode::kNotFound);
-  // Not for an Acquire, and not trimmed.
-  absl::StatusOr<Grant> other = pool->Acquire(3, kChunk);
-  ASSERT_TRUE(other.ok());
-  EXPECT_EQ(other->reused_chunks, 0u);
-  EXPECT_EQ(pool->TrimFree(UINT64_MAX), 0u);
-
-  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
-  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
-  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool->Stats().free_bytes, 0u);  // session 3 still has it open
-  // The last opener ends: the chunks go back to the cache.
-  pool->EndSession(3);
-  stats = pool->Stats();
-  EXPECT_EQ(stats.free_bytes, 3 * kChunk);
-  EXPECT_EQ(stats.in_use_bytes, 0u);
-  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
-}
-
-TEST_F(NodePoolTest, AnOwnerThatEndsLeavesItsOpenSharesMapped) {
-  auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
-  absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
-  ASSERT_TRUE(a.ok() && kept.ok());
-  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
-  absl::StatusOr<std::string> unopened = pool->Share(1, kept->chunk_ids);
-  ASSERT_TRUE(share.ok() && unopened.ok());
-  ASSERT_TRUE(pool->OpenShare(2, *share).ok());
-  pool->EndSession(1);
-  // The shared chunks wait for their opener; the other goes to the cache.
-  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
-  EXPECT_EQ(pool->OpenShare(2, *unopened).status().code(),
-            absl::StatusCode::kNotFound);
-  ASSERT_TRUE(pool->CloseShare(2, *share).ok());
-  EXPECT_EQ(pool->Stats().free_bytes, 4 * kChunk);
-}
-
-TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
-  auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(pool->Share(2, a->chunk_ids).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(pool->Share(1, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(pool->Share(1, {a->chunk_ids[0], a->chunk_ids[0]}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(pool->Share(9, a->chunk_ids).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(
-      pool->OpenShare(2, "00000000000000000000000000000000").status().code(),
-      absl::StatusCode::kNotFound);
-  // A share of some chunks ends when one of them is released, not when
-  // another is.
-  absl::StatusOr<std::string> first = pool->Share(1, {a->chunk_ids[0]});
-  ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[1]}).ok());
-  EXPECT_TRUE(pool->OpenShare(2, *first).ok());
-}
-
-TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
-  auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
-  ASSERT_TRUE(a.ok());
-  absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
-  ASSERT_TRUE(share.ok());
-  absl::StatusOr<Grant> abandoned = pool->OpenShare(2, *share);
-  absl::StatusOr<Grant> expired = pool->OpenShare(2, *share);
-  ASSERT_TRUE(abandoned.ok() && expired.ok());
-  EXPECT_EQ(pool->Abandon(abandoned->token), 0u);  // nothing was the opener's
-  now_ += absl::Minutes(1);                        // past the token TTL
-  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
-  // The expired claim is dropped on the next claim: its open closes too.
-  EXPECT_EQ(ClaimAll(*pool, expired->token, 22).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(pool->Stats().free_bytes, kChunk);
-  EXPECT_EQ(pool->CloseShare(2, *share).code(), absl::StatusCode::kNotFound);
 }
 
 // Sessions acquiring, releasing and ending at once, with chunks of the
