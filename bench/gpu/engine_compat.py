@@ -192,7 +192,7 @@ def child(mode, socket, workdir):
                    "goes_on": value == value}
         if mode == "engine":
             import allocd
-            details["allocd_throws_c10_oom"] = allocd._managed.oom_is_torch_error()
+            details["allocd_throws_c10_oom"] = allocd._state.managed.oom_is_torch_error()
         return details
 
     @check(results, "empty_cache", progress)

@@ -17,8 +17,7 @@ import time
 
 import torch
 
-import allocd
-from allocd import _tracker
+from allocd import _history, _tracker
 
 
 def workload():
@@ -58,7 +57,7 @@ def main():
     path = _tracker.build(torch)
     built_s = time.perf_counter() - t0
     tracker = _tracker.TrackerReader.for_torch(torch, torch.cuda.current_device())
-    history = allocd._HistoryReader(torch, torch.cuda.current_device())
+    history = _history.HistoryReader(torch, torch.cuda.current_device())
     tracker.start()
     history.start()
     workload()

@@ -63,7 +63,7 @@ def main():
         r = run(str(venv / "bin" / "python"), "-c",
                 "import allocd, os; d = os.path.dirname(allocd.__file__); "
                 "print(' '.join(sorted(f for f in os.listdir(d) if f.endswith('.so'))));"
-                "[allocd._library_path(n) for n in " + repr(libraries) + "]",
+                "[allocd._bindings.library_path(n) for n in " + repr(libraries) + "]",
                 cwd=tmp)
         installed = r.stdout.split()
         if r.returncode != 0 or installed != libraries:
