@@ -21,6 +21,7 @@
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
+#include "server/pool/chunk_classes.h"
 #include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
 #ifdef ALLOCD_WITH_CUDA
@@ -46,42 +47,78 @@ struct FoundDevice {
   std::function<void(uint64_t)> keep_free;
 };
 
-// A pool holds FdsPerChunk() FDs per chunk: every full pool must fit in
-// RLIMIT_NOFILE, or the daemon would fail deep into a job's run instead of
-// at start.
+// The chunk sizes of `source`'s pool.
+std::vector<uint64_t> PoolChunkClasses(const ChunkSource& source) {
+  return DefaultChunkClasses(source.Granularity());
+}
+
+// A pool keeps FdsPerChunk() FDs per live chunk, and how many chunks fill
+// its capacity depends on the segments jobs ask for: at least the capacity
+// split as the pool splits a request, largest class first (80 GiB: 80
+// chunks of 1 GiB), at most the capacity in smallest chunks (40,960 of
+// 2 MiB, when jobs hold only small segments). The fewest must fit in
+// RLIMIT_NOFILE, or the pool could never be full: refused here, rather than
+// failing deep into a job's run. The most need not: only chunks jobs hold
+// keep descriptors, since an Acquire whose source runs out of them destroys
+// cached chunks (and their FDs) and retries, and past that is a node
+// shortage, as on a device full below its capacity. That is logged here,
+// because such chunks can also take the descriptors the daemon keeps for
+// its sockets (kDaemonFdHeadroom).
 absl::Status CheckOpenFileLimit(
     const std::vector<FoundDevice>& devices,
     const std::vector<uint64_t>& capacities) {
   absl::StatusOr<uint64_t> limit = RaiseOpenFileLimit();
   if (!limit.ok()) return limit.status();
-  uint64_t chunks = 0;
+  // FDs of every pool full of its largest chunks, and of its smallest.
+  uint64_t fewest = 0;
+  uint64_t most = 0;
   uint64_t capacity = 0;
-  size_t granularity = 0;
+  uint64_t fds_per_chunk = 0;
+  uint64_t smallest = 0;
+  uint64_t largest = 0;
   size_t holding = 0;  // devices whose chunks hold FDs
   for (size_t i = 0; i < devices.size(); ++i) {
     const ChunkSource& source = *devices[i].source;
     if (source.FdsPerChunk() == 0) continue;
-    granularity = source.Granularity();
-    chunks += (capacities[i] + granularity - 1) / granularity *
-              source.FdsPerChunk();
+    const ChunkClasses classes(PoolChunkClasses(source), source.Granularity());
+    fds_per_chunk = source.FdsPerChunk();
+    smallest = classes.smallest();
+    largest = classes.sizes().back();
+    // Live chunks never exceed the capacity: whole chunks of it.
+    const uint64_t full = capacities[i] / smallest * smallest;
+    fewest += classes.Split(full).size() * fds_per_chunk;
+    most += full / smallest * fds_per_chunk;
     capacity += capacities[i];
     ++holding;
   }
-  if (holding == 0 || chunks + kDaemonFdHeadroom <= *limit) {
-    return absl::OkStatus();
+  const uint64_t usable =
+      *limit > kDaemonFdHeadroom ? *limit - kDaemonFdHeadroom : 0;
+  const std::string over_devices =
+      holding > 1 ? absl::StrCat(" over ", holding, " devices") : "";
+  const std::string raise =
+      "Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
+      "--ulimit nofile=)";
+  if (fewest > usable) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--capacity ", FormatSize(capacity), over_devices,
+        " needs at least ", fewest, " file descriptors (its chunks, of up to ",
+        FormatSize(largest), "), plus ", kDaemonFdHeadroom,
+        " for sockets: more than RLIMIT_NOFILE allows (", *limit, "). ",
+        raise, " or lower --capacity to at most ",
+        FormatSize(usable / fds_per_chunk / holding * largest),
+        holding > 1 ? " per device" : ""));
   }
-  const uint64_t most =
-      *limit > kDaemonFdHeadroom ? (*limit - kDaemonFdHeadroom) * granularity
-                                 : 0;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--capacity ", FormatSize(capacity),
-      holding > 1 ? absl::StrCat(" over ", holding, " devices") : "", " is ",
-      chunks, " chunks of ", FormatSize(granularity),
-      ", one file descriptor each, plus ", kDaemonFdHeadroom,
-      " for sockets: more than RLIMIT_NOFILE allows (", *limit,
-      "). Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
-      "docker --ulimit nofile=) or lower --capacity to at most ",
-      FormatSize(most / holding), holding > 1 ? " per device" : ""));
+  if (most > usable) {
+    LogInfo(absl::StrCat(
+        "--capacity ", FormatSize(capacity), over_devices,
+        " may need up to ", most, " file descriptors (its chunks, if all are ",
+        FormatSize(smallest), "), more than RLIMIT_NOFILE (", *limit,
+        ") allows besides ", kDaemonFdHeadroom,
+        " for sockets: if jobs hold that many small segments, Acquires past "
+        "the limit fail as a node shortage. ",
+        raise, " to serve them up to the capacity"));
+  }
+  return absl::OkStatus();
 }
 
 // The pool's chunk id epoch: random, so that ids a surviving client holds
@@ -288,11 +325,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   for (size_t i = 0; i < devices->size(); ++i) {
     FoundDevice& device = (*devices)[i];
     // Checked by FindDevices: UUIDs are the driver's, or distinct.
-    const size_t granularity = device.source->Granularity();
+    std::vector<uint64_t> classes = PoolChunkClasses(*device.source);
     if (absl::Status s = parts->pools.Add(
             device.uuid, device.name, std::move(device.source),
             NodePool::Options{.capacity = capacities[i],
-                              .chunk_classes = DefaultChunkClasses(granularity),
+                              .chunk_classes = std::move(classes),
                               .chunk_id_epoch = RandomChunkIdEpoch()});
         !s.ok()) {
       return s;

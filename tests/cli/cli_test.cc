@@ -300,15 +300,23 @@ TEST(CliTest, CheckConfigJson) {
   EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("Expected 'True' or 'False'"));
 }
 
-TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
-  // One FD per 2 MiB memfd chunk: a pool of more chunks than the hard
-  // limit must fail at start, saying what to raise, not deep into a job.
+// The hard RLIMIT_NOFILE, or 0 where it has no useful value for the tests
+// below (so large that their capacities are not worth building).
+uint64_t HardFdLimit() {
   rlimit limit{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
-  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max > (uint64_t{1} << 28)) {
-    GTEST_SKIP() << "RLIMIT_NOFILE has no useful hard limit here";
-  }
-  const uint64_t capacity = (uint64_t{limit.rlim_max} + 1) << 21;
+  EXPECT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  return limit.rlim_max == RLIM_INFINITY || limit.rlim_max > (uint64_t{1} << 20)
+             ? 0
+             : limit.rlim_max;
+}
+
+TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
+  // One FD per memfd chunk, of up to 1 GiB: a pool that even its largest
+  // chunks cannot fill within the hard limit must fail at start, saying
+  // what to raise, not deep into a job.
+  const uint64_t hard = HardFdLimit();
+  if (hard == 0) GTEST_SKIP() << "RLIMIT_NOFILE has no useful hard limit here";
+  const uint64_t capacity = (hard + 1) << 30;
   const std::string socket = ::testing::TempDir() + "/fd_limit.sock";
   const CommandResult r = RunAllocd(
       "serve --backend sim --metrics-addr '' --socket " + socket +
@@ -316,6 +324,22 @@ TEST(CliTest, ServeRefusesAPoolItsFdLimitCannotHold) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("RLIMIT_NOFILE"));
   EXPECT_THAT(r.output, HasSubstr("lower --capacity to at most"));
+}
+
+TEST(CliTest, ServeStartsAPoolOnlyItsSmallestChunksWouldOverflow) {
+  // More 2 MiB chunks than the hard limit, but few of 1 GiB: it serves
+  // (until `timeout` stops it), and says what small segments would meet.
+  const uint64_t hard = HardFdLimit();
+  if (hard == 0) GTEST_SKIP() << "RLIMIT_NOFILE has no useful hard limit here";
+  const uint64_t capacity = (hard + 1) << 21;
+  const std::string socket = ::testing::TempDir() + "/fd_small.sock";
+  const CommandResult r = ::Run(
+      std::string("timeout 5 ") + ALLOCD_BINARY,
+      "serve --backend sim --metrics-addr '' --socket " + socket +
+          " --capacity " + std::to_string(capacity) + "B");
+  EXPECT_EQ(r.exit_code, 124) << r.output;  // timed out: it was serving
+  EXPECT_THAT(r.output, HasSubstr("serving on " + socket));
+  EXPECT_THAT(r.output, HasSubstr("fail as a node shortage"));
 }
 
 // ---------------------------------------------------------------------------
