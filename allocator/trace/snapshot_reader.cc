@@ -127,11 +127,18 @@ enum class Action {
 };
 
 // The event fields the trace reads.
-enum Field { kActionField, kAddrField, kSizeField, kStreamField, kOtherField };
+enum Field {
+  kActionField,
+  kAddrField,
+  kSizeField,
+  kStreamField,
+  kTimeField,
+  kOtherField
+};
 
 Field ParseField(std::string_view key) {
   static constexpr std::string_view kFields[] = {"action", "addr", "size",
-                                                 "stream"};
+                                                 "stream", "time_us"};
   for (size_t i = 0; i < std::size(kFields); ++i) {
     if (kFields[i] == key) return static_cast<Field>(i);
   }
@@ -228,6 +235,7 @@ class TraceBuilder {
     const std::optional<PickleValue>& addr = fields[kAddrField];
     const std::optional<PickleValue>& size = fields[kSizeField];
     const std::optional<PickleValue>& stream = fields[kStreamField];
+    NoteTime(fields[kTimeField]);
     if (!action) return Error("missing 'action'");
     if (action->kind() != PickleKind::kStr) {
       return Error("'action' is %s, expected str",
@@ -303,6 +311,8 @@ class TraceBuilder {
 
   Trace Finish(const EndState& end, size_t num_events) && {
     ReconstructInitialState(end, num_events);
+    // Times for some events only pace nothing reliably.
+    if (!every_event_timed_) trace_.event_times_us.clear();
     std::vector<uint64_t> sorted = stream_handles_;
     std::sort(sorted.begin(), sorted.end());
     std::vector<uint16_t> final_index(stream_handles_.size());
@@ -352,6 +362,23 @@ class TraceBuilder {
                          absl::StrFormat(format, args...));
   }
 
+  // Keeps the event's `time_us` for the Trace event it may make; an event
+  // without one (or with one that is not an int) leaves the trace untimed.
+  void NoteTime(const std::optional<PickleValue>& time) {
+    std::optional<int64_t> us;
+    if (time.has_value() && time->kind() == PickleKind::kInt) {
+      us = doc_.int_value(*time);
+    }
+    if (!us.has_value()) every_event_timed_ = false;
+    time_us_ = us.value_or(0);
+  }
+
+  // Appends a Trace event with the time of the snapshot event that made it.
+  void AddEvent(const TraceEvent& event) {
+    trace_.events.push_back(event);
+    if (every_event_timed_) trace_.event_times_us.push_back(time_us_);
+  }
+
   // Reads the non-negative int `field` called `name` into `out`.
   absl::Status GetUint(const std::optional<PickleValue>& field,
                        std::string_view name, uint64_t& out) const {
@@ -392,7 +419,7 @@ class TraceBuilder {
           address, block->second.id);
     }
     ++trace_.num_ids;
-    trace_.events.push_back({TraceOp::kAlloc, *stream, id, size});
+    AddEvent({TraceOp::kAlloc, *stream, id, size});
     return absl::OkStatus();
   }
 
@@ -443,9 +470,8 @@ class TraceBuilder {
                              : "free_completed without free_requested",
                    address, block.id);
     }
-    trace_.events.push_back(
-        {requested ? TraceOp::kFreeRequested : TraceOp::kFreeCompleted,
-         block.stream, block.id, block.size});
+    AddEvent({requested ? TraceOp::kFreeRequested : TraceOp::kFreeCompleted,
+              block.stream, block.id, block.size});
     if (requested) {
       block.free_requested = true;
     } else {
@@ -723,9 +749,18 @@ class TraceBuilder {
     for (uint32_t id = 0; id < trace_.num_ids; ++id) {
       if (!initial_ids_.contains(id)) new_id[id] = next++;
     }
-    std::erase_if(trace_.events, [this](const TraceEvent& e) {
-      return initial_ids_.contains(e.id);
-    });
+    // The events and their times, compacted in step.
+    size_t kept = 0;
+    for (size_t i = 0; i < trace_.events.size(); ++i) {
+      if (initial_ids_.contains(trace_.events[i].id)) continue;
+      trace_.events[kept] = trace_.events[i];
+      if (every_event_timed_) {
+        trace_.event_times_us[kept] = trace_.event_times_us[i];
+      }
+      ++kept;
+    }
+    trace_.events.resize(kept);
+    if (every_event_timed_) trace_.event_times_us.resize(kept);
     for (TraceEvent& e : trace_.events) e.id = new_id[e.id];
     trace_.num_ids = next;
   }
@@ -736,6 +771,9 @@ class TraceBuilder {
   Trace trace_;
   // The event being added, for error messages.
   size_t index_ = 0;
+  // Its time_us, and whether every event so far had one.
+  int64_t time_us_ = 0;
+  bool every_event_timed_ = true;
   absl::flat_hash_map<uint64_t, LiveBlock> live_;
   // Ids of blocks allocated before the first event.
   absl::flat_hash_set<uint32_t> initial_ids_;

@@ -116,6 +116,10 @@ struct PartialTrace {
 
 struct Trace {
   std::vector<TraceEvent> events;
+  // When each event happened (the snapshot's time_us, microseconds on the
+  // recording host's clock), in events' order: what paces a replay at the
+  // job's own rate. Empty when the trace does not say for every event.
+  std::vector<int64_t> event_times_us;
   // The distinct CUDA stream handles, ascending; TraceEvent::stream indexes
   // this, so stream order is PyTorch's (it orders free blocks by stream).
   std::vector<uint64_t> streams;

@@ -194,6 +194,31 @@ TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops
   EXPECT_LE(d->realized_peak(), ran_pushed_max);
 }
 
+// At the job's own event rate (--speed 1: each event at its recorded time)
+// the client sends every event it records, and the loop decides on them.
+TEST_F(AutotuneDaemonTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDecides) {
+  StartDaemon("apply");
+  const int seconds = 30 * kSlowdown;
+  std::unique_ptr<Child> job =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--speed", "1",
+                       "--duration", std::to_string(seconds)});
+  nlohmann::json out = Finish(*job);
+  EXPECT_EQ(out["speed"], 1.0);
+  EXPECT_EQ(out["events_dropped"], 0) << out.dump();
+  // llama_lora's events span 12.8 s: paced, no loop takes less.
+  const absl::StatusOr<Trace> trace = ReadSnapshotFile(kTrace, {});
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const double span_seconds =
+      (trace->event_times_us.back() - trace->event_times_us.front()) / 1e6;
+  EXPECT_GT(span_seconds, 10);
+  EXPECT_LE(out["loops"].get<int>(), seconds / span_seconds);
+
+  std::optional<v1::AutotuneDecision> d = AwaitDecision("llama", {"pushed"});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->trigger(), "bad_start_config");
+  EXPECT_EQ(out["config"], d->to_config());
+}
+
 TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   StartDaemon("recommend");
   std::unique_ptr<Child> job =

@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -73,12 +74,12 @@ class PickleWriter {
 };
 
 Dict Event(const std::string& action, int64_t addr, int64_t size,
-           int64_t stream = 0) {
+           int64_t stream = 0, int64_t time_us = 17) {
   return {{"action", action},
           {"addr", addr},
           {"size", size},
           {"stream", stream},
-          {"time_us", int64_t{17}},
+          {"time_us", time_us},
           {"compile_context", std::string("N/A")},
           {"user_metadata", std::string("")}};
 }
@@ -221,6 +222,43 @@ TEST(SnapshotReaderTest, FreesOfUnknownAddressesAreSkipped) {
                                          TraceEvent{kFreeRequested, 0, 0, 20},
                                          TraceEvent{kFreeCompleted, 0, 0, 20}));
   EXPECT_EQ(trace->omitted.unmatched_frees, 2u);
+}
+
+// Each replayed event keeps the time of the snapshot event that made it,
+// also when events before it were dropped: a replay paced by them runs at
+// the recorded rate.
+TEST(SnapshotReaderTest, EventTimesFollowTheEventsTheyMade) {
+  const std::string snapshot = Snapshot({{
+      Event("free_requested", 0x100, 10, 0, 1000),
+      Event("alloc", 0x200, 20, 0, 1010),
+      Event("segment_alloc", 0x300, 2 << 20, 0, 1015),
+      Event("free_completed", 0x100, 10, 0, 1020),
+      Event("free_requested", 0x200, 20, 0, 1500),
+      Event("free_completed", 0x200, 20, 0, 2600),
+  }});
+  absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->events.size(), 3u);
+  EXPECT_THAT(trace->event_times_us, ElementsAre(1010, 1500, 2600));
+}
+
+// One event without a time leaves nothing to pace by.
+TEST(SnapshotReaderTest, ATraceWithAnUntimedEventHasNoTimes) {
+  Dict untimed = Event("free_requested", 0x200, 20);
+  untimed.erase(std::remove_if(untimed.begin(), untimed.end(),
+                               [](const auto& field) {
+                                 return field.first == "time_us";
+                               }),
+                untimed.end());
+  const std::string snapshot = Snapshot({{
+      Event("alloc", 0x200, 20),
+      untimed,
+      Event("free_completed", 0x200, 20),
+  }});
+  absl::StatusOr<Trace> trace = ParseSnapshot(snapshot);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->events.size(), 3u);
+  EXPECT_TRUE(trace->event_times_us.empty());
 }
 
 // PyTorch never hands out an address again before its free_completed, so

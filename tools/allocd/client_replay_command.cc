@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <optional>
 #include <ostream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,6 +62,37 @@ class StopOnSignals {
   struct sigaction old_term_ = {};
 };
 
+// Holds each event back until its time in the recorded run, divided by the
+// speed, has come: the daemon sees the job's own event rate, so its client
+// has the time a real process has to send what it records.
+class Pacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `times_us`: the trace's event times (empty, or `speed` 0: no pacing).
+  Pacer(const std::vector<int64_t>& times_us, double speed)
+      : times_us_(speed > 0 ? times_us : std::vector<int64_t>{}),
+        speed_(speed) {}
+
+  // A replay of the trace starts now: its first event is due at once.
+  void StartLoop() { loop_start_ = Clock::now(); }
+
+  // When event `index` is due; nullopt when nothing paces.
+  std::optional<Clock::time_point> Due(uint64_t index) const {
+    if (times_us_.empty()) return std::nullopt;
+    const double since_first_us =
+        static_cast<double>(times_us_[index] - times_us_.front()) / speed_;
+    return loop_start_ + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double, std::micro>(
+                                 std::max(since_first_us, 0.0)));
+  }
+
+ private:
+  const std::vector<int64_t> times_us_;
+  const double speed_;
+  Clock::time_point loop_start_ = Clock::now();
+};
+
 // Drives a LiveSession between trace events, records the events that ran
 // for the daemon's autotuner, and stops the replay when its time is up or a
 // stop was requested.
@@ -70,16 +103,20 @@ class LiveReplay final : public ReplayObserver {
   // Replays end at the first safe point once Stopped(). `events`: where to
   // record (null: not recorded).
   LiveReplay(LiveSession& session, const Trace& trace, EventRecorder* events,
-             Clock::time_point stop_at)
+             Clock::time_point stop_at, Pacer& pacer)
       : session_(session),
         trace_(trace),
         events_(events),
         live_(trace.num_ids),
-        stop_at_(stop_at) {}
+        stop_at_(stop_at),
+        pacer_(pacer) {}
 
   // The next replay is a new lifetime of the traced process: its ids are
   // new to the daemon.
-  void NextLoop() { id_base_ += trace_.num_ids; }
+  void NextLoop() {
+    id_base_ += trace_.num_ids;
+    pacer_.StartLoop();
+  }
 
   // Past `stop_at`, or a stop was requested.
   bool Stopped() const {
@@ -112,6 +149,9 @@ class LiveReplay final : public ReplayObserver {
   }
 
   bool AfterEvent(uint64_t index, CachingAllocator& allocator) override {
+    if (index + 1 < trace_.events.size()) {
+      if (!WaitUntil(pacer_.Due(index + 1), allocator)) return false;
+    }
     // An OOM took round trips to the daemon already: under memory pressure
     // events are slow, and pushes and reclaims must not wait 512 of them.
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
@@ -136,6 +176,21 @@ class LiveReplay final : public ReplayObserver {
   }
 
  private:
+  // Sleeps until `due` (nullopt: returns at once), answering the daemon
+  // between naps as a job idle between steps does; false when the replay
+  // was stopped meanwhile.
+  bool WaitUntil(std::optional<Clock::time_point> due,
+                 CachingAllocator& allocator) {
+    constexpr auto kNap = std::chrono::milliseconds(50);
+    while (due.has_value() && Clock::now() < *due) {
+      if (Stopped()) return false;
+      std::this_thread::sleep_until(std::min({*due, Clock::now() + kNap,
+                                              stop_at_}));
+      if (Clock::now() < *due) session_.Poll(allocator);
+    }
+    return true;
+  }
+
   LiveSession& session_;
   const Trace& trace_;
   EventRecorder* const events_;
@@ -143,6 +198,7 @@ class LiveReplay final : public ReplayObserver {
   std::vector<std::optional<TraceEvent>> live_;
   uint64_t id_base_ = 0;
   const Clock::time_point stop_at_;
+  Pacer& pacer_;
   bool oom_since_safe_point_ = false;
 };
 
@@ -166,6 +222,12 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
     err << "allocd client-replay: " << trace.status().message() << "\n";
     return 1;
   }
+  if (o.speed > 0 && trace->event_times_us.empty()) {
+    err << "allocd client-replay: --speed: " << o.trace_path
+        << " does not give every event a time_us to pace by; replay it "
+           "without --speed (as fast as it can)\n";
+    return 1;
+  }
   v1::AutotunePreferences preferences;
   for (const std::string& key : o.pinned_keys) preferences.add_pinned_keys(key);
   preferences.set_mode(o.autotune_mode);
@@ -187,7 +249,8 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
                         std::chrono::duration<double>(o.duration_seconds))
           : LiveReplay::Clock::time_point::max();
   LiveSession session(**client, *config);
-  LiveReplay observer(session, *trace, (*client)->events(), stop_at);
+  Pacer pacer(trace->event_times_us, o.speed);
+  LiveReplay observer(session, *trace, (*client)->events(), stop_at, pacer);
   const StopOnSignals stop_on_signals;
   const uint64_t first_session = (*client)->session_id();
   auto elapsed = [&] {
@@ -239,6 +302,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
       {"peak_reserved", peak_reserved},
       {"num_device_alloc", device_allocs},
       {"loop_peaks", loop_peaks},
+      {"speed", o.speed},
   });
   if (o.json) {
     out << j.dump(2) << "\n";

@@ -23,6 +23,10 @@ struct ClientReplayCommandOptions {
   // ...or, when > 0, again and again until this many seconds have passed,
   // stopping in the middle of a replay when time is up.
   double duration_seconds = 0;
+  // > 0: each event waits for its time in the recorded run (time_us)
+  // divided by this, so the daemon sees the job's real event rate; 0: as
+  // fast as it can.
+  double speed = 0;
   bool json = false;
   // The job's autotune preferences.
   std::vector<std::string> pinned_keys;

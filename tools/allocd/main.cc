@@ -274,6 +274,11 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
                 "replay again and again for this many seconds, then stop, "
                 "even in the middle of the trace (overrides --loop)")
       ->check(CLI::PositiveNumber);
+  c->add_option("--speed", o.speed,
+                "pace the events at the trace's own times (time_us) divided "
+                "by X: 1 is the job's real rate, 2 twice as fast (default: as "
+                "fast as it can, which outruns a real job's event stream)")
+      ->check(CLI::Range(0.001, 1000.0));
   c->add_option("--pin", o.pinned_keys,
                 "a config key the daemon's autotuner must never change "
                 "(repeatable), e.g. expandable_segments");
