@@ -42,13 +42,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/daemon_client.h"
+#include "client/received_chunks.h"
 
 namespace allocd {
 
 class GrantReadAhead {
  public:
-  // What a grant was asked for with (DaemonClient::Acquire's arguments).
+  // What a grant was asked for with (ChunkGrants::Acquire's arguments).
   struct Key {
     uint64_t bytes = 0;
     uint64_t max_chunk_bytes = 0;

@@ -11,11 +11,17 @@ LiveSession::LiveSession(DaemonClient& client, AllocatorConfig config,
                          absl::Duration telemetry_period)
     : client_(client),
       telemetry_period_(telemetry_period),
-      config_(std::move(config)) {}
+      applier_(client, std::move(config)) {}
 
 void LiveSession::Poll(CachingAllocator& allocator) {
   for (v1::ControlMessage& m : client_.TakeControl()) {
-    if (m.has_config()) Apply(m.config(), allocator);
+    if (m.has_config()) {
+      applier_.Apply(m.config(), [&allocator](const AllocatorConfig& config) {
+        allocator.Reconfigure(config);
+        allocator.EmptyCache();
+        return absl::OkStatus();
+      });
+    }
     if (m.has_reclaim()) {
       allocator.EmptyCache();
       ++reclaims_;
@@ -37,42 +43,16 @@ void LiveSession::ReportOom(uint64_t bytes, absl::string_view message) {
 nlohmann::json LiveSession::Report() const {
   return {{"session_id", client_.session_id()},
           {"reconnects", client_.epoch() - 1},
-          {"config", FormatAllocatorConfig(config_)},
+          {"config", FormatAllocatorConfig(config())},
           {"config_version", config_version()},
-          {"config_reason", config_reason_},
-          {"pushes_applied", applied_},
-          {"pushes_rejected", rejected_},
+          {"config_reason", config_reason()},
+          {"pushes_applied", pushes_applied()},
+          {"pushes_rejected", pushes_rejected()},
           {"reclaims", reclaims_},
           {"ooms", ooms_},
           {"events_dropped", client_.events() == nullptr
                                  ? 0
                                  : client_.events()->dropped_total()}};
-}
-
-void LiveSession::Apply(const v1::ConfigPush& push,
-                        CachingAllocator& allocator) {
-  const uint64_t version = push.config().version();
-  absl::StatusOr<AllocatorConfig> parsed =
-      ParseAllocatorConfig(push.config().config());
-  absl::Status status = parsed.status();
-  if (status.ok() && parsed->backend != config_.backend) {
-    status = absl::FailedPreconditionError(
-        "backend cannot change in a running process");
-  }
-  if (!status.ok()) {
-    ++rejected_;
-    (void)client_.Ack(version, false, status.message());
-    return;
-  }
-  allocator.Reconfigure(*parsed);
-  // Blocks cached under the old rules would serve the next peak as the old
-  // config cut them; released now, the new config shapes it.
-  allocator.EmptyCache();
-  config_ = *std::move(parsed);
-  config_reason_ = push.reason();
-  client_.SetRunning(FormatAllocatorConfig(config_), version);
-  ++applied_;
-  (void)client_.Ack(version, true, "");
 }
 
 }  // namespace allocd

@@ -1,10 +1,9 @@
 // LiveSession: what a process that runs the engine on the daemon's memory
 // does between allocations, at its safe points: applies the configs the
-// daemon pushes (the engine's live Reconfigure, then EmptyCache so the next
-// peak is met under the new config's rules, then ACK; a config it cannot
-// apply is NACKed with the reason), answers reclaim requests by
-// emptying its cache, publishes its stats under PyTorch's names, and
-// reports OOMs. `allocd client-replay` and liballocd_torch.so share it.
+// daemon pushes (ConfigApplier, with the engine's live Reconfigure and
+// EmptyCache), answers reclaim requests by emptying its cache, publishes
+// its stats under PyTorch's names, and reports OOMs. `allocd client-replay`
+// and liballocd_torch.so share it.
 //
 // Not thread-safe: call it where the allocator is not in use (under the
 // allocator's lock, between trace events).
@@ -18,6 +17,7 @@
 #include "absl/time/time.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "client/config_applier.h"
 #include "client/daemon_client.h"
 #include "nlohmann/json.hpp"
 
@@ -41,11 +41,11 @@ class LiveSession {
 
   // The config the allocator runs now and the version it came with (as
   // the daemon connected now knows it), and why the daemon pushed it.
-  const AllocatorConfig& config() const { return config_; }
+  const AllocatorConfig& config() const { return applier_.config(); }
   uint64_t config_version() const { return client_.running_version(); }
-  const std::string& config_reason() const { return config_reason_; }
-  int64_t pushes_applied() const { return applied_; }
-  int64_t pushes_rejected() const { return rejected_; }
+  const std::string& config_reason() const { return applier_.reason(); }
+  int64_t pushes_applied() const { return applier_.applied(); }
+  int64_t pushes_rejected() const { return applier_.rejected(); }
   int64_t reclaims() const { return reclaims_; }
   int64_t ooms() const { return ooms_; }
 
@@ -55,14 +55,9 @@ class LiveSession {
   nlohmann::json Report() const;
 
  private:
-  void Apply(const v1::ConfigPush& push, CachingAllocator& allocator);
-
   DaemonClient& client_;
   const absl::Duration telemetry_period_;
-  AllocatorConfig config_;
-  std::string config_reason_ = "the config the process started with";
-  int64_t applied_ = 0;
-  int64_t rejected_ = 0;
+  ConfigApplier applier_;
   int64_t reclaims_ = 0;
   int64_t ooms_ = 0;
   absl::Time last_telemetry_ = absl::InfinitePast();

@@ -43,7 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/daemon_client.h"
+#include "client/received_chunks.h"
 
 namespace allocd {
 

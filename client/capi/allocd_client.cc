@@ -4,23 +4,45 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
+#include "client/capi/client_json.h"
+#include "client/config_applier.h"
 #include "client/daemon_client.h"
-#include "nlohmann/json.hpp"
+
+namespace {
+
+// The config the process started with, as the applier checks pushes
+// against it. One the parser does not know (a PyTorch other than the one
+// it follows took it) counts as the default: the native backend.
+allocd::AllocatorConfig StartingConfig(const allocd::DaemonClient& client) {
+  return allocd::ParseAllocatorConfig(client.options().initial_config)
+      .value_or(allocd::AllocatorConfig{});
+}
+
+}  // namespace
 
 struct allocd_client {
+  allocd_client(allocd::DaemonClient* c,
+                std::unique_ptr<allocd::DaemonClient> own = nullptr)
+      : owned(std::move(own)), client(c), applier(*c, StartingConfig(*c)) {}
+
   // Null when the client is borrowed (allocd::BorrowClient).
   std::unique_ptr<allocd::DaemonClient> owned;
   allocd::DaemonClient* client = nullptr;
   absl::Mutex mu;
   // Taken from the client but not yet handed out (a buffer was too small).
   std::deque<std::string> pending ABSL_GUARDED_BY(mu);
-  // Pushed configs handed out and not yet ACKed, by version: an ACK makes
-  // one the config the client runs.
-  std::map<uint64_t, std::string> pushed ABSL_GUARDED_BY(mu);
+  // Pushed configs handed out and not yet applied, by version.
+  std::map<uint64_t, allocd::v1::ConfigPush> pushed ABSL_GUARDED_BY(mu);
+  // Held while a push is applied (the applier is not thread-safe).
+  absl::Mutex apply_mu;
+  allocd::ConfigApplier applier ABSL_GUARDED_BY(apply_mu);
 };
 
 namespace {
@@ -38,36 +60,26 @@ int Result(const absl::Status& status) {
 
 std::string Or(const char* s) { return s == nullptr ? "" : s; }
 
-std::string ControlJson(const allocd::v1::ControlMessage& m) {
-  nlohmann::json j;
-  if (m.has_config()) {
-    const allocd::v1::ConfigPush& push = m.config();
-    j = {{"type", "config"},
-         {"version", push.config().version()},
-         {"config", push.config().config()},
-         {"rollback", push.rollback()},
-         {"reason", push.reason()}};
-    // What _set_allocator_settings needs to leave exactly this config.
-    absl::StatusOr<allocd::AllocatorConfig> parsed =
-        allocd::ParseAllocatorConfig(push.config().config());
-    j["update"] = parsed.ok() ? allocd::FormatAllocatorConfigUpdate(*parsed)
-                              : push.config().config();
-  } else {
-    j = {{"type", "reclaim"},
-         {"bytes", m.reclaim().bytes()},
-         {"reason", m.reclaim().reason()}};
+// `text` and its NUL into `buf`: its length, or -1 when `len` is too small
+// for `what`.
+int64_t CopyOut(const std::string& text, char* buf, size_t len,
+                const char* what) {
+  if (text.size() + 1 > len) {
+    return Fail(std::string("buffer too small for ") + what);
   }
-  return j.dump();
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  return static_cast<int64_t>(text.size());
 }
+
+// What a target writes when it refuses an update, at the most.
+constexpr size_t kMaxTargetError = 4096;
 
 }  // namespace
 
 namespace allocd {
 
 allocd_client* BorrowClient(DaemonClient* client) {
-  auto* c = new allocd_client;
-  c->client = client;
-  return c;
+  return new allocd_client(client);
 }
 
 }  // namespace allocd
@@ -105,10 +117,8 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
     Fail(std::string(client.status().message()));
     return nullptr;
   }
-  auto* c = new allocd_client;
-  c->owned = std::move(*client);
-  c->client = c->owned.get();
-  return c;
+  allocd::DaemonClient* borrowed = client->get();
+  return new allocd_client(borrowed, *std::move(client));
 }
 
 void allocd_disconnect(allocd_client* c) { delete c; }
@@ -117,15 +127,10 @@ uint64_t allocd_session_id(allocd_client* c) { return c->client->session_id(); }
 
 int allocd_publish_stats(allocd_client* c, const char* stats_json,
                          uint64_t config_version) {
-  nlohmann::json j = nlohmann::json::parse(Or(stats_json), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Fail("stats must be a JSON object of names to integers");
-  }
-  std::map<std::string, int64_t> stats;
-  for (const auto& [key, value] : j.items()) {
-    if (value.is_number_integer()) stats[key] = value.get<int64_t>();
-  }
-  c->client->PublishStats(std::move(stats), config_version);
+  absl::StatusOr<std::map<std::string, int64_t>> stats =
+      allocd::ParseStatsJson(Or(stats_json));
+  if (!stats.ok()) return Result(stats.status());
+  c->client->PublishStats(*std::move(stats), config_version);
   return 0;
 }
 
@@ -136,34 +141,49 @@ int allocd_flush_telemetry(allocd_client* c) {
 int64_t allocd_next_control(allocd_client* c, char* buf, size_t len) {
   absl::MutexLock lock(&c->mu);
   for (allocd::v1::ControlMessage& m : c->client->TakeControl()) {
-    if (m.has_config()) {
-      c->pushed[m.config().config().version()] = m.config().config().config();
-    }
-    c->pending.push_back(ControlJson(m));
+    if (m.has_config()) c->pushed[m.config().config().version()] = m.config();
+    c->pending.push_back(allocd::ControlJson(m));
   }
   if (c->pending.empty()) return 0;
-  const std::string& next = c->pending.front();
-  if (next.size() + 1 > len) {
-    Fail("buffer too small for the next control message");
-    return -1;
-  }
-  std::memcpy(buf, next.c_str(), next.size() + 1);
-  const int64_t size = static_cast<int64_t>(next.size());
-  c->pending.pop_front();
+  const int64_t size =
+      CopyOut(c->pending.front(), buf, len, "the next control message");
+  if (size >= 0) c->pending.pop_front();
   return size;
 }
 
-int allocd_ack(allocd_client* c, uint64_t version, int applied,
-               const char* error) {
+int allocd_apply_config(allocd_client* c, uint64_t version,
+                        allocd_config_target target, void* context) {
+  std::optional<allocd::v1::ConfigPush> push;
   {
     absl::MutexLock lock(&c->mu);
-    auto it = c->pushed.find(version);
-    if (applied != 0 && it != c->pushed.end()) {
-      c->client->SetRunning(it->second, version);
+    if (auto it = c->pushed.find(version); it != c->pushed.end()) {
+      push = std::move(it->second);
+      c->pushed.erase(it);
     }
-    if (it != c->pushed.end()) c->pushed.erase(it);
   }
-  return Result(c->client->Ack(version, applied != 0, Or(error)));
+  if (!push.has_value()) {
+    return Fail("no pushed config of version " + std::to_string(version) +
+                " waits to be applied");
+  }
+  absl::MutexLock lock(&c->apply_mu);
+  const bool applied = c->applier.Apply(
+      *push, [&](const allocd::AllocatorConfig& config) -> absl::Status {
+        std::string error(kMaxTargetError, '\0');
+        if (target(allocd::FormatAllocatorConfigUpdate(config).c_str(),
+                   error.data(), error.size() - 1, context) == 0) {
+          return absl::OkStatus();
+        }
+        error.resize(std::strlen(error.c_str()));
+        return absl::FailedPreconditionError(
+            error.empty() ? "the allocator refused the config" : error);
+      });
+  return applied ? 1 : 0;
+}
+
+int64_t allocd_applied_config(allocd_client* c, char* buf, size_t len) {
+  absl::MutexLock lock(&c->apply_mu);
+  return CopyOut(allocd::AppliedConfigJson(c->applier), buf, len,
+                 "the configs applied");
 }
 
 int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,

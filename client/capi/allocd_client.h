@@ -54,13 +54,12 @@ ALLOCD_API int allocd_publish_stats(allocd_client* c, const char* stats_json,
 ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
 
 /* The next control message from the daemon as a JSON object into `buf`:
- *   {"type": "config", "version": N, "config": "...", "update": "...",
- *    "rollback": bool, "reason": "..."}
+ *   {"type": "config", "version": N, "config": "...", "rollback": bool,
+ *    "reason": "..."}
  *   {"type": "reclaim", "bytes": N, "reason": "..."}
- * `update` is the string to pass to
- * torch.cuda.memory._set_allocator_settings to end up with exactly
- * `config`. Returns the JSON's length, 0 when no message is waiting, -1 on
- * error (a buffer too small keeps the message for the next call). */
+ * A config is applied with allocd_apply_config. Returns the JSON's length,
+ * 0 when no message is waiting, -1 on error (a buffer too small keeps the
+ * message for the next call). */
 ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
 
 /* Records `n` allocator events for the daemon's autotuner, in order:
@@ -81,11 +80,32 @@ ALLOCD_API uint64_t allocd_events_dropped(allocd_client* c);
  * or what a restarted daemon registered it as after a reconnect. */
 ALLOCD_API uint64_t allocd_config_version(allocd_client* c);
 
-/* ACK (applied != 0) or NACK a pushed config version. An ACK also makes
- * the pushed config the one the client declares as running when it
- * registers again. */
-ALLOCD_API int allocd_ack(allocd_client* c, uint64_t version, int applied,
-               const char* error);
+/* The allocator a pushed config is applied to: makes `update` its
+ * settings, then empties its cache (for PyTorch's own,
+ * torch.cuda.memory._set_allocator_settings(update), which leaves it with
+ * exactly the pushed config, then torch.cuda.empty_cache()). Returns 0, or
+ * nonzero when the allocator refused `update`, with the reason written
+ * into `error` (at most `error_len` bytes; the library ends it). */
+typedef int (*allocd_config_target)(const char* update, char* error,
+                                    size_t error_len, void* context);
+/* Applies the pushed config `version` (a "config" control message) as
+ * every allocd client does: refuses one that does not parse or names
+ * another backend than the process started with; else calls `target` (with
+ * `context`) on this thread. ACKs the push, or NACKs it with the reason;
+ * an applied config is the one the client declares as running when it
+ * registers again. Returns 1 when applied, 0 when refused, -1 on error (no
+ * push of that version waits to be applied). */
+ALLOCD_API int allocd_apply_config(allocd_client* c, uint64_t version,
+                                   allocd_config_target target,
+                                   void* context);
+/* What allocd_apply_config has applied, as a JSON object into `buf`:
+ *   {"config": "...", "reason": "...", "applied": N, "rejected": N}
+ * the config the allocator runs (canonical; the one it started with until
+ * a push is applied), why the daemon pushed it, and the pushes applied and
+ * refused so far. Returns the JSON's length, -1 on error (a buffer too
+ * small). */
+ALLOCD_API int64_t allocd_applied_config(allocd_client* c, char* buf,
+                                         size_t len);
 ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
                       const char* message, uint64_t config_version);
 

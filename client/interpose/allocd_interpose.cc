@@ -67,6 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "client/capi/allocd_client.h"
+#include "client/capi/client_json.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 

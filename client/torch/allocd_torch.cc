@@ -22,6 +22,7 @@
 #include "allocator/trace/observed_backend.h"
 #include "allocator/trace/snapshot_writer.h"
 #include "allocator/trace/trace.h"
+#include "client/capi/client_json.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"

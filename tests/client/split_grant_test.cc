@@ -1,4 +1,4 @@
-// SplitGrant (client/daemon_client.h): a read-ahead's answer parted into
+// SplitGrant (client/received_chunks.h): a read-ahead's answer parted into
 // the grants it holds.
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/daemon_client.h"
+#include "client/received_chunks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -189,21 +189,32 @@ class Advisor:
             yield json.loads(buffer.value.decode())
 
     def _apply(self, message):
-        version = message["version"]
-        try:
-            self._torch.cuda.memory._set_allocator_settings(message["update"])
-        except Exception as error:  # PyTorch raises RuntimeError for what it rejects
-            self.rejected += 1
-            self._lib.allocd_ack(self._client, version, 0, str(error).encode())
+        # The client library applies it as the engine does (ConfigApplier:
+        # checks it, ACKs or NACKs it, counts it); PyTorch's part is `target`.
+        torch = self._torch
+
+        def target(update, error, size, _context):
+            try:
+                torch.cuda.memory._set_allocator_settings(update.decode())
+            except Exception as refused:  # PyTorch raises RuntimeError for what it rejects
+                text = str(refused).encode(errors="replace")[:size]
+                ctypes.memmove(error, text, len(text))
+                return 1
+            # Blocks cached under the old rules would serve the next peak as the
+            # old config cut them: released here, between rounds, the new
+            # config shapes it.
+            torch.cuda.empty_cache()
+            return 0
+
+        callback = self._lib.allocd_apply_config.argtypes[2](target)
+        outcome = self._lib.allocd_apply_config(self._client, message["version"], callback, None)
+        buffer = ctypes.create_string_buffer(1 << 16)
+        if self._lib.allocd_applied_config(self._client, buffer, len(buffer)) < 0:
             return
-        # Blocks cached under the old rules would serve the next peak as the
-        # old config cut them: released here, between rounds, the new
-        # config shapes it.
-        self._torch.cuda.empty_cache()
-        self.config = message["config"]
-        self.config_reason = message.get("reason", "")
-        self.applied += 1
-        self._lib.allocd_ack(self._client, version, 1, b"")
+        applied = json.loads(buffer.value.decode())
+        self.applied, self.rejected = applied["applied"], applied["rejected"]
+        if outcome == 1:
+            self.config, self.config_reason = applied["config"], applied["reason"]
 
     def _publish(self):
         stats = {k: int(v) for k, v in self._torch.cuda.memory_stats(self._device).items()

@@ -76,7 +76,12 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
         "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
         "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
-        "allocd_ack": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]),
+        "allocd_apply_config": (ctypes.c_int, [
+            c_client, ctypes.c_uint64,
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.c_void_p),
+            ctypes.c_void_p]),
+        "allocd_applied_config": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
         "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
                                              ctypes.c_uint64]),
     }, mode=mode)

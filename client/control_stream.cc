@@ -1,0 +1,88 @@
+#include "client/control_stream.h"
+
+#include <iterator>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace allocd {
+
+ControlStream::ControlStream(ActiveConnection& active,
+                             absl::Duration rpc_timeout,
+                             std::function<void()> drop_read_ahead)
+    : active_(active),
+      rpc_timeout_(rpc_timeout),
+      drop_read_ahead_(std::move(drop_read_ahead)) {}
+
+void ControlStream::Watch(Connection& c) {
+  grpc::ClientContext context;
+  if (!active_.Watch(&context)) return;
+  v1::WatchConfigRequest request;
+  request.set_session_id(c.session_id);
+  std::unique_ptr<grpc::ClientReader<v1::ControlMessage>> reader =
+      c.stub->WatchConfig(&context, request);
+  v1::ControlMessage message;
+  while (reader->Read(&message)) {
+    // Memory read ahead is the first to go back: it is no segment's.
+    if (message.has_reclaim()) {
+      drop_read_ahead_();
+      absl::MutexLock hook(&reclaim_mu_);
+      if (on_reclaim_) on_reclaim_();
+    }
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(message));
+  }
+  (void)reader->Finish();
+  active_.Unwatch();
+}
+
+void ControlStream::Clear() {
+  absl::MutexLock lock(&mu_);
+  queue_.clear();
+}
+
+std::vector<v1::ControlMessage> ControlStream::Take() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ControlMessage> out(std::make_move_iterator(queue_.begin()),
+                                      std::make_move_iterator(queue_.end()));
+  queue_.clear();
+  return out;
+}
+
+absl::Status ControlStream::Ack(uint64_t version, bool applied,
+                                absl::string_view error) {
+  return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
+                                        grpc::ClientContext* context,
+                                        uint64_t session) {
+    v1::ConfigAck request;
+    request.set_session_id(session);
+    request.set_version(version);
+    request.set_applied(applied);
+    request.set_error(std::string(error));
+    v1::AckResponse response;
+    return stub.AckConfig(context, request, &response);
+  });
+}
+
+absl::Status ControlStream::ReportOom(uint64_t requested_bytes,
+                                      absl::string_view message,
+                                      uint64_t config_version) {
+  return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
+                                        grpc::ClientContext* context,
+                                        uint64_t session) {
+    v1::OomReport request;
+    request.set_session_id(session);
+    request.set_requested_bytes(requested_bytes);
+    request.set_message(std::string(message.substr(0, 4096)));
+    request.set_config_version(config_version);
+    v1::OomResponse response;
+    return stub.ReportOom(context, request, &response);
+  });
+}
+
+void ControlStream::OnReclaim(std::function<void()> drop) {
+  absl::MutexLock lock(&reclaim_mu_);
+  on_reclaim_ = std::move(drop);
+}
+
+}  // namespace allocd

@@ -1,0 +1,74 @@
+// ControlStream: what the daemon asks of the process (config pushes,
+// reclaim requests) and the process's answers (ACKs, OOM reports).
+//
+// The session thread reads the daemon's control stream (Watch) and queues
+// what arrives for the engine's thread to handle at a safe point (Take),
+// since the engine is not thread-safe. A reclaim request first gives back
+// what the client read ahead, then runs the process's reclaim hook, before
+// it is queued.
+//
+// Thread-safe.
+#ifndef ALLOCD_CLIENT_CONTROL_STREAM_H_
+#define ALLOCD_CLIENT_CONTROL_STREAM_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocd.pb.h"
+#include "client/daemon_connection.h"
+
+namespace allocd {
+
+class ControlStream {
+ public:
+  // Answers on `active`'s current session within `rpc_timeout`;
+  // `drop_read_ahead` gives back what the client read ahead. `active`
+  // outlives the stream.
+  ControlStream(ActiveConnection& active, absl::Duration rpc_timeout,
+                std::function<void()> drop_read_ahead);
+
+  // Reads the control stream of `c` until it ends: the daemon or the
+  // session went away, or `active` lost `c` or stopped (it cancels the
+  // read). On the session thread.
+  void Watch(Connection& c) ABSL_LOCKS_EXCLUDED(mu_, reclaim_mu_);
+  // Forgets what is queued: after a reconnect it names versions the new
+  // daemon does not know, so it is not to be done.
+  void Clear() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Control messages received since the last call, in order.
+  std::vector<v1::ControlMessage> Take() ABSL_LOCKS_EXCLUDED(mu_);
+  // ACK (applied) or NACK a pushed config version.
+  absl::Status Ack(uint64_t version, bool applied, absl::string_view error);
+  // An allocation of `requested_bytes` failed under `config_version`;
+  // `message` (PyTorch's text) is cut to 4 KiB.
+  absl::Status ReportOom(uint64_t requested_bytes, absl::string_view message,
+                         uint64_t config_version);
+
+  // `drop` runs (on the session thread) when the daemon asks the process
+  // to give memory back, before the request is queued for Take; it must
+  // not wait for the caller's own locks. OnReclaim(nullptr) returns after
+  // a call in progress.
+  void OnReclaim(std::function<void()> drop) ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+
+ private:
+  ActiveConnection& active_;
+  const absl::Duration rpc_timeout_;
+  const std::function<void()> drop_read_ahead_;
+
+  absl::Mutex mu_;
+  std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
+  // Held while the reclaim hook runs.
+  absl::Mutex reclaim_mu_;
+  std::function<void()> on_reclaim_ ABSL_GUARDED_BY(reclaim_mu_);
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_CONTROL_STREAM_H_

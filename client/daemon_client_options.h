@@ -1,0 +1,44 @@
+// DaemonClientOptions: how a process connects to the node daemon, read by
+// every part of the client (daemon_client.h composes them).
+#ifndef ALLOCD_CLIENT_DAEMON_CLIENT_OPTIONS_H_
+#define ALLOCD_CLIENT_DAEMON_CLIENT_OPTIONS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/time/time.h"
+#include "allocd.pb.h"
+
+namespace allocd {
+
+struct DaemonClientOptions {
+  std::string socket = "/run/allocd/allocd.sock";
+  std::string job;
+  // The client's CUDA ordinal (as CUDA_VISIBLE_DEVICES numbers it).
+  int device = 0;
+  // The UUID of that GPU, "GPU-..." (GpuUuid in cuda_daemon_backend.h):
+  // picks the daemon's pool for it. Empty: the daemon's first device.
+  std::string gpu_uuid;
+  // Canonical PYTORCH_CUDA_ALLOC_CONF the process starts with.
+  std::string initial_config;
+  std::string description = "allocd-client";
+  absl::Duration telemetry_period = absl::Milliseconds(100);
+  absl::Duration reconnect_min = absl::Milliseconds(50);
+  absl::Duration reconnect_max = absl::Seconds(2);
+  // How long Acquire waits for a lost daemon to come back.
+  absl::Duration reconnect_wait = absl::Seconds(10);
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  // Allocator events held for the autotuner between two sends (bounds the
+  // client's memory: 2 x this many events); 0: events are not recorded.
+  size_t event_capacity = size_t{1} << 16;
+  // What the job lets the autotuner do (pinned keys, memory fraction, a
+  // mode of its own).
+  v1::AutotunePreferences autotune;
+  // How long a grant read ahead is kept for the next Acquire of its size
+  // (GrantReadAhead); zero: nothing is read ahead.
+  absl::Duration read_ahead_keep = absl::ZeroDuration();
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_DAEMON_CLIENT_OPTIONS_H_

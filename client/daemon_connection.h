@@ -1,0 +1,164 @@
+// The client's connection to the node daemon: one registered session over
+// one gRPC connection and its lease (Connection, made by Register), and the
+// one the client's calls go over now (ActiveConnection), which the session
+// thread replaces when the daemon goes away (reconnector.h).
+//
+// The lease is the side-socket connection whose life is the session's:
+// chunk FDs arrive over it with SCM_RIGHTS, and the daemon ends the session
+// and takes back every chunk of its epoch when it closes.
+#ifndef ALLOCD_CLIENT_DAEMON_CONNECTION_H_
+#define ALLOCD_CLIENT_DAEMON_CONNECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocd.grpc.pb.h"
+#include "client/daemon_client_options.h"
+#include "grpcpp/grpcpp.h"
+#include "ipc/unix_socket.h"
+
+namespace allocd {
+
+// What a daemon said of the pool that serves a session (RegisterResponse).
+struct PoolTerms {
+  uint64_t chunk_bytes = 0;
+  uint64_t capacity = 0;
+  std::string gpu_uuid;
+};
+
+// What the process runs, as it declares it when it registers.
+struct RunningConfig {
+  std::string config;
+  uint64_t version = 0;
+};
+
+// One registered session over one connection to one daemon. Immutable once
+// Register returns it, but for the lease, which carries one call at a time.
+struct Connection {
+  // The client's count of the sessions it registered: 1 for the first,
+  // one more for each after the daemon went away.
+  uint64_t epoch = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Allocd::Stub> stub;
+  uint64_t session_id = 0;
+  PoolTerms pool;
+  // What this daemon calls the config the client declared as running.
+  uint64_t running_version = 0;
+  // Whether chunks declared to this daemon after a restart are proven with
+  // their FDs, so the client keeps an FD of each chunk it holds.
+  bool declare_fds = false;
+  // Whether this daemon takes declarations at all.
+  bool adopts_chunks = false;
+  // Whether this daemon grants and takes back chunks on the lease.
+  bool lease_acquires = false;
+  // The job's last working set, as this daemon handed it over.
+  std::vector<uint64_t> working_set;
+  // The lease; claims travel over it, one at a time.
+  absl::Mutex lease_mu;
+  UniqueFd lease ABSL_GUARDED_BY(lease_mu);
+};
+
+// Registers a session as `epoch` with the daemon at options.socket,
+// declaring `running` as the config the process runs (nothing when its
+// version is 0), and opens its lease. Unavailable, naming the socket, when
+// no daemon answers there; the daemon's error when it refuses.
+absl::StatusOr<std::shared_ptr<Connection>> Register(
+    const DaemonClientOptions& options, uint64_t epoch,
+    const RunningConfig& running);
+
+// Sends `request` on the side socket `fd` (with `send_fds` riding along)
+// and gathers the answer, which may span several frames (a claim of more
+// chunks than one frame carries FDs for); their FDs go to `fds` unless it
+// is null. The daemon's error as its status; DataLoss when the answer does
+// not parse.
+absl::StatusOr<v1::SideResponse> SideCall(int fd,
+                                          const v1::SideRequest& request,
+                                          std::vector<UniqueFd>* fds,
+                                          absl::Span<const int> send_fds = {});
+// SideCall on the lease of `c`, under its lease_mu.
+absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
+                                           const v1::SideRequest& request,
+                                           std::vector<UniqueFd>* fds,
+                                           absl::Span<const int> send_fds = {});
+
+// ReleaseChunks of `ids` on the session of `c`, in batches of
+// kMaxChunkIdsPerRequest (on the lease when the daemon takes them back
+// there). Unavailable when the daemon went away, a broken lease included.
+absl::Status ReleaseChunks(Connection& c, absl::Span<const uint64_t> ids,
+                           absl::Duration rpc_timeout);
+
+absl::Status FromGrpc(const grpc::Status& s);
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+
+// The connection the client's calls go over now, and what the last daemon
+// said while none answers. Thread-safe; it calls nothing of the client's
+// while it holds mu_, so a part may read it under a lock of its own.
+class ActiveConnection {
+ public:
+  // Serves `first` (Register'd as epoch 1).
+  explicit ActiveConnection(std::shared_ptr<Connection> first);
+
+  // The live connection, or nullptr while the daemon is away.
+  std::shared_ptr<Connection> Current() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Current(), waiting until there is one, Stop, or `deadline`.
+  std::shared_ptr<Connection> WaitConnected(absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls go over `c` (its epoch the newest) from now on; false, serving
+  // nothing, after Stop.
+  bool Serve(std::shared_ptr<Connection> c) ABSL_LOCKS_EXCLUDED(mu_);
+  // The daemon stopped answering on `c`: drops it (unless another serves
+  // already) and cancels the watch, so the session thread reconnects.
+  void Lost(const std::shared_ptr<Connection>& c) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The call the session thread blocks in on the current connection (the
+  // control stream), which Lost and Stop cancel; false after Stop.
+  // Unwatch before `context` goes away.
+  bool Watch(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unwatch() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ends waits and the watch for good: the client is going away.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for Stop; whether it came.
+  bool AwaitStop(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The epoch of the newest connection served.
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The pool terms of the newest connection served, kept while the daemon
+  // is away: a cudaMalloc in the gap rounds to its chunks and waits in
+  // Acquire for the next daemon (chunk_bytes 0 there was a division by
+  // zero, SIGFPE).
+  PoolTerms terms() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One unary RPC on the current session: `rpc(stub, context, session_id)`
+  // with a deadline `timeout` away. Unavailable when not connected.
+  template <typename Rpc>
+  absl::Status Call(absl::Duration timeout, Rpc&& rpc) const {
+    std::shared_ptr<Connection> c = Current();
+    if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+    grpc::ClientContext context;
+    SetDeadline(context, timeout);
+    return FromGrpc(rpc(*c->stub, &context, c->session_id));
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  PoolTerms terms_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* watch_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_DAEMON_CONNECTION_H_
