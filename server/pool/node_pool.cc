@@ -1,39 +1,19 @@
 #include "server/pool/node_pool.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/cord.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
 namespace {
-
-// 128 random bits from the kernel, as 32 hex digits.
-absl::StatusOr<std::string> NewToken() {
-  char bytes[16];
-  size_t got = 0;
-  while (got < sizeof bytes) {
-    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      return absl::InternalError(
-          absl::StrCat("getrandom for a claim token: ", strerror(errno)));
-    }
-  }
-  return absl::BytesToHexString(absl::string_view(bytes, sizeof bytes));
-}
 
 // ResourceExhausted(`message`) that other sessions releasing `short_by`
 // bytes could turn into a grant (IsNodeShortage).
@@ -75,7 +55,8 @@ NodePool::NodePool(ChunkSource* source, Options options)
       classes_(options_.chunk_classes, source->Granularity()),
       capacity_(options_.capacity),
       next_chunk_id_(
-          (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1) {}
+          (uint64_t{options_.chunk_id_epoch & 0xFFFFFF} << 40) + 1),
+      claims_(options_.token_ttl, options_.now) {}
 
 uint64_t NodePool::NewChunkId() {
   uint64_t id;
@@ -160,7 +141,7 @@ uint64_t NodePool::EndSession(SessionId id) {
   // Including chunks an Acquire of this session is still creating: that
   // Acquire sees the session gone and caches them.
   SubtractHeld(state, state.held);
-  absl::erase_if(claims_, [id](const auto& c) { return c.second.session == id; });
+  claims_.EndSession(mu_, id);
   sessions_.erase(s);
   return returned;
 }
@@ -208,13 +189,9 @@ std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
 }
 
 void NodePool::DropExpiredClaims() {
-  const absl::Time now = options_.now();
-  absl::erase_if(claims_, [&](const auto& c) {
-    mu_.AssertHeld();
-    if (c.second.expires > now) return false;
-    ReturnUnclaimed(c.second);
-    return true;
-  });
+  for (const PendingClaim& claim : claims_.TakeExpired(mu_)) {
+    ReturnUnclaimed(claim);
+  }
 }
 
 absl::StatusOr<NodePool::SessionState*> NodePool::FindSession(SessionId id) {
@@ -260,11 +237,8 @@ uint64_t NodePool::ReturnUnclaimed(const PendingClaim& claim) {
 
 uint64_t NodePool::Abandon(absl::string_view token) {
   absl::MutexLock lock(&mu_);
-  auto it = claims_.find(token);
-  if (it == claims_.end()) return 0;
-  const uint64_t returned = ReturnUnclaimed(it->second);
-  claims_.erase(it);
-  return returned;
+  std::optional<PendingClaim> claim = claims_.Take(mu_, token);
+  return claim ? ReturnUnclaimed(*claim) : 0;
 }
 
 std::string NodePool::AddClaim(SessionId id, const SessionState& s,
@@ -272,13 +246,13 @@ std::string NodePool::AddClaim(SessionId id, const SessionState& s,
                                const std::vector<uint64_t>& chunk_ids,
                                std::string share) {
   DropExpiredClaims();
-  claims_[token] = PendingClaim{.grant = grant,
-                                .session = id,
-                                .incarnation = s.incarnation,
-                                .pid = s.pid,
-                                .expires = options_.now() + options_.token_ttl,
-                                .chunk_ids = chunk_ids,
-                                .share = std::move(share)};
+  claims_.Add(mu_, token,
+              PendingClaim{.grant = grant,
+                           .session = id,
+                           .incarnation = s.incarnation,
+                           .pid = s.pid,
+                           .chunk_ids = chunk_ids,
+                           .share = std::move(share)});
   return token;
 }
 
@@ -551,33 +525,23 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
   };
   std::vector<File> files;
   PendingClaim claim;
-  std::string key;
   {
     absl::MutexLock lock(&mu_);
     DropExpiredClaims();
-    auto it = claims_.find(token);
-    if (it == claims_.end()) {
-      return absl::NotFoundError("unknown, used or expired claim token");
-    }
-    if (it->second.pid != claimer_pid) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("the claim token was granted to pid ", it->second.pid,
-                       "; pid ", claimer_pid, " may not claim it"));
-    }
-    for (uint64_t chunk_id : it->second.chunk_ids) {
+    absl::StatusOr<PendingClaim> taken =
+        claims_.TakeFor(mu_, token, claimer_pid);
+    if (!taken.ok()) return taken.status();
+    claim = *std::move(taken);
+    for (uint64_t chunk_id : claim.chunk_ids) {
       auto chunk = chunks_.find(chunk_id);
       // Released (or its session ended) since the Acquire: not sent. An
       // open's chunks are another session's, and live while it is open.
       if (chunk == chunks_.end() ||
-          (it->second.share.empty() &&
-           chunk->second.owner != it->second.session)) {
+          (claim.share.empty() && chunk->second.owner != claim.session)) {
         continue;
       }
       files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
     }
-    key = it->first;
-    claim = std::move(it->second);
-    claims_.erase(it);
   }
   batch_size = std::max<size_t>(batch_size, 1);
   std::vector<ChunkFd> batch;
@@ -597,7 +561,7 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
         // Nothing went out yet: give the token back, so the client can retry.
         absl::MutexLock lock(&mu_);
         if (SameSession(claim.session, claim.incarnation) != nullptr) {
-          claims_.emplace(std::move(key), std::move(claim));
+          claims_.PutBack(mu_, std::string(token), std::move(claim));
         }
         return absl::Status(
             copy.status().code(),

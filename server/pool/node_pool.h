@@ -21,11 +21,10 @@
 // mapping 512 chunks of 2 MiB costs every client that gets them ~45 ms.
 // The price is churn (destroy, create) when the classes jobs need change.
 //
-// Handing out a chunk is two steps, because its FD cannot travel over gRPC:
-// Acquire() picks the chunks and returns their ids with a one-time claim
-// token bound to the session's pid; Claim() exchanges the token for dup()s
-// of the chunks' FDs, only for a caller the kernel says is that pid
-// (SO_PEERCRED on the socket the token came over).
+// Handing out a chunk is two steps (claim_tokens.h), because its FD cannot
+// travel over gRPC: Acquire() picks the chunks and returns their ids with a
+// one-time claim token bound to the session's pid; Claim() exchanges the
+// token for the chunks' FDs, only for that pid.
 //
 // Sharing (chunk_shares.h): the owner of chunks names them with a share
 // token (Share), other sessions map them too (OpenShare, then Claim) while
@@ -70,6 +69,7 @@
 #include "absl/types/span.h"
 #include "server/pool/chunk_classes.h"
 #include "server/pool/chunk_shares.h"
+#include "server/pool/claim_tokens.h"
 #include "server/pool/chunk_source.h"
 #include "server/session_id.h"
 
@@ -449,17 +449,6 @@ class NodePool {
     std::vector<uint64_t> to_create;
     uint64_t create_bytes = 0;
   };
-  struct PendingClaim {
-    uint64_t grant = 0;
-    SessionId session = 0;
-    uint64_t incarnation = 0;
-    pid_t pid = 0;
-    absl::Time expires;
-    std::vector<uint64_t> chunk_ids;
-    // The share an OpenShare grant opened; empty for an Acquire's.
-    std::string share;
-  };
-
   static constexpr SessionId kNoSession = 0;
 
   // Session `id`, or NotFound naming it.
@@ -622,7 +611,7 @@ class NodePool {
   // Bytes held by each uid's sessions.
   absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, PendingClaim> claims_ ABSL_GUARDED_BY(mu_);
+  ClaimTokens claims_ ABSL_GUARDED_BY(mu_);
   ChunkShares shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
