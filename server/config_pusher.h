@@ -1,0 +1,135 @@
+// ConfigPusher: the node's allocator configs (ConfigStore) on their way to
+// the sessions. A config set for a job (or as the node default) is pushed
+// to each session it applies to, over its control queue; the client
+// applies it and ACKs, or NACKs with PyTorch's words. Every step is
+// recorded in the store's history.
+//
+// Rules:
+// - an OOM under a pushed config rolls the session back to the config it
+//   ran before (pushed as a rollback), once per OOM'd version, unless the
+//   daemon had refused the session memory (any config would have met that
+//   OOM);
+// - a client that reconnects declares the config it runs: it is adopted
+//   under the version this daemon knows it by (a new one after a restart),
+//   not pushed again;
+// - a session is pushed each version of its job's config once: a
+//   registration and a job's fan-out hold one lock (fanout_mu()).
+//
+// Thread-safe.
+#ifndef ALLOCD_SERVER_CONFIG_PUSHER_H_
+#define ALLOCD_SERVER_CONFIG_PUSHER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "allocd.pb.h"
+#include "server/config_store.h"
+#include "server/metrics.h"
+#include "server/session_id.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+
+// The canonical form (FormatAllocatorConfig) of a config a client sent in
+// `field`; InvalidArgument, naming the field, for one PyTorch 2.11 rejects.
+absl::StatusOr<std::string> CanonicalClientConfig(absl::string_view field,
+                                                  const std::string& config);
+// `record` as the wire's ConfigVersion.
+void FillConfigVersion(const ConfigRecord& record, v1::ConfigVersion* out);
+
+class ConfigPusher {
+ public:
+  // `sessions` and `metrics` outlive this.
+  ConfigPusher(const SessionRegistry* sessions, Metrics* metrics);
+
+  ConfigStore& store() { return configs_; }
+
+  // Held by a registration from its session's creation to its config at
+  // registration (Register), and by a job config's fan-out to the sessions
+  // it applies to: otherwise a session created during a Set is pushed the
+  // new version by both, applies it twice and ACKs twice.
+  absl::Mutex& fanout_mu() ABSL_LOCK_RETURNED(fanout_mu_) {
+    return fanout_mu_;
+  }
+
+  // A registering session's config.
+  struct AtRegistration {
+    // What it runs: its initial config (version 0), or the config its
+    // client re-declared.
+    AppliedConfig running;
+    // Its job's config, pushed to it unless it runs that already.
+    std::optional<ConfigRecord> config;
+  };
+  // `session` just registered; its client declared it runs
+  // `current_config` (canonical) under `current_version` (0: its initial
+  // config). Adopts that config, then pushes the job's.
+  AtRegistration Register(Session& session, const std::string& current_config,
+                          uint64_t current_version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
+  // `session`'s client applied a version (ACK) or not (NACK): recorded,
+  // and an ACKed one becomes what it runs. InvalidArgument for an unknown
+  // version or a NACK's error over kMaxOomMessage bytes.
+  absl::Status Ack(Session& session, const v1::ConfigAck& r);
+  // `session` ran out of memory asking for `requested_bytes`: rolls it back
+  // by the rules above. True when it pushed a rollback.
+  bool RollBackAfterOom(Session& session, uint64_t requested_bytes);
+
+  // The config that applies to `job` (its own, else the default); an empty
+  // response when none does.
+  v1::GetConfigResponse Get(absl::string_view job) const;
+  // Sets `job`'s config (the empty job: the default) and pushes it to the
+  // sessions it applies to, but those running it when `skip_running`.
+  // `author` says who; `predicted_peak_reserved_bytes`: allocd tune's
+  // prediction for the job under `config` (0: none), exported for
+  // dashboards. ConfigStore::Set's errors.
+  absl::StatusOr<v1::SetConfigResponse> Set(
+      absl::string_view job, absl::string_view config,
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes,
+      bool skip_running) ABSL_LOCKS_EXCLUDED(fanout_mu_);
+  // Removes `job`'s own config; its sessions are pushed the default, if
+  // one is set.
+  void Clear(absl::string_view job, absl::string_view author)
+      ABSL_LOCKS_EXCLUDED(fanout_mu_);
+  // Pushes `config` to session `id` as a new version that is not its job's
+  // config (an autotuner's canary). Returns the version; NotFound for no
+  // live session.
+  absl::StatusOr<uint64_t> PushToSession(
+      SessionId id, absl::string_view config, absl::string_view author,
+      std::string reason, uint64_t predicted_peak_reserved_bytes);
+  // Pushes `config` back to session `id` as a rollback, unless it is
+  // rolling back already (an OOM did it). The version is the one the
+  // session ran `config` under, when it did.
+  absl::Status RollBackSession(SessionId id, absl::string_view config,
+                               std::string reason);
+  // The newest `limit` (0: 100; at most 10000) history entries of `job`
+  // (empty: of every job).
+  v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
+
+ private:
+  void Push(Session& session, const ConfigRecord& record, bool rollback,
+            std::string reason);
+  // Pushes `target` to `session` as a rollback and records it.
+  void PushRollBack(Session& session, const ConfigRecord& target,
+                    std::string reason);
+  // The version under which this daemon records the config (canonical) a
+  // registering client declared it runs under `declared_version`: that
+  // version when this daemon set it, else a new one (a restarted daemon).
+  AppliedConfig AdoptRunningConfig(absl::string_view job,
+                                   const std::string& config,
+                                   uint64_t declared_version, SessionId id);
+
+  const SessionRegistry* const sessions_;
+  Metrics* const metrics_;
+  ConfigStore configs_;
+  absl::Mutex fanout_mu_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_CONFIG_PUSHER_H_

@@ -1,0 +1,43 @@
+// Quotas: what one session, or all the sessions of one uid on a GPU, may
+// hold of that GPU's pool. The pools keep and enforce them
+// (NodePool::SetSessionQuota, SetUidQuota: a quota lowered below what is
+// held revokes nothing, it refuses further acquires); this part takes an
+// admin's quota to the pools it concerns.
+//
+// Thread-safe: no state of its own.
+#ifndef ALLOCD_SERVER_QUOTAS_H_
+#define ALLOCD_SERVER_QUOTAS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "allocd.pb.h"
+#include "server/pool/device_pools.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+
+class Quotas {
+ public:
+  // `pools` and `sessions` outlive this.
+  Quotas(const DevicePools* pools, const SessionRegistry* sessions);
+
+  // A session's quota (on its device's pool) or a uid's (SetUid); without
+  // bytes, removes it. NotFound for a session that is not live;
+  // InvalidArgument for a request that names neither.
+  absl::Status Set(const v1::SetQuotaRequest& r);
+  // A uid quota (nullopt: none) on every device: what the uid's sessions
+  // on one GPU may hold together.
+  void SetUid(uid_t uid, std::optional<uint64_t> bytes);
+
+ private:
+  const DevicePools* const pools_;
+  const SessionRegistry* const sessions_;
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_QUOTAS_H_

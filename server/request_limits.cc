@@ -1,0 +1,104 @@
+#include "server/request_limits.h"
+
+#include "absl/strings/str_cat.h"
+#include "allocator/bytes.h"
+#include "proto/protocol.h"
+#include "server/config_store.h"
+
+namespace allocd {
+namespace {
+
+absl::Status CheckEvents(const v1::EventBatch& b) {
+  const int n = b.ops_size();
+  if (b.sizes_size() != n || b.ids_size() != n || b.streams_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event batch columns differ in length: ", n, " ops, ", b.sizes_size(),
+        " sizes, ", b.ids_size(), " ids, ", b.streams_size(), " streams"));
+  }
+  if (static_cast<size_t>(n) > kMaxEventsPerBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event batch holds ", n, " events; at most ", kMaxEventsPerBatch));
+  }
+  for (uint32_t op : b.ops()) {
+    if (op > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "event op ", op, " is not 0 (alloc), 1 (free_requested) or 2 "
+          "(free_completed)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckRegisterRequest(const v1::RegisterRequest& r) {
+  if (r.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client speaks protocol ", r.protocol_version(),
+                     "; this daemon speaks ", kProtocolVersion));
+  }
+  if (absl::Status s = ValidateJobLabel(r.job()); !s.ok()) return s;
+  if (r.device() < 0 || r.device() > kMaxClientDevice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", r.device(), " out of range"));
+  }
+  if (r.gpu_uuid().size() > kMaxGpuUuid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_uuid is ", r.gpu_uuid().size(), " bytes; at most ", kMaxGpuUuid));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckClientDescription(absl::string_view client) {
+  if (client.size() <= kMaxClientDescription) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("client description is ", client.size(),
+                   " bytes; at most ", kMaxClientDescription));
+}
+
+absl::Status CheckAcquireBytes(uint64_t bytes, uint64_t max_acquire_bytes) {
+  if (bytes != 0 && bytes <= max_acquire_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("bytes must be in [1, ", FormatSize(max_acquire_bytes),
+                   "]; got ", bytes));
+}
+
+absl::Status CheckReleaseIds(int count) {
+  if (count != 0 && static_cast<size_t>(count) <= kMaxChunkIdsPerRequest) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "chunk_ids must hold 1 to ", kMaxChunkIdsPerRequest, " ids; got ",
+      count));
+}
+
+absl::Status CheckShareIds(int count) {
+  if (static_cast<size_t>(count) <= kMaxChunkIdsPerRequest) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("chunk_ids must hold at most ", kMaxChunkIdsPerRequest,
+                   " ids; got ", count));
+}
+
+absl::Status CheckTelemetry(const v1::TelemetryReport& r) {
+  if (static_cast<size_t>(r.stats_size()) > kMaxStats) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "telemetry holds ", r.stats_size(), " stats; at most ", kMaxStats));
+  }
+  return r.has_events() ? CheckEvents(r.events()) : absl::OkStatus();
+}
+
+absl::Status CheckOomMessage(absl::string_view message) {
+  if (message.size() <= kMaxOomMessage) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "OOM message is ", message.size(), " bytes; at most ", kMaxOomMessage));
+}
+
+absl::Status CheckNackError(absl::string_view error) {
+  if (error.size() <= kMaxOomMessage) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("NACK error text over ", kMaxOomMessage, " bytes"));
+}
+
+}  // namespace allocd

@@ -1,0 +1,59 @@
+// Request limits: the bounds the daemon holds each request to before it
+// acts on it, so that no client makes it keep, log or loop over unbounded
+// data. The wire limits both sides keep (chunk ids per request, events per
+// batch) are proto/protocol.h's; the rest are the daemon's own.
+//
+// Each check returns InvalidArgument naming the field, its bound and what
+// came, unless it says otherwise. Stateless: thread-safe.
+#ifndef ALLOCD_SERVER_REQUEST_LIMITS_H_
+#define ALLOCD_SERVER_REQUEST_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "allocd.pb.h"
+
+namespace allocd {
+
+// RegisterRequest.client: how the client describes itself, for logs.
+inline constexpr size_t kMaxClientDescription = 256;
+// RegisterRequest.gpu_uuid.
+inline constexpr size_t kMaxGpuUuid = 128;
+// RegisterRequest.device: the client's CUDA ordinal.
+inline constexpr int kMaxClientDevice = 1023;
+// OomReport.message, and ConfigAck.error (a NACK's reason).
+inline constexpr size_t kMaxOomMessage = 4096;
+// TelemetryReport.stats: how many named stats one report holds.
+inline constexpr size_t kMaxStats = 1024;
+
+// A registration's protocol version (FailedPrecondition, naming both, for
+// another than kProtocolVersion), job label (ValidateJobLabel), device
+// ordinal (0 to kMaxClientDevice) and GPU UUID length. The description is
+// CheckClientDescription's, after the device is known.
+absl::Status CheckRegisterRequest(const v1::RegisterRequest& r);
+absl::Status CheckClientDescription(absl::string_view client);
+
+// AcquireChunksRequest.bytes: 1 to `max_acquire_bytes`
+// (DaemonCoreOptions::max_acquire_bytes).
+absl::Status CheckAcquireBytes(uint64_t bytes, uint64_t max_acquire_bytes);
+
+// The chunk ids of a ReleaseChunksRequest (1 to kMaxChunkIdsPerRequest) and
+// of a ShareChunksRequest (at most kMaxChunkIdsPerRequest).
+absl::Status CheckReleaseIds(int count);
+absl::Status CheckShareIds(int count);
+
+// A telemetry report's stats (at most kMaxStats) and its event batch, if
+// any: columns of one length, at most kMaxEventsPerBatch events, ops 0
+// (alloc), 1 (free_requested) or 2 (free_completed). Its working set is
+// the WorkingSetStore's to check.
+absl::Status CheckTelemetry(const v1::TelemetryReport& r);
+
+// OomReport.message and ConfigAck.error: at most kMaxOomMessage bytes.
+absl::Status CheckOomMessage(absl::string_view message);
+absl::Status CheckNackError(absl::string_view error);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_REQUEST_LIMITS_H_
