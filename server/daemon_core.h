@@ -4,6 +4,14 @@
 // and the side socket are thin adapters over it, so every rule here is
 // tested without a network.
 //
+// The core serves sessions, leases and chunks itself, and wires together
+// the parts that hold the other concepts (each locks its own state):
+// SessionAccess (who may act on a session, who may administer),
+// request_limits.h and Quotas, ConfigPusher (set, push, ACK, rollback),
+// Reclaimer (asking other sessions to give memory back), RestartAdoption
+// (after a restart: the window, capacity fitting, the sessions file) and
+// WorkingSetStore (an ended session's working set for its job's next).
+//
 // Rules:
 // - a session belongs to the pid/uid that registered it; a call naming a
 //   session from any other pid is PermissionDenied;
@@ -29,42 +37,31 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocd.pb.h"
 #include "ipc/unix_socket.h"
-#include "server/adoption_window.h"
+#include "server/config_pusher.h"
 #include "server/config_store.h"
 #include "server/metrics.h"
 #include "server/pool/device_pools.h"
 #include "server/pool/node_pool.h"
+#include "server/quotas.h"
+#include "server/reclaimer.h"
+#include "server/restart_adoption.h"
+#include "server/session_access.h"
+#include "server/session_id.h"
 #include "server/session_observer.h"
 #include "server/session_registry.h"
+#include "server/working_set_store.h"
 
 namespace allocd {
-
-// A device's memory when the daemon started, for fitting its pool's
-// capacity after a restart (DaemonCore::SettleAdoption).
-struct DeviceAtStart {
-  // cuMemGetInfo's free at start; nullopt: no device (sim), nothing fitted.
-  std::optional<uint64_t> free_memory;
-  // The capacity was derived from `free_memory` (free minus --headroom, no
-  // --capacity): the chunks surviving clients hold were in use at start,
-  // so the capacity grows by what the pool adopts. Otherwise (--capacity
-  // given) it is clipped, with a warning, to `free_memory` plus what the
-  // pool adopted.
-  bool capacity_from_free = false;
-};
 
 struct DaemonCoreOptions {
   // "sim" or "cuda": reported to clients and admins.
@@ -87,8 +84,8 @@ struct DaemonCoreOptions {
   absl::Duration adopt_window = absl::Seconds(5);
   // Each device's memory when the daemon started, by node device (missing
   // ones: no device, as in sim). Once the adoption window closes each
-  // pool's capacity is fitted to it (DeviceAtStart): the pool never
-  // promises what the device does not have.
+  // pool's capacity is fitted to it (DeviceAtStart, RestartAdoption): the
+  // pool never promises what the device does not have.
   std::vector<DeviceAtStart> devices_at_start;
 };
 
@@ -194,7 +191,9 @@ class DaemonCore {
   absl::Status RollBackSession(SessionId id, absl::string_view config,
                                std::string reason);
   // Records an entry in the config history (the autotuner's decisions).
-  void RecordHistory(HistoryRecord record) { configs_.Record(std::move(record)); }
+  void RecordHistory(HistoryRecord record) {
+    configs().Record(std::move(record));
+  }
   // Removes `job`'s own config (the config file dropped its entry); its
   // sessions get the default, if one is set.
   void ClearConfig(absl::string_view job, absl::string_view author);
@@ -212,7 +211,7 @@ class DaemonCore {
   void EndAll();
   size_t session_count() const { return sessions_.size(); }
   const DevicePools& pools() const { return *pools_; }
-  ConfigStore& configs() { return configs_; }
+  ConfigStore& configs() { return config_pusher_.store(); }
 
  private:
   // The pool serving `session` (its device's).
@@ -221,43 +220,12 @@ class DaemonCore {
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> Acquire(
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
       bool may_wait);
-  absl::StatusOr<std::shared_ptr<Session>> OwnedSession(
-      const PeerCredentials& peer, SessionId id) const;
-  void Push(Session& session, const ConfigRecord& record, bool rollback,
-            std::string reason);
-  // Pushes `target` to `session` as a rollback and records it.
-  void PushRollBack(Session& session, const ConfigRecord& target,
-                    std::string reason);
-  // The version under which this daemon records the config (canonical) a
-  // registering client declared it runs under `declared_version`: that
-  // version when this daemon set it, else a new one (a restarted daemon).
-  AppliedConfig AdoptRunningConfig(absl::string_view job,
-                                   const std::string& config,
-                                   uint64_t declared_version, SessionId id);
-  // Exports the device's pool (PublishPool(session): the session's).
-  void PublishPool(const DevicePool& device);
-  void PublishPool(const Session& session);
-  // Logs the sessions a restart waits for, settles an adoption with
-  // nothing to wait for, and publishes every pool (both constructors).
-  void Start();
-  // Once the adoption window has closed (at most once): fits each device's
-  // capacity to its memory (options_.devices_at_start).
-  void SettleAdoption();
-  // Fits device `device`'s capacity to its free memory at start plus what
-  // its pool adopted (SettleAdoption, under settle_mu_).
-  void FitCapacity(const DevicePool& device)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(settle_mu_);
-  // Writes the sessions file: the pids of live sessions, and of the daemon
-  // before's sessions still awaited.
-  void SaveSessions();
-  // Wakes Reclaim()s waiting for memory to come back.
-  void SignalReleased();
-  // Asks every session of `except`'s device but `except` that caches
-  // memory and is not itself waiting in an acquire to release it, then
-  // waits until `shortfall` bytes (ShortfallBytes of the refusal: short of
-  // the pool's capacity, or of the device's memory) came back or
-  // reclaim_wait passes.
-  void Reclaim(const Session& except, uint64_t shortfall);
+  // Chunks went back to `session`'s pool: wakes reclaims waiting for them
+  // and publishes the pool.
+  void Released(const Session& session);
+  // Exports every pool (at start), or `session`'s (PublishPool).
+  void PublishPools();
+  void PublishPoolOf(const Session& session);
 
   const DaemonCoreOptions options_;
   // Set by the one-pool constructor only.
@@ -266,46 +234,19 @@ class DaemonCore {
   Metrics* const metrics_;
   const absl::Time started_ = absl::Now();
   SessionRegistry sessions_;
-  ConfigStore configs_;
   SessionObserver* observer_ = nullptr;
-  AdoptionWindow adoption_{
-      options_.sessions_file.empty()
-          ? SessionsByPid{}
-          : ReadSessionsFile(options_.sessions_file, ProcessAlive),
-      started_ + options_.adopt_window};
-  // Set by EndAll: the sessions file keeps the sessions a shutdown ends,
-  // whose processes live on and will declare their chunks to the next
-  // daemon.
-  std::atomic<bool> shutting_down_{false};
-  absl::Mutex settle_mu_;
-  bool settled_ ABSL_GUARDED_BY(settle_mu_) = false;
-  // By node device, once SettleAdoption fitted its capacity: the most a
-  // late declaration (after the fit) grows it to (the --capacity it
-  // clipped, or unbounded for a capacity derived from free memory).
-  std::map<int, uint64_t> capacity_ceiling_ ABSL_GUARDED_BY(settle_mu_);
-  absl::Mutex sessions_file_mu_;
-  // Held by a registration from its session's creation to its config at
-  // registration, and by a job config's fan-out to the sessions it applies
-  // to: otherwise a session created during a SetConfig is pushed the new
-  // version by both, applies it twice and ACKs twice.
-  absl::Mutex fanout_mu_;
-
-  // The working set an ended session reported, kept for the job's next
-  // session on the device (RegisterResponse.working_set); by job label
-  // and node device, the last one to end. In memory only: a restarted
-  // daemon hands over nothing until a session of the job ends again.
-  absl::Status ValidateWorkingSet(const v1::WorkingSet& set,
-                                  uint64_t chunk_bytes) const;
-  void RememberWorkingSet(const Session& ended);
-  std::vector<uint64_t> LastWorkingSet(const std::string& job,
-                                       int node_device) const;
-  mutable absl::Mutex working_sets_mu_;
-  std::map<std::pair<std::string, int>, std::vector<uint64_t>> working_sets_
-      ABSL_GUARDED_BY(working_sets_mu_);
-
-  // Signalled whenever chunks return to the pool.
-  absl::Mutex released_mu_;
-  absl::CondVar released_cv_;
+  SessionAccess access_{&sessions_, options_.admin_uids};
+  Quotas quotas_{pools_, &sessions_};
+  ConfigPusher config_pusher_{&sessions_, metrics_};
+  Reclaimer reclaimer_{&sessions_, metrics_, options_.reclaim_wait};
+  WorkingSetStore working_sets_{options_.max_acquire_bytes};
+  RestartAdoption adoption_{{.sessions_file = options_.sessions_file,
+                             .window = options_.adopt_window,
+                             .devices_at_start = options_.devices_at_start},
+                            started_,
+                            pools_,
+                            &sessions_,
+                            metrics_};
 };
 
 }  // namespace allocd

@@ -1,0 +1,151 @@
+#include "server/config_pusher.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/metrics.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kPredicted[] = "allocd_config_predicted_peak_reserved_bytes";
+
+class ConfigPusherTest : public ::testing::Test {
+ protected:
+  // A session of job "llama" whose client started with
+  // max_split_size_mb:64, registered as DaemonCore does.
+  std::shared_ptr<Session> Register(const std::string& current = "",
+                                    uint64_t current_version = 0) {
+    absl::MutexLock fanout(&pusher_.fanout_mu());
+    std::shared_ptr<Session> session = sessions_.Create(
+        {.job = "llama", .initial_config = "max_split_size_mb:64"});
+    registered_ = pusher_.Register(*session, current, current_version);
+    return session;
+  }
+
+  // The versions pushed to `session` so far, and whether each was a
+  // rollback.
+  static std::vector<std::pair<uint64_t, bool>> Pushed(Session& session) {
+    std::vector<std::pair<uint64_t, bool>> pushed;
+    v1::ControlMessage m;
+    while (session.WaitNext(&m, absl::ZeroDuration())) {
+      pushed.emplace_back(m.config().config().version(),
+                          m.config().rollback());
+    }
+    return pushed;
+  }
+
+  SessionRegistry sessions_;
+  Metrics metrics_;
+  ConfigPusher pusher_{&sessions_, &metrics_};
+  ConfigPusher::AtRegistration registered_;
+};
+
+TEST_F(ConfigPusherTest, AConfigsPredictedPeakIsKeptAndExportedForItsJob) {
+  absl::StatusOr<v1::SetConfigResponse> set = pusher_.Set(
+      "llama", "expandable_segments:True", "test", 4802478080, false);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->config().predicted_peak_reserved_bytes(), 4802478080u);
+  EXPECT_EQ(pusher_.Get("llama").config().predicted_peak_reserved_bytes(),
+            4802478080u);
+  EXPECT_THAT(metrics_.Render(),
+              HasSubstr(std::string(kPredicted) +
+                        "{job=\"llama\"} 4802478080"));
+  // Another job's config without a prediction exports nothing for it.
+  ASSERT_TRUE(
+      pusher_.Set("gpt2", "max_split_size_mb:256", "test", 0, false).ok());
+  EXPECT_THAT(metrics_.Render(), Not(HasSubstr("job=\"gpt2\"} ")));
+}
+
+TEST_F(ConfigPusherTest, ANewConfigWithoutAPredictionRemovesTheOldOne) {
+  ASSERT_TRUE(
+      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30, false)
+          .ok());
+  ASSERT_TRUE(
+      pusher_.Set("llama", "max_split_size_mb:256", "test", 0, false).ok());
+  EXPECT_THAT(metrics_.Render(), Not(HasSubstr(std::string(kPredicted) + "{")));
+}
+
+TEST_F(ConfigPusherTest, ClearingAJobsConfigRemovesItsPrediction) {
+  ASSERT_TRUE(
+      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30, false)
+          .ok());
+  pusher_.Clear("llama", "test");
+  EXPECT_THAT(metrics_.Render(), Not(HasSubstr(std::string(kPredicted) + "{")));
+}
+
+// A new session is pushed its job's config; one whose client declares it
+// runs that config already (it reconnected) is not, and runs it under the
+// version this daemon knows.
+TEST_F(ConfigPusherTest,
+       ARegisteringSessionIsPushedItsJobsConfigUnlessItRunsIt) {
+  absl::StatusOr<v1::SetConfigResponse> set =
+      pusher_.Set("llama", "expandable_segments:True", "test", 0, false);
+  ASSERT_TRUE(set.ok()) << set.status();
+  const uint64_t version = set->config().version();
+
+  std::shared_ptr<Session> fresh = Register();
+  EXPECT_EQ(registered_.running.version, 0u);
+  EXPECT_EQ(registered_.config->version, version);
+  EXPECT_EQ(Pushed(*fresh),
+            (std::vector<std::pair<uint64_t, bool>>{{version, false}}));
+
+  std::shared_ptr<Session> back = Register("expandable_segments:True", version);
+  EXPECT_EQ(registered_.running.version, version);
+  EXPECT_EQ(back->Current().version, version);
+  EXPECT_TRUE(Pushed(*back).empty());
+  // Declared under a version this daemon never set (it restarted): adopted
+  // as a new one, with its config.
+  std::shared_ptr<Session> restarted =
+      Register("expandable_segments:True", version + 100);
+  EXPECT_GT(registered_.running.version, version);
+  EXPECT_EQ(registered_.running.config, "expandable_segments:True");
+  EXPECT_TRUE(Pushed(*restarted).empty());
+}
+
+// An OOM under a pushed version rolls back to the config before, once; an
+// OOM after the daemon refused the session memory does not.
+TEST_F(ConfigPusherTest, AnOomRollsBackOnceUnlessTheDaemonRefusedMemory) {
+  std::shared_ptr<Session> session = Register();
+  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
+      session->id(), "expandable_segments:True", "test", "canary", 0);
+  ASSERT_TRUE(canary.ok()) << canary.status();
+  v1::ConfigAck ack;
+  ack.set_session_id(session->id());
+  ack.set_version(*canary);
+  ack.set_applied(true);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  EXPECT_EQ(session->Current().version, *canary);
+  Pushed(*session);
+
+  session->NoteAcquireRefused();
+  EXPECT_FALSE(pusher_.RollBackAfterOom(*session, 1 << 20));
+  EXPECT_TRUE(pusher_.RollBackAfterOom(*session, 1 << 20));
+  EXPECT_FALSE(pusher_.RollBackAfterOom(*session, 1 << 20));
+  EXPECT_EQ(Pushed(*session),
+            (std::vector<std::pair<uint64_t, bool>>{{0, true}}));
+}
+
+TEST_F(ConfigPusherTest, AnAckOfAnUnknownVersionOrAnOverlongNackIsRefused) {
+  std::shared_ptr<Session> session = Register();
+  v1::ConfigAck ack;
+  ack.set_session_id(session->id());
+  ack.set_version(12345);
+  EXPECT_TRUE(absl::IsInvalidArgument(pusher_.Ack(*session, ack)));
+  ack.set_version(0);
+  ack.set_error(std::string(4097, 'x'));
+  EXPECT_TRUE(absl::IsInvalidArgument(pusher_.Ack(*session, ack)));
+  ack.set_error("PyTorch said no");
+  EXPECT_TRUE(pusher_.Ack(*session, ack).ok());
+  EXPECT_EQ(pusher_.History("llama", 0).entries(0).event(), "nack");
+}
+
+}  // namespace
+}  // namespace allocd

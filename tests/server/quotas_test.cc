@@ -1,0 +1,75 @@
+#include "server/quotas.h"
+
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "server/pool/device_pools.h"
+#include "server/pool/memfd_chunk_source.h"
+#include "server/pool/node_pool.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uid_t kUid = 1000;
+
+class QuotasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(pools_.AddBorrowed(SimDeviceUuid(0), "memfd", &pool0_).ok());
+    ASSERT_TRUE(pools_.AddBorrowed(SimDeviceUuid(1), "memfd", &pool1_).ok());
+  }
+
+  // A session of kUid on node device `device`, in its pool.
+  SessionId Start(int device) {
+    std::shared_ptr<Session> s =
+        sessions_.Create({.pid = 4242, .uid = kUid, .node_device = device});
+    EXPECT_TRUE(pools_.at(device).pool->AddSession(s->id(), kUid, 4242).ok());
+    return s->id();
+  }
+
+  MemfdChunkSource source0_;
+  MemfdChunkSource source1_;
+  NodePool pool0_{&source0_, uint64_t{1} << 30};
+  NodePool pool1_{&source1_, uint64_t{1} << 30};
+  DevicePools pools_;
+  SessionRegistry sessions_;
+  Quotas quotas_{&pools_, &sessions_};
+};
+
+TEST_F(QuotasTest, ASessionsQuotaIsSetOnItsDevicesPool) {
+  const SessionId id = Start(1);
+  v1::SetQuotaRequest r;
+  r.set_session_id(id);
+  r.set_bytes(4 * kMiB);
+  ASSERT_TRUE(quotas_.Set(r).ok());
+  EXPECT_EQ(pool1_.Stats().sessions.at(id).quota, 4 * kMiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool1_.Acquire(id, 6 * kMiB).status()));
+  r.clear_bytes();
+  ASSERT_TRUE(quotas_.Set(r).ok());
+  EXPECT_FALSE(pool1_.Stats().sessions.at(id).quota.has_value());
+
+  r.set_session_id(id + 1);
+  EXPECT_TRUE(absl::IsNotFound(quotas_.Set(r)));
+  EXPECT_TRUE(absl::IsInvalidArgument(quotas_.Set(v1::SetQuotaRequest())));
+}
+
+TEST_F(QuotasTest, AUidsQuotaHoldsOnEveryDevice) {
+  const SessionId on0 = Start(0);
+  const SessionId on1 = Start(1);
+  v1::SetQuotaRequest r;
+  r.set_uid(kUid);
+  r.set_bytes(4 * kMiB);
+  ASSERT_TRUE(quotas_.Set(r).ok());
+  EXPECT_TRUE(
+      absl::IsResourceExhausted(pool0_.Acquire(on0, 6 * kMiB).status()));
+  EXPECT_TRUE(
+      absl::IsResourceExhausted(pool1_.Acquire(on1, 6 * kMiB).status()));
+  quotas_.SetUid(kUid, std::nullopt);
+  EXPECT_TRUE(pool0_.Acquire(on0, 6 * kMiB).ok());
+  EXPECT_TRUE(pool1_.Acquire(on1, 6 * kMiB).ok());
+}
+
+}  // namespace
+}  // namespace allocd

@@ -1,0 +1,129 @@
+#include "server/reclaimer.h"
+
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/daemon_core.h"
+#include "server/metrics.h"
+#include "server/pool/memfd_chunk_source.h"
+#include "server/pool/node_pool.h"
+#include "server/session_registry.h"
+#include "tests/server/full_device_source.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// The reclaim messages `session` was sent, by the bytes each asks.
+std::vector<uint64_t> AskedOf(Session& session) {
+  std::vector<uint64_t> asked;
+  v1::ControlMessage m;
+  while (session.WaitNext(&m, absl::ZeroDuration())) {
+    asked.push_back(m.reclaim().bytes());
+  }
+  return asked;
+}
+
+// Only the other sessions of the asker's device that cache memory and are
+// not waiting in an acquire of their own are asked, each for at most the
+// shortfall; and nobody is asked when what they cache cannot cover it.
+TEST(ReclaimerTest, AsksTheOtherCachersOfTheDeviceWhenTheyCanCoverIt) {
+  SessionRegistry sessions;
+  Metrics metrics;
+  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(50));
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{1} << 30);
+  const std::map<std::string, int64_t> caching_8_mib = {
+      {"reserved_bytes.all.current", 10 * kMiB},
+      {"allocated_bytes.all.current", 2 * kMiB}};
+  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  asker->SetStats(caching_8_mib);
+  std::shared_ptr<Session> cacher = sessions.Create({.node_device = 0});
+  cacher->SetStats(caching_8_mib);
+  std::shared_ptr<Session> other_gpu = sessions.Create({.node_device = 1});
+  other_gpu->SetStats(caching_8_mib);
+  std::shared_ptr<Session> acquiring = sessions.Create({.node_device = 0});
+  acquiring->SetStats(caching_8_mib);
+  acquiring->BeginAcquire();
+
+  reclaimer.Reclaim(*asker, pool, 16 * kMiB);
+  EXPECT_TRUE(AskedOf(*cacher).empty());
+  EXPECT_THAT(metrics.Render(),
+              HasSubstr("allocd_reclaim_requests_total 0"));
+
+  reclaimer.Reclaim(*asker, pool, 4 * kMiB);
+  EXPECT_EQ(AskedOf(*cacher), std::vector<uint64_t>{4 * kMiB});
+  EXPECT_TRUE(AskedOf(*asker).empty());
+  EXPECT_TRUE(AskedOf(*other_gpu).empty());
+  EXPECT_TRUE(AskedOf(*acquiring).empty());
+  EXPECT_THAT(metrics.Render(),
+              HasSubstr("allocd_reclaim_requests_total 1"));
+}
+
+// The pool's capacity has room, the device has not: the other session's
+// cache is asked back, as for a shortage of the pool, and serves the grant.
+TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
+  FullDeviceSource source(16 * kMiB);
+  NodePool pool(&source, uint64_t{1} << 30);
+  Metrics metrics;
+  DaemonCore core({.reclaim_wait = absl::Seconds(10)}, &pool, &metrics);
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  absl::StatusOr<v1::RegisterResponse> cacher = core.Register(peer, hello);
+  absl::StatusOr<v1::RegisterResponse> needy = core.Register(peer, hello);
+  ASSERT_TRUE(cacher.ok() && needy.ok());
+  v1::AcquireChunksRequest ask;
+  ask.set_session_id(cacher->session_id());
+  ask.set_bytes(12 * kMiB);
+  absl::StatusOr<v1::AcquireChunksResponse> cached =
+      core.AcquireChunks(peer, ask);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  v1::TelemetryReport report;
+  report.set_session_id(cacher->session_id());
+  (*report.mutable_stats())["reserved_bytes.all.current"] = 12 * kMiB;
+  (*report.mutable_stats())["allocated_bytes.all.current"] = 0;
+  ASSERT_TRUE(core.Telemetry(peer, report).ok());
+
+  // The cacher answers the reclaim as its allocator would: empty_cache.
+  absl::StatusOr<std::shared_ptr<Session>> watched =
+      core.Watch(peer, cacher->session_id());
+  ASSERT_TRUE(watched.ok());
+  std::thread cacher_thread([&] {
+    v1::ControlMessage message;
+    ASSERT_TRUE((*watched)->WaitNext(&message, absl::Seconds(10)));
+    ASSERT_TRUE(message.has_reclaim());
+    EXPECT_EQ(message.reclaim().bytes(), 8 * kMiB);  // what the device lacks
+    v1::ReleaseChunksRequest release;
+    release.set_session_id(cacher->session_id());
+    *release.mutable_chunk_ids() = cached->chunk_ids();
+    EXPECT_TRUE(core.ReleaseChunks(peer, release).ok());
+  });
+  ask.set_session_id(needy->session_id());
+  // Not on the lease's thread, which never waits...
+  absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
+      core.AcquireChunksNow(peer, ask);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_FALSE(now->has_value());
+  // ...but over gRPC: the cacher's chunks come back and serve it.
+  absl::StatusOr<v1::AcquireChunksResponse> granted =
+      core.AcquireChunks(peer, ask);
+  cacher_thread.join();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_GE(granted->reused_chunks(), 1u);
+  EXPECT_EQ(core.Status().in_use_bytes(), 12 * kMiB);
+}
+
+}  // namespace
+}  // namespace allocd

@@ -1,0 +1,123 @@
+#include "server/working_set_store.h"
+
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/protocol.h"
+#include "server/daemon_core.h"
+#include "server/metrics.h"
+#include "server/pool/memfd_chunk_source.h"
+#include "server/pool/node_pool.h"
+#include "server/session_registry.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::ElementsAre;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+v1::WorkingSet SetOf(const std::vector<uint64_t>& segments) {
+  v1::WorkingSet set;
+  for (uint64_t bytes : segments) set.add_segment_bytes(bytes);
+  return set;
+}
+
+// The last session of a job to end on a device hands its working set to
+// the job's next session there: not another job's, another device's, or a
+// job without a label.
+TEST(WorkingSetStoreTest, KeepsTheLastEndedSessionsSetByJobAndDevice) {
+  WorkingSetStore store(uint64_t{1} << 30);
+  SessionRegistry sessions;
+  auto ended = [&](const std::string& job, int device,
+                   std::vector<uint64_t> segments) {
+    std::shared_ptr<Session> s =
+        sessions.Create({.job = job, .node_device = device});
+    EXPECT_TRUE(store.Report(*s, SetOf(segments), 2 * kMiB).ok());
+    store.Remember(*s);
+  };
+  ended("trainer", 0, {20 * kMiB});
+  ended("trainer", 0, {2 * kMiB, 4 * kMiB});
+  ended("trainer", 1, {8 * kMiB});
+  ended("", 0, {2 * kMiB});
+  EXPECT_THAT(store.Last("trainer", 0), ElementsAre(2 * kMiB, 4 * kMiB));
+  EXPECT_THAT(store.Last("trainer", 1), ElementsAre(8 * kMiB));
+  EXPECT_TRUE(store.Last("evaluator", 0).empty());
+  EXPECT_TRUE(store.Last("", 0).empty());
+  // A session that reported nothing leaves the last set as it was.
+  std::shared_ptr<Session> quiet = sessions.Create({.job = "trainer"});
+  store.Remember(*quiet);
+  EXPECT_THAT(store.Last("trainer", 0), ElementsAre(2 * kMiB, 4 * kMiB));
+}
+
+TEST(WorkingSetStoreTest, ASetThatCannotBeOneIsRefusedAndTheLastKept) {
+  WorkingSetStore store(64 * kMiB);
+  SessionRegistry sessions;
+  std::shared_ptr<Session> s = sessions.Create({.job = "trainer"});
+  ASSERT_TRUE(store.Report(*s, SetOf({2 * kMiB, 64 * kMiB}), 2 * kMiB).ok());
+  for (const std::vector<uint64_t>& bad :
+       {std::vector<uint64_t>{kMiB}, std::vector<uint64_t>{0},
+        std::vector<uint64_t>{66 * kMiB},
+        std::vector<uint64_t>(kMaxWorkingSetSegments + 1, 2 * kMiB)}) {
+    EXPECT_TRUE(
+        absl::IsInvalidArgument(store.Report(*s, SetOf(bad), 2 * kMiB)));
+  }
+  EXPECT_THAT(s->WorkingSet(), ElementsAre(2 * kMiB, 64 * kMiB));
+}
+
+// Through the daemon: a session's working set (its segments at its peak,
+// from its telemetry) is handed to the next session of the same job on the
+// device when it ends; a job without a label, or another job, is handed
+// nothing, and a working set that cannot be one is refused.
+TEST(DaemonCoreWorkingSetTest,
+     AnEndedSessionsWorkingSetIsHandedToItsJobsNextSession) {
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{1} << 30);
+  Metrics metrics;
+  DaemonCore core({}, &pool, &metrics);
+  const PeerCredentials peer{.pid = getpid(), .uid = 0};
+  auto hello = [&](const std::string& job) {
+    v1::RegisterRequest r;
+    r.set_protocol_version(1);
+    r.set_job(job);
+    absl::StatusOr<v1::RegisterResponse> response = core.Register(peer, r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return *response;
+  };
+  auto report = [&](uint64_t session, std::vector<uint64_t> segments) {
+    v1::TelemetryReport r;
+    r.set_session_id(session);
+    *r.mutable_working_set() = SetOf(segments);
+    return core.Telemetry(peer, r);
+  };
+  const v1::RegisterResponse first = hello("trainer");
+  EXPECT_EQ(first.working_set().segment_bytes_size(), 0);
+  ASSERT_TRUE(report(first.session_id(), {20 * kMiB, 2 * kMiB}).ok());
+  ASSERT_TRUE(
+      report(first.session_id(), {20 * kMiB, 2 * kMiB, 512 * kMiB}).ok());
+  // Not a multiple of the chunk, zero, too many: refused, the last kept.
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {kMiB})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {0})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(
+      first.session_id(),
+      std::vector<uint64_t>(kMaxWorkingSetSegments + 1, 2 * kMiB))));
+  const v1::RegisterResponse unlabelled = hello("");
+  ASSERT_TRUE(report(unlabelled.session_id(), {2 * kMiB}).ok());
+  // Nothing before the session ends.
+  EXPECT_EQ(hello("trainer").working_set().segment_bytes_size(), 0);
+  core.EndSession(first.session_id(), "test");
+  core.EndSession(unlabelled.session_id(), "test");
+
+  EXPECT_THAT(hello("trainer").working_set().segment_bytes(),
+              ElementsAre(20 * kMiB, 2 * kMiB, 512 * kMiB));
+  EXPECT_EQ(hello("evaluator").working_set().segment_bytes_size(), 0);
+  EXPECT_EQ(hello("").working_set().segment_bytes_size(), 0);
+}
+
+}  // namespace
+}  // namespace allocd
