@@ -23,10 +23,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocd.pb.h"
+#include "server/session_id.h"
 
 namespace allocd {
-
-using SessionId = uint64_t;
 
 // What a session was registered with; fixed for its life.
 struct SessionIdentity {
