@@ -40,8 +40,10 @@
 // epoch per pool (Options::chunk_id_epoch, in the top 24 bits), and a new
 // id is never one a live chunk has (an adopted chunk of the same epoch).
 //
-// Thread-safe: one mutex; chunk creation and destruction (device calls) run
-// outside it, so a large Acquire does not stall other sessions' calls.
+// Thread-safe: one mutex, which also guards the parts (ChunkShares and
+// ClaimTokens take it by name); chunk creation and destruction (device
+// calls) run outside it, so a large Acquire does not stall other sessions'
+// calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
 #define ALLOCD_SERVER_POOL_NODE_POOL_H_
 
