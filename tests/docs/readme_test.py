@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's commands, run as written, so that it cannot rot.
+"""The commands of the README and the docs, run as written, so that they cannot rot.
 
 Every ```sh block and every transcript (a ``` block whose first line starts
 with "$ ") in README.md and docs/*.md must say, in an HTML comment right
@@ -17,17 +17,26 @@ on PATH (into a temporary prefix), in a scratch directory that links the
 repository's top-level entries (so traces/ is there and nothing is written
 into the checkout), with a private /tmp and network when unshare(1) allows
 (so fixed sockets and ports of the walkthroughs do not collide with
-anything else on the machine). Background jobs a block starts are ended
-with it.
+anything else on the machine). The checkout, the build and the scratch
+directory stay reachable wherever they are, /tmp included: those the
+private /tmp would hide are bound back into it. Background jobs a block
+starts are ended with it. A failure names the file and the line of the
+block.
 
-The test also checks that the README points at nothing outside the
-repository: every relative link resolves to a file in it.
+The test also checks that the docs point at nothing outside the
+repository: every relative link resolves to a file in it (and a heading
+of it, for an #anchor).
 
-    readme_test.py SOURCE_DIR BUILD_DIR
+    readme_test.py SOURCE_DIR BUILD_DIR [--scratch DIR]
+
+--scratch: where the temporary prefix and work directory go (default:
+BUILD_DIR).
 """
+import argparse
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -63,31 +72,58 @@ def runnable(language, body):
     return language in ("sh", "bash") or (language == "" and body and body[0].startswith("$ "))
 
 
-def isolate():
-    """The command prefix that gives a block a private /tmp and loopback."""
+def under_tmp(paths):
+    """Of `paths`, those under /tmp, relative to it, outermost first and none
+    inside another: what a private /tmp would hide."""
+    tmp = pathlib.Path("/tmp").resolve()
+    hidden = []
+    for path in sorted({pathlib.Path(p).resolve() for p in paths}):
+        if path == tmp or not path.is_relative_to(tmp):
+            continue
+        relative = path.relative_to(tmp)
+        if not any(relative.is_relative_to(outer) for outer in hidden):
+            hidden.append(relative)
+    return hidden
+
+
+def private_tmp(keep):
+    """Bash that mounts a fresh /tmp and binds `keep` (paths relative to /tmp)
+    back from the old one, reached through a descriptor opened before."""
+    binds = "".join(
+        f'  mkdir -p /tmp/{q} && mount --no-canonicalize --bind /proc/self/fd/9/{q} /tmp/{q} ||\n'
+        f'    {{ echo "readme_test: cannot bind /tmp/{q} back into the private /tmp" >&2; exit 97; }}\n'
+        for q in (shlex.quote(str(k)) for k in keep))
+    return ("exec 9</tmp\n"
+            "mount -t tmpfs tmpfs /tmp\n"
+            f"{binds}"
+            "exec 9<&-\n"
+            "ip link set lo up 2>/dev/null || true\n")
+
+
+def isolate(keep, probe_path):
+    """The command prefix and set-up that give a block a private /tmp and
+    loopback, with `keep` (under /tmp) still there; (None, "") when
+    unshare(1) cannot, after saying why if unshare is there."""
     if shutil.which("unshare") is None:
-        return None
-    probe = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "--net", "--fork", "true"],
-        capture_output=True)
-    return ["unshare", "--map-root-user", "--mount", "--net", "--fork", "--kill-child"] \
-        if probe.returncode == 0 else None
-
-
-SETUP = """
-if [ -n "${READMETEST_ISOLATED:-}" ]; then
-  mount -t tmpfs tmpfs /tmp
-  ip link set lo up 2>/dev/null || true
-fi
-"""
+        return None, ""
+    command = ["unshare", "--map-root-user", "--mount", "--net", "--fork", "--kill-child"]
+    setup = private_tmp(keep)
+    probe = subprocess.run(command + ["bash", "-c", setup + f"test -e {shlex.quote(str(probe_path))}"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        print("readme_test: blocks run without a private /tmp and network: "
+              f"{probe.stderr.strip() or 'unshare failed'}")
+        return None, ""
+    return command, setup
 
 
 def run_script(script, workdir, env, isolation):
-    """Runs bash `script`; (exit status, output). Its process group ends with it."""
-    full = SETUP + script + "\n"
-    command = (isolation or []) + ["bash", "-c", full]
-    if isolation:
-        env = dict(env, READMETEST_ISOLATED="1")
+    """Runs bash `script`; (exit status, output). Its process group ends with it.
+    `isolation`: (command prefix, set-up script) from isolate()."""
+    prefix, setup = isolation
+    command = (prefix or []) + ["bash", "-c", setup + script + "\n"]
+    if prefix:
+        env = dict(env, TMPDIR="/tmp")
     process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -140,11 +176,16 @@ def check_metrics(source, failures):
 
 
 def main():
-    source, build = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2]).resolve()
+    parser = argparse.ArgumentParser(description="Runs the command blocks of README.md and docs/*.md.")
+    parser.add_argument("source", type=pathlib.Path, help="the repository")
+    parser.add_argument("build", type=pathlib.Path, help="the build to install from")
+    parser.add_argument("--scratch", type=pathlib.Path,
+                        help="where the temporary prefix and work directory go (default: BUILD)")
+    args = parser.parse_args()
+    source, build = args.source.resolve(), args.build.resolve()
     docs = [source / "README.md"] + sorted((source / "docs").glob("*.md"))
     failures, ran, skipped = [], 0, 0
-    # Not under /tmp, which the isolated blocks get a fresh one of.
-    with tempfile.TemporaryDirectory(prefix="readme_test_", dir=build) as tmp:
+    with tempfile.TemporaryDirectory(prefix="readme_test_", dir=args.scratch or build) as tmp:
         tmp = pathlib.Path(tmp)
         prefix = tmp / "prefix"
         install = subprocess.run(["cmake", "--install", str(build), "--prefix", str(prefix)],
@@ -159,7 +200,10 @@ def main():
             if entry.name not in (".git", "build"):
                 (workdir / entry.name).symlink_to(entry)
         env = dict(os.environ, PATH=f"{prefix / 'bin'}:{os.environ['PATH']}")
-        isolation = isolate()
+        # Each isolated block gets a fresh /tmp: what it needs from the old
+        # one (a checkout, a build or this scratch directory under /tmp) is
+        # bound back.
+        isolation = isolate(under_tmp([source, build, tmp]), prefix / "bin" / "allocd")
         for doc in docs:
             check_links(source, doc, failures)
             for line, language, body, marker in blocks(doc):
@@ -194,7 +238,7 @@ def main():
                 printed = [l.rstrip() for l in output.splitlines()]
                 for text in shown:
                     if text not in printed:
-                        failures.append(f"{where}: the README shows\n  {text}\n"
+                        failures.append(f"{where}: the block shows\n  {text}\n"
                                         f"but the command printed:\n{output}")
     check_metrics(source, failures)
     for failure in failures:
