@@ -91,10 +91,11 @@ typedef int (*allocd_config_target)(const char* update, char* error,
 /* Applies the pushed config `version` (a "config" control message) as
  * every allocd client does: refuses one that does not parse or names
  * another backend than the process started with; else calls `target` (with
- * `context`) on this thread. ACKs the push, or NACKs it with the reason;
- * an applied config is the one the client declares as running when it
- * registers again. Returns 1 when applied, 0 when refused, -1 on error (no
- * push of that version waits to be applied). */
+ * `context`) on this thread, which must not apply another meanwhile. ACKs
+ * the push, or NACKs it with the reason; an applied config is the one the
+ * client declares as running when it registers again. Returns 1 when
+ * applied, 0 when refused, -1 on error (no push of that version waits to be
+ * applied). */
 ALLOCD_API int allocd_apply_config(allocd_client* c, uint64_t version,
                                    allocd_config_target target,
                                    void* context);

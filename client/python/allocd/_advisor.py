@@ -206,7 +206,7 @@ class Advisor:
             torch.cuda.empty_cache()
             return 0
 
-        callback = self._lib.allocd_apply_config.argtypes[2](target)
+        callback = self._lib.allocd_apply_config.argtypes[2](target)  # its ctypes callback type
         outcome = self._lib.allocd_apply_config(self._client, message["version"], callback, None)
         buffer = ctypes.create_string_buffer(1 << 16)
         if self._lib.allocd_applied_config(self._client, buffer, len(buffer)) < 0:
