@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
+#include "client/config_applier.h"
 #include "nlohmann/json.hpp"
 
 namespace allocd {

@@ -12,9 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "allocd.pb.h"
-#include "client/config_applier.h"
 
 namespace allocd {
+
+class ConfigApplier;
 
 // A job's autotune preferences as JSON: {"pinned_keys":
 // ["expandable_segments"], "allow_memory_fraction": false, "mode":
