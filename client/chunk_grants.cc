@@ -160,7 +160,7 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::AcquireOverRpc(
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   v1::AcquireChunksRequest request;
-  request.set_session_id(c.session_id);
+  NameSession(c, request);
   request.set_bytes(bytes);
   request.set_max_chunk_bytes(max_chunk_bytes);
   request.set_client_creates(client_creates);
@@ -269,7 +269,7 @@ absl::StatusOr<std::string> ChunkGrants::Share(
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   v1::ShareChunksRequest request;
-  request.set_session_id(c->session_id);
+  NameSession(*c, request);
   for (uint64_t id : ids) request.add_chunk_ids(id);
   v1::ShareChunksResponse response;
   if (grpc::Status s = c->stub->ShareChunks(&context, request, &response);
@@ -310,7 +310,7 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::OpenShare(
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   v1::OpenShareRequest request;
-  request.set_session_id(c->session_id);
+  NameSession(*c, request);
   request.set_share_token(share_token);
   v1::AcquireChunksResponse response;
   if (grpc::Status s = c->stub->OpenShare(&context, request, &response);
@@ -328,9 +328,9 @@ absl::Status ChunkGrants::CloseShare(uint64_t epoch,
   if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
   return active_.Call(options_.rpc_timeout,
                       [&](v1::Allocd::Stub& stub, grpc::ClientContext* context,
-                          uint64_t session) {
+                          const Connection& session) {
                         v1::CloseShareRequest request;
-                        request.set_session_id(session);
+                        NameSession(session, request);
                         request.set_share_token(share_token);
                         v1::CloseShareResponse response;
                         return stub.CloseShare(context, request, &response);

@@ -18,7 +18,7 @@ void ControlStream::Watch(Connection& c) {
   grpc::ClientContext context;
   if (!active_.Watch(&context)) return;
   v1::WatchConfigRequest request;
-  request.set_session_id(c.session_id);
+  NameSession(c, request);
   std::unique_ptr<grpc::ClientReader<v1::ControlMessage>> reader =
       c.stub->WatchConfig(&context, request);
   v1::ControlMessage message;
@@ -53,9 +53,9 @@ absl::Status ControlStream::Ack(uint64_t version, bool applied,
                                 absl::string_view error) {
   return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
                                         grpc::ClientContext* context,
-                                        uint64_t session) {
+                                        const Connection& session) {
     v1::ConfigAck request;
-    request.set_session_id(session);
+    NameSession(session, request);
     request.set_version(version);
     request.set_applied(applied);
     request.set_error(std::string(error));
@@ -69,9 +69,9 @@ absl::Status ControlStream::ReportOom(uint64_t requested_bytes,
                                       uint64_t config_version) {
   return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
                                         grpc::ClientContext* context,
-                                        uint64_t session) {
+                                        const Connection& session) {
     v1::OomReport request;
-    request.set_session_id(session);
+    NameSession(session, request);
     request.set_requested_bytes(requested_bytes);
     request.set_message(std::string(message.substr(0, 4096)));
     request.set_config_version(config_version);

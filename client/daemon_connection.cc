@@ -120,6 +120,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
     return FromGrpc(s);
   }
   c->session_id = response.session_id();
+  c->session_secret = response.session_secret();
   c->pool = PoolTerms{response.chunk_bytes(), response.capacity_bytes(), response.gpu_uuid()};
   c->running_version = response.current_config_version();
   c->declare_fds = response.declare_fds();
@@ -132,6 +133,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
   if (!lease.ok()) return lease.status();
   v1::SideRequest lease_request;
   lease_request.set_lease_session_id(c->session_id);
+  lease_request.set_session_secret(c->session_secret);
   if (auto r = SideCall(lease->get(), lease_request, nullptr); !r.ok()) {
     return r.status();
   }
@@ -145,7 +147,7 @@ absl::Status ReleaseChunks(Connection& c, absl::Span<const uint64_t> ids,
   for (size_t begin = 0; begin < ids.size(); begin += kMaxChunkIdsPerRequest) {
     const size_t end = std::min(ids.size(), begin + kMaxChunkIdsPerRequest);
     v1::ReleaseChunksRequest request;
-    request.set_session_id(c.session_id);
+    NameSession(c, request);
     for (size_t i = begin; i < end; ++i) request.add_chunk_ids(ids[i]);
     absl::Status s;
     if (c.lease_acquires) {

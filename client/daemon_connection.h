@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +50,9 @@ struct Connection {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Allocd::Stub> stub;
   uint64_t session_id = 0;
+  // What proves the session to the daemon (RegisterResponse.session_secret),
+  // sent with every request naming it: NameSession.
+  std::string session_secret;
   PoolTerms pool;
   // What this daemon calls the config the client declared as running.
   uint64_t running_version = 0;
@@ -65,6 +69,14 @@ struct Connection {
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
 };
+
+// Names `c`'s session in `request` (any request with session_id and
+// session_secret): the daemon answers only requests that prove it.
+template <typename Request>
+void NameSession(const Connection& c, Request& request) {
+  request.set_session_id(c.session_id);
+  request.set_session_secret(c.session_secret);
+}
 
 // Registers a session as `epoch` with the daemon at options.socket,
 // declaring `running` as the config the process runs (nothing when its
@@ -138,15 +150,16 @@ class ActiveConnection {
   // zero, SIGFPE).
   PoolTerms terms() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One unary RPC on the current session: `rpc(stub, context, session_id)`
-  // with a deadline `timeout` away. Unavailable when not connected.
+  // One unary RPC on the current session: `rpc(stub, context, connection)`
+  // with a deadline `timeout` away (the request names the session with
+  // NameSession). Unavailable when not connected.
   template <typename Rpc>
   absl::Status Call(absl::Duration timeout, Rpc&& rpc) const {
     std::shared_ptr<Connection> c = Current();
     if (c == nullptr) return absl::UnavailableError("not connected to allocd");
     grpc::ClientContext context;
     SetDeadline(context, timeout);
-    return FromGrpc(rpc(*c->stub, &context, c->session_id));
+    return FromGrpc(rpc(*c->stub, &context, std::as_const(*c)));
   }
 
  private:

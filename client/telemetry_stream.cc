@@ -100,13 +100,13 @@ void TelemetryStream::WriteAheadBytes() {
 }
 
 bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,
-                           uint64_t session_id, v1::TelemetryReport* stats,
+                           const Connection& c, v1::TelemetryReport* stats,
                            std::vector<RecordedBatch>& batches) {
   // The stats ride with the first message; events follow in messages of
   // at most kMaxEventsPerReport.
   v1::TelemetryReport report;
   if (stats != nullptr) report = std::move(*stats);
-  report.set_session_id(session_id);
+  NameSession(c, report);
   bool pending = stats != nullptr;
   for (size_t b = 0; b < batches.size(); ++b) {
     const RecordedBatch& batch = batches[b];
@@ -134,7 +134,7 @@ bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,
         return false;
       }
       report.Clear();
-      report.set_session_id(session_id);
+      NameSession(c, report);
       pending = false;
       if (end == batch.events.size()) break;
     }
@@ -198,7 +198,7 @@ void TelemetryStream::Run() {
       writer = c->stub->StreamTelemetry(context.get(), &ack);
       streaming = c;
     }
-    if (!Send(*writer, c->session_id, new_stats ? &report : nullptr, batches)) {
+    if (!Send(*writer, *c, new_stats ? &report : nullptr, batches)) {
       close_stream();
       if (report.has_working_set()) {
         absl::MutexLock lock(&mu_);

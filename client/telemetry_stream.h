@@ -72,10 +72,11 @@ class TelemetryStream {
 
  private:
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
-  // Writes `stats` (when not null) and `batches` on the stream; false when
-  // it broke (unsent batches go back to the recorder as a gap).
+  // Writes `stats` (when not null) and `batches` on the stream, for `c`'s
+  // session; false when it broke (unsent batches go back to the recorder as
+  // a gap).
   bool Send(grpc::ClientWriter<v1::TelemetryReport>& writer,
-            uint64_t session_id, v1::TelemetryReport* stats,
+            const Connection& c, v1::TelemetryReport* stats,
             std::vector<RecordedBatch>& batches);
   void PublishAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Into the stats to send, as one stat (kReadAheadStat).
