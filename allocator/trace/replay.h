@@ -68,12 +68,8 @@ struct TimelineSample {
   int64_t allocated;
 };
 
-// The counters over one stretch of a replay split by a LiveSwitch. The
-// switch's own work (the empty cache's device frees) counts after it; the
-// peaks after it start from what the empty cache left reserved.
-struct ReplayPhase {
-  uint64_t first_event = 0;
-  int64_t reserved_at_start = 0;
+// What a replay counts: its peaks and the engine's device calls.
+struct ReplayCounters {
   int64_t peak_reserved = 0;
   int64_t peak_allocated = 0;
   int64_t peak_requested = 0;  // sizes as asked: what the job itself held
@@ -82,22 +78,24 @@ struct ReplayPhase {
   int64_t num_alloc_retries = 0;
   int64_t num_ooms = 0;
   int64_t num_sync_all_streams = 0;
+  // Index of the trace event whose allocation hit the first OOM.
   std::optional<uint64_t> first_oom_event;
+
+  bool operator==(const ReplayCounters&) const = default;
+};
+
+// The counters over one stretch of a replay split by a LiveSwitch. The
+// switch's own work (the empty cache's device frees) counts after it; the
+// peaks after it start from what the empty cache left reserved.
+struct ReplayPhase : ReplayCounters {
+  uint64_t first_event = 0;
+  int64_t reserved_at_start = 0;
 
   bool operator==(const ReplayPhase&) const = default;
 };
 
-struct ReplayResult {
-  int64_t peak_reserved = 0;
-  int64_t peak_allocated = 0;
-  int64_t peak_requested = 0;
-  int64_t num_device_alloc = 0;
-  int64_t num_device_free = 0;
-  int64_t num_alloc_retries = 0;
-  int64_t num_ooms = 0;
-  int64_t num_sync_all_streams = 0;
-  // Index of the trace event whose allocation hit the first OOM.
-  std::optional<uint64_t> first_oom_event;
+// The counters over the whole replay, and what it recorded.
+struct ReplayResult : ReplayCounters {
   // Events replayed (all of them unless stop_at_first_oom or the observer
   // stopped early).
   uint64_t events = 0;

@@ -24,6 +24,7 @@
 #include "allocator/config.h"
 #include "allocator/size_rounding.h"
 #include "allocator/trace/pickle.h"
+#include "allocator/trace/snapshot_action.h"
 
 namespace allocd {
 namespace {
@@ -114,17 +115,7 @@ absl::StatusOr<std::string> Gunzip(std::string_view gz) {
   return out;
 }
 
-enum class Action {
-  kAlloc,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-  kSnapshot,
-  kOom,
-};
+using Action = SnapshotAction;
 
 // The event fields the trace reads.
 enum Field {
@@ -167,22 +158,7 @@ class StrMeaning {
 };
 
 std::optional<Action> ParseAction(std::string_view name) {
-  // Most frequent first.
-  static constexpr std::pair<std::string_view, Action> kActions[] = {
-      {"alloc", Action::kAlloc},
-      {"free_requested", Action::kFreeRequested},
-      {"free_completed", Action::kFreeCompleted},
-      {"segment_alloc", Action::kSegmentAlloc},
-      {"segment_free", Action::kSegmentFree},
-      {"segment_map", Action::kSegmentMap},
-      {"segment_unmap", Action::kSegmentUnmap},
-      {"snapshot", Action::kSnapshot},
-      {"oom", Action::kOom},
-  };
-  for (const auto& [n, action] : kActions) {
-    if (n == name) return action;
-  }
-  return std::nullopt;
+  return ParseSnapshotAction(name);
 }
 
 // A block of the snapshot's end state that the program holds.

@@ -250,9 +250,6 @@ std::string SnapshotRecorder::Pickle() const {
   }
   w.EndList();
 
-  static constexpr const char* kActionNames[] = {
-      "alloc",        "free_requested", "free_completed", "segment_alloc",
-      "segment_free", "segment_map",    "segment_unmap",  "oom"};
   w.Str("device_traces").BeginList();
   for (int device = 0; device < trace_.device; ++device) {
     w.BeginList().EndList();
@@ -264,7 +261,7 @@ std::string SnapshotRecorder::Pickle() const {
   for (size_t i = first; i < events_.size(); ++i) {
     const Event& e = events_[i];
     w.BeginDict();
-    w.Str("action").Str(kActionNames[static_cast<int>(e.action)]);
+    w.Str("action").Str(SnapshotActionName(e.action));
     if (e.action == Action::kOom) {
       w.Str("device_free").Uint(e.addr);
     } else {

@@ -45,6 +45,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/trace/replay_observer.h"
+#include "allocator/trace/snapshot_action.h"
 #include "allocator/trace/trace.h"
 
 namespace allocd {
@@ -72,16 +73,7 @@ class SnapshotRecorder final : public ReplayObserver {
   std::string Pickle() const;
 
  private:
-  enum class Action : uint8_t {
-    kAlloc,
-    kFreeRequested,
-    kFreeCompleted,
-    kSegmentAlloc,
-    kSegmentFree,
-    kSegmentMap,
-    kSegmentUnmap,
-    kOom,
-  };
+  using Action = SnapshotAction;
   struct Event {
     Action action;
     StreamId stream;
