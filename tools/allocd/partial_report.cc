@@ -106,7 +106,7 @@ std::string PartialTraceText(const Trace& trace, bool other_configs) {
           "config starts from the recorded layout,\n"
           "                   as if switched on when recording began, without "
           "what its own earlier history would have\n"
-          "                   left cached (README: \"Partial snapshots\")\n",
+          "                   left cached (docs/tune.md: \"Partial snapshots\")\n",
           trace.recorded_config.empty() ? "PyTorch defaults"
                                         : trace.recorded_config));
     }
@@ -118,7 +118,7 @@ std::string PartialTraceText(const Trace& trace, bool other_configs) {
       "                   The replay starts from an empty device, so these "
       "numbers miss what was live then\n"
       "                   (peaks too low). Record from the start: see the "
-      "README's \"Record a snapshot of your job\".\n",
+      "docs/tune.md's \"Record a snapshot of your job\".\n",
       p.unrecoverable));
   return out;
 }
@@ -131,7 +131,7 @@ std::string TuneRefusal(const Trace& trace) {
       ". The state at its first event cannot be reconstructed: ",
       p.unrecoverable,
       ". Tuning it would optimise a job without the memory that was live "
-      "then. Record from the start (README: \"Record a snapshot of your job\"), or "
+      "then. Record from the start (docs/tune.md: \"Record a snapshot of your job\"), or "
       "pass --force to tune the recorded events as if the device were empty "
       "when they began");
 }
