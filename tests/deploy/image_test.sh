@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the container image (deploy/docker/Dockerfile) and runs the daemon
-# in it, the way the README's "Image" section does without a registry:
+# in it, the way docs/deploy.md's "Image" section does without a registry:
 #   1. debian:12 and debian:12-slim, the Dockerfile's base images, from
 #      Debian's packages: mmdebstrap (bookworm, minbase, from this machine's
 #      apt sources) -> tarball -> buildah from scratch + add + commit; slim

@@ -455,7 +455,7 @@ TEST(PartialTraceAccuracyTest, ExpandableSnapshotsCutAndRingBuffered) {
 // began), while the whole trace's replay had that config from the start:
 // the figures differ by what each config's history before the window left
 // behind, which the snapshot cannot tell. Reported, not asserted (the
-// README's second table). Allocating the live blocks afresh under each
+// second table of docs/results.md's partial snapshots). Allocating the live blocks afresh under each
 // config instead was measured worse: it misses all cached memory, and
 // ranked every config above the defaults on gpt2_full.
 TEST(PartialTraceAccuracyTest, OtherConfigsStartFromTheRecordedLayout) {
