@@ -53,7 +53,7 @@ class Latencies {
 struct WarmPool {
   explicit WarmPool(uint64_t chunks)
       : pool(&source, NodePool::Options{.capacity = 4 * chunks * kChunk}) {
-    (void)pool.AddSession(1, getuid(), getpid());
+    (void)pool.AddSession(1, getuid(), getpid(), "node");
     absl::StatusOr<Grant> g = pool.Acquire(1, chunks * kChunk);
     (void)pool.Release(1, g->chunk_ids);
   }

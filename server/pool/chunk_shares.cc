@@ -48,6 +48,13 @@ std::optional<std::vector<uint64_t>> ChunkShares::Close(
   return unheld;
 }
 
+std::optional<SessionId> ChunkShares::OwnerOf(const absl::Mutex&,
+                                             absl::string_view token) const {
+  auto share = shares_.find(token);
+  if (share == shares_.end() || !share->second.open) return std::nullopt;
+  return share->second.owner;
+}
+
 bool ChunkShares::IsOpen(const absl::Mutex&, uint64_t chunk_id) const {
   return chunk_opens_.contains(chunk_id);
 }

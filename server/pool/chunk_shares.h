@@ -62,6 +62,11 @@ class ChunkShares {
                                              absl::string_view token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu);
 
+  // The owner of share `token` while it takes new opens; nullopt otherwise.
+  std::optional<SessionId> OwnerOf(const absl::Mutex& pool_mu,
+                                   absl::string_view token) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu);
+
   // Whether an open holds chunk `chunk_id`: while one does, the chunk is
   // not cached even when no session owns it.
   bool IsOpen(const absl::Mutex& pool_mu, uint64_t chunk_id) const

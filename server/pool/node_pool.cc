@@ -66,14 +66,21 @@ uint64_t NodePool::NewChunkId() {
   return id;
 }
 
-absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid) {
+absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid,
+                                  TenantId tenant) {
   if (id == kNoSession) {
     return absl::InvalidArgumentError("session id 0 is reserved");
   }
-  absl::MutexLock lock(&mu_);
+  if (tenant.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", id, " has no tenant"));
+  }
   SessionState state;
   state.uid = uid;
   state.pid = pid;
+  state.tenant = std::move(tenant);
+  state.process = WatchedProcess::Watch(pid);  // a syscall: unlocked
+  absl::MutexLock lock(&mu_);
   state.incarnation = next_incarnation_;
   if (!sessions_.try_emplace(id, std::move(state)).second) {
     return absl::AlreadyExistsError(
@@ -109,16 +116,61 @@ void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
   chunk.freed_at = options_.now();
   chunk.free_order = next_free_order_++;
   free_.emplace(chunk.free_order, chunk_id);
-  free_by_size_[chunk.bytes].emplace(chunk.free_order, chunk_id);
+  free_by_tenant_[{chunk.tenant, chunk.bytes}].emplace(chunk.free_order,
+                                                       chunk_id);
   free_bytes_ += chunk.bytes;
 }
 
 void NodePool::RemoveFromCache(const Chunk& chunk) {
   free_.erase(chunk.free_order);
-  auto same_size = free_by_size_.find(chunk.bytes);
-  same_size->second.erase(chunk.free_order);
-  if (same_size->second.empty()) free_by_size_.erase(same_size);
+  auto same_kind = free_by_tenant_.find(std::pair(chunk.tenant, chunk.bytes));
+  same_kind->second.erase(chunk.free_order);
+  if (same_kind->second.empty()) free_by_tenant_.erase(same_kind);
   free_bytes_ -= chunk.bytes;
+}
+
+const std::map<uint64_t, uint64_t>* NodePool::CachedOf(const TenantId& tenant,
+                                                       uint64_t size) const {
+  auto cached = free_by_tenant_.find(std::pair(tenant, size));
+  return cached == free_by_tenant_.end() ? nullptr : &cached->second;
+}
+
+std::optional<uint64_t> NodePool::CrossableChunk(const TenantId& tenant,
+                                                 uint64_t size,
+                                                 CrossingScan& scan) {
+  for (const auto& [kind, cached] : free_by_tenant_) {
+    if (kind.second != size || kind.first == tenant) continue;
+    auto [resume, unused] = scan.resume.try_emplace(kind, 0);
+    for (auto it = cached.lower_bound(resume->second); it != cached.end();
+         ++it) {
+      const Chunk& chunk = chunks_.at(it->second);
+      const bool mapped = std::any_of(
+          chunk.mappers.begin(), chunk.mappers.end(), [&](const auto& p) {
+            if (scan.alive.contains(p.get())) return true;
+            if (p->Exited()) return false;
+            scan.alive.insert(p.get());
+            return true;
+          });
+      if (!mapped) return it->second;
+      resume->second = it->first + 1;
+    }
+  }
+  return std::nullopt;
+}
+
+void NodePool::AddMapper(Chunk& chunk,
+                         const std::shared_ptr<const WatchedProcess>& process) {
+  std::vector<std::shared_ptr<const WatchedProcess>>& mappers = chunk.mappers;
+  if (std::find(mappers.begin(), mappers.end(), process) != mappers.end()) {
+    return;
+  }
+  // A chunk a tenant's processes reuse one after another would list them
+  // all: the exited ones go once a few are listed (a poll() each).
+  constexpr size_t kCheckedFrom = 4;
+  if (mappers.size() >= kCheckedFrom) {
+    std::erase_if(mappers, [](const auto& p) { return p->Exited(); });
+  }
+  mappers.push_back(process);
 }
 
 uint64_t NodePool::BytesOf(
@@ -168,22 +220,37 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
 
 std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
                                          const std::vector<uint64_t>& sizes,
-                                         uint64_t grant, Grant& grant_out) {
+                                         uint64_t grant, Grant& grant_out,
+                                         AcquireInFlight* crossing) {
   std::vector<uint64_t> to_create;
+  CrossingScan scan;
   for (uint64_t size : sizes) {
-    auto cached = free_by_size_.find(size);
-    if (cached == free_by_size_.end()) {
+    if (const std::map<uint64_t, uint64_t>* own = CachedOf(s.tenant, size)) {
+      const uint64_t chunk_id = own->rbegin()->second;
+      Chunk& chunk = chunks_.at(chunk_id);
+      RemoveFromCache(chunk);
+      chunk.owner = id;
+      chunk.grant = grant;
+      s.chunks.insert(chunk_id);
+      grant_out.chunk_ids.push_back(chunk_id);
+      grant_out.chunk_sizes.push_back(size);
+      continue;
+    }
+    std::optional<uint64_t> other =
+        crossing == nullptr ? std::nullopt
+                            : CrossableChunk(s.tenant, size, scan);
+    if (!other) {
       to_create.push_back(size);
       continue;
     }
-    const uint64_t chunk_id = cached->second.rbegin()->second;
-    Chunk& chunk = chunks_.at(chunk_id);
+    Chunk& chunk = chunks_.at(*other);
     RemoveFromCache(chunk);
     chunk.owner = id;
     chunk.grant = grant;
-    s.chunks.insert(chunk_id);
-    grant_out.chunk_ids.push_back(chunk_id);
-    grant_out.chunk_sizes.push_back(size);
+    chunk.pending = true;
+    chunk.mappers.clear();  // every one has exited
+    crossing->to_scrub.push_back(
+        {.id = *other, .bytes = size, .memory = chunk.memory});
   }
   return to_create;
 }
@@ -282,9 +349,9 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
   SessionState& state = **found;
   uint64_t count = max_count;
   for (const auto& [size, needed] : per_grant) {
-    auto cached = free_by_size_.find(size);
-    count = std::min<uint64_t>(
-        count, cached == free_by_size_.end() ? 0 : cached->second.size() / needed);
+    const std::map<uint64_t, uint64_t>* cached = CachedOf(state.tenant, size);
+    count = std::min<uint64_t>(count,
+                               cached == nullptr ? 0 : cached->size() / needed);
   }
   while (count > 0 && !CheckQuotas(id, state, count * rounded).ok()) --count;
   // The rest for the client to make, in the room no cached chunk fills.
@@ -315,7 +382,10 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
 void NodePool::AddClientMade(SessionId id, SessionState& s, uint64_t serial,
                              uint64_t size, Grant& grant) {
   const uint64_t chunk_id = NewChunkId();
-  chunks_.emplace(chunk_id, Chunk{.bytes = size, .owner = id, .grant = serial});
+  chunks_.emplace(chunk_id, Chunk{.bytes = size,
+                                  .owner = id,
+                                  .grant = serial,
+                                  .tenant = s.tenant});
   live_bytes_ += size;
   s.chunks.insert(chunk_id);
   grant.chunk_ids.push_back(chunk_id);
@@ -352,17 +422,18 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     if (absl::Status taken = TakeCached(a, state, sizes); !taken.ok()) {
       return taken;
     }
-    if (a.to_create.empty()) {  // all from the cache: done
+    if (a.to_create.empty() && a.to_scrub.empty()) {  // all cached: done
       a.grant.token = AddClaim(id, state, std::move(a.token), a.serial,
                                a.grant.chunk_ids);
       return std::move(a.grant);
     }
     MakeRoom(a.create_bytes, doomed);
-    if (client_creates) {
+    if (client_creates && a.to_scrub.empty()) {
       return GrantClientMade(a, state);  // `doomed` is released after the lock
     }
     // The chunks taken are not the session's to release until the rest is
-    // created; what is being created counts against the capacity.
+    // scrubbed and created; what is being created (by the client too)
+    // counts against the capacity.
     for (uint64_t chunk_id : a.grant.chunk_ids) {
       chunks_.at(chunk_id).pending = true;
     }
@@ -370,10 +441,44 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     a.incarnation = state.incarnation;
   }
   doomed.clear();
+  if (!a.to_scrub.empty() && !ScrubTaken(a).ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      CreateInsteadOfScrub(a, doomed);
+    }
+    doomed.clear();
+  }
   std::vector<ChunkMemory> created;
-  const absl::Status failure = CreateChunks(a.to_create, created);
+  const absl::Status failure =
+      client_creates ? absl::OkStatus() : CreateChunks(a.to_create, created);
   absl::MutexLock lock(&mu_);
-  return CommitCreated(a, std::move(created), failure);
+  return CommitCreated(a, std::move(created), failure, client_creates);
+}
+
+absl::Status NodePool::ScrubTaken(const AcquireInFlight& a) {
+  std::vector<ChunkToScrub> chunks;
+  chunks.reserve(a.to_scrub.size());
+  for (const AcquireInFlight::Scrubbing& taken : a.to_scrub) {
+    chunks.push_back({.memory = &taken.memory, .bytes = taken.bytes});
+  }
+  return source_->Scrub(chunks);
+}
+
+void NodePool::CreateInsteadOfScrub(AcquireInFlight& a,
+                                    std::vector<ChunkMemory>& doomed) {
+  // Its contents unknown, the memory cannot go to this tenant nor back to
+  // the cache; new memory in its room costs a creation.
+  for (AcquireInFlight::Scrubbing& taken : a.to_scrub) {
+    live_bytes_ -= taken.bytes;
+    doomed.push_back(std::move(chunks_.at(taken.id).memory));
+    chunks_.erase(taken.id);
+    a.to_create.push_back(taken.bytes);
+    a.create_bytes += taken.bytes;
+    creating_bytes_ += taken.bytes;
+  }
+  a.grant.reused_chunks -= static_cast<uint32_t>(a.to_scrub.size());
+  reused_total_ -= a.to_scrub.size();
+  a.to_scrub.clear();
 }
 
 absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
@@ -387,10 +492,13 @@ absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
     return NodeShortage(rounded, free_bytes_ + room, capacity);
   }
   a.serial = next_grant_++;
-  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant);
+  a.tenant = s.tenant;
+  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant,
+                         source_->ScrubsChunks() ? &a : nullptr);
   a.create_bytes =
       std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
-  a.grant.reused_chunks = static_cast<uint32_t>(a.grant.chunk_ids.size());
+  a.grant.reused_chunks =
+      static_cast<uint32_t>(a.grant.chunk_ids.size() + a.to_scrub.size());
   AddHeld(s, rounded);
   reused_total_ += a.grant.reused_chunks;
   return absl::OkStatus();
@@ -445,17 +553,18 @@ absl::Status NodePool::CreateChunks(const std::vector<uint64_t>& sizes,
 }
 
 std::pair<const uint64_t, NodePool::Chunk>& NodePool::AddCreated(
-    uint64_t size, ChunkMemory memory) {
+    uint64_t size, ChunkMemory memory, const TenantId& tenant) {
   live_bytes_ += size;
   return *chunks_
-              .emplace(NewChunkId(),
-                       Chunk{.memory = std::move(memory), .bytes = size})
+              .emplace(NewChunkId(), Chunk{.memory = std::move(memory),
+                                           .bytes = size,
+                                           .tenant = tenant})
               .first;
 }
 
 absl::StatusOr<Grant> NodePool::CommitCreated(
     AcquireInFlight& a, std::vector<ChunkMemory> created,
-    const absl::Status& failure) {
+    const absl::Status& failure, bool client_creates) {
   creating_bytes_ -= a.create_bytes;
   created_total_ += created.size();
   SessionState* const alive = SameSession(a.id, a.incarnation);
@@ -465,9 +574,19 @@ absl::StatusOr<Grant> NodePool::CommitCreated(
   for (uint64_t chunk_id : a.grant.chunk_ids) {
     chunks_.at(chunk_id).pending = false;
   }
+  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
+    Chunk& chunk = chunks_.at(scrubbed.id);
+    chunk.pending = false;
+    chunk.tenant = a.tenant;
+    alive->chunks.insert(scrubbed.id);
+    a.grant.chunk_ids.push_back(scrubbed.id);
+    a.grant.chunk_sizes.push_back(scrubbed.bytes);
+  }
+  scrubbed_total_ += a.to_scrub.size();
+  if (client_creates) return GrantClientMade(a, *alive);
   for (size_t i = 0; i < created.size(); ++i) {
     auto& [chunk_id, chunk] =
-        AddCreated(a.to_create[i], std::move(created[i]));
+        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
     chunk.owner = a.id;
     chunk.grant = a.serial;
     alive->chunks.insert(chunk_id);
@@ -487,9 +606,15 @@ absl::Status NodePool::UndoAcquire(AcquireInFlight& a, SessionState* alive,
   uint64_t created_bytes = 0;
   for (size_t i = 0; i < created.size(); ++i) {
     auto& [chunk_id, chunk] =
-        AddCreated(a.to_create[i], std::move(created[i]));
+        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
     created_bytes += chunk.bytes;
     ReturnToCache(chunk_id, chunk);
+  }
+  // Scrubbed: nothing of the tenant they came from is left in them.
+  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
+    Chunk& chunk = chunks_.at(scrubbed.id);
+    chunk.tenant = a.tenant;
+    ReturnToCache(scrubbed.id, chunk);
   }
   reused_total_ -= a.grant.reused_chunks;
   if (alive == nullptr) {
@@ -532,6 +657,11 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
         claims_.TakeFor(mu_, token, claimer_pid);
     if (!taken.ok()) return taken.status();
     claim = *std::move(taken);
+    const SessionState* claimer =
+        SameSession(claim.session, claim.incarnation);
+    if (claimer == nullptr) {  // EndSession forgets its claims: never
+      return absl::NotFoundError("the claim's session ended");
+    }
     for (uint64_t chunk_id : claim.chunk_ids) {
       auto chunk = chunks_.find(chunk_id);
       // Released (or its session ended) since the Acquire: not sent. An
@@ -540,6 +670,9 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
           (claim.share.empty() && chunk->second.owner != claim.session)) {
         continue;
       }
+      // Before the FD goes out: a failed send leaves one mapper too many,
+      // never one too few.
+      AddMapper(chunk->second, claimer->process);
       files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
     }
   }
@@ -682,8 +815,11 @@ absl::Status NodePool::GiveMemory(SessionId id,
           same->second, "; nothing was taken"));
     }
   }
+  const SessionState& giver = sessions_.at(id);  // memoryless found it
   for (size_t i = 0; i < chunk_ids.size(); ++i) {
-    chunks_.at(chunk_ids[i]).memory = std::move(memories[i]);
+    Chunk& chunk = chunks_.at(chunk_ids[i]);
+    chunk.memory = std::move(memories[i]);
+    AddMapper(chunk, giver.process);  // it made the memory: it maps it
   }
   return absl::OkStatus();
 }
@@ -721,6 +857,15 @@ absl::StatusOr<Grant> NodePool::OpenShare(SessionId id,
   absl::MutexLock lock(&mu_);
   absl::StatusOr<SessionState*> found = FindSession(id);
   if (!found.ok()) return found.status();
+  if (std::optional<SessionId> owner = shares_.OwnerOf(mu_, share_token)) {
+    auto owner_state = sessions_.find(*owner);
+    if (owner_state != sessions_.end() &&
+        owner_state->second.tenant != (*found)->tenant) {
+      return absl::PermissionDeniedError(
+          "the share is another tenant's: memory is shared only within a "
+          "tenant (allocd serve --tenancy node makes the node one tenant)");
+    }
+  }
   absl::StatusOr<std::vector<uint64_t>> chunk_ids =
       shares_.Open(mu_, id, share_token);
   if (!chunk_ids.ok()) return chunk_ids.status();
@@ -912,9 +1057,14 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
       dropped.push_back(std::move(candidate.memory));
       continue;
     }
-    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
-                                        .bytes = candidate.bytes,
-                                        .owner = id});
+    Chunk& chunk = chunks_
+                       .emplace(candidate.id,
+                                Chunk{.memory = std::move(candidate.memory),
+                                      .bytes = candidate.bytes,
+                                      .owner = id,
+                                      .tenant = state.tenant})
+                       .first->second;
+    AddMapper(chunk, state.process);
     live_bytes_ += candidate.bytes;
     state.chunks.insert(candidate.id);
     outcome.adopted.push_back(candidate.id);
@@ -943,13 +1093,17 @@ PoolStats NodePool::Stats() const {
                   .creating_bytes = creating_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
+                  .chunks_scrubbed_total = scrubbed_total_,
                   .chunks_client_made_total = client_made_total_,
                   .trimmed_bytes_total = trimmed_total_,
                   .adopted_bytes_total = adopted_total_};
   stats.in_use_bytes = stats.created_bytes - stats.free_bytes;
   for (const auto& [id, s] : sessions_) {
-    stats.sessions[id] = SessionHolding{
-        .bytes = s.held, .uid = s.uid, .pid = s.pid, .quota = s.quota};
+    stats.sessions[id] = SessionHolding{.bytes = s.held,
+                                        .uid = s.uid,
+                                        .pid = s.pid,
+                                        .tenant = s.tenant,
+                                        .quota = s.quota};
   }
   return stats;
 }

@@ -40,6 +40,27 @@
 // epoch per pool (Options::chunk_id_epoch, in the top 24 bits), and a new
 // id is never one a live chunk has (an adopted chunk of the same epoch).
 //
+// Tenants (server/tenant_id.h): every session belongs to one, and no
+// memory crosses from one tenant to another with its contents or with a
+// live mapping. A chunk remembers the tenant that last held it and the
+// processes it went to (WatchedProcess, a pidfd each: the claimers of its
+// FDs, share openers among them; the giver of GiveMemory; the declarer of
+// an adopted chunk). A session takes its own tenant's cached chunks as
+// they are (no scrub, no wait: same-tenant reuse costs what it always
+// did). Another tenant's cached chunk goes to it only once every process
+// it went to has exited, and only scrubbed (ChunkSource::Scrub, outside
+// the lock, as creation is) -- or, where the source cannot scrub, not at
+// all: Acquire creates new memory instead, destroying cached chunks for
+// the room as it does for another size class. A chunk still mapped by a
+// live process of another tenant is never handed out.
+// Capacity: such a chunk stays cached and counted (its memory is in use:
+// the process maps it), is its own tenant's to reuse, and is destroyed
+// like any cached chunk when an Acquire needs its room or a trim gives it
+// up; its memory then goes back to the device when that process exits, as
+// a trimmed chunk's does while its client still maps it.
+// Shares do not cross tenants (OpenShare); under --tenancy node every
+// session is one tenant and all of this is today's reuse.
+//
 // Thread-safe: one mutex, which also guards the parts (ChunkShares and
 // ClaimTokens take it by name); chunk creation and destruction (device
 // calls) run outside it, so a large Acquire does not stall other sessions'
@@ -53,6 +74,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -73,7 +95,9 @@
 #include "server/pool/chunk_shares.h"
 #include "server/pool/claim_tokens.h"
 #include "server/pool/chunk_source.h"
+#include "server/pool/watched_process.h"
 #include "server/session_id.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
@@ -87,7 +111,8 @@ struct Grant {
   uint64_t bytes = 0;
   // 32 hex digits (128 random bits): the one-time key for Claim().
   std::string token;
-  // How many of the chunks came from the cache rather than new memory.
+  // How many of the chunks came from the cache rather than new memory
+  // (another tenant's scrubbed ones among them).
   uint32_t reused_chunks = 0;
   // How many of the chunks, the last ones, the client makes itself
   // (Acquire with client_creates): the pool holds no memory of them and
@@ -112,6 +137,7 @@ struct SessionHolding {
   uint64_t bytes = 0;
   uid_t uid = 0;
   pid_t pid = 0;
+  TenantId tenant;
   std::optional<uint64_t> quota;
 };
 
@@ -130,6 +156,9 @@ struct PoolStats {
   uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
+  // Cached chunks scrubbed to go to another tenant than the last to hold
+  // them (counted in chunks_reused_total too).
+  uint64_t chunks_scrubbed_total = 0;
   // Chunks granted for their clients to make (Acquire's client_creates).
   uint64_t chunks_client_made_total = 0;
   // Cached chunks destroyed (their memory back to the device) by TrimFree,
@@ -213,10 +242,14 @@ class NodePool {
   NodePool(const NodePool&) = delete;
   NodePool& operator=(const NodePool&) = delete;
 
-  // Starts session `id` of process `pid` run by `uid`: the pid its claim
-  // tokens are bound to, the uid its uid quota counts against.
-  // InvalidArgument for id 0; AlreadyExists for a live session's id.
-  absl::Status AddSession(SessionId id, uid_t uid, pid_t pid);
+  // Starts session `id` of process `pid` run by `uid`, of `tenant`: the pid
+  // its claim tokens are bound to and the process its chunks go to (watched
+  // from now on: a pidfd, opened here, outside the lock), the uid its uid
+  // quota counts against, the tenant whose cached chunks it reuses as they
+  // are. InvalidArgument for id 0 or an empty tenant; AlreadyExists for a
+  // live session's id.
+  absl::Status AddSession(SessionId id, uid_t uid, pid_t pid,
+                          TenantId tenant);
 
   // Ends session `id`: every chunk it holds goes back to the cache (kept,
   // not closed), its unclaimed tokens die, its session quota is forgotten.
@@ -228,7 +261,9 @@ class NodePool {
   // Gives session `id` chunks covering `bytes` rounded up to the smallest
   // class, split into classes of at most `max_chunk_bytes` (largest first;
   // a client that maps every chunk at the smallest size passes that):
-  // cached ones of those sizes first, then new ones from the source, up to
+  // cached ones of those sizes first -- its tenant's, then (scrubbed,
+  // outside the lock) other tenants' that no live process maps any more,
+  // coldest first -- then new ones from the source, up to
   // the capacity, destroying cached chunks of other sizes when the capacity
   // has no room for the new ones, or when the source runs out of memory
   // (ResourceExhausted) before the capacity does (then once, and the
@@ -263,7 +298,8 @@ class NodePool {
   // none of (client-made, or adopted on the client's word), one FD each in
   // `fds` (the same order, each an FD of a whole chunk as
   // ChunkSource::AdoptChunk takes it): from now on the pool holds it, as a
-  // created chunk's (shared, cached when released). All or nothing:
+  // created chunk's (shared, cached when released), the session's
+  // tenant's, mapped by its process. All or nothing:
   // InvalidArgument for a count that differs or an id listed twice;
   // PermissionDenied naming a chunk the session does not hold;
   // FailedPrecondition naming one whose memory the pool holds already;
@@ -277,7 +313,9 @@ class NodePool {
   // from the cache -- nothing created, nothing destroyed, because a
   // creation in the daemon stalls the asking client's own mapping on the
   // GPU, and a read-ahead is worth no more than the mapping it hides. As
-  // many whole grants as the cache (and the quotas) allow, in one Grant of
+  // many whole grants as the session's tenant's cached chunks (and the
+  // quotas) allow -- another tenant's would need a scrub, work in the
+  // daemon like a creation, so they are Acquire's --, in one Grant of
   // one token: the chunks of the first, then of the second, and so on;
   // Grant.bytes is their count times `bytes` rounded up to the smallest
   // class. An empty Grant (no chunks, no token) when not even one fits.
@@ -340,7 +378,9 @@ class NodePool {
   // owner's (its quotas, its held bytes); until the open is closed none of
   // them is reused. An open whose claim token expires unclaimed, or is
   // abandoned, closes. NotFound for no session `id`, or a share that is
-  // unknown or no longer open to new opens.
+  // unknown or no longer open to new opens; PermissionDenied for a share
+  // of another tenant's session: the owner's live data would cross
+  // (--tenancy node makes the node one tenant).
   absl::StatusOr<Grant> OpenShare(SessionId id, absl::string_view share_token);
 
   // Closes one open of `share_token` by session `id` (EndSession closes
@@ -366,10 +406,12 @@ class NodePool {
 
   // Takes the chunks session `id` declares it still holds from the daemon
   // before a restart into the pool: each one adopted is the session's (as
-  // if it had acquired it), counts against the capacity and the quotas,
-  // and is never handed out again until released. An adopted chunk with
-  // memory (proven with its FD) goes back to the cache when released like
-  // any other; one taken on the client's word has no memory here: it
+  // if it had acquired it, of its tenant, mapped by its process), counts
+  // against the capacity and the quotas, and is never handed out again
+  // until released. (The processes that mapped it before the restart are
+  // unknown to this pool; the declarer is the one it watches.) An adopted
+  // chunk with memory (proven with its FD) goes back to the cache when
+  // released like any other; one taken on the client's word has no memory here: it
   // cannot be shared (Share refuses it), and it leaves the pool when
   // released, never cached nor trimmed (its memory goes back to the device
   // when the client unmaps it). The capacity and quotas refuse nothing here:
@@ -424,10 +466,19 @@ class NodePool {
     // that expires takes back only its own chunks, not ones its session
     // released and got again through a later grant.
     uint64_t grant = 0;
+    // The tenant that last held it, whose data it may hold: whose cache
+    // it is in while cached.
+    TenantId tenant;
+    // The processes its FDs went to since it last crossed tenants (all of
+    // `tenant`'s): it crosses again only once each has exited.
+    std::vector<std::shared_ptr<const WatchedProcess>> mappers;
   };
   struct SessionState {
     uid_t uid = 0;
     pid_t pid = 0;
+    TenantId tenant;
+    // The process `pid` was at AddSession: the one its claims go to.
+    std::shared_ptr<const WatchedProcess> process;
     // Tells this session from a later one with the same id.
     uint64_t incarnation = 0;
     // Bytes of `chunks` plus chunks an Acquire is creating for it.
@@ -447,9 +498,29 @@ class NodePool {
     // while its chunks are created outside the lock.
     uint64_t serial = 0;
     uint64_t incarnation = 0;
+    // The session's tenant (the session may end while work is outside
+    // the lock).
+    TenantId tenant;
     // The sizes of the chunks the cache did not have, and their sum.
     std::vector<uint64_t> to_create;
     uint64_t create_bytes = 0;
+    // Other tenants' cached chunks it took, to scrub outside the lock: in
+    // no session's chunks (EndSession leaves them to this Acquire) until
+    // they are scrubbed and committed.
+    struct Scrubbing {
+      uint64_t id = 0;
+      uint64_t bytes = 0;
+      ChunkMemory memory;
+    };
+    std::vector<Scrubbing> to_scrub;
+  };
+  // What TakeFree learned about other tenants' cached chunks during one
+  // call: the processes found alive (not asked again), and for each
+  // (tenant, size) list the free order its scan resumes at (the chunks
+  // before it are mapped by one of them).
+  struct CrossingScan {
+    absl::flat_hash_set<const WatchedProcess*> alive;
+    absl::flat_hash_map<std::pair<TenantId, uint64_t>, uint64_t> resume;
   };
   static constexpr SessionId kNoSession = 0;
 
@@ -468,22 +539,48 @@ class NodePool {
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the cached chunks that match sizes of `sizes` (the most recently
-  // freed of each size) for session `id`, for grant `grant`, appending
-  // them to `grant_out`; returns the sizes left to create.
+  // Takes the cached chunks that match sizes of `sizes` for session `id`,
+  // for grant `grant`: the session's tenant's (the most recently freed of
+  // each size), appended to `grant_out`; then, with `crossing`, other
+  // tenants' that every process they went to has left (CrossableChunk),
+  // moved to `crossing->to_scrub`. Returns the sizes left to create.
   std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
                                  const std::vector<uint64_t>& sizes,
-                                 uint64_t grant, Grant& grant_out)
+                                 uint64_t grant, Grant& grant_out,
+                                 AcquireInFlight* crossing = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cached chunks of `tenant` of `size`, by free order; null for none.
+  const std::map<uint64_t, uint64_t>* CachedOf(const TenantId& tenant,
+                                               uint64_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cached chunk of `size` of a tenant other than `tenant` that no live
+  // process maps (the coldest of the first such tenant), or nullopt. One
+  // poll() per process it has not asked about in `scan` yet.
+  std::optional<uint64_t> CrossableChunk(const TenantId& tenant,
+                                         uint64_t size, CrossingScan& scan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `process` maps `chunk` (dropping those it went to that
+  // have exited, once it lists a few).
+  static void AddMapper(Chunk& chunk,
+                        const std::shared_ptr<const WatchedProcess>& process);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Acquire's steps, in order. Checks `a`'s quotas and that the node has
   // room for it at all (Acquire's errors), then takes the cached chunks of
-  // `sizes` for session `a.id` (state `s`) and counts the grant as held;
-  // `a.to_create` is the rest.
+  // `sizes` for session `a.id` (state `s`), other tenants' to scrub too when
+  // the source scrubs, and counts the grant as held; `a.to_create` is the
+  // rest.
   absl::Status TakeCached(AcquireInFlight& a, SessionState& s,
                           const std::vector<uint64_t>& sizes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scrubs `a.to_scrub` (ChunkSource::Scrub), outside the lock.
+  absl::Status ScrubTaken(const AcquireInFlight& a) ABSL_LOCKS_EXCLUDED(mu_);
+  // When the scrub failed: `a.to_scrub` is destroyed (its memory moved to
+  // `doomed`, dropped outside the lock) and created again in its room
+  // (added to `a.to_create`, counted as being created).
+  void CreateInsteadOfScrub(AcquireInFlight& a,
+                            std::vector<ChunkMemory>& doomed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, until the capacity has room for
   // `create_bytes` more, moving their memory to `doomed` (released outside
@@ -502,13 +599,16 @@ class NodePool {
                             std::vector<ChunkMemory>& created)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the `created` chunks (of `a.to_create`'s first sizes) live, and
-  // the session's with the grant done when it is still alive and
-  // `failure` is OK; otherwise UndoAcquire.
+  // them and the scrubbed ones the session's with the grant done (with
+  // `client_creates`, `a.to_create` the client's to make) when it is still
+  // alive and `failure` is OK; otherwise UndoAcquire.
   absl::StatusOr<Grant> CommitCreated(AcquireInFlight& a,
                                       std::vector<ChunkMemory> created,
-                                      const absl::Status& failure)
+                                      const absl::Status& failure,
+                                      bool client_creates)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Caches the `created` chunks and what `a` took from the cache, and
+  // Caches the `created` chunks and what `a` took from the cache (the
+  // scrubbed ones as `a`'s tenant's), and
   // returns Acquire's error: Aborted when the session ended (`alive` is
   // null), else the source's `failure` (a node shortage when it is out of
   // memory).
@@ -516,9 +616,10 @@ class NodePool {
                            std::vector<ChunkMemory> created,
                            const absl::Status& failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new live chunk of `size` with `memory`, nobody's yet.
+  // A new live chunk of `size` with `memory`, nobody's yet, `tenant`'s.
   std::pair<const uint64_t, Chunk>& AddCreated(uint64_t size,
-                                               ChunkMemory memory)
+                                               ChunkMemory memory,
+                                               const TenantId& tenant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A chunk its owner gives up: to the cache, or, while shares of it are
@@ -534,7 +635,7 @@ class NodePool {
   static bool HasMemory(const Chunk& chunk) {
     return chunk.memory.file != nullptr;
   }
-  // Takes a cached chunk out of free_ and free_by_size_.
+  // Takes a cached chunk out of free_ and free_by_tenant_.
   void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, while `more(coldest, bytes
   // destroyed so far)` says so: moves their memory to `doomed`, for the
@@ -600,9 +701,10 @@ class NodePool {
   // Cached chunks by Chunk::free_order: the most recently freed last,
   // reused first (still warm); trimmed from the front (coldest).
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);
-  // The same chunks by size, then free_order.
-  absl::flat_hash_map<uint64_t, std::map<uint64_t, uint64_t>> free_by_size_
-      ABSL_GUARDED_BY(mu_);
+  // The same chunks by their tenant and size, then free_order.
+  absl::flat_hash_map<std::pair<TenantId, uint64_t>,
+                      std::map<uint64_t, uint64_t>>
+      free_by_tenant_ ABSL_GUARDED_BY(mu_);
   uint64_t next_free_order_ ABSL_GUARDED_BY(mu_) = 1;
   // Bytes of live chunks (held + cached), of cached chunks, and of chunks
   // Acquires are creating right now, outside the lock.
@@ -618,6 +720,7 @@ class NodePool {
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t scrubbed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
 };

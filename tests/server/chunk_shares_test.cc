@@ -76,8 +76,8 @@ TEST_F(ChunkSharesTest, AnEndingSessionEndsItsSharesAndClosesItsOpens) {
 
 TEST_F(NodePoolTest, ASharedChunkIsMappedByTheOpenerWhileItsOwnerKeepsIt) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 9 * kChunk);  // 8 + 1
   ASSERT_TRUE(a.ok());
   absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, a->token, 11);
@@ -116,9 +116,9 @@ TEST_F(NodePoolTest, ASharedChunkIsMappedByTheOpenerWhileItsOwnerKeepsIt) {
 
 TEST_F(NodePoolTest, SharedChunksReturnToTheCacheWhenOwnerAndOpenersAreDone) {
   auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
-  ASSERT_TRUE(pool->AddSession(3, 0, 33).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
+  ASSERT_TRUE(pool->AddSession(3, 0, 33, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(a.ok());
   absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);
@@ -156,8 +156,8 @@ TEST_F(NodePoolTest, SharedChunksReturnToTheCacheWhenOwnerAndOpenersAreDone) {
 
 TEST_F(NodePoolTest, AnOwnerThatEndsLeavesItsOpenSharesMapped) {
   auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
   absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
   ASSERT_TRUE(a.ok() && kept.ok());
@@ -176,8 +176,8 @@ TEST_F(NodePoolTest, AnOwnerThatEndsLeavesItsOpenSharesMapped) {
 
 TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
   auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(pool->Share(2, a->chunk_ids).status().code(),
@@ -201,8 +201,8 @@ TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
 
 TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
   auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
   ASSERT_TRUE(a.ok());
   absl::StatusOr<std::string> share = pool->Share(1, a->chunk_ids);

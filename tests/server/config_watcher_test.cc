@@ -96,7 +96,7 @@ TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
       ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok());
-  ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1, "node").ok());
   EXPECT_FALSE(pool_.Acquire(100, 6 << 20).ok());
   Write(R"({})");
   ASSERT_TRUE((*watcher)->Reload().ok());
@@ -119,7 +119,7 @@ TEST_F(ConfigWatcherTest, AQuotaInPercentIsOfThePool) {
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
       ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok()) << watcher.status();
-  ASSERT_TRUE(pool_.AddSession(100, 4242, 1).ok());
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1, "node").ok());
   // 25% of the 1 GiB pool.
   EXPECT_TRUE(pool_.Acquire(100, 256 << 20).ok());
   EXPECT_FALSE(pool_.Acquire(100, 2 << 20).ok());

@@ -41,8 +41,8 @@ int OpenFds() {
 
 TEST_F(NodePoolTest, ReleasedChunksServeTheNextSessionWithTheSameMemory) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 1001, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 1001, 22, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk - 1);  // rounds up
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->chunk_ids.size(), 3u);
@@ -85,8 +85,8 @@ TEST_F(NodePoolTest, ReleasedChunksServeTheNextSessionWithTheSameMemory) {
 
 TEST_F(NodePoolTest, CachedChunksGoFirstAndOnlyTheRestIsCreated) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0], a->chunk_ids[2]}).ok());
@@ -107,7 +107,7 @@ TEST_F(NodePoolTest, CachedChunksGoFirstAndOnlyTheRestIsCreated) {
 // created yet, and no more than an Acquire then gets.
 TEST_F(NodePoolTest, AvailableBytesAreTheCacheAndTheUncreatedCapacity) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   EXPECT_EQ(pool->AvailableBytes(), 8 * kChunk);
   absl::StatusOr<Grant> a = pool->Acquire(1, 3 * kChunk);
   ASSERT_TRUE(a.ok());
@@ -121,7 +121,7 @@ TEST_F(NodePoolTest, AvailableBytesAreTheCacheAndTheUncreatedCapacity) {
 
 TEST_F(NodePoolTest, AClaimArrivesInBatchesWhoseFdsCloseAsTheyGo) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 7 * kChunk);
   ASSERT_TRUE(g.ok()) << g.status();
   const int before = OpenFds();
@@ -147,7 +147,7 @@ TEST_F(NodePoolTest, AClaimArrivesInBatchesWhoseFdsCloseAsTheyGo) {
 
 TEST_F(NodePoolTest, ASinkErrorStopsTheClaim) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
   ASSERT_TRUE(g.ok()) << g.status();
   int batches = 0;
@@ -163,7 +163,7 @@ TEST_F(NodePoolTest, ASinkErrorStopsTheClaim) {
 
 TEST_F(NodePoolTest, EachChunkIsItsOwnSealedFile) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
   absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
   ASSERT_TRUE(fds.ok());
@@ -182,8 +182,8 @@ TEST_F(NodePoolTest, EachChunkIsItsOwnSealedFile) {
 
 TEST_F(NodePoolTest, CapacityIsNeverExceededAndAcquireIsAllOrNothing) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> held = pool->Acquire(1, 3 * kChunk);
   ASSERT_TRUE(held.ok());
   ASSERT_TRUE(pool->Release(1, {held->chunk_ids[0]}).ok());  // 1 cached
@@ -223,9 +223,9 @@ TEST_F(NodePoolTest, CapacityIsNeverExceededAndAcquireIsAllOrNothing) {
 
 TEST_F(NodePoolTest, BadArgumentsAndUnknownSessions) {
   auto pool = MakePool(4);
-  EXPECT_EQ(pool->AddSession(0, 0, 1).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  absl::Status again = pool->AddSession(1, 0, 1);
+  EXPECT_EQ(pool->AddSession(0, 0, 1, "node").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  absl::Status again = pool->AddSession(1, 0, 1, "node");
   EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(pool->Acquire(1, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -242,8 +242,8 @@ TEST_F(NodePoolTest, BadArgumentsAndUnknownSessions) {
 // it holds: never a creation (it stalls the client's mapping).
 TEST_F(NodePoolTest, ACachedAcquireTakesWholeGrantsFromTheCacheOnly) {
   auto pool = MakePool(64, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   // Cached: three 8s and two 1s.
   absl::StatusOr<Grant> a = pool->Acquire(1, 26 * kChunk);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -296,9 +296,9 @@ TEST_F(NodePoolTest, ACachedAcquireTakesWholeGrantsFromTheCacheOnly) {
 
 TEST_F(NodePoolTest, QuotasPerSessionAndPerUidNameTheLimit) {
   auto pool = MakePool(16);
-  ASSERT_TRUE(pool->AddSession(1, 500, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 500, 2).ok());
-  ASSERT_TRUE(pool->AddSession(3, 501, 3).ok());
+  ASSERT_TRUE(pool->AddSession(1, 500, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 500, 2, "node").ok());
+  ASSERT_TRUE(pool->AddSession(3, 501, 3, "node").ok());
   ASSERT_TRUE(pool->SetSessionQuota(1, 2 * kChunk));
   ASSERT_TRUE(pool->Acquire(1, 2 * kChunk).ok());
   absl::Status s = pool->Acquire(1, kChunk).status();
@@ -343,7 +343,7 @@ TEST_F(NodePoolTest, QuotasPerSessionAndPerUidNameTheLimit) {
 
 TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 100, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->token.size(), 32u);  // 128 random bits, hex
@@ -369,7 +369,7 @@ TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
 
 TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 100, "node").ok());
   absl::StatusOr<Grant> early = pool->Acquire(1, kChunk);
   absl::StatusOr<Grant> late = pool->Acquire(1, kChunk);
   ASSERT_TRUE(early.ok() && late.ok());
@@ -389,7 +389,7 @@ TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
   NodePool quick(&source_, {.capacity = 4 * kChunk,
                             .token_ttl = absl::Milliseconds(5),
                             .now = [this] { return now_; }});
-  ASSERT_TRUE(quick.AddSession(1, 0, 100).ok());
+  ASSERT_TRUE(quick.AddSession(1, 0, 100, "node").ok());
   absl::StatusOr<Grant> g = quick.Acquire(1, kChunk);
   now_ += absl::Milliseconds(5);
   EXPECT_EQ(ClaimAll(quick, g->token, 100).status().code(),
@@ -399,7 +399,7 @@ TEST_F(NodePoolTest, ExpiredTokensGiveTheirChunksBackToTheCache) {
 
 TEST_F(NodePoolTest, AnAbandonedGrantGoesBackOnce) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 100).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 100, "node").ok());
   absl::StatusOr<Grant> kept = pool->Acquire(1, kChunk);
   absl::StatusOr<Grant> given_up = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(kept.ok() && given_up.ok());
@@ -420,8 +420,8 @@ TEST_F(NodePoolTest, AnAbandonedGrantGoesBackOnce) {
 
 TEST_F(NodePoolTest, ClaimLeavesOutChunksReleasedSinceTheGrant) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(pool->Release(1, {g->chunk_ids[0]}).ok());
   ASSERT_TRUE(pool->Acquire(2, kChunk).ok());  // takes chunk_ids[0]
@@ -433,8 +433,8 @@ TEST_F(NodePoolTest, ClaimLeavesOutChunksReleasedSinceTheGrant) {
 
 TEST_F(NodePoolTest, ReleaseOfAnotherSessionsChunkChangesNothing) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> mine = pool->Acquire(1, 2 * kChunk);
   absl::StatusOr<Grant> theirs = pool->Acquire(2, kChunk);
   const PoolStats before = pool->Stats();
@@ -462,7 +462,7 @@ TEST_F(NodePoolTest, ReleaseOfAnotherSessionsChunkChangesNothing) {
 
 TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 7, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 7, 1, "node").ok());
   ASSERT_TRUE(pool->SetSessionQuota(1, 6 * kChunk));
   pool->SetUidQuota(7, 5 * kChunk);
   absl::StatusOr<Grant> g = pool->Acquire(1, 5 * kChunk);
@@ -477,7 +477,7 @@ TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
   EXPECT_EQ(stats.created_bytes, 5 * kChunk);  // kept, not closed
   EXPECT_THAT(stats.sessions, IsEmpty());
   // The id can start again; the uid's quota counts nothing of the old one.
-  ASSERT_TRUE(pool->AddSession(1, 7, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 7, 2, "node").ok());
   EXPECT_FALSE(pool->Stats().sessions.at(1).quota.has_value());
   absl::StatusOr<Grant> again = pool->Acquire(1, 5 * kChunk);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -489,7 +489,7 @@ TEST_F(NodePoolTest, EndSessionReturnsEverythingAndKillsItsTokens) {
 
 TEST_F(NodePoolTest, TrimFreeClosesCachedChunksColdestFirst) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   const int fds_before = OpenFds();
   absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
   ASSERT_TRUE(g.ok());
@@ -519,8 +519,8 @@ TEST_F(NodePoolTest, AnExpiredGrantTakesBackOnlyItsOwnChunks) {
   // the new grant's (it once went back to the cache, to be handed to a
   // second session while the first mapped it).
   auto pool = MakePool(1);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> old = pool->Acquire(1, kChunk);
   ASSERT_TRUE(pool->Release(1, old->chunk_ids).ok());
   now_ += absl::Minutes(1);  // the old token expires
@@ -535,7 +535,7 @@ TEST_F(NodePoolTest, AnExpiredGrantTakesBackOnlyItsOwnChunks) {
 
 TEST_F(NodePoolTest, TrimIdleGivesBackWhatWasNotReusedForTheDelay) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 4 * kChunk);
   ASSERT_TRUE(g.ok());
   ASSERT_TRUE(ClaimAll(*pool, g->token, 1).ok());
@@ -557,7 +557,7 @@ TEST_F(NodePoolTest, TrimIdleGivesBackWhatWasNotReusedForTheDelay) {
 
 TEST_F(NodePoolTest, ReuseRestartsTheIdleClock) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
   ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
   now_ += absl::Minutes(4);
@@ -571,7 +571,7 @@ TEST_F(NodePoolTest, ReuseRestartsTheIdleClock) {
 
 TEST_F(NodePoolTest, TrimIdleKeepsTheCacheUnderTheHighWater) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, 6 * kChunk);
   ASSERT_TRUE(pool->Release(1, g->chunk_ids).ok());
   EXPECT_EQ(pool->TrimIdle({.high_water = 2 * kChunk}), 4 * kChunk);
@@ -585,7 +585,7 @@ TEST_F(NodePoolTest, TrimIdleKeepsTheCacheUnderTheHighWater) {
 
 TEST_F(NodePoolTest, AClaimedFdOutlivesTheChunk) {
   auto pool = MakePool(2);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> g = pool->Acquire(1, kChunk);
   absl::StatusOr<std::vector<ChunkFd>> fds = ClaimAll(*pool, g->token, 1);
   ASSERT_TRUE(fds.ok());
@@ -598,8 +598,8 @@ TEST_F(NodePoolTest, AClaimedFdOutlivesTheChunk) {
 
 TEST_F(NodePoolTest, AFailingSourceTakesNothingAndKeepsWhatItCreated) {
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0]}).ok());  // 1 cached
   source_.fail_after = 4;  // 2 more chunks, then out of memory
@@ -632,7 +632,7 @@ TEST(NodePoolDeviceTest, AFullDeviceTrimsTheCacheOfOtherSizesToCreate) {
   FullDeviceSource source(8 * kChunk);
   NodePool pool(&source, NodePool::Options{.capacity = 64 * kChunk,
                                            .chunk_classes = DefaultChunkClasses(kChunk)});
-  ASSERT_TRUE(pool.AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool.AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> big = pool.Acquire(1, 8 * kChunk);
   ASSERT_TRUE(big.ok()) << big.status();
   ASSERT_EQ(big->chunk_sizes, (std::vector<uint64_t>{8 * kChunk}));
@@ -651,8 +651,8 @@ TEST(NodePoolDeviceTest, AFullDeviceTrimsTheCacheOfOtherSizesToCreate) {
 
 TEST_F(NodePoolTest, CreationRunsOutsideTheLockAndReservesCapacity) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> cached = pool->Acquire(2, kChunk);
   ASSERT_TRUE(pool->Release(2, cached->chunk_ids).ok());
   absl::Notification gate;
@@ -683,14 +683,14 @@ TEST_F(NodePoolTest, CreationRunsOutsideTheLockAndReservesCapacity) {
 
 TEST_F(NodePoolTest, EndingASessionMidAcquireAbortsItAndCachesTheChunks) {
   auto pool = MakePool(4);
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::Notification gate;
   source_.gate = &gate;
   absl::StatusOr<Grant> slow;
   std::thread acquirer([&] { slow = pool->Acquire(1, 2 * kChunk); });
   source_.entered.WaitForNotification();
   EXPECT_EQ(pool->EndSession(1), 0u);  // nothing created yet
-  ASSERT_TRUE(pool->AddSession(1, 0, 5).ok());  // a new session, same id
+  ASSERT_TRUE(pool->AddSession(1, 0, 5, "node").ok());  // a new session, same id
   source_.gate = nullptr;
   gate.Notify();
   acquirer.join();
@@ -712,7 +712,7 @@ TEST_F(NodePoolTest, TheSmallestClassIsTheSourcesGranularity) {
 
 TEST_F(NodePoolTest, ARequestIsSplitIntoClassesLargestFirst) {
   auto pool = MakePool(256, {kChunk, 8 * kChunk, 64 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   // 64 + 2 x 8 + 3 x 1 chunks' worth, the last one partly.
   absl::StatusOr<Grant> g =
       pool->Acquire(1, 64 * kChunk + 16 * kChunk + 3 * kChunk - 100);
@@ -744,7 +744,7 @@ TEST_F(NodePoolTest, ARequestIsSplitIntoClassesLargestFirst) {
 
 TEST_F(NodePoolTest, MaxChunkBytesCapsTheClasses) {
   auto pool = MakePool(64, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> small = pool->Acquire(1, 16 * kChunk, kChunk);
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_EQ(small->chunk_sizes, std::vector<uint64_t>(16, kChunk));
@@ -761,8 +761,8 @@ TEST_F(NodePoolTest, MaxChunkBytesCapsTheClasses) {
 
 TEST_F(NodePoolTest, CachedChunksServeRequestsOfTheirClass) {
   auto pool = MakePool(64, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> a = pool->Acquire(1, 17 * kChunk);  // 8 + 8 + 1
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
@@ -786,8 +786,8 @@ TEST_F(NodePoolTest, CachedChunksServeRequestsOfTheirClass) {
 
 TEST_F(NodePoolTest, ANeedForOneClassTrimsCachedChunksOfAnotherColdestFirst) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   // The whole capacity as small chunks, all cached: cold ones first.
   absl::StatusOr<Grant> cold = pool->Acquire(1, 10 * kChunk, kChunk);
   absl::StatusOr<Grant> warm = pool->Acquire(1, 6 * kChunk, kChunk);
@@ -830,8 +830,8 @@ TEST_F(NodePoolTest, ANeedForOneClassTrimsCachedChunksOfAnotherColdestFirst) {
 
 TEST_F(NodePoolTest, TheNodeIsShortOnlyBeyondRoomPlusEveryCachedByte) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 2).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 2, "node").ok());
   absl::StatusOr<Grant> held = pool->Acquire(1, 8 * kChunk);  // one 8
   absl::StatusOr<Grant> cached = pool->Acquire(1, 4 * kChunk);
   ASSERT_TRUE(held.ok() && cached.ok());
@@ -851,7 +851,7 @@ TEST_F(NodePoolTest, TheNodeIsShortOnlyBeyondRoomPlusEveryCachedByte) {
 
 TEST_F(NodePoolTest, TrimsAndReleasesCountEachChunksOwnBytes) {
   auto pool = MakePool(64, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   absl::StatusOr<Grant> big = pool->Acquire(1, 8 * kChunk);
   absl::StatusOr<Grant> small = pool->Acquire(1, 2 * kChunk);
   ASSERT_TRUE(big.ok() && small.ok());
@@ -878,7 +878,7 @@ TEST_F(NodePoolTest, TrimsAndReleasesCountEachChunksOwnBytes) {
 
 TEST_F(NodePoolTest, AFailedCreationCachesWhatWasCreatedAtItsSize) {
   auto pool = MakePool(64, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 1).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 1, "node").ok());
   source_.fail_after = 1;  // the 8-chunk, then out of memory
   absl::Status s = pool->Acquire(1, 9 * kChunk).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
@@ -919,7 +919,7 @@ TEST_P(ConcurrentNodePoolTest, ConcurrentSessionsNeverShareAChunk) {
       std::mt19937 random(t);
       uint64_t session = t + 1;
       const pid_t pid = 100 + t;
-      EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid).ok());
+      EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid, "node").ok());
       std::vector<uint64_t> held;
       for (int i = 0; i < 400; ++i) {
         const int action = random() % 10;
@@ -956,7 +956,7 @@ TEST_P(ConcurrentNodePoolTest, ConcurrentSessionsNeverShareAChunk) {
           held.clear();
           pool->EndSession(session);
           session += kThreads;  // a new session of this thread
-          EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid).ok());
+          EXPECT_TRUE(pool->AddSession(session, 1000 + t % 2, pid, "node").ok());
           if (random() % 2) pool->TrimFree(kChunk);
         }
         const PoolStats stats = pool->Stats();
@@ -1017,15 +1017,15 @@ TEST_F(NodePoolTest, ARestartedPoolAdoptsWhatSessionsProveTheyHold) {
   Held one, two;
   {
     NodePool before(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 1});
-    ASSERT_TRUE(before.AddSession(1, 1000, 11).ok());
-    ASSERT_TRUE(before.AddSession(2, 1001, 22).ok());
+    ASSERT_TRUE(before.AddSession(1, 1000, 11, "node").ok());
+    ASSERT_TRUE(before.AddSession(2, 1001, 22, "node").ok());
     one = Take(before, 1, 11, 3);
     two = Take(before, 2, 22, 2);
     std::strcpy(Map(one.fds[0]), "kept across the restart");
   }  // the daemon dies; its clients keep their chunks
   NodePool after(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 2});
-  ASSERT_TRUE(after.AddSession(7, 1000, 11).ok());
-  ASSERT_TRUE(after.AddSession(8, 1001, 22).ok());
+  ASSERT_TRUE(after.AddSession(7, 1000, 11, "node").ok());
+  ASSERT_TRUE(after.AddSession(8, 1001, 22, "node").ok());
   absl::StatusOr<AdoptOutcome> a = after.Adopt(7, Declare(one));
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->adopted, one.ids);
@@ -1042,7 +1042,7 @@ TEST_F(NodePoolTest, ARestartedPoolAdoptsWhatSessionsProveTheyHold) {
   EXPECT_EQ(stats.sessions.at(7).bytes, 3 * kChunk);
   EXPECT_EQ(stats.sessions.at(8).bytes, 2 * kChunk);
   // They count against the capacity: 3 chunks left, not 8.
-  ASSERT_TRUE(after.AddSession(9, 1002, 33).ok());
+  ASSERT_TRUE(after.AddSession(9, 1002, 33, "node").ok());
   absl::StatusOr<Grant> too_much = after.Acquire(9, 4 * kChunk);
   EXPECT_TRUE(IsNodeShortage(too_much.status())) << too_much.status();
   absl::StatusOr<Grant> fits = after.Acquire(9, 3 * kChunk);
@@ -1070,12 +1070,12 @@ TEST_F(NodePoolTest, ConflictingOrUnprovenDeclarationsAreRefused) {
   Held one;
   {
     NodePool before(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 1});
-    ASSERT_TRUE(before.AddSession(1, 1000, 11).ok());
+    ASSERT_TRUE(before.AddSession(1, 1000, 11, "node").ok());
     one = Take(before, 1, 11, 3);
   }
   NodePool after(&source_, {.capacity = 8 * kChunk, .chunk_id_epoch = 2});
-  ASSERT_TRUE(after.AddSession(7, 1000, 11).ok());
-  ASSERT_TRUE(after.AddSession(8, 1001, 22).ok());
+  ASSERT_TRUE(after.AddSession(7, 1000, 11, "node").ok());
+  ASSERT_TRUE(after.AddSession(8, 1001, 22, "node").ok());
   ASSERT_TRUE(after.Adopt(7, Declare(one)).ok());
 
   std::vector<DeclaredChunk> claims;
@@ -1134,7 +1134,7 @@ TEST_F(NodePoolTest, ConflictingOrUnprovenDeclarationsAreRefused) {
 TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordLeaveThePoolWhenReleased) {
   source_.proves = false;  // as on a GPU
   auto pool = MakePool(8);
-  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
   ASSERT_TRUE(pool->SetSessionQuota(1, 4 * kChunk));
   std::vector<DeclaredChunk> declared;
   for (uint64_t id : {5, 6, 7}) declared.push_back({.id = id, .bytes = kChunk});
@@ -1151,7 +1151,7 @@ TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordLeaveThePoolWhenReleased) {
   EXPECT_EQ(stats.created_bytes, kChunk);
   EXPECT_EQ(pool->EndSession(1), kChunk);
   EXPECT_EQ(pool->Stats().created_bytes, 0u);
-  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22, "node").ok());
   absl::StatusOr<Grant> grant = pool->Acquire(2, kChunk);
   ASSERT_TRUE(grant.ok());
   EXPECT_EQ(grant->reused_chunks, 0u);
@@ -1160,14 +1160,14 @@ TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordLeaveThePoolWhenReleased) {
 TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
   source_.proves = false;
   auto pool = MakePool(2);  // epoch 0: ids 1, 2, ...
-  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
   std::vector<DeclaredChunk> declared;
   for (uint64_t id : {1, 2, 3}) declared.push_back({.id = id, .bytes = kChunk});
   absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->adopted_bytes, 3 * kChunk);  // over the capacity: counted
   EXPECT_EQ(pool->Stats().in_use_bytes, 3 * kChunk);
-  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22, "node").ok());
   EXPECT_TRUE(IsNodeShortage(pool->Acquire(2, kChunk).status()));
   ASSERT_TRUE(pool->Release(1, {2, 3}).ok());
   absl::StatusOr<Grant> grant = pool->Acquire(2, kChunk);
@@ -1183,7 +1183,7 @@ TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
 TEST_F(NodePoolTest, DeclaredChunksKeepTheirSizeClasses) {
   const std::vector<uint64_t> classes = DefaultChunkClasses(kChunk);
   auto pool = MakePool(64, classes);
-  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
   std::vector<DeclaredChunk> declared;
   for (uint64_t bytes : {8 * kChunk, kChunk, 2 * kChunk}) {
     absl::StatusOr<ChunkMemory> memory = source_.memfd.CreateChunk(bytes);
@@ -1222,8 +1222,8 @@ TEST_F(NodePoolTest, DeclaredChunksKeepTheirSizeClasses) {
 TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordAreNeverSharedNorCached) {
   source_.proves = false;
   auto pool = MakePool(128, DefaultChunkClasses(kChunk));
-  ASSERT_TRUE(pool->AddSession(1, 1000, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 1000, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 1000, 22, "node").ok());
   std::vector<DeclaredChunk> declared;
   declared.push_back({.id = 5, .bytes = 64 * kChunk});
   declared.push_back({.id = 6, .bytes = kChunk});
@@ -1266,7 +1266,7 @@ UniqueFd ClientMadeChunk(uint64_t bytes, const char* text) {
 
 TEST_F(NodePoolTest, ChunksTheClientMakesAreCountedWithoutMemoryHere) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
   absl::StatusOr<Grant> small = pool->Acquire(1, kChunk);
   ASSERT_TRUE(small.ok());
   ASSERT_TRUE(pool->Release(1, small->chunk_ids).ok());  // one 2 MiB cached
@@ -1309,8 +1309,8 @@ TEST_F(NodePoolTest, ChunksTheClientMakesAreCountedWithoutMemoryHere) {
 
 TEST_F(NodePoolTest, MemoryTheClientGivesIsSharedAndCachedLikeACreatedChunk) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
-  ASSERT_TRUE(pool->AddSession(2, 0, 22).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  ASSERT_TRUE(pool->AddSession(2, 0, 22, "node").ok());
   absl::StatusOr<Grant> grant =
       pool->Acquire(1, 9 * kChunk, UINT64_MAX, /*client_creates=*/true);
   ASSERT_TRUE(grant.ok()) << grant.status();
@@ -1391,7 +1391,7 @@ TEST_F(NodePoolTest, MemoryTheClientGivesIsSharedAndCachedLikeACreatedChunk) {
 
 TEST_F(NodePoolTest, AReadAheadForAClientThatMakesChunksIsCachedFirstThenBudget) {
   auto pool = MakePool(16, {kChunk, 8 * kChunk});
-  ASSERT_TRUE(pool->AddSession(1, 0, 11).ok());
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
   absl::StatusOr<Grant> first = pool->Acquire(1, 9 * kChunk);
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(pool->Release(1, first->chunk_ids).ok());  // one grant cached

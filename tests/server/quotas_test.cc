@@ -25,7 +25,7 @@ class QuotasTest : public ::testing::Test {
   SessionId Start(int device) {
     std::shared_ptr<Session> s =
         sessions_.Create({.pid = 4242, .uid = kUid, .node_device = device});
-    EXPECT_TRUE(pools_.at(device).pool->AddSession(s->id(), kUid, 4242).ok());
+    EXPECT_TRUE(pools_.at(device).pool->AddSession(s->id(), kUid, 4242, "node").ok());
     return s->id();
   }
 
