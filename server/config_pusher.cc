@@ -48,7 +48,7 @@ ConfigPusher::ConfigPusher(const SessionRegistry* sessions, Metrics* metrics)
 
 ConfigPusher::AtRegistration ConfigPusher::Register(
     Session& session, const std::string& current_config,
-    uint64_t current_version) {
+    uint64_t current_version, const std::optional<Learned>& learned) {
   const std::string& job = session.identity().job;
   AtRegistration at{.running = session.Current()};
   if (current_version != 0) {
@@ -57,10 +57,30 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
     session.Acked(at.running);
   }
   at.config = configs_.Effective(job);
+  if (learned.has_value() && !configs_.HasOwnConfig(job)) {
+    if (at.running.config == learned->config) {
+      // It runs the learned config already (a client that reconnected):
+      // the default is not pushed over it.
+      at.learned = at.running;
+      at.config.reset();
+      return at;
+    }
+    absl::StatusOr<ConfigRecord> record =
+        configs_.AddVersion(job, learned->config, learned->author, "learned");
+    // A learned config PyTorch would refuse (a file edited by hand) is not
+    // handed; the job gets what it would get without one.
+    if (record.ok()) {
+      at.config = *record;
+      at.learned = AppliedConfig{.version = record->version,
+                                 .config = record->config};
+    }
+  }
   // The client applies it at start and ACKs like any push; a client that
   // runs it already (it reconnected) is not pushed it twice.
   if (at.config.has_value() && at.config->config != at.running.config) {
-    Push(session, *at.config, false, "config for this job at registration");
+    Push(session, *at.config, false,
+         at.learned ? "the config this job learned in an earlier run"
+                    : "config for this job at registration");
   }
   return at;
 }

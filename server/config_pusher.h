@@ -65,12 +65,24 @@ class ConfigPusher {
     AppliedConfig running;
     // Its job's config, pushed to it unless it runs that already.
     std::optional<ConfigRecord> config;
+    // The job's learned config it was handed (`config`, or what it runs
+    // already), under its version.
+    std::optional<AppliedConfig> learned;
+  };
+  // A config the autotuner learned for a job in an earlier run
+  // (LearnedConfigs): `config` canonical, `author` says which decision.
+  struct Learned {
+    std::string config;
+    std::string author;
   };
   // `session` just registered; its client declared it runs
   // `current_config` (canonical) under `current_version` (0: its initial
-  // config). Adopts that config, then pushes the job's.
+  // config). Adopts that config, then pushes the job's: its own (an
+  // admin's, or the autotuner's in this daemon's run), else `learned`
+  // (recorded as a version of its own, event "learned"), else the default.
   AtRegistration Register(Session& session, const std::string& current_config,
-                          uint64_t current_version)
+                          uint64_t current_version,
+                          const std::optional<Learned>& learned = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
   // `session`'s client applied a version (ACK) or not (NACK): recorded,
   // and an ACKed one becomes what it runs. InvalidArgument for an unknown

@@ -15,6 +15,7 @@
 #include "grpcpp/server_builder.h"
 #include "ipc/unix_socket.h"
 #include "server/config_watcher.h"
+#include "server/autotune/learned_configs.h"
 #include "server/daemon_autotune.h"
 #include "server/daemon_core.h"
 #include "server/grpc_services.h"
@@ -269,6 +270,22 @@ std::string CapacitySummary(const DevicePools& pools) {
                : out;
 }
 
+// The autotuner's learned configs, kept where DaemonOptions::state_dir says.
+absl::StatusOr<std::unique_ptr<LearnedConfigs>> OpenLearnedConfigs(
+    const DaemonOptions& o, const std::string& backend) {
+  const std::string dir = o.state_dir.value_or(backend == "sim" ? "" : kDefaultStateDir);
+  if (dir.empty()) return std::make_unique<LearnedConfigs>();
+  std::string corrupt;
+  absl::StatusOr<std::unique_ptr<LearnedConfigs>> opened =
+      LearnedConfigs::Open(dir, LearnedConfigs::kDefaultMaxJobs, &corrupt);
+  if (!corrupt.empty()) LogError(corrupt);
+  if (opened.ok() || o.state_dir.has_value()) return opened;
+  LogError(absl::StrCat(opened.status().message(),
+                        ". Learned configs are kept in memory only until the "
+                        "daemon stops"));
+  return std::make_unique<LearnedConfigs>();
+}
+
 }  // namespace
 
 // Declaration order is teardown order reversed: the loops that call into
@@ -278,6 +295,7 @@ struct Daemon::Parts {
   Metrics metrics;
   DevicePools pools;
   std::unique_ptr<DaemonCore> core;
+  std::unique_ptr<LearnedConfigs> learned;
   std::unique_ptr<DaemonAutotune> autotune;
   std::unique_ptr<ConfigWatcher> config_watcher;
   PeerTable peers;
@@ -349,10 +367,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                         .adopt_window = o.adopt_window,
                         .devices_at_start = std::move(at_start)},
       &parts->pools, &parts->metrics);
+  absl::StatusOr<std::unique_ptr<LearnedConfigs>> learned =
+      OpenLearnedConfigs(o, backend);
+  if (!learned.ok()) return learned.status();
+  parts->learned = *std::move(learned);
   AutotuneOptions autotune = o.autotune;
   if (autotune.capacity == 0) autotune.capacity = o.capacity;
   parts->autotune = std::make_unique<DaemonAutotune>(
-      std::move(autotune), parts->core.get(), &parts->metrics);
+      std::move(autotune), parts->core.get(), &parts->metrics,
+      parts->learned.get());
   parts->core->SetObserver(parts->autotune.get());
   if (!o.config_file.empty()) {
     absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =

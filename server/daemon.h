@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "server/autotune/autotuner.h"
 
 namespace allocd {
+
+inline constexpr char kDefaultStateDir[] = "/var/lib/allocd";
 
 struct DaemonOptions {
   // Clients' gRPC socket (mode 0660); the side socket is `socket` + ".fds".
@@ -57,6 +60,13 @@ struct DaemonOptions {
   // the daemon before (pids in `socket` + ".sessions") to re-declare the
   // chunks they hold (DaemonCoreOptions::adopt_window).
   absl::Duration adopt_window = absl::Seconds(5);
+  // Where the daemon keeps what it learns across restarts: the autotuner's
+  // learned configs (LearnedConfigs, DIR/learned_configs.json). nullopt:
+  // kDefaultStateDir on a GPU daemon, kept in memory only (with a warning)
+  // where that cannot be written; in memory only on a sim daemon, so that
+  // tests and demos never write to /var/lib. Empty: in memory only. A
+  // directory given that cannot be created or written stops the start.
+  std::optional<std::string> state_dir;
   // The autotuner (--autotune MODE and its knobs). Its capacity, when 0,
   // is the pool's: a candidate that would not fit the node is never
   // proposed.

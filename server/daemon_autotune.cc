@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "allocator/bytes.h"
 #include "server/log.h"
 
@@ -56,9 +57,10 @@ std::vector<EvidenceEvent> ToEvidence(const v1::EventBatch& b) {
 }  // namespace
 
 DaemonAutotune::DaemonAutotune(AutotuneOptions options, DaemonCore* core,
-                               Metrics* metrics)
+                               Metrics* metrics, LearnedConfigs* learned)
     : core_(core),
       metrics_(metrics),
+      learned_(learned),
       flag_mode_(options.default_policy.mode),
       default_mode_(options.default_policy.mode),
       autotuner_(std::make_unique<Autotuner>(std::move(options), this)) {}
@@ -67,12 +69,38 @@ DaemonAutotune::~DaemonAutotune() { autotuner_.reset(); }
 
 // ------------------------------------------------------------ sessions
 
+std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
+    const SessionIdentity& identity) {
+  std::optional<LearnedConfig> learned =
+      learned_->Find({identity.tenant, identity.job});
+  if (!learned.has_value()) return std::nullopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (EffectivePolicy(identity.job).mode != AutotuneMode::kApply) {
+      return std::nullopt;
+    }
+  }
+  return ConfigPusher::Learned{
+      .config = learned->config,
+      .author = absl::StrCat(kAuthor, ": learned from decision ",
+                             learned->decision_id, " (",
+                             absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                              learned->learned_at,
+                                              absl::UTCTimeZone()),
+                             "; it ran ", learned->from_config.empty()
+                                              ? "PyTorch's defaults"
+                                              : learned->from_config,
+                             " before)")};
+}
+
 void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
                                     const AppliedConfig& running,
+                                    const std::optional<AppliedConfig>& learned,
                                     const v1::AutotunePreferences& preferences) {
   std::vector<std::pair<std::string, JobPolicy>> policies;
   {
     absl::MutexLock lock(&mu_);
+    session_tenants_[identity.id] = identity.tenant;
     const bool asks = preferences.pinned_keys_size() > 0 ||
                       preferences.allow_memory_fraction() ||
                       !preferences.mode().empty();
@@ -86,12 +114,18 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
   Publish(policies);
   autotuner_->SessionStarted(identity.id, identity.job, running.config,
                              running.version);
+  if (learned.has_value()) {
+    LogInfo(absl::StrCat("session ", identity.id, " of job \"", identity.job,
+                         "\" was handed its learned config \"", learned->config,
+                         "\" (version ", learned->version, ")"));
+  }
 }
 
 void DaemonAutotune::SessionEnded(SessionId id) {
   {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
+    session_tenants_.erase(id);
   }
   autotuner_->SessionEnded(id);
 }
@@ -156,7 +190,61 @@ void DaemonAutotune::OnRun(const std::string& job) {
   metrics_->AutotuneRun(job);
 }
 
+void DaemonAutotune::Learn(const AutotuneDecision& d) {
+  JobKey key{.job = d.job};
+  {
+    absl::MutexLock lock(&mu_);
+    auto tenant = decision_tenants_.find(d.id);
+    if (tenant == decision_tenants_.end()) {
+      auto canary = d.sessions.empty() ? session_tenants_.end()
+                                       : session_tenants_.find(d.sessions.front());
+      if (canary == session_tenants_.end()) return;  // pushed nothing
+      tenant = decision_tenants_.emplace(d.id, canary->second).first;
+      while (decision_tenants_.size() > kCountedDecisions) {
+        decision_tenants_.erase(decision_tenants_.begin());
+      }
+    }
+    key.tenant = tenant->second;
+  }
+  absl::Status saved;
+  if (d.result == "rolled_back") {
+    absl::StatusOr<bool> forgot = learned_->Forget(key, d.to_config);
+    if (forgot.ok() && *forgot) {
+      LogInfo(absl::StrCat("autotune: job \"", d.job, "\" forgets its learned config \"",
+                           d.to_config, "\": decision ", d.id, " was rolled back"));
+    }
+    saved = forgot.status();
+  } else if (d.result == "pushed" && d.version != 0 &&
+             core_->GetConfig(d.job).config().version() == d.version) {
+    // Kept: the canary's watch passed and the push became the job's config.
+    std::optional<LearnedConfig> known = learned_->Find(key);
+    const bool learned_now = !known.has_value() || known->decision_id != d.id ||
+                             known->config != d.to_config;
+    if (!learned_now && known->realized_peak == d.realized_peak) return;
+    saved = learned_->Record(
+        key, {.config = d.to_config,
+              .from_config = d.from_config,
+              .decision_id = d.id,
+              .learned_at = learned_now ? absl::Now() : known->learned_at,
+              .predicted_peak_current = d.predicted_peak_current,
+              .predicted_peak_switched = d.predicted_peak_switched,
+              .predicted_peak_allocated = d.predicted_peak_allocated,
+              .predicted_peak_requested = d.predicted_peak_requested,
+              .realized_peak = d.realized_peak});
+    if (learned_now) {
+      LogInfo(absl::StrCat("autotune: job \"", d.job, "\" learned \"", d.to_config,
+                           "\" (decision ", d.id, "): its next runs start with it"));
+    }
+  }
+  if (!saved.ok()) {
+    LogError(absl::StrCat("autotune: what job \"", d.job,
+                          "\" learned is kept until the daemon stops only: ",
+                          saved.message()));
+  }
+}
+
 void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
+  Learn(d);
   bool changed;
   {
     absl::MutexLock lock(&mu_);
@@ -227,6 +315,24 @@ absl::StatusOr<v1::AutotuneRunResponse> DaemonAutotune::Run(
   if (!id.ok()) return id.status();
   v1::AutotuneRunResponse r;
   r.set_decision_id(*id);
+  return r;
+}
+
+v1::AutotuneLearnedResponse DaemonAutotune::Learned() const {
+  v1::AutotuneLearnedResponse r;
+  r.set_state_file(learned_->path());
+  for (const auto& [key, l] : learned_->List()) {
+    v1::LearnedConfig* out = r.add_learned();
+    out->set_tenant(key.tenant);
+    out->set_job(key.job);
+    out->set_config(l.config);
+    out->set_from_config(l.from_config);
+    out->set_decision_id(l.decision_id);
+    out->set_learned_unix_micros(absl::ToUnixMicros(l.learned_at));
+    out->set_predicted_peak_current(l.predicted_peak_current);
+    out->set_predicted_peak_switched(l.predicted_peak_switched);
+    if (l.realized_peak) out->set_realized_peak(*l.realized_peak);
+  }
   return r;
 }
 

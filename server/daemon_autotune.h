@@ -11,6 +11,11 @@
 // the daemon's default (--autotune, or allocctl autotune set without a job).
 // Pinned keys are the union of the file's and the job's.
 //
+// What the job learned: a push kept for the whole job is recorded in the
+// daemon's LearnedConfigs for the job (its tenant and label), and forgotten
+// when it is rolled back; a new session of a job in apply mode is handed
+// its learned config at registration (LearnedConfigFor).
+//
 // Thread-safe.
 #ifndef ALLOCD_SERVER_DAEMON_AUTOTUNE_H_
 #define ALLOCD_SERVER_DAEMON_AUTOTUNE_H_
@@ -29,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocd.pb.h"
 #include "server/autotune/autotuner.h"
+#include "server/autotune/learned_configs.h"
 #include "server/config_file.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -38,15 +44,21 @@ namespace allocd {
 
 class DaemonAutotune final : public SessionObserver, public AutotuneActions {
  public:
-  // `core` and `metrics` outlive this; starts the autotuner's workers.
-  // Then core->SetObserver(this).
-  DaemonAutotune(AutotuneOptions options, DaemonCore* core, Metrics* metrics);
+  // `core`, `metrics` and `learned` outlive this; starts the autotuner's
+  // workers. Then core->SetObserver(this).
+  DaemonAutotune(AutotuneOptions options, DaemonCore* core, Metrics* metrics,
+                 LearnedConfigs* learned);
   // Stops the autotuner (its workers) before anything it calls goes.
   ~DaemonAutotune() override;
 
   // --- SessionObserver
+  // The job's learned config when its mode is apply (a job an admin set to
+  // recommend or off is pushed nothing, learned or not).
+  std::optional<ConfigPusher::Learned> LearnedConfigFor(
+      const SessionIdentity& identity) override;
   void SessionStarted(const SessionIdentity& identity,
                       const AppliedConfig& running,
+                      const std::optional<AppliedConfig>& learned,
                       const v1::AutotunePreferences& preferences) override;
   void SessionEnded(SessionId id) override;
   void Events(SessionId id, const v1::EventBatch& batch) override;
@@ -76,6 +88,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                       uint32_t limit) const;
   // NotFound when the job has no session.
   absl::StatusOr<v1::AutotuneRunResponse> Run(const std::string& job);
+  // Every learned config (allocctl autotune learned, export).
+  v1::AutotuneLearnedResponse Learned() const;
   // An admin's mode for `job` (empty: the daemon's default).
   // InvalidArgument for a mode that is not off, recommend or apply.
   absl::Status SetMode(const std::string& job, const std::string& mode);
@@ -97,9 +111,13 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   std::vector<std::pair<std::string, JobPolicy>> Policies(
       std::set<std::string> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const std::vector<std::pair<std::string, JobPolicy>>& policies);
+  // Records a push kept for the whole job in `learned_` (or its realised
+  // peak, once known), or forgets a rolled-back one.
+  void Learn(const AutotuneDecision& decision) ABSL_LOCKS_EXCLUDED(mu_);
 
   DaemonCore* const core_;
   Metrics* const metrics_;
+  LearnedConfigs* const learned_;
   // --autotune.
   const AutotuneMode flag_mode_;
   mutable absl::Mutex mu_;
@@ -110,6 +128,11 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   std::map<std::string, AutotuneFilePolicy> file_policies_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::AutotunePreferences> job_preferences_
       ABSL_GUARDED_BY(mu_);
+  // The tenant of each live session, and of each decision's canary (taken
+  // when the decision is first reported, while the canary lives): what a
+  // job learns is its tenant's.
+  std::map<SessionId, TenantId> session_tenants_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, TenantId> decision_tenants_ ABSL_GUARDED_BY(mu_);
   // Jobs the autotuner was given a policy of their own.
   std::set<std::string> policied_ ABSL_GUARDED_BY(mu_);
   // Per session: where its event stream should continue, so a batch that

@@ -109,7 +109,9 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     return s;
   }
   const ConfigPusher::AtRegistration config = config_pusher_.Register(
-      *session, current_config, r.current_config_version());
+      *session, current_config, r.current_config_version(),
+      observer_ != nullptr ? observer_->LearnedConfigFor(session->identity())
+                           : std::nullopt);
   fanout.Release();
   adoption_.SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
@@ -148,7 +150,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   }
   if (observer_ != nullptr) {
     observer_->SessionStarted(session->identity(), config.running,
-                              r.autotune());
+                              config.learned, r.autotune());
   }
   return response;
 }

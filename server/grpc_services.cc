@@ -300,4 +300,14 @@ grpc::Status AdminService::AutotuneSetMode(
                      });
 }
 
+grpc::Status AdminService::AutotuneLearned(grpc::ServerContext* context,
+                                           const v1::AutotuneLearnedRequest*,
+                                           v1::AutotuneLearnedResponse* response) {
+  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneLearned",
+                     [&](const PeerCredentials&) {
+                       *response = autotune_->Learned();
+                       return absl::OkStatus();
+                     });
+}
+
 }  // namespace allocd

@@ -95,6 +95,9 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status AutotuneSetMode(grpc::ServerContext* context,
                                const v1::AutotuneSetModeRequest* request,
                                v1::AutotuneSetModeResponse* response) override;
+  grpc::Status AutotuneLearned(grpc::ServerContext* context,
+                               const v1::AutotuneLearnedRequest* request,
+                               v1::AutotuneLearnedResponse* response) override;
 
  private:
   DaemonCore* const core_;

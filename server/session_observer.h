@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "allocd.pb.h"
+#include "server/config_pusher.h"
 #include "server/session_registry.h"
 
 namespace allocd {
@@ -19,11 +21,19 @@ namespace allocd {
 class SessionObserver {
  public:
   virtual ~SessionObserver() = default;
+  // The config the job of a registering session learned in an earlier run
+  // (the autotuner's LearnedConfigs), for the session to be handed unless
+  // its job has a config of its own; nullopt: none. Called before
+  // SessionStarted, with the config fan-out lock held.
+  virtual std::optional<ConfigPusher::Learned> LearnedConfigFor(
+      const SessionIdentity& identity) = 0;
   // A session registered; it runs `running` (its initial config as version
-  // 0, or what a reconnecting client re-declared) and the job asked for
-  // `preferences`.
+  // 0, or what a reconnecting client re-declared), was handed `learned`
+  // (LearnedConfigFor's config, under its version: pushed to it, or what it
+  // runs already; nullopt: none) and the job asked for `preferences`.
   virtual void SessionStarted(const SessionIdentity& identity,
                               const AppliedConfig& running,
+                              const std::optional<AppliedConfig>& learned,
                               const v1::AutotunePreferences& preferences) = 0;
   virtual void SessionEnded(SessionId id) = 0;
   // Allocator events, validated (columns of one length, ops 0..2).

@@ -1,6 +1,7 @@
 #include "server/config_pusher.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
@@ -21,12 +22,14 @@ class ConfigPusherTest : public ::testing::Test {
  protected:
   // A session of job "llama" whose client started with
   // max_split_size_mb:64, registered as DaemonCore does.
-  std::shared_ptr<Session> Register(const std::string& current = "",
-                                    uint64_t current_version = 0) {
+  std::shared_ptr<Session> Register(
+      const std::string& current = "", uint64_t current_version = 0,
+      const std::optional<ConfigPusher::Learned>& learned = std::nullopt) {
     absl::MutexLock fanout(&pusher_.fanout_mu());
     std::shared_ptr<Session> session = sessions_.Create(
         {.job = "llama", .initial_config = "max_split_size_mb:64"});
-    registered_ = pusher_.Register(*session, current, current_version);
+    registered_ =
+        pusher_.Register(*session, current, current_version, learned);
     return session;
   }
 
@@ -108,6 +111,42 @@ TEST_F(ConfigPusherTest,
   EXPECT_GT(registered_.running.version, version);
   EXPECT_EQ(registered_.running.config, "expandable_segments:True");
   EXPECT_TRUE(Pushed(*restarted).empty());
+}
+
+// A job's learned config is handed at registration over the node default,
+// as a version of its own; a config set for the job wins over it, and a
+// session that runs it already is not pushed it again.
+TEST_F(ConfigPusherTest, ALearnedConfigIsHandedUnlessTheJobHasItsOwn) {
+  const ConfigPusher::Learned learned{.config = "expandable_segments:True",
+                                      .author = "autotune decision 3"};
+  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0, false).ok());
+
+  std::shared_ptr<Session> first = Register("", 0, learned);
+  ASSERT_TRUE(registered_.learned.has_value());
+  const uint64_t version = registered_.learned->version;
+  EXPECT_EQ(registered_.learned->config, "expandable_segments:True");
+  EXPECT_EQ(registered_.config->version, version);
+  EXPECT_EQ(Pushed(*first),
+            (std::vector<std::pair<uint64_t, bool>>{{version, false}}));
+  ASSERT_TRUE(pusher_.store().Find(version).has_value());
+  EXPECT_EQ(pusher_.store().Find(version)->author, "autotune decision 3");
+  EXPECT_EQ(pusher_.History("llama", 1).entries(0).event(), "learned");
+  // The learned config is no job config: the job's effective one is still
+  // the default.
+  EXPECT_EQ(pusher_.Get("llama").config().config(), "max_split_size_mb:256");
+
+  std::shared_ptr<Session> back =
+      Register("expandable_segments:True", version, learned);
+  EXPECT_EQ(registered_.learned->version, version);
+  EXPECT_TRUE(Pushed(*back).empty());
+
+  absl::StatusOr<v1::SetConfigResponse> own =
+      pusher_.Set("llama", "garbage_collection_threshold:0.6", "an admin", 0, false);
+  ASSERT_TRUE(own.ok()) << own.status();
+  std::shared_ptr<Session> admin_set = Register("", 0, learned);
+  EXPECT_FALSE(registered_.learned.has_value());
+  EXPECT_EQ(Pushed(*admin_set), (std::vector<std::pair<uint64_t, bool>>{
+                                    {own->config().version(), false}}));
 }
 
 // An OOM under a pushed version rolls back to the config before, once; an

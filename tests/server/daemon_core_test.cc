@@ -30,7 +30,11 @@ class DaemonCoreTest : public ::testing::Test {
 // Remembers what the core reported.
 class RecordingObserver : public SessionObserver {
  public:
+  std::optional<ConfigPusher::Learned> LearnedConfigFor(const SessionIdentity&) override {
+    return std::nullopt;
+  }
   void SessionStarted(const SessionIdentity& identity, const AppliedConfig& running,
+                      const std::optional<AppliedConfig>&,
                       const v1::AutotunePreferences& preferences) override {
     started.push_back({identity.id, running.version, running.config,
                        preferences.pinned_keys_size()});

@@ -24,6 +24,7 @@
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/unix_socket.h"
+#include "nlohmann/json.hpp"
 #include "tools/common/cli.h"
 
 namespace allocd {
@@ -42,6 +43,8 @@ struct Options {
   std::string mode;
   // allocctl pool trim --device: a UUID or node index; empty: every device.
   std::string device;
+  // allocctl autotune export --tenant: only this tenant's (empty: all).
+  std::optional<std::string> tenant;
 };
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
@@ -240,6 +243,53 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
   if (!d.why().empty()) std::printf("%s  why: %s\n", indent, d.why().c_str());
 }
 
+void PrintLearned(const v1::AutotuneLearnedResponse& r) {
+  std::printf("learned configs %s\n",
+              r.state_file().empty()
+                  ? "(in the daemon's memory only: allocd serve --state-dir keeps them)"
+                  : ("(kept in " + r.state_file() + ")").c_str());
+  if (r.learned().empty()) std::printf("none yet\n");
+  for (const v1::LearnedConfig& l : r.learned()) {
+    std::printf("%-20s %-12s %s\n", l.job().c_str(),
+                l.tenant().empty() ? "-" : l.tenant().c_str(), l.config().c_str());
+    std::printf("  learned %s from decision #%llu; it ran %s before\n",
+                Time(l.learned_unix_micros()).c_str(),
+                static_cast<unsigned long long>(l.decision_id()),
+                l.from_config().empty() ? "PyTorch's defaults" : l.from_config().c_str());
+    std::printf("  predicted peak reserved %s -> %s%s\n",
+                FormatSize(l.predicted_peak_current()).c_str(),
+                FormatSize(l.predicted_peak_switched()).c_str(),
+                l.has_realized_peak()
+                    ? absl::StrCat(", realised ", FormatSize(l.realized_peak())).c_str()
+                    : "");
+  }
+}
+
+// The learned configs as the "jobs" of allocd serve's --config file (the
+// ConfigMap's config.json). A label learned by several tenants takes the
+// newest; the others are named on stderr.
+void ExportLearned(const v1::AutotuneLearnedResponse& r,
+                   const std::optional<std::string>& tenant) {
+  std::map<std::string, const v1::LearnedConfig*> newest;
+  for (const v1::LearnedConfig& l : r.learned()) {
+    if (tenant.has_value() && l.tenant() != *tenant) continue;
+    const v1::LearnedConfig*& kept = newest[l.job()];
+    if (kept != nullptr && kept->config() != l.config()) {
+      const bool newer = l.learned_unix_micros() > kept->learned_unix_micros();
+      const v1::LearnedConfig& left = newer ? *kept : l;
+      std::fprintf(stderr,
+                   "allocctl: job %s: left out tenant %s's \"%s\" for a newer "
+                   "one (--tenant picks a tenant's)\n",
+                   l.job().c_str(), left.tenant().c_str(), left.config().c_str());
+      if (!newer) continue;
+    }
+    kept = &l;
+  }
+  nlohmann::json jobs = nlohmann::json::object();
+  for (const auto& [job, l] : newest) jobs[job] = l->config();
+  std::printf("%s\n", nlohmann::json{{"jobs", jobs}}.dump(2).c_str());
+}
+
 void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
   std::printf("autotune mode %s (jobs without their own)\n", r.mode().c_str());
   std::printf("%-20s %-9s %-9s %8s %10s %8s %s\n", "JOB", "MODE", "STATE",
@@ -387,6 +437,15 @@ int main(int argc, char** argv) {
   at_set->add_option("--mode,-m", o.mode, "off, recommend or apply")
       ->required()
       ->check(CLI::IsMember({"off", "recommend", "apply"}));
+  CLI::App* at_learned = autotune->add_subcommand(
+      "learned", "the configs jobs learned: kept pushes their next runs start "
+                 "with (until a rollback undoes one)");
+  CLI::App* at_export = autotune->add_subcommand(
+      "export", "the learned configs as the \"jobs\" of allocd serve's "
+                "--config file (the ConfigMap's config.json)");
+  at_export->add_option("--tenant", o.tenant,
+                        "only this tenant's (as allocctl autotune learned "
+                        "prints it)");
 
   CLI::App* pool = app.add_subcommand("pool", "the node pool's memory");
   pool->require_subcommand(1);
@@ -523,6 +582,21 @@ int main(int argc, char** argv) {
                       o.job.empty() ? "the daemon (jobs without their own)"
                                     : ("job " + o.job).c_str(),
                       o.mode.c_str());
+        });
+  }
+  if (at_learned->parsed() || at_export->parsed()) {
+    const auto rpc = [&](grpc::ClientContext* c, v1::AutotuneLearnedResponse* r) {
+      return admin->AutotuneLearned(c, v1::AutotuneLearnedRequest(), r);
+    };
+    if (at_learned->parsed()) {
+      return Call<v1::AutotuneLearnedResponse>(o, rpc, PrintLearned);
+    }
+    // In the config file's own format, --json or not.
+    Options file_format = o;
+    file_format.json = false;
+    return Call<v1::AutotuneLearnedResponse>(
+        file_format, rpc, [&](const v1::AutotuneLearnedResponse& r) {
+          ExportLearned(r, o.tenant);
         });
   }
   if (history->parsed()) {

@@ -219,6 +219,12 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "JSON file of allocator configs per job and uid quotas: "
                     "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "
                     "\"uid_quotas\": {\"1000\": \"20GiB\"}}");
+  serve->add_option("--state-dir", o.state_dir,
+                    "where the daemon keeps what it learns across restarts "
+                    "(the autotuner's learned configs); default "
+                    "/var/lib/allocd on a GPU (in memory only, with a "
+                    "warning, where it cannot be written), in memory only on "
+                    "a sim daemon; '' keeps them in memory only");
   serve->add_option("--admin-uid", admin_uids,
                     "uids allowed to administer besides root and the "
                     "daemon's own (repeatable)");
@@ -347,6 +353,9 @@ int main(int argc, char** argv) {
 #ifdef ALLOCD_WITH_SERVER
   if (app.got_subcommand("serve")) {
     serve_options.daemon.admin_uids = admin_uids;
+    if (app.get_subcommand("serve")->count("--state-dir") > 0) {
+      serve_options.daemon.state_dir = serve_options.state_dir;
+    }
     serve_options.daemon.autotune.default_policy.mode =
         *allocd::ParseAutotuneMode(serve_options.autotune_mode);
     return allocd::RunServe(serve_options, std::cerr);

@@ -25,6 +25,8 @@ struct ServeCommandOptions {
   std::string adopt_window = "5s";
   // --autotune: off, recommend, apply.
   std::string autotune_mode = "recommend";
+  // --state-dir, when given (DaemonOptions::state_dir).
+  std::string state_dir;
 };
 
 // Returns the process exit code: 0 after a clean shutdown, 1 when the
