@@ -21,6 +21,13 @@ inline constexpr size_t kMaxChunkIdsPerRequest = 65536;
 // The most events one TelemetryReport's EventBatch holds.
 inline constexpr size_t kMaxEventsPerBatch = 65536;
 
+// EventBatch.ops: after alloc (0), free_requested (1) and free_completed (2),
+// a step mark: the job ended a step here (its optimizer stepped), so the
+// daemon knows the job's steps instead of guessing them. Its size, id and
+// stream are 0. Clients that send none still work: the daemon then finds
+// the step in the stream itself.
+inline constexpr uint32_t kEventOpStep = 3;
+
 // The most grants one read-ahead takes (AcquireChunksRequest.count).
 inline constexpr uint32_t kMaxReadAheadGrants = 16;
 

@@ -30,6 +30,13 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_predicted_saving(d.predicted_saving);
   out->set_predicted_peak_allocated(d.predicted_peak_allocated);
   out->set_predicted_peak_requested(d.predicted_peak_requested);
+  if (d.predicted_peak_rolled_back) {
+    out->set_predicted_peak_rolled_back(*d.predicted_peak_rolled_back);
+  }
+  if (d.staying_after_push) out->set_staying_after_push(*d.staying_after_push);
+  if (d.rollback_after_push) out->set_rollback_after_push(*d.rollback_after_push);
+  if (d.keeping_after_push) out->set_keeping_after_push(*d.keeping_after_push);
+  out->set_judged_events(d.judged_events);
   if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
   if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));

@@ -20,10 +20,10 @@ absl::Status CheckEvents(const v1::EventBatch& b) {
         "event batch holds ", n, " events; at most ", kMaxEventsPerBatch));
   }
   for (uint32_t op : b.ops()) {
-    if (op > 2) {
+    if (op > kEventOpStep) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "event op ", op, " is not 0 (alloc), 1 (free_requested) or 2 "
-          "(free_completed)"));
+          "event op ", op, " is not 0 (alloc), 1 (free_requested), 2 "
+          "(free_completed) or 3 (step)"));
     }
   }
   return absl::OkStatus();

@@ -46,7 +46,8 @@ absl::Status CheckShareIds(int count);
 
 // A telemetry report's stats (at most kMaxStats) and its event batch, if
 // any: columns of one length, at most kMaxEventsPerBatch events, ops 0
-// (alloc), 1 (free_requested) or 2 (free_completed). Its working set is
+// (alloc), 1 (free_requested), 2 (free_completed) or 3 (kEventOpStep, a
+// step mark). Its working set is
 // the WorkingSetStore's to check.
 absl::Status CheckTelemetry(const v1::TelemetryReport& r);
 

@@ -18,7 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
 #include "server/autotune/decider.h"
+#include "allocator/trace/replay.h"
 #include "server/autotune/job_window.h"
+#include "server/autotune/rollback_model.h"
 #include "server/autotune/step_period.h"
 
 namespace allocd {
@@ -126,7 +128,7 @@ class Autotuner::Impl {
       Job& job = jobs_[name];
       sessions_.erase(it);
       std::erase(job.sessions, id);
-      if (job.acting && job.acting->canary == id && job.acting->phase != Phase::kApplied) {
+      if (job.acting && job.acting->canary == id && !Applied(*job.acting)) {
         // Nothing was pushed beyond the canary, and nothing more will be.
         if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
           absl::StrAppend(&d->why, "; the canary session ended before its watch did: "
@@ -163,7 +165,22 @@ class Autotuner::Impl {
       QueueReview(it->second.job, job);
     }
     const size_t size = job.window->size();
-    if (!job.first_pass_done && size >= job.next_first_pass_check) {
+    if (job.first_pass_done) {
+      // A request larger than any the last decision saw, once it has
+      // peaked (the stream moved on past it).
+      const JobWindow& w = *job.window;
+      if (job.decided_requested > 0 &&
+          static_cast<double>(w.max_requested_bytes()) >
+              (1.0 + options_.growth_margin) * static_cast<double>(job.decided_requested) &&
+          w.total_events() - w.max_requested_at() >= options_.first_pass_min_events) {
+        Enqueue(it->second.job, job, "larger_request", false);
+      }
+    } else if (job.window->steps_marked() > 0) {
+      // The job marks its steps: decided on once it has marked enough.
+      if (job.window->steps_marked() >= FirstPassMarks(job)) {
+        Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true);
+      }
+    } else if (size >= job.next_first_pass_check) {
       // Probed on the worker (finding the step is not for this thread);
       // the next probe waits for half as many events again, or a full
       // window. (Twice as many let a job whose first look fell where it
@@ -196,6 +213,15 @@ class Autotuner::Impl {
       }
       if (retries > session.retries) {
         Enqueue(session.job, job, "alloc_retry", false);
+      }
+      // Reserved past what the config the job settled on needs: its steps
+      // grew since the last decision.
+      const double grown = (1.0 + options_.growth_margin);
+      if (job.first_pass_done && job.settled_need > 0 &&
+          static_cast<double>(reserved) > grown * static_cast<double>(job.settled_need) &&
+          static_cast<double>(reserved) > grown * static_cast<double>(job.growth_reserved) &&
+          Enqueue(session.job, job, "growth", false)) {
+        job.growth_reserved = reserved;
       }
       session.retries = retries;
       if (allocated > 0 && static_cast<double>(reserved) >
@@ -308,7 +334,7 @@ class Autotuner::Impl {
   }
 
  private:
-  enum class Phase { kCanaryPushed, kCanaryWatching, kPromoting, kApplied, kRollingBack };
+  enum class Phase { kCanaryPushed, kCanaryWatching, kPromoting, kApplied, kJudging, kRollingBack };
 
   struct Session {
     std::string job;
@@ -340,6 +366,14 @@ class Autotuner::Impl {
     int64_t realized_peak = -1;
     int64_t realized_allocated = 0;  // PyTorch's peak in the stats reports
     int64_t realized_requested = 0;  // the canary's stream since the push (0: none yet)
+    // Where the canary's ACK fell in the recorded stream
+    // (JobWindow::total_events() then), when the canary is recorded.
+    std::optional<uint64_t> pushed_at;
+    std::string pushed_config;  // canonical: what the canary holds after the push
+    // The phase a judgement interrupted, and the realised peak it kept the
+    // push at (0: never judged).
+    Phase judged_from = Phase::kCanaryWatching;
+    int64_t judged_realized = 0;
   };
 
   struct Job {
@@ -362,15 +396,24 @@ class Autotuner::Impl {
     // review when that session ends or half a window after the push.
     std::optional<std::pair<uint64_t, uint64_t>> review;  // (decision id, event)
     std::set<std::string> rolled_back;     // configs never proposed again
+    // The most the window had requested at the last decision: a larger
+    // request decides again.
+    int64_t decided_requested = 0;
+    // What the last decision predicted the config the job runs since then
+    // needs (0: none), and the reserved that last triggered a growth run.
+    int64_t settled_need = 0;
+    int64_t growth_reserved = 0;
   };
 
-  enum class TaskKind { kDecide, kPromote, kRollBack, kReview };
-  // kReview: the canary's window, the push's index in it, what it ran.
+  enum class TaskKind { kDecide, kPromote, kRollBack, kReview, kJudge };
+  // kReview and kJudge: the canary's window, the push's index in it, what
+  // it ran, and (kJudge) what it was pushed.
   struct ReviewInput {
     Trace trace;
     uint64_t switch_event = 0;
     RunningConfig running;
     JobPolicy policy;
+    AllocatorConfig pushed;
   };
   struct Task {
     TaskKind kind;
@@ -395,8 +438,14 @@ class Autotuner::Impl {
   std::string StateOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ModeOf(job) == AutotuneMode::kOff) return "off";
     if (job.queued) return "deciding";
-    if (job.acting) return job.acting->phase == Phase::kApplied ? "applied" : "canary";
+    if (job.acting) return Applied(*job.acting) ? "applied" : "canary";
     return "watching";
+  }
+
+  // Step marks a marked job's first pass waits for: a job on a harmful
+  // config is decided on after its first whole step.
+  size_t FirstPassMarks(const Job& job) const {
+    return job.first_trigger == "bad_start_config" ? 2 : std::max<size_t>(2, options_.first_pass_steps);
   }
 
   void StartRecording(Job& job, SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -417,19 +466,27 @@ class Autotuner::Impl {
     }
   }
 
+  // Set for the whole job (a judgement does not change that).
+  static bool Applied(const Acting& acting) {
+    return acting.phase == Phase::kApplied ||
+           (acting.phase == Phase::kJudging && acting.judged_from == Phase::kApplied);
+  }
+
   static bool RunsPushedVersion(const Acting& acting, SessionId id, uint64_t version) {
     return (id == acting.canary && version == acting.canary_version && version != 0) ||
            (version == acting.job_version && version != 0);
   }
 
   // Queues a run unless one is queued or running, the job is off or in a
-  // canary, or (except for an admin's run) it ran within the cooldown.
+  // canary, or (except for an admin's run and a job that grew) it ran
+  // within the cooldown.
   bool Enqueue(const std::string& name, Job& job, const std::string& trigger, bool first_pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool admin = trigger == "admin";
+    const bool grew = trigger == "growth" || trigger == "larger_request";
     if (job.queued || ModeOf(job) == AutotuneMode::kOff) return false;
     if (job.acting && job.acting->phase != Phase::kApplied) return false;
-    if (!admin && Now() < job.cooldown_until) return false;
+    if (!admin && !grew && Now() < job.cooldown_until) return false;
     job.queued = true;
     // An admin's run is told its id now; others get one when they record.
     job.queued_id = admin ? next_decision_id_++ : 0;
@@ -463,21 +520,28 @@ class Autotuner::Impl {
         notify.push_back(*d);
       }
     }
+    if (acting.phase == Phase::kJudging) return;
     const double growth = Growth(acting);
     const double expected = static_cast<double>(acting.predicted_switched) * growth;
     const double staying = static_cast<double>(acting.predicted_current) * growth;
     const double realized = static_cast<double>(acting.realized_peak);
     if (realized > expected * (1.0 + options_.rollback_margin) &&
-        realized > (expected + staying) / 2) {
-      QueueRollBack(name, job, absl::StrFormat(
+        realized > (expected + staying) / 2 &&
+        realized > static_cast<double>(acting.judged_realized) * (1.0 + options_.rollback_margin)) {
+      std::string reason = absl::StrFormat(
           "the realised peak %s is above the predicted %s by more than %.0f%%, and "
-          "nearer to what staying would cost%s",
+          "nearer to what staying was predicted to cost%s",
           GiB(acting.realized_peak), GiB(static_cast<int64_t>(expected)),
           100 * options_.rollback_margin,
           growth > 1.0 ? absl::StrFormat(" (%s predicted for the window, scaled by the job "
                                          "allocating %.2fx what it did there)",
                                          GiB(acting.predicted_switched), growth)
-                       : std::string()));
+                       : std::string());
+      if (!QueueJudge(name, job, reason)) {
+        QueueRollBack(name, job,
+                      absl::StrCat(reason, " (the canary's events after the push are not "
+                                           "recorded, so staying could not be replayed on them)"));
+      }
       return;
     }
     if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
@@ -543,6 +607,7 @@ class Autotuner::Impl {
         case TaskKind::kPromote: Promote(task); break;
         case TaskKind::kRollBack: RollBack(task); break;
         case TaskKind::kReview: Review(task); break;
+        case TaskKind::kJudge: Judge(task); break;
       }
       absl::MutexLock lock(&mu_);
       busy_ = false;
@@ -580,6 +645,7 @@ class Autotuner::Impl {
       acting.watch_since = Now();
       if (job.recorded == id && job.window != nullptr) {
         job.review = {acting.decision_id, job.window->total_events()};
+        acting.pushed_at = job.window->total_events();
       }
       if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
         d->trigger_to_ack = acting.watch_since - d->triggered_at;
@@ -590,6 +656,13 @@ class Autotuner::Impl {
   void RunDecision(const Task& task);
   void Promote(const Task& task);
   void Review(const Task& task);
+  // Keeps or rolls back a push on the canary's events after it (see
+  // AutotuneOptions::rollback_margin).
+  void Judge(const Task& task);
+  // Queues Judge when the window holds events after the push, and returns
+  // whether it did.
+  bool QueueJudge(const std::string& name, Job& job, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What every replay of a job's window runs under.
   DecideOptions BaseDecideOptions() const;
   // Queues the review of `job`'s last push (Job::review) on the window of
@@ -617,6 +690,13 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   JobPolicy policy;
   std::string skip_why;
   bool full = false;
+  std::vector<uint64_t> step_ends;  // indices into `trace`
+  bool marked = false;              // the job has marked steps
+  // Where the largest request began, as an index into `trace` (nullopt:
+  // before the window), and whether it has peaked (the stream moved on).
+  std::optional<uint64_t> largest_request;
+  bool largest_peaked = false;
+  int64_t max_requested = 0;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -647,28 +727,51 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           "window to move past the gap",
           job.window->dropped_events(), options_.max_lost_fraction);
     }
-    full = job.window->size() >= options_.window_events;
+    const JobWindow& window = *job.window;
+    full = window.size() >= options_.window_events;
     // A first pass nobody asked an id for waits quietly for a clean window.
     if (task.first_pass && !skip_why.empty() && job.queued_id == 0) {
       job.queued = false;
       return;
     }
-    trace = job.window->ToTrace();
+    trace = window.ToTrace();
+    // ToTrace starts with what was live at the window's start (the prelude).
+    const uint64_t prelude = trace.events.size() - window.size();
+    marked = window.steps_marked() > 0;
+    for (uint64_t end : window.StepEnds()) step_ends.push_back(prelude + end);
+    const uint64_t window_start = window.total_events() - window.size();
+    if (window.largest_request_start() >= window_start) {
+      largest_request = prelude + (window.largest_request_start() - window_start);
+    }
+    largest_peaked =
+        window.total_events() - window.max_requested_at() >= options_.first_pass_min_events;
+    max_requested = window.max_requested_bytes();
   }
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
-  if (task.first_pass && !full && skip_why.empty()) {
-    // The first pass decides once the window ends in three steps of
-    // training (or is full): a repeat that keeps or drifts is the model's
-    // construction or one pass's layers (ReturnsWhatItAllocates).
+  // The prediction must cover the largest request: an aperiodic job's, and
+  // whatever grew.
+  bool cover_largest = task.trigger == "larger_request" || task.trigger == "growth";
+  bool aperiodic = false;
+  if (task.first_pass && !marked && !full && skip_why.empty()) {
+    // Without marks the first pass decides once the window ends in three
+    // steps of training (or is full): a repeat that keeps or drifts is the
+    // model's construction or one pass's layers (ReturnsWhatItAllocates).
+    // With no training step by aperiodic_after_events, the job is
+    // aperiodic (a decoded token repeats, but keeps what it allocates):
+    // decided on once its largest request so far has peaked (a model still
+    // being built has not).
     step = FindStepPeriod(trace, kStepShift);
     if (!*step || !ReturnsWhatItAllocates(trace, **step)) {
+      aperiodic = trace.events.size() >= options_.aperiodic_after_events;
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[task.job];
-      if (job.queued_id == 0) {
+      if (job.queued_id == 0 && !(aperiodic && largest_peaked)) {
         job.queued = false;
         return;
       }
+      if (aperiodic) step = std::optional<uint64_t>();
+      cover_largest = cover_largest || aperiodic;
     }
   }
 
@@ -677,7 +780,14 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   if (skip_why.empty()) {
     DecideOptions decide = BaseDecideOptions();
     decide.step_events = step;
+    decide.step_ends = std::move(step_ends);
+    if (cover_largest) decide.cover_from = largest_request.value_or(0);
     d = ::allocd::Decide(trace, running, policy, decide);
+    if (aperiodic) {
+      d.why = absl::StrCat("aperiodic (no step marks, and no repeat in the stream that gives "
+                           "back what it allocates): decided on its largest request so far; ",
+                           d.why);
+    }
   } else {
     d.why = skip_why;
   }
@@ -698,6 +808,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.predicted_saving = d.predicted_peak_current - d.predicted_peak_switched;
     rec.predicted_peak_allocated = d.predicted_peak_allocated;
     rec.predicted_peak_requested = d.predicted_peak_requested;
+    if (d.predicted_peak_rolled_back > 0) rec.predicted_peak_rolled_back = d.predicted_peak_rolled_back;
     rec.window_events = trace.events.size();
     rec.replay_seconds = d.replay_seconds;
     rec.candidates = d.candidates;
@@ -728,6 +839,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.decision_id = rec.id;
           acting.canary = *canary;
           acting.to_config = d.to_config;
+          acting.pushed_config = FormatAllocatorConfig(d.to.config);
           acting.rollback_config = LiveConfigString(running.config, d.to.config);
           acting.predicted_current = d.predicted_peak_current;
           acting.predicted_switched = d.predicted_peak_switched;
@@ -744,6 +856,13 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     job.queued_id = 0;
     job.first_pass_done = true;
     job.cooldown_until = Now() + options_.cooldown;
+    job.decided_requested = std::max(job.decided_requested, max_requested);
+    if (rec.result != "skipped") {
+      // What the config the job runs from now on needs: the pushed one's
+      // prediction, else staying's.
+      job.settled_need = rec.result == "pushed" ? d.predicted_peak_switched
+                                                : d.predicted_peak_current;
+    }
     Record(job, rec);
   }
   actions_->OnDecision(rec);
@@ -853,6 +972,111 @@ void Autotuner::Impl::Review(const Task& task) {
   Notify(notify);
 }
 
+bool Autotuner::Impl::QueueJudge(const std::string& name, Job& job, std::string reason) {
+  Acting& acting = *job.acting;
+  if (!acting.pushed_at || job.recorded != acting.canary || job.window == nullptr) return false;
+  const JobWindow& window = *job.window;
+  const uint64_t window_start = window.total_events() - window.size();
+  if (*acting.pushed_at >= window.total_events() || *acting.pushed_at < window_start) return false;
+  AutotuneDecision* d = FindDecision(job, acting.decision_id);
+  if (d == nullptr) return false;
+  absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
+  absl::StatusOr<AllocatorConfig> pushed = ParseAllocatorConfig(acting.pushed_config);
+  if (!from.ok() || !pushed.ok()) return false;  // canonical: they parsed to be decided on
+  auto input = std::make_shared<ReviewInput>();
+  input->trace = window.ToTrace();
+  const uint64_t prelude = input->trace.events.size() - window.size();
+  input->switch_event = prelude + (*acting.pushed_at - window_start);
+  input->running.config = *from;
+  if (from->per_process_memory_fraction < 1.0) {
+    input->running.memory_fraction = from->per_process_memory_fraction;
+  }
+  input->pushed = *pushed;
+  acting.judged_from = acting.phase;
+  acting.phase = Phase::kJudging;
+  Task task{TaskKind::kJudge, name, "", acting.decision_id, false, std::move(reason)};
+  task.review = std::move(input);
+  tasks_.push_back(std::move(task));
+  return true;
+}
+
+// Staying replayed on the events after the push, against what the job
+// realised on them; and, before rolling back, what the rollback would
+// leave (rollback_model.h).
+void Autotuner::Impl::Judge(const Task& task) {
+  const ReviewInput& in = *task.review;
+  ReplayOptions base;
+  base.capacity = options_.capacity;
+  base.total_memory = options_.total_memory;
+  base.memory_fraction = in.running.memory_fraction;
+  ReplayOptions stay = base;
+  stay.live_switch = LiveSwitch{in.switch_event, std::nullopt, std::nullopt};
+  if (options_.on_replay) options_.on_replay(+1);
+  absl::StatusOr<ReplayResult> stayed = Replay(in.trace, in.running.config, stay);
+  if (options_.on_replay) options_.on_replay(-1);
+  absl::StatusOr<RollbackPrediction> rollback =
+      PredictRollback(in.trace, in.switch_event, in.running.config, in.pushed, base,
+                      options_.on_replay);
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id ||
+        job.acting->phase != Phase::kJudging) {
+      return;  // rolled back meanwhile (an OOM, a NACK) or the canary ended
+    }
+    Acting& acting = *job.acting;
+    AutotuneDecision* d = FindDecision(job, task.decision_id);
+    const int64_t realized = acting.realized_peak;
+    const uint64_t events = in.trace.events.size() - in.switch_event;
+    std::optional<std::string> kept_because;
+    if (!stayed.ok() || !rollback.ok()) {
+      const absl::Status error = stayed.ok() ? rollback.status() : stayed.status();
+      kept_because = absl::StrCat("the events after the push do not replay (", error.message(),
+                                  "), so it cannot be said that staying would have cost less");
+    } else {
+      const int64_t staying = stayed->after_switch->peak_reserved;
+      if (d != nullptr) {
+        d->staying_after_push = staying;
+        d->rollback_after_push = rollback->rolled_back;
+        d->keeping_after_push = rollback->keeping;
+        d->judged_events = events;
+      }
+      const std::string judged = absl::StrFormat(
+          "on the %d events the canary ran after the push, staying on %s replays to a peak of "
+          "%s and the job realised %s",
+          events, d != nullptr && !d->from_config.empty() ? d->from_config : "(defaults)",
+          GiB(staying), GiB(realized));
+      if (realized <= staying) {
+        kept_because = absl::StrCat(judged, ": no worse than not pushing");
+      } else if (rollback->rolled_back >= rollback->keeping) {
+        kept_because = absl::StrFormat(
+            "%s; a rollback would leave it at %s over those events again (%s made under the "
+            "push still reserved at the rollback), no lower than keeping the push (%s)",
+            judged, GiB(rollback->rolled_back), GiB(rollback->held_at_rollback),
+            GiB(rollback->keeping));
+      } else {
+        QueueRollBack(task.job, job, absl::StrFormat(
+            "%s; %s, above staying, and a rollback is predicted at %s over those events again "
+            "against %s keeping the push",
+            task.reason, judged, GiB(rollback->rolled_back), GiB(rollback->keeping)));
+      }
+    }
+    if (kept_because) {
+      acting.phase = acting.judged_from;
+      acting.judged_realized = realized;
+      if (acting.phase == Phase::kPromoting) {
+        tasks_.push_back(Task{TaskKind::kPromote, task.job, "", acting.decision_id, false, ""});
+      }
+      if (d != nullptr) {
+        absl::StrAppend(&d->why, "; ", task.reason, ", but ", *kept_because, ": kept");
+      }
+    }
+    if (d != nullptr) notify.push_back(*d);
+  }
+  Notify(notify);
+}
+
 void Autotuner::Impl::Promote(const Task& task) {
   std::string to_config;
   std::string reason;
@@ -925,6 +1149,7 @@ void Autotuner::Impl::RollBack(const Task& task) {
     for (SessionId s : job.sessions) {
       if (s == canary || whole_job) sessions_[s].config = rollback_config;
     }
+    job.settled_need = job.acting->predicted_current;
     job.acting.reset();
     job.cooldown_until = Now() + options_.cooldown;
     if (AutotuneDecision* d = FindDecision(job, task.decision_id)) {

@@ -1,11 +1,25 @@
 // Autotuner: the daemon's online autotuning (issue 12). It keeps a bounded
 // window of each job's allocation events, decides on triggers (first pass,
-// fragmentation, alloc retry, OOM, a bad starting config, an admin's run)
-// whether a live switch to another allocator config would lower the job's
-// peak reserved memory for the rest of its run, and acts on the decision per
-// the job's mode: records it (recommend), or pushes it to a canary session,
-// watches its real stats and then sets it for the whole job, rolling back on
-// a NACK, an OOM or a realised peak worse than predicted (apply).
+// fragmentation, alloc retry, OOM, a bad starting config, growth, an admin's
+// run) whether a live switch to another allocator config would lower the
+// job's peak reserved memory for the rest of its run, and acts on the
+// decision per the job's mode: records it (recommend), or pushes it to a
+// canary session, watches its real stats and then sets it for the whole
+// job, rolling back on a NACK, an OOM or a realised peak worse than staying
+// would have been on the same events (apply).
+//
+// When the first pass comes. A job that marks its steps (kStepMark: the
+// Python client marks each optimizer step) is periodic by its marks: it is
+// decided on once its window holds `first_pass_steps` marks (two whole steps
+// after the first, which may be a warm-up), or two when it started on a
+// config known to be harmful. A job without marks is periodic when
+// FindStepPeriod finds its step; with neither after `aperiodic_after_events`
+// events it is aperiodic (inference, generation): decided on once its
+// largest request so far has peaked. Afterwards a job is decided on again,
+// whatever the cooldown, when a request larger than any its last decision
+// saw by `growth_margin` has peaked ("larger_request"), or when its reserved
+// memory grows past what its last decision said its best config needs by
+// `growth_margin` ("growth").
 //
 // It knows nothing of the daemon's RPCs: the daemon feeds it sessions,
 // events and stats, and it acts through AutotuneActions. Replays run on its
@@ -27,6 +41,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "allocator/trace/trace.h"
+#include "proto/protocol.h"
 #include "server/session_id.h"
 
 namespace allocd {
@@ -42,11 +57,16 @@ const char* AutotuneModeName(AutotuneMode mode);
 // `stream`: the CUDA stream handle (order matters: PyTorch orders free
 // blocks by stream).
 struct EvidenceEvent {
-  TraceOp op;
+  TraceOp op;  // or kStepMark
   uint64_t stream;
   uint64_t id;
   uint64_t size;  // bytes the program asked for
 };
+
+// EvidenceEvent::op of a step mark (EventBatch op kEventOpStep): the job
+// ended a step here. No TraceOp: a mark is no allocation and never reaches
+// a replay.
+inline constexpr TraceOp kStepMark = static_cast<TraceOp>(kEventOpStep);
 
 struct JobPolicy {
   AutotuneMode mode = AutotuneMode::kRecommend;
@@ -69,17 +89,27 @@ struct AutotuneOptions {
   double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
-  // Roll back when the realised peak reserved is above the predicted one by
-  // more than this and has lost at least half the predicted saving (it is
-  // nearer to what staying would cost than to the prediction: a push that
-  // kept most of its promise is not undone for missing it by a little, as
-  // when the job got it later in a step than predicted). Both predictions
-  // are first scaled by how much more the job allocated than it did in the
-  // window (later steps of a job with dynamic shapes need more under any
-  // config: that is not the config's doing): measured on the canary's
-  // stream after the push where it has sent one, else on PyTorch's peak
-  // in its stats reports, which a job that resets it every step shows
+  // A push is judged when its realised peak reserved is above the predicted
+  // one by more than this and has lost at least half the predicted saving
+  // (it is nearer to what staying would cost than to the prediction: a push
+  // that kept most of its promise is not questioned for missing it by a
+  // little, as when the job got it later in a step than predicted). Both
+  // predictions are first scaled by how much more the job allocated than it
+  // did in the window (later steps of a job with dynamic shapes need more
+  // under any config: that is not the config's doing): measured on the
+  // canary's stream after the push where it has sent one, else on PyTorch's
+  // peak in its stats reports, which a job that resets it every step shows
   // only in part.
+  //
+  // Judged on the canary's events after the push where the window holds
+  // them: a replay of staying on those same events says what not pushing
+  // would have cost, and the push is rolled back only when the job
+  // realised more than that, and only when a rollback (the segments made
+  // under the push stay reserved until their blocks are freed) is
+  // predicted to leave the job lower than keeping the push. Without those
+  // events (another session is recorded), it is rolled back on the
+  // prediction alone. Once judged and kept, it is judged again when its
+  // realised peak grows by this much more.
   double rollback_margin = 0.10;
   // A window whose clients lost at most this fraction of its events is
   // replayed anyway: the window repairs what a few lost events break (frees
@@ -93,6 +123,14 @@ struct AutotuneOptions {
   // The first pass runs once the window holds this many events and two
   // repetitions of the job's step (or is full); no run decides on fewer.
   size_t first_pass_min_events = 2000;
+  // Step marks a marked job's window holds at its first pass (see above).
+  size_t first_pass_steps = 3;
+  // Events after which a job with no step marks and no step found is
+  // decided on as aperiodic.
+  size_t aperiodic_after_events = size_t{1} << 16;
+  // How much larger a request, or reserved memory than the best config's
+  // need, must be to decide again (see above).
+  double growth_margin = 0.10;
   // After a run for a job, triggers other than admin and OOM wait this long.
   absl::Duration cooldown = absl::Minutes(5);
   // Decisions kept per job for History().
@@ -112,7 +150,8 @@ struct AutotuneDecision {
   absl::Time triggered_at;  // when the trigger queued the run
   absl::Time at;            // when the decision was made
   std::string job;
-  // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config", "admin"
+  // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config",
+  // "growth", "larger_request", "admin"
   std::string trigger;
   // "pushed", "recommended", "kept", "rolled_back", "skipped"
   std::string result;
@@ -127,8 +166,21 @@ struct AutotuneDecision {
   int64_t predicted_saving = 0;
   int64_t predicted_peak_allocated = 0;  // the job's need over the same events
   int64_t predicted_peak_requested = 0;  // the same in sizes as asked
+  // If the push were rolled back at the end of the window: the peak reserved
+  // over the window's events after the switch point repeated (the job's next
+  // steps as far as the window tells), with what the push made and still
+  // held at the rollback left reserved. Set with a proposal.
+  std::optional<int64_t> predicted_peak_rolled_back;
   std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
   std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
+  // A push's judgement (see AutotuneOptions::rollback_margin): staying's
+  // peak reserved replayed on the judged_events events the canary ran after
+  // the push, what a rollback then was predicted to leave the job at, and
+  // what keeping the push was predicted at on the same repeat.
+  std::optional<int64_t> staying_after_push;
+  std::optional<int64_t> rollback_after_push;
+  std::optional<int64_t> keeping_after_push;
+  uint64_t judged_events = 0;
   // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
   // ACK"): queueing, the replays, the push and the client's apply.
   std::optional<absl::Duration> trigger_to_ack;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/trace/replay.h"
+#include "server/autotune/rollback_model.h"
 #include "server/autotune/step_period.h"
 #include "tuner/search_space.h"
 #include "tuner/tuner.h"
@@ -83,11 +84,17 @@ std::string Bytes(int64_t bytes) {
 
 std::string ConfName(const std::string& conf) { return conf.empty() ? "(defaults)" : conf; }
 
-// Where to switch: see the header.
+// Where to switch without marks: see the header.
 uint64_t SwitchPoint(uint64_t events, std::optional<uint64_t> step) {
   if (!step) return events / 2;
   const uint64_t steps_after = events >= 3 * *step ? 2 : 1;
   return events - std::max(steps_after * *step, events / 4);
+}
+
+// With the job's marks: two whole steps after the switch when the window
+// holds three marks, else one.
+uint64_t MarkedSwitchPoint(const std::vector<uint64_t>& ends) {
+  return ends[ends.size() >= 3 ? ends.size() - 3 : ends.size() - 2];
 }
 
 }  // namespace
@@ -122,17 +129,47 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   "the job runs backend:cudaMallocAsync, which a running process cannot leave");
   }
 
-  d.step_events = options.step_events ? *options.step_events
-                                      : FindStepPeriod(window, options.max_shift);
-  d.switch_event = options.switch_event && *options.switch_event < n
-                       ? *options.switch_event
-                       : SwitchPoint(n, d.step_events);
+  std::vector<uint64_t> marks;
+  for (uint64_t end : options.step_ends) {
+    if (end <= n) marks.push_back(end);
+  }
+  const bool marked = marks.size() >= 2;
   std::string evidence = absl::StrFormat("window of %d events; ", n);
-  absl::StrAppend(&evidence,
-                  d.step_events ? absl::StrFormat("a step takes %d events", *d.step_events)
-                                : std::string("no repeating step found"),
-                  absl::StrFormat("; switch predicted before event %d (%d events after it)",
-                                  d.switch_event, n - d.switch_event));
+  if (marked) {
+    d.step_events = marks.back() - marks[marks.size() - 2];
+    absl::StrAppend(&evidence, absl::StrFormat("the job marked %d steps, the last of %d events",
+                                               marks.size(), *d.step_events));
+  } else {
+    d.step_events = options.step_events ? *options.step_events
+                                        : FindStepPeriod(window, options.max_shift);
+    absl::StrAppend(&evidence,
+                    d.step_events ? absl::StrFormat("a step found in the stream takes %d events",
+                                                    *d.step_events)
+                                  : std::string("no repeating step found"));
+  }
+  if (options.switch_event && *options.switch_event < n) {
+    d.switch_event = *options.switch_event;
+  } else {
+    d.switch_event = marked ? MarkedSwitchPoint(marks) : SwitchPoint(n, d.step_events);
+    if (options.cover_from && *options.cover_from < d.switch_event) {
+      d.switch_event = *options.cover_from;
+    }
+  }
+  const uint64_t steps_covered =
+      marked ? static_cast<uint64_t>(absl::c_count_if(
+                   marks, [&](uint64_t end) { return end > d.switch_event; }))
+             : 0;
+  absl::StrAppend(
+      &evidence,
+      absl::StrFormat("; the prediction covers the %d events after event %d", n - d.switch_event,
+                      d.switch_event),
+      marked ? absl::StrFormat(" (%d whole steps the job marked)", steps_covered)
+      : options.cover_from && d.switch_event <= *options.cover_from
+          ? std::string(" (the job's largest request so far)")
+      : d.step_events ? std::string(" (whole steps found in the stream)")
+                      : std::string(" (the window's second half: no step known)"),
+      ", replayed from the state the window rebuilds there; steps that allocate more later "
+      "need more under every config");
 
   ReplayOptions stay_options;
   stay_options.capacity = options.capacity;
@@ -244,6 +281,29 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
     return finish(Decision::Result::kKeep,
                   absl::StrCat(evidence, absl::StrFormat("; less than the %.0f%% a push needs",
                                                          100 * options.min_saving)));
+  }
+  ReplayOptions rollback_options = stay_options;
+  rollback_options.live_switch.reset();
+  absl::StatusOr<RollbackPrediction> rollback =
+      PredictRollback(window, d.switch_event, running.config, d.to.config, rollback_options,
+                      options.on_replay);
+  if (!rollback.ok()) {
+    return finish(Decision::Result::kKeep,
+                  absl::StrCat(evidence, "; its rollback could not be predicted (",
+                               rollback.status().message(), "): not pushed"));
+  }
+  d.predicted_peak_rolled_back = rollback->rolled_back;
+  d.predicted_peak_staying_repeat = rollback->staying;
+  absl::StrAppend(&evidence,
+                  absl::StrFormat("; were it rolled back at the window's end, the job would "
+                                  "peak at %s over those events again (%s made under it still "
+                                  "reserved at the rollback) against %s staying",
+                                  Bytes(rollback->rolled_back), Bytes(rollback->held_at_rollback),
+                                  Bytes(rollback->staying)));
+  if (rollback->rolled_back - rollback->staying > saving) {
+    return finish(Decision::Result::kKeep,
+                  absl::StrCat(evidence, "; a rollback would cost more than the push saves: "
+                                         "not pushed"));
   }
   return finish(Decision::Result::kPropose, evidence);
 }

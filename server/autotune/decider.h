@@ -4,9 +4,10 @@
 // "Now" is the end of the job's window, and the rest of the run is
 // predicted from the window's steady state: the window is replayed under
 // the job's config up to a switch point that leaves whole steps after it
-// (FindStepPeriod: two steps when the window holds three, else one, and at
-// least a quarter of the window; without a step found, the window's
-// middle), then each candidate is switched to live there (Reconfigure +
+// (the job's own step marks: two steps when the window holds three marks,
+// else one; else FindStepPeriod: two steps when the window holds three,
+// else one, and at least a quarter of the window; without a step, the
+// window's middle), never after `cover_from`, then each candidate is switched to live there (Reconfigure +
 // empty_cache, as the client does after a push) and judged on the events
 // after the switch against staying on the job's config over the same events.
 // Candidates come from the tuner's search (coarse sweep, then refinement)
@@ -17,7 +18,16 @@
 // peak, no OOM, no more cache flushes (alloc retries), and at most
 // max_call_ratio times the device calls of switching to the job's own config
 // (the empty cache makes every switch rebuild the cache once; staying makes
-// almost no calls in a steady state, so it is no measure of churn).
+// almost no calls in a steady state, so it is no measure of churn). Then
+// the proposal's rollback is predicted (rollback_model.h): a push whose
+// rollback would leave the job above staying by more than the push is
+// predicted to save is not made, since a push that goes wrong cannot then
+// be undone without leaving the job worse than not pushing.
+//
+// What a prediction covers is said in `why`: the events after the switch
+// point, replayed from the state the window rebuilds there (allocations
+// live at the window's start, from its prelude); a job whose later steps
+// allocate more needs more under every config.
 #ifndef ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
 #define ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
 
@@ -26,6 +36,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "allocator/config.h"
 #include "allocator/trace/trace.h"
@@ -53,6 +64,13 @@ struct DecideOptions {
   // review of a push: where it happened); unset, or past the window's end:
   // the switch point described above.
   std::optional<uint64_t> switch_event;
+  // The job's step marks in the window: each the index of the first event
+  // after a step's end, ascending (JobWindow::StepEnds plus the prelude).
+  // Two or more: the steps are these, not FindStepPeriod's.
+  std::vector<uint64_t> step_ends;
+  // The switch point comes at or before this index, so that the prediction
+  // covers what follows it (the job's largest request).
+  std::optional<uint64_t> cover_from;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };
@@ -79,6 +97,11 @@ struct Decision {
   // The same in sizes as asked (no rounding, so no config's): what a
   // stream of the job's events after a push is measured against.
   int64_t predicted_peak_requested = 0;
+  // If a proposal were rolled back at the window's end (rollback_model.h):
+  // the peak over the events after the switch repeated, and staying's over
+  // the same repeat. 0 unless proposed or refused for it.
+  int64_t predicted_peak_rolled_back = 0;
+  int64_t predicted_peak_staying_repeat = 0;
   uint64_t switch_event = 0;
   std::optional<uint64_t> step_events;
   size_t candidates = 0;

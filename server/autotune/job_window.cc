@@ -17,6 +17,10 @@ void JobWindow::Add(const std::vector<EvidenceEvent>& events, uint64_t dropped_b
 }
 
 void JobWindow::AddOne(const EvidenceEvent& e) {
+  if (e.op == kStepMark) {
+    MarkStep();
+    return;
+  }
   const uint16_t stream = StreamIndex(e.stream);
   auto it = live_ids_.find(e.id);
   switch (e.op) {
@@ -32,6 +36,13 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
       Append(TraceOp::kAlloc, stream, id, e.size);
       requested_bytes_ += static_cast<int64_t>(e.size);
       peak_requested_bytes_ = std::max(peak_requested_bytes_, requested_bytes_);
+      if (requested_bytes_ > max_requested_bytes_) {
+        if (trough_bytes_ <= max_requested_bytes_ / 2) largest_request_start_ = trough_at_;
+        max_requested_bytes_ = requested_bytes_;
+        max_requested_at_ = next_seq_;
+        trough_bytes_ = requested_bytes_;
+        trough_at_ = next_seq_;
+      }
       return;
     }
     case TraceOp::kFreeRequested:
@@ -54,10 +65,27 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
   }
 }
 
+void JobWindow::MarkStep() {
+  if (!step_ends_.empty() && step_ends_.back() == next_seq_) return;
+  step_ends_.push_back(next_seq_);
+  ++steps_marked_;
+}
+
+std::vector<uint64_t> JobWindow::StepEnds() const {
+  std::vector<uint64_t> ends;
+  ends.reserve(step_ends_.size());
+  for (uint64_t seq : step_ends_) ends.push_back(seq - window_start_);
+  return ends;
+}
+
 void JobWindow::RequestFree(LiveId& live) {
   live.free_requested = true;
   Append(TraceOp::kFreeRequested, 0, live.id, 0);
   requested_bytes_ -= static_cast<int64_t>(live.size);
+  if (requested_bytes_ < trough_bytes_) {
+    trough_bytes_ = requested_bytes_;
+    trough_at_ = next_seq_;
+  }
 }
 
 uint16_t JobWindow::StreamIndex(uint64_t handle) {
@@ -90,6 +118,8 @@ void JobWindow::DropOldest() {
   }
   events_.pop_front();
   ++window_start_;
+  // A mark at the window's start still ends a step inside it.
+  while (!step_ends_.empty() && step_ends_.front() < window_start_) step_ends_.pop_front();
 }
 
 bool JobWindow::has_gap() const { return any_gap_ && last_gap_seq_ > window_start_; }
@@ -98,7 +128,7 @@ size_t JobWindow::MemoryBytes() const {
   return sizeof(*this) + events_.size() * sizeof(Event) +
          live_ids_.capacity() * (sizeof(std::pair<uint64_t, LiveId>) + 1) +
          prelude_.capacity() * (sizeof(std::pair<uint32_t, Live>) + 1) +
-         stream_handles_.capacity() * sizeof(uint64_t);
+         stream_handles_.capacity() * sizeof(uint64_t) + step_ends_.size() * sizeof(uint64_t);
 }
 
 Trace JobWindow::ToTrace() const {

@@ -8,6 +8,10 @@
 // still allocated at its new start (the prelude), so that ToTrace replays
 // consistently: the prelude's allocations first, in their original order,
 // then the window.
+//
+// Step marks (kStepMark events: the job's optimizer stepped) are no
+// allocations: the window keeps where they fell in its stream, not as
+// events.
 #ifndef ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
 #define ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
 
@@ -28,7 +32,8 @@ class JobWindow {
   explicit JobWindow(size_t max_events);
 
   // Appends `events` in order. `dropped_before`: events the client lost just
-  // before them (a gap). A free of an id the window never saw allocated (it
+  // before them (a gap). A step mark records where the job's step ended. A
+  // free of an id the window never saw allocated (it
   // was allocated before recording began, or in a gap) is left out and
   // counted; an alloc of an id still live means its free was lost: the
   // window frees the old allocation first.
@@ -53,6 +58,26 @@ class JobWindow {
   int64_t requested_bytes() const { return requested_bytes_; }
   int64_t peak_requested_bytes() const { return peak_requested_bytes_; }
   void ResetPeakRequested() { peak_requested_bytes_ = requested_bytes_; }
+  // The most requested since the window began (never reset), and the
+  // total_events() count when it was reached: how long ago the job's
+  // largest request so far peaked.
+  int64_t max_requested_bytes() const { return max_requested_bytes_; }
+  uint64_t max_requested_at() const { return max_requested_at_; }
+  // Where the request that reached that most began, as a total_events()
+  // count: where the stream last fell to half the previous most or lower
+  // before climbing to it (a job whose resident state is most of its
+  // memory never falls that low: then where its first request began, 0).
+  // A replay switched there sees the whole of the largest request.
+  uint64_t largest_request_start() const { return largest_request_start_; }
+
+  // Step marks ever added (a mark right after another one, with no event
+  // between them, counts once: two optimizers stepping together end one
+  // step).
+  uint64_t steps_marked() const { return steps_marked_; }
+  // Where the marks inside the window fell, ascending: each the index in
+  // the window's events (the prelude not counted) of the first event after
+  // the mark (size() for a mark after the last one).
+  std::vector<uint64_t> StepEnds() const;
 
   // The prelude then the window, with dense ids and streams indexed in
   // ascending handle order. Frees the window left out are counted in
@@ -79,6 +104,7 @@ class JobWindow {
   };
 
   void AddOne(const EvidenceEvent& event);
+  void MarkStep();
   // Appends the free_requested of a live id, which no longer counts as
   // requested.
   void RequestFree(LiveId& live);
@@ -104,6 +130,15 @@ class JobWindow {
   std::vector<uint64_t> stream_handles_;
   int64_t requested_bytes_ = 0;
   int64_t peak_requested_bytes_ = 0;
+  int64_t max_requested_bytes_ = 0;
+  uint64_t max_requested_at_ = 0;
+  uint64_t largest_request_start_ = 0;
+  // The least requested since the most was last raised, and where.
+  int64_t trough_bytes_ = 0;
+  uint64_t trough_at_ = 0;
+  // Sequence numbers of the step marks at or after window_start_.
+  std::deque<uint64_t> step_ends_;
+  uint64_t steps_marked_ = 0;
 };
 
 }  // namespace allocd

@@ -75,18 +75,18 @@ TEST(RequestLimitsTest, TelemetryHoldsFewEnoughStatsAndWellFormedEvents) {
 
   v1::TelemetryReport events;
   v1::EventBatch* batch = events.mutable_events();
-  for (uint32_t op : {0, 1, 2}) {
+  for (uint32_t op : {0, 1, 2, 3}) {  // 3: a step mark
     batch->add_ops(op);
-    batch->add_sizes(512);
-    batch->add_ids(1);
-    batch->add_streams(7);
+    batch->add_sizes(op == 3 ? 0 : 512);
+    batch->add_ids(op == 3 ? 0 : 1);
+    batch->add_streams(op == 3 ? 0 : 7);
   }
   EXPECT_TRUE(CheckTelemetry(events).ok());
   v1::TelemetryReport ragged = events;
   ragged.mutable_events()->add_ops(0);
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(ragged)));
   v1::TelemetryReport unknown_op = events;
-  unknown_op.mutable_events()->set_ops(0, 3);
+  unknown_op.mutable_events()->set_ops(0, 4);
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(unknown_op)));
   v1::TelemetryReport too_many;
   for (size_t i = 0; i <= kMaxEventsPerBatch; ++i) {

@@ -1,0 +1,60 @@
+// PredictRollback: what rolling a pushed config back would leave a job
+// with, so that neither a push nor its rollback leaves the job worse than
+// not pushing.
+//
+// A rollback pushes the job's old config back and empties the cache. The
+// segments made under the pushed config that still hold live blocks stay
+// reserved until those blocks are freed (and the cache emptied again), and
+// the old config reuses them only as its own rules allow (a small
+// max_split_size_mb does not split a large block it finds). So a rollback
+// can leave a job above keeping the push, and above never having pushed.
+//
+// The job's next steps are predicted as the window's events from the push
+// (or the decision's switch point) on, once more (RepeatTail). Three
+// replays of that trace are judged over the repeat: staying on the job's
+// config throughout, keeping the pushed one, and rolling back at the
+// window's end. A replay switches configs once, so keeping and rolling
+// back run under the pushed config from the window's start: what the
+// rollback finds is what the pushed config made, including for the
+// allocations before the push that were still live at its end.
+#ifndef ALLOCD_SERVER_AUTOTUNE_ROLLBACK_MODEL_H_
+#define ALLOCD_SERVER_AUTOTUNE_ROLLBACK_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+#include "allocator/trace/replay.h"
+#include "allocator/trace/trace.h"
+
+namespace allocd {
+
+// Peaks reserved over the repeat of the window's events from the push on.
+struct RollbackPrediction {
+  int64_t staying = 0;
+  int64_t keeping = 0;
+  int64_t rolled_back = 0;
+  // Reserved right after the rollback's empty cache: what the push made
+  // and its live blocks still hold.
+  int64_t held_at_rollback = 0;
+  uint64_t repeated_events = 0;
+};
+
+// `base`: capacity and memory fraction of the replays (its live_switch is
+// ignored). `on_replay` (optional) is told +1/-1 around each replay.
+// InvalidArgument when `from` is past the window's end; a replay's error
+// otherwise.
+absl::StatusOr<RollbackPrediction> PredictRollback(
+    const Trace& window, uint64_t from, const AllocatorConfig& running,
+    const AllocatorConfig& pushed, const ReplayOptions& base,
+    const std::function<void(int)>& on_replay = nullptr);
+
+// `window` followed by its events from `from` on once more: allocations of
+// the repeat get ids of their own, and frees of what the repeat did not
+// allocate are left out (what was live at the window's end stays live).
+Trace RepeatTail(const Trace& window, uint64_t from);
+
+}  // namespace allocd
+
+#endif  // ALLOCD_SERVER_AUTOTUNE_ROLLBACK_MODEL_H_
