@@ -14,6 +14,7 @@
 #include "client/capi/client_json.h"
 #include "client/config_applier.h"
 #include "client/daemon_client.h"
+#include "proto/protocol.h"
 
 namespace {
 
@@ -193,9 +194,9 @@ int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
   allocd::EventRecorder* events = c->client->events();
   if (events == nullptr) return Fail("event recording is off");
   for (size_t i = 0; i < n; ++i) {
-    if (ops[i] > static_cast<uint8_t>(allocd::TraceOp::kFreeCompleted)) {
-      return Fail("ops must be 0 (alloc), 1 (free_requested) or 2 "
-                  "(free_completed)");
+    if (ops[i] > allocd::kEventOpStep) {
+      return Fail("ops must be 0 (alloc), 1 (free_requested), 2 "
+                  "(free_completed) or 3 (step)");
     }
   }
   events->Drop(dropped_before);

@@ -63,7 +63,8 @@ ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
 ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
 
 /* Records `n` allocator events for the daemon's autotuner, in order:
- * event i is (ops[i]: 0 alloc, 1 free_requested, 2 free_completed;
+ * event i is (ops[i]: 0 alloc, 1 free_requested, 2 free_completed, 3 a
+ * step mark: the job ended a step there, its size, id and stream 0;
  * sizes[i]; ids[i]; streams[i]). `dropped_before`: events the caller lost
  * just before these (a gap in its source). The telemetry thread sends them
  * in batches; when the client's buffer is full they are dropped and

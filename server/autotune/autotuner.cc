@@ -176,8 +176,10 @@ class Autotuner::Impl {
         Enqueue(it->second.job, job, "larger_request", false);
       }
     } else if (job.window->steps_marked() > 0) {
-      // The job marks its steps: decided on once it has marked enough.
-      if (job.window->steps_marked() >= FirstPassMarks(job)) {
+      // The job marks its steps: decided on once it has marked enough, on
+      // no fewer events than any run decides on.
+      if (job.window->steps_marked() >= FirstPassMarks(job) &&
+          size >= std::min(options_.first_pass_min_events, options_.window_events)) {
         Enqueue(it->second.job, job, job.first_trigger, /*first_pass=*/true);
       }
     } else if (size >= job.next_first_pass_check) {

@@ -103,6 +103,8 @@ class FakeTorch(types.ModuleType):
         self.empty_cache_calls = 0
         self.reject = None
         self.oom_observers = []
+        # torch.optim.optimizer's global step hooks; step() calls them.
+        self.step_hooks = []
         # What str(torch.cuda.get_device_properties(d).uuid) gives; None:
         # a torch without it.
         self.device_uuid = None
@@ -153,6 +155,26 @@ class FakeTorch(types.ModuleType):
 
         self.cuda = Cuda
         self._C = C
+
+        class Handle:
+            def __init__(self, hook):
+                self.hook = hook
+
+            def remove(self):
+                fake.step_hooks.remove(self.hook)
+
+        class Optimizer:
+            @staticmethod
+            def register_optimizer_step_post_hook(hook):
+                fake.step_hooks.append(hook)
+                return Handle(hook)
+
+        self.optim = types.SimpleNamespace(optimizer=Optimizer)
+
+    def step(self, optimizer):
+        """`optimizer` stepped: PyTorch calls the global post hooks."""
+        for hook in list(self.step_hooks):
+            hook(optimizer, (), {})
 
 
 class HistoryReaderTest(unittest.TestCase):
@@ -208,6 +230,21 @@ class HistoryReaderTest(unittest.TestCase):
         history.step([1, 2, 3])  # 9 events; the ring keeps the newest 4
         ops, sizes, *_, dropped = reader.read()
         self.assertEqual((len(ops), dropped), (4, 5))
+
+    def test_a_step_mark_falls_where_the_optimizer_stepped(self):
+        history = FakeHistory()
+        reader = self.reader(history)
+        history.step([512])
+        reader.mark_step()
+        history.step([4096])
+        ops, sizes, ids, streams, dropped = reader.read()
+        self.assertEqual(list(ops), [0, 1, 2, _history.STEP, 0, 1, 2])
+        self.assertEqual((sizes[3], ids[3], streams[3]), (0, 0, 0))
+        # A mark after the last event read comes with this round, not the next.
+        history.step([64])
+        reader.mark_step()
+        self.assertEqual(list(reader.read()[0]), [0, 1, 2, _history.STEP])
+        self.assertEqual(list(reader.read()[0]), [])
 
     def test_a_pytorch_without_skip_actions_records_everything(self):
         history = FakeHistory(knows_skip_actions=False)
@@ -317,6 +354,32 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(allocd.stats()["event_source"], "history")
         # What reading it cost the job, as time the advisor thread was busy.
         self.assertGreater(allocd.stats()["advisor_seconds"], 0)
+
+    def test_optimizer_steps_are_marked_and_the_daemon_decides_on_them(self):
+        self.assertTrue(allocd.advise(socket=self.socket, job="marked", period=0.05))
+        class Optimizer:  # weakly referable, as torch.optim's are
+            pass
+
+        adam, discriminator = Optimizer(), Optimizer()
+        with allocd._state.advisor._lock:
+            for _ in range(5):
+                for _ in range(50):
+                    self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(adam)
+                # A second optimizer (a GAN's) steps in the same step: one mark.
+                self.torch.step(discriminator)
+        self.assertEqual(allocd._state.advisor.steps_marked, 5)
+
+        def decisions():
+            return self.allocctl("autotune", "history", "--job", "marked").get("decisions", [])
+
+        # Marked steps are no allocations: the window holds the 2250 events,
+        # and the marks decide the first pass.
+        self.assertTrue(wait_for(decisions), (self.allocctl("autotune", "status"), allocd.stats()))
+        self.assertIn("the job marked", decisions()[0]["why"])
+        self.assertEqual(allocd.stats()["events_dropped"], 0)
+        allocd.shutdown()
+        self.assertEqual(self.torch.step_hooks, [])
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 
 from ._bindings import AllocdUnavailable, address, load_client
 from ._history import HistoryReader
@@ -116,14 +117,20 @@ class Advisor:
         self.ooms = 0
         self.last_stats = {}
         self.busy_seconds = 0.0
+        self.steps_marked = 0
+        self._step_hook = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
 
     def start(self):
         self._attach_oom_observer()
+        self._attach_step_hook()
         self._thread.start()
 
     def stop(self):
         self._stop.set()
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
         if self._thread.is_alive():
             self._thread.join()
         if self._history is not None:
@@ -222,6 +229,29 @@ class Advisor:
         self.last_stats = stats
         self._lib.allocd_publish_stats(self._client, json.dumps(stats).encode(),
                                        self.config_version)
+
+    def _attach_step_hook(self):
+        """Marks the job's steps in the event stream: PyTorch's global hook after
+        every optimizer step. The daemon's autotuner then knows the job's steps
+        instead of guessing them from the stream, and a job with no optimizer
+        (inference, generation) is aperiodic. The first optimizer to step marks
+        them: a job with several (a GAN's two) steps each once a step."""
+        if self._history is None:
+            return
+        optimizer_module = getattr(getattr(self._torch, "optim", None), "optimizer", None)
+        register = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
+        if register is None:
+            return
+        marker = []  # a weak reference to the optimizer whose steps are marked
+
+        def hook(optimizer, _args, _kwargs):
+            if not marker:
+                marker.append(weakref.ref(optimizer))
+            if marker[0]() is optimizer:
+                self._history.mark_step()
+                self.steps_marked += 1
+
+        self._step_hook = register(hook)
 
     def _attach_oom_observer(self):
         attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)

@@ -2,9 +2,12 @@
 allocd falls back to where the C++ tracker (_tracker.py) cannot be had."""
 
 import array
+import collections
 
 # PyTorch's trace actions the autotuner replays, as the daemon numbers them.
 _OPS = {"alloc": 0, "free_requested": 1, "free_completed": 2}
+# The daemon's step mark (proto/protocol.h kEventOpStep): the job ended a step.
+STEP = 3
 # memory_stats() counters of the same three events: allocation requests,
 # frees requested (allocation.freed) and blocks returned to the cache
 # (active.freed).
@@ -43,6 +46,10 @@ class HistoryReader:
         self._base = 0
         self._seen = 0
         self._lost = 0
+        # Where each step mark fell, as a count of PyTorch's counters of the
+        # three events since start(): the training thread appends, read()
+        # takes (a deque's append and popleft need no lock).
+        self._marks = collections.deque()
 
     def _record(self, clear):
         kwargs = dict(context=None, stacks="python", max_entries=self._ring,
@@ -67,6 +74,12 @@ class HistoryReader:
     def stop(self):
         self._torch.cuda.memory._record_memory_history(None)
 
+    def mark_step(self):
+        """The job ended a step here (its optimizer stepped): read() puts a step
+        mark where PyTorch's counters say the stream was, give or take the
+        events lost around it."""
+        self._marks.append(self._counted() - self._base)
+
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
         counted = self._counted() - self._base
@@ -83,7 +96,15 @@ class HistoryReader:
         sizes = array.array("Q", [e["size"] for e in kept])
         ids = array.array("Q", [e["addr"] & mask for e in kept])
         streams = array.array("Q", [e["stream"] & mask for e in kept])
+        first = self._seen + self._lost  # this round's first event, counted
         self._seen += len(ops)
         lost = max(self._lost, counted - self._seen)
         dropped, self._lost = lost - self._lost, lost
+        places = []
+        while self._marks and self._marks[0] - first <= len(ops):
+            places.append(max(0, self._marks.popleft() - first))
+        for place in reversed(places):  # later ones first: earlier places stay put
+            ops.insert(place, STEP)
+            for column in (sizes, ids, streams):
+                column.insert(place, 0)
         return ops, sizes, ids, streams, dropped

@@ -29,8 +29,9 @@ namespace {
 
 using c10::cuda::CUDACachingAllocator::TraceEntry;
 
-// What the allocd protocol calls the three ops (EventBatch.ops).
-enum Op : uint8_t { kAlloc = 0, kFreeRequested = 1, kFreeCompleted = 2 };
+// What the allocd protocol calls the ops (EventBatch.ops); kStep is the
+// job's step mark (proto/protocol.h kEventOpStep).
+enum Op : uint8_t { kAlloc = 0, kFreeRequested = 1, kFreeCompleted = 2, kStep = 3 };
 
 struct Buffer {
   std::mutex mu;
@@ -141,6 +142,24 @@ __attribute__((visibility("default"))) int allocd_tracker_attach(
 __attribute__((visibility("default"))) void allocd_tracker_stop() {
   std::lock_guard<std::mutex> lock(attach_mu);
   if (buffer != nullptr) buffer->device.store(-1);
+}
+
+// Marks the end of one of the job's steps (its optimizer stepped) in the
+// stream, in order with the events: op kStep, size, id and stream 0. 0, or
+// -1 when no device is tracked.
+__attribute__((visibility("default"))) int allocd_tracker_mark_step() {
+  if (buffer == nullptr || buffer->device.load(std::memory_order_relaxed) < 0) return -1;
+  Buffer& b = *buffer;
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (b.ops.size() >= b.capacity) {
+    ++b.dropped;
+    return 0;
+  }
+  b.ops.push_back(kStep);
+  b.sizes.push_back(0);
+  b.ids.push_back(0);
+  b.streams.push_back(0);
+  return 0;
 }
 
 // Events waiting to be taken.

@@ -123,6 +123,7 @@ _SIGNATURES = {
     "allocd_tracker_attach": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]),
     "allocd_tracker_stop": (None, []),
     "allocd_tracker_pending": (ctypes.c_uint64, []),
+    "allocd_tracker_mark_step": (ctypes.c_int, []),
     "allocd_tracker_take": (ctypes.c_uint64, [ctypes.c_void_p] * 4 +
                             [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
 }
@@ -186,6 +187,11 @@ class TrackerReader:
     def stop(self):
         self._stopped = True
         self._lib.allocd_tracker_stop()
+
+    def mark_step(self):
+        """The job ended a step here (its optimizer stepped): a step mark in the
+        stream, in order with the allocator's events."""
+        self._lib.allocd_tracker_mark_step()
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
