@@ -104,8 +104,10 @@ double Micros(Clock::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
 }
 
+// The Admin service of the daemon whose socket is `socket`: on its admin
+// socket.
 std::unique_ptr<v1::Admin::Stub> AdminStub(const std::string& socket) {
-  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket + ".admin");
   if (!fd.ok()) return nullptr;
   fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
   return v1::Admin::NewStub(
@@ -242,6 +244,7 @@ void BM_SessionMemory_Core(benchmark::State& state) {
       }
       if (telemetry) {
         report.set_session_id(r->session_id());
+        report.set_session_secret(r->session_secret());
         (void)core.Telemetry(peer, report);
       }
     }

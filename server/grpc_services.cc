@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace allocd {
@@ -27,7 +28,7 @@ grpc::Status Handle(Metrics* metrics, const PeerTable* peers,
                     grpc::ServerContext* context, absl::string_view method,
                     Body&& body) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<PeerCredentials> peer = peers->Find(context->peer());
+  absl::StatusOr<ConnectedPeer> peer = peers->Find(context->peer());
   const absl::Status status = peer.ok() ? body(*peer) : peer.status();
   metrics->Rpc(method, absl::ToDoubleSeconds(absl::Now() - start),
                status.ok());
@@ -118,7 +119,7 @@ grpc::Status AllocdService::ReleaseChunks(
 grpc::Status AllocdService::StreamTelemetry(
     grpc::ServerContext* context,
     grpc::ServerReader<v1::TelemetryReport>* reader, v1::TelemetryAck*) {
-  absl::StatusOr<PeerCredentials> peer = peers_->Find(context->peer());
+  absl::StatusOr<ConnectedPeer> peer = peers_->Find(context->peer());
   if (!peer.ok()) return ToGrpc(peer.status());
   v1::TelemetryReport report;
   while (reader->Read(&report)) {
@@ -132,10 +133,10 @@ grpc::Status AllocdService::StreamTelemetry(
 grpc::Status AllocdService::WatchConfig(
     grpc::ServerContext* context, const v1::WatchConfigRequest* request,
     grpc::ServerWriter<v1::ControlMessage>* writer) {
-  absl::StatusOr<PeerCredentials> peer = peers_->Find(context->peer());
+  absl::StatusOr<ConnectedPeer> peer = peers_->Find(context->peer());
   if (!peer.ok()) return ToGrpc(peer.status());
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      core_->Watch(*peer, request->session_id());
+  absl::StatusOr<std::shared_ptr<Session>> session = core_->Watch(
+      *peer, request->session_id(), request->session_secret());
   if (!session.ok()) return ToGrpc(session.status());
   v1::ControlMessage message;
   while (!context->IsCancelled() && !(*session)->closed()) {
@@ -167,18 +168,28 @@ grpc::Status AllocdService::ReportOom(grpc::ServerContext* context,
 
 namespace {
 
-// Handle, for callers allowed to administer the daemon only.
+// Handle, for callers on the admin socket (`admin_socket`) allowed to
+// administer the daemon only. The clients' socket refuses every Admin call,
+// root's too: a job running as root in its container is no admin.
 template <typename Body>
-grpc::Status HandleAdmin(DaemonCore* core, Metrics* metrics,
-                         const PeerTable* peers, grpc::ServerContext* context,
+grpc::Status HandleAdmin(DaemonCore* core, absl::string_view admin_socket,
+                         Metrics* metrics, const PeerTable* peers,
+                         grpc::ServerContext* context,
                          absl::string_view method, Body&& body) {
-  return Handle(metrics, peers, context, method,
-                [&](const PeerCredentials& peer) {
-                  if (absl::Status s = core->CheckAdmin(peer); !s.ok()) {
-                    return s;
-                  }
-                  return body(peer);
-                });
+  return Handle(
+      metrics, peers, context, method, [&](const ConnectedPeer& peer) {
+        if (!peer.admin_socket) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "the Admin service answers on the admin socket only (",
+              admin_socket,
+              "), not on the clients' socket: run allocctl where it can "
+              "reach that socket, as root, the daemon's uid, an --admin-uid "
+              "or a member of --admin-group (in Kubernetes: kubectl exec "
+              "into allocd's pod)"));
+        }
+        if (absl::Status s = core->CheckAdmin(peer); !s.ok()) return s;
+        return body(peer);
+      });
 }
 
 }  // namespace
@@ -186,7 +197,7 @@ grpc::Status HandleAdmin(DaemonCore* core, Metrics* metrics,
 grpc::Status AdminService::Status(grpc::ServerContext* context,
                                   const v1::StatusRequest*,
                                   v1::StatusResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.Status",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.Status",
                      [&](const PeerCredentials&) {
                        *response = core_->Status();
                        return absl::OkStatus();
@@ -196,7 +207,7 @@ grpc::Status AdminService::Status(grpc::ServerContext* context,
 grpc::Status AdminService::ListSessions(grpc::ServerContext* context,
                                         const v1::ListSessionsRequest*,
                                         v1::ListSessionsResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.ListSessions",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.ListSessions",
                      [&](const PeerCredentials&) {
                        *response = core_->ListSessions();
                        return absl::OkStatus();
@@ -206,7 +217,7 @@ grpc::Status AdminService::ListSessions(grpc::ServerContext* context,
 grpc::Status AdminService::GetConfig(grpc::ServerContext* context,
                                      const v1::GetConfigRequest* request,
                                      v1::GetConfigResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.GetConfig",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.GetConfig",
                      [&](const PeerCredentials&) {
                        *response = core_->GetConfig(request->job());
                        return absl::OkStatus();
@@ -217,7 +228,7 @@ grpc::Status AdminService::SetConfig(grpc::ServerContext* context,
                                      const v1::SetConfigRequest* request,
                                      v1::SetConfigResponse* response) {
   return HandleAdmin(
-      core_, metrics_, peers_, context, "Admin.SetConfig",
+      core_, admin_socket_, metrics_, peers_, context, "Admin.SetConfig",
       [&](const PeerCredentials& peer) {
         return Into(core_->SetConfig(request->job(), request->config(),
                                      "uid " + std::to_string(peer.uid) +
@@ -230,7 +241,7 @@ grpc::Status AdminService::SetConfig(grpc::ServerContext* context,
 grpc::Status AdminService::SetQuota(grpc::ServerContext* context,
                                     const v1::SetQuotaRequest* request,
                                     v1::SetQuotaResponse*) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.SetQuota",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.SetQuota",
                      [&](const PeerCredentials&) {
                        return core_->SetQuota(*request);
                      });
@@ -239,7 +250,7 @@ grpc::Status AdminService::SetQuota(grpc::ServerContext* context,
 grpc::Status AdminService::History(grpc::ServerContext* context,
                                    const v1::HistoryRequest* request,
                                    v1::HistoryResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.History",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.History",
                      [&](const PeerCredentials&) {
                        *response =
                            core_->History(request->job(), request->limit());
@@ -250,7 +261,7 @@ grpc::Status AdminService::History(grpc::ServerContext* context,
 grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
                                     const v1::TrimPoolRequest* request,
                                     v1::TrimPoolResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.TrimPool",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.TrimPool",
                      [&](const PeerCredentials&) {
                        absl::StatusOr<v1::TrimPoolResponse> trimmed =
                            core_->TrimPool(request->device());
@@ -263,7 +274,7 @@ grpc::Status AdminService::TrimPool(grpc::ServerContext* context,
 grpc::Status AdminService::AutotuneStatus(grpc::ServerContext* context,
                                           const v1::AutotuneStatusRequest*,
                                           v1::AutotuneStatusResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneStatus",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.AutotuneStatus",
                      [&](const PeerCredentials&) {
                        *response = autotune_->Status();
                        return absl::OkStatus();
@@ -273,7 +284,7 @@ grpc::Status AdminService::AutotuneStatus(grpc::ServerContext* context,
 grpc::Status AdminService::AutotuneHistory(
     grpc::ServerContext* context, const v1::AutotuneHistoryRequest* request,
     v1::AutotuneHistoryResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneHistory",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.AutotuneHistory",
                      [&](const PeerCredentials&) {
                        *response = autotune_->History(request->job(),
                                                       request->limit());
@@ -284,7 +295,7 @@ grpc::Status AdminService::AutotuneHistory(
 grpc::Status AdminService::AutotuneRun(grpc::ServerContext* context,
                                        const v1::AutotuneRunRequest* request,
                                        v1::AutotuneRunResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneRun",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.AutotuneRun",
                      [&](const PeerCredentials&) {
                        return Into(autotune_->Run(request->job()), response);
                      });
@@ -293,7 +304,7 @@ grpc::Status AdminService::AutotuneRun(grpc::ServerContext* context,
 grpc::Status AdminService::AutotuneSetMode(
     grpc::ServerContext* context, const v1::AutotuneSetModeRequest* request,
     v1::AutotuneSetModeResponse*) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneSetMode",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.AutotuneSetMode",
                      [&](const PeerCredentials&) {
                        return autotune_->SetMode(request->job(),
                                                  request->mode());
@@ -303,7 +314,7 @@ grpc::Status AdminService::AutotuneSetMode(
 grpc::Status AdminService::AutotuneLearned(grpc::ServerContext* context,
                                            const v1::AutotuneLearnedRequest*,
                                            v1::AutotuneLearnedResponse* response) {
-  return HandleAdmin(core_, metrics_, peers_, context, "Admin.AutotuneLearned",
+  return HandleAdmin(core_, admin_socket_, metrics_, peers_, context, "Admin.AutotuneLearned",
                      [&](const PeerCredentials&) {
                        *response = autotune_->Learned();
                        return absl::OkStatus();

@@ -2,9 +2,14 @@
 // allocd.v1.Admin for allocctl. Each handler looks up the caller's kernel
 // credentials (PeerTable), calls the core, and maps absl::Status codes to
 // gRPC's (the numbering is the same). Every RPC is timed into
-// allocd_rpc_duration_seconds.
+// allocd_rpc_duration_seconds. The Admin service answers only connections
+// accepted on the admin socket (PermissionDenied naming it otherwise), and
+// only callers SessionAccess::CheckAdmin allows.
 #ifndef ALLOCD_SERVER_GRPC_SERVICES_H_
 #define ALLOCD_SERVER_GRPC_SERVICES_H_
+
+#include <string>
+#include <utility>
 
 #include "allocd.grpc.pb.h"
 #include "server/daemon_autotune.h"
@@ -58,9 +63,16 @@ class AllocdService final : public v1::Allocd::Service {
 
 class AdminService final : public v1::Admin::Service {
  public:
+  // `admin_socket`: where admins reach the service, for the refusal on the
+  // clients' socket to name it.
   AdminService(DaemonCore* core, DaemonAutotune* autotune,
-               const PeerTable* peers, Metrics* metrics)
-      : core_(core), autotune_(autotune), peers_(peers), metrics_(metrics) {}
+               const PeerTable* peers, Metrics* metrics,
+               std::string admin_socket)
+      : core_(core),
+        autotune_(autotune),
+        peers_(peers),
+        metrics_(metrics),
+        admin_socket_(std::move(admin_socket)) {}
 
   grpc::Status Status(grpc::ServerContext* context,
                       const v1::StatusRequest* request,
@@ -104,6 +116,7 @@ class AdminService final : public v1::Admin::Service {
   DaemonAutotune* const autotune_;
   const PeerTable* const peers_;
   Metrics* const metrics_;
+  const std::string admin_socket_;
 };
 
 }  // namespace allocd

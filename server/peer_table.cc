@@ -7,12 +7,16 @@
 
 namespace allocd {
 
-void PeerTable::Add(int fd, const PeerCredentials& credentials) {
+void PeerTable::Add(int fd, const PeerCredentials& credentials,
+                    bool admin_socket) {
+  ConnectedPeer peer;
+  static_cast<PeerCredentials&>(peer) = credentials;
+  peer.admin_socket = admin_socket;
   absl::MutexLock lock(&mu_);
-  by_fd_[fd] = credentials;
+  by_fd_[fd] = peer;
 }
 
-absl::StatusOr<PeerCredentials> PeerTable::Find(
+absl::StatusOr<ConnectedPeer> PeerTable::Find(
     absl::string_view grpc_peer) const {
   int fd = -1;
   if (absl::ConsumePrefix(&grpc_peer, "fd:") &&

@@ -16,19 +16,27 @@
 
 namespace allocd {
 
+// A connection's credentials, and the socket it came in on.
+struct ConnectedPeer : PeerCredentials {
+  // The admin socket (the Admin service answers only there), not the
+  // clients'.
+  bool admin_socket = false;
+};
+
 class PeerTable {
  public:
-  // Records the credentials of connection `fd`, replacing those of an
-  // earlier connection that had the same fd number (it is closed by then).
-  void Add(int fd, const PeerCredentials& credentials);
+  // Records the credentials of connection `fd`, accepted on the admin
+  // socket or not, replacing those of an earlier connection that had the
+  // same fd number (it is closed by then).
+  void Add(int fd, const PeerCredentials& credentials, bool admin_socket);
 
-  // The credentials of the connection gRPC names `grpc_peer`.
-  // Unauthenticated for a peer the daemon did not accept itself.
-  absl::StatusOr<PeerCredentials> Find(absl::string_view grpc_peer) const;
+  // The connection gRPC names `grpc_peer`. Unauthenticated for a peer the
+  // daemon did not accept itself.
+  absl::StatusOr<ConnectedPeer> Find(absl::string_view grpc_peer) const;
 
  private:
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<int, PeerCredentials> by_fd_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, ConnectedPeer> by_fd_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd

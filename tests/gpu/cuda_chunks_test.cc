@@ -45,6 +45,7 @@ using gpu_test::CheckSegment;
 using gpu_test::WriteSegment;
 using harness::Child;
 using harness::Dial;
+using harness::DialAdmin;
 
 // Output and errors on one pipe: a failing test shows why.
 constexpr bool kWithStderr = true;
@@ -120,7 +121,7 @@ TEST(CudaServeTest, BackendCudaServesGpuChunksOrSaysWhyNot) {
     return;
   }
   ASSERT_NE(daemon, nullptr) << output;
-  auto admin = v1::Admin::NewStub(Dial(socket));
+  auto admin = v1::Admin::NewStub(DialAdmin(socket));
   grpc::ClientContext context;
   v1::StatusResponse status;
   ASSERT_TRUE(admin->Status(&context, {}, &status).ok());
@@ -138,7 +139,7 @@ TEST(CudaServeTest, TheDefaultServesEveryGpuByUuidOrSimWithANotice) {
   std::string output;
   std::unique_ptr<Child> daemon = StartDaemon(socket, &output, {});
   ASSERT_NE(daemon, nullptr) << output;
-  auto admin = v1::Admin::NewStub(Dial(socket));
+  auto admin = v1::Admin::NewStub(DialAdmin(socket));
   grpc::ClientContext context;
   v1::StatusResponse status;
   ASSERT_TRUE(admin->Status(&context, {}, &status).ok());
@@ -294,7 +295,7 @@ class CudaChunksTest : public ::testing::Test {
     std::string output;
     daemon_ = StartCudaDaemon(socket_, &output);
     ASSERT_NE(daemon_, nullptr) << output;
-    admin_ = v1::Admin::NewStub(Dial(socket_));
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
   v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }

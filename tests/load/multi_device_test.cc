@@ -61,7 +61,7 @@ class MultiDeviceTest : public ::testing::Test {
     for (int i = 0; i < 1000 && !ConnectUnix(socket_).ok(); ++i) {
       usleep(10000);
     }
-    admin_ = v1::Admin::NewStub(harness::Dial(socket_));
+    admin_ = v1::Admin::NewStub(harness::DialAdmin(socket_));
   }
 
   void Touch(const std::string& name) { std::ofstream(dir_ + "/" + name); }

@@ -36,6 +36,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using harness::Child;
 using harness::Dial;
+using harness::DialAdmin;
 
 const std::string kTrace =
     std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz";
@@ -77,7 +78,7 @@ class AutotuneDaemonTest : public ::testing::Test {
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    admin_ = v1::Admin::NewStub(Dial(socket_));
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
   std::unique_ptr<Child> Replay(const std::string& job,

@@ -40,7 +40,8 @@ class ConfigWatcherTest : public ::testing::Test {
     absl::StatusOr<v1::RegisterResponse> response =
         core_.Register({.pid = getpid(), .uid = getuid()}, r);
     EXPECT_TRUE(response.ok());
-    return *core_.Watch({.pid = getpid()}, response->session_id());
+    return *core_.Watch({.pid = getpid(), .uid = getuid()},
+                        response->session_id(), response->session_secret());
   }
 
   std::string dir_, path_;

@@ -96,6 +96,10 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
   return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
 }
 
+std::shared_ptr<grpc::Channel> DialAdmin(const std::string& socket) {
+  return Dial(socket + ".admin");
+}
+
 v1::StatusResponse PoolStatus(v1::Admin::Stub& admin) {
   grpc::ClientContext context;
   v1::StatusResponse r;

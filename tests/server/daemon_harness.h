@@ -51,6 +51,10 @@ class Child {
 // A channel to the daemon listening on the Unix socket `socket`.
 std::shared_ptr<grpc::Channel> Dial(const std::string& socket);
 
+// A channel to the admin socket (SOCKET.admin, where alone the Admin
+// service answers) of the daemon whose clients' socket is `socket`.
+std::shared_ptr<grpc::Channel> DialAdmin(const std::string& socket);
+
 // Admin.Status (a failed call fails the test).
 v1::StatusResponse PoolStatus(v1::Admin::Stub& admin);
 

@@ -37,6 +37,7 @@ namespace {
 using ::testing::HasSubstr;
 using harness::Child;
 using harness::Dial;
+using harness::DialAdmin;
 
 constexpr uint64_t kChunk = uint64_t{2} << 20;
 
@@ -62,7 +63,7 @@ class DaemonTest : public ::testing::Test {
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    admin_ = v1::Admin::NewStub(Dial(socket_));
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
   v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }
@@ -220,6 +221,7 @@ TEST_F(DaemonTest, AnotherProcessCannotClaimATokenOrReleaseAChunk) {
   grpc::ClientContext acquire_context;
   v1::AcquireChunksRequest acquire;
   acquire.set_session_id(session.session_id());
+  acquire.set_session_secret(session.session_secret());
   acquire.set_bytes(kChunk);
   v1::AcquireChunksResponse grant;
   ASSERT_TRUE(stub->AcquireChunks(&acquire_context, acquire, &grant).ok());
@@ -229,8 +231,9 @@ TEST_F(DaemonTest, AnotherProcessCannotClaimATokenOrReleaseAChunk) {
   Child releaser({TEST_CLIENT_BINARY, "release", socket_,
                   std::to_string(session.session_id()),
                   std::to_string(grant.chunk_ids(0))});
-  // With the victim's session: not its pid; with its own: not its chunk.
-  EXPECT_EQ(releaser.Line(), absl::StrCat("code ", grpc::StatusCode::PERMISSION_DENIED));
+  // With the victim's session: not its session (answered as for none);
+  // with its own: not its chunk.
+  EXPECT_EQ(releaser.Line(), absl::StrCat("code ", grpc::StatusCode::NOT_FOUND));
   EXPECT_EQ(releaser.Line(), absl::StrCat("code ", grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_EQ(releaser.Wait(), 0);
 
@@ -275,6 +278,7 @@ TEST_F(DaemonTest, ALeaseAcquiresWithItsFdsInOneAnswerAndReleases) {
   EXPECT_EQ(no_fds, 0u);
   v1::SideRequest lease;
   lease.set_lease_session_id(session.session_id());
+  lease.set_session_secret(session.session_secret());
   ASSERT_TRUE(call(lease).first.error().empty());
 
   auto [granted, fds] = call(acquire);
@@ -369,6 +373,7 @@ TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn)
     grpc::ClientContext c;
     v1::AcquireChunksRequest r;
     r.set_session_id(session.session_id());
+    r.set_session_secret(session.session_secret());
     r.set_bytes(bytes);
     v1::AcquireChunksResponse out;
     EXPECT_EQ(code_of(stub->AcquireChunks(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
@@ -377,6 +382,7 @@ TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn)
     grpc::ClientContext c;
     v1::ReleaseChunksRequest r;
     r.set_session_id(session.session_id());
+    r.set_session_secret(session.session_secret());
     for (int i = 0; i < 70000; ++i) r.add_chunk_ids(i);
     v1::ReleaseChunksResponse out;
     EXPECT_EQ(code_of(stub->ReleaseChunks(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);
@@ -385,6 +391,7 @@ TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn)
     grpc::ClientContext c;
     v1::OomReport r;
     r.set_session_id(session.session_id());
+    r.set_session_secret(session.session_secret());
     r.set_message(std::string(5000, 'm'));
     v1::OomResponse out;
     EXPECT_EQ(code_of(stub->ReportOom(&c, r, &out)), grpc::StatusCode::INVALID_ARGUMENT);

@@ -119,11 +119,11 @@ class DaemonCoreDevicesTest : public ::testing::Test {
     return core_->Register({.pid = pid, .uid = 1000, .gid = 1000}, r);
   }
 
-  absl::StatusOr<v1::AcquireChunksResponse> Acquire(SessionId id,
-                                                    uint64_t bytes,
-                                                    pid_t pid = kPid) {
+  absl::StatusOr<v1::AcquireChunksResponse> Acquire(
+      const v1::RegisterResponse& session, uint64_t bytes, pid_t pid = kPid) {
     v1::AcquireChunksRequest r;
-    r.set_session_id(id);
+    r.set_session_id(session.session_id());
+    r.set_session_secret(session.session_secret());
     r.set_bytes(bytes);
     return core_->AcquireChunks({.pid = pid, .uid = 1000, .gid = 1000}, r);
   }
@@ -144,7 +144,7 @@ TEST_F(DaemonCoreDevicesTest, ASessionsChunksComeFromItsOwnDevicesPool) {
   EXPECT_EQ(on1->gpu_uuid(), "SIM-GPU-1");
   EXPECT_EQ(on1->node_device(), 1);
   EXPECT_EQ(on1->capacity_bytes(), 64 * kMiB);
-  ASSERT_TRUE(Acquire(on1->session_id(), 10 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on1, 10 * kMiB).ok());
   EXPECT_EQ(InUse(0), 0u);
   EXPECT_EQ(InUse(1), 10 * kMiB);
   EXPECT_EQ(InUse(2), 0u);
@@ -158,8 +158,8 @@ TEST_F(DaemonCoreDevicesTest, OneProcessHasASessionPerDevice) {
   absl::StatusOr<v1::RegisterResponse> on2 = Register("SIM-GPU-2");
   ASSERT_TRUE(on0.ok() && on2.ok());
   EXPECT_NE(on0->session_id(), on2->session_id());
-  ASSERT_TRUE(Acquire(on0->session_id(), 4 * kMiB).ok());
-  ASSERT_TRUE(Acquire(on2->session_id(), 6 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on0, 4 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on2, 6 * kMiB).ok());
   EXPECT_EQ(InUse(0), 4 * kMiB);
   EXPECT_EQ(InUse(2), 6 * kMiB);
   const v1::ListSessionsResponse sessions = core_->ListSessions();
@@ -175,15 +175,15 @@ TEST_F(DaemonCoreDevicesTest, OneProcessHasASessionPerDevice) {
 TEST_F(DaemonCoreDevicesTest, AFullDeviceDoesNotBorrowFromAnother) {
   absl::StatusOr<v1::RegisterResponse> on0 = Register("SIM-GPU-0");
   ASSERT_TRUE(on0.ok());
-  ASSERT_TRUE(Acquire(on0->session_id(), 64 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on0, 64 * kMiB).ok());
   absl::StatusOr<v1::AcquireChunksResponse> more =
-      Acquire(on0->session_id(), 2 * kMiB);
+      Acquire(*on0, 2 * kMiB);
   EXPECT_TRUE(absl::IsResourceExhausted(more.status())) << more.status();
   EXPECT_EQ(InUse(1) + InUse(2), 0u);
   // Device 1 still has all of its memory.
   absl::StatusOr<v1::RegisterResponse> on1 = Register("SIM-GPU-1", 4343);
   ASSERT_TRUE(on1.ok());
-  EXPECT_TRUE(Acquire(on1->session_id(), 64 * kMiB, 4343).ok());
+  EXPECT_TRUE(Acquire(*on1, 64 * kMiB, 4343).ok());
 }
 
 TEST_F(DaemonCoreDevicesTest, UnknownGpuIsRefusedAndNoUuidMeansTheFirst) {
@@ -200,7 +200,7 @@ TEST_F(DaemonCoreDevicesTest, AClaimTokenOfAnyDeviceIsClaimed) {
   absl::StatusOr<v1::RegisterResponse> on2 = Register("SIM-GPU-2");
   ASSERT_TRUE(on2.ok());
   absl::StatusOr<v1::AcquireChunksResponse> grant =
-      Acquire(on2->session_id(), 4 * kMiB);
+      Acquire(*on2, 4 * kMiB);
   ASSERT_TRUE(grant.ok());
   size_t fds = 0;
   absl::Status claimed = core_->Claim(
@@ -219,7 +219,7 @@ TEST_F(DaemonCoreDevicesTest, AClaimTokenOfAnyDeviceIsClaimed) {
 TEST_F(DaemonCoreDevicesTest, StatusHasARowPerDeviceAndTheirSums) {
   absl::StatusOr<v1::RegisterResponse> on1 = Register("SIM-GPU-1");
   ASSERT_TRUE(on1.ok());
-  ASSERT_TRUE(Acquire(on1->session_id(), 8 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on1, 8 * kMiB).ok());
   const v1::StatusResponse status = core_->Status();
   ASSERT_EQ(status.devices_size(), 3);
   EXPECT_EQ(status.capacity_bytes(), 3 * 64 * kMiB);
@@ -236,7 +236,7 @@ TEST_F(DaemonCoreDevicesTest, TrimOfOneDeviceLeavesTheOthersCaches) {
     absl::StatusOr<v1::RegisterResponse> s =
         Register(SimDeviceUuid(device), 5000 + device);
     ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(Acquire(s->session_id(), 6 * kMiB, 5000 + device).ok());
+    ASSERT_TRUE(Acquire(*s, 6 * kMiB, 5000 + device).ok());
     core_->EndSession(s->session_id(), "test");
   }
   absl::StatusOr<v1::TrimPoolResponse> trimmed = core_->TrimPool("1");
@@ -254,16 +254,16 @@ TEST_F(DaemonCoreDevicesTest, AUidQuotaHoldsOnEachDevice) {
   absl::StatusOr<v1::RegisterResponse> on0 = Register("SIM-GPU-0");
   absl::StatusOr<v1::RegisterResponse> on1 = Register("SIM-GPU-1");
   ASSERT_TRUE(on0.ok() && on1.ok());
-  EXPECT_TRUE(Acquire(on0->session_id(), 8 * kMiB).ok());
-  EXPECT_TRUE(Acquire(on1->session_id(), 8 * kMiB).ok());
+  EXPECT_TRUE(Acquire(*on0, 8 * kMiB).ok());
+  EXPECT_TRUE(Acquire(*on1, 8 * kMiB).ok());
   EXPECT_TRUE(absl::IsResourceExhausted(
-      Acquire(on1->session_id(), 2 * kMiB).status()));
+      Acquire(*on1, 2 * kMiB).status()));
 }
 
 TEST_F(DaemonCoreDevicesTest, PoolAndSessionMetricsCarryTheDevice) {
   absl::StatusOr<v1::RegisterResponse> on2 = Register("SIM-GPU-2");
   ASSERT_TRUE(on2.ok());
-  ASSERT_TRUE(Acquire(on2->session_id(), 4 * kMiB).ok());
+  ASSERT_TRUE(Acquire(*on2, 4 * kMiB).ok());
   const std::string text = metrics_.Render();
   EXPECT_THAT(text, HasSubstr("allocd_pool_bytes{device=\"2\",gpu_uuid="
                               "\"SIM-GPU-2\",state=\"in_use\"} 4194304"));

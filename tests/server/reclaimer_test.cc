@@ -86,19 +86,21 @@ TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
   ASSERT_TRUE(cacher.ok() && needy.ok());
   v1::AcquireChunksRequest ask;
   ask.set_session_id(cacher->session_id());
+  ask.set_session_secret(cacher->session_secret());
   ask.set_bytes(12 * kMiB);
   absl::StatusOr<v1::AcquireChunksResponse> cached =
       core.AcquireChunks(peer, ask);
   ASSERT_TRUE(cached.ok()) << cached.status();
   v1::TelemetryReport report;
   report.set_session_id(cacher->session_id());
+  report.set_session_secret(cacher->session_secret());
   (*report.mutable_stats())["reserved_bytes.all.current"] = 12 * kMiB;
   (*report.mutable_stats())["allocated_bytes.all.current"] = 0;
   ASSERT_TRUE(core.Telemetry(peer, report).ok());
 
   // The cacher answers the reclaim as its allocator would: empty_cache.
   absl::StatusOr<std::shared_ptr<Session>> watched =
-      core.Watch(peer, cacher->session_id());
+      core.Watch(peer, cacher->session_id(), cacher->session_secret());
   ASSERT_TRUE(watched.ok());
   std::thread cacher_thread([&] {
     v1::ControlMessage message;
@@ -107,10 +109,12 @@ TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
     EXPECT_EQ(message.reclaim().bytes(), 8 * kMiB);  // what the device lacks
     v1::ReleaseChunksRequest release;
     release.set_session_id(cacher->session_id());
+    release.set_session_secret(cacher->session_secret());
     *release.mutable_chunk_ids() = cached->chunk_ids();
     EXPECT_TRUE(core.ReleaseChunks(peer, release).ok());
   });
   ask.set_session_id(needy->session_id());
+  ask.set_session_secret(needy->session_secret());
   // Not on the lease's thread, which never waits...
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
       core.AcquireChunksNow(peer, ask);

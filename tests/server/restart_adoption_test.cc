@@ -165,6 +165,7 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
 
   v1::AcquireChunksRequest ask;
   ask.set_session_id(fresh->session_id());
+  ask.set_session_secret(fresh->session_secret());
   ask.set_bytes(2 << 20);
   absl::Notification served;
   absl::StatusOr<v1::AcquireChunksResponse> granted;
@@ -182,14 +183,16 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   // The survivor's chunk from the daemon before, proven by its memfd.
   std::vector<DeclaredChunk> declared;
   declared.push_back(Proven(source, 77, 2 << 20));
-  // Another process cannot declare on the survivor's session.
-  EXPECT_EQ(core.DeclareChunks(Newcomer(), back->session_id(), {}, true)
+  // Another process cannot declare on the survivor's session, even with
+  // its secret.
+  EXPECT_EQ(core.DeclareChunks(Newcomer(), back->session_id(),
+                               back->session_secret(), {}, true)
                 .status()
                 .code(),
-            absl::StatusCode::kPermissionDenied);
-  absl::StatusOr<AdoptOutcome> adopted =
-      core.DeclareChunks(Survivor(), back->session_id(), std::move(declared),
-                         /*last=*/true);
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<AdoptOutcome> adopted = core.DeclareChunks(
+      Survivor(), back->session_id(), back->session_secret(),
+      std::move(declared), /*last=*/true);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   EXPECT_EQ(adopted->adopted, std::vector<uint64_t>{77});
   acquire.join();
@@ -235,11 +238,14 @@ TEST(DaemonCoreRestartTest, TheCapacityIsClippedToTheDeviceAfterAdoption) {
     return declared;
   };
   ASSERT_TRUE(
-      core.DeclareChunks(Survivor(), a->session_id(), chunks({1, 2}), true)
+      core.DeclareChunks(Survivor(), a->session_id(), a->session_secret(),
+                         chunks({1, 2}), true)
           .ok());
   EXPECT_EQ(core.Status().capacity_bytes(), 7 * kChunk);
   ASSERT_TRUE(
-      core.DeclareChunks(Newcomer(), b->session_id(), chunks({3}), true).ok());
+      core.DeclareChunks(Newcomer(), b->session_id(), b->session_secret(),
+                         chunks({3}), true)
+          .ok());
   EXPECT_EQ(core.Status().capacity_bytes(), 8 * kChunk);
   EXPECT_EQ(core.Status().in_use_bytes(), 3 * kChunk);
 }
@@ -261,18 +267,20 @@ TEST(DaemonCoreRestartTest, ACapacityTakenFromFreeMemoryGrowsByTheAdopted) {
   absl::StatusOr<v1::RegisterResponse> a = RegisterOn(core, Survivor());
   absl::StatusOr<v1::RegisterResponse> b = RegisterOn(core, Newcomer());
   ASSERT_TRUE(a.ok() && b.ok());
-  auto declare = [&](const PeerCredentials& peer, SessionId session,
-                     uint64_t id, uint64_t bytes) {
+  auto declare = [&](const PeerCredentials& peer,
+                     const v1::RegisterResponse& session, uint64_t id,
+                     uint64_t bytes) {
     std::vector<DeclaredChunk> declared;
     declared.push_back(Proven(source, id, bytes));
     absl::StatusOr<AdoptOutcome> outcome =
-        core.DeclareChunks(peer, session, std::move(declared), true);
+        core.DeclareChunks(peer, session.session_id(),
+                           session.session_secret(), std::move(declared), true);
     ASSERT_TRUE(outcome.ok()) << outcome.status();
     EXPECT_EQ(outcome->adopted.size(), 1u);
   };
-  declare(Survivor(), a->session_id(), 1, 8 * kChunk);  // a 16 MiB class
+  declare(Survivor(), *a, 1, 8 * kChunk);  // a 16 MiB class
   EXPECT_EQ(core.Status().capacity_bytes(), 12 * kChunk);
-  declare(Newcomer(), b->session_id(), 2, kChunk);
+  declare(Newcomer(), *b, 2, kChunk);
   EXPECT_EQ(core.Status().capacity_bytes(), 13 * kChunk);
   EXPECT_EQ(core.Status().in_use_bytes(), 9 * kChunk);
 }
@@ -302,8 +310,9 @@ TEST(DaemonCoreRestartTest, ChunksAreAdoptedIntoTheSessionsDevicePool) {
   declared.push_back(Proven(source1, 5, 64 * kChunk));
   // Not a size the pools' chunks come in.
   declared.push_back({.id = 6, .bytes = 3 * kChunk});
-  absl::StatusOr<AdoptOutcome> outcome = core.DeclareChunks(
-      Survivor(), session->session_id(), std::move(declared), true);
+  absl::StatusOr<AdoptOutcome> outcome =
+      core.DeclareChunks(Survivor(), session->session_id(),
+                         session->session_secret(), std::move(declared), true);
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(outcome->adopted, std::vector<uint64_t>{5});
   ASSERT_EQ(outcome->refused.size(), 1u);

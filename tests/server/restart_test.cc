@@ -32,6 +32,7 @@ namespace {
 
 using harness::Child;
 using harness::Dial;
+using harness::DialAdmin;
 
 constexpr int kClients = 4;
 constexpr uint64_t kMaxChunksPerClient = 24;
@@ -78,7 +79,7 @@ class DaemonRestartTest : public ::testing::Test {
     for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    admin_ = v1::Admin::NewStub(Dial(socket_));
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
   v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }

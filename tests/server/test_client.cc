@@ -75,19 +75,28 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "release" && argc == 5) {
-    std::unique_ptr<DaemonClient> client = Connect(argv[2]);
     auto fd = allocd::ConnectUnix(argv[2]);
     if (!fd.ok()) return 2;
     fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
     auto stub = allocd::v1::Allocd::NewStub(
         grpc::CreateInsecureChannelFromFd("allocd", fd->release()));
+    // A session of its own (its lease unopened: it lives the grace period).
+    allocd::v1::RegisterResponse own;
+    {
+      grpc::ClientContext context;
+      allocd::v1::RegisterRequest hello;
+      hello.set_protocol_version(1);
+      if (!stub->Register(&context, hello, &own).ok()) return 2;
+    }
     const uint64_t victim = std::strtoull(argv[3], nullptr, 10);
     const uint64_t chunk = std::strtoull(argv[4], nullptr, 10);
-    // With the victim's session id, and with its own session.
-    for (uint64_t session : {victim, client->session_id()}) {
+    // With the victim's session id (and its own secret: the victim's it
+    // does not know), and with its own session.
+    for (uint64_t session : {victim, own.session_id()}) {
       grpc::ClientContext context;
       allocd::v1::ReleaseChunksRequest request;
       request.set_session_id(session);
+      request.set_session_secret(own.session_secret());
       request.add_chunk_ids(chunk);
       allocd::v1::ReleaseChunksResponse response;
       std::printf("code %d\n",

@@ -89,25 +89,27 @@ TEST(DaemonCoreWorkingSetTest,
     EXPECT_TRUE(response.ok()) << response.status();
     return *response;
   };
-  auto report = [&](uint64_t session, std::vector<uint64_t> segments) {
+  auto report = [&](const v1::RegisterResponse& session,
+                    std::vector<uint64_t> segments) {
     v1::TelemetryReport r;
-    r.set_session_id(session);
+    r.set_session_id(session.session_id());
+    r.set_session_secret(session.session_secret());
     *r.mutable_working_set() = SetOf(segments);
     return core.Telemetry(peer, r);
   };
   const v1::RegisterResponse first = hello("trainer");
   EXPECT_EQ(first.working_set().segment_bytes_size(), 0);
-  ASSERT_TRUE(report(first.session_id(), {20 * kMiB, 2 * kMiB}).ok());
+  ASSERT_TRUE(report(first, {20 * kMiB, 2 * kMiB}).ok());
   ASSERT_TRUE(
-      report(first.session_id(), {20 * kMiB, 2 * kMiB, 512 * kMiB}).ok());
+      report(first, {20 * kMiB, 2 * kMiB, 512 * kMiB}).ok());
   // Not a multiple of the chunk, zero, too many: refused, the last kept.
-  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {kMiB})));
-  EXPECT_TRUE(absl::IsInvalidArgument(report(first.session_id(), {0})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first, {kMiB})));
+  EXPECT_TRUE(absl::IsInvalidArgument(report(first, {0})));
   EXPECT_TRUE(absl::IsInvalidArgument(report(
-      first.session_id(),
+      first,
       std::vector<uint64_t>(kMaxWorkingSetSegments + 1, 2 * kMiB))));
   const v1::RegisterResponse unlabelled = hello("");
-  ASSERT_TRUE(report(unlabelled.session_id(), {2 * kMiB}).ok());
+  ASSERT_TRUE(report(unlabelled, {2 * kMiB}).ok());
   // Nothing before the session ends.
   EXPECT_EQ(hello("trainer").working_set().segment_bytes_size(), 0);
   core.EndSession(first.session_id(), "test");

@@ -1,6 +1,7 @@
 // allocctl: the node daemon's admin tool. Talks to the Admin service of
-// `allocd serve` over its Unix socket; the daemon allows it to root, its
-// own uid and the uids given to it with --admin-uid.
+// `allocd serve` over its admin socket (SOCKET.admin: the clients' socket
+// refuses Admin calls); the daemon allows it to root, its own uid, the uids
+// given to it with --admin-uid and the members of --admin-group.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -32,6 +33,8 @@ namespace {
 
 struct Options {
   std::string socket = "/run/allocd/allocd.sock";
+  // Empty: `socket` + ".admin", or `socket` itself when it ends so.
+  std::string admin_socket;
   bool json = false;
   std::string job;
   std::string config;
@@ -47,14 +50,29 @@ struct Options {
   std::optional<std::string> tenant;
 };
 
+// The admin socket of the daemon `o` names.
+std::string AdminSocket(const Options& o) {
+  if (!o.admin_socket.empty()) return o.admin_socket;
+  if (absl::EndsWith(o.socket, ".admin")) return o.socket;
+  return o.socket + ".admin";
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& path) {
   absl::StatusOr<UniqueFd> fd = ConnectUnix(path);
+  if (absl::IsPermissionDenied(fd.status())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot reach allocd's admin socket: ", fd.status().message(),
+        ". It admits root, the daemon's uid, the daemon's --admin-uid uids "
+        "and the members of its --admin-group; in Kubernetes, run allocctl "
+        "in allocd's pod (kubectl exec)"));
+  }
   if (!fd.ok()) {
     // The message names the path and, where it fits, asks whether allocd
     // runs; what is left to say is how to point allocctl elsewhere.
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach allocd: ", fd.status().message(),
-                     "; --socket names another path"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach allocd's admin socket: ", fd.status().message(),
+        "; --socket names the daemon's socket (allocctl talks to "
+        "SOCKET.admin), --admin-socket another admin socket"));
   }
   fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
   return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
@@ -356,17 +374,23 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{
       "allocctl: administer the allocd node daemon (sessions, configs per "
-      "job, quotas).\nAllowed to root, the daemon's uid and its --admin-uid "
-      "uids.",
+      "job, quotas) over its admin socket.\nAllowed to root, the daemon's "
+      "uid, its --admin-uid uids and its --admin-group.",
       "allocctl"};
   app.require_subcommand(1);
   // --socket and --json also after the subcommand: `allocctl sessions --json`.
   app.fallthrough();
   app.footer(absl::StrCat(
-      "Global flags, before or after the subcommand: --socket PATH, --json.\n\n",
+      "Global flags, before or after the subcommand: --socket PATH, "
+      "--admin-socket PATH, --json.\n\n",
       ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n")));
+  app.add_option("--admin-socket", o.admin_socket,
+                 "the daemon's admin socket, when not SOCKET.admin (allocd "
+                 "serve --admin-socket; default $ALLOCCTL_ADMIN_SOCKET)")
+      ->envname("ALLOCCTL_ADMIN_SOCKET");
   app.add_option("--socket,-s", o.socket,
                  "the daemon's socket (default /run/allocd/allocd.sock); "
+                 "allocctl talks to its admin socket, SOCKET.admin; "
                  "before or after the subcommand");
   app.add_flag("--json", o.json,
                "print the daemon's answer as JSON; before or after the "
@@ -461,10 +485,11 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
 
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(o.socket);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      Dial(AdminSocket(o));
   if (!channel.ok()) {
     std::cerr << "allocctl: " << channel.status().message() << "\n";
-    return 1;
+    return absl::IsPermissionDenied(channel.status()) ? 4 : 1;
   }
   if (health->parsed()) {
     return Health(o, *channel);
