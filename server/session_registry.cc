@@ -5,8 +5,13 @@
 
 namespace allocd {
 
-Session::Session(SessionIdentity identity) : identity_(std::move(identity)) {
+Session::Session(SessionIdentity identity, std::string secret)
+    : identity_(std::move(identity)), secret_(std::move(secret)) {
   applied_.push_back({.version = 0, .config = identity_.initial_config});
+}
+
+bool Session::ProvenBy(absl::string_view secret) const {
+  return SameSecret(secret_, secret);
 }
 
 void Session::Push(v1::ControlMessage message) {

@@ -1,6 +1,7 @@
 // Sessions: one per registered client process. A session is bound to the
-// pid and uid the kernel reported for the connection that registered it
-// (SO_PEERCRED), never to what the client claims, and lives until its lease
+// pid, uid and tenant the kernel reported for the connection that
+// registered it (SO_PEERCRED), never to what the client claims, and to a
+// secret only that client is told; it lives until its lease
 // connection closes (the process exited or dropped it).
 //
 // Each session has a control queue: the config pushes and reclaim requests
@@ -24,6 +25,8 @@
 #include "absl/time/time.h"
 #include "allocd.pb.h"
 #include "server/session_id.h"
+#include "server/session_secret.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
@@ -32,6 +35,9 @@ struct SessionIdentity {
   SessionId id = 0;
   pid_t pid = 0;
   uid_t uid = 0;
+  // Who it belongs to (server/tenant.h): its memory, job label and quotas
+  // are that tenant's.
+  TenantId tenant;
   std::string job;
   // The client's CUDA ordinal, as it reported it.
   int device = 0;
@@ -51,10 +57,16 @@ struct AppliedConfig {
 
 class Session {
  public:
-  explicit Session(SessionIdentity identity);
+  // `secret` proves the session (server/session_secret.h).
+  explicit Session(SessionIdentity identity,
+                   std::string secret = NewSessionSecret());
 
   const SessionIdentity& identity() const { return identity_; }
   SessionId id() const { return identity_.id; }
+  // Told to the registering client only (RegisterResponse.session_secret).
+  const std::string& secret() const { return secret_; }
+  // Whether `secret` is this session's (in constant time: SameSecret).
+  bool ProvenBy(absl::string_view secret) const;
 
   // Queues a message for the WatchConfig stream. No-op once closed.
   void Push(v1::ControlMessage message);
@@ -107,6 +119,7 @@ class Session {
 
  private:
   const SessionIdentity identity_;
+  const std::string secret_;
   mutable absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -124,7 +137,8 @@ class Session {
 
 class SessionRegistry {
  public:
-  // A new session with the next id (ids are never reused).
+  // A new session with the next id (ids are never reused) and a fresh
+  // secret.
   std::shared_ptr<Session> Create(SessionIdentity identity);
   // nullptr when no such live session.
   std::shared_ptr<Session> Find(SessionId id) const;
