@@ -114,9 +114,9 @@ class ChunkSource {
   // calls it outside its lock, maybe from several threads at once, each
   // call with chunks of its own that no live process maps and nothing else
   // touches until it returns. Batched so that a source can overlap the
-  // work of many chunks and wait once. The source's error (Internal, naming the
-  // call) when the device refuses; the chunks' contents are then unknown
-  // and the pool hands none of them to another tenant. The default (a
+  // work of many chunks and wait once. The source's error, naming the
+  // call, when the device or the kernel refuses: the chunks' contents are
+  // then unknown, and the pool hands none of them to another tenant. The default (a
   // source without ScrubsChunks()): Unimplemented.
   virtual absl::Status Scrub(absl::Span<const ChunkToScrub> chunks);
 };

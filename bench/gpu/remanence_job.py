@@ -1,0 +1,118 @@
+"""One side of the two-job remanence check (issue 29): job A writes a
+pattern into its tensors, job B allocates the same amount and counts how many
+of its bytes still hold A's pattern. Run under `allocd run` (transparent
+mode), A and B as different uids (bench/gpu/tenancy_validation.sh):
+
+    python remanence_job.py writer --gib N [--end exit|release|share]
+                            [--ready FILE] [--share-file FILE] [--json OUT]
+    python remanence_job.py reader --gib N [--share-file FILE] [--json OUT]
+
+writer: N GiB as 2 GiB uint8 tensors filled with 0xA5, synchronized, then
+  exit     leaves at once (the daemon ends its session: kill -9's path too);
+  release  frees them back to the daemon (empty_cache) and stays alive
+           until killed: a releaser that lives on;
+  share    keeps them and writes a CUDA IPC handle of the first one
+           (torch.multiprocessing's reduction, pickled) to --share-file,
+           then stays alive until killed.
+  It touches --ready once done.
+reader: with --share-file, first tries to open A's shared tensor (counted
+  in "share": opened or refused, and the pattern bytes it read); then N GiB
+  of torch.empty, 2 GiB at a time, never written: "pattern_bytes" of them
+  hold 0xA5, "nonzero_bytes" anything but 0.
+"""
+import argparse
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+
+PATTERN = 0xA5
+PIECE = 2 << 30
+
+
+def writer(a):
+    import torch
+    pieces = []
+    for _ in range(a.gib * (1 << 30) // PIECE):
+        t = torch.empty(PIECE, dtype=torch.uint8, device="cuda")
+        t.fill_(PATTERN)
+        pieces.append(t)
+    torch.cuda.synchronize()
+    result = {"role": "writer", "end": a.end, "gib": a.gib,
+              "reserved": torch.cuda.memory_reserved()}
+    if a.end == "release":
+        del pieces
+        torch.cuda.empty_cache()
+        result["reserved_after_release"] = torch.cuda.memory_reserved()
+    elif a.end == "share":
+        from torch.multiprocessing.reductions import reduce_tensor
+        with open(a.share_file, "wb") as f:
+            pickle.dump(reduce_tensor(pieces[0]), f)
+        os.chmod(a.share_file, 0o644)
+    emit(a, result)
+    if a.ready:
+        open(a.ready, "w").close()
+    if a.end == "exit":
+        os._exit(0)  # no teardown: as a crash or kill -9 leaves it
+    signal.pause()  # until the script kills it
+
+
+def reader(a):
+    import torch
+    torch.empty(1, device="cuda")
+    result = {"role": "reader", "gib": a.gib}
+    if a.share_file:
+        share = {"opened": False}
+        try:
+            with open(a.share_file, "rb") as f:
+                rebuild, args = pickle.load(f)
+            t = rebuild(*args)
+            share["opened"] = True
+            share["pattern_bytes"] = int((t == PATTERN).sum().item())
+            del t
+        except Exception as e:  # the refusal is the expected outcome
+            share["error"] = f"{type(e).__name__}: {e}"[:500]
+        result["share"] = share
+    pattern = nonzero = total = 0
+    pieces = []
+    for _ in range(a.gib * (1 << 30) // PIECE):
+        t = torch.empty(PIECE, dtype=torch.uint8, device="cuda")
+        pattern += int((t == PATTERN).sum().item())
+        nonzero += int((t != 0).sum().item())
+        total += t.numel()
+        pieces.append(t)  # kept: each piece is new memory, not the last one's
+    result.update({"bytes": total, "pattern_bytes": pattern,
+                   "nonzero_bytes": nonzero,
+                   "pattern_fraction": pattern / total if total else 0.0})
+    emit(a, result)
+
+
+def emit(a, result):
+    result["uid"] = os.getuid()
+    result["pid"] = os.getpid()
+    result["time"] = time.time()
+    print(json.dumps(result), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("role", choices=["writer", "reader"])
+    p.add_argument("--gib", type=int, default=4)
+    p.add_argument("--end", choices=["exit", "release", "share"], default="exit")
+    p.add_argument("--ready")
+    p.add_argument("--share-file")
+    p.add_argument("--json")
+    a = p.parse_args()
+    if a.gib * (1 << 30) % PIECE:
+        sys.exit("--gib must be even (2 GiB tensors)")
+    (writer if a.role == "writer" else reader)(a)
+
+
+if __name__ == "__main__":
+    main()
