@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -103,6 +104,71 @@ absl::StatusOr<bool> Wait(int fd, short events,
   }
 }
 
+// One recvmsg() of up to `size` bytes into `buffer` with `flags`; the
+// descriptors that came with them are appended to `fds` (owned) first, so
+// they are closed whatever happens next. The bytes received (0: EOF), or
+// nullopt for EINTR, EAGAIN and EWOULDBLOCK. ECONNRESET counts as EOF.
+absl::StatusOr<std::optional<size_t>> ReceiveOnce(int fd, char* buffer,
+                                                  size_t size, int flags,
+                                                  std::vector<UniqueFd>* fds) {
+  iovec io{buffer, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(fd, &message, flags | MSG_CMSG_CLOEXEC);
+  if (n < 0) {
+    if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+      return std::nullopt;
+    }
+    if (errno == ECONNRESET) return 0;
+    return Errno(errno, "recvmsg");
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr;
+       c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds->emplace_back(received);
+    }
+  }
+  if (message.msg_flags & MSG_CTRUNC) {
+    return absl::ResourceExhaustedError(
+        "file descriptors sent with a message were dropped by the "
+        "kernel (MSG_CTRUNC): this process is probably at its "
+        "RLIMIT_NOFILE");
+  }
+  return static_cast<size_t>(n);
+}
+
+// EOF `frame_bytes` into a frame of `frame_size` bytes.
+absl::Status EndOfStream(size_t frame_bytes, size_t frame_size) {
+  if (frame_bytes == 0) return absl::UnavailableError("peer closed");
+  return absl::DataLossError(
+      absl::StrCat("peer closed in the middle of a message: got ",
+                   frame_bytes, " of ", frame_size, " bytes"));
+}
+
+// The payload length a frame header gives.
+uint32_t DecodeHeader(const char (&header)[kFrameHeaderBytes]) {
+  uint32_t size = 0;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    size |= static_cast<uint32_t>(static_cast<unsigned char>(header[i]))
+            << (8 * i);
+  }
+  return size;
+}
+
+absl::Status PayloadTooLarge(uint32_t size, size_t max_payload) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("message of ", size, " bytes is over the limit of ",
+                   max_payload, " bytes"));
+}
+
 // Reads one frame from `fd` into `out`, piece by piece.
 struct FrameReader {
   int fd;
@@ -127,57 +193,94 @@ struct FrameReader {
                                  " of ", frame_size, " bytes (timeout)"));
         }
       }
-      iovec io{buffer + done, size - done};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
-      msghdr message{};
-      message.msg_iov = &io;
-      message.msg_iovlen = 1;
-      message.msg_control = control;
-      message.msg_controllen = sizeof control;
-      const ssize_t n = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          // A non-blocking socket: wait for data (or the deadline).
-          absl::StatusOr<bool> ready = Wait(fd, POLLIN, deadline);
-          if (!ready.ok()) return ready.status();
-          continue;
-        }
-        if (errno == ECONNRESET && frame_bytes == 0) {
-          return absl::UnavailableError("peer closed");
-        }
-        return Errno(errno, "recvmsg");
+      absl::StatusOr<std::optional<size_t>> n =
+          ReceiveOnce(fd, buffer + done, size - done, 0, &out->fds);
+      if (!n.ok()) return n.status();
+      if (!n->has_value()) {
+        // EINTR, or a non-blocking socket: wait for data (or the deadline).
+        absl::StatusOr<bool> ready = Wait(fd, POLLIN, deadline);
+        if (!ready.ok()) return ready.status();
+        continue;
       }
-      // Take ownership of every descriptor first, so that they are closed
-      // whatever happens next.
-      for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr;
-           c = CMSG_NXTHDR(&message, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int received;
-          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          out->fds.emplace_back(received);
-        }
-      }
-      if (message.msg_flags & MSG_CTRUNC) {
-        return absl::ResourceExhaustedError(
-            "file descriptors sent with a message were dropped by the "
-            "kernel (MSG_CTRUNC): this process is probably at its "
-            "RLIMIT_NOFILE");
-      }
-      if (n == 0) {
-        if (frame_bytes == 0) return absl::UnavailableError("peer closed");
-        return absl::DataLossError(
-            absl::StrCat("peer closed in the middle of a message: got ",
-                         frame_bytes, " of ", frame_size, " bytes"));
-      }
-      done += static_cast<size_t>(n);
-      frame_bytes += static_cast<size_t>(n);
+      if (**n == 0) return EndOfStream(frame_bytes, frame_size);
+      done += **n;
+      frame_bytes += **n;
     }
     return absl::OkStatus();
   }
 };
+
+// One sendmsg() of the bytes of `parts` from `sent` on, with `fds` as
+// SCM_RIGHTS when `sent` is 0, and `flags`. The bytes sent, or nullopt for
+// EINTR, EAGAIN and EWOULDBLOCK.
+absl::StatusOr<std::optional<size_t>> SendOnce(int fd,
+                                               absl::Span<const iovec> parts,
+                                               size_t sent,
+                                               absl::Span<const int> fds,
+                                               int flags) {
+  // The parts still to send, starting `sent` bytes in.
+  iovec io[2];
+  size_t count = 0;
+  size_t skip = sent;
+  for (const iovec& part : parts) {
+    if (skip >= part.iov_len) {
+      skip -= part.iov_len;
+      continue;
+    }
+    io[count++] = {static_cast<char*>(part.iov_base) + skip,
+                   part.iov_len - skip};
+    skip = 0;
+  }
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msghdr message{};
+  message.msg_iov = io;
+  message.msg_iovlen = count;
+  if (sent == 0 && !fds.empty()) {
+    message.msg_control = control;
+    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  const ssize_t n = sendmsg(fd, &message, flags | MSG_NOSIGNAL);
+  if (n >= 0) return static_cast<size_t>(n);
+  if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+    return std::nullopt;
+  }
+  if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
+    return absl::UnavailableError("peer closed");
+  }
+  if (errno == EBADF && sent == 0 && !fds.empty()) {
+    return absl::InvalidArgumentError(
+        "a file descriptor to send is not open (EBADF)");
+  }
+  return Errno(errno, "sendmsg");
+}
+
+// What SendMessage and FrameQueue check before a frame goes out.
+absl::Status CheckFrame(absl::string_view payload, size_t fd_count) {
+  if (fd_count > kMaxFdsPerMessage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a message carries at most ", kMaxFdsPerMessage,
+                     " file descriptors; got ", fd_count,
+                     " (send them in several messages)"));
+  }
+  if (payload.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a message payload is at most ", UINT32_MAX, " bytes; got ",
+        payload.size()));
+  }
+  return absl::OkStatus();
+}
+
+void EncodeHeader(size_t payload_size, char (&header)[kFrameHeaderBytes]) {
+  const uint32_t size = static_cast<uint32_t>(payload_size);
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    header[i] = static_cast<char>(size >> (8 * i));
+  }
+}
 
 }  // namespace
 
@@ -348,73 +451,24 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {
 
 absl::Status SendMessage(int fd, absl::string_view payload,
                          absl::Span<const int> fds) {
-  if (fds.size() > kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a message carries at most ", kMaxFdsPerMessage,
-                     " file descriptors; got ", fds.size(),
-                     " (send them in several messages)"));
-  }
-  if (payload.size() > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a message payload is at most ", UINT32_MAX, " bytes; got ",
-        payload.size()));
-  }
-  const uint32_t size = static_cast<uint32_t>(payload.size());
+  if (absl::Status s = CheckFrame(payload, fds.size()); !s.ok()) return s;
   char header[kFrameHeaderBytes];
-  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-    header[i] = static_cast<char>(size >> (8 * i));
-  }
+  EncodeHeader(payload.size(), header);
   // Header and payload, written without copying the payload.
-  iovec parts[2] = {{header, sizeof header},
-                    {const_cast<char*>(payload.data()), payload.size()}};
+  const iovec parts[2] = {{header, sizeof header},
+                          {const_cast<char*>(payload.data()), payload.size()}};
   const size_t total = sizeof header + payload.size();
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   size_t sent = 0;
   while (sent < total) {
-    // The parts still to send, starting `sent` bytes in.
-    iovec io[2];
-    size_t count = 0;
-    size_t skip = sent;
-    for (const iovec& part : parts) {
-      if (skip >= part.iov_len) {
-        skip -= part.iov_len;
-        continue;
-      }
-      io[count++] = {static_cast<char*>(part.iov_base) + skip,
-                     part.iov_len - skip};
-      skip = 0;
-    }
-    msghdr message{};
-    message.msg_iov = io;
-    message.msg_iovlen = count;
-    if (sent == 0 && !fds.empty()) {
-      message.msg_control = control;
-      message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&message);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    const ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
-    if (n >= 0) {
-      sent += static_cast<size_t>(n);
+    absl::StatusOr<std::optional<size_t>> n = SendOnce(fd, parts, sent, fds, 0);
+    if (!n.ok()) return n.status();
+    if (n->has_value()) {
+      sent += **n;
       continue;
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {  // a non-blocking socket
-      absl::StatusOr<bool> ready = Wait(fd, POLLOUT, std::nullopt);
-      if (!ready.ok()) return ready.status();
-      continue;
-    }
-    if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
-      return absl::UnavailableError("peer closed");
-    }
-    if (errno == EBADF && sent == 0 && !fds.empty()) {
-      return absl::InvalidArgumentError(
-          "a file descriptor to send is not open (EBADF)");
-    }
-    return Errno(errno, "sendmsg");
+    // EINTR, or a non-blocking socket whose buffer is full.
+    absl::StatusOr<bool> ready = Wait(fd, POLLOUT, std::nullopt);
+    if (!ready.ok()) return ready.status();
   }
   return absl::OkStatus();
 }
@@ -428,22 +482,84 @@ absl::StatusOr<ReceivedMessage> ReceiveMessage(
   if (absl::Status s = reader.ReadExactly(header, sizeof header); !s.ok()) {
     return s;
   }
-  uint32_t size = 0;
-  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
-    size |= static_cast<uint32_t>(static_cast<unsigned char>(header[i]))
-            << (8 * i);
-  }
-  if (size > max_payload) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("message of ", size, " bytes is over the limit of ",
-                     max_payload, " bytes"));
-  }
+  const uint32_t size = DecodeHeader(header);
+  if (size > max_payload) return PayloadTooLarge(size, max_payload);
   reader.frame_size = kFrameHeaderBytes + size;
   out.payload.resize(size);
   if (absl::Status s = reader.ReadExactly(out.payload.data(), size); !s.ok()) {
     return s;
   }
   return out;
+}
+
+// ---------------------------------------------------------- FrameAssembler
+
+FrameAssembler::FrameAssembler(size_t max_payload)
+    : max_payload_(max_payload) {}
+
+absl::StatusOr<std::optional<ReceivedMessage>> FrameAssembler::ReadReady(
+    int fd) {
+  for (;;) {
+    // The header first, then exactly the payload it announces: never a
+    // byte of the next frame, whose descriptors are the next frame's.
+    const bool in_header = got_ < kFrameHeaderBytes;
+    const size_t frame_size = kFrameHeaderBytes + frame_.payload.size();
+    char* into = in_header ? header_ + got_
+                           : frame_.payload.data() + (got_ - kFrameHeaderBytes);
+    const size_t want = (in_header ? kFrameHeaderBytes : frame_size) - got_;
+    absl::StatusOr<std::optional<size_t>> n =
+        ReceiveOnce(fd, into, want, MSG_DONTWAIT, &frame_.fds);
+    if (!n.ok()) return n.status();
+    if (!n->has_value()) return std::nullopt;  // the rest is not here yet
+    if (**n == 0) {
+      return EndOfStream(got_, in_header ? kFrameHeaderBytes : frame_size);
+    }
+    got_ += **n;
+    if (in_header && got_ == kFrameHeaderBytes) {
+      const uint32_t size = DecodeHeader(header_);
+      if (size > max_payload_) return PayloadTooLarge(size, max_payload_);
+      frame_.payload.resize(size);
+    }
+    if (got_ == kFrameHeaderBytes + frame_.payload.size()) {
+      got_ = 0;
+      return std::exchange(frame_, ReceivedMessage());
+    }
+  }
+}
+
+// -------------------------------------------------------------- FrameQueue
+
+absl::Status FrameQueue::Send(int fd, std::string payload,
+                              std::vector<UniqueFd> fds) {
+  if (absl::Status s = CheckFrame(payload, fds.size()); !s.ok()) return s;
+  Frame frame{.payload = std::move(payload), .fds = std::move(fds)};
+  EncodeHeader(frame.payload.size(), frame.header);
+  pending_bytes_ += kFrameHeaderBytes + frame.payload.size();
+  frames_.push_back(std::move(frame));
+  return Flush(fd);
+}
+
+absl::Status FrameQueue::Flush(int fd) {
+  while (!frames_.empty()) {
+    Frame& frame = frames_.front();
+    const iovec parts[2] = {{frame.header, sizeof frame.header},
+                            {frame.payload.data(), frame.payload.size()}};
+    const size_t total = kFrameHeaderBytes + frame.payload.size();
+    std::vector<int> fds;
+    if (frame.sent == 0) {
+      for (const UniqueFd& f : frame.fds) fds.push_back(f.get());
+    }
+    absl::StatusOr<std::optional<size_t>> n =
+        SendOnce(fd, parts, frame.sent, fds, MSG_DONTWAIT);
+    if (!n.ok()) return n.status();
+    if (!n->has_value()) return absl::OkStatus();  // the socket is full
+    // The descriptors went with the first bytes: the peer has its copies.
+    frame.fds.clear();
+    frame.sent += **n;
+    pending_bytes_ -= **n;
+    if (frame.sent == total) frames_.pop_front();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace allocd

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -157,6 +158,63 @@ struct ReceivedMessage {
 absl::StatusOr<ReceivedMessage> ReceiveMessage(
     int fd, size_t max_payload,
     std::optional<absl::Duration> timeout = std::nullopt);
+
+// Non-blocking framed I/O, for a poll() loop that serves many peers and
+// must never wait on one of them: a peer that sends half a frame, or stops
+// reading its answers, holds only its own connection.
+
+// Assembles the frames SendMessage sends from what a socket has ready
+// (MSG_DONTWAIT), whatever the socket's own blocking mode. Not thread-safe.
+class FrameAssembler {
+ public:
+  explicit FrameAssembler(size_t max_payload);
+
+  // Reads what `fd` has ready toward the current frame, never past it. A
+  // whole frame when it completed (the next starts empty); nullopt when
+  // more bytes must come first (poll for POLLIN). Errors as ReceiveMessage's
+  // (no DeadlineExceeded: the caller keeps its own time); after one, close
+  // the connection.
+  absl::StatusOr<std::optional<ReceivedMessage>> ReadReady(int fd);
+  // Whether part of a frame has been read.
+  bool partial() const { return got_ > 0; }
+
+ private:
+  const size_t max_payload_;
+  char header_[kFrameHeaderBytes] = {};
+  // Bytes of the current frame read so far, header included.
+  size_t got_ = 0;
+  ReceivedMessage frame_;
+};
+
+// The frames waiting to be written to one socket, written as far as the
+// socket takes them without blocking (MSG_DONTWAIT). Not thread-safe.
+class FrameQueue {
+ public:
+  // Queues a frame of `payload` with `fds` (at most kMaxFdsPerMessage,
+  // owned here until they are sent, then closed), then Flush()es.
+  // InvalidArgument for a frame SendMessage would refuse (nothing queued);
+  // Flush's errors.
+  absl::Status Send(int fd, std::string payload,
+                    std::vector<UniqueFd> fds = {});
+  // Writes what the socket takes now; the rest waits for the next Flush
+  // (poll for POLLOUT while pending()). Unavailable("peer closed") when the
+  // peer has gone; after any error, close the connection.
+  absl::Status Flush(int fd);
+  bool pending() const { return !frames_.empty(); }
+  // Bytes not written yet.
+  size_t pending_bytes() const { return pending_bytes_; }
+
+ private:
+  struct Frame {
+    char header[kFrameHeaderBytes];
+    std::string payload;
+    std::vector<UniqueFd> fds;
+    // Bytes of header and payload written.
+    size_t sent = 0;
+  };
+  std::deque<Frame> frames_;
+  size_t pending_bytes_ = 0;
+};
 
 }  // namespace allocd
 

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -486,6 +488,102 @@ TEST(UnixSocketTest, ReserveFdTableGrowsTheTableAndOpensNothing) {
   // Asking again (or for less) is the table it has.
   EXPECT_EQ(ReserveFdTable(16).value(), 16);
   EXPECT_GE(FdTableSize(), want);
+}
+
+}  // namespace
+}  // namespace allocd
+
+namespace allocd {
+namespace {
+
+// A frame's bytes as SendMessage writes them.
+std::string Frame(const std::string& payload) {
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>(payload.size() >> (8 * i));
+  return frame + payload;
+}
+
+TEST(FrameAssemblerTest, AssemblesAFrameSentAByteAtATimeWithoutWaiting) {
+  auto [a, b] = Pair();
+  FrameAssembler assembler(1024);
+  const std::string frame = Frame("hello");
+  for (size_t i = 0; i < frame.size(); ++i) {
+    absl::StatusOr<std::optional<ReceivedMessage>> got = assembler.ReadReady(b.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_FALSE(got->has_value()) << "nothing whole before byte " << i;
+    EXPECT_EQ(assembler.partial(), i > 0);
+    ASSERT_EQ(write(a.get(), &frame[i], 1), 1);
+  }
+  absl::StatusOr<std::optional<ReceivedMessage>> got = assembler.ReadReady(b.get());
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->payload, "hello");
+  EXPECT_FALSE(assembler.partial());
+}
+
+TEST(FrameAssemblerTest, StopsAtEachFrameKeepingItsDescriptors) {
+  auto [a, b] = Pair();
+  auto [x, y] = Pair();
+  ASSERT_TRUE(SendMessage(a.get(), "one", {x.get()}).ok());
+  ASSERT_TRUE(SendMessage(a.get(), "").ok());
+  ASSERT_TRUE(SendMessage(a.get(), "three", {x.get(), y.get()}).ok());
+  FrameAssembler assembler(1024);
+  std::vector<std::pair<std::string, size_t>> frames;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::optional<ReceivedMessage>> got = assembler.ReadReady(b.get());
+    ASSERT_TRUE(got.ok() && got->has_value()) << i;
+    frames.emplace_back((*got)->payload, (*got)->fds.size());
+  }
+  EXPECT_THAT(frames, ::testing::ElementsAre(std::pair<std::string, size_t>("one", 1),
+                                             std::pair<std::string, size_t>("", 0),
+                                             std::pair<std::string, size_t>("three", 2)));
+}
+
+TEST(FrameAssemblerTest, RefusesAnOversizedFrameAndReportsEof) {
+  auto [a, b] = Pair();
+  ASSERT_TRUE(SendMessage(a.get(), std::string(100, 'x')).ok());
+  FrameAssembler small(10);
+  EXPECT_TRUE(absl::IsInvalidArgument(small.ReadReady(b.get()).status()));
+  auto [c, d] = Pair();
+  ASSERT_EQ(write(c.get(), "\x05\0", 2), 2);
+  c.reset();
+  FrameAssembler cut(10);
+  EXPECT_TRUE(absl::IsDataLoss(cut.ReadReady(d.get()).status()));
+}
+
+TEST(FrameQueueTest, QueuesWhatTheSocketDoesNotTakeAndSendsItLater) {
+  auto [a, b] = Pair();
+  auto [x, y] = Pair();
+  FrameQueue queue;
+  // Far more than a socket buffer: the rest waits, nothing blocks.
+  const std::string big(1 << 20, 'z');
+  ASSERT_TRUE(queue.Send(a.get(), "first", {}).ok());
+  ASSERT_TRUE(queue.Send(a.get(), big).ok());
+  std::vector<UniqueFd> fds;
+  fds.push_back(*DuplicateFd(x.get()));
+  ASSERT_TRUE(queue.Send(a.get(), "last", std::move(fds)).ok());
+  EXPECT_TRUE(queue.pending());
+  EXPECT_GT(queue.pending_bytes(), 0u);
+  std::thread reader([&, fd = b.get()] {
+    EXPECT_EQ(ReceiveMessage(fd, 2 << 20)->payload, "first");
+    EXPECT_EQ(ReceiveMessage(fd, 2 << 20)->payload.size(), big.size());
+    absl::StatusOr<ReceivedMessage> last = ReceiveMessage(fd, 2 << 20);
+    EXPECT_EQ(last->payload, "last");
+    EXPECT_EQ(last->fds.size(), 1u);
+  });
+  while (queue.pending()) {
+    pollfd p{a.get(), POLLOUT, 0};
+    poll(&p, 1, 1000);
+    ASSERT_TRUE(queue.Flush(a.get()).ok());
+  }
+  reader.join();
+  EXPECT_EQ(queue.pending_bytes(), 0u);
+}
+
+TEST(FrameQueueTest, SaysWhenThePeerHasGone) {
+  auto [a, b] = Pair();
+  b.reset();
+  FrameQueue queue;
+  EXPECT_TRUE(absl::IsUnavailable(queue.Send(a.get(), "anyone?")));
 }
 
 }  // namespace
