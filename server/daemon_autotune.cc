@@ -120,7 +120,7 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
   }
   Publish(policies);
   autotuner_->SessionStarted(identity.id, identity.job, running.config,
-                             running.version);
+                             running.version, identity.tenant);
   if (learned.has_value()) {
     LogInfo(absl::StrCat("session ", identity.id, " of job \"", identity.job,
                          "\" was handed its learned config \"", learned->config,

@@ -89,6 +89,7 @@ class Autotuner::Impl {
       : options_(std::move(options)),
         actions_(actions),
         default_policy_(options_.default_policy),
+        memory_(options_.memory),
         worker_([this] { Work(); }) {}
 
   ~Impl() {
@@ -100,7 +101,7 @@ class Autotuner::Impl {
   }
 
   void SessionStarted(SessionId id, const std::string& job_name, const std::string& config,
-                      uint64_t config_version) {
+                      uint64_t config_version, const TenantId& tenant) {
     absl::MutexLock lock(&mu_);
     if (auto it = sessions_.find(id); it != sessions_.end()) {
       // Declared again: only what it runs can have changed.
@@ -109,7 +110,7 @@ class Autotuner::Impl {
       return;
     }
     Job& job = jobs_[job_name];
-    sessions_[id] = Session{job_name, next_order_++, config, config_version};
+    sessions_[id] = Session{job_name, next_order_++, config, config_version, tenant};
     job.sessions.push_back(id);
     if (job.recorded == 0) StartRecording(job, id);
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
@@ -343,6 +344,7 @@ class Autotuner::Impl {
     uint64_t order = 0;
     std::string config;  // what it runs
     uint64_t config_version = 0;
+    TenantId tenant;  // whose memory its window is
     int64_t retries = 0;
     std::optional<absl::Time> fragmented_since;
   };
@@ -454,7 +456,8 @@ class Autotuner::Impl {
     job.recorded = id;
     job.window.reset();
     if (ModeOf(job) != AutotuneMode::kOff) {
-      job.window = std::make_unique<JobWindow>(options_.window_events);
+      job.window = std::make_unique<JobWindow>(
+          options_.window_events, memory_.Open(sessions_.at(id).tenant, sessions_.at(id).job));
     }
     job.next_first_pass_check = std::min(options_.first_pass_min_events, options_.window_events);
   }
@@ -676,6 +679,8 @@ class Autotuner::Impl {
   AutotuneActions* const actions_;
   mutable absl::Mutex mu_;
   JobPolicy default_policy_ ABSL_GUARDED_BY(mu_);
+  // Before jobs_: their windows give their charges back as they go.
+  AutotuneMemory memory_;
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
@@ -1169,8 +1174,8 @@ Autotuner::Autotuner(AutotuneOptions options, AutotuneActions* actions)
 Autotuner::~Autotuner() = default;
 
 void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::string& config,
-                               uint64_t config_version) {
-  impl_->SessionStarted(id, job, config, config_version);
+                               uint64_t config_version, const TenantId& tenant) {
+  impl_->SessionStarted(id, job, config, config_version, tenant);
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
 void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,

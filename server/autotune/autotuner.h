@@ -42,7 +42,9 @@
 #include "absl/time/time.h"
 #include "allocator/trace/trace.h"
 #include "proto/protocol.h"
+#include "server/autotune/autotune_memory.h"
 #include "server/session_id.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
@@ -83,6 +85,10 @@ struct AutotuneOptions {
   int threads = 1;                         // replay threads: --autotune-threads
   int nice = 10;                           // niceness added to the worker threads
   size_t window_events = size_t{1} << 20;  // per job: bounds daemon memory
+  // What all windows hold together (--autotune-memory) and one tenant's
+  // windows (--autotune-memory-per-tenant), with where a window trimmed or
+  // stopped to fit is told (AutotuneMemory).
+  AutotuneMemoryOptions memory;
   double min_saving = 0.05;  // of the predicted peak reserved on the current config
   uint64_t capacity = 0;     // device memory for replays (0: unlimited)
   uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
@@ -258,8 +264,10 @@ class Autotuner {
   // `config`/`config_version`: what the session runs now (a reconnecting
   // client re-declares the config it already runs, so a restarted daemon
   // does not push it again).
+  // `tenant`: whose share of the autotuner's memory a window recording
+  // the session's events is charged to.
   void SessionStarted(SessionId id, const std::string& job, const std::string& config,
-                      uint64_t config_version);
+                      uint64_t config_version, const TenantId& tenant = "");
   void SessionEnded(SessionId id);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these.

@@ -5,15 +5,44 @@
 
 namespace allocd {
 
-JobWindow::JobWindow(size_t max_events) : max_events_(std::max<size_t>(1, max_events)) {}
+JobWindow::JobWindow(size_t max_events, std::unique_ptr<AutotuneMemory::Account> account)
+    : max_events_(std::max<size_t>(1, max_events)), account_(std::move(account)) {
+  FitMemory();
+}
 
 void JobWindow::Add(const std::vector<EvidenceEvent>& events, uint64_t dropped_before) {
+  if (stopped_) return;
   if (dropped_before > 0) {
     dropped_events_ += dropped_before;
     last_gap_seq_ = next_seq_;
     any_gap_ = true;
   }
   for (const EvidenceEvent& e : events) AddOne(e);
+  FitMemory();
+}
+
+void JobWindow::FitMemory() {
+  if (account_ == nullptr || account_->Resize(MemoryBytes())) return;
+  // The oldest events go first, an eighth of them at a time: a shorter
+  // window still decides.
+  while (!events_.empty()) {
+    const size_t drop = std::max<size_t>(events_.size() / 8, 1);
+    for (size_t i = 0; i < drop; ++i) DropOldest();
+    events_.shrink_to_fit();
+    max_events_ = std::max<size_t>(events_.size(), 1);
+    if (account_->Resize(MemoryBytes())) {
+      account_->Trimmed(events_.size());
+      return;
+    }
+  }
+  // What is still allocated is more than it may hold: nothing it kept
+  // would replay consistently without it.
+  account_->Trimmed(0);
+  stopped_ = true;
+  live_ids_ = {};
+  prelude_ = {};
+  step_ends_ = {};
+  (void)account_->Resize(MemoryBytes());
 }
 
 void JobWindow::AddOne(const EvidenceEvent& e) {

@@ -18,18 +18,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "allocator/trace/trace.h"
+#include "server/autotune/autotune_memory.h"
 #include "server/autotune/autotuner.h"
 
 namespace allocd {
 
 class JobWindow {
  public:
-  // Keeps at most `max_events` events (at least 1).
-  explicit JobWindow(size_t max_events);
+  // Keeps at most `max_events` events (at least 1), and, given an
+  // `account`, no more than it may charge (AutotuneMemory): a window over
+  // its tenant's share or the daemon's bound trims its oldest events to
+  // fit, and keeps no more than that from then on; one whose live
+  // allocations alone do not fit stops recording (stopped()).
+  explicit JobWindow(size_t max_events,
+                     std::unique_ptr<AutotuneMemory::Account> account = nullptr);
 
   // Appends `events` in order. `dropped_before`: events the client lost just
   // before them (a gap). A step mark records where the job's step ended. A
@@ -49,6 +56,9 @@ class JobWindow {
   bool has_gap() const;
   // Bytes this window holds (events, live ids, prelude).
   size_t MemoryBytes() const;
+  // It ran out of memory to record in (see the constructor): it holds
+  // nothing and takes no more events.
+  bool stopped() const { return stopped_; }
 
   // The bytes the session's allocations held (sizes as asked, from an
   // alloc to its free_requested, as PyTorch's requested_bytes), counting
@@ -104,6 +114,8 @@ class JobWindow {
   };
 
   void AddOne(const EvidenceEvent& event);
+  // Trims or stops the window until what it holds fits its account.
+  void FitMemory();
   void MarkStep();
   // Appends the free_requested of a live id, which no longer counts as
   // requested.
@@ -113,6 +125,8 @@ class JobWindow {
   void DropOldest();
 
   size_t max_events_;
+  std::unique_ptr<AutotuneMemory::Account> account_;
+  bool stopped_ = false;
   std::deque<Event> events_;
   uint64_t next_seq_ = 0;        // sequence number of the next event
   uint64_t window_start_ = 0;    // sequence number of events_.front()
