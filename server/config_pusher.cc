@@ -44,7 +44,15 @@ void FillConfigVersion(const ConfigRecord& record, v1::ConfigVersion* out) {
 }
 
 ConfigPusher::ConfigPusher(const SessionRegistry* sessions, Metrics* metrics)
-    : sessions_(sessions), metrics_(metrics) {}
+    : sessions_(sessions),
+      metrics_(metrics),
+      configs_(kHistoryLimit, kVersionLimit, [this] {
+        absl::flat_hash_set<uint64_t> in_use;
+        for (const std::shared_ptr<Session>& s : sessions_->List()) {
+          for (uint64_t version : s->AppliedVersions()) in_use.insert(version);
+        }
+        return in_use;
+      }) {}
 
 ConfigPusher::AtRegistration ConfigPusher::Register(
     Session& session, const std::string& current_config,

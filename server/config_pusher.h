@@ -138,6 +138,11 @@ class ConfigPusher {
 
   const SessionRegistry* const sessions_;
   Metrics* const metrics_;
+  // What the node keeps of its configs: the history's newest entries, and
+  // of the versions no job's config or live session refers to (each
+  // registration that declares an unknown config adds one), the newest.
+  static constexpr size_t kHistoryLimit = 10000;
+  static constexpr size_t kVersionLimit = 1024;
   ConfigStore configs_;
   absl::Mutex fanout_mu_;
 };

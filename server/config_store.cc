@@ -26,8 +26,11 @@ absl::Status ValidateJobLabel(absl::string_view job) {
   return absl::OkStatus();
 }
 
-ConfigStore::ConfigStore(size_t history_limit)
-    : history_limit_(std::max<size_t>(history_limit, 1)) {}
+ConfigStore::ConfigStore(size_t history_limit, size_t version_limit,
+                         InUse in_use)
+    : history_limit_(std::max<size_t>(history_limit, 1)),
+      version_limit_(std::max<size_t>(version_limit, 1)),
+      in_use_(std::move(in_use)) {}
 
 absl::StatusOr<ConfigRecord> ConfigStore::Set(absl::string_view job,
                                               absl::string_view config,
@@ -60,17 +63,22 @@ absl::StatusOr<ConfigRecord> ConfigStore::Store(
                       .author = std::string(author),
                       .predicted_peak_reserved_bytes =
                           predicted_peak_reserved_bytes};
-  absl::MutexLock lock(&mu_);
-  record.version = ++last_version_;
-  if (effective) newest_by_job_[record.job] = record;
-  by_version_[record.version] = record;
-  history_.push_front({.at = record.set_at,
-                       .event = std::string(event),
-                       .version = record.version,
-                       .job = record.job,
-                       .config = record.config,
-                       .detail = record.author});
-  if (history_.size() > history_limit_) history_.pop_back();
+  bool prune = false;
+  {
+    absl::MutexLock lock(&mu_);
+    record.version = ++last_version_;
+    if (effective) newest_by_job_[record.job] = record;
+    by_version_[record.version] = record;
+    history_.push_front({.at = record.set_at,
+                         .event = std::string(event),
+                         .version = record.version,
+                         .job = record.job,
+                         .config = record.config,
+                         .detail = record.author});
+    if (history_.size() > history_limit_) history_.pop_back();
+    prune = by_version_.size() > 2 * version_limit_;
+  }
+  if (prune) Prune();
   return record;
 }
 
@@ -106,6 +114,26 @@ std::optional<ConfigRecord> ConfigStore::Find(uint64_t version) const {
 bool ConfigStore::HasOwnConfig(absl::string_view job) const {
   absl::MutexLock lock(&mu_);
   return newest_by_job_.contains(job);
+}
+
+size_t ConfigStore::Prune() {
+  const absl::flat_hash_set<uint64_t> in_use =
+      in_use_ ? in_use_() : absl::flat_hash_set<uint64_t>();
+  absl::MutexLock lock(&mu_);
+  const uint64_t newest_kept =
+      last_version_ > version_limit_ ? last_version_ - version_limit_ : 0;
+  absl::flat_hash_set<uint64_t> own;
+  for (const auto& [job, record] : newest_by_job_) own.insert(record.version);
+  return absl::erase_if(by_version_, [&](const auto& entry) {
+    const uint64_t version = entry.first;
+    return version <= newest_kept && !own.contains(version) &&
+           !in_use.contains(version);
+  });
+}
+
+size_t ConfigStore::version_count() const {
+  absl::MutexLock lock(&mu_);
+  return by_version_.size();
 }
 
 void ConfigStore::Record(HistoryRecord record) {

@@ -3,12 +3,16 @@
 // what happened to each version: set, pushed, ACKed, NACKed, rolled back.
 //
 // Versions are node-wide and strictly increasing, so "version 7" names one
-// config whatever job it was set for. Thread-safe.
+// config whatever job it was set for. Each registration that declares a
+// config the store does not know adds a version, so versions are bounded:
+// Prune forgets old ones nothing refers to any more, and the history keeps
+// its newest entries only. Thread-safe.
 #ifndef ALLOCD_SERVER_CONFIG_STORE_H_
 #define ALLOCD_SERVER_CONFIG_STORE_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -16,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -52,8 +57,16 @@ absl::Status ValidateJobLabel(absl::string_view job);
 
 class ConfigStore {
  public:
-  // Keeps the newest `history_limit` history records.
-  explicit ConfigStore(size_t history_limit = 10000);
+  // The versions live sessions run, or may ACK or roll back to.
+  using InUse = std::function<absl::flat_hash_set<uint64_t>()>;
+
+  // Keeps the newest `history_limit` history records, and of the versions
+  // that are neither a job's own config nor `in_use()` (called without the
+  // store's lock; empty: none), the newest `version_limit`: once twice as
+  // many are stored, a new version prunes the others (Prune), which costs
+  // O(1) per version stored.
+  explicit ConfigStore(size_t history_limit = 10000,
+                       size_t version_limit = 1024, InUse in_use = nullptr);
 
   // Validates `config` as PyTorch 2.11 would at process start and stores its
   // canonical form as a new version for `job`, with the peak reserved
@@ -87,6 +100,13 @@ class ConfigStore {
   // True when `job` has a config of its own (a default push skips it).
   bool HasOwnConfig(absl::string_view job) const;
 
+  // Forgets every version but the newest version_limit, each job's own
+  // config and those in_use(). Returns how many it forgot.
+  size_t Prune() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Versions kept (Find knows them).
+  size_t version_count() const;
+
   void Record(HistoryRecord record);
 
   // Newest first, at most `limit`; an empty `job` means every job.
@@ -102,11 +122,13 @@ class ConfigStore {
                                      uint64_t predicted_peak_reserved_bytes);
 
   const size_t history_limit_;
+  const size_t version_limit_;
+  const InUse in_use_;
   mutable absl::Mutex mu_;
   uint64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, ConfigRecord> newest_by_job_
       ABSL_GUARDED_BY(mu_);
-  // Every version ever set: an ACK or a rollback may name an old one.
+  // The versions kept (Prune): an ACK or a rollback may name an old one.
   absl::flat_hash_map<uint64_t, ConfigRecord> by_version_
       ABSL_GUARDED_BY(mu_);
   std::deque<HistoryRecord> history_ ABSL_GUARDED_BY(mu_);

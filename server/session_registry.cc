@@ -97,6 +97,14 @@ AppliedConfig Session::Current() const {
   return applied_.back();
 }
 
+std::vector<uint64_t> Session::AppliedVersions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> versions;
+  versions.reserve(applied_.size());
+  for (const AppliedConfig& a : applied_) versions.push_back(a.version);
+  return versions;
+}
+
 std::optional<AppliedConfig> Session::RollBackTarget() const {
   absl::MutexLock lock(&mu_);
   if (rolling_back_ || applied_.size() < 2) return std::nullopt;

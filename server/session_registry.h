@@ -99,6 +99,9 @@ class Session {
   // when the session runs its initial config: nothing to roll back to).
   void Acked(AppliedConfig config);
   AppliedConfig Current() const;
+  // The versions of every config it ran and may return to (a rollback
+  // pops back to one): what the config store must keep.
+  std::vector<uint64_t> AppliedVersions() const;
   std::optional<AppliedConfig> RollBackTarget() const;
   // Forgets the current config after a rollback was pushed, so a second OOM
   // before the client ACKs the rollback does not roll back twice.
