@@ -6,6 +6,7 @@
 #       files, the tracker's source and liballocd_client.so, +
 #       liballocd_torch.so with the CUDA toolkit)
 #   /usr/lib/allocd/liballocd_interpose.so           (allocd run; CUDA toolkit only)
+#   /usr/lib/allocd/_run/sitecustomize.py            (allocd run's Python start)
 #   /usr/lib/systemd/system/allocd.service           (deploy/systemd)
 #   /etc/default/allocd, /etc/allocd/config.json     (conffiles)
 # and maintainer scripts that create the system user and group allocd. Its
@@ -34,8 +35,11 @@ if(TARGET allocd_torch)
           COMPONENT python EXCLUDE_FROM_ALL)
 endif()
 if(TARGET allocd_interpose)
-  # Where `allocd run` looks: ../lib/allocd next to the allocd binary.
+  # Where `allocd run` looks: ../lib/allocd next to the allocd binary. The
+  # Python start goes beside it: it imports the job's own allocd package.
   install(TARGETS allocd_interpose LIBRARY DESTINATION lib/allocd)
+  install(FILES ${PROJECT_SOURCE_DIR}/client/python/allocd/_run/sitecustomize.py
+          DESTINATION lib/allocd/_run)
 endif()
 
 set(_systemd ${PROJECT_SOURCE_DIR}/deploy/systemd)

@@ -65,6 +65,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "client/capi/allocd_client.h"
 #include "client/capi/client_json.h"
@@ -447,6 +448,13 @@ class Interposer {
 
   // The C handle on `device`'s session, connecting it if needed; nullptr
   // when the device runs natively.
+  // Blocks until the process's first daemon session is connected (PyTorch
+  // first asked for memory on a device the daemon serves); its device.
+  int WaitForFirstSession() {
+    first_session_.WaitForNotification();
+    return first_device_;
+  }
+
   allocd_client* ControlHandle(int device) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return nullptr;
@@ -517,6 +525,9 @@ class Interposer {
                    "memory: %s\n",
                    device, std::string(status.message()).c_str());
       session.reset();
+    } else if (!first_session_.HasBeenNotified()) {
+      first_device_ = device;
+      first_session_.Notify();
     }
     return (sessions_[device] = std::move(session)).get();
   }
@@ -594,6 +605,9 @@ class Interposer {
  private:
   absl::Mutex mu_;
   std::map<int, std::unique_ptr<DeviceSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Set once, before first_session_ is notified: read after waiting for it.
+  int first_device_ = -1;
+  absl::Notification first_session_;
   std::map<CUmemGenericAllocationHandle,
            std::pair<DeviceSession*, VmmAllocation>>
       vmm_ ABSL_GUARDED_BY(mu_);
@@ -654,6 +668,16 @@ using allocd::Interposer;
 // allocd_disconnect() frees the handle only.
 ALLOCD_EXPORT allocd_client* allocd_interpose_session(int device) {
   return Interposer::Get().ControlHandle(device);
+}
+
+// For the Python package in a job started by `allocd run` (allocd/
+// _autostart.py): blocks until the first daemon session of this process is
+// connected, which is when PyTorch first asks for memory on a device the
+// daemon serves, and returns that device (as this process numbers it): the
+// one whose allocator the package then tunes. A script that picks its GPU
+// (torch.cuda.set_device) after CUDA starts is tuned on the GPU it uses.
+ALLOCD_EXPORT int allocd_interpose_wait_session() {
+  return Interposer::Get().WaitForFirstSession();
 }
 
 ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {

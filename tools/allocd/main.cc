@@ -69,6 +69,12 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
       "natively; without a daemon the command runs natively with a warning.\n"
       "Memory the daemon has not cached is made by the process itself and\n"
       "counted by the daemon (ALLOCD_CLIENT_CREATES=0: the daemon makes it).\n"
+      "A Python script is tuned as with allocd.enable(), with no `import\n"
+      "allocd`: once it imports torch, the allocd package streams its\n"
+      "allocations to the daemon's autotuner and applies the configs pushed\n"
+      "(allocd's sitecustomize.py first on PYTHONPATH, which runs the\n"
+      "script's own after it; ALLOCD_AUTOSTART=0: off). The allocd package\n"
+      "is the job's Python's, else the one this program came with.\n"
       "  allocd run --job llama -- python train.py");
   run->add_option("--socket", o.socket,
                   "the daemon's socket (default: $ALLOCD_SOCKET, else "

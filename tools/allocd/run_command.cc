@@ -13,26 +13,40 @@ namespace allocd {
 namespace {
 
 constexpr const char* kInterposer = "liballocd_interpose.so";
+// The Python start of a job under `allocd run` (a folder with a
+// sitecustomize.py), in the package and installed beside the interposer.
+constexpr const char* kPythonStart = "_run";
 
 void SetEnv(const char* name, const std::string& value) {
   if (!value.empty()) setenv(name, value.c_str(), /*overwrite=*/1);
 }
 
-}  // namespace
+// `first` then the variable's old value, ':'-separated.
+void Prepend(const char* name, const std::string& first) {
+  std::string value = first;
+  if (const char* existing = std::getenv(name);
+      existing != nullptr && existing[0] != '\0') {
+    value.append(":").append(existing);
+  }
+  setenv(name, value.c_str(), /*overwrite=*/1);
+}
 
-std::string FindInterposer() {
+// The first of $ALLOCD_LIB_DIR/NAME and, next to this program, its
+// installed place (../lib/allocd) and the build tree's that exists; "" if
+// none does.
+std::string FindNextToProgram(const std::string& name) {
   namespace fs = std::filesystem;
   std::vector<fs::path> candidates;
   if (const char* dir = std::getenv("ALLOCD_LIB_DIR")) {
-    candidates.push_back(fs::path(dir) / kInterposer);
+    candidates.push_back(fs::path(dir) / name);
   }
   std::error_code error;
   const fs::path exe = fs::read_symlink("/proc/self/exe", error);
   if (!error) {
     const fs::path bin = exe.parent_path();
-    candidates.push_back(bin / "../lib/allocd" / kInterposer);    // installed
-    candidates.push_back(bin / "../client/interpose" / kInterposer);  // build
-    candidates.push_back(bin / "../python/allocd" / kInterposer);
+    candidates.push_back(bin / "../lib/allocd" / name);       // installed
+    candidates.push_back(bin / "../client/interpose" / name);  // build
+    candidates.push_back(bin / "../python/allocd" / name);
   }
   for (const fs::path& candidate : candidates) {
     if (fs::exists(candidate, error)) {
@@ -40,6 +54,17 @@ std::string FindInterposer() {
     }
   }
   return "";
+}
+
+}  // namespace
+
+std::string FindInterposer() { return FindNextToProgram(kInterposer); }
+
+std::string FindPythonStart() {
+  const std::string file =
+      FindNextToProgram(std::string(kPythonStart) + "/sitecustomize.py");
+  return file.empty() ? ""
+                      : std::filesystem::path(file).parent_path().string();
 }
 
 int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
@@ -52,13 +77,19 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
            "toolkit: set ALLOCD_LIB_DIR to its folder\n";
     return 1;
   }
-  std::string preload = interposer;
-  if (const char* existing = std::getenv("LD_PRELOAD");
-      existing != nullptr && existing[0] != '\0') {
-    preload.append(":").append(existing);
-  }
-  setenv("LD_PRELOAD", preload.c_str(), 1);
+  Prepend("LD_PRELOAD", interposer);
   setenv("ALLOCD_MODE", "transparent", 1);
+  // A Python program is tuned as with allocd.enable(): the package takes
+  // over once it imports torch (ALLOCD_AUTOSTART=0 leaves it to the script).
+  if (const std::string start = FindPythonStart(); start.empty()) {
+    err << "allocd run: allocd's Python start (" << kPythonStart
+        << "/sitecustomize.py) not found next to this program or in "
+           "$ALLOCD_LIB_DIR: a PyTorch script runs on the daemon's memory but "
+           "is tuned only if it calls allocd.enable()\n";
+  } else {
+    Prepend("PYTHONPATH", start);
+    setenv("ALLOCD_AUTOSTART", "1", /*overwrite=*/0);
+  }
   SetEnv("ALLOCD_SOCKET", options.socket);
   SetEnv("ALLOCD_JOB", options.job);
   if (options.read_ahead_ms.has_value()) {

@@ -30,8 +30,10 @@ If no daemon answers, the job goes on with PyTorch's allocator as it is and a
 warning says why, unless ``required=True``.
 """
 
+import functools
 import json
 import os
+import threading
 import warnings
 
 from . import _advisor, _engine, _transparent
@@ -84,6 +86,17 @@ class _State:
 
 
 _state = _State()
+# enable() and advise() check and set _state under it: `allocd run` enables
+# from a thread of its own (_autostart.py) while the job may call them.
+_state_lock = threading.Lock()
+
+
+def _serialised(function):
+    @functools.wraps(function)
+    def serialised(*args, **kwargs):
+        with _state_lock:
+            return function(*args, **kwargs)
+    return serialised
 
 # The modes that replace PyTorch's allocator: each takes (torch, socket, job,
 # config, device, autotune preferences as JSON) and returns what it installed
@@ -94,6 +107,7 @@ _MODES = {"engine": _engine.enable_mode}
 _DEFAULT_MODE = "transparent"
 
 
+@_serialised
 def enable(socket=None, job=None, device=None, required=False, mode=None, period=1.0,
            pinned_keys=(), autotune_mode=None, record_events=True):
     """Managed mode: the job's GPU memory comes from the node's allocd daemon.
@@ -198,6 +212,7 @@ def _enable_transparent(socket, job, device, required, period, autotune, record_
     return True
 
 
+@_serialised
 def advise(socket=None, job=None, device=None, period=1.0, required=False,
            record_events=True, pinned_keys=(), autotune_mode=None):
     """Connects this job to the allocd daemon in advisor mode.
