@@ -60,7 +60,8 @@ expected=(./usr/bin/allocd ./usr/bin/allocctl "$py/__init__.py" "$py/_engine.py"
   "$py/_tracker.py" "$py/_trace_tracker.cpp" "$py/liballocd_client.so"
   ./usr/lib/systemd/system/allocd.service ./etc/default/allocd ./etc/allocd/config.json)
 if [[ "$WITH_CUDA" == 1 ]]; then
-  expected+=("$py/liballocd_torch.so" ./usr/lib/allocd/liballocd_interpose.so)
+  expected+=("$py/liballocd_torch.so" ./usr/lib/allocd/liballocd_interpose.so
+    ./usr/lib/allocd/_run/sitecustomize.py "$py/_run/sitecustomize.py")
 fi
 for path in "${expected[@]}"; do
   grep -q " $path\$" "$WORK/contents.txt" || fail "the package lacks $path"
