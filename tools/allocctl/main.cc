@@ -381,8 +381,8 @@ int main(int argc, char** argv) {
   // --socket and --json also after the subcommand: `allocctl sessions --json`.
   app.fallthrough();
   app.footer(absl::StrCat(
-      "Global flags, before or after the subcommand: --socket PATH, "
-      "--admin-socket PATH, --json.\n\n",
+      "Global flags, before or after the subcommand: --socket PATH, --json, "
+      "--admin-socket PATH.\n\n",
       ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n")));
   app.add_option("--admin-socket", o.admin_socket,
                  "the daemon's admin socket, when not SOCKET.admin (allocd "
