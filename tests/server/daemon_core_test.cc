@@ -88,13 +88,15 @@ class DaemonCoreObserverTest : public DaemonCoreTest {
 };
 
 TEST_F(DaemonCoreObserverTest, ReportsWhatSessionsSayAndNothingElse) {
-  const SessionId id = Register().session_id();
+  const v1::RegisterResponse registered = Register();
+  const SessionId id = registered.session_id();
   ASSERT_EQ(observer_.started.size(), 1u);
   EXPECT_EQ(observer_.started[0].config, "max_split_size_mb:64");
   EXPECT_EQ(observer_.started[0].pinned, 1);
 
   v1::TelemetryReport events;
   events.set_session_id(id);
+  events.set_session_secret(registered.session_secret());
   for (int i = 0; i < 3; ++i) {
     events.mutable_events()->add_ops(i);
     events.mutable_events()->add_sizes(512);
@@ -125,6 +127,7 @@ TEST_F(DaemonCoreObserverTest, ReportsWhatSessionsSayAndNothingElse) {
   EXPECT_EQ(core_.GetConfig("llama").config().version(), 0u);
   v1::ConfigAck ack;
   ack.set_session_id(id);
+  ack.set_session_secret(registered.session_secret());
   ack.set_version(*pushed);
   ack.set_applied(true);
   ASSERT_TRUE(core_.AckConfig(kPeer, ack).ok());
@@ -132,6 +135,7 @@ TEST_F(DaemonCoreObserverTest, ReportsWhatSessionsSayAndNothingElse) {
 
   v1::OomReport oom;
   oom.set_session_id(id);
+  oom.set_session_secret(registered.session_secret());
   oom.set_requested_bytes(1 << 20);
   oom.set_config_version(*pushed);
   absl::StatusOr<v1::OomResponse> oomed = core_.ReportOom(kPeer, oom);
@@ -159,7 +163,8 @@ TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain
   EXPECT_EQ(observer_.started[0].config, "expandable_segments:True");
   EXPECT_NE(r.current_config_version(), 0u);
   EXPECT_EQ(observer_.started[0].version, r.current_config_version());
-  std::shared_ptr<Session> session = core_.Watch(kPeer, r.session_id()).value();
+  std::shared_ptr<Session> session =
+      core_.Watch(kPeer, r.session_id(), r.session_secret()).value();
   v1::ControlMessage message;
   EXPECT_FALSE(session->WaitNext(&message, absl::ZeroDuration()));
   EXPECT_EQ(session->Current().config, "expandable_segments:True");
@@ -189,9 +194,11 @@ TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
   });
   // Each session is checked, then ended, a few registrations later (a
   // racing push lands by then): a set pushes to the open sessions only.
-  std::deque<SessionId> open;
-  auto check_and_end = [&](SessionId id) {
-    std::shared_ptr<Session> session = core_.Watch(peer, id).value();
+  std::deque<v1::RegisterResponse> open;
+  auto check_and_end = [&](const v1::RegisterResponse& registered) {
+    const SessionId id = registered.session_id();
+    std::shared_ptr<Session> session =
+        core_.Watch(peer, id, registered.session_secret()).value();
     std::set<uint64_t> versions;
     v1::ControlMessage m;
     while (session->WaitNext(&m, absl::ZeroDuration())) {
@@ -204,7 +211,7 @@ TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
   for (int i = 0; i < 400; ++i) {
     absl::StatusOr<v1::RegisterResponse> r = core_.Register(peer, hello);
     ASSERT_TRUE(r.ok()) << r.status();
-    open.push_back(r->session_id());
+    open.push_back(*r);
     if (open.size() > 4) {
       check_and_end(open.front());
       open.pop_front();
@@ -212,7 +219,7 @@ TEST_F(DaemonCoreTest, ASessionRegisteringDuringASetIsPushedItOnce) {
   }
   registering = false;
   setter.join();
-  for (SessionId id : open) check_and_end(id);
+  for (const v1::RegisterResponse& r : open) check_and_end(r);
 }
 
 // What the lease's thread serves: a grant at once, or nullopt with nothing
@@ -227,6 +234,7 @@ TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
   EXPECT_TRUE(holder->lease_acquires());
   v1::AcquireChunksRequest r;
   r.set_session_id(holder->session_id());
+  r.set_session_secret(holder->session_secret());
   r.set_bytes(uint64_t{768} << 20);
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> now =
       core_.AcquireChunksNow(peer, r);
@@ -236,6 +244,7 @@ TEST_F(DaemonCoreTest, AnAcquireThatWouldWaitGrantsNothingAndSaysSo) {
 
   // 512 MiB more is short by 256: another session would have to give back.
   r.set_session_id(asker->session_id());
+  r.set_session_secret(asker->session_secret());
   r.set_bytes(uint64_t{512} << 20);
   now = core_.AcquireChunksNow(peer, r);
   ASSERT_TRUE(now.ok()) << now.status();
@@ -262,6 +271,7 @@ TEST_F(DaemonCoreTest, AReadAheadTakesCachedGrantsLeavingThePoolAsMuchAgainFree)
   ASSERT_TRUE(session.ok());
   v1::AcquireChunksRequest r;
   r.set_session_id(session->session_id());
+  r.set_session_secret(session->session_secret());
   r.set_read_ahead(true);
   r.set_count(8);
   r.set_bytes(128 * kMiB);
@@ -282,6 +292,7 @@ TEST_F(DaemonCoreTest, AReadAheadTakesCachedGrantsLeavingThePoolAsMuchAgainFree)
   ASSERT_TRUE(held.ok() && held->has_value());
   v1::ReleaseChunksRequest release;
   release.set_session_id(session->session_id());
+  release.set_session_secret(session->session_secret());
   *release.mutable_chunk_ids() = (*held)->chunk_ids();
   ASSERT_TRUE(core_.ReleaseChunks(peer, release).ok());
   const uint64_t created = pool_.Stats().chunks_created_total;
