@@ -240,7 +240,10 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "stream under candidate configs and show the better one "
                     "(allocctl autotune history), push nothing (default); apply: "
                     "push it, to one session first, rolling back on a NACK, an "
-                    "OOM or a peak worse than predicted")
+                    "OOM, or when the steps after the push reserve more than a "
+                    "replay of staying on those same events and a rollback is "
+                    "predicted to leave the job lower; a push kept is learned "
+                    "for the job's next run (--state-dir)")
       ->check(CLI::IsMember({"off", "recommend", "apply"}));
   serve->add_option("--autotune-threads", a.threads,
                     "threads replaying windows (default 1)")
