@@ -14,6 +14,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "ipc/unix_socket.h"
+#include "server/admin_socket.h"
 #include "server/config_watcher.h"
 #include "server/autotune/learned_configs.h"
 #include "server/daemon_autotune.h"
@@ -356,12 +357,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   parts->options.backend = backend;
   parts->options.capacity = parts->pools.min_capacity();
   const std::string fd_socket = o.socket + ".fds";
+  if (parts->options.admin_socket.empty()) {
+    parts->options.admin_socket = o.socket + ".admin";
+  }
+  std::optional<gid_t> admin_gid;
+  if (!o.admin_group.empty()) {
+    absl::StatusOr<gid_t> gid = ResolveAdminGroup(o.admin_group);
+    if (!gid.ok()) return gid.status();
+    admin_gid = *gid;
+  }
   parts->core = std::make_unique<DaemonCore>(
       DaemonCoreOptions{.backend = backend,
                         .fd_socket = fd_socket,
                         .lease_grace = o.lease_grace,
                         .reclaim_wait = o.reclaim_wait,
+                        .tenancy = o.tenancy,
                         .admin_uids = o.admin_uids,
+                        .admin_gid = admin_gid,
+                        .session_limits = o.session_limits,
                         .trim = o.trim,
                         .sessions_file = o.socket + ".sessions",
                         .adopt_window = o.adopt_window,
@@ -373,6 +386,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   parts->learned = *std::move(learned);
   AutotuneOptions autotune = o.autotune;
   if (autotune.capacity == 0) autotune.capacity = o.capacity;
+  autotune.memory = {
+      .total = o.autotune_memory,
+      .per_tenant = o.autotune_memory_per_tenant.value_or(
+          o.tenancy == Tenancy::kNode ? o.autotune_memory
+                                      : o.autotune_memory / 4),
+      .log = [](const std::string& line) { LogError(line); }};
   parts->autotune = std::make_unique<DaemonAutotune>(
       std::move(autotune), parts->core.get(), &parts->metrics,
       parts->learned.get());
@@ -394,7 +413,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       parts->core.get(), &parts->peers, &parts->metrics);
   parts->admin_service = std::make_unique<AdminService>(
       parts->core.get(), parts->autotune.get(), &parts->peers,
-      &parts->metrics);
+      &parts->metrics, o.admin_socket);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -407,27 +426,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 
   absl::StatusOr<std::unique_ptr<SideChannel>> side =
       SideChannel::Start(fd_socket, 0660, parts->core.get(),
-                         &parts->metrics);
+                         &parts->metrics, o.connections);
   if (!side.ok()) return side.status();
   parts->side = std::move(*side);
   struct Listen {
     const std::string& path;
     mode_t mode;
+    bool admin;
   };
-  for (const Listen& l :
-       {Listen{o.socket, 0660}, Listen{o.admin_socket, 0600}}) {
-    if (l.path.empty()) continue;
+  for (const Listen& l : {Listen{o.socket, 0660, false},
+                          Listen{o.admin_socket, 0600, true}}) {
     absl::StatusOr<std::unique_ptr<GrpcAcceptor>> acceptor =
-        GrpcAcceptor::Start(l.path, l.mode, parts->server.get(),
+        GrpcAcceptor::Start(l.path, l.mode, l.admin, parts->server.get(),
                             &parts->peers);
     if (!acceptor.ok()) return acceptor.status();
     parts->acceptors.push_back(std::move(*acceptor));
   }
+  if (absl::Status s =
+          OpenAdminSocketTo(o.admin_socket, o.admin_uids, admin_gid);
+      !s.ok()) {
+    return s;
+  }
   parts->server->GetHealthCheckService()->SetServingStatus(true);
   LogInfo(absl::StrCat(
-      "serving on ", o.socket,
-      o.admin_socket.empty() ? "" : absl::StrCat(" (admin ", o.admin_socket, ")"),
-      ", backend ", backend, ", ", parts->pools.size(), " device(s), capacity ",
+      "serving on ", o.socket, " (admin ", o.admin_socket, "), tenancy ",
+      TenancyName(o.tenancy), ", backend ", backend, ", ", parts->pools.size(), " device(s), capacity ",
       CapacitySummary(parts->pools),
       ", autotune ", AutotuneModeName(o.autotune.default_policy.mode),
       o.metrics_address.empty()

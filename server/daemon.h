@@ -14,7 +14,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/pool/node_pool.h"
+#include "server/admission.h"
 #include "server/autotune/autotuner.h"
+#include "server/session_limits.h"
+#include "server/tenant.h"
 
 namespace allocd {
 
@@ -23,8 +26,15 @@ inline constexpr char kDefaultStateDir[] = "/var/lib/allocd";
 struct DaemonOptions {
   // Clients' gRPC socket (mode 0660); the side socket is `socket` + ".fds".
   std::string socket = "/run/allocd/allocd.sock";
-  // Optional second gRPC socket for admins (mode 0600).
+  // The gRPC socket of the Admin service (allocctl), mode 0600, widened by
+  // admin_group and admin_uids; the clients' socket refuses Admin calls.
+  // Empty: `socket` + ".admin".
   std::string admin_socket;
+  // What a tenant is (server/tenant.h): uid, pod or node.
+  Tenancy tenancy = Tenancy::kUid;
+  // A group (name or gid) whose members may administer, through the admin
+  // socket (given to the group, mode 0660); empty: none.
+  std::string admin_group;
   // host:port for /metrics; empty: no exposer.
   std::string metrics_address = "127.0.0.1:9464";
   // "auto": every GPU the CUDA driver sees (cuda), else sim with a notice
@@ -71,6 +81,19 @@ struct DaemonOptions {
   // is the pool's: a candidate that would not fit the node is never
   // proposed.
   AutotuneOptions autotune;
+  // Limits, with protective defaults, so that no peer can stall or bloat
+  // the daemon. Sessions and registrations waiting for their lease per
+  // tenant and in total (DaemonCoreOptions::session_limits);
+  SessionLimitsOptions session_limits = kDefaultSessionLimits;
+  // side-socket connections per tenant and in total: a lease per session,
+  // and as many again in flight (SideChannel);
+  AdmissionLimits connections = {.per_tenant = 2048, .total = 8192};
+  // what the autotuner's windows hold, in total, well inside the
+  // DaemonSet's 1 GiB memory limit beside the daemon's own ~50 MB and a
+  // decision's copy of one window, and per tenant (nullopt: a quarter of
+  // the total, or all of it under --tenancy node, one tenant).
+  uint64_t autotune_memory = uint64_t{256} << 20;
+  std::optional<uint64_t> autotune_memory_per_tenant;
 };
 
 class Daemon {

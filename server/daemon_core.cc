@@ -91,10 +91,13 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     if (!current.ok()) return current.status();
     current_config = *std::move(current);
   }
+  absl::StatusOr<TenantId> tenant = access_.TenantOf(peer);
+  if (!tenant.ok()) return tenant.status();
   absl::ReleasableMutexLock fanout(&config_pusher_.fanout_mu());
   std::shared_ptr<Session> session = sessions_.Create(
       {.pid = peer.pid,
        .uid = peer.uid,
+       .tenant = *tenant,
        .job = r.job(),
        .device = r.device(),
        .node_device = device.index,
@@ -102,9 +105,17 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
        .client = r.client(),
        .initial_config = *std::move(initial),
        .registered_at = absl::Now()});
-  if (absl::Status s =
-          device.pool->AddSession(session->id(), peer.uid, peer.pid);
+  if (absl::Status s = session_limits_.Admit(
+          session->id(), *tenant,
+          absl::StrCat("pid ", peer.pid, ", uid ", peer.uid));
       !s.ok()) {
+    sessions_.Remove(session->id());
+    return s;
+  }
+  if (absl::Status s =
+          device.pool->AddSession(session->id(), peer.uid, peer.pid, *tenant);
+      !s.ok()) {
+    session_limits_.Ended(session->id());
     sessions_.Remove(session->id());
     return s;
   }
@@ -122,7 +133,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
       std::accumulate(working_set.begin(), working_set.end(), uint64_t{0});
   LogInfo(absl::StrCat(
       "session ", session->id(), " registered: pid ", peer.pid, ", uid ",
-      peer.uid, ", job \"", r.job(), "\", device ", device.index, " (",
+      peer.uid, ", tenant ", *tenant, ", job \"", r.job(), "\", device ", device.index, " (",
       device.uuid, ", the client's ", r.device(), "), ", r.client(),
       working_set.empty()
           ? ""
@@ -132,6 +143,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
 
   v1::RegisterResponse response;
   response.set_session_id(session->id());
+  response.set_session_secret(session->secret());
   response.set_chunk_bytes(device.pool->chunk_bytes());
   response.set_fd_socket(options_.fd_socket);
   response.set_backend(options_.backend);
@@ -173,7 +185,7 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
     const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
     bool may_wait) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   if (absl::Status s = CheckAcquireBytes(r.bytes(), options_.max_acquire_bytes);
       !s.ok()) {
@@ -242,7 +254,7 @@ uint64_t DaemonCore::AbandonGrant(absl::string_view claim_token,
 absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
     const PeerCredentials& peer, const v1::ReleaseChunksRequest& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   if (absl::Status s = CheckReleaseIds(r.chunk_ids_size()); !s.ok()) return s;
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
@@ -257,10 +269,11 @@ absl::StatusOr<v1::ReleaseChunksResponse> DaemonCore::ReleaseChunks(
 }
 
 absl::Status DaemonCore::GiveMemory(const PeerCredentials& peer, SessionId id,
+                                    absl::string_view secret,
                                     absl::Span<const uint64_t> chunk_ids,
                                     std::vector<UniqueFd> fds) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, id);
+      access_.OwnedSession(peer, id, secret);
   if (!session.ok()) return session.status();
   return PoolOf(**session).GiveMemory(id, chunk_ids, std::move(fds));
 }
@@ -268,7 +281,7 @@ absl::Status DaemonCore::GiveMemory(const PeerCredentials& peer, SessionId id,
 absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
     const PeerCredentials& peer, const v1::ShareChunksRequest& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   if (absl::Status s = CheckShareIds(r.chunk_ids_size()); !s.ok()) return s;
   std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
@@ -283,7 +296,7 @@ absl::StatusOr<v1::ShareChunksResponse> DaemonCore::ShareChunks(
 absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::OpenShare(
     const PeerCredentials& peer, const v1::OpenShareRequest& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   // Shares stay on their GPU: the token is only known to the pool of the
   // session that made it.
@@ -296,7 +309,7 @@ absl::StatusOr<v1::AcquireChunksResponse> DaemonCore::OpenShare(
 absl::StatusOr<v1::CloseShareResponse> DaemonCore::CloseShare(
     const PeerCredentials& peer, const v1::CloseShareRequest& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   if (absl::Status s =
           PoolOf(**session).CloseShare(r.session_id(), r.share_token());
@@ -311,7 +324,7 @@ absl::StatusOr<v1::CloseShareResponse> DaemonCore::CloseShare(
 absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
                                    const v1::TelemetryReport& r) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!session.ok()) return session.status();
   if (absl::Status s = CheckTelemetry(r); !s.ok()) return s;
   if (r.has_working_set()) {
@@ -339,7 +352,7 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
 absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
     const PeerCredentials& peer, const v1::OomReport& r) {
   absl::StatusOr<std::shared_ptr<Session>> found =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!found.ok()) return found.status();
   if (absl::Status s = CheckOomMessage(r.message()); !s.ok()) return s;
   Session& session = **found;
@@ -355,7 +368,7 @@ absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(
 absl::Status DaemonCore::AckConfig(const PeerCredentials& peer,
                                    const v1::ConfigAck& r) {
   absl::StatusOr<std::shared_ptr<Session>> found =
-      access_.OwnedSession(peer, r.session_id());
+      access_.OwnedSession(peer, r.session_id(), r.session_secret());
   if (!found.ok()) return found.status();
   if (absl::Status s = config_pusher_.Ack(**found, r); !s.ok()) return s;
   if (observer_ != nullptr) {
@@ -365,27 +378,29 @@ absl::Status DaemonCore::AckConfig(const PeerCredentials& peer,
 }
 
 absl::StatusOr<std::shared_ptr<Session>> DaemonCore::Watch(
-    const PeerCredentials& peer, SessionId id) {
-  return access_.OwnedSession(peer, id);
+    const PeerCredentials& peer, SessionId id, absl::string_view secret) {
+  return access_.OwnedSession(peer, id, secret);
 }
 
-absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id) {
+absl::Status DaemonCore::Lease(const PeerCredentials& peer, SessionId id,
+                               absl::string_view secret) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, id);
+      access_.OwnedSession(peer, id, secret);
   if (!session.ok()) return session.status();
   if ((*session)->leased()) {
     return absl::AlreadyExistsError(
         absl::StrCat("session ", id, " already has a lease"));
   }
   (*session)->MarkLeased();
+  session_limits_.Leased(id);
   return absl::OkStatus();
 }
 
 absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
-    const PeerCredentials& peer, SessionId id,
+    const PeerCredentials& peer, SessionId id, absl::string_view secret,
     std::vector<DeclaredChunk> chunks, bool last) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      access_.OwnedSession(peer, id);
+      access_.OwnedSession(peer, id, secret);
   if (!session.ok()) return session.status();
   const size_t declared = chunks.size();
   // The session's own device: its chunks came from that GPU's pool.
@@ -440,6 +455,7 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   }
   std::shared_ptr<Session> session = sessions_.Remove(id);
   if (session == nullptr) return;
+  session_limits_.Ended(id);
   session->Close();
   if (observer_ != nullptr) observer_->SessionEnded(id);
   const uint64_t held = PoolOf(*session).EndSession(id);
@@ -447,7 +463,8 @@ void DaemonCore::EndSession(SessionId id, absl::string_view why) {
   metrics_->SessionEnded(id);
   Released(*session);
   LogInfo(absl::StrCat("session ", id, " (pid ", session->identity().pid,
-                       ", job \"", session->identity().job, "\") ended: ",
+                       ", tenant ", session->identity().tenant, ", job \"",
+                       session->identity().job, "\") ended: ",
                        why, "; ", FormatSize(held), " back to the pool"));
 }
 
@@ -564,6 +581,7 @@ v1::ListSessionsResponse DaemonCore::ListSessions() const {
     info->set_session_id(id.id);
     info->set_pid(id.pid);
     info->set_uid(id.uid);
+    info->set_tenant(id.tenant);
     info->set_job(id.job);
     info->set_device(id.device);
     info->set_gpu_uuid(id.gpu_uuid);

@@ -13,10 +13,15 @@
 // WorkingSetStore (an ended session's working set for its job's next).
 //
 // Rules:
-// - a session belongs to the pid/uid that registered it; a call naming a
-//   session from any other pid is PermissionDenied;
+// - a session belongs to the process (pid, uid) that registered it and to
+//   its tenant (SessionAccess, --tenancy), and is proven by the secret
+//   handed at registration; a call naming a session it does not prove is
+//   NotFound, as for a session that never was;
 // - a session that has not opened its lease within `lease_grace` of
 //   registering, or whose lease closed, ends: its chunks return to the pool;
+// - a tenant has at most so many sessions, and so many registered and not
+//   leased yet; the daemon too, over all tenants (SessionLimits): a
+//   registration past a bound is ResourceExhausted, saying which;
 // - when the pool is short, the daemon asks the other sessions to release
 //   cached segments and waits up to `reclaim_wait` before answering
 //   ResourceExhausted;
@@ -57,8 +62,10 @@
 #include "server/restart_adoption.h"
 #include "server/session_access.h"
 #include "server/session_id.h"
+#include "server/session_limits.h"
 #include "server/session_observer.h"
 #include "server/session_registry.h"
+#include "server/tenant.h"
 #include "server/working_set_store.h"
 
 namespace allocd {
@@ -70,10 +77,17 @@ struct DaemonCoreOptions {
   std::string fd_socket;
   absl::Duration lease_grace = absl::Seconds(5);
   absl::Duration reclaim_wait = absl::Seconds(1);
-  // uids allowed to call the Admin service besides root and the daemon's.
+  // What a tenant is (server/tenant.h).
+  Tenancy tenancy = Tenancy::kUid;
+  // uids allowed to call the Admin service besides root and the daemon's,
+  // and a group whose members may.
   std::vector<uid_t> admin_uids;
+  std::optional<gid_t> admin_gid;
   // Largest single AcquireChunks.
   uint64_t max_acquire_bytes = uint64_t{1} << 40;
+  // Sessions, and registrations waiting for their lease, per tenant and in
+  // total.
+  SessionLimitsOptions session_limits = kDefaultSessionLimits;
   // When cached chunks go back to the device (TrimIdle).
   TrimPolicy trim;
   // Where the pids of live sessions are kept for the next daemon (see
@@ -128,9 +142,11 @@ class DaemonCore {
   absl::StatusOr<v1::OomResponse> ReportOom(const PeerCredentials& peer,
                                             const v1::OomReport& r);
   absl::Status AckConfig(const PeerCredentials& peer, const v1::ConfigAck& r);
-  // The session a WatchConfig stream serves (checked against `peer`).
+  // The session a WatchConfig stream serves (proven by `peer` and
+  // `secret`).
   absl::StatusOr<std::shared_ptr<Session>> Watch(const PeerCredentials& peer,
-                                                 SessionId id);
+                                                 SessionId id,
+                                                 absl::string_view secret);
 
   // Gives back a grant nobody will claim: its client gave up on its
   // AcquireChunks before the answer reached it (deadline, cancellation), or
@@ -139,17 +155,26 @@ class DaemonCore {
   uint64_t AbandonGrant(absl::string_view claim_token, absl::string_view why);
 
   // --- side socket
-  absl::Status Lease(const PeerCredentials& peer, SessionId id);
+  // The tenant `peer` belongs to (SessionAccess::TenantOf and its errors).
+  absl::StatusOr<TenantId> TenantOf(const PeerCredentials& peer) const {
+    return access_.TenantOf(peer);
+  }
+  // Every call naming a session proves it with its `secret`, as the gRPC
+  // requests' session_secret does.
+  absl::Status Lease(const PeerCredentials& peer, SessionId id,
+                     absl::string_view secret);
   // A reconnecting session's chunks from the daemon before (a frame of its
   // SideRequest.declare; `last`: its declaration is complete). Refusals
-  // are logged; NotFound/PermissionDenied as for any call on the session.
+  // are logged; NotFound as for any call on the session.
   absl::StatusOr<AdoptOutcome> DeclareChunks(const PeerCredentials& peer,
                                              SessionId id,
+                                             absl::string_view secret,
                                              std::vector<DeclaredChunk> chunks,
                                              bool last);
   // The memory of chunks session `id` made itself (one FD each, in order),
   // for its pool to hold: NodePool::GiveMemory, and its errors.
   absl::Status GiveMemory(const PeerCredentials& peer, SessionId id,
+                          absl::string_view secret,
                           absl::Span<const uint64_t> chunk_ids,
                           std::vector<UniqueFd> fds);
   // The FDs of a grant, for SCM_RIGHTS, in batches (NodePool::Claim).
@@ -234,8 +259,12 @@ class DaemonCore {
   Metrics* const metrics_;
   const absl::Time started_ = absl::Now();
   SessionRegistry sessions_;
+  SessionLimits session_limits_{options_.session_limits};
   SessionObserver* observer_ = nullptr;
-  SessionAccess access_{&sessions_, options_.admin_uids};
+  SessionAccess access_{&sessions_,
+                        {.tenancy = options_.tenancy,
+                         .admin_uids = options_.admin_uids,
+                         .admin_gid = options_.admin_gid}};
   Quotas quotas_{pools_, &sessions_};
   ConfigPusher config_pusher_{&sessions_, metrics_};
   Reclaimer reclaimer_{&sessions_, metrics_, options_.reclaim_wait};

@@ -30,10 +30,13 @@ namespace {
 // takes (65,536 varints of up to 10 bytes); a lease, a claim token, an
 // acquire or a declaration (up to kMaxFdsPerMessage chunks) are far less.
 // A frame over it closes the connection, which ends a lease's session.
-// A client must send a whole frame within this once it started one.
-constexpr absl::Duration kFrameTimeout = absl::Seconds(1);
-// How often the side channel looks for sessions that never leased.
-constexpr int kExpiryPollMs = 250;
+//
+// A client writes each frame whole: one that started a frame and has not
+// finished it within this is closed. Meanwhile the loop serves the others.
+constexpr absl::Duration kFrameDeadline = absl::Seconds(2);
+// How often the side channel looks for sessions that never leased, and
+// for stalled frames.
+constexpr absl::Duration kTickPeriod = absl::Milliseconds(250);
 
 }  // namespace
 
@@ -47,17 +50,19 @@ void WakeFd::Wake() {
 // ----------------------------------------------------------- GrpcAcceptor
 
 absl::StatusOr<std::unique_ptr<GrpcAcceptor>> GrpcAcceptor::Start(
-    const std::string& path, mode_t mode, grpc::Server* server,
-    PeerTable* peers) {
+    const std::string& path, mode_t mode, bool admin_socket,
+    grpc::Server* server, PeerTable* peers) {
   absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
   if (!listener.ok()) return listener.status();
-  return std::unique_ptr<GrpcAcceptor>(
-      new GrpcAcceptor(path, std::move(*listener), server, peers));
+  return std::unique_ptr<GrpcAcceptor>(new GrpcAcceptor(
+      path, admin_socket, std::move(*listener), server, peers));
 }
 
-GrpcAcceptor::GrpcAcceptor(std::string path, UniqueFd listener,
-                           grpc::Server* server, PeerTable* peers)
+GrpcAcceptor::GrpcAcceptor(std::string path, bool admin_socket,
+                           UniqueFd listener, grpc::Server* server,
+                           PeerTable* peers)
     : path_(std::move(path)),
+      admin_socket_(admin_socket),
       listener_(std::move(listener)),
       server_(server),
       peers_(peers),
@@ -93,7 +98,7 @@ void GrpcAcceptor::Loop() {
     // gRPC's event engine expects a non-blocking socket.
     const int fd = connection->get();
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    peers_->Add(fd, *peer);
+    peers_->Add(fd, *peer, admin_socket_);
     grpc::AddInsecureChannelFromFd(server_, connection->release());
   }
 }
@@ -101,20 +106,23 @@ void GrpcAcceptor::Loop() {
 // ------------------------------------------------------------ SideChannel
 
 absl::StatusOr<std::unique_ptr<SideChannel>> SideChannel::Start(
-    const std::string& path, mode_t mode, DaemonCore* core,
-    Metrics* metrics) {
+    const std::string& path, mode_t mode, DaemonCore* core, Metrics* metrics,
+    AdmissionLimits connections) {
   absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
   if (!listener.ok()) return listener.status();
-  return std::unique_ptr<SideChannel>(
-      new SideChannel(path, std::move(*listener), core, metrics));
+  return std::unique_ptr<SideChannel>(new SideChannel(
+      path, std::move(*listener), core, metrics, connections));
 }
 
 SideChannel::SideChannel(std::string path, UniqueFd listener,
-                         DaemonCore* core, Metrics* metrics)
+                         DaemonCore* core, Metrics* metrics,
+                         AdmissionLimits connections)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       core_(core),
       metrics_(metrics),
+      connections_("side-socket connection", "--max-connections-per-tenant",
+                   "--max-connections", connections),
       thread_([this] { Loop(); }) {}
 
 SideChannel::~SideChannel() {
@@ -130,6 +138,22 @@ struct SideConnection {
   PeerCredentials peer;
   // The session this connection is the lease of; 0 for none.
   SessionId lease = 0;
+  // The secret the lease proved it with, for the requests on the lease.
+  std::string secret;
+  TenantId tenant;
+  FrameAssembler input{kMaxSideMessageBytes};
+  // When `input` began its partial frame.
+  absl::Time frame_began = absl::InfiniteFuture();
+  // The answers the peer has not read yet. While there are some, its next
+  // request waits: one peer's unread answers never pile up.
+  FrameQueue output;
+
+  // Queues `response`; false when the connection should close.
+  bool Answer(const v1::SideResponse& response,
+              std::vector<UniqueFd> fds = {}) {
+    return output.Send(fd.get(), response.SerializeAsString(), std::move(fds))
+        .ok();
+  }
 };
 
 v1::SideResponse ErrorResponse(const absl::Status& status) {
@@ -170,7 +194,8 @@ absl::StatusOr<v1::SideResponse> Declare(DaemonCore& core,
     if (!fds.empty()) chunks[i].fd = std::move(fds[i]);
   }
   absl::StatusOr<AdoptOutcome> outcome =
-      core.DeclareChunks(c.peer, c.lease, std::move(chunks), !declare.more());
+      core.DeclareChunks(c.peer, c.lease, c.secret, std::move(chunks),
+                         !declare.more());
   if (!outcome.ok()) return outcome.status();
   v1::SideResponse response;
   for (uint64_t id : outcome->adopted) response.add_adopted_chunk_ids(id);
@@ -185,6 +210,7 @@ absl::StatusOr<v1::SideResponse> Declare(DaemonCore& core,
 template <typename Request>
 Request ForLease(const SideConnection& c, Request request) {
   request.set_session_id(c.lease);
+  request.set_session_secret(c.secret);
   return request;
 }
 
@@ -192,7 +218,7 @@ Request ForLease(const SideConnection& c, Request request) {
 // carries at most kMaxFdsPerMessage FDs), the first frame starting from
 // `first`; or why not (then `*claimed`, when given, says it). False when
 // the connection should close.
-bool SendClaim(DaemonCore& core, const SideConnection& c,
+bool SendClaim(DaemonCore& core, SideConnection& c,
                const std::string& token, v1::SideResponse first,
                absl::Status* claimed_status = nullptr) {
   bool connection_ok = true;
@@ -203,32 +229,29 @@ bool SendClaim(DaemonCore& core, const SideConnection& c,
         v1::SideResponse response;
         if (first_frame) response = std::move(first);
         first_frame = false;
-        std::vector<int> fds;
-        for (const ChunkFd& chunk : batch) {
+        std::vector<UniqueFd> fds;
+        for (ChunkFd& chunk : batch) {
           response.add_chunk_ids(chunk.id);
           response.add_offsets(chunk.offset);
           response.add_sizes(chunk.bytes);
-          fds.push_back(chunk.fd.get());
+          fds.push_back(std::move(chunk.fd));
         }
         response.set_more(!last);
-        absl::Status sent =
-            SendMessage(c.fd.get(), response.SerializeAsString(), fds);
+        absl::Status sent = c.output.Send(
+            c.fd.get(), response.SerializeAsString(), std::move(fds));
         connection_ok = sent.ok();
         return sent;
       });
   if (claimed_status != nullptr) *claimed_status = claimed;
   if (!connection_ok) return false;
-  if (!claimed.ok()) {
-    return SendMessage(c.fd.get(), ErrorResponse(claimed).SerializeAsString())
-        .ok();
-  }
+  if (!claimed.ok()) return c.Answer(ErrorResponse(claimed));
   return true;
 }
 
 // An acquire on the lease: granted and claimed in one answer, or
 // would_wait; `*ok` says whether it was not refused. False when the
 // connection should close.
-bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
+bool AcquireOnLease(DaemonCore& core, SideConnection& c,
                     const v1::AcquireChunksRequest& request, bool* ok) {
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> grant =
       c.lease == 0 ? absl::FailedPreconditionError(
@@ -239,7 +262,7 @@ bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
     v1::SideResponse response = grant.ok() ? v1::SideResponse()
                                            : ErrorResponse(grant.status());
     response.set_would_wait(grant.ok());
-    return SendMessage(c.fd.get(), response.SerializeAsString()).ok();
+    return c.Answer(response);
   }
   const std::string& token = (*grant)->claim_token();
   v1::SideResponse first;
@@ -256,27 +279,22 @@ bool AcquireOnLease(DaemonCore& core, const SideConnection& c,
     // Some frames went out before it failed (the token is used): the
     // client drops what it got, so the session must not keep the chunks.
     v1::ReleaseChunksRequest release;
-    release.set_session_id(c.lease);
     *release.mutable_chunk_ids() = (*grant)->chunk_ids();
-    (void)core.ReleaseChunks(c.peer, release);
+    (void)core.ReleaseChunks(c.peer, ForLease(c, release));
   }
   return connection_ok;
 }
 
-// Answers one request. False when the connection should close.
-bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
-  absl::StatusOr<ReceivedMessage> frame =
-      ReceiveMessage(c.fd.get(), kMaxSideMessageBytes, kFrameTimeout);
-  if (!frame.ok()) return false;  // EOF, garbage or a stalled frame
+// Answers the request in `frame`. False when the connection should close.
+bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c,
+           ReceivedMessage frame) {
   v1::SideRequest request;
-  if (!request.ParseFromString(frame->payload) ||
-      (!frame->fds.empty() &&
+  if (!request.ParseFromString(frame.payload) ||
+      (!frame.fds.empty() &&
        request.request_case() != v1::SideRequest::kDeclare &&
        request.request_case() != v1::SideRequest::kGiveMemory)) {
-    (void)SendMessage(c.fd.get(),
-                      ErrorResponse(absl::InvalidArgumentError(
-                                        "malformed side-socket request"))
-                          .SerializeAsString());
+    (void)c.Answer(ErrorResponse(
+        absl::InvalidArgumentError("malformed side-socket request")));
     return false;
   }
   switch (request.request_case()) {
@@ -284,11 +302,13 @@ bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
       absl::Status s = c.lease != 0
                            ? absl::AlreadyExistsError(
                                  "this connection already holds a lease")
-                           : core.Lease(c.peer, request.lease_session_id());
-      if (s.ok()) c.lease = request.lease_session_id();
-      return SendMessage(c.fd.get(), ErrorResponse(s).SerializeAsString())
-                 .ok() &&
-             s.ok();
+                           : core.Lease(c.peer, request.lease_session_id(),
+                                        request.session_secret());
+      if (s.ok()) {
+        c.lease = request.lease_session_id();
+        c.secret = request.session_secret();
+      }
+      return c.Answer(ErrorResponse(s)) && s.ok();
     }
     case v1::SideRequest::kClaimToken:
       return SendClaim(core, c, request.claim_token(), v1::SideResponse());
@@ -313,8 +333,7 @@ bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
       } else {
         response = ErrorResponse(released.status());
       }
-      const bool open =
-          SendMessage(c.fd.get(), response.SerializeAsString()).ok();
+      const bool open = c.Answer(response);
       metrics.Rpc("ReleaseChunks", absl::ToDoubleSeconds(absl::Now() - start),
                   released.ok());
       return open;
@@ -325,25 +344,19 @@ bool Serve(DaemonCore& core, Metrics& metrics, SideConnection& c) {
           c.lease == 0
               ? absl::FailedPreconditionError(
                     "memory is given on a lease connection, after the lease")
-              : core.GiveMemory(c.peer, c.lease, {ids.data(), static_cast<size_t>(ids.size())},
-                                std::move(frame->fds));
-      return SendMessage(c.fd.get(), ErrorResponse(given).SerializeAsString())
-          .ok();
+              : core.GiveMemory(c.peer, c.lease, c.secret,
+                                {ids.data(), static_cast<size_t>(ids.size())},
+                                std::move(frame.fds));
+      return c.Answer(ErrorResponse(given));
     }
     case v1::SideRequest::kDeclare: {
       absl::StatusOr<v1::SideResponse> answer =
-          Declare(core, c, request.declare(), std::move(frame->fds));
-      return SendMessage(c.fd.get(), answer.ok()
-                                         ? answer->SerializeAsString()
-                                         : ErrorResponse(answer.status())
-                                               .SerializeAsString())
-          .ok();
+          Declare(core, c, request.declare(), std::move(frame.fds));
+      return c.Answer(answer.ok() ? *answer : ErrorResponse(answer.status()));
     }
     default:
-      (void)SendMessage(c.fd.get(),
-                        ErrorResponse(absl::InvalidArgumentError(
-                                          "empty side-socket request"))
-                            .SerializeAsString());
+      (void)c.Answer(ErrorResponse(
+          absl::InvalidArgumentError("empty side-socket request")));
       return false;
   }
 }
@@ -354,50 +367,108 @@ void SideChannel::Loop() {
   std::map<int, SideConnection> connections;
   auto close_connection = [&](std::map<int, SideConnection>::iterator it,
                               absl::string_view why) {
-    if (it->second.lease != 0) {
-      core_->EndSession(it->second.lease, why);
-    }
+    if (it->second.lease != 0) core_->EndSession(it->second.lease, why);
+    connections_.Give(it->second.tenant);
     connections.erase(it);
   };
+  // Takes one connection, unless its tenant or the daemon holds its limit.
+  auto accept = [&] {
+    absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
+    if (!connection.ok()) {
+      LogError(absl::StrCat("accept on ", path_, ": ",
+                            connection.status().message()));
+      return;
+    }
+    absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
+    if (!peer.ok()) return;
+    absl::StatusOr<TenantId> tenant = core_->TenantOf(*peer);
+    absl::Status taken =
+        tenant.ok()
+            ? connections_.Take(*tenant, absl::StrCat("pid ", peer->pid,
+                                                      ", uid ", peer->uid))
+            : tenant.status();
+    if (!taken.ok()) {
+      // Told why before it goes: a fresh socket's buffer takes the frame.
+      FrameQueue refusal;
+      (void)refusal.Send(connection->get(),
+                         ErrorResponse(taken).SerializeAsString());
+      return;
+    }
+    const int fd = connection->get();
+    connections.emplace(fd, SideConnection{.fd = std::move(*connection),
+                                           .peer = *peer,
+                                           .tenant = *std::move(tenant)});
+  };
+  absl::Time next_tick = absl::InfinitePast();
   for (;;) {
+    // A connection with answers unread waits for the peer to read them; the
+    // others for their next request.
     std::vector<pollfd> fds = {{listener_.get(), POLLIN, 0},
                                {stop_.fd(), POLLIN, 0}};
-    for (const auto& [fd, c] : connections) fds.push_back({fd, POLLIN, 0});
-    const int ready = poll(fds.data(), fds.size(), kExpiryPollMs);
+    for (const auto& [fd, c] : connections) {
+      fds.push_back(
+          {fd, static_cast<short>(c.output.pending() ? POLLOUT : POLLIN), 0});
+    }
+    const int ready =
+        poll(fds.data(), fds.size(),
+             static_cast<int>(absl::ToInt64Milliseconds(kTickPeriod)));
     if (ready < 0 && errno != EINTR) {
       LogError(absl::StrCat("poll on ", path_, ": ", strerror(errno)));
       return;
     }
-    core_->ExpireUnleased(absl::Now());
-    core_->TrimIdle();
-    if (ready <= 0) continue;
-    if (fds[1].revents != 0) {
+    if (ready > 0 && fds[1].revents != 0) {
       while (!connections.empty()) {
         close_connection(connections.begin(), "daemon shutting down");
       }
       return;
     }
+    const absl::Time now = absl::Now();
+    if (now >= next_tick) {
+      next_tick = now + kTickPeriod;
+      core_->ExpireUnleased(now);
+      core_->TrimIdle();
+      for (auto it = connections.begin(); it != connections.end();) {
+        auto next = std::next(it);
+        if (now - it->second.frame_began > kFrameDeadline) {
+          LogError(absl::StrCat(
+              "side socket: closing a connection of pid ", it->second.peer.pid,
+              " (", it->second.tenant, "): it sent part of a request and not "
+              "the rest within ", absl::FormatDuration(kFrameDeadline)));
+          close_connection(it, "its lease connection stalled mid-request");
+        }
+        it = next;
+      }
+    }
+    if (ready <= 0) continue;
+    // At most one request per connection per round: a flooding peer waits
+    // its turn like the others.
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = connections.find(fds[i].fd);
-      if (!Serve(*core_, *metrics_, it->second)) {
+      if (it == connections.end()) continue;
+      SideConnection& c = it->second;
+      if (c.output.pending()) {
+        if (!c.output.Flush(c.fd.get()).ok()) {
+          close_connection(it, "lease connection closed");
+        }
+        continue;
+      }
+      absl::StatusOr<std::optional<ReceivedMessage>> frame =
+          c.input.ReadReady(c.fd.get());
+      if (!frame.ok()) {  // EOF, garbage, or over the size limit
+        close_connection(it, "lease connection closed");
+        continue;
+      }
+      if (!frame->has_value()) {
+        if (c.frame_began == absl::InfiniteFuture()) c.frame_began = now;
+        continue;
+      }
+      c.frame_began = absl::InfiniteFuture();
+      if (!Serve(*core_, *metrics_, c, **std::move(frame))) {
         close_connection(it, "lease connection closed");
       }
     }
-    if (fds[0].revents != 0) {
-      absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
-      if (!connection.ok()) continue;
-      absl::StatusOr<PeerCredentials> peer =
-          GetPeerCredentials(connection->get());
-      if (!peer.ok()) continue;
-      // A client that stops reading must not stall the loop.
-      timeval send_timeout{.tv_sec = 1, .tv_usec = 0};
-      setsockopt(connection->get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
-                 sizeof send_timeout);
-      const int fd = connection->get();
-      connections.emplace(
-          fd, SideConnection{.fd = std::move(*connection), .peer = *peer});
-    }
+    if (fds[0].revents != 0) accept();
   }
 }
 

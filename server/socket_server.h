@@ -1,8 +1,9 @@
 // The daemon's own socket loops: both run on one thread each, poll() with a
 // wake-up fd, and stop promptly when asked (no detached threads).
 //
-// GrpcAcceptor: accepts on a gRPC Unix socket, records each connection's
-// SO_PEERCRED in the PeerTable and hands the connection to gRPC.
+// GrpcAcceptor: accepts on a gRPC Unix socket (the clients' or the admin
+// socket), records each connection's SO_PEERCRED and which socket it came
+// in on in the PeerTable, and hands the connection to gRPC.
 //
 // SideChannel: serves the side socket: lease connections (their EOF ends
 // the session at once), chunk FD claims, answered with SCM_RIGHTS, and the
@@ -17,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "ipc/unix_socket.h"
+#include "server/admission.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
 #include "server/peer_table.h"
@@ -40,18 +42,20 @@ class WakeFd {
 
 class GrpcAcceptor {
  public:
-  // Listens on `path` with `mode`. `server` and `peers` outlive this.
+  // Listens on `path` with `mode`; `admin_socket`: its connections may
+  // call the Admin service. `server` and `peers` outlive this.
   static absl::StatusOr<std::unique_ptr<GrpcAcceptor>> Start(
-      const std::string& path, mode_t mode, grpc::Server* server,
-      PeerTable* peers);
+      const std::string& path, mode_t mode, bool admin_socket,
+      grpc::Server* server, PeerTable* peers);
   ~GrpcAcceptor();  // stops and removes the socket file
 
  private:
-  GrpcAcceptor(std::string path, UniqueFd listener, grpc::Server* server,
-               PeerTable* peers);
+  GrpcAcceptor(std::string path, bool admin_socket, UniqueFd listener,
+               grpc::Server* server, PeerTable* peers);
   void Loop();
 
   const std::string path_;
+  const bool admin_socket_;
   UniqueFd listener_;
   grpc::Server* const server_;
   PeerTable* const peers_;
@@ -59,25 +63,34 @@ class GrpcAcceptor {
   std::thread thread_;
 };
 
+// The side socket never waits on one peer: reads and writes never block
+// (FrameAssembler, FrameQueue), a peer that leaves a request half sent is
+// closed after a short deadline while the others are served, one that does
+// not read its answers gets no further request served until it does, and
+// each connection gets at most one request served per round of the loop.
+// Connections are bounded per tenant and in total (`connections`): a peer
+// refused is told why, and the refusal logged.
 class SideChannel {
  public:
   // `metrics` (which outlives the channel) times the acquires and releases
   // served on leases as allocd_rpc_duration_seconds' AcquireChunks and
   // ReleaseChunks, as if they had come over gRPC.
   static absl::StatusOr<std::unique_ptr<SideChannel>> Start(
-      const std::string& path, mode_t mode, DaemonCore* core,
-      Metrics* metrics);
+      const std::string& path, mode_t mode, DaemonCore* core, Metrics* metrics,
+      AdmissionLimits connections);
   ~SideChannel();  // stops, closes every connection, removes the socket
 
  private:
   SideChannel(std::string path, UniqueFd listener, DaemonCore* core,
-              Metrics* metrics);
+              Metrics* metrics, AdmissionLimits connections);
   void Loop();
 
   const std::string path_;
   UniqueFd listener_;
   DaemonCore* const core_;
   Metrics* const metrics_;
+  // Taken by the loop's thread only; locked for its own sake.
+  Admission connections_;
   WakeFd stop_;
   std::thread thread_;
 };

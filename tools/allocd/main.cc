@@ -183,8 +183,18 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "clients' gRPC socket, mode 0660; the FD side socket is "
                     "SOCKET.fds (default /run/allocd/allocd.sock)");
   serve->add_option("--admin-socket", d.admin_socket,
-                    "an extra socket for allocctl, mode 0600 (default: none; "
-                    "allocctl also works on --socket)");
+                    "the socket of the Admin service (allocctl), mode 0600; "
+                    "the clients' socket refuses Admin calls, root's too "
+                    "(default: SOCKET.admin)");
+  serve->add_option("--tenancy", o.tenancy,
+                    "what a tenant is (no memory, job label or session "
+                    "crosses tenants): uid, each Unix user (default); pod, "
+                    "each Kubernetes pod (the daemon's pod needs hostPID: "
+                    "true); node, one trust domain for every process")
+      ->check(CLI::IsMember({"uid", "pod", "node"}));
+  serve->add_option("--admin-group", d.admin_group,
+                    "a group (name or gid) whose members may administer: the "
+                    "admin socket becomes theirs, mode 0660");
   serve->add_option("--metrics-addr", d.metrics_address,
                     "HOST:PORT for Prometheus /metrics (default "
                     "127.0.0.1:9464; '' disables)");
@@ -233,7 +243,8 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "a sim daemon; '' keeps them in memory only");
   serve->add_option("--admin-uid", admin_uids,
                     "uids allowed to administer besides root and the "
-                    "daemon's own (repeatable)");
+                    "daemon's own, through a POSIX ACL on the admin socket "
+                    "(repeatable)");
   allocd::AutotuneOptions& a = d.autotune;
   serve->add_option("--autotune", o.autotune_mode,
                     "off: no autotuning; recommend: replay each job's allocation "
@@ -265,6 +276,39 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "propose a config only if it saves at least this fraction "
                     "of the predicted peak reserved (default 0.05)")
       ->check(CLI::Range(0.0, 1.0));
+  serve->add_option("--autotune-memory", o.autotune_memory,
+                    "most memory the autotuner's windows hold together; a "
+                    "window past it, or past its tenant's share, keeps its "
+                    "newest events only, or stops recording (logged) "
+                    "(default 256MiB, inside the DaemonSet's 1Gi limit)")
+      ->check(allocd::SizeSyntax());
+  serve->add_option("--autotune-memory-per-tenant",
+                    o.autotune_memory_per_tenant,
+                    "a tenant's share of --autotune-memory (default: a "
+                    "quarter of it; all of it under --tenancy node)")
+      ->check(allocd::SizeSyntax());
+  // Limits: no tenant takes what the others need, no peer stalls or bloats
+  // the daemon. A count of 0: no bound.
+  serve->add_option("--max-sessions-per-tenant",
+                    d.session_limits.sessions.per_tenant,
+                    "sessions (client processes, one per GPU each) one "
+                    "tenant may have (default 1024)");
+  serve->add_option("--max-sessions", d.session_limits.sessions.total,
+                    "sessions of all tenants together (default 4096)");
+  serve->add_option("--max-unleased-sessions-per-tenant",
+                    d.session_limits.unleased.per_tenant,
+                    "registrations of one tenant still waiting for their "
+                    "lease (each waits out the lease grace); more are "
+                    "refused (default 64)");
+  serve->add_option("--max-unleased-sessions",
+                    d.session_limits.unleased.total,
+                    "the same, of all tenants together (default 256)");
+  serve->add_option("--max-connections-per-tenant", d.connections.per_tenant,
+                    "side-socket connections one tenant may hold (default "
+                    "2048)");
+  serve->add_option("--max-connections", d.connections.total,
+                    "side-socket connections of all tenants together "
+                    "(default 8192)");
 }
 
 void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
@@ -365,6 +409,8 @@ int main(int argc, char** argv) {
     if (app.get_subcommand("serve")->count("--state-dir") > 0) {
       serve_options.daemon.state_dir = serve_options.state_dir;
     }
+    serve_options.daemon.tenancy =
+        *allocd::ParseTenancy(serve_options.tenancy);
     serve_options.daemon.autotune.default_policy.mode =
         *allocd::ParseAutotuneMode(serve_options.autotune_mode);
     return allocd::RunServe(serve_options, std::cerr);

@@ -51,6 +51,24 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
     }
     daemon_options.trim.high_water = *high_water;
   }
+  absl::StatusOr<uint64_t> autotune_memory =
+      ParseSizeFlag("--autotune-memory", options.autotune_memory,
+                    {.no_percent_reason = "write the size, e.g. 256MiB"});
+  if (!autotune_memory.ok()) {
+    err << "allocd serve: " << autotune_memory.status().message() << "\n";
+    return kExitUsage;
+  }
+  daemon_options.autotune_memory = *autotune_memory;
+  if (!options.autotune_memory_per_tenant.empty()) {
+    absl::StatusOr<uint64_t> share = ParseSizeFlag(
+        "--autotune-memory-per-tenant", options.autotune_memory_per_tenant,
+        {.no_percent_reason = "write the size, e.g. 64MiB"});
+    if (!share.ok()) {
+      err << "allocd serve: " << share.status().message() << "\n";
+      return kExitUsage;
+    }
+    daemon_options.autotune_memory_per_tenant = *share;
+  }
   absl::StatusOr<std::unique_ptr<Daemon>> daemon =
       Daemon::Start(std::move(daemon_options));
   if (!daemon.ok()) {

@@ -25,6 +25,12 @@ struct ServeCommandOptions {
   std::string adopt_window = "5s";
   // --autotune: off, recommend, apply.
   std::string autotune_mode = "recommend";
+  // --tenancy: uid, pod, node.
+  std::string tenancy = "uid";
+  // --autotune-memory and --autotune-memory-per-tenant, sizes ("256MiB");
+  // the latter empty: DaemonOptions' default.
+  std::string autotune_memory = "256MiB";
+  std::string autotune_memory_per_tenant;
   // --state-dir, when given (DaemonOptions::state_dir).
   std::string state_dir;
 };
