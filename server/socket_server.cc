@@ -460,7 +460,9 @@ void SideChannel::Loop() {
         continue;
       }
       if (!frame->has_value()) {
-        if (c.frame_began == absl::InfiniteFuture()) c.frame_began = now;
+        if (c.input.partial() && c.frame_began == absl::InfiniteFuture()) {
+          c.frame_began = now;
+        }
         continue;
       }
       c.frame_began = absl::InfiniteFuture();
