@@ -33,7 +33,7 @@ double ProcessCpuSeconds() {
 // Acknowledges nothing by itself: notes when the canary push came.
 class TimingActions : public AutotuneActions {
  public:
-  absl::StatusOr<uint64_t> PushToSession(SessionIdValue, const std::string&,
+  absl::StatusOr<uint64_t> PushToSession(SessionId, const std::string&,
                                          const std::string&, uint64_t) override {
     absl::MutexLock lock(&mu_);
     pushed_at_ = Clock::now();
@@ -43,7 +43,7 @@ class TimingActions : public AutotuneActions {
                                         const std::string&, uint64_t) override {
     return 2;
   }
-  absl::Status RollBackSession(SessionIdValue, const std::string&, const std::string&) override {
+  absl::Status RollBackSession(SessionId, const std::string&, const std::string&) override {
     return absl::OkStatus();
   }
   void OnRun(const std::string&) override {}
