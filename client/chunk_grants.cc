@@ -326,15 +326,10 @@ absl::Status ChunkGrants::CloseShare(uint64_t epoch,
                                      const std::string& share_token) {
   std::shared_ptr<Connection> c = active_.Current();
   if (c == nullptr || c->epoch != epoch) return absl::OkStatus();
-  return active_.Call(options_.rpc_timeout,
-                      [&](v1::Allocd::Stub& stub, grpc::ClientContext* context,
-                          const Connection& session) {
-                        v1::CloseShareRequest request;
-                        NameSession(session, request);
-                        request.set_share_token(share_token);
-                        v1::CloseShareResponse response;
-                        return stub.CloseShare(context, request, &response);
-                      });
+  v1::CloseShareRequest request;
+  request.set_share_token(share_token);
+  return active_.Call(options_.rpc_timeout, &v1::Allocd::Stub::CloseShare,
+                      std::move(request));
 }
 
 }  // namespace allocd

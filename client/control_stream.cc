@@ -51,33 +51,23 @@ std::vector<v1::ControlMessage> ControlStream::Take() {
 
 absl::Status ControlStream::Ack(uint64_t version, bool applied,
                                 absl::string_view error) {
-  return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
-                                        grpc::ClientContext* context,
-                                        const Connection& session) {
-    v1::ConfigAck request;
-    NameSession(session, request);
-    request.set_version(version);
-    request.set_applied(applied);
-    request.set_error(std::string(error));
-    v1::AckResponse response;
-    return stub.AckConfig(context, request, &response);
-  });
+  v1::ConfigAck request;
+  request.set_version(version);
+  request.set_applied(applied);
+  request.set_error(std::string(error));
+  return active_.Call(rpc_timeout_, &v1::Allocd::Stub::AckConfig,
+                      std::move(request));
 }
 
 absl::Status ControlStream::ReportOom(uint64_t requested_bytes,
                                       absl::string_view message,
                                       uint64_t config_version) {
-  return active_.Call(rpc_timeout_, [&](v1::Allocd::Stub& stub,
-                                        grpc::ClientContext* context,
-                                        const Connection& session) {
-    v1::OomReport request;
-    NameSession(session, request);
-    request.set_requested_bytes(requested_bytes);
-    request.set_message(std::string(message.substr(0, 4096)));
-    request.set_config_version(config_version);
-    v1::OomResponse response;
-    return stub.ReportOom(context, request, &response);
-  });
+  v1::OomReport request;
+  request.set_requested_bytes(requested_bytes);
+  request.set_message(std::string(message.substr(0, 4096)));
+  request.set_config_version(config_version);
+  return active_.Call(rpc_timeout_, &v1::Allocd::Stub::ReportOom,
+                      std::move(request));
 }
 
 void ControlStream::OnReclaim(std::function<void()> drop) {

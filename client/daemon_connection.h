@@ -150,16 +150,21 @@ class ActiveConnection {
   // zero, SIGFPE).
   PoolTerms terms() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One unary RPC on the current session: `rpc(stub, context, connection)`
-  // with a deadline `timeout` away (the request names the session with
-  // NameSession). Unavailable when not connected.
-  template <typename Rpc>
-  absl::Status Call(absl::Duration timeout, Rpc&& rpc) const {
+  // `rpc` (a unary Allocd method) with `request` on the current session,
+  // which it names (NameSession), with a deadline `timeout` away.
+  // Unavailable when not connected; the daemon's error otherwise.
+  template <typename Request, typename Response>
+  absl::Status Call(absl::Duration timeout,
+                    grpc::Status (v1::Allocd::Stub::*rpc)(
+                        grpc::ClientContext*, const Request&, Response*),
+                    Request request) const {
     std::shared_ptr<Connection> c = Current();
     if (c == nullptr) return absl::UnavailableError("not connected to allocd");
+    NameSession(*c, request);
     grpc::ClientContext context;
     SetDeadline(context, timeout);
-    return FromGrpc(rpc(*c->stub, &context, std::as_const(*c)));
+    Response response;
+    return FromGrpc(((*c->stub).*rpc)(&context, request, &response));
   }
 
  private:
