@@ -169,7 +169,10 @@ class FakeTorch(types.ModuleType):
                 fake.step_hooks.append(hook)
                 return Handle(hook)
 
-        self.optim = types.SimpleNamespace(optimizer=Optimizer)
+        # As in PyTorch: the module is reached by its import path, not as an
+        # attribute of torch.optim, which does not keep the name.
+        self.optim = types.SimpleNamespace()
+        sys.modules["torch.optim.optimizer"] = Optimizer
 
     def step(self, optimizer):
         """`optimizer` stepped: PyTorch calls the global post hooks."""

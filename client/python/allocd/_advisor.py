@@ -11,6 +11,7 @@ transparent mode on the interposer's session.
 """
 
 import ctypes
+import importlib
 import json
 import os
 import threading
@@ -238,7 +239,12 @@ class Advisor:
         them: a job with several (a GAN's two) steps each once a step."""
         if self._history is None:
             return
-        optimizer_module = getattr(getattr(self._torch, "optim", None), "optimizer", None)
+        # By its import path: PyTorch removes the `optimizer` name from
+        # torch.optim's namespace (torch.optim.optimizer is no attribute).
+        try:
+            optimizer_module = importlib.import_module("torch.optim.optimizer")
+        except ImportError:
+            return
         register = getattr(optimizer_module, "register_optimizer_step_post_hook", None)
         if register is None:
             return
