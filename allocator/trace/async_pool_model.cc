@@ -176,10 +176,7 @@ absl::StatusOr<ReplayResult> EstimateAsyncPoolReplay(
       break;
     }
   }
-  result.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
-  result.events = i;
+  SetRunTotals(start, i, result);
   result.peak_reserved = reserved.peak;
   result.peak_allocated = allocated.peak;
   result.peak_requested = allocated.peak;

@@ -318,10 +318,7 @@ absl::StatusOr<ReplayResult> ReplayNative(const Trace& trace,
       break;
     }
   }
-  result.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
-  result.events = i;
+  SetRunTotals(start, i, result);
   if (i == trace.events.size()) splitter.Before(i, allocator, result);
   timeline.Finish(i, allocator.Stats(), result.timeline);
   CopyCounters(allocator.Stats(), result);
@@ -348,6 +345,14 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace,
     return EstimateAsyncPoolReplay(trace, options);
   }
   return ReplayNative(trace, config, options);
+}
+
+void SetRunTotals(std::chrono::steady_clock::time_point start, uint64_t events,
+                  ReplayResult& result) {
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  result.events = events;
 }
 
 }  // namespace allocd

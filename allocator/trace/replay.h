@@ -3,6 +3,7 @@
 #ifndef ALLOCD_ALLOCATOR_TRACE_REPLAY_H_
 #define ALLOCD_ALLOCATOR_TRACE_REPLAY_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -112,6 +113,11 @@ struct ReplayResult : ReplayCounters {
   std::optional<ReplayPhase> before_switch;
   std::optional<ReplayPhase> after_switch;
 };
+
+// What every replay driver (the engine's, the cudaMallocAsync model) says
+// of its run: the `events` it replayed and its wall time since `start`.
+void SetRunTotals(std::chrono::steady_clock::time_point start, uint64_t events,
+                  ReplayResult& result);
 
 // Replays `trace` under `config`. A partial trace whose state at the first
 // event was reconstructed (Trace::partial.reconstructed()) starts from it:
