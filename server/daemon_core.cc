@@ -128,7 +128,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
                            peer.pid);
   const std::vector<uint64_t> working_set =
-      working_sets_.Last(r.job(), device.index);
+      working_sets_.Last(*tenant, r.job(), device.index);
   const uint64_t handed_bytes =
       std::accumulate(working_set.begin(), working_set.end(), uint64_t{0});
   LogInfo(absl::StrCat(

@@ -35,14 +35,15 @@ void WorkingSetStore::Remember(const Session& ended) {
   std::vector<uint64_t> segments = ended.WorkingSet();
   if (who.job.empty() || segments.empty()) return;
   absl::MutexLock lock(&mu_);
-  by_job_[{who.job, who.node_device}] = std::move(segments);
+  by_job_[{who.tenant, who.job, who.node_device}] = std::move(segments);
 }
 
-std::vector<uint64_t> WorkingSetStore::Last(const std::string& job,
+std::vector<uint64_t> WorkingSetStore::Last(const TenantId& tenant,
+                                            const std::string& job,
                                             int node_device) const {
   if (job.empty()) return {};
   absl::MutexLock lock(&mu_);
-  auto it = by_job_.find({job, node_device});
+  auto it = by_job_.find({tenant, job, node_device});
   return it == by_job_.end() ? std::vector<uint64_t>{} : it->second;
 }
 

@@ -1,9 +1,11 @@
 // WorkingSetStore: the working set an ended session reported (its
 // segments' sizes at its peak, TelemetryReport.working_set), kept for the
 // next session of its job on its device (RegisterResponse.working_set),
-// which can then ask for those segments up front. By job label and node
-// device, the last session to end wins; a job without a label has no next
-// session to recognise. In memory only: a restarted daemon hands over
+// which can then ask for those segments up front. By tenant, job label and
+// node device, the last session to end wins: a label is its tenant's, so a
+// session of another tenant under the same label is handed nothing and
+// what it reports never reaches this tenant's next session. A job without a
+// label has no next session to recognise. In memory only: a restarted daemon hands over
 // nothing until a session of the job ends again.
 //
 // Thread-safe.
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocd.pb.h"
 #include "server/session_registry.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
@@ -40,16 +44,17 @@ class WorkingSetStore {
   // before the registry forgets it: that session may register the moment
   // it is gone.
   void Remember(const Session& ended) ABSL_LOCKS_EXCLUDED(mu_);
-  // What to hand a new session of `job` on node device `node_device`:
-  // empty when nothing is kept (or `job` is empty).
-  std::vector<uint64_t> Last(const std::string& job, int node_device) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // What to hand a new session of `tenant`'s `job` on node device
+  // `node_device`: empty when nothing is kept (or `job` is empty).
+  std::vector<uint64_t> Last(const TenantId& tenant, const std::string& job,
+                             int node_device) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const uint64_t max_segment_bytes_;
   mutable absl::Mutex mu_;
-  std::map<std::pair<std::string, int>, std::vector<uint64_t>> by_job_
-      ABSL_GUARDED_BY(mu_);
+  // By (tenant, job label, node device).
+  std::map<std::tuple<TenantId, std::string, int>, std::vector<uint64_t>>
+      by_job_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd

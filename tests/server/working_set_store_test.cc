@@ -29,15 +29,16 @@ v1::WorkingSet SetOf(const std::vector<uint64_t>& segments) {
 }
 
 // The last session of a job to end on a device hands its working set to
-// the job's next session there: not another job's, another device's, or a
-// job without a label.
-TEST(WorkingSetStoreTest, KeepsTheLastEndedSessionsSetByJobAndDevice) {
+// the job's next session there: not another job's, another device's,
+// another tenant's under the same label, or a job without a label.
+TEST(WorkingSetStoreTest, KeepsTheLastEndedSessionsSetByTenantJobAndDevice) {
   WorkingSetStore store(uint64_t{1} << 30);
   SessionRegistry sessions;
   auto ended = [&](const std::string& job, int device,
-                   std::vector<uint64_t> segments) {
-    std::shared_ptr<Session> s =
-        sessions.Create({.job = job, .node_device = device});
+                   std::vector<uint64_t> segments,
+                   const TenantId& tenant = "uid:1001") {
+    std::shared_ptr<Session> s = sessions.Create(
+        {.tenant = tenant, .job = job, .node_device = device});
     EXPECT_TRUE(store.Report(*s, SetOf(segments), 2 * kMiB).ok());
     store.Remember(*s);
   };
@@ -45,14 +46,22 @@ TEST(WorkingSetStoreTest, KeepsTheLastEndedSessionsSetByJobAndDevice) {
   ended("trainer", 0, {2 * kMiB, 4 * kMiB});
   ended("trainer", 1, {8 * kMiB});
   ended("", 0, {2 * kMiB});
-  EXPECT_THAT(store.Last("trainer", 0), ElementsAre(2 * kMiB, 4 * kMiB));
-  EXPECT_THAT(store.Last("trainer", 1), ElementsAre(8 * kMiB));
-  EXPECT_TRUE(store.Last("evaluator", 0).empty());
-  EXPECT_TRUE(store.Last("", 0).empty());
+  // Another tenant's session under the same label: its report is its own.
+  ended("trainer", 0, {uint64_t{1} << 30}, "uid:1002");
+  EXPECT_THAT(store.Last("uid:1001", "trainer", 0),
+              ElementsAre(2 * kMiB, 4 * kMiB));
+  EXPECT_THAT(store.Last("uid:1001", "trainer", 1), ElementsAre(8 * kMiB));
+  EXPECT_THAT(store.Last("uid:1002", "trainer", 0),
+              ElementsAre(uint64_t{1} << 30));
+  EXPECT_TRUE(store.Last("uid:1003", "trainer", 0).empty());
+  EXPECT_TRUE(store.Last("uid:1001", "evaluator", 0).empty());
+  EXPECT_TRUE(store.Last("uid:1001", "", 0).empty());
   // A session that reported nothing leaves the last set as it was.
-  std::shared_ptr<Session> quiet = sessions.Create({.job = "trainer"});
+  std::shared_ptr<Session> quiet =
+      sessions.Create({.tenant = "uid:1001", .job = "trainer"});
   store.Remember(*quiet);
-  EXPECT_THAT(store.Last("trainer", 0), ElementsAre(2 * kMiB, 4 * kMiB));
+  EXPECT_THAT(store.Last("uid:1001", "trainer", 0),
+              ElementsAre(2 * kMiB, 4 * kMiB));
 }
 
 TEST(WorkingSetStoreTest, ASetThatCannotBeOneIsRefusedAndTheLastKept) {
