@@ -14,7 +14,8 @@ EXPECTED = {
     "base": {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"},
     "overlays/sidecar-example": {"Namespace", "ServiceAccount", "ConfigMap", "Job"},
     "overlays/monitoring": {"Namespace", "ServiceAccount", "ConfigMap", "Service",
-                            "DaemonSet", "ServiceMonitor", "PrometheusRule"},
+                            "DaemonSet", "ServiceMonitor", "PrometheusRule",
+                            "NetworkPolicy"},
 }
 ABSENT = {"overlays/sidecar-example": {"DaemonSet", "Service"}}
 
