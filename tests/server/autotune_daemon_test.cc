@@ -32,6 +32,7 @@
 namespace allocd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using harness::Child;
@@ -146,6 +147,13 @@ class AutotuneDaemonTest : public ::testing::Test {
     std::string out = ctl.Rest(absl::Seconds(20));
     EXPECT_EQ(ctl.Wait(), 0) << out;
     return out;
+  }
+
+  v1::AutotuneLearnedResponse Learned() {
+    grpc::ClientContext context;
+    v1::AutotuneLearnedResponse r;
+    EXPECT_TRUE(admin_->AutotuneLearned(&context, v1::AutotuneLearnedRequest(), &r).ok());
+    return r;
   }
 
   std::string dir_;
@@ -341,6 +349,76 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
   // One rollback, though the core and the autotuner both saw the OOM.
   EXPECT_EQ(CountEvents("rollback"), 1);
   EXPECT_TRUE((*client)->TakeControl().empty());
+}
+
+// Learned configs end to end (issue 30): a push kept for the whole job is
+// learned, kept in the state directory, and a second daemon on that
+// directory hands it to the job's next run at registration, before its
+// first allocation, where the run applies it at its first safe point.
+TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonStartsWithIt) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon("apply", {"--state-dir", state_dir});
+  // Runs until the push was kept (canary watch, judgement, promotion).
+  std::unique_ptr<Child> first =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(300)});
+  v1::AutotuneLearnedResponse learned;
+  const absl::Time deadline = absl::Now() + absl::Seconds(120) * kSlowdown;
+  while (learned.learned().empty() && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    learned = Learned();
+  }
+  ASSERT_EQ(kill(first->pid(), SIGTERM), 0);
+  nlohmann::json first_out = Finish(*first);
+  ASSERT_EQ(learned.learned_size(), 1) << first_out.dump();
+  const v1::LearnedConfig& l = learned.learned(0);
+  EXPECT_EQ(l.job(), "llama");
+  EXPECT_EQ(l.from_config(), "max_split_size_mb:64");
+  EXPECT_EQ(learned.state_file(), state_dir + "/learned_configs.json");
+  std::optional<v1::AutotuneDecision> kept = AwaitDecision("llama", {"pushed"});
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(l.decision_id(), kept->id());
+  EXPECT_EQ(l.config(), kept->to_config());
+  EXPECT_NE(kept->version(), 0u);
+  EXPECT_EQ(first_out["config"], l.config());
+  // allocctl lists it and exports it as the config file's jobs.
+  EXPECT_THAT(Allocctl({"autotune", "learned"}),
+              AllOf(HasSubstr(l.config()), HasSubstr(state_dir)));
+  nlohmann::json exported = nlohmann::json::parse(Allocctl({"autotune", "export"}));
+  EXPECT_EQ(exported["jobs"]["llama"], l.config());
+
+  // The daemon dies (no clean shutdown: the file was written when it
+  // learned); the next one reads it back and hands it to the next run.
+  daemon_->Kill();
+  StartDaemon("apply", {"--state-dir", state_dir});
+  ASSERT_EQ(Learned().learned_size(), 1);
+  std::unique_ptr<Child> next =
+      Replay("llama", {"--config", "max_split_size_mb:64", "--loop", "1"});
+  nlohmann::json next_out = Finish(*next);
+  EXPECT_EQ(next_out["config"], l.config()) << next_out.dump();
+  EXPECT_THAT(next_out["config_reason"].get<std::string>(), HasSubstr("learned"));
+  EXPECT_EQ(next_out["pushes_applied"], 1);
+  // It ran the learned config from its first event: its one loop peaked
+  // below every loop of the first run under max_split_size_mb:64.
+  ASSERT_EQ(next_out["loop_peaks"].size(), 1u);
+  EXPECT_EQ(next_out["loop_peaks"][0]["config"], l.config());
+  int64_t before_min = INT64_MAX;
+  for (const nlohmann::json& loop : first_out["loop_peaks"]) {
+    if (loop["config"] == "max_split_size_mb:64" &&
+        loop["started_config_version"] == loop["config_version"]) {
+      before_min = std::min(before_min, loop["peak_reserved"].get<int64_t>());
+    }
+  }
+  ASSERT_NE(before_min, INT64_MAX) << first_out.dump();
+  EXPECT_LT(next_out["peak_reserved"].get<int64_t>(), before_min);
+  // The config history says where it came from.
+  bool recorded = false;
+  for (const v1::HistoryEntry& e : ConfigHistory()) {
+    if (e.event() != "learned") continue;
+    recorded = true;
+    EXPECT_EQ(e.config(), l.config());
+    EXPECT_THAT(e.detail(), HasSubstr(absl::StrCat("decision ", l.decision_id())));
+  }
+  EXPECT_TRUE(recorded);
 }
 
 // Two daemons decide on one job in turn, each on a window of its own, so
