@@ -56,7 +56,8 @@ ConfigPusher::ConfigPusher(const SessionRegistry* sessions, Metrics* metrics)
 
 ConfigPusher::AtRegistration ConfigPusher::Register(
     Session& session, const std::string& current_config,
-    uint64_t current_version, const std::optional<Learned>& learned) {
+    uint64_t current_version, const std::optional<Learned>& learned,
+    bool started_on_learned) {
   const std::string& job = session.identity().job;
   AtRegistration at{.running = session.Current()};
   if (current_version != 0) {
@@ -81,6 +82,29 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
       at.config = *record;
       at.learned = AppliedConfig{.version = record->version,
                                  .config = record->config};
+      if (started_on_learned && current_config == record->config) {
+        // It started on it (allocd run asked before the job allocated):
+        // it runs that version, and its initial config stays the job's
+        // own, where a rollback returns.
+        at.running = *at.learned;
+        session.Acked(at.running);
+        at.config.reset();
+        return at;
+      }
+    }
+  }
+  if (started_on_learned && current_version == 0) {
+    // What it started on is no longer what this daemon hands the job: it
+    // is known as what the session runs, so that the job's config is
+    // pushed over it (or, with none, it stays on it).
+    absl::StatusOr<ConfigRecord> adopted = configs_.AddVersion(
+        job, current_config,
+        absl::StrCat("session ", session.id(),
+                     " started on it as the job's learned config"),
+        "adopt");
+    if (adopted.ok()) {
+      at.running = {.version = adopted->version, .config = adopted->config};
+      session.Acked(at.running);
     }
   }
   // The client applies it at start and ACKs like any push; a client that
@@ -91,6 +115,10 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
                     : "config for this job at registration");
   }
   return at;
+}
+
+bool ConfigPusher::HasOwnConfig(absl::string_view job) const {
+  return configs_.HasOwnConfig(job);
 }
 
 AppliedConfig ConfigPusher::AdoptRunningConfig(absl::string_view job,

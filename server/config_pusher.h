@@ -81,10 +81,19 @@ class ConfigPusher {
   // admin's, or the autotuner's in this daemon's run), else `learned`
   // (recorded as a version of its own, event "learned"), else the default.
   AtRegistration Register(Session& session, const std::string& current_config,
+  // `started_on_learned`: the client started on `current_config` (version
+  // 0) as the job's learned config; when that is `learned` it is recorded
+  // as what the session runs and nothing is pushed; otherwise (forgotten
+  // meanwhile, or the job got a config of its own) it is adopted as what
+  // the session runs and the job's config is pushed over it.
                           uint64_t current_version,
-                          const std::optional<Learned>& learned = std::nullopt)
+                          const std::optional<Learned>& learned = std::nullopt,
+                          bool started_on_learned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
   // `session`'s client applied a version (ACK) or not (NACK): recorded,
+  // Whether `job` has a config of its own (an admin's or the autotuner's
+  // in this daemon's run), which a learned config never replaces.
+  bool HasOwnConfig(absl::string_view job) const;
   // and an ACKed one becomes what it runs. InvalidArgument for an unknown
   // version or a NACK's error over kMaxOomMessage bytes.
   absl::Status Ack(Session& session, const v1::ConfigAck& r);

@@ -85,7 +85,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
       CanonicalClientConfig("initial_config", r.initial_config());
   if (!initial.ok()) return initial.status();
   std::string current_config;
-  if (r.current_config_version() != 0) {
+  if (r.current_config_version() != 0 || r.started_on_learned()) {
     absl::StatusOr<std::string> current =
         CanonicalClientConfig("current_config", r.current_config());
     if (!current.ok()) return current.status();
@@ -122,7 +122,8 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   const ConfigPusher::AtRegistration config = config_pusher_.Register(
       *session, current_config, r.current_config_version(),
       observer_ != nullptr ? observer_->LearnedConfigFor(session->identity())
-                           : std::nullopt);
+                           : std::nullopt,
+      r.started_on_learned());
   fanout.Release();
   adoption_.SaveSessions();
   metrics_->SessionStarted(session->id(), r.job(), device.index, device.uuid,
@@ -347,6 +348,26 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
     observer_->Events(r.session_id(), r.events());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LearnedConfigResponse> DaemonCore::LearnedConfig(
+    const PeerCredentials& peer, const v1::LearnedConfigRequest& r) {
+  if (absl::Status s = ValidateJobLabel(r.job()); !s.ok()) return s;
+  absl::StatusOr<TenantId> tenant = access_.TenantOf(peer);
+  if (!tenant.ok()) return tenant.status();
+  v1::LearnedConfigResponse response;
+  // As Register hands it: under the fan-out lock, never over the job's own.
+  absl::MutexLock fanout(&config_pusher_.fanout_mu());
+  if (observer_ == nullptr || config_pusher_.HasOwnConfig(r.job())) {
+    return response;
+  }
+  std::optional<ConfigPusher::Learned> learned = observer_->LearnedConfigFor(
+      {.uid = peer.uid, .tenant = *tenant, .job = r.job()});
+  if (learned.has_value()) {
+    response.set_config(learned->config);
+    response.set_author(learned->author);
+  }
+  return response;
 }
 
 absl::StatusOr<v1::OomResponse> DaemonCore::ReportOom(

@@ -141,6 +141,13 @@ class DaemonCore {
                          const v1::TelemetryReport& r);
   absl::StatusOr<v1::OomResponse> ReportOom(const PeerCredentials& peer,
                                             const v1::OomReport& r);
+  // The config a session of `r.job()` in the caller's tenant would be
+  // handed at registration as learned (empty: none), for a job to start
+  // on before its first allocation (allocd run). InvalidArgument for a bad
+  // label; the tenant's errors as for Register.
+  absl::StatusOr<v1::LearnedConfigResponse> LearnedConfig(
+      const PeerCredentials& peer, const v1::LearnedConfigRequest& r)
+      ABSL_LOCKS_EXCLUDED(config_pusher_.fanout_mu());
   absl::Status AckConfig(const PeerCredentials& peer, const v1::ConfigAck& r);
   // The session a WatchConfig stream serves (proven by `peer` and
   // `secret`).

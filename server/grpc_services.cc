@@ -164,6 +164,15 @@ grpc::Status AllocdService::ReportOom(grpc::ServerContext* context,
                 });
 }
 
+grpc::Status AllocdService::LearnedConfig(
+    grpc::ServerContext* context, const v1::LearnedConfigRequest* request,
+    v1::LearnedConfigResponse* response) {
+  return Handle(metrics_, peers_, context, "LearnedConfig",
+                [&](const PeerCredentials& peer) {
+                  return Into(core_->LearnedConfig(peer, *request), response);
+                });
+}
+
 // ------------------------------------------------------------------ admin
 
 namespace {

@@ -54,6 +54,9 @@ class AllocdService final : public v1::Allocd::Service {
   grpc::Status ReportOom(grpc::ServerContext* context,
                          const v1::OomReport* request,
                          v1::OomResponse* response) override;
+  grpc::Status LearnedConfig(grpc::ServerContext* context,
+                             const v1::LearnedConfigRequest* request,
+                             v1::LearnedConfigResponse* response) override;
 
  private:
   DaemonCore* const core_;

@@ -24,12 +24,13 @@ class ConfigPusherTest : public ::testing::Test {
   // max_split_size_mb:64, registered as DaemonCore does.
   std::shared_ptr<Session> Register(
       const std::string& current = "", uint64_t current_version = 0,
-      const std::optional<ConfigPusher::Learned>& learned = std::nullopt) {
+      const std::optional<ConfigPusher::Learned>& learned = std::nullopt,
+      bool started_on_learned = false) {
     absl::MutexLock fanout(&pusher_.fanout_mu());
     std::shared_ptr<Session> session = sessions_.Create(
         {.job = "llama", .initial_config = "max_split_size_mb:64"});
-    registered_ =
-        pusher_.Register(*session, current, current_version, learned);
+    registered_ = pusher_.Register(*session, current, current_version, learned,
+                                   started_on_learned);
     return session;
   }
 
@@ -147,6 +148,37 @@ TEST_F(ConfigPusherTest, ALearnedConfigIsHandedUnlessTheJobHasItsOwn) {
   EXPECT_FALSE(registered_.learned.has_value());
   EXPECT_EQ(Pushed(*admin_set), (std::vector<std::pair<uint64_t, bool>>{
                                     {own->config().version(), false}}));
+}
+
+// A client that started on the learned config (allocd run asked before
+// the job allocated) runs its version with nothing pushed, and a rollback
+// returns to its initial config, the job's own. One that started on a
+// learned config the daemon no longer hands runs it as adopted, and the
+// job's config is pushed over it.
+TEST_F(ConfigPusherTest, AClientStartedOnTheLearnedConfigRunsItsVersionAndRollsBackToItsOwn) {
+  const ConfigPusher::Learned learned{.config = "expandable_segments:True",
+                                      .author = "autotune decision 3"};
+  std::shared_ptr<Session> started =
+      Register("expandable_segments:True", 0, learned, /*started_on_learned=*/true);
+  ASSERT_TRUE(registered_.learned.has_value());
+  EXPECT_EQ(registered_.running.version, registered_.learned->version);
+  EXPECT_NE(registered_.running.version, 0u);
+  EXPECT_EQ(started->Current().config, "expandable_segments:True");
+  EXPECT_TRUE(Pushed(*started).empty());
+  EXPECT_EQ(pusher_.History("llama", 1).entries(0).event(), "learned");
+  EXPECT_TRUE(pusher_.RollBackAfterOom(*started, 1 << 20));
+  EXPECT_EQ(Pushed(*started), (std::vector<std::pair<uint64_t, bool>>{{0, true}}));
+  EXPECT_EQ(started->identity().initial_config, "max_split_size_mb:64");
+
+  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0, false).ok());
+  std::shared_ptr<Session> stale = Register("expandable_segments:True", 0,
+                                            std::nullopt, /*started_on_learned=*/true);
+  EXPECT_FALSE(registered_.learned.has_value());
+  EXPECT_NE(registered_.running.version, 0u);
+  EXPECT_EQ(registered_.running.config, "expandable_segments:True");
+  ASSERT_TRUE(registered_.config.has_value());
+  EXPECT_EQ(Pushed(*stale), (std::vector<std::pair<uint64_t, bool>>{
+                                {registered_.config->version, false}}));
 }
 
 // An OOM under a pushed version rolls back to the config before, once; an
