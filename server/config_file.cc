@@ -108,6 +108,29 @@ absl::Status ParseAutotuneSection(const nlohmann::json& value,
   return absl::OkStatus();
 }
 
+// A quota's size at `where` (a size string; "N%" of `quota_sizes`).
+absl::StatusOr<uint64_t> QuotaSize(const nlohmann::json& value,
+                                   absl::string_view where,
+                                   const SizeContext& quota_sizes) {
+  if (value.is_number()) {
+    // A number has no unit: say which the person probably meant.
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", ParseSize(value.dump()).status().message(),
+        "; sizes are strings, e.g. \"20GiB\""));
+  }
+  if (!value.is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a size string like \"20GiB\""));
+  }
+  absl::StatusOr<uint64_t> bytes =
+      ParseSize(value.get<std::string>(), quota_sizes);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", bytes.status().message()));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
@@ -150,30 +173,34 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": not a numeric uid"));
         }
-        if (size_value.is_number()) {
-          // A number has no unit: say which the person probably meant.
+        absl::StatusOr<uint64_t> bytes =
+            QuotaSize(size_value, where, quota_sizes);
+        if (!bytes.ok()) return bytes.status();
+        out.uid_quotas[uid] = *bytes;
+      }
+    } else if (key == "tenant_quotas") {
+      if (!value.is_object()) {
+        return absl::InvalidArgumentError(
+            "tenant_quotas: an object of tenant -> size");
+      }
+      for (const auto& [tenant, size_value] : value.items()) {
+        const std::string where = absl::StrCat("tenant_quotas.", tenant);
+        if (tenant.empty()) {
           return absl::InvalidArgumentError(absl::StrCat(
-              where, ": ", ParseSize(size_value.dump()).status().message(),
-              "; sizes are strings, e.g. \"20GiB\""));
-        }
-        if (!size_value.is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": a size string like \"20GiB\""));
+              where, ": empty tenant; name one as allocctl sessions shows "
+                     "it, e.g. \"uid:1001\" or \"pod:<pod UID>\""));
         }
         absl::StatusOr<uint64_t> bytes =
-            ParseSize(size_value.get<std::string>(), quota_sizes);
-        if (!bytes.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": ", bytes.status().message()));
-        }
-        out.uid_quotas[uid] = *bytes;
+            QuotaSize(size_value, where, quota_sizes);
+        if (!bytes.ok()) return bytes.status();
+        out.tenant_quotas[tenant] = *bytes;
       }
     } else if (key == "autotune") {
       if (absl::Status s = ParseAutotuneSection(value, out); !s.ok()) return s;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown key \"", key,
-          "\" (known: default, jobs, uid_quotas, autotune)"));
+          "\" (known: default, jobs, uid_quotas, tenant_quotas, autotune)"));
     }
   }
   return out;

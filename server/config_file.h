@@ -5,6 +5,7 @@
 //     "default": "expandable_segments:True",
 //     "jobs": {"llama-lora": "max_split_size_mb:256,garbage_collection_threshold:0.6"},
 //     "uid_quotas": {"1000": "20GiB", "1001": "25%"},
+//     "tenant_quotas": {"pod:0f6c1b2a-...": "40GiB", "uid:1002": "25%"},
 //     "autotune": {
 //       "mode": "recommend",
 //       "jobs": {"llama-lora": "apply",
@@ -47,6 +48,9 @@ struct NodeConfigFile {
   std::optional<std::string> default_config;
   std::map<std::string, std::string> job_configs;
   std::map<uid_t, uint64_t> uid_quotas;
+  // By TenantId ("uid:1001", "pod:<pod UID>", "node"): what the tenant's
+  // sessions on one GPU may hold together.
+  std::map<std::string, uint64_t> tenant_quotas;
   // The autotuner's default mode (over `allocd serve --autotune`) and
   // per-job policies.
   std::optional<AutotuneMode> autotune_mode;

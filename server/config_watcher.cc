@@ -117,6 +117,14 @@ void ConfigWatcher::Apply(const NodeConfigFile& next) {
   for (const auto& [uid, bytes] : next.uid_quotas) {
     core_->SetUidQuota(uid, bytes);
   }
+  for (const auto& [tenant, bytes] : applied_.tenant_quotas) {
+    if (!next.tenant_quotas.contains(tenant)) {
+      core_->SetTenantQuota(tenant, std::nullopt);
+    }
+  }
+  for (const auto& [tenant, bytes] : next.tenant_quotas) {
+    core_->SetTenantQuota(tenant, bytes);
+  }
   if (autotune_ != nullptr &&
       (next.autotune_mode != applied_.autotune_mode ||
        next.autotune_jobs != applied_.autotune_jobs)) {
@@ -127,6 +135,7 @@ void ConfigWatcher::Apply(const NodeConfigFile& next) {
                        next.job_configs.size(), " job configs, ",
                        next.default_config ? "a default, " : "no default, ",
                        next.uid_quotas.size(), " uid quotas, ",
+                       next.tenant_quotas.size(), " tenant quotas, ",
                        next.autotune_jobs.size(), " autotune job policies"));
 }
 

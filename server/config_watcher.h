@@ -2,9 +2,9 @@
 // Kubernetes a mounted ConfigMap, which the kubelet swaps through a
 // symlink). It reads the file every `period`; when the content changed and
 // is valid, the daemon pushes the configs that changed, falls jobs whose
-// entry was removed back to the default, and replaces the uid quotas. A
-// file that does not parse changes nothing: the error is logged and
-// counted, and the last good file stays in force.
+// entry was removed back to the default, and replaces the uid and tenant
+// quotas. A file that does not parse changes nothing: the error is logged
+// and counted, and the last good file stays in force.
 #ifndef ALLOCD_SERVER_CONFIG_WATCHER_H_
 #define ALLOCD_SERVER_CONFIG_WATCHER_H_
 

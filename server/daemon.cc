@@ -356,6 +356,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
   parts->options.backend = backend;
   parts->options.capacity = parts->pools.min_capacity();
+  if (!o.default_tenant_quota.empty()) {
+    absl::StatusOr<uint64_t> quota = ParseSize(
+        o.default_tenant_quota, {.percent_of = parts->pools.min_capacity()});
+    if (!quota.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--default-tenant-quota: ", quota.status().message()));
+    }
+    for (const DevicePool& device : parts->pools.devices()) {
+      device.pool->SetDefaultTenantQuota(*quota);
+    }
+  }
   const std::string fd_socket = o.socket + ".fds";
   if (parts->options.admin_socket.empty()) {
     parts->options.admin_socket = o.socket + ".admin";

@@ -94,6 +94,11 @@ struct DaemonOptions {
   // the total, or all of it under --tenancy node, one tenant).
   uint64_t autotune_memory = uint64_t{256} << 20;
   std::optional<uint64_t> autotune_memory_per_tenant;
+  // The quota of every tenant without its own (tenant_quotas in the config
+  // file, allocctl quota set --tenant): a size, or "N%" of the smallest
+  // GPU pool; what its sessions on one GPU may hold together. Empty: none.
+  // Off by default: on a single-tenant node it would only cut the one job.
+  std::string default_tenant_quota;
 };
 
 class Daemon {

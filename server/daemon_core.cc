@@ -666,4 +666,9 @@ void DaemonCore::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
   quotas_.SetUid(uid, bytes);
 }
 
+void DaemonCore::SetTenantQuota(const TenantId& tenant,
+                                std::optional<uint64_t> bytes) {
+  quotas_.SetTenant(tenant, bytes);
+}
+
 }  // namespace allocd

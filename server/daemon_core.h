@@ -237,6 +237,9 @@ class DaemonCore {
   // A uid quota (nullopt: none) on every device: what the uid's sessions on
   // one GPU may hold together.
   void SetUidQuota(uid_t uid, std::optional<uint64_t> bytes);
+  // A tenant quota (nullopt: none, the default's if one is set) on every
+  // device: what the tenant's sessions on one GPU may hold together.
+  void SetTenantQuota(const TenantId& tenant, std::optional<uint64_t> bytes);
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 
   // Ends every session (shutdown).

@@ -26,15 +26,29 @@ absl::Status Quotas::Set(const v1::SetQuotaRequest& r) {
     case v1::SetQuotaRequest::kUid:
       SetUid(r.uid(), bytes);
       return absl::OkStatus();
+    case v1::SetQuotaRequest::kTenant:
+      if (r.tenant().empty()) {
+        return absl::InvalidArgumentError(
+            "empty tenant; name one as allocctl sessions shows it, e.g. "
+            "uid:1001");
+      }
+      SetTenant(r.tenant(), bytes);
+      return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(
-          "a quota names a session_id or a uid");
+          "a quota names a session_id, a uid or a tenant");
   }
 }
 
 void Quotas::SetUid(uid_t uid, std::optional<uint64_t> bytes) {
   for (const DevicePool& device : pools_->devices()) {
     device.pool->SetUidQuota(uid, bytes);
+  }
+}
+
+void Quotas::SetTenant(const TenantId& tenant, std::optional<uint64_t> bytes) {
+  for (const DevicePool& device : pools_->devices()) {
+    device.pool->SetTenantQuota(tenant, bytes);
   }
 }
 

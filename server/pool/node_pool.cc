@@ -93,6 +93,7 @@ absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid,
 void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
   s.held += bytes;
   uid_held_[s.uid] += bytes;
+  tenant_held_[s.tenant] += bytes;
 }
 
 void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
@@ -101,6 +102,9 @@ void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
   auto it = uid_held_.find(s.uid);  // present: it counts s.held
   it->second -= bytes;
   if (it->second == 0) uid_held_.erase(it);
+  auto t = tenant_held_.find(s.tenant);  // present, as above
+  t->second -= bytes;
+  if (t->second == 0) tenant_held_.erase(t);
 }
 
 void NodePool::ReturnToCache(uint64_t chunk_id, Chunk& chunk) {
@@ -213,6 +217,20 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
           "uid quota exceeded: the sessions of uid ", s.uid, " hold ",
           FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
           FormatSize(q->second)));
+    }
+  }
+  std::optional<uint64_t> tenant_quota = default_tenant_quota_;
+  if (auto q = tenant_quotas_.find(s.tenant); q != tenant_quotas_.end()) {
+    tenant_quota = q->second;
+  }
+  if (tenant_quota) {
+    auto h = tenant_held_.find(s.tenant);
+    const uint64_t held = h == tenant_held_.end() ? 0 : h->second;
+    if (held + bytes > *tenant_quota) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", s.tenant, " quota exceeded: its sessions hold ",
+          FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
+          FormatSize(*tenant_quota)));
     }
   }
   return absl::OkStatus();
@@ -924,6 +942,21 @@ void NodePool::SetUidQuota(uid_t uid, std::optional<uint64_t> bytes) {
   } else {
     uid_quotas_.erase(uid);
   }
+}
+
+void NodePool::SetTenantQuota(const TenantId& tenant,
+                              std::optional<uint64_t> bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes) {
+    tenant_quotas_[tenant] = *bytes;
+  } else {
+    tenant_quotas_.erase(tenant);
+  }
+}
+
+void NodePool::SetDefaultTenantQuota(std::optional<uint64_t> bytes) {
+  absl::MutexLock lock(&mu_);
+  default_tenant_quota_ = bytes;
 }
 
 uint64_t NodePool::TrimColdestLocked(

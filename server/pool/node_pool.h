@@ -275,6 +275,7 @@ class NodePool {
   //  - ResourceExhausted, naming the limit:
   //     "session S quota exceeded: holds X, asks Y, quota Z",
   //     "uid U quota exceeded: its sessions hold X, asks Y, quota Z",
+  //     "tenant T quota exceeded: its sessions hold X, asks Y, quota Z",
   //     "asks X, more than the node pool's capacity Z", or
   //     "node pool exhausted: need X, free Y of capacity Z (short by W)" --
   //     only the last is a node shortage (IsNodeShortage), with W in
@@ -390,9 +391,15 @@ class NodePool {
 
   // Quotas on held bytes; nullopt removes one. Lowering a quota below what
   // is held revokes nothing: it only refuses further Acquires. False (and
-  // nothing set) for an unknown session.
+  // nothing set) for an unknown session. A session is held to each quota
+  // that covers it: its own, its uid's and its tenant's.
   bool SetSessionQuota(SessionId id, std::optional<uint64_t> bytes);
   void SetUidQuota(uid_t uid, std::optional<uint64_t> bytes);
+  // What the sessions of `tenant` may hold together; nullopt removes the
+  // tenant's own, and the default (if any) covers it again.
+  void SetTenantQuota(const TenantId& tenant, std::optional<uint64_t> bytes);
+  // The quota of every tenant without its own (nullopt: none).
+  void SetDefaultTenantQuota(std::optional<uint64_t> bytes);
 
   // Destroys cached chunks, least recently freed first, until at least
   // `bytes` are gone or the cache is empty: their memory goes back to the
@@ -715,6 +722,10 @@ class NodePool {
   // Bytes held by each uid's sessions.
   absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
+  // The same by tenant.
+  absl::flat_hash_map<TenantId, uint64_t> tenant_held_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<TenantId, uint64_t> tenant_quotas_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint64_t> default_tenant_quota_ ABSL_GUARDED_BY(mu_);
   ClaimTokens claims_ ABSL_GUARDED_BY(mu_);
   ChunkShares shares_ ABSL_GUARDED_BY(mu_);
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -600,6 +600,10 @@ TEST(CliSizeTest, ServeDeviceFlagsAreCheckedBeforeStarting) {
   const CommandResult headroom = RunAllocd("serve --headroom 2XB");
   EXPECT_EQ(headroom.exit_code, 2) << headroom.output;
   EXPECT_THAT(headroom.output, HasSubstr("--headroom"));
+  const CommandResult tenant_quota = RunAllocd("serve --default-tenant-quota 40");
+  EXPECT_EQ(tenant_quota.exit_code, 2) << tenant_quota.output;
+  EXPECT_THAT(tenant_quota.output, HasSubstr("--default-tenant-quota"));
+  EXPECT_THAT(tenant_quota.output, HasSubstr("did you mean 40GB?"));
   const CommandResult backend = RunAllocd("serve --backend gpu");
   EXPECT_EQ(backend.exit_code, 2) << backend.output;
   EXPECT_THAT(backend.output, HasSubstr("auto"));
@@ -657,6 +661,15 @@ TEST_F(CliDaemonTest, QuotaSizes) {
   EXPECT_EQ(RunAllocctl("quota set 25% --uid 1000 --socket " + socket_).exit_code, 0);
   EXPECT_EQ(RunAllocctl("quota set 20Gi --uid 1000 --socket " + socket_).exit_code, 0);
   EXPECT_EQ(RunAllocctl("quota set none --uid 1000 --socket " + socket_).exit_code, 0);
+  const CommandResult tenant =
+      RunAllocctl("quota set 25% --tenant uid:1000 --socket " + socket_);
+  EXPECT_EQ(tenant.exit_code, 0) << tenant.output;
+  EXPECT_THAT(tenant.output, HasSubstr("quota of tenant uid:1000: 25%"));
+  EXPECT_EQ(RunAllocctl("quota set none --tenant uid:1000 --socket " + socket_).exit_code, 0);
+  // One target only.
+  EXPECT_EQ(RunAllocctl("quota set 1GiB --uid 1000 --tenant uid:1000 --socket " + socket_)
+                .exit_code,
+            2);
   const CommandResult predicted = RunAllocctl(
       "config set expandable_segments:True --predicted-peak-reserved 4802478080 --json -s " +
       socket_);

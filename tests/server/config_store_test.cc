@@ -124,6 +124,30 @@ TEST(NodeConfigFileTest, ParsesConfigsPerJobAndUidQuotas) {
   EXPECT_EQ(f->uid_quotas.at(1000), uint64_t{20} << 30);
 }
 
+TEST(NodeConfigFileTest, ParsesTenantQuotasBesideUidQuotas) {
+  absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(
+      R"({"uid_quotas": {"1000": "20GiB"},
+          "tenant_quotas": {"pod:0f6c1b2a": "40GiB", "uid:1002": "25%"}})",
+      uint64_t{80} << 30);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->uid_quotas.at(1000), uint64_t{20} << 30);
+  EXPECT_EQ(f->tenant_quotas.at("pod:0f6c1b2a"), uint64_t{40} << 30);
+  EXPECT_EQ(f->tenant_quotas.at("uid:1002"), uint64_t{20} << 30);
+  EXPECT_EQ(f->tenant_quotas.size(), 2u);
+
+  auto message = [](absl::string_view text) {
+    absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(text);
+    return f.ok() ? std::string("ok") : std::string(f.status().message());
+  };
+  EXPECT_THAT(message(R"({"tenant_quotas": {"uid:1": 20}})"),
+              AllOf(HasSubstr("tenant_quotas.uid:1"),
+                    HasSubstr("sizes are strings")));
+  EXPECT_THAT(message(R"({"tenant_quotas": {"": "1GiB"}})"),
+              HasSubstr("empty tenant"));
+  EXPECT_THAT(message(R"({"tenant_quotas": ["uid:1"]})"),
+              HasSubstr("tenant_quotas: an object of tenant -> size"));
+}
+
 TEST(NodeConfigFileTest, ParsesAutotuneModesPerJob) {
   absl::StatusOr<NodeConfigFile> f = ParseNodeConfigFile(R"({
     "autotune": {

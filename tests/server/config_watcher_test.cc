@@ -104,6 +104,22 @@ TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
   EXPECT_TRUE(pool_.Acquire(100, 6 << 20).ok());
 }
 
+TEST_F(ConfigWatcherTest, TenantQuotasAreReplaced) {
+  Write(R"({"tenant_quotas": {"pod:a": "4MiB"}})");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1, "pod:a").ok());
+  ASSERT_TRUE(pool_.AddSession(101, 4242, 2, "pod:b").ok());
+  EXPECT_THAT(pool_.Acquire(100, 6 << 20).status().message(),
+              HasSubstr("tenant pod:a quota exceeded"));
+  EXPECT_TRUE(pool_.Acquire(101, 6 << 20).ok());
+  Write(R"({"tenant_quotas": {"pod:b": "4MiB"}})");
+  ASSERT_TRUE((*watcher)->Reload().ok());
+  EXPECT_TRUE(pool_.Acquire(100, 6 << 20).ok());
+  EXPECT_FALSE(pool_.Acquire(101, 2 << 20).ok());
+}
+
 TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
   Write("{ not json");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =

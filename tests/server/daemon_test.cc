@@ -337,6 +337,31 @@ TEST_F(DaemonTest, QuotaExceededIsAClearErrorAndLeaksNothing) {
   EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk);
 }
 
+TEST_F(DaemonTest, ADefaultTenantQuotaCountsATenantsSessionsTogether) {
+  StartDaemon("64MiB", {"--default-tenant-quota", "25%"});  // 16 MiB
+  const std::string tenant = absl::StrCat("uid:", getuid());
+  std::unique_ptr<DaemonClient> first = Client();
+  std::unique_ptr<DaemonClient> second = Client();  // the same tenant
+  ASSERT_TRUE(first->Acquire(6 * kChunk).ok());
+  absl::StatusOr<ReceivedChunks> over = second->Acquire(4 * kChunk);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr(absl::StrCat("tenant ", tenant, " quota exceeded: its "
+                                     "sessions hold 12.00 MiB, asks 8.00 MiB, "
+                                     "quota 16.00 MiB")));
+  EXPECT_EQ(Status().in_use_bytes(), 6 * kChunk);
+
+  // The tenant's own quota overrides the default.
+  grpc::ClientContext context;
+  v1::SetQuotaRequest quota;
+  quota.set_tenant(tenant);
+  quota.set_bytes(20 * kChunk);
+  v1::SetQuotaResponse ignored;
+  ASSERT_TRUE(admin_->SetQuota(&context, quota, &ignored).ok());
+  EXPECT_TRUE(second->Acquire(4 * kChunk).ok());
+}
+
 TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn) {
   auto stub = v1::Allocd::NewStub(Dial(socket_));
   auto code_of = [](const grpc::Status& s) { return s.error_code(); };

@@ -341,6 +341,72 @@ TEST_F(NodePoolTest, QuotasPerSessionAndPerUidNameTheLimit) {
   EXPECT_TRUE(pool->Acquire(3, kChunk).ok());
 }
 
+TEST_F(NodePoolTest, TenantQuotaCountsTheTenantsSessionsTogether) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 500, 1, "pod:a").ok());
+  ASSERT_TRUE(pool->AddSession(2, 501, 2, "pod:a").ok());  // another uid
+  ASSERT_TRUE(pool->AddSession(3, 500, 3, "pod:b").ok());  // same uid
+  pool->SetTenantQuota("pod:a", 5 * kChunk);
+  ASSERT_TRUE(pool->Acquire(1, 3 * kChunk).ok());
+  ASSERT_TRUE(pool->Acquire(2, 2 * kChunk).ok());
+  absl::Status s = pool->Acquire(2, kChunk).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(IsNodeShortage(s));
+  EXPECT_EQ(s.message(),
+            "tenant pod:a quota exceeded: its sessions hold 10.00 MiB, asks "
+            "2.00 MiB, quota 10.00 MiB");
+  EXPECT_TRUE(pool->Acquire(3, 6 * kChunk).ok());  // another tenant
+
+  // Releasing makes room again; ending a session forgets what it held.
+  EXPECT_EQ(pool->EndSession(1), 3 * kChunk);
+  EXPECT_TRUE(pool->Acquire(2, 3 * kChunk).ok());
+  EXPECT_FALSE(pool->Acquire(2, kChunk).ok());
+
+  // Cleared: the tenant holds what the pool has room for.
+  pool->SetTenantQuota("pod:a", std::nullopt);
+  EXPECT_TRUE(pool->Acquire(2, 4 * kChunk).ok());
+}
+
+TEST_F(NodePoolTest, DefaultTenantQuotaCoversTenantsWithoutTheirOwn) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 500, 1, "uid:500").ok());
+  ASSERT_TRUE(pool->AddSession(2, 501, 2, "uid:501").ok());
+  pool->SetDefaultTenantQuota(2 * kChunk);
+  pool->SetTenantQuota("uid:501", 6 * kChunk);  // its own overrides it
+  ASSERT_TRUE(pool->Acquire(1, 2 * kChunk).ok());
+  absl::Status s = pool->Acquire(1, kChunk).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "tenant uid:500 quota exceeded: its sessions hold 4.00 MiB, asks "
+            "2.00 MiB, quota 4.00 MiB");
+  ASSERT_TRUE(pool->Acquire(2, 6 * kChunk).ok());
+  EXPECT_FALSE(pool->Acquire(2, kChunk).ok());
+
+  // Its own quota cleared, the default covers the tenant again.
+  pool->SetTenantQuota("uid:501", std::nullopt);
+  s = pool->Acquire(2, kChunk).status();
+  EXPECT_THAT(s.message(), HasSubstr("tenant uid:501 quota exceeded"));
+  EXPECT_THAT(s.message(), HasSubstr("quota 4.00 MiB"));
+  // No default: nothing caps either.
+  pool->SetDefaultTenantQuota(std::nullopt);
+  EXPECT_TRUE(pool->Acquire(1, kChunk).ok());
+  EXPECT_TRUE(pool->Acquire(2, kChunk).ok());
+}
+
+TEST_F(NodePoolTest, UidAndTenantQuotasAreEachChecked) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 500, 1, "uid:500").ok());
+  pool->SetUidQuota(500, 4 * kChunk);
+  pool->SetTenantQuota("uid:500", 2 * kChunk);
+  ASSERT_TRUE(pool->Acquire(1, 2 * kChunk).ok());
+  EXPECT_THAT(pool->Acquire(1, kChunk).status().message(),
+              HasSubstr("tenant uid:500 quota exceeded"));
+  pool->SetTenantQuota("uid:500", 8 * kChunk);
+  ASSERT_TRUE(pool->Acquire(1, 2 * kChunk).ok());
+  EXPECT_THAT(pool->Acquire(1, kChunk).status().message(),
+              HasSubstr("uid quota exceeded"));
+}
+
 TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
   auto pool = MakePool(4);
   ASSERT_TRUE(pool->AddSession(1, 0, 100, "node").ok());

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pool/device_pools.h"
 #include "server/pool/memfd_chunk_source.h"
@@ -69,6 +70,27 @@ TEST_F(QuotasTest, AUidsQuotaHoldsOnEveryDevice) {
   quotas_.SetUid(kUid, std::nullopt);
   EXPECT_TRUE(pool0_.Acquire(on0, 6 * kMiB).ok());
   EXPECT_TRUE(pool1_.Acquire(on1, 6 * kMiB).ok());
+}
+
+TEST_F(QuotasTest, ATenantsQuotaHoldsOnEveryDevice) {
+  const SessionId on0 = Start(0);
+  const SessionId on1 = Start(1);
+  v1::SetQuotaRequest r;
+  r.set_tenant("node");
+  r.set_bytes(4 * kMiB);
+  ASSERT_TRUE(quotas_.Set(r).ok());
+  absl::Status s = pool0_.Acquire(on0, 6 * kMiB).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(s));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("tenant node quota exceeded"));
+  EXPECT_TRUE(
+      absl::IsResourceExhausted(pool1_.Acquire(on1, 6 * kMiB).status()));
+  r.clear_bytes();
+  ASSERT_TRUE(quotas_.Set(r).ok());
+  EXPECT_TRUE(pool0_.Acquire(on0, 6 * kMiB).ok());
+  EXPECT_TRUE(pool1_.Acquire(on1, 6 * kMiB).ok());
+
+  r.set_tenant("");
+  EXPECT_TRUE(absl::IsInvalidArgument(quotas_.Set(r)));
 }
 
 }  // namespace

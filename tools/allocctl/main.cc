@@ -46,7 +46,8 @@ struct Options {
   std::string mode;
   // allocctl pool trim --device: a UUID or node index; empty: every device.
   std::string device;
-  // allocctl autotune export --tenant: only this tenant's (empty: all).
+  // allocctl autotune export --tenant: only this tenant's (empty: all);
+  // allocctl quota set --tenant: the tenant whose quota it is.
   std::optional<std::string> tenant;
 };
 
@@ -423,10 +424,12 @@ int main(int argc, char** argv) {
       "history", "config sets, ACKs, NACKs and rollbacks, newest first");
   history->add_option("--job,-j", o.job, "only this job");
   history->add_option("--limit,-n", o.limit, "entries (default 20)");
-  CLI::App* quota = app.add_subcommand("quota", "per-session and per-uid quotas");
+  CLI::App* quota =
+      app.add_subcommand("quota", "per-session, per-uid and per-tenant quotas");
   quota->require_subcommand(1);
   CLI::App* quota_set = quota->add_subcommand(
-      "set", "most memory a session or a uid may hold; 'none' clears it");
+      "set", "most memory a session, a uid or a tenant may hold; 'none' "
+             "clears it");
   quota_set->add_option("SIZE", o.quota,
                         "e.g. 20GiB, 20Gi, 25% of a GPU pool's capacity, or none "
                         "(a quota holds on each GPU)")
@@ -439,6 +442,9 @@ int main(int argc, char** argv) {
   auto* target = quota_set->add_option_group("target");
   target->add_option("--session", o.session, "session id");
   target->add_option("--uid", o.uid, "uid");
+  target->add_option("--tenant", o.tenant,
+                     "tenant, as `allocctl sessions` shows it: uid:1001, "
+                     "pod:<pod UID> or node");
   target->require_option(1);
 
   CLI::App* autotune = app.add_subcommand(
@@ -638,6 +644,7 @@ int main(int argc, char** argv) {
   v1::SetQuotaRequest request;
   if (o.session) request.set_session_id(*o.session);
   if (o.uid) request.set_uid(*o.uid);
+  if (o.tenant) request.set_tenant(*o.tenant);
   if (o.quota != "none") {
     SizeContext of_pool;
     if (absl::EndsWith(o.quota, "%")) {
@@ -657,9 +664,10 @@ int main(int argc, char** argv) {
         return admin->SetQuota(c, request, r);
       },
       [&](const v1::SetQuotaResponse&) {
-        std::printf("quota of %s: %s\n",
-                    o.session ? absl::StrCat("session ", *o.session).c_str()
-                              : absl::StrCat("uid ", *o.uid).c_str(),
-                    o.quota.c_str());
+        const std::string target =
+            o.session ? absl::StrCat("session ", *o.session)
+            : o.uid   ? absl::StrCat("uid ", *o.uid)
+                      : absl::StrCat("tenant ", *o.tenant);
+        std::printf("quota of %s: %s\n", target.c_str(), o.quota.c_str());
       });
 }

@@ -232,9 +232,18 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "chunks they still hold; ends early when all are back "
                     "(default 5s)");
   serve->add_option("--config", d.config_file,
-                    "JSON file of allocator configs per job and uid quotas: "
+                    "JSON file of allocator configs per job and uid and "
+                    "tenant quotas: "
                     "{\"default\": \"...\", \"jobs\": {\"name\": \"...\"}, "
-                    "\"uid_quotas\": {\"1000\": \"20GiB\"}}");
+                    "\"uid_quotas\": {\"1000\": \"20GiB\"}, "
+                    "\"tenant_quotas\": {\"pod:<pod UID>\": \"40GiB\"}}");
+  serve->add_option("--default-tenant-quota", d.default_tenant_quota,
+                    "what the sessions of a tenant without a quota of its "
+                    "own may hold together on one GPU, e.g. 40GiB or 25% of "
+                    "the smallest GPU pool (default: none; on a node of one "
+                    "tenant a default would only cut its one job, so set it "
+                    "where several tenants share the GPUs)")
+      ->check(allocd::SizeSyntax());
   serve->add_option("--state-dir", o.state_dir,
                     "where the daemon keeps what it learns across restarts "
                     "(the autotuner's learned configs); default "
