@@ -39,7 +39,7 @@ class TimingActions : public AutotuneActions {
     pushed_at_ = Clock::now();
     return 1;
   }
-  absl::StatusOr<uint64_t> SetJobConfig(const std::string&, const std::string&,
+  absl::StatusOr<uint64_t> SetJobConfig(const JobKey&, const std::string&,
                                         const std::string&, uint64_t) override {
     return 2;
   }

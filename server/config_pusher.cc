@@ -252,6 +252,22 @@ absl::StatusOr<uint64_t> ConfigPusher::PushToSession(
   return record->version;
 }
 
+absl::StatusOr<uint64_t> ConfigPusher::PushToTenantJob(
+    const TenantId& tenant, absl::string_view job, absl::string_view config,
+    absl::string_view author, uint64_t predicted_peak_reserved_bytes,
+    bool skip_running) {
+  absl::MutexLock fanout(&fanout_mu_);
+  absl::StatusOr<ConfigRecord> record = configs_.AddVersion(
+      job, config, author, "push", predicted_peak_reserved_bytes);
+  if (!record.ok()) return record.status();
+  for (const std::shared_ptr<Session>& s : sessions_->List()) {
+    if (s->identity().tenant != tenant || s->identity().job != job) continue;
+    if (skip_running && s->Current().config == record->config) continue;
+    Push(*s, *record, false, absl::StrCat("set by ", author));
+  }
+  return record->version;
+}
+
 absl::Status ConfigPusher::RollBackSession(SessionId id,
                                            absl::string_view config,
                                            std::string reason) {

@@ -33,6 +33,7 @@
 #include "server/metrics.h"
 #include "server/session_id.h"
 #include "server/session_registry.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
@@ -123,6 +124,17 @@ class ConfigPusher {
   absl::StatusOr<uint64_t> PushToSession(
       SessionId id, absl::string_view config, absl::string_view author,
       std::string reason, uint64_t predicted_peak_reserved_bytes);
+  // Pushes `config` as one new version to `tenant`'s sessions of `job`
+  // (those running it already skipped when `skip_running`), without making
+  // it the job's config: an autotuner's kept push or its rollback. A label
+  // names a job within its tenant only, so another tenant's sessions of
+  // the label are never pushed it; this tenant's later sessions are handed
+  // what the autotuner learned instead (Register's `learned`). Returns the
+  // version; ConfigStore::AddVersion's errors.
+  absl::StatusOr<uint64_t> PushToTenantJob(
+      const TenantId& tenant, absl::string_view job, absl::string_view config,
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes,
+      bool skip_running) ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `config` back to session `id` as a rollback, unless it is
   // rolling back already (an OOM did it). The version is the one the
   // session ran `config` under, when it did.

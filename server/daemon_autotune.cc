@@ -1,5 +1,6 @@
 #include "server/daemon_autotune.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_id(d.id);
   out->set_unix_micros(absl::ToUnixMicros(d.at));
   out->set_job(d.job);
+  out->set_tenant(d.tenant);
   out->set_trigger(d.trigger);
   out->set_result(d.result);
   out->set_from_config(d.from_config);
@@ -83,7 +85,8 @@ std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
   if (!learned.has_value()) return std::nullopt;
   {
     absl::MutexLock lock(&mu_);
-    if (EffectivePolicy(identity.job).mode != AutotuneMode::kApply) {
+    if (EffectivePolicy({identity.tenant, identity.job}).mode !=
+        AutotuneMode::kApply) {
       return std::nullopt;
     }
   }
@@ -104,19 +107,20 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
                                     const AppliedConfig& running,
                                     const std::optional<AppliedConfig>& learned,
                                     const v1::AutotunePreferences& preferences) {
-  std::vector<std::pair<std::string, JobPolicy>> policies;
+  const JobKey key{.tenant = identity.tenant, .job = identity.job};
+  std::vector<std::pair<JobKey, JobPolicy>> policies;
   {
     absl::MutexLock lock(&mu_);
-    session_tenants_[identity.id] = identity.tenant;
     const bool asks = preferences.pinned_keys_size() > 0 ||
                       preferences.allow_memory_fraction() ||
                       !preferences.mode().empty();
     // The job's newest session speaks for it; one that asks nothing keeps
     // what an earlier one asked.
-    if (asks) {
-      job_preferences_[identity.job] = preferences;
-      policies = Policies({identity.job});
-    }
+    if (asks) job_preferences_[key] = preferences;
+    // Given before the session, so that the job's window is opened under
+    // its own mode (an admin's for the label, or what its tenant asked).
+    policied_.insert(key);
+    policies.emplace_back(key, EffectivePolicy(key));
   }
   Publish(policies);
   autotuner_->SessionStarted(identity.id, identity.job, running.config,
@@ -132,7 +136,6 @@ void DaemonAutotune::SessionEnded(SessionId id) {
   {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
-    session_tenants_.erase(id);
   }
   autotuner_->SessionEnded(id);
 }
@@ -178,13 +181,17 @@ absl::StatusOr<uint64_t> DaemonAutotune::PushToSession(
 }
 
 absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
-    const std::string& job, const std::string& config,
-    const std::string& reason, uint64_t predicted_peak_reserved) {
-  absl::StatusOr<v1::SetConfigResponse> set = core_->SetConfig(
-      job, config, absl::StrCat(kAuthor, ": ", reason),
+    const JobKey& job, const std::string& config, const std::string& reason,
+    uint64_t predicted_peak_reserved) {
+  // Not the label's config (core_->SetConfig): that reaches every tenant's
+  // sessions of the label.
+  absl::StatusOr<uint64_t> version = core_->PushToTenantJob(
+      job.tenant, job.job, config, absl::StrCat(kAuthor, ": ", reason),
       predicted_peak_reserved, /*skip_running=*/true);
-  if (!set.ok()) return set.status();
-  return set->config().version();
+  if (!version.ok()) return version.status();
+  absl::MutexLock lock(&mu_);
+  job_versions_[job] = *version;
+  return *version;
 }
 
 absl::Status DaemonAutotune::RollBackSession(SessionId session,
@@ -198,20 +205,12 @@ void DaemonAutotune::OnRun(const std::string& job) {
 }
 
 void DaemonAutotune::Learn(const AutotuneDecision& d) {
-  JobKey key{.job = d.job};
-  {
+  const JobKey key{.tenant = d.tenant, .job = d.job};
+  bool kept = false;
+  if (d.result == "pushed" && d.version != 0) {
     absl::MutexLock lock(&mu_);
-    auto tenant = decision_tenants_.find(d.id);
-    if (tenant == decision_tenants_.end()) {
-      auto canary = d.sessions.empty() ? session_tenants_.end()
-                                       : session_tenants_.find(d.sessions.front());
-      if (canary == session_tenants_.end()) return;  // pushed nothing
-      tenant = decision_tenants_.emplace(d.id, canary->second).first;
-      while (decision_tenants_.size() > kCountedDecisions) {
-        decision_tenants_.erase(decision_tenants_.begin());
-      }
-    }
-    key.tenant = tenant->second;
+    auto set = job_versions_.find(key);
+    kept = set != job_versions_.end() && set->second == d.version;
   }
   absl::Status saved;
   if (d.result == "rolled_back") {
@@ -221,8 +220,7 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
                            d.to_config, "\": decision ", d.id, " was rolled back"));
     }
     saved = forgot.status();
-  } else if (d.result == "pushed" && d.version != 0 &&
-             core_->GetConfig(d.job).config().version() == d.version) {
+  } else if (kept) {
     // Kept: the canary's watch passed and the push became the job's config.
     std::optional<LearnedConfig> known = learned_->Find(key);
     const bool learned_now = !known.has_value() || known->decision_id != d.id ||
@@ -267,7 +265,7 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   if (!changed) return;
   metrics_->AutotuneDecision(d.job, d.result);
   const std::string summary = absl::StrCat(
-      "decision ", d.id, " (", d.trigger, "): ", d.result,
+      "decision ", d.id, " for tenant ", d.tenant, " (", d.trigger, "): ", d.result,
       d.to_config.empty() ? ""
                           : absl::StrCat(" \"", d.to_config, "\", predicted peak ",
                                          FormatSize(d.predicted_peak_current), " -> ",
@@ -294,6 +292,7 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
   for (const AutotuneJobStatus& s : autotuner_->Status()) {
     v1::AutotuneJob* job = r.add_jobs();
     job->set_job(s.job);
+    job->set_tenant(s.tenant);
     job->set_mode(AutotuneModeName(s.policy.mode));
     for (const std::string& k : s.policy.pinned_keys) job->add_pinned_keys(k);
     job->set_allow_memory_fraction(s.policy.allow_memory_fraction);
@@ -350,7 +349,7 @@ absl::Status DaemonAutotune::SetMode(const std::string& job,
   if (!job.empty()) {
     if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
   }
-  std::vector<std::pair<std::string, JobPolicy>> policies;
+  std::vector<std::pair<JobKey, JobPolicy>> policies;
   {
     absl::MutexLock lock(&mu_);
     if (job.empty()) {
@@ -358,12 +357,12 @@ absl::Status DaemonAutotune::SetMode(const std::string& job,
     } else {
       admin_modes_[job] = *parsed;
     }
-    policies = Policies(job.empty() ? std::set<std::string>{}
-                                    : std::set<std::string>{job});
+    policies = Policies(job.empty() ? std::nullopt : std::optional(job));
   }
   Publish(policies);
   LogInfo(absl::StrCat("autotune mode of ",
-                       job.empty() ? "the daemon" : absl::StrCat("job \"", job, "\""),
+                       job.empty() ? "the daemon"
+                                   : absl::StrCat("job \"", job, "\" in every tenant"),
                        " set to ", mode, " by an admin"));
   return absl::OkStatus();
 }
@@ -371,33 +370,40 @@ absl::Status DaemonAutotune::SetMode(const std::string& job,
 void DaemonAutotune::SetFilePolicies(
     std::optional<AutotuneMode> default_mode,
     std::map<std::string, AutotuneFilePolicy> jobs) {
-  std::vector<std::pair<std::string, JobPolicy>> policies;
+  std::vector<std::pair<JobKey, JobPolicy>> policies;
   {
     absl::MutexLock lock(&mu_);
-    // Jobs the old file named are among the policied ones, so all of them
-    // are given their policy without the file's entry.
+    // Every known job is given its policy again, so those the old file
+    // named lose the file's entry.
     file_policies_ = std::move(jobs);
     file_default_mode_ = default_mode;
-    policies = Policies({});
+    policies = Policies(std::nullopt);
   }
   Publish(policies);
 }
 
-JobPolicy DaemonAutotune::EffectivePolicy(const std::string& job) const {
+JobPolicy DaemonAutotune::EffectivePolicy(const JobKey& job) const {
   JobPolicy policy{.mode = default_mode_};
   std::set<std::string> pinned;
+  std::optional<AutotuneMode> asked;
   if (auto p = job_preferences_.find(job); p != job_preferences_.end()) {
-    if (!p->second.mode().empty()) {
-      policy.mode = *ParseAutotuneMode(p->second.mode());
-    }
+    if (!p->second.mode().empty()) asked = *ParseAutotuneMode(p->second.mode());
     pinned.insert(p->second.pinned_keys().begin(), p->second.pinned_keys().end());
   }
-  if (auto f = file_policies_.find(job); f != file_policies_.end()) {
-    if (f->second.mode) policy.mode = *f->second.mode;
+  // An admin's mode for the label: the admin's call, else the file's.
+  std::optional<AutotuneMode> admin;
+  if (auto f = file_policies_.find(job.job); f != file_policies_.end()) {
+    admin = f->second.mode;
     pinned.insert(f->second.pinned_keys.begin(), f->second.pinned_keys.end());
   }
-  if (auto a = admin_modes_.find(job); a != admin_modes_.end()) {
-    policy.mode = a->second;
+  if (auto a = admin_modes_.find(job.job); a != admin_modes_.end()) {
+    admin = a->second;
+  }
+  if (admin.has_value()) {
+    // The job may lower it (kOff < kRecommend < kApply), never raise it.
+    policy.mode = asked.has_value() ? std::min(*asked, *admin) : *admin;
+  } else if (asked.has_value()) {
+    policy.mode = *asked;
   }
   policy.pinned_keys.assign(pinned.begin(), pinned.end());
   // allow_memory_fraction stays false whatever the job or the file allow:
@@ -407,27 +413,24 @@ JobPolicy DaemonAutotune::EffectivePolicy(const std::string& job) const {
   return policy;
 }
 
-std::vector<std::pair<std::string, JobPolicy>> DaemonAutotune::Policies(
-    std::set<std::string> jobs) {
-  std::vector<std::pair<std::string, JobPolicy>> out;
-  if (jobs.empty()) {
+std::vector<std::pair<JobKey, JobPolicy>> DaemonAutotune::Policies(
+    const std::optional<std::string>& label) {
+  std::vector<std::pair<JobKey, JobPolicy>> out;
+  if (!label.has_value()) {
     default_mode_ = admin_default_mode_.value_or(
         file_default_mode_.value_or(flag_mode_));
-    out.emplace_back("", JobPolicy{.mode = default_mode_});
-    jobs = policied_;
-    for (const auto& [job, p] : job_preferences_) jobs.insert(job);
-    for (const auto& [job, p] : file_policies_) jobs.insert(job);
-    for (const auto& [job, m] : admin_modes_) jobs.insert(job);
+    out.emplace_back(JobKey{}, JobPolicy{.mode = default_mode_});
   }
-  for (const std::string& job : jobs) {
-    out.emplace_back(job, EffectivePolicy(job));
-    policied_.insert(job);
+  for (const JobKey& job : policied_) {
+    if (!label.has_value() || job.job == *label) {
+      out.emplace_back(job, EffectivePolicy(job));
+    }
   }
   return out;
 }
 
 void DaemonAutotune::Publish(
-    const std::vector<std::pair<std::string, JobPolicy>>& policies) {
+    const std::vector<std::pair<JobKey, JobPolicy>>& policies) {
   for (const auto& [job, policy] : policies) autotuner_->SetPolicy(job, policy);
 }
 

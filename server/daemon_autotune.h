@@ -5,11 +5,23 @@
 // decisions into metrics and config-history entries, and answers the Admin
 // service's autotune calls in proto form.
 //
-// A job's policy comes in layers, highest first: the mode an admin set for
-// it (allocctl autotune set), the config file's entry for it, what the job
-// asked for when it registered (its mode, pinned keys, memory fraction),
-// the daemon's default (--autotune, or allocctl autotune set without a job).
+// A job is a label within a tenant (JobKey): the autotuner keeps a window,
+// decisions and a policy per (tenant, label), so a session of another
+// tenant under a victim's label neither drives the victim's decisions nor
+// changes its mode, and is pushed nothing decided on the victim's events.
+//
+// A job's policy comes in layers. An admin's mode for the label (allocctl
+// autotune mode --job), else the config file's entry for it, applies to
+// the label in every tenant and is a ceiling: the job may ask, when it
+// registers, for a lower mode (apply -> recommend -> off), never a higher
+// one. Without either, the job's own mode applies, else the daemon's
+// default (--autotune, the file's default, or allocctl autotune mode
+// without a job). What the job asks for is its own (tenant, label)'s only.
 // Pinned keys are the union of the file's and the job's.
+//
+// A push kept for the whole job is pushed to its tenant's sessions of the
+// label only (DaemonCore::PushToTenantJob): the label's config, which an
+// admin sets for every tenant, is left as it is.
 //
 // What the job learned: a push kept for the whole job is recorded in the
 // daemon's LearnedConfigs for the job (its tenant and label), and forgotten
@@ -73,7 +85,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                          const std::string& config,
                                          const std::string& reason,
                                          uint64_t predicted_peak_reserved) override;
-  absl::StatusOr<uint64_t> SetJobConfig(const std::string& job,
+  absl::StatusOr<uint64_t> SetJobConfig(const JobKey& job,
                                         const std::string& config,
                                         const std::string& reason,
                                         uint64_t predicted_peak_reserved) override;
@@ -86,15 +98,17 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   v1::AutotuneStatusResponse Status() const;
   v1::AutotuneHistoryResponse History(const std::string& job,
                                       uint32_t limit) const;
-  // NotFound when the job has no session.
+  // Runs the label's job in each tenant that has a session of it (the
+  // response names the first tenant's decision). NotFound when none has.
   absl::StatusOr<v1::AutotuneRunResponse> Run(const std::string& job);
   // Every learned config (allocctl autotune learned, export).
   v1::AutotuneLearnedResponse Learned() const;
-  // An admin's mode for `job` (empty: the daemon's default).
+  // An admin's mode for the label `job` in every tenant (empty: the
+  // daemon's default); a job may lower it for itself, never raise it.
   // InvalidArgument for a mode that is not off, recommend or apply.
   absl::Status SetMode(const std::string& job, const std::string& mode);
-  // The config file's per-job policies (replacing the last file's) and its
-  // default mode, if it sets one.
+  // The config file's per-job policies (replacing the last file's), each
+  // for its label in every tenant, and its default mode, if it sets one.
   void SetFilePolicies(std::optional<AutotuneMode> default_mode,
                        std::map<std::string, AutotuneFilePolicy> jobs);
 
@@ -102,15 +116,16 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   void WaitIdle() { autotuner_->WaitIdle(); }
 
  private:
-  JobPolicy EffectivePolicy(const std::string& job) const
+  JobPolicy EffectivePolicy(const JobKey& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The effective policies of `jobs` (when empty: the default, as "", and
-  // every job with a layer). Computed under the lock, handed to the
-  // autotuner outside it (Publish), so no lock of ours is held while the
-  // autotuner takes its own.
-  std::vector<std::pair<std::string, JobPolicy>> Policies(
-      std::set<std::string> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Publish(const std::vector<std::pair<std::string, JobPolicy>>& policies);
+  // The effective policies of every known job of the label `label`, or
+  // with no label of the default (as the empty label) and every known job.
+  // Computed under the lock, handed to the autotuner outside it (Publish),
+  // so no lock of ours is held while the autotuner takes its own.
+  std::vector<std::pair<JobKey, JobPolicy>> Policies(
+      const std::optional<std::string>& label)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Publish(const std::vector<std::pair<JobKey, JobPolicy>>& policies);
   // Records a push kept for the whole job in `learned_` (or its realised
   // peak, once known), or forgets a rolled-back one.
   void Learn(const AutotuneDecision& decision) ABSL_LOCKS_EXCLUDED(mu_);
@@ -124,17 +139,18 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   AutotuneMode default_mode_ ABSL_GUARDED_BY(mu_);
   std::optional<AutotuneMode> file_default_mode_ ABSL_GUARDED_BY(mu_);
   std::optional<AutotuneMode> admin_default_mode_ ABSL_GUARDED_BY(mu_);
+  // By label: an admin's layers apply to the label in every tenant.
   std::map<std::string, AutotuneMode> admin_modes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, AutotuneFilePolicy> file_policies_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, v1::AutotunePreferences> job_preferences_
+  // By job: what a job asked for is its tenant's job's only.
+  std::map<JobKey, v1::AutotunePreferences> job_preferences_
       ABSL_GUARDED_BY(mu_);
-  // The tenant of each live session, and of each decision's canary (taken
-  // when the decision is first reported, while the canary lives): what a
-  // job learns is its tenant's.
-  std::map<SessionId, TenantId> session_tenants_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, TenantId> decision_tenants_ ABSL_GUARDED_BY(mu_);
-  // Jobs the autotuner was given a policy of their own.
-  std::set<std::string> policied_ ABSL_GUARDED_BY(mu_);
+  // Jobs the autotuner was given a policy of their own (each job, as its
+  // first session starts).
+  std::set<JobKey> policied_ ABSL_GUARDED_BY(mu_);
+  // The version the autotuner last set as each job's config (SetJobConfig):
+  // a decision under that version was kept for the whole job.
+  std::map<JobKey, uint64_t> job_versions_ ABSL_GUARDED_BY(mu_);
   // Per session: where its event stream should continue, so a batch that
   // never arrived shows as a gap.
   std::map<SessionId, uint64_t> next_sequence_ ABSL_GUARDED_BY(mu_);

@@ -643,6 +643,15 @@ absl::StatusOr<uint64_t> DaemonCore::PushToSession(
                                       predicted_peak_reserved_bytes);
 }
 
+absl::StatusOr<uint64_t> DaemonCore::PushToTenantJob(
+    const TenantId& tenant, absl::string_view job, absl::string_view config,
+    absl::string_view author, uint64_t predicted_peak_reserved_bytes,
+    bool skip_running) {
+  return config_pusher_.PushToTenantJob(tenant, job, config, author,
+                                        predicted_peak_reserved_bytes,
+                                        skip_running);
+}
+
 absl::Status DaemonCore::RollBackSession(SessionId id,
                                          absl::string_view config,
                                          std::string reason) {

@@ -217,6 +217,14 @@ class DaemonCore {
                                          absl::string_view author,
                                          std::string reason,
                                          uint64_t predicted_peak_reserved_bytes);
+  // ConfigPusher::PushToTenantJob: `config` for `tenant`'s sessions of
+  // `job` only (the autotuner's job config).
+  absl::StatusOr<uint64_t> PushToTenantJob(const TenantId& tenant,
+                                           absl::string_view job,
+                                           absl::string_view config,
+                                           absl::string_view author,
+                                           uint64_t predicted_peak_reserved_bytes,
+                                           bool skip_running);
   // Pushes `config` back to a session as a rollback, unless it is rolling
   // back already (an OOM did it). The version is the one the session ran
   // `config` under, when it did.

@@ -109,8 +109,9 @@ class Autotuner::Impl {
       it->second.config_version = config_version;
       return;
     }
-    Job& job = jobs_[job_name];
-    sessions_[id] = Session{job_name, next_order_++, config, config_version, tenant};
+    const JobKey key{.tenant = tenant, .job = job_name};
+    Job& job = jobs_[key];
+    sessions_[id] = Session{key, next_order_++, config, config_version};
     job.sessions.push_back(id);
     if (job.recorded == 0) StartRecording(job, id);
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
@@ -125,7 +126,7 @@ class Autotuner::Impl {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
       if (it == sessions_.end()) return;
-      const std::string name = it->second.job;
+      const JobKey name = it->second.job;
       Job& job = jobs_[name];
       sessions_.erase(it);
       std::erase(job.sessions, id);
@@ -260,39 +261,33 @@ class Autotuner::Impl {
     AckedLocked(id, version, applied, error);
   }
 
-  absl::StatusOr<uint64_t> RunNow(const std::string& job_name) {
+  absl::StatusOr<uint64_t> RunNow(const std::string& job_name, const TenantId& tenant) {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_name);
-    if (it == jobs_.end() || it->second.sessions.empty()) {
-      return absl::NotFoundError(absl::StrCat("job '", job_name,
-                                              "' has no session connected: start it first"));
+    std::optional<absl::StatusOr<uint64_t>> first;
+    for (auto& [key, job] : jobs_) {
+      if (key.job != job_name || (!tenant.empty() && key.tenant != tenant) ||
+          job.sessions.empty()) {
+        continue;
+      }
+      absl::StatusOr<uint64_t> id = RunNowLocked(key, job);
+      if (!first.has_value() || (!first->ok() && id.ok())) first = std::move(id);
     }
-    Job& job = it->second;
-    if (ModeOf(job) == AutotuneMode::kOff) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "autotuning is off for job '", job_name,
-          "': set its mode to recommend or apply first (allocctl autotune set)"));
+    if (!first.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "job '", job_name, "'", tenant.empty() ? "" : absl::StrCat(" of tenant ", tenant),
+          " has no session connected: start it first"));
     }
-    if (job.queued) {
-      // The queued (or running) run will record under this id.
-      if (job.queued_id == 0) job.queued_id = next_decision_id_++;
-      return job.queued_id;
-    }
-    if (!Enqueue(job_name, job, "admin", false)) {
-      return absl::UnavailableError(absl::StrCat(
-          "job '", job_name, "' is ", StateOf(job), ": try again once that is over"));
-    }
-    return job.queued_id;
+    return *std::move(first);
   }
 
-  void SetPolicy(const std::string& job_name, JobPolicy policy) {
+  void SetPolicy(const JobKey& key, JobPolicy policy) {
     absl::MutexLock lock(&mu_);
-    if (job_name.empty()) {
+    if (key.job.empty()) {
       default_policy_ = std::move(policy);
       for (auto& [name, job] : jobs_) ApplyMode(job);
       return;
     }
-    Job& job = jobs_[job_name];
+    Job& job = jobs_[key];
     job.policy = std::move(policy);
     ApplyMode(job);
   }
@@ -302,7 +297,8 @@ class Autotuner::Impl {
     std::vector<AutotuneJobStatus> out;
     for (const auto& [name, job] : jobs_) {
       AutotuneJobStatus s;
-      s.job = name;
+      s.job = name.job;
+      s.tenant = name.tenant;
       s.policy = PolicyOf(job);
       s.sessions = job.sessions.size();
       if (job.window) {
@@ -314,8 +310,10 @@ class Autotuner::Impl {
       if (!job.history.empty()) s.last = job.history.back();
       out.push_back(std::move(s));
     }
-    std::sort(out.begin(), out.end(),
-              [](const AutotuneJobStatus& a, const AutotuneJobStatus& b) { return a.job < b.job; });
+    // jobs_ is ordered by tenant: by label, then tenant.
+    std::stable_sort(out.begin(), out.end(), [](const AutotuneJobStatus& a, const AutotuneJobStatus& b) {
+      return a.job < b.job;
+    });
     return out;
   }
 
@@ -323,7 +321,7 @@ class Autotuner::Impl {
     absl::MutexLock lock(&mu_);
     std::vector<AutotuneDecision> out;
     for (const auto& [name, job] : jobs_) {
-      if (!job_name.empty() && name != job_name) continue;
+      if (!job_name.empty() && name.job != job_name) continue;
       out.insert(out.end(), job.history.begin(), job.history.end());
     }
     std::sort(out.begin(), out.end(),
@@ -340,11 +338,10 @@ class Autotuner::Impl {
   enum class Phase { kCanaryPushed, kCanaryWatching, kPromoting, kApplied, kJudging, kRollingBack };
 
   struct Session {
-    std::string job;
+    JobKey job;  // its tenant's memory holds the job's window
     uint64_t order = 0;
     std::string config;  // what it runs
     uint64_t config_version = 0;
-    TenantId tenant;  // whose memory its window is
     int64_t retries = 0;
     std::optional<absl::Time> fragmented_since;
   };
@@ -421,7 +418,7 @@ class Autotuner::Impl {
   };
   struct Task {
     TaskKind kind;
-    std::string job;
+    JobKey job;
     std::string trigger;  // kDecide (which records under Job::queued_id)
     uint64_t decision_id = 0;  // kPromote, kRollBack, kReview
     bool first_pass = false;  // decide only once the window ends in steps
@@ -457,7 +454,7 @@ class Autotuner::Impl {
     job.window.reset();
     if (ModeOf(job) != AutotuneMode::kOff) {
       job.window = std::make_unique<JobWindow>(
-          options_.window_events, memory_.Open(sessions_.at(id).tenant, sessions_.at(id).job));
+          options_.window_events, memory_.Open(sessions_.at(id).job.tenant, sessions_.at(id).job.job));
     }
     job.next_first_pass_check = std::min(options_.first_pass_min_events, options_.window_events);
   }
@@ -482,10 +479,31 @@ class Autotuner::Impl {
            (version == acting.job_version && version != 0);
   }
 
+  // RunNow for one job with a session.
+  absl::StatusOr<uint64_t> RunNowLocked(const JobKey& key, Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ModeOf(job) == AutotuneMode::kOff) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "autotuning is off for job '", key.job, "' of tenant ", key.tenant,
+          ": set its mode to recommend or apply first (allocctl autotune set)"));
+    }
+    if (job.queued) {
+      // The queued (or running) run will record under this id.
+      if (job.queued_id == 0) job.queued_id = next_decision_id_++;
+      return job.queued_id;
+    }
+    if (!Enqueue(key, job, "admin", false)) {
+      return absl::UnavailableError(absl::StrCat("job '", key.job, "' of tenant ", key.tenant,
+                                                 " is ", StateOf(job),
+                                                 ": try again once that is over"));
+    }
+    return job.queued_id;
+  }
+
   // Queues a run unless one is queued or running, the job is off or in a
   // canary, or (except for an admin's run and a job that grew) it ran
   // within the cooldown.
-  bool Enqueue(const std::string& name, Job& job, const std::string& trigger, bool first_pass)
+  bool Enqueue(const JobKey& name, Job& job, const std::string& trigger, bool first_pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool admin = trigger == "admin";
     const bool grew = trigger == "growth" || trigger == "larger_request";
@@ -499,7 +517,7 @@ class Autotuner::Impl {
     return true;
   }
 
-  void QueueRollBack(const std::string& name, Job& job, std::string reason)
+  void QueueRollBack(const JobKey& name, Job& job, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.acting->phase == Phase::kRollingBack) return;
     job.acting->phase = Phase::kRollingBack;
@@ -511,7 +529,7 @@ class Autotuner::Impl {
   // peak, the rollback margin, and the end of the canary's watch.
   // `allocated`: the most the session allocated since its last report, as
   // far as it knows (PyTorch's peak, which the job may reset, or the current).
-  void Watch(const std::string& name, Job& job, int64_t reserved, int64_t allocated,
+  void Watch(const JobKey& name, Job& job, int64_t reserved, int64_t allocated,
              absl::Time now, std::vector<AutotuneDecision>& notify)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Acting& acting = *job.acting;
@@ -666,13 +684,13 @@ class Autotuner::Impl {
   void Judge(const Task& task);
   // Queues Judge when the window holds events after the push, and returns
   // whether it did.
-  bool QueueJudge(const std::string& name, Job& job, std::string reason)
+  bool QueueJudge(const JobKey& name, Job& job, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What every replay of a job's window runs under.
   DecideOptions BaseDecideOptions() const;
   // Queues the review of `job`'s last push (Job::review) on the window of
   // its recorded session, as it is now.
-  void QueueReview(const std::string& name, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueReview(const JobKey& name, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RollBack(const Task& task);
 
   const AutotuneOptions options_;
@@ -681,7 +699,7 @@ class Autotuner::Impl {
   JobPolicy default_policy_ ABSL_GUARDED_BY(mu_);
   // Before jobs_: their windows give their charges back as they go.
   AutotuneMemory memory_;
-  absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
@@ -782,7 +800,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     }
   }
 
-  actions_->OnRun(task.job);
+  actions_->OnRun(task.job.job);
   Decision d;
   if (skip_why.empty()) {
     DecideOptions decide = BaseDecideOptions();
@@ -807,7 +825,8 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.id = job.queued_id != 0 ? job.queued_id : next_decision_id_++;
     rec.triggered_at = task.triggered_at;
     rec.at = Now();
-    rec.job = task.job;
+    rec.job = task.job.job;
+    rec.tenant = task.job.tenant;
     rec.trigger = task.trigger;
     rec.from_config = FormatAllocatorConfig(running.config);
     rec.predicted_peak_current = d.predicted_peak_current;
@@ -919,7 +938,7 @@ DecideOptions Autotuner::Impl::BaseDecideOptions() const {
   return decide;
 }
 
-void Autotuner::Impl::QueueReview(const std::string& name, Job& job) {
+void Autotuner::Impl::QueueReview(const JobKey& name, Job& job) {
   if (!job.review || job.window == nullptr) return;
   const auto [decision_id, pushed_at] = *job.review;
   job.review.reset();
@@ -979,7 +998,7 @@ void Autotuner::Impl::Review(const Task& task) {
   Notify(notify);
 }
 
-bool Autotuner::Impl::QueueJudge(const std::string& name, Job& job, std::string reason) {
+bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reason) {
   Acting& acting = *job.acting;
   if (!acting.pushed_at || job.recorded != acting.canary || job.window == nullptr) return false;
   const JobWindow& window = *job.window;
@@ -1190,8 +1209,10 @@ void Autotuner::Oom(SessionId id, uint64_t config_version) { impl_->Oom(id, conf
 void Autotuner::Acked(SessionId id, uint64_t version, bool applied, const std::string& error) {
   impl_->Acked(id, version, applied, error);
 }
-absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job) { return impl_->RunNow(job); }
-void Autotuner::SetPolicy(const std::string& job, JobPolicy policy) {
+absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job, const TenantId& tenant) {
+  return impl_->RunNow(job, tenant);
+}
+void Autotuner::SetPolicy(const JobKey& job, JobPolicy policy) {
   impl_->SetPolicy(job, std::move(policy));
 }
 std::vector<AutotuneJobStatus> Autotuner::Status() const { return impl_->Status(); }

@@ -21,6 +21,10 @@
 // memory grows past what its last decision said its best config needs by
 // `growth_margin` ("growth").
 //
+// A job is a label within a tenant (JobKey): another tenant's sessions
+// under the same label are another job, with its own window, decisions and
+// policy, and what is decided for one is pushed to its own sessions only.
+//
 // It knows nothing of the daemon's RPCs: the daemon feeds it sessions,
 // events and stats, and it acts through AutotuneActions. Replays run on its
 // own worker threads, never on the feeding thread.
@@ -43,6 +47,7 @@
 #include "allocator/trace/trace.h"
 #include "proto/protocol.h"
 #include "server/autotune/autotune_memory.h"
+#include "server/autotune/job_key.h"
 #include "server/session_id.h"
 #include "server/tenant_id.h"
 
@@ -156,6 +161,7 @@ struct AutotuneDecision {
   absl::Time triggered_at;  // when the trigger queued the run
   absl::Time at;            // when the decision was made
   std::string job;
+  TenantId tenant;  // the job's: its label names it within this tenant only
   // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config",
   // "growth", "larger_request", "admin"
   std::string trigger;
@@ -222,10 +228,10 @@ class AutotuneActions {
                                                  const std::string& config,
                                                  const std::string& reason,
                                                  uint64_t predicted_peak_reserved) = 0;
-  // Makes `config` the job's config: pushed to every session of the job that
-  // does not run it yet, and given to new sessions of the job. Returns the
-  // version.
-  virtual absl::StatusOr<uint64_t> SetJobConfig(const std::string& job,
+  // Makes `config` the job's config: pushed to every session of the job
+  // (its tenant's sessions of its label, never another tenant's) that does
+  // not run it yet. Returns the version.
+  virtual absl::StatusOr<uint64_t> SetJobConfig(const JobKey& job,
                                                 const std::string& config,
                                                 const std::string& reason,
                                                 uint64_t predicted_peak_reserved) = 0;
@@ -234,12 +240,14 @@ class AutotuneActions {
                                        const std::string& reason) = 0;
   // Observers for metrics and history: a run started for `job`; a decision
   // was recorded or updated (result changed, realised saving known).
+  // `job` of OnRun: the label (metrics keep the label only).
   virtual void OnRun(const std::string& job) = 0;
   virtual void OnDecision(const AutotuneDecision& decision) = 0;
 };
 
 struct AutotuneJobStatus {
   std::string job;
+  TenantId tenant;
   JobPolicy policy;
   size_t sessions = 0;
   uint64_t window_events = 0;
@@ -264,8 +272,9 @@ class Autotuner {
   // `config`/`config_version`: what the session runs now (a reconnecting
   // client re-declares the config it already runs, so a restarted daemon
   // does not push it again).
-  // `tenant`: whose share of the autotuner's memory a window recording
-  // the session's events is charged to.
+  // `tenant`: the session's; the session belongs to the job (tenant, job),
+  // and the job's window is charged to that tenant's share of the
+  // autotuner's memory.
   void SessionStarted(SessionId id, const std::string& job, const std::string& config,
                       uint64_t config_version, const TenantId& tenant = "");
   void SessionEnded(SessionId id);
@@ -281,13 +290,17 @@ class Autotuner {
   void Acked(SessionId id, uint64_t version, bool applied, const std::string& error);
 
   // --- admin
-  // Queues a run for `job` now; returns the decision id it will record.
-  // NotFound: no session.
-  absl::StatusOr<uint64_t> RunNow(const std::string& job);
-  // Empty job: the daemon default.
-  void SetPolicy(const std::string& job, JobPolicy policy);
+  // Queues a run now for the job `job` of `tenant`, or with no tenant for
+  // each tenant's job of that label; returns the decision id it will record
+  // (with no tenant: the first tenant's that queued one). NotFound: no
+  // session; FailedPrecondition: the job is off; Unavailable: it is busy.
+  absl::StatusOr<uint64_t> RunNow(const std::string& job, const TenantId& tenant = "");
+  // `job`'s policy; an empty label: the daemon default (for jobs without
+  // their own).
+  void SetPolicy(const JobKey& job, JobPolicy policy);
   std::vector<AutotuneJobStatus> Status() const;
-  // Newest first, at most `limit`; empty job: every job.
+  // Newest first, at most `limit`; empty job: every job; a label: its jobs
+  // in every tenant (each decision names its tenant).
   std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;
   // Blocks until no run is queued or running (tests).
   void WaitIdle();

@@ -31,17 +31,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/tenant_id.h"
+#include "server/autotune/job_key.h"
 
 namespace allocd {
-
-// A job as the autotuner learns for it: its label within its tenant.
-struct JobKey {
-  TenantId tenant;
-  std::string job;
-
-  auto operator<=>(const JobKey&) const = default;
-};
 
 struct LearnedConfig {
   // Canonical PYTORCH_CUDA_ALLOC_CONF: what the job's next run starts with.

@@ -32,6 +32,7 @@ class FakeActions : public AutotuneActions {
     uint64_t target;   // session id (0 for the job)
     std::string config;
     uint64_t version;
+    TenantId tenant = "";  // a job push's job
   };
 
   absl::StatusOr<uint64_t> PushToSession(SessionId session, const std::string& config,
@@ -40,10 +41,10 @@ class FakeActions : public AutotuneActions {
     pushes_.push_back({"session", session, config, next_version_});
     return next_version_++;
   }
-  absl::StatusOr<uint64_t> SetJobConfig(const std::string&, const std::string& config,
+  absl::StatusOr<uint64_t> SetJobConfig(const JobKey& job, const std::string& config,
                                         const std::string&, uint64_t) override {
     absl::MutexLock lock(&mu_);
-    pushes_.push_back({"job", 0, config, next_version_});
+    pushes_.push_back({"job", 0, config, next_version_, job.tenant});
     return next_version_++;
   }
   absl::Status RollBackSession(SessionId session, const std::string& config,
@@ -282,6 +283,69 @@ TEST(AutotunerTest, ApplyPushesToTheCanaryThenTheJob) {
   // keep coming in.
   tuner.Stats(2, Reserved(realized + 5), pushes[1].version);
   EXPECT_EQ(*tuner.History("llama", 1)[0].realized_peak, realized + 5);
+}
+
+// A label names a job within its tenant (issue 29): another tenant's
+// sessions under the same label are another job, with their own window,
+// decisions and policy, and what is decided on one tenant's events is
+// pushed to that tenant's sessions only.
+TEST(AutotunerTest, TwoTenantsOfOneLabelAreTwoJobs) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1, "uid:1001");
+  tuner.SessionStarted(2, "llama", "max_split_size_mb:64", 1, "uid:1002");
+  tuner.SessionStarted(3, "llama", "max_split_size_mb:64", 1, "uid:1002");
+  // Only uid 1002's sessions send events: only its job is decided on.
+  Feed(tuner, 2, LlamaLora(), 0, TrainingEvents(), SIZE_MAX);
+  tuner.WaitIdle();
+
+  std::vector<AutotuneJobStatus> status = tuner.Status();
+  ASSERT_EQ(status.size(), 2u);
+  EXPECT_EQ(status[0].job, "llama");
+  EXPECT_EQ(status[0].tenant, "uid:1001");
+  EXPECT_EQ(status[0].sessions, 1u);
+  EXPECT_EQ(status[0].window_events, 0u);
+  EXPECT_EQ(status[0].state, "watching");
+  EXPECT_FALSE(status[0].last.has_value());
+  EXPECT_EQ(status[1].tenant, "uid:1002");
+  EXPECT_EQ(status[1].sessions, 2u);
+  EXPECT_GT(status[1].window_events, 0u);
+  EXPECT_EQ(status[1].state, "canary");
+
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  const AutotuneDecision d = history[0];
+  EXPECT_EQ(d.tenant, "uid:1002");
+  EXPECT_EQ(d.result, "pushed") << d.why;
+  ASSERT_EQ(actions.pushes().size(), 1u);
+  EXPECT_EQ(actions.pushes()[0].target, 2u);  // uid 1002's oldest session
+
+  // The canary's watch passes: the config is set for uid 1002's job only,
+  // and uid 1001's session is no session of that job.
+  tuner.Acked(2, d.version, true, "");
+  tuner.Stats(2, Reserved(d.predicted_peak_switched), d.version);
+  clock.Advance(absl::Seconds(11));
+  tuner.Stats(2, Reserved(d.predicted_peak_switched - 1), d.version);
+  tuner.WaitIdle();
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 2u);
+  EXPECT_EQ(pushes[1].kind, "job");
+  EXPECT_EQ(pushes[1].tenant, "uid:1002");
+  EXPECT_EQ(tuner.History("llama", 1)[0].sessions, (std::vector<uint64_t>{2, 3}));
+
+  // A policy for one tenant's job leaves the other's: uid 1001's job off
+  // keeps no window, uid 1002's stays applied.
+  tuner.SetPolicy({.tenant = "uid:1001", .job = "llama"}, {.mode = AutotuneMode::kOff});
+  status = tuner.Status();
+  EXPECT_EQ(status[0].state, "off");
+  EXPECT_EQ(status[0].policy.mode, AutotuneMode::kOff);
+  EXPECT_EQ(status[1].state, "applied");
+  EXPECT_EQ(status[1].policy.mode, AutotuneMode::kApply);
+  // An admin's run of the label runs each tenant's job that is not off.
+  EXPECT_EQ(tuner.RunNow("llama", "uid:1001").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tuner.RunNow("llama", "uid:1003").status().code(), absl::StatusCode::kNotFound);
 }
 
 // The issue's bar for a push: the best config on the steps after it, from
@@ -551,7 +615,7 @@ TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
   // A per-job policy turns it on.
   JobPolicy recommend;
   recommend.mode = AutotuneMode::kRecommend;
-  tuner.SetPolicy("llama", recommend);
+  tuner.SetPolicy({.job = "llama"}, recommend);
   FeedAll(tuner, 1);
   EXPECT_EQ(actions.runs(), 1);
 }

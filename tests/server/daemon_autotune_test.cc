@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/match.h"
 #include "server/autotune/learned_configs.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -26,28 +27,34 @@ constexpr char kLearned[] = "expandable_segments:True";
 
 // One daemon's parts over a learned-configs store that outlives it.
 struct TestDaemon {
-  explicit TestDaemon(LearnedConfigs* learned)
-      : autotune({.default_policy = {.mode = AutotuneMode::kApply}}, &core,
-                 &metrics, learned) {
+  explicit TestDaemon(LearnedConfigs* learned,
+                      AutotuneMode default_mode = AutotuneMode::kApply)
+      : autotune({.default_policy = {.mode = default_mode}}, &core, &metrics,
+                 learned) {
     core.SetObserver(&autotune);
   }
   ~TestDaemon() { core.SetObserver(nullptr); }
 
   struct Registered {
     SessionId id = 0;
+    std::string secret;
     // The configs pushed to it at registration, with each push's reason.
     std::vector<std::pair<std::string, std::string>> pushed;
   };
-  Registered Register(uid_t uid, const std::string& job) {
+  // `mode`: the autotune mode the job asks for ("": none).
+  Registered Register(uid_t uid, const std::string& job,
+                      const std::string& mode = "") {
     v1::RegisterRequest r;
     r.set_protocol_version(1);
     r.set_job(job);
+    r.mutable_autotune()->set_mode(mode);
     r.set_initial_config("max_split_size_mb:64");
     const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
     absl::StatusOr<v1::RegisterResponse> response = core.Register(peer, r);
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return {};
-    Registered out{.id = response->session_id()};
+    Registered out{.id = response->session_id(),
+                   .secret = response->session_secret()};
     absl::StatusOr<std::shared_ptr<Session>> session =
         core.Watch(peer, out.id, response->session_secret());
     EXPECT_TRUE(session.ok()) << session.status();
@@ -59,20 +66,44 @@ struct TestDaemon {
   }
 
   // What the autotuner reports once the canary's watch passed: the push
-  // set as the job's config (as DaemonAutotune::SetJobConfig does), its
-  // decision under that version.
+  // set as uid 1001's job's config, its decision under that version.
   AutotuneDecision Kept(SessionId canary, const std::string& job) {
-    absl::StatusOr<v1::SetConfigResponse> set =
-        core.SetConfig(job, kLearned, "autotune: decision 7", 5LL << 30, true);
+    absl::StatusOr<uint64_t> set = autotune.SetJobConfig(
+        {"uid:1001", job}, kLearned, "decision 7", 5LL << 30);
     EXPECT_TRUE(set.ok()) << set.status();
     AutotuneDecision d = Pushed(canary, job);
-    d.version = set.ok() ? set->config().version() : 0;
+    d.version = set.value_or(0);
     return d;
   }
 
+  // The mode of `tenant`'s job `job` in the autotuner's status.
+  std::string ModeOf(const TenantId& tenant, const std::string& job) const {
+    const v1::AutotuneStatusResponse status = autotune.Status();
+    for (const v1::AutotuneJob& j : status.jobs()) {
+      if (j.tenant() == tenant && j.job() == job) return j.mode();
+    }
+    return "(no such job)";
+  }
+
+  // The config messages waiting for session `id`.
+  std::vector<std::string> Pending(uid_t uid, SessionId id,
+                                   const std::string& secret) {
+    std::vector<std::string> out;
+    const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
+    absl::StatusOr<std::shared_ptr<Session>> session = core.Watch(peer, id, secret);
+    EXPECT_TRUE(session.ok()) << session.status();
+    v1::ControlMessage m;
+    while (session.ok() && (*session)->WaitNext(&m, absl::ZeroDuration())) {
+      out.push_back(m.config().config().config());
+    }
+    return out;
+  }
+
+  // A decision of uid 1001's job pushed to `canary`.
   static AutotuneDecision Pushed(SessionId canary, const std::string& job) {
     return {.id = 7,
             .job = job,
+            .tenant = "uid:1001",
             .trigger = "bad_start_config",
             .result = "pushed",
             .from_config = "max_split_size_mb:64",
@@ -173,4 +204,71 @@ TEST(DaemonAutotuneLearnedTest, ARollbackOfTheLearnedConfigForgetsIt) {
 }
 
 }  // namespace
+// Job labels are scoped by tenant (issue 29): what a job asks for is its
+// own tenant's job's, an admin's mode for a label holds in every tenant and
+// a job can only lower it, and a push kept for one tenant's job reaches
+// that tenant's sessions only.
+TEST(DaemonAutotuneTenantsTest, AModeAJobAsksForIsItsTenantsJobsOnly) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kRecommend);
+  daemon.Register(1001, "victim");
+  daemon.Register(1002, "victim", "apply");
+  EXPECT_EQ(daemon.ModeOf("uid:1002", "victim"), "apply");
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "victim"), "recommend");
+  // The victim asking after the attacker keeps the attacker's job as it is.
+  daemon.Register(1001, "victim", "off");
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "victim"), "off");
+  EXPECT_EQ(daemon.ModeOf("uid:1002", "victim"), "apply");
+}
+
+TEST(DaemonAutotuneTenantsTest, AJobMayLowerAnAdminsModeButNeverRaiseIt) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply);
+  ASSERT_TRUE(daemon.autotune.SetMode("llama", "recommend").ok());
+  daemon.Register(1001, "llama", "apply");
+  daemon.Register(1002, "llama", "off");
+  daemon.Register(1003, "llama");
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "llama"), "recommend");
+  EXPECT_EQ(daemon.ModeOf("uid:1002", "llama"), "off");
+  EXPECT_EQ(daemon.ModeOf("uid:1003", "llama"), "recommend");
+  // The admin's mode moves every tenant's job, each under what it asked.
+  ASSERT_TRUE(daemon.autotune.SetMode("llama", "apply").ok());
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "llama"), "apply");
+  EXPECT_EQ(daemon.ModeOf("uid:1002", "llama"), "off");
+  EXPECT_EQ(daemon.ModeOf("uid:1003", "llama"), "apply");
+  // The config file's mode for the label is an admin's too.
+  daemon.autotune.SetFilePolicies(
+      std::nullopt, {{"bert", AutotuneFilePolicy{.mode = AutotuneMode::kOff}}});
+  daemon.Register(1001, "bert", "apply");
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "bert"), "off");
+}
+
+TEST(DaemonAutotuneTenantsTest, AKeptPushReachesItsTenantsSessionsOfTheLabelOnly) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned);
+  const TestDaemon::Registered mine = daemon.Register(1001, "llama");
+  const TestDaemon::Registered theirs = daemon.Register(1002, "llama");
+  absl::StatusOr<uint64_t> version = daemon.autotune.SetJobConfig(
+      {"uid:1001", "llama"}, kLearned, "decision 7", 5LL << 30);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_THAT(daemon.Pending(1001, mine.id, mine.secret),
+              ::testing::ElementsAre(kLearned));
+  EXPECT_TRUE(daemon.Pending(1002, theirs.id, theirs.secret).empty());
+  // The label's config (an admin's, for every tenant) is left as it was.
+  EXPECT_FALSE(daemon.core.GetConfig("llama").has_config());
+  // Kept for uid 1001's job: learned for it, not for uid 1002's.
+  AutotuneDecision kept = TestDaemon::Pushed(mine.id, "llama");
+  kept.version = *version;
+  daemon.autotune.OnDecision(kept);
+  EXPECT_TRUE(learned.Find({"uid:1001", "llama"}).has_value());
+  EXPECT_FALSE(learned.Find({"uid:1002", "llama"}).has_value());
+  // The history names the decision's tenant.
+  const v1::HistoryResponse history = daemon.core.History("llama", 10);
+  bool named = false;
+  for (const v1::HistoryEntry& e : history.entries()) {
+    named |= e.event() == "autotune" && absl::StrContains(e.detail(), "uid:1001");
+  }
+  EXPECT_TRUE(named);
+}
+
 }  // namespace allocd

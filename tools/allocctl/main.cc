@@ -163,14 +163,17 @@ int64_t Stat(const v1::SessionInfo& s, const std::string& key) {
 
 void PrintSessions(const v1::ListSessionsResponse& r) {
   // DEV is the node's device (allocctl status), GPU UUID names it; the
-  // client's own CUDA ordinal is in --json (device).
-  std::printf("%-8s %-8s %-6s %-20s %-4s %-40s %10s %10s %10s %5s %s\n",
-              "SESSION", "PID", "UID", "JOB", "DEV", "GPU UUID", "HELD",
-              "RESERVED", "ALLOCATED", "OOMS", "CONFIG");
+  // client's own CUDA ordinal is in --json (device). TENANT is what
+  // `allocctl quota set --tenant` takes.
+  std::printf("%-8s %-8s %-6s %-14s %-20s %-4s %-40s %10s %10s %10s %5s %s\n",
+              "SESSION", "PID", "UID", "TENANT", "JOB", "DEV", "GPU UUID",
+              "HELD", "RESERVED", "ALLOCATED", "OOMS", "CONFIG");
   for (const v1::SessionInfo& s : r.sessions()) {
     std::printf(
-        "%-8llu %-8d %-6u %-20s %-4d %-40s %10s %10s %10s %5llu v%llu %s\n",
+        "%-8llu %-8d %-6u %-14s %-20s %-4d %-40s %10s %10s %10s %5llu v%llu "
+        "%s\n",
         static_cast<unsigned long long>(s.session_id()), s.pid(), s.uid(),
+        s.tenant().empty() ? "-" : s.tenant().c_str(),
         s.job().empty() ? "-" : s.job().c_str(), s.node_device(),
         s.gpu_uuid().c_str(),
         FormatSize(s.held_bytes()).c_str(),
@@ -219,9 +222,10 @@ std::string SignedSize(int64_t bytes) {
 
 // One decision, as `autotune history` and `autotune status` print it.
 void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
-  std::printf("%s#%llu %s  %-16s %-11s %s\n", indent,
+  std::printf("%s#%llu %s  %-16s %-14s %-11s %s\n", indent,
               static_cast<unsigned long long>(d.id()),
               Time(d.unix_micros()).c_str(), d.job().c_str(),
+              d.tenant().empty() ? "-" : d.tenant().c_str(),
               d.result().c_str(), d.trigger().c_str());
   std::printf("%s  from: %s\n", indent,
               d.from_config().empty() ? "(PyTorch defaults)"
@@ -311,15 +315,16 @@ void ExportLearned(const v1::AutotuneLearnedResponse& r,
 
 void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
   std::printf("autotune mode %s (jobs without their own)\n", r.mode().c_str());
-  std::printf("%-20s %-9s %-9s %8s %10s %8s %s\n", "JOB", "MODE", "STATE",
-              "SESSIONS", "EVENTS", "DROPPED", "PINNED");
+  std::printf("%-20s %-14s %-9s %-9s %8s %10s %8s %s\n", "JOB", "TENANT",
+              "MODE", "STATE", "SESSIONS", "EVENTS", "DROPPED", "PINNED");
   for (const v1::AutotuneJob& j : r.jobs()) {
     std::string pinned;
     for (const std::string& k : j.pinned_keys()) {
       absl::StrAppend(&pinned, pinned.empty() ? "" : ",", k);
     }
-    std::printf("%-20s %-9s %-9s %8llu %10llu %8llu %s\n",
-                j.job().empty() ? "-" : j.job().c_str(), j.mode().c_str(),
+    std::printf("%-20s %-14s %-9s %-9s %8llu %10llu %8llu %s\n",
+                j.job().empty() ? "-" : j.job().c_str(),
+                j.tenant().empty() ? "-" : j.tenant().c_str(), j.mode().c_str(),
                 j.state().c_str(), static_cast<unsigned long long>(j.sessions()),
                 static_cast<unsigned long long>(j.window_events()),
                 static_cast<unsigned long long>(j.dropped_events()),
@@ -458,10 +463,12 @@ int main(int argc, char** argv) {
   at_history->add_option("--job,-j", o.job, "only this job");
   at_history->add_option("--limit,-n", o.limit, "decisions (default 20)");
   CLI::App* at_run = autotune->add_subcommand(
-      "run", "decide for JOB now, whatever the triggers say");
+      "run", "decide for JOB now (its job in each tenant), whatever the "
+             "triggers say");
   at_run->add_option("JOB", o.job, "job label")->required();
   CLI::App* at_set = autotune->add_subcommand(
-      "set", "a job's mode (or, without --job, the daemon's default)");
+      "set", "a job's mode in every tenant, which a job may lower for "
+             "itself but not raise (or, without --job, the daemon's default)");
   at_set->add_option("--job,-j", o.job, "job label (default: the daemon's "
                                         "default for jobs without their own)");
   at_set->add_option("--mode,-m", o.mode, "off, recommend or apply")
