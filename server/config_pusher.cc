@@ -200,7 +200,7 @@ v1::GetConfigResponse ConfigPusher::Get(absl::string_view job) const {
 
 absl::StatusOr<v1::SetConfigResponse> ConfigPusher::Set(
     absl::string_view job, absl::string_view config, absl::string_view author,
-    uint64_t predicted_peak_reserved_bytes, bool skip_running) {
+    uint64_t predicted_peak_reserved_bytes) {
   absl::MutexLock fanout(&fanout_mu_);
   absl::StatusOr<ConfigRecord> record =
       configs_.Set(job, config, author, predicted_peak_reserved_bytes);
@@ -214,7 +214,6 @@ absl::StatusOr<v1::SetConfigResponse> ConfigPusher::Set(
     const bool applies = job.empty() ? !configs_.HasOwnConfig(session_job)
                                      : session_job == job;
     if (!applies) continue;
-    if (skip_running && s->Current().config == record->config) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
     ++pushed;
   }
@@ -254,15 +253,14 @@ absl::StatusOr<uint64_t> ConfigPusher::PushToSession(
 
 absl::StatusOr<uint64_t> ConfigPusher::PushToTenantJob(
     const TenantId& tenant, absl::string_view job, absl::string_view config,
-    absl::string_view author, uint64_t predicted_peak_reserved_bytes,
-    bool skip_running) {
+    absl::string_view author, uint64_t predicted_peak_reserved_bytes) {
   absl::MutexLock fanout(&fanout_mu_);
   absl::StatusOr<ConfigRecord> record = configs_.AddVersion(
       job, config, author, "push", predicted_peak_reserved_bytes);
   if (!record.ok()) return record.status();
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
     if (s->identity().tenant != tenant || s->identity().job != job) continue;
-    if (skip_running && s->Current().config == record->config) continue;
+    if (s->Current().config == record->config) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
   }
   return record->version;

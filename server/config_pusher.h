@@ -79,22 +79,22 @@ class ConfigPusher {
   // `session` just registered; its client declared it runs
   // `current_config` (canonical) under `current_version` (0: its initial
   // config). Adopts that config, then pushes the job's: its own (an
-  // admin's, or the autotuner's in this daemon's run), else `learned`
-  // (recorded as a version of its own, event "learned"), else the default.
-  AtRegistration Register(Session& session, const std::string& current_config,
+  // admin's), else `learned` (recorded as a version of its own, event
+  // "learned"), else the default.
   // `started_on_learned`: the client started on `current_config` (version
   // 0) as the job's learned config; when that is `learned` it is recorded
   // as what the session runs and nothing is pushed; otherwise (forgotten
   // meanwhile, or the job got a config of its own) it is adopted as what
   // the session runs and the job's config is pushed over it.
+  AtRegistration Register(Session& session, const std::string& current_config,
                           uint64_t current_version,
                           const std::optional<Learned>& learned = std::nullopt,
                           bool started_on_learned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
-  // `session`'s client applied a version (ACK) or not (NACK): recorded,
   // Whether `job` has a config of its own (an admin's or the autotuner's
   // in this daemon's run), which a learned config never replaces.
   bool HasOwnConfig(absl::string_view job) const;
+  // `session`'s client applied a version (ACK) or not (NACK): recorded,
   // and an ACKed one becomes what it runs. InvalidArgument for an unknown
   // version or a NACK's error over kMaxOomMessage bytes.
   absl::Status Ack(Session& session, const v1::ConfigAck& r);
@@ -106,14 +106,14 @@ class ConfigPusher {
   // response when none does.
   v1::GetConfigResponse Get(absl::string_view job) const;
   // Sets `job`'s config (the empty job: the default) and pushes it to the
-  // sessions it applies to, but those running it when `skip_running`.
-  // `author` says who; `predicted_peak_reserved_bytes`: allocd tune's
-  // prediction for the job under `config` (0: none), exported for
-  // dashboards. ConfigStore::Set's errors.
+  // sessions it applies to. `author` says who;
+  // `predicted_peak_reserved_bytes`: allocd tune's prediction for the job
+  // under `config` (0: none), exported for dashboards. ConfigStore::Set's
+  // errors.
   absl::StatusOr<v1::SetConfigResponse> Set(
       absl::string_view job, absl::string_view config,
-      absl::string_view author, uint64_t predicted_peak_reserved_bytes,
-      bool skip_running) ABSL_LOCKS_EXCLUDED(fanout_mu_);
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes)
+      ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Removes `job`'s own config; its sessions are pushed the default, if
   // one is set.
   void Clear(absl::string_view job, absl::string_view author)
@@ -125,16 +125,16 @@ class ConfigPusher {
       SessionId id, absl::string_view config, absl::string_view author,
       std::string reason, uint64_t predicted_peak_reserved_bytes);
   // Pushes `config` as one new version to `tenant`'s sessions of `job`
-  // (those running it already skipped when `skip_running`), without making
-  // it the job's config: an autotuner's kept push or its rollback. A label
+  // that do not run it already (the canary does), without making it the
+  // job's config: an autotuner's kept push or its rollback. A label
   // names a job within its tenant only, so another tenant's sessions of
   // the label are never pushed it; this tenant's later sessions are handed
   // what the autotuner learned instead (Register's `learned`). Returns the
   // version; ConfigStore::AddVersion's errors.
   absl::StatusOr<uint64_t> PushToTenantJob(
       const TenantId& tenant, absl::string_view job, absl::string_view config,
-      absl::string_view author, uint64_t predicted_peak_reserved_bytes,
-      bool skip_running) ABSL_LOCKS_EXCLUDED(fanout_mu_);
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes)
+      ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `config` back to session `id` as a rollback, unless it is
   // rolling back already (an OOM did it). The version is the one the
   // session ran `config` under, when it did.

@@ -187,7 +187,7 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   // sessions of the label.
   absl::StatusOr<uint64_t> version = core_->PushToTenantJob(
       job.tenant, job.job, config, absl::StrCat(kAuthor, ": ", reason),
-      predicted_peak_reserved, /*skip_running=*/true);
+      predicted_peak_reserved);
   if (!version.ok()) return version.status();
   absl::MutexLock lock(&mu_);
   job_versions_[job] = *version;

@@ -631,9 +631,8 @@ v1::GetConfigResponse DaemonCore::GetConfig(absl::string_view job) const {
 
 absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
     absl::string_view job, absl::string_view config, absl::string_view author,
-    uint64_t predicted_peak_reserved_bytes, bool skip_running) {
-  return config_pusher_.Set(job, config, author,
-                            predicted_peak_reserved_bytes, skip_running);
+    uint64_t predicted_peak_reserved_bytes) {
+  return config_pusher_.Set(job, config, author, predicted_peak_reserved_bytes);
 }
 
 absl::StatusOr<uint64_t> DaemonCore::PushToSession(
@@ -645,11 +644,9 @@ absl::StatusOr<uint64_t> DaemonCore::PushToSession(
 
 absl::StatusOr<uint64_t> DaemonCore::PushToTenantJob(
     const TenantId& tenant, absl::string_view job, absl::string_view config,
-    absl::string_view author, uint64_t predicted_peak_reserved_bytes,
-    bool skip_running) {
+    absl::string_view author, uint64_t predicted_peak_reserved_bytes) {
   return config_pusher_.PushToTenantJob(tenant, job, config, author,
-                                        predicted_peak_reserved_bytes,
-                                        skip_running);
+                                        predicted_peak_reserved_bytes);
 }
 
 absl::Status DaemonCore::RollBackSession(SessionId id,

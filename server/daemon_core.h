@@ -205,12 +205,9 @@ class DaemonCore {
   // Also how a config file sets configs: `author` says who.
   // `predicted_peak_reserved_bytes`: allocd tune's prediction for the job
   // under `config` (0: none), exported for dashboards.
-  // `skip_running`: sessions that run `config` already (a canary) get no
-  // push.
   absl::StatusOr<v1::SetConfigResponse> SetConfig(
       absl::string_view job, absl::string_view config,
-      absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0,
-      bool skip_running = false);
+      absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0);
   // Pushes `config` to one session as a new version that is not its job's
   // config (an autotuner's canary). Returns the version.
   absl::StatusOr<uint64_t> PushToSession(SessionId id, absl::string_view config,
@@ -223,8 +220,7 @@ class DaemonCore {
                                            absl::string_view job,
                                            absl::string_view config,
                                            absl::string_view author,
-                                           uint64_t predicted_peak_reserved_bytes,
-                                           bool skip_running);
+                                           uint64_t predicted_peak_reserved_bytes);
   // Pushes `config` back to a session as a rollback, unless it is rolling
   // back already (an OOM did it). The version is the one the session ran
   // `config` under, when it did.

@@ -54,7 +54,7 @@ class ConfigPusherTest : public ::testing::Test {
 
 TEST_F(ConfigPusherTest, AConfigsPredictedPeakIsKeptAndExportedForItsJob) {
   absl::StatusOr<v1::SetConfigResponse> set = pusher_.Set(
-      "llama", "expandable_segments:True", "test", 4802478080, false);
+      "llama", "expandable_segments:True", "test", 4802478080);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->config().predicted_peak_reserved_bytes(), 4802478080u);
   EXPECT_EQ(pusher_.Get("llama").config().predicted_peak_reserved_bytes(),
@@ -64,22 +64,22 @@ TEST_F(ConfigPusherTest, AConfigsPredictedPeakIsKeptAndExportedForItsJob) {
                         "{job=\"llama\"} 4802478080"));
   // Another job's config without a prediction exports nothing for it.
   ASSERT_TRUE(
-      pusher_.Set("gpt2", "max_split_size_mb:256", "test", 0, false).ok());
+      pusher_.Set("gpt2", "max_split_size_mb:256", "test", 0).ok());
   EXPECT_THAT(metrics_.Render(), Not(HasSubstr("job=\"gpt2\"} ")));
 }
 
 TEST_F(ConfigPusherTest, ANewConfigWithoutAPredictionRemovesTheOldOne) {
   ASSERT_TRUE(
-      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30, false)
+      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30)
           .ok());
   ASSERT_TRUE(
-      pusher_.Set("llama", "max_split_size_mb:256", "test", 0, false).ok());
+      pusher_.Set("llama", "max_split_size_mb:256", "test", 0).ok());
   EXPECT_THAT(metrics_.Render(), Not(HasSubstr(std::string(kPredicted) + "{")));
 }
 
 TEST_F(ConfigPusherTest, ClearingAJobsConfigRemovesItsPrediction) {
   ASSERT_TRUE(
-      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30, false)
+      pusher_.Set("llama", "expandable_segments:True", "test", 1 << 30)
           .ok());
   pusher_.Clear("llama", "test");
   EXPECT_THAT(metrics_.Render(), Not(HasSubstr(std::string(kPredicted) + "{")));
@@ -91,7 +91,7 @@ TEST_F(ConfigPusherTest, ClearingAJobsConfigRemovesItsPrediction) {
 TEST_F(ConfigPusherTest,
        ARegisteringSessionIsPushedItsJobsConfigUnlessItRunsIt) {
   absl::StatusOr<v1::SetConfigResponse> set =
-      pusher_.Set("llama", "expandable_segments:True", "test", 0, false);
+      pusher_.Set("llama", "expandable_segments:True", "test", 0);
   ASSERT_TRUE(set.ok()) << set.status();
   const uint64_t version = set->config().version();
 
@@ -120,7 +120,7 @@ TEST_F(ConfigPusherTest,
 TEST_F(ConfigPusherTest, ALearnedConfigIsHandedUnlessTheJobHasItsOwn) {
   const ConfigPusher::Learned learned{.config = "expandable_segments:True",
                                       .author = "autotune decision 3"};
-  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0, false).ok());
+  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0).ok());
 
   std::shared_ptr<Session> first = Register("", 0, learned);
   ASSERT_TRUE(registered_.learned.has_value());
@@ -142,7 +142,7 @@ TEST_F(ConfigPusherTest, ALearnedConfigIsHandedUnlessTheJobHasItsOwn) {
   EXPECT_TRUE(Pushed(*back).empty());
 
   absl::StatusOr<v1::SetConfigResponse> own =
-      pusher_.Set("llama", "garbage_collection_threshold:0.6", "an admin", 0, false);
+      pusher_.Set("llama", "garbage_collection_threshold:0.6", "an admin", 0);
   ASSERT_TRUE(own.ok()) << own.status();
   std::shared_ptr<Session> admin_set = Register("", 0, learned);
   EXPECT_FALSE(registered_.learned.has_value());
@@ -170,7 +170,7 @@ TEST_F(ConfigPusherTest, AClientStartedOnTheLearnedConfigRunsItsVersionAndRollsB
   EXPECT_EQ(Pushed(*started), (std::vector<std::pair<uint64_t, bool>>{{0, true}}));
   EXPECT_EQ(started->identity().initial_config, "max_split_size_mb:64");
 
-  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0, false).ok());
+  ASSERT_TRUE(pusher_.Set("", "max_split_size_mb:256", "test", 0).ok());
   std::shared_ptr<Session> stale = Register("expandable_segments:True", 0,
                                             std::nullopt, /*started_on_learned=*/true);
   EXPECT_FALSE(registered_.learned.has_value());
