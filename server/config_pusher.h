@@ -91,8 +91,8 @@ class ConfigPusher {
                           const std::optional<Learned>& learned = std::nullopt,
                           bool started_on_learned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
-  // Whether `job` has a config of its own (an admin's or the autotuner's
-  // in this daemon's run), which a learned config never replaces.
+  // Whether `job` has a config of its own (an admin's, for the label in
+  // every tenant), which a learned config never replaces.
   bool HasOwnConfig(absl::string_view job) const;
   // `session`'s client applied a version (ACK) or not (NACK): recorded,
   // and an ACKed one becomes what it runs. InvalidArgument for an unknown
