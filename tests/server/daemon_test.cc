@@ -360,6 +360,10 @@ TEST_F(DaemonTest, ADefaultTenantQuotaCountsATenantsSessionsTogether) {
   v1::SetQuotaResponse ignored;
   ASSERT_TRUE(admin_->SetQuota(&context, quota, &ignored).ok());
   EXPECT_TRUE(second->Acquire(4 * kChunk).ok());
+  // `allocctl sessions` names the tenant a quota is set for.
+  Child sessions({ALLOCCTL_BINARY, "--socket", socket_, "sessions"});
+  EXPECT_THAT(sessions.Rest(), ::testing::AllOf(HasSubstr("TENANT"), HasSubstr(tenant)));
+  EXPECT_EQ(sessions.Wait(), 0);
 }
 
 TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn) {
