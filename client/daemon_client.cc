@@ -39,7 +39,14 @@ DaemonClient::DaemonClient(DaemonClientOptions options,
       reconnector_(options_, {.active = active_,
                               .held = held_,
                               .control = control_,
-                              .telemetry = telemetry_}) {}
+                              .telemetry = telemetry_}) {
+  // It started on the job's learned config, which the daemon knows under a
+  // version: reported from now on, and declared should it reconnect.
+  if (const std::shared_ptr<Connection> c = active_.Current();
+      c != nullptr && c->running_version != 0) {
+    reconnector_.SetRunning(options_.started_on_learned, c->running_version);
+  }
+}
 
 DaemonClient::~DaemonClient() {
   // Both threads end before the read-ahead gives back what it holds (the

@@ -19,8 +19,15 @@ struct DaemonClientOptions {
   // The UUID of that GPU, "GPU-..." (GpuUuid in cuda_daemon_backend.h):
   // picks the daemon's pool for it. Empty: the daemon's first device.
   std::string gpu_uuid;
-  // Canonical PYTORCH_CUDA_ALLOC_CONF the process starts with.
+  // Canonical PYTORCH_CUDA_ALLOC_CONF the job is started with: its own,
+  // where a rollback returns.
   std::string initial_config;
+  // The config the process started on instead, when it started on the
+  // job's learned config (AskLearnedConfig, allocd run): declared at the
+  // first registration (RegisterRequest.started_on_learned), so the daemon
+  // knows what the process runs and pushes nothing. Empty: it started on
+  // initial_config.
+  std::string started_on_learned;
   std::string description = "allocd-client";
   absl::Duration telemetry_period = absl::Milliseconds(100);
   absl::Duration reconnect_min = absl::Milliseconds(50);

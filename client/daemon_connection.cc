@@ -113,6 +113,12 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
     request.set_current_config(running.config);
     request.set_current_config_version(running.version);
   }
+  // Once: a later registration (the daemon restarted) declares what a push
+  // or the first registration gave it, and version 0 is its own config.
+  if (epoch == 1 && running.version == 0 && !o.started_on_learned.empty()) {
+    request.set_current_config(o.started_on_learned);
+    request.set_started_on_learned(true);
+  }
   *request.mutable_autotune() = o.autotune;
   v1::RegisterResponse response;
   if (grpc::Status s = c->stub->Register(&context, request, &response);
@@ -140,6 +146,29 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
   absl::MutexLock lock(&c->lease_mu);
   c->lease = std::move(*lease);
   return c;
+}
+
+absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
+                                             const std::string& job,
+                                             absl::Duration timeout) {
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no allocd daemon at ", socket, ": ", fd.status().message()));
+  }
+  std::unique_ptr<v1::Allocd::Stub> stub = v1::Allocd::NewStub(
+      grpc::CreateCustomInsecureChannelFromFd("allocd", fd->release(),
+                                              grpc::ChannelArguments()));
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::LearnedConfigRequest request;
+  request.set_job(job);
+  v1::LearnedConfigResponse response;
+  if (grpc::Status s = stub->LearnedConfig(&context, request, &response);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  return response.config();
 }
 
 absl::Status ReleaseChunks(Connection& c, absl::Span<const uint64_t> ids,

@@ -86,6 +86,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
     const DaemonClientOptions& options, uint64_t epoch,
     const RunningConfig& running);
 
+// The config the daemon at `socket` would hand a session of `job` (in the
+// caller's tenant) as learned at registration, for a process to start on
+// before its first allocation; "" when none. Unavailable, naming the
+// socket, when no daemon answers; the daemon's error when it refuses.
+absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
+                                             const std::string& job,
+                                             absl::Duration timeout);
+
 // Sends `request` on the side socket `fd` (with `send_fds` riding along)
 // and gathers the answer, which may span several frames (a claim of more
 // chunks than one frame carries FDs for); their FDs go to `fds` unless it

@@ -35,7 +35,10 @@
 // process runs natively, with one warning.
 //
 // Configuration (environment): ALLOCD_SOCKET, ALLOCD_JOB,
-// PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config),
+// PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config;
+// when `allocd run` set it to the job's learned config,
+// ALLOCD_LEARNED_ALLOC_CONF, it is declared as started on that and
+// ALLOCD_INITIAL_ALLOC_CONF, the job's own, is the initial config),
 // ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
 // package writes them),
 // ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
@@ -567,13 +570,22 @@ class Interposer {
     // number for it.
     absl::StatusOr<std::string> uuid = GpuUuid(device);
     if (!uuid.ok()) return uuid.status();
+    // allocd run started PyTorch on the job's learned config; unless the
+    // program changed PYTORCH_CUDA_ALLOC_CONF since, that is what it runs.
+    std::string started_on_learned = env("ALLOCD_LEARNED_ALLOC_CONF", "");
+    if (started_on_learned != env("PYTORCH_CUDA_ALLOC_CONF", "")) {
+      started_on_learned.clear();
+    }
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(
             {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
              .job = env("ALLOCD_JOB", ""),
              .device = device,
              .gpu_uuid = *std::move(uuid),
-             .initial_config = env("PYTORCH_CUDA_ALLOC_CONF", ""),
+             .initial_config = started_on_learned.empty()
+                                   ? env("PYTORCH_CUDA_ALLOC_CONF", "")
+                                   : env("ALLOCD_INITIAL_ALLOC_CONF", ""),
+             .started_on_learned = started_on_learned,
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
              .read_ahead_keep = absl::Milliseconds(*read_ahead_ms)});

@@ -23,6 +23,7 @@
 #include "allocator/trace/snapshot_reader.h"
 #include "allocd.grpc.pb.h"
 #include "client/daemon_client.h"
+#include "client/daemon_connection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
@@ -391,6 +392,45 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
   daemon_->Kill();
   StartDaemon("apply", {"--state-dir", state_dir});
   ASSERT_EQ(Learned().learned_size(), 1);
+
+  // A job about to start asks for it (allocd run, before the program runs);
+  // another job learned nothing.
+  absl::StatusOr<std::string> asked = AskLearnedConfig(socket_, "llama", absl::Seconds(10));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(*asked, l.config());
+  asked = AskLearnedConfig(socket_, "bert", absl::Seconds(10));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(*asked, "");
+  // allocd run starts the program on it, the job's own config kept as its
+  // initial config for the interposer to declare.
+  Child run({"/usr/bin/env", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64", ALLOCD_BINARY,
+             "run", "--socket", socket_, "--job", "llama", "--", "/bin/sh", "-c",
+             "echo \"$PYTORCH_CUDA_ALLOC_CONF|$ALLOCD_INITIAL_ALLOC_CONF|"
+             "$ALLOCD_LEARNED_ALLOC_CONF\""});
+  EXPECT_EQ(run.Line(absl::Seconds(20)),
+            absl::StrCat(l.config(), "|max_split_size_mb:64|", l.config()));
+  EXPECT_EQ(run.Wait(), 0);
+  // A client that started on it registers as such: it runs the learned
+  // version and is pushed nothing (its own config is its initial one).
+  {
+    const int pushes = CountEvents("push");
+    absl::StatusOr<std::unique_ptr<DaemonClient>> started =
+        DaemonClient::Connect({.socket = socket_,
+                               .job = "llama",
+                               .initial_config = "max_split_size_mb:64",
+                               .started_on_learned = l.config()});
+    ASSERT_TRUE(started.ok()) << started.status();
+    const uint64_t version = (*started)->running_version();
+    EXPECT_NE(version, 0u);
+    bool learned_version = false;
+    for (const v1::HistoryEntry& e : ConfigHistory()) {
+      learned_version |= e.event() == "learned" && e.version() == version &&
+                         e.config() == l.config();
+    }
+    EXPECT_TRUE(learned_version);
+    EXPECT_EQ(CountEvents("push"), pushes);
+  }
+
   std::unique_ptr<Child> next =
       Replay("llama", {"--config", "max_split_size_mb:64", "--loop", "1"});
   nlohmann::json next_out = Finish(*next);
