@@ -402,14 +402,17 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
   ASSERT_TRUE(asked.ok()) << asked.status();
   EXPECT_EQ(*asked, "");
   // allocd run starts the program on it, the job's own config kept as its
-  // initial config for the interposer to declare.
-  Child run({"/usr/bin/env", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64", ALLOCD_BINARY,
-             "run", "--socket", socket_, "--job", "llama", "--", "/bin/sh", "-c",
-             "echo \"$PYTORCH_CUDA_ALLOC_CONF|$ALLOCD_INITIAL_ALLOC_CONF|"
-             "$ALLOCD_LEARNED_ALLOC_CONF\""});
-  EXPECT_EQ(run.Line(absl::Seconds(20)),
-            absl::StrCat(l.config(), "|max_split_size_mb:64|", l.config()));
-  EXPECT_EQ(run.Wait(), 0);
+  // initial config for the interposer to declare. (Not under AddressSanitizer:
+  // allocd run preloads the interposer ahead of the sanitizer's runtime.)
+  if (kSlowdown == 1) {
+    Child run({"/usr/bin/env", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64", ALLOCD_BINARY,
+               "run", "--socket", socket_, "--job", "llama", "--", "/bin/sh", "-c",
+               "echo \"$PYTORCH_CUDA_ALLOC_CONF|$ALLOCD_INITIAL_ALLOC_CONF|"
+               "$ALLOCD_LEARNED_ALLOC_CONF\""});
+    EXPECT_EQ(run.Line(absl::Seconds(20)),
+              absl::StrCat(l.config(), "|max_split_size_mb:64|", l.config()));
+    EXPECT_EQ(run.Wait(), 0);
+  }
   // A client that started on it registers as such: it runs the learned
   // version and is pushed nothing (its own config is its initial one).
   {
