@@ -27,6 +27,7 @@
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/daemon_harness.h"
+#include "tests/security/run_as.h"
 #include "tests/security/under_asan.h"
 
 namespace allocd {
@@ -46,31 +47,9 @@ constexpr char kStartConfig[] = "max_split_size_mb:64";  // a harmful one
 // a container user in it would be), printed on stdout, once it exited 0;
 // "" otherwise. Drops root between fork and exec with system calls only.
 std::string RunAs(uid_t uid, std::vector<std::string> args) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return "";
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const gid_t groups[] = {0};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    if (setgroups(1, groups) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
-      _exit(126);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  std::string output;
-  char buffer[4096];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
-    output.append(buffer, n);
-  }
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? output : "";
+  const RanAs ran =
+      ::allocd::RunAs(uid, {0}, std::move(args), /*with_stderr=*/false);
+  return ran.exit_code == 0 ? ran.output : "";
 }
 
 class AutotuneLabelTest : public ::testing::Test {

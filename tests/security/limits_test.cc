@@ -40,6 +40,7 @@
 #include "ipc/unix_socket.h"
 #include "proto/protocol.h"
 #include "tests/server/daemon_harness.h"
+#include "tests/security/run_as.h"
 #include "tests/security/under_asan.h"
 
 namespace allocd {
@@ -54,34 +55,9 @@ constexpr uid_t kFlooder = 1002;
 // What the legitimate client's calls get: see the file's comment.
 constexpr absl::Duration kLegitimateDeadline = absl::Seconds(1);
 
-// What `args` printed (stdout and stderr) run as `uid`, which the child
-// becomes before it execs.
+// What `args` printed (stdout and stderr) run as `uid`, without groups.
 std::string RunAs(uid_t uid, std::vector<std::string> args) {
-  int out[2];
-  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
-      _exit(126);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  std::string output;
-  char buffer[4096];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
-    output.append(buffer, n);
-  }
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return output;
+  return ::allocd::RunAs(uid, {}, std::move(args)).output;
 }
 
 // VmRSS of process `pid`, in bytes.

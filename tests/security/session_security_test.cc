@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "tests/server/daemon_harness.h"
+#include "tests/security/run_as.h"
 
 namespace allocd {
 namespace {
@@ -40,43 +41,15 @@ using harness::DialAdmin;
 
 constexpr uid_t kAttacker = 1002;
 
-// What a command run as `uid` printed, and its exit code. The child drops
-// root before it execs (setgroups to `groups`, setgid, setuid): nothing
-// between fork and exec but system calls.
+// What a command run as `uid` with `groups` printed, by line, and its exit
+// code.
 struct Ran {
   std::vector<std::string> lines;
   int exit_code = -1;
 };
 Ran RunAs(uid_t uid, std::vector<gid_t> groups, std::vector<std::string> args) {
-  int out[2];
-  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    if (setgroups(groups.size(), groups.data()) != 0 || setgid(uid) != 0 ||
-        setuid(uid) != 0) {
-      _exit(126);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  std::string output;
-  char buffer[4096];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
-    output.append(buffer, n);
-  }
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Ran ran;
-  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  ran.lines = absl::StrSplit(output, '\n', absl::SkipEmpty());
-  return ran;
+  const RanAs ran = ::allocd::RunAs(uid, groups, std::move(args));
+  return {absl::StrSplit(ran.output, '\n', absl::SkipEmpty()), ran.exit_code};
 }
 
 class SessionSecurityTest : public ::testing::Test {
