@@ -117,6 +117,17 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
     // The job's newest session speaks for it; one that asks nothing keeps
     // what an earlier one asked.
     if (asks) job_preferences_[key] = preferences;
+    if (session_jobs_.emplace(identity.id, key).second) {
+      if (++live_sessions_[key] == 1) {
+        // Started again: its version is a live job's, out of the ended
+        // jobs' queue.
+        if (auto ended = ended_version_order_.find(key);
+            ended != ended_version_order_.end()) {
+          ended_versions_.erase(ended->second);
+          ended_version_order_.erase(ended);
+        }
+      }
+    }
     // Given before the session, so that the job's window is opened under
     // its own mode (an admin's for the label, or what its tenant asked).
     policied_.insert(key);
@@ -136,8 +147,46 @@ void DaemonAutotune::SessionEnded(SessionId id) {
   {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
+    if (auto session = session_jobs_.find(id); session != session_jobs_.end()) {
+      const JobKey key = session->second;
+      session_jobs_.erase(session);
+      auto live = live_sessions_.find(key);
+      if (live != live_sessions_.end() && --live->second == 0) {
+        live_sessions_.erase(live);
+        ForgetEndedJob(key);
+      }
+    }
   }
   autotuner_->SessionEnded(id);
+}
+
+void DaemonAutotune::ForgetEndedJob(const JobKey& key) {
+  job_preferences_.erase(key);
+  policied_.erase(key);
+  QueueEndedJobVersion(key);
+}
+
+void DaemonAutotune::QueueEndedJobVersion(const JobKey& key) {
+  if (!job_versions_.contains(key) || ended_version_order_.contains(key)) {
+    return;
+  }
+  const uint64_t order = ++endings_;
+  ended_versions_.emplace(order, key);
+  ended_version_order_[key] = order;
+  while (ended_versions_.size() > kEndedJobVersionsKept) {
+    auto oldest = ended_versions_.begin();
+    job_versions_.erase(oldest->second);
+    ended_version_order_.erase(oldest->second);
+    ended_versions_.erase(oldest);
+  }
+}
+
+DaemonAutotune::JobStateSizes DaemonAutotune::JobStateSizesForTest() const {
+  absl::MutexLock lock(&mu_);
+  return {.live_jobs = live_sessions_.size(),
+          .preferences = job_preferences_.size(),
+          .policied = policied_.size(),
+          .versions = job_versions_.size()};
 }
 
 void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
@@ -191,6 +240,8 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   if (!version.ok()) return version.status();
   absl::MutexLock lock(&mu_);
   job_versions_[job] = *version;
+  // Set as (or after) the job's last session ended: kept as an ended job's.
+  if (!live_sessions_.contains(job)) QueueEndedJobVersion(job);
   return *version;
 }
 

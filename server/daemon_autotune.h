@@ -32,6 +32,7 @@
 #ifndef ALLOCD_SERVER_DAEMON_AUTOTUNE_H_
 #define ALLOCD_SERVER_DAEMON_AUTOTUNE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -115,6 +116,27 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // Blocks until the autotuner has nothing queued or running (tests).
   void WaitIdle() { autotuner_->WaitIdle(); }
 
+  // How many entries the per-job state holds (tests: it must stay bounded
+  // by the live sessions, whatever labels clients registered and ended).
+  struct JobStateSizes {
+    // Jobs with a live session.
+    size_t live_jobs = 0;
+    // What jobs asked for (job_preferences_).
+    size_t preferences = 0;
+    // Jobs given a policy of their own (policied_).
+    size_t policied = 0;
+    // Versions set for a job (job_versions_), live jobs' and ended jobs'
+    // kept ones together.
+    size_t versions = 0;
+  };
+  JobStateSizes JobStateSizesForTest() const;
+
+  // How many ended jobs keep the version last set for them: a decision on
+  // that push can still come after the job's last session ended (it was
+  // promoted as the session went), and is learned only if its version is
+  // known.
+  static constexpr size_t kEndedJobVersionsKept = 1024;
+
  private:
   JobPolicy EffectivePolicy(const JobKey& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -126,6 +148,14 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
       const std::optional<std::string>& label)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const std::vector<std::pair<JobKey, JobPolicy>>& policies);
+  // The job's last session ended: drops what it asked for and its policy,
+  // and queues its version with the ended jobs' (QueueEndedJobVersion).
+  void ForgetEndedJob(const JobKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the version of a job with no live session (if it has one and is
+  // not queued yet), dropping the oldest ended job's past
+  // kEndedJobVersionsKept.
+  void QueueEndedJobVersion(const JobKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a push kept for the whole job in `learned_` (or its realised
   // peak, once known), or forgets a rolled-back one.
   void Learn(const AutotuneDecision& decision) ABSL_LOCKS_EXCLUDED(mu_);
@@ -142,15 +172,34 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // By label: an admin's layers apply to the label in every tenant.
   std::map<std::string, AutotuneMode> admin_modes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, AutotuneFilePolicy> file_policies_ ABSL_GUARDED_BY(mu_);
-  // By job: what a job asked for is its tenant's job's only.
+  // The job's entries are dropped as its last session ends: what it asked
+  // for and its policy are a client's, and a label flood must not grow
+  // them past the live sessions (which --max-sessions bounds). What an
+  // admin set is by label (admin_modes_, file_policies_) and stays.
+  //
+  // By session: its job, for SessionEnded (which is given the id only).
+  std::map<SessionId, JobKey> session_jobs_ ABSL_GUARDED_BY(mu_);
+  // By job: how many of its sessions are live.
+  std::map<JobKey, size_t> live_sessions_ ABSL_GUARDED_BY(mu_);
+  // By job: what a job asked for is its tenant's job's only. Its newest
+  // session speaks for it while any is live; a job that ends and comes
+  // back asks again.
   std::map<JobKey, v1::AutotunePreferences> job_preferences_
       ABSL_GUARDED_BY(mu_);
-  // Jobs the autotuner was given a policy of their own (each job, as its
-  // first session starts).
+  // Live jobs the autotuner was given a policy of their own (each job, as
+  // its first session starts), to be given it again when an admin's layer
+  // changes. An ended job's comes again when it starts again.
   std::set<JobKey> policied_ ABSL_GUARDED_BY(mu_);
   // The version the autotuner last set as each job's config (SetJobConfig):
-  // a decision under that version was kept for the whole job.
+  // a decision under that version was kept for the whole job. A live job's
+  // is kept; an ended job's for the last kEndedJobVersionsKept ended jobs.
   std::map<JobKey, uint64_t> job_versions_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs that keep their version, oldest ending first (by an ending
+  // count, so that a job that starts again leaves the queue at once), and
+  // each such job's place in it.
+  std::map<uint64_t, JobKey> ended_versions_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, uint64_t> ended_version_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t endings_ ABSL_GUARDED_BY(mu_) = 0;
   // Per session: where its event stream should continue, so a batch that
   // never arrived shows as a gap.
   std::map<SessionId, uint64_t> next_sequence_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "server/autotune/learned_configs.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -269,6 +270,68 @@ TEST(DaemonAutotuneTenantsTest, AKeptPushReachesItsTenantsSessionsOfTheLabelOnly
     named |= e.event() == "autotune" && absl::StrContains(e.detail(), "uid:1001");
   }
   EXPECT_TRUE(named);
+}
+
+// A tenant registering and ending sessions under ever new labels (issue 29)
+// leaves no per-job state behind past its live sessions and a bounded
+// number of ended jobs' kept versions, while a live job keeps what it asked
+// for and its kept push.
+TEST(DaemonAutotuneTenantsTest, ALabelFloodLeavesNoJobStateBehindItsLiveSessions) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply);
+  const TestDaemon::Registered live = daemon.Register(1001, "live", "recommend");
+  absl::StatusOr<uint64_t> live_version = daemon.autotune.SetJobConfig(
+      {"uid:1001", "live"}, kLearned, "decision 7", 5LL << 30);
+  ASSERT_TRUE(live_version.ok()) << live_version.status();
+
+  constexpr int kLabels = 3000;
+  static_assert(kLabels > DaemonAutotune::kEndedJobVersionsKept);
+  uint64_t last_flood_version = 0;
+  for (int i = 0; i < kLabels; ++i) {
+    const std::string label = absl::StrCat("flood-", i);
+    const TestDaemon::Registered flood = daemon.Register(1002, label, "apply");
+    ASSERT_NE(flood.id, 0u);
+    // A push set for the flood's job, as the autotuner keeps one.
+    absl::StatusOr<uint64_t> set =
+        daemon.autotune.SetJobConfig({"uid:1002", label}, kLearned, "flood", 0);
+    ASSERT_TRUE(set.ok()) << set.status();
+    last_flood_version = *set;
+    daemon.core.EndSession(flood.id, "the flood's process exited");
+  }
+  const DaemonAutotune::JobStateSizes sizes =
+      daemon.autotune.JobStateSizesForTest();
+  EXPECT_EQ(sizes.live_jobs, 1u);
+  EXPECT_EQ(sizes.preferences, 1u);
+  EXPECT_EQ(sizes.policied, 1u);
+  EXPECT_EQ(sizes.versions, 1u + DaemonAutotune::kEndedJobVersionsKept);
+
+  // The live job: its mode as it asked, its kept push learned.
+  EXPECT_EQ(daemon.ModeOf("uid:1001", "live"), "recommend");
+  AutotuneDecision kept = TestDaemon::Pushed(live.id, "live");
+  kept.version = *live_version;
+  daemon.autotune.OnDecision(kept);
+  EXPECT_TRUE(learned.Find({"uid:1001", "live"}).has_value());
+
+  // A decision on a push of a job that just ended is still learned.
+  AutotuneDecision late = TestDaemon::Pushed(0, absl::StrCat("flood-", kLabels - 1));
+  late.tenant = "uid:1002";
+  late.id = 8;
+  late.version = last_flood_version;
+  daemon.autotune.OnDecision(late);
+  EXPECT_TRUE(learned.Find({"uid:1002", late.job}).has_value());
+
+  // A job that ends and comes back asks again: its state is a live job's.
+  const TestDaemon::Registered back = daemon.Register(1002, "flood-0", "off");
+  EXPECT_EQ(daemon.ModeOf("uid:1002", "flood-0"), "off");
+  EXPECT_EQ(daemon.autotune.JobStateSizesForTest().live_jobs, 2u);
+  daemon.core.EndSession(back.id, "done");
+  daemon.core.EndSession(live.id, "done");
+  const DaemonAutotune::JobStateSizes after =
+      daemon.autotune.JobStateSizesForTest();
+  EXPECT_EQ(after.live_jobs, 0u);
+  EXPECT_EQ(after.preferences, 0u);
+  EXPECT_EQ(after.policied, 0u);
+  EXPECT_LE(after.versions, DaemonAutotune::kEndedJobVersionsKept);
 }
 
 }  // namespace allocd
