@@ -599,6 +599,7 @@ absl::StatusOr<Grant> NodePool::CommitCreated(
     alive->chunks.insert(scrubbed.id);
     a.grant.chunk_ids.push_back(scrubbed.id);
     a.grant.chunk_sizes.push_back(scrubbed.bytes);
+    scrubbed_bytes_total_ += scrubbed.bytes;
   }
   scrubbed_total_ += a.to_scrub.size();
   if (client_creates) return GrantClientMade(a, *alive);
@@ -1127,6 +1128,7 @@ PoolStats NodePool::Stats() const {
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
                   .chunks_scrubbed_total = scrubbed_total_,
+                  .scrubbed_bytes_total = scrubbed_bytes_total_,
                   .chunks_client_made_total = client_made_total_,
                   .trimmed_bytes_total = trimmed_total_,
                   .adopted_bytes_total = adopted_total_};

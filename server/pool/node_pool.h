@@ -159,6 +159,8 @@ struct PoolStats {
   // Cached chunks scrubbed to go to another tenant than the last to hold
   // them (counted in chunks_reused_total too).
   uint64_t chunks_scrubbed_total = 0;
+  // Their bytes.
+  uint64_t scrubbed_bytes_total = 0;
   // Chunks granted for their clients to make (Acquire's client_creates).
   uint64_t chunks_client_made_total = 0;
   // Cached chunks destroyed (their memory back to the device) by TrimFree,
@@ -732,6 +734,7 @@ class NodePool {
   uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t scrubbed_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t scrubbed_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -19,7 +19,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
+#include "server/metrics.h"
+#include "server/pool/device_pools.h"
 #include "server/pool/node_pool.h"
+#include "server/pool_metrics.h"
 #include "tests/server/node_pool_fixture.h"
 
 namespace allocd {
@@ -184,8 +187,18 @@ TEST_F(ChunkTenancyTest, AnotherTenantsReleasedChunkComesBackZeroed) {
   EXPECT_EQ(b[0].id, a);  // reused, not created again
   EXPECT_TRUE(AllZero(b[0]));
   EXPECT_EQ(pool->Stats().chunks_scrubbed_total, 1u);
+  EXPECT_EQ(pool->Stats().scrubbed_bytes_total, kChunk);
   EXPECT_EQ(pool->Stats().chunks_reused_total, 1u);
   EXPECT_EQ(source_.created.load(), 1);
+  // Exported by device, as the daemon publishes the pool after a grant.
+  Metrics metrics;
+  PublishPool({.index = 0, .uuid = "SIM-GPU-0", .pool = pool.get()}, metrics);
+  const std::string text = metrics.Render();
+  EXPECT_THAT(text, HasSubstr("allocd_chunks_scrubbed_total{device=\"0\","
+                              "gpu_uuid=\"SIM-GPU-0\"} 1"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                        "allocd_chunk_scrub_bytes_total{device=\"0\","
+                        "gpu_uuid=\"SIM-GPU-0\"} ", kChunk)));
 }
 
 TEST_F(ChunkTenancyTest, AKilledTenantsChunksComeBackZeroed) {
