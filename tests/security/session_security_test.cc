@@ -243,5 +243,104 @@ TEST_F(SessionSecurityTest, AllocctlAsAnotherUidIsToldWhoMayAdminister) {
   EXPECT_THAT(ran.lines[0], HasSubstr("--admin-group"));
 }
 
+// A client whose pid the daemon cannot see: the daemon runs in a PID
+// namespace of its own (as in a pod without hostPID) and this test's
+// process, outside it, is pid 0 to it (SO_PEERCRED). Such clients all look
+// alike, so unless the tenancy is node their registration is refused,
+// saying why and what to set (server/tenant.cc).
+class PidNamespaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "needs root to run the daemon in a PID namespace of "
+                      "its own (unshare --pid)";
+    }
+    for (const char* path : {"/usr/bin/unshare", "/bin/unshare"}) {
+      if (access(path, X_OK) == 0) {
+        unshare_ = path;
+        break;
+      }
+    }
+    if (unshare_.empty()) GTEST_SKIP() << "no unshare(1) to make a PID namespace";
+    // Where the namespace cannot be made (a container without
+    // CAP_SYS_ADMIN, or one whose seccomp profile forbids unshare), the
+    // daemon could not run in one either.
+    Child probe(UnshareArgs({"/bin/true"}), /*with_stderr=*/true);
+    const std::string said = probe.Rest();
+    if (probe.Wait() != 0) {
+      GTEST_SKIP() << "cannot create a PID namespace here: " << said;
+    }
+    std::string pattern = "/tmp/allocd_pidns_XXXXXX";
+    dir_ = mkdtemp(pattern.data());
+    socket_ = dir_ + "/allocd.sock";
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    if (!dir_.empty()) {
+      std::string rm = "rm -rf " + dir_;
+      (void)!system(rm.c_str());
+    }
+  }
+
+  // `command` run by unshare(1) as pid 1 of a new PID namespace (with its
+  // own /proc), killed when unshare is.
+  std::vector<std::string> UnshareArgs(std::vector<std::string> command) const {
+    std::vector<std::string> args = {unshare_, "--pid", "--fork",
+                                     "--kill-child", "--mount-proc"};
+    args.insert(args.end(), command.begin(), command.end());
+    return args;
+  }
+
+  // `allocd serve` in a PID namespace of its own, under `tenancy`; a stub
+  // on its clients' socket, from outside that namespace.
+  std::unique_ptr<v1::Allocd::Stub> StartDaemon(const std::string& tenancy) {
+    daemon_ = std::make_unique<Child>(
+        UnshareArgs({ALLOCD_BINARY, "serve", "--backend", "sim", "--socket",
+                     socket_, "--metrics-addr", "", "--capacity", "64MiB",
+                     "--tenancy", tenancy}),
+        /*with_stderr=*/true);
+    for (int i = 0; i < 500 && !ConnectUnix(socket_ + ".admin").ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(daemon_->running()) << daemon_->Rest(absl::Seconds(5));
+    return v1::Allocd::NewStub(Dial(socket_));
+  }
+
+  static grpc::Status Register(v1::Allocd::Stub& stub,
+                               v1::RegisterResponse* registered) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    hello.set_job("outside");
+    return stub.Register(&c, hello, registered);
+  }
+
+  std::string unshare_, dir_, socket_;
+  std::unique_ptr<Child> daemon_;
+};
+
+TEST_F(PidNamespaceTest, APeerThePidOfWhichTheDaemonCannotSeeIsRefusedSayingWhatToSet) {
+  std::unique_ptr<v1::Allocd::Stub> stub = StartDaemon("uid");
+  v1::RegisterResponse registered;
+  const grpc::Status s = Register(*stub, &registered);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("pid 0"));
+  EXPECT_THAT(s.error_message(), HasSubstr("PID namespace"));
+  EXPECT_THAT(s.error_message(), HasSubstr("hostPID"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--tenancy node"));
+}
+
+TEST_F(PidNamespaceTest, UnderTenancyNodeAPeerThePidOfWhichTheDaemonCannotSeeRegisters) {
+  std::unique_ptr<v1::Allocd::Stub> stub = StartDaemon("node");
+  v1::RegisterResponse registered;
+  const grpc::Status s = Register(*stub, &registered);
+  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_NE(registered.session_id(), 0u);
+  EXPECT_FALSE(registered.session_secret().empty());
+}
+
 }  // namespace
 }  // namespace allocd
