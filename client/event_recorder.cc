@@ -58,20 +58,42 @@ void EventRecorder::Drop(uint64_t events) {
   dropped_total_ += events;
 }
 
+void EventRecorder::RecordState(std::shared_ptr<const v1::AllocatorState> state) {
+  absl::MutexLock lock(&mu_);
+  // After a gap the state follows the gap's marker: it needs two slots.
+  const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;
+  if (buffer_.size() + needed > capacity_) return;
+  if (trailing_gap_ > 0) {
+    if (buffer_.empty()) {
+      leading_gap_ += trailing_gap_;
+      buffer_sequence_ += trailing_gap_;
+    } else {
+      buffer_.push_back({.op = kGap, .stream = 0, .id = 0, .size = trailing_gap_});
+    }
+    trailing_gap_ = 0;
+  }
+  buffer_.push_back({.op = kState, .stream = 0, .id = 0, .size = states_.size()});
+  states_.push_back(std::move(state));
+}
+
 std::vector<RecordedBatch> EventRecorder::Take() {
   std::vector<RecordedEvent> fresh = FreshBuffer();
   std::vector<RecordedEvent> taken;
+  std::vector<std::shared_ptr<const v1::AllocatorState>> states;
   uint64_t sequence;
   uint64_t gap;
   {
     absl::MutexLock lock(&mu_);
     if (buffer_.empty()) return {};
     taken = std::exchange(buffer_, std::move(fresh));
+    states = std::exchange(states_, {});
     sequence = buffer_sequence_;
     gap = leading_gap_;
     // What follows the taken events starts after them and their gaps.
     uint64_t span = 0;
-    for (const RecordedEvent& e : taken) span += e.op == kGap ? e.size : 1;
+    for (const RecordedEvent& e : taken) {
+      span += e.op == kGap ? e.size : e.op == kState ? 0 : 1;
+    }
     buffer_sequence_ += span + trailing_gap_;
     leading_gap_ = trailing_gap_;
     trailing_gap_ = 0;
@@ -86,7 +108,17 @@ std::vector<RecordedBatch> EventRecorder::Take() {
       batches.push_back({.sequence = next, .dropped = e.size});
       continue;
     }
+    if (e.op == kState) {
+      batches.back().state_after = std::move(states[e.size]);
+      const uint64_t next = batches.back().sequence + batches.back().events.size();
+      batches.push_back({.sequence = next, .dropped = 0});
+      continue;
+    }
     batches.back().events.push_back(e);
+  }
+  // A state at the buffer's end leaves an empty batch after it.
+  if (batches.size() > 1 && batches.back().events.empty() && batches.back().dropped == 0) {
+    batches.pop_back();
   }
   return batches;
 }

@@ -10,6 +10,10 @@
 // 2 x `capacity` events whatever happens to the daemon; the counts tell the
 // daemon exactly where its window has gaps.
 //
+// The allocator's state (segments and live blocks) may be recorded at a
+// point of the stream too (RecordState): the batch taken up to it carries
+// it, so the daemon's autotuner knows exactly which events it follows.
+//
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_EVENT_RECORDER_H_
 #define ALLOCD_CLIENT_EVENT_RECORDER_H_
@@ -17,11 +21,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/trace/trace.h"
+#include "allocd.pb.h"
 
 namespace allocd {
 
@@ -34,10 +40,13 @@ struct RecordedEvent {
 
 // Contiguous events of the stream: the first is event number `sequence`
 // (dropped ones count), and `dropped` events were lost just before it.
+// `state_after`, when set: the allocator right after the batch's last event
+// (with none, after event `sequence` - 1); a batch ends at a state.
 struct RecordedBatch {
   uint64_t sequence = 0;
   uint64_t dropped = 0;
   std::vector<RecordedEvent> events;
+  std::shared_ptr<const v1::AllocatorState> state_after;
 };
 
 class EventRecorder {
@@ -53,6 +62,10 @@ class EventRecorder {
   // PyTorch's history ring was cleared with events the reader had not
   // seen): a gap between what was recorded and what comes next.
   void Drop(uint64_t events);
+  // The allocator's state right after the events recorded so far. Takes a
+  // slot of the buffer; when none is left it is not kept (the daemon then
+  // predicts from its window, as for a client that sends none).
+  void RecordState(std::shared_ptr<const v1::AllocatorState> state);
   // Everything recorded since the last call, split at the gaps. Empty when
   // nothing happened; a trailing gap is reported with the next events.
   std::vector<RecordedBatch> Take();
@@ -68,6 +81,8 @@ class EventRecorder {
   // A gap inside the buffer: `size` events lost there. Not an op a
   // client records.
   static constexpr TraceOp kGap = static_cast<TraceOp>(0xff);
+  // A state (RecordState) here: `size` indexes states_.
+  static constexpr TraceOp kState = static_cast<TraceOp>(0xfe);
 
   std::vector<RecordedEvent> FreshBuffer() const;
   // Record() under the lock; false when the event was dropped.
@@ -84,6 +99,8 @@ class EventRecorder {
   uint64_t leading_gap_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trailing_gap_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // The states the buffer's kState slots name.
+  std::vector<std::shared_ptr<const v1::AllocatorState>> states_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd

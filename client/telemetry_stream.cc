@@ -138,6 +138,19 @@ bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,
       pending = false;
       if (end == batch.events.size()) break;
     }
+    if (batch.state_after == nullptr) continue;
+    // The state in a report of its own: with a full batch it would pass
+    // the daemon's message limit. Lost with the stream, it is not resent:
+    // the next step mark brings a newer one.
+    v1::EventBatch* out = report.mutable_events();
+    out->set_sequence(batch.sequence + batch.events.size());
+    *out->mutable_state_after() = *batch.state_after;
+    if (!writer.Write(report)) {
+      recorder_->Unsent(std::vector<RecordedBatch>(batches.begin() + b + 1, batches.end()));
+      return false;
+    }
+    report.Clear();
+    NameSession(c, report);
   }
   return !pending || writer.Write(report);
 }

@@ -28,6 +28,16 @@ inline constexpr size_t kMaxEventsPerBatch = 65536;
 // the step in the stream itself.
 inline constexpr uint32_t kEventOpStep = 3;
 
+// AllocatorState (EventBatch.state_after): the most segments and blocks
+// one holds, so that a report carrying it stays under the daemon's 1 MiB
+// message limit (a client whose allocator holds more sends none), and its
+// flags.
+inline constexpr size_t kMaxStateSegments = 4096;
+inline constexpr size_t kMaxStateBlocks = 16384;
+inline constexpr uint32_t kStateSegmentSmall = 1;
+inline constexpr uint32_t kStateSegmentExpandable = 2;
+inline constexpr uint32_t kStateBlockFreeRequested = 1;
+
 // The most grants one read-ahead takes (AcquireChunksRequest.count).
 inline constexpr uint32_t kMaxReadAheadGrants = 16;
 

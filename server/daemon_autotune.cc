@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
+#include "proto/protocol.h"
 #include "server/log.h"
 
 namespace allocd {
@@ -61,6 +62,27 @@ std::vector<EvidenceEvent> ToEvidence(const v1::EventBatch& b) {
                  .size = b.sizes(i)};
   }
   return events;
+}
+
+AllocatorSnapshot ToSnapshot(const v1::AllocatorState& s) {
+  AllocatorSnapshot snapshot;
+  snapshot.segments.resize(s.segment_addresses_size());
+  for (int i = 0; i < s.segment_addresses_size(); ++i) {
+    snapshot.segments[i] = {.address = s.segment_addresses(i),
+                            .size = s.segment_sizes(i),
+                            .stream = s.segment_streams(i),
+                            .is_small = (s.segment_flags(i) & kStateSegmentSmall) != 0,
+                            .is_expandable = (s.segment_flags(i) & kStateSegmentExpandable) != 0};
+  }
+  snapshot.blocks.resize(s.block_ids_size());
+  for (int i = 0; i < s.block_ids_size(); ++i) {
+    snapshot.blocks[i] = {.id = s.block_ids(i),
+                          .address = s.block_addresses(i),
+                          .size = s.block_sizes(i),
+                          .requested_size = s.block_requested(i),
+                          .free_requested = (s.block_flags(i) & kStateBlockFreeRequested) != 0};
+  }
+  return snapshot;
 }
 
 }  // namespace
@@ -201,6 +223,11 @@ void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
       dropped += batch.sequence() - expected;
     }
     next->second = batch.sequence() + batch.ops_size();
+  }
+  if (batch.has_state_after()) {
+    const AllocatorSnapshot state = ToSnapshot(batch.state_after());
+    autotuner_->Events(id, ToEvidence(batch), dropped, &state);
+    return;
   }
   autotuner_->Events(id, ToEvidence(batch), dropped);
 }

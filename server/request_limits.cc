@@ -8,6 +8,8 @@
 namespace allocd {
 namespace {
 
+absl::Status CheckAllocatorState(const v1::AllocatorState& s);
+
 absl::Status CheckEvents(const v1::EventBatch& b) {
   const int n = b.ops_size();
   if (b.sizes_size() != n || b.ids_size() != n || b.streams_size() != n) {
@@ -25,6 +27,34 @@ absl::Status CheckEvents(const v1::EventBatch& b) {
           "event op ", op, " is not 0 (alloc), 1 (free_requested), 2 "
           "(free_completed) or 3 (step)"));
     }
+  }
+  return b.has_state_after() ? CheckAllocatorState(b.state_after()) : absl::OkStatus();
+}
+
+// Shapes only: whether the blocks lie in the segments is the autotuner's
+// to judge (JobWindow::AddState), as it judges the events.
+absl::Status CheckAllocatorState(const v1::AllocatorState& s) {
+  const int segments = s.segment_addresses_size();
+  if (s.segment_sizes_size() != segments || s.segment_streams_size() != segments ||
+      s.segment_flags_size() != segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator state segment columns differ in length: ", segments, " addresses, ",
+        s.segment_sizes_size(), " sizes, ", s.segment_streams_size(), " streams, ",
+        s.segment_flags_size(), " flags"));
+  }
+  const int blocks = s.block_ids_size();
+  if (s.block_addresses_size() != blocks || s.block_sizes_size() != blocks ||
+      s.block_requested_size() != blocks || s.block_flags_size() != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator state block columns differ in length: ", blocks, " ids, ",
+        s.block_addresses_size(), " addresses, ", s.block_sizes_size(), " sizes, ",
+        s.block_requested_size(), " requested, ", s.block_flags_size(), " flags"));
+  }
+  if (static_cast<size_t>(segments) > kMaxStateSegments ||
+      static_cast<size_t>(blocks) > kMaxStateBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator state holds ", segments, " segments and ", blocks, " blocks; at most ",
+        kMaxStateSegments, " and ", kMaxStateBlocks));
   }
   return absl::OkStatus();
 }

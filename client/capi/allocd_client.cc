@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
 #include "client/capi/client_json.h"
@@ -206,6 +207,33 @@ int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
                    sizes[i]);
   }
   return static_cast<int64_t>(n - (events->dropped_total() - dropped));
+}
+
+int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,
+                        const uint64_t* segment_sizes, const uint64_t* segment_streams,
+                        const uint32_t* segment_flags, size_t num_segments,
+                        const uint64_t* block_ids, const uint64_t* block_addresses,
+                        const uint64_t* block_sizes, const uint64_t* block_requested,
+                        const uint32_t* block_flags, size_t num_blocks) {
+  allocd::EventRecorder* events = c->client->events();
+  if (events == nullptr) return Fail("event recording is off");
+  if (num_segments > allocd::kMaxStateSegments || num_blocks > allocd::kMaxStateBlocks) {
+    return Fail(absl::StrCat("the allocator holds ", num_segments, " segments and ",
+                             num_blocks, " blocks; a state holds at most ",
+                             allocd::kMaxStateSegments, " and ", allocd::kMaxStateBlocks));
+  }
+  auto state = std::make_shared<allocd::v1::AllocatorState>();
+  state->mutable_segment_addresses()->Add(segment_addresses, segment_addresses + num_segments);
+  state->mutable_segment_sizes()->Add(segment_sizes, segment_sizes + num_segments);
+  state->mutable_segment_streams()->Add(segment_streams, segment_streams + num_segments);
+  state->mutable_segment_flags()->Add(segment_flags, segment_flags + num_segments);
+  state->mutable_block_ids()->Add(block_ids, block_ids + num_blocks);
+  state->mutable_block_addresses()->Add(block_addresses, block_addresses + num_blocks);
+  state->mutable_block_sizes()->Add(block_sizes, block_sizes + num_blocks);
+  state->mutable_block_requested()->Add(block_requested, block_requested + num_blocks);
+  state->mutable_block_flags()->Add(block_flags, block_flags + num_blocks);
+  events->RecordState(std::move(state));
+  return 0;
 }
 
 uint64_t allocd_events_dropped(allocd_client* c) {

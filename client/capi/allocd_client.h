@@ -74,6 +74,22 @@ ALLOCD_API int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
                                         const uint64_t* ids,
                                         const uint64_t* streams, size_t n,
                                         uint64_t dropped_before);
+/* Records the allocator's state right after the events recorded so far
+ * (at a step mark): its `num_segments` segments (addresses, sizes, CUDA
+ * stream handles, flags: 1 the small pool's, 2 an expandable segment's
+ * mapped range) and the `num_blocks` blocks the program holds in them (the
+ * ids its events name them by, addresses, sizes, the sizes asked for,
+ * flags: 1 freed and held for another stream). The daemon's autotuner
+ * predicts a switch from it. Returns 0; -1 on error (more than 4096
+ * segments or 16384 blocks: the daemon's message limit). */
+ALLOCD_API int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,
+                                   const uint64_t* segment_sizes,
+                                   const uint64_t* segment_streams,
+                                   const uint32_t* segment_flags, size_t num_segments,
+                                   const uint64_t* block_ids, const uint64_t* block_addresses,
+                                   const uint64_t* block_sizes,
+                                   const uint64_t* block_requested,
+                                   const uint32_t* block_flags, size_t num_blocks);
 /* Events lost so far (buffer full, send failed, or dropped_before). */
 ALLOCD_API uint64_t allocd_events_dropped(allocd_client* c);
 

@@ -26,6 +26,47 @@
 namespace allocd {
 namespace {
 
+// A replay that switches at the window's event number `seq`: from the
+// client's newest state at or before it (its real memory there), else from
+// the window's start (the state its prelude rebuilds).
+struct SwitchTrace {
+  Trace trace;
+  uint64_t switch_event = 0;  // index into `trace`
+};
+SwitchTrace TraceSwitchingAt(const JobWindow& window, uint64_t seq) {
+  const std::vector<uint64_t> states = window.StateSeqs();
+  auto state = std::upper_bound(states.begin(), states.end(), seq);
+  if (state != states.begin()) {
+    const uint64_t from = *std::prev(state);
+    return {window.ToTraceFromState(from), seq - from};
+  }
+  SwitchTrace out{window.ToTrace(), 0};
+  // ToTrace starts with what was live at the window's start (the prelude).
+  const uint64_t prelude = out.trace.events.size() - window.size();
+  out.switch_event = prelude + (seq - (window.total_events() - window.size()));
+  return out;
+}
+
+// The client's state a decision switches from: the newest that leaves two of
+// the job's marked steps after it, else one, and at least `min_events`
+// (never one past `latest`: the prediction must cover what follows it).
+// Unset: none does.
+std::optional<uint64_t> DecisionState(const JobWindow& window, uint64_t latest,
+                                      uint64_t min_events) {
+  const uint64_t window_start = window.total_events() - window.size();
+  std::vector<uint64_t> ends = window.StepEnds();
+  for (uint64_t& end : ends) end += window_start;
+  std::optional<uint64_t> one_step;
+  const std::vector<uint64_t> states = window.StateSeqs();
+  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+    if (*it > latest || window.total_events() - *it < min_events) continue;
+    const auto after = std::count_if(ends.begin(), ends.end(), [&](uint64_t e) { return e > *it; });
+    if (after >= 2) return *it;
+    if (after == 1 && !one_step) one_step = *it;
+  }
+  return one_step;
+}
+
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
 constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
@@ -150,13 +191,14 @@ class Autotuner::Impl {
   }
 
   void Events(SessionId id, const std::vector<EvidenceEvent>& events,
-              uint64_t dropped_before) {
+              uint64_t dropped_before, const AllocatorSnapshot* state_after) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Job& job = jobs_[it->second.job];
     if (job.recorded != id || job.window == nullptr) return;
     job.window->Add(events, dropped_before);
+    if (state_after != nullptr) job.window->AddState(*state_after);
     if (job.acting && job.acting->canary == id) {
       job.acting->realized_requested =
           std::max(job.acting->realized_requested, job.window->peak_requested_bytes());
@@ -722,6 +764,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   std::optional<uint64_t> largest_request;
   bool largest_peaked = false;
   int64_t max_requested = 0;
+  // The job from the client's real state (DecisionState), and its marks.
+  std::optional<Trace> state_trace;
+  std::vector<uint64_t> state_step_ends;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -771,6 +816,15 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     largest_peaked =
         window.total_events() - window.max_requested_at() >= options_.first_pass_min_events;
     max_requested = window.max_requested_bytes();
+    const bool cover = task.trigger == "larger_request" || task.trigger == "growth";
+    if (std::optional<uint64_t> seq = DecisionState(
+            window, cover ? window.largest_request_start() : window.total_events(),
+            BaseDecideOptions().min_events)) {
+      state_trace = window.ToTraceFromState(*seq);
+      for (uint64_t end : window.StepEnds()) {
+        if (window_start + end > *seq) state_step_ends.push_back(window_start + end - *seq);
+      }
+    }
   }
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
@@ -804,10 +858,25 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   Decision d;
   if (skip_why.empty()) {
     DecideOptions decide = BaseDecideOptions();
-    decide.step_events = step;
-    decide.step_ends = std::move(step_ends);
-    if (cover_largest) decide.cover_from = largest_request.value_or(0);
-    d = ::allocd::Decide(trace, running, policy, decide);
+    if (state_trace) {
+      // Switched where the client's state was taken: everything after it
+      // is the prediction's.
+      DecideOptions from_state = decide;
+      from_state.switch_event = 0;
+      from_state.step_ends = std::move(state_step_ends);
+      d = ::allocd::Decide(*state_trace, running, policy, from_state);
+    }
+    if (!state_trace || d.predicted_peak_current <= 0) {
+      const std::string state_why =
+          state_trace ? absl::StrCat("; from the window: the client's state gave no prediction (",
+                                     d.why, ")")
+                      : "";
+      decide.step_events = step;
+      decide.step_ends = std::move(step_ends);
+      if (cover_largest) decide.cover_from = largest_request.value_or(0);
+      d = ::allocd::Decide(trace, running, policy, decide);
+      absl::StrAppend(&d.why, state_why);
+    }
     if (aperiodic) {
       d.why = absl::StrCat("aperiodic (no step marks, and no repeat in the stream that gives "
                            "back what it allocates): decided on its largest request so far; ",
@@ -954,10 +1023,9 @@ void Autotuner::Impl::QueueReview(const JobKey& name, Job& job) {
     return;
   }
   auto input = std::make_shared<ReviewInput>();
-  input->trace = job.window->ToTrace();
-  // ToTrace starts with what was live at the window's start (the prelude).
-  const uint64_t prelude = input->trace.events.size() - job.window->size();
-  input->switch_event = prelude + (pushed_at - window_start);
+  SwitchTrace at_push = TraceSwitchingAt(*job.window, pushed_at);
+  input->trace = std::move(at_push.trace);
+  input->switch_event = at_push.switch_event;
   input->running.config = *from;
   // What the job ran, as RunDecision reads it (the decision's own
   // memory_fraction is the one it proposed).
@@ -1010,9 +1078,9 @@ bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reaso
   absl::StatusOr<AllocatorConfig> pushed = ParseAllocatorConfig(acting.pushed_config);
   if (!from.ok() || !pushed.ok()) return false;  // canonical: they parsed to be decided on
   auto input = std::make_shared<ReviewInput>();
-  input->trace = window.ToTrace();
-  const uint64_t prelude = input->trace.events.size() - window.size();
-  input->switch_event = prelude + (*acting.pushed_at - window_start);
+  SwitchTrace at_push = TraceSwitchingAt(window, *acting.pushed_at);
+  input->trace = std::move(at_push.trace);
+  input->switch_event = at_push.switch_event;
   input->running.config = *from;
   if (from->per_process_memory_fraction < 1.0) {
     input->running.memory_fraction = from->per_process_memory_fraction;
@@ -1198,8 +1266,8 @@ void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
 void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,
-                       uint64_t dropped_before) {
-  impl_->Events(id, events, dropped_before);
+                       uint64_t dropped_before, const AllocatorSnapshot* state_after) {
+  impl_->Events(id, events, dropped_before, state_after);
 }
 void Autotuner::Stats(SessionId id, const std::map<std::string, int64_t>& stats,
                       uint64_t config_version) {

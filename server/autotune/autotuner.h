@@ -75,6 +75,28 @@ struct EvidenceEvent {
 // a replay.
 inline constexpr TraceOp kStepMark = static_cast<TraceOp>(kEventOpStep);
 
+// A client allocator's memory at one point of its event stream
+// (v1::AllocatorState, sent at a step mark): its segments, and the blocks
+// in them the program holds, named by the ids its events use.
+struct AllocatorSnapshot {
+  struct Segment {
+    uint64_t address;
+    uint64_t size;
+    uint64_t stream;  // CUDA handle
+    bool is_small;
+    bool is_expandable;  // one mapped range of an expandable segment
+  };
+  struct Block {
+    uint64_t id;
+    uint64_t address;
+    uint64_t size;
+    uint64_t requested_size;
+    bool free_requested;  // freed, held for another stream
+  };
+  std::vector<Segment> segments;
+  std::vector<Block> blocks;
+};
+
 struct JobPolicy {
   AutotuneMode mode = AutotuneMode::kRecommend;
   // PYTORCH_CUDA_ALLOC_CONF keys the job set itself and the autotuner must
@@ -279,9 +301,10 @@ class Autotuner {
                       uint64_t config_version, const TenantId& tenant = "");
   void SessionEnded(SessionId id);
   // Events in order; `dropped_before`: events the client had to drop just
-  // before these.
+  // before these. `state_after` (optional): the client's allocator right
+  // after the last of them, what a decision replays a switch from.
   void Events(SessionId id, const std::vector<EvidenceEvent>& events,
-              uint64_t dropped_before);
+              uint64_t dropped_before, const AllocatorSnapshot* state_after = nullptr);
   // memory_stats() under PyTorch's names ("reserved_bytes.all.current",
   // "num_alloc_retries", ...).
   void Stats(SessionId id, const std::map<std::string, int64_t>& stats,

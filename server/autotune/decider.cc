@@ -168,8 +168,12 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
           ? std::string(" (the job's largest request so far)")
       : d.step_events ? std::string(" (whole steps found in the stream)")
                       : std::string(" (the window's second half: no step known)"),
-      ", replayed from the state the window rebuilds there; steps that allocate more later "
-      "need more under every config");
+      window.partial.state_before_first_event && d.switch_event == 0
+          ? absl::StrFormat(", replayed from the allocator's real state the client sent there "
+                            "(%d segments, %d blocks held)",
+                            window.partial.segments.size(), window.partial.blocks.size())
+          : std::string(", replayed from the state the window rebuilds there"),
+      "; steps that allocate more later need more under every config");
 
   ReplayOptions stay_options;
   stay_options.capacity = options.capacity;

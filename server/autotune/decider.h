@@ -26,8 +26,10 @@
 //
 // What a prediction covers is said in `why`: the events after the switch
 // point, replayed from the state the window rebuilds there (allocations
-// live at the window's start, from its prelude); a job whose later steps
-// allocate more needs more under every config.
+// live at the window's start, from its prelude) or, for a `window` that
+// starts from the client's real state (JobWindow::ToTraceFromState) switched
+// at its first event, from that state; a job whose later steps allocate
+// more needs more under every config.
 #ifndef ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
 #define ALLOCD_SERVER_AUTOTUNE_DECIDER_H_
 

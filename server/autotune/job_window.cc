@@ -4,6 +4,19 @@
 #include <utility>
 
 namespace allocd {
+namespace {
+
+template <typename States>
+size_t StatesBytes(const States& states) {
+  size_t bytes = 0;
+  for (const auto& state : states) {
+    bytes += sizeof(state) + state.segments.capacity() * sizeof(state.segments[0]) +
+             state.blocks.capacity() * sizeof(state.blocks[0]);
+  }
+  return bytes;
+}
+
+}  // namespace
 
 JobWindow::JobWindow(size_t max_events, std::unique_ptr<AutotuneMemory::Account> account)
     : max_events_(std::max<size_t>(1, max_events)), account_(std::move(account)) {
@@ -42,6 +55,7 @@ void JobWindow::FitMemory() {
   live_ids_ = {};
   prelude_ = {};
   step_ends_ = {};
+  states_ = {};
   (void)account_->Resize(MemoryBytes());
 }
 
@@ -147,8 +161,10 @@ void JobWindow::DropOldest() {
   }
   events_.pop_front();
   ++window_start_;
-  // A mark at the window's start still ends a step inside it.
+  // A mark at the window's start still ends a step inside it; a state
+  // there still has its events.
   while (!step_ends_.empty() && step_ends_.front() < window_start_) step_ends_.pop_front();
+  while (!states_.empty() && states_.front().seq < window_start_) states_.pop_front();
 }
 
 bool JobWindow::has_gap() const { return any_gap_ && last_gap_seq_ > window_start_; }
@@ -157,11 +173,11 @@ size_t JobWindow::MemoryBytes() const {
   return sizeof(*this) + events_.size() * sizeof(Event) +
          live_ids_.capacity() * (sizeof(std::pair<uint64_t, LiveId>) + 1) +
          prelude_.capacity() * (sizeof(std::pair<uint32_t, Live>) + 1) +
-         stream_handles_.capacity() * sizeof(uint64_t) + step_ends_.size() * sizeof(uint64_t);
+         stream_handles_.capacity() * sizeof(uint64_t) + step_ends_.size() * sizeof(uint64_t) +
+         StatesBytes(states_);
 }
 
-Trace JobWindow::ToTrace() const {
-  Trace trace;
+std::vector<uint16_t> JobWindow::SortStreams(Trace& trace) const {
   // Streams in ascending handle order, as PyTorch orders them.
   trace.streams = stream_handles_;
   std::sort(trace.streams.begin(), trace.streams.end());
@@ -171,6 +187,12 @@ Trace JobWindow::ToTrace() const {
         std::lower_bound(trace.streams.begin(), trace.streams.end(), stream_handles_[i]) -
         trace.streams.begin());
   }
+  return stream_index;
+}
+
+Trace JobWindow::ToTrace() const {
+  Trace trace;
+  const std::vector<uint16_t> stream_index = SortStreams(trace);
 
   absl::flat_hash_map<uint32_t, uint32_t> dense;
   dense.reserve(prelude_.size() + events_.size() / 2);
@@ -203,6 +225,102 @@ Trace JobWindow::ToTrace() const {
   }
   trace.num_ids = static_cast<uint32_t>(dense.size());
   trace.omitted.unmatched_frees = unmatched_frees_;
+  return trace;
+}
+
+bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
+  if (stopped_) return false;
+  State state{.seq = next_seq_, .segments = {}, .blocks = {}};
+  state.segments.reserve(snapshot.segments.size());
+  for (const AllocatorSnapshot::Segment& s : snapshot.segments) {
+    if (s.size == 0 || s.address + s.size < s.address) return false;
+    state.segments.push_back(
+        StateSegment{s.address, s.size, StreamIndex(s.stream), s.is_small, s.is_expandable});
+  }
+  std::sort(state.segments.begin(), state.segments.end(),
+            [](const StateSegment& a, const StateSegment& b) { return a.address < b.address; });
+  for (size_t i = 1; i < state.segments.size(); ++i) {
+    const StateSegment& before = state.segments[i - 1];
+    if (before.address + before.size > state.segments[i].address) return false;
+  }
+  state.blocks.reserve(snapshot.blocks.size());
+  for (const AllocatorSnapshot::Block& b : snapshot.blocks) {
+    if (b.size == 0 || b.address + b.size < b.address) return false;
+    auto live = live_ids_.find(b.id);
+    const bool known = live != live_ids_.end();
+    state.blocks.push_back(StateBlock{b.address, b.size, b.requested_size,
+                                      known ? live->second.id : 0, known, b.free_requested});
+  }
+  std::sort(state.blocks.begin(), state.blocks.end(),
+            [](const StateBlock& a, const StateBlock& b) { return a.address < b.address; });
+  auto segment = state.segments.begin();
+  uint64_t taken_to = 0;  // where the previous block ends
+  for (const StateBlock& b : state.blocks) {
+    while (segment != state.segments.end() && segment->address + segment->size <= b.address) {
+      ++segment;
+    }
+    if (segment == state.segments.end() || b.address < segment->address ||
+        b.address + b.size > segment->address + segment->size || b.address < taken_to) {
+      return false;
+    }
+    taken_to = b.address + b.size;
+  }
+  // A second state at one point replaces the first.
+  if (!states_.empty() && states_.back().seq == state.seq) states_.pop_back();
+  states_.push_back(std::move(state));
+  while (states_.size() > kMaxStates) states_.pop_front();
+  FitMemory();
+  return true;
+}
+
+std::vector<uint64_t> JobWindow::StateSeqs() const {
+  std::vector<uint64_t> seqs;
+  seqs.reserve(states_.size());
+  for (const State& state : states_) seqs.push_back(state.seq);
+  return seqs;
+}
+
+Trace JobWindow::ToTraceFromState(uint64_t seq) const {
+  Trace trace;
+  auto state = std::find_if(states_.begin(), states_.end(),
+                            [seq](const State& s) { return s.seq == seq; });
+  if (state == states_.end()) return trace;
+  const std::vector<uint16_t> stream_index = SortStreams(trace);
+
+  absl::flat_hash_map<uint32_t, uint32_t> dense;  // the window's id -> the trace's
+  uint32_t next = 0;
+  for (const StateSegment& s : state->segments) {
+    trace.partial.segments.push_back(
+        InitialSegment{s.address, s.size, stream_index[s.stream], s.is_small, s.is_expandable});
+  }
+  for (const StateBlock& b : state->blocks) {
+    const uint32_t id = next++;
+    if (b.known) dense.emplace(b.id, id);
+    trace.partial.blocks.push_back(
+        InitialBlock{id, b.address, b.size, b.requested_size, b.free_requested});
+  }
+  // The replay adopts it (PartialTrace::reconstructed()).
+  trace.partial.state_before_first_event = true;
+
+  uint64_t unmatched = 0;
+  for (auto e = events_.begin() + static_cast<std::ptrdiff_t>(seq - window_start_);
+       e != events_.end(); ++e) {
+    if (e->op == TraceOp::kAlloc) {
+      const uint32_t id = next++;
+      dense[e->id] = id;
+      trace.events.push_back(TraceEvent{TraceOp::kAlloc, stream_index[e->stream], id, e->size});
+      continue;
+    }
+    auto it = dense.find(e->id);
+    if (it == dense.end()) {
+      ++unmatched;
+      continue;
+    }
+    trace.events.push_back(TraceEvent{e->op, 0, it->second, 0});
+  }
+  trace.num_ids = next;
+  trace.omitted.unmatched_frees = unmatched;
+  trace.partial.unmatched_frees = unmatched;
   return trace;
 }
 

@@ -12,6 +12,12 @@
 // Step marks (kStepMark events: the job's optimizer stepped) are no
 // allocations: the window keeps where they fell in its stream, not as
 // events.
+//
+// A client may also send its allocator's real state at a point of the
+// stream (AddState): segments made under earlier configs, fragmentation
+// and allocations from before recording are in it, and no window rebuilds
+// them. The window keeps the newest few, and ToTraceFromState replays from
+// one.
 #ifndef ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
 #define ALLOCD_SERVER_AUTOTUNE_JOB_WINDOW_H_
 
@@ -94,6 +100,24 @@ class JobWindow {
   // Trace::omitted.unmatched_frees.
   Trace ToTrace() const;
 
+  // The client's allocator right after the events added so far: kept
+  // (the newest kMaxStates) until the window's start passes it. False,
+  // and not kept, when it cannot be replayed from: segments that overlap,
+  // a block outside every segment or on top of another, an empty one.
+  static constexpr size_t kMaxStates = 4;
+  bool AddState(const AllocatorSnapshot& state);
+  // The total_events() counts at which the kept states were taken,
+  // ascending.
+  std::vector<uint64_t> StateSeqs() const;
+  // The state taken at `seq` (one of StateSeqs()), then the window's events
+  // from there on: the trace's `partial` holds the state, at the client's
+  // addresses, and its event i is the window's event number seq + i
+  // (streams and ids as ToTrace). A block the window never saw allocated
+  // (before recording began, or in a gap) stays live; a free of an
+  // allocation the state does not hold is left out and counted. An empty
+  // trace for a `seq` not kept.
+  Trace ToTraceFromState(uint64_t seq) const;
+
  private:
   struct Event {
     uint64_t size;
@@ -113,7 +137,32 @@ class JobWindow {
     uint64_t size;
   };
 
+  // A state as kept: streams as window indices, blocks by window id.
+  struct StateSegment {
+    uint64_t address;
+    uint64_t size;
+    uint16_t stream;
+    bool is_small;
+    bool is_expandable;
+  };
+  struct StateBlock {
+    uint64_t address;
+    uint64_t size;
+    uint64_t requested_size;
+    uint32_t id;  // the window's; unused unless `known`
+    bool known;   // the window saw it allocated
+    bool free_requested;
+  };
+  struct State {
+    uint64_t seq;
+    std::vector<StateSegment> segments;  // by address
+    std::vector<StateBlock> blocks;      // by address
+  };
+
   void AddOne(const EvidenceEvent& event);
+  // Fills Trace::streams (ascending handles); returns the window's stream
+  // index -> its index there.
+  std::vector<uint16_t> SortStreams(Trace& trace) const;
   // Trims or stops the window until what it holds fits its account.
   void FitMemory();
   void MarkStep();
@@ -153,6 +202,7 @@ class JobWindow {
   // Sequence numbers of the step marks at or after window_start_.
   std::deque<uint64_t> step_ends_;
   uint64_t steps_marked_ = 0;
+  std::deque<State> states_;  // by seq
 };
 
 }  // namespace allocd

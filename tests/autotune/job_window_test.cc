@@ -159,5 +159,96 @@ TEST(JobWindowTest, LlamaLoraReplaysAsRecordedAndInAnyWindow) {
   EXPECT_GT(r.peak_requested, b.peak_requested / 2);
 }
 
+// The allocator of a job that left 20 MiB segments cached before the window
+// began (10 held, 10 cached), as its client reports it: what no window
+// rebuilds.
+constexpr uint64_t kBase = 0x7f0000000000;
+AllocatorSnapshot FragmentedState(uint64_t held_id_base) {
+  AllocatorSnapshot state;
+  for (uint64_t i = 0; i < 20; ++i) {
+    const uint64_t address = kBase + i * 20 * kMiB;
+    state.segments.push_back({address, 20 * kMiB, 7, false, false});
+    if (i % 2 == 0) {
+      state.blocks.push_back({held_id_base + i, address, 20 * kMiB, 20 * kMiB, false});
+    }
+  }
+  return state;
+}
+
+// One step: a 30 MiB activation, allocated and freed.
+std::vector<EvidenceEvent> Step(uint64_t id) {
+  return {Alloc(id, 30 * kMiB), Requested(id), Completed(id)};
+}
+
+TEST(JobWindowTest, AStateIsReplayedFromWithTheEventsAfterIt) {
+  JobWindow window(1000);
+  // Two of the held blocks were allocated while the window recorded; 0x777
+  // too, but the client's state does not hold it (its free was lost).
+  window.Add({Alloc(0x100, 20 * kMiB), Alloc(0x102, 20 * kMiB), Alloc(0x777, kMiB)}, 0);
+  window.Add(Step(0x900), 0);
+  AllocatorSnapshot state = FragmentedState(0x100);
+  ASSERT_TRUE(window.AddState(state));
+  EXPECT_EQ(window.StateSeqs(), std::vector<uint64_t>{6});
+  window.Add(Step(0x901), 0);
+  window.Add({Requested(0x102), Completed(0x102), Completed(0x777)}, 0);
+
+  const Trace trace = window.ToTraceFromState(6);
+  EXPECT_TRUE(trace.partial.reconstructed());
+  ASSERT_EQ(trace.partial.segments.size(), 20u);
+  ASSERT_EQ(trace.partial.blocks.size(), 10u);
+  EXPECT_EQ(trace.partial.segments[3].address, kBase + 60 * kMiB);
+  EXPECT_EQ(trace.partial.blocks[1].address, kBase + 40 * kMiB);
+  // The events after the state: the step, then 0x102's free (a block the
+  // window saw allocated: the state's block 1); 0x777's is left out.
+  ASSERT_EQ(trace.events.size(), 5u);
+  EXPECT_EQ(trace.events[0].op, TraceOp::kAlloc);
+  EXPECT_EQ(trace.events[0].size, 30 * kMiB);
+  EXPECT_EQ(trace.events[3], (TraceEvent{TraceOp::kFreeRequested, 0, 1, 0}));
+  EXPECT_EQ(trace.events[4], (TraceEvent{TraceOp::kFreeCompleted, 0, 1, 0}));
+  EXPECT_EQ(trace.omitted.unmatched_frees, 2u);  // its free_requested and free_completed
+  // The replay holds the 400 MiB of segments from the start: the step's
+  // 30 MiB fits in none of the cached 20 MiB ones.
+  const ReplayResult r = MustReplay(trace);
+  EXPECT_EQ(r.peak_reserved, static_cast<int64_t>(430 * kMiB));
+  // From the window alone: the blocks it saw, and the step.
+  EXPECT_EQ(MustReplay(window.ToTrace()).peak_reserved, static_cast<int64_t>(72 * kMiB));
+}
+
+TEST(JobWindowTest, AStateThatCannotBeReplayedIsNotKept) {
+  JobWindow window(1000);
+  AllocatorSnapshot outside = FragmentedState(0x100);
+  outside.blocks.push_back({0x1, kBase + 400 * kMiB, kMiB, kMiB, false});
+  EXPECT_FALSE(window.AddState(outside));
+  AllocatorSnapshot overlapping_segments = FragmentedState(0x100);
+  overlapping_segments.segments.push_back({kBase + kMiB, 2 * kMiB, 7, true, false});
+  EXPECT_FALSE(window.AddState(overlapping_segments));
+  AllocatorSnapshot overlapping_blocks = FragmentedState(0x100);
+  overlapping_blocks.blocks.push_back({0x2, kBase + kMiB, kMiB, kMiB, false});
+  EXPECT_FALSE(window.AddState(overlapping_blocks));
+  AllocatorSnapshot empty_segment = FragmentedState(0x100);
+  empty_segment.segments.push_back({kBase + 500 * kMiB, 0, 7, false, false});
+  EXPECT_FALSE(window.AddState(empty_segment));
+  EXPECT_TRUE(window.StateSeqs().empty());
+  EXPECT_TRUE(window.ToTraceFromState(0).events.empty());
+}
+
+TEST(JobWindowTest, StatesGoWhenTheWindowPassesThemAndTheNewestAreKept) {
+  JobWindow window(30);
+  for (uint64_t i = 0; i < JobWindow::kMaxStates + 2; ++i) {
+    window.Add(Step(0x900 + i), 0);
+    ASSERT_TRUE(window.AddState(FragmentedState(0x100)));
+  }
+  std::vector<uint64_t> seqs = window.StateSeqs();
+  ASSERT_EQ(seqs.size(), JobWindow::kMaxStates);
+  EXPECT_EQ(seqs.back(), window.total_events());
+  EXPECT_EQ(seqs.front(), 3 * 3u);
+  // Past the window's start, a state has no events to replay: gone.
+  window.Add(Churn(8), 0);
+  seqs = window.StateSeqs();
+  ASSERT_FALSE(seqs.empty());
+  EXPECT_GE(seqs.front(), window.total_events() - window.size());
+  EXPECT_LT(seqs.size(), JobWindow::kMaxStates);
+}
+
 }  // namespace
 }  // namespace allocd

@@ -1,6 +1,7 @@
 #include "client/event_recorder.h"
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,52 @@ TEST(EventRecorderTest, UnsentBatchesBecomeAGapBeforeWhatWaits) {
   EXPECT_EQ(b[0].dropped, 3u);
   EXPECT_EQ(b[0].sequence, 3u);
   EXPECT_EQ(r.dropped_total(), 3u);
+}
+
+TEST(EventRecorderTest, AStateEndsItsBatchAndRidesWithIt) {
+  EventRecorder r(16);
+  RecordN(r, 0, 3);
+  auto state = std::make_shared<v1::AllocatorState>();
+  state->add_segment_addresses(42);
+  r.RecordState(state);
+  RecordN(r, 3, 2);
+  r.RecordState(std::make_shared<v1::AllocatorState>());
+  std::vector<RecordedBatch> b = r.Take();
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].events.size(), 3u);
+  ASSERT_NE(b[0].state_after, nullptr);
+  EXPECT_EQ(b[0].state_after->segment_addresses(0), 42u);
+  EXPECT_EQ(b[1].sequence, 3u);
+  EXPECT_EQ(b[1].events.size(), 2u);
+  EXPECT_NE(b[1].state_after, nullptr);
+  // A state takes no place in the stream's numbering.
+  RecordN(r, 5, 1);
+  b = r.Take();
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].sequence, 5u);
+  EXPECT_EQ(b[0].state_after, nullptr);
+}
+
+TEST(EventRecorderTest, AStateAfterAGapFollowsItAndAFullBufferKeepsNone) {
+  EventRecorder r(4);
+  RecordN(r, 0, 5);  // 4 kept, 1 dropped
+  r.RecordState(std::make_shared<v1::AllocatorState>());  // no slot left
+  std::vector<RecordedBatch> b = r.Take();
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].state_after, nullptr);
+  RecordN(r, 5, 1);
+  r.Drop(2);
+  r.RecordState(std::make_shared<v1::AllocatorState>());
+  b = r.Take();
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].sequence, 5u);
+  EXPECT_EQ(b[0].dropped, 1u);
+  EXPECT_EQ(b[0].state_after, nullptr);
+  // The state comes after the gap, in a batch of no events.
+  EXPECT_EQ(b[1].sequence, 8u);
+  EXPECT_EQ(b[1].dropped, 2u);
+  EXPECT_TRUE(b[1].events.empty());
+  EXPECT_NE(b[1].state_after, nullptr);
 }
 
 TEST(EventRecorderTest, HalfFullCallsTheTakerOnceAndConcurrentRecordsAreAllCounted) {

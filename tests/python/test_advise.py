@@ -153,6 +153,9 @@ class FakeTorch(types.ModuleType):
             def _cuda_attach_out_of_memory_observer(observer):
                 fake.oom_observers.append(observer)
 
+        # What torch.cuda.memory_snapshot() reports: set by a test.
+        self.segments = []
+        Cuda.memory_snapshot = staticmethod(lambda: fake.segments)
         self.cuda = Cuda
         self._C = C
 
@@ -383,6 +386,49 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(allocd.stats()["events_dropped"], 0)
         allocd.shutdown()
         self.assertEqual(self.torch.step_hooks, [])
+
+    def test_a_state_read_at_a_mark_is_what_the_decision_replays_from(self):
+        # The weights: 48 MiB allocated before the stream was recorded, in a
+        # 64 MiB segment; a 20 MiB cached segment the program left.
+        weights = 0x7F0000000000
+        self.torch.segments = [
+            {"device": 0, "address": weights, "total_size": 64 << 20, "stream": 7,
+             "segment_type": "large", "is_expandable": False,
+             "blocks": [{"address": weights, "size": 48 << 20, "requested_size": 48 << 20,
+                         "state": "active_allocated"},
+                        {"address": weights + (48 << 20), "size": 16 << 20,
+                         "requested_size": 0, "state": "inactive"}]},
+            {"device": 0, "address": weights + (64 << 20), "total_size": 20 << 20,
+             "stream": 7, "segment_type": "large", "is_expandable": False,
+             "blocks": [{"address": weights + (64 << 20), "size": 20 << 20,
+                         "requested_size": 0, "state": "inactive"}]},
+            {"device": 1, "address": 1 << 40, "total_size": 2 << 20, "blocks": []}]
+        os.environ["ALLOCD_STATE_PERIOD_S"] = "0"
+        try:
+            self.assertTrue(allocd.advise(socket=self.socket, job="stated", period=0.05))
+        finally:
+            del os.environ["ALLOCD_STATE_PERIOD_S"]
+
+        class Optimizer:
+            pass
+
+        adam = Optimizer()
+        with allocd._state.advisor._lock:
+            for _ in range(4):
+                for _ in range(250):
+                    self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(adam)
+
+        def decisions():
+            return self.allocctl("autotune", "history", "--job", "stated").get("decisions", [])
+
+        self.assertTrue(wait_for(decisions), (self.allocctl("autotune", "status"), allocd.stats()))
+        self.assertEqual(allocd.stats()["states_sent"], 4)
+        why = decisions()[0]["why"]
+        # Switched from the newest state with two steps after it,
+        # with the 64 MiB segment the weights hold (and device 1's left out).
+        self.assertIn("real state the client sent there (2 segments, 1 blocks held)", why)
+        self.assertIn("the prediction covers the 4500 events after event 0", why)
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

@@ -98,5 +98,59 @@ TEST(RequestLimitsTest, TelemetryHoldsFewEnoughStatsAndWellFormedEvents) {
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(too_many)));
 }
 
+TEST(RequestLimitsTest, AnAllocatorStateHasColumnsOfOneLengthAndFitsTheMessageLimit) {
+  v1::TelemetryReport r;
+  v1::AllocatorState* state = r.mutable_events()->mutable_state_after();
+  auto add_segment = [](v1::AllocatorState* s) {
+    s->add_segment_addresses(1 << 21);
+    s->add_segment_sizes(1 << 21);
+    s->add_segment_streams(7);
+    s->add_segment_flags(kStateSegmentSmall);
+  };
+  auto add_block = [](v1::AllocatorState* s) {
+    s->add_block_ids(1 << 21);
+    s->add_block_addresses(1 << 21);
+    s->add_block_sizes(512);
+    s->add_block_requested(500);
+    s->add_block_flags(0);
+  };
+  add_segment(state);
+  add_block(state);
+  EXPECT_TRUE(CheckTelemetry(r).ok());
+  v1::TelemetryReport ragged_segments = r;
+  ragged_segments.mutable_events()->mutable_state_after()->add_segment_flags(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(ragged_segments)));
+  v1::TelemetryReport ragged_blocks = r;
+  ragged_blocks.mutable_events()->mutable_state_after()->add_block_requested(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(ragged_blocks)));
+  v1::TelemetryReport too_many = r;
+  while (static_cast<size_t>(too_many.events().state_after().block_ids_size()) <=
+         kMaxStateBlocks) {
+    add_block(too_many.mutable_events()->mutable_state_after());
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(too_many)));
+  // The largest state a client sends, with its report, fits the daemon's
+  // 1 MiB message limit.
+  v1::TelemetryReport largest;
+  v1::AllocatorState* big = largest.mutable_events()->mutable_state_after();
+  for (size_t i = 0; i < kMaxStateSegments; ++i) {
+    big->add_segment_addresses(0x7fffffffffff - i * (1 << 21));
+    big->add_segment_sizes(uint64_t{1} << 40);
+    big->add_segment_streams(0x7fffffffffff);
+    big->add_segment_flags(3);
+  }
+  for (size_t i = 0; i < kMaxStateBlocks; ++i) {
+    big->add_block_ids(0x7fffffffffff - i);
+    big->add_block_addresses(0x7fffffffffff - i);
+    big->add_block_sizes(uint64_t{1} << 40);
+    big->add_block_requested(uint64_t{1} << 40);
+    big->add_block_flags(1);
+  }
+  largest.set_session_secret(std::string(32, 's'));
+  largest.set_session_id(UINT64_MAX);
+  EXPECT_TRUE(CheckTelemetry(largest).ok());
+  EXPECT_LT(largest.ByteSizeLong(), size_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace allocd

@@ -276,6 +276,8 @@ def stats():
         "ooms_reported": advisor.ooms,
         "events_sent": advisor.events_sent,
         "events_dropped": advisor.events_dropped(),
+        "steps_marked": advisor.steps_marked,
+        "states_sent": advisor.states_sent,
         "advisor_seconds": advisor.busy_seconds,
         "event_source": advisor.event_source,
         "memory_stats": dict(advisor.last_stats),

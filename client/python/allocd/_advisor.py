@@ -10,6 +10,7 @@ another process. advise() runs it on a session of its own (``connect``),
 transparent mode on the interposer's session.
 """
 
+import collections
 import ctypes
 import importlib
 import json
@@ -19,8 +20,9 @@ import time
 import warnings
 import weakref
 
+from . import _allocator_state
 from ._bindings import AllocdUnavailable, address, load_client
-from ._history import HistoryReader
+from ._history import STEP, HistoryReader
 
 
 def gpu_uuid(torch, device):
@@ -119,7 +121,13 @@ class Advisor:
         self.last_stats = {}
         self.busy_seconds = 0.0
         self.steps_marked = 0
+        self.states_sent = 0
         self._step_hook = None
+        # (mark number, state) read at a step mark, sent right after it.
+        self._states = collections.deque()
+        self._state_period = _allocator_state.period()
+        self._last_state = None  # time.monotonic() of the last one read
+        self._marks_sent = 0
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
 
     def start(self):
@@ -184,9 +192,64 @@ class Advisor:
         ops, sizes, ids, streams, dropped = self._history.read()
         if not ops and not dropped:
             return
-        self._lib.allocd_record_events(self._client, address(ops), address(sizes),
-                                       address(ids), address(streams), len(ops), dropped)
+        columns = (ops, sizes, ids, streams)
+        start = 0
+        for place, state in self._states_at_marks(ops):
+            self._record(columns, start, place, dropped)
+            dropped, start = 0, place
+            # `state` keeps its arrays alive through the call.
+            if self._lib.allocd_record_state(self._client, *self._columns(state)) == 0:
+                self.states_sent += 1
+        self._record(columns, start, len(ops), dropped)
         self.events_sent += len(ops)
+
+    def _record(self, columns, start, end, dropped):
+        if start == 0 and end == len(columns[0]):
+            part = columns
+        else:
+            part = tuple(column[start:end] for column in columns)
+        self._lib.allocd_record_events(self._client, *(address(c) for c in part),
+                                       end - start, dropped)
+
+    def _states_at_marks(self, ops):
+        """(index right after a step mark, its state) for the marks in `ops`
+        read with one; states of marks already sent are dropped."""
+        places = []
+        raw = ops.tobytes()
+        mark = raw.find(STEP)
+        while mark >= 0:
+            self._marks_sent += 1
+            while self._states and self._states[0][0] < self._marks_sent:
+                self._states.popleft()
+            if self._states and self._states[0][0] == self._marks_sent:
+                places.append((mark + 1, self._states.popleft()[1]))
+            mark = raw.find(STEP, mark + 1)
+        return places
+
+    @staticmethod
+    def _columns(state):
+        segments, blocks = state[:4], state[4:]
+        return (*(address(c) for c in segments), len(segments[0]),
+                *(address(c) for c in blocks), len(blocks[0]))
+
+    def _read_state(self):
+        """The allocator's state for the mark about to be made, when one is due."""
+        if self._state_period < 0:
+            return
+        now = time.monotonic()
+        if self._last_state is not None and now - self._last_state < self._state_period:
+            return
+        self._last_state = now
+        try:
+            state = _allocator_state.read_state(self._torch, self._device)
+        except Exception as error:  # a PyTorch whose snapshot differs: no states
+            self._state_period = -1
+            warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "
+                          "the daemon predicts from the allocation stream alone")
+            return
+        if state is not None:
+            # Before the mark: the advisor may read the mark at once.
+            self._states.append((self.steps_marked + 1, state))
 
     def _control(self):
         buffer = ctypes.create_string_buffer(1 << 16)
@@ -254,6 +317,7 @@ class Advisor:
             if not marker:
                 marker.append(weakref.ref(optimizer))
             if marker[0]() is optimizer:
+                self._read_state()
                 self._history.mark_step()
                 self.steps_marked += 1
 

@@ -70,6 +70,9 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_size_t, ctypes.c_uint64]),
+        "allocd_record_state": (ctypes.c_int, [c_client] + [ctypes.c_void_p] * 4 +
+                                [ctypes.c_size_t] + [ctypes.c_void_p] * 5 +
+                                [ctypes.c_size_t]),
         "allocd_events_dropped": (ctypes.c_uint64, [c_client]),
         "allocd_config_version": (ctypes.c_uint64, [c_client]),
         "allocd_disconnect": (None, [c_client]),
