@@ -58,9 +58,7 @@ class MultiDeviceTest : public ::testing::Test {
         ALLOCD_BINARY, "serve", "--backend", "sim", "--sim-devices",
         std::to_string(devices), "--capacity", capacity, "--trim-after",
         "inf", "--socket", socket_, "--metrics-addr", ""});
-    for (int i = 0; i < 1000 && !ConnectUnix(socket_).ok(); ++i) {
-      usleep(10000);
-    }
+    harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(harness::DialAdmin(socket_));
   }
 

@@ -69,9 +69,7 @@ class AutotuneLabelTest : public ::testing::Test {
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "", "--capacity", "64GiB", "--autotune",
         "recommend", "--autotune-first-pass-events", "300000"});
-    for (int i = 0; i < 500 && !ConnectUnix(socket_ + ".admin").ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 

@@ -94,9 +94,7 @@ class LimitsTest : public ::testing::Test {
         "--capacity",  "64MiB"};
     args.insert(args.end(), flags.begin(), flags.end());
     daemon_ = std::make_unique<Child>(args);
-    for (int i = 0; i < 1000 && !ConnectUnix(socket_ + ".fds").ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     // Both sockets' modes let other uids in (the daemon's are 0660).
     chmod(socket_.c_str(), 0666);
     chmod((socket_ + ".fds").c_str(), 0666);

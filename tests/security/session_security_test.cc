@@ -64,9 +64,7 @@ class SessionSecurityTest : public ::testing::Test {
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "", "--capacity", "64MiB"});
-    for (int i = 0; i < 500 && !ConnectUnix(socket_ + ".admin").ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     stub_ = v1::Allocd::NewStub(Dial(socket_));
   }
 

@@ -77,9 +77,7 @@ class AutotuneDaemonTest : public ::testing::Test {
         "--autotune-first-pass-events", "300000"};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<Child>(std::move(args));
-    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 

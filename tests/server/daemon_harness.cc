@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,16 +20,21 @@ namespace allocd::harness {
 Child::Child(std::vector<std::string> args, bool with_stderr) {
   int out[2];
   EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  if (with_stderr) posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0)
-      << args[0];
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ == 0) {
+    // Only async-signal-safe calls until exec: the test may have threads.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the test died before the prctl
+    dup2(out[1], STDOUT_FILENO);
+    if (with_stderr) dup2(out[1], STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  EXPECT_GT(pid_, 0) << args[0];
   close(out[1]);
   output_.reset(out[0]);
 }
@@ -89,9 +94,24 @@ void Child::Kill() {
   Wait();
 }
 
+bool WaitForDaemon(const std::string& socket, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!ConnectUnix(socket + ".admin").ok()) {
+    if (absl::Now() > deadline) {
+      ADD_FAILURE() << "no daemon on " << socket << ".admin after " << limit;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
   absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
-  EXPECT_TRUE(fd.ok()) << fd.status();
+  if (!fd.ok()) {
+    ADD_FAILURE() << fd.status();
+    return grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  }
   fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
   return grpc::CreateInsecureChannelFromFd("allocd", fd->release());
 }

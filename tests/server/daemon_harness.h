@@ -19,9 +19,12 @@
 
 namespace allocd::harness {
 
-// A child process (posix_spawn of args[0] with `args`) with its output on a
-// pipe: stdout, and stderr too when `with_stderr`. Killed with SIGKILL and
-// reaped when destroyed, if still running.
+// A child process (args[0] run with `args`) with its output on a pipe:
+// stdout, and stderr too when `with_stderr`. Killed with SIGKILL and reaped
+// when destroyed, if still running, and killed when the test process dies
+// (PR_SET_PDEATHSIG): a daemon left behind by a crashed test would hold
+// the test's stderr, and ctest would wait for it forever. Construct it on
+// the test's main thread (the signal follows the thread that made it).
 class Child {
  public:
   explicit Child(std::vector<std::string> args, bool with_stderr = false);
@@ -48,7 +51,13 @@ class Child {
   std::string buffer_;
 };
 
-// A channel to the daemon listening on the Unix socket `socket`.
+// Polls until the daemon serving `socket` accepts on its admin socket, the
+// last of its sockets it opens (SOCKET.fds, SOCKET, SOCKET.admin), or until
+// `limit`; false (and a test failure) then.
+bool WaitForDaemon(const std::string& socket, absl::Duration limit = absl::Seconds(60));
+
+// A channel to the daemon listening on the Unix socket `socket`. With no
+// daemon there, a test failure and a channel whose calls fail.
 std::shared_ptr<grpc::Channel> Dial(const std::string& socket);
 
 // A channel to the admin socket (SOCKET.admin, where alone the Admin

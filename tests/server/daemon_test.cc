@@ -60,9 +60,7 @@ class DaemonTest : public ::testing::Test {
                                      "--capacity", capacity};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<Child>(std::move(args));
-    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 

@@ -76,9 +76,7 @@ class DaemonRestartTest : public ::testing::Test {
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--socket", socket_, "--metrics-addr", "",
         "--capacity", "512MiB", "--adopt-window", "60s"});
-    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
