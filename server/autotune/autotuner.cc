@@ -171,7 +171,18 @@ class Autotuner::Impl {
       Job& job = jobs_[name];
       sessions_.erase(it);
       std::erase(job.sessions, id);
-      if (job.acting && job.acting->canary == id && !Applied(*job.acting)) {
+      if (job.acting && job.acting->canary == id && job.acting->phase == Phase::kCanaryWatching &&
+          job.acting->judged_realized > 0) {
+        // Judged on the same events and kept, the push is what the job's
+        // next sessions start with (a job of one session, the most common,
+        // never outlives its canary's watch).
+        if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
+          absl::StrAppend(&d->why, "; the canary session ended before its watch did, after its "
+                                   "judgement kept the push");
+        }
+        job.acting->phase = Phase::kPromoting;
+        tasks_.push_back(Task{TaskKind::kPromote, name, "", job.acting->decision_id, false, ""});
+      } else if (job.acting && job.acting->canary == id && !Applied(*job.acting)) {
         // Nothing was pushed beyond the canary, and nothing more will be.
         if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
           absl::StrAppend(&d->why, "; the canary session ended before its watch did: "

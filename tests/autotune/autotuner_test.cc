@@ -914,6 +914,43 @@ TEST(AutotunerTest, APushBetterThanStayingOnTheSameEventsIsKeptThoughAbovePredic
   EXPECT_EQ(actions.pushes()[1].kind, "job");
 }
 
+// A job of one session ends before its canary's watch does (the most
+// common case: a short fine-tune). A push its judgement kept on the same
+// events is then set for the job, so its next run starts with it.
+TEST(AutotunerTest, APushKeptByItsJudgementIsSetForTheJobWhenTheCanaryEndsFirst) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushedWithEventsAfter(tuner, actions);
+  const int64_t realized = d.predicted_peak_switched / 4 + d.predicted_peak_current * 3 / 4;
+  tuner.Stats(1, Reserved(realized, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 1u);
+  ASSERT_TRUE(tuner.History("llama", 1)[0].staying_after_push.has_value());
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "job");
+  EXPECT_EQ(actions.pushes()[1].config, d.to_config);
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_NE(after.version, d.version) << after.why;
+  EXPECT_NE(after.why.find("after its judgement kept the push"), std::string::npos) << after.why;
+}
+
+// A canary that ends before anything judged its push sets nothing.
+TEST(AutotunerTest, APushNotYetJudgedIsNotSetForTheJobWhenTheCanaryEnds) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushedWithEventsAfter(tuner, actions);
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  EXPECT_NE(tuner.History("llama", 1)[0].why.find("the job's other sessions were left alone"),
+            std::string::npos);
+  (void)d;
+}
+
 // A push that did worse than staying is still not rolled back when the
 // rollback would leave the job higher than keeping it: the segments made
 // under expandable segments stay reserved under max_split_size_mb:64.
