@@ -197,6 +197,10 @@ class Autotuner::Impl {
         job.window.reset();
         if (!job.sessions.empty()) StartRecording(job, job.sessions.front());
       }
+      if (job.sessions.empty()) {
+        ended_jobs_.push_back(name);
+        DropOldEndedJobs();
+      }
     }
     Notify(notify);
   }
@@ -522,6 +526,26 @@ class Autotuner::Impl {
   }
 
   // Set for the whole job (a judgement does not change that).
+  // Past options_.ended_jobs_kept ended jobs, the oldest go, unless a
+  // session came back or something still refers to them.
+  void DropOldEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (ended_jobs_.size() > options_.ended_jobs_kept) {
+      const JobKey key = std::move(ended_jobs_.front());
+      ended_jobs_.pop_front();
+      auto it = jobs_.find(key);
+      if (it == jobs_.end()) continue;
+      const Job& job = it->second;
+      // Its policy goes too: the daemon sets it again when a session of
+      // the job registers.
+      if (job.sessions.empty() && !job.acting && !job.review && !job.queued &&
+          std::none_of(tasks_.begin(), tasks_.end(),
+                       [&](const Task& t) { return t.job == key; }) &&
+          std::find(ended_jobs_.begin(), ended_jobs_.end(), key) == ended_jobs_.end()) {
+        jobs_.erase(it);
+      }
+    }
+  }
+
   static bool Applied(const Acting& acting) {
     return acting.phase == Phase::kApplied ||
            (acting.phase == Phase::kJudging && acting.judged_from == Phase::kApplied);
@@ -755,6 +779,8 @@ class Autotuner::Impl {
   std::map<JobKey, Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose last session ended, oldest first (DropOldEndedJobs).
+  std::deque<JobKey> ended_jobs_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;

@@ -168,6 +168,12 @@ struct AutotuneOptions {
   absl::Duration cooldown = absl::Minutes(5);
   // Decisions kept per job for History().
   size_t history_per_job = 64;
+  // Jobs with no session left whose state (decisions, first pass) is kept,
+  // the most recently ended: a flood of job labels cannot grow the daemon
+  // without bound. A job with a push or review still under way is not
+  // dropped; a dropped job that comes back starts afresh (its learned
+  // config, kept by the daemon, still starts it).
+  size_t ended_jobs_kept = 256;
   // Candidates a run replays at most, and the device-call gate (see
   // decider.h).
   size_t budget = 32;

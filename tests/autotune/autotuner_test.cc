@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
@@ -912,6 +914,34 @@ TEST(AutotunerTest, APushBetterThanStayingOnTheSameEventsIsKeptThoughAbovePredic
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "job");
+}
+
+// A flood of short jobs, each its own label: the ended ones kept are the
+// most recent few, so the daemon's state does not grow with the labels.
+TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
+  FakeClock clock;
+  FakeActions actions;
+  AutotuneOptions options = Options(clock, AutotuneMode::kRecommend);
+  options.ended_jobs_kept = 8;
+  Autotuner tuner(options, &actions);
+  tuner.SessionStarted(1000, "live", "", 0);
+  for (SessionId id = 1; id <= 100; ++id) {
+    tuner.SessionStarted(id, absl::StrCat("job-", id), "", 0);
+    tuner.Events(id, {{TraceOp::kAlloc, 7, 1, 512}, {TraceOp::kFreeCompleted, 7, 1, 0}}, 0);
+    tuner.SessionEnded(id);
+  }
+  tuner.WaitIdle();
+  const std::vector<AutotuneJobStatus> status = tuner.Status();
+  std::set<std::string> jobs;
+  for (const AutotuneJobStatus& s : status) jobs.insert(s.job);
+  EXPECT_EQ(jobs.size(), 9u);
+  EXPECT_TRUE(jobs.contains("live"));
+  EXPECT_TRUE(jobs.contains("job-100"));
+  EXPECT_TRUE(jobs.contains("job-93"));
+  EXPECT_FALSE(jobs.contains("job-92"));
+  // A job that comes back is a job again.
+  tuner.SessionStarted(200, "job-1", "", 0);
+  EXPECT_EQ(tuner.Status().size(), 10u);
 }
 
 // A job of one session ends before its canary's watch does (the most
