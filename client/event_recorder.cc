@@ -29,15 +29,10 @@ void EventRecorder::Record(TraceOp op, uint64_t stream, uint64_t id,
   if (half_full && half_full_) half_full_();
 }
 
-bool EventRecorder::Append(TraceOp op, uint64_t stream, uint64_t id,
-                           uint64_t size) {
-  // After a gap the buffer needs a marker and the event: two slots.
+bool EventRecorder::Push(RecordedEvent slot) {
+  // After a gap the buffer needs a marker and the slot: two slots.
   const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;
-  if (buffer_.size() + needed > capacity_) {
-    ++trailing_gap_;
-    ++dropped_total_;
-    return false;
-  }
+  if (buffer_.size() + needed > capacity_) return false;
   if (trailing_gap_ > 0) {
     if (buffer_.empty()) {
       leading_gap_ += trailing_gap_;
@@ -48,8 +43,16 @@ bool EventRecorder::Append(TraceOp op, uint64_t stream, uint64_t id,
     }
     trailing_gap_ = 0;
   }
-  buffer_.push_back({.op = op, .stream = stream, .id = id, .size = size});
+  buffer_.push_back(slot);
   return true;
+}
+
+bool EventRecorder::Append(TraceOp op, uint64_t stream, uint64_t id,
+                           uint64_t size) {
+  if (Push({.op = op, .stream = stream, .id = id, .size = size})) return true;
+  ++trailing_gap_;
+  ++dropped_total_;
+  return false;
 }
 
 void EventRecorder::Drop(uint64_t events) {
@@ -60,20 +63,9 @@ void EventRecorder::Drop(uint64_t events) {
 
 void EventRecorder::RecordState(std::shared_ptr<const v1::AllocatorState> state) {
   absl::MutexLock lock(&mu_);
-  // After a gap the state follows the gap's marker: it needs two slots.
-  const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;
-  if (buffer_.size() + needed > capacity_) return;
-  if (trailing_gap_ > 0) {
-    if (buffer_.empty()) {
-      leading_gap_ += trailing_gap_;
-      buffer_sequence_ += trailing_gap_;
-    } else {
-      buffer_.push_back({.op = kGap, .stream = 0, .id = 0, .size = trailing_gap_});
-    }
-    trailing_gap_ = 0;
+  if (Push({.op = kState, .stream = 0, .id = 0, .size = states_.size()})) {
+    states_.push_back(std::move(state));
   }
-  buffer_.push_back({.op = kState, .stream = 0, .id = 0, .size = states_.size()});
-  states_.push_back(std::move(state));
 }
 
 std::vector<RecordedBatch> EventRecorder::Take() {

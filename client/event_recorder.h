@@ -85,6 +85,9 @@ class EventRecorder {
   static constexpr TraceOp kState = static_cast<TraceOp>(0xfe);
 
   std::vector<RecordedEvent> FreshBuffer() const;
+  // Puts `slot` in the buffer after the marker of a gap before it, if
+  // any; false (nothing changed) when the two do not fit.
+  bool Push(RecordedEvent slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Record() under the lock; false when the event was dropped.
   bool Append(TraceOp op, uint64_t stream, uint64_t id, uint64_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

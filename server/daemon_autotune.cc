@@ -224,12 +224,9 @@ void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
     }
     next->second = batch.sequence() + batch.ops_size();
   }
-  if (batch.has_state_after()) {
-    const AllocatorSnapshot state = ToSnapshot(batch.state_after());
-    autotuner_->Events(id, ToEvidence(batch), dropped, &state);
-    return;
-  }
-  autotuner_->Events(id, ToEvidence(batch), dropped);
+  std::optional<AllocatorSnapshot> state;
+  if (batch.has_state_after()) state = ToSnapshot(batch.state_after());
+  autotuner_->Events(id, ToEvidence(batch), dropped, state ? &*state : nullptr);
 }
 
 void DaemonAutotune::Stats(SessionId id,

@@ -51,18 +51,29 @@ SwitchTrace TraceSwitchingAt(const JobWindow& window, uint64_t seq) {
 // the job's marked steps after it, else one, and at least `min_events`
 // (never one past `latest`: the prediction must cover what follows it).
 // Unset: none does.
-std::optional<uint64_t> DecisionState(const JobWindow& window, uint64_t latest,
-                                      uint64_t min_events) {
+struct StateSwitch {
+  uint64_t seq;                     // where the state was taken
+  std::vector<uint64_t> step_ends;  // the marks after it, as indices from it
+};
+std::optional<StateSwitch> DecisionState(const JobWindow& window, uint64_t latest,
+                                         uint64_t min_events) {
   const uint64_t window_start = window.total_events() - window.size();
   std::vector<uint64_t> ends = window.StepEnds();
   for (uint64_t& end : ends) end += window_start;
-  std::optional<uint64_t> one_step;
+  auto from = [&](uint64_t seq) {
+    StateSwitch s{seq, {}};
+    for (uint64_t end : ends) {
+      if (end > seq) s.step_ends.push_back(end - seq);
+    }
+    return s;
+  };
+  std::optional<StateSwitch> one_step;
   const std::vector<uint64_t> states = window.StateSeqs();
   for (auto it = states.rbegin(); it != states.rend(); ++it) {
     if (*it > latest || window.total_events() - *it < min_events) continue;
-    const auto after = std::count_if(ends.begin(), ends.end(), [&](uint64_t e) { return e > *it; });
-    if (after >= 2) return *it;
-    if (after == 1 && !one_step) one_step = *it;
+    StateSwitch s = from(*it);
+    if (s.step_ends.size() >= 2) return s;
+    if (s.step_ends.size() == 1 && !one_step) one_step = std::move(s);
   }
   return one_step;
 }
@@ -525,7 +536,6 @@ class Autotuner::Impl {
     }
   }
 
-  // Set for the whole job (a judgement does not change that).
   // Past options_.ended_jobs_kept ended jobs, the oldest go, unless a
   // session came back or something still refers to them.
   void DropOldEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -546,6 +556,7 @@ class Autotuner::Impl {
     }
   }
 
+  // Set for the whole job (a judgement does not change that).
   static bool Applied(const Acting& acting) {
     return acting.phase == Phase::kApplied ||
            (acting.phase == Phase::kJudging && acting.judged_from == Phase::kApplied);
@@ -854,13 +865,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
         window.total_events() - window.max_requested_at() >= options_.first_pass_min_events;
     max_requested = window.max_requested_bytes();
     const bool cover = task.trigger == "larger_request" || task.trigger == "growth";
-    if (std::optional<uint64_t> seq = DecisionState(
+    if (std::optional<StateSwitch> at = DecisionState(
             window, cover ? window.largest_request_start() : window.total_events(),
             BaseDecideOptions().min_events)) {
-      state_trace = window.ToTraceFromState(*seq);
-      for (uint64_t end : window.StepEnds()) {
-        if (window_start + end > *seq) state_step_ends.push_back(window_start + end - *seq);
-      }
+      state_trace = window.ToTraceFromState(at->seq);
+      state_step_ends = std::move(at->step_ends);
     }
   }
   // Found once: the first pass's gate and Decide's switch point use it.
