@@ -448,8 +448,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   for (const Listen& l : {Listen{o.socket, 0660, false},
                           Listen{o.admin_socket, 0600, true}}) {
     absl::StatusOr<std::unique_ptr<GrpcAcceptor>> acceptor =
-        GrpcAcceptor::Start(l.path, l.mode, l.admin, parts->server.get(),
-                            &parts->peers);
+        GrpcAcceptor::Start(
+            l.path, l.mode, l.admin, parts->server.get(), &parts->peers,
+            parts->core.get(),
+            l.admin ? std::nullopt : std::optional(o.connections));
     if (!acceptor.ok()) return acceptor.status();
     parts->acceptors.push_back(std::move(*acceptor));
   }

@@ -85,8 +85,9 @@ struct DaemonOptions {
   // the daemon. Sessions and registrations waiting for their lease per
   // tenant and in total (DaemonCoreOptions::session_limits);
   SessionLimitsOptions session_limits = kDefaultSessionLimits;
-  // side-socket connections per tenant and in total: a lease per session,
-  // and as many again in flight (SideChannel);
+  // connections per tenant and in total, to the side socket (a lease per
+  // session, and as many again in flight: SideChannel) and to the client
+  // socket (a channel or two per process: GrpcAcceptor), each;
   AdmissionLimits connections = {.per_tenant = 2048, .total = 8192};
   // what the autotuner's windows hold, in total, well inside the
   // DaemonSet's 1 GiB memory limit beside the daemon's own ~50 MB and a

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,7 +36,8 @@ namespace {
 // finished it within this is closed. Meanwhile the loop serves the others.
 constexpr absl::Duration kFrameDeadline = absl::Seconds(2);
 // How often the side channel looks for sessions that never leased, and
-// for stalled frames.
+// for stalled frames; and the client socket's acceptor for connections
+// gRPC has closed.
 constexpr absl::Duration kTickPeriod = absl::Milliseconds(250);
 
 }  // namespace
@@ -51,22 +53,32 @@ void WakeFd::Wake() {
 
 absl::StatusOr<std::unique_ptr<GrpcAcceptor>> GrpcAcceptor::Start(
     const std::string& path, mode_t mode, bool admin_socket,
-    grpc::Server* server, PeerTable* peers) {
+    grpc::Server* server, PeerTable* peers, const DaemonCore* core,
+    std::optional<AdmissionLimits> connections) {
   absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
   if (!listener.ok()) return listener.status();
-  return std::unique_ptr<GrpcAcceptor>(new GrpcAcceptor(
-      path, admin_socket, std::move(*listener), server, peers));
+  return std::unique_ptr<GrpcAcceptor>(
+      new GrpcAcceptor(path, admin_socket, std::move(*listener), server,
+                       peers, core, connections));
 }
 
 GrpcAcceptor::GrpcAcceptor(std::string path, bool admin_socket,
                            UniqueFd listener, grpc::Server* server,
-                           PeerTable* peers)
+                           PeerTable* peers, const DaemonCore* core,
+                           std::optional<AdmissionLimits> connections)
     : path_(std::move(path)),
       admin_socket_(admin_socket),
       listener_(std::move(listener)),
       server_(server),
       peers_(peers),
-      thread_([this] { Loop(); }) {}
+      core_(core) {
+  if (connections.has_value()) {
+    connections_.emplace("client-socket connection",
+                         "--max-connections-per-tenant", "--max-connections",
+                         *connections);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
 
 GrpcAcceptor::~GrpcAcceptor() {
   stop_.Wake();
@@ -77,30 +89,70 @@ GrpcAcceptor::~GrpcAcceptor() {
 void GrpcAcceptor::Loop() {
   for (;;) {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    // While connections are counted, look for closed ones every tick.
+    const int timeout =
+        handed_.empty() ? -1
+                        : static_cast<int>(absl::ToInt64Milliseconds(kTickPeriod));
+    const int ready = poll(fds, 2, timeout);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       LogError(absl::StrCat("poll on ", path_, ": ", strerror(errno)));
       return;
     }
     if (fds[1].revents != 0) return;
-    absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
-    if (!connection.ok()) {
-      LogError(absl::StrCat("accept on ", path_, ": ",
-                            connection.status().message()));
-      continue;
-    }
-    absl::StatusOr<PeerCredentials> peer =
-        GetPeerCredentials(connection->get());
-    if (!peer.ok()) {
-      LogError(absl::StrCat("SO_PEERCRED: ", peer.status().message()));
-      continue;
-    }
-    // gRPC's event engine expects a non-blocking socket.
-    const int fd = connection->get();
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    peers_->Add(fd, *peer, admin_socket_);
-    grpc::AddInsecureChannelFromFd(server_, connection->release());
+    ForgetClosed();
+    if (fds[0].revents != 0) Accept();
   }
+}
+
+void GrpcAcceptor::ForgetClosed() {
+  for (auto it = handed_.begin(); it != handed_.end();) {
+    struct stat st;
+    if (fstat(it->first, &st) == 0 && st.st_ino == it->second.inode) {
+      ++it;
+      continue;
+    }
+    connections_->Give(it->second.tenant);
+    it = handed_.erase(it);
+  }
+}
+
+void GrpcAcceptor::Accept() {
+  absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
+  if (!connection.ok()) {
+    LogError(absl::StrCat("accept on ", path_, ": ",
+                          connection.status().message()));
+    return;
+  }
+  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
+  if (!peer.ok()) {
+    LogError(absl::StrCat("SO_PEERCRED: ", peer.status().message()));
+    return;
+  }
+  const int fd = connection->get();
+  if (connections_.has_value()) {
+    // A peer with no tenant (pid 0) is refused at registration, saying
+    // why; until then its connections count together.
+    absl::StatusOr<TenantId> tenant = core_->TenantOf(*peer);
+    const TenantId counted = tenant.ok() ? *tenant : TenantId("unresolved");
+    if (!connections_
+             ->Take(counted, absl::StrCat("pid ", peer->pid, ", uid ", peer->uid))
+             .ok()) {
+      return;  // closed
+    }
+    struct stat st;
+    fstat(fd, &st);
+    // The fd number is free again: whatever had it was closed.
+    if (auto old = handed_.find(fd); old != handed_.end()) {
+      connections_->Give(old->second.tenant);
+      handed_.erase(old);
+    }
+    handed_.emplace(fd, Handed{.inode = st.st_ino, .tenant = counted});
+  }
+  // gRPC's event engine expects a non-blocking socket.
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  peers_->Add(fd, *peer, admin_socket_);
+  grpc::AddInsecureChannelFromFd(server_, connection->release());
 }
 
 // ------------------------------------------------------------ SideChannel

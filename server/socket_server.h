@@ -3,7 +3,8 @@
 //
 // GrpcAcceptor: accepts on a gRPC Unix socket (the clients' or the admin
 // socket), records each connection's SO_PEERCRED and which socket it came
-// in on in the PeerTable, and hands the connection to gRPC.
+// in on in the PeerTable, and hands the connection to gRPC. The clients'
+// socket bounds the connections each tenant holds, as the side socket does.
 //
 // SideChannel: serves the side socket: lease connections (their EOF ends
 // the session at once), chunk FD claims, answered with SCM_RIGHTS, and the
@@ -12,7 +13,11 @@
 #ifndef ALLOCD_SERVER_SOCKET_SERVER_H_
 #define ALLOCD_SERVER_SOCKET_SERVER_H_
 
+#include <sys/types.h>
+
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -43,22 +48,45 @@ class WakeFd {
 class GrpcAcceptor {
  public:
   // Listens on `path` with `mode`; `admin_socket`: its connections may
-  // call the Admin service. `server` and `peers` outlive this.
+  // call the Admin service. `server`, `peers` and `core` outlive this.
+  // `connections`, when given, bounds the connections each tenant (by
+  // `core`'s tenancy) holds to this socket, and all of them together: one
+  // past a bound is closed at once and the refusal logged, naming the flag
+  // that raises it (gRPC gives a connection no way to be told why before
+  // it speaks HTTP/2; its client sees the connection closed).
   static absl::StatusOr<std::unique_ptr<GrpcAcceptor>> Start(
       const std::string& path, mode_t mode, bool admin_socket,
-      grpc::Server* server, PeerTable* peers);
+      grpc::Server* server, PeerTable* peers, const DaemonCore* core,
+      std::optional<AdmissionLimits> connections);
   ~GrpcAcceptor();  // stops and removes the socket file
 
  private:
+  // A connection handed to gRPC and counted against its tenant. gRPC closes
+  // connections without telling, so the acceptor knows one is gone when
+  // its fd number no longer names the socket it accepted (by inode).
+  struct Handed {
+    ino_t inode;
+    TenantId tenant;
+  };
+
   GrpcAcceptor(std::string path, bool admin_socket, UniqueFd listener,
-               grpc::Server* server, PeerTable* peers);
+               grpc::Server* server, PeerTable* peers, const DaemonCore* core,
+               std::optional<AdmissionLimits> connections);
   void Loop();
+  void Accept();
+  // Gives back the connections gRPC has closed since the last look.
+  void ForgetClosed();
 
   const std::string path_;
   const bool admin_socket_;
   UniqueFd listener_;
   grpc::Server* const server_;
   PeerTable* const peers_;
+  const DaemonCore* const core_;
+  // Unset: connections are not counted (the admin socket, 0600).
+  std::optional<Admission> connections_;
+  // By fd number; the loop's thread only.
+  std::map<int, Handed> handed_;
   WakeFd stop_;
   std::thread thread_;
 };

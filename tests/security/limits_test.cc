@@ -13,10 +13,12 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -245,6 +247,69 @@ TEST_F(LimitsTest, ConnectionsPastTheTenantsBoundAreRefusedSayingWhy) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ADD_FAILURE() << "a connection given back never made room";
+}
+
+// Whether the daemon closes `fd` within `wait` (what it sends first, gRPC's
+// HTTP/2 settings, is read and dropped).
+bool ClosedByDaemon(int fd, absl::Duration wait) {
+  const absl::Time until = absl::Now() + wait;
+  for (absl::Time now = absl::Now(); now < until; now = absl::Now()) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(until - now))) <= 0) {
+      return false;
+    }
+    char buffer[4096];
+    const ssize_t n = recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) return true;
+  }
+  return false;
+}
+
+TEST_F(LimitsTest, ClientSocketConnectionsPastTheTenantsBoundAreClosedAndOthersConnect) {
+  StartDaemon({"--max-connections-per-tenant", "4"});
+  // The fixture's channel holds one; the tenant's fifth connection is the
+  // first one closed.
+  std::vector<UniqueFd> held;
+  int admitted = 1;
+  for (;; ++admitted) {
+    ASSERT_LE(admitted, 4) << "a connection past the tenant's bound was kept";
+    absl::StatusOr<UniqueFd> fd = ConnectUnix(socket_);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    if (ClosedByDaemon(fd->get(), absl::Milliseconds(300))) break;
+    held.push_back(*std::move(fd));
+  }
+  EXPECT_EQ(admitted, 4);
+  // A new channel of the same tenant gets no call through.
+  {
+    auto stub = v1::Allocd::NewStub(Dial(socket_));
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + kLegitimateDeadline));
+    v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    v1::RegisterResponse session;
+    EXPECT_FALSE(stub->Register(&c, hello, &session).ok());
+  }
+  // The one held already serves: the bound closes new connections only.
+  Register();
+  if (geteuid() == 0) {
+    // Another tenant connects and registers.
+    EXPECT_THAT(RunAs(kFlooder, {FLOOD_CLIENT_BINARY, socket_, "register", "1"}),
+                HasSubstr("registered 1 refused 0"));
+  }
+  // Connections closed make room again, once the daemon sees them gone
+  // (within a tick of its loop).
+  held.clear();
+  for (int i = 0; i < 100; ++i) {
+    auto stub = v1::Allocd::NewStub(Dial(socket_));
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + kLegitimateDeadline));
+    v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    v1::RegisterResponse session;
+    if (stub->Register(&c, hello, &session).ok()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ADD_FAILURE() << "connections closed never made room";
 }
 
 TEST_F(LimitsTest, AFloodOfLabelsAndEventsStaysInsideTheAutotunersMemory) {

@@ -313,11 +313,10 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     d.session_limits.unleased.total,
                     "the same, of all tenants together (default 256)");
   serve->add_option("--max-connections-per-tenant", d.connections.per_tenant,
-                    "side-socket connections one tenant may hold (default "
-                    "2048)");
+                    "connections one tenant may hold to the client socket, "
+                    "and to the side socket, each (default 2048)");
   serve->add_option("--max-connections", d.connections.total,
-                    "side-socket connections of all tenants together "
-                    "(default 8192)");
+                    "the same, of all tenants together (default 8192)");
 }
 
 void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
