@@ -32,6 +32,8 @@ struct DaemonOptions {
   std::string admin_socket;
   // What a tenant is (server/tenant.h): uid, pod or node.
   Tenancy tenancy = Tenancy::kUid;
+  // How a tenant's cached memory goes to another (NodePool, "Tenants").
+  CrossTenantReuse cross_tenant_reuse = CrossTenantReuse::kRecreate;
   // A group (name or gid) whose members may administer, through the admin
   // socket (given to the group, mode 0660); empty: none.
   std::string admin_group;

@@ -511,8 +511,11 @@ absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
   }
   a.serial = next_grant_++;
   a.tenant = s.tenant;
+  const bool scrubs =
+      options_.cross_tenant_reuse == CrossTenantReuse::kScrub &&
+      source_->ScrubsChunks();
   a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant,
-                         source_->ScrubsChunks() ? &a : nullptr);
+                         scrubs ? &a : nullptr);
   a.create_bytes =
       std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
   a.grant.reused_chunks =

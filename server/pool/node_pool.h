@@ -47,12 +47,16 @@
 // FDs, share openers among them; the giver of GiveMemory; the declarer of
 // an adopted chunk). A session takes its own tenant's cached chunks as
 // they are (no scrub, no wait: same-tenant reuse costs what it always
-// did). Another tenant's cached chunk goes to it only once every process
-// it went to has exited, and only scrubbed (ChunkSource::Scrub, outside
-// the lock, as creation is) -- or, where the source cannot scrub, not at
-// all: Acquire creates new memory instead, destroying cached chunks for
-// the room as it does for another size class. A chunk still mapped by a
-// live process of another tenant is never handed out.
+// did). Another tenant's cached chunk never goes to it by default
+// (CrossTenantReuse::kRecreate): Acquire creates new memory instead,
+// destroying cached chunks for the room as it does for another size class,
+// so that a process the pool never saw -- a fork child of a mapper, or one
+// a mapper passed a chunk's FD to -- keeps only the memory it already had.
+// Under kScrub (for tenants trusted not to hand their FDs on) another
+// tenant's chunk goes to it once every process it went to has exited, and
+// only scrubbed (ChunkSource::Scrub, outside the lock, as creation is),
+// where the source can scrub. Either way a chunk still mapped by a live
+// process of another tenant is never handed out.
 // Capacity: such a chunk stays cached and counted (its memory is in use:
 // the process maps it), is its own tenant's to reuse, and is destroyed
 // like any cached chunk when an Acquire needs its room or a trim gives it
@@ -217,6 +221,17 @@ std::optional<uint64_t> ShortfallBytes(const absl::Status& status);
 inline constexpr absl::string_view kShortfallPayloadUrl =
     "type.allocd.dev/allocd.NodeShortfallBytes";
 
+// How a tenant's cached chunks go to another tenant (NodePool, "Tenants").
+enum class CrossTenantReuse {
+  // Never: destroyed and created again. Safe against a tenant that passes
+  // its chunks' FDs on; on the H200 it costs 0.7-24 ms per GiB by chunk
+  // size, on a par with a scrub for chunks up to 16 MiB and twice one for
+  // 128 MiB and larger (bench/gpu/results/tenancy).
+  kRecreate,
+  // Scrubbed in place once every process the pool gave it to has exited.
+  kScrub,
+};
+
 class NodePool {
  public:
   struct Options {
@@ -235,6 +250,8 @@ class NodePool {
     // from 1), so that a restarted daemon (another epoch: the daemon draws
     // one at random) makes no id that a surviving client still holds.
     uint32_t chunk_id_epoch = 0;
+    // How another tenant's cached memory is reused ("Tenants" above).
+    CrossTenantReuse cross_tenant_reuse = CrossTenantReuse::kRecreate;
   };
 
   // `source` must outlive the pool.

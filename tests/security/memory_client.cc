@@ -13,6 +13,9 @@
 //   count TEXT         "count K of N": chunks mapped that start with TEXT
 //   release            gives back every chunk it holds (mappings kept)
 //   publish            sends the sizes it holds as its working set
+//   fork               forks a child that inherits every mapping and holds
+//                      it (up to 60 s) after this process exits;
+//                      "forked PID ADDR..." (hex addresses of the chunks)
 //   exit               exits at once, nothing torn down
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/daemon_client.h"
 
@@ -104,6 +108,20 @@ class Job {
       client_->PublishWorkingSet(sizes_);
       absl::Status s = client_->FlushTelemetry();
       return s.ok() ? "published" : "error " + std::string(s.message());
+    }
+    if (verb == "fork") {
+      const pid_t child = fork();
+      if (child == 0) {
+        close(0);
+        close(1);
+        alarm(60);
+        for (;;) pause();
+      }
+      std::string answer = "forked " + std::to_string(child);
+      for (const Mapped& m : mapped_) {
+        answer += " " + absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(m.at)));
+      }
+      return answer;
     }
     if (verb == "exit") _exit(0);
     return "error unknown command";

@@ -5,6 +5,9 @@
 // the cache, the read-ahead and the working-set handover, and uid 1001
 // still reaching memory it released once uid 1002 got it -- must read
 // nothing. A control with one uid shows the check sees what is left behind.
+// Each runs under both --cross-tenant-reuse modes (recreate, the default,
+// and scrub); a releaser's fork child, which the daemon never gave the
+// memory to, is the default's alone to stop.
 // The tests run as root (CI does) and skip, saying why, otherwise.
 #include <fcntl.h>
 #include <grp.h>
@@ -127,7 +130,8 @@ class Job {
   FILE* from_ = nullptr;
 };
 
-class MemoryRemanenceTest : public ::testing::Test {
+// A daemon reusing memory across tenants by `reuse_`.
+class RemanenceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) {
@@ -139,7 +143,8 @@ class MemoryRemanenceTest : public ::testing::Test {
     socket_ = dir_ + "/allocd.sock";
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
-        "--metrics-addr", "", "--capacity", "256MiB"});
+        "--metrics-addr", "", "--capacity", "256MiB", "--cross-tenant-reuse",
+        reuse_});
     harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
@@ -169,12 +174,24 @@ class MemoryRemanenceTest : public ::testing::Test {
   }
   uint64_t Cached() { return harness::PoolStatus(*admin_).free_bytes(); }
 
+  std::string reuse_ = "recreate";
   std::string dir_, socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;
 };
 
-TEST_F(MemoryRemanenceTest, ReleasedMemoryReachesAnotherTenantZeroed) {
+class MemoryRemanenceTest : public RemanenceTest,
+                            public ::testing::WithParamInterface<std::string> {
+ protected:
+  MemoryRemanenceTest() { reuse_ = GetParam(); }
+  // What B's acquire of 64 MiB answers when A's cached memory is what it
+  // would reuse: A's chunks scrubbed, or new ones in their room.
+  std::string AcquiredAcrossTenants() const {
+    return reuse_ == "scrub" ? "acquired 4 reused 4" : "acquired 4 reused 0";
+  }
+};
+
+TEST_P(MemoryRemanenceTest, ReleasedMemoryReachesAnotherTenantZeroed) {
   std::unique_ptr<Job> a = MarkedByA();
   EXPECT_EQ(a->Do("release"), "released");
   a->Exit();
@@ -182,22 +199,21 @@ TEST_F(MemoryRemanenceTest, ReleasedMemoryReachesAnotherTenantZeroed) {
   ASSERT_EQ(Cached(), k64MiB);
 
   std::unique_ptr<Job> b = Start(kTenantB);
-  // The cached chunk itself, scrubbed: not new memory.
-  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), "acquired 4 reused 4");
+  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), AcquiredAcrossTenants());
   EXPECT_EQ(b->Count(kMarkerA), std::make_pair(0, 4));
 }
 
-TEST_F(MemoryRemanenceTest, AKilledTenantsMemoryReachesAnotherTenantZeroed) {
+TEST_P(MemoryRemanenceTest, AKilledTenantsMemoryReachesAnotherTenantZeroed) {
   std::unique_ptr<Job> a = MarkedByA();
   a->Kill();
   WaitUntilNothingIsHeld();
 
   std::unique_ptr<Job> b = Start(kTenantB);
-  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), "acquired 4 reused 4");
+  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), AcquiredAcrossTenants());
   EXPECT_EQ(b->Count(kMarkerA), std::make_pair(0, 4));
 }
 
-TEST_F(MemoryRemanenceTest, TheReadAheadServesNoneOfAnotherTenantsMemory) {
+TEST_P(MemoryRemanenceTest, TheReadAheadServesNoneOfAnotherTenantsMemory) {
   std::unique_ptr<Job> a = MarkedByA();
   a->Kill();
   WaitUntilNothingIsHeld();
@@ -208,7 +224,7 @@ TEST_F(MemoryRemanenceTest, TheReadAheadServesNoneOfAnotherTenantsMemory) {
   EXPECT_EQ(Cached(), k64MiB);  // A's memory stays where it was
 }
 
-TEST_F(MemoryRemanenceTest, TheHandoverGivesNoneOfAnotherTenantsMemory) {
+TEST_P(MemoryRemanenceTest, TheHandoverGivesNoneOfAnotherTenantsMemory) {
   std::unique_ptr<Job> a = MarkedByA("train-a");
   EXPECT_EQ(a->Do("publish"), "published");
   a->Kill();
@@ -218,11 +234,11 @@ TEST_F(MemoryRemanenceTest, TheHandoverGivesNoneOfAnotherTenantsMemory) {
   std::unique_ptr<Job> b = Start(kTenantB, "train-a");
   const std::string handed = b->Do("handover");
   EXPECT_THAT(handed, ::testing::EndsWith(" 0")) << handed;
-  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), "acquired 4 reused 4");
+  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), AcquiredAcrossTenants());
   EXPECT_EQ(b->Count(kMarkerA), std::make_pair(0, 4));
 }
 
-TEST_F(MemoryRemanenceTest, ReleasedMemoryIsOutOfTheReleasersReachOnceItCrosses) {
+TEST_P(MemoryRemanenceTest, ReleasedMemoryIsOutOfTheReleasersReachOnceItCrosses) {
   std::unique_ptr<Job> a = MarkedByA();
   EXPECT_EQ(a->Do("release"), "released");  // and keeps it mapped
 
@@ -239,7 +255,7 @@ TEST_F(MemoryRemanenceTest, ReleasedMemoryIsOutOfTheReleasersReachOnceItCrosses)
 
 // The control: within one tenant the cache hands memory over as it is (the
 // check above would see a marker left behind).
-TEST_F(MemoryRemanenceTest, OneTenantsMemoryIsReusedAsItWas) {
+TEST_P(MemoryRemanenceTest, OneTenantsMemoryIsReusedAsItWas) {
   std::unique_ptr<Job> a = MarkedByA();
   EXPECT_EQ(a->Do("release"), "released");
   a->Exit();
@@ -248,6 +264,44 @@ TEST_F(MemoryRemanenceTest, OneTenantsMemoryIsReusedAsItWas) {
   std::unique_ptr<Job> again = Start(kTenantA);
   EXPECT_EQ(again->Do(absl::StrCat("acquire ", k64MiB)), "acquired 4 reused 4");
   EXPECT_EQ(again->Count(kMarkerA), std::make_pair(4, 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(CrossTenantReuse, MemoryRemanenceTest,
+                         ::testing::Values("recreate", "scrub"));
+
+// Issue 29's open case: the releaser forks a child (it inherits the
+// mappings; an FD passed over SCM_RIGHTS is the same), releases, exits.
+// The daemon never gave the child anything, so it cannot wait for it; by
+// default it never reuses A's memory for B, so the child keeps A's.
+using RecreatingRemanenceTest = RemanenceTest;
+TEST_F(RecreatingRemanenceTest, AReleasersForkChildNeverSeesAnotherTenantsMemory) {
+  std::unique_ptr<Job> a = MarkedByA();
+  const std::vector<std::string> forked = absl::StrSplit(a->Do("fork"), ' ');
+  ASSERT_EQ(forked.size(), 6u) << absl::StrJoin(forked, " ");
+  pid_t child = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(forked[1], &child));
+  EXPECT_EQ(a->Do("release"), "released");
+  a->Exit();
+  WaitUntilNothingIsHeld();
+
+  std::unique_ptr<Job> b = Start(kTenantB);
+  EXPECT_EQ(b->Do(absl::StrCat("acquire ", k64MiB)), "acquired 4 reused 0");
+  EXPECT_EQ(b->Count(kMarkerA), std::make_pair(0, 4));
+  EXPECT_EQ(b->Do(absl::StrCat("write ", kMarkerB)), "written");
+  // What the child maps, read through /proc (the test is root): A's.
+  const int mem = open(absl::StrCat("/proc/", child, "/mem").c_str(), O_RDONLY);
+  ASSERT_GE(mem, 0);
+  for (size_t i = 2; i < forked.size(); ++i) {
+    uint64_t at = 0;
+    ASSERT_TRUE(absl::SimpleHexAtoi(forked[i], &at)) << forked[i];
+    char head[sizeof kMarkerA] = {};
+    ASSERT_EQ(pread(mem, head, sizeof kMarkerA - 1, static_cast<off_t>(at)),
+              static_cast<ssize_t>(sizeof kMarkerA - 1));
+    EXPECT_STREQ(head, kMarkerA);
+  }
+  close(mem);
+  kill(child, SIGKILL);
+  EXPECT_EQ(b->Count(kMarkerB), std::make_pair(4, 4));
 }
 
 }  // namespace

@@ -136,8 +136,12 @@ void Write(const ChunkFd& chunk, absl::string_view text) {
   munmap(p, chunk.bytes);
 }
 
+// The pool under --cross-tenant-reuse scrub, where the paths below scrub;
+// RecreatingTenancyTest is the default.
 class ChunkTenancyTest : public NodePoolTest {
  protected:
+  ChunkTenancyTest() { cross_tenant_reuse_ = CrossTenantReuse::kScrub; }
+
   // Session 1 of tenant A, run by `holder`, gets one chunk, maps it in the
   // holder and fills it with the marker; returns the chunk's id.
   uint64_t FillAsTenantA(NodePool& pool, Holder& holder) {
@@ -452,6 +456,67 @@ TEST_F(ChunkTenancyTest, ClientMadeGrantsScrubTheCachedChunksTheyTake) {
   ASSERT_EQ(fds->size(), 1u);  // the client makes the other
   EXPECT_TRUE(AllZero((*fds)[0]));
   EXPECT_EQ(pool->Stats().created_bytes, 2 * kChunk);
+}
+
+class RecreatingTenancyTest : public ChunkTenancyTest {
+ protected:
+  RecreatingTenancyTest() { cross_tenant_reuse_ = CrossTenantReuse::kRecreate; }
+};
+
+TEST_F(RecreatingTenancyTest, AnotherTenantsCachedChunkIsDestroyedAndCreatedAgain) {
+  auto pool = MakePool(1);
+  Holder holder;
+  const uint64_t a = FillAsTenantA(*pool, holder);
+  ASSERT_TRUE(pool->Release(1, {a}).ok());
+  holder.Exit();
+
+  std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NE(b[0].id, a);
+  EXPECT_TRUE(AllZero(b[0]));
+  EXPECT_EQ(source_.scrubbed.load(), 0);
+  const PoolStats stats = pool->Stats();
+  EXPECT_EQ(stats.chunks_reused_total, 0u);
+  EXPECT_EQ(stats.chunks_scrubbed_total, 0u);
+  EXPECT_EQ(stats.trimmed_bytes_total, kChunk);
+  EXPECT_EQ(source_.created.load(), 2);
+  // The same tenant still reuses its own as it was.
+  ASSERT_TRUE(pool->Release(2, Ids(b)).ok());
+  std::vector<ChunkFd> again = AcquireAs(*pool, 3, kTenantB, 1);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].id, b[0].id);
+}
+
+TEST_F(RecreatingTenancyTest, AProcessTheReleaserPassedItsChunkToNeverSeesAnotherTenant) {
+  auto pool = MakePool(1);
+  // Started first: a holder forked later would hold the releaser's socket
+  // open, and the releaser would never see it close.
+  Holder accomplice;
+  Holder releaser;
+  ASSERT_TRUE(pool->AddSession(1, 1001, releaser.pid(), kTenantA).ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::vector<ChunkFd>> fds =
+      ClaimAll(*pool, a->token, releaser.pid());
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  Write((*fds)[0], kMarker);
+  releaser.Map((*fds)[0]);
+  // The releaser hands the chunk on to a process the pool never gave it
+  // to (its FD over SCM_RIGHTS, or a fork child's inherited mapping), then
+  // releases it and exits.
+  accomplice.Map((*fds)[0]);
+  fds->clear();
+  ASSERT_TRUE(pool->Release(1, {a->chunk_ids[0]}).ok());
+  releaser.Exit();
+
+  std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_TRUE(AllZero(b[0]));
+  Write(b[0], "tenant B's secret");
+  // The accomplice keeps A's old memory: B's is other memory.
+  EXPECT_EQ(accomplice.Read(), kMarker);
+  accomplice.Write("tenant A writes on");
+  EXPECT_EQ(Head(b[0]), "tenant B's secret");
 }
 
 TEST_F(ChunkTenancyTest, AnEmptyTenantIsRefused) {

@@ -84,9 +84,11 @@ class NodePoolTest : public ::testing::Test {
     return std::make_unique<NodePool>(
         &source_, NodePool::Options{.capacity = chunks * kChunk,
                                     .now = [this] { return now_; },
-                                    .chunk_classes = std::move(classes)});
+                                    .chunk_classes = std::move(classes),
+                                    .cross_tenant_reuse = cross_tenant_reuse_});
   }
   TestSource source_;
+  CrossTenantReuse cross_tenant_reuse_ = CrossTenantReuse::kRecreate;
   absl::Time now_ = absl::FromUnixSeconds(1000);
 };
 

@@ -27,6 +27,7 @@ struct ServeCommandOptions {
   std::string autotune_mode = "recommend";
   // --tenancy: uid, pod, node.
   std::string tenancy = "uid";
+  std::string cross_tenant_reuse = "recreate";
   // --autotune-memory and --autotune-memory-per-tenant, sizes ("256MiB");
   // the latter empty: DaemonOptions' default.
   std::string autotune_memory = "256MiB";
