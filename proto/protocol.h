@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace allocd {
 
@@ -56,6 +58,16 @@ inline constexpr char kReadAheadStat[] = "allocd.read_ahead_bytes";
 // The most segments of a working set (TelemetryReport.working_set) a
 // client sends and the daemon keeps.
 inline constexpr size_t kMaxWorkingSetSegments = 4096;
+
+// Admin's SetConfig, GetConfig and ClearConfig name a job config by a
+// key: a job label (empty: the node default), its config in every tenant,
+// or "LABEL@TENANT" (TENANT as SessionInfo.tenant shows it), the label's
+// config in that tenant alone. '@' is in no label, so a key reads one way.
+inline std::string TenantJobKey(std::string_view job, std::string_view tenant) {
+  std::string key(job);
+  if (!tenant.empty()) key.append("@").append(tenant);
+  return key;
+}
 
 }  // namespace allocd
 

@@ -154,7 +154,7 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
       }
       for (const auto& [job, config_value] : value.items()) {
         const std::string where = absl::StrCat("jobs.", job);
-        if (absl::Status s = ValidateJobLabel(job); !s.ok() || job.empty()) {
+        if (absl::Status s = ValidateConfigKey(job); !s.ok() || job.empty()) {
           return absl::InvalidArgumentError(absl::StrCat(
               where, ": ", s.ok() ? "empty job label" : s.message()));
         }

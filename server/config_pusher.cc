@@ -59,14 +59,15 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
     uint64_t current_version, const std::optional<Learned>& learned,
     bool started_on_learned) {
   const std::string& job = session.identity().job;
+  const TenantId& tenant = session.identity().tenant;
   AtRegistration at{.running = session.Current()};
   if (current_version != 0) {
     at.running =
         AdoptRunningConfig(job, current_config, current_version, session.id());
     session.Acked(at.running);
   }
-  at.config = configs_.Effective(job);
-  if (learned.has_value() && !configs_.HasOwnConfig(job)) {
+  at.config = EffectiveIn(tenant, job);
+  if (learned.has_value() && !HasOwnConfig(job, tenant)) {
     if (at.running.config == learned->config) {
       // It runs the learned config already (a client that reconnected):
       // the default is not pushed over it.
@@ -117,8 +118,19 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
   return at;
 }
 
-bool ConfigPusher::HasOwnConfig(absl::string_view job) const {
-  return configs_.HasOwnConfig(job);
+bool ConfigPusher::HasOwnConfig(absl::string_view job,
+                                const TenantId& tenant) const {
+  return configs_.HasOwnConfig(job) ||
+         (!job.empty() && configs_.HasOwnConfig(TenantJobKey({job.data(), job.size()}, tenant)));
+}
+
+std::optional<ConfigRecord> ConfigPusher::EffectiveIn(
+    const TenantId& tenant, absl::string_view job) const {
+  if (const std::string own = TenantJobKey({job.data(), job.size()}, tenant);
+      !job.empty() && configs_.HasOwnConfig(own)) {
+    return configs_.Effective(own);
+  }
+  return configs_.Effective(job);
 }
 
 AppliedConfig ConfigPusher::AdoptRunningConfig(absl::string_view job,
@@ -190,9 +202,11 @@ bool ConfigPusher::RollBackAfterOom(Session& session,
   return true;
 }
 
-v1::GetConfigResponse ConfigPusher::Get(absl::string_view job) const {
+v1::GetConfigResponse ConfigPusher::Get(absl::string_view key) const {
   v1::GetConfigResponse r;
-  if (std::optional<ConfigRecord> record = configs_.Effective(job)) {
+  const ConfigKey split = SplitConfigKey(key);
+  if (std::optional<ConfigRecord> record =
+          EffectiveIn(TenantId(split.tenant), split.job)) {
     FillConfigVersion(*record, r.mutable_config());
   }
   return r;
@@ -208,11 +222,19 @@ absl::StatusOr<v1::SetConfigResponse> ConfigPusher::Set(
   metrics_->ConfigPrediction(job, predicted_peak_reserved_bytes);
   v1::SetConfigResponse r;
   FillConfigVersion(*record, r.mutable_config());
+  const ConfigKey key = SplitConfigKey(job);
   uint32_t pushed = 0;
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
     const std::string& session_job = s->identity().job;
-    const bool applies = job.empty() ? !configs_.HasOwnConfig(session_job)
-                                     : session_job == job;
+    const TenantId& session_tenant = s->identity().tenant;
+    const bool applies =
+        job.empty()
+            ? !HasOwnConfig(session_job, session_tenant)
+            : session_job == key.job &&
+                  (key.tenant.empty()
+                       ? !configs_.HasOwnConfig(
+                             TenantJobKey(session_job, session_tenant))
+                       : session_tenant == key.tenant);
     if (!applies) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
     ++pushed;
@@ -226,12 +248,18 @@ void ConfigPusher::Clear(absl::string_view job, absl::string_view author) {
   if (!configs_.Clear(job, author)) return;
   metrics_->ConfigPrediction(job, 0);
   if (job.empty()) return;
-  std::optional<ConfigRecord> fallback = configs_.Effective(job);
-  if (!fallback.has_value()) return;
+  const ConfigKey key = SplitConfigKey(job);
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (s->identity().job == job) {
+    if (s->identity().job != key.job ||
+        (!key.tenant.empty() && s->identity().tenant != key.tenant)) {
+      continue;
+    }
+    std::optional<ConfigRecord> fallback =
+        EffectiveIn(s->identity().tenant, key.job);
+    if (fallback.has_value()) {
       Push(*s, *fallback, false,
-           absl::StrCat("job config removed by ", author, "; the default"));
+           absl::StrCat("job config removed by ", author, "; what applies "
+                        "to the job now"));
     }
   }
 }

@@ -91,9 +91,10 @@ class ConfigPusher {
                           const std::optional<Learned>& learned = std::nullopt,
                           bool started_on_learned = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fanout_mu_);
-  // Whether `job` has a config of its own (an admin's, for the label in
-  // every tenant), which a learned config never replaces.
-  bool HasOwnConfig(absl::string_view job) const;
+  // Whether `job` in `tenant` has a config of its own (an admin's, for the
+  // label in every tenant or in this one), which a learned config never
+  // replaces.
+  bool HasOwnConfig(absl::string_view job, const TenantId& tenant) const;
   // `session`'s client applied a version (ACK) or not (NACK): recorded,
   // and an ACKed one becomes what it runs. InvalidArgument for an unknown
   // version or a NACK's error over kMaxOomMessage bytes.
@@ -102,11 +103,14 @@ class ConfigPusher {
   // by the rules above. True when it pushed a rollback.
   bool RollBackAfterOom(Session& session, uint64_t requested_bytes);
 
-  // The config that applies to `job` (its own, else the default); an empty
+  // The config that applies to `key` (a label, or LABEL@TENANT:
+  // TenantJobKey): its own, else the label's, else the default; an empty
   // response when none does.
-  v1::GetConfigResponse Get(absl::string_view job) const;
-  // Sets `job`'s config (the empty job: the default) and pushes it to the
-  // sessions it applies to. `author` says who;
+  v1::GetConfigResponse Get(absl::string_view key) const;
+  // Sets the config of `key` (a label in every tenant, "LABEL@TENANT" in
+  // one, the empty key the default) and pushes it to the sessions it
+  // applies to: a label's reaches its sessions in the tenants without a
+  // config of their own for it. `author` says who;
   // `predicted_peak_reserved_bytes`: allocd tune's prediction for the job
   // under `config` (0: none), exported for dashboards. ConfigStore::Set's
   // errors.
@@ -114,8 +118,8 @@ class ConfigPusher {
       absl::string_view job, absl::string_view config,
       absl::string_view author, uint64_t predicted_peak_reserved_bytes)
       ABSL_LOCKS_EXCLUDED(fanout_mu_);
-  // Removes `job`'s own config; its sessions are pushed the default, if
-  // one is set.
+  // Removes the config of `key` (as Set's); its sessions are pushed what
+  // applies to them then (the label's, or the default), if any.
   void Clear(absl::string_view job, absl::string_view author)
       ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `config` to session `id` as a new version that is not its job's
@@ -145,6 +149,10 @@ class ConfigPusher {
   v1::HistoryResponse History(absl::string_view job, uint32_t limit) const;
 
  private:
+  // The config that applies to `job` in `tenant`: the tenant's own for the
+  // label, else the label's, else the default.
+  std::optional<ConfigRecord> EffectiveIn(const TenantId& tenant,
+                                          absl::string_view job) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
             std::string reason);
   // Pushes `target` to `session` as a rollback and records it.

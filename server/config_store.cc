@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
 
@@ -22,6 +24,36 @@ absl::Status ValidateJobLabel(absl::string_view job) {
           "job label may hold only [A-Za-z0-9_.:/-]; got byte 0x",
           absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2)));
     }
+  }
+  return absl::OkStatus();
+}
+
+ConfigKey SplitConfigKey(absl::string_view key) {
+  const size_t at = key.find('@');
+  if (at == absl::string_view::npos) return {.job = key};
+  return {.job = key.substr(0, at), .tenant = key.substr(at + 1)};
+}
+
+absl::Status ValidateConfigKey(absl::string_view key) {
+  const ConfigKey split = SplitConfigKey(key);
+  if (absl::Status s = ValidateJobLabel(split.job); !s.ok()) return s;
+  if (key.find('@') == absl::string_view::npos) return absl::OkStatus();
+  if (split.job.empty()) {
+    return absl::InvalidArgumentError(
+        "a tenant's config names a job: LABEL@TENANT (the node default is "
+        "every tenant's)");
+  }
+  const bool valid_tenant =
+      !split.tenant.empty() && split.tenant.size() <= 128 &&
+      absl::c_all_of(split.tenant, [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+               c == '_' || c == '.' || c == ':' || c == '-';
+      });
+  if (!valid_tenant) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant \"", split.tenant,
+        "\" is not one: 1-128 bytes of [A-Za-z0-9_.:-], as allocctl "
+        "sessions shows them (uid:1001, pod:<pod UID>, node)"));
   }
   return absl::OkStatus();
 }
@@ -50,7 +82,7 @@ absl::StatusOr<ConfigRecord> ConfigStore::Store(
     absl::string_view job, absl::string_view config, absl::string_view author,
     absl::string_view event, bool effective,
     uint64_t predicted_peak_reserved_bytes) {
-  if (absl::Status s = ValidateJobLabel(job); !s.ok()) return s;
+  if (absl::Status s = ValidateConfigKey(job); !s.ok()) return s;
   absl::StatusOr<AllocatorConfig> parsed =
       ParseAllocatorConfig(std::string_view(config.data(), config.size()));
   if (!parsed.ok()) {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
+#include "proto/protocol.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -54,6 +55,19 @@ struct HistoryRecord {
 
 // A job label: 1-128 bytes of [A-Za-z0-9_.:/-], or empty for the default.
 absl::Status ValidateJobLabel(absl::string_view job);
+
+// What a config is kept under in the store: its key (proto/protocol.h's
+// TenantJobKey), a label's config in every tenant or "LABEL@TENANT" in one;
+// a tenant's wins over the label's there.
+struct ConfigKey {
+  absl::string_view job;
+  // Empty: every tenant.
+  absl::string_view tenant;
+};
+ConfigKey SplitConfigKey(absl::string_view key);
+// A label (ValidateJobLabel), or a non-empty label, '@' and a tenant of
+// 1-128 bytes of [A-Za-z0-9_.:-] ("uid:1001", "pod:<uid>", "node").
+absl::Status ValidateConfigKey(absl::string_view key);
 
 class ConfigStore {
  public:

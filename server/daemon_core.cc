@@ -358,7 +358,7 @@ absl::StatusOr<v1::LearnedConfigResponse> DaemonCore::LearnedConfig(
   v1::LearnedConfigResponse response;
   // As Register hands it: under the fan-out lock, never over the job's own.
   absl::MutexLock fanout(&config_pusher_.fanout_mu());
-  if (observer_ == nullptr || config_pusher_.HasOwnConfig(r.job())) {
+  if (observer_ == nullptr || config_pusher_.HasOwnConfig(r.job(), *tenant)) {
     return response;
   }
   std::optional<ConfigPusher::Learned> learned = observer_->LearnedConfigFor(

@@ -114,6 +114,65 @@ TEST_F(ConfigPusherTest,
   EXPECT_TRUE(Pushed(*restarted).empty());
 }
 
+// An admin's config for a label reaches the job in every tenant; one for
+// "LABEL@TENANT" reaches that tenant's sessions alone and wins over the
+// label's there, and removing it gives them the label's again.
+TEST_F(ConfigPusherTest, AJobsConfigForOneTenantReachesThatTenantAlone) {
+  auto session_of = [&](const TenantId& tenant) {
+    absl::MutexLock fanout(&pusher_.fanout_mu());
+    std::shared_ptr<Session> s =
+        sessions_.Create({.tenant = tenant, .job = "llama"});
+    registered_ = pusher_.Register(*s, "", 0);
+    return s;
+  };
+  std::shared_ptr<Session> a = session_of("uid:1001");
+  std::shared_ptr<Session> b = session_of("uid:1002");
+
+  absl::StatusOr<v1::SetConfigResponse> for_a =
+      pusher_.Set("llama@uid:1001", "expandable_segments:True", "an admin", 0);
+  ASSERT_TRUE(for_a.ok()) << for_a.status();
+  EXPECT_EQ(for_a->pushed_to(), 1u);
+  EXPECT_EQ(Pushed(*a), (std::vector<std::pair<uint64_t, bool>>{
+                            {for_a->config().version(), false}}));
+  EXPECT_TRUE(Pushed(*b).empty());
+
+  // The label's config reaches the tenants without their own.
+  absl::StatusOr<v1::SetConfigResponse> every =
+      pusher_.Set("llama", "max_split_size_mb:256", "an admin", 0);
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_EQ(every->pushed_to(), 1u);
+  EXPECT_TRUE(Pushed(*a).empty());
+  EXPECT_EQ(Pushed(*b).size(), 1u);
+  EXPECT_EQ(pusher_.Get("llama@uid:1001").config().config(),
+            "expandable_segments:True");
+  EXPECT_EQ(pusher_.Get("llama@uid:1002").config().config(),
+            "max_split_size_mb:256");
+  EXPECT_EQ(pusher_.Get("llama").config().config(), "max_split_size_mb:256");
+
+  // A new session of tenant A registers onto its tenant's config.
+  std::shared_ptr<Session> a2 = session_of("uid:1001");
+  EXPECT_EQ(registered_.config->config, "expandable_segments:True");
+  EXPECT_TRUE(pusher_.HasOwnConfig("llama", "uid:1001"));
+  EXPECT_TRUE(pusher_.HasOwnConfig("llama", "uid:1003"));  // the label's
+  EXPECT_FALSE(pusher_.HasOwnConfig("bert", "uid:1001"));
+
+  pusher_.Clear("llama@uid:1001", "an admin");
+  EXPECT_EQ(Pushed(*a).size(), 1u);
+  EXPECT_EQ(pusher_.Get("llama@uid:1001").config().config(),
+            "max_split_size_mb:256");
+  EXPECT_TRUE(Pushed(*b).empty());
+
+  // Keys that name no tenant's job are refused.
+  for (const char* bad : {"@uid:1001", "llama@", "llama@uid 1001",
+                          "llama@uid:1001@x"}) {
+    EXPECT_EQ(pusher_.Set(bad, "expandable_segments:True", "an admin", 0)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 // A job's learned config is handed at registration over the node default,
 // as a version of its own; a config set for the job wins over it, and a
 // session that runs it already is not pushed it again.

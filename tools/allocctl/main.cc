@@ -25,6 +25,7 @@
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/unix_socket.h"
+#include "proto/protocol.h"
 #include "nlohmann/json.hpp"
 #include "tools/common/cli.h"
 
@@ -412,6 +413,10 @@ int main(int argc, char** argv) {
   CLI::App* get = config->add_subcommand(
       "get", "the config sessions of a job get (its own, else the default)");
   get->add_option("--job,-j", o.job, "job label (default: every job)");
+  get->add_option("--tenant", o.tenant,
+                  "the job's tenant, as `allocctl sessions` shows it "
+                  "(uid:1001, pod:<pod UID>): what that tenant's sessions of "
+                  "the job get");
   CLI::App* set = config->add_subcommand(
       "set", "push a config to every session of a job; they ACK or NACK it");
   set->add_option("CONFIG", o.config,
@@ -419,6 +424,10 @@ int main(int argc, char** argv) {
       ->required();
   set->add_option("--job,-j", o.job, "job label (default: every job without "
                                      "its own config)");
+  set->add_option("--tenant", o.tenant,
+                  "set the job's config in this tenant alone (uid:1001, "
+                  "pod:<pod UID>, as `allocctl sessions` shows it); it wins "
+                  "over the job's config for every tenant. Needs --job");
   set->add_option("--predicted-peak-reserved", o.predicted_peak,
                   "the job's peak reserved memory `allocd tune` predicted "
                   "under CONFIG: bytes as tune prints it, or a size such as "
@@ -526,7 +535,7 @@ int main(int argc, char** argv) {
   }
   if (get->parsed()) {
     v1::GetConfigRequest request;
-    request.set_job(o.job);
+    request.set_job(allocd::TenantJobKey(o.job, o.tenant.value_or("")));
     return Call<v1::GetConfigResponse>(
         o,
         [&](grpc::ClientContext* c, v1::GetConfigResponse* r) {
@@ -535,8 +544,14 @@ int main(int argc, char** argv) {
         [](const v1::GetConfigResponse& r) { PrintConfig(r.config()); });
   }
   if (set->parsed()) {
+    if (o.tenant.has_value() && o.job.empty()) {
+      std::fprintf(stderr,
+                   "allocctl: config set --tenant needs --job: the default "
+                   "config is every tenant's\n");
+      return 2;
+    }
     v1::SetConfigRequest request;
-    request.set_job(o.job);
+    request.set_job(allocd::TenantJobKey(o.job, o.tenant.value_or("")));
     request.set_config(o.config);
     if (!o.predicted_peak.empty()) {
       // SizeSyntax checked it.
