@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -169,6 +170,25 @@ absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
     return FromGrpc(s);
   }
   return response.config();
+}
+
+absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
+                                                 const std::string& job,
+                                                 absl::Duration timeout) {
+  absl::StatusOr<std::string> learned = AskLearnedConfig(socket, job, timeout);
+  if (!learned.ok() || learned->empty()) return learned;
+  const char* cuda = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  const char* generic = std::getenv("PYTORCH_ALLOC_CONF");
+  const std::string own = cuda != nullptr      ? cuda
+                          : generic != nullptr ? generic
+                                               : "";
+  setenv("ALLOCD_INITIAL_ALLOC_CONF", own.c_str(), /*overwrite=*/1);
+  setenv("ALLOCD_LEARNED_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+  setenv("PYTORCH_CUDA_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+  if (generic != nullptr) {
+    setenv("PYTORCH_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+  }
+  return learned;
 }
 
 absl::Status ReleaseChunks(Connection& c, absl::Span<const uint64_t> ids,

@@ -94,6 +94,21 @@ absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
                                              const std::string& job,
                                              absl::Duration timeout);
 
+// Starts this process on the config its tenant's job learned, if any, by
+// its environment, before PyTorch reads PYTORCH_CUDA_ALLOC_CONF (and
+// PYTORCH_ALLOC_CONF, when set) once, at its first allocation: a config
+// handed at registration would come after the job allocated under its
+// own. Both are set to the learned config, and ALLOCD_LEARNED_ALLOC_CONF
+// with it; the job's own (the user's PYTORCH_CUDA_ALLOC_CONF: a learned
+// config replaces it, as the daemon's push at registration would) goes to
+// ALLOCD_INITIAL_ALLOC_CONF, where a rollback returns. The interposer
+// declares both at registration. For `allocd run` before it starts the
+// program, and allocd.enable() before `import torch`. Returns the learned
+// config, "" when none (nothing set); AskLearnedConfig's errors.
+absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
+                                                 const std::string& job,
+                                                 absl::Duration timeout);
+
 // Sends `request` on the side socket `fd` (with `send_fds` riding along)
 // and gathers the answer, which may span several frames (a claim of more
 // chunks than one frame carries FDs for); their FDs go to `fds` unless it

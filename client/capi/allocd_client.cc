@@ -1,5 +1,6 @@
 #include "client/capi/allocd_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -95,6 +96,19 @@ allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* description, const char* autotune) {
   return allocd_connect_gpu(socket, job, initial_config, description,
                             autotune, nullptr);
+}
+
+int allocd_start_on_learned_config(const char* socket, const char* job,
+                                   char* out, size_t size) {
+  absl::StatusOr<std::string> learned =
+      allocd::StartOnLearnedConfig(Or(socket), Or(job), absl::Seconds(5));
+  if (!learned.ok()) return Result(learned.status());
+  if (size > 0) {
+    const size_t n = std::min(size - 1, learned->size());
+    std::memcpy(out, learned->data(), n);
+    out[n] = '\0';
+  }
+  return 0;
 }
 
 allocd_client* allocd_connect_gpu(const char* socket, const char* job,

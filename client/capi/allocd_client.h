@@ -34,6 +34,14 @@ ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
  * nvidia-smi prints it): the daemon serves the session from that GPU's
  * pool, whatever CUDA_VISIBLE_DEVICES numbers it here. Empty or NULL: the
  * daemon's first device (what allocd_connect does). */
+/* Starts this process on the config its tenant's job `job` learned, if
+ * the daemon at `socket` has one (StartOnLearnedConfig: the environment
+ * PyTorch reads at its first allocation). Copies the learned config, ""
+ * for none, into `out` (`size` bytes, NUL-terminated, cut to fit). Returns
+ * 0; -1 when no daemon answers or it refuses (allocd_last_error). */
+ALLOCD_API int allocd_start_on_learned_config(const char* socket,
+                                              const char* job, char* out,
+                                              size_t size);
 ALLOCD_API allocd_client* allocd_connect_gpu(const char* socket,
                                              const char* job,
                                              const char* initial_config,

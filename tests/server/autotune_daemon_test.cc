@@ -399,6 +399,19 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
   asked = AskLearnedConfig(socket_, "bert", absl::Seconds(10));
   ASSERT_TRUE(asked.ok()) << asked.status();
   EXPECT_EQ(*asked, "");
+  // A process about to import torch (allocd.enable(), through the C ABI)
+  // starts on it: the environment PyTorch and the interposer read.
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64", 1);
+  asked = StartOnLearnedConfig(socket_, "llama", absl::Seconds(10));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(*asked, l.config());
+  EXPECT_STREQ(std::getenv("PYTORCH_CUDA_ALLOC_CONF"), l.config().c_str());
+  EXPECT_STREQ(std::getenv("ALLOCD_LEARNED_ALLOC_CONF"), l.config().c_str());
+  EXPECT_STREQ(std::getenv("ALLOCD_INITIAL_ALLOC_CONF"), "max_split_size_mb:64");
+  for (const char* name : {"PYTORCH_CUDA_ALLOC_CONF", "ALLOCD_LEARNED_ALLOC_CONF",
+                           "ALLOCD_INITIAL_ALLOC_CONF"}) {
+    unsetenv(name);
+  }
   // allocd run starts the program on it, the job's own config kept as its
   // initial config for the interposer to declare. (Not under AddressSanitizer:
   // allocd run preloads the interposer ahead of the sanitizer's runtime.)

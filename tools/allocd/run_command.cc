@@ -65,40 +65,19 @@ std::string FindNextToProgram(const std::string& name) {
 // Where the interposer connects without ALLOCD_SOCKET.
 constexpr const char* kDefaultSocket = "/run/allocd/allocd.sock";
 
-// Starts the job on the config its tenant's job learned, if any: PyTorch
-// reads PYTORCH_CUDA_ALLOC_CONF (and PYTORCH_ALLOC_CONF, when set) once,
-// before its first allocation, so a config handed at registration would
-// come after the job allocated under its own. The job's own config (the
-// user's PYTORCH_CUDA_ALLOC_CONF too: a learned config replaces it, as the
-// daemon's push at registration would) stays its initial config, where a
-// rollback returns (ALLOCD_INITIAL_ALLOC_CONF, read by the interposer).
-// Without an answer the job starts on its own config and is handed the
-// learned one at registration.
-void StartOnLearnedConfig(const std::string& socket, const std::string& job,
-                          std::ostream& err) {
+// Starts the job on the config its tenant's job learned, if any
+// (StartOnLearnedConfig). Without an answer the job starts on its own
+// config and is handed the learned one at registration.
+void StartJobOnLearnedConfig(const std::string& socket,
+                             const std::string& job, std::ostream& err) {
   absl::StatusOr<std::string> learned =
-      AskLearnedConfig(socket, job, absl::Seconds(5));
-  if (!learned.ok()) {
-    // No daemon: the interposer says so. A daemon that does not know the
-    // call hands the learned config at registration.
-    if (!absl::IsUnavailable(learned.status()) &&
-        !absl::IsUnimplemented(learned.status())) {
-      err << "allocd run: " << learned.status().message()
-          << "; the job starts on its own config\n";
-    }
-    return;
-  }
-  if (learned->empty()) return;
-  const char* cuda = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-  const char* generic = std::getenv("PYTORCH_ALLOC_CONF");
-  const std::string own = cuda != nullptr     ? cuda
-                          : generic != nullptr ? generic
-                                               : "";
-  setenv("ALLOCD_INITIAL_ALLOC_CONF", own.c_str(), /*overwrite=*/1);
-  setenv("ALLOCD_LEARNED_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
-  setenv("PYTORCH_CUDA_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
-  if (generic != nullptr) {
-    setenv("PYTORCH_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+      StartOnLearnedConfig(socket, job, absl::Seconds(5));
+  // No daemon: the interposer says so. A daemon that does not know the
+  // call hands the learned config at registration.
+  if (!learned.ok() && !absl::IsUnavailable(learned.status()) &&
+      !absl::IsUnimplemented(learned.status())) {
+    err << "allocd run: " << learned.status().message()
+        << "; the job starts on its own config\n";
   }
 }
 #endif
@@ -142,8 +121,8 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
 #ifdef ALLOCD_WITH_SERVER
   const char* socket = std::getenv("ALLOCD_SOCKET");
   const char* job = std::getenv("ALLOCD_JOB");
-  StartOnLearnedConfig(socket != nullptr ? socket : kDefaultSocket,
-                       job != nullptr ? job : "", err);
+  StartJobOnLearnedConfig(socket != nullptr ? socket : kDefaultSocket,
+                          job != nullptr ? job : "", err);
 #endif
   if (options.read_ahead_ms.has_value()) {
     SetEnv("ALLOCD_READ_AHEAD_MS", std::to_string(*options.read_ahead_ms));

@@ -166,7 +166,10 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     interposer maps them from the daemon's cache while the job starts, and
     gives back what PyTorch has not taken 30 s after the last one it took
     ($ALLOCD_HANDOVER_MS or `allocd run --handover-ms`; 0: off), or at once
-    when another job on the GPU is short.
+    when another job on the GPU is short. A job whose label learned a
+    config in earlier runs (a push the autotuner kept) starts on it: called
+    before ``import torch``, enable() sets it for PyTorch as `allocd run`
+    does, the job's own config kept as where a rollback returns.
 
     Returns True when enabled. Calling it again is a no-op.
     """
@@ -192,11 +195,13 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
 
 
 def _enable_transparent(socket, job, device, required, period, autotune, record_events):
-    socket, job, config = _settings(socket, job)
+    socket, job, _ = _settings(socket, job)
     try:
         path, lib = _transparent.load_interposer(socket, job, autotune)
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
+    # What PyTorch will run: the job's learned config, when it starts on one.
+    config = _settings(socket, job)[2]
     import torch
     if device is None:
         device = torch.cuda.current_device()

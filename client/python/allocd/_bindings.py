@@ -66,6 +66,8 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
     return load(path or library_path(), {
         **extra,
         "allocd_last_error": (ctypes.c_char_p, []),
+        "allocd_start_on_learned_config": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                                          ctypes.c_char_p, ctypes.c_size_t]),
         "allocd_connect_gpu": (c_client, [ctypes.c_char_p] * 6),
         "allocd_record_events": (ctypes.c_int64, [c_client, ctypes.c_void_p, ctypes.c_void_p,
                                                   ctypes.c_void_p, ctypes.c_void_p,

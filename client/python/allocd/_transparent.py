@@ -21,7 +21,7 @@ def load_interposer(socket, job, autotune):
     with its symbols global, which works only before PyTorch initialises
     CUDA. AllocdUnavailable when CUDA is initialised already or the library
     is missing; OSError when it does not load."""
-    path = loaded_interposer()
+    path = preloaded = loaded_interposer()
     if path is None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -32,7 +32,34 @@ def load_interposer(socket, job, autotune):
     # The interposer connects with these when PyTorch first asks for memory.
     os.environ["ALLOCD_SOCKET"], os.environ["ALLOCD_JOB"] = socket, job
     os.environ["ALLOCD_AUTOTUNE"] = autotune
-    return path, load_client(path, mode=ctypes.RTLD_GLOBAL)
+    lib = load_client(path, mode=ctypes.RTLD_GLOBAL)
+    if preloaded is None:  # `allocd run` did it before the program started
+        start_on_learned_config(lib, socket, job)
+    return path, lib
+
+
+# The variables allocd_start_on_learned_config sets for PyTorch and the
+# interposer, which read the C environment.
+_LEARNED_START_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                            "ALLOCD_INITIAL_ALLOC_CONF", "ALLOCD_LEARNED_ALLOC_CONF")
+
+
+def start_on_learned_config(lib, socket, job):
+    """Starts PyTorch on the config the job learned in earlier runs, as
+    `allocd run` does, before PyTorch reads its config. Without a daemon
+    nothing changes: the interposer's session says why, and a daemon that
+    comes up hands the learned config at registration."""
+    learned = ctypes.create_string_buffer(4096)
+    if lib.allocd_start_on_learned_config(socket.encode(), job.encode(), learned,
+                                          len(learned)) != 0 or not learned.value:
+        return
+    # Python's os.environ is its own copy: it is told what the library set.
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype, getenv.argtypes = ctypes.c_char_p, [ctypes.c_char_p]
+    for name in _LEARNED_START_VARIABLES:
+        value = getenv(name.encode())
+        if value is not None:
+            os.environ[name] = value.decode()
 
 
 def open_session(lib, device):
