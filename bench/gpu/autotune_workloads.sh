@@ -4,16 +4,25 @@
 # workload started under the guides' max_split_size_mb:64 and under PyTorch's
 # defaults, natively (staying), in advisor mode, in transparent mode, as an
 # unchanged script under `allocd run`, and once more in advisor mode (its
-# next run: from the learned config); natively under expandable_segments:True
+# next run: from the learned config), and the unchanged script once more
+# under `allocd run` (LEARNED_RUN=0: not); natively under expandable_segments:True
 # from step 0 too (the best config `allocd tune` finds for these jobs).
 #   bench/gpu/autotune_workloads.sh [BUNDLE] [OUT] [WORKLOAD...]
-# WORKLOADS: seq2seq generate (default: both); STEPS_seq2seq (40),
-# STEPS_generate (16).
+# WORKLOADS: seq2seq generate vit_compile llama_lora resnet50 (default: all
+# five); steps per run: STEPS_seq2seq (30), STEPS_generate (14 generate()
+# calls), STEPS_vit_compile (30), STEPS_llama_lora (16), STEPS_resnet50 (30);
+# RUN_TIMEOUT (150): seconds each run may take. To run a part only (the rest
+# of a call cut short; a daemon started on the last call's STATE dir, copied
+# into OUT/state, has its learned configs): CONFS (mss64 defaults
+# expandable) and MODES (native advise transparent run learned runlearned). Results are packed into
+# OUT/workloads.tgz after every run, so a call cut short still returns what it
+# measured. Jobs run one at a time.
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-workloads}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-seq2seq generate}
+parts=${*:-seq2seq generate vit_compile llama_lora resnet50}
+run_timeout=${RUN_TIMEOUT:-150}
 mkdir -p "$out/state"
 exec > >(tee -a "$out/workloads.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,35 +30,74 @@ sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 start_daemon device --autotune apply --autotune-threads 4 --state-dir "$out/state"
-script_of() { case $1 in seq2seq) echo seq2seq_train.py ;; generate) echo generate_job.py ;; esac; }
-steps_of() { local v="STEPS_$1"; echo "${!v:-$([ "$1" = seq2seq ] && echo 40 || echo 16)}"; }
+script_of() {
+  case $1 in
+    seq2seq) echo seq2seq_train.py ;; generate) echo generate_job.py ;;
+    vit_compile) echo vit_compile_train.py ;; llama_lora) echo llama_lora_train.py ;;
+    resnet50) echo resnet_train.py ;;
+  esac
+}
+default_steps() {
+  case $1 in generate) echo 14 ;; llama_lora) echo 16 ;; *) echo 30 ;; esac
+}
+steps_of() { local v="STEPS_$1"; echo "${!v:-$(default_steps "$1")}"; }
+# done_run: the daemon's history so far, and everything packed.
+done_run() {
+  allocctl autotune history --limit 500 --json >"$out/autotune_history.json"
+  pack workloads
+}
 name() { echo "${1:-defaults}" | tr ':,' '__'; }
-for w in seq2seq generate; do
+confs=${CONFS:-mss64 defaults expandable}
+modes=" ${MODES:-native advise transparent run learned runlearned} "
+[ "${LEARNED_RUN:-1}" = 1 ] || modes=${modes/ runlearned / }
+has() { [[ "$modes" == *" $1 "* ]]; }
+conf_of() {
+  case $1 in mss64) echo max_split_size_mb:64 ;; defaults) echo ;;
+    expandable) echo expandable_segments:True ;; esac
+}
+for w in $parts; do
   want "$w" || continue
   script=$here/$(script_of "$w") steps=$(steps_of "$w")
-  for conf in "max_split_size_mb:64" "" "expandable_segments:True"; do
-    n=$(name "$conf")
-    step "$w, ${conf:-defaults}: native"
-    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 300 python "$script" --mode native --steps "$steps" \
-      --json "$out/${w}_native_$n.json" | cut -c1-200
+  for c in $confs; do
+    conf=$(conf_of "$c") n=$(name "$(conf_of "$c")")
+    if has native; then
+      step "$w, ${conf:-defaults}: native"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout "$run_timeout" python "$script" --mode native \
+        --steps "$steps" --json "$out/${w}_native_$n.json" | cut -c1-200
+      pack workloads
+    fi
     [ "$conf" = expandable_segments:True ] && continue
     for mode in advise transparent; do
+      has $mode || continue
       step "$w, ${conf:-defaults}: $mode"
-      PYTORCH_CUDA_ALLOC_CONF=$conf timeout 300 python "$script" --mode $mode --steps "$steps" \
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout "$run_timeout" python "$script" --mode $mode --steps "$steps" \
         --job "$w-$mode-$n" --socket "$sock" --json "$out/${w}_${mode}_$n.json" | cut -c1-200
+      done_run
     done
-    step "$w, ${conf:-defaults}: unchanged script under allocd run"
-    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 300 "$bin/allocd" run --socket "$sock" \
+    if has run; then
+      step "$w, ${conf:-defaults}: unchanged script under allocd run"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout "$run_timeout" "$bin/allocd" run --socket "$sock" \
+        --job "$w-run-$n" -- python "$script" --mode native --steps "$steps" \
+        --json "$out/${w}_run_$n.json" | cut -c1-200
+      done_run
+    fi
+    if has learned; then
+      step "$w, ${conf:-defaults}: advise again (the learned config)"
+      PYTORCH_CUDA_ALLOC_CONF=$conf timeout "$run_timeout" python "$script" --mode advise \
+        --steps "$steps" --job "$w-advise-$n" --socket "$sock" \
+        --json "$out/${w}_learned_$n.json" | cut -c1-200
+      allocctl autotune learned --json >"$out/learned.json" 2>&1
+      done_run
+    fi
+    has runlearned || continue
+    step "$w, ${conf:-defaults}: allocd run again (the learned config, set before the start)"
+    PYTORCH_CUDA_ALLOC_CONF=$conf timeout "$run_timeout" "$bin/allocd" run --socket "$sock" \
       --job "$w-run-$n" -- python "$script" --mode native --steps "$steps" \
-      --json "$out/${w}_run_$n.json" | cut -c1-200
-    step "$w, ${conf:-defaults}: advise again (the learned config)"
-    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 300 python "$script" --mode advise --steps "$steps" \
-      --job "$w-advise-$n" --socket "$sock" --json "$out/${w}_learned_$n.json" | cut -c1-200
-    allocctl autotune history --limit 200 --json >"$out/autotune_history.json"
-    pack workloads
+      --json "$out/${w}_runlearned_$n.json" | cut -c1-200
+    done_run
   done
 done
-allocctl autotune history --limit 200 --json >"$out/autotune_history.json"
+allocctl autotune history --limit 500 --json >"$out/autotune_history.json"
 allocctl autotune learned --json >"$out/learned.json" 2>&1
 allocctl autotune history --limit 40
 pack workloads

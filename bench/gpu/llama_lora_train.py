@@ -27,6 +27,7 @@ import threading
 import time
 
 import deterministic
+import tuned_job
 from daemon_kill import kill_daemon
 
 
@@ -134,7 +135,7 @@ def main():
         model = get_peft_model(model, lcfg)
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
         rng = random.Random(a.seed)
-        losses, times, step_peaks, step_configs = [], [], [], []
+        losses, times, step_peaks, step_configs, step_ends = [], [], [], [], []
         run_peak = run_allocated = 0
         for step in range(a.steps):
             torch.cuda.synchronize()
@@ -153,6 +154,7 @@ def main():
             losses.append(out.loss.item())
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1000)
+            step_ends.append(time.time())
             if not engine:
                 # Each step's own peak, and the config it ended on: what a
                 # push did to the steps after it (native: the same steps
@@ -163,6 +165,10 @@ def main():
                 torch.cuda.reset_peak_memory_stats()
             if tracked:
                 step_configs.append(allocd.stats().get("config", ""))
+            elif tuned_job.autostarted():
+                # An unchanged script under `allocd run`: the config each
+                # step ended on, read from the package allocd run started.
+                step_configs.append(tuned_job.config_now(tuned_job.autostarted()))
             if a.kill_daemon_at is not None and step == a.kill_daemon_at:
                 kill_daemon(a.daemon_pid, a.restart_daemon, step)
 
@@ -173,6 +179,7 @@ def main():
         "seed": a.seed,
         "losses": losses,
         "step_seconds": times,
+        "step_end_unix": step_ends,
         "model_to_gpu_seconds": setup_seconds,
         "gpu_used_mib_before": baseline_mib,
         "gpu_used_mib_peak": watch.peak,
@@ -189,7 +196,15 @@ def main():
         result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
                                                "config_reason", "configs_applied",
                                                "events_sent", "events_dropped",
-                                               "advisor_seconds", "event_source") if k in s}
+                                               "advisor_seconds", "event_source",
+                                               "steps_marked", "states_sent") if k in s}
+    elif tuned_job.autostarted():
+        result["step_config"] = step_configs
+        try:
+            s = tuned_job.autostarted().stats()
+            result["allocd"] = {k: s[k] for k in tuned_job.STATS_KEYS if k in s}
+        except Exception as error:  # noqa: BLE001
+            result["allocd"] = {"error": str(error)}
     elif engine:
         s = allocd.stats()
         result["peak_reserved"] = s["reserved_bytes.all.peak"]

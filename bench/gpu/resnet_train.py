@@ -16,8 +16,10 @@ import argparse
 import json
 import os
 import random
+import time
 
 import deterministic
+import tuned_job
 
 
 def main():
@@ -51,7 +53,7 @@ def main():
     model = torchvision.models.resnet50(num_classes=1000).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = random.Random(0)
-    losses, peaks, configs = [], [], []
+    losses, peaks, configs, ends = [], [], [], []
     for _ in range(a.steps):
         size = rng.choice([160, 192, 224, 256, 288, 320])
         x = torch.randn(64, 3, size, size, device="cuda")
@@ -62,21 +64,26 @@ def main():
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         torch.cuda.synchronize()
+        ends.append(time.time())
         peaks.append(torch.cuda.max_memory_reserved())
         torch.cuda.reset_peak_memory_stats()
         if a.mode != "native":
             configs.append(allocd.stats().get("config", ""))
+        elif tuned_job.autostarted():
+            # An unchanged script under `allocd run`: read only.
+            configs.append(tuned_job.config_now(tuned_job.autostarted()))
     if a.snapshot:
         torch.cuda.memory._dump_snapshot(a.snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
     result = {"mode": a.mode, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "steps": a.steps, "losses": losses, "step_peak_reserved": peaks,
-              "step_config": configs, "peak_reserved": max(peaks)}
-    if a.mode != "native":
-        s = allocd.stats()
-        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
-                                               "config_reason", "configs_applied",
-                                               "events_sent", "events_dropped") if k in s}
+              "step_config": configs, "step_end_unix": ends, "peak_reserved": max(peaks)}
+    if a.mode != "native" or tuned_job.autostarted():
+        try:
+            s = (allocd if a.mode != "native" else tuned_job.autostarted()).stats()
+            result["allocd"] = {k: s[k] for k in tuned_job.STATS_KEYS if k in s}
+        except Exception as error:  # noqa: BLE001
+            result["allocd"] = {"error": str(error)}
     print(json.dumps(result))
     if a.json:
         with open(a.json, "w") as f:

@@ -1,17 +1,31 @@
-"""The table of autotune_workloads.sh's runs: per job and start config, the
-step a push landed at, the trigger -> ACK time, what the decision predicted,
-the review's best reachable on the events after the push, what the job
-realised after it, staying (the start config run natively, same steps) and
-expandable_segments:True natively from step 0 (same steps).
+"""The tables of autotune_workloads.sh's runs.
 
-    python summarize_workloads.py OUT_DIR [WORKLOAD...]
+Per job and start config: the step the push landed at (and the step the
+first decision was made at), the trigger, trigger -> ACK, what the decision
+predicted, the review's best reachable on the events after the push, what the
+job realised after it, staying (the start config run natively, same steps)
+and the best config run natively from step 0 on the same steps (the lowest of
+the native runs under max_split_size_mb:64, defaults and
+expandable_segments:True). Then the issue's targets, run by run.
+
+    python summarize_workloads.py OUT_DIR [OUT_DIR...] [--workloads W,W...]
+
+Several OUT_DIRs (one per GPU call, each with its own daemon and history)
+are read together; a workload's runs are all in one of them.
 """
-import glob
 import json
 import os
+import re
 import sys
 
 GIB = 2 ** 30
+WORKLOADS = ["seq2seq", "generate", "vit_compile", "llama_lora", "resnet50"]
+STARTS = ("max_split_size_mb_64", "defaults")
+NATIVES = ("max_split_size_mb_64", "defaults", "expandable_segments_True")
+MODES = ("advise", "transparent", "run", "learned", "runlearned")
+JOB_MODE = {"learned": "advise", "runlearned": "run"}
+SHORT = {"max_split_size_mb_64": "mss:64", "defaults": "defaults",
+         "expandable_segments_True": "expandable"}
 
 
 def load(path):
@@ -22,51 +36,182 @@ def load(path):
         return None
 
 
-def after(run, step):
+def peak_from(run, step):
     peaks = run["step_peak_reserved"][step:]
-    return max(peaks) / GIB if peaks else float("nan")
+    return max(peaks) / GIB if peaks else None
+
+
+START_CONF = {"max_split_size_mb_64": "max_split_size_mb:64", "defaults": ""}
+
+
+def push_step(run, start, learned):
+    """The first step that ended on another config than the step before it
+    (or than the run's start config, for step 0), and that config; None when
+    the run never changed config. A second run (learned) that ran another
+    config from step 0 on started on its learned config."""
+    known = [(i, c) for i, c in enumerate((run or {}).get("step_config", [])) if c is not None]
+    if not known:
+        return None, None
+    prev = START_CONF[start]
+    if known[0][0] > 0 and not learned:
+        prev = known[0][1]  # an unchanged script: allocd not yet started at step 0
+    for i, c in known:
+        if c != prev:
+            return i, c
+        prev = c
+    return None, None
+
+
+def window(run):
+    """The run's time span (unix seconds): from its first step's start, a
+    little before, to a little after its last step."""
+    ends = (run or {}).get("step_end_unix") or []
+    if not ends:
+        return None
+    first = (run.get("step_seconds") or [10.0])[0]
+    return ends[0] - first - 3, ends[-1] + 5
+
+
+def steps_before(run, micros):
+    """How many of the run's steps had ended when the daemon decided."""
+    ends = (run or {}).get("step_end_unix")
+    if not ends or not micros:
+        return None
+    t = int(micros) / 1e6
+    return sum(1 for e in ends if e <= t)
+
+
+def fmt(v, unit=""):
+    return "-" if v is None else f"{v:.2f}{unit}"
+
+
+def pct(a, b):
+    return None if a is None or b is None or b == 0 else 100.0 * (a - b) / b
+
+
+def find(dirs, name):
+    for d in dirs:
+        v = load(os.path.join(d, name))
+        if v is not None:
+            return v, d
+    return None, None
+
+
+def rows(dirs, workloads):
+    histories = {d: (load(os.path.join(d, "autotune_history.json")) or {}).get("decisions", [])
+                 for d in dirs}
+    for w in workloads:
+        natives = {n: find(dirs, f"{w}_native_{n}.json")[0] for n in NATIVES}
+        for start in STARTS:
+            staying = natives[start]
+            for mode in MODES:
+                run, d_ = find(dirs, f"{w}_{mode}_{start}.json")
+                if run is None:
+                    continue
+                job = f"{w}-{JOB_MODE.get(mode, mode)}-{start}"
+                history = histories[d_]
+                session = str((run.get("allocd") or {}).get("session_id", ""))
+                span = window(run)
+                # This run's decisions: on its session where the history
+                # names one, made while it ran.
+                mine = sorted((d for d in history if d.get("job") == job and
+                               (not session or session in d.get("sessions", [session])) and
+                               (span is None or
+                                span[0] <= int(d["unix_micros"]) / 1e6 <= span[1])),
+                              key=lambda d: int(d["id"]))
+                decided = [d for d in mine if d.get("result") != "skipped"]
+                pushed = [d for d in decided if d["result"] == "pushed"]
+                d = pushed[0] if pushed else (decided[0] if decided else None)
+                learned = mode in ("learned", "runlearned")
+                step, config = push_step(run, start, learned)
+                learned_at_start = learned and step == 0
+                after = None if step is None else (0 if learned_at_start else step + 1)
+                from_ = after if after is not None else 0
+                realised = peak_from(run, from_) if after is not None else None
+                stay = peak_from(staying, from_) if staying else None
+                best = min(((peak_from(r, from_), n) for n, r in natives.items() if r),
+                           key=lambda x: x[0], default=(None, None))
+                g = lambda k: int(d[k]) / GIB if d and d.get(k) else None
+                yield {
+                    "workload": w, "start": start, "mode": mode, "job": job, "run": run,
+                    "decisions": decided, "d": d, "push_step": step, "config": config,
+                    "from": from_, "decided_at": steps_before(run, d["unix_micros"]) if d
+                    else None,
+                    "first_decided_at": steps_before(run, decided[0]["unix_micros"])
+                    if decided else None,
+                    "trigger": f"{d['trigger']} ({d['result']})" if d else "-",
+                    "ack": float(d["trigger_to_ack_seconds"]) if d and d.get(
+                        "trigger_to_ack_seconds") else None,
+                    "predicted": g("predicted_peak_switched"),
+                    "review": g("best_reachable_peak"),
+                    "daemon_realised": g("realized_peak"),
+                    "realised": realised, "whole": peak_from(run, 0),
+                    "staying": stay, "staying_whole": peak_from(staying, 0) if staying else None,
+                    "best": best[0], "best_name": best[1],
+                    "configs": (run.get("allocd") or {}).get("config"),
+                    "learned_at_start": learned_at_start,
+                }
 
 
 def main():
-    out = sys.argv[1]
-    workloads = sys.argv[2:] or ["seq2seq", "generate"]
-    history = (load(os.path.join(out, "autotune_history.json")) or {}).get("decisions", [])
-    print("| job | start | mode | pushed at step | trigger | trigger -> ACK | predicted | "
-          "review (best reachable) | realised after | staying, same steps | "
-          "expandable from step 0, same steps |")
+    args = sys.argv[1:]
+    workloads = WORKLOADS
+    if "--workloads" in args:
+        i = args.index("--workloads")
+        workloads = args[i + 1].split(",")
+        del args[i:i + 2]
+    dirs = args
+    all_rows = list(rows(dirs, workloads))
+    print("| job | start | mode | pushed at step (decided at) | trigger | trigger -> ACK | "
+          "predicted | review (best reachable) | realised after | staying, same steps | "
+          "best native from step 0, same steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for w in workloads:
-        best = load(os.path.join(out, f"{w}_native_expandable_segments_True.json"))
-        for start in ("max_split_size_mb_64", "defaults"):
-            staying = load(os.path.join(out, f"{w}_native_{start}.json"))
-            for mode in ("advise", "transparent", "run", "learned"):
-                job = f"{w}-{'advise' if mode == 'learned' else mode}-{start}"
-                run = load(os.path.join(out, f"{w}_{mode}_{start}.json"))
-                # A job run twice (advise, then learned): the decisions on
-                # this run's session.
-                session = str((run or {}).get("allocd", {}).get("session_id", ""))
-                mine = sorted((d for d in history if d["job"] == job and
-                               (not session or session in d.get("sessions", [session]))),
-                              key=lambda d: int(d["id"]))
-                pushed = [d for d in mine if d["result"] == "pushed"]
-                d = pushed[0] if pushed else (mine[0] if mine else None)
-                changes = []
-                if run and run.get("step_config"):
-                    configs = run["step_config"]
-                    changes = [i for i in range(1, len(configs)) if configs[i] != configs[i - 1]]
-                step = changes[0] if changes else None
-                cell = lambda v: "-" if v is None else v
-                gib = lambda k: f"{int(d[k]) / GIB:.2f}" if d and d.get(k) else "-"
-                realised = (f"{after(run, step):.2f}" if run and step is not None
-                            else gib("realized_peak"))
-                stay = f"{after(staying, step or 0):.2f}" if staying else "-"
-                exp = f"{after(best, step or 0):.2f}" if best else "-"
-                ack = f"{float(d['trigger_to_ack_seconds']):.2f} s" if d and d.get(
-                    "trigger_to_ack_seconds") else "-"
-                print(f"| {w} | {start} | {mode} | {cell(step)} | "
-                      f"{d['trigger'] + ' (' + d['result'] + ')' if d else '-'} | {ack} | "
-                      f"{gib('predicted_peak_switched')} | {gib('best_reachable_peak')} | "
-                      f"{realised} | {stay} | {exp} |")
+    for r in all_rows:
+        if r["learned_at_start"]:
+            at = "0 (learned)"
+        elif r["push_step"] is not None:
+            at = f"{r['push_step']} ({fmt_int(r['decided_at'])})"
+        else:
+            at = f"- ({fmt_int(r['first_decided_at'])})" if r["decisions"] else "-"
+        more = len(r["decisions"]) - 1
+        trig = r["trigger"] + (f" +{more}" if more > 0 else "")
+        best = f"{fmt(r['best'])} ({SHORT[r['best_name']]})" if r["best_name"] else "-"
+        print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | {at} | {trig} | "
+              f"{fmt(r['ack'], ' s')} | {fmt(r['predicted'])} | {fmt(r['review'])} | "
+              f"{fmt(r['realised'])} | {fmt(r['staying'])} | {best} |")
+    print()
+    print("Targets, run by run (realised: the steps after the push, else the whole run):")
+    print()
+    print("| job | start | mode | decided at step | realised vs predicted | "
+          "realised vs best native | realised vs staying | whole run vs staying | ACK <= 5 s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in all_rows:
+        real = r["realised"] if r["realised"] is not None else r["whole"]
+        stay = r["staying"] if r["realised"] is not None else r["staying_whole"]
+        p = lambda v: "-" if v is None else f"{v:+.1f}%"
+        dec = ("registration" if r["learned_at_start"] else fmt_int(r["first_decided_at"]))
+        ack = "-" if r["ack"] is None else ("yes" if r["ack"] <= 5 else "no")
+        print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | {dec} | "
+              f"{p(pct(r['realised'], r['predicted']))} | {p(pct(real, r['best']))} | "
+              f"{p(pct(real, stay))} | {p(pct(r['whole'], r['staying_whole']))} | {ack} |")
+    print()
+    print("Decisions (daemon history), per run:")
+    print()
+    for r in all_rows:
+        for d in r["decisions"]:
+            marks = re.search(r"the job marked (\d+) steps", d.get("why", ""))
+            print(f"- {r['workload']} {SHORT[r['start']]} {r['mode']}: #{d['id']} "
+                  f"{d['trigger']} {d['result']} -> {d.get('to_config', '-')}, at step "
+                  f"{fmt_int(steps_before(r['run'], d['unix_micros']))}"
+                  f" ({marks.group(1) if marks else '?'} marks in window), predicted "
+                  f"{fmt(int(d['predicted_peak_switched']) / GIB if d.get('predicted_peak_switched') else None)}"
+                  f", realised (daemon) "
+                  f"{fmt(int(d['realized_peak']) / GIB if d.get('realized_peak') else None)}"
+                  f", ack {fmt(d.get('trigger_to_ack_seconds'), ' s')}")
+
+
+def fmt_int(v):
+    return "-" if v is None else str(v)
 
 
 if __name__ == "__main__":
