@@ -40,6 +40,28 @@ constexpr absl::Duration kFrameDeadline = absl::Seconds(2);
 // gRPC has closed.
 constexpr absl::Duration kTickPeriod = absl::Milliseconds(250);
 
+// A connection accepted on `listener` (the socket at `path`) with its
+// peer's credentials; nullopt, logged, when either fails.
+struct AcceptedPeer {
+  UniqueFd fd;
+  PeerCredentials peer;
+};
+std::optional<AcceptedPeer> AcceptPeer(int listener, const std::string& path) {
+  absl::StatusOr<UniqueFd> connection = AcceptUnix(listener);
+  if (!connection.ok()) {
+    LogError(absl::StrCat("accept on ", path, ": ",
+                          connection.status().message()));
+    return std::nullopt;
+  }
+  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
+  if (!peer.ok()) {
+    LogError(absl::StrCat("SO_PEERCRED on ", path, ": ",
+                          peer.status().message()));
+    return std::nullopt;
+  }
+  return AcceptedPeer{.fd = *std::move(connection), .peer = *peer};
+}
+
 }  // namespace
 
 WakeFd::WakeFd() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
@@ -118,25 +140,18 @@ void GrpcAcceptor::ForgetClosed() {
 }
 
 void GrpcAcceptor::Accept() {
-  absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
-  if (!connection.ok()) {
-    LogError(absl::StrCat("accept on ", path_, ": ",
-                          connection.status().message()));
-    return;
-  }
-  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
-  if (!peer.ok()) {
-    LogError(absl::StrCat("SO_PEERCRED: ", peer.status().message()));
-    return;
-  }
-  const int fd = connection->get();
+  std::optional<AcceptedPeer> accepted = AcceptPeer(listener_.get(), path_);
+  if (!accepted.has_value()) return;
+  UniqueFd& connection = accepted->fd;
+  const PeerCredentials& peer = accepted->peer;
+  const int fd = connection.get();
   if (connections_.has_value()) {
     // A peer with no tenant (pid 0) is refused at registration, saying
     // why; until then its connections count together.
-    absl::StatusOr<TenantId> tenant = core_->TenantOf(*peer);
+    absl::StatusOr<TenantId> tenant = core_->TenantOf(peer);
     const TenantId counted = tenant.ok() ? *tenant : TenantId("unresolved");
     if (!connections_
-             ->Take(counted, absl::StrCat("pid ", peer->pid, ", uid ", peer->uid))
+             ->Take(counted, absl::StrCat("pid ", peer.pid, ", uid ", peer.uid))
              .ok()) {
       return;  // closed
     }
@@ -151,8 +166,8 @@ void GrpcAcceptor::Accept() {
   }
   // gRPC's event engine expects a non-blocking socket.
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  peers_->Add(fd, *peer, admin_socket_);
-  grpc::AddInsecureChannelFromFd(server_, connection->release());
+  peers_->Add(fd, peer, admin_socket_);
+  grpc::AddInsecureChannelFromFd(server_, connection.release());
 }
 
 // ------------------------------------------------------------ SideChannel
@@ -425,30 +440,26 @@ void SideChannel::Loop() {
   };
   // Takes one connection, unless its tenant or the daemon holds its limit.
   auto accept = [&] {
-    absl::StatusOr<UniqueFd> connection = AcceptUnix(listener_.get());
-    if (!connection.ok()) {
-      LogError(absl::StrCat("accept on ", path_, ": ",
-                            connection.status().message()));
-      return;
-    }
-    absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
-    if (!peer.ok()) return;
-    absl::StatusOr<TenantId> tenant = core_->TenantOf(*peer);
+    std::optional<AcceptedPeer> accepted = AcceptPeer(listener_.get(), path_);
+    if (!accepted.has_value()) return;
+    UniqueFd& connection = accepted->fd;
+    const PeerCredentials& peer = accepted->peer;
+    absl::StatusOr<TenantId> tenant = core_->TenantOf(peer);
     absl::Status taken =
         tenant.ok()
-            ? connections_.Take(*tenant, absl::StrCat("pid ", peer->pid,
-                                                      ", uid ", peer->uid))
+            ? connections_.Take(*tenant, absl::StrCat("pid ", peer.pid,
+                                                      ", uid ", peer.uid))
             : tenant.status();
     if (!taken.ok()) {
       // Told why before it goes: a fresh socket's buffer takes the frame.
       FrameQueue refusal;
-      (void)refusal.Send(connection->get(),
+      (void)refusal.Send(connection.get(),
                          ErrorResponse(taken).SerializeAsString());
       return;
     }
-    const int fd = connection->get();
-    connections.emplace(fd, SideConnection{.fd = std::move(*connection),
-                                           .peer = *peer,
+    const int fd = connection.get();
+    connections.emplace(fd, SideConnection{.fd = std::move(connection),
+                                           .peer = peer,
                                            .tenant = *std::move(tenant)});
   };
   absl::Time next_tick = absl::InfinitePast();
