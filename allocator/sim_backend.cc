@@ -1,7 +1,9 @@
 #include "allocator/sim_backend.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 
@@ -24,7 +26,8 @@ SimBackend::SimBackend(size_t capacity, size_t total_memory)
                     : capacity == std::numeric_limits<size_t>::max()
                         ? kUnlimitedTotalMemory
                         : capacity),
-      lowest_address_(kTopAddress) {}
+      lowest_address_(kTopAddress),
+      gap_ceiling_(kTopAddress) {}
 
 absl::Status SimBackend::Claim(size_t bytes) {
   if (bytes > capacity_ - used_) {
@@ -36,20 +39,44 @@ absl::Status SimBackend::Claim(size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> SimBackend::TakeAddressBelow(size_t bytes) {
+std::optional<uint64_t> SimBackend::TakeGapBelow(uint64_t* ceiling,
+                                                 uint64_t floor,
+                                                 uint64_t aligned) const {
+  uint64_t top = *ceiling;
+  while (top >= floor && top - floor >= aligned) {
+    const uint64_t start = top - aligned;
+    // The highest adopted range that starts below `top`: the range taken
+    // must end at or below its start if it overlaps it.
+    auto above = adopted_.lower_bound(top);
+    if (above == adopted_.begin() || std::prev(above)->second <= start) {
+      *ceiling = start;
+      return start;
+    }
+    top = std::prev(above)->first;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<uint64_t> SimBackend::TakeAddress(size_t bytes) {
   const uint64_t room = lowest_address_ - kBottomAddress;
   // Rounded up to the alignment without overflowing.
   const uint64_t aligned =
-      bytes > room ? room + 1 : (bytes + kPageAlignment - 1) & ~(kPageAlignment - 1);
-  if (aligned > room) {
-    // Not a lack of memory (an OOM) but a device no GPU has: an error.
-    return absl::OutOfRangeError(absl::StrFormat(
-        "device address space exhausted: %d bytes requested, %d left below "
-        "0x%x",
-        bytes, room, lowest_address_));
+      bytes > kTopAddress ? kTopAddress + 1
+                          : (bytes + kPageAlignment - 1) & ~(kPageAlignment - 1);
+  if (aligned <= room) {
+    lowest_address_ -= aligned;
+    return lowest_address_;
   }
-  lowest_address_ -= aligned;
-  return lowest_address_;
+  uint64_t ceiling = gap_ceiling_;
+  if (std::optional<uint64_t> gap = TakeGapBelow(&ceiling, lowest_address_, aligned)) {
+    gap_ceiling_ = ceiling;
+    return *gap;
+  }
+  // Not a lack of memory (an OOM) but a device no GPU has: an error.
+  return absl::OutOfRangeError(absl::StrFormat(
+      "device address space exhausted: %d bytes requested, %d left below "
+      "0x%x and no gap that large between the adopted ranges",
+      bytes, room, lowest_address_));
 }
 
 absl::Status SimBackend::AdoptRange(uint64_t address, size_t bytes) {
@@ -60,13 +87,21 @@ absl::Status SimBackend::AdoptRange(uint64_t address, size_t bytes) {
         address, bytes));
   }
   if (absl::Status s = Claim(bytes); !s.ok()) return s;
-  lowest_address_ = std::min(lowest_address_, address & ~(kPageAlignment - 1));
+  const uint64_t start = address & ~(kPageAlignment - 1);
+  const uint64_t end =
+      std::min(kTopAddress, (address + bytes + kPageAlignment - 1) &
+                                ~(kPageAlignment - 1));
+  lowest_address_ = std::min(lowest_address_, start);
+  if (end > start) {
+    uint64_t& adopted_end = adopted_[start];
+    adopted_end = std::max(adopted_end, end);
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> SimBackend::AllocateSegment(size_t bytes) {
   if (absl::Status s = Claim(bytes); !s.ok()) return s;
-  absl::StatusOr<uint64_t> address = TakeAddressBelow(bytes);
+  absl::StatusOr<uint64_t> address = TakeAddress(bytes);
   if (!address.ok()) used_ -= bytes;
   return address;
 }
@@ -76,7 +111,7 @@ void SimBackend::FreeSegment(uint64_t /*address*/, size_t bytes) {
 }
 
 absl::StatusOr<uint64_t> SimBackend::ReserveAddressRange(size_t bytes) {
-  return TakeAddressBelow(bytes);
+  return TakeAddress(bytes);
 }
 
 void SimBackend::ReleaseAddressRange(uint64_t /*address*/, size_t /*bytes*/) {}

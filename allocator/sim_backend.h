@@ -14,6 +14,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 
 #include "allocator/device_backend.h"
 
@@ -32,8 +34,11 @@ class SimBackend : public DeviceBackend {
 
   // Takes over a segment or mapped range the process held before the
   // allocator's first call (CachingAllocator::Adopt): its memory counts as
-  // used, and new ranges land below it. ResourceExhausted when the capacity
-  // left is smaller; InvalidArgument for a range outside the address space.
+  // used, and new ranges land below it -- or, once the room below the
+  // lowest one is spent (ranges a process mapped itself low in the address
+  // space, as allocd's interposer does), in the gaps above it, never on an
+  // adopted range. ResourceExhausted when the capacity left is smaller;
+  // InvalidArgument for a range outside the address space.
   absl::Status AdoptRange(uint64_t address, size_t bytes);
 
   absl::StatusOr<uint64_t> AllocateSegment(size_t bytes) override;
@@ -51,13 +56,22 @@ class SimBackend : public DeviceBackend {
 
  private:
   absl::Status Claim(size_t bytes);
-  absl::StatusOr<uint64_t> TakeAddressBelow(size_t bytes);
+  absl::StatusOr<uint64_t> TakeAddress(size_t bytes);
+  // The highest `aligned` bytes free between `floor` and `*ceiling` that
+  // overlap no adopted range; lowers `*ceiling` to it. nullopt: none.
+  std::optional<uint64_t> TakeGapBelow(uint64_t* ceiling, uint64_t floor,
+                                       uint64_t aligned) const;
 
   size_t capacity_;
   size_t total_memory_;
   size_t used_ = 0;
-  // Every new range is placed below this address.
+  // New ranges are placed below this address (below every adopted range)...
   uint64_t lowest_address_;
+  // ...and, once no room is left there, in the gaps between the adopted
+  // ranges, from the top down to lowest_address_.
+  uint64_t gap_ceiling_;
+  // Adopted ranges, page-aligned: start -> end.
+  std::map<uint64_t, uint64_t> adopted_;
 };
 
 }  // namespace allocd

@@ -162,5 +162,31 @@ TEST(SimBackendTest, AdoptedRangesCountAndNewOnesLandBelow) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Ranges a process mapped low in the address space itself (allocd's
+// interposer reserves its own): once the little room below them is spent,
+// new ranges go in the gaps above and between them, never on one.
+TEST(SimBackendTest, BelowLowAdoptedRangesNewOnesFillTheGapsAbove) {
+  SimBackend backend(SimBackend::kUnlimitedTotalMemory);
+  const uint64_t low = uint64_t{0x104000000};  // 64 MiB above the floor
+  ASSERT_TRUE(backend.AdoptRange(low, 20 * kMiB).ok());
+  ASSERT_TRUE(backend.AdoptRange(low + 100 * kMiB, 30 * kMiB).ok());
+  std::vector<std::pair<uint64_t, uint64_t>> taken = {
+      {low, low + 20 * kMiB}, {low + 100 * kMiB, low + 130 * kMiB}};
+  // 40 MiB fits below; 200 MiB does not, nor a 2 GiB reservation.
+  for (uint64_t bytes : {40 * kMiB, 200 * kMiB, 60 * kMiB, 2048 * kMiB}) {
+    absl::StatusOr<uint64_t> at = bytes == 2048 * kMiB
+                                      ? backend.ReserveAddressRange(bytes)
+                                      : backend.AllocateSegment(bytes);
+    ASSERT_TRUE(at.ok()) << bytes << ": " << at.status();
+    for (const auto& [start, end] : taken) {
+      EXPECT_TRUE(*at + bytes <= start || *at >= end)
+          << bytes << " bytes at 0x" << std::hex << *at << " overlap 0x" << start;
+    }
+    taken.emplace_back(*at, *at + bytes);
+  }
+  EXPECT_LT(taken[2].first, low);  // the one that fitted below went there
+  EXPECT_GT(taken[3].first, low);  // the others above
+}
+
 }  // namespace
 }  // namespace allocd
