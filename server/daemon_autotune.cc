@@ -128,6 +128,7 @@ std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
 void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
                                     const AppliedConfig& running,
                                     const std::optional<AppliedConfig>& learned,
+                                    const std::optional<AppliedConfig>& pushed,
                                     const v1::AutotunePreferences& preferences) {
   const JobKey key{.tenant = identity.tenant, .job = identity.job};
   std::vector<std::pair<JobKey, JobPolicy>> policies;
@@ -158,6 +159,9 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
   Publish(policies);
   autotuner_->SessionStarted(identity.id, identity.job, running.config,
                              running.version, identity.tenant);
+  if (pushed.has_value()) {
+    autotuner_->Handed(identity.id, pushed->version, pushed->config);
+  }
   if (learned.has_value()) {
     LogInfo(absl::StrCat("session ", identity.id, " of job \"", identity.job,
                          "\" was handed its learned config \"", learned->config,

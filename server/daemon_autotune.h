@@ -72,6 +72,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   void SessionStarted(const SessionIdentity& identity,
                       const AppliedConfig& running,
                       const std::optional<AppliedConfig>& learned,
+                      const std::optional<AppliedConfig>& pushed,
                       const v1::AutotunePreferences& preferences) override;
   void SessionEnded(SessionId id) override;
   void Events(SessionId id, const v1::EventBatch& batch) override;

@@ -162,8 +162,14 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     FillConfigVersion(*config.config, response.mutable_config());
   }
   if (observer_ != nullptr) {
+    std::optional<AppliedConfig> pushed;
+    if (config.config.has_value() &&
+        config.config->config != config.running.config) {
+      pushed = AppliedConfig{.version = config.config->version,
+                             .config = config.config->config};
+    }
     observer_->SessionStarted(session->identity(), config.running,
-                              config.learned, r.autotune());
+                              config.learned, pushed, r.autotune());
   }
   return response;
 }

@@ -30,10 +30,13 @@ class SessionObserver {
   // A session registered; it runs `running` (its initial config as version
   // 0, or what a reconnecting client re-declared), was handed `learned`
   // (LearnedConfigFor's config, under its version: pushed to it, or what it
-  // runs already; nullopt: none) and the job asked for `preferences`.
+  // runs already; nullopt: none), was pushed `pushed` at registration (its
+  // job's or its learned config, which it runs once it ACKs that version;
+  // nullopt: nothing pushed) and the job asked for `preferences`.
   virtual void SessionStarted(const SessionIdentity& identity,
                               const AppliedConfig& running,
                               const std::optional<AppliedConfig>& learned,
+                              const std::optional<AppliedConfig>& pushed,
                               const v1::AutotunePreferences& preferences) = 0;
   virtual void SessionEnded(SessionId id) = 0;
   // Allocator events, validated (columns of one length, ops 0..2).

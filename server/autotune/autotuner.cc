@@ -87,6 +87,13 @@ constexpr char kRetriesStat[] = "num_alloc_retries";
 // llama_lora several times its memory.
 constexpr size_t kBadStartMaxSplit = 128 * kMiB;
 
+// A start config known to cost memory (the guides' small max_split_size_mb
+// without expandable segments, which would not split): decided on at the
+// job's first steps.
+bool IsHarmfulStart(const AllocatorConfig& config) {
+  return config.max_split_size <= kBadStartMaxSplit && !config.expandable_segments;
+}
+
 // Lowers this thread's priority by `nice`; threads it starts inherit it
 // (Linux keeps a nice value per thread).
 void NiceThisThread(int nice) {
@@ -167,7 +174,7 @@ class Autotuner::Impl {
     job.sessions.push_back(id);
     if (job.recorded == 0) StartRecording(job, id);
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
-    if (parsed.ok() && parsed->max_split_size <= kBadStartMaxSplit) {
+    if (parsed.ok() && IsHarmfulStart(*parsed)) {
       job.first_trigger = "bad_start_config";
     }
   }
@@ -329,6 +336,13 @@ class Autotuner::Impl {
     AckedLocked(id, version, applied, error);
   }
 
+  void Handed(SessionId id, uint64_t version, const std::string& config) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+      it->second.handed = Session::HandedConfig{.version = version, .config = config};
+    }
+  }
+
   absl::StatusOr<uint64_t> RunNow(const std::string& job_name, const TenantId& tenant) {
     absl::MutexLock lock(&mu_);
     std::optional<absl::StatusOr<uint64_t>> first;
@@ -410,6 +424,12 @@ class Autotuner::Impl {
     uint64_t order = 0;
     std::string config;  // what it runs
     uint64_t config_version = 0;
+    // Pushed at registration, not ACKed yet (Handed).
+    struct HandedConfig {
+      uint64_t version = 0;
+      std::string config;
+    };
+    std::optional<HandedConfig> handed;
     int64_t retries = 0;
     std::optional<absl::Time> fragmented_since;
   };
@@ -732,6 +752,22 @@ class Autotuner::Impl {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session& session = it->second;
+    if (session.handed.has_value() && session.handed->version == version) {
+      if (applied) {
+        session.config = session.handed->config;
+        session.config_version = version;
+        // A harmful start config handed a better one is no reason to
+        // hurry any more.
+        Job& job = jobs_[session.job];
+        absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(session.config);
+        if (job.first_trigger == "bad_start_config" && parsed.ok() &&
+            !IsHarmfulStart(*parsed)) {
+          job.first_trigger = "first_pass";
+        }
+      }
+      session.handed.reset();
+      return;
+    }
     Job& job = jobs_[session.job];
     if (!job.acting) return;
     Acting& acting = *job.acting;
@@ -1322,6 +1358,9 @@ void Autotuner::Stats(SessionId id, const std::map<std::string, int64_t>& stats,
 void Autotuner::Oom(SessionId id, uint64_t config_version) { impl_->Oom(id, config_version); }
 void Autotuner::Acked(SessionId id, uint64_t version, bool applied, const std::string& error) {
   impl_->Acked(id, version, applied, error);
+}
+void Autotuner::Handed(SessionId id, uint64_t version, const std::string& config) {
+  impl_->Handed(id, version, config);
 }
 absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job, const TenantId& tenant) {
   return impl_->RunNow(job, tenant);

@@ -305,6 +305,10 @@ class Autotuner {
   // autotuner's memory.
   void SessionStarted(SessionId id, const std::string& job, const std::string& config,
                       uint64_t config_version, const TenantId& tenant = "");
+  // Session `id` was pushed `config` as `version` when it registered (its
+  // job's or its learned config): once it ACKs that version it runs it, and
+  // decisions replay from it, not from the config it started with.
+  void Handed(SessionId id, uint64_t version, const std::string& config);
   void SessionEnded(SessionId id);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these. `state_after` (optional): the client's allocator right

@@ -146,6 +146,25 @@ std::map<std::string, int64_t> Reserved(int64_t reserved, int64_t allocated) {
           {"allocated_bytes.all.peak", allocated}};
 }
 
+// A config pushed at registration (the job's learned one) and ACKed is what
+// the session runs: a decision starts from it, not from the config the
+// process started with, and a harmful start config handed a good one is no
+// longer hurried.
+TEST(AutotunerTest, AConfigHandedAtRegistrationIsWhatADecisionStartsFrom) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 0);
+  tuner.Handed(1, 7, "expandable_segments:True");
+  tuner.Acked(1, 6, true, "");  // another version: not the handed one
+  tuner.Acked(1, 7, true, "");
+  FeedAll(tuner, 1);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].from_config, "expandable_segments:True");
+  EXPECT_EQ(history[0].trigger, "first_pass");
+}
+
 TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   FakeClock clock;
   FakeActions actions;

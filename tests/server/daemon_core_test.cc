@@ -35,6 +35,7 @@ class RecordingObserver : public SessionObserver {
   }
   void SessionStarted(const SessionIdentity& identity, const AppliedConfig& running,
                       const std::optional<AppliedConfig>&,
+                      const std::optional<AppliedConfig>&,
                       const v1::AutotunePreferences& preferences) override {
     started.push_back({identity.id, running.version, running.config,
                        preferences.pinned_keys_size()});
