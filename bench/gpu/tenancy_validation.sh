@@ -96,7 +96,7 @@ if want remanence; then
   check daemon_release release 1001 1002 ALLOCD_CLIENT_CREATES=0
   check handover_exit exit 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_JOB=train-a
   check handover_release release 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_JOB=train-a
-  check shared share 1001 1002 ALLOCD_CLIENT_CREATES=0
+  check shared share 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_INTERPOSE_VERBOSE=1
 fi
 if want control; then
   check control_same_tenant exit 1001 1001 ALLOCD_CLIENT_CREATES=0
