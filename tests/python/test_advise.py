@@ -315,6 +315,17 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(_advisor.gpu_uuid(self.torch, 0),
                          "GPU-8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f")
 
+    def test_rounds_are_short_until_a_config_is_applied_or_the_start_is_over(self):
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
+        quick = _advisor.Advisor.QUICK_PERIOD_S
+        self.assertEqual(advisor.round_period(), quick)
+        later = time.monotonic() + _advisor.Advisor.QUICK_START_S + 1
+        self.assertEqual(advisor.round_period(now=later), 1.0)
+        advisor.applied = 1
+        self.assertEqual(advisor.round_period(), 1.0)
+        # A period shorter than the quick one stays as asked.
+        self.assertEqual(_advisor.Advisor(None, None, None, 0, 0.05, "").round_period(), 0.05)
+
     def test_pushed_configs_are_applied_with_pytorchs_runtime_api_and_acked(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))
         self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))

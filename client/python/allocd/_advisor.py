@@ -102,12 +102,20 @@ class Advisor:
     history: a started reader of the allocation stream (event_reader), or None.
     """
 
+    # At the job's start the rounds are short, so that the daemon sees the
+    # first steps as they end and a push reaches the job steps, not seconds,
+    # after its decision (a job of 50 ms steps is decided within its first
+    # ten): until a config is applied, or QUICK_START_S after the start.
+    QUICK_PERIOD_S = 0.1
+    QUICK_START_S = 30.0
+
     def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
         self._client = client
         self._torch = torch
         self._device = device
         self._period = period
+        self._started = time.monotonic()
         self._history = history
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -173,7 +181,14 @@ class Advisor:
             self.step()
             # Time this thread kept the GIL and the allocator from the job.
             self.busy_seconds += time.perf_counter() - start
-            self._stop.wait(self._period)
+            self._stop.wait(self.round_period())
+
+    def round_period(self, now=None):
+        """Seconds until the next round: short at the job's start."""
+        now = time.monotonic() if now is None else now
+        if self.applied == 0 and now < self._started + self.QUICK_START_S:
+            return min(self._period, self.QUICK_PERIOD_S)
+        return self._period
 
     def step(self):
         """One round: handle what the daemon sent, then publish stats and events."""
