@@ -776,6 +776,40 @@ TEST(AutotunerTest, AJobThatMarksItsStepsIsDecidedOnWithinThreeSteps) {
   EXPECT_NE(d.why.find("2 whole steps the job marked"), std::string::npos) << d.why;
 }
 
+// A push to a job that marks its steps is judged once two steps ran under
+// it: a realised peak that reaches the daemon right after the ACK (the move
+// from the old config's memory, or before the events it came from) rolls
+// nothing back on its own.
+TEST(AutotunerTest, APushIsJudgedOnlyAfterTwoMarkedStepsUnderIt) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const size_t pushed_at = TrainingEvents() * 2 / 3;
+  const AutotuneDecision d = PushToCanary(tuner, actions, pushed_at);
+  const std::vector<EvidenceEvent> mark = {{kStepMark, 0, 0, 0}};
+  tuner.Events(1, mark, 0);  // the job marks its steps
+  tuner.Acked(1, d.version, true, "");
+  // What staying was predicted to cost, reported at once.
+  const auto report_staying = [&] {
+    tuner.Stats(1, Reserved(d.predicted_peak_current, d.predicted_peak_allocated), d.version);
+    tuner.WaitIdle();
+  };
+  report_staying();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  const size_t half = (pushed_at + TrainingEvents()) / 2;
+  Feed(tuner, 1, LlamaLora(), pushed_at, half);
+  tuner.Events(1, mark, 0);
+  report_staying();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  EXPECT_EQ(tuner.History("llama", 1)[0].judged_events, 0u);
+  // Two steps under it: judged on their events.
+  Feed(tuner, 1, LlamaLora(), half, TrainingEvents());
+  tuner.Events(1, mark, 0);
+  report_staying();
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_GT(after.judged_events, 0u) << after.why;
+}
+
 // A start config known to be harmful is decided on after the job's first
 // whole step.
 TEST(AutotunerTest, AHarmfulStartConfigIsDecidedOnAfterTheFirstWholeStep) {
