@@ -124,6 +124,16 @@ bool ConfigPusher::HasOwnConfig(absl::string_view job,
          (!job.empty() && configs_.HasOwnConfig(TenantJobKey({job.data(), job.size()}, tenant)));
 }
 
+bool ConfigPusher::JobKeyReaches(const ConfigKey& key,
+                                 const Session& session) const {
+  const SessionIdentity& who = session.identity();
+  if (who.job != key.job) return false;
+  return key.tenant.empty()
+             ? !configs_.HasOwnConfig(TenantJobKey(
+                   {key.job.data(), key.job.size()}, who.tenant))
+             : who.tenant == key.tenant;
+}
+
 std::optional<ConfigRecord> ConfigPusher::EffectiveIn(
     const TenantId& tenant, absl::string_view job) const {
   if (const std::string own = TenantJobKey({job.data(), job.size()}, tenant);
@@ -225,16 +235,9 @@ absl::StatusOr<v1::SetConfigResponse> ConfigPusher::Set(
   const ConfigKey key = SplitConfigKey(job);
   uint32_t pushed = 0;
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    const std::string& session_job = s->identity().job;
-    const TenantId& session_tenant = s->identity().tenant;
     const bool applies =
-        job.empty()
-            ? !HasOwnConfig(session_job, session_tenant)
-            : session_job == key.job &&
-                  (key.tenant.empty()
-                       ? !configs_.HasOwnConfig(
-                             TenantJobKey(session_job, session_tenant))
-                       : session_tenant == key.tenant);
+        job.empty() ? !HasOwnConfig(s->identity().job, s->identity().tenant)
+                    : JobKeyReaches(key, *s);
     if (!applies) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
     ++pushed;
@@ -250,10 +253,7 @@ void ConfigPusher::Clear(absl::string_view job, absl::string_view author) {
   if (job.empty()) return;
   const ConfigKey key = SplitConfigKey(job);
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (s->identity().job != key.job ||
-        (!key.tenant.empty() && s->identity().tenant != key.tenant)) {
-      continue;
-    }
+    if (!JobKeyReaches(key, *s)) continue;
     std::optional<ConfigRecord> fallback =
         EffectiveIn(s->identity().tenant, key.job);
     if (fallback.has_value()) {

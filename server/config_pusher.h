@@ -153,6 +153,10 @@ class ConfigPusher {
   // label, else the label's, else the default.
   std::optional<ConfigRecord> EffectiveIn(const TenantId& tenant,
                                           absl::string_view job) const;
+  // Whether the config of a job's `key` is what `session` runs by (Set's
+  // and Clear's fan-out): a label's reaches its sessions in the tenants
+  // without a config of their own for it, LABEL@TENANT that tenant's.
+  bool JobKeyReaches(const ConfigKey& key, const Session& session) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
             std::string reason);
   // Pushes `target` to `session` as a rollback and records it.

@@ -156,6 +156,16 @@ TEST_F(ConfigPusherTest, AJobsConfigForOneTenantReachesThatTenantAlone) {
   EXPECT_TRUE(pusher_.HasOwnConfig("llama", "uid:1003"));  // the label's
   EXPECT_FALSE(pusher_.HasOwnConfig("bert", "uid:1001"));
 
+  // Clearing the label's config leaves tenant A, which has its own, alone.
+  ASSERT_TRUE(pusher_.Set("", "garbage_collection_threshold:0.6", "an admin", 0).ok());
+  Pushed(*a);
+  Pushed(*b);
+  pusher_.Clear("llama", "an admin");
+  EXPECT_TRUE(Pushed(*a).empty());
+  EXPECT_EQ(Pushed(*b).size(), 1u);
+  ASSERT_TRUE(pusher_.Set("llama", "max_split_size_mb:256", "an admin", 0).ok());
+  Pushed(*b);
+
   pusher_.Clear("llama@uid:1001", "an admin");
   EXPECT_EQ(Pushed(*a).size(), 1u);
   EXPECT_EQ(pusher_.Get("llama@uid:1001").config().config(),
