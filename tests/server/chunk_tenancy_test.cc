@@ -156,6 +156,15 @@ class ChunkTenancyTest : public NodePoolTest {
     EXPECT_EQ(holder.Read(), kMarker);
     return a->chunk_ids[0];
   }
+  // FillAsTenantA, then the chunk released and its holder exited: A's
+  // cached memory, which no live process maps.
+  uint64_t FilledReleasedAndLeftByTenantA(NodePool& pool) {
+    Holder holder;
+    const uint64_t a = FillAsTenantA(pool, holder);
+    EXPECT_TRUE(pool.Release(1, {a}).ok());
+    holder.Exit();
+    return a;
+  }
   // Session `id` of `tenant` (this process) acquires `chunks` chunks and
   // claims them.
   std::vector<ChunkFd> AcquireAs(NodePool& pool, SessionId id,
@@ -181,10 +190,7 @@ std::vector<uint64_t> Ids(const std::vector<ChunkFd>& fds) {
 
 TEST_F(ChunkTenancyTest, AnotherTenantsReleasedChunkComesBackZeroed) {
   auto pool = MakePool(4);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
   ASSERT_EQ(b.size(), 1u);
@@ -278,10 +284,7 @@ TEST_F(ChunkTenancyTest, AChunkCrossesOnceItsReleaserHasExited) {
 
 TEST_F(ChunkTenancyTest, ReadAheadServesOnlyItsTenantsCachedChunks) {
   auto pool = MakePool(4);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   ASSERT_TRUE(pool->AddSession(2, 1002, getpid(), kTenantB).ok());
   absl::StatusOr<Grant> ahead = pool->AcquireCached(2, kChunk, kChunk, 4);
@@ -402,10 +405,7 @@ TEST_F(ChunkTenancyTest, UnderOneTenantEveryChunkIsReusedAsItWas) {
 TEST_F(ChunkTenancyTest, ASourceThatCannotScrubCreatesNewMemoryInstead) {
   source_.scrubs = false;
   auto pool = MakePool(1);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
   ASSERT_EQ(b.size(), 1u);
@@ -418,10 +418,7 @@ TEST_F(ChunkTenancyTest, ASourceThatCannotScrubCreatesNewMemoryInstead) {
 TEST_F(ChunkTenancyTest, AFailedScrubDestroysTheChunkAndCreatesAnother) {
   source_.scrub_fails = true;
   auto pool = MakePool(1);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
   ASSERT_EQ(b.size(), 1u);
@@ -437,10 +434,7 @@ TEST_F(ChunkTenancyTest, AFailedScrubDestroysTheChunkAndCreatesAnother) {
 
 TEST_F(ChunkTenancyTest, ClientMadeGrantsScrubTheCachedChunksTheyTake) {
   auto pool = MakePool(2);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   ASSERT_TRUE(pool->AddSession(2, 1002, getpid(), kTenantB).ok());
   absl::StatusOr<Grant> b =
@@ -465,10 +459,7 @@ class RecreatingTenancyTest : public ChunkTenancyTest {
 
 TEST_F(RecreatingTenancyTest, AnotherTenantsCachedChunkIsDestroyedAndCreatedAgain) {
   auto pool = MakePool(1);
-  Holder holder;
-  const uint64_t a = FillAsTenantA(*pool, holder);
-  ASSERT_TRUE(pool->Release(1, {a}).ok());
-  holder.Exit();
+  const uint64_t a = FilledReleasedAndLeftByTenantA(*pool);
 
   std::vector<ChunkFd> b = AcquireAs(*pool, 2, kTenantB, 1);
   ASSERT_EQ(b.size(), 1u);
