@@ -3,7 +3,8 @@
 Per job and start config: the step the push landed at (and the step the
 first decision was made at), the trigger, trigger -> ACK, what the decision
 predicted, the review's best reachable on the events after the push, what the
-job realised after it, staying (the start config run natively, same steps)
+job realised after it (also against the prediction standing when it
+peaked: the last decision's before that step), staying (the start config run natively, same steps)
 and the best config run natively from step 0 on the same steps (the lowest of
 the native runs under max_split_size_mb:64, defaults and
 expandable_segments:True). Then the issue's targets, run by run.
@@ -81,6 +82,29 @@ def steps_before(run, micros):
     return sum(1 for e in ends if e <= t)
 
 
+def standing_prediction(run, decisions, after):
+    """The prediction standing when the job realised its peak after the push:
+    of the run's last decision made before the step of that peak ended, what
+    it predicted for the config the job ran from then on (a push: the pushed
+    config; kept: staying). A job whose later steps grow is decided on again
+    (growth, larger_request), each decision predicting from what it saw.
+    None where no decision stood or the run has no step times."""
+    peaks = (run or {}).get("step_peak_reserved") or []
+    ends = (run or {}).get("step_end_unix") or []
+    if after is None or after >= len(peaks) or len(ends) != len(peaks):
+        return None
+    peak_step = max(range(after, len(peaks)), key=lambda i: peaks[i])
+    standing = None
+    for d in decisions:
+        if int(d["unix_micros"]) / 1e6 > ends[peak_step]:
+            break
+        key = {"pushed": "predicted_peak_switched", "kept": "predicted_peak_current"}.get(
+            d["result"])
+        if key and d.get(key):
+            standing = int(d[key]) / GIB
+    return standing
+
+
 def fmt(v, unit=""):
     return "-" if v is None else f"{v:.2f}{unit}"
 
@@ -143,6 +167,7 @@ def rows(dirs, workloads):
                     "ack": float(d["trigger_to_ack_seconds"]) if d and d.get(
                         "trigger_to_ack_seconds") else None,
                     "predicted": g("predicted_peak_switched"),
+                    "standing": standing_prediction(run, decided, after),
                     "review": g("best_reachable_peak"),
                     "daemon_realised": g("realized_peak"),
                     "realised": realised, "whole": peak_from(run, 0),
@@ -183,8 +208,9 @@ def main():
     print("Targets, run by run (realised: the steps after the push, else the whole run):")
     print()
     print("| job | start | mode | decided at step | realised vs predicted | "
+          "realised vs prediction standing at its peak | "
           "realised vs best native | realised vs staying | whole run vs staying | ACK <= 5 s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in all_rows:
         real = r["realised"] if r["realised"] is not None else r["whole"]
         stay = r["staying"] if r["realised"] is not None else r["staying_whole"]
@@ -192,7 +218,8 @@ def main():
         dec = ("registration" if r["learned_at_start"] else fmt_int(r["first_decided_at"]))
         ack = "-" if r["ack"] is None else ("yes" if r["ack"] <= 5 else "no")
         print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | {dec} | "
-              f"{p(pct(r['realised'], r['predicted']))} | {p(pct(real, r['best']))} | "
+              f"{p(pct(r['realised'], r['predicted']))} | "
+              f"{p(pct(r['realised'], r['standing']))} | {p(pct(real, r['best']))} | "
               f"{p(pct(real, stay))} | {p(pct(r['whole'], r['staying_whole']))} | {ack} |")
     print()
     print("Decisions (daemon history), per run:")

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
-#include <set>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -89,6 +89,8 @@ constexpr size_t kBadStartMaxSplit = 128 * kMiB;
 // Steps a job that marks them runs under a push before the push is judged
 // on what it realised (Impl::SettledUnderPush).
 constexpr uint64_t kStepsBeforeJudging = 2;
+// Job::rolled_back's mark of a config never proposed again.
+constexpr int64_t kRolledBackForGood = std::numeric_limits<int64_t>::max();
 
 // A start config known to cost memory (the guides' small max_split_size_mb
 // without expandable segments, which would not split): decided on at the
@@ -468,6 +470,15 @@ class Autotuner::Impl {
     // push at (0: never judged).
     Phase judged_from = Phase::kCanaryWatching;
     int64_t judged_realized = 0;
+    // The recorded stream's length (JobWindow::total_events()) when the
+    // last judgement was queued, and below which a judgement that found
+    // the realised peak unexplained by the events waits (0: none waits).
+    uint64_t judged_at_events = 0;
+    uint64_t judge_after_events = 0;
+    // What the job had requested at most (JobWindow::max_requested_bytes())
+    // when a judgement on its events rolled the push back; 0 when a
+    // rollback is for good (a NACK, an OOM, a failed push).
+    int64_t rolled_back_on_requested = 0;
   };
 
   struct Job {
@@ -489,7 +500,12 @@ class Autotuner::Impl {
     // window's stream it happened (JobWindow::total_events() then), for the
     // review when that session ends or half a window after the push.
     std::optional<std::pair<uint64_t, uint64_t>> review;  // (decision id, event)
-    std::set<std::string> rolled_back;     // configs never proposed again
+    // Configs rolled back, each with the most the job had requested when
+    // its judgement rolled it back (kRolledBackForGood: a NACK, an OOM, a
+    // failed push): that evidence covered no larger request, so the
+    // config is proposed again once the job requests more than that by
+    // growth_margin, never when it was rolled back for good.
+    std::map<std::string, int64_t> rolled_back;
     // The most the window had requested at the last decision: a larger
     // request decides again.
     int64_t decided_requested = 0;
@@ -534,6 +550,25 @@ class Autotuner::Impl {
     if (job.queued) return "deciding";
     if (job.acting) return Applied(*job.acting) ? "applied" : "canary";
     return "watching";
+  }
+
+  // Why a proposal of `config` is not pushed, as a "; ..." clause of the
+  // decision's why (nullopt: it may be), when the job has requested at most
+  // `requested`: see Job::rolled_back.
+  std::optional<std::string> NotProposedAgain(const Job& job, const std::string& config,
+                                              int64_t requested) const {
+    auto it = job.rolled_back.find(config);
+    if (it == job.rolled_back.end()) return std::nullopt;
+    if (it->second == kRolledBackForGood) {
+      return "; it was rolled back before, so it is not pushed again";
+    }
+    const auto needed = static_cast<int64_t>((1.0 + options_.growth_margin) *
+                                             static_cast<double>(it->second));
+    if (requested > needed) return std::nullopt;
+    return absl::StrFormat(
+        "; it was rolled back before, judged on what the job requested then (at most %s), so "
+        "it is pushed again only once the job requests more than %s (so far %s)",
+        GiB(it->second), GiB(needed), GiB(requested));
   }
 
   // Step marks a marked job's first pass waits for: a job on a harmful
@@ -630,10 +665,12 @@ class Autotuner::Impl {
     return true;
   }
 
-  void QueueRollBack(const JobKey& name, Job& job, std::string reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `judged_on_requested`: see Acting::rolled_back_on_requested.
+  void QueueRollBack(const JobKey& name, Job& job, std::string reason,
+                     int64_t judged_on_requested = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.acting->phase == Phase::kRollingBack) return;
     job.acting->phase = Phase::kRollingBack;
+    job.acting->rolled_back_on_requested = judged_on_requested;
     tasks_.push_back(Task{TaskKind::kRollBack, name, "", job.acting->decision_id, false,
                           std::move(reason)});
   }
@@ -674,10 +711,14 @@ class Autotuner::Impl {
                                          "allocating %.2fx what it did there)",
                                          GiB(acting.predicted_switched), growth)
                        : std::string());
+      // A judgement that found the events short of the realised peak
+      // waits for more of them; meanwhile the push is not promoted.
+      if (job.window != nullptr && job.window->total_events() < acting.judge_after_events) return;
       if (!QueueJudge(name, job, reason)) {
         QueueRollBack(name, job,
                       absl::StrCat(reason, " (the canary's events after the push are not "
-                                           "recorded, so staying could not be replayed on them)"));
+                                           "recorded, so staying could not be replayed on them)"),
+                      job.window ? job.window->max_requested_bytes() : 0);
       }
       return;
     }
@@ -1023,9 +1064,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       case Decision::Result::kPropose:
         rec.to_config = d.to_config;
         rec.memory_fraction = d.to.memory_fraction;
-        if (job.rolled_back.contains(d.to_config)) {
+        if (std::optional<std::string> why_not = NotProposedAgain(job, d.to_config, max_requested)) {
           rec.result = "kept";
-          absl::StrAppend(&rec.why, "; it was rolled back before, so it is not pushed again");
+          absl::StrAppend(&rec.why, *why_not);
         } else if (ModeOf(job) != AutotuneMode::kApply) {
           rec.result = "recommended";
         } else if (job.sessions.empty()) {
@@ -1033,6 +1074,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           absl::StrAppend(&rec.why, "; the job has no session left to push to");
         } else {
           rec.result = "pushed";
+          if (auto it = job.rolled_back.find(d.to_config); it != job.rolled_back.end()) {
+            absl::StrAppend(&rec.why, absl::StrFormat(
+                "; rolled back before on requests of at most %s, pushed again now that the "
+                "job requests %s", GiB(it->second), GiB(max_requested)));
+          }
           canary = job.sessions.front();  // the oldest
           rec.sessions = {*canary};
           Acting acting;
@@ -1191,6 +1237,7 @@ bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reaso
     input->running.memory_fraction = from->per_process_memory_fraction;
   }
   input->pushed = *pushed;
+  acting.judged_at_events = window.total_events();
   acting.judged_from = acting.phase;
   acting.phase = Phase::kJudging;
   Task task{TaskKind::kJudge, name, "", acting.decision_id, false, std::move(reason)};
@@ -1212,6 +1259,9 @@ void Autotuner::Impl::Judge(const Task& task) {
   stay.live_switch = LiveSwitch{in.switch_event, std::nullopt, std::nullopt};
   if (options_.on_replay) options_.on_replay(+1);
   absl::StatusOr<ReplayResult> stayed = Replay(in.trace, in.running.config, stay);
+  ReplayOptions keep = base;
+  keep.live_switch = LiveSwitch{in.switch_event, in.pushed, std::nullopt};
+  absl::StatusOr<ReplayResult> kept = Replay(in.trace, in.running.config, keep);
   if (options_.on_replay) options_.on_replay(-1);
   absl::StatusOr<RollbackPrediction> rollback =
       PredictRollback(in.trace, in.switch_event, in.running.config, in.pushed, base,
@@ -1229,8 +1279,9 @@ void Autotuner::Impl::Judge(const Task& task) {
     const int64_t realized = acting.realized_peak;
     const uint64_t events = in.trace.events.size() - in.switch_event;
     std::optional<std::string> kept_because;
-    if (!stayed.ok() || !rollback.ok()) {
-      const absl::Status error = stayed.ok() ? rollback.status() : stayed.status();
+    if (!stayed.ok() || !kept.ok() || !rollback.ok()) {
+      const absl::Status error =
+          !stayed.ok() ? stayed.status() : (!kept.ok() ? kept.status() : rollback.status());
       kept_because = absl::StrCat("the events after the push do not replay (", error.message(),
                                   "), so it cannot be said that staying would have cost less");
     } else {
@@ -1246,19 +1297,39 @@ void Autotuner::Impl::Judge(const Task& task) {
           "%s and the job realised %s",
           events, d != nullptr && !d->from_config.empty() ? d->from_config : "(defaults)",
           GiB(staying), GiB(realized));
-      if (realized <= staying) {
-        kept_because = absl::StrCat(judged, ": no worse than not pushing");
-      } else if (rollback->rolled_back >= rollback->keeping) {
-        kept_because = absl::StrFormat(
-            "%s; a rollback would leave it at %s over those events again (%s made under the "
-            "push still reserved at the rollback), no lower than keeping the push (%s)",
-            judged, GiB(rollback->rolled_back), GiB(rollback->held_at_rollback),
-            GiB(rollback->keeping));
-      } else {
-        QueueRollBack(task.job, job, absl::StrFormat(
-            "%s; %s, above staying, and a rollback is predicted at %s over those events again "
-            "against %s keeping the push",
-            task.reason, judged, GiB(rollback->rolled_back), GiB(rollback->keeping)));
+      const int64_t pushed_replayed = kept->after_switch->peak_reserved;
+      switch (JudgePush(realized, staying, pushed_replayed, *rollback, options_.rollback_margin)) {
+        case PushVerdict::kKeepNoWorse:
+          kept_because = absl::StrCat(judged, ": no worse than not pushing");
+          break;
+        case PushVerdict::kKeepRollbackNoBetter:
+          kept_because = absl::StrFormat(
+              "%s; a rollback would leave it at %s over those events again (%s made under the "
+              "push still reserved at the rollback), no lower than keeping the push (%s)",
+              judged, GiB(rollback->rolled_back), GiB(rollback->held_at_rollback),
+              GiB(rollback->keeping));
+          break;
+        case PushVerdict::kWaitForEvents:
+          // Judged again once the canary has run as many events again; a
+          // promotion the judgement interrupted waits for it.
+          acting.phase = acting.judged_from == Phase::kPromoting ? Phase::kCanaryWatching
+                                                                 : acting.judged_from;
+          acting.judge_after_events = acting.judged_at_events + events;
+          if (d != nullptr) {
+            absl::StrAppend(&d->why, absl::StrFormat(
+                "; %s, but the pushed config replays to %s on them: the realised peak came "
+                "from events not recorded yet, so it is judged again once the canary has run "
+                "%d events after the push",
+                judged, GiB(pushed_replayed), 2 * events));
+          }
+          break;
+        case PushVerdict::kRollBack:
+          QueueRollBack(task.job, job, absl::StrFormat(
+              "%s; %s (the pushed config replays to %s on them), above staying, and a rollback "
+              "is predicted at %s over those events again against %s keeping the push",
+              task.reason, judged, GiB(pushed_replayed), GiB(rollback->rolled_back),
+              GiB(rollback->keeping)), job.window ? job.window->max_requested_bytes() : 0);
+          break;
       }
     }
     if (kept_because) {
@@ -1344,7 +1415,9 @@ void Autotuner::Impl::RollBack(const Task& task) {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
     if (!job.acting || job.acting->decision_id != task.decision_id) return;
-    job.rolled_back.insert(job.acting->to_config);
+    job.rolled_back[job.acting->to_config] = job.acting->rolled_back_on_requested > 0
+                                                  ? job.acting->rolled_back_on_requested
+                                                  : kRolledBackForGood;
     for (SessionId s : job.sessions) {
       if (s == canary || whole_job) sessions_[s].config = rollback_config;
     }

@@ -137,12 +137,18 @@ struct AutotuneOptions {
   // Judged on the canary's events after the push where the window holds
   // them: a replay of staying on those same events says what not pushing
   // would have cost, and the push is rolled back only when the job
-  // realised more than that, and only when a rollback (the segments made
-  // under the push stay reserved until their blocks are freed) is
-  // predicted to leave the job lower than keeping the push. Without those
-  // events (another session is recorded), it is rolled back on the
-  // prediction alone. Once judged and kept, it is judged again when its
-  // realised peak grows by this much more.
+  // realised more than that, the pushed config replayed on those events
+  // accounts for what it realised (within this margin; else the peak came
+  // from events not recorded yet, and it is judged again once the canary
+  // has run twice as many events after the push), and a rollback (the
+  // segments made under the push stay reserved until their blocks are
+  // freed) is predicted to leave the job lower than keeping the push.
+  // Without those events (another session is recorded), it is rolled back
+  // on the prediction alone. Once judged and kept, it is judged again when
+  // its realised peak grows by this much more. A config rolled back on
+  // what the job realised is proposed again only once the job requests
+  // more than it had then by growth_margin (that judgement saw no larger
+  // request); one rolled back on a NACK or an OOM, never.
   double rollback_margin = 0.10;
   // A window whose clients lost at most this fraction of its events is
   // replayed anyway: the window repairs what a few lost events break (frees

@@ -29,6 +29,17 @@ Trace RepeatTail(const Trace& window, uint64_t from) {
   return out;
 }
 
+PushVerdict JudgePush(int64_t realized, int64_t staying, int64_t pushed_replayed,
+                      const RollbackPrediction& rollback, double margin) {
+  if (realized <= staying) return PushVerdict::kKeepNoWorse;
+  if (rollback.rolled_back >= rollback.keeping) return PushVerdict::kKeepRollbackNoBetter;
+  if (static_cast<double>(realized) >
+      static_cast<double>(pushed_replayed) * (1.0 + margin)) {
+    return PushVerdict::kWaitForEvents;
+  }
+  return PushVerdict::kRollBack;
+}
+
 absl::StatusOr<RollbackPrediction> PredictRollback(
     const Trace& window, uint64_t from, const AllocatorConfig& running,
     const AllocatorConfig& pushed, const ReplayOptions& base,

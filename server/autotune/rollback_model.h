@@ -50,6 +50,27 @@ absl::StatusOr<RollbackPrediction> PredictRollback(
     const AllocatorConfig& pushed, const ReplayOptions& base,
     const std::function<void(int)>& on_replay = nullptr);
 
+// What a push's judgement concludes (Autotuner's Judge), from peaks reserved
+// over the events the canary ran after the push: what the job realised,
+// staying on its old config replayed on them, and the pushed config
+// replayed on them from the push (`pushed_replayed`).
+enum class PushVerdict {
+  kKeepNoWorse,         // realised at most what staying would have cost
+  kKeepRollbackNoBetter,  // a rollback is predicted no lower than keeping
+  // The events do not account for what the job realised (it is above the
+  // pushed config's replay on them by more than `margin`): the peak came
+  // from events not recorded yet (a stats report runs ahead of the event
+  // stream), and comparing it with staying on fewer events would blame the
+  // push for steps staying was never replayed on. Judged again on more.
+  kWaitForEvents,
+  kRollBack,
+};
+// Keeping is the default: a push is rolled back only when it realised more
+// than staying, the events explain that, and a rollback is predicted to
+// leave the job lower than keeping.
+PushVerdict JudgePush(int64_t realized, int64_t staying, int64_t pushed_replayed,
+                      const RollbackPrediction& rollback, double margin);
+
 // `window` followed by its events from `from` on once more: allocations of
 // the repeat get ids of their own, and frees of what the repeat did not
 // allocate are left out (what was live at the window's end stays live).

@@ -905,6 +905,62 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
       << again[0].why;
 }
 
+// A push rolled back on what the job realised was judged on the requests
+// the job had made by then. On the H200 a generation job was rolled back on
+// its first small request, every later decision then refused the config
+// (50-57% predicted savings), and the job ended 34% above staying. Once a
+// request larger by the growth margin comes, the config may be pushed
+// again; before, it is not. (A NACK's rollback stays for good:
+// ANackRollsBackAndTheConfigIsNotProposedAgain.)
+TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
+  // Rounding pinned: the larger request's best is then the same config.
+  tuner.SetPolicy({"", "generate"}, {.mode = AutotuneMode::kApply,
+                                     .pinned_keys = {"roundup_power2_divisions"}});
+  tuner.SessionStarted(1, "generate", "max_split_size_mb:64", 1);
+  GenerationJob job(tuner, 1);
+  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
+    job.Request(batch);
+    tuner.WaitIdle();
+    if (!actions.pushes().empty()) break;
+  }
+  ASSERT_EQ(actions.pushes().size(), 1u);
+  const AutotuneDecision d = tuner.History("generate", 1)[0];
+  ASSERT_EQ(d.result, "pushed") << d.why;
+  tuner.Acked(1, d.version, true, "");
+  // Far above what staying was predicted to cost, before any event after
+  // the push: rolled back on the prediction alone.
+  tuner.Stats(1, Reserved(d.predicted_peak_current * 2, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "rollback");
+  ASSERT_EQ(tuner.History("generate", 1)[0].result, "rolled_back");
+
+  // On the same requests an admin's run finds it again, and keeps.
+  ASSERT_TRUE(tuner.RunNow("generate").ok());
+  tuner.WaitIdle();
+  const AutotuneDecision same = tuner.History("generate", 1)[0];
+  EXPECT_EQ(same.result, "kept") << same.why;
+  EXPECT_NE(same.why.find("pushed again only once the job requests more than"),
+            std::string::npos) << same.why;
+  EXPECT_EQ(actions.pushes().size(), 2u);
+
+  // A request twice the largest: decided on again, and pushed again.
+  job.Request(8);
+  job.Request(1);
+  tuner.WaitIdle();
+  const AutotuneDecision larger = tuner.History("generate", 1)[0];
+  EXPECT_EQ(larger.trigger, "larger_request");
+  EXPECT_EQ(larger.result, "pushed") << larger.why;
+  EXPECT_EQ(larger.to_config, d.to_config);
+  EXPECT_NE(larger.why.find("pushed again now that the job requests"), std::string::npos)
+      << larger.why;
+  ASSERT_EQ(actions.pushes().size(), 3u);
+  EXPECT_EQ(actions.pushes()[2].kind, "session");
+}
+
 // After a first decision, reserved memory past what the job's config was
 // predicted to need decides again at once, not after the cooldown; a
 // little over it, or the same growth reported again, does not.
