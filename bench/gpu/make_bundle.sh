@@ -18,7 +18,7 @@ bundle=${1:-.gpu}
 build=build/release
 cmake --preset release >/dev/null
 cmake --build --preset release --target allocd allocctl cuda_chunks_test \
-  cuda_test_client cuda_chunk_bench vmm_paths_bench scrub_bench allocd_python_package allocd_torch \
+  cuda_test_client cuda_chunk_bench vmm_paths_bench scrub_bench allocd_python_package allocd_client_c allocd_torch \
   allocd_interpose
 rm -rf "$bundle/bin" "$bundle/python" "$bundle/lib"
 mkdir -p "$bundle/bin" "$bundle/python" "$bundle/lib"
