@@ -153,7 +153,9 @@ def rows(dirs, workloads):
                 from_ = after if after is not None else 0
                 realised = peak_from(run, from_) if after is not None else None
                 stay = peak_from(staying, from_) if staying else None
-                best = min(((peak_from(r, from_), n) for n, r in natives.items() if r),
+                # A native run shorter than this one has no peak past its end.
+                best = min(((v, n) for n, r in natives.items() if r
+                            for v in [peak_from(r, from_)] if v is not None),
                            key=lambda x: x[0], default=(None, None))
                 g = lambda k: int(d[k]) / GIB if d and d.get(k) else None
                 yield {
