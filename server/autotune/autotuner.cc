@@ -470,10 +470,9 @@ class Autotuner::Impl {
     // push at (0: never judged).
     Phase judged_from = Phase::kCanaryWatching;
     int64_t judged_realized = 0;
-    // The recorded stream's length (JobWindow::total_events()) when the
-    // last judgement was queued, and below which a judgement that found
-    // the realised peak unexplained by the events waits (0: none waits).
-    uint64_t judged_at_events = 0;
+    // The recorded stream's length (JobWindow::total_events()) below which
+    // a judgement that found the realised peak unexplained by the events
+    // waits (0: none waits).
     uint64_t judge_after_events = 0;
     // What the job had requested at most (JobWindow::max_requested_bytes())
     // when a judgement on its events rolled the push back; 0 when a
@@ -1237,7 +1236,6 @@ bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reaso
     input->running.memory_fraction = from->per_process_memory_fraction;
   }
   input->pushed = *pushed;
-  acting.judged_at_events = window.total_events();
   acting.judged_from = acting.phase;
   acting.phase = Phase::kJudging;
   Task task{TaskKind::kJudge, name, "", acting.decision_id, false, std::move(reason)};
@@ -1314,7 +1312,7 @@ void Autotuner::Impl::Judge(const Task& task) {
           // promotion the judgement interrupted waits for it.
           acting.phase = acting.judged_from == Phase::kPromoting ? Phase::kCanaryWatching
                                                                  : acting.judged_from;
-          acting.judge_after_events = acting.judged_at_events + events;
+          acting.judge_after_events = *acting.pushed_at + 2 * events;
           if (d != nullptr) {
             absl::StrAppend(&d->why, absl::StrFormat(
                 "; %s, but the pushed config replays to %s on them: the realised peak came "
