@@ -99,6 +99,33 @@ uint64_t MarkedSwitchPoint(const std::vector<uint64_t>& ends) {
 
 }  // namespace
 
+int SizeFittedSettings(const Candidate& candidate) {
+  const AllocatorConfig& c = candidate.config;
+  const AllocatorConfig defaults;
+  return (c.max_split_size != defaults.max_split_size) +
+         (c.max_non_split_rounding != defaults.max_non_split_rounding) +
+         (c.roundup_power2_divisions != defaults.roundup_power2_divisions) +
+         (c.garbage_collection_threshold != defaults.garbage_collection_threshold) +
+         (c.large_segment_size != defaults.large_segment_size) +
+         (c.per_process_memory_fraction != defaults.per_process_memory_fraction ||
+          candidate.memory_fraction.has_value());
+}
+
+const Evaluation* ChooseProposal(const std::vector<const Evaluation*>& passing,
+                                 double simpler_within) {
+  if (passing.empty()) return nullptr;
+  const double limit =
+      (1.0 + simpler_within) * static_cast<double>(passing.front()->replay.peak_reserved);
+  const Evaluation* best = passing.front();
+  for (const Evaluation* e : passing) {
+    if (static_cast<double>(e->replay.peak_reserved) <= limit &&
+        SizeFittedSettings(e->candidate) < SizeFittedSettings(best->candidate)) {
+      best = e;
+    }
+  }
+  return best;
+}
+
 std::string LiveConfigString(const AllocatorConfig& target, const AllocatorConfig& running) {
   const std::string canonical = FormatAllocatorConfig(target);
   absl::StatusOr<AllocatorConfig> updated = ParseAllocatorConfigUpdate(canonical, running);
@@ -216,32 +243,34 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   const ReplaySummary& rebuilt = report->baseline.replay;
   const int64_t rebuilt_calls = rebuilt.num_device_alloc + rebuilt.num_device_free;
 
-  // The best candidate (lowest peak after the switch) that passes every
-  // gate; the better ones that failed are counted by gate.
+  // The candidates that pass every gate, best first; the better ones that
+  // failed are counted by gate.
   int pinned = 0, fraction = 0, oom = 0, retries = 0, calls = 0, invalid = 0;
-  const Evaluation* best = nullptr;
-  for (const Evaluation& e : report->ranked) {
+  const auto failed_gate = [&](const Evaluation& e) -> int* {
     const ReplaySummary& r = e.replay;
-    if (BreaksPin(e.candidate, running, policy) != nullptr) {
-      ++pinned;
-    } else if (e.candidate.memory_fraction && !policy.allow_memory_fraction) {
-      ++fraction;
-    } else if (r.num_ooms > 0) {
-      ++oom;
-    } else if (r.num_alloc_retries > stayed.num_alloc_retries) {
-      ++retries;
-    } else if (options.max_call_ratio > 0 &&
-               static_cast<double>(r.num_device_alloc + r.num_device_free) >
-                   options.max_call_ratio *
-                       static_cast<double>(std::max<int64_t>(1, rebuilt_calls))) {
-      ++calls;
-    } else if (!ParseAllocatorConfig(LiveConfigString(e.candidate.config, running.config)).ok()) {
-      ++invalid;
-    } else {
-      best = &e;
-      break;
+    if (BreaksPin(e.candidate, running, policy) != nullptr) return &pinned;
+    if (e.candidate.memory_fraction && !policy.allow_memory_fraction) return &fraction;
+    if (r.num_ooms > 0) return &oom;
+    if (r.num_alloc_retries > stayed.num_alloc_retries) return &retries;
+    if (options.max_call_ratio > 0 &&
+        static_cast<double>(r.num_device_alloc + r.num_device_free) >
+            options.max_call_ratio * static_cast<double>(std::max<int64_t>(1, rebuilt_calls))) {
+      return &calls;
+    }
+    if (!ParseAllocatorConfig(LiveConfigString(e.candidate.config, running.config)).ok()) {
+      return &invalid;
+    }
+    return nullptr;
+  };
+  std::vector<const Evaluation*> passing;
+  for (const Evaluation& e : report->ranked) {
+    if (int* gate = failed_gate(e); gate == nullptr) {
+      passing.push_back(&e);
+    } else if (passing.empty()) {
+      ++*gate;
     }
   }
+  const Evaluation* best = ChooseProposal(passing, options.simpler_within);
   std::string gates;
   for (const auto& [count, what] :
        {std::pair{pinned, "change a pinned key"}, std::pair{fraction, "need a memory fraction"},
@@ -275,6 +304,19 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   best->replay.num_alloc_retries,
                                   best->replay.num_device_alloc + best->replay.num_device_free,
                                   rebuilt_calls));
+  if (best != passing.front()) {
+    const Evaluation& lowest = *passing.front();
+    absl::StrAppend(
+        &evidence,
+        absl::StrFormat("; chosen over %s, which peaks %.1f MiB lower with %d more setting(s) "
+                        "fitted to sizes: within %.0f%%, the one fitted less to the window's sizes",
+                        ConfName(LiveConfigString(lowest.candidate.config, running.config)),
+                        static_cast<double>(best->replay.peak_reserved -
+                                            lowest.replay.peak_reserved) / (1 << 20),
+                        SizeFittedSettings(lowest.candidate) -
+                            SizeFittedSettings(best->candidate),
+                        100 * options.simpler_within));
+  }
   if (d.to.config == running.config &&
       (!d.to.memory_fraction || d.to.memory_fraction == running.memory_fraction)) {
     return finish(Decision::Result::kKeep,

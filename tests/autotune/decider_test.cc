@@ -86,6 +86,61 @@ TEST(DecideTest, TheOnlineSearchComesWithinFivePercentOfTheFullSearch) {
       << d.why << "\nfull search: " << report->recommended()->key;
 }
 
+TEST(SizeFittedSettingsTest, CountsEachSettingFittedToSizesOnce) {
+  const auto settings = [](const std::string& conf, std::optional<double> fraction = {}) {
+    return SizeFittedSettings(Candidate{Running(conf).config, fraction});
+  };
+  EXPECT_EQ(settings(""), 0);
+  EXPECT_EQ(settings("expandable_segments:True"), 0);  // serves any size
+  EXPECT_EQ(settings("roundup_power2_divisions:8,expandable_segments:True"), 1);
+  EXPECT_EQ(settings("max_split_size_mb:256,max_non_split_rounding_mb:256,"
+                     "garbage_collection_threshold:0.6"),
+            3);
+  EXPECT_EQ(settings("", 0.5), 1);
+  EXPECT_EQ(settings("per_process_memory_fraction:0.5", 0.5), 1);
+}
+
+Evaluation Evaluated(const std::string& conf, int64_t peak_mib) {
+  Evaluation e;
+  e.candidate = Candidate{Running(conf).config, std::nullopt};
+  e.key = conf;
+  e.replay.peak_reserved = peak_mib << 20;
+  return e;
+}
+
+const std::string& ProposalOf(const std::vector<Evaluation>& ranked, double simpler_within) {
+  std::vector<const Evaluation*> passing;
+  for (const Evaluation& e : ranked) passing.push_back(&e);
+  const Evaluation* chosen = ChooseProposal(passing, simpler_within);
+  EXPECT_NE(chosen, nullptr);
+  static const std::string none = "(none)";
+  return chosen != nullptr ? chosen->key : none;
+}
+
+// A setting that saves little on the window's steps is fitted to their
+// sizes: of the candidates near the lowest peak, the one with the fewest
+// such settings is proposed.
+TEST(ChooseProposalTest, OfTheCandidatesNearTheLowestPeakTheOneFittedLeastIsProposed) {
+  const std::vector<Evaluation> ranked = {
+      Evaluated("roundup_power2_divisions:8,expandable_segments:True", 1000),
+      Evaluated("max_split_size_mb:256,expandable_segments:True", 1005),
+      Evaluated("expandable_segments:True", 1015),
+      Evaluated("", 1150),
+  };
+  EXPECT_EQ(ProposalOf(ranked, 0.0), ranked[0].key);
+  EXPECT_EQ(ProposalOf(ranked, 0.01), ranked[0].key);  // one setting each: the lowest
+  EXPECT_EQ(ProposalOf(ranked, 0.02), ranked[2].key);
+  // expandable_segments is fitted to no size: the lower peak of two with none.
+  EXPECT_EQ(ProposalOf(ranked, 0.5), ranked[2].key);
+  const std::vector<Evaluation> fitted = {
+      Evaluated("max_split_size_mb:256,roundup_power2_divisions:4", 1000),
+      Evaluated("max_split_size_mb:512", 1010),
+      Evaluated("max_split_size_mb:128", 1012),
+  };
+  EXPECT_EQ(ProposalOf(fitted, 0.02), fitted[1].key);  // the earliest of the fewest
+  EXPECT_EQ(ChooseProposal({}, 0.02), nullptr);
+}
+
 TEST(DecideTest, ACandidateThatWouldRunOutOfMemoryIsNeverProposed) {
   const RunningConfig running = Running("max_split_size_mb:64");
   absl::StatusOr<ReplayResult> plain = Replay(LlamaLora(), running.config);

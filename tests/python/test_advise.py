@@ -271,6 +271,66 @@ def wait_for(predicate, seconds=10.0):
     return False
 
 
+class SecondReleaseTest(unittest.TestCase):
+    """The release after a push, once what was live at the switch is gone."""
+
+    def setUp(self):
+        fake = self
+        self.allocated = 0
+        self.empty_cache_calls = 0
+
+        class Cuda:
+            @staticmethod
+            def memory_stats(device):
+                return {"allocated_bytes.all.current": fake.allocated}
+
+            @staticmethod
+            def empty_cache():
+                fake.empty_cache_calls += 1
+
+        self.release = _advisor.SecondRelease(types.SimpleNamespace(cuda=Cuda), 0)
+
+    def stats(self):
+        return {"allocated_bytes.all.current": self.allocated}
+
+    def test_nothing_is_released_before_a_switch(self):
+        self.release.at_step_mark()
+        self.allocated = 0
+        self.release.at_round(self.stats(), marks_steps=False)
+        self.assertEqual(self.empty_cache_calls, 0)
+
+    def test_a_job_that_marks_steps_is_released_at_its_next_mark_once(self):
+        self.allocated = 8 << 30  # mid-step: the step's activations are live
+        self.release.switched()
+        self.allocated = 1 << 30
+        self.release.at_round(self.stats(), marks_steps=True)  # rounds leave it to the mark
+        self.assertEqual(self.empty_cache_calls, 0)
+        self.release.at_step_mark()
+        self.release.at_step_mark()
+        self.assertEqual(self.empty_cache_calls, 1)
+        self.assertEqual(self.release.releases, 1)
+
+    def test_an_unmarked_job_is_released_once_it_holds_less_than_at_the_switch(self):
+        self.allocated = 3 << 30  # a generation's KV cache is live
+        self.release.switched()
+        for allocated in (3 << 30, 4 << 30):  # the call goes on, and grows
+            self.allocated = allocated
+            self.release.at_round(self.stats(), marks_steps=False)
+        self.assertEqual(self.empty_cache_calls, 0)
+        self.allocated = 1 << 30  # the call ended: its cache is free
+        self.release.at_round(self.stats(), marks_steps=False)
+        self.release.at_round(self.stats(), marks_steps=False)
+        self.assertEqual(self.empty_cache_calls, 1)
+
+    def test_a_new_switch_waits_for_its_own_release(self):
+        self.allocated = 2 << 30
+        self.release.switched()
+        self.release.at_step_mark()
+        self.release.switched()
+        self.release.at_step_mark()
+        self.assertEqual(self.empty_cache_calls, 2)
+
+
 class AdviseTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="allocd_py_")

@@ -22,8 +22,8 @@ Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
 to the daemon, with the allocator's alloc/free stream read from PyTorch's
 allocator history (for the daemon's autotuner), applies the allocator
 configs it pushes at runtime with ``torch.cuda.memory._set_allocator_settings``
-followed by ``empty_cache()`` (so the next peak is met under the new rules)
-and acknowledges each one (or reports why it could not), and empties the
+followed by ``empty_cache()`` (so the next peak is met under the new rules),
+and once more when what was live at the switch is gone, and acknowledges each one (or reports why it could not), and empties the
 cache when the daemon asks for memory back on behalf of another process.
 
 If no daemon answers, the job goes on with PyTorch's allocator as it is and a
