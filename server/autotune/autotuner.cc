@@ -194,14 +194,20 @@ class Autotuner::Impl {
       Job& job = jobs_[name];
       sessions_.erase(it);
       std::erase(job.sessions, id);
+      const bool judged_kept = job.acting && job.acting->judged_realized > 0;
       if (job.acting && job.acting->canary == id && job.acting->phase == Phase::kCanaryWatching &&
-          job.acting->judged_realized > 0) {
-        // Judged on the same events and kept, the push is what the job's
-        // next sessions start with (a job of one session, the most common,
-        // never outlives its canary's watch).
+          (judged_kept ||
+           WatchedWithinMargin(*job.acting, options_.first_pass_min_events))) {
+        // Judged on the same events and kept, or watched over whole steps
+        // without leaving the margin, the push is what the job's next
+        // sessions start with (a job of one session, the most common, may
+        // not outlive its canary's watch: on the H200 a ViT ran its 100
+        // steps in less than the 10 s after its push, and nothing was
+        // learned).
         if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
-          absl::StrAppend(&d->why, "; the canary session ended before its watch did, after its "
-                                   "judgement kept the push");
+          absl::StrAppend(&d->why, "; the canary session ended before its watch did, ",
+                          judged_kept ? "after its judgement kept the push"
+                                      : "its watch having found it within the margin");
         }
         job.acting->phase = Phase::kPromoting;
         tasks_.push_back(Task{TaskKind::kPromote, name, "", job.acting->decision_id, false, ""});
@@ -474,6 +480,9 @@ class Autotuner::Impl {
     // a judgement that found the realised peak unexplained by the events
     // waits (0: none waits).
     uint64_t judge_after_events = 0;
+    // The recorded stream's length (JobWindow::total_events()) at the last
+    // stats report the watch found within the rollback margin (0: none).
+    uint64_t within_margin_at = 0;
     // What the job had requested at most (JobWindow::max_requested_bytes())
     // when a judgement on its events rolled the push back; 0 when a
     // rollback is for good (a NACK, an OOM, a failed push).
@@ -721,6 +730,9 @@ class Autotuner::Impl {
       }
       return;
     }
+    if (job.window != nullptr && job.recorded == acting.canary && SettledUnderPush(job, acting)) {
+      acting.within_margin_at = job.window->total_events();
+    }
     if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
       acting.phase = Phase::kPromoting;
       tasks_.push_back(Task{TaskKind::kPromote, name, "", acting.decision_id, false, ""});
@@ -741,6 +753,16 @@ class Autotuner::Impl {
       return true;
     }
     return job.window->steps_marked() >= acting.marks_at_push + kStepsBeforeJudging;
+  }
+
+  // Whether a stats report of the canary found the push within the
+  // rollback margin once the steps a judgement waits for had run
+  // (SettledUnderPush), after the events a waiting judgement asked for, and
+  // at least as many recorded events after the push as a first pass decides
+  // on. (Watch judges a push the moment a report leaves the margin.)
+  static bool WatchedWithinMargin(const Acting& acting, size_t min_events) {
+    return acting.pushed_at && acting.within_margin_at >= acting.judge_after_events &&
+           acting.within_margin_at >= *acting.pushed_at + min_events;
   }
 
   // How much more the job needs since the push than in the window's events

@@ -121,7 +121,10 @@ struct AutotuneOptions {
   uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
   double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
-  absl::Duration canary_window = absl::Seconds(10);  // watch the canary this long
+  // Watch the canary this long. A canary whose session ends first sets the
+  // push for the job (and so its next runs) when a judgement kept it, or
+  // its watch saw whole steps under it within the rollback margin.
+  absl::Duration canary_window = absl::Seconds(10);
   // A push is judged when its realised peak reserved is above the predicted
   // one by more than this and has lost at least half the predicted saving
   // (it is nearer to what staying would cost than to the prediction: a push

@@ -1076,7 +1076,29 @@ TEST(AutotunerTest, APushKeptByItsJudgementIsSetForTheJobWhenTheCanaryEndsFirst)
   EXPECT_NE(after.why.find("after its judgement kept the push"), std::string::npos) << after.why;
 }
 
-// A canary that ends before anything judged its push sets nothing.
+// A job shorter than the canary's watch: a push its watch saw within the
+// margin is set for the job when the canary ends (and so is learned).
+TEST(AutotunerTest, APushWatchedWithinTheMarginIsSetForTheJobWhenTheCanaryEndsFirst) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushedWithEventsAfter(tuner, actions);
+  tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 1u);
+  EXPECT_FALSE(tuner.History("llama", 1)[0].staying_after_push.has_value());  // not judged
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "job");
+  EXPECT_EQ(actions.pushes()[1].config, d.to_config);
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_NE(after.why.find("its watch having found it within the margin"), std::string::npos)
+      << after.why;
+}
+
+// A canary that ends before anything judged or watched its push sets
+// nothing.
 TEST(AutotunerTest, APushNotYetJudgedIsNotSetForTheJobWhenTheCanaryEnds) {
   FakeClock clock;
   FakeActions actions;
