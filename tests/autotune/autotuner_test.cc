@@ -1053,6 +1053,20 @@ TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
   EXPECT_EQ(tuner.Status().size(), 10u);
 }
 
+// Ends the canary session of `d`, expecting its push set for the job:
+// the decision then.
+AutotuneDecision EndTheCanary(Autotuner& tuner, FakeActions& actions,
+                              const AutotuneDecision& d) {
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 2u);
+  if (actions.pushes().size() == 2) {
+    EXPECT_EQ(actions.pushes()[1].kind, "job");
+    EXPECT_EQ(actions.pushes()[1].config, d.to_config);
+  }
+  return tuner.History("llama", 1)[0];
+}
+
 // A job of one session ends before its canary's watch does (the most
 // common case: a short fine-tune). A push its judgement kept on the same
 // events is then set for the job, so its next run starts with it.
@@ -1066,12 +1080,7 @@ TEST(AutotunerTest, APushKeptByItsJudgementIsSetForTheJobWhenTheCanaryEndsFirst)
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 1u);
   ASSERT_TRUE(tuner.History("llama", 1)[0].staying_after_push.has_value());
-  tuner.SessionEnded(1);
-  tuner.WaitIdle();
-  ASSERT_EQ(actions.pushes().size(), 2u);
-  EXPECT_EQ(actions.pushes()[1].kind, "job");
-  EXPECT_EQ(actions.pushes()[1].config, d.to_config);
-  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  const AutotuneDecision after = EndTheCanary(tuner, actions, d);
   EXPECT_NE(after.version, d.version) << after.why;
   EXPECT_NE(after.why.find("after its judgement kept the push"), std::string::npos) << after.why;
 }
@@ -1087,12 +1096,7 @@ TEST(AutotunerTest, APushWatchedWithinTheMarginIsSetForTheJobWhenTheCanaryEndsFi
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 1u);
   EXPECT_FALSE(tuner.History("llama", 1)[0].staying_after_push.has_value());  // not judged
-  tuner.SessionEnded(1);
-  tuner.WaitIdle();
-  ASSERT_EQ(actions.pushes().size(), 2u);
-  EXPECT_EQ(actions.pushes()[1].kind, "job");
-  EXPECT_EQ(actions.pushes()[1].config, d.to_config);
-  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  const AutotuneDecision after = EndTheCanary(tuner, actions, d);
   EXPECT_NE(after.why.find("its watch having found it within the margin"), std::string::npos)
       << after.why;
 }
