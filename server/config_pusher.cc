@@ -112,8 +112,9 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
   // runs it already (it reconnected) is not pushed it twice.
   if (at.config.has_value() && at.config->config != at.running.config) {
     Push(session, *at.config, false,
-         at.learned ? "the config this job learned in an earlier run"
-                    : "config for this job at registration");
+         learned.has_value() && at.learned
+             ? absl::StrCat("the config this job learned in an earlier run (", learned->author, ")")
+             : "config for this job at registration");
   }
   return at;
 }

@@ -122,7 +122,16 @@ std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
                              "; it ran ", learned->from_config.empty()
                                               ? "PyTorch's defaults"
                                               : learned->from_config,
-                             " before)")};
+                             " before",
+                             // What the job can expect of it: what it did
+                             // over that whole run.
+                             learned->realized_peak
+                                 ? absl::StrCat("; the job peaked at ",
+                                                FormatSize(static_cast<uint64_t>(
+                                                    *learned->realized_peak)),
+                                                " reserved under it then")
+                                 : std::string(),
+                             ")")};
 }
 
 void DaemonAutotune::SessionStarted(const SessionIdentity& identity,

@@ -2,7 +2,9 @@
 
 Per job and start config: the step the push landed at (and the step the
 first decision was made at), the trigger, trigger -> ACK, what the decision
-predicted, the review's best reachable on the events after the push, what the
+predicted (for a run started on its learned config: what the daemon handed it
+to expect, the job's peak under that config in the run it was learned in),
+the review's best reachable on the events after the push, what the
 job realised after it (also against the prediction standing when it
 peaked: the last decision's before that step), staying (the start config run natively, same steps)
 and the best config run natively from step 0 on the same steps (the lowest of
@@ -43,6 +45,16 @@ def peak_from(run, step):
 
 
 START_CONF = {"max_split_size_mb_64": "max_split_size_mb:64", "defaults": ""}
+
+
+def learned_expectation(run):
+    """GiB: what the daemon handed a run started on its learned config to
+    expect (the job's peak under it in the run it was learned in), or None."""
+    reason = (run.get("allocd") or {}).get("config_reason") or ""
+    m = re.search(r"peaked at ([\d.]+) (GiB|MiB) reserved under it then", reason)
+    if not m:
+        return None
+    return float(m.group(1)) / (1024 if m.group(2) == "MiB" else 1)
 
 
 def push_step(run, start, learned):
@@ -168,7 +180,8 @@ def rows(dirs, workloads):
                     "trigger": f"{d['trigger']} ({d['result']})" if d else "-",
                     "ack": float(d["trigger_to_ack_seconds"]) if d and d.get(
                         "trigger_to_ack_seconds") else None,
-                    "predicted": g("predicted_peak_switched"),
+                    "predicted": (learned_expectation(run) if learned_at_start else None)
+                    or g("predicted_peak_switched"),
                     "standing": standing_prediction(run, decided, after),
                     "review": g("best_reachable_peak"),
                     "daemon_realised": g("realized_peak"),

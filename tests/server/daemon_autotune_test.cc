@@ -74,6 +74,7 @@ struct TestDaemon {
     EXPECT_TRUE(set.ok()) << set.status();
     AutotuneDecision d = Pushed(canary, job);
     d.version = set.value_or(0);
+    d.realized_peak = 6LL << 30;
     return d;
   }
 
@@ -146,6 +147,8 @@ TEST(DaemonAutotuneLearnedTest, AKeptPushIsHandedToTheNextRunOfTheSameTenantsJob
   ASSERT_EQ(again.pushed.size(), 1u);
   EXPECT_EQ(again.pushed[0].first, kLearned);
   EXPECT_THAT(again.pushed[0].second, HasSubstr("learned"));
+  // What the run can expect of it: what the job reached under it then.
+  EXPECT_THAT(again.pushed[0].second, HasSubstr("peaked at 6.00 GiB reserved under it then"));
   const v1::HistoryResponse history = next.core.History("llama", 10);
   ASSERT_GT(history.entries_size(), 0);
   bool recorded = false;
