@@ -248,7 +248,16 @@ TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   nlohmann::json status =
       nlohmann::json::parse(Allocctl({"autotune", "status", "--json"}));
   ASSERT_EQ(status["jobs"].size(), 1u);
-  EXPECT_EQ(status["jobs"][0]["last"]["result"], "recommended");
+  // The last decision is the recommendation, unless a later run was skipped:
+  // replayed as fast as it goes, a client on a loaded machine drops events,
+  // and a window with a gap is not decided on (the history above has the
+  // recommendation either way).
+  const nlohmann::json& last = status["jobs"][0]["last"];
+  if (last["result"] == "skipped") {
+    EXPECT_THAT(last["why"].get<std::string>(), HasSubstr("dropped events")) << last.dump();
+  } else {
+    EXPECT_EQ(last["result"], "recommended") << last.dump();
+  }
   EXPECT_EQ(status["mode"], "recommend");
 }
 
