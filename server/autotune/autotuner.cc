@@ -673,12 +673,17 @@ class Autotuner::Impl {
     return true;
   }
 
-  // `judged_on_requested`: see Acting::rolled_back_on_requested.
+  // Why a push is rolled back: what the job realised under it (then the
+  // config may be proposed again on larger requests), or for good (a NACK,
+  // an OOM, a failed push).
+  enum class RollBackFor { kGood, kWhatItRealised };
+
   void QueueRollBack(const JobKey& name, Job& job, std::string reason,
-                     int64_t judged_on_requested = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                     RollBackFor why = RollBackFor::kGood) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.acting->phase == Phase::kRollingBack) return;
     job.acting->phase = Phase::kRollingBack;
-    job.acting->rolled_back_on_requested = judged_on_requested;
+    job.acting->rolled_back_on_requested =
+        (why == RollBackFor::kWhatItRealised && job.window) ? job.window->max_requested_bytes() : 0;
     tasks_.push_back(Task{TaskKind::kRollBack, name, "", job.acting->decision_id, false,
                           std::move(reason)});
   }
@@ -726,7 +731,7 @@ class Autotuner::Impl {
         QueueRollBack(name, job,
                       absl::StrCat(reason, " (the canary's events after the push are not "
                                            "recorded, so staying could not be replayed on them)"),
-                      job.window ? job.window->max_requested_bytes() : 0);
+                      RollBackFor::kWhatItRealised);
       }
       return;
     }
@@ -1348,7 +1353,7 @@ void Autotuner::Impl::Judge(const Task& task) {
               "%s; %s (the pushed config replays to %s on them), above staying, and a rollback "
               "is predicted at %s over those events again against %s keeping the push",
               task.reason, judged, GiB(pushed_replayed), GiB(rollback->rolled_back),
-              GiB(rollback->keeping)), job.window ? job.window->max_requested_bytes() : 0);
+              GiB(rollback->keeping)), RollBackFor::kWhatItRealised);
           break;
       }
     }

@@ -8,6 +8,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/bytes.h"
 #include "allocator/trace/replay.h"
 #include "server/autotune/rollback_model.h"
 #include "server/autotune/step_period.h"
@@ -308,11 +309,11 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
     const Evaluation& lowest = *passing.front();
     absl::StrAppend(
         &evidence,
-        absl::StrFormat("; chosen over %s, which peaks %.1f MiB lower with %d more setting(s) "
+        absl::StrFormat("; chosen over %s, which peaks %s lower with %d more setting(s) "
                         "fitted to sizes: within %.0f%%, the one fitted less to the window's sizes",
                         ConfName(LiveConfigString(lowest.candidate.config, running.config)),
-                        static_cast<double>(best->replay.peak_reserved -
-                                            lowest.replay.peak_reserved) / (1 << 20),
+                        FormatSize(static_cast<uint64_t>(best->replay.peak_reserved -
+                                                         lowest.replay.peak_reserved)),
                         SizeFittedSettings(lowest.candidate) -
                             SizeFittedSettings(best->candidate),
                         100 * options.simpler_within));
