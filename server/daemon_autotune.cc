@@ -42,6 +42,8 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_judged_events(d.judged_events);
   if (d.realized_peak) out->set_realized_peak(*d.realized_peak);
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
+  if (d.realized_peak_requested) out->set_realized_peak_requested(*d.realized_peak_requested);
+  if (d.predicted_peak_at_need) out->set_predicted_peak_at_need(*d.predicted_peak_at_need);
   if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));
   if (d.best_reachable_peak) out->set_best_reachable_peak(*d.best_reachable_peak);
   out->set_reviewed_events(d.reviewed_events);
@@ -167,7 +169,7 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
   }
   Publish(policies);
   autotuner_->SessionStarted(identity.id, identity.job, running.config,
-                             running.version, identity.tenant);
+                             running.version, identity.tenant, preferences.marks_steps());
   if (pushed.has_value()) {
     autotuner_->Handed(identity.id, pushed->version, pushed->config);
   }
@@ -387,6 +389,8 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     job->set_sessions(s.sessions);
     job->set_window_events(s.window_events);
     job->set_dropped_events(s.dropped_events);
+    job->set_marks_steps(s.marks_steps);
+    job->set_steps_marked(s.steps_marked);
     job->set_state(s.state);
     if (s.last) Fill(*s.last, job->mutable_last());
   }

@@ -135,7 +135,7 @@ def main():
         model = get_peft_model(model, lcfg)
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
         rng = random.Random(a.seed)
-        losses, times, step_peaks, step_configs, step_ends = [], [], [], [], []
+        losses, times, step_peaks, step_allocated, step_configs, step_ends = [], [], [], [], [], []
         run_peak = run_allocated = 0
         for step in range(a.steps):
             torch.cuda.synchronize()
@@ -161,7 +161,8 @@ def main():
                 # without one, to compare with).
                 step_peaks.append(torch.cuda.max_memory_reserved())
                 run_peak = max(run_peak, step_peaks[-1])
-                run_allocated = max(run_allocated, torch.cuda.max_memory_allocated())
+                step_allocated.append(torch.cuda.max_memory_allocated())
+                run_allocated = max(run_allocated, step_allocated[-1])
                 torch.cuda.reset_peak_memory_stats()
             if tracked:
                 step_configs.append(allocd.stats().get("config", ""))
@@ -190,6 +191,7 @@ def main():
         result["peak_reserved"] = max(run_peak, torch.cuda.max_memory_reserved())
         result["peak_allocated"] = max(run_allocated, torch.cuda.max_memory_allocated())
         result["step_peak_reserved"] = step_peaks
+        result["step_peak_allocated"] = step_allocated
     if tracked:
         s = allocd.stats()
         result["step_config"] = step_configs

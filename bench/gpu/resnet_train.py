@@ -53,7 +53,7 @@ def main():
     model = torchvision.models.resnet50(num_classes=1000).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = random.Random(0)
-    losses, peaks, configs, ends = [], [], [], []
+    losses, peaks, allocated, configs, ends = [], [], [], [], []
     for _ in range(a.steps):
         size = rng.choice([160, 192, 224, 256, 288, 320])
         x = torch.randn(64, 3, size, size, device="cuda")
@@ -66,6 +66,7 @@ def main():
         torch.cuda.synchronize()
         ends.append(time.time())
         peaks.append(torch.cuda.max_memory_reserved())
+        allocated.append(torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
         if a.mode != "native":
             configs.append(allocd.stats().get("config", ""))
@@ -77,6 +78,7 @@ def main():
         torch.cuda.memory._record_memory_history(enabled=None)
     result = {"mode": a.mode, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "steps": a.steps, "losses": losses, "step_peak_reserved": peaks,
+              "step_peak_allocated": allocated,
               "step_config": configs, "step_end_unix": ends, "peak_reserved": max(peaks)}
     if a.mode != "native" or tuned_job.autostarted():
         try:

@@ -6,7 +6,10 @@ predicted (for a run started on its learned config: what the daemon handed it
 to expect, the job's peak under that config in the run it was learned in),
 the review's best reachable on the events after the push, what the
 job realised after it (also against the prediction standing when it
-peaked: the last decision's before that step), staying (the start config run natively, same steps)
+peaked: the last decision's before that step; and against the push's
+prediction at the job's need: scaled by how much more the job requested
+after the push than in the decision's window, predicted_peak_at_need),
+staying (the start config run natively, same steps)
 and the best config run natively from step 0 on the same steps (the lowest of
 the native runs under max_split_size_mb:64, defaults and
 expandable_segments:True). Then the issue's targets, run by run.
@@ -183,6 +186,11 @@ def rows(dirs, workloads):
                     "predicted": (learned_expectation(run) if learned_at_start else None)
                     or g("predicted_peak_switched"),
                     "standing": standing_prediction(run, decided, after),
+                    "at_need": None if learned_at_start else g("predicted_peak_at_need"),
+                    "need_growth": (int(d["realized_peak_requested"]) /
+                                    int(d["predicted_peak_requested"]))
+                    if d and d.get("realized_peak_requested") and
+                    int(d.get("predicted_peak_requested") or 0) > 0 else None,
                     "review": g("best_reachable_peak"),
                     "daemon_realised": g("realized_peak"),
                     "realised": realised, "whole": peak_from(run, 0),
@@ -224,17 +232,21 @@ def main():
     print()
     print("| job | start | mode | decided at step | realised vs predicted | "
           "realised vs prediction standing at its peak | "
+          "realised vs predicted at its need (need growth) | "
           "realised vs best native | realised vs staying | whole run vs staying | ACK <= 5 s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in all_rows:
         real = r["realised"] if r["realised"] is not None else r["whole"]
         stay = r["staying"] if r["realised"] is not None else r["staying_whole"]
         p = lambda v: "-" if v is None else f"{v:+.1f}%"
         dec = ("registration" if r["learned_at_start"] else fmt_int(r["first_decided_at"]))
         ack = "-" if r["ack"] is None else ("yes" if r["ack"] <= 5 else "no")
+        growth = "" if r["need_growth"] is None else f" ({r['need_growth']:.2f}x)"
         print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | {dec} | "
               f"{p(pct(r['realised'], r['predicted']))} | "
-              f"{p(pct(r['realised'], r['standing']))} | {p(pct(real, r['best']))} | "
+              f"{p(pct(r['realised'], r['standing']))} | "
+              f"{p(pct(r['realised'], r['at_need']))}{growth} | "
+              f"{p(pct(real, r['best']))} | "
               f"{p(pct(real, stay))} | {p(pct(r['whole'], r['staying_whole']))} | {ack} |")
     print()
     print("Decisions (daemon history), per run:")
@@ -247,6 +259,8 @@ def main():
                   f"{fmt_int(steps_before(r['run'], d['unix_micros']))}"
                   f" ({marks.group(1) if marks else '?'} marks in window), predicted "
                   f"{fmt(int(d['predicted_peak_switched']) / GIB if d.get('predicted_peak_switched') else None)}"
+                  f", at the need after it "
+                  f"{fmt(int(d['predicted_peak_at_need']) / GIB if d.get('predicted_peak_at_need') else None)}"
                   f", realised (daemon) "
                   f"{fmt(int(d['realized_peak']) / GIB if d.get('realized_peak') else None)}"
                   f", ack {fmt(d.get('trigger_to_ack_seconds'), ' s')}")

@@ -61,7 +61,7 @@ def run(a, build, step):
     torch.manual_seed(a.seed)
     state = build(torch, a)
     rng = random.Random(a.seed)
-    losses, times, peaks, configs, ends = [], [], [], [], []
+    losses, times, peaks, allocated, configs, ends = [], [], [], [], [], []
     for _ in range(a.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -71,6 +71,7 @@ def run(a, build, step):
         times.append(start.elapsed_time(end) / 1000)
         ends.append(time.time())
         peaks.append(torch.cuda.max_memory_reserved())
+        allocated.append(torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
         if a.mode != "native":
             configs.append(allocd.stats().get("config", ""))
@@ -79,7 +80,8 @@ def run(a, build, step):
     result = {"mode": a.mode, "job": a.job,
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "steps": a.steps, "losses": losses, "step_seconds": times,
-              "step_peak_reserved": peaks, "step_config": configs,
+              "step_peak_reserved": peaks, "step_peak_allocated": allocated,
+              "step_config": configs,
               "step_end_unix": ends,
               "peak_reserved": max(peaks), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(0)}

@@ -16,7 +16,7 @@ absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
     return absl::InvalidArgumentError(
         "autotune preferences must be a JSON object: {\"pinned_keys\": "
         "[...], \"allow_memory_fraction\": bool, \"mode\": \"off|recommend|"
-        "apply\"}");
+        "apply\", \"marks_steps\": bool}");
   }
   for (const auto& [key, value] : j.items()) {
     if (key == "pinned_keys" && value.is_array()) {
@@ -30,6 +30,8 @@ absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
       }
     } else if (key == "allow_memory_fraction" && value.is_boolean()) {
       out.set_allow_memory_fraction(value.get<bool>());
+    } else if (key == "marks_steps" && value.is_boolean()) {
+      out.set_marks_steps(value.get<bool>());
     } else if (key == "mode" && value.is_string() &&
                (value == "" || value == "off" || value == "recommend" ||
                 value == "apply")) {
@@ -38,7 +40,8 @@ absl::StatusOr<v1::AutotunePreferences> ParseAutotunePreferences(
       return absl::InvalidArgumentError(absl::StrCat(
           "autotune preference \"", key, "\" = ", value.dump(),
           " is not one of pinned_keys (list of config keys), "
-          "allow_memory_fraction (bool), mode (off, recommend, apply)"));
+          "allow_memory_fraction (bool), mode (off, recommend, apply), "
+          "marks_steps (bool)"));
     }
   }
   return out;

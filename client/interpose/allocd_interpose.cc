@@ -40,7 +40,9 @@
 // ALLOCD_LEARNED_ALLOC_CONF, it is declared as started on that and
 // ALLOCD_INITIAL_ALLOC_CONF, the job's own, is the initial config),
 // ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
-// package writes them),
+// package writes them; under ALLOCD_AUTOSTART=1, set by `allocd run`, the
+// package started in the program marks its optimizer steps, and the
+// preferences say so),
 // ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
 // of a size are kept, GrantReadAhead; 200 by default, 0: none),
 // ALLOCD_HANDOVER_MS (the segments the job's last session held, which the
@@ -543,6 +545,7 @@ class Interposer {
     absl::StatusOr<v1::AutotunePreferences> autotune =
         ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
     if (!autotune.ok()) return autotune.status();
+    if (env("ALLOCD_AUTOSTART", "") == "1") autotune->set_marks_steps(true);
     auto milliseconds = [&env](const char* name,
                                const char* fallback) -> absl::StatusOr<int> {
       int ms = 0;

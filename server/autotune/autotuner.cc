@@ -165,7 +165,7 @@ class Autotuner::Impl {
   }
 
   void SessionStarted(SessionId id, const std::string& job_name, const std::string& config,
-                      uint64_t config_version, const TenantId& tenant) {
+                      uint64_t config_version, const TenantId& tenant, bool marks_steps) {
     absl::MutexLock lock(&mu_);
     if (auto it = sessions_.find(id); it != sessions_.end()) {
       // Declared again: only what it runs can have changed.
@@ -175,7 +175,8 @@ class Autotuner::Impl {
     }
     const JobKey key{.tenant = tenant, .job = job_name};
     Job& job = jobs_[key];
-    sessions_[id] = Session{key, next_order_++, config, config_version};
+    Session& session = sessions_[id] = Session{key, next_order_++, config, config_version};
+    session.marks_steps = marks_steps;
     job.sessions.push_back(id);
     if (job.recorded == 0) StartRecording(job, id);
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
@@ -246,6 +247,7 @@ class Autotuner::Impl {
     if (job.acting && job.acting->canary == id) {
       job.acting->realized_requested =
           std::max(job.acting->realized_requested, job.window->peak_requested_bytes());
+      UpdatePredictionAtNeed(job);
     }
     // A long job's push is reviewed on half a window of events after it,
     // before the window lets it go.
@@ -398,6 +400,10 @@ class Autotuner::Impl {
         s.window_events = job.window->size();
         s.dropped_events = job.window->dropped_events();
         s.window_bytes = job.window->MemoryBytes();
+        s.steps_marked = job.window->steps_marked();
+      }
+      if (auto it = sessions_.find(job.recorded); it != sessions_.end()) {
+        s.marks_steps = it->second.marks_steps;
       }
       s.state = StateOf(job);
       if (!job.history.empty()) s.last = job.history.back();
@@ -443,6 +449,7 @@ class Autotuner::Impl {
     std::optional<HandedConfig> handed;
     int64_t retries = 0;
     std::optional<absl::Time> fragmented_since;
+    bool marks_steps = false;  // its client marks optimizer steps
   };
 
   // A proposal being applied: canary, watch, the whole job.
@@ -592,7 +599,12 @@ class Autotuner::Impl {
       job.window = std::make_unique<JobWindow>(
           options_.window_events, memory_.Open(sessions_.at(id).job.tenant, sessions_.at(id).job.job));
     }
-    job.next_first_pass_check = std::min(options_.first_pass_min_events, options_.window_events);
+    // A job whose client marks steps and has marked none is aperiodic only
+    // after aperiodic_after_events: no probe of its stream before then.
+    job.next_first_pass_check =
+        std::min(sessions_.at(id).marks_steps ? options_.aperiodic_after_events
+                                              : options_.first_pass_min_events,
+                 options_.window_events);
   }
 
   // `off` keeps no window; leaving it starts one on the recorded session.
@@ -698,13 +710,17 @@ class Autotuner::Impl {
     Acting& acting = *job.acting;
     if (acting.phase == Phase::kRollingBack || acting.phase == Phase::kCanaryPushed) return;
     acting.realized_allocated = std::max(acting.realized_allocated, allocated);
+    bool changed = UpdatePredictionAtNeed(job);
     if (reserved > acting.realized_peak) {
       acting.realized_peak = reserved;
       if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
         d->realized_peak = reserved;
         d->realized_saving = acting.predicted_current - reserved;
-        notify.push_back(*d);
+        changed = true;
       }
+    }
+    if (AutotuneDecision* d = FindDecision(job, acting.decision_id); changed && d != nullptr) {
+      notify.push_back(*d);
     }
     if (acting.phase == Phase::kJudging) return;
     const double growth = Growth(acting);
@@ -788,6 +804,26 @@ class Autotuner::Impl {
     return acting.predicted_allocated > 0
                ? ratio(acting.realized_allocated, acting.predicted_allocated)
                : 1.0;
+  }
+
+  // Keeps the pushed decision's prediction for the steps the job really ran
+  // (AutotuneDecision::predicted_peak_at_need) current with what the job
+  // needed since the push; true when it changed.
+  bool UpdatePredictionAtNeed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Acting& acting = *job.acting;
+    AutotuneDecision* d = FindDecision(job, acting.decision_id);
+    if (d == nullptr || acting.predicted_switched <= 0) return false;
+    const auto at_need =
+        static_cast<int64_t>(static_cast<double>(acting.predicted_switched) * Growth(acting));
+    const std::optional<int64_t> requested =
+        acting.realized_requested > 0 ? std::optional<int64_t>(acting.realized_requested)
+                                      : std::nullopt;
+    if (d->predicted_peak_at_need == at_need && d->realized_peak_requested == requested) {
+      return false;
+    }
+    d->predicted_peak_at_need = at_need;
+    d->realized_peak_requested = requested;
+    return true;
   }
 
   AutotuneDecision* FindDecision(Job& job, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -933,6 +969,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   bool full = false;
   std::vector<uint64_t> step_ends;  // indices into `trace`
   bool marked = false;              // the job has marked steps
+  bool marks_steps = false;         // its client marks them (none: no optimizer)
   // Where the largest request began, as an index into `trace` (nullopt:
   // before the window), and whether it has peaked (the stream moved on).
   std::optional<uint64_t> largest_request;
@@ -982,6 +1019,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     // ToTrace starts with what was live at the window's start (the prelude).
     const uint64_t prelude = trace.events.size() - window.size();
     marked = window.steps_marked() > 0;
+    marks_steps = sessions_.at(job.recorded).marks_steps;
     for (uint64_t end : window.StepEnds()) step_ends.push_back(prelude + end);
     const uint64_t window_start = window.total_events() - window.size();
     if (window.largest_request_start() >= window_start) {
@@ -1011,8 +1049,12 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     // With no training step by aperiodic_after_events, the job is
     // aperiodic (a decoded token repeats, but keeps what it allocates):
     // decided on once its largest request so far has peaked (a model still
-    // being built has not).
-    step = FindStepPeriod(trace, kStepShift);
+    // being built has not). A client that marks its steps and marked none
+    // runs no optimizer: nothing in its stream is a step (under `allocd
+    // run` a generation job's stream began mid-call, and a decoded token of
+    // 75 events passed for its step: decided on 1,078 events, it stayed on
+    // PyTorch's defaults until a larger call).
+    step = marks_steps ? std::optional<uint64_t>() : FindStepPeriod(trace, kStepShift);
     if (!*step || !ReturnsWhatItAllocates(trace, **step)) {
       aperiodic = trace.events.size() >= options_.aperiodic_after_events;
       absl::MutexLock lock(&mu_);
@@ -1050,9 +1092,12 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       absl::StrAppend(&d.why, state_why);
     }
     if (aperiodic) {
-      d.why = absl::StrCat("aperiodic (no step marks, and no repeat in the stream that gives "
-                           "back what it allocates): decided on its largest request so far; ",
-                           d.why);
+      d.why = absl::StrCat(marks_steps
+                               ? "aperiodic (its client marks optimizer steps and it marked none: "
+                                 "it runs no optimizer)"
+                               : "aperiodic (no step marks, and no repeat in the stream that "
+                                 "gives back what it allocates)",
+                           ": decided on its largest request so far; ", d.why);
     }
   } else {
     d.why = skip_why;
@@ -1141,8 +1186,10 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   if (!canary) return;
 
   const std::string reason = absl::StrFormat(
-      "autotune decision %d (%s): predicted peak %s instead of %s", rec.id, rec.trigger,
-      GiB(rec.predicted_peak_switched), GiB(rec.predicted_peak_current));
+      "autotune decision %d (%s): predicted peak %s instead of %s for steps that request at "
+      "most %s (larger steps need more under both)",
+      rec.id, rec.trigger, GiB(rec.predicted_peak_switched), GiB(rec.predicted_peak_current),
+      GiB(rec.predicted_peak_requested));
   absl::StatusOr<uint64_t> version = actions_->PushToSession(
       *canary, rec.to_config, reason, static_cast<uint64_t>(rec.predicted_peak_switched));
   std::vector<AutotuneDecision> notify;
@@ -1464,8 +1511,9 @@ Autotuner::Autotuner(AutotuneOptions options, AutotuneActions* actions)
 Autotuner::~Autotuner() = default;
 
 void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::string& config,
-                               uint64_t config_version, const TenantId& tenant) {
-  impl_->SessionStarted(id, job, config, config_version, tenant);
+                               uint64_t config_version, const TenantId& tenant,
+                               bool marks_steps) {
+  impl_->SessionStarted(id, job, config, config_version, tenant, marks_steps);
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
 void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,

@@ -12,10 +12,13 @@
 // Python client marks each optimizer step) is periodic by its marks: it is
 // decided on once its window holds `first_pass_steps` marks (two whole steps
 // after the first, which may be a warm-up), or two when it started on a
-// config known to be harmful. A job without marks is periodic when
-// FindStepPeriod finds its step; with neither after `aperiodic_after_events`
-// events it is aperiodic (inference, generation): decided on once its
-// largest request so far has peaked. Afterwards a job is decided on again,
+// config known to be harmful. A job whose client marks steps but that has
+// marked none after `aperiodic_after_events` events runs no optimizer: it is
+// aperiodic (inference, generation), decided on once its largest request so
+// far has peaked; a repeat in its stream (a decoded token, a sampling step)
+// is no step of it. A client that cannot mark (a C++ client, a replay): its
+// job is periodic when FindStepPeriod finds its step, and aperiodic, as
+// above, with none. Afterwards a job is decided on again,
 // whatever the cooldown, when a request larger than any its last decision
 // saw by `growth_margin` has peaked ("larger_request"), or when its reserved
 // memory grows past what its last decision said its best config needs by
@@ -222,6 +225,20 @@ struct AutotuneDecision {
   std::optional<int64_t> predicted_peak_rolled_back;
   std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
   std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
+  // A push's prediction for the steps the job really ran after it. A
+  // decision predicts the steps its window holds; a job whose later steps
+  // are larger (random batches, lengths, resolutions, a growing KV cache)
+  // needs more under every config, which is the job's doing, not the
+  // config's. realized_peak_requested: the most the canary's own stream held
+  // requested after the push (unset until it sends events after it).
+  // predicted_peak_at_need: predicted_peak_switched scaled by how much more
+  // the job needed after the push than in the window's events after the
+  // switch point (at least 1x; on the canary's stream, else on PyTorch's
+  // allocated peak in its stats reports): what the decision says the pushed
+  // config reserves for the steps that came, and the prediction
+  // realized_peak is judged against.
+  std::optional<int64_t> realized_peak_requested;
+  std::optional<int64_t> predicted_peak_at_need;
   // A push's judgement (see AutotuneOptions::rollback_margin): staying's
   // peak reserved replayed on the judged_events events the canary ran after
   // the push, what a rollback then was predicted to leave the job at, and
@@ -290,6 +307,11 @@ struct AutotuneJobStatus {
   uint64_t window_events = 0;
   uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
   uint64_t window_bytes = 0;    // daemon memory the window holds (~16 bytes an event)
+  // Whether the recorded session's client marks its optimizer steps, and
+  // the steps it marked in the window's stream: a client that marks none
+  // runs no optimizer and is decided on as aperiodic.
+  bool marks_steps = false;
+  uint64_t steps_marked = 0;
   std::string state;            // "watching", "deciding", "canary", "applied", "off"
   std::optional<AutotuneDecision> last;
 };
@@ -311,9 +333,13 @@ class Autotuner {
   // does not push it again).
   // `tenant`: the session's; the session belongs to the job (tenant, job),
   // and the job's window is charged to that tenant's share of the
-  // autotuner's memory.
+  // autotuner's memory. `marks_steps`: the client marks its optimizer steps
+  // (AutotunePreferences.marks_steps); recorded, a session of it that has
+  // marked none is decided on as aperiodic, never on a step found in its
+  // stream.
   void SessionStarted(SessionId id, const std::string& job, const std::string& config,
-                      uint64_t config_version, const TenantId& tenant = "");
+                      uint64_t config_version, const TenantId& tenant = "",
+                      bool marks_steps = false);
   // Session `id` was pushed `config` as `version` when it registered (its
   // job's or its learned config): once it ACKs that version it runs it, and
   // decisions replay from it, not from the config it started with.

@@ -533,6 +533,39 @@ TEST(AutotunerTest, GrowthIsMeasuredOnTheCanarysStreamWhichNoJobResets) {
   }
 }
 
+// A push's prediction is carried to the steps the job really ran: scaled by
+// how much more the canary's stream requested after the push than the
+// window's events did, never below what the decision predicted.
+TEST(AutotunerTest, APushsPredictionIsScaledToWhatTheJobRequestedAfterIt) {
+  for (const bool grew : {true, false}) {
+    SCOPED_TRACE(grew ? "a larger step came" : "no larger step");
+    FakeClock clock;
+    FakeActions actions;
+    Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+    const AutotuneDecision d = PushToCanary(tuner, actions);
+    ASSERT_GT(d.predicted_peak_requested, 0);
+    EXPECT_FALSE(d.predicted_peak_at_need.has_value());
+    tuner.Acked(1, d.version, true, "");
+    const int64_t asked = grew ? 3 * d.predicted_peak_requested / 2 : d.predicted_peak_requested / 10;
+    tuner.Events(1, {{TraceOp::kAlloc, LlamaLora().streams[0], 0xA110C, static_cast<uint64_t>(asked)},
+                     {TraceOp::kFreeRequested, LlamaLora().streams[0], 0xA110C, 0}},
+                 0);
+    const AutotuneDecision after = tuner.History("llama", 1)[0];
+    ASSERT_TRUE(after.realized_peak_requested.has_value());
+    ASSERT_TRUE(after.predicted_peak_at_need.has_value());
+    EXPECT_GE(*after.realized_peak_requested, asked);
+    const double scale = std::max(1.0, static_cast<double>(*after.realized_peak_requested) /
+                                           static_cast<double>(d.predicted_peak_requested));
+    EXPECT_NEAR(static_cast<double>(*after.predicted_peak_at_need),
+                scale * static_cast<double>(d.predicted_peak_switched), 1.0);
+    if (grew) {
+      EXPECT_GT(*after.predicted_peak_at_need, d.predicted_peak_switched * 3 / 2);
+    } else {
+      EXPECT_LT(*after.predicted_peak_at_need, d.predicted_peak_switched * 11 / 10);
+    }
+  }
+}
+
 TEST(AutotunerTest, ARestartedDaemonDoesNotPushTheConfigAgain) {
   FakeClock clock;
   std::string autotuned;
@@ -903,6 +936,53 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
   EXPECT_EQ(again[0].trigger, "larger_request");
   EXPECT_GE(again[0].predicted_peak_requested, int64_t{10} * 100 * kMiB + 8 * 304 * kMiB)
       << again[0].why;
+}
+
+// Decoding into a cache allocated once (a static KV cache, a diffusion
+// sampler's latents): every token allocates and frees the same
+// temporaries, a repeat the stream's step finder takes for a step. Under
+// `allocd run` the stream began mid-call on the H200, a 75-event token
+// passed for a generation job's step, and the job was decided on 1,078
+// events. A client that marks its optimizer steps and has marked none runs
+// no optimizer: it is aperiodic, whatever repeats in its stream.
+TEST(AutotunerTest, AJobWhoseClientMarksStepsButMarkedNoneIsNeverDecidedOnARepeat) {
+  for (const bool marks_steps : {false, true}) {
+    SCOPED_TRACE(marks_steps ? "the client marks steps" : "a client that cannot mark");
+    FakeClock clock;
+    FakeActions actions;
+    const AutotuneOptions options = SmallJobOptions(clock, AutotuneMode::kRecommend);
+    Autotuner tuner(options, &actions);
+    tuner.SessionStarted(1, "decode", "", 1, "", marks_steps);
+    constexpr uint64_t kStream = 9;
+    uint64_t next_id = 1;
+    tuner.Events(1, {{TraceOp::kAlloc, kStream, next_id++, 900 * kMiB}}, 0);  // the cache
+    size_t events = 1;
+    while (tuner.History("decode", 1).empty() && events < 3 * options.aperiodic_after_events) {
+      std::vector<EvidenceEvent> tokens;
+      for (int token = 0; token < 10; ++token) {
+        const uint64_t first = next_id;
+        for (int layer = 0; layer < 12; ++layer) {
+          tokens.push_back({TraceOp::kAlloc, kStream, next_id++, (3 + layer % 5) * kMiB});
+        }
+        for (uint64_t id = first; id < next_id; ++id) {
+          tokens.push_back({TraceOp::kFreeCompleted, kStream, id, 0});
+        }
+      }
+      tuner.Events(1, tokens, 0);
+      events += tokens.size();
+      tuner.WaitIdle();
+    }
+    const std::vector<AutotuneDecision> d = tuner.History("decode", 1);
+    ASSERT_EQ(d.size(), 1u) << "no decision after " << events << " events";
+    if (marks_steps) {
+      EXPECT_GE(d[0].window_events, options.aperiodic_after_events);
+      EXPECT_NE(d[0].why.find("marks optimizer steps and it marked none"), std::string::npos)
+          << d[0].why;
+    } else {
+      EXPECT_LT(d[0].window_events, options.aperiodic_after_events) << d[0].why;
+      EXPECT_NE(d[0].why.find("a step found in the stream"), std::string::npos) << d[0].why;
+    }
+  }
 }
 
 // A push rolled back on what the job realised was judged on the requests

@@ -246,6 +246,14 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
                 FormatSize(d.realized_peak()).c_str(),
                 SignedSize(d.realized_saving()).c_str());
   }
+  if (d.has_predicted_peak_at_need() && d.has_realized_peak_requested() &&
+      d.realized_peak_requested() > d.predicted_peak_requested()) {
+    std::printf("%s  the job requested up to %s after the push (%s in the window): "
+                "predicted %s for that\n",
+                indent, FormatSize(d.realized_peak_requested()).c_str(),
+                FormatSize(d.predicted_peak_requested()).c_str(),
+                FormatSize(d.predicted_peak_at_need()).c_str());
+  }
   if (d.has_best_reachable_peak() && d.has_realized_peak()) {
     std::printf("%s  best reachable from the push on the %llu events after it: %s (realised %+.1f%%)\n",
                 indent, static_cast<unsigned long long>(d.reviewed_events()),
@@ -316,19 +324,22 @@ void ExportLearned(const v1::AutotuneLearnedResponse& r,
 
 void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
   std::printf("autotune mode %s (jobs without their own)\n", r.mode().c_str());
-  std::printf("%-20s %-14s %-9s %-9s %8s %10s %8s %s\n", "JOB", "TENANT",
-              "MODE", "STATE", "SESSIONS", "EVENTS", "DROPPED", "PINNED");
+  std::printf("%-20s %-14s %-9s %-9s %8s %10s %8s %6s %s\n", "JOB", "TENANT",
+              "MODE", "STATE", "SESSIONS", "EVENTS", "DROPPED", "STEPS", "PINNED");
   for (const v1::AutotuneJob& j : r.jobs()) {
     std::string pinned;
     for (const std::string& k : j.pinned_keys()) {
       absl::StrAppend(&pinned, pinned.empty() ? "" : ",", k);
     }
-    std::printf("%-20s %-14s %-9s %-9s %8llu %10llu %8llu %s\n",
+    // Steps the client marked; "-" for a client that cannot mark (its
+    // steps are found in the stream).
+    const std::string steps = j.marks_steps() ? std::to_string(j.steps_marked()) : "-";
+    std::printf("%-20s %-14s %-9s %-9s %8llu %10llu %8llu %6s %s\n",
                 j.job().empty() ? "-" : j.job().c_str(),
                 j.tenant().empty() ? "-" : j.tenant().c_str(), j.mode().c_str(),
                 j.state().c_str(), static_cast<unsigned long long>(j.sessions()),
                 static_cast<unsigned long long>(j.window_events()),
-                static_cast<unsigned long long>(j.dropped_events()),
+                static_cast<unsigned long long>(j.dropped_events()), steps.c_str(),
                 pinned.empty() ? "-" : pinned.c_str());
     if (j.has_last()) PrintDecision(j.last(), "    ");
   }

@@ -52,13 +52,18 @@ def _settings(socket, job):
     return socket, job, config
 
 
-def _autotune_json(pinned_keys, autotune_mode):
-    """The job's autotune preferences as the client library takes them."""
+def _autotune_json(pinned_keys, autotune_mode, record_events):
+    """The job's autotune preferences as the client library takes them. A job
+    that sends its allocation stream marks its optimizer steps in it (the
+    advisor's hook on torch.optim): the daemon then never guesses a step of
+    a job that has no optimizer from the stream (a decoded token)."""
     preferences = {}
     if pinned_keys:
         preferences["pinned_keys"] = list(pinned_keys)
     if autotune_mode:
         preferences["mode"] = autotune_mode
+    if record_events:
+        preferences["marks_steps"] = True
     return json.dumps(preferences) if preferences else ""
 
 
@@ -178,7 +183,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     mode = mode or os.environ.get("ALLOCD_MODE", _DEFAULT_MODE)
     if mode == "transparent":
         return _enable_transparent(socket, job, device, required, period,
-                                   _autotune_json(pinned_keys, autotune_mode), record_events)
+                                   _autotune_json(pinned_keys, autotune_mode, record_events), record_events)
     if mode not in _MODES:
         raise ValueError(f"allocd.enable: unknown mode {mode!r}; modes: transparent, "
                          f"{', '.join(_MODES)}")
@@ -188,7 +193,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     device = 0 if device is None else device
     try:
         _state.managed = _MODES[mode](torch, socket, job, config, device,
-                                      _autotune_json(pinned_keys, autotune_mode))
+                                      _autotune_json(pinned_keys, autotune_mode, False))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     return True
@@ -252,7 +257,8 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
         device = torch.cuda.current_device()
     try:
         lib, client = _advisor.connect(torch, socket, job, initial, device,
-                                       _autotune_json(pinned_keys, autotune_mode))
+                                       _autotune_json(pinned_keys, autotune_mode,
+                                                      record_events))
     except (AllocdUnavailable, OSError) as error:
         return _unavailable(error, required)
     _state.advisor = _advisor.start_advisor(lib, client, torch, device, period, initial,
