@@ -322,6 +322,23 @@ class SecondReleaseTest(unittest.TestCase):
         self.release.at_round(self.stats(), marks_steps=False)
         self.assertEqual(self.empty_cache_calls, 1)
 
+    def test_an_unmarked_job_is_released_again_at_each_lower_low_at_most_three_times(self):
+        self.allocated = 3 << 30  # mid-call: the KV cache is live
+        self.release.switched()
+        for allocated, released in ((int(2.9 * (1 << 30)), 1),  # a dip between tokens
+                                    (int(2.8 * (1 << 30)), 1),  # not 10% below it
+                                    (1 << 30, 2),               # the call ended
+                                    (int(0.95 * (1 << 30)), 2),
+                                    (1 << 29, 3),
+                                    (1 << 20, 3)):              # three in all
+            self.allocated = allocated
+            self.release.at_round(self.stats(), marks_steps=False)
+            self.assertEqual(self.empty_cache_calls, released, allocated)
+        self.release.switched()  # a new switch releases anew
+        self.allocated = 0
+        self.release.at_round(self.stats(), marks_steps=False)
+        self.assertEqual(self.empty_cache_calls, 4)
+
     def test_a_new_switch_waits_for_its_own_release(self):
         self.allocated = 2 << 30
         self.release.switched()
