@@ -78,6 +78,23 @@ std::optional<StateSwitch> DecisionState(const JobWindow& window, uint64_t lates
   return one_step;
 }
 
+// The newest state the client sent at or before `at` (stream position,
+// JobWindow::total_events() numbering) with at least `min_events` after it,
+// whatever marks follow: what a prediction that must cover from `at` on
+// replays from for a job that marks no steps. The client sends one where
+// its stream begins, and it holds what the job allocated before (advise()
+// called once the model was built, or `allocd run`, whose stream starts
+// once PyTorch first asked for memory): without it the replay lacks the
+// model's weights.
+std::optional<uint64_t> StateAtOrBefore(const JobWindow& window, uint64_t at,
+                                        uint64_t min_events) {
+  const std::vector<uint64_t> states = window.StateSeqs();
+  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+    if (*it <= at && window.total_events() - *it >= min_events) return *it;
+  }
+  return std::nullopt;
+}
+
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
 constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
@@ -978,6 +995,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   // The job from the client's real state (DecisionState), and its marks.
   std::optional<Trace> state_trace;
   std::vector<uint64_t> state_step_ends;
+  // A job without marks: its state at or before its largest request
+  // (StateAtOrBefore), for a prediction that covers that request.
+  std::optional<Trace> cover_state_trace;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -1034,6 +1054,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
             BaseDecideOptions().min_events)) {
       state_trace = window.ToTraceFromState(at->seq);
       state_step_ends = std::move(at->step_ends);
+    } else if (!marked) {
+      if (std::optional<uint64_t> seq = StateAtOrBefore(window, window.largest_request_start(),
+                                                        BaseDecideOptions().min_events)) {
+        cover_state_trace = window.ToTraceFromState(*seq);
+      }
     }
   }
   // Found once: the first pass's gate and Decide's switch point use it.
@@ -1072,6 +1097,13 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   Decision d;
   if (skip_why.empty()) {
     DecideOptions decide = BaseDecideOptions();
+    if (!state_trace && cover_largest && cover_state_trace) {
+      // No step to switch at: from the state before the largest request,
+      // which the prediction then covers.
+      state_trace = std::move(cover_state_trace);
+      decide.step_events = std::optional<uint64_t>();
+      decide.cover_from = 0;
+    }
     if (state_trace) {
       // Switched where the client's state was taken: everything after it
       // is the prediction's.

@@ -511,12 +511,42 @@ class AdviseTest(unittest.TestCase):
             return self.allocctl("autotune", "history", "--job", "stated").get("decisions", [])
 
         self.assertTrue(wait_for(decisions), (self.allocctl("autotune", "status"), allocd.stats()))
-        self.assertEqual(allocd.stats()["states_sent"], 4)
+        self.assertEqual(allocd.stats()["states_sent"], 5)  # where the stream began, 4 marks
         why = decisions()[0]["why"]
         # Switched from the newest state with two steps after it,
         # with the 64 MiB segment the weights hold (and device 1's left out).
         self.assertIn("real state the client sent there (2 segments, 1 blocks held)", why)
         self.assertIn("the prediction covers the 4500 events after event 0", why)
+
+    def test_a_job_without_marks_is_replayed_from_the_state_where_its_stream_began(self):
+        # advise() called once the model was built: 48 MiB of weights the
+        # stream never allocates, and no optimizer (generation).
+        weights = 0x7F0000000000
+        self.torch.segments = [
+            {"device": 0, "address": weights, "total_size": 64 << 20, "stream": 7,
+             "segment_type": "large", "is_expandable": False,
+             "blocks": [{"address": weights, "size": 48 << 20, "requested_size": 48 << 20,
+                         "state": "active_allocated"}]}]
+        self.assertTrue(allocd.advise(socket=self.socket, job="generating", period=0.05))
+        self.assertEqual(allocd.stats()["states_sent"], 1)
+        # Past the daemon's aperiodic_after_events (65536) with no mark.
+        with allocd._state.advisor._lock:
+            for _ in range(7400):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+
+        def decisions():
+            return self.allocctl("autotune", "history", "--job", "generating").get(
+                "decisions", [])
+
+        self.assertTrue(wait_for(decisions, seconds=30),
+                        (self.allocctl("autotune", "status"), allocd.stats()))
+        why = decisions()[0]["why"]
+        self.assertIn("its client marks optimizer steps and it marked none", why)
+        self.assertIn("replayed from the allocator's real state the client sent there "
+                      "(1 segments, 1 blocks held)", why)
+        self.assertIn("(the job's largest request so far)", why)
+        # The weights are in what the job needs.
+        self.assertGreaterEqual(int(decisions()[0]["predicted_peak_requested"]), 48 << 20)
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

@@ -55,15 +55,35 @@ def connect(torch, socket, job, config, device, autotune):
 def start_advisor(lib, client, torch, device, period, config, record_events):
     """The advisor thread, started on a connected session. AllocdUnavailable
     when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
-    for by name, it is not silently replaced."""
+    for by name, it is not silently replaced.
+
+    The stream starts with the allocator's state: what the job holds before
+    its first event (the model advise() was called after, or what PyTorch
+    allocated before `allocd run` attached), so that the daemon's replay of a
+    job that marks no steps does not lack it. Read before the reader starts:
+    an allocation between the two is left out, never counted twice."""
+    state = _start_state(torch, device) if record_events else None
     try:
         events = event_reader(torch, device) if record_events else None
     except AllocdUnavailable:
         lib.allocd_disconnect(client)
         raise
     advisor = Advisor(lib, client, torch, device, period, config, events)
+    if state is not None and lib.allocd_record_state(client, *Advisor.columns(state)) == 0:
+        advisor.states_sent += 1
     advisor.start()
     return advisor
+
+
+def _start_state(torch, device):
+    """The allocator's state where the stream starts, or None (states off,
+    more than a state holds, or a PyTorch whose snapshot differs)."""
+    if _allocator_state.period() < 0:
+        return None
+    try:
+        return _allocator_state.read_state(torch, device)
+    except Exception:  # noqa: BLE001 (the stream goes on without it; marks say why)
+        return None
 
 
 def event_reader(torch, device):
@@ -291,7 +311,7 @@ class Advisor:
             self._record(columns, start, place, dropped)
             dropped, start = 0, place
             # `state` keeps its arrays alive through the call.
-            if self._lib.allocd_record_state(self._client, *self._columns(state)) == 0:
+            if self._lib.allocd_record_state(self._client, *self.columns(state)) == 0:
                 self.states_sent += 1
         self._record(columns, start, len(ops), dropped)
         self.events_sent += len(ops)
@@ -320,7 +340,7 @@ class Advisor:
         return places
 
     @staticmethod
-    def _columns(state):
+    def columns(state):
         segments, blocks = state[:4], state[4:]
         return (*(address(c) for c in segments), len(segments[0]),
                 *(address(c) for c in blocks), len(blocks[0]))
