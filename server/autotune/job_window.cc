@@ -280,6 +280,17 @@ std::vector<uint64_t> JobWindow::StateSeqs() const {
   return seqs;
 }
 
+int64_t JobWindow::StateRequestedOutsideStream(uint64_t seq) const {
+  auto state = std::find_if(states_.begin(), states_.end(),
+                            [seq](const State& s) { return s.seq == seq; });
+  if (state == states_.end()) return 0;
+  int64_t bytes = 0;
+  for (const StateBlock& b : state->blocks) {
+    if (!b.known) bytes += static_cast<int64_t>(b.requested_size);
+  }
+  return bytes;
+}
+
 Trace JobWindow::ToTraceFromState(uint64_t seq) const {
   Trace trace;
   auto state = std::find_if(states_.begin(), states_.end(),

@@ -117,6 +117,12 @@ class JobWindow {
   // allocation the state does not hold is left out and counted. An empty
   // trace for a `seq` not kept.
   Trace ToTraceFromState(uint64_t seq) const;
+  // Bytes asked for by the blocks of the state at `seq` that the window
+  // never saw allocated (held before recording began, or allocated in a
+  // gap): a replay from that state counts them in what the job requests,
+  // and peak_requested_bytes(), which counts the stream only, does not.
+  // 0 for a `seq` not kept.
+  int64_t StateRequestedOutsideStream(uint64_t seq) const;
 
  private:
   struct Event {

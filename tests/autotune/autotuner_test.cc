@@ -985,6 +985,48 @@ TEST(AutotunerTest, AJobWhoseClientMarksStepsButMarkedNoneIsNeverDecidedOnARepea
   }
 }
 
+// A generation job whose stream began after its weights were allocated
+// (`allocd run` attaches once PyTorch first asked for memory; advise()
+// after the model was built): the client's state where the stream began
+// holds them, the prediction is replayed from it, and what the job
+// requests after the push is measured with them, as the prediction is.
+TEST(AutotunerTest, WhatAStatesBlocksHoldOutsideTheStreamCountsInTheJobsNeed) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "generate", "max_split_size_mb:64", 1, "", /*marks_steps=*/true);
+  constexpr uint64_t kWeights = 0x7F0000000000;
+  AllocatorSnapshot before;
+  before.segments.push_back({kWeights, 512 * kMiB, 9, false, false});
+  before.blocks.push_back({kWeights, kWeights, 500 * kMiB, 500 * kMiB, false});
+  tuner.Events(1, {}, 0, &before);
+  GenerationJob job(tuner, 1);
+  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
+    job.Request(batch);
+    tuner.WaitIdle();
+    if (!tuner.History("generate", 1).empty()) break;
+  }
+  const std::vector<AutotuneDecision> d = tuner.History("generate", 1);
+  ASSERT_EQ(d.size(), 1u);
+  ASSERT_EQ(d[0].result, "pushed") << d[0].why;
+  EXPECT_NE(d[0].why.find("(1 segments, 1 blocks held)"), std::string::npos) << d[0].why;
+  EXPECT_GE(d[0].predicted_peak_requested, int64_t{500} * kMiB + 10 * 100 * kMiB);
+  tuner.Acked(1, d[0].version, true, "");
+  job.Request(8);  // twice the largest before: the need grows by its cache
+  const AutotuneDecision after = tuner.History("generate", 10).back();
+  ASSERT_EQ(after.id, d[0].id);
+  ASSERT_TRUE(after.realized_peak_requested.has_value());
+  // The weights outside the stream, the stream's own, and the batch-8
+  // request's peak: its last two caches live at once (8 x (296 + 304) MiB).
+  EXPECT_EQ(*after.realized_peak_requested,
+            int64_t{500} * kMiB + 10 * 100 * kMiB + 8 * (296 + 304) * kMiB);
+  EXPECT_NEAR(static_cast<double>(*after.predicted_peak_at_need),
+              static_cast<double>(d[0].predicted_peak_switched) *
+                  static_cast<double>(*after.realized_peak_requested) /
+                  static_cast<double>(d[0].predicted_peak_requested),
+              1.0);
+}
+
 // A push rolled back on what the job realised was judged on the requests
 // the job had made by then. On the H200 a generation job was rolled back on
 // its first small request, every later decision then refused the config

@@ -212,6 +212,10 @@ TEST(JobWindowTest, AStateIsReplayedFromWithTheEventsAfterIt) {
   EXPECT_EQ(r.peak_reserved, static_cast<int64_t>(430 * kMiB));
   // From the window alone: the blocks it saw, and the step.
   EXPECT_EQ(MustReplay(window.ToTrace()).peak_reserved, static_cast<int64_t>(72 * kMiB));
+  // Of the state's ten held blocks of 20 MiB the window saw two allocated:
+  // the other eight are requested outside the stream.
+  EXPECT_EQ(window.StateRequestedOutsideStream(6), static_cast<int64_t>(8 * 20 * kMiB));
+  EXPECT_EQ(window.StateRequestedOutsideStream(7), 0);  // no state there
 }
 
 TEST(JobWindowTest, AStateThatCannotBeReplayedIsNotKept) {
