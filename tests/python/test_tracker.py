@@ -249,6 +249,18 @@ class EventSourceTest(unittest.TestCase):
         with self.assertRaises(allocd.AllocdUnavailable):
             _advisor.event_reader(self.torch_without_extensions(), 0)
 
+    def test_before_start_comes_once_the_reader_is_built_and_before_it_records(self):
+        # The advisor reads the allocator's state there: after the (first
+        # time, slow) build of the tracker, before any event is recorded.
+        os.environ["ALLOCD_EVENT_SOURCE"] = "history"
+        torch = self.with_history(fake_torch())
+        recording_then = []
+        reader = _advisor.event_reader(torch, 0,
+                                       lambda: recording_then.append(list(torch.recording)))
+        self.assertEqual(recording_then, [[]])
+        self.assertEqual(torch.recording, ["all"])
+        reader.stop()
+
     def test_history_and_a_typo(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())

@@ -60,15 +60,22 @@ def start_advisor(lib, client, torch, device, period, config, record_events):
     The stream starts with the allocator's state: what the job holds before
     its first event (the model advise() was called after, or what PyTorch
     allocated before `allocd run` attached), so that the daemon's replay of a
-    job that marks no steps does not lack it. Read before the reader starts:
-    an allocation between the two is left out, never counted twice."""
-    state = _start_state(torch, device) if record_events else None
+    job that marks no steps does not lack it. Read once the reader is built
+    and just before it starts (building the tracker the first time compiles
+    it, while the job goes on allocating): an allocation between the two is
+    left out, never counted twice."""
+    start_state = []
+
+    def read_start_state():
+        start_state[:] = [_start_state(torch, device)]
+
     try:
-        events = event_reader(torch, device) if record_events else None
+        events = event_reader(torch, device, read_start_state) if record_events else None
     except AllocdUnavailable:
         lib.allocd_disconnect(client)
         raise
     advisor = Advisor(lib, client, torch, device, period, config, events)
+    state = start_state[0] if start_state else None
     if state is not None and lib.allocd_record_state(client, *Advisor.columns(state)) == 0:
         advisor.states_sent += 1
     advisor.start()
@@ -76,9 +83,11 @@ def start_advisor(lib, client, torch, device, period, config, record_events):
 
 
 def _start_state(torch, device):
-    """The allocator's state where the stream starts, or None (states off,
-    more than a state holds, or a PyTorch whose snapshot differs)."""
-    if _allocator_state.period() < 0:
+    """The allocator's state where the stream starts, or None (states off, CUDA
+    not started yet, so nothing held and nothing to start for it; more than a
+    state holds; or a PyTorch whose snapshot differs)."""
+    initialised = getattr(torch.cuda, "is_initialized", lambda: True)
+    if _allocator_state.period() < 0 or not initialised():
         return None
     try:
         return _allocator_state.read_state(torch, device)
@@ -86,8 +95,11 @@ def _start_state(torch, device):
         return None
 
 
-def event_reader(torch, device):
+def event_reader(torch, device, before_start=None):
     """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
+    `before_start` (optional) is called once the reader is built, right
+    before it starts recording (again before the history, where the
+    tracker could not start).
 
     "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
     and attaches, else PyTorch's history with a warning that says why and
@@ -98,12 +110,17 @@ def event_reader(torch, device):
     source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
     if source not in ("auto", "tracker", "history"):
         raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
+
+    def start(reader):
+        if before_start is not None:
+            before_start()
+        reader.start()
+        return reader
+
     if source != "history":
         from . import _tracker
         try:
-            reader = _tracker.TrackerReader.for_torch(torch, device)
-            reader.start()
-            return reader
+            return start(_tracker.TrackerReader.for_torch(torch, device))
         except _tracker.TrackerUnavailable as why:
             if source == "tracker":
                 raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
@@ -112,9 +129,7 @@ def event_reader(torch, device):
                 "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
                 f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
                 stacklevel=3)
-    reader = HistoryReader(torch, device)
-    reader.start()
-    return reader
+    return start(HistoryReader(torch, device))
 
 
 class SecondRelease:
