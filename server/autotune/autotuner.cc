@@ -263,8 +263,7 @@ class Autotuner::Impl {
     if (state_after != nullptr) job.window->AddState(*state_after);
     if (job.acting && job.acting->canary == id) {
       job.acting->realized_requested =
-          std::max(job.acting->realized_requested,
-                   job.window->peak_requested_bytes() + job.acting->requested_outside_stream);
+          std::max(job.acting->realized_requested, job.window->peak_held_requested_bytes());
       UpdatePredictionAtNeed(job);
     }
     // A long job's push is reviewed on half a window of events after it,
@@ -490,12 +489,9 @@ class Autotuner::Impl {
     int64_t predicted_requested = 0;
     int64_t realized_peak = -1;
     int64_t realized_allocated = 0;  // PyTorch's peak in the stats reports
-    int64_t realized_requested = 0;  // the canary's stream since the push (0: none yet)
-    // What the prediction's requested bytes hold that the stream does not:
-    // the blocks of the client's state it was replayed from that the
-    // window never saw allocated (JobWindow::StateRequestedOutsideStream),
-    // added to the stream's peak so that the two are measured alike.
-    int64_t requested_outside_stream = 0;
+    // What the canary held requested since the push, as a replay from its
+    // state counts it (JobWindow::peak_held_requested_bytes; 0: none yet).
+    int64_t realized_requested = 0;
     // Where the canary's ACK fell in the recorded stream
     // (JobWindow::total_events() then), when the canary is recorded.
     std::optional<uint64_t> pushed_at;
@@ -1001,11 +997,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   // The job from the client's real state (DecisionState), and its marks.
   std::optional<Trace> state_trace;
   std::vector<uint64_t> state_step_ends;
-  int64_t state_outside_stream = 0;  // JobWindow::StateRequestedOutsideStream
   // A job without marks: its state at or before its largest request
   // (StateAtOrBefore), for a prediction that covers that request.
   std::optional<Trace> cover_state_trace;
-  int64_t cover_state_outside_stream = 0;
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -1062,12 +1056,10 @@ void Autotuner::Impl::RunDecision(const Task& task) {
             BaseDecideOptions().min_events)) {
       state_trace = window.ToTraceFromState(at->seq);
       state_step_ends = std::move(at->step_ends);
-      state_outside_stream = window.StateRequestedOutsideStream(at->seq);
     } else if (!marked) {
       if (std::optional<uint64_t> seq = StateAtOrBefore(window, window.largest_request_start(),
                                                         BaseDecideOptions().min_events)) {
         cover_state_trace = window.ToTraceFromState(*seq);
-        cover_state_outside_stream = window.StateRequestedOutsideStream(*seq);
       }
     }
   }
@@ -1111,7 +1103,6 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       // No step to switch at: from the state before the largest request,
       // which the prediction then covers.
       state_trace = std::move(cover_state_trace);
-      state_outside_stream = cover_state_outside_stream;
       decide.step_events = std::optional<uint64_t>();
       decide.cover_from = 0;
     }
@@ -1133,7 +1124,6 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       if (cover_largest) decide.cover_from = largest_request.value_or(0);
       d = ::allocd::Decide(trace, running, policy, decide);
       absl::StrAppend(&d.why, state_why);
-      state_outside_stream = 0;  // predicted from the stream alone
     }
     if (aperiodic) {
       d.why = absl::StrCat(marks_steps
@@ -1206,7 +1196,6 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.predicted_switched = d.predicted_peak_switched;
           acting.predicted_allocated = d.predicted_peak_allocated;
           acting.predicted_requested = d.predicted_peak_requested;
-          acting.requested_outside_stream = state_outside_stream;
           // The canary's growth is measured from here.
           if (job.window) job.window->ResetPeakRequested();
           job.acting = std::move(acting);

@@ -54,6 +54,8 @@ void JobWindow::FitMemory() {
   stopped_ = true;
   live_ids_ = {};
   prelude_ = {};
+  outside_ = {};
+  outside_bytes_ = 0;
   step_ends_ = {};
   states_ = {};
   (void)account_->Resize(MemoryBytes());
@@ -66,6 +68,14 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
   }
   const uint16_t stream = StreamIndex(e.stream);
   auto it = live_ids_.find(e.id);
+  // A block a state showed held outside the stream ends with any event of
+  // its id: its free, or a new allocation at its address.
+  if (it == live_ids_.end() && !outside_.empty()) {
+    if (auto held = outside_.find(e.id); held != outside_.end()) {
+      outside_bytes_ -= held->second;
+      outside_.erase(held);
+    }
+  }
   switch (e.op) {
     case TraceOp::kAlloc: {
       if (it != live_ids_.end()) {
@@ -79,6 +89,7 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
       Append(TraceOp::kAlloc, stream, id, e.size);
       requested_bytes_ += static_cast<int64_t>(e.size);
       peak_requested_bytes_ = std::max(peak_requested_bytes_, requested_bytes_);
+      peak_held_requested_bytes_ = std::max(peak_held_requested_bytes_, held_requested_bytes());
       if (requested_bytes_ > max_requested_bytes_) {
         if (trough_bytes_ <= max_requested_bytes_ / 2) largest_request_start_ = trough_at_;
         max_requested_bytes_ = requested_bytes_;
@@ -173,6 +184,7 @@ size_t JobWindow::MemoryBytes() const {
   return sizeof(*this) + events_.size() * sizeof(Event) +
          live_ids_.capacity() * (sizeof(std::pair<uint64_t, LiveId>) + 1) +
          prelude_.capacity() * (sizeof(std::pair<uint32_t, Live>) + 1) +
+         outside_.capacity() * (sizeof(std::pair<uint64_t, int64_t>) + 1) +
          stream_handles_.capacity() * sizeof(uint64_t) + step_ends_.size() * sizeof(uint64_t) +
          StatesBytes(states_);
 }
@@ -265,6 +277,13 @@ bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
     }
     taken_to = b.address + b.size;
   }
+  for (const AllocatorSnapshot::Block& b : snapshot.blocks) {
+    if (!b.free_requested && !live_ids_.contains(b.id) &&
+        outside_.emplace(b.id, static_cast<int64_t>(b.requested_size)).second) {
+      outside_bytes_ += static_cast<int64_t>(b.requested_size);
+    }
+  }
+  peak_held_requested_bytes_ = std::max(peak_held_requested_bytes_, held_requested_bytes());
   // A second state at one point replaces the first.
   if (!states_.empty() && states_.back().seq == state.seq) states_.pop_back();
   states_.push_back(std::move(state));
@@ -278,17 +297,6 @@ std::vector<uint64_t> JobWindow::StateSeqs() const {
   seqs.reserve(states_.size());
   for (const State& state : states_) seqs.push_back(state.seq);
   return seqs;
-}
-
-int64_t JobWindow::StateRequestedOutsideStream(uint64_t seq) const {
-  auto state = std::find_if(states_.begin(), states_.end(),
-                            [seq](const State& s) { return s.seq == seq; });
-  if (state == states_.end()) return 0;
-  int64_t bytes = 0;
-  for (const StateBlock& b : state->blocks) {
-    if (!b.known) bytes += static_cast<int64_t>(b.requested_size);
-  }
-  return bytes;
 }
 
 Trace JobWindow::ToTraceFromState(uint64_t seq) const {

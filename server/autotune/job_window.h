@@ -70,10 +70,19 @@ class JobWindow {
   // alloc to its free_requested, as PyTorch's requested_bytes), counting
   // only allocations recorded, and the most they held since the window
   // began or the last ResetPeakRequested. Unlike PyTorch's own peak, no
-  // job can reset it: what a push's watch measures growth with.
+  // job can reset it.
   int64_t requested_bytes() const { return requested_bytes_; }
   int64_t peak_requested_bytes() const { return peak_requested_bytes_; }
-  void ResetPeakRequested() { peak_requested_bytes_ = requested_bytes_; }
+  // The same with the blocks a state showed held that the stream never
+  // allocated (held before recording began, or allocated in a gap), from
+  // the state to their free: what the client holds, as a replay from a
+  // state counts it. What a push's watch measures growth with.
+  int64_t held_requested_bytes() const { return requested_bytes_ + outside_bytes_; }
+  int64_t peak_held_requested_bytes() const { return peak_held_requested_bytes_; }
+  void ResetPeakRequested() {
+    peak_requested_bytes_ = requested_bytes_;
+    peak_held_requested_bytes_ = held_requested_bytes();
+  }
   // The most requested since the window began (never reset), and the
   // total_events() count when it was reached: how long ago the job's
   // largest request so far peaked.
@@ -117,12 +126,6 @@ class JobWindow {
   // allocation the state does not hold is left out and counted. An empty
   // trace for a `seq` not kept.
   Trace ToTraceFromState(uint64_t seq) const;
-  // Bytes asked for by the blocks of the state at `seq` that the window
-  // never saw allocated (held before recording began, or allocated in a
-  // gap): a replay from that state counts them in what the job requests,
-  // and peak_requested_bytes(), which counts the stream only, does not.
-  // 0 for a `seq` not kept.
-  int64_t StateRequestedOutsideStream(uint64_t seq) const;
 
  private:
   struct Event {
@@ -198,6 +201,11 @@ class JobWindow {
   // The window's stream index -> CUDA handle, in order of first use.
   std::vector<uint64_t> stream_handles_;
   int64_t requested_bytes_ = 0;
+  // Client id -> bytes asked for, of the blocks states showed held that
+  // the stream never allocated, until their free; and their total.
+  absl::flat_hash_map<uint64_t, int64_t> outside_;
+  int64_t outside_bytes_ = 0;
+  int64_t peak_held_requested_bytes_ = 0;
   int64_t peak_requested_bytes_ = 0;
   int64_t max_requested_bytes_ = 0;
   uint64_t max_requested_at_ = 0;

@@ -212,10 +212,37 @@ TEST(JobWindowTest, AStateIsReplayedFromWithTheEventsAfterIt) {
   EXPECT_EQ(r.peak_reserved, static_cast<int64_t>(430 * kMiB));
   // From the window alone: the blocks it saw, and the step.
   EXPECT_EQ(MustReplay(window.ToTrace()).peak_reserved, static_cast<int64_t>(72 * kMiB));
-  // Of the state's ten held blocks of 20 MiB the window saw two allocated:
-  // the other eight are requested outside the stream.
-  EXPECT_EQ(window.StateRequestedOutsideStream(6), static_cast<int64_t>(8 * 20 * kMiB));
-  EXPECT_EQ(window.StateRequestedOutsideStream(7), 0);  // no state there
+}
+
+// What the client holds counts the blocks a state showed held that the
+// stream never allocated, until their free: a replay from the state counts
+// them too, and a push's growth is measured against it.
+TEST(JobWindowTest, BlocksAStateHeldOutsideTheStreamCountUntilTheirFree) {
+  JobWindow window(1000);
+  window.Add({Alloc(0x100, 20 * kMiB), Alloc(0x102, 20 * kMiB)}, 0);
+  const int64_t stream = window.requested_bytes();
+  EXPECT_EQ(window.held_requested_bytes(), stream);
+  // Ten held blocks of 20 MiB, two of them the stream's own.
+  ASSERT_TRUE(window.AddState(FragmentedState(0x100)));
+  EXPECT_EQ(window.requested_bytes(), stream);
+  EXPECT_EQ(window.held_requested_bytes(), stream + static_cast<int64_t>(8 * 20 * kMiB));
+  EXPECT_EQ(window.peak_held_requested_bytes(), window.held_requested_bytes());
+  // A later state showing them again adds nothing.
+  window.Add(Step(0x900), 0);
+  ASSERT_TRUE(window.AddState(FragmentedState(0x100)));
+  EXPECT_EQ(window.held_requested_bytes(), stream + static_cast<int64_t>(8 * 20 * kMiB));
+  // One is freed (its free is no event of the window's), another's
+  // address is allocated anew: both are gone.
+  window.ResetPeakRequested();
+  window.Add({Requested(0x104), Completed(0x104), Alloc(0x106, kMiB)}, 0);
+  EXPECT_EQ(window.held_requested_bytes(),
+            stream + static_cast<int64_t>(6 * 20 * kMiB + kMiB));
+  // The peak since the reset was at the reset; an allocation past it moves it.
+  EXPECT_EQ(window.peak_held_requested_bytes(),
+            stream + static_cast<int64_t>(8 * 20 * kMiB));
+  window.Add({Alloc(0x200, 100 * kMiB)}, 0);
+  EXPECT_EQ(window.peak_held_requested_bytes(),
+            stream + static_cast<int64_t>(6 * 20 * kMiB + kMiB + 100 * kMiB));
 }
 
 TEST(JobWindowTest, AStateThatCannotBeReplayedIsNotKept) {
