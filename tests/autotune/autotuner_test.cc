@@ -502,6 +502,14 @@ TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
   EXPECT_NE(tuner.History("llama", 1)[0].why.find("scaled by the job"), std::string::npos);
 }
 
+// The canary (session 1) asks for `bytes` once, and frees it.
+void AskOnce(Autotuner& tuner, int64_t bytes) {
+  const uint64_t stream = LlamaLora().streams[0];
+  tuner.Events(1, {{TraceOp::kAlloc, stream, 0xA110C, static_cast<uint64_t>(bytes)},
+                   {TraceOp::kFreeRequested, stream, 0xA110C, 0}},
+               0);
+}
+
 // The growth that excuses a realised peak is measured on the canary's own
 // stream once it sends events after the push: a job that resets PyTorch's
 // peak every step (as ddp_train.py does) reports the window's need however
@@ -518,10 +526,7 @@ TEST(AutotunerTest, GrowthIsMeasuredOnTheCanarysStreamWhichNoJobResets) {
     ASSERT_GT(d.predicted_peak_current, 2 * d.predicted_peak_switched);
     tuner.Acked(1, d.version, true, "");
     // A step after the push asks for twice (or a tenth of) the window's most.
-    const int64_t asked = grew ? 2 * d.predicted_peak_requested : d.predicted_peak_requested / 10;
-    tuner.Events(1, {{TraceOp::kAlloc, LlamaLora().streams[0], 0xA110C, static_cast<uint64_t>(asked)},
-                     {TraceOp::kFreeRequested, LlamaLora().streams[0], 0xA110C, 0}},
-                 0);
+    AskOnce(tuner, grew ? 2 * d.predicted_peak_requested : d.predicted_peak_requested / 10);
     // 90% of what staying was predicted to cost: with the job's growth
     // (2x) well under what staying costs it, without it nearer to staying.
     const int64_t allocated_report = grew ? d.predicted_peak_allocated : 3 * d.predicted_peak_allocated;
@@ -547,9 +552,7 @@ TEST(AutotunerTest, APushsPredictionIsScaledToWhatTheJobRequestedAfterIt) {
     EXPECT_FALSE(d.predicted_peak_at_need.has_value());
     tuner.Acked(1, d.version, true, "");
     const int64_t asked = grew ? 3 * d.predicted_peak_requested / 2 : d.predicted_peak_requested / 10;
-    tuner.Events(1, {{TraceOp::kAlloc, LlamaLora().streams[0], 0xA110C, static_cast<uint64_t>(asked)},
-                     {TraceOp::kFreeRequested, LlamaLora().streams[0], 0xA110C, 0}},
-                 0);
+    AskOnce(tuner, asked);
     const AutotuneDecision after = tuner.History("llama", 1)[0];
     ASSERT_TRUE(after.realized_peak_requested.has_value());
     ASSERT_TRUE(after.predicted_peak_at_need.has_value());

@@ -475,17 +475,25 @@ class AdviseTest(unittest.TestCase):
         allocd.shutdown()
         self.assertEqual(self.torch.step_hooks, [])
 
+    WEIGHTS = 0x7F0000000000
+
+    def weights_segment(self):
+        """PyTorch's snapshot of a 64 MiB segment whose first 48 MiB hold
+        weights allocated before the stream was recorded."""
+        return {"device": 0, "address": self.WEIGHTS, "total_size": 64 << 20, "stream": 7,
+                "segment_type": "large", "is_expandable": False,
+                "blocks": [{"address": self.WEIGHTS, "size": 48 << 20,
+                            "requested_size": 48 << 20, "state": "active_allocated"}]}
+
     def test_a_state_read_at_a_mark_is_what_the_decision_replays_from(self):
-        # The weights: 48 MiB allocated before the stream was recorded, in a
-        # 64 MiB segment; a 20 MiB cached segment the program left.
-        weights = 0x7F0000000000
+        # The weights, the rest of their segment cached, and a 20 MiB cached
+        # segment the program left.
+        weights = self.WEIGHTS
+        segment = self.weights_segment()
+        segment["blocks"].append({"address": weights + (48 << 20), "size": 16 << 20,
+                                  "requested_size": 0, "state": "inactive"})
         self.torch.segments = [
-            {"device": 0, "address": weights, "total_size": 64 << 20, "stream": 7,
-             "segment_type": "large", "is_expandable": False,
-             "blocks": [{"address": weights, "size": 48 << 20, "requested_size": 48 << 20,
-                         "state": "active_allocated"},
-                        {"address": weights + (48 << 20), "size": 16 << 20,
-                         "requested_size": 0, "state": "inactive"}]},
+            segment,
             {"device": 0, "address": weights + (64 << 20), "total_size": 20 << 20,
              "stream": 7, "segment_type": "large", "is_expandable": False,
              "blocks": [{"address": weights + (64 << 20), "size": 20 << 20,
@@ -521,12 +529,7 @@ class AdviseTest(unittest.TestCase):
     def test_a_job_without_marks_is_replayed_from_the_state_where_its_stream_began(self):
         # advise() called once the model was built: 48 MiB of weights the
         # stream never allocates, and no optimizer (generation).
-        weights = 0x7F0000000000
-        self.torch.segments = [
-            {"device": 0, "address": weights, "total_size": 64 << 20, "stream": 7,
-             "segment_type": "large", "is_expandable": False,
-             "blocks": [{"address": weights, "size": 48 << 20, "requested_size": 48 << 20,
-                         "state": "active_allocated"}]}]
+        self.torch.segments = [self.weights_segment()]
         self.assertTrue(allocd.advise(socket=self.socket, job="generating", period=0.05))
         self.assertEqual(allocd.stats()["states_sent"], 1)
         # Past the daemon's aperiodic_after_events (65536) with no mark.
