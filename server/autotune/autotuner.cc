@@ -729,18 +729,17 @@ class Autotuner::Impl {
     Acting& acting = *job.acting;
     if (acting.phase == Phase::kRollingBack || acting.phase == Phase::kCanaryPushed) return;
     acting.realized_allocated = std::max(acting.realized_allocated, allocated);
+    AutotuneDecision* d = FindDecision(job, acting.decision_id);
     bool changed = UpdatePredictionAtNeed(job);
     if (reserved > acting.realized_peak) {
       acting.realized_peak = reserved;
-      if (AutotuneDecision* d = FindDecision(job, acting.decision_id)) {
+      if (d != nullptr) {
         d->realized_peak = reserved;
         d->realized_saving = acting.predicted_current - reserved;
         changed = true;
       }
     }
-    if (AutotuneDecision* d = FindDecision(job, acting.decision_id); changed && d != nullptr) {
-      notify.push_back(*d);
-    }
+    if (changed && d != nullptr) notify.push_back(*d);
     if (acting.phase == Phase::kJudging) return;
     const double growth = Growth(acting);
     const double expected = static_cast<double>(acting.predicted_switched) * growth;
@@ -1056,7 +1055,9 @@ void Autotuner::Impl::RunDecision(const Task& task) {
             BaseDecideOptions().min_events)) {
       state_trace = window.ToTraceFromState(at->seq);
       state_step_ends = std::move(at->step_ends);
-    } else if (!marked) {
+    } else if (!marked && (cover || task.first_pass)) {
+      // Only a prediction that covers the largest request replays from it:
+      // a larger request, growth, or an aperiodic first pass.
       if (std::optional<uint64_t> seq = StateAtOrBefore(window, window.largest_request_start(),
                                                         BaseDecideOptions().min_events)) {
         cover_state_trace = window.ToTraceFromState(*seq);
@@ -1081,7 +1082,11 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     // run` a generation job's stream began mid-call, and a decoded token of
     // 75 events passed for its step: decided on 1,078 events, it stayed on
     // PyTorch's defaults until a larger call).
-    step = marks_steps ? std::optional<uint64_t>() : FindStepPeriod(trace, kStepShift);
+    if (marks_steps) {
+      step.emplace();  // known: no step
+    } else {
+      step = FindStepPeriod(trace, kStepShift);
+    }
     if (!*step || !ReturnsWhatItAllocates(trace, **step)) {
       aperiodic = trace.events.size() >= options_.aperiodic_after_events;
       absl::MutexLock lock(&mu_);
