@@ -403,6 +403,33 @@ class AdviseTest(unittest.TestCase):
         # A period shorter than the quick one stays as asked.
         self.assertEqual(_advisor.Advisor(None, None, None, 0, 0.05, "").round_period(), 0.05)
 
+    def test_a_first_step_mark_after_a_long_start_makes_the_rounds_short_again(self):
+        # A job that compiled or loaded for longer than the quick start.
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
+        late = time.monotonic() + _advisor.Advisor.QUICK_START_S + 10
+        self.assertEqual(advisor.round_period(now=late), 1.0)
+        advisor.at_step_mark(now=late)
+        quick = _advisor.Advisor.QUICK_PERIOD_S
+        self.assertEqual(advisor.round_period(now=late + 1), quick)
+        self.assertEqual(advisor.round_period(now=late + _advisor.Advisor.QUICK_START_S + 1), 1.0)
+        # Later marks do not extend it.
+        advisor.at_step_mark(now=late + _advisor.Advisor.QUICK_START_S)
+        self.assertEqual(advisor.round_period(now=late + _advisor.Advisor.QUICK_START_S + 1), 1.0)
+
+    def test_the_first_step_marks_wake_a_round_at_once_until_a_config_is_applied(self):
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
+        woken = []
+        for _ in range(_advisor.Advisor.WAKING_MARKS + 1):
+            advisor._wake.clear()
+            advisor.at_step_mark()
+            woken.append(advisor._wake.is_set())
+        self.assertEqual(woken, [True] * _advisor.Advisor.WAKING_MARKS + [False])
+        self.assertEqual(advisor.steps_marked, _advisor.Advisor.WAKING_MARKS + 1)
+        applied = _advisor.Advisor(None, None, None, 0, 1.0, "")
+        applied.applied = 1
+        applied.at_step_mark()
+        self.assertFalse(applied._wake.is_set())
+
     def test_pushed_configs_are_applied_with_pytorchs_runtime_api_and_acked(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))
         self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))

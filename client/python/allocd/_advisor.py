@@ -216,9 +216,16 @@ class Advisor:
     # At the job's start the rounds are short, so that the daemon sees the
     # first steps as they end and a push reaches the job steps, not seconds,
     # after its decision (a job of 50 ms steps is decided within its first
-    # ten): until a config is applied, or QUICK_START_S after the start.
+    # ten): until a config is applied, or QUICK_START_S after the start or
+    # after the first step mark, whichever is later (a ViT that compiled for
+    # 40 s first ran its steps under 1 s rounds: its third mark reached the
+    # daemon 17 steps late).
     QUICK_PERIOD_S = 0.1
     QUICK_START_S = 30.0
+    # The first marks wake a round at once: the daemon decides on a job's
+    # third (its second under a known-harmful start config), so a job of
+    # 5 ms steps is not 20 steps on by the next round.
+    WAKING_MARKS = 4
 
     def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
@@ -227,8 +234,10 @@ class Advisor:
         self._device = device
         self._period = period
         self._started = time.monotonic()
+        self._quick_until = self._started + self.QUICK_START_S
         self._history = history
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now, not at the period's end
         self._lock = threading.Lock()
         self.config = config
         self.config_reason = "the config the process started with"
@@ -257,6 +266,7 @@ class Advisor:
 
     def stop(self):
         self._stop.set()
+        self._wake.set()
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
@@ -293,14 +303,26 @@ class Advisor:
             self.step()
             # Time this thread kept the GIL and the allocator from the job.
             self.busy_seconds += time.perf_counter() - start
-            self._stop.wait(self.round_period())
+            self._wake.wait(self.round_period())
+            self._wake.clear()
 
     def round_period(self, now=None):
         """Seconds until the next round: short at the job's start."""
         now = time.monotonic() if now is None else now
-        if self.applied == 0 and now < self._started + self.QUICK_START_S:
+        if self.applied == 0 and now < self._quick_until:
             return min(self._period, self.QUICK_PERIOD_S)
         return self._period
+
+    def at_step_mark(self, now=None):
+        """The job marked a step (called by the step hook once the mark is in
+        the stream): the first one restarts the quick rounds, and the first
+        WAKING_MARKS wake a round at once while no config has been applied."""
+        now = time.monotonic() if now is None else now
+        if self.steps_marked == 0:
+            self._quick_until = max(self._quick_until, now + self.QUICK_START_S)
+        self.steps_marked += 1
+        if self.applied == 0 and self.steps_marked <= self.WAKING_MARKS:
+            self._wake.set()
 
     def step(self):
         """One round: handle what the daemon sent, then publish stats and events."""
@@ -450,7 +472,7 @@ class Advisor:
                 self._second_release.at_step_mark()
                 self._read_state()
                 self._history.mark_step()
-                self.steps_marked += 1
+                self.at_step_mark()
 
         self._step_hook = register(hook)
 
