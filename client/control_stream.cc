@@ -49,6 +49,12 @@ std::vector<v1::ControlMessage> ControlStream::Take() {
   return out;
 }
 
+bool ControlStream::AwaitMessage(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto queued = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&queued), timeout);
+}
+
 absl::Status ControlStream::Ack(uint64_t version, bool applied,
                                 absl::string_view error) {
   v1::ConfigAck request;

@@ -44,6 +44,10 @@ class ControlStream {
 
   // Control messages received since the last call, in order.
   std::vector<v1::ControlMessage> Take() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for a message to be queued; true when one is
+  // (left for Take). Lets a caller that polls Take act on a push as it
+  // arrives, not at its next round.
+  bool AwaitMessage(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // ACK (applied) or NACK a pushed config version.
   absl::Status Ack(uint64_t version, bool applied, absl::string_view error);
   // An allocation of `requested_bytes` failed under `config_version`;

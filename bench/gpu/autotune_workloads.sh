@@ -8,10 +8,10 @@
 # under `allocd run` (LEARNED_RUN=0: not); natively under expandable_segments:True
 # from step 0 too (the best config `allocd tune` finds for these jobs).
 #   bench/gpu/autotune_workloads.sh [BUNDLE] [OUT] [WORKLOAD...]
-# WORKLOADS: seq2seq generate vit_compile llama_lora resnet50 convnext_accum
+# WORKLOADS: seq2seq generate vit_compile llama_lora resnet50 mlm_accum
 # (default: the first five); steps per run: STEPS_seq2seq (30), STEPS_generate
 # (14 generate() calls), STEPS_vit_compile (30), STEPS_llama_lora (16),
-# STEPS_resnet50 (30), STEPS_convnext_accum (60 optimizer steps of 4 micro-batches);
+# STEPS_resnet50 (30), STEPS_mlm_accum (60 optimizer steps of 4 micro-batches);
 # RUN_TIMEOUT (150): seconds each run may take. To run a part only (the rest
 # of a call cut short; a daemon started on the last call's STATE dir, copied
 # into OUT/state, has its learned configs): CONFS (mss64 defaults
@@ -35,11 +35,11 @@ script_of() {
   case $1 in
     seq2seq) echo seq2seq_train.py ;; generate) echo generate_job.py ;;
     vit_compile) echo vit_compile_train.py ;; llama_lora) echo llama_lora_train.py ;;
-    resnet50) echo resnet_train.py ;; convnext_accum) echo convnext_accum_train.py ;;
+    resnet50) echo resnet_train.py ;; mlm_accum) echo mlm_accum_train.py ;;
   esac
 }
 default_steps() {
-  case $1 in generate) echo 14 ;; llama_lora) echo 16 ;; convnext_accum) echo 60 ;; *) echo 30 ;; esac
+  case $1 in generate) echo 14 ;; llama_lora) echo 16 ;; mlm_accum) echo 60 ;; *) echo 30 ;; esac
 }
 steps_of() { local v="STEPS_$1"; echo "${!v:-$(default_steps "$1")}"; }
 # done_run: the daemon's history so far, and everything packed.

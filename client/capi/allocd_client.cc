@@ -167,6 +167,14 @@ int64_t allocd_next_control(allocd_client* c, char* buf, size_t len) {
   return size;
 }
 
+int allocd_wait_control(allocd_client* c, uint32_t timeout_ms) {
+  {
+    absl::MutexLock lock(&c->mu);
+    if (!c->pending.empty()) return 1;
+  }
+  return c->client->AwaitControl(absl::Milliseconds(timeout_ms)) ? 1 : 0;
+}
+
 int allocd_apply_config(allocd_client* c, uint64_t version,
                         allocd_config_target target, void* context) {
   std::optional<allocd::v1::ConfigPush> push;

@@ -69,6 +69,10 @@ ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
  * 0 when no message is waiting, -1 on error (a buffer too small keeps the
  * message for the next call). */
 ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
+/* Waits up to `timeout_ms` for a control message: 1 when one waits for
+ * allocd_next_control, 0 when none came. A thread that handles control
+ * messages in rounds can block here to handle a push as it arrives. */
+ALLOCD_API int allocd_wait_control(allocd_client* c, uint32_t timeout_ms);
 
 /* Records `n` allocator events for the daemon's autotuner, in order:
  * event i is (ops[i]: 0 alloc, 1 free_requested, 2 free_completed, 3 a

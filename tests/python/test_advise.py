@@ -403,18 +403,20 @@ class AdviseTest(unittest.TestCase):
         # A period shorter than the quick one stays as asked.
         self.assertEqual(_advisor.Advisor(None, None, None, 0, 0.05, "").round_period(), 0.05)
 
-    def test_a_first_step_mark_after_a_long_start_makes_the_rounds_short_again(self):
-        # A job that compiled or loaded for longer than the quick start.
+    def test_each_first_step_mark_after_a_long_pause_makes_the_rounds_short_again(self):
+        # A job that compiled before its first step, and again before its third.
         advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
-        late = time.monotonic() + _advisor.Advisor.QUICK_START_S + 10
-        self.assertEqual(advisor.round_period(now=late), 1.0)
-        advisor.at_step_mark(now=late)
-        quick = _advisor.Advisor.QUICK_PERIOD_S
-        self.assertEqual(advisor.round_period(now=late + 1), quick)
-        self.assertEqual(advisor.round_period(now=late + _advisor.Advisor.QUICK_START_S + 1), 1.0)
-        # Later marks do not extend it.
-        advisor.at_step_mark(now=late + _advisor.Advisor.QUICK_START_S)
-        self.assertEqual(advisor.round_period(now=late + _advisor.Advisor.QUICK_START_S + 1), 1.0)
+        quick_s, quick = _advisor.Advisor.QUICK_START_S, _advisor.Advisor.QUICK_PERIOD_S
+        now = time.monotonic() + quick_s + 10
+        self.assertEqual(advisor.round_period(now=now), 1.0)
+        for _ in range(_advisor.Advisor.WAKING_MARKS):
+            advisor.at_step_mark(now=now)
+            self.assertEqual(advisor.round_period(now=now + 1), quick)
+            now += quick_s + 10
+            self.assertEqual(advisor.round_period(now=now), 1.0)
+        # Later marks do not.
+        advisor.at_step_mark(now=now)
+        self.assertEqual(advisor.round_period(now=now + 1), 1.0)
 
     def test_the_first_step_marks_wake_a_round_at_once_until_a_config_is_applied(self):
         advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
@@ -454,6 +456,24 @@ class AdviseTest(unittest.TestCase):
         self.assertGreaterEqual(self.torch.empty_cache_calls, 1)
         self.assertIn("garbage_collection_threshold:0.6", allocd.stats()["config"])
         self.assertIn("set by", allocd.stats()["config_reason"])
+
+    def test_a_push_is_applied_as_it_arrives_not_at_the_next_round(self):
+        # Rounds a minute apart, and no quick start: only the control
+        # watcher can apply the push within the wait.
+        quick_start = _advisor.Advisor.QUICK_START_S
+        _advisor.Advisor.QUICK_START_S = 0
+        self.addCleanup(setattr, _advisor.Advisor, "QUICK_START_S", quick_start)
+        self.assertTrue(allocd.advise(socket=self.socket, job="slow", period=60))
+        self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))
+        pushed = time.monotonic()
+        self.allocctl("config", "set", "garbage_collection_threshold:0.6", "--job", "slow")
+        self.assertTrue(wait_for(lambda: self.torch.settings, seconds=5))
+        self.assertLess(time.monotonic() - pushed, 5)
+        self.assertEqual(allocd.stats()["configs_applied"], 1)
+        # stop() does not wait for the minute's round to end.
+        stopped = time.monotonic()
+        allocd.shutdown()
+        self.assertLess(time.monotonic() - stopped, 5)
 
     def test_the_allocation_stream_reaches_the_daemons_autotuner(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="tuned", period=0.05,

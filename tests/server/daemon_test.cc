@@ -114,15 +114,11 @@ class DaemonTest : public ::testing::Test {
   }
 
   // Takes control messages until one arrives or `limit` passes.
+  // What the daemon sent `client` within `limit` (DaemonClient::AwaitControl).
   static std::vector<v1::ControlMessage> AwaitControl(
       DaemonClient& client, absl::Duration limit = absl::Seconds(5)) {
-    const absl::Time deadline = absl::Now() + limit;
-    std::vector<v1::ControlMessage> got;
-    while (got.empty() && absl::Now() < deadline) {
-      got = client.TakeControl();
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return got;
+    if (!client.AwaitControl(limit)) return {};
+    return client.TakeControl();
   }
 
   std::string dir_;
@@ -473,6 +469,7 @@ TEST_F(DaemonTest, ConfigPushReachesEveryWatcherAndIsAcked) {
     EXPECT_EQ(got[0].config().config().version(), set->config().version());
     ASSERT_TRUE(c->Ack(set->config().version(), true, "").ok());
   }
+  EXPECT_FALSE(other->AwaitControl(absl::Milliseconds(100)));
   EXPECT_TRUE(other->TakeControl().empty());
   EXPECT_EQ(CountEvents("ack"), 2);
   // A default push skips jobs with their own config.

@@ -217,15 +217,19 @@ class Advisor:
     # first steps as they end and a push reaches the job steps, not seconds,
     # after its decision (a job of 50 ms steps is decided within its first
     # ten): until a config is applied, or QUICK_START_S after the start or
-    # after the first step mark, whichever is later (a ViT that compiled for
-    # 40 s first ran its steps under 1 s rounds: its third mark reached the
-    # daemon 17 steps late).
+    # after any of the first WAKING_MARKS step marks, whichever is latest (a
+    # ViT under torch.compile compiled for 60 s before its first mark and
+    # again for 38 s before its third: under 1 s rounds after them, the daemon
+    # saw its steps 17 steps late).
     QUICK_PERIOD_S = 0.1
     QUICK_START_S = 30.0
-    # The first marks wake a round at once: the daemon decides on a job's
-    # third (its second under a known-harmful start config), so a job of
-    # 5 ms steps is not 20 steps on by the next round.
+    # The first marks also wake a round at once: the daemon decides on a
+    # job's third (its second under a known-harmful start config), so a job
+    # of 5 ms steps is not 20 steps on by the next round.
     WAKING_MARKS = 4
+    # How long the control watcher blocks in the client library at a time
+    # (it checks for stop() in between).
+    CONTROL_WAIT_MS = 500
 
     def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
@@ -238,6 +242,7 @@ class Advisor:
         self._history = history
         self._stop = threading.Event()
         self._wake = threading.Event()  # a round now, not at the period's end
+        self._round_done = threading.Event()
         self._lock = threading.Lock()
         self.config = config
         self.config_reason = "the config the process started with"
@@ -258,11 +263,14 @@ class Advisor:
         self._marks_sent = 0
         self._second_release = SecondRelease(torch, device)
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
+        self._control_thread = threading.Thread(target=self._watch_control,
+                                                name="allocd-control", daemon=True)
 
     def start(self):
         self._attach_oom_observer()
         self._attach_step_hook()
         self._thread.start()
+        self._control_thread.start()
 
     def stop(self):
         self._stop.set()
@@ -270,8 +278,9 @@ class Advisor:
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
-        if self._thread.is_alive():
-            self._thread.join()
+        for thread in (self._thread, self._control_thread):
+            if thread.is_alive():
+                thread.join()
         if self._history is not None:
             self._history.stop()
         self._lib.allocd_disconnect(self._client)
@@ -303,8 +312,20 @@ class Advisor:
             self.step()
             # Time this thread kept the GIL and the allocator from the job.
             self.busy_seconds += time.perf_counter() - start
+            self._round_done.set()
             self._wake.wait(self.round_period())
             self._wake.clear()
+
+    def _watch_control(self):
+        """Wakes a round as soon as the daemon sends a push or a reclaim: a push
+        reaches a job of 30 ms steps within a step, not at the next round a
+        second later. Blocks in the client library (ctypes lets the GIL go)."""
+        while not self._stop.is_set():
+            if self._lib.allocd_wait_control(self._client, self.CONTROL_WAIT_MS) > 0:
+                self._round_done.clear()
+                self._wake.set()
+                # The message waits until the round takes it: not again before.
+                self._round_done.wait(self.round_period())
 
     def round_period(self, now=None):
         """Seconds until the next round: short at the job's start."""
@@ -315,13 +336,14 @@ class Advisor:
 
     def at_step_mark(self, now=None):
         """The job marked a step (called by the step hook once the mark is in
-        the stream): the first one restarts the quick rounds, and the first
-        WAKING_MARKS wake a round at once while no config has been applied."""
+        the stream): each of the first WAKING_MARKS restarts the quick rounds
+        and, while no config has been applied, wakes a round at once."""
         now = time.monotonic() if now is None else now
-        if self.steps_marked == 0:
-            self._quick_until = max(self._quick_until, now + self.QUICK_START_S)
         self.steps_marked += 1
-        if self.applied == 0 and self.steps_marked <= self.WAKING_MARKS:
+        if self.steps_marked > self.WAKING_MARKS:
+            return
+        self._quick_until = max(self._quick_until, now + self.QUICK_START_S)
+        if self.applied == 0:
             self._wake.set()
 
     def step(self):

@@ -82,6 +82,7 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
         "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
         "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
+        "allocd_wait_control": (ctypes.c_int, [c_client, ctypes.c_uint32]),
         "allocd_apply_config": (ctypes.c_int, [
             c_client, ctypes.c_uint64,
             ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
