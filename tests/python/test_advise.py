@@ -457,6 +457,22 @@ class AdviseTest(unittest.TestCase):
         self.assertIn("garbage_collection_threshold:0.6", allocd.stats()["config"])
         self.assertIn("set by", allocd.stats()["config_reason"])
 
+    def test_settings_go_to_the_accelerator_setter_where_pytorch_has_it(self):
+        # PyTorch >= 2.9 warns on every call of torch.cuda.memory's.
+        def accelerator(update):
+            return update
+
+        def cuda_setter(update):
+            return update
+
+        cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+            _set_allocator_settings=cuda_setter))
+        newer = types.SimpleNamespace(
+            _C=types.SimpleNamespace(_accelerator_setAllocatorSettings=accelerator), cuda=cuda)
+        older = types.SimpleNamespace(_C=types.SimpleNamespace(), cuda=cuda)
+        self.assertIs(_advisor.allocator_settings_setter(newer), accelerator)
+        self.assertIs(_advisor.allocator_settings_setter(older), cuda_setter)
+
     def test_a_push_is_applied_as_it_arrives_not_at_the_next_round(self):
         # Rounds a minute apart, and no quick start: only the control
         # watcher can apply the push within the wait.

@@ -21,7 +21,7 @@ CUDAPluggableAllocator.
 Advisor mode streams ``torch.cuda.memory_stats()`` and out-of-memory events
 to the daemon, with the allocator's alloc/free stream read from PyTorch's
 allocator history (for the daemon's autotuner), applies the allocator
-configs it pushes at runtime with ``torch.cuda.memory._set_allocator_settings``
+configs it pushes at runtime with PyTorch's runtime allocator settings
 followed by ``empty_cache()`` (so the next peak is met under the new rules),
 and once more when what was live at the switch is gone, and acknowledges each one (or reports why it could not), and empties the
 cache when the daemon asks for memory back on behalf of another process.
@@ -125,7 +125,7 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     "reduce-overhead"). The interposer must be in the process before PyTorch
     initialises CUDA: start the job with ``allocd run -- python train.py``,
     or call enable() before ``import torch``. Pushed configs are applied with
-    torch.cuda.memory._set_allocator_settings and reclaims with
+    PyTorch's runtime allocator settings and reclaims with
     empty_cache(), as in advise(). CUDA tensors shared between processes
     with torch.multiprocessing open in a receiver that runs transparent too
     (not with expandable_segments:True).

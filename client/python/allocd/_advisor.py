@@ -3,7 +3,7 @@ events to the daemon and applies what the daemon sends back.
 
 Each round it publishes ``torch.cuda.memory_stats()`` and the allocator's
 alloc/free stream (for the daemon's autotuner), applies the allocator configs
-the daemon pushes with ``torch.cuda.memory._set_allocator_settings`` followed
+the daemon pushes with PyTorch's runtime setter (allocator_settings_setter) followed
 by ``empty_cache()`` (and once more when what was live then has gone:
 SecondRelease) and acknowledges each one (or reports why it could not),
 and empties the cache when the daemon asks for memory back on behalf of
@@ -37,6 +37,14 @@ def gpu_uuid(torch, device):
     # PyTorch prints the bare 8-4-4-4-12 hex form.
     bare = len(uuid) == 36 and all(c in "0123456789abcdefABCDEF-" for c in uuid)
     return f"GPU-{uuid}" if bare else uuid
+
+
+def allocator_settings_setter(torch):
+    """PyTorch's runtime setter of allocator settings: the accelerator one
+    where it has it (PyTorch >= 2.9, where torch.cuda.memory's, which only
+    calls it, warns on every use that it is deprecated), else torch.cuda's."""
+    setter = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
+    return setter if callable(setter) else torch.cuda.memory._set_allocator_settings
 
 
 def connect(torch, socket, job, config, device, autotune):
@@ -435,10 +443,11 @@ class Advisor:
         # The client library applies it as the engine does (ConfigApplier:
         # checks it, ACKs or NACKs it, counts it); PyTorch's part is `target`.
         torch = self._torch
+        set_settings = allocator_settings_setter(torch)
 
         def target(update, error, size, _context):
             try:
-                torch.cuda.memory._set_allocator_settings(update.decode())
+                set_settings(update.decode())
             except Exception as refused:  # PyTorch raises RuntimeError for what it rejects
                 text = str(refused).encode(errors="replace")[:size]
                 ctypes.memmove(error, text, len(text))
