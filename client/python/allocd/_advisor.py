@@ -235,9 +235,10 @@ class Advisor:
     # job's third (its second under a known-harmful start config), so a job
     # of 5 ms steps is not 20 steps on by the next round.
     WAKING_MARKS = 4
-    # How long the control watcher blocks in the client library at a time
-    # (it checks for stop() in between).
-    CONTROL_WAIT_MS = 500
+    # How long the control watcher blocks in the client library at a time:
+    # stop() (at the interpreter's exit too) waits for it to come back
+    # before the session is closed under it.
+    CONTROL_WAIT_MS = 100
 
     def __init__(self, lib, client, torch, device, period, config, history=None):
         self._lib = lib
