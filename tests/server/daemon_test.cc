@@ -113,7 +113,6 @@ class DaemonTest : public ::testing::Test {
     return r;
   }
 
-  // Takes control messages until one arrives or `limit` passes.
   // What the daemon sent `client` within `limit` (DaemonClient::AwaitControl).
   static std::vector<v1::ControlMessage> AwaitControl(
       DaemonClient& client, absl::Duration limit = absl::Seconds(5)) {
