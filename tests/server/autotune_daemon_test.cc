@@ -490,10 +490,16 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
 // Two daemons decide on one job in turn, each on a window of its own, so
 // the job runs until the second has decided and is then stopped (SIGTERM):
 // on a loaded machine a decision took 80 s of a 140 s job. Each window holds
-// 2^19 events, so that each daemon decides once that many have come in
-// whatever its first looks found: on llama_lora replayed in a loop, a look
-// between 560k and 840k events in takes the whole lifetime for the step, of
-// which the window holds fewer than the three the first pass waits for.
+// 2^19 events, so that each daemon decides by the time that many have come
+// in, whatever its first looks found.
+//
+// What the second daemon decides is its own judgement on its own window:
+// it starts where the job was when it reconnected, so its steps fall
+// elsewhere, and on a CI machine it once found 9.7% to save on top of the
+// first push. The restart's contract is that it loses no job and pushes
+// nothing twice: the job's config is adopted as what it runs, the new
+// daemon decides from it, and the only push after the restart is a new
+// decision's, to another config.
 TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
   const std::vector<std::string> window = {"--autotune-window-events", "524288"};
   StartDaemon("apply", window);
@@ -501,7 +507,8 @@ TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTw
       Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(300)});
   // The canary runs the pushed config (it ACKed); the daemon dies while it
   // watches.
-  ASSERT_TRUE(AwaitDecision("llama", {"pushed"}).has_value());
+  std::optional<v1::AutotuneDecision> first = AwaitDecision("llama", {"pushed"});
+  ASSERT_TRUE(first.has_value());
   for (int i = 0; i < 1000 && CountEvents("ack") < 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -511,18 +518,31 @@ TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTw
   StartDaemon("apply", window);
 
   // The job came back, declaring what it runs; the new daemon decides on
-  // its own window and finds nothing to push.
+  // its own window, from that config.
   std::optional<v1::AutotuneDecision> d =
       AwaitDecision("llama", {"pushed", "kept", "recommended", "skipped"});
+  // A new push is run before the job is stopped.
+  for (int i = 0; i < 1000 && d.has_value() && d->result() == "pushed" && CountEvents("ack") < 1;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_EQ(kill(job->pid(), SIGTERM), 0);
   nlohmann::json out = Finish(*job);
   ASSERT_TRUE(d.has_value());
-  EXPECT_NE(d->result(), "pushed") << d->why();
-  EXPECT_EQ(d->from_config(), out["config"]);
   EXPECT_GE(out["reconnects"].get<int>(), 1);
-  EXPECT_EQ(out["pushes_applied"], 1);  // the canary push, once
   EXPECT_EQ(CountEvents("adopt"), 1);
-  EXPECT_EQ(CountEvents("push") + CountEvents("set"), 0);
+  EXPECT_EQ(d->from_config(), first->to_config()) << d->why();
+  EXPECT_EQ(CountEvents("set"), 0);
+  if (d->result() == "pushed") {
+    EXPECT_NE(d->to_config(), d->from_config()) << d->why();
+    EXPECT_EQ(out["config"], d->to_config());
+    EXPECT_EQ(out["pushes_applied"], 2);  // the canary push, then the new decision's
+    EXPECT_EQ(CountEvents("push"), 1);
+  } else {
+    EXPECT_EQ(out["config"], d->from_config()) << d->why();
+    EXPECT_EQ(out["pushes_applied"], 1);  // the canary push, once
+    EXPECT_EQ(CountEvents("push"), 0);
+  }
 }
 
 }  // namespace
