@@ -23,6 +23,12 @@ inline constexpr size_t kMaxChunkIdsPerRequest = 65536;
 // The most events one TelemetryReport's EventBatch holds.
 inline constexpr size_t kMaxEventsPerBatch = 65536;
 
+// The largest size an event, an allocator state's segment or block (and
+// its requested size) may name: 256 TiB, far past any device's memory.
+// Bounded so that what the daemon sums over a session's allocations never
+// overflows.
+inline constexpr uint64_t kMaxEventBytes = uint64_t{1} << 48;
+
 // EventBatch.ops: after alloc (0), free_requested (1) and free_completed (2),
 // a step mark: the job ended a step here (its optimizer stepped), so the
 // daemon knows the job's steps instead of guessing them. Its size, id and

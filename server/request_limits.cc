@@ -10,6 +10,12 @@ namespace {
 
 absl::Status CheckAllocatorState(const v1::AllocatorState& s);
 
+absl::Status CheckBytes(absl::string_view what, uint64_t bytes) {
+  if (bytes <= kMaxEventBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " is ", bytes, " bytes; at most ",
+                                                 FormatSize(kMaxEventBytes)));
+}
+
 absl::Status CheckEvents(const v1::EventBatch& b) {
   const int n = b.ops_size();
   if (b.sizes_size() != n || b.ids_size() != n || b.streams_size() != n) {
@@ -27,6 +33,9 @@ absl::Status CheckEvents(const v1::EventBatch& b) {
           "event op ", op, " is not 0 (alloc), 1 (free_requested), 2 "
           "(free_completed) or 3 (step)"));
     }
+  }
+  for (uint64_t size : b.sizes()) {
+    if (absl::Status s = CheckBytes("event size", size); !s.ok()) return s;
   }
   return b.has_state_after() ? CheckAllocatorState(b.state_after()) : absl::OkStatus();
 }
@@ -55,6 +64,22 @@ absl::Status CheckAllocatorState(const v1::AllocatorState& s) {
     return absl::InvalidArgumentError(absl::StrCat(
         "allocator state holds ", segments, " segments and ", blocks, " blocks; at most ",
         kMaxStateSegments, " and ", kMaxStateBlocks));
+  }
+  for (uint64_t size : s.segment_sizes()) {
+    if (absl::Status bad = CheckBytes("allocator state segment size", size); !bad.ok()) {
+      return bad;
+    }
+  }
+  for (int i = 0; i < blocks; ++i) {
+    if (absl::Status bad = CheckBytes("allocator state block size", s.block_sizes(i));
+        !bad.ok()) {
+      return bad;
+    }
+    if (s.block_requested(i) > s.block_sizes(i)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allocator state block ", s.block_ids(i), " requested ", s.block_requested(i),
+          " bytes, more than its size ", s.block_sizes(i)));
+    }
   }
   return absl::OkStatus();
 }

@@ -47,9 +47,11 @@ absl::Status CheckShareIds(int count);
 // A telemetry report's stats (at most kMaxStats) and its event batch, if
 // any: columns of one length, at most kMaxEventsPerBatch events, ops 0
 // (alloc), 1 (free_requested), 2 (free_completed) or 3 (kEventOpStep, a
-// step mark), and its allocator state's columns of one length, at most
-// kMaxStateSegments segments and kMaxStateBlocks blocks. Its working set
-// is the WorkingSetStore's to check.
+// step mark), sizes of at most kMaxEventBytes, and its allocator state's
+// columns of one length, at most kMaxStateSegments segments and
+// kMaxStateBlocks blocks, each segment and block of at most kMaxEventBytes
+// and no block requesting more than its size. Its working set is the
+// WorkingSetStore's to check.
 absl::Status CheckTelemetry(const v1::TelemetryReport& r);
 
 // OomReport.message and ConfigAck.error: at most kMaxOomMessage bytes.

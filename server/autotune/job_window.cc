@@ -30,7 +30,10 @@ void JobWindow::Add(const std::vector<EvidenceEvent>& events, uint64_t dropped_b
     last_gap_seq_ = next_seq_;
     any_gap_ = true;
   }
-  for (const EvidenceEvent& e : events) AddOne(e);
+  for (const EvidenceEvent& e : events) {
+    if (stopped_) return;
+    AddOne(e);
+  }
   FitMemory();
 }
 
@@ -51,14 +54,19 @@ void JobWindow::FitMemory() {
   // What is still allocated is more than it may hold: nothing it kept
   // would replay consistently without it.
   account_->Trimmed(0);
+  Stop();
+}
+
+void JobWindow::Stop() {
   stopped_ = true;
+  events_ = {};
   live_ids_ = {};
   prelude_ = {};
   outside_ = {};
   outside_bytes_ = 0;
   step_ends_ = {};
   states_ = {};
-  (void)account_->Resize(MemoryBytes());
+  if (account_ != nullptr) (void)account_->Resize(MemoryBytes());
 }
 
 void JobWindow::AddOne(const EvidenceEvent& e) {
@@ -78,6 +86,11 @@ void JobWindow::AddOne(const EvidenceEvent& e) {
   }
   switch (e.op) {
     case TraceOp::kAlloc: {
+      if (e.size > kMaxEventBytes ||
+          held_requested_bytes() > kMaxHeldBytes - static_cast<int64_t>(e.size)) {
+        Stop();
+        return;
+      }
       if (it != live_ids_.end()) {
         // The id is reused, so its free was lost: free the old allocation.
         if (!it->second.free_requested) RequestFree(it->second);
@@ -245,7 +258,7 @@ bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
   State state{.seq = next_seq_, .segments = {}, .blocks = {}};
   state.segments.reserve(snapshot.segments.size());
   for (const AllocatorSnapshot::Segment& s : snapshot.segments) {
-    if (s.size == 0 || s.address + s.size < s.address) return false;
+    if (s.size == 0 || s.size > kMaxEventBytes || s.address + s.size < s.address) return false;
     state.segments.push_back(
         StateSegment{s.address, s.size, StreamIndex(s.stream), s.is_small, s.is_expandable});
   }
@@ -257,7 +270,10 @@ bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
   }
   state.blocks.reserve(snapshot.blocks.size());
   for (const AllocatorSnapshot::Block& b : snapshot.blocks) {
-    if (b.size == 0 || b.address + b.size < b.address) return false;
+    if (b.size == 0 || b.size > kMaxEventBytes || b.requested_size > b.size ||
+        b.address + b.size < b.address) {
+      return false;
+    }
     auto live = live_ids_.find(b.id);
     const bool known = live != live_ids_.end();
     state.blocks.push_back(StateBlock{b.address, b.size, b.requested_size,
@@ -276,6 +292,15 @@ bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
       return false;
     }
     taken_to = b.address + b.size;
+  }
+  int64_t outside_added = 0;  // bounded as it grows: each block is at most kMaxEventBytes
+  for (const AllocatorSnapshot::Block& b : snapshot.blocks) {
+    if (b.free_requested || live_ids_.contains(b.id) || outside_.contains(b.id)) continue;
+    if (static_cast<int64_t>(b.requested_size) >
+        kMaxHeldBytes - held_requested_bytes() - outside_added) {
+      return false;
+    }
+    outside_added += static_cast<int64_t>(b.requested_size);
   }
   for (const AllocatorSnapshot::Block& b : snapshot.blocks) {
     if (!b.free_requested && !live_ids_.contains(b.id) &&

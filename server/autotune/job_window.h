@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "allocator/trace/trace.h"
+#include "proto/protocol.h"
 #include "server/autotune/autotune_memory.h"
 #include "server/autotune/autotuner.h"
 
@@ -41,6 +42,11 @@ class JobWindow {
   // its tenant's share or the daemon's bound trims its oldest events to
   // fit, and keeps no more than that from then on; one whose live
   // allocations alone do not fit stops recording (stopped()).
+  //
+  // So does one that an allocation would take past kMaxHeldBytes held, or
+  // that is sent one of more than kMaxEventBytes (proto/protocol.h): no
+  // device holds that much, and the sums the window keeps stay exact.
+  static constexpr int64_t kMaxHeldBytes = int64_t{1} << 60;
   explicit JobWindow(size_t max_events,
                      std::unique_ptr<AutotuneMemory::Account> account = nullptr);
 
@@ -112,7 +118,10 @@ class JobWindow {
   // The client's allocator right after the events added so far: kept
   // (the newest kMaxStates) until the window's start passes it. False,
   // and not kept, when it cannot be replayed from: segments that overlap,
-  // a block outside every segment or on top of another, an empty one.
+  // a block outside every segment or on top of another, an empty one, a
+  // segment or block of more than kMaxEventBytes, a block that requested
+  // more than its size, or blocks that would take what the session holds
+  // past kMaxHeldBytes.
   static constexpr size_t kMaxStates = 4;
   bool AddState(const AllocatorSnapshot& state);
   // The total_events() counts at which the kept states were taken,
@@ -178,6 +187,8 @@ class JobWindow {
   // Appends the free_requested of a live id, which no longer counts as
   // requested.
   void RequestFree(LiveId& live);
+  // Drops everything it holds and takes no more events (stopped()).
+  void Stop();
   void Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size);
   uint16_t StreamIndex(uint64_t handle);
   void DropOldest();

@@ -259,8 +259,57 @@ TEST(JobWindowTest, AStateThatCannotBeReplayedIsNotKept) {
   AllocatorSnapshot empty_segment = FragmentedState(0x100);
   empty_segment.segments.push_back({kBase + 500 * kMiB, 0, 7, false, false});
   EXPECT_FALSE(window.AddState(empty_segment));
+  AllocatorSnapshot asks_past_its_size = FragmentedState(0x100);
+  asks_past_its_size.blocks[0].requested_size = asks_past_its_size.blocks[0].size + 1;
+  EXPECT_FALSE(window.AddState(asks_past_its_size));
+  AllocatorSnapshot huge_segment = FragmentedState(0x100);
+  huge_segment.segments.push_back({uint64_t{1} << 50, kMaxEventBytes + 1, 7, false, false});
+  EXPECT_FALSE(window.AddState(huge_segment));
   EXPECT_TRUE(window.StateSeqs().empty());
   EXPECT_TRUE(window.ToTraceFromState(0).events.empty());
+}
+
+// Sizes no device holds cannot make what the window sums overflow (a
+// client could send them; the daemon refuses them at the wire too): the
+// window stops, or refuses the state, before passing kMaxHeldBytes.
+TEST(JobWindowTest, WhatNoDeviceHoldsStopsTheWindowBeforeItsSumsOverflow) {
+  {
+    JobWindow window(1000);
+    window.Add({Alloc(0x100, kMiB), Alloc(0x200, kMaxEventBytes + 1), Alloc(0x300, kMiB)}, 0);
+    EXPECT_TRUE(window.stopped());
+    EXPECT_EQ(window.size(), 0u);
+  }
+  {
+    // 2^12 allocations of 2^48 bytes reach 2^60; the next one stops it.
+    JobWindow window(1 << 14);
+    std::vector<EvidenceEvent> events;
+    for (uint64_t i = 0; i < 4096; ++i) events.push_back(Alloc(0x1000 + i, kMaxEventBytes));
+    window.Add(events, 0);
+    ASSERT_FALSE(window.stopped());
+    EXPECT_EQ(window.held_requested_bytes(), JobWindow::kMaxHeldBytes);
+    window.Add({Alloc(0x9999, 1)}, 0);
+    EXPECT_TRUE(window.stopped());
+  }
+  {
+    // A state whose blocks outside the stream would pass the bound.
+    JobWindow window(1 << 14);
+    std::vector<EvidenceEvent> events;
+    for (uint64_t i = 0; i < 4095; ++i) events.push_back(Alloc(0x1000 + i, kMaxEventBytes));
+    window.Add(events, 0);
+    AllocatorSnapshot state;
+    const uint64_t base = uint64_t{1} << 52;
+    for (uint64_t i = 0; i < 2; ++i) {
+      state.segments.push_back({base + i * kMaxEventBytes, kMaxEventBytes, 7, false, false});
+      state.blocks.push_back({0x5000 + i, base + i * kMaxEventBytes, kMaxEventBytes,
+                              kMaxEventBytes, false});
+    }
+    EXPECT_FALSE(window.AddState(state));
+    EXPECT_EQ(window.held_requested_bytes(), JobWindow::kMaxHeldBytes - kMaxEventBytes);
+    state.segments.pop_back();
+    state.blocks.pop_back();
+    EXPECT_TRUE(window.AddState(state));
+    EXPECT_EQ(window.held_requested_bytes(), JobWindow::kMaxHeldBytes);
+  }
 }
 
 TEST(JobWindowTest, StatesGoWhenTheWindowPassesThemAndTheNewestAreKept) {

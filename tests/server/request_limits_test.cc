@@ -96,6 +96,12 @@ TEST(RequestLimitsTest, TelemetryHoldsFewEnoughStatsAndWellFormedEvents) {
     too_many.mutable_events()->add_streams(7);
   }
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(too_many)));
+  v1::TelemetryReport largest_size = events;
+  largest_size.mutable_events()->set_sizes(0, kMaxEventBytes);
+  EXPECT_TRUE(CheckTelemetry(largest_size).ok());
+  v1::TelemetryReport past_any_device = events;
+  past_any_device.mutable_events()->set_sizes(0, kMaxEventBytes + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(past_any_device)));
 }
 
 TEST(RequestLimitsTest, AnAllocatorStateHasColumnsOfOneLengthAndFitsTheMessageLimit) {
@@ -123,6 +129,15 @@ TEST(RequestLimitsTest, AnAllocatorStateHasColumnsOfOneLengthAndFitsTheMessageLi
   v1::TelemetryReport ragged_blocks = r;
   ragged_blocks.mutable_events()->mutable_state_after()->add_block_requested(1);
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(ragged_blocks)));
+  v1::TelemetryReport asks_past_its_size = r;
+  asks_past_its_size.mutable_events()->mutable_state_after()->set_block_requested(0, 513);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(asks_past_its_size)));
+  v1::TelemetryReport huge_block = r;
+  huge_block.mutable_events()->mutable_state_after()->set_block_sizes(0, kMaxEventBytes + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(huge_block)));
+  v1::TelemetryReport huge_segment = r;
+  huge_segment.mutable_events()->mutable_state_after()->set_segment_sizes(0, kMaxEventBytes + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(huge_segment)));
   v1::TelemetryReport too_many = r;
   while (static_cast<size_t>(too_many.events().state_after().block_ids_size()) <=
          kMaxStateBlocks) {

@@ -61,7 +61,8 @@ def read_state(torch, device):
             ids.append(block["address"] & _MASK)
             addresses.append(block["address"] & _MASK)
             sizes.append(block["size"])
-            requested.append(block.get("requested_size", block["size"]))
+            # Never past its size: the daemon refuses a report that says so.
+            requested.append(min(block.get("requested_size", block["size"]), block["size"]))
             block_flags.append(flags)
     return (seg_addresses, seg_sizes, seg_streams, seg_flags,
             ids, addresses, sizes, requested, block_flags)
