@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/scoped_temp_dir.h"
 
 namespace allocd {
 namespace {
@@ -19,12 +20,6 @@ using ::testing::HasSubstr;
 
 class LearnedConfigsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = "/tmp/allocd_learned_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string File() const { return dir_ + "/" + LearnedConfigs::kFileName; }
 
   static LearnedConfig Learned(std::string config, uint64_t decision,
@@ -40,7 +35,8 @@ class LearnedConfigsTest : public ::testing::Test {
             .realized_peak = 5LL << 30};
   }
 
-  std::string dir_;
+  const ScopedTempDir tmp_{"allocd_learned_"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(LearnedConfigsTest, RecordsLooksUpAndForgetsOnlyTheRolledBackConfig) {

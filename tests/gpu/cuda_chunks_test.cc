@@ -33,6 +33,7 @@
 #include "ipc/unix_socket.h"
 #include "server/pool/cuda_chunk_source.h"
 #include "tests/gpu/gpu_pattern.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
 extern char** environ;
@@ -69,11 +70,6 @@ std::string NoGpu() {
     GTEST_SKIP() << "needs a GPU: " << why;                 \
   }
 
-std::string TempDir() {
-  std::string pattern = "/tmp/allocd_gpu_XXXXXX";
-  return mkdtemp(pattern.data());
-}
-
 // Starts `allocd serve --socket SOCKET --metrics-addr '' FLAGS` and waits
 // for its socket; nullptr (and `output` says why) when it exits instead.
 std::unique_ptr<Child> StartDaemon(const std::string& socket,
@@ -109,8 +105,8 @@ std::unique_ptr<Child> StartCudaDaemon(const std::string& socket,
 
 // Without a GPU: a clear error and exit 1; with one: it serves GPU chunks.
 TEST(CudaServeTest, BackendCudaServesGpuChunksOrSaysWhyNot) {
-  const std::string dir = TempDir();
-  const std::string socket = dir + "/allocd.sock";
+  const ScopedTempDir dir("allocd_gpu_");
+  const std::string socket = dir.path() + "/allocd.sock";
   std::string output;
   std::unique_ptr<Child> daemon = StartCudaDaemon(socket, &output);
   if (const std::string why = NoGpu(); !why.empty()) {
@@ -134,8 +130,8 @@ TEST(CudaServeTest, BackendCudaServesGpuChunksOrSaysWhyNot) {
 // notice; with GPUs, every one the driver sees, named by its UUID, each
 // pool its free memory at start minus the 1 GiB headroom.
 TEST(CudaServeTest, TheDefaultServesEveryGpuByUuidOrSimWithANotice) {
-  const std::string dir = TempDir();
-  const std::string socket = dir + "/allocd.sock";
+  const ScopedTempDir dir("allocd_gpu_");
+  const std::string socket = dir.path() + "/allocd.sock";
   std::string output;
   std::unique_ptr<Child> daemon = StartDaemon(socket, &output, {});
   ASSERT_NE(daemon, nullptr) << output;
@@ -286,8 +282,7 @@ class CudaChunksTest : public ::testing::Test {
  protected:
   void SetUp() override {
     REQUIRE_GPU();
-    dir_ = TempDir();
-    socket_ = dir_ + "/allocd.sock";
+    socket_ = dir_.path() + "/allocd.sock";
     StartDaemon();
   }
 
@@ -335,7 +330,8 @@ class CudaChunksTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_gpu_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;

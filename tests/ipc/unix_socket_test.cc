@@ -25,27 +25,12 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/scoped_temp_dir.h"
 
 namespace allocd {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/allocd_ipc_XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const {
-    return path_ + "/" + name;
-  }
-
- private:
-  std::string path_;
-};
 
 std::pair<UniqueFd, UniqueFd> Pair() {
   absl::StatusOr<std::pair<UniqueFd, UniqueFd>> pair = UnixSocketPair();
@@ -328,21 +313,21 @@ TEST(UnixSocketTest, CredentialsOfASocketPairAreOurs) {
 }
 
 TEST(UnixSocketTest, ListenSetsTheExactModeWhateverTheUmask) {
-  TempDir dir;
+  const ScopedTempDir dir("allocd_ipc_");
   const mode_t old_umask = umask(0077);
-  absl::StatusOr<UniqueFd> listener = ListenUnix(dir / "s.sock", 0660);
+  absl::StatusOr<UniqueFd> listener = ListenUnix(dir.path() + "/s.sock", 0660);
   umask(old_umask);
   ASSERT_TRUE(listener.ok()) << listener.status();
   struct stat st;
-  ASSERT_EQ(stat((dir / "s.sock").c_str(), &st), 0);
+  ASSERT_EQ(stat((dir.path() + "/s.sock").c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0660u);
   EXPECT_TRUE(fcntl(listener->get(), F_GETFD) & FD_CLOEXEC);
 }
 
 TEST(UnixSocketTest, AForkedClientsCredentialsAndFdsCrossProcesses) {
-  TempDir dir;
-  const std::string path = dir / "s.sock";
+  const ScopedTempDir dir("allocd_ipc_");
+  const std::string path = dir.path() + "/s.sock";
   absl::StatusOr<UniqueFd> listener = ListenUnix(path, 0600);
   ASSERT_TRUE(listener.ok()) << listener.status();
   const pid_t child = Fork([&path] {
@@ -379,8 +364,8 @@ TEST(UnixSocketTest, AForkedClientsCredentialsAndFdsCrossProcesses) {
 }
 
 TEST(UnixSocketTest, StaleSocketIsReplacedLiveOneIsRefused) {
-  TempDir dir;
-  const std::string path = dir / "s.sock";
+  const ScopedTempDir dir("allocd_ipc_");
+  const std::string path = dir.path() + "/s.sock";
   {
     absl::StatusOr<UniqueFd> first = ListenUnix(path, 0600);
     ASSERT_TRUE(first.ok());
@@ -401,8 +386,8 @@ TEST(UnixSocketTest, StaleSocketIsReplacedLiveOneIsRefused) {
 }
 
 TEST(UnixSocketTest, SocketOfAKilledDaemonIsReplaced) {
-  TempDir dir;
-  const std::string path = dir / "s.sock";
+  const ScopedTempDir dir("allocd_ipc_");
+  const std::string path = dir.path() + "/s.sock";
   const pid_t child = Fork([&path] {
     absl::StatusOr<UniqueFd> l = ListenUnix(path, 0600);
     if (!l.ok()) return 1;
@@ -416,8 +401,8 @@ TEST(UnixSocketTest, SocketOfAKilledDaemonIsReplaced) {
 }
 
 TEST(UnixSocketTest, NonSocketsAreNeverRemoved) {
-  TempDir dir;
-  const std::string file = dir / "not-a-socket";
+  const ScopedTempDir dir("allocd_ipc_");
+  const std::string file = dir.path() + "/not-a-socket";
   close(open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
   absl::Status s = ListenUnix(file, 0600).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

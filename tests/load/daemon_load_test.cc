@@ -40,6 +40,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/scoped_temp_dir.h"
 
 extern char** environ;
 
@@ -253,14 +254,7 @@ std::vector<ClientSpec> Clients() {
 
 class DaemonLoadTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "allocd_load_XXXXXX")
-            .string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << strerror(errno);
-    dir_ = pattern;
-    socket_ = dir_ + "/allocd.sock";
-  }
+  void SetUp() override { socket_ = dir_ + "/allocd.sock"; }
 
   void TearDown() override {
     if (HasFailure()) {
@@ -286,8 +280,6 @@ class DaemonLoadTest : public ::testing::Test {
       }
       daemon_.reset();
     }
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
   }
 
   // Starts the daemon; returns the /metrics port it reports on stderr.
@@ -337,7 +329,11 @@ class DaemonLoadTest : public ::testing::Test {
     return j;
   }
 
-  std::string dir_;
+  // First: removed after the processes below, whose output files are in
+  // it, are gone.
+  const allocd::ScopedTempDir tmp_{
+      "allocd_load_", std::filesystem::temp_directory_path().string()};
+  const std::string dir_ = tmp_.path();
   std::string socket_;
   std::unique_ptr<Process> daemon_;
   std::vector<std::unique_ptr<Process>> clients_;

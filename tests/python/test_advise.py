@@ -9,6 +9,7 @@ Environment: ALLOCD_BINARY, ALLOCCTL_BINARY, ALLOCD_PYTHON_DIR.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -351,6 +352,8 @@ class SecondReleaseTest(unittest.TestCase):
 class AdviseTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="allocd_py_")
+        # Cleanups run after tearDown: the daemon is gone by then.
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.socket = os.path.join(self.dir, "a.sock")
         self.daemon = subprocess.Popen(
             [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,

@@ -12,6 +12,7 @@ FAKE_INTERPOSER, FAKE_TORCH_PYTHON.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,8 @@ def wait_for(predicate, seconds=10.0):
 class UnchangedScriptTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="allocd_run_")
+        # Cleanups run after tearDown: the daemon is gone by then.
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.socket = os.path.join(self.dir, "a.sock")
         self.daemon = subprocess.Popen(
             [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 #include "tests/security/run_as.h"
 #include "tests/security/under_asan.h"
@@ -59,10 +60,8 @@ class AutotuneLabelTest : public ::testing::Test {
       GTEST_SKIP() << "needs root: the victim and the attacker run as uids "
                    << kVictim << " and " << kAttacker;
     }
-    std::string pattern = "/tmp/allocd_autotune_label_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    chmod(dir_.c_str(), 0755);
-    socket_ = dir_ + "/allocd.sock";
+    chmod(dir_.path().c_str(), 0755);
+    socket_ = dir_.path() + "/allocd.sock";
     // The daemon's default mode is recommend: only a job asking for apply
     // (here, the attacker's) is pushed configs.
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
@@ -73,12 +72,7 @@ class AutotuneLabelTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
-  void TearDown() override {
-    daemon_.reset();
-    if (dir_.empty()) return;
-    std::string rm = "rm -rf " + dir_;
-    (void)!system(rm.c_str());
-  }
+  void TearDown() override { daemon_.reset(); }
 
   // A replay of llama_lora under the label "victim" as `uid`, for
   // `seconds`, with `extra` flags; its JSON report.
@@ -118,7 +112,8 @@ class AutotuneLabelTest : public ::testing::Test {
     return {r.decisions().begin(), r.decisions().end()};
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_autotune_label_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;

@@ -41,6 +41,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "proto/protocol.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 #include "tests/security/run_as.h"
 #include "tests/security/under_asan.h"
@@ -79,17 +80,12 @@ uint64_t Rss(pid_t pid) {
 
 class LimitsTest : public ::testing::Test {
  protected:
-  void TearDown() override {
-    daemon_.reset();
-    if (!dir_.empty()) (void)!system(("rm -rf " + dir_).c_str());
-  }
+  void TearDown() override { daemon_.reset(); }
 
   void StartDaemon(std::vector<std::string> flags = {}) {
-    std::string pattern = "/tmp/allocd_limits_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
     // Other uids reach the sockets through the directory.
-    chmod(dir_.c_str(), 0755);
-    socket_ = dir_ + "/allocd.sock";
+    chmod(dir_.path().c_str(), 0755);
+    socket_ = dir_.path() + "/allocd.sock";
     std::vector<std::string> args = {
         ALLOCD_BINARY, "serve",          "--backend",   "sim",
         "--socket",    socket_,          "--metrics-addr", "",
@@ -137,7 +133,8 @@ class LimitsTest : public ::testing::Test {
     return *std::move(lease);
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_limits_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Allocd::Stub> stub_;

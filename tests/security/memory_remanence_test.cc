@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
 namespace allocd {
@@ -137,10 +138,8 @@ class RemanenceTest : public ::testing::Test {
     if (geteuid() != 0) {
       GTEST_SKIP() << "needs root to run the jobs as uids 1001 and 1002";
     }
-    std::string pattern = "/tmp/allocd_remanence_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    chmod(dir_.c_str(), 0755);
-    socket_ = dir_ + "/allocd.sock";
+    chmod(dir_.path().c_str(), 0755);
+    socket_ = dir_.path() + "/allocd.sock";
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "", "--capacity", "256MiB", "--cross-tenant-reuse",
@@ -149,13 +148,7 @@ class RemanenceTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
-  void TearDown() override {
-    daemon_.reset();
-    if (!dir_.empty()) {
-      std::string rm = "rm -rf " + dir_;
-      (void)!system(rm.c_str());
-    }
-  }
+  void TearDown() override { daemon_.reset(); }
 
   std::unique_ptr<Job> Start(uid_t uid, const std::string& job = "job") {
     return std::make_unique<Job>(uid, socket_, job);
@@ -175,7 +168,9 @@ class RemanenceTest : public ::testing::Test {
   uint64_t Cached() { return harness::PoolStatus(*admin_).free_bytes(); }
 
   std::string reuse_ = "recreate";
-  std::string dir_, socket_;
+  // Before the daemon: removed after it is stopped.
+  ScopedTempDir dir_{"allocd_remanence_"};
+  std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;
 };

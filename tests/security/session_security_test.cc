@@ -28,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 #include "tests/security/run_as.h"
 
@@ -55,12 +56,10 @@ Ran RunAs(uid_t uid, std::vector<gid_t> groups, std::vector<std::string> args) {
 class SessionSecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = "/tmp/allocd_security_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
     // Other uids reach the sockets (0660, root's group) through a
     // supplementary group 0, as a container user in the socket's group would.
-    chmod(dir_.c_str(), 0755);
-    socket_ = dir_ + "/allocd.sock";
+    chmod(dir_.path().c_str(), 0755);
+    socket_ = dir_.path() + "/allocd.sock";
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "", "--capacity", "64MiB"});
@@ -68,11 +67,7 @@ class SessionSecurityTest : public ::testing::Test {
     stub_ = v1::Allocd::NewStub(Dial(socket_));
   }
 
-  void TearDown() override {
-    daemon_.reset();
-    std::string rm = "rm -rf " + dir_;
-    (void)!system(rm.c_str());
-  }
+  void TearDown() override { daemon_.reset(); }
 
   static bool Root() { return geteuid() == 0; }
 
@@ -117,7 +112,9 @@ class SessionSecurityTest : public ::testing::Test {
     return harness::PoolStatus(*admin).in_use_bytes();
   }
 
-  std::string dir_, socket_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_security_"};
+  std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Allocd::Stub> stub_;
 };
@@ -268,18 +265,10 @@ class PidNamespaceTest : public ::testing::Test {
     if (probe.Wait() != 0) {
       GTEST_SKIP() << "cannot create a PID namespace here: " << said;
     }
-    std::string pattern = "/tmp/allocd_pidns_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    socket_ = dir_ + "/allocd.sock";
+    socket_ = dir_.path() + "/allocd.sock";
   }
 
-  void TearDown() override {
-    daemon_.reset();
-    if (!dir_.empty()) {
-      std::string rm = "rm -rf " + dir_;
-      (void)!system(rm.c_str());
-    }
-  }
+  void TearDown() override { daemon_.reset(); }
 
   // `command` run by unshare(1) as pid 1 of a new PID namespace (with its
   // own /proc), killed when unshare is.
@@ -315,7 +304,10 @@ class PidNamespaceTest : public ::testing::Test {
     return stub.Register(&c, hello, registered);
   }
 
-  std::string unshare_, dir_, socket_;
+  std::string unshare_;
+  // Before the daemon: removed after it is stopped.
+  ScopedTempDir dir_{"allocd_pidns_"};
+  std::string socket_;
   std::unique_ptr<Child> daemon_;
 };
 

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
 namespace allocd {
@@ -64,9 +65,7 @@ std::string JobSeconds(int seconds) { return std::to_string(seconds * kSlowdown)
 class AutotuneDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = "/tmp/allocd_autotune_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    socket_ = dir_ + "/allocd.sock";
+    socket_ = dir_.path() + "/allocd.sock";
   }
 
   void StartDaemon(const std::string& mode, std::vector<std::string> extra = {}) {
@@ -155,7 +154,8 @@ class AutotuneDaemonTest : public ::testing::Test {
     return r;
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_autotune_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;
@@ -367,7 +367,7 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
 // directory hands it to the job's next run at registration, before its
 // first allocation, where the run applies it at its first safe point.
 TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonStartsWithIt) {
-  const std::string state_dir = dir_ + "/state";
+  const std::string state_dir = dir_.path() + "/state";
   StartDaemon("apply", {"--state-dir", state_dir});
   // Runs until the push was kept (canary watch, judgement, promotion).
   std::unique_ptr<Child> first =

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
+#include "tests/scoped_temp_dir.h"
 
 namespace allocd {
 namespace {
@@ -19,9 +20,7 @@ using ::testing::Not;
 class ConfigWatcherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = "/tmp/allocd_watch_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    path_ = dir_ + "/config.json";
+    path_ = dir_.path() + "/config.json";
   }
   void Write(const std::string& text) {
     // Like the kubelet: a new file renamed over the old one.
@@ -44,7 +43,8 @@ class ConfigWatcherTest : public ::testing::Test {
                         response->session_id(), response->session_secret());
   }
 
-  std::string dir_, path_;
+  ScopedTempDir dir_{"allocd_watch_"};
+  std::string path_;
   MemfdChunkSource source_;
   NodePool pool_{&source_, uint64_t{1} << 30};
   Metrics metrics_;

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
 extern char** environ;
@@ -44,9 +45,7 @@ constexpr uint64_t kChunk = uint64_t{2} << 20;
 class DaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = "/tmp/allocd_daemon_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    socket_ = dir_ + "/allocd.sock";
+    socket_ = dir_.path() + "/allocd.sock";
     StartDaemon();
   }
 
@@ -120,7 +119,8 @@ class DaemonTest : public ::testing::Test {
     return client.TakeControl();
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_daemon_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;
@@ -1032,7 +1032,7 @@ TEST_F(DaemonTest, WhenTheDeviceHasNoRoomForTheClientsChunksTheDaemonMakesThem) 
 TEST_F(DaemonTest, OnlyAdminsMayAdminister) {
   if (getuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
   // Let uid 65534 reach the socket: only the daemon's check stops it.
-  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
   ASSERT_EQ(chmod(socket_.c_str(), 0666), 0);
   Child nobody({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
                 "--clear-groups", ALLOCCTL_BINARY, "--socket", socket_,

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
+#include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
 namespace allocd {
@@ -65,9 +66,7 @@ Holding ParseHolding(const std::string& line) {
 class DaemonRestartTest : public ::testing::Test {
  public:
   void SetUp() override {
-    std::string pattern = "/tmp/allocd_restart_XXXXXX";
-    dir_ = mkdtemp(pattern.data());
-    socket_ = dir_ + "/allocd.sock";
+    socket_ = dir_.path() + "/allocd.sock";
   }
 
   // A long window: that it closes long before proves it ends when the
@@ -91,7 +90,8 @@ class DaemonRestartTest : public ::testing::Test {
     return by_pid;
   }
 
-  std::string dir_;
+  // First: removed after the daemon below is stopped.
+  ScopedTempDir dir_{"allocd_restart_"};
   std::string socket_;
   std::unique_ptr<Child> daemon_;
   std::unique_ptr<v1::Admin::Stub> admin_;
