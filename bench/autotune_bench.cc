@@ -2,7 +2,7 @@
 // full window of 2^20 events (llama_lora repeated) on 2 replay threads, the
 // issue's target being trigger -> ACK <= 5 s on 2 cores. The ACK here comes
 // from a fake client at once, so the time is the daemon's share; a real
-// client adds one round trip.
+// client adds one round trip. And what recording an event costs a window.
 //   build/release/bench/autotune_bench
 #include <sys/resource.h>
 
@@ -16,6 +16,7 @@
 #include "bench/shipped_traces.h"
 #include "benchmark/benchmark.h"
 #include "server/autotune/autotuner.h"
+#include "server/autotune/job_window.h"
 
 namespace allocd {
 namespace {
@@ -130,6 +131,36 @@ BENCHMARK_CAPTURE(BM_TriggerToPush, first_pass_1M, true)
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_TriggerToPush, admin_1M, false)
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// What recording costs the daemon per event (under the autotuner's lock),
+// for a job on two streams and for a client that names a new stream in
+// every event, past the 2^16 streams a window indexes (a first batch named
+// them all): each a batch of 2^16 events, as one report carries.
+void BM_WindowRecords(benchmark::State& state, bool a_stream_per_event) {
+  constexpr size_t kBatch = size_t{1} << 16;
+  uint64_t next_handle = 1;
+  auto batch = [&] {
+    std::vector<EvidenceEvent> events;
+    events.reserve(kBatch);
+    for (size_t i = 0; i < kBatch; ++i) {
+      const uint64_t stream = a_stream_per_event ? next_handle++ : 7 + i % 2;
+      events.push_back({TraceOp::kAlloc, stream, i, 512});
+    }
+    return events;
+  };
+  for (auto _ : state) {
+    state.PauseTiming();
+    JobWindow window(size_t{1} << 20);
+    window.Add(batch(), 0);
+    const std::vector<EvidenceEvent> next = batch();
+    state.ResumeTiming();
+    window.Add(next, 0);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kBatch));
+}
+
+BENCHMARK_CAPTURE(BM_WindowRecords, two_streams, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_WindowRecords, a_stream_per_event, true)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace allocd

@@ -156,12 +156,18 @@ void JobWindow::RequestFree(LiveId& live) {
 }
 
 uint16_t JobWindow::StreamIndex(uint64_t handle) {
-  auto it = std::find(stream_handles_.begin(), stream_handles_.end(), handle);
-  if (it != stream_handles_.end()) return static_cast<uint16_t>(it - stream_handles_.begin());
+  // A job's first few streams are found without hashing.
+  const size_t first = std::min<size_t>(stream_handles_.size(), kStreamsScanned);
+  for (size_t i = 0; i < first; ++i) {
+    if (stream_handles_[i] == handle) return static_cast<uint16_t>(i);
+  }
+  if (auto it = stream_indices_.find(handle); it != stream_indices_.end()) return it->second;
   // A program has a handful of streams; past 2^16 they share the last index.
   if (stream_handles_.size() > UINT16_MAX) return UINT16_MAX;
+  const auto index = static_cast<uint16_t>(stream_handles_.size());
   stream_handles_.push_back(handle);
-  return static_cast<uint16_t>(stream_handles_.size() - 1);
+  if (index >= kStreamsScanned) stream_indices_.emplace(handle, index);
+  return index;
 }
 
 void JobWindow::Append(TraceOp op, uint16_t stream, uint32_t id, uint64_t size) {
@@ -198,7 +204,9 @@ size_t JobWindow::MemoryBytes() const {
          live_ids_.capacity() * (sizeof(std::pair<uint64_t, LiveId>) + 1) +
          prelude_.capacity() * (sizeof(std::pair<uint32_t, Live>) + 1) +
          outside_.capacity() * (sizeof(std::pair<uint64_t, int64_t>) + 1) +
-         stream_handles_.capacity() * sizeof(uint64_t) + step_ends_.size() * sizeof(uint64_t) +
+         stream_handles_.capacity() * sizeof(uint64_t) +
+         stream_indices_.capacity() * (sizeof(std::pair<uint64_t, uint16_t>) + 1) +
+         step_ends_.size() * sizeof(uint64_t) +
          StatesBytes(states_);
 }
 

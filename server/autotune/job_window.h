@@ -209,8 +209,12 @@ class JobWindow {
   // Window id -> what the allocation was, for those allocated before the
   // window's start and not yet free_completed at it.
   absl::flat_hash_map<uint32_t, Live> prelude_;
-  // The window's stream index -> CUDA handle, in order of first use.
+  // The window's stream index -> CUDA handle, in order of first use, and
+  // back: a lookup per event, which a client naming a new stream in each
+  // must not make cost the daemon the streams seen.
   std::vector<uint64_t> stream_handles_;
+  static constexpr size_t kStreamsScanned = 4;
+  absl::flat_hash_map<uint64_t, uint16_t> stream_indices_;  // past the first kStreamsScanned
   int64_t requested_bytes_ = 0;
   // Client id -> bytes asked for, of the blocks states showed held that
   // the stream never allocated, until their free; and their total.

@@ -117,6 +117,33 @@ TEST(JobWindowTest, StreamsAreIndexedInHandleOrder) {
   EXPECT_EQ(trace.events[2].stream, 1);
 }
 
+// Streams are found again wherever they were first seen (the first few by
+// a scan, the rest hashed); past 2^16 of them, the rest share the last.
+TEST(JobWindowTest, ManyStreamsKeepTheirIndexAndThoseFarPastAnyJobShareOne) {
+  JobWindow window(size_t{1} << 18);
+  std::vector<EvidenceEvent> events;
+  for (uint64_t s = 0; s < 10; ++s) events.push_back(Alloc(s, 10, 0x1000 - s));
+  for (uint64_t s = 0; s < 10; ++s) events.push_back(Alloc(100 + s, 10, 0x1000 - s));
+  window.Add(events, 0);
+  Trace trace = window.ToTrace();
+  ASSERT_EQ(trace.streams.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(trace.events[i].stream, trace.events[10 + i].stream) << i;
+    EXPECT_EQ(trace.streams[trace.events[i].stream], 0x1000 - i);
+  }
+  events.clear();
+  for (uint64_t s = 0; s < (uint64_t{1} << 16) + 10; ++s) {
+    events.push_back(Alloc(1000 + s, 10, 0x100000 + s));
+  }
+  window.Add(events, 0);
+  trace = window.ToTrace();
+  EXPECT_EQ(trace.streams.size(), size_t{1} << 16);
+  EXPECT_EQ(trace.events.size(), 20 + (size_t{1} << 16) + 10);
+  // The last ones share the last index the window gave.
+  EXPECT_EQ(trace.events.back().stream, trace.events[trace.events.size() - 11].stream);
+  EXPECT_EQ(trace.events[0].stream, trace.events[10].stream);
+}
+
 TEST(JobWindowTest, AGapCountsUntilTheWindowMovesPastIt) {
   JobWindow window(30);
   window.Add(Churn(5), 0);
