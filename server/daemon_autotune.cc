@@ -479,7 +479,10 @@ JobPolicy DaemonAutotune::EffectivePolicy(const JobKey& job) const {
   std::set<std::string> pinned;
   std::optional<AutotuneMode> asked;
   if (auto p = job_preferences_.find(job); p != job_preferences_.end()) {
-    if (!p->second.mode().empty()) asked = *ParseAutotuneMode(p->second.mode());
+    // Checked at registration (CheckRegisterRequest): an unknown mode asks nothing.
+    if (absl::StatusOr<AutotuneMode> mode = ParseAutotuneMode(p->second.mode()); mode.ok()) {
+      asked = *mode;
+    }
     pinned.insert(p->second.pinned_keys().begin(), p->second.pinned_keys().end());
   }
   // An admin's mode for the label: the admin's call, else the file's.

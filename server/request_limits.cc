@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
 #include "proto/protocol.h"
+#include "server/autotune/autotuner.h"
 #include "server/config_store.h"
 
 namespace allocd {
@@ -101,6 +102,20 @@ absl::Status CheckRegisterRequest(const v1::RegisterRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gpu_uuid is ", r.gpu_uuid().size(), " bytes; at most ", kMaxGpuUuid));
   }
+  const v1::AutotunePreferences& autotune = r.autotune();
+  if (!autotune.mode().empty()) {
+    if (absl::Status s = ParseAutotuneMode(autotune.mode()).status(); !s.ok()) return s;
+  }
+  if (static_cast<size_t>(autotune.pinned_keys_size()) > kMaxPinnedKeys) {
+    return absl::InvalidArgumentError(absl::StrCat("autotune pins ", autotune.pinned_keys_size(),
+                                                   " keys; at most ", kMaxPinnedKeys));
+  }
+  for (const std::string& key : autotune.pinned_keys()) {
+    if (key.empty() || key.size() > kMaxPinnedKey) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a pinned key is ", key.size(), " bytes; 1 to ", kMaxPinnedKey));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -140,6 +155,12 @@ absl::Status CheckTelemetry(const v1::TelemetryReport& r) {
   if (static_cast<size_t>(r.stats_size()) > kMaxStats) {
     return absl::InvalidArgumentError(absl::StrCat(
         "telemetry holds ", r.stats_size(), " stats; at most ", kMaxStats));
+  }
+  for (const auto& [name, value] : r.stats()) {
+    if (name.size() > kMaxStatName) {
+      return absl::InvalidArgumentError(absl::StrCat("a stat's name is ", name.size(),
+                                                     " bytes; at most ", kMaxStatName));
+    }
   }
   return r.has_events() ? CheckEvents(r.events()) : absl::OkStatus();
 }

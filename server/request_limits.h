@@ -25,13 +25,21 @@ inline constexpr size_t kMaxGpuUuid = 128;
 inline constexpr int kMaxClientDevice = 1023;
 // OomReport.message, and ConfigAck.error (a NACK's reason).
 inline constexpr size_t kMaxOomMessage = 4096;
-// TelemetryReport.stats: how many named stats one report holds.
+// TelemetryReport.stats: how many named stats one report holds, and the
+// bytes of a name (PyTorch's are under 64).
 inline constexpr size_t kMaxStats = 1024;
+inline constexpr size_t kMaxStatName = 128;
+// AutotunePreferences.pinned_keys: how many, and the bytes of one
+// (PYTORCH_CUDA_ALLOC_CONF has about a dozen keys, none over 40 bytes).
+inline constexpr size_t kMaxPinnedKeys = 64;
+inline constexpr size_t kMaxPinnedKey = 64;
 
 // A registration's protocol version (FailedPrecondition, naming both, for
 // another than kProtocolVersion), job label (ValidateJobLabel), device
-// ordinal (0 to kMaxClientDevice) and GPU UUID length. The description is
-// CheckClientDescription's, after the device is known.
+// ordinal (0 to kMaxClientDevice), GPU UUID length, and autotune
+// preferences: a mode that is empty, "off", "recommend" or "apply", and at
+// most kMaxPinnedKeys pinned keys of 1 to kMaxPinnedKey bytes. The
+// description is CheckClientDescription's, after the device is known.
 absl::Status CheckRegisterRequest(const v1::RegisterRequest& r);
 absl::Status CheckClientDescription(absl::string_view client);
 
@@ -44,7 +52,8 @@ absl::Status CheckAcquireBytes(uint64_t bytes, uint64_t max_acquire_bytes);
 absl::Status CheckReleaseIds(int count);
 absl::Status CheckShareIds(int count);
 
-// A telemetry report's stats (at most kMaxStats) and its event batch, if
+// A telemetry report's stats (at most kMaxStats, names of at most
+// kMaxStatName bytes) and its event batch, if
 // any: columns of one length, at most kMaxEventsPerBatch events, ops 0
 // (alloc), 1 (free_requested), 2 (free_completed) or 3 (kEventOpStep, a
 // step mark), sizes of at most kMaxEventBytes, and its allocator state's

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +42,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "proto/protocol.h"
+#include "server/request_limits.h"
 #include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 #include "tests/security/run_as.h"
@@ -303,6 +305,47 @@ TEST_F(LimitsTest, ClientSocketConnectionsPastTheTenantsBoundAreClosedAndOthersC
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ADD_FAILURE() << "connections closed never made room";
+}
+
+// What a registration asks of the autotuner is checked before anything
+// keeps it: an unknown mode once aborted the daemon (an unchecked parse),
+// and pinned keys were kept, and copied under the autotuner's lock, however
+// many came.
+TEST_F(LimitsTest, AutotunePreferencesPastTheirBoundsAreRefusedAndTheDaemonServesOn) {
+  StartDaemon({"--autotune", "apply"});
+  auto refused = [&](const std::function<void(v1::AutotunePreferences&)>& ask) {
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + kLegitimateDeadline));
+    v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    hello.set_job("asks");
+    ask(*hello.mutable_autotune());
+    v1::RegisterResponse session;
+    const grpc::Status s = stub_->Register(&c, hello, &session);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    return s.error_message();
+  };
+  EXPECT_THAT(refused([](v1::AutotunePreferences& p) { p.set_mode("aply"); }),
+              HasSubstr("off, recommend or apply"));
+  EXPECT_THAT(refused([](v1::AutotunePreferences& p) {
+                for (size_t i = 0; i <= kMaxPinnedKeys; ++i) p.add_pinned_keys("expandable_segments");
+              }),
+              HasSubstr("pins"));
+  EXPECT_THAT(refused([](v1::AutotunePreferences& p) {
+                p.add_pinned_keys(std::string(kMaxPinnedKey + 1, 'k'));
+              }),
+              HasSubstr("pinned key"));
+  EXPECT_EQ(kill(daemon_->pid(), 0), 0);
+  // A job that asks within them registers as before.
+  grpc::ClientContext c;
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  hello.set_job("asks");
+  hello.mutable_autotune()->set_mode("recommend");
+  hello.mutable_autotune()->add_pinned_keys("expandable_segments");
+  v1::RegisterResponse session;
+  const grpc::Status s = stub_->Register(&c, hello, &session);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 TEST_F(LimitsTest, AFloodOfLabelsAndEventsStaysInsideTheAutotunersMemory) {

@@ -41,6 +41,30 @@ TEST(RequestLimitsTest, ARegistrationSpeaksTheProtocolWithinBounds) {
       CheckClientDescription(std::string(kMaxClientDescription + 1, 'c'))));
 }
 
+TEST(RequestLimitsTest, AutotunePreferencesNameAModeAndFewShortKeys) {
+  v1::RegisterRequest r = Hello();
+  for (const char* mode : {"", "off", "recommend", "apply"}) {
+    r.mutable_autotune()->set_mode(mode);
+    EXPECT_TRUE(CheckRegisterRequest(r).ok()) << mode;
+  }
+  r.mutable_autotune()->set_mode("Apply");
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckRegisterRequest(r)));
+  r.mutable_autotune()->set_mode("apply");
+  for (size_t i = 0; i < kMaxPinnedKeys; ++i) {
+    r.mutable_autotune()->add_pinned_keys(std::string(kMaxPinnedKey, 'k'));
+  }
+  EXPECT_TRUE(CheckRegisterRequest(r).ok());
+  v1::RegisterRequest too_many = r;
+  too_many.mutable_autotune()->add_pinned_keys("expandable_segments");
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckRegisterRequest(too_many)));
+  v1::RegisterRequest too_long = Hello();
+  too_long.mutable_autotune()->add_pinned_keys(std::string(kMaxPinnedKey + 1, 'k'));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckRegisterRequest(too_long)));
+  v1::RegisterRequest empty_key = Hello();
+  empty_key.mutable_autotune()->add_pinned_keys("");
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckRegisterRequest(empty_key)));
+}
+
 TEST(RequestLimitsTest, SizesAndCountsHaveBounds) {
   EXPECT_TRUE(absl::IsInvalidArgument(CheckAcquireBytes(0, 1 << 20)));
   EXPECT_TRUE(CheckAcquireBytes(1 << 20, 1 << 20).ok());
@@ -72,6 +96,11 @@ TEST(RequestLimitsTest, TelemetryHoldsFewEnoughStatsAndWellFormedEvents) {
   EXPECT_TRUE(CheckTelemetry(r).ok());
   (*r.mutable_stats())["one too many"] = 1;
   EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(r)));
+  v1::TelemetryReport long_name;
+  (*long_name.mutable_stats())[std::string(kMaxStatName, 's')] = 1;
+  EXPECT_TRUE(CheckTelemetry(long_name).ok());
+  (*long_name.mutable_stats())[std::string(kMaxStatName + 1, 's')] = 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckTelemetry(long_name)));
 
   v1::TelemetryReport events;
   v1::EventBatch* batch = events.mutable_events();
