@@ -642,16 +642,24 @@ class Autotuner::Impl {
       const JobKey key = std::move(ended_jobs_.front());
       ended_jobs_.pop_front();
       auto it = jobs_.find(key);
-      if (it == jobs_.end()) continue;
+      // Gone, live again, or ended again later (dropped from there).
+      if (it == jobs_.end() || !it->second.sessions.empty() ||
+          std::find(ended_jobs_.begin(), ended_jobs_.end(), key) != ended_jobs_.end()) {
+        continue;
+      }
       const Job& job = it->second;
+      // A push still watched, being promoted or rolled back, or a task
+      // still to run for it, is seen through first: the job is looked at
+      // again when the next one ends. One whose push was applied is history
+      // like any other (its learned config, kept by the daemon, stays).
+      if ((job.acting && !Applied(*job.acting)) || job.review || job.queued ||
+          std::any_of(tasks_.begin(), tasks_.end(), [&](const Task& t) { return t.job == key; })) {
+        ended_jobs_.push_back(key);
+        return;
+      }
       // Its policy goes too: the daemon sets it again when a session of
       // the job registers.
-      if (job.sessions.empty() && !job.acting && !job.review && !job.queued &&
-          std::none_of(tasks_.begin(), tasks_.end(),
-                       [&](const Task& t) { return t.job == key; }) &&
-          std::find(ended_jobs_.begin(), ended_jobs_.end(), key) == ended_jobs_.end()) {
-        jobs_.erase(it);
-      }
+      jobs_.erase(it);
     }
   }
 

@@ -182,9 +182,10 @@ struct AutotuneOptions {
   size_t history_per_job = 64;
   // Jobs with no session left whose state (decisions, first pass) is kept,
   // the most recently ended: a flood of job labels cannot grow the daemon
-  // without bound. A job with a push or review still under way is not
-  // dropped; a dropped job that comes back starts afresh (its learned
-  // config, kept by the daemon, still starts it).
+  // without bound. A job with a push or review still under way is dropped
+  // once it is through (a push applied for the job is through); a dropped
+  // job that comes back starts afresh (its learned config, kept by the
+  // daemon, still starts it).
   size_t ended_jobs_kept = 256;
   // Candidates a run replays at most, and the device-call gate (see
   // decider.h).

@@ -1178,6 +1178,41 @@ TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
   EXPECT_EQ(tuner.Status().size(), 10u);
 }
 
+// A job whose push was set for it is history once ended, like any other:
+// a flood of labels that each got a push cannot grow the daemon either.
+TEST(AutotunerTest, AnEndedJobWhosePushWasAppliedIsDroppedLikeAnyOther) {
+  FakeClock clock;
+  FakeActions actions;
+  AutotuneOptions options = Options(clock, AutotuneMode::kApply);
+  options.ended_jobs_kept = 4;
+  Autotuner tuner(options, &actions);
+  const AutotuneDecision d = PushedWithEventsAfter(tuner, actions);
+  tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  tuner.SessionEnded(1);
+  tuner.SessionEnded(2);
+  tuner.WaitIdle();
+  auto jobs = [&] {
+    std::set<std::string> names;
+    for (const AutotuneJobStatus& s : tuner.Status()) {
+      names.insert(s.job);
+      if (s.job == "llama") EXPECT_EQ(s.state, "applied");
+    }
+    return names;
+  };
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "job");
+  EXPECT_TRUE(jobs().contains("llama"));
+  for (SessionId id = 10; id < 15; ++id) {
+    tuner.SessionStarted(id, absl::StrCat("job-", id), "", 0);
+    tuner.SessionEnded(id);
+  }
+  tuner.WaitIdle();
+  const std::set<std::string> kept = jobs();
+  EXPECT_FALSE(kept.contains("llama"));
+  EXPECT_EQ(kept.size(), 4u);
+}
+
 // Ends the canary session of `d`, expecting its push set for the job:
 // the decision then.
 AutotuneDecision EndTheCanary(Autotuner& tuner, FakeActions& actions,
