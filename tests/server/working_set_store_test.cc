@@ -64,6 +64,40 @@ TEST(WorkingSetStoreTest, KeepsTheLastEndedSessionsSetByTenantJobAndDevice) {
               ElementsAre(2 * kMiB, 4 * kMiB));
 }
 
+// A flood of labels, each a job that ended with a working set, keeps at
+// most the tenant's share, its least recently remembered going first, and
+// drops nothing of another tenant's until all of them pass the bound.
+TEST(WorkingSetStoreTest, AFloodOfLabelsKeepsAtMostItsTenantsShare) {
+  constexpr uint64_t kTotal = 64 * 1024, kPerTenant = 16 * 1024;
+  WorkingSetStore store(uint64_t{1} << 30, kTotal, kPerTenant);
+  SessionRegistry sessions;
+  auto ended = [&](const TenantId& tenant, const std::string& job) {
+    std::shared_ptr<Session> s = sessions.Create({.tenant = tenant, .job = job});
+    EXPECT_TRUE(store.Report(*s, SetOf(std::vector<uint64_t>(100, 2 * kMiB)), 2 * kMiB).ok());
+    store.Remember(*s);
+  };
+  ended("uid:1001", "victim");
+  for (int i = 0; i < 1000; ++i) ended("uid:1002", "flood-" + std::to_string(i));
+  EXPECT_LE(store.bytes("uid:1002"), kPerTenant);
+  EXPECT_GT(store.bytes("uid:1002"), kPerTenant / 2);
+  EXPECT_EQ(store.Last("uid:1001", "victim", 0).size(), 100u);
+  EXPECT_EQ(store.Last("uid:1002", "flood-999", 0).size(), 100u);
+  EXPECT_TRUE(store.Last("uid:1002", "flood-0", 0).empty());
+  // Remembered again, a job is the most recent: the next to go is another.
+  ended("uid:1002", "flood-990");
+  ended("uid:1002", "flood-1000");
+  EXPECT_EQ(store.Last("uid:1002", "flood-990", 0).size(), 100u);
+  // Many tenants, each within its share: the bound holds for all, the
+  // least recently remembered (the victim's) going first.
+  for (int t = 0; t < 8; ++t) {
+    for (int i = 0; i < 20; ++i) ended("uid:" + std::to_string(2000 + t), "j" + std::to_string(i));
+  }
+  EXPECT_LE(store.bytes(), kTotal);
+  EXPECT_TRUE(store.Last("uid:1001", "victim", 0).empty());
+  EXPECT_EQ(store.bytes("uid:1001"), 0u);
+  EXPECT_EQ(store.Last("uid:2007", "j19", 0).size(), 100u);
+}
+
 TEST(WorkingSetStoreTest, ASetThatCannotBeOneIsRefusedAndTheLastKept) {
   WorkingSetStore store(64 * kMiB);
   SessionRegistry sessions;
