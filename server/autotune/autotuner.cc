@@ -871,6 +871,22 @@ class Autotuner::Impl {
   }
 
   bool HasTask() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
+
+  // The oldest task of the tenant whose last task started longest ago: a
+  // tenant with many jobs deciding (or growing ones, which skip the
+  // cooldown) delays another's next task by at most one of its own, not
+  // by its whole queue. A job's tasks keep their order.
+  std::deque<Task>::iterator NextTask() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto started = [&](const Task& t) {
+      auto it = started_by_tenant_.find(t.job.tenant);
+      return it == started_by_tenant_.end() ? uint64_t{0} : it->second;
+    };
+    auto next = tasks_.begin();
+    for (auto it = std::next(tasks_.begin()); it != tasks_.end(); ++it) {
+      if (started(*it) < started(*next)) next = it;
+    }
+    return next;
+  }
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_.empty() && !busy_; }
 
   void Work() {
@@ -880,8 +896,11 @@ class Autotuner::Impl {
       {
         absl::MutexLock lock(&mu_, absl::Condition(this, &Impl::HasTask));
         if (stop_) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
+        const auto next = NextTask();
+        task = std::move(*next);
+        tasks_.erase(next);
+        if (started_by_tenant_.size() > kTenantsRemembered) started_by_tenant_.clear();
+        started_by_tenant_[task.job.tenant] = ++tasks_started_;
         busy_ = true;
       }
       switch (task.kind) {
@@ -978,6 +997,11 @@ class Autotuner::Impl {
   std::map<JobKey, Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  // When each tenant's last task started (NextTask), in tasks started; past
+  // kTenantsRemembered tenants, forgotten all at once (their turns even out).
+  static constexpr size_t kTenantsRemembered = 4096;
+  absl::flat_hash_map<TenantId, uint64_t> started_by_tenant_ ABSL_GUARDED_BY(mu_);
+  uint64_t tasks_started_ ABSL_GUARDED_BY(mu_) = 0;
   // Jobs whose last session ended, oldest first (DropOldEndedJobs).
   std::deque<JobKey> ended_jobs_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;

@@ -1150,6 +1150,50 @@ TEST(AutotunerTest, APushBetterThanStayingOnTheSameEventsIsKeptThoughAbovePredic
   EXPECT_EQ(actions.pushes()[1].kind, "job");
 }
 
+// Decisions take turns by tenant: a tenant with many jobs queued delays
+// another's next decision by one of its own at most, not by its queue.
+TEST(AutotunerTest, TenantsTakeTurnsOnTheDecisionWorker) {
+  // Holds the worker in its first run until released; records the jobs run.
+  class GatedActions : public FakeActions {
+   public:
+    void OnRun(const std::string& job) override {
+      absl::MutexLock lock(&gate_);
+      ran_.push_back(job);
+      if (ran_.size() == 1) gate_.Await(absl::Condition(&open_));
+    }
+    void Open() {
+      absl::MutexLock lock(&gate_);
+      open_ = true;
+    }
+    std::vector<std::string> ran() const {
+      absl::MutexLock lock(&gate_);
+      return ran_;
+    }
+
+   private:
+    mutable absl::Mutex gate_;
+    bool open_ ABSL_GUARDED_BY(gate_) = false;
+    std::vector<std::string> ran_ ABSL_GUARDED_BY(gate_);
+  };
+  FakeClock clock;
+  GatedActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  for (SessionId id = 1; id <= 5; ++id) {
+    tuner.SessionStarted(id, absl::StrCat("a", id), "", 0, "uid:1");
+  }
+  tuner.SessionStarted(10, "b", "", 0, "uid:2");
+  tuner.SessionStarted(11, "c", "", 0, "uid:3");
+  ASSERT_TRUE(tuner.RunNow("a1", "uid:1").ok());
+  while (actions.ran().empty()) absl::SleepFor(absl::Milliseconds(1));
+  for (const char* job : {"a2", "a3", "a4", "a5"}) ASSERT_TRUE(tuner.RunNow(job, "uid:1").ok());
+  ASSERT_TRUE(tuner.RunNow("b", "uid:2").ok());
+  ASSERT_TRUE(tuner.RunNow("c", "uid:3").ok());
+  actions.Open();
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.ran(),
+            (std::vector<std::string>{"a1", "b", "c", "a2", "a3", "a4", "a5"}));
+}
+
 // A flood of short jobs, each its own label: the ended ones kept are the
 // most recent few, so the daemon's state does not grow with the labels.
 TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
