@@ -173,6 +173,10 @@ absl::Status ConfigPusher::Ack(Session& session, const v1::ConfigAck& r) {
         absl::StrCat("no config version ", r.version()));
   }
   if (absl::Status s = CheckNackError(r.error()); !s.ok()) return s;
+  if (!session.MayAnswer(r.version())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config version ", r.version(), " was never pushed to session ", session.id()));
+  }
   configs_.Record({.at = absl::Now(),
                    .event = r.applied() ? "ack" : "nack",
                    .version = r.version(),
@@ -181,6 +185,7 @@ absl::Status ConfigPusher::Ack(Session& session, const v1::ConfigAck& r) {
                    .session_id = session.id(),
                    .detail = r.error()});
   if (!r.applied()) {
+    session.Refused(r.version());
     metrics_->ConfigPushResult("nack");
     return absl::OkStatus();
   }

@@ -16,7 +16,12 @@ bool Session::ProvenBy(absl::string_view secret) const {
 
 void Session::Push(v1::ControlMessage message) {
   absl::MutexLock lock(&mu_);
-  if (!closed_) queue_.push_back(std::move(message));
+  if (closed_) return;
+  if (message.has_config()) {
+    offered_.push_back(message.config().config().version());
+    if (offered_.size() > kMaxOffered) offered_.pop_front();
+  }
+  queue_.push_back(std::move(message));
 }
 
 bool Session::WaitNext(v1::ControlMessage* message, absl::Duration timeout) {
@@ -77,8 +82,21 @@ bool Session::TakeAcquireRefused() {
   return std::exchange(acquire_refused_, false);
 }
 
+bool Session::MayAnswer(uint64_t version) const {
+  absl::MutexLock lock(&mu_);
+  return std::find(offered_.begin(), offered_.end(), version) != offered_.end() ||
+         std::any_of(applied_.begin(), applied_.end(),
+                     [&](const AppliedConfig& a) { return a.version == version; });
+}
+
+void Session::Refused(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  std::erase(offered_, version);
+}
+
 void Session::Acked(AppliedConfig config) {
   absl::MutexLock lock(&mu_);
+  std::erase(offered_, config.version);
   rolling_back_ = false;
   // Acking a config already in the stack (a rollback) returns to it.
   auto it = std::find_if(applied_.begin(), applied_.end(),

@@ -68,7 +68,9 @@ class Session {
   // Whether `secret` is this session's (in constant time: SameSecret).
   bool ProvenBy(absl::string_view secret) const;
 
-  // Queues a message for the WatchConfig stream. No-op once closed.
+  // Queues a message for the WatchConfig stream. No-op once closed. A
+  // config's version is offered to the session: it may answer it
+  // (MayAnswer).
   void Push(v1::ControlMessage message);
   // Waits up to `timeout` for the next message. False on timeout or once
   // the session is closed and the queue drained.
@@ -98,6 +100,13 @@ class Session {
   // is the config to return to after an OOM under a pushed version (nullopt
   // when the session runs its initial config: nothing to roll back to).
   void Acked(AppliedConfig config);
+  // Whether the session may ACK or NACK `version`: one pushed to it and not
+  // answered yet (the newest kMaxOffered), or a config it ran. A client
+  // cannot make the daemon keep versions that were never its own.
+  static constexpr size_t kMaxOffered = 64;
+  bool MayAnswer(uint64_t version) const;
+  // It NACKed `version`: no longer offered.
+  void Refused(uint64_t version);
   AppliedConfig Current() const;
   // The versions of every config it ran and may return to (a rollback
   // pops back to one): what the config store must keep.
@@ -131,6 +140,8 @@ class Session {
   bool acquire_refused_ ABSL_GUARDED_BY(mu_) = false;
   // Oldest first; the back is what the session runs now.
   std::vector<AppliedConfig> applied_ ABSL_GUARDED_BY(mu_);
+  // Versions pushed and not answered yet, oldest first.
+  std::deque<uint64_t> offered_ ABSL_GUARDED_BY(mu_);
   bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(mu_);
   uint64_t stats_version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -287,5 +287,41 @@ TEST_F(ConfigPusherTest, AnAckOfAnUnknownVersionOrAnOverlongNackIsRefused) {
   EXPECT_EQ(pusher_.History("llama", 0).entries(0).event(), "nack");
 }
 
+// A session answers the versions pushed to it (and those it ran), not
+// another job's: acking every stored version would keep them all from
+// being pruned, and grow what the session remembers.
+TEST_F(ConfigPusherTest, ASessionAnswersOnlyWhatWasPushedToIt) {
+  std::shared_ptr<Session> session = Register();
+  absl::StatusOr<v1::SetConfigResponse> other =
+      pusher_.Set("other-job", "expandable_segments:True", "test", 0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  v1::ConfigAck ack;
+  ack.set_session_id(session->id());
+  ack.set_applied(true);
+  ack.set_version(other->config().version());
+  EXPECT_TRUE(absl::IsInvalidArgument(pusher_.Ack(*session, ack)));
+  EXPECT_EQ(session->AppliedVersions(), std::vector<uint64_t>{0});
+
+  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
+      session->id(), "expandable_segments:True", "test", "canary", 0);
+  ASSERT_TRUE(canary.ok()) << canary.status();
+  ack.set_version(*canary);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());  // again: it runs it
+  EXPECT_EQ(session->AppliedVersions(), (std::vector<uint64_t>{0, *canary}));
+  // Its initial config too (what a rollback returns to).
+  ack.set_version(0);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  // A NACKed push is answered: not again.
+  absl::StatusOr<uint64_t> refused = pusher_.PushToSession(
+      session->id(), "max_split_size_mb:128", "test", "canary", 0);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  ack.set_version(*refused);
+  ack.set_applied(false);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  ack.set_applied(true);
+  EXPECT_TRUE(absl::IsInvalidArgument(pusher_.Ack(*session, ack)));
+}
+
 }  // namespace
 }  // namespace allocd
