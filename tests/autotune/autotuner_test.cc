@@ -1194,6 +1194,13 @@ TEST(AutotunerTest, TenantsTakeTurnsOnTheDecisionWorker) {
             (std::vector<std::string>{"a1", "b", "c", "a2", "a3", "a4", "a5"}));
 }
 
+// The jobs the autotuner keeps, by label.
+std::set<std::string> JobNames(const Autotuner& tuner) {
+  std::set<std::string> names;
+  for (const AutotuneJobStatus& s : tuner.Status()) names.insert(s.job);
+  return names;
+}
+
 // A flood of short jobs, each its own label: the ended ones kept are the
 // most recent few, so the daemon's state does not grow with the labels.
 TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
@@ -1209,9 +1216,7 @@ TEST(AutotunerTest, OnlyTheMostRecentlyEndedJobsAreKept) {
     tuner.SessionEnded(id);
   }
   tuner.WaitIdle();
-  const std::vector<AutotuneJobStatus> status = tuner.Status();
-  std::set<std::string> jobs;
-  for (const AutotuneJobStatus& s : status) jobs.insert(s.job);
+  const std::set<std::string> jobs = JobNames(tuner);
   EXPECT_EQ(jobs.size(), 9u);
   EXPECT_TRUE(jobs.contains("live"));
   EXPECT_TRUE(jobs.contains("job-100"));
@@ -1236,23 +1241,18 @@ TEST(AutotunerTest, AnEndedJobWhosePushWasAppliedIsDroppedLikeAnyOther) {
   tuner.SessionEnded(1);
   tuner.SessionEnded(2);
   tuner.WaitIdle();
-  auto jobs = [&] {
-    std::set<std::string> names;
-    for (const AutotuneJobStatus& s : tuner.Status()) {
-      names.insert(s.job);
-      if (s.job == "llama") EXPECT_EQ(s.state, "applied");
-    }
-    return names;
-  };
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "job");
-  EXPECT_TRUE(jobs().contains("llama"));
+  for (const AutotuneJobStatus& s : tuner.Status()) {
+    if (s.job == "llama") EXPECT_EQ(s.state, "applied");
+  }
+  EXPECT_TRUE(JobNames(tuner).contains("llama"));
   for (SessionId id = 10; id < 15; ++id) {
     tuner.SessionStarted(id, absl::StrCat("job-", id), "", 0);
     tuner.SessionEnded(id);
   }
   tuner.WaitIdle();
-  const std::set<std::string> kept = jobs();
+  const std::set<std::string> kept = JobNames(tuner);
   EXPECT_FALSE(kept.contains("llama"));
   EXPECT_EQ(kept.size(), 4u);
 }
