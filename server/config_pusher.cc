@@ -307,9 +307,14 @@ absl::Status ConfigPusher::RollBackSession(SessionId id,
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("no session ", id));
   }
-  // An OOM rolled it back already: once is enough.
+  // An OOM rolled it back already: once is enough, whether or not its
+  // client has ACKed that rollback yet (then it runs `config`, and nothing
+  // pushed to it waits for an answer).
   if (session->rolling_back()) return absl::OkStatus();
   const std::string canonical = Canonical(config);
+  if (Canonical(session->Current().config) == canonical && !session->awaits_answer()) {
+    return absl::OkStatus();
+  }
   ConfigRecord target{.job = session->identity().job,
                       .config = canonical,
                       .set_at = absl::Now(),

@@ -140,8 +140,9 @@ class ConfigPusher {
       absl::string_view author, uint64_t predicted_peak_reserved_bytes)
       ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `config` back to session `id` as a rollback, unless it is
-  // rolling back already (an OOM did it). The version is the one the
-  // session ran `config` under, when it did.
+  // rolling back already (an OOM did it), or runs `config` with no push
+  // unanswered (an OOM did it, and the client ACKed). The version is the
+  // one the session ran `config` under, when it did.
   absl::Status RollBackSession(SessionId id, absl::string_view config,
                                std::string reason);
   // The newest `limit` (0: 100; at most 10000) history entries of `job`

@@ -89,6 +89,11 @@ bool Session::MayAnswer(uint64_t version) const {
                      [&](const AppliedConfig& a) { return a.version == version; });
 }
 
+bool Session::awaits_answer() const {
+  absl::MutexLock lock(&mu_);
+  return !offered_.empty();
+}
+
 void Session::Refused(uint64_t version) {
   absl::MutexLock lock(&mu_);
   std::erase(offered_, version);

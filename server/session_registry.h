@@ -107,6 +107,8 @@ class Session {
   bool MayAnswer(uint64_t version) const;
   // It NACKed `version`: no longer offered.
   void Refused(uint64_t version);
+  // A config pushed to it is not answered yet.
+  bool awaits_answer() const;
   AppliedConfig Current() const;
   // The versions of every config it ran and may return to (a rollback
   // pops back to one): what the config store must keep.

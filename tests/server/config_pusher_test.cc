@@ -287,6 +287,38 @@ TEST_F(ConfigPusherTest, AnAckOfAnUnknownVersionOrAnOverlongNackIsRefused) {
   EXPECT_EQ(pusher_.History("llama", 0).entries(0).event(), "nack");
 }
 
+// The core rolls a canary back on its OOM, and the autotuner asks the same
+// when its task runs: after the client ACKed the first, the second pushes
+// nothing (under ASan the worker came after the ACK, and pushed it twice).
+// A session with a push unanswered is still rolled back.
+TEST_F(ConfigPusherTest, ARollbackToWhatTheSessionRunsWithNothingInFlightPushesNothing) {
+  std::shared_ptr<Session> session = Register();
+  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
+      session->id(), "expandable_segments:True", "test", "canary", 0);
+  ASSERT_TRUE(canary.ok()) << canary.status();
+  v1::ConfigAck ack;
+  ack.set_session_id(session->id());
+  ack.set_applied(true);
+  ack.set_version(*canary);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  Pushed(*session);
+  ASSERT_TRUE(pusher_.RollBackAfterOom(*session, 1 << 20));
+  ack.set_version(0);
+  ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
+  EXPECT_EQ(Pushed(*session), (std::vector<std::pair<uint64_t, bool>>{{0, true}}));
+  ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
+  EXPECT_TRUE(Pushed(*session).empty());
+
+  absl::StatusOr<uint64_t> again = pusher_.PushToSession(
+      session->id(), "expandable_segments:True", "test", "canary", 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  Pushed(*session);
+  ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
+  const std::vector<std::pair<uint64_t, bool>> rolled = Pushed(*session);
+  ASSERT_EQ(rolled.size(), 1u);
+  EXPECT_TRUE(rolled[0].second);
+}
+
 // A session answers the versions pushed to it (and those it ran), not
 // another job's: acking every stored version would keep them all from
 // being pruned, and grow what the session remembers.
