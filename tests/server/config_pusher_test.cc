@@ -46,6 +46,14 @@ class ConfigPusherTest : public ::testing::Test {
     return pushed;
   }
 
+  // Pushes `config` to `session` as a canary: its version (0 if refused).
+  uint64_t PushCanary(Session& session, const std::string& config) {
+    absl::StatusOr<uint64_t> version =
+        pusher_.PushToSession(session.id(), config, "test", "canary", 0);
+    EXPECT_TRUE(version.ok()) << version.status();
+    return version.ok() ? *version : 0;
+  }
+
   SessionRegistry sessions_;
   Metrics metrics_;
   ConfigPusher pusher_{&sessions_, &metrics_};
@@ -254,15 +262,13 @@ TEST_F(ConfigPusherTest, AClientStartedOnTheLearnedConfigRunsItsVersionAndRollsB
 // OOM after the daemon refused the session memory does not.
 TEST_F(ConfigPusherTest, AnOomRollsBackOnceUnlessTheDaemonRefusedMemory) {
   std::shared_ptr<Session> session = Register();
-  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
-      session->id(), "expandable_segments:True", "test", "canary", 0);
-  ASSERT_TRUE(canary.ok()) << canary.status();
+  const uint64_t canary = PushCanary(*session, "expandable_segments:True");
   v1::ConfigAck ack;
   ack.set_session_id(session->id());
-  ack.set_version(*canary);
+  ack.set_version(canary);
   ack.set_applied(true);
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
-  EXPECT_EQ(session->Current().version, *canary);
+  EXPECT_EQ(session->Current().version, canary);
   Pushed(*session);
 
   session->NoteAcquireRefused();
@@ -293,13 +299,11 @@ TEST_F(ConfigPusherTest, AnAckOfAnUnknownVersionOrAnOverlongNackIsRefused) {
 // A session with a push unanswered is still rolled back.
 TEST_F(ConfigPusherTest, ARollbackToWhatTheSessionRunsWithNothingInFlightPushesNothing) {
   std::shared_ptr<Session> session = Register();
-  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
-      session->id(), "expandable_segments:True", "test", "canary", 0);
-  ASSERT_TRUE(canary.ok()) << canary.status();
+  const uint64_t canary = PushCanary(*session, "expandable_segments:True");
   v1::ConfigAck ack;
   ack.set_session_id(session->id());
   ack.set_applied(true);
-  ack.set_version(*canary);
+  ack.set_version(canary);
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
   Pushed(*session);
   ASSERT_TRUE(pusher_.RollBackAfterOom(*session, 1 << 20));
@@ -309,9 +313,7 @@ TEST_F(ConfigPusherTest, ARollbackToWhatTheSessionRunsWithNothingInFlightPushesN
   ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
   EXPECT_TRUE(Pushed(*session).empty());
 
-  absl::StatusOr<uint64_t> again = pusher_.PushToSession(
-      session->id(), "expandable_segments:True", "test", "canary", 0);
-  ASSERT_TRUE(again.ok()) << again.status();
+  const uint64_t again = PushCanary(*session, "expandable_segments:True");
   Pushed(*session);
   ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
   const std::vector<std::pair<uint64_t, bool>> rolled = Pushed(*session);
@@ -334,21 +336,17 @@ TEST_F(ConfigPusherTest, ASessionAnswersOnlyWhatWasPushedToIt) {
   EXPECT_TRUE(absl::IsInvalidArgument(pusher_.Ack(*session, ack)));
   EXPECT_EQ(session->AppliedVersions(), std::vector<uint64_t>{0});
 
-  absl::StatusOr<uint64_t> canary = pusher_.PushToSession(
-      session->id(), "expandable_segments:True", "test", "canary", 0);
-  ASSERT_TRUE(canary.ok()) << canary.status();
-  ack.set_version(*canary);
+  const uint64_t canary = PushCanary(*session, "expandable_segments:True");
+  ack.set_version(canary);
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());  // again: it runs it
-  EXPECT_EQ(session->AppliedVersions(), (std::vector<uint64_t>{0, *canary}));
+  EXPECT_EQ(session->AppliedVersions(), (std::vector<uint64_t>{0, canary}));
   // Its initial config too (what a rollback returns to).
   ack.set_version(0);
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
   // A NACKed push is answered: not again.
-  absl::StatusOr<uint64_t> refused = pusher_.PushToSession(
-      session->id(), "max_split_size_mb:128", "test", "canary", 0);
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  ack.set_version(*refused);
+  const uint64_t refused = PushCanary(*session, "max_split_size_mb:128");
+  ack.set_version(refused);
   ack.set_applied(false);
   ASSERT_TRUE(pusher_.Ack(*session, ack).ok());
   ack.set_applied(true);
