@@ -44,6 +44,7 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   if (d.realized_saving) out->set_realized_saving(*d.realized_saving);
   if (d.realized_peak_requested) out->set_realized_peak_requested(*d.realized_peak_requested);
   if (d.predicted_peak_at_need) out->set_predicted_peak_at_need(*d.predicted_peak_at_need);
+  out->set_at_need_basis(d.at_need_basis);
   if (d.trigger_to_ack) out->set_trigger_to_ack_seconds(absl::ToDoubleSeconds(*d.trigger_to_ack));
   if (d.best_reachable_peak) out->set_best_reachable_peak(*d.best_reachable_peak);
   out->set_reviewed_events(d.reviewed_events);

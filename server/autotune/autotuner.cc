@@ -106,6 +106,14 @@ constexpr size_t kBadStartMaxSplit = 128 * kMiB;
 // Steps a job that marks them runs under a push before the push is judged
 // on what it realised (Impl::SettledUnderPush).
 constexpr uint64_t kStepsBeforeJudging = 2;
+// How much more than the standing prediction covered a canary under watch
+// requests before its pushed config is replayed on its own events
+// (Impl::MaybeRepredict): the bound on a prediction's error. Scaled
+// linearly past what a replay covered, expandable segments reserve more per
+// byte of a larger step than per byte of the window's (on the H100
+// llama_lora's 10% more requested cost 16% more reserved, generation's 75%
+// more cost 85% more).
+constexpr double kRepredictGrowth = 0.05;
 // Job::rolled_back's mark of a config never proposed again.
 constexpr int64_t kRolledBackForGood = std::numeric_limits<int64_t>::max();
 
@@ -265,6 +273,7 @@ class Autotuner::Impl {
       job.acting->realized_requested =
           std::max(job.acting->realized_requested, job.window->peak_held_requested_bytes());
       UpdatePredictionAtNeed(job);
+      MaybeRepredict(it->second.job, job);
     }
     // A long job's push is reviewed on half a window of events after it,
     // before the window lets it go.
@@ -487,6 +496,19 @@ class Autotuner::Impl {
     int64_t predicted_switched = 0;
     int64_t predicted_allocated = 0;
     int64_t predicted_requested = 0;
+    // The newest prediction for the pushed config (see
+    // AutotuneDecision::predicted_peak_at_need): the push's own until a
+    // replay of the canary's events after the push (Repredict) or a later
+    // decision that kept the config covers more of what the job requests.
+    struct Prediction {
+      int64_t reserved = 0;
+      int64_t allocated = 0;
+      int64_t requested = 0;
+    };
+    Prediction standing;
+    bool repredicting = false;  // a Repredict task is queued or running
+    // What the canary had requested when the last Repredict was queued.
+    int64_t repredicted_on = 0;
     int64_t realized_peak = -1;
     int64_t realized_allocated = 0;  // PyTorch's peak in the stats reports
     // What the canary held requested since the push, as a replay from its
@@ -549,9 +571,9 @@ class Autotuner::Impl {
     int64_t growth_reserved = 0;
   };
 
-  enum class TaskKind { kDecide, kPromote, kRollBack, kReview, kJudge };
-  // kReview and kJudge: the canary's window, the push's index in it, what
-  // it ran, and (kJudge) what it was pushed.
+  enum class TaskKind { kDecide, kPromote, kRollBack, kReview, kJudge, kRepredict };
+  // kReview, kJudge and kRepredict: the canary's window, the push's index in
+  // it, what it ran, and (kJudge, kRepredict) what it was pushed.
   struct ReviewInput {
     Trace trace;
     uint64_t switch_event = 0;
@@ -559,6 +581,29 @@ class Autotuner::Impl {
     JobPolicy policy;
     AllocatorConfig pushed;
   };
+  // `window` switched at `pushed_at` from `from`, which it runs before.
+  static std::shared_ptr<ReviewInput> SwitchedAtPush(const JobWindow& window, uint64_t pushed_at,
+                                                     const AllocatorConfig& from) {
+    auto input = std::make_shared<ReviewInput>();
+    SwitchTrace at_push = TraceSwitchingAt(window, pushed_at);
+    input->trace = std::move(at_push.trace);
+    input->switch_event = at_push.switch_event;
+    input->running.config = from;
+    // What the job ran, as RunDecision reads it (the decision's own
+    // memory_fraction is the one it proposed).
+    if (from.per_process_memory_fraction < 1.0) {
+      input->running.memory_fraction = from.per_process_memory_fraction;
+    }
+    return input;
+  }
+  // What a replay of `in` runs under.
+  ReplayOptions ReplayBase(const ReviewInput& in) const {
+    ReplayOptions base;
+    base.capacity = options_.capacity;
+    base.total_memory = options_.total_memory;
+    base.memory_fraction = in.running.memory_fraction;
+    return base;
+  }
   struct Task {
     TaskKind kind;
     JobKey job;
@@ -567,7 +612,7 @@ class Autotuner::Impl {
     bool first_pass = false;  // decide only once the window ends in steps
     std::string reason;       // kRollBack
     absl::Time triggered_at;  // kDecide
-    std::shared_ptr<const ReviewInput> review;  // kReview
+    std::shared_ptr<const ReviewInput> review;  // kReview, kJudge, kRepredict
   };
 
   absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
@@ -821,15 +866,18 @@ class Autotuner::Impl {
   // rolled back at 21.19 GiB realised against 8.90 predicted, where staying
   // went on to cost it 69.8.)
   static double Growth(const Acting& acting) {
+    return Growth(acting, acting.predicted_requested, acting.predicted_allocated);
+  }
+  // The same beyond what a prediction covered.
+  static double Growth(const Acting& acting, int64_t predicted_requested,
+                       int64_t predicted_allocated) {
     const auto ratio = [](int64_t realized, int64_t predicted) {
       return std::max(1.0, static_cast<double>(realized) / static_cast<double>(predicted));
     };
-    if (acting.realized_requested > 0 && acting.predicted_requested > 0) {
-      return ratio(acting.realized_requested, acting.predicted_requested);
+    if (acting.realized_requested > 0 && predicted_requested > 0) {
+      return ratio(acting.realized_requested, predicted_requested);
     }
-    return acting.predicted_allocated > 0
-               ? ratio(acting.realized_allocated, acting.predicted_allocated)
-               : 1.0;
+    return predicted_allocated > 0 ? ratio(acting.realized_allocated, predicted_allocated) : 1.0;
   }
 
   // Keeps the pushed decision's prediction for the steps the job really ran
@@ -838,9 +886,11 @@ class Autotuner::Impl {
   bool UpdatePredictionAtNeed(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Acting& acting = *job.acting;
     AutotuneDecision* d = FindDecision(job, acting.decision_id);
-    if (d == nullptr || acting.predicted_switched <= 0) return false;
-    const auto at_need =
-        static_cast<int64_t>(static_cast<double>(acting.predicted_switched) * Growth(acting));
+    const Acting::Prediction& standing = acting.standing;
+    if (d == nullptr || standing.reserved <= 0) return false;
+    const auto at_need = static_cast<int64_t>(
+        static_cast<double>(standing.reserved) *
+        Growth(acting, standing.requested, standing.allocated));
     const std::optional<int64_t> requested =
         acting.realized_requested > 0 ? std::optional<int64_t>(acting.realized_requested)
                                       : std::nullopt;
@@ -909,6 +959,7 @@ class Autotuner::Impl {
         case TaskKind::kRollBack: RollBack(task); break;
         case TaskKind::kReview: Review(task); break;
         case TaskKind::kJudge: Judge(task); break;
+        case TaskKind::kRepredict: Repredict(task); break;
       }
       absl::MutexLock lock(&mu_);
       busy_ = false;
@@ -981,6 +1032,24 @@ class Autotuner::Impl {
   // whether it did.
   bool QueueJudge(const JobKey& name, Job& job, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pushed config replayed on the events the canary ran after the push:
+  // the standing prediction (Acting::standing) when it covers more of what
+  // the job requested.
+  void Repredict(const Task& task);
+  // Queues Repredict for a canary under watch (no decision runs then:
+  // Enqueue waits for the push to be applied) whose stream requested more
+  // than the standing prediction covered by kRepredictGrowth, once that
+  // peak has passed. Once applied, a larger request or growth decides
+  // again, and a decision that keeps the config stands (RunDecision).
+  void MaybeRepredict(const JobKey& name, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The canary's recorded window switched at its push to the pushed config,
+  // for Judge and Repredict; nullptr unless the canary is recorded and its
+  // window holds the push and events after it.
+  std::shared_ptr<ReviewInput> CanaryEventsAfterPush(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Staying on `in.running` replayed with a switch at the push: to the
+  // pushed config (`keep`), or none.
+  absl::StatusOr<ReplayResult> ReplayFromPush(const ReviewInput& in, bool keep) const;
   // What every replay of a job's window runs under.
   DecideOptions BaseDecideOptions() const;
   // Queues the review of `job`'s last push (Job::review) on the window of
@@ -1176,6 +1245,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
 
   AutotuneDecision rec;
   std::optional<SessionId> canary;
+  std::optional<AutotuneDecision> pushed_update;  // the push a kept decision predicts anew
   {
     absl::MutexLock lock(&mu_);
     Job& job = jobs_[task.job];
@@ -1233,6 +1303,8 @@ void Autotuner::Impl::RunDecision(const Task& task) {
           acting.predicted_switched = d.predicted_peak_switched;
           acting.predicted_allocated = d.predicted_peak_allocated;
           acting.predicted_requested = d.predicted_peak_requested;
+          acting.standing = {d.predicted_peak_switched, d.predicted_peak_allocated,
+                             d.predicted_peak_requested};
           // The canary's growth is measured from here.
           if (job.window) job.window->ResetPeakRequested();
           job.acting = std::move(acting);
@@ -1251,8 +1323,22 @@ void Autotuner::Impl::RunDecision(const Task& task) {
       job.settled_need = rec.result == "pushed" ? d.predicted_peak_switched
                                                 : d.predicted_peak_current;
     }
+    // A decision on the canary's stream that keeps the pushed config is the
+    // newest prediction for it, once it covers more than the standing one.
+    if (rec.result == "kept" && job.acting && job.recorded == job.acting->canary &&
+        rec.from_config == job.acting->pushed_config &&
+        d.predicted_peak_requested > job.acting->standing.requested) {
+      job.acting->standing = {d.predicted_peak_current, d.predicted_peak_allocated,
+                              d.predicted_peak_requested};
+      if (AutotuneDecision* pushed = FindDecision(job, job.acting->decision_id)) {
+        pushed->at_need_basis = absl::StrFormat("decision %d, which kept it", rec.id);
+        UpdatePredictionAtNeed(job);
+        pushed_update = *pushed;
+      }
+    }
     Record(job, rec);
   }
+  if (pushed_update) actions_->OnDecision(*pushed_update);
   actions_->OnDecision(rec);
   if (!canary) return;
 
@@ -1317,16 +1403,7 @@ void Autotuner::Impl::QueueReview(const JobKey& name, Job& job) {
     absl::StrAppend(&d->why, "; not reviewed: the push left the window before the job ended");
     return;
   }
-  auto input = std::make_shared<ReviewInput>();
-  SwitchTrace at_push = TraceSwitchingAt(*job.window, pushed_at);
-  input->trace = std::move(at_push.trace);
-  input->switch_event = at_push.switch_event;
-  input->running.config = *from;
-  // What the job ran, as RunDecision reads it (the decision's own
-  // memory_fraction is the one it proposed).
-  if (from->per_process_memory_fraction < 1.0) {
-    input->running.memory_fraction = from->per_process_memory_fraction;
-  }
+  std::shared_ptr<ReviewInput> input = SwitchedAtPush(*job.window, pushed_at, *from);
   input->policy = PolicyOf(job);
   Task task{TaskKind::kReview, name, "", decision_id, false, ""};
   task.review = std::move(input);
@@ -1361,26 +1438,32 @@ void Autotuner::Impl::Review(const Task& task) {
   Notify(notify);
 }
 
-bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reason) {
-  Acting& acting = *job.acting;
-  if (!acting.pushed_at || job.recorded != acting.canary || job.window == nullptr) return false;
+std::shared_ptr<Autotuner::Impl::ReviewInput> Autotuner::Impl::CanaryEventsAfterPush(
+    const Job& job) const {
+  const Acting& acting = *job.acting;
+  if (!acting.pushed_at || job.recorded != acting.canary || job.window == nullptr) return nullptr;
   const JobWindow& window = *job.window;
   const uint64_t window_start = window.total_events() - window.size();
-  if (*acting.pushed_at >= window.total_events() || *acting.pushed_at < window_start) return false;
-  AutotuneDecision* d = FindDecision(job, acting.decision_id);
-  if (d == nullptr) return false;
+  if (*acting.pushed_at >= window.total_events() || *acting.pushed_at < window_start) {
+    return nullptr;
+  }
+  const AutotuneDecision* d = nullptr;
+  for (const AutotuneDecision& recorded : job.history) {
+    if (recorded.id == acting.decision_id) d = &recorded;
+  }
+  if (d == nullptr) return nullptr;
   absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
   absl::StatusOr<AllocatorConfig> pushed = ParseAllocatorConfig(acting.pushed_config);
-  if (!from.ok() || !pushed.ok()) return false;  // canonical: they parsed to be decided on
-  auto input = std::make_shared<ReviewInput>();
-  SwitchTrace at_push = TraceSwitchingAt(window, *acting.pushed_at);
-  input->trace = std::move(at_push.trace);
-  input->switch_event = at_push.switch_event;
-  input->running.config = *from;
-  if (from->per_process_memory_fraction < 1.0) {
-    input->running.memory_fraction = from->per_process_memory_fraction;
-  }
+  if (!from.ok() || !pushed.ok()) return nullptr;  // canonical: they parsed to be decided on
+  std::shared_ptr<ReviewInput> input = SwitchedAtPush(window, *acting.pushed_at, *from);
   input->pushed = *pushed;
+  return input;
+}
+
+bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reason) {
+  std::shared_ptr<ReviewInput> input = CanaryEventsAfterPush(job);
+  if (input == nullptr) return false;
+  Acting& acting = *job.acting;
   acting.judged_from = acting.phase;
   acting.phase = Phase::kJudging;
   Task task{TaskKind::kJudge, name, "", acting.decision_id, false, std::move(reason)};
@@ -1392,22 +1475,72 @@ bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reaso
 // Staying replayed on the events after the push, against what the job
 // realised on them; and, before rolling back, what the rollback would
 // leave (rollback_model.h).
+absl::StatusOr<ReplayResult> Autotuner::Impl::ReplayFromPush(const ReviewInput& in,
+                                                             bool keep) const {
+  ReplayOptions options = ReplayBase(in);
+  options.live_switch = LiveSwitch{
+      in.switch_event, keep ? std::optional<AllocatorConfig>(in.pushed) : std::nullopt,
+      std::nullopt};
+  if (options_.on_replay) options_.on_replay(+1);
+  absl::StatusOr<ReplayResult> result = Replay(in.trace, in.running.config, options);
+  if (options_.on_replay) options_.on_replay(-1);
+  return result;
+}
+
+void Autotuner::Impl::MaybeRepredict(const JobKey& name, Job& job) {
+  Acting& acting = *job.acting;
+  const bool watched = acting.phase == Phase::kCanaryWatching ||
+                       acting.phase == Phase::kPromoting || acting.phase == Phase::kJudging;
+  if (!watched || acting.repredicting || job.window == nullptr ||
+      acting.standing.requested <= 0 ||
+      static_cast<double>(acting.realized_requested) <=
+          (1.0 + kRepredictGrowth) * static_cast<double>(std::max(
+                                         acting.standing.requested, acting.repredicted_on)) ||
+      job.window->held_requested_bytes() >= job.window->peak_held_requested_bytes()) {
+    return;
+  }
+  std::shared_ptr<ReviewInput> input = CanaryEventsAfterPush(job);
+  if (input == nullptr) return;
+  acting.repredicting = true;
+  acting.repredicted_on = acting.realized_requested;
+  Task task{TaskKind::kRepredict, name, "", acting.decision_id, false, ""};
+  task.review = std::move(input);
+  tasks_.push_back(std::move(task));
+}
+
+void Autotuner::Impl::Repredict(const Task& task) {
+  const ReviewInput& in = *task.review;
+  absl::StatusOr<ReplayResult> kept = ReplayFromPush(in, /*keep=*/true);
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = jobs_[task.job];
+    if (!job.acting || job.acting->decision_id != task.decision_id) return;
+    Acting& acting = *job.acting;
+    acting.repredicting = false;
+    AutotuneDecision* d = FindDecision(job, task.decision_id);
+    if (d == nullptr || !kept.ok() || !kept->after_switch ||
+        kept->after_switch->peak_requested <= acting.standing.requested) {
+      return;
+    }
+    const ReplayPhase& after = *kept->after_switch;
+    acting.standing = {after.peak_reserved, after.peak_allocated, after.peak_requested};
+    d->at_need_basis = absl::StrFormat(
+        "%s replayed on the %d events the canary ran after the push (requesting at most %s)",
+        acting.pushed_config.empty() ? "(defaults)" : acting.pushed_config,
+        in.trace.events.size() - in.switch_event, GiB(after.peak_requested));
+    UpdatePredictionAtNeed(job);
+    notify.push_back(*d);
+  }
+  Notify(notify);
+}
+
 void Autotuner::Impl::Judge(const Task& task) {
   const ReviewInput& in = *task.review;
-  ReplayOptions base;
-  base.capacity = options_.capacity;
-  base.total_memory = options_.total_memory;
-  base.memory_fraction = in.running.memory_fraction;
-  ReplayOptions stay = base;
-  stay.live_switch = LiveSwitch{in.switch_event, std::nullopt, std::nullopt};
-  if (options_.on_replay) options_.on_replay(+1);
-  absl::StatusOr<ReplayResult> stayed = Replay(in.trace, in.running.config, stay);
-  ReplayOptions keep = base;
-  keep.live_switch = LiveSwitch{in.switch_event, in.pushed, std::nullopt};
-  absl::StatusOr<ReplayResult> kept = Replay(in.trace, in.running.config, keep);
-  if (options_.on_replay) options_.on_replay(-1);
+  absl::StatusOr<ReplayResult> stayed = ReplayFromPush(in, /*keep=*/false);
+  absl::StatusOr<ReplayResult> kept = ReplayFromPush(in, /*keep=*/true);
   absl::StatusOr<RollbackPrediction> rollback =
-      PredictRollback(in.trace, in.switch_event, in.running.config, in.pushed, base,
+      PredictRollback(in.trace, in.switch_event, in.running.config, in.pushed, ReplayBase(in),
                       options_.on_replay);
   std::vector<AutotuneDecision> notify;
   {

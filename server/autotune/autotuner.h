@@ -232,14 +232,17 @@ struct AutotuneDecision {
   // needs more under every config, which is the job's doing, not the
   // config's. realized_peak_requested: the most the canary's own stream held
   // requested after the push (unset until it sends events after it).
-  // predicted_peak_at_need: predicted_peak_switched scaled by how much more
-  // the job needed after the push than in the window's events after the
-  // switch point (at least 1x; on the canary's stream, else on PyTorch's
-  // allocated peak in its stats reports): what the decision says the pushed
-  // config reserves for the steps that came, and the prediction
+  // predicted_peak_at_need: the newest prediction for the pushed config
+  // (at_need_basis says which: empty for the push's own, else a replay of
+  // the pushed config on the events the canary ran after the push, or a
+  // later decision that kept it), scaled by how much more the job needed
+  // since than that prediction covered (at least 1x; on the canary's stream, else on
+  // PyTorch's allocated peak in its stats reports): what the autotuner says
+  // the pushed config reserves for the steps that came, and the prediction
   // realized_peak is judged against.
   std::optional<int64_t> realized_peak_requested;
   std::optional<int64_t> predicted_peak_at_need;
+  std::string at_need_basis;
   // A push's judgement (see AutotuneOptions::rollback_margin): staying's
   // peak reserved replayed on the judged_events events the canary ran after
   // the push, what a rollback then was predicted to leave the job at, and

@@ -249,10 +249,11 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
   if (d.has_predicted_peak_at_need() && d.has_realized_peak_requested() &&
       d.realized_peak_requested() > d.predicted_peak_requested()) {
     std::printf("%s  the job requested up to %s after the push (%s in the window): "
-                "predicted %s for that\n",
+                "predicted %s for that%s%s\n",
                 indent, FormatSize(d.realized_peak_requested()).c_str(),
                 FormatSize(d.predicted_peak_requested()).c_str(),
-                FormatSize(d.predicted_peak_at_need()).c_str());
+                FormatSize(d.predicted_peak_at_need()).c_str(),
+                d.at_need_basis().empty() ? "" : ", from ", d.at_need_basis().c_str());
   }
   if (d.has_best_reachable_peak() && d.has_realized_peak()) {
     std::printf("%s  best reachable from the push on the %llu events after it: %s (realised %+.1f%%)\n",
