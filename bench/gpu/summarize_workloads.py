@@ -8,7 +8,8 @@ the review's best reachable on the events after the push, what the
 job realised after it (also against the prediction standing when it
 peaked: the last decision's before that step; and against the push's
 prediction at the job's need: scaled by how much more the job requested
-after the push than in the decision's window, predicted_peak_at_need),
+after the push than in the decision's window, predicted_peak_at_need, and what
+that was scaled from: the push's own prediction, "replay" or a later decision),
 staying (the start config run natively, same steps)
 and the best config run natively from step 0 on the same steps (the lowest of
 the native runs under max_split_size_mb:64, defaults and
@@ -187,6 +188,7 @@ def rows(dirs, workloads):
                     or g("predicted_peak_switched"),
                     "standing": standing_prediction(run, decided, after),
                     "at_need": None if learned_at_start else g("predicted_peak_at_need"),
+                    "at_need_basis": basis_label(d.get("at_need_basis", "") if d else ""),
                     "need_growth": (int(d["realized_peak_requested"]) /
                                     int(d["predicted_peak_requested"]))
                     if d and d.get("realized_peak_requested") and
@@ -241,7 +243,7 @@ def main():
         p = lambda v: "-" if v is None else f"{v:+.1f}%"
         dec = ("registration" if r["learned_at_start"] else fmt_int(r["first_decided_at"]))
         ack = "-" if r["ack"] is None else ("yes" if r["ack"] <= 5 else "no")
-        growth = "" if r["need_growth"] is None else f" ({r['need_growth']:.2f}x)"
+        growth = "" if r["need_growth"] is None else f" ({r['need_growth']:.2f}x{r['at_need_basis']})"
         print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | {dec} | "
               f"{p(pct(r['realised'], r['predicted']))} | "
               f"{p(pct(r['realised'], r['standing']))} | "
@@ -264,6 +266,17 @@ def main():
                   f", realised (daemon) "
                   f"{fmt(int(d['realized_peak']) / GIB if d.get('realized_peak') else None)}"
                   f", ack {fmt(d.get('trigger_to_ack_seconds'), ' s')}")
+
+
+def basis_label(basis):
+    """What a push's prediction at need was scaled from, in a word: the
+    push's own (nothing), a replay of the canary's events after the push,
+    or a later decision that kept the pushed config."""
+    if not basis:
+        return ""
+    if "replayed on the" in basis:
+        return "; replay"
+    return "; " + basis.split(",")[0]
 
 
 def fmt_int(v):
