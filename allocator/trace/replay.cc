@@ -68,6 +68,13 @@ absl::Status CheckOptions(const Trace& trace, const AllocatorConfig& config,
         "live switch before event %d of a trace of %d events", sw.before_event,
         trace.events.size()));
   }
+  if (sw.release_again_before_event &&
+      (*sw.release_again_before_event <= sw.before_event ||
+       *sw.release_again_before_event > trace.events.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a second release before event %d of a trace of %d events, switched before event %d",
+        *sw.release_again_before_event, trace.events.size(), sw.before_event));
+  }
   if (config.backend == AllocatorBackend::kCudaMallocAsync ||
       (sw.config && sw.config->backend != config.backend)) {
     return absl::InvalidArgumentError(
@@ -110,7 +117,11 @@ class SwitchSplitter {
   // Called before each event and once after the last one.
   void Before(uint64_t event, CachingAllocator& allocator,
               const ReplayResult& result) {
-    if (!switch_ || done_ || event != switch_->before_event) return;
+    if (!switch_) return;
+    if (done_ && switch_->config && switch_->release_again_before_event == event) {
+      allocator.EmptyCache();
+    }
+    if (done_ || event != switch_->before_event) return;
     done_ = true;
     before_ = PhaseCounters(allocator.Stats(), 0);
     before_.reserved_at_start = 0;

@@ -33,6 +33,12 @@ struct LiveSwitch {
   std::optional<AllocatorConfig> config;
   // The new cap; nullopt: the cap (if any) stays.
   std::optional<double> memory_fraction;
+  // A second torch.cuda.empty_cache() just before this later event (after
+  // `before_event`; with a `config` only): allocd's client releases the
+  // cache again at the job's first step mark after a push, once what was
+  // live at the switch is freed and the segments the old config cut can
+  // go. nullopt: none.
+  std::optional<uint64_t> release_again_before_event;
 };
 
 struct ReplayOptions {

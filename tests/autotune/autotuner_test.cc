@@ -906,6 +906,32 @@ TEST(AutotunerTest, AHarmfulStartConfigIsDecidedOnAfterTheFirstWholeStep) {
   EXPECT_NE(d.why.find("1 whole steps the job marked"), std::string::npos) << d.why;
 }
 
+// The client releases the cache again at a job's first step mark after a
+// push (what was live at the switch is freed by then): a replay of the
+// pushed config on the canary's events does too. A job that marks no steps
+// is released at lows its stream does not show: its replay makes none.
+TEST(AutotunerTest, AReplayAfterAPushReleasesTheCacheAgainAtTheJobsFirstMarkAfterIt) {
+  for (const bool marks : {true, false}) {
+    SCOPED_TRACE(marks ? "marks its steps" : "marks none");
+    FakeClock clock;
+    FakeActions actions;
+    Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+    const AutotuneDecision d = PushToCanary(tuner, actions);
+    tuner.Acked(1, d.version, true, "");
+    AskOnce(tuner, d.predicted_peak_requested / 10);  // the rest of the step
+    if (marks) tuner.Events(1, {{kStepMark, 0, 0, 0}}, 0);
+    AskOnce(tuner, 2 * d.predicted_peak_requested);
+    tuner.WaitIdle();
+    const AutotuneDecision after = tuner.History("llama", 1)[0];
+    ASSERT_NE(after.at_need_basis.find("replayed on the"), std::string::npos)
+        << after.at_need_basis;
+    EXPECT_EQ(after.at_need_basis.find("released again at the job's first step mark") !=
+                  std::string::npos,
+              marks)
+        << after.at_need_basis;
+  }
+}
+
 // Batched generation: no optimizer, so no marks, and a KV cache that grows
 // token by token. Each request ends by freeing what it allocated.
 class GenerationJob {

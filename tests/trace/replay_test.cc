@@ -216,6 +216,38 @@ TEST(ReplayLiveSwitchTest, SwitchingToTheSameConfigOnlyEmptiesTheCache) {
   EXPECT_EQ(r.peak_reserved, plain.peak_reserved);
 }
 
+// A block live at the switch keeps its segment through the switch's empty
+// cache; freed later, the segment stays cached as the old config cut it,
+// until the client's second release hands it back.
+TEST(ReplayLiveSwitchTest, ASecondReleaseHandsBackWhatWasLiveAtTheSwitch) {
+  TraceBuilder b;
+  const uint32_t live = b.Alloc(10 * kMiB);
+  b.Free(live);                  // events 1, 2: after the switch (before event 1)
+  b.Free(b.Alloc(30 * kMiB));    // events 3-5
+  const Trace trace = b.Build();
+  AllocatorConfig expandable;
+  expandable.expandable_segments = true;
+  ReplayOptions once;
+  once.live_switch = LiveSwitch{1, expandable, std::nullopt};
+  const ReplayResult kept = MustReplay(trace, once);
+  ASSERT_TRUE(kept.after_switch);
+  EXPECT_EQ(kept.after_switch->reserved_at_start, int64_t{10} * kMiB);
+  EXPECT_EQ(kept.after_switch->peak_reserved, int64_t{10} * kMiB + int64_t{40} * kMiB);
+
+  ReplayOptions twice = once;
+  twice.live_switch->release_again_before_event = 3;
+  const ReplayResult released = MustReplay(trace, twice);
+  ASSERT_TRUE(released.after_switch);
+  EXPECT_EQ(released.after_switch->peak_reserved, int64_t{40} * kMiB);
+  EXPECT_EQ(released.after_switch->num_device_free, kept.after_switch->num_device_free + 1);
+
+  // Only after the switch, within the trace.
+  for (const uint64_t bad : {uint64_t{1}, uint64_t{0}, trace.events.size() + 1}) {
+    twice.live_switch->release_again_before_event = bad;
+    EXPECT_FALSE(Replay(trace, AllocatorConfig{}, twice).ok()) << bad;
+  }
+}
+
 TEST(ReplayLiveSwitchTest, SwitchAfterTheLastEvent) {
   TraceBuilder b;
   b.Free(b.Alloc(10 * kMiB));
