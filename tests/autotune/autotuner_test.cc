@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -1105,6 +1106,25 @@ TEST(AutotunerTest, WhatAStatesBlocksHoldOutsideTheStreamCountsInTheJobsNeed) {
   EXPECT_GE(*after.predicted_peak_at_need, held);
 }
 
+// A generation job (session 1) started on max_split_size_mb:64, rounding
+// pinned (a larger request's best is then the same config), fed requests
+// until its first push: that push (`job` is the job).
+AutotuneDecision PushToGeneration(Autotuner& tuner, FakeActions& actions,
+                                  std::optional<GenerationJob>& job) {
+  tuner.SetPolicy({"", "generate"}, {.mode = AutotuneMode::kApply,
+                                     .pinned_keys = {"roundup_power2_divisions"}});
+  tuner.SessionStarted(1, "generate", "max_split_size_mb:64", 1);
+  job.emplace(tuner, 1);
+  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
+    job->Request(batch);
+    tuner.WaitIdle();
+    if (!actions.pushes().empty()) break;
+  }
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  const std::vector<AutotuneDecision> history = tuner.History("generate", 1);
+  return history.empty() ? AutotuneDecision{} : history[0];
+}
+
 // A push rolled back on what the job realised was judged on the requests
 // the job had made by then. On the H200 a generation job was rolled back on
 // its first small request, every later decision then refused the config
@@ -1116,18 +1136,8 @@ TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne)
   FakeClock clock;
   FakeActions actions;
   Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
-  // Rounding pinned: the larger request's best is then the same config.
-  tuner.SetPolicy({"", "generate"}, {.mode = AutotuneMode::kApply,
-                                     .pinned_keys = {"roundup_power2_divisions"}});
-  tuner.SessionStarted(1, "generate", "max_split_size_mb:64", 1);
-  GenerationJob job(tuner, 1);
-  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
-    job.Request(batch);
-    tuner.WaitIdle();
-    if (!actions.pushes().empty()) break;
-  }
-  ASSERT_EQ(actions.pushes().size(), 1u);
-  const AutotuneDecision d = tuner.History("generate", 1)[0];
+  std::optional<GenerationJob> job;
+  const AutotuneDecision d = PushToGeneration(tuner, actions, job);
   ASSERT_EQ(d.result, "pushed") << d.why;
   tuner.Acked(1, d.version, true, "");
   // Far above what staying was predicted to cost, before any event after
@@ -1148,8 +1158,8 @@ TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne)
   EXPECT_EQ(actions.pushes().size(), 2u);
 
   // A request twice the largest: decided on again, and pushed again.
-  job.Request(8);
-  job.Request(1);
+  job->Request(8);
+  job->Request(1);
   tuner.WaitIdle();
   const AutotuneDecision larger = tuner.History("generate", 1)[0];
   EXPECT_EQ(larger.trigger, "larger_request");
@@ -1169,18 +1179,8 @@ TEST(AutotunerTest, ADecisionThatKeepsThePushedConfigStandsForItsPrediction) {
   FakeClock clock;
   FakeActions actions;
   Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
-  // Rounding pinned: the larger request's best is then the same config.
-  tuner.SetPolicy({"", "generate"}, {.mode = AutotuneMode::kApply,
-                                     .pinned_keys = {"roundup_power2_divisions"}});
-  tuner.SessionStarted(1, "generate", "max_split_size_mb:64", 1);
-  GenerationJob job(tuner, 1);
-  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
-    job.Request(batch);
-    tuner.WaitIdle();
-    if (!actions.pushes().empty()) break;
-  }
-  ASSERT_EQ(actions.pushes().size(), 1u);
-  const AutotuneDecision d = tuner.History("generate", 1)[0];
+  std::optional<GenerationJob> job;
+  const AutotuneDecision d = PushToGeneration(tuner, actions, job);
   ASSERT_EQ(d.result, "pushed") << d.why;
   tuner.Acked(1, d.version, true, "");
   tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
@@ -1189,8 +1189,8 @@ TEST(AutotunerTest, ADecisionThatKeepsThePushedConfigStandsForItsPrediction) {
   tuner.WaitIdle();
   ASSERT_EQ(tuner.Status()[0].state, "applied");
 
-  job.Request(8);
-  job.Request(1);
+  job->Request(8);
+  job->Request(1);
   tuner.WaitIdle();
   const std::vector<AutotuneDecision> history = tuner.History("generate", 10);
   ASSERT_EQ(history.size(), 2u);
