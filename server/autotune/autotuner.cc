@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
-#include <functional>
 #include <limits>
 #include <thread>
 #include <utility>
@@ -42,19 +41,19 @@ SwitchTrace TraceSwitchingAt(const JobWindow& window, uint64_t seq) {
   const std::vector<uint64_t> states = window.StateSeqs();
   auto state = std::upper_bound(states.begin(), states.end(), seq);
   SwitchTrace out;
-  // The trace's index of the window's event number `at` (at or after the
-  // trace's start).
-  std::function<uint64_t(uint64_t)> index;
+  // The trace's first event from the window is the window's event number
+  // `from`, after `lead` events that rebuild what was live then.
+  uint64_t from = window_start;
+  uint64_t lead = 0;
   if (state != states.begin()) {
-    const uint64_t from = *std::prev(state);
+    from = *std::prev(state);
     out.trace = window.ToTraceFromState(from);
-    index = [from](uint64_t at) { return at - from; };
   } else {
     out.trace = window.ToTrace();
     // ToTrace starts with what was live at the window's start (the prelude).
-    const uint64_t prelude = out.trace.events.size() - window.size();
-    index = [prelude, window_start](uint64_t at) { return prelude + (at - window_start); };
+    lead = out.trace.events.size() - window.size();
   }
+  const auto index = [from, lead](uint64_t at) { return lead + (at - from); };
   out.switch_event = index(seq);
   // A mark right at the switch is where the client released again at once
   // (nothing live at the switch was freed yet): no later one is.
@@ -925,7 +924,11 @@ class Autotuner::Impl {
   }
 
   AutotuneDecision* FindDecision(Job& job, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (AutotuneDecision& d : job.history) {
+    return const_cast<AutotuneDecision*>(FindDecision(std::as_const(job), id));
+  }
+  const AutotuneDecision* FindDecision(const Job& job, uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const AutotuneDecision& d : job.history) {
       if (d.id == id) return &d;
     }
     return nullptr;
@@ -1469,10 +1472,7 @@ std::shared_ptr<Autotuner::Impl::ReviewInput> Autotuner::Impl::CanaryEventsAfter
   if (*acting.pushed_at >= window.total_events() || *acting.pushed_at < window_start) {
     return nullptr;
   }
-  const AutotuneDecision* d = nullptr;
-  for (const AutotuneDecision& recorded : job.history) {
-    if (recorded.id == acting.decision_id) d = &recorded;
-  }
+  const AutotuneDecision* d = FindDecision(job, acting.decision_id);
   if (d == nullptr) return nullptr;
   absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
   absl::StatusOr<AllocatorConfig> pushed = ParseAllocatorConfig(acting.pushed_config);
