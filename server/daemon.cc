@@ -446,8 +446,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     mode_t mode;
     bool admin;
   };
-  for (const Listen& l : {Listen{o.socket, 0660, false},
-                          Listen{o.admin_socket, 0600, true}}) {
+  // The tenant socket opens last: clients, probes and scripts wait for it to
+  // appear, and when it does the side channel and the admin socket (with its
+  // access set) already answer.
+  for (const Listen& l : {Listen{o.admin_socket, 0600, true},
+                          Listen{o.socket, 0660, false}}) {
     absl::StatusOr<std::unique_ptr<GrpcAcceptor>> acceptor =
         GrpcAcceptor::Start(
             l.path, l.mode, l.admin, parts->server.get(), &parts->peers,
@@ -455,11 +458,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
             l.admin ? std::nullopt : std::optional(o.connections));
     if (!acceptor.ok()) return acceptor.status();
     parts->acceptors.push_back(std::move(*acceptor));
-  }
-  if (absl::Status s =
-          OpenAdminSocketTo(o.admin_socket, o.admin_uids, admin_gid);
-      !s.ok()) {
-    return s;
+    if (!l.admin) continue;
+    if (absl::Status s =
+            OpenAdminSocketTo(o.admin_socket, o.admin_uids, admin_gid);
+        !s.ok()) {
+      return s;
+    }
   }
   parts->server->GetHealthCheckService()->SetServingStatus(true);
   LogInfo(absl::StrCat(

@@ -96,9 +96,9 @@ void Child::Kill() {
 
 bool WaitForDaemon(const std::string& socket, absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
-  while (!ConnectUnix(socket + ".admin").ok()) {
+  while (!ConnectUnix(socket).ok()) {
     if (absl::Now() > deadline) {
-      ADD_FAILURE() << "no daemon on " << socket << ".admin after " << limit;
+      ADD_FAILURE() << "no daemon on " << socket << " after " << limit;
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

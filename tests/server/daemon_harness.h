@@ -51,9 +51,9 @@ class Child {
   std::string buffer_;
 };
 
-// Polls until the daemon serving `socket` accepts on its admin socket, the
-// last of its sockets it opens (SOCKET.fds, SOCKET, SOCKET.admin), or until
-// `limit`; false (and a test failure) then.
+// Polls until the daemon serving `socket` accepts on it: the last of its
+// sockets it opens (SOCKET.fds, SOCKET.admin, SOCKET), so all of them answer
+// then. False (and a test failure) after `limit`.
 bool WaitForDaemon(const std::string& socket, absl::Duration limit = absl::Seconds(60));
 
 // A channel to the daemon listening on the Unix socket `socket`. With no
