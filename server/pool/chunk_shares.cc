@@ -4,14 +4,28 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace allocd {
 
-void ChunkShares::Add(const absl::Mutex&, SessionId owner, std::string token,
-                      absl::Span<const uint64_t> chunk_ids) {
+absl::Status ChunkShares::Add(const absl::Mutex&, SessionId owner,
+                              std::string token,
+                              absl::Span<const uint64_t> chunk_ids) {
+  for (uint64_t chunk_id : chunk_ids) {
+    auto named = chunk_shares_.find(chunk_id);
+    if (named != chunk_shares_.end() &&
+        named->second.size() >= kMaxSharesPerChunk) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk ", chunk_id, " is already in ", kMaxSharesPerChunk,
+          " shares; nothing was shared (share a segment once and pass its "
+          "token on; a share ends when its owner releases the memory)"));
+    }
+  }
+  for (uint64_t chunk_id : chunk_ids) chunk_shares_[chunk_id].insert(token);
   sessions_[owner].shared.insert(token);
   shares_[std::move(token)] =
       Share{.owner = owner, .chunk_ids = {chunk_ids.begin(), chunk_ids.end()}};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint64_t>> ChunkShares::Open(
@@ -59,17 +73,27 @@ bool ChunkShares::IsOpen(const absl::Mutex&, uint64_t chunk_id) const {
   return chunk_opens_.contains(chunk_id);
 }
 
-void ChunkShares::EndShares(const absl::Mutex&, SessionId owner,
+void ChunkShares::EndShares(const absl::Mutex&,
                             const absl::flat_hash_set<uint64_t>& given_up) {
-  EndSharesIf(owner, [&](const Share& share) {
-    return std::any_of(share.chunk_ids.begin(), share.chunk_ids.end(),
-                       [&](uint64_t id) { return given_up.contains(id); });
-  });
+  std::vector<std::string> ending;
+  for (uint64_t chunk_id : given_up) {
+    auto named = chunk_shares_.find(chunk_id);
+    if (named == chunk_shares_.end()) continue;
+    ending.insert(ending.end(), named->second.begin(), named->second.end());
+  }
+  // A share of several given-up chunks is listed once for each.
+  std::sort(ending.begin(), ending.end());
+  ending.erase(std::unique(ending.begin(), ending.end()), ending.end());
+  for (const std::string& token : ending) EndShare(token);
 }
 
 std::vector<uint64_t> ChunkShares::EndSession(const absl::Mutex& pool_mu,
                                               SessionId id) {
-  EndSharesIf(id, [](const Share&) { return true; });
+  if (auto session = sessions_.find(id); session != sessions_.end()) {
+    const std::vector<std::string> shared(session->second.shared.begin(),
+                                          session->second.shared.end());
+    for (const std::string& token : shared) EndShare(token);
+  }
   std::vector<uint64_t> unheld;
   for (auto session = sessions_.find(id); session != sessions_.end();
        session = sessions_.find(id)) {
@@ -80,21 +104,18 @@ std::vector<uint64_t> ChunkShares::EndSession(const absl::Mutex& pool_mu,
   return unheld;
 }
 
-void ChunkShares::EndSharesIf(SessionId owner,
-                              absl::FunctionRef<bool(const Share&)> affected) {
-  auto session = sessions_.find(owner);
-  if (session == sessions_.end()) return;
-  absl::flat_hash_set<std::string>& shared = session->second.shared;
-  for (auto it = shared.begin(); it != shared.end();) {
-    auto share = shares_.find(*it);  // present while the owner lists it
-    if (!affected(share->second)) {
-      ++it;
-      continue;
-    }
-    share->second.open = false;
-    if (share->second.opens == 0) shares_.erase(share);
-    shared.erase(it++);
+void ChunkShares::EndShare(const std::string& token) {
+  auto share = shares_.find(token);  // present while it takes opens
+  Share& ended = share->second;
+  ended.open = false;
+  for (uint64_t chunk_id : ended.chunk_ids) {
+    auto named = chunk_shares_.find(chunk_id);
+    named->second.erase(token);
+    if (named->second.empty()) chunk_shares_.erase(named);
   }
+  const SessionId owner = ended.owner;
+  if (ended.opens == 0) shares_.erase(share);
+  sessions_[owner].shared.erase(token);
   ForgetIfIdle(owner);
 }
 

@@ -29,7 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -40,10 +40,19 @@ namespace allocd {
 
 class ChunkShares {
  public:
+  // How many shares taking opens may name one chunk. A client shares a
+  // segment once and passes its token on (the interposer keeps one per
+  // segment), so a chunk is in one share; the bound keeps what one session
+  // can make the pool keep, and what giving a chunk up walks, a small
+  // multiple of what it holds.
+  static constexpr size_t kMaxSharesPerChunk = 16;
+
   // Records share `token` of chunks `chunk_ids` of session `owner`, in that
   // order; the pool has checked that `owner` holds them all.
-  void Add(const absl::Mutex& pool_mu, SessionId owner, std::string token,
-           absl::Span<const uint64_t> chunk_ids)
+  // ResourceExhausted (and nothing recorded) when one of them is already in
+  // kMaxSharesPerChunk shares that take opens.
+  absl::Status Add(const absl::Mutex& pool_mu, SessionId owner,
+                   std::string token, absl::Span<const uint64_t> chunk_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu);
 
   // Session `opener` opens share `token`: its chunks, in the share's order,
@@ -72,9 +81,10 @@ class ChunkShares {
   bool IsOpen(const absl::Mutex& pool_mu, uint64_t chunk_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu);
 
-  // Session `owner` gave up chunks `given_up`: its shares that include one
-  // take no new opens, and are forgotten once none is open.
-  void EndShares(const absl::Mutex& pool_mu, SessionId owner,
+  // Chunks `given_up` left their owner: the shares that include one take
+  // no new opens, and are forgotten once none is open. Walks only those
+  // shares.
+  void EndShares(const absl::Mutex& pool_mu,
                  const absl::flat_hash_set<uint64_t>& given_up)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu);
 
@@ -99,10 +109,9 @@ class ChunkShares {
     absl::flat_hash_map<std::string, uint32_t> opened;
   };
 
-  // Takes new opens away from the shares of `owner` for which `affected`
-  // is true; forgets those nobody has open.
-  void EndSharesIf(SessionId owner,
-                   absl::FunctionRef<bool(const Share&)> affected);
+  // Takes new opens away from share `token` (one that takes them); forgets
+  // it when nobody has it open.
+  void EndShare(const std::string& token);
   // Forgets `id`'s entry in sessions_ once it holds nothing.
   void ForgetIfIdle(SessionId id);
 
@@ -110,6 +119,9 @@ class ChunkShares {
   absl::flat_hash_map<SessionId, SessionShares> sessions_;
   // Opens holding each chunk (of all shares that include it); absent: none.
   absl::flat_hash_map<uint64_t, uint32_t> chunk_opens_;
+  // The shares taking opens that name each chunk; absent: none.
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<std::string>>
+      chunk_shares_;
 };
 
 }  // namespace allocd

@@ -771,7 +771,7 @@ absl::Status NodePool::Release(SessionId id,
     Disown(chunk_id, chunk);
   }
   SubtractHeld(state, released);
-  shares_.EndShares(mu_, id, *released_ids);
+  shares_.EndShares(mu_, *released_ids);
   return absl::OkStatus();
 }
 
@@ -868,7 +868,10 @@ absl::StatusOr<std::string> NodePool::Share(
           "(the client gives it first: GiveMemory)"));
     }
   }
-  shares_.Add(mu_, id, *token, chunk_ids);
+  if (absl::Status added = shares_.Add(mu_, id, *token, chunk_ids);
+      !added.ok()) {
+    return added;
+  }
   return token;
 }
 

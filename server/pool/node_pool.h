@@ -388,7 +388,9 @@ class NodePool {
   // InvalidArgument for an empty list or an id listed twice,
   // PermissionDenied naming a chunk the session does not hold, NotFound
   // for no session `id`; FailedPrecondition naming a chunk adopted on the
-  // client's word (Adopt), which the pool has no memory of to give out.
+  // client's word (Adopt), which the pool has no memory of to give out;
+  // ResourceExhausted naming a chunk already in
+  // ChunkShares::kMaxSharesPerChunk shares that take opens.
   absl::StatusOr<std::string> Share(SessionId id,
                                     absl::Span<const uint64_t> chunk_ids);
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pool/node_pool.h"
@@ -17,6 +18,7 @@ namespace allocd {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Optional;
 
@@ -29,8 +31,8 @@ class ChunkSharesTest : public ::testing::Test {
 
 TEST_F(ChunkSharesTest, AChunkIsHeldWhileAnyOpenOfAnyShareOfItIs) {
   absl::MutexLock lock(&mu_);
-  shares_.Add(mu_, 1, "both", {10, 11});
-  shares_.Add(mu_, 1, "one", {11});
+  ASSERT_TRUE(shares_.Add(mu_, 1, "both", {10, 11}).ok());
+  ASSERT_TRUE(shares_.Add(mu_, 1, "one", {11}).ok());
   EXPECT_FALSE(shares_.IsOpen(mu_, 11));  // shared, not yet opened
   EXPECT_TRUE(shares_.Open(mu_, 2, "both").ok());
   EXPECT_TRUE(shares_.Open(mu_, 3, "one").ok());
@@ -46,10 +48,10 @@ TEST_F(ChunkSharesTest, AChunkIsHeldWhileAnyOpenOfAnyShareOfItIs) {
 
 TEST_F(ChunkSharesTest, GivingUpAChunkEndsOnlyTheSharesThatIncludeIt) {
   absl::MutexLock lock(&mu_);
-  shares_.Add(mu_, 1, "ten", {10});
-  shares_.Add(mu_, 1, "eleven", {11});
+  ASSERT_TRUE(shares_.Add(mu_, 1, "ten", {10}).ok());
+  ASSERT_TRUE(shares_.Add(mu_, 1, "eleven", {11}).ok());
   ASSERT_TRUE(shares_.Open(mu_, 2, "ten").ok());
-  shares_.EndShares(mu_, 1, {10});
+  shares_.EndShares(mu_, {10});
   EXPECT_EQ(shares_.Open(mu_, 3, "ten").status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(shares_.Open(mu_, 3, "eleven").ok());
@@ -59,10 +61,36 @@ TEST_F(ChunkSharesTest, GivingUpAChunkEndsOnlyTheSharesThatIncludeIt) {
   EXPECT_THAT(shares_.Close(mu_, 2, "ten"), Optional(ElementsAre(10)));
 }
 
+// One session cannot make the pool keep shares without end: a chunk is in
+// at most kMaxSharesPerChunk that take opens, and one that ends (its chunk
+// given up) makes room again. Giving a chunk up walks only its shares.
+TEST_F(ChunkSharesTest, AChunkIsInAtMostABoundedNumberOfLiveShares) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < ChunkShares::kMaxSharesPerChunk; ++i) {
+    ASSERT_TRUE(shares_.Add(mu_, 1, absl::StrCat("s", i), {10, 11}).ok());
+  }
+  const absl::Status refused = shares_.Add(mu_, 1, "one more", {12, 11});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("chunk 11 is already in 16 shares"));
+  // Nothing of the refused share was kept: chunk 12 takes shares as before.
+  EXPECT_EQ(shares_.OwnerOf(mu_, "one more"), std::nullopt);
+  for (size_t i = 0; i < ChunkShares::kMaxSharesPerChunk; ++i) {
+    ASSERT_TRUE(shares_.Add(mu_, 1, absl::StrCat("t", i), {12}).ok());
+  }
+  ASSERT_TRUE(shares_.Open(mu_, 2, "s0").ok());
+  shares_.EndShares(mu_, {10});
+  for (size_t i = 0; i < ChunkShares::kMaxSharesPerChunk; ++i) {
+    EXPECT_EQ(shares_.OwnerOf(mu_, absl::StrCat("s", i)), std::nullopt);
+    EXPECT_EQ(shares_.OwnerOf(mu_, absl::StrCat("t", i)), SessionId{1});
+  }
+  EXPECT_TRUE(shares_.Add(mu_, 1, "again", {11}).ok());
+  EXPECT_THAT(shares_.Close(mu_, 2, "s0"), Optional(ElementsAre(10, 11)));
+}
+
 TEST_F(ChunkSharesTest, AnEndingSessionEndsItsSharesAndClosesItsOpens) {
   absl::MutexLock lock(&mu_);
-  shares_.Add(mu_, 1, "mine", {10});
-  shares_.Add(mu_, 2, "theirs", {20, 21});
+  ASSERT_TRUE(shares_.Add(mu_, 1, "mine", {10}).ok());
+  ASSERT_TRUE(shares_.Add(mu_, 2, "theirs", {20, 21}).ok());
   ASSERT_TRUE(shares_.Open(mu_, 1, "theirs").ok());
   ASSERT_TRUE(shares_.Open(mu_, 1, "theirs").ok());
   ASSERT_TRUE(shares_.Open(mu_, 2, "mine").ok());
@@ -197,6 +225,23 @@ TEST_F(NodePoolTest, OnlyAnOwnersHeldChunksAreShared) {
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(pool->Release(1, {a->chunk_ids[1]}).ok());
   EXPECT_TRUE(pool->OpenShare(2, *first).ok());
+}
+
+TEST_F(NodePoolTest, ASessionSharesAChunkABoundedNumberOfTimesUntilItReleasesIt) {
+  auto pool = MakePool(16);
+  ASSERT_TRUE(pool->AddSession(1, 0, 11, "node").ok());
+  absl::StatusOr<Grant> a = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(a.ok());
+  for (size_t i = 0; i < ChunkShares::kMaxSharesPerChunk; ++i) {
+    ASSERT_TRUE(pool->Share(1, a->chunk_ids).ok()) << i;
+  }
+  EXPECT_EQ(pool->Share(1, a->chunk_ids).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Released and acquired again, the chunk takes shares again.
+  ASSERT_TRUE(pool->Release(1, a->chunk_ids).ok());
+  absl::StatusOr<Grant> again = pool->Acquire(1, kChunk);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(pool->Share(1, again->chunk_ids).ok());
 }
 
 TEST_F(NodePoolTest, AnOpenWhoseClaimIsNeverMadeCloses) {
