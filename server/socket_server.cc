@@ -35,6 +35,11 @@ namespace {
 // A client writes each frame whole: one that started a frame and has not
 // finished it within this is closed. Meanwhile the loop serves the others.
 constexpr absl::Duration kFrameDeadline = absl::Seconds(2);
+// A client reads its answers as they come (a claim's FDs a frame at a
+// time): one whose unread answers have not moved for this long is closed,
+// so that what they hold (a claim's FDs, counted in the daemon's open
+// files) goes back. Meanwhile the loop serves the others.
+constexpr absl::Duration kAnswerDeadline = absl::Seconds(5);
 // How often the side channel looks for sessions that never leased, and
 // for stalled frames; and the client socket's acceptor for connections
 // gRPC has closed.
@@ -214,6 +219,9 @@ struct SideConnection {
   // The answers the peer has not read yet. While there are some, its next
   // request waits: one peer's unread answers never pile up.
   FrameQueue output;
+  // Since when the peer has read none of `output`; InfiniteFuture while
+  // nothing waits.
+  absl::Time answer_stalled_since = absl::InfiniteFuture();
 
   // Queues `response`; false when the connection should close.
   bool Answer(const v1::SideResponse& response,
@@ -492,12 +500,20 @@ void SideChannel::Loop() {
       core_->TrimIdle();
       for (auto it = connections.begin(); it != connections.end();) {
         auto next = std::next(it);
-        if (now - it->second.frame_began > kFrameDeadline) {
+        const SideConnection& c = it->second;
+        if (now - c.frame_began > kFrameDeadline) {
           LogError(absl::StrCat(
-              "side socket: closing a connection of pid ", it->second.peer.pid,
-              " (", it->second.tenant, "): it sent part of a request and not "
-              "the rest within ", absl::FormatDuration(kFrameDeadline)));
+              "side socket: closing a connection of pid ", c.peer.pid, " (",
+              c.tenant, "): it sent part of a request and not the rest "
+              "within ", absl::FormatDuration(kFrameDeadline)));
           close_connection(it, "its lease connection stalled mid-request");
+        } else if (now - c.answer_stalled_since > kAnswerDeadline) {
+          LogError(absl::StrCat(
+              "side socket: closing a connection of pid ", c.peer.pid, " (",
+              c.tenant, "): it read nothing of its answers (",
+              c.output.pending_bytes(), " bytes) within ",
+              absl::FormatDuration(kAnswerDeadline)));
+          close_connection(it, "its lease connection did not read its answers");
         }
         it = next;
       }
@@ -511,8 +527,14 @@ void SideChannel::Loop() {
       if (it == connections.end()) continue;
       SideConnection& c = it->second;
       if (c.output.pending()) {
+        const size_t unread = c.output.pending_bytes();
         if (!c.output.Flush(c.fd.get()).ok()) {
           close_connection(it, "lease connection closed");
+          continue;
+        }
+        if (c.output.pending_bytes() < unread) {
+          c.answer_stalled_since =
+              c.output.pending() ? now : absl::InfiniteFuture();
         }
         continue;
       }
@@ -531,7 +553,9 @@ void SideChannel::Loop() {
       c.frame_began = absl::InfiniteFuture();
       if (!Serve(*core_, *metrics_, c, **std::move(frame))) {
         close_connection(it, "lease connection closed");
+        continue;
       }
+      if (c.output.pending()) c.answer_stalled_since = now;
     }
     if (fds[0].revents != 0) accept();
   }

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -181,6 +182,49 @@ TEST_F(LimitsTest, APeerThatDoesNotReadItsAnswersDelaysNoOtherLease) {
   const v1::RegisterResponse session = Register();
   UniqueFd lease = Lease(session);
   EXPECT_TRUE(lease.valid());
+}
+
+// What a peer's unread answers hold (a claim's FDs, in the daemon's open
+// files) does not stay: a lease that reads none of its answers for a few
+// seconds is closed, and its session ends, giving its chunks back.
+TEST_F(LimitsTest, ALeaseThatReadsNoneOfItsAnswersIsClosedAndItsChunksGoBack) {
+  StartDaemon();
+  auto admin = v1::Admin::NewStub(harness::DialAdmin(socket_));
+  const v1::RegisterResponse session = Register();
+  UniqueFd lease = Lease(session);
+  ASSERT_TRUE(lease.valid());
+  // Acquires, one chunk each, sent without reading a grant: the daemon
+  // queues their FDs until the socket is full, then reads no more.
+  v1::SideRequest acquire;
+  acquire.mutable_acquire()->set_bytes(2 << 20);
+  const std::string frame = acquire.SerializeAsString();
+  fcntl(lease.get(), F_SETFL, O_NONBLOCK);
+  int sent = 0;
+  for (; sent < 100000; ++sent) {
+    if (!SendMessage(lease.get(), frame).ok()) break;
+    pollfd p{lease.get(), POLLOUT, 0};
+    if (poll(&p, 1, 50) == 0) break;
+  }
+  ASSERT_LT(sent, 100000);
+  EXPECT_GT(harness::PoolStatus(*admin).in_use_bytes(), 0u);
+  // Within the answer deadline (5 s) and a tick, with room for a slow
+  // machine; never before, the lease not reading.
+  harness::WaitForInUse(*admin, 0, absl::Seconds(60));
+  EXPECT_EQ(harness::PoolStatus(*admin).in_use_bytes(), 0u);
+  grpc::ClientContext context;
+  v1::ListSessionsResponse sessions;
+  ASSERT_TRUE(admin->ListSessions(&context, {}, &sessions).ok());
+  EXPECT_EQ(sessions.sessions_size(), 0);
+  // The connection is closed: reading ends at the end of the stream, or at
+  // ECONNRESET (the daemon closed it with requests of ours unread).
+  char buffer[65536];
+  ssize_t got = 0;
+  pollfd p{lease.get(), POLLIN, 0};
+  while (poll(&p, 1, 5000) == 1 &&
+         (got = read(lease.get(), buffer, sizeof buffer)) > 0) {
+  }
+  EXPECT_TRUE(got == 0 || (got < 0 && errno == ECONNRESET))
+      << "the daemon kept the connection open: " << strerror(errno);
 }
 
 TEST_F(LimitsTest, ARegistrationFloodIsRefusedPastItsBoundAndOthersRegister) {
