@@ -162,6 +162,38 @@ void BM_WindowRecords(benchmark::State& state, bool a_stream_per_event) {
 BENCHMARK_CAPTURE(BM_WindowRecords, two_streams, false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_WindowRecords, a_stream_per_event, true)->Unit(benchmark::kMillisecond);
 
+// What a decision, review, judgement or re-prediction holds the autotuner's
+// lock for while it copies its job's window out (JobWindow::ToTrace): a
+// full window of 2^20 events, a job on two streams that keeps 4,096 blocks
+// live across the window (the prelude) and frees the rest as it goes.
+void BM_WindowCopiedForAReplay(benchmark::State& state) {
+  constexpr size_t kEvents = size_t{1} << 20;
+  constexpr uint64_t kLive = 4096;
+  JobWindow window(kEvents);
+  std::vector<EvidenceEvent> events;
+  uint64_t id = 1;
+  for (uint64_t i = 0; i < kLive; ++i) {
+    events.push_back({TraceOp::kAlloc, 7, id++, 1 << 20});
+  }
+  window.Add(events, 0);
+  events.clear();
+  while (events.size() + 2 <= kEvents) {
+    const uint64_t stream = 7 + id % 2;
+    const uint64_t size = 512 << (id % 12);
+    events.push_back({TraceOp::kAlloc, stream, id, size});
+    events.push_back({TraceOp::kFreeCompleted, stream, id, size});
+    ++id;
+  }
+  window.Add(events, 0);
+  for (auto _ : state) {
+    Trace trace = window.ToTrace();
+    benchmark::DoNotOptimize(trace.events.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kEvents));
+}
+
+BENCHMARK(BM_WindowCopiedForAReplay)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace allocd
 
