@@ -18,6 +18,9 @@ import types
 import unittest
 import warnings
 
+import sim_daemon
+from sim_daemon import wait_for
+
 # In sanitized builds ctest preloads the sanitizer runtime for the library
 # this interpreter loads; the daemon's binaries link their own.
 os.environ.pop("LD_PRELOAD", None)
@@ -263,13 +266,6 @@ class HistoryReaderTest(unittest.TestCase):
         self.assertEqual(list(ops), [0, 1, 2])  # segment actions are not events
 
 
-def wait_for(predicate, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class SecondReleaseTest(unittest.TestCase):
@@ -355,11 +351,8 @@ class AdviseTest(unittest.TestCase):
         # Cleanups run after tearDown: the daemon is gone by then.
         self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.socket = os.path.join(self.dir, "a.sock")
-        self.daemon = subprocess.Popen(
-            [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,
-             "--sim-devices", "2", "--metrics-addr", "", "--capacity", "1GiB"],
-            stderr=subprocess.DEVNULL)
-        self.assertTrue(wait_for(lambda: os.path.exists(self.socket)))
+        self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2")
+        self.assertIsNotNone(self.daemon, "allocd serve did not start")
         self.torch = FakeTorch()
         sys.modules["torch"] = self.torch
 

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import unittest
+
+import sim_daemon
+from sim_daemon import wait_for
 
 # A sanitizer runtime ctest preloads would come after the interposer that
 # `allocd run` puts first, which the sanitizer refuses.
@@ -59,13 +61,6 @@ print(json.dumps({"settings": torch.settings, "empty_cache_calls": torch.empty_c
 """
 
 
-def wait_for(predicate, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @unittest.skipIf(SANITIZED, "allocd run preloads the interposer before the sanitizer runtime")
@@ -75,11 +70,8 @@ class UnchangedScriptTest(unittest.TestCase):
         # Cleanups run after tearDown: the daemon is gone by then.
         self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.socket = os.path.join(self.dir, "a.sock")
-        self.daemon = subprocess.Popen(
-            [os.environ["ALLOCD_BINARY"], "serve", "--backend", "sim", "--socket", self.socket,
-             "--metrics-addr", "", "--capacity", "1GiB"],
-            stderr=subprocess.DEVNULL)
-        self.assertTrue(wait_for(lambda: os.path.exists(self.socket)))
+        self.daemon = sim_daemon.start(self.socket)
+        self.assertIsNotNone(self.daemon, "allocd serve did not start")
 
     def tearDown(self):
         self.daemon.kill()
