@@ -435,6 +435,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (parts->server == nullptr) {
     return absl::InternalError("gRPC server failed to start");
   }
+  // Health says SERVING only once every socket below is open (the admin
+  // socket, which health is asked on, opens before the clients' socket).
+  parts->server->GetHealthCheckService()->SetServingStatus(false);
 
   absl::StatusOr<std::unique_ptr<SideChannel>> side =
       SideChannel::Start(fd_socket, 0660, parts->core.get(),

@@ -287,7 +287,8 @@ class PidNamespaceTest : public ::testing::Test {
                      socket_, "--metrics-addr", "", "--capacity", "64MiB",
                      "--tenancy", tenancy}),
         /*with_stderr=*/true);
-    for (int i = 0; i < 500 && !ConnectUnix(socket_ + ".admin").ok(); ++i) {
+    // The clients' socket opens last: when it accepts, the daemon serves.
+    for (int i = 0; i < 500 && !ConnectUnix(socket_).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_TRUE(daemon_->running()) << daemon_->Rest(absl::Seconds(5));
