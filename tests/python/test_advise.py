@@ -266,8 +266,6 @@ class HistoryReaderTest(unittest.TestCase):
         self.assertEqual(list(ops), [0, 1, 2])  # segment actions are not events
 
 
-
-
 class SecondReleaseTest(unittest.TestCase):
     """The release after a push, once what was live at the switch is gone."""
 

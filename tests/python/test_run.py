@@ -61,8 +61,6 @@ print(json.dumps({"settings": torch.settings, "empty_cache_calls": torch.empty_c
 """
 
 
-
-
 @unittest.skipIf(SANITIZED, "allocd run preloads the interposer before the sanitizer runtime")
 class UnchangedScriptTest(unittest.TestCase):
     def setUp(self):

@@ -81,6 +81,22 @@ uint64_t Rss(pid_t pid) {
   return 0;
 }
 
+// Sends `request` again and again on `fd` (made non-blocking) without
+// reading an answer, until the daemon stops reading them (the socket takes
+// no more within 50 ms) or kFloodRequests went; how many were sent.
+constexpr int kFloodRequests = 100000;
+int SendUntilUnread(int fd, const v1::SideRequest& request) {
+  const std::string frame = request.SerializeAsString();
+  fcntl(fd, F_SETFL, O_NONBLOCK);
+  int sent = 0;
+  for (; sent < kFloodRequests; ++sent) {
+    if (!SendMessage(fd, frame).ok()) break;
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, 50) == 0) break;
+  }
+  return sent;
+}
+
 class LimitsTest : public ::testing::Test {
  protected:
   void TearDown() override { daemon_.reset(); }
@@ -168,17 +184,9 @@ TEST_F(LimitsTest, APeerThatDoesNotReadItsAnswersDelaysNoOtherLease) {
   ASSERT_TRUE(greedy.ok());
   v1::SideRequest claim;
   claim.set_claim_token(std::string(32, 'a'));
-  const std::string frame = claim.SerializeAsString();
-  fcntl(greedy->get(), F_SETFL, O_NONBLOCK);
-  int sent = 0;
-  for (; sent < 100000; ++sent) {
-    if (!SendMessage(greedy->get(), frame).ok()) break;
-    // Non-blocking: stop once the daemon stops reading it.
-    pollfd p{greedy->get(), POLLOUT, 0};
-    if (poll(&p, 1, 50) == 0) break;
-  }
-  EXPECT_LT(sent, 100000) << "the daemon read every request of a peer that "
-                             "read none of its answers";
+  EXPECT_LT(SendUntilUnread(greedy->get(), claim), kFloodRequests)
+      << "the daemon read every request of a peer that read none of its "
+         "answers";
   const v1::RegisterResponse session = Register();
   UniqueFd lease = Lease(session);
   EXPECT_TRUE(lease.valid());
@@ -197,15 +205,7 @@ TEST_F(LimitsTest, ALeaseThatReadsNoneOfItsAnswersIsClosedAndItsChunksGoBack) {
   // queues their FDs until the socket is full, then reads no more.
   v1::SideRequest acquire;
   acquire.mutable_acquire()->set_bytes(2 << 20);
-  const std::string frame = acquire.SerializeAsString();
-  fcntl(lease.get(), F_SETFL, O_NONBLOCK);
-  int sent = 0;
-  for (; sent < 100000; ++sent) {
-    if (!SendMessage(lease.get(), frame).ok()) break;
-    pollfd p{lease.get(), POLLOUT, 0};
-    if (poll(&p, 1, 50) == 0) break;
-  }
-  ASSERT_LT(sent, 100000);
+  ASSERT_LT(SendUntilUnread(lease.get(), acquire), kFloodRequests);
   EXPECT_GT(harness::PoolStatus(*admin).in_use_bytes(), 0u);
   // Within the answer deadline (5 s) and a tick, with room for a slow
   // machine; never before, the lease not reading.

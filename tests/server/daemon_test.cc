@@ -53,14 +53,20 @@ class DaemonTest : public ::testing::Test {
   // tests replay a real job and get room for it.
   void StartDaemon(const std::string& capacity = "64MiB",
                    std::vector<std::string> extra = {}) {
+    SpawnDaemon(capacity, std::move(extra));
+    harness::WaitForDaemon(socket_);
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
+  }
+
+  // `allocd serve --backend sim` on socket_, not waited for.
+  void SpawnDaemon(const std::string& capacity = "64MiB",
+                   std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend",
                                      "sim", "--socket",
                                      socket_, "--metrics-addr", "",
                                      "--capacity", capacity};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<Child>(std::move(args));
-    harness::WaitForDaemon(socket_);
-    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
   v1::StatusResponse Status() { return harness::PoolStatus(*admin_); }
@@ -134,9 +140,7 @@ class DaemonTest : public ::testing::Test {
 TEST_F(DaemonTest, WhenItsSocketAnswersEveryOtherSocketAlreadyDoes) {
   for (int start = 0; start < 20; ++start) {
     daemon_->Kill();
-    daemon_ = std::make_unique<Child>(std::vector<std::string>{
-        ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
-        "--metrics-addr", "", "--capacity", "64MiB"});
+    SpawnDaemon();
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     while (!ConnectUnix(socket_).ok()) ASSERT_LT(absl::Now(), deadline);
     EXPECT_TRUE(ConnectUnix(socket_ + ".admin").ok()) << "start " << start;
