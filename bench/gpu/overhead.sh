@@ -1,0 +1,28 @@
+#!/bin/bash
+# What allocd costs a job's step (issue 42): seq2seq, ResNet-50 channels_last
+# and batched generation, each natively, transparent (allocd.enable()), as
+# an unchanged script under `allocd run`, and in advisor mode
+# (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
+# on a daemon serving the GPU that decides but pushes nothing (autotune
+# recommend), so that every step runs one config.
+#
+#   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 8)
+#
+# Results: OUT/overhead.json (every round), OUT/overhead.log (the table).
+set -u
+bundle=$(cd "${1:-.gpu}" && pwd)
+out=${2:-/tmp/allocd-overhead}
+rounds=${3:-8}
+mkdir -p "$out"
+exec > >(tee -a "$out/overhead.log") 2>&1
+here=$(cd "$(dirname "$0")" && pwd)
+sock=$out/allocd.sock daemon_log=$out/daemon.log parts=""
+. "$here/common.sh"
+step device
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+start_daemon device --autotune recommend
+python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" --rounds "$rounds" \
+    ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
+status=$?
+stop_daemon
+exit $status

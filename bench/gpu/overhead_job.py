@@ -1,0 +1,129 @@
+"""A worker of bench/gpu/overhead.py: one fixed-shape workload in one mode,
+kept warm in this process and timed in rounds on request, so that the
+rounds of every mode interleave without each paying Python's and CUDA's
+start-up.
+
+    python overhead_job.py --workload seq2seq|resnet50|generate
+        --mode native|transparent|advise [--warmup 10]
+
+Workloads (fixed shapes, so every step allocates alike):
+  seq2seq   a T5-base-shaped fine-tune (randomly initialised), batch 16,
+            source 256 and target 128 tokens, bf16 autocast, AdamW
+  resnet50  torchvision's ResNet-50, channels_last, batch 64 at 224x224,
+            bf16 autocast, SGD with momentum
+  generate  a GPT-2-medium-shaped model (fp16), batch 16, 128-token prompts,
+            16 new tokens, greedy (one generate() call a step)
+Modes: native; transparent (allocd.enable() before torch); advise
+(allocd.advise(): PyTorch's own allocator, its history streamed). `allocd
+run -- python overhead_job.py --mode native` is the unchanged script.
+
+It runs --warmup steps, prints {"ready": ...}, then for each line N on its
+standard input runs 2 untimed steps and N timed ones and prints one JSON
+line. Each step is timed twice: CUDA events around it (the GPU's view,
+launch gaps included), and the host's clock from before it to after its
+synchronize (what the job waits).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def build(torch, workload):
+    if workload == "seq2seq":
+        from transformers import T5Config, T5ForConditionalGeneration
+        cfg = T5Config(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
+                       vocab_size=32128, decoder_start_token_id=0, pad_token_id=0)
+        model = T5ForConditionalGeneration(cfg).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, cfg.vocab_size, (16, 256), device="cuda")
+        labels = torch.randint(0, cfg.vocab_size, (16, 128), device="cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    if workload == "resnet50":
+        import torchvision
+        model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (64,), device="cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16, vocab_size=50257, n_positions=1024)
+    model = GPT2LMHeadModel(cfg).to(torch.float16).cuda().eval()
+    ids = torch.randint(0, cfg.vocab_size, (16, 128), device="cuda")
+    mask = torch.ones_like(ids)
+
+    def step():
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16,
+                           do_sample=False, pad_token_id=0)
+    return step
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "advise"], required=True)
+    p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
+    p.add_argument("--warmup", type=int, default=10)
+    a = p.parse_args()
+    if a.mode == "transparent":
+        import allocd
+        allocd.enable(socket=a.socket, job=f"overhead-{a.workload}", required=True,
+                      mode="transparent")
+    import torch
+    if a.mode == "advise":
+        import allocd
+        allocd.advise(socket=a.socket, job=f"overhead-{a.workload}", required=True)
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    step = build(torch, a.workload)
+    under_run = os.environ.get("ALLOCD_AUTOSTART") == "1"
+
+    def timed(n):
+        gpu, host = [], []
+        for _ in range(n):
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            begin.record()
+            step()
+            end.record()
+            end.synchronize()
+            host.append(time.perf_counter() - t)
+            gpu.append(begin.elapsed_time(end) / 1000)
+        return gpu, host
+
+    timed(a.warmup)
+    print(json.dumps({"ready": a.mode, "under_allocd_run": under_run}), flush=True)
+    for line in sys.stdin:
+        timed(2)
+        gpu, host = timed(int(line))
+        print(json.dumps({"workload": a.workload, "mode": a.mode, "under_allocd_run": under_run,
+                          "steps": len(gpu),
+                          "gpu_ms_median": statistics.median(gpu) * 1e3,
+                          "host_ms_median": statistics.median(host) * 1e3,
+                          "max_reserved": torch.cuda.max_memory_reserved(),
+                          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The tables of bench/gpu/packing.sh's results (markdown, on stdout).
+
+    python bench/gpu/summarize_packing.py OUT
+
+One row per part, N and mode: jobs that ran without an OOM, the OOMs
+(peaks, steps, requests), peaks held, the jobs' step time (median of their
+p50 and p99) against the same kind alone in that mode, and the peaks'
+gather times: under allocd, a peak past the first cycle comes back from its
+neighbours' caches, so its gather time is the reclaim latency a job feels.
+Then the server beside the trainer against the server alone.
+"""
+import collections
+import glob
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def load(out):
+    runs = collections.defaultdict(list)
+    for f in glob.glob(os.path.join(out, "packing", "*.json")):
+        m = re.match(r"(.+)-N(\d+)-(.+)-(\d+)\.json$", os.path.basename(f))
+        if m:
+            runs[(m[1], int(m[2]), m[3])].append(json.load(open(f)))
+    return runs
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def main():
+    out = sys.argv[1]
+    runs = load(out)
+    alone = {}  # (kind, mode) -> step p50 (ms), the median of the alone runs
+    for (part, n, mode), jobs in runs.items():
+        if part.startswith("alone-"):
+            alone.setdefault((jobs[0]["kind"], mode), []).extend(j["step_ms_p50"] for j in jobs)
+    alone = {k: statistics.median(v) for k, v in alone.items()}
+    base_mode = {"native": "native", "expandable": "native", "empty-cache": "native",
+                 "fraction": "native", "transparent": "transparent", "run": "transparent"}
+
+    print("| part | N | mode | jobs with 0 OOMs | OOMs (peaks / steps) | peaks held | "
+          "step p50 / p99 (ms) | p50 vs alone | gather p50 / p99 (s) | GiB/s at p50 |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for key in sorted(runs, key=lambda k: (k[0].startswith("alone"), k[0], k[1], k[2])):
+        part, n, mode = key
+        jobs = sorted(runs[key], key=lambda j: j["index"])
+        clean = sum(1 for j in jobs if j["ooms"] == 0 and j["step_ooms"] == 0)
+        p50 = statistics.median(j["step_ms_p50"] for j in jobs if j["steps"]) \
+            if any(j["steps"] for j in jobs) else None
+        p99 = statistics.median(j["step_ms_p99"] for j in jobs if j["steps"]) \
+            if any(j["steps"] for j in jobs) else None
+        ref = alone.get((jobs[0]["kind"], base_mode.get(mode, mode)))
+        # A job's first gather is cold (cudaMalloc, or the daemon making
+        # chunks); the later ones are what packing costs.
+        gathers = [g for j in jobs for g in j["gather_s"][1:]]
+        g50, g99 = percentile(gathers, 50), percentile(gathers, 99)
+        gib = statistics.median(j["peak_gib"] for j in jobs)
+        rate = gib / g50 if g50 else None
+        peaks = sum(j["peaks_held"] for j in jobs)
+        print(f"| {part} | {n} | {mode} | {clean} of {len(jobs)} | "
+              f"{sum(j['ooms'] for j in jobs)} / {sum(j['step_ooms'] for j in jobs)} | {peaks} | "
+              f"{fmt(p50)} / {fmt(p99)} | {fmt(p50 / ref if p50 and ref else None, '.3f')}x | "
+              f"{fmt(g50, '.3f')} / {fmt(g99, '.3f')} | {fmt(rate, '.0f')} |")
+
+    cold = [j["gather_s"][0] for (part, n, mode), jobs in runs.items()
+            if part == "alone-peaks" and mode == "native" for j in jobs if j["gather_s"]]
+    if cold:
+        print(f"\nnative cudaMalloc of a {runs[('alone-peaks', 1, 'native')][0]['peak_gib']:g} GiB "
+              f"peak (2 GiB tensors, its first gather): {statistics.median(cold):.3f} s median "
+              f"of {len(cold)}")
+
+    print("\n| server | mode | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (part, n, mode), jobs in sorted(runs.items()):
+        if part not in ("server", "server-alone"):
+            continue
+        server = next(j for j in jobs if j["kind"] == "server")
+        solo = runs.get(("server-alone", 1, mode))
+        ref = solo[0]["latency_ms_p99"] if solo else None
+        print(f"| {'beside a trainer' if part == 'server' else 'alone'} | {mode} | "
+              f"{server['requests']} | {server['ooms']} | {server['latency_ms_p50']:.1f} | "
+              f"{server['latency_ms_p99']:.1f} | "
+              f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x |")
+
+
+if __name__ == "__main__":
+    main()
