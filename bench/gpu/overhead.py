@@ -13,7 +13,8 @@ on every mode alike. A mode's ratio in a round is its median step over the
 native worker's median step in that round; the summary is the median of
 the rounds' ratios and their spread (min, max, interquartile range), on the
 host's clock (what the job waits) and on the GPU's (CUDA events).
-Writes DIR/overhead.json and prints the table.
+Then each worker's steps under PyTorch's profiler, the top operators by
+self CPU time. Writes DIR/overhead.json and prints the table.
 """
 import argparse
 import json
@@ -61,10 +62,14 @@ def main():
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
     p.add_argument("--modes", default="native,transparent,run,advise")
+    p.add_argument("--profile-steps", type=int, default=5,
+                   help="after the rounds, this many steps of each worker under PyTorch's "
+                        "profiler (DIR/profile-WORKLOAD-MODE.txt; 0: none)")
     a = p.parse_args()
     modes = a.modes.split(",")
     if modes[0] != "native":
         sys.exit("--modes: native must come first (the ratios' base)")
+    os.makedirs(a.out, exist_ok=True)
     results = {}
     for workload in a.workloads.split(","):
         workers = {m: start(a, workload, m) for m in modes}
@@ -84,6 +89,12 @@ def main():
             rounds.append(row)
             print(f"{workload} round {r}: " + ", ".join(
                 f"{m} {row[m]['host_ms_median']:.2f} ms" for m in modes), flush=True)
+        if a.profile_steps:
+            for m in modes:
+                path = os.path.join(a.out, f"profile-{workload}-{m}.txt")
+                workers[m].stdin.write(f"profile {a.profile_steps} {path}\n")
+                workers[m].stdin.flush()
+                read_json(workers[m], f"{workload} {m} profile")
         for w in workers.values():
             w.stdin.close()
             w.wait(timeout=60)
@@ -100,7 +111,6 @@ def main():
         native = [row["native"]["host_ms_median"] for row in rounds]
         results[workload] = {"rounds": rounds, "summary": summary,
                              "native_host_ms_median": statistics.median(native)}
-    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "overhead.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"\n| workload | native step (host, ms) | mode | ratio, host clock: median "

@@ -19,7 +19,8 @@ run -- python overhead_job.py --mode native` is the unchanged script.
 
 It runs --warmup steps, prints {"ready": ...}, then for each line N on its
 standard input runs 2 untimed steps and N timed ones and prints one JSON
-line. Each step is timed twice: CUDA events around it (the GPU's view,
+line ("profile N PATH": N steps under PyTorch's profiler, its table of the
+top operators by self CPU time written to PATH). Each step is timed twice: CUDA events around it (the GPU's view,
 launch gaps included), and the host's clock from before it to after its
 synchronize (what the job waits).
 """
@@ -114,6 +115,15 @@ def main():
     timed(a.warmup)
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run}), flush=True)
     for line in sys.stdin:
+        if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
+            _, n, path = line.split()
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                timed(int(n))
+            with open(path, "w") as f:
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+            print(json.dumps({"profiled": path}), flush=True)
+            continue
         timed(2)
         gpu, host = timed(int(line))
         print(json.dumps({"workload": a.workload, "mode": a.mode, "under_allocd_run": under_run,
