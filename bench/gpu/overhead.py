@@ -111,8 +111,8 @@ def main():
         native = [row["native"]["host_ms_median"] for row in rounds]
         results[workload] = {"rounds": rounds, "summary": summary,
                              "native_host_ms_median": statistics.median(native)}
-    with open(os.path.join(a.out, "overhead.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
+            json.dump(results, f, indent=1)
     print(f"\n| workload | native step (host, ms) | mode | ratio, host clock: median "
           f"[IQR] (min-max) | ratio, CUDA events: median [IQR] (min-max) |")
     print("|---|---:|---|---|---|")

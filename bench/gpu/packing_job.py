@@ -88,8 +88,9 @@ class Job:
             self.notes.append(text[:240])
             print(f"job {self.a.index}: {text[:240]}", flush=True)
 
-    def step(self, batch):
-        """One training step, timed with CUDA events; an OOM counts."""
+    def step(self, batch, timed=True):
+        """One training step, timed with CUDA events (`timed`: its time is
+        a step's, not a peak's); an OOM counts."""
         torch = self.torch
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         wall = time.time()
@@ -107,7 +108,7 @@ class Job:
             return
         end.record()
         end.synchronize()
-        if self.a.start is not None and wall - self.a.start >= self.a.warmup:
+        if timed and self.a.start is not None and wall - self.a.start >= self.a.warmup:
             self.steps.append(begin.elapsed_time(end) / 1000)
 
     def gather(self, gib):
@@ -185,7 +186,7 @@ class Job:
             while time.time() < until:
                 t = time.monotonic()
                 before = self.step_ooms
-                self.step(self.long_batch)
+                self.step(self.long_batch, timed=False)
                 if self.step_ooms == before:
                     self.gathers.append(time.monotonic() - t)
                 else:  # the peak's OOM, not a step's
