@@ -770,14 +770,19 @@ std::string SyntaxError(absl::string_view conf) {
 
 }  // namespace
 
+std::string ConfigRejection(std::string_view conf,
+                            const absl::Status& rejected) {
+  return absl::StrContains(rejected.message(), "INTERNAL ASSERT")
+             ? SyntaxError(ToAbsl(conf))
+             : std::string(rejected.message());
+}
+
 ConfigCheck CheckAllocatorConfig(std::string_view conf) {
   ConfigCheck check;
   absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(conf);
   if (!config.ok()) {
     check.pytorch_error = std::string(config.status().message());
-    check.error = absl::StrContains(check.pytorch_error, "INTERNAL ASSERT")
-                      ? SyntaxError(ToAbsl(conf))
-                      : check.pytorch_error;
+    check.error = ConfigRejection(conf, config.status());
     SuggestFix(ToAbsl(conf), check);
     return check;
   }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "allocator/config.h"
 
 namespace allocd {
@@ -46,6 +47,13 @@ struct ConfigCheck {
 
 // Never fails: a rejected string is a result, not an error.
 ConfigCheck CheckAllocatorConfig(std::string_view conf);
+
+// Why PyTorch 2.11 rejects `conf`, for a user: `rejected` (what
+// ParseAllocatorConfig said of it), except where that is an internal
+// assert of PyTorch's tokenizer ("... INTERNAL ASSERT FAILED ... please
+// report a bug to PyTorch"), which says nothing to a user: then the syntax
+// in words, naming the item at fault. ConfigCheck::error is this.
+std::string ConfigRejection(std::string_view conf, const absl::Status& rejected);
 
 }  // namespace allocd
 

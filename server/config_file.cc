@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 #include "nlohmann/json.hpp"
 #include "server/config_store.h"
 
@@ -21,7 +22,7 @@ absl::StatusOr<std::string> ValidConfig(const nlohmann::json& value,
       !parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": PyTorch 2.11 rejects \"", text, "\": ",
-        parsed.status().message()));
+        ConfigRejection(text, parsed.status())));
   }
   return text;
 }

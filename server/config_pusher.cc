@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "allocator/bytes.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 #include "server/request_limits.h"
 
 namespace allocd {
@@ -29,7 +30,7 @@ absl::StatusOr<std::string> CanonicalClientConfig(absl::string_view field,
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, " is not a config PyTorch 2.11 accepts: ",
-                     parsed.status().message()));
+                     ConfigRejection(config, parsed.status())));
   }
   return FormatAllocatorConfig(*parsed);
 }

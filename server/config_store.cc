@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 
 namespace allocd {
 
@@ -87,7 +88,9 @@ absl::StatusOr<ConfigRecord> ConfigStore::Store(
       ParseAllocatorConfig(std::string_view(config.data(), config.size()));
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "PyTorch 2.11 rejects this config: ", parsed.status().message()));
+        "PyTorch 2.11 rejects this config: ",
+        ConfigRejection(std::string_view(config.data(), config.size()),
+                        parsed.status())));
   }
   ConfigRecord record{.job = std::string(job),
                       .config = FormatAllocatorConfig(*parsed),

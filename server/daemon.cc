@@ -439,9 +439,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   // socket, which health is asked on, opens before the clients' socket).
   parts->server->GetHealthCheckService()->SetServingStatus(false);
 
+  const ConnectionLimits connections = {.held = o.connections,
+                                       .rate = o.accept_rate};
   absl::StatusOr<std::unique_ptr<SideChannel>> side =
-      SideChannel::Start(fd_socket, 0660, parts->core.get(),
-                         &parts->metrics, o.connections);
+      SideChannel::Start(fd_socket, 0660, parts->core.get(), &parts->metrics,
+                         connections);
   if (!side.ok()) return side.status();
   parts->side = std::move(*side);
   struct Listen {
@@ -458,7 +460,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         GrpcAcceptor::Start(
             l.path, l.mode, l.admin, parts->server.get(), &parts->peers,
             parts->core.get(),
-            l.admin ? std::nullopt : std::optional(o.connections));
+            l.admin ? std::nullopt : std::optional(connections));
     if (!acceptor.ok()) return acceptor.status();
     parts->acceptors.push_back(std::move(*acceptor));
     if (!l.admin) continue;

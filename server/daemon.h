@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/pool/node_pool.h"
+#include "server/accept_pacer.h"
 #include "server/admission.h"
 #include "server/autotune/autotuner.h"
 #include "server/session_limits.h"
@@ -91,6 +92,11 @@ struct DaemonOptions {
   // session, and as many again in flight: SideChannel) and to the client
   // socket (a channel or two per process: GrpcAcceptor), each;
   AdmissionLimits connections = {.per_tenant = 2048, .total = 8192};
+  // connections each uid opens per second to each of those sockets, past
+  // a burst (processes that start together connect together): what a node
+  // of jobs needs many times over, while one uid that opens and closes
+  // them in a loop crowds out nobody (AcceptPacer);
+  AcceptRate accept_rate = {.per_second = 256, .burst = 1024};
   // what the autotuner's windows hold, in total, well inside the
   // DaemonSet's 1 GiB memory limit beside the daemon's own ~50 MB and a
   // decision's copy of one window, and per tenant (nullopt: a quarter of

@@ -279,7 +279,7 @@ class DaemonCore {
                         {.tenancy = options_.tenancy,
                          .admin_uids = options_.admin_uids,
                          .admin_gid = options_.admin_gid}};
-  Quotas quotas_{pools_, &sessions_};
+  Quotas quotas_{pools_, &sessions_, options_.tenancy};
   ConfigPusher config_pusher_{&sessions_, metrics_};
   Reclaimer reclaimer_{&sessions_, metrics_, options_.reclaim_wait};
   WorkingSetStore working_sets_{options_.max_acquire_bytes};

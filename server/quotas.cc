@@ -6,8 +6,9 @@
 
 namespace allocd {
 
-Quotas::Quotas(const DevicePools* pools, const SessionRegistry* sessions)
-    : pools_(pools), sessions_(sessions) {}
+Quotas::Quotas(const DevicePools* pools, const SessionRegistry* sessions,
+               Tenancy tenancy)
+    : pools_(pools), sessions_(sessions), tenancy_(tenancy) {}
 
 absl::Status Quotas::Set(const v1::SetQuotaRequest& r) {
   std::optional<size_t> bytes;
@@ -27,10 +28,9 @@ absl::Status Quotas::Set(const v1::SetQuotaRequest& r) {
       SetUid(r.uid(), bytes);
       return absl::OkStatus();
     case v1::SetQuotaRequest::kTenant:
-      if (r.tenant().empty()) {
-        return absl::InvalidArgumentError(
-            "empty tenant; name one as allocctl sessions shows it, e.g. "
-            "uid:1001");
+      if (absl::Status valid = ValidateTenant(tenancy_, r.tenant());
+          !valid.ok()) {
+        return valid;
       }
       SetTenant(r.tenant(), bytes);
       return absl::OkStatus();

@@ -17,19 +17,22 @@
 #include "allocd.pb.h"
 #include "server/pool/device_pools.h"
 #include "server/session_registry.h"
+#include "server/tenant.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
 
 class Quotas {
  public:
-  // `pools` and `sessions` outlive this.
-  Quotas(const DevicePools* pools, const SessionRegistry* sessions);
+  // `pools` and `sessions` outlive this; `tenancy` says which tenants
+  // there can be.
+  Quotas(const DevicePools* pools, const SessionRegistry* sessions,
+         Tenancy tenancy);
 
   // A session's quota (on its device's pool), a uid's (SetUid) or a
   // tenant's (SetTenant); without bytes, removes it. NotFound for a session
-  // that is not live; InvalidArgument for a request that names none, or an
-  // empty tenant.
+  // that is not live; InvalidArgument for a request that names none, or a
+  // tenant no peer can have under the tenancy (ValidateTenant).
   absl::Status Set(const v1::SetQuotaRequest& r);
   // A uid quota (nullopt: none) on every device: what the uid's sessions
   // on one GPU may hold together.
@@ -41,6 +44,7 @@ class Quotas {
  private:
   const DevicePools* const pools_;
   const SessionRegistry* const sessions_;
+  const Tenancy tenancy_;
 };
 
 }  // namespace allocd

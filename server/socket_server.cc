@@ -2,13 +2,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -16,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "allocd.pb.h"
 #include "grpcpp/server.h"
@@ -41,30 +44,57 @@ constexpr absl::Duration kFrameDeadline = absl::Seconds(2);
 // files) goes back. Meanwhile the loop serves the others.
 constexpr absl::Duration kAnswerDeadline = absl::Seconds(5);
 // How often the side channel looks for sessions that never leased, and
-// for stalled frames; and the client socket's acceptor for connections
-// gRPC has closed.
+// for stalled frames.
 constexpr absl::Duration kTickPeriod = absl::Milliseconds(250);
 
-// A connection accepted on `listener` (the socket at `path`) with its
-// peer's credentials; nullopt, logged, when either fails.
-struct AcceptedPeer {
-  UniqueFd fd;
-  PeerCredentials peer;
-};
-std::optional<AcceptedPeer> AcceptPeer(int listener, const std::string& path) {
-  absl::StatusOr<UniqueFd> connection = AcceptUnix(listener);
-  if (!connection.ok()) {
-    LogError(absl::StrCat("accept on ", path, ": ",
-                          connection.status().message()));
-    return std::nullopt;
+// Connections taken from a listener's backlog per round of its loop: the
+// most a loop serves before it looks at its other events again.
+constexpr int kAcceptBatch = 64;
+
+// The pace and bound flags both sockets share.
+constexpr absl::string_view kAcceptRateFlag = "--accept-rate-per-uid";
+constexpr absl::string_view kPerTenantFlag = "--max-connections-per-tenant";
+constexpr absl::string_view kTotalFlag = "--max-connections";
+
+// Takes connections from the backlog of `listener` (non-blocking; the
+// socket at `path`) until it is empty or kAcceptBatch went, each with its
+// peer's credentials, and hands each to `admit` with whether its uid's
+// `pacer` lets it in: the pace costs an accept and a credentials read, so
+// that connections past it go at once. Failures are logged.
+void AcceptBacklog(
+    int listener, const std::string& path, AcceptPacer& pacer,
+    absl::FunctionRef<void(UniqueFd, const PeerCredentials&, absl::Status)>
+        admit) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
+    UniqueFd connection(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!connection.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN) {
+        LogError(absl::StrCat("accept on ", path, ": ", strerror(errno)));
+      }
+      return;
+    }
+    absl::StatusOr<PeerCredentials> peer =
+        GetPeerCredentials(connection.get());
+    if (!peer.ok()) {
+      LogError(absl::StrCat("SO_PEERCRED on ", path, ": ",
+                            peer.status().message()));
+      continue;
+    }
+    absl::Status paced = pacer.Take(peer->uid, peer->pid, absl::Now());
+    admit(std::move(connection), *peer, std::move(paced));
   }
-  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(connection->get());
-  if (!peer.ok()) {
-    LogError(absl::StrCat("SO_PEERCRED on ", path, ": ",
-                          peer.status().message()));
-    return std::nullopt;
+}
+
+// `listener`, non-blocking: its loop drains the backlog without waiting.
+absl::StatusOr<UniqueFd> NonBlocking(absl::StatusOr<UniqueFd> listener) {
+  if (listener.ok() &&
+      fcntl(listener->get(), F_SETFL,
+            fcntl(listener->get(), F_GETFL) | O_NONBLOCK) != 0) {
+    return absl::InternalError(
+        absl::StrCat("fcntl O_NONBLOCK: ", strerror(errno)));
   }
-  return AcceptedPeer{.fd = *std::move(connection), .peer = *peer};
+  return listener;
 }
 
 }  // namespace
@@ -81,28 +111,40 @@ void WakeFd::Wake() {
 absl::StatusOr<std::unique_ptr<GrpcAcceptor>> GrpcAcceptor::Start(
     const std::string& path, mode_t mode, bool admin_socket,
     grpc::Server* server, PeerTable* peers, const DaemonCore* core,
-    std::optional<AdmissionLimits> connections) {
-  absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
+    std::optional<ConnectionLimits> connections) {
+  UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) {
+    return absl::InternalError(absl::StrCat("epoll_create1: ", strerror(errno)));
+  }
+  absl::StatusOr<UniqueFd> listener = NonBlocking(ListenUnix(path, mode));
   if (!listener.ok()) return listener.status();
-  return std::unique_ptr<GrpcAcceptor>(
-      new GrpcAcceptor(path, admin_socket, std::move(*listener), server,
-                       peers, core, connections));
+  return std::unique_ptr<GrpcAcceptor>(new GrpcAcceptor(
+      path, admin_socket, std::move(*listener), std::move(epoll), server,
+      peers, core, connections));
 }
 
 GrpcAcceptor::GrpcAcceptor(std::string path, bool admin_socket,
-                           UniqueFd listener, grpc::Server* server,
-                           PeerTable* peers, const DaemonCore* core,
-                           std::optional<AdmissionLimits> connections)
+                           UniqueFd listener, UniqueFd epoll,
+                           grpc::Server* server, PeerTable* peers,
+                           const DaemonCore* core,
+                           std::optional<ConnectionLimits> connections)
     : path_(std::move(path)),
       admin_socket_(admin_socket),
       listener_(std::move(listener)),
+      epoll_(std::move(epoll)),
       server_(server),
       peers_(peers),
-      core_(core) {
+      core_(core),
+      pacer_("client-socket connection", std::string(kAcceptRateFlag),
+             connections.has_value() ? connections->rate : AcceptRate{}) {
   if (connections.has_value()) {
     connections_.emplace("client-socket connection",
-                         "--max-connections-per-tenant", "--max-connections",
-                         *connections);
+                         std::string(kPerTenantFlag), std::string(kTotalFlag),
+                         connections->held);
+  }
+  for (const int fd : {listener_.get(), stop_.fd()}) {
+    epoll_event e{.events = EPOLLIN, .data = {.fd = fd}};
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e);
   }
   thread_ = std::thread([this] { Loop(); });
 }
@@ -114,41 +156,44 @@ GrpcAcceptor::~GrpcAcceptor() {
 }
 
 void GrpcAcceptor::Loop() {
+  constexpr int kEvents = 256;
+  epoll_event events[kEvents];
   for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
-    // While connections are counted, look for closed ones every tick.
-    const int timeout =
-        handed_.empty() ? -1
-                        : static_cast<int>(absl::ToInt64Milliseconds(kTickPeriod));
-    const int ready = poll(fds, 2, timeout);
+    const int ready = epoll_wait(epoll_.get(), events, kEvents, -1);
     if (ready < 0) {
       if (errno == EINTR) continue;
-      LogError(absl::StrCat("poll on ", path_, ": ", strerror(errno)));
+      LogError(absl::StrCat("epoll_wait on ", path_, ": ", strerror(errno)));
       return;
     }
-    if (fds[1].revents != 0) return;
-    ForgetClosed();
-    if (fds[0].revents != 0) Accept();
-  }
-}
-
-void GrpcAcceptor::ForgetClosed() {
-  for (auto it = handed_.begin(); it != handed_.end();) {
-    struct stat st;
-    if (fstat(it->first, &st) == 0 && st.st_ino == it->second.inode) {
-      ++it;
-      continue;
+    bool backlog = false;
+    for (int i = 0; i < ready; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == stop_.fd()) return;
+      if (fd == listener_.get()) {
+        backlog = true;
+      } else {
+        Forget(fd);
+      }
     }
-    connections_->Give(it->second.tenant);
-    it = handed_.erase(it);
+    // After the closes: what they held makes room for the new ones.
+    if (!backlog) continue;
+    AcceptBacklog(listener_.get(), path_, pacer_,
+                  [&](UniqueFd connection, const PeerCredentials& peer,
+                      absl::Status paced) {
+                    if (paced.ok()) Admit(std::move(connection), peer);
+                  });
   }
 }
 
-void GrpcAcceptor::Accept() {
-  std::optional<AcceptedPeer> accepted = AcceptPeer(listener_.get(), path_);
-  if (!accepted.has_value()) return;
-  UniqueFd& connection = accepted->fd;
-  const PeerCredentials& peer = accepted->peer;
+void GrpcAcceptor::Forget(int fd) {
+  auto it = counted_.find(fd);
+  if (it == counted_.end()) return;
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  connections_->Give(it->second.tenant);
+  counted_.erase(it);  // closes the duplicate
+}
+
+void GrpcAcceptor::Admit(UniqueFd connection, const PeerCredentials& peer) {
   const int fd = connection.get();
   if (connections_.has_value()) {
     // A peer with no tenant (pid 0) is refused at registration, saying
@@ -160,14 +205,22 @@ void GrpcAcceptor::Accept() {
              .ok()) {
       return;  // closed
     }
-    struct stat st;
-    fstat(fd, &st);
-    // The fd number is free again: whatever had it was closed.
-    if (auto old = handed_.find(fd); old != handed_.end()) {
-      connections_->Give(old->second.tenant);
-      handed_.erase(old);
+    // Events 0: a hang-up (or an error) is reported whatever is asked.
+    absl::StatusOr<UniqueFd> duplicate = DuplicateFd(fd);
+    epoll_event e{.events = 0,
+                  .data = {.fd = duplicate.ok() ? duplicate->get() : -1}};
+    if (!duplicate.ok() ||
+        epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, duplicate->get(), &e) != 0) {
+      LogError(absl::StrCat("closing a connection of pid ", peer.pid,
+                            " on ", path_, ": cannot watch it: ",
+                            duplicate.ok() ? strerror(errno)
+                                           : duplicate.status().ToString()));
+      connections_->Give(counted);
+      return;
     }
-    handed_.emplace(fd, Handed{.inode = st.st_ino, .tenant = counted});
+    const int key = duplicate->get();
+    counted_.emplace(key, Counted{.duplicate = *std::move(duplicate),
+                                  .tenant = counted});
   }
   // gRPC's event engine expects a non-blocking socket.
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -179,8 +232,8 @@ void GrpcAcceptor::Accept() {
 
 absl::StatusOr<std::unique_ptr<SideChannel>> SideChannel::Start(
     const std::string& path, mode_t mode, DaemonCore* core, Metrics* metrics,
-    AdmissionLimits connections) {
-  absl::StatusOr<UniqueFd> listener = ListenUnix(path, mode);
+    ConnectionLimits connections) {
+  absl::StatusOr<UniqueFd> listener = NonBlocking(ListenUnix(path, mode));
   if (!listener.ok()) return listener.status();
   return std::unique_ptr<SideChannel>(new SideChannel(
       path, std::move(*listener), core, metrics, connections));
@@ -188,13 +241,15 @@ absl::StatusOr<std::unique_ptr<SideChannel>> SideChannel::Start(
 
 SideChannel::SideChannel(std::string path, UniqueFd listener,
                          DaemonCore* core, Metrics* metrics,
-                         AdmissionLimits connections)
+                         ConnectionLimits connections)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       core_(core),
       metrics_(metrics),
-      connections_("side-socket connection", "--max-connections-per-tenant",
-                   "--max-connections", connections),
+      pacer_("side-socket connection", std::string(kAcceptRateFlag),
+             connections.rate),
+      connections_("side-socket connection", std::string(kPerTenantFlag),
+                   std::string(kTotalFlag), connections.held),
       thread_([this] { Loop(); }) {}
 
 SideChannel::~SideChannel() {
@@ -446,13 +501,12 @@ void SideChannel::Loop() {
     connections_.Give(it->second.tenant);
     connections.erase(it);
   };
-  // Takes one connection, unless its tenant or the daemon holds its limit.
-  auto accept = [&] {
-    std::optional<AcceptedPeer> accepted = AcceptPeer(listener_.get(), path_);
-    if (!accepted.has_value()) return;
-    UniqueFd& connection = accepted->fd;
-    const PeerCredentials& peer = accepted->peer;
-    absl::StatusOr<TenantId> tenant = core_->TenantOf(peer);
+  // Takes a connection, unless its uid opens them past its rate, or its
+  // tenant or the daemon holds its limit.
+  auto admit = [&](UniqueFd connection, const PeerCredentials& peer,
+                   absl::Status paced) {
+    absl::StatusOr<TenantId> tenant =
+        paced.ok() ? core_->TenantOf(peer) : paced;
     absl::Status taken =
         tenant.ok()
             ? connections_.Take(*tenant, absl::StrCat("pid ", peer.pid,
@@ -557,7 +611,9 @@ void SideChannel::Loop() {
       }
       if (c.output.pending()) c.answer_stalled_since = now;
     }
-    if (fds[0].revents != 0) accept();
+    if (fds[0].revents != 0) {
+      AcceptBacklog(listener_.get(), path_, pacer_, admit);
+    }
   }
 }
 

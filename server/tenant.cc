@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -66,6 +67,38 @@ absl::string_view TenancyName(Tenancy tenancy) {
       return "node";
   }
   return "?";
+}
+
+absl::Status ValidateTenant(Tenancy tenancy, absl::string_view tenant) {
+  absl::string_view rest = tenant;
+  uint32_t uid = 0;
+  const bool uid_form = absl::ConsumePrefix(&rest, "uid:") &&
+                        absl::SimpleAtoi(rest, &uid) &&
+                        rest == absl::StrCat(uid);
+  rest = tenant;
+  const bool pod_form = absl::ConsumePrefix(&rest, "pod:") &&
+                        PodUidAt(rest) == std::string(rest);
+  std::string form;
+  switch (tenancy) {
+    case Tenancy::kUid:
+      if (uid_form) return absl::OkStatus();
+      form = "uid:<uid>, such as uid:1001";
+      break;
+    case Tenancy::kPod:
+      if (uid_form || pod_form) return absl::OkStatus();
+      form = "pod:<pod UID> (lower case, such as "
+             "pod:0f6c1b2a-9d3e-4c57-8a11-2b7c9e4d5f60), or uid:<uid> for "
+             "processes in no pod";
+      break;
+    case Tenancy::kNode:
+      if (tenant == "node") return absl::OkStatus();
+      form = "node, the only tenant";
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no tenant is named \"", tenant, "\" under --tenancy ",
+      TenancyName(tenancy), ": its tenants are ", form,
+      " (allocctl sessions shows each session's)"));
 }
 
 std::optional<std::string> PodUidFromCgroup(absl::string_view proc_pid_cgroup) {

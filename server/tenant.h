@@ -31,6 +31,14 @@ enum class Tenancy { kUid, kPod, kNode };
 absl::StatusOr<Tenancy> ParseTenancy(absl::string_view name);
 absl::string_view TenancyName(Tenancy tenancy);
 
+// Whether a peer under `tenancy` can have `tenant`, as Resolve names it:
+// "uid:N" (a uid in decimal) under uid, and under pod for a process in no
+// pod; "pod:<pod UID>" (a UUID in lower case, or 32 hex digits) under pod;
+// "node" under node. InvalidArgument otherwise, saying the form this
+// tenancy's tenants have: a quota for a tenant no peer can have would bind
+// nobody.
+absl::Status ValidateTenant(Tenancy tenancy, absl::string_view tenant);
+
 // The pod UID in the contents of a /proc/PID/cgroup (v1: a line per
 // hierarchy, v2: "0::PATH"), lower case with dashes; nullopt for a process
 // in no Kubernetes pod. Knows the kubelet's layouts under both cgroup

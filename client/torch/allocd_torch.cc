@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "allocator/stats.h"
 #include "allocator/trace/observed_backend.h"
@@ -49,7 +50,10 @@ class ManagedAllocator {
     if (!preferences.ok()) return preferences.status();
     absl::StatusOr<AllocatorConfig> config =
         ParseAllocatorConfig(config_string);
-    if (!config.ok()) return config.status();
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(
+          ConfigRejection(config_string, config.status()));
+    }
     if (config->backend == AllocatorBackend::kCudaMallocAsync) {
       return absl::InvalidArgumentError(
           "backend:cudaMallocAsync is the CUDA driver's pool; allocd runs "

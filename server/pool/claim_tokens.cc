@@ -41,9 +41,10 @@ absl::StatusOr<PendingClaim> ClaimTokens::TakeFor(const absl::Mutex&,
     return absl::NotFoundError("unknown, used or expired claim token");
   }
   if (it->second.pid != pid) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the claim token was granted to pid ", it->second.pid,
-                     "; pid ", pid, " may not claim it"));
+    // Which process it was granted to is that process's business.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the claim token was granted to another process; pid ", pid,
+        " may not claim it"));
   }
   PendingClaim claim = std::move(it->second);
   claims_.erase(it);

@@ -162,6 +162,21 @@ TEST(ConfigCheckTest, AnEqualsSignIsExplainedAndFixed) {
   EXPECT_EQ(*check.fixed_config, "max_split_size_mb:64");
 }
 
+// What the daemon, replay and the transparent mode say of a rejected
+// config: PyTorch's own words where they speak to a user, the syntax where
+// PyTorch's are an internal assert ("garbage": issue 41).
+TEST(ConfigRejectionTest, TranslatesOnlyPyTorchsInternalAsserts) {
+  const absl::Status garbage = ParseAllocatorConfig("garbage").status();
+  ASSERT_THAT(garbage.message(), HasSubstr("INTERNAL ASSERT"));
+  const std::string said = ConfigRejection("garbage", garbage);
+  EXPECT_THAT(said, HasSubstr("key:value"));
+  EXPECT_THAT(said, HasSubstr("'garbage' has no value"));
+  EXPECT_THAT(said, Not(HasSubstr("INTERNAL ASSERT")));
+  const absl::Status unknown = ParseAllocatorConfig("max_splitsize_mb:64").status();
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(ConfigRejection("max_splitsize_mb:64", unknown), unknown.message());
+}
+
 // PyTorch drops whitespace everywhere, so "a:1 b:2" is "a:1b:2", which it
 // rejects. The fix keeps both keys, and the message says what PyTorch read.
 TEST(ConfigCheckTest, SpaceSeparatedKeysKeepEveryKey) {

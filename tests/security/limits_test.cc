@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -342,13 +343,122 @@ TEST_F(LimitsTest, ClientSocketConnectionsPastTheTenantsBoundAreClosedAndOthersC
                 HasSubstr("registered 1 refused 0"));
   }
   // Connections closed make room again, once the daemon sees them gone
-  // (within a tick of its loop).
+  // (their hang-up).
   held.clear();
   for (int i = 0; i < 100; ++i) {
     if (registers_on_a_new_channel()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ADD_FAILURE() << "connections closed never made room";
+}
+
+// A uid that opens connections faster than its rate has those past it
+// closed at once, on either socket, without a handshake; the side socket
+// says why first.
+TEST_F(LimitsTest, ConnectionsPastTheUidsRateAreClosedSayingWhy) {
+  // A burst of 40, then 10 a second.
+  StartDaemon({"--accept-rate-per-uid", "10"});
+  std::vector<UniqueFd> side;
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<UniqueFd> fd = ConnectUnix(socket_ + ".fds");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    side.push_back(*std::move(fd));
+  }
+  // Each answers a lease: those kept with its refusal (no such session),
+  // the others with what they were told before they were closed.
+  int refused = 0;
+  v1::SideRequest lease;
+  lease.set_lease_session_id(1);
+  for (const UniqueFd& fd : side) {
+    (void)SendMessage(fd.get(), lease.SerializeAsString());
+    absl::StatusOr<ReceivedMessage> answer =
+        ReceiveMessage(fd.get(), kMaxSideMessageBytes, absl::Seconds(30));
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    v1::SideResponse response;
+    ASSERT_TRUE(response.ParseFromString(answer->payload));
+    if (!absl::StrContains(response.error(), "--accept-rate-per-uid")) {
+      continue;
+    }
+    EXPECT_EQ(response.code(),
+              static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_THAT(response.error(), HasSubstr("--accept-rate-per-uid=10"));
+    ++refused;
+  }
+  // All but the burst and what a slow machine's seconds refill.
+  EXPECT_GE(refused, 30);
+  // The client socket's: closed without gRPC's settings.
+  int closed = 0;
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<UniqueFd> fd = ConnectUnix(socket_);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    clients.push_back(*std::move(fd));
+  }
+  for (const UniqueFd& fd : clients) {
+    closed += ClosedByDaemon(fd.get(), absl::Milliseconds(100)) ? 1 : 0;
+  }
+  EXPECT_GE(closed, 30);
+}
+
+// One uid connecting and closing in a loop from several threads, holding
+// every connection its tenant may hold, made another tenant's Register fail
+// 3 times in 5 (UNAVAILABLE) and take up to 3.5 s (issue 41): one thread
+// accepted, and walked every held connection before each accept (here,
+// 1024 held: 4.9 s). Every registration of the other tenant, each on a new
+// connection, now succeeds within a deadline three times the target (a
+// loaded CI machine); the latencies are printed (the target: each within
+// 1 s).
+TEST_F(LimitsTest, ConnectionChurnOfOneUidFailsNoOtherTenantsRegistration) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root: the churn runs as uid " << kFlooder
+                 << ", another tenant than this test's client";
+  }
+  constexpr int kHeld = 1024;
+  constexpr int kChurnSeconds = 8;
+  constexpr absl::Duration kGenerousDeadline = absl::Seconds(3);
+  StartDaemon({"--max-connections-per-tenant", absl::StrCat(kHeld)});
+  std::string churn;
+  std::thread churner([&] {
+    churn = RunAs(kFlooder, {FLOOD_CLIENT_BINARY, socket_, "churn",
+                             absl::StrCat(kHeld), "4",
+                             absl::StrCat(kChurnSeconds)});
+  });
+  // Once it holds its connections and churns (it holds them within a
+  // second), a registration every 100 ms while it lasts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const absl::Time end =
+      absl::Now() + absl::Seconds(kChurnSeconds) - absl::Seconds(2);
+  std::vector<absl::Duration> took;
+  while (absl::Now() < end) {
+    const absl::Time start = absl::Now();
+    auto stub = v1::Allocd::NewStub(Dial(socket_));
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(start + kGenerousDeadline));
+    v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    hello.set_job("legit");
+    v1::RegisterResponse session;
+    const grpc::Status s = stub->Register(&c, hello, &session);
+    took.push_back(absl::Now() - start);
+    EXPECT_TRUE(s.ok()) << "registration " << took.size() << " after "
+                        << took.back() << ": " << s.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  churner.join();
+  int held = 0;
+  long connects = 0;
+  double seconds = 0;
+  ASSERT_EQ(std::sscanf(churn.c_str(), "held %d connects %ld seconds %lf",
+                        &held, &connects, &seconds), 3) << churn;
+  EXPECT_EQ(held, kHeld);
+  EXPECT_GT(connects, 1000) << "the churn hardly ran";
+  ASSERT_FALSE(took.empty());
+  std::sort(took.begin(), took.end());
+  std::printf("%zu registrations under a churn of %.0f connects/s (%d held): "
+              "median %s, slowest %s\n",
+              took.size(), connects / seconds, held,
+              absl::FormatDuration(took[took.size() / 2]).c_str(),
+              absl::FormatDuration(took.back()).c_str());
 }
 
 // What a registration asks of the autotuner is checked before anything

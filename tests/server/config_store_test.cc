@@ -3,6 +3,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/config_file.h"
+#include "server/config_pusher.h"
 #include "server/session_registry.h"
 
 namespace allocd {
@@ -11,6 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::AllOf;
+using ::testing::Not;
 
 TEST(ConfigStoreTest, VersionsAreNodeWideAndCanonical) {
   ConfigStore store;
@@ -44,6 +46,27 @@ TEST(ConfigStoreTest, RejectsWhatPyTorchRejectsWithItsWords) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("Expected 'True' or 'False'"));
   EXPECT_FALSE(store.Effective("").has_value());  // nothing stored
+}
+
+// "garbage" (no key:value at all) makes PyTorch's tokenizer run out of
+// tokens; its message, an internal assert asking for a bug report to
+// PyTorch, reached allocctl config set (issue 41). Every way a config
+// reaches the daemon says the syntax instead, naming the item.
+TEST(ConfigStoreTest, RejectsWhatPyTorchCannotTokenizeInTheUsersTerms) {
+  auto expect_users_terms = [](const absl::Status& s) {
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("key:value"));
+    EXPECT_THAT(s.message(), HasSubstr("'garbage' has no value"));
+    EXPECT_THAT(s.message(), Not(HasSubstr("INTERNAL ASSERT")));
+    EXPECT_THAT(s.message(), Not(HasSubstr("report a bug")));
+  };
+  ConfigStore store;
+  expect_users_terms(store.Set("llama", "garbage", "t").status());
+  expect_users_terms(CanonicalClientConfig("initial_config", "garbage").status());
+  absl::StatusOr<NodeConfigFile> file =
+      ParseNodeConfigFile(R"({"jobs": {"llama": "garbage"}})");
+  expect_users_terms(file.status());
+  EXPECT_THAT(file.status().message(), HasSubstr("jobs.llama"));
 }
 
 TEST(ConfigStoreTest, RejectsBadJobLabels) {

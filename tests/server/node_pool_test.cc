@@ -421,7 +421,8 @@ TEST_F(NodePoolTest, OnlyTheGrantsPidClaimsAndOnlyOnce) {
   absl::Status wrong = ClaimAll(*pool, g->token, 200).status();
   EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(wrong.message(),
-            "the claim token was granted to pid 100; pid 200 may not claim it");
+            "the claim token was granted to another process; pid 200 may "
+            "not claim it");
   absl::StatusOr<std::vector<ChunkFd>> mine = ClaimAll(*pool, g->token, 100);
   ASSERT_TRUE(mine.ok()) << mine.status();  // survived the wrong pid
   EXPECT_EQ(mine->size(), 1u);

@@ -36,7 +36,8 @@ class QuotasTest : public ::testing::Test {
   NodePool pool1_{&source1_, uint64_t{1} << 30};
   DevicePools pools_;
   SessionRegistry sessions_;
-  Quotas quotas_{&pools_, &sessions_};
+  // Tenancy node: the sessions above are tenant "node"'s.
+  Quotas quotas_{&pools_, &sessions_, Tenancy::kNode};
 };
 
 TEST_F(QuotasTest, ASessionsQuotaIsSetOnItsDevicesPool) {
@@ -91,6 +92,23 @@ TEST_F(QuotasTest, ATenantsQuotaHoldsOnEveryDevice) {
 
   r.set_tenant("");
   EXPECT_TRUE(absl::IsInvalidArgument(quotas_.Set(r)));
+}
+
+// A tenant no peer can have under the daemon's tenancy is refused, saying
+// which ones there are, and binds nothing.
+TEST_F(QuotasTest, ATenantNoPeerOfTheTenancyCanHaveIsRefused) {
+  Quotas by_uid{&pools_, &sessions_, Tenancy::kUid};
+  v1::SetQuotaRequest r;
+  r.set_tenant("x;y");
+  r.set_bytes(4 * kMiB);
+  const absl::Status s = by_uid.Set(r);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("under --tenancy uid"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("uid:1001"));
+  r.set_tenant("uid:1000");
+  EXPECT_TRUE(by_uid.Set(r).ok());
+  r.set_tenant("uid:1000");
+  EXPECT_TRUE(absl::IsInvalidArgument(quotas_.Set(r)));  // tenancy node
 }
 
 }  // namespace

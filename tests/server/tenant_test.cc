@@ -4,10 +4,13 @@
 #include <fstream>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace allocd {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr char kUid[] = "3f1e8c2a-1234-4d5e-9abc-0123456789ab";
 
@@ -112,6 +115,36 @@ TEST(TenantResolverTest, ModesAndTheirTenants) {
   EXPECT_EQ(uid.Resolve({.pid = 100, .uid = 1001}).value(), "uid:1001");
   const TenantResolver node(Tenancy::kNode, proc.string());
   EXPECT_EQ(node.Resolve({.pid = 0, .uid = 1001}).value(), "node");
+}
+
+// allocctl quota set --tenant 'x;y' was accepted (issue 41): a quota no
+// peer could ever be bound by.
+TEST(ValidateTenantTest, OnlyNamesAPeerOfTheTenancyCanHave) {
+  const std::string pod = "pod:0f6c1b2a-9d3e-4c57-8a11-2b7c9e4d5f60";
+  EXPECT_TRUE(ValidateTenant(Tenancy::kUid, "uid:1001").ok());
+  EXPECT_TRUE(ValidateTenant(Tenancy::kUid, "uid:0").ok());
+  EXPECT_TRUE(ValidateTenant(Tenancy::kPod, pod).ok());
+  EXPECT_TRUE(ValidateTenant(Tenancy::kPod, "pod:" + std::string(32, 'a')).ok());
+  EXPECT_TRUE(ValidateTenant(Tenancy::kPod, "uid:1001").ok());  // in no pod
+  EXPECT_TRUE(ValidateTenant(Tenancy::kNode, "node").ok());
+  for (const char* bad : {"x;y", "", "uid:", "uid:x", "uid:-1", "uid:01",
+                          "uid:1001 ", "uid:4294967296", "node", pod.c_str()}) {
+    const absl::Status s = ValidateTenant(Tenancy::kUid, bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("--tenancy uid")) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("uid:1001")) << bad;
+  }
+  // Resolve writes pod UIDs in lower case with dashes.
+  for (const std::string& bad :
+       {std::string("pod:0F6C1B2A-9D3E-4C57-8A11-2B7C9E4D5F60"),
+        std::string("pod:0f6c1b2a_9d3e_4c57_8a11_2b7c9e4d5f60"),
+        std::string("pod:x;y"), std::string("node")}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(ValidateTenant(Tenancy::kPod, bad)))
+        << bad;
+  }
+  const absl::Status node = ValidateTenant(Tenancy::kNode, "uid:1001");
+  EXPECT_TRUE(absl::IsInvalidArgument(node));
+  EXPECT_THAT(node.message(), HasSubstr("node, the only tenant"));
 }
 
 TEST(TenancyTest, Names) {

@@ -14,6 +14,7 @@
 #include "allocator/bytes.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/replay_observer.h"
 #include "client/daemon_backend.h"
@@ -208,8 +209,8 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
                     std::ostream& err) {
   absl::StatusOr<AllocatorConfig> config = ParseAllocatorConfig(o.config);
   if (!config.ok()) {
-    err << "allocd client-replay: --config: " << config.status().message()
-        << "\n";
+    err << "allocd client-replay: --config: "
+        << ConfigRejection(o.config, config.status()) << "\n";
     return 1;
   }
   if (config->backend == AllocatorBackend::kCudaMallocAsync) {

@@ -325,6 +325,15 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "and to the side socket, each (default 2048)");
   serve->add_option("--max-connections", d.connections.total,
                     "the same, of all tenants together (default 8192)");
+  serve->add_option_function<double>(
+      "--accept-rate-per-uid",
+      [&d](double rate) {
+        d.accept_rate = {.per_second = rate, .burst = 4 * rate};
+      },
+      "connections one uid may open per second to the client socket, and "
+      "to the side socket, each, past a burst of four times as many; more "
+      "are closed at once (default 256; 0: no bound)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {

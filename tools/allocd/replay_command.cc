@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/bytes.h"
 #include "allocator/config.h"
+#include "allocator/config_check.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_writer.h"
 #include "nlohmann/json.hpp"
@@ -28,7 +29,8 @@ absl::StatusOr<Setup> MakeSetup(const ReplayCommandOptions& options) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--config '%s' is not a valid PYTORCH_CUDA_ALLOC_CONF: %s "
         "(try: allocd check-config '%s')",
-        options.config, config.status().message(), options.config));
+        options.config, ConfigRejection(options.config, config.status()),
+        options.config));
   }
   setup.config = *config;
   absl::StatusOr<uint64_t> capacity = ParseSizeFlag(
