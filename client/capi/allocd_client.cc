@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
 #include "client/capi/client_json.h"
+#include "client/client_env.h"
 #include "client/config_applier.h"
 #include "client/daemon_client.h"
 #include "proto/protocol.h"
@@ -91,6 +92,8 @@ extern "C" {
 
 const char* allocd_last_error(void) { return last_error.c_str(); }
 
+const char* allocd_default_socket(void) { return allocd::kDefaultSocket; }
+
 allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description, const char* autotune) {
@@ -101,7 +104,8 @@ allocd_client* allocd_connect(const char* socket, const char* job,
 int allocd_start_on_learned_config(const char* socket, const char* job,
                                    char* out, size_t size) {
   absl::StatusOr<std::string> learned =
-      allocd::StartOnLearnedConfig(Or(socket), Or(job), absl::Seconds(5));
+      allocd::StartOnLearnedConfig(allocd::SocketOrDefault(Or(socket)), Or(job),
+                                   absl::Seconds(5));
   if (!learned.ok()) return Result(learned.status());
   if (size > 0) {
     const size_t n = std::min(size - 1, learned->size());
@@ -123,7 +127,7 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
     return nullptr;
   }
   absl::StatusOr<std::unique_ptr<allocd::DaemonClient>> client =
-      allocd::DaemonClient::Connect({.socket = Or(socket),
+      allocd::DaemonClient::Connect({.socket = allocd::SocketOrDefault(Or(socket)),
                                      .job = Or(job),
                                      .gpu_uuid = Or(gpu_uuid),
                                      .initial_config = Or(initial_config),

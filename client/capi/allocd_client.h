@@ -22,7 +22,11 @@ typedef struct allocd_client allocd_client;
 /* The reason the last call on this thread failed. */
 ALLOCD_API const char* allocd_last_error(void);
 
-/* Registers a session with the daemon at `socket` and opens its lease.
+/* Where the daemon serves clients unless told otherwise ($ALLOCD_SOCKET). */
+ALLOCD_API const char* allocd_default_socket(void);
+
+/* Registers a session with the daemon at `socket` (empty or NULL:
+ * allocd_default_socket()) and opens its lease.
  * `job` and `initial_config` may be empty. `autotune` is the job's
  * autotune preferences as JSON ({"pinned_keys": [...],
  * "allow_memory_fraction": bool, "mode": "off|recommend|apply"}) or empty.
@@ -35,7 +39,7 @@ ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
  * pool, whatever CUDA_VISIBLE_DEVICES numbers it here. Empty or NULL: the
  * daemon's first device (what allocd_connect does). */
 /* Starts this process on the config its tenant's job `job` learned, if
- * the daemon at `socket` has one (StartOnLearnedConfig: the environment
+ * the daemon at `socket` (empty: the default) has one (StartOnLearnedConfig: the environment
  * PyTorch reads at its first allocation). Copies the learned config, ""
  * for none, into `out` (`size` bytes, NUL-terminated, cut to fit). Returns
  * 0; -1 when no daemon answers or it refuses (allocd_last_error). */

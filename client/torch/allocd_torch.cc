@@ -23,6 +23,7 @@
 #include "allocator/trace/snapshot_writer.h"
 #include "allocator/trace/trace.h"
 #include "client/capi/client_json.h"
+#include "client/client_env.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
@@ -449,7 +450,8 @@ int allocd_torch_configure(const char* socket, const char* job,
     return -1;
   }
   absl::StatusOr<std::unique_ptr<allocd::ManagedAllocator>> created =
-      allocd::ManagedAllocator::Create(allocd::Or(socket), allocd::Or(job),
+      allocd::ManagedAllocator::Create(allocd::SocketOrDefault(allocd::Or(socket)),
+                                       allocd::Or(job),
                                        allocd::Or(config), device,
                                        allocd::Or(autotune));
   if (!created.ok()) {

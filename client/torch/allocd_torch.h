@@ -37,7 +37,8 @@
 extern "C" {
 #endif
 
-/* Connects to the daemon at `socket` as job `job` (may be empty), with the
+/* Connects to the daemon at `socket` (empty: the default, proto/protocol.h's
+ * kDefaultSocket) as job `job` (may be empty), with the
  * allocator config `config` (a PYTORCH_CUDA_ALLOC_CONF; empty: PyTorch's
  * defaults) on CUDA device `device` (the daemon's device, as this process
  * numbers it), with the job's autotune preferences `autotune` (JSON, as

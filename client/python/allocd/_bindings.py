@@ -41,6 +41,13 @@ def load(path, signatures, mode=ctypes.DEFAULT_MODE):
     return lib
 
 
+def default_socket():
+    """Where the daemon serves clients unless told otherwise: the client
+    library's constant. AllocdUnavailable when the library is missing."""
+    lib = load(library_path(), {"allocd_default_socket": (ctypes.c_char_p, [])})
+    return lib.allocd_default_socket().decode()
+
+
 def address(column):
     """Where an array.array's items start, for a C function (None when empty)."""
     return column.buffer_info()[0] if len(column) else None
