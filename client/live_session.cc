@@ -46,10 +46,10 @@ nlohmann::json LiveSession::Report() const {
           {"config", FormatAllocatorConfig(config())},
           {"config_version", config_version()},
           {"config_reason", config_reason()},
-          {"pushes_applied", pushes_applied()},
-          {"pushes_rejected", pushes_rejected()},
+          {"configs_applied", configs_applied()},
+          {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims_},
-          {"ooms", ooms_},
+          {"ooms_reported", ooms_},
           {"events_dropped", client_.events() == nullptr
                                  ? 0
                                  : client_.events()->dropped_total()}};

@@ -44,14 +44,15 @@ class LiveSession {
   const AllocatorConfig& config() const { return applier_.config(); }
   uint64_t config_version() const { return client_.running_version(); }
   const std::string& config_reason() const { return applier_.reason(); }
-  int64_t pushes_applied() const { return applier_.applied(); }
-  int64_t pushes_rejected() const { return applier_.rejected(); }
+  int64_t configs_applied() const { return applier_.applied(); }
+  int64_t configs_rejected() const { return applier_.rejected(); }
   int64_t reclaims() const { return reclaims_; }
-  int64_t ooms() const { return ooms_; }
+  int64_t ooms_reported() const { return ooms_; }
 
-  // The session as every report of it names it: session_id, reconnects,
-  // config, config_version, config_reason, pushes_applied, pushes_rejected,
-  // reclaims, ooms, events_dropped.
+  // The session as every report of it names it (allocd.stats() in every
+  // mode, `allocd client-replay`; docs/gpu.md): session_id, reconnects,
+  // config, config_version, config_reason, configs_applied,
+  // configs_rejected, reclaims, ooms_reported, events_dropped.
   nlohmann::json Report() const;
 
  private:

@@ -311,12 +311,12 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   out << "session " << (*client)->session_id() << ": " << loops
       << " loop(s), " << events << " events in " << seconds << " s\n"
       << "peak reserved " << FormatSize(peak_reserved) << ", "
-      << device_allocs << " chunk acquisitions, " << session.ooms()
+      << device_allocs << " chunk acquisitions, " << session.ooms_reported()
       << " OOMs, " << session.reclaims() << " reclaim requests answered\n"
       << "config v" << session.config_version() << " \""
       << FormatAllocatorConfig(session.config()) << "\" ("
-      << session.pushes_applied() << " pushes applied, "
-      << session.pushes_rejected() << " rejected), "
+      << session.configs_applied() << " pushes applied, "
+      << session.configs_rejected() << " rejected), "
       << (*client)->epoch() - 1 << " reconnects\n";
   return 0;
 }
