@@ -22,6 +22,7 @@
 #include "allocator/trace/observed_backend.h"
 #include "allocator/trace/snapshot_writer.h"
 #include "allocator/trace/trace.h"
+#include "client/allocator_target.h"
 #include "client/capi/client_json.h"
 #include "client/client_env.h"
 #include "client/cuda_daemon_backend.h"
@@ -85,7 +86,7 @@ class ManagedAllocator {
     if (!deferred_.empty()) {
       CompleteDeferredFrees(/*all_done=*/false, /*record=*/true);
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(*engine_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
     const int64_t syncs = engine_->Stats().num_sync_all_streams;
     const TraceEvent event{.op = TraceOp::kAlloc,
                            .stream = StreamIdOf(stream),
@@ -111,7 +112,7 @@ class ManagedAllocator {
       }
       if (history_) history_->OnOutOfMemory(event, backend_->FreeMemory());
       session_.ReportOom(size, a.status().message());
-      session_.Poll(*engine_);
+      session_.Poll(engine_target_);
       // torch.OutOfMemoryError in Python, as PyTorch's allocator raises.
       ThrowOutOfMemory(std::string(a.status().message()));
     }
@@ -156,7 +157,7 @@ class ManagedAllocator {
       }
       deferred_.push_back(std::move(deferred));
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(*engine_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
   }
 
   void RecordStream(void* ptr, CUstream stream) {
@@ -176,7 +177,7 @@ class ManagedAllocator {
     Check(cuda::Synchronize(), "synchronizing for empty_cache");
     CompleteDeferredFrees(/*all_done=*/true, /*record=*/true);
     engine_->EmptyCache();
-    session_.Publish(*engine_);
+    session_.Publish(MemoryStatsDict(engine_->Stats()));
   }
 
   void SetMemoryFraction(double fraction, int device) {
@@ -277,9 +278,10 @@ class ManagedAllocator {
         backend_(std::move(backend)),
         observed_(*backend_),
         engine_(std::make_unique<CachingAllocator>(config, &observed_)),
+        engine_target_(*engine_),
         session_(*client_, config) {
     snapshot_trace_.device = context_.ordinal();
-    session_.Publish(*engine_);
+    session_.Publish(MemoryStatsDict(engine_->Stats()));
   }
 
   static uint64_t NowMicros() {
@@ -377,6 +379,7 @@ class ManagedAllocator {
   ObservedBackend observed_ ABSL_GUARDED_BY(mu_);
   // Declared after the backend it allocates from.
   const std::unique_ptr<CachingAllocator> engine_ ABSL_PT_GUARDED_BY(mu_);
+  EngineTarget engine_target_ ABSL_GUARDED_BY(mu_);
   LiveSession session_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<CUstream, StreamId> streams_ ABSL_GUARDED_BY(mu_);

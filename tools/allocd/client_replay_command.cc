@@ -14,8 +14,10 @@
 #include "allocator/bytes.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/stats.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/replay_observer.h"
+#include "client/allocator_target.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
@@ -156,12 +158,13 @@ class LiveReplay final : public ReplayObserver {
     // events are slow, and pushes and reclaims must not wait 512 of them.
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
     oom_since_safe_point_ = false;
-    session_.Poll(allocator);
+    EngineTarget target(allocator);
+    session_.Poll(target);
     return !Stopped();
   }
 
   void OnEnd(const CachingAllocator& allocator) override {
-    session_.Publish(allocator);
+    session_.Publish(MemoryStatsDict(allocator.Stats()));
     if (events_ == nullptr) return;
     // The process's lifetime ends: what it still held is freed, so the
     // daemon's window holds no allocation that lives forever.
@@ -186,7 +189,10 @@ class LiveReplay final : public ReplayObserver {
       if (Stopped()) return false;
       std::this_thread::sleep_until(std::min({*due, Clock::now() + kNap,
                                               stop_at_}));
-      if (Clock::now() < *due) session_.Poll(allocator);
+      if (Clock::now() < *due) {
+        EngineTarget target(allocator);
+        session_.Poll(target);
+      }
     }
     return true;
   }
