@@ -286,25 +286,7 @@ def stats():
         return {"connected": False}
     mode = {"mode": "managed", "managed_mode": "transparent"} if _state.interposer else {
         "mode": "advise"}
-    return {
-        "connected": True,
-        **mode,
-        "session_id": advisor.session_id(),
-        "config": advisor.config,
-        "config_version": advisor.config_version,
-        "config_reason": advisor.config_reason,
-        "configs_applied": advisor.applied,
-        "configs_rejected": advisor.rejected,
-        "reclaims": advisor.reclaims,
-        "ooms_reported": advisor.ooms,
-        "events_sent": advisor.events_sent,
-        "events_dropped": advisor.events_dropped(),
-        "steps_marked": advisor.steps_marked,
-        "states_sent": advisor.states_sent,
-        "advisor_seconds": advisor.busy_seconds,
-        "event_source": advisor.event_source,
-        "memory_stats": dict(advisor.last_stats),
-    }
+    return {"connected": True, **mode, **advisor.stats()}
 
 
 def shutdown():
