@@ -1,6 +1,6 @@
 // ConfigApplier: the one way a process applies a config the daemon pushed,
 // whatever allocator it runs: the engine (LiveSession) or PyTorch's own,
-// driven from Python through the C ABI (allocd_apply_config).
+// driven from Python through the C ABI (allocd_poll); LiveSession drives it.
 //
 // A push is refused, NACKed with the reason, when it does not parse or
 // names another backend than the process runs (PyTorch fixes the backend

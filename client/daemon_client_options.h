@@ -8,11 +8,12 @@
 
 #include "absl/time/time.h"
 #include "allocd.pb.h"
+#include "proto/protocol.h"
 
 namespace allocd {
 
 struct DaemonClientOptions {
-  std::string socket = "/run/allocd/allocd.sock";
+  std::string socket = kDefaultSocket;
   std::string job;
   // The client's CUDA ordinal (as CUDA_VISIBLE_DEVICES numbers it).
   int device = 0;

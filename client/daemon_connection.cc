@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client_env.h"
 #include "grpcpp/create_channel_posix.h"
 #include "proto/protocol.h"
 
@@ -177,16 +178,16 @@ absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
                                                  absl::Duration timeout) {
   absl::StatusOr<std::string> learned = AskLearnedConfig(socket, job, timeout);
   if (!learned.ok() || learned->empty()) return learned;
-  const char* cuda = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-  const char* generic = std::getenv("PYTORCH_ALLOC_CONF");
+  const char* cuda = std::getenv(env::kPytorchCudaAllocConf);
+  const char* generic = std::getenv(env::kPytorchAllocConf);
   const std::string own = cuda != nullptr      ? cuda
                           : generic != nullptr ? generic
                                                : "";
-  setenv("ALLOCD_INITIAL_ALLOC_CONF", own.c_str(), /*overwrite=*/1);
-  setenv("ALLOCD_LEARNED_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
-  setenv("PYTORCH_CUDA_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+  setenv(env::kInitialAllocConf, own.c_str(), /*overwrite=*/1);
+  setenv(env::kLearnedAllocConf, learned->c_str(), /*overwrite=*/1);
+  setenv(env::kPytorchCudaAllocConf, learned->c_str(), /*overwrite=*/1);
   if (generic != nullptr) {
-    setenv("PYTORCH_ALLOC_CONF", learned->c_str(), /*overwrite=*/1);
+    setenv(env::kPytorchAllocConf, learned->c_str(), /*overwrite=*/1);
   }
   return learned;
 }

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "allocator/stats.h"
 
 namespace allocd {
 
@@ -13,26 +12,37 @@ LiveSession::LiveSession(DaemonClient& client, AllocatorConfig config,
       telemetry_period_(telemetry_period),
       applier_(client, std::move(config)) {}
 
-void LiveSession::Poll(CachingAllocator& allocator) {
+void LiveSession::Poll(AllocatorTarget& target) {
   for (v1::ControlMessage& m : client_.TakeControl()) {
     if (m.has_config()) {
-      applier_.Apply(m.config(), [&allocator](const AllocatorConfig& config) {
-        allocator.Reconfigure(config);
-        allocator.EmptyCache();
+      applier_.Apply(m.config(), [&](const AllocatorConfig& config) {
+        if (absl::Status s = target.Reconfigure(config); !s.ok()) return s;
+        // Blocks cached under the old rules would serve the next peak as
+        // the old config cut them: released, the new config shapes it.
+        target.EmptyCache();
+        second_release_.Switched(target);
         return absl::OkStatus();
       });
     }
     if (m.has_reclaim()) {
-      allocator.EmptyCache();
+      target.EmptyCache();
       ++reclaims_;
     }
   }
-  if (absl::Now() - last_telemetry_ >= telemetry_period_) Publish(allocator);
+  if (absl::Now() - last_telemetry_ < telemetry_period_) return;
+  std::map<std::string, int64_t> stats = target.Stats();
+  Publish(stats);
+  second_release_.AtRound(stats, marks_steps_.load(), target);
 }
 
-void LiveSession::Publish(const CachingAllocator& allocator) {
+void LiveSession::Publish(std::map<std::string, int64_t> stats) {
   last_telemetry_ = absl::Now();
-  client_.PublishStats(MemoryStatsDict(allocator.Stats()), config_version());
+  client_.PublishStats(std::move(stats), config_version());
+}
+
+void LiveSession::AtStepMark(AllocatorTarget& target) {
+  marks_steps_.store(true);
+  second_release_.AtStepMark(target);
 }
 
 void LiveSession::ReportOom(uint64_t bytes, absl::string_view message) {
@@ -46,10 +56,10 @@ nlohmann::json LiveSession::Report() const {
           {"config", FormatAllocatorConfig(config())},
           {"config_version", config_version()},
           {"config_reason", config_reason()},
-          {"pushes_applied", pushes_applied()},
-          {"pushes_rejected", pushes_rejected()},
+          {"configs_applied", configs_applied()},
+          {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims_},
-          {"ooms", ooms_},
+          {"ooms_reported", ooms_reported()},
           {"events_dropped", client_.events() == nullptr
                                  ? 0
                                  : client_.events()->dropped_total()}};

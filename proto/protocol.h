@@ -16,6 +16,11 @@ namespace allocd {
 // another (FailedPrecondition, naming both).
 inline constexpr uint32_t kProtocolVersion = 1;
 
+// Where the daemon serves clients, and where they look for it, unless told
+// otherwise (allocd serve --socket, $ALLOCD_SOCKET). The Python package reads
+// it from the client library (allocd_default_socket).
+inline constexpr char kDefaultSocket[] = "/run/allocd/allocd.sock";
+
 // The most chunk ids one ReleaseChunksRequest or ShareChunksRequest holds;
 // a client releases more in batches of this many.
 inline constexpr size_t kMaxChunkIdsPerRequest = 65536;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/protocol.h"
 #include "server/pool/node_pool.h"
 #include "server/accept_pacer.h"
 #include "server/admission.h"
@@ -26,7 +27,7 @@ inline constexpr char kDefaultStateDir[] = "/var/lib/allocd";
 
 struct DaemonOptions {
   // Clients' gRPC socket (mode 0660); the side socket is `socket` + ".fds".
-  std::string socket = "/run/allocd/allocd.sock";
+  std::string socket = kDefaultSocket;
   // The gRPC socket of the Admin service (allocctl), mode 0600, widened by
   // admin_group and admin_uids; the clients' socket refuses Admin calls.
   // Empty: `socket` + ".admin".

@@ -212,7 +212,7 @@ def main():
         result["peak_reserved"] = s["reserved_bytes.all.peak"]
         result["peak_allocated"] = s["allocated_bytes.all.peak"]
         result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version", "reconnects",
-                                               "ooms", "num_device_alloc") if k in s}
+                                               "ooms_reported", "num_device_alloc") if k in s}
     text = json.dumps(result)
     print(text)
     if a.json:

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,9 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
+#include "client/allocator_target.h"
 #include "client/capi/client_json.h"
-#include "client/config_applier.h"
+#include "client/client_env.h"
 #include "client/daemon_client.h"
+#include "client/live_session.h"
 #include "proto/protocol.h"
 
 namespace {
@@ -33,19 +33,19 @@ allocd::AllocatorConfig StartingConfig(const allocd::DaemonClient& client) {
 struct allocd_client {
   allocd_client(allocd::DaemonClient* c,
                 std::unique_ptr<allocd::DaemonClient> own = nullptr)
-      : owned(std::move(own)), client(c), applier(*c, StartingConfig(*c)) {}
+      : owned(std::move(own)),
+        client(c),
+        session(*c, StartingConfig(*c), absl::ZeroDuration()) {}
 
   // Null when the client is borrowed (allocd::BorrowClient).
   std::unique_ptr<allocd::DaemonClient> owned;
   allocd::DaemonClient* client = nullptr;
-  absl::Mutex mu;
-  // Taken from the client but not yet handed out (a buffer was too small).
-  std::deque<std::string> pending ABSL_GUARDED_BY(mu);
-  // Pushed configs handed out and not yet applied, by version.
-  std::map<uint64_t, allocd::v1::ConfigPush> pushed ABSL_GUARDED_BY(mu);
-  // Held while a push is applied (the applier is not thread-safe).
-  absl::Mutex apply_mu;
-  allocd::ConfigApplier applier ABSL_GUARDED_BY(apply_mu);
+  // Held by a round and by what reads the session's state; not by
+  // AtStepMark and ReportOom, which are thread-safe and come from the
+  // job's thread.
+  absl::Mutex poll_mu;
+  // Every round publishes: the caller paces the rounds.
+  allocd::LiveSession session;
 };
 
 namespace {
@@ -76,6 +76,45 @@ int64_t CopyOut(const std::string& text, char* buf, size_t len,
 
 // What a target writes when it refuses an update, at the most.
 constexpr size_t kMaxTargetError = 4096;
+// The stats' JSON fits this first, nearly always.
+constexpr size_t kStatsBuffer = 1 << 16;
+
+// The allocator behind an allocd_target's functions.
+class CallbackTarget final : public allocd::AllocatorTarget {
+ public:
+  explicit CallbackTarget(const allocd_target& target) : target_(target) {}
+
+  absl::Status Reconfigure(const allocd::AllocatorConfig& config) override {
+    std::string error(kMaxTargetError, '\0');
+    if (target_.reconfigure(allocd::FormatAllocatorConfigUpdate(config).c_str(),
+                            error.data(), error.size() - 1,
+                            target_.context) == 0) {
+      return absl::OkStatus();
+    }
+    error.resize(std::strlen(error.c_str()));
+    return absl::FailedPreconditionError(
+        error.empty() ? "the allocator refused the config" : error);
+  }
+
+  void EmptyCache() override { target_.empty_cache(target_.context); }
+
+  // Stats that do not parse count as none.
+  std::map<std::string, int64_t> Stats() override {
+    std::string buf(kStatsBuffer, '\0');
+    int64_t size = target_.stats(buf.data(), buf.size(), target_.context);
+    if (size >= static_cast<int64_t>(buf.size())) {
+      buf.assign(static_cast<size_t>(size) + 1, '\0');
+      size = target_.stats(buf.data(), buf.size(), target_.context);
+    }
+    if (size < 0 || size >= static_cast<int64_t>(buf.size())) return {};
+    buf.resize(static_cast<size_t>(size));
+    return allocd::ParseStatsJson(buf).value_or(
+        std::map<std::string, int64_t>{});
+  }
+
+ private:
+  const allocd_target& target_;
+};
 
 }  // namespace
 
@@ -91,6 +130,8 @@ extern "C" {
 
 const char* allocd_last_error(void) { return last_error.c_str(); }
 
+const char* allocd_default_socket(void) { return allocd::kDefaultSocket; }
+
 allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description, const char* autotune) {
@@ -101,7 +142,8 @@ allocd_client* allocd_connect(const char* socket, const char* job,
 int allocd_start_on_learned_config(const char* socket, const char* job,
                                    char* out, size_t size) {
   absl::StatusOr<std::string> learned =
-      allocd::StartOnLearnedConfig(Or(socket), Or(job), absl::Seconds(5));
+      allocd::StartOnLearnedConfig(allocd::SocketOrDefault(Or(socket)), Or(job),
+                                   absl::Seconds(5));
   if (!learned.ok()) return Result(learned.status());
   if (size > 0) {
     const size_t n = std::min(size - 1, learned->size());
@@ -123,7 +165,7 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
     return nullptr;
   }
   absl::StatusOr<std::unique_ptr<allocd::DaemonClient>> client =
-      allocd::DaemonClient::Connect({.socket = Or(socket),
+      allocd::DaemonClient::Connect({.socket = allocd::SocketOrDefault(Or(socket)),
                                      .job = Or(job),
                                      .gpu_uuid = Or(gpu_uuid),
                                      .initial_config = Or(initial_config),
@@ -141,73 +183,30 @@ void allocd_disconnect(allocd_client* c) { delete c; }
 
 uint64_t allocd_session_id(allocd_client* c) { return c->client->session_id(); }
 
-int allocd_publish_stats(allocd_client* c, const char* stats_json,
-                         uint64_t config_version) {
-  absl::StatusOr<std::map<std::string, int64_t>> stats =
-      allocd::ParseStatsJson(Or(stats_json));
-  if (!stats.ok()) return Result(stats.status());
-  c->client->PublishStats(*std::move(stats), config_version);
-  return 0;
-}
-
 int allocd_flush_telemetry(allocd_client* c) {
   return Result(c->client->FlushTelemetry());
 }
 
-int64_t allocd_next_control(allocd_client* c, char* buf, size_t len) {
-  absl::MutexLock lock(&c->mu);
-  for (allocd::v1::ControlMessage& m : c->client->TakeControl()) {
-    if (m.has_config()) c->pushed[m.config().config().version()] = m.config();
-    c->pending.push_back(allocd::ControlJson(m));
-  }
-  if (c->pending.empty()) return 0;
-  const int64_t size =
-      CopyOut(c->pending.front(), buf, len, "the next control message");
-  if (size >= 0) c->pending.pop_front();
-  return size;
+int allocd_poll(allocd_client* c, const allocd_target* target) {
+  CallbackTarget allocator(*target);
+  absl::MutexLock lock(&c->poll_mu);
+  c->session.Poll(allocator);
+  return 0;
+}
+
+int allocd_mark_step(allocd_client* c, const allocd_target* target) {
+  CallbackTarget allocator(*target);
+  c->session.AtStepMark(allocator);
+  return 0;
 }
 
 int allocd_wait_control(allocd_client* c, uint32_t timeout_ms) {
-  {
-    absl::MutexLock lock(&c->mu);
-    if (!c->pending.empty()) return 1;
-  }
   return c->client->AwaitControl(absl::Milliseconds(timeout_ms)) ? 1 : 0;
 }
 
-int allocd_apply_config(allocd_client* c, uint64_t version,
-                        allocd_config_target target, void* context) {
-  std::optional<allocd::v1::ConfigPush> push;
-  {
-    absl::MutexLock lock(&c->mu);
-    if (auto it = c->pushed.find(version); it != c->pushed.end()) {
-      push = std::move(it->second);
-      c->pushed.erase(it);
-    }
-  }
-  if (!push.has_value()) {
-    return Fail("no pushed config of version " + std::to_string(version) +
-                " waits to be applied");
-  }
-  absl::MutexLock lock(&c->apply_mu);
-  const bool applied = c->applier.Apply(
-      *push, [&](const allocd::AllocatorConfig& config) -> absl::Status {
-        std::string error(kMaxTargetError, '\0');
-        if (target(allocd::FormatAllocatorConfigUpdate(config).c_str(),
-                   error.data(), error.size() - 1, context) == 0) {
-          return absl::OkStatus();
-        }
-        error.resize(std::strlen(error.c_str()));
-        return absl::FailedPreconditionError(
-            error.empty() ? "the allocator refused the config" : error);
-      });
-  return applied ? 1 : 0;
-}
-
-int64_t allocd_applied_config(allocd_client* c, char* buf, size_t len) {
-  absl::MutexLock lock(&c->apply_mu);
-  return CopyOut(allocd::AppliedConfigJson(c->applier), buf, len,
-                 "the configs applied");
+int64_t allocd_session_stats(allocd_client* c, char* buf, size_t len) {
+  absl::MutexLock lock(&c->poll_mu);
+  return CopyOut(c->session.Report().dump(), buf, len, "the session's stats");
 }
 
 int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
@@ -258,19 +257,10 @@ int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,
   return 0;
 }
 
-uint64_t allocd_events_dropped(allocd_client* c) {
-  allocd::EventRecorder* events = c->client->events();
-  return events == nullptr ? 0 : events->dropped_total();
-}
-
-uint64_t allocd_config_version(allocd_client* c) {
-  return c->client->running_version();
-}
-
 int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
-                      const char* message, uint64_t config_version) {
-  return Result(
-      c->client->ReportOom(requested_bytes, Or(message), config_version));
+                      const char* message) {
+  c->session.ReportOom(requested_bytes, Or(message));
+  return 0;
 }
 
 }  // extern "C"

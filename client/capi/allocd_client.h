@@ -22,7 +22,11 @@ typedef struct allocd_client allocd_client;
 /* The reason the last call on this thread failed. */
 ALLOCD_API const char* allocd_last_error(void);
 
-/* Registers a session with the daemon at `socket` and opens its lease.
+/* Where the daemon serves clients unless told otherwise ($ALLOCD_SOCKET). */
+ALLOCD_API const char* allocd_default_socket(void);
+
+/* Registers a session with the daemon at `socket` (empty or NULL:
+ * allocd_default_socket()) and opens its lease.
  * `job` and `initial_config` may be empty. `autotune` is the job's
  * autotune preferences as JSON ({"pinned_keys": [...],
  * "allow_memory_fraction": bool, "mode": "off|recommend|apply"}) or empty.
@@ -35,7 +39,7 @@ ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
  * pool, whatever CUDA_VISIBLE_DEVICES numbers it here. Empty or NULL: the
  * daemon's first device (what allocd_connect does). */
 /* Starts this process on the config its tenant's job `job` learned, if
- * the daemon at `socket` has one (StartOnLearnedConfig: the environment
+ * the daemon at `socket` (empty: the default) has one (StartOnLearnedConfig: the environment
  * PyTorch reads at its first allocation). Copies the learned config, ""
  * for none, into `out` (`size` bytes, NUL-terminated, cut to fit). Returns
  * 0; -1 when no daemon answers or it refuses (allocd_last_error). */
@@ -54,25 +58,60 @@ ALLOCD_API void allocd_disconnect(allocd_client* c);
 
 ALLOCD_API uint64_t allocd_session_id(allocd_client* c);
 
-/* The stats the telemetry thread sends next: a JSON object of
- * torch.cuda.memory_stats() names to integers. */
-ALLOCD_API int allocd_publish_stats(allocd_client* c, const char* stats_json,
-                         uint64_t config_version);
 /* Sends the published stats now and waits until they are sent. */
 ALLOCD_API int allocd_flush_telemetry(allocd_client* c);
 
-/* The next control message from the daemon as a JSON object into `buf`:
- *   {"type": "config", "version": N, "config": "...", "rollback": bool,
- *    "reason": "..."}
- *   {"type": "reclaim", "bytes": N, "reason": "..."}
- * A config is applied with allocd_apply_config. Returns the JSON's length,
- * 0 when no message is waiting, -1 on error (a buffer too small keeps the
- * message for the next call). */
-ALLOCD_API int64_t allocd_next_control(allocd_client* c, char* buf, size_t len);
+/* The allocator a session drives (allocd_poll): PyTorch's own, from
+ * Python. The functions are called with `context`, on the thread that
+ * called allocd_poll or allocd_mark_step. */
+typedef struct allocd_target {
+  /* Makes `update` the allocator's settings (a PYTORCH_CUDA_ALLOC_CONF
+   * naming every key: for PyTorch's own,
+   * torch.cuda.memory._set_allocator_settings(update), which leaves it with
+   * exactly the pushed config); the session empties the cache after.
+   * Returns 0, or nonzero when the allocator refused `update`, with the
+   * reason written into `error` (at most `error_len` bytes; the library
+   * ends it). */
+  int (*reconfigure)(const char* update, char* error, size_t error_len,
+                     void* context);
+  /* Releases the cached blocks no allocation uses
+   * (torch.cuda.empty_cache()). */
+  void (*empty_cache)(void* context);
+  /* The allocator's stats, a JSON object of torch.cuda.memory_stats()
+   * names to numbers, into `buf`: its length, written only when smaller
+   * than `len` (then the call is made again with a larger buffer). */
+  int64_t (*stats)(char* buf, size_t len, void* context);
+  void* context;
+} allocd_target;
+
+/* One round of the client's control loop (LiveSession, as every allocd
+ * client runs it) on `target`: applies the configs the daemon pushed
+ * (refused and NACKed when one does not parse, names another backend than
+ * the process started with, or the allocator refuses it; else applied,
+ * the cache emptied, and ACKed), empties the cache for each reclaim
+ * request, publishes the allocator's stats, and releases the cache once
+ * more after a push when what was live at the switch has gone (for a job
+ * that marks no steps; allocd_mark_step for one that does). One thread
+ * polls a client at a time. Returns 0. */
+ALLOCD_API int allocd_poll(allocd_client* c, const allocd_target* target);
+/* The job marked a step (its optimizer stepped): the second release a
+ * push left pending is made on `target`, and from now on the session
+ * leaves it to the marks. Any thread. Returns 0. */
+ALLOCD_API int allocd_mark_step(allocd_client* c, const allocd_target* target);
 /* Waits up to `timeout_ms` for a control message: 1 when one waits for
- * allocd_next_control, 0 when none came. A thread that handles control
- * messages in rounds can block here to handle a push as it arrives. */
+ * allocd_poll, 0 when none came. A thread that polls in rounds can block
+ * here to handle a push as it arrives. */
 ALLOCD_API int allocd_wait_control(allocd_client* c, uint32_t timeout_ms);
+/* The session as allocd.stats() names it, a JSON object into `buf`:
+ *   {"session_id": N, "reconnects": N, "config": "...",
+ *    "config_version": N, "config_reason": "...", "configs_applied": N,
+ *    "configs_rejected": N, "reclaims": N, "ooms_reported": N,
+ *    "events_dropped": N}
+ * with the config the allocator runs (canonical; the one it started with
+ * until a push is applied) and the version the daemon connected now knows
+ * it by. Returns the JSON's length, -1 on error (a buffer too small). */
+ALLOCD_API int64_t allocd_session_stats(allocd_client* c, char* buf,
+                                        size_t len);
 
 /* Records `n` allocator events for the daemon's autotuner, in order:
  * event i is (ops[i]: 0 alloc, 1 free_requested, 2 free_completed, 3 a
@@ -102,42 +141,10 @@ ALLOCD_API int allocd_record_state(allocd_client* c, const uint64_t* segment_add
                                    const uint64_t* block_sizes,
                                    const uint64_t* block_requested,
                                    const uint32_t* block_flags, size_t num_blocks);
-/* Events lost so far (buffer full, send failed, or dropped_before). */
-ALLOCD_API uint64_t allocd_events_dropped(allocd_client* c);
-
-/* The version to report the running config under: the last ACKed push's,
- * or what a restarted daemon registered it as after a reconnect. */
-ALLOCD_API uint64_t allocd_config_version(allocd_client* c);
-
-/* The allocator a pushed config is applied to: makes `update` its
- * settings, then empties its cache (for PyTorch's own,
- * torch.cuda.memory._set_allocator_settings(update), which leaves it with
- * exactly the pushed config, then torch.cuda.empty_cache()). Returns 0, or
- * nonzero when the allocator refused `update`, with the reason written
- * into `error` (at most `error_len` bytes; the library ends it). */
-typedef int (*allocd_config_target)(const char* update, char* error,
-                                    size_t error_len, void* context);
-/* Applies the pushed config `version` (a "config" control message) as
- * every allocd client does: refuses one that does not parse or names
- * another backend than the process started with; else calls `target` (with
- * `context`) on this thread, which must not apply another meanwhile. ACKs
- * the push, or NACKs it with the reason; an applied config is the one the
- * client declares as running when it registers again. Returns 1 when
- * applied, 0 when refused, -1 on error (no push of that version waits to be
- * applied). */
-ALLOCD_API int allocd_apply_config(allocd_client* c, uint64_t version,
-                                   allocd_config_target target,
-                                   void* context);
-/* What allocd_apply_config has applied, as a JSON object into `buf`:
- *   {"config": "...", "reason": "...", "applied": N, "rejected": N}
- * the config the allocator runs (canonical; the one it started with until
- * a push is applied), why the daemon pushed it, and the pushes applied and
- * refused so far. Returns the JSON's length, -1 on error (a buffer too
- * small). */
-ALLOCD_API int64_t allocd_applied_config(allocd_client* c, char* buf,
-                                         size_t len);
+/* An allocation of `requested_bytes` failed; `message` is PyTorch's text.
+ * Counted in allocd_session_stats. Any thread. */
 ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
-                      const char* message, uint64_t config_version);
+                                 const char* message);
 
 #ifdef __cplusplus
 }

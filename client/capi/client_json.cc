@@ -1,8 +1,6 @@
 #include "client/capi/client_json.h"
 
 #include "absl/strings/str_cat.h"
-#include "allocator/config.h"
-#include "client/config_applier.h"
 #include "nlohmann/json.hpp"
 
 namespace allocd {
@@ -59,30 +57,6 @@ absl::StatusOr<std::map<std::string, int64_t>> ParseStatsJson(
     if (value.is_number_integer()) stats[key] = value.get<int64_t>();
   }
   return stats;
-}
-
-std::string ControlJson(const v1::ControlMessage& m) {
-  if (m.has_config()) {
-    const v1::ConfigPush& push = m.config();
-    return nlohmann::json{{"type", "config"},
-                          {"version", push.config().version()},
-                          {"config", push.config().config()},
-                          {"rollback", push.rollback()},
-                          {"reason", push.reason()}}
-        .dump();
-  }
-  return nlohmann::json{{"type", "reclaim"},
-                        {"bytes", m.reclaim().bytes()},
-                        {"reason", m.reclaim().reason()}}
-      .dump();
-}
-
-std::string AppliedConfigJson(const ConfigApplier& applier) {
-  return nlohmann::json{{"config", FormatAllocatorConfig(applier.config())},
-                        {"reason", applier.reason()},
-                        {"applied", applier.applied()},
-                        {"rejected", applier.rejected()}}
-      .dump();
 }
 
 }  // namespace allocd

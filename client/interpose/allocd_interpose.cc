@@ -34,24 +34,8 @@
 // its own retry and raises torch.OutOfMemoryError. Without a daemon the
 // process runs natively, with one warning.
 //
-// Configuration (environment): ALLOCD_SOCKET, ALLOCD_JOB,
-// PYTORCH_CUDA_ALLOC_CONF (reported to the daemon as the initial config;
-// when `allocd run` set it to the job's learned config,
-// ALLOCD_LEARNED_ALLOC_CONF, it is declared as started on that and
-// ALLOCD_INITIAL_ALLOC_CONF, the job's own, is the initial config),
-// ALLOCD_AUTOTUNE (the job's autotune preferences as JSON, as the Python
-// package writes them; under ALLOCD_AUTOSTART=1, set by `allocd run`, the
-// package started in the program marks its optimizer steps, and the
-// preferences say so),
-// ALLOCD_READ_AHEAD_MS (how long grants read ahead for the next cudaMallocs
-// of a size are kept, GrantReadAhead; 200 by default, 0: none),
-// ALLOCD_HANDOVER_MS (the segments the job's last session held, which the
-// daemon hands over when this process connects, are mapped from its cache
-// ahead of PyTorch's cudaMallocs and kept this long after the last one
-// taken, WorkingSetHandover; 30000 by default, 0: none),
-// ALLOCD_CLIENT_CREATES (1, the default: chunks the daemon has not cached
-// are made in this process; 0: the daemon creates every chunk),
-// ALLOCD_INTERPOSE_VERBOSE=1 (one line per call on stderr).
+// Configuration: the environment (client/client_env.h), read when PyTorch
+// first asks a device for memory.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -67,13 +51,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "allocator/cuda/cuda_driver.h"
 #include "client/capi/allocd_client.h"
 #include "client/capi/client_json.h"
+#include "client/client_env.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 
@@ -84,7 +67,7 @@ namespace {
 
 bool Verbose() {
   static const bool verbose = [] {
-    const char* v = std::getenv("ALLOCD_INTERPOSE_VERBOSE");
+    const char* v = std::getenv(env::kInterposeVerbose);
     return v != nullptr && v[0] == '1';
   }();
   return verbose;
@@ -156,15 +139,6 @@ struct DriverVmm {
 // Handles this library makes up for cuMemCreate: the top bit is never set in
 // the driver's (they are addresses of its objects).
 constexpr CUmemGenericAllocationHandle kOurHandleBit = uint64_t{1} << 63;
-
-// ALLOCD_READ_AHEAD_MS when unset. On an H100 the read-ahead took a 40 GiB
-// working set's first round from 2.7x to 1.7x native's cudaMalloc time on a
-// cold pool (the process making the chunks) and from 2.2x to 1.6x warm
-// (medians of 3, bench/gpu/results/transparent, seventh session); what it
-// holds is budget or cached chunks, given back after this long or at once
-// when another job is short.
-constexpr char kDefaultReadAheadMs[] = "200";
-constexpr char kDefaultHandoverMs[] = "30000";
 
 // One cuMemCreate served from daemon chunks: chunks[i] (imported) is
 // sizes[i] bytes; they are mapped in order.
@@ -538,66 +512,33 @@ class Interposer {
   }
 
   static absl::Status Connect(int device, DeviceSession& session) {
-    auto env = [](const char* name, const char* fallback) {
-      const char* v = std::getenv(name);
-      return std::string(v != nullptr ? v : fallback);
-    };
+    absl::StatusOr<ClientEnv> env = ClientEnv::FromEnvironment();
+    if (!env.ok()) return env.status();
     absl::StatusOr<v1::AutotunePreferences> autotune =
-        ParseAutotunePreferences(env("ALLOCD_AUTOTUNE", ""));
+        ParseAutotunePreferences(env->autotune);
     if (!autotune.ok()) return autotune.status();
-    if (env("ALLOCD_AUTOSTART", "") == "1") autotune->set_marks_steps(true);
-    auto milliseconds = [&env](const char* name,
-                               const char* fallback) -> absl::StatusOr<int> {
-      int ms = 0;
-      if (const std::string text = env(name, fallback);
-          !absl::SimpleAtoi(text, &ms) || ms < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, " must be milliseconds (0 or more); got \"", text, "\""));
-      }
-      return ms;
-    };
-    absl::StatusOr<int> read_ahead_ms =
-        milliseconds("ALLOCD_READ_AHEAD_MS", kDefaultReadAheadMs);
-    if (!read_ahead_ms.ok()) return read_ahead_ms.status();
-    absl::StatusOr<int> handover_ms =
-        milliseconds("ALLOCD_HANDOVER_MS", kDefaultHandoverMs);
-    if (!handover_ms.ok()) return handover_ms.status();
-    const std::string client_creates = env("ALLOCD_CLIENT_CREATES", "1");
-    if (client_creates != "0" && client_creates != "1") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ALLOCD_CLIENT_CREATES must be 1 (this process makes the chunks "
-          "the daemon has not cached) or 0 (the daemon creates them); got \"",
-          client_creates, "\""));
-    }
+    if (env->autostart) autotune->set_marks_steps(true);
     // The daemon matches the GPU by UUID: `device` is only this process's
     // number for it.
     absl::StatusOr<std::string> uuid = GpuUuid(device);
     if (!uuid.ok()) return uuid.status();
-    // allocd run started PyTorch on the job's learned config; unless the
-    // program changed PYTORCH_CUDA_ALLOC_CONF since, that is what it runs.
-    std::string started_on_learned = env("ALLOCD_LEARNED_ALLOC_CONF", "");
-    if (started_on_learned != env("PYTORCH_CUDA_ALLOC_CONF", "")) {
-      started_on_learned.clear();
-    }
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
         DaemonClient::Connect(
-            {.socket = env("ALLOCD_SOCKET", "/run/allocd/allocd.sock"),
-             .job = env("ALLOCD_JOB", ""),
+            {.socket = env->socket,
+             .job = env->job,
              .device = device,
              .gpu_uuid = *std::move(uuid),
-             .initial_config = started_on_learned.empty()
-                                   ? env("PYTORCH_CUDA_ALLOC_CONF", "")
-                                   : env("ALLOCD_INITIAL_ALLOC_CONF", ""),
-             .started_on_learned = started_on_learned,
+             .initial_config = env->initial_config,
+             .started_on_learned = env->started_on_learned,
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
-             .read_ahead_keep = absl::Milliseconds(*read_ahead_ms)});
+             .read_ahead_keep = env->read_ahead});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);
     if (!backend.ok()) return backend.status();
-    (*backend)->set_client_creates(client_creates == "1");
-    (*backend)->HandOver(absl::Milliseconds(*handover_ms));
+    (*backend)->set_client_creates(env->client_creates);
+    (*backend)->HandOver(env->handover);
     session.client = *std::move(client);
     session.backend = *std::move(backend);
     return absl::OkStatus();

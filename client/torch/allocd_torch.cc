@@ -23,7 +23,9 @@
 #include "allocator/trace/observed_backend.h"
 #include "allocator/trace/snapshot_writer.h"
 #include "allocator/trace/trace.h"
+#include "client/allocator_target.h"
 #include "client/capi/client_json.h"
+#include "client/client_env.h"
 #include "client/cuda_daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
@@ -88,7 +90,7 @@ class ManagedAllocator {
     if (!deferred_.empty()) {
       CompleteDeferredFrees(/*all_done=*/false, /*record=*/true);
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(*engine_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
     const int64_t syncs = engine_->Stats().num_sync_all_streams;
     const TraceEvent event{.op = TraceOp::kAlloc,
                            .stream = StreamIdOf(stream),
@@ -114,7 +116,7 @@ class ManagedAllocator {
       }
       if (history_) history_->OnOutOfMemory(event, backend_->FreeMemory());
       session_.ReportOom(size, a.status().message());
-      session_.Poll(*engine_);
+      session_.Poll(engine_target_);
       // torch.OutOfMemoryError in Python, as PyTorch's allocator raises.
       ThrowOutOfMemory(std::string(a.status().message()));
     }
@@ -159,7 +161,7 @@ class ManagedAllocator {
       }
       deferred_.push_back(std::move(deferred));
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(*engine_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
   }
 
   void RecordStream(void* ptr, CUstream stream) {
@@ -179,7 +181,7 @@ class ManagedAllocator {
     Check(cuda::Synchronize(), "synchronizing for empty_cache");
     CompleteDeferredFrees(/*all_done=*/true, /*record=*/true);
     engine_->EmptyCache();
-    session_.Publish(*engine_);
+    session_.Publish(MemoryStatsDict(engine_->Stats()));
   }
 
   void SetMemoryFraction(double fraction, int device) {
@@ -280,9 +282,10 @@ class ManagedAllocator {
         backend_(std::move(backend)),
         observed_(*backend_),
         engine_(std::make_unique<CachingAllocator>(config, &observed_)),
+        engine_target_(*engine_),
         session_(*client_, config) {
     snapshot_trace_.device = context_.ordinal();
-    session_.Publish(*engine_);
+    session_.Publish(MemoryStatsDict(engine_->Stats()));
   }
 
   static uint64_t NowMicros() {
@@ -380,6 +383,7 @@ class ManagedAllocator {
   ObservedBackend observed_ ABSL_GUARDED_BY(mu_);
   // Declared after the backend it allocates from.
   const std::unique_ptr<CachingAllocator> engine_ ABSL_PT_GUARDED_BY(mu_);
+  EngineTarget engine_target_ ABSL_GUARDED_BY(mu_);
   LiveSession session_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<CUstream, StreamId> streams_ ABSL_GUARDED_BY(mu_);
@@ -453,7 +457,8 @@ int allocd_torch_configure(const char* socket, const char* job,
     return -1;
   }
   absl::StatusOr<std::unique_ptr<allocd::ManagedAllocator>> created =
-      allocd::ManagedAllocator::Create(allocd::Or(socket), allocd::Or(job),
+      allocd::ManagedAllocator::Create(allocd::SocketOrDefault(allocd::Or(socket)),
+                                       allocd::Or(job),
                                        allocd::Or(config), device,
                                        allocd::Or(autotune));
   if (!created.ok()) {

@@ -37,7 +37,8 @@
 extern "C" {
 #endif
 
-/* Connects to the daemon at `socket` as job `job` (may be empty), with the
+/* Connects to the daemon at `socket` (empty: the default, proto/protocol.h's
+ * kDefaultSocket) as job `job` (may be empty), with the
  * allocator config `config` (a PYTORCH_CUDA_ALLOC_CONF; empty: PyTorch's
  * defaults) on CUDA device `device` (the daemon's device, as this process
  * numbers it), with the job's autotune preferences `autotune` (JSON, as
@@ -60,7 +61,8 @@ ALLOCD_TORCH_API void allocd_torch_set_memory_fraction(double fraction,
 ALLOCD_TORCH_API void allocd_torch_record_stream(void* ptr, void* stream);
 
 /* torch.cuda.memory_stats()-style counters plus the session
- * ({"session_id", "config", "config_version", "pushes_applied", ...}) as a
+ * ({"session_id", "config", "config_version", "configs_applied", ...}: the
+ * names allocd.stats() gives in every mode) as a
  * JSON object into `buf`, NUL-terminated. Returns its length; it is written
  * only when that is smaller than `len`; -1 before configure. */
 ALLOCD_TORCH_API int64_t allocd_torch_stats_json(char* buf, size_t len);

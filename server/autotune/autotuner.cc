@@ -1503,8 +1503,8 @@ absl::StatusOr<ReplayResult> Autotuner::Impl::ReplayFromPush(const ReviewInput& 
   options.live_switch = LiveSwitch{
       in.switch_event, keep ? std::optional<AllocatorConfig>(in.pushed) : std::nullopt,
       std::nullopt};
-  // The client's second release (client/python/allocd/_advisor.py's
-  // SecondRelease), at the first mark after the push; a job that marks no
+  // The client's second release (SecondRelease, in every client's
+  // LiveSession), at the first mark after the push; a job that marks no
   // steps releases at lows the stream does not show, left out. On the H200
   // a ViT pushed expandable segments from defaults was predicted 6.6% above
   // what it realised without it.

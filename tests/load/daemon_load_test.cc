@@ -434,10 +434,10 @@ TEST_F(DaemonLoadTest, ThirtyTwoClientsShareAnOvercommittedPool) {
         << c.command() << " ends on config " << j["config"];
     totals.loops += j["loops"].get<uint64_t>();
     totals.events += j["events"].get<uint64_t>();
-    totals.ooms += j["ooms"].get<uint64_t>();
+    totals.ooms += j["ooms_reported"].get<uint64_t>();
     totals.reclaims += j["reclaims"].get<uint64_t>();
-    totals.applied += j["pushes_applied"].get<uint64_t>();
-    totals.rejected += j["pushes_rejected"].get<uint64_t>();
+    totals.applied += j["configs_applied"].get<uint64_t>();
+    totals.rejected += j["configs_rejected"].get<uint64_t>();
     totals.peak_reserved += j["peak_reserved"].get<uint64_t>();
   }
   const double seconds =

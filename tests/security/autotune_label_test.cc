@@ -167,8 +167,8 @@ TEST_F(AutotuneLabelTest, AnotherUidsApplyUnderTheVictimsLabelNeitherSwitchesNor
 
   // Nothing reached the victim's session: it ran the config it started with.
   EXPECT_EQ(v["config"], kStartConfig) << v.dump();
-  EXPECT_EQ(v["pushes_applied"], 0) << v.dump();
-  EXPECT_EQ(v["pushes_rejected"], 0) << v.dump();
+  EXPECT_EQ(v["configs_applied"], 0) << v.dump();
+  EXPECT_EQ(v["configs_rejected"], 0) << v.dump();
   EXPECT_EQ(ModeOf(kVictimTenant), "recommend");
 }
 

@@ -243,7 +243,7 @@ TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   EXPECT_GT(d->predicted_peak_requested(), 0);
   EXPECT_LE(d->predicted_peak_requested(), d->predicted_peak_allocated());
   EXPECT_EQ(d->version(), 0u);
-  EXPECT_EQ(out["pushes_applied"], 0);
+  EXPECT_EQ(out["configs_applied"], 0);
   EXPECT_EQ(out["config"], "max_split_size_mb:64");
   EXPECT_EQ(CountEvents("push") + CountEvents("set"), 0);
   // allocctl shows it, --json anywhere on the line.
@@ -462,7 +462,7 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
   nlohmann::json next_out = Finish(*next);
   EXPECT_EQ(next_out["config"], l.config()) << next_out.dump();
   EXPECT_THAT(next_out["config_reason"].get<std::string>(), HasSubstr("learned"));
-  EXPECT_EQ(next_out["pushes_applied"], 1);
+  EXPECT_EQ(next_out["configs_applied"], 1);
   // It ran the learned config from its first event: its one loop peaked
   // below every loop of the first run under max_split_size_mb:64.
   ASSERT_EQ(next_out["loop_peaks"].size(), 1u);
@@ -536,11 +536,11 @@ TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTw
   if (d->result() == "pushed") {
     EXPECT_NE(d->to_config(), d->from_config()) << d->why();
     EXPECT_EQ(out["config"], d->to_config());
-    EXPECT_EQ(out["pushes_applied"], 2);  // the canary push, then the new decision's
+    EXPECT_EQ(out["configs_applied"], 2);  // the canary push, then the new decision's
     EXPECT_EQ(CountEvents("push"), 1);
   } else {
     EXPECT_EQ(out["config"], d->from_config()) << d->why();
-    EXPECT_EQ(out["pushes_applied"], 1);  // the canary push, once
+    EXPECT_EQ(out["configs_applied"], 1);  // the canary push, once
     EXPECT_EQ(CountEvents("push"), 0);
   }
 }

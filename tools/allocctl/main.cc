@@ -33,7 +33,7 @@ namespace allocd {
 namespace {
 
 struct Options {
-  std::string socket = "/run/allocd/allocd.sock";
+  std::string socket = kDefaultSocket;
   // Empty: `socket` + ".admin", or `socket` itself when it ends so.
   std::string admin_socket;
   bool json = false;
@@ -408,9 +408,10 @@ int main(int argc, char** argv) {
                  "serve --admin-socket; default $ALLOCCTL_ADMIN_SOCKET)")
       ->envname("ALLOCCTL_ADMIN_SOCKET");
   app.add_option("--socket,-s", o.socket,
-                 "the daemon's socket (default /run/allocd/allocd.sock); "
-                 "allocctl talks to its admin socket, SOCKET.admin; "
-                 "before or after the subcommand");
+                 std::string("the daemon's socket (default ") +
+                     kDefaultSocket +
+                     "); allocctl talks to its admin socket, SOCKET.admin; "
+                     "before or after the subcommand");
   app.add_flag("--json", o.json,
                "print the daemon's answer as JSON; before or after the "
                "subcommand");

@@ -15,8 +15,10 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/config_check.h"
+#include "allocator/stats.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/replay_observer.h"
+#include "client/allocator_target.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
@@ -157,12 +159,13 @@ class LiveReplay final : public ReplayObserver {
     // events are slow, and pushes and reclaims must not wait 512 of them.
     if (index % kSafePointEvents != 0 && !oom_since_safe_point_) return true;
     oom_since_safe_point_ = false;
-    session_.Poll(allocator);
+    EngineTarget target(allocator);
+    session_.Poll(target);
     return !Stopped();
   }
 
   void OnEnd(const CachingAllocator& allocator) override {
-    session_.Publish(allocator);
+    session_.Publish(MemoryStatsDict(allocator.Stats()));
     if (events_ == nullptr) return;
     // The process's lifetime ends: what it still held is freed, so the
     // daemon's window holds no allocation that lives forever.
@@ -187,7 +190,10 @@ class LiveReplay final : public ReplayObserver {
       if (Stopped()) return false;
       std::this_thread::sleep_until(std::min({*due, Clock::now() + kNap,
                                               stop_at_}));
-      if (Clock::now() < *due) session_.Poll(allocator);
+      if (Clock::now() < *due) {
+        EngineTarget target(allocator);
+        session_.Poll(target);
+      }
     }
     return true;
   }
@@ -312,12 +318,12 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   out << "session " << (*client)->session_id() << ": " << loops
       << " loop(s), " << events << " events in " << seconds << " s\n"
       << "peak reserved " << FormatSize(peak_reserved) << ", "
-      << device_allocs << " chunk acquisitions, " << session.ooms()
+      << device_allocs << " chunk acquisitions, " << session.ooms_reported()
       << " OOMs, " << session.reclaims() << " reclaim requests answered\n"
       << "config v" << session.config_version() << " \""
       << FormatAllocatorConfig(session.config()) << "\" ("
-      << session.pushes_applied() << " pushes applied, "
-      << session.pushes_rejected() << " rejected), "
+      << session.configs_applied() << " pushes applied, "
+      << session.configs_rejected() << " rejected), "
       << (*client)->epoch() - 1 << " reconnects\n";
   return 0;
 }

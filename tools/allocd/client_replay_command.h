@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "proto/protocol.h"
+
 namespace allocd {
 
 struct ClientReplayCommandOptions {
   std::string trace_path;
-  std::string socket = "/run/allocd/allocd.sock";
+  std::string socket = kDefaultSocket;
   std::string job;
   std::string config;
   int device = -1;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "proto/protocol.h"
 #include "tools/common/cli.h"
 #include "tools/allocd/check_config_command.h"
 #include "tools/allocd/replay_command.h"
@@ -77,8 +78,8 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
       "is the job's Python's, else the one this program came with.\n"
       "  allocd run --job llama -- python train.py");
   run->add_option("--socket", o.socket,
-                  "the daemon's socket (default: $ALLOCD_SOCKET, else "
-                  "/run/allocd/allocd.sock)");
+                  std::string("the daemon's socket (default: $ALLOCD_SOCKET, "
+                              "else ") + allocd::kDefaultSocket + ")");
   run->add_option("--job", o.job,
                   "job label: picks the configs the daemon pushes "
                   "(default: $ALLOCD_JOB)");
@@ -180,8 +181,9 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
       "pushes allocator configs, and exports Prometheus metrics. Stops\n"
       "gracefully on SIGTERM/SIGINT.");
   serve->add_option("--socket", d.socket,
-                    "clients' gRPC socket, mode 0660; the FD side socket is "
-                    "SOCKET.fds (default /run/allocd/allocd.sock)");
+                    std::string("clients' gRPC socket, mode 0660; the FD side "
+                                "socket is SOCKET.fds (default ") +
+                        allocd::kDefaultSocket + ")");
   serve->add_option("--admin-socket", d.admin_socket,
                     "the socket of the Admin service (allocctl), mode 0600; "
                     "the clients' socket refuses Admin calls, root's too "
@@ -347,7 +349,8 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
   c->add_option("TRACE", o.trace_path, "snapshot pickle (.pickle or .pickle.gz)")
       ->required();
   c->add_option("--socket", o.socket,
-                "the daemon's socket (default /run/allocd/allocd.sock)");
+                std::string("the daemon's socket (default ") +
+                    allocd::kDefaultSocket + ")");
   c->add_option("--job", o.job, "job label: picks the config the daemon pushes");
   c->add_option("--config,-c", o.config,
                 "PYTORCH_CUDA_ALLOC_CONF to start with (default: PyTorch's)");

@@ -9,6 +9,8 @@
 #include <string>
 #include <system_error>
 
+#include "client/client_env.h"
+
 #ifdef ALLOCD_WITH_SERVER  // the client library, gRPC's
 #include "absl/time/time.h"
 #include "client/daemon_connection.h"
@@ -42,7 +44,7 @@ void Prepend(const char* name, const std::string& first) {
 std::string FindNextToProgram(const std::string& name) {
   namespace fs = std::filesystem;
   std::vector<fs::path> candidates;
-  if (const char* dir = std::getenv("ALLOCD_LIB_DIR")) {
+  if (const char* dir = std::getenv(env::kLibDir)) {
     candidates.push_back(fs::path(dir) / name);
   }
   std::error_code error;
@@ -62,9 +64,6 @@ std::string FindNextToProgram(const std::string& name) {
 }
 
 #ifdef ALLOCD_WITH_SERVER
-// Where the interposer connects without ALLOCD_SOCKET.
-constexpr const char* kDefaultSocket = "/run/allocd/allocd.sock";
-
 // Starts the job on the config its tenant's job learned, if any
 // (StartOnLearnedConfig). Without an answer the job starts on its own
 // config and is handed the learned one at registration.
@@ -104,7 +103,7 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
     return 1;
   }
   Prepend("LD_PRELOAD", interposer);
-  setenv("ALLOCD_MODE", "transparent", 1);
+  setenv(env::kMode, "transparent", 1);
   // A Python program is tuned as with allocd.enable(): the package takes
   // over once it imports torch (ALLOCD_AUTOSTART=0 leaves it to the script).
   if (const std::string start = FindPythonStart(); start.empty()) {
@@ -114,21 +113,21 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
            "is tuned only if it calls allocd.enable()\n";
   } else {
     Prepend("PYTHONPATH", start);
-    setenv("ALLOCD_AUTOSTART", "1", /*overwrite=*/0);
+    setenv(env::kAutostart, "1", /*overwrite=*/0);
   }
-  SetEnv("ALLOCD_SOCKET", options.socket);
-  SetEnv("ALLOCD_JOB", options.job);
+  SetEnv(env::kSocket, options.socket);
+  SetEnv(env::kJob, options.job);
 #ifdef ALLOCD_WITH_SERVER
-  const char* socket = std::getenv("ALLOCD_SOCKET");
-  const char* job = std::getenv("ALLOCD_JOB");
+  const char* socket = std::getenv(env::kSocket);
+  const char* job = std::getenv(env::kJob);
   StartJobOnLearnedConfig(socket != nullptr ? socket : kDefaultSocket,
                           job != nullptr ? job : "", err);
 #endif
   if (options.read_ahead_ms.has_value()) {
-    SetEnv("ALLOCD_READ_AHEAD_MS", std::to_string(*options.read_ahead_ms));
+    SetEnv(env::kReadAheadMs, std::to_string(*options.read_ahead_ms));
   }
   if (options.handover_ms.has_value()) {
-    SetEnv("ALLOCD_HANDOVER_MS", std::to_string(*options.handover_ms));
+    SetEnv(env::kHandoverMs, std::to_string(*options.handover_ms));
   }
   std::vector<char*> argv;
   for (const std::string& arg : options.command) {

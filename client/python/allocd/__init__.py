@@ -37,16 +37,26 @@ import threading
 import warnings
 
 from . import _advisor, _engine, _transparent
-from ._bindings import AllocdUnavailable
+from ._bindings import AllocdUnavailable, default_socket
 
 __all__ = ["enable", "advise", "stats", "shutdown", "AllocdUnavailable", "DEFAULT_SOCKET"]
 
-DEFAULT_SOCKET = "/run/allocd/allocd.sock"
+
+def __getattr__(name):
+    # DEFAULT_SOCKET is the client library's (proto/protocol.h), read when
+    # asked for: `import allocd` loads no library.
+    if name == "DEFAULT_SOCKET":
+        return default_socket()
+    raise AttributeError(f"module 'allocd' has no attribute {name!r}")
 
 
 def _settings(socket, job):
-    """socket, job and the allocator config: the arguments, else the environment's."""
-    socket = socket or os.environ.get("ALLOCD_SOCKET", DEFAULT_SOCKET)
+    """socket, job and the allocator config: the arguments, else the
+    environment's. The socket is "" when neither names one, which the
+    libraries take for DEFAULT_SOCKET (read here, it would load
+    liballocd_client.so, whose protobuf descriptors clash with the engine
+    library's)."""
+    socket = socket or os.environ.get("ALLOCD_SOCKET", "")
     job = job if job is not None else os.environ.get("ALLOCD_JOB", "")
     config = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", ""))
     return socket, job, config
@@ -227,7 +237,7 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
            record_events=True, pinned_keys=(), autotune_mode=None):
     """Connects this job to the allocd daemon in advisor mode.
 
-    socket: the daemon's socket ($ALLOCD_SOCKET, else /run/allocd/allocd.sock).
+    socket: the daemon's socket ($ALLOCD_SOCKET, else allocd.DEFAULT_SOCKET).
     job: the job label that picks the configs the daemon pushes ($ALLOCD_JOB).
     device: the CUDA device whose allocator is advised (the current one).
     period: seconds between telemetry rounds (at most 0.1 s at the job's start,
@@ -276,25 +286,7 @@ def stats():
         return {"connected": False}
     mode = {"mode": "managed", "managed_mode": "transparent"} if _state.interposer else {
         "mode": "advise"}
-    return {
-        "connected": True,
-        **mode,
-        "session_id": advisor.session_id(),
-        "config": advisor.config,
-        "config_version": advisor.config_version,
-        "config_reason": advisor.config_reason,
-        "configs_applied": advisor.applied,
-        "configs_rejected": advisor.rejected,
-        "reclaims": advisor.reclaims,
-        "ooms_reported": advisor.ooms,
-        "events_sent": advisor.events_sent,
-        "events_dropped": advisor.events_dropped(),
-        "steps_marked": advisor.steps_marked,
-        "states_sent": advisor.states_sent,
-        "advisor_seconds": advisor.busy_seconds,
-        "event_source": advisor.event_source,
-        "memory_stats": dict(advisor.last_stats),
-    }
+    return {"connected": True, **mode, **advisor.stats()}
 
 
 def shutdown():

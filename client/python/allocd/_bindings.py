@@ -41,6 +41,13 @@ def load(path, signatures, mode=ctypes.DEFAULT_MODE):
     return lib
 
 
+def default_socket():
+    """Where the daemon serves clients unless told otherwise: the client
+    library's constant. AllocdUnavailable when the library is missing."""
+    lib = load(library_path(), {"allocd_default_socket": (ctypes.c_char_p, [])})
+    return lib.allocd_default_socket().decode()
+
+
 def address(column):
     """Where an array.array's items start, for a C function (None when empty)."""
     return column.buffer_info()[0] if len(column) else None
@@ -54,6 +61,18 @@ def loaded_interposer():
             if path.endswith("/" + INTERPOSE_LIBRARY):
                 return path
     return None
+
+
+class Target(ctypes.Structure):
+    """allocd_target: the allocator a session's control loop drives
+    (allocd_poll), as three functions and their context."""
+
+    RECONFIGURE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                                   ctypes.c_size_t, ctypes.c_void_p)
+    EMPTY_CACHE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    STATS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    _fields_ = [("reconfigure", RECONFIGURE), ("empty_cache", EMPTY_CACHE),
+                ("stats", STATS), ("context", ctypes.c_void_p)]
 
 
 def load_client(path=None, mode=ctypes.DEFAULT_MODE):
@@ -75,20 +94,12 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_record_state": (ctypes.c_int, [c_client] + [ctypes.c_void_p] * 4 +
                                 [ctypes.c_size_t] + [ctypes.c_void_p] * 5 +
                                 [ctypes.c_size_t]),
-        "allocd_events_dropped": (ctypes.c_uint64, [c_client]),
-        "allocd_config_version": (ctypes.c_uint64, [c_client]),
         "allocd_disconnect": (None, [c_client]),
         "allocd_session_id": (ctypes.c_uint64, [c_client]),
-        "allocd_publish_stats": (ctypes.c_int, [c_client, ctypes.c_char_p, ctypes.c_uint64]),
         "allocd_flush_telemetry": (ctypes.c_int, [c_client]),
-        "allocd_next_control": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
+        "allocd_poll": (ctypes.c_int, [c_client, ctypes.POINTER(Target)]),
+        "allocd_mark_step": (ctypes.c_int, [c_client, ctypes.POINTER(Target)]),
         "allocd_wait_control": (ctypes.c_int, [c_client, ctypes.c_uint32]),
-        "allocd_apply_config": (ctypes.c_int, [
-            c_client, ctypes.c_uint64,
-            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
-                             ctypes.c_void_p),
-            ctypes.c_void_p]),
-        "allocd_applied_config": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
-        "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p,
-                                             ctypes.c_uint64]),
+        "allocd_session_stats": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
+        "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p]),
     }, mode=mode)

@@ -29,7 +29,8 @@ def load_interposer(socket, job, autotune):
                 "CUDA was initialised before allocd.enable(): start the job with "
                 "`allocd run -- python ...`, or call allocd.enable() before importing torch")
         path = library_path(INTERPOSE_LIBRARY)
-    # The interposer connects with these when PyTorch first asks for memory.
+    # The interposer connects with these when PyTorch first asks for memory
+    # ("": the default socket).
     os.environ["ALLOCD_SOCKET"], os.environ["ALLOCD_JOB"] = socket, job
     os.environ["ALLOCD_AUTOTUNE"] = autotune
     lib = load_client(path, mode=ctypes.RTLD_GLOBAL)

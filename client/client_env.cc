@@ -1,0 +1,70 @@
+#include "client/client_env.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace allocd {
+namespace {
+
+// The variable's value; `fallback` when it is unset.
+std::string Get(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+// A duration in whole milliseconds, 0 or more; `fallback` when unset.
+absl::Status ReadMilliseconds(const char* name, absl::Duration& out) {
+  const std::string text =
+      Get(name, std::to_string(absl::ToInt64Milliseconds(out)));
+  int ms = 0;
+  if (!absl::SimpleAtoi(text, &ms) || ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " must be milliseconds (0 or more); got \"", text, "\""));
+  }
+  out = absl::Milliseconds(ms);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SocketOrDefault(const std::string& socket) {
+  return socket.empty() ? kDefaultSocket : socket;
+}
+
+absl::StatusOr<ClientEnv> ClientEnv::FromEnvironment() {
+  ClientEnv e;
+  e.socket = SocketOrDefault(Get(env::kSocket, ""));
+  e.job = Get(env::kJob, "");
+  e.autotune = Get(env::kAutotune, "");
+  e.autostart = Get(env::kAutostart, "") == "1";
+  if (absl::Status s = ReadMilliseconds(env::kReadAheadMs, e.read_ahead);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadMilliseconds(env::kHandoverMs, e.handover);
+      !s.ok()) {
+    return s;
+  }
+  const std::string client_creates = Get(env::kClientCreates, "1");
+  if (client_creates != "0" && client_creates != "1") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        env::kClientCreates,
+        " must be 1 (this process makes the chunks the daemon has not "
+        "cached) or 0 (the daemon creates them); got \"",
+        client_creates, "\""));
+  }
+  e.client_creates = client_creates == "1";
+  const std::string running = Get(env::kPytorchCudaAllocConf, "");
+  e.started_on_learned = Get(env::kLearnedAllocConf, "");
+  if (e.started_on_learned != running) e.started_on_learned.clear();
+  e.initial_config = e.started_on_learned.empty()
+                         ? running
+                         : Get(env::kInitialAllocConf, "");
+  return e;
+}
+
+}  // namespace allocd

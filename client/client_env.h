@@ -1,0 +1,88 @@
+// ClientEnv: the environment a client process is configured by, in one
+// place: the variables' names, their defaults, and how they are read.
+// `allocd run` and the Python package write them for the program they
+// start; the interposer reads them when PyTorch first asks for memory.
+// A new variable is a name below, a field, and its line in
+// FromEnvironment().
+#ifndef ALLOCD_CLIENT_CLIENT_ENV_H_
+#define ALLOCD_CLIENT_CLIENT_ENV_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/protocol.h"
+
+namespace allocd {
+
+// The variables' names.
+namespace env {
+// The daemon's socket (default kDefaultSocket).
+inline constexpr char kSocket[] = "ALLOCD_SOCKET";
+// The job label that picks the configs the daemon pushes.
+inline constexpr char kJob[] = "ALLOCD_JOB";
+// The job's autotune preferences as JSON (ParseAutotunePreferences).
+inline constexpr char kAutotune[] = "ALLOCD_AUTOTUNE";
+// "1" (set by `allocd run`): the Python package starts in the program, and
+// marks its optimizer steps; "0": the program starts it itself.
+inline constexpr char kAutostart[] = "ALLOCD_AUTOSTART";
+// The managed mode allocd.enable() picks: transparent or engine.
+inline constexpr char kMode[] = "ALLOCD_MODE";
+// How long grants read ahead for the next cudaMallocs of a size are kept
+// (GrantReadAhead), in milliseconds; 0: none.
+inline constexpr char kReadAheadMs[] = "ALLOCD_READ_AHEAD_MS";
+// How long the segments of the job's last session, handed over at connect,
+// are kept after the last one taken (WorkingSetHandover), in milliseconds;
+// 0: none.
+inline constexpr char kHandoverMs[] = "ALLOCD_HANDOVER_MS";
+// "1": chunks the daemon has not cached are made in this process; "0": the
+// daemon creates every chunk.
+inline constexpr char kClientCreates[] = "ALLOCD_CLIENT_CREATES";
+// The job's own config and the learned one it was started on instead
+// (StartOnLearnedConfig writes both).
+inline constexpr char kInitialAllocConf[] = "ALLOCD_INITIAL_ALLOC_CONF";
+inline constexpr char kLearnedAllocConf[] = "ALLOCD_LEARNED_ALLOC_CONF";
+// "1": the interposer prints one line per call on stderr.
+inline constexpr char kInterposeVerbose[] = "ALLOCD_INTERPOSE_VERBOSE";
+// Where allocd's libraries are, before the places next to the program.
+inline constexpr char kLibDir[] = "ALLOCD_LIB_DIR";
+// PyTorch's allocator config, which the process runs.
+inline constexpr char kPytorchCudaAllocConf[] = "PYTORCH_CUDA_ALLOC_CONF";
+inline constexpr char kPytorchAllocConf[] = "PYTORCH_ALLOC_CONF";
+}  // namespace env
+
+// `socket`, or kDefaultSocket when it is empty: what the C ABI's callers
+// pass for "the default", and an empty ALLOCD_SOCKET.
+std::string SocketOrDefault(const std::string& socket);
+
+struct ClientEnv {
+  std::string socket = kDefaultSocket;
+  std::string job;
+  // JSON, as ParseAutotunePreferences takes it; "" is no preference.
+  std::string autotune;
+  bool autostart = false;
+  // On an H100 the read-ahead took a 40 GiB working set's first round from
+  // 2.7x to 1.7x native's cudaMalloc time on a cold pool (the process making
+  // the chunks) and from 2.2x to 1.6x warm (medians of 3,
+  // bench/gpu/results/transparent, seventh session); what it holds is
+  // budget or cached chunks, given back after this long or at once when
+  // another job is short.
+  absl::Duration read_ahead = absl::Milliseconds(200);
+  absl::Duration handover = absl::Milliseconds(30000);
+  bool client_creates = true;
+  // The config the job starts with as its own (where a rollback returns),
+  // and the learned one it started on instead: empty unless `allocd run`
+  // started it on that and the program has not changed
+  // PYTORCH_CUDA_ALLOC_CONF since.
+  std::string initial_config;
+  std::string started_on_learned;
+
+  // The process's environment, each variable unset taking the default
+  // above. InvalidArgument naming the variable when one holds no value it
+  // can have.
+  static absl::StatusOr<ClientEnv> FromEnvironment();
+};
+
+}  // namespace allocd
+
+#endif  // ALLOCD_CLIENT_CLIENT_ENV_H_

@@ -1,0 +1,161 @@
+"""The allocation stream the advisor sends the daemon's autotuner: the
+allocator's alloc/free events, read by the tracker or PyTorch's history,
+and the allocator's state where the stream starts and at step marks.
+"""
+
+import collections
+import os
+import time
+import warnings
+
+from . import _allocator_state
+from ._bindings import AllocdUnavailable, address
+from ._history import STEP, HistoryReader
+
+
+def start_state(torch, device):
+    """The allocator's state where the stream starts, or None (states off, CUDA
+    not started yet, so nothing held and nothing to start for it; more than a
+    state holds; or a PyTorch whose snapshot differs)."""
+    initialised = getattr(torch.cuda, "is_initialized", lambda: True)
+    if _allocator_state.period() < 0 or not initialised():
+        return None
+    try:
+        return _allocator_state.read_state(torch, device)
+    except Exception:  # noqa: BLE001 (the stream goes on without it; marks say why)
+        return None
+
+
+def event_reader(torch, device, before_start=None):
+    """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
+    `before_start` (optional) is called once the reader is built, right
+    before it starts recording (again before the history, where the
+    tracker could not start).
+
+    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
+    and attaches, else PyTorch's history with a warning that says why and
+    what it costs; "tracker": the tracker, or AllocdUnavailable from
+    enable()/advise() whatever `required` says; "history": PyTorch's history
+    (HistoryReader).
+    """
+    source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
+    if source not in ("auto", "tracker", "history"):
+        raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
+
+    def start(reader):
+        if before_start is not None:
+            before_start()
+        reader.start()
+        return reader
+
+    if source != "history":
+        from . import _tracker
+        try:
+            return start(_tracker.TrackerReader.for_torch(torch, device))
+        except _tracker.TrackerUnavailable as why:
+            if source == "tracker":
+                raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
+            warnings.warn(
+                "allocd: reading the allocation stream from PyTorch's history, which holds "
+                "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
+                f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
+                stacklevel=3)
+    return start(HistoryReader(torch, device))
+
+
+def columns(state):
+    """A state's arrays as allocd_record_state takes them."""
+    segments, blocks = state[:4], state[4:]
+    return (*(address(c) for c in segments), len(segments[0]),
+            *(address(c) for c in blocks), len(blocks[0]))
+
+
+class EventStream:
+    """What `reader` (a started reader of the allocation stream) reads, sent
+    on the session `client`, with the allocator's states at step marks."""
+
+    def __init__(self, lib, client, torch, device, reader):
+        self._lib = lib
+        self._client = client
+        self._torch = torch
+        self._device = device
+        self.reader = reader
+        self.events_sent = 0
+        self.states_sent = 0
+        # (mark number, state) read at a step mark, sent right after it.
+        self._states = collections.deque()
+        self._state_period = _allocator_state.period()
+        self._last_state = None  # time.monotonic() of the last one read
+        self._marks_sent = 0
+
+    def send_state(self, state):
+        """Sends `state` (where the stream starts); whether it was."""
+        if self._lib.allocd_record_state(self._client, *columns(state)) != 0:
+            return False
+        self.states_sent += 1
+        return True
+
+    def send(self):
+        """Sends what the reader read since the last call."""
+        ops, sizes, ids, streams, dropped = self.reader.read()
+        if not ops and not dropped:
+            return
+        stream = (ops, sizes, ids, streams)
+        start = 0
+        for place, state in self._states_at_marks(ops):
+            self._record(stream, start, place, dropped)
+            dropped, start = 0, place
+            # `state` keeps its arrays alive through the call.
+            self.send_state(state)
+        self._record(stream, start, len(ops), dropped)
+        self.events_sent += len(ops)
+
+    def _record(self, stream, start, end, dropped):
+        if start == 0 and end == len(stream[0]):
+            part = stream
+        else:
+            part = tuple(column[start:end] for column in stream)
+        self._lib.allocd_record_events(self._client, *(address(c) for c in part),
+                                       end - start, dropped)
+
+    def _states_at_marks(self, ops):
+        """(index right after a step mark, its state) for the marks in `ops`
+        read with one; states of marks already sent are dropped."""
+        places = []
+        raw = ops.tobytes()
+        mark = raw.find(STEP)
+        while mark >= 0:
+            self._marks_sent += 1
+            while self._states and self._states[0][0] < self._marks_sent:
+                self._states.popleft()
+            if self._states and self._states[0][0] == self._marks_sent:
+                places.append((mark + 1, self._states.popleft()[1]))
+            mark = raw.find(STEP, mark + 1)
+        return places
+
+    def mark_step(self, mark):
+        """The job made its step mark number `mark`: the allocator's state is
+        read for it, when one is due, then the mark goes into the stream."""
+        self._read_state(mark)
+        self.reader.mark_step()
+
+    def _read_state(self, mark):
+        if self._state_period < 0:
+            return
+        now = time.monotonic()
+        if self._last_state is not None and now - self._last_state < self._state_period:
+            return
+        self._last_state = now
+        try:
+            state = _allocator_state.read_state(self._torch, self._device)
+        except Exception as error:  # a PyTorch whose snapshot differs: no states
+            self._state_period = -1
+            warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "
+                          "the daemon predicts from the allocation stream alone")
+            return
+        if state is not None:
+            # Before the mark: the advisor may read the mark at once.
+            self._states.append((mark, state))
+
+    def stop(self):
+        self.reader.stop()

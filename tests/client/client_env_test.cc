@@ -1,0 +1,106 @@
+#include "client/client_env.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr const char* kVariables[] = {
+    env::kSocket,           env::kJob,          env::kAutotune,
+    env::kAutostart,        env::kReadAheadMs,  env::kHandoverMs,
+    env::kClientCreates,    env::kInitialAllocConf,
+    env::kLearnedAllocConf, env::kPytorchCudaAllocConf};
+
+class ClientEnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kVariables) unsetenv(name);
+  }
+  void TearDown() override { SetUp(); }
+};
+
+TEST_F(ClientEnvTest, AnEmptyEnvironmentGivesTheDefaults) {
+  absl::StatusOr<ClientEnv> e = ClientEnv::FromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->socket, kDefaultSocket);
+  EXPECT_EQ(e->socket, "/run/allocd/allocd.sock");
+  EXPECT_EQ(e->job, "");
+  EXPECT_EQ(e->autotune, "");
+  EXPECT_FALSE(e->autostart);
+  EXPECT_EQ(e->read_ahead, absl::Milliseconds(200));
+  EXPECT_EQ(e->handover, absl::Milliseconds(30000));
+  EXPECT_TRUE(e->client_creates);
+  EXPECT_EQ(e->initial_config, "");
+  EXPECT_EQ(e->started_on_learned, "");
+
+  // An empty socket is the default too (the Python package passes "").
+  setenv(env::kSocket, "", 1);
+  EXPECT_EQ(ClientEnv::FromEnvironment()->socket, kDefaultSocket);
+  EXPECT_EQ(SocketOrDefault(""), kDefaultSocket);
+  EXPECT_EQ(SocketOrDefault("/tmp/b.sock"), "/tmp/b.sock");
+}
+
+TEST_F(ClientEnvTest, EveryVariableIsRead) {
+  setenv(env::kSocket, "/tmp/a.sock", 1);
+  setenv(env::kJob, "llama", 1);
+  setenv(env::kAutotune, R"({"mode": "apply"})", 1);
+  setenv(env::kAutostart, "1", 1);
+  setenv(env::kReadAheadMs, "0", 1);
+  setenv(env::kHandoverMs, "1500", 1);
+  setenv(env::kClientCreates, "0", 1);
+  setenv(env::kPytorchCudaAllocConf, "expandable_segments:True", 1);
+  absl::StatusOr<ClientEnv> e = ClientEnv::FromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->socket, "/tmp/a.sock");
+  EXPECT_EQ(e->job, "llama");
+  EXPECT_EQ(e->autotune, R"({"mode": "apply"})");
+  EXPECT_TRUE(e->autostart);
+  EXPECT_EQ(e->read_ahead, absl::ZeroDuration());
+  EXPECT_EQ(e->handover, absl::Milliseconds(1500));
+  EXPECT_FALSE(e->client_creates);
+  EXPECT_EQ(e->initial_config, "expandable_segments:True");
+}
+
+TEST_F(ClientEnvTest, AJobStartedOnItsLearnedConfigDeclaresIt) {
+  setenv(env::kInitialAllocConf, "max_split_size_mb:64", 1);
+  setenv(env::kLearnedAllocConf, "expandable_segments:True", 1);
+  setenv(env::kPytorchCudaAllocConf, "expandable_segments:True", 1);
+  absl::StatusOr<ClientEnv> e = ClientEnv::FromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->started_on_learned, "expandable_segments:True");
+  EXPECT_EQ(e->initial_config, "max_split_size_mb:64");
+
+  // The program changed its config since: it runs its own.
+  setenv(env::kPytorchCudaAllocConf, "garbage_collection_threshold:0.6", 1);
+  e = ClientEnv::FromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->started_on_learned, "");
+  EXPECT_EQ(e->initial_config, "garbage_collection_threshold:0.6");
+}
+
+TEST_F(ClientEnvTest, AValueAVariableCannotHaveIsRefusedByName) {
+  setenv(env::kReadAheadMs, "-1", 1);
+  absl::StatusOr<ClientEnv> e = ClientEnv::FromEnvironment();
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("ALLOCD_READ_AHEAD_MS"));
+  unsetenv(env::kReadAheadMs);
+
+  setenv(env::kHandoverMs, "soon", 1);
+  EXPECT_THAT(ClientEnv::FromEnvironment().status().message(),
+              HasSubstr("ALLOCD_HANDOVER_MS must be milliseconds"));
+  unsetenv(env::kHandoverMs);
+
+  setenv(env::kClientCreates, "yes", 1);
+  EXPECT_THAT(ClientEnv::FromEnvironment().status().message(),
+              HasSubstr("ALLOCD_CLIENT_CREATES must be 1"));
+}
+
+}  // namespace
+}  // namespace allocd

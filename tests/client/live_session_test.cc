@@ -1,0 +1,134 @@
+#include "client/live_session.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "allocator/config.h"
+#include "allocd.grpc.pb.h"
+#include "client/daemon_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/client/fake_allocator_target.h"
+#include "tests/scoped_temp_dir.h"
+#include "tests/server/daemon_harness.h"
+
+namespace allocd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// The control loop against a real daemon (`allocd serve --backend sim`),
+// on an allocator a test sets.
+class LiveSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = dir_.path() + "/allocd.sock";
+    daemon_ = std::make_unique<harness::Child>(std::vector<std::string>{
+        ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
+        "--metrics-addr", "", "--capacity", "64MiB"});
+    ASSERT_TRUE(harness::WaitForDaemon(socket_));
+    admin_ = v1::Admin::NewStub(harness::DialAdmin(socket_));
+    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+        DaemonClient::Connect({.socket = socket_, .job = "live"});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    session_ = std::make_unique<LiveSession>(*client_, AllocatorConfig{},
+                                             absl::ZeroDuration());
+  }
+
+  void Push(const std::string& config) {
+    grpc::ClientContext context;
+    v1::SetConfigRequest request;
+    request.set_job("live");
+    request.set_config(config);
+    v1::SetConfigResponse response;
+    ASSERT_TRUE(admin_->SetConfig(&context, request, &response).ok());
+  }
+
+  // Polls until `done` or 10 s have passed; whether it is done.
+  template <typename Done>
+  bool PollUntil(Done done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!done() && absl::Now() < deadline) {
+      client_->AwaitControl(absl::Milliseconds(100));
+      session_->Poll(target_);
+    }
+    return done();
+  }
+
+  ScopedTempDir dir_{"allocd_live_session_"};
+  std::string socket_;
+  std::unique_ptr<harness::Child> daemon_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+  std::unique_ptr<DaemonClient> client_;
+  std::unique_ptr<LiveSession> session_;
+  FakeAllocatorTarget target_;
+};
+
+TEST_F(LiveSessionTest, APushIsAppliedThenTheCacheIsReleasedAndAgainLater) {
+  target_.allocated = 3 * kGiB;  // live at the switch
+  Push("garbage_collection_threshold:0.6");
+  ASSERT_TRUE(PollUntil([&] { return session_->configs_applied() == 1; }));
+  ASSERT_EQ(target_.configs.size(), 1u);
+  EXPECT_THAT(target_.configs[0], HasSubstr("garbage_collection_threshold:0.6"));
+  EXPECT_EQ(target_.empty_cache_calls, 1);  // at the switch
+  EXPECT_THAT(FormatAllocatorConfig(session_->config()),
+              HasSubstr("garbage_collection_threshold:0.6"));
+  EXPECT_GT(session_->config_version(), 0u);
+  EXPECT_THAT(session_->config_reason(), HasSubstr("set by"));
+
+  // The job marks no steps: what was live at the switch has gone.
+  session_->Poll(target_);
+  EXPECT_EQ(target_.empty_cache_calls, 1);
+  target_.allocated = kGiB;
+  session_->Poll(target_);
+  EXPECT_EQ(target_.empty_cache_calls, 2);
+  EXPECT_EQ(session_->second_releases(), 1);
+}
+
+TEST_F(LiveSessionTest, AJobThatMarksStepsIsReleasedAgainAtItsNextMark) {
+  session_->AtStepMark(target_);  // nothing pending: no release
+  EXPECT_EQ(target_.empty_cache_calls, 0);
+  target_.allocated = 3 * kGiB;
+  Push("garbage_collection_threshold:0.6");
+  ASSERT_TRUE(PollUntil([&] { return session_->configs_applied() == 1; }));
+  target_.allocated = 0;
+  session_->Poll(target_);  // the rounds leave it to the mark
+  EXPECT_EQ(target_.empty_cache_calls, 1);
+  session_->AtStepMark(target_);
+  EXPECT_EQ(target_.empty_cache_calls, 2);
+}
+
+TEST_F(LiveSessionTest, APushTheAllocatorRefusesIsCountedAndNotReleased) {
+  target_.refuse = "the allocator refused it";
+  Push("max_split_size_mb:256");
+  ASSERT_TRUE(PollUntil([&] { return session_->configs_rejected() == 1; }));
+  EXPECT_EQ(session_->configs_applied(), 0);
+  EXPECT_EQ(target_.empty_cache_calls, 0);
+  EXPECT_EQ(session_->config_version(), 0u);
+}
+
+TEST_F(LiveSessionTest, TheReportNamesTheSessionAsAllocdStatsDoes) {
+  session_->ReportOom(kGiB, "CUDA out of memory. Tried to allocate 1.00 GiB");
+  const nlohmann::json report = session_->Report();
+  EXPECT_EQ(report["session_id"], client_->session_id());
+  EXPECT_EQ(report["ooms_reported"], 1);
+  EXPECT_EQ(report["configs_applied"], 0);
+  EXPECT_EQ(report["configs_rejected"], 0);
+  EXPECT_EQ(report["reclaims"], 0);
+  EXPECT_EQ(report["events_dropped"], 0);
+  for (const char* key : {"reconnects", "config", "config_version",
+                          "config_reason"}) {
+    EXPECT_TRUE(report.contains(key)) << key;
+  }
+}
+
+}  // namespace
+}  // namespace allocd
