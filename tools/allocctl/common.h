@@ -21,8 +21,9 @@
 
 namespace allocd {
 
-// allocctl's own exit status: the daemon does not let the caller
-// administer it.
+// allocctl's own exit status: the caller cannot administer the daemon --
+// the daemon refuses it, or its admin socket cannot be reached (missing,
+// not this caller's to open, or no daemon behind it).
 inline constexpr int kExitNotAdmin = 4;
 
 // The flags of allocctl itself, before or after the subcommand.

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.footer(absl::StrCat(
       "Global flags, before or after the subcommand: --socket PATH, --json, "
       "--admin-socket PATH.\n\n",
-      ExitStatusHelp("  4: the daemon does not allow this caller to administer it\n")));
+      ExitStatusHelp("  4: the daemon does not allow this caller to administer it, "
+                     "or its admin socket cannot be reached\n")));
   app.add_option("--admin-socket", o.admin_socket,
                  "the daemon's admin socket, when not SOCKET.admin (allocd "
                  "serve --admin-socket; default $ALLOCCTL_ADMIN_SOCKET)")
@@ -61,8 +62,7 @@ int main(int argc, char** argv) {
       Dial(AdminSocket(o));
   if (!channel.ok()) {
     std::cerr << "allocctl: " << channel.status().message() << "\n";
-    return absl::IsPermissionDenied(channel.status()) ? kExitNotAdmin
-                                                      : kExitError;
+    return kExitNotAdmin;
   }
   std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(*channel);
   const AdminContext context{*channel, *admin, o.json};
