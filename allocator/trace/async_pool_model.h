@@ -12,7 +12,7 @@
 #define ALLOCD_ALLOCATOR_TRACE_ASYNC_POOL_MODEL_H_
 
 #include "absl/status/statusor.h"
-#include "allocator/trace/replay.h"
+#include "allocator/trace/replay_types.h"
 #include "allocator/trace/trace.h"
 
 namespace allocd {

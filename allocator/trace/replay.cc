@@ -358,12 +358,4 @@ absl::StatusOr<ReplayResult> Replay(const Trace& trace,
   return ReplayNative(trace, config, options);
 }
 
-void SetRunTotals(std::chrono::steady_clock::time_point start, uint64_t events,
-                  ReplayResult& result) {
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  result.events = events;
-}
-
 }  // namespace allocd

@@ -514,6 +514,78 @@ class NodePool {
     std::optional<uint64_t> quota;
     absl::flat_hash_set<uint64_t> chunks;
   };
+  static constexpr SessionId kNoSession = 0;
+
+  // Session `id`, or NotFound naming it.
+  absl::StatusOr<SessionState*> FindSession(SessionId id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Session `id` if it is still the incarnation that began work outside the
+  // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
+  SessionState* SameSession(SessionId id, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Of `capacity`, what is not created nor being created.
+  uint64_t UncreatedRoom(uint64_t capacity) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `process` maps `chunk` (dropping those it went to that
+  // have exited, once it lists a few).
+  static void AddMapper(Chunk& chunk,
+                        const std::shared_ptr<const WatchedProcess>& process);
+  void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk its owner gives up: to the cache, or, while shares of it are
+  // open, to nobody until the last closes.
+  void Disown(uint64_t chunk_id, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Caches the chunks of `chunk_ids`, which no open of a share holds any
+  // more, that no session owns either.
+  void CacheUnowned(absl::Span<const uint64_t> chunk_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False for a chunk adopted on a client's word (Adopt without a proof):
+  // the pool counts it but has nothing to cache, share or hand out again.
+  static bool HasMemory(const Chunk& chunk) {
+    return chunk.memory.file != nullptr;
+  }
+  // Takes a cached chunk out of free_ and free_by_tenant_.
+  void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys cached chunks, coldest first, while `more(coldest, bytes
+  // destroyed so far)` says so: moves their memory to `doomed`, for the
+  // caller to drop outside the lock (on a GPU, cuMemRelease). Returns the
+  // bytes destroyed.
+  uint64_t TrimColdestLocked(
+      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more,
+      std::vector<ChunkMemory>& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes of the live chunks `chunk_ids`.
+  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& chunk_ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a granted claim (of an open of `share`, when not empty);
+  // returns its token.
+  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
+                       uint64_t grant, const std::vector<uint64_t>& chunk_ids,
+                       std::string share = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The set of `chunk_ids` when session `id` holds every one of them (not
+  // pending); otherwise Release's errors, "nothing was `what`".
+  absl::StatusOr<absl::flat_hash_set<uint64_t>> HeldBy(
+      SessionId id, absl::Span<const uint64_t> chunk_ids,
+      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the chunks of an unclaimed grant that its session still holds
+  // to the cache; returns their bytes.
+  uint64_t ReturnUnclaimed(const PendingClaim& claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddHeld(SessionState& s, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SubtractHeld(SessionState& s, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk id not in use: the next of this pool's epoch that no live
+  // (adopted) chunk has.
+  uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TrimColdestLocked under the lock, the memory released after it.
+  uint64_t TrimColdest(
+      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
+
+  // The acquire path (node_pool_acquire.cc): Acquire and AcquireCached,
+  // and the steps they share.
   // An Acquire between its steps.
   struct AcquireInFlight {
     SessionId id = 0;
@@ -550,50 +622,9 @@ class NodePool {
     absl::flat_hash_set<const WatchedProcess*> alive;
     absl::flat_hash_map<std::pair<TenantId, uint64_t>, uint64_t> resume;
   };
-  static constexpr SessionId kNoSession = 0;
-
-  // Session `id`, or NotFound naming it.
-  absl::StatusOr<SessionState*> FindSession(SessionId id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Session `id` if it is still the incarnation that began work outside the
-  // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
-  SessionState* SameSession(SessionId id, uint64_t incarnation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Of `capacity`, what is not created nor being created.
-  uint64_t UncreatedRoom(uint64_t capacity) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the cached chunks that match sizes of `sizes` for session `id`,
-  // for grant `grant`: the session's tenant's (the most recently freed of
-  // each size), appended to `grant_out`; then, with `crossing`, other
-  // tenants' that every process they went to has left (CrossableChunk),
-  // moved to `crossing->to_scrub`. Returns the sizes left to create.
-  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
-                                 const std::vector<uint64_t>& sizes,
-                                 uint64_t grant, Grant& grant_out,
-                                 AcquireInFlight* crossing = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The cached chunks of `tenant` of `size`, by free order; null for none.
-  const std::map<uint64_t, uint64_t>* CachedOf(const TenantId& tenant,
-                                               uint64_t size) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A cached chunk of `size` of a tenant other than `tenant` that no live
-  // process maps (the coldest of the first such tenant), or nullopt. One
-  // poll() per process it has not asked about in `scan` yet.
-  std::optional<uint64_t> CrossableChunk(const TenantId& tenant,
-                                         uint64_t size, CrossingScan& scan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `process` maps `chunk` (dropping those it went to that
-  // have exited, once it lists a few).
-  static void AddMapper(Chunk& chunk,
-                        const std::shared_ptr<const WatchedProcess>& process);
-  void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // Acquire's steps, in order. Checks `a`'s quotas and that the node has
   // room for it at all (Acquire's errors), then takes the cached chunks of
   // `sizes` for session `a.id` (state `s`), other tenants' to scrub too when
@@ -644,64 +675,37 @@ class NodePool {
                            std::vector<ChunkMemory> created,
                            const absl::Status& failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the cached chunks that match sizes of `sizes` for session `id`,
+  // for grant `grant`: the session's tenant's (the most recently freed of
+  // each size), appended to `grant_out`; then, with `crossing`, other
+  // tenants' that every process they went to has left (CrossableChunk),
+  // moved to `crossing->to_scrub`. Returns the sizes left to create.
+  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
+                                 const std::vector<uint64_t>& sizes,
+                                 uint64_t grant, Grant& grant_out,
+                                 AcquireInFlight* crossing = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cached chunks of `tenant` of `size`, by free order; null for none.
+  const std::map<uint64_t, uint64_t>* CachedOf(const TenantId& tenant,
+                                               uint64_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cached chunk of `size` of a tenant other than `tenant` that no live
+  // process maps (the coldest of the first such tenant), or nullopt. One
+  // poll() per process it has not asked about in `scan` yet.
+  std::optional<uint64_t> CrossableChunk(const TenantId& tenant,
+                                         uint64_t size, CrossingScan& scan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new live chunk of `size` with `memory`, nobody's yet, `tenant`'s.
   std::pair<const uint64_t, Chunk>& AddCreated(uint64_t size,
                                                ChunkMemory memory,
                                                const TenantId& tenant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // A chunk its owner gives up: to the cache, or, while shares of it are
-  // open, to nobody until the last closes.
-  void Disown(uint64_t chunk_id, Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Caches the chunks of `chunk_ids`, which no open of a share holds any
-  // more, that no session owns either.
-  void CacheUnowned(absl::Span<const uint64_t> chunk_ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // False for a chunk adopted on a client's word (Adopt without a proof):
-  // the pool counts it but has nothing to cache, share or hand out again.
-  static bool HasMemory(const Chunk& chunk) {
-    return chunk.memory.file != nullptr;
-  }
-  // Takes a cached chunk out of free_ and free_by_tenant_.
-  void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Destroys cached chunks, coldest first, while `more(coldest, bytes
-  // destroyed so far)` says so: moves their memory to `doomed`, for the
-  // caller to drop outside the lock (on a GPU, cuMemRelease). Returns the
-  // bytes destroyed.
-  uint64_t TrimColdestLocked(
-      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more,
-      std::vector<ChunkMemory>& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The bytes of the live chunks `chunk_ids`.
-  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& chunk_ids) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a granted claim (of an open of `share`, when not empty);
-  // returns its token.
-  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
-                       uint64_t grant, const std::vector<uint64_t>& chunk_ids,
-                       std::string share = "")
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The set of `chunk_ids` when session `id` holds every one of them (not
-  // pending); otherwise Release's errors, "nothing was `what`".
-  absl::StatusOr<absl::flat_hash_set<uint64_t>> HeldBy(
-      SessionId id, absl::Span<const uint64_t> chunk_ids,
-      absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropExpiredClaims() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns the chunks of an unclaimed grant that its session still holds
-  // to the cache; returns their bytes.
-  uint64_t ReturnUnclaimed(const PendingClaim& claim)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddHeld(SessionState& s, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SubtractHeld(SessionState& s, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A chunk id not in use: the next of this pool's epoch that no live
-  // (adopted) chunk has.
-  uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk of `size` for session `id` (state `s`) to make itself, appended
   // to `grant` (of serial `serial`): counted, no memory here.
   void AddClientMade(SessionId id, SessionState& s, uint64_t serial,
                      uint64_t size, Grant& grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Adoption (node_pool_adopt.cc): Adopt and GiveMemory.
   // Why a chunk a client declares cannot be adopted before its proof is
   // looked at ("" when it can so far): its id and size.
   std::string RefuseDeclared(const DeclaredChunk& chunk) const;
@@ -709,9 +713,6 @@ class NodePool {
   // declaration's proofs to be matched against.
   absl::flat_hash_map<std::string, uint64_t> LiveIdentities() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TrimColdestLocked under the lock, the memory released after it.
-  uint64_t TrimColdest(
-      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
 
   ChunkSource* const source_;
   const Options options_;

@@ -623,6 +623,14 @@ TEST(CliExitTest, AllocctlUsageErrorsExit2) {
               HasSubstr("before or after the subcommand: --socket PATH, --json"));
 }
 
+// docs/daemon.md: allocctl exits 4 when it cannot reach the admin socket,
+// as when the daemon refuses the caller.
+TEST(CliExitTest, AllocctlWithoutADaemonExits4) {
+  const CommandResult r = RunAllocctl("status --socket " + TempPath("no_daemon.sock"));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cannot reach allocd's admin socket"));
+}
+
 // A daemon of the sim backend for allocctl to talk to.
 class CliDaemonTest : public testing::Test {
  protected:
@@ -675,6 +683,15 @@ TEST_F(CliDaemonTest, QuotaSizes) {
       socket_);
   ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
   EXPECT_THAT(predicted.output, HasSubstr("4802478080"));
+}
+
+TEST_F(CliDaemonTest, AMissingAdminSocketExits4) {
+  const std::string missing = TempPath("missing.admin");
+  const CommandResult r = RunAllocctl("status --socket " + socket_ + " --admin-socket " + missing);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(missing));
+  // The daemon's own admin socket still answers.
+  EXPECT_EQ(RunAllocctl("status --socket " + socket_).exit_code, 0);
 }
 #endif
 

@@ -16,7 +16,7 @@
 #include "server/pool/memfd_chunk_source.h"
 #include "server/pool/node_pool.h"
 #include "server/session_registry.h"
-#include "tests/server/full_device_source.h"
+#include "tests/server/pool/full_device_source.h"
 
 namespace allocd {
 namespace {

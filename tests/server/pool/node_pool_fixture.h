@@ -1,7 +1,7 @@
 // The node pool tests' fixture: a pool over a memfd source that tests can
 // make fail or block, on a clock they move.
-#ifndef ALLOCD_TESTS_SERVER_NODE_POOL_FIXTURE_H_
-#define ALLOCD_TESTS_SERVER_NODE_POOL_FIXTURE_H_
+#ifndef ALLOCD_TESTS_SERVER_POOL_NODE_POOL_FIXTURE_H_
+#define ALLOCD_TESTS_SERVER_POOL_NODE_POOL_FIXTURE_H_
 
 #include <sys/mman.h>
 
@@ -102,4 +102,4 @@ inline char* Map(const ChunkFd& chunk) {
 
 }  // namespace allocd
 
-#endif  // ALLOCD_TESTS_SERVER_NODE_POOL_FIXTURE_H_
+#endif  // ALLOCD_TESTS_SERVER_POOL_NODE_POOL_FIXTURE_H_

@@ -18,8 +18,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pool/memfd_chunk_source.h"
-#include "tests/server/full_device_source.h"
-#include "tests/server/node_pool_fixture.h"
+#include "tests/server/pool/full_device_source.h"
+#include "tests/server/pool/node_pool_fixture.h"
 
 namespace allocd {
 namespace {

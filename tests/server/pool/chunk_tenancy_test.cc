@@ -23,7 +23,7 @@
 #include "server/pool/device_pools.h"
 #include "server/pool/node_pool.h"
 #include "server/pool_metrics.h"
-#include "tests/server/node_pool_fixture.h"
+#include "tests/server/pool/node_pool_fixture.h"
 
 namespace allocd {
 namespace {

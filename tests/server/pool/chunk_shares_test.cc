@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pool/node_pool.h"
-#include "tests/server/node_pool_fixture.h"
+#include "tests/server/pool/node_pool_fixture.h"
 
 namespace allocd {
 namespace {

@@ -3,8 +3,8 @@
 // native allocations took some: CreateChunk fails (ResourceExhausted) once
 // `limit` bytes of chunks live; a chunk's bytes come back when its last
 // ChunkMemory goes.
-#ifndef ALLOCD_TESTS_SERVER_FULL_DEVICE_SOURCE_H_
-#define ALLOCD_TESTS_SERVER_FULL_DEVICE_SOURCE_H_
+#ifndef ALLOCD_TESTS_SERVER_POOL_FULL_DEVICE_SOURCE_H_
+#define ALLOCD_TESTS_SERVER_POOL_FULL_DEVICE_SOURCE_H_
 
 #include <unistd.h>
 
@@ -50,4 +50,4 @@ class FullDeviceSource final : public ChunkSource {
 
 }  // namespace allocd
 
-#endif  // ALLOCD_TESTS_SERVER_FULL_DEVICE_SOURCE_H_
+#endif  // ALLOCD_TESTS_SERVER_POOL_FULL_DEVICE_SOURCE_H_

@@ -1,0 +1,471 @@
+// NodePool's acquire path: Acquire, AcquireCached and their steps
+// (node_pool.h), and the node shortage they report.
+#include "server/pool/node_pool.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/bytes.h"
+
+namespace allocd {
+namespace {
+
+// ResourceExhausted(`message`) that other sessions releasing `short_by`
+// bytes could turn into a grant (IsNodeShortage).
+absl::Status Shortage(uint64_t short_by, absl::string_view message) {
+  absl::Status status = absl::ResourceExhaustedError(message);
+  status.SetPayload(kShortfallPayloadUrl, absl::Cord(absl::StrCat(short_by)));
+  return status;
+}
+
+absl::Status NodeShortage(uint64_t need, uint64_t available,
+                          uint64_t capacity) {
+  const uint64_t short_by = need - available;
+  return Shortage(short_by,
+                  absl::StrCat("node pool exhausted: need ", FormatSize(need),
+                               ", free ", FormatSize(available),
+                               " of capacity ", FormatSize(capacity),
+                               " (short by ", FormatSize(short_by), ")"));
+}
+
+}  // namespace
+
+std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return std::nullopt;
+  const auto payload = status.GetPayload(kShortfallPayloadUrl);
+  uint64_t bytes = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+bool IsNodeShortage(const absl::Status& status) {
+  return ShortfallBytes(status).has_value();
+}
+
+const std::map<uint64_t, uint64_t>* NodePool::CachedOf(const TenantId& tenant,
+                                                       uint64_t size) const {
+  auto cached = free_by_tenant_.find(std::pair(tenant, size));
+  return cached == free_by_tenant_.end() ? nullptr : &cached->second;
+}
+
+std::optional<uint64_t> NodePool::CrossableChunk(const TenantId& tenant,
+                                                 uint64_t size,
+                                                 CrossingScan& scan) {
+  for (const auto& [kind, cached] : free_by_tenant_) {
+    if (kind.second != size || kind.first == tenant) continue;
+    auto [resume, unused] = scan.resume.try_emplace(kind, 0);
+    for (auto it = cached.lower_bound(resume->second); it != cached.end();
+         ++it) {
+      const Chunk& chunk = chunks_.at(it->second);
+      const bool mapped = std::any_of(
+          chunk.mappers.begin(), chunk.mappers.end(), [&](const auto& p) {
+            if (scan.alive.contains(p.get())) return true;
+            if (p->Exited()) return false;
+            scan.alive.insert(p.get());
+            return true;
+          });
+      if (!mapped) return it->second;
+      resume->second = it->first + 1;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
+                                   uint64_t bytes) const {
+  if (s.quota && s.held + bytes > *s.quota) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session quota exceeded: session ", id, " holds ", FormatSize(s.held),
+        ", asks ", FormatSize(bytes), ", quota ", FormatSize(*s.quota)));
+  }
+  if (auto q = uid_quotas_.find(s.uid); q != uid_quotas_.end()) {
+    auto h = uid_held_.find(s.uid);
+    const uint64_t held = h == uid_held_.end() ? 0 : h->second;
+    if (held + bytes > q->second) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid quota exceeded: the sessions of uid ", s.uid, " hold ",
+          FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
+          FormatSize(q->second)));
+    }
+  }
+  std::optional<uint64_t> tenant_quota = default_tenant_quota_;
+  if (auto q = tenant_quotas_.find(s.tenant); q != tenant_quotas_.end()) {
+    tenant_quota = q->second;
+  }
+  if (tenant_quota) {
+    auto h = tenant_held_.find(s.tenant);
+    const uint64_t held = h == tenant_held_.end() ? 0 : h->second;
+    if (held + bytes > *tenant_quota) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", s.tenant, " quota exceeded: its sessions hold ",
+          FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
+          FormatSize(*tenant_quota)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
+                                         const std::vector<uint64_t>& sizes,
+                                         uint64_t grant, Grant& grant_out,
+                                         AcquireInFlight* crossing) {
+  std::vector<uint64_t> to_create;
+  CrossingScan scan;
+  for (uint64_t size : sizes) {
+    if (const std::map<uint64_t, uint64_t>* own = CachedOf(s.tenant, size)) {
+      const uint64_t chunk_id = own->rbegin()->second;
+      Chunk& chunk = chunks_.at(chunk_id);
+      RemoveFromCache(chunk);
+      chunk.owner = id;
+      chunk.grant = grant;
+      s.chunks.insert(chunk_id);
+      grant_out.chunk_ids.push_back(chunk_id);
+      grant_out.chunk_sizes.push_back(size);
+      continue;
+    }
+    std::optional<uint64_t> other =
+        crossing == nullptr ? std::nullopt
+                            : CrossableChunk(s.tenant, size, scan);
+    if (!other) {
+      to_create.push_back(size);
+      continue;
+    }
+    Chunk& chunk = chunks_.at(*other);
+    RemoveFromCache(chunk);
+    chunk.owner = id;
+    chunk.grant = grant;
+    chunk.pending = true;
+    chunk.mappers.clear();  // every one has exited
+    crossing->to_scrub.push_back(
+        {.id = *other, .bytes = size, .memory = chunk.memory});
+  }
+  return to_create;
+}
+
+absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
+                                              uint64_t max_chunk_bytes,
+                                              uint32_t max_count,
+                                              bool client_creates) {
+  if (bytes == 0 || max_count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a cached acquire needs bytes and a count; got ", bytes, " bytes, ",
+        max_count, " grants"));
+  }
+  Grant grant;
+  if (bytes > capacity_.load()) return grant;
+  const uint64_t rounded = classes_.RoundUp(bytes);
+  const std::vector<uint64_t> sizes =
+      classes_.Split(rounded, max_chunk_bytes);
+  absl::flat_hash_map<uint64_t, uint64_t> per_grant;  // chunks of each size
+  for (uint64_t size : sizes) ++per_grant[size];
+  // Outside the lock: a syscall (and wasted when nothing is cached).
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
+
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<SessionState*> found = FindSession(id);
+  if (!found.ok()) return found.status();
+  SessionState& state = **found;
+  uint64_t count = max_count;
+  for (const auto& [size, needed] : per_grant) {
+    const std::map<uint64_t, uint64_t>* cached = CachedOf(state.tenant, size);
+    count = std::min<uint64_t>(count,
+                               cached == nullptr ? 0 : cached->size() / needed);
+  }
+  while (count > 0 && !CheckQuotas(id, state, count * rounded).ok()) --count;
+  // The rest for the client to make, in the room no cached chunk fills.
+  uint64_t made = client_creates ? std::min<uint64_t>(
+                                       max_count - count,
+                                       UncreatedRoom(capacity_.load()) / rounded)
+                                 : 0;
+  while (made > 0 && !CheckQuotas(id, state, (count + made) * rounded).ok()) {
+    --made;
+  }
+  if (count + made == 0) return grant;
+  const uint64_t serial = next_grant_++;
+  for (uint64_t i = 0; i < count; ++i) {
+    TakeFree(id, state, sizes, serial, grant);  // all cached: creates none
+  }
+  const std::vector<uint64_t> cached = grant.chunk_ids;
+  for (uint64_t i = 0; i < made; ++i) {
+    for (uint64_t size : sizes) AddClientMade(id, state, serial, size, grant);
+  }
+  grant.bytes = (count + made) * rounded;
+  grant.reused_chunks = static_cast<uint32_t>(cached.size());
+  AddHeld(state, grant.bytes);
+  reused_total_ += grant.reused_chunks;
+  grant.token = AddClaim(id, state, *std::move(token), serial, cached);
+  return grant;
+}
+
+void NodePool::AddClientMade(SessionId id, SessionState& s, uint64_t serial,
+                             uint64_t size, Grant& grant) {
+  const uint64_t chunk_id = NewChunkId();
+  chunks_.emplace(chunk_id, Chunk{.bytes = size,
+                                  .owner = id,
+                                  .grant = serial,
+                                  .tenant = s.tenant});
+  live_bytes_ += size;
+  s.chunks.insert(chunk_id);
+  grant.chunk_ids.push_back(chunk_id);
+  grant.chunk_sizes.push_back(size);
+  ++grant.client_made;
+  ++client_made_total_;
+}
+
+absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
+                                        uint64_t max_chunk_bytes,
+                                        bool client_creates) {
+  if (bytes == 0) return absl::InvalidArgumentError("acquire of 0 bytes");
+  if (bytes > capacity_.load()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "node pool exhausted: asks ", FormatSize(bytes),
+        ", more than its capacity of ", FormatSize(capacity_.load())));
+  }
+  AcquireInFlight a{.id = id, .grant = {.bytes = classes_.RoundUp(bytes)}};
+  const std::vector<uint64_t> sizes =
+      classes_.Split(a.grant.bytes, max_chunk_bytes);
+  // Outside the lock: a syscall.
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
+  a.token = *std::move(token);
+
+  // Cached chunks destroyed to make room: released before creating, outside
+  // the lock.
+  std::vector<ChunkMemory> doomed;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<SessionState*> found = FindSession(id);
+    if (!found.ok()) return found.status();
+    SessionState& state = **found;
+    if (absl::Status taken = TakeCached(a, state, sizes); !taken.ok()) {
+      return taken;
+    }
+    if (a.to_create.empty() && a.to_scrub.empty()) {  // all cached: done
+      a.grant.token = AddClaim(id, state, std::move(a.token), a.serial,
+                               a.grant.chunk_ids);
+      return std::move(a.grant);
+    }
+    MakeRoom(a.create_bytes, doomed);
+    if (client_creates && a.to_scrub.empty()) {
+      return GrantClientMade(a, state);  // `doomed` is released after the lock
+    }
+    // The chunks taken are not the session's to release until the rest is
+    // scrubbed and created; what is being created (by the client too)
+    // counts against the capacity.
+    for (uint64_t chunk_id : a.grant.chunk_ids) {
+      chunks_.at(chunk_id).pending = true;
+    }
+    creating_bytes_ += a.create_bytes;
+    a.incarnation = state.incarnation;
+  }
+  doomed.clear();
+  if (!a.to_scrub.empty() && !ScrubTaken(a).ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      CreateInsteadOfScrub(a, doomed);
+    }
+    doomed.clear();
+  }
+  std::vector<ChunkMemory> created;
+  const absl::Status failure =
+      client_creates ? absl::OkStatus() : CreateChunks(a.to_create, created);
+  absl::MutexLock lock(&mu_);
+  return CommitCreated(a, std::move(created), failure, client_creates);
+}
+
+absl::Status NodePool::ScrubTaken(const AcquireInFlight& a) {
+  std::vector<ChunkToScrub> chunks;
+  chunks.reserve(a.to_scrub.size());
+  for (const AcquireInFlight::Scrubbing& taken : a.to_scrub) {
+    chunks.push_back({.memory = &taken.memory, .bytes = taken.bytes});
+  }
+  return source_->Scrub(chunks);
+}
+
+void NodePool::CreateInsteadOfScrub(AcquireInFlight& a,
+                                    std::vector<ChunkMemory>& doomed) {
+  // Its contents unknown, the memory cannot go to this tenant nor back to
+  // the cache; new memory in its room costs a creation.
+  for (AcquireInFlight::Scrubbing& taken : a.to_scrub) {
+    live_bytes_ -= taken.bytes;
+    doomed.push_back(std::move(chunks_.at(taken.id).memory));
+    chunks_.erase(taken.id);
+    a.to_create.push_back(taken.bytes);
+    a.create_bytes += taken.bytes;
+    creating_bytes_ += taken.bytes;
+  }
+  a.grant.reused_chunks -= static_cast<uint32_t>(a.to_scrub.size());
+  reused_total_ -= a.to_scrub.size();
+  a.to_scrub.clear();
+}
+
+absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
+                                  const std::vector<uint64_t>& sizes) {
+  const uint64_t rounded = a.grant.bytes;
+  if (absl::Status q = CheckQuotas(a.id, s, rounded); !q.ok()) return q;
+  const uint64_t capacity = capacity_.load();
+  const uint64_t room = UncreatedRoom(capacity);
+  // Every cached byte can become room, whatever its chunk's size.
+  if (rounded > free_bytes_ + room) {
+    return NodeShortage(rounded, free_bytes_ + room, capacity);
+  }
+  a.serial = next_grant_++;
+  a.tenant = s.tenant;
+  const bool scrubs =
+      options_.cross_tenant_reuse == CrossTenantReuse::kScrub &&
+      source_->ScrubsChunks();
+  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant,
+                         scrubs ? &a : nullptr);
+  a.create_bytes =
+      std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
+  a.grant.reused_chunks =
+      static_cast<uint32_t>(a.grant.chunk_ids.size() + a.to_scrub.size());
+  AddHeld(s, rounded);
+  reused_total_ += a.grant.reused_chunks;
+  return absl::OkStatus();
+}
+
+void NodePool::MakeRoom(uint64_t create_bytes,
+                        std::vector<ChunkMemory>& doomed) {
+  const uint64_t room = UncreatedRoom(capacity_.load());
+  if (create_bytes <= room) return;
+  const uint64_t needed = create_bytes - room;
+  trimmed_total_ += TrimColdestLocked(
+      [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
+      doomed);
+}
+
+Grant NodePool::GrantClientMade(AcquireInFlight& a, SessionState& s) {
+  // Counted now, made by the client: no memory here until GiveMemory.
+  const std::vector<uint64_t> with_memory = a.grant.chunk_ids;
+  for (uint64_t size : a.to_create) {
+    AddClientMade(a.id, s, a.serial, size, a.grant);
+  }
+  a.grant.token = AddClaim(a.id, s, std::move(a.token), a.serial, with_memory);
+  return std::move(a.grant);
+}
+
+absl::Status NodePool::CreateChunks(const std::vector<uint64_t>& sizes,
+                                    std::vector<ChunkMemory>& created) {
+  created.reserve(sizes.size());
+  bool trimmed_for_device = false;
+  for (size_t i = 0; i < sizes.size();) {
+    absl::StatusOr<ChunkMemory> memory = source_->CreateChunk(sizes[i]);
+    if (memory.ok()) {
+      created.push_back(*std::move(memory));
+      ++i;
+      continue;
+    }
+    // The device is full below the capacity (its processes' contexts and
+    // the headroom the source keeps take what the capacity counted on):
+    // the cache's chunks of other sizes, given back to the device, make
+    // the room, once. (Without this a DDP rank on an H200 that switched to
+    // expandable segments ran out of memory beside 120 GiB of its own
+    // former segments, cached whole.)
+    if (absl::IsResourceExhausted(memory.status()) && !trimmed_for_device) {
+      trimmed_for_device = true;
+      const uint64_t missing =
+          std::accumulate(sizes.begin() + i, sizes.end(), uint64_t{0});
+      if (TrimFree(missing) > 0) continue;
+    }
+    return memory.status();
+  }
+  return absl::OkStatus();
+}
+
+std::pair<const uint64_t, NodePool::Chunk>& NodePool::AddCreated(
+    uint64_t size, ChunkMemory memory, const TenantId& tenant) {
+  live_bytes_ += size;
+  return *chunks_
+              .emplace(NewChunkId(), Chunk{.memory = std::move(memory),
+                                           .bytes = size,
+                                           .tenant = tenant})
+              .first;
+}
+
+absl::StatusOr<Grant> NodePool::CommitCreated(
+    AcquireInFlight& a, std::vector<ChunkMemory> created,
+    const absl::Status& failure, bool client_creates) {
+  creating_bytes_ -= a.create_bytes;
+  created_total_ += created.size();
+  SessionState* const alive = SameSession(a.id, a.incarnation);
+  if (alive == nullptr || !failure.ok()) {
+    return UndoAcquire(a, alive, std::move(created), failure);
+  }
+  for (uint64_t chunk_id : a.grant.chunk_ids) {
+    chunks_.at(chunk_id).pending = false;
+  }
+  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
+    Chunk& chunk = chunks_.at(scrubbed.id);
+    chunk.pending = false;
+    chunk.tenant = a.tenant;
+    alive->chunks.insert(scrubbed.id);
+    a.grant.chunk_ids.push_back(scrubbed.id);
+    a.grant.chunk_sizes.push_back(scrubbed.bytes);
+    scrubbed_bytes_total_ += scrubbed.bytes;
+  }
+  scrubbed_total_ += a.to_scrub.size();
+  if (client_creates) return GrantClientMade(a, *alive);
+  for (size_t i = 0; i < created.size(); ++i) {
+    auto& [chunk_id, chunk] =
+        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
+    chunk.owner = a.id;
+    chunk.grant = a.serial;
+    alive->chunks.insert(chunk_id);
+    a.grant.chunk_ids.push_back(chunk_id);
+    a.grant.chunk_sizes.push_back(chunk.bytes);
+  }
+  a.grant.token = AddClaim(a.id, *alive, std::move(a.token), a.serial,
+                           a.grant.chunk_ids);
+  return std::move(a.grant);
+}
+
+absl::Status NodePool::UndoAcquire(AcquireInFlight& a, SessionState* alive,
+                                   std::vector<ChunkMemory> created,
+                                   const absl::Status& failure) {
+  // What was created is cached for whoever asks next; the reused chunks go
+  // back (EndSession already took them back from a dead session).
+  uint64_t created_bytes = 0;
+  for (size_t i = 0; i < created.size(); ++i) {
+    auto& [chunk_id, chunk] =
+        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
+    created_bytes += chunk.bytes;
+    ReturnToCache(chunk_id, chunk);
+  }
+  // Scrubbed: nothing of the tenant they came from is left in them.
+  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
+    Chunk& chunk = chunks_.at(scrubbed.id);
+    chunk.tenant = a.tenant;
+    ReturnToCache(scrubbed.id, chunk);
+  }
+  reused_total_ -= a.grant.reused_chunks;
+  if (alive == nullptr) {
+    return absl::AbortedError(absl::StrCat(
+        "session ", a.id, " ended while its chunks were being created"));
+  }
+  for (uint64_t chunk_id : a.grant.chunk_ids) {
+    alive->chunks.erase(chunk_id);
+    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+  }
+  SubtractHeld(*alive, a.grant.bytes);
+  const std::string why =
+      absl::StrCat("creating chunk ", created.size() + 1, " of ",
+                   a.to_create.size(), " from the ", source_->Name(),
+                   " source: ", failure.message());
+  if (absl::IsResourceExhausted(failure)) {
+    // The device is full below the pool's capacity (other processes'
+    // contexts and native memory took what the capacity counted on): what
+    // other sessions cache, given back, is memory the cache can serve.
+    return Shortage(a.create_bytes - created_bytes, why);
+  }
+  return absl::Status(failure.code(), why);
+}
+
+}  // namespace allocd
