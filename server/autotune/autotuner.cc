@@ -143,6 +143,12 @@ bool IsHarmfulStart(const AllocatorConfig& config) {
   return config.max_split_size <= kBadStartMaxSplit && !config.expandable_segments;
 }
 
+// A run for a job that grew: it skips the cooldown, and its prediction must
+// cover the job's largest request.
+bool ForGrowth(AutotuneTrigger trigger) {
+  return trigger == AutotuneTrigger::kGrowth || trigger == AutotuneTrigger::kLargerRequest;
+}
+
 // Lowers this thread's priority by `nice`; threads it starts inherit it
 // (Linux keeps a nice value per thread).
 void NiceThisThread(int nice) {
@@ -162,34 +168,12 @@ void NiceThisThread(int nice) {
 // period check would cost more than finding the step is worth.
 constexpr size_t kStepShift = 32;
 
-std::string GiB(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-}
-
 int64_t StatOr(const std::map<std::string, int64_t>& stats, const char* name, int64_t fallback) {
   auto it = stats.find(name);
   return it == stats.end() ? fallback : it->second;
 }
 
 }  // namespace
-
-absl::StatusOr<AutotuneMode> ParseAutotuneMode(absl::string_view name) {
-  if (name == "off") return AutotuneMode::kOff;
-  if (name == "recommend") return AutotuneMode::kRecommend;
-  if (name == "apply") return AutotuneMode::kApply;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown autotune mode \"", name, "\": use off, recommend or apply"));
-}
-
-const char* AutotuneModeName(AutotuneMode mode) {
-  switch (mode) {
-    case AutotuneMode::kOff: return "off";
-    case AutotuneMode::kRecommend: return "recommend";
-    case AutotuneMode::kApply: return "apply";
-  }
-  return "?";
-}
-
 
 class Autotuner::Impl {
  public:
@@ -225,7 +209,7 @@ class Autotuner::Impl {
     if (job.recorded == 0) StartRecording(job, id);
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
     if (parsed.ok() && IsHarmfulStart(*parsed)) {
-      job.first_trigger = "bad_start_config";
+      job.first_trigger = AutotuneTrigger::kBadStartConfig;
     }
   }
 
@@ -255,7 +239,7 @@ class Autotuner::Impl {
                                       : "its watch having found it within the margin");
         }
         job.acting->phase = Phase::kPromoting;
-        tasks_.push_back(Task{TaskKind::kPromote, name, "", job.acting->decision_id, false, ""});
+        tasks_.push_back(Task{TaskKind::kPromote, name, {}, job.acting->decision_id, false, ""});
       } else if (job.acting && job.acting->canary == id && !Applied(*job.acting)) {
         // Nothing was pushed beyond the canary, and nothing more will be.
         if (AutotuneDecision* d = FindDecision(job, job.acting->decision_id)) {
@@ -308,7 +292,7 @@ class Autotuner::Impl {
           static_cast<double>(w.max_requested_bytes()) >
               (1.0 + options_.growth_margin) * static_cast<double>(job.decided_requested) &&
           w.total_events() - w.max_requested_at() >= options_.first_pass_min_events) {
-        Enqueue(it->second.job, job, "larger_request", false);
+        Enqueue(it->second.job, job, AutotuneTrigger::kLargerRequest, false);
       }
     } else if (job.window->steps_marked() > 0) {
       // The job marks its steps: decided on once it has marked enough, on
@@ -349,7 +333,7 @@ class Autotuner::Impl {
               std::max(allocated, StatOr(stats, kAllocatedPeakStat, 0)), now, notify);
       }
       if (retries > session.retries) {
-        Enqueue(session.job, job, "alloc_retry", false);
+        Enqueue(session.job, job, AutotuneTrigger::kAllocRetry, false);
       }
       // Reserved past what the config the job settled on needs: its steps
       // grew since the last decision.
@@ -357,7 +341,7 @@ class Autotuner::Impl {
       if (job.first_pass_done && job.settled_need > 0 &&
           static_cast<double>(reserved) > grown * static_cast<double>(job.settled_need) &&
           static_cast<double>(reserved) > grown * static_cast<double>(job.growth_reserved) &&
-          Enqueue(session.job, job, "growth", false)) {
+          Enqueue(session.job, job, AutotuneTrigger::kGrowth, false)) {
         job.growth_reserved = reserved;
       }
       session.retries = retries;
@@ -367,7 +351,7 @@ class Autotuner::Impl {
           session.fragmented_since = now;
         } else if (now - *session.fragmented_since >= options_.fragmentation_for) {
           session.fragmented_since.reset();
-          Enqueue(session.job, job, "fragmentation", false);
+          Enqueue(session.job, job, AutotuneTrigger::kFragmentation, false);
         }
       } else {
         session.fragmented_since.reset();
@@ -386,7 +370,7 @@ class Autotuner::Impl {
           "session %d ran out of memory under the pushed version %d", id, config_version));
       return;
     }
-    Enqueue(it->second.job, job, "oom", false);
+    Enqueue(it->second.job, job, AutotuneTrigger::kOom, false);
   }
 
   void Acked(SessionId id, uint64_t version, bool applied, const std::string& error) {
@@ -563,7 +547,7 @@ class Autotuner::Impl {
     // decided on, never a merge of several.
     SessionId recorded = 0;
     std::unique_ptr<JobWindow> window;
-    std::string first_trigger = "first_pass";
+    AutotuneTrigger first_trigger = AutotuneTrigger::kFirstPass;
     bool first_pass_done = false;
     size_t next_first_pass_check = 0;
     bool queued = false;  // a run is queued or running
@@ -628,7 +612,8 @@ class Autotuner::Impl {
   struct Task {
     TaskKind kind;
     JobKey job;
-    std::string trigger;  // kDecide (which records under Job::queued_id)
+    // kDecide (which records under Job::queued_id)
+    AutotuneTrigger trigger = AutotuneTrigger::kFirstPass;
     uint64_t decision_id = 0;  // kPromote, kRollBack, kReview
     bool first_pass = false;  // decide only once the window ends in steps
     std::string reason;       // kRollBack
@@ -645,11 +630,13 @@ class Autotuner::Impl {
     return PolicyOf(job).mode;
   }
 
-  std::string StateOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ModeOf(job) == AutotuneMode::kOff) return "off";
-    if (job.queued) return "deciding";
-    if (job.acting) return Applied(*job.acting) ? "applied" : "canary";
-    return "watching";
+  AutotuneJobState StateOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ModeOf(job) == AutotuneMode::kOff) return AutotuneJobState::kOff;
+    if (job.queued) return AutotuneJobState::kDeciding;
+    if (job.acting) {
+      return Applied(*job.acting) ? AutotuneJobState::kApplied : AutotuneJobState::kCanary;
+    }
+    return AutotuneJobState::kWatching;
   }
 
   // Why a proposal of `config` is not pushed, as a "; ..." clause of the
@@ -674,7 +661,9 @@ class Autotuner::Impl {
   // Step marks a marked job's first pass waits for: a job on a harmful
   // config is decided on after its first whole step.
   size_t FirstPassMarks(const Job& job) const {
-    return job.first_trigger == "bad_start_config" ? 2 : std::max<size_t>(2, options_.first_pass_steps);
+    return job.first_trigger == AutotuneTrigger::kBadStartConfig
+               ? 2
+               : std::max<size_t>(2, options_.first_pass_steps);
   }
 
   void StartRecording(Job& job, SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -753,10 +742,10 @@ class Autotuner::Impl {
       if (job.queued_id == 0) job.queued_id = next_decision_id_++;
       return job.queued_id;
     }
-    if (!Enqueue(key, job, "admin", false)) {
-      return absl::UnavailableError(absl::StrCat("job '", key.job, "' of tenant ", key.tenant,
-                                                 " is ", StateOf(job),
-                                                 ": try again once that is over"));
+    if (!Enqueue(key, job, AutotuneTrigger::kAdmin, false)) {
+      return absl::UnavailableError(
+          absl::StrCat("job '", key.job, "' of tenant ", key.tenant, " is ",
+                       AutotuneJobStateName(StateOf(job)), ": try again once that is over"));
     }
     return job.queued_id;
   }
@@ -764,10 +753,10 @@ class Autotuner::Impl {
   // Queues a run unless one is queued or running, the job is off or in a
   // canary, or (except for an admin's run and a job that grew) it ran
   // within the cooldown.
-  bool Enqueue(const JobKey& name, Job& job, const std::string& trigger, bool first_pass)
+  bool Enqueue(const JobKey& name, Job& job, AutotuneTrigger trigger, bool first_pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool admin = trigger == "admin";
-    const bool grew = trigger == "growth" || trigger == "larger_request";
+    const bool admin = trigger == AutotuneTrigger::kAdmin;
+    const bool grew = ForGrowth(trigger);
     if (job.queued || ModeOf(job) == AutotuneMode::kOff) return false;
     if (job.acting && job.acting->phase != Phase::kApplied) return false;
     if (!admin && !grew && Now() < job.cooldown_until) return false;
@@ -789,7 +778,7 @@ class Autotuner::Impl {
     job.acting->phase = Phase::kRollingBack;
     job.acting->rolled_back_on_requested =
         (why == RollBackFor::kWhatItRealised && job.window) ? job.window->max_requested_bytes() : 0;
-    tasks_.push_back(Task{TaskKind::kRollBack, name, "", job.acting->decision_id, false,
+    tasks_.push_back(Task{TaskKind::kRollBack, name, {}, job.acting->decision_id, false,
                           std::move(reason)});
   }
 
@@ -848,7 +837,7 @@ class Autotuner::Impl {
     }
     if (acting.phase == Phase::kCanaryWatching && now - acting.watch_since >= options_.canary_window) {
       acting.phase = Phase::kPromoting;
-      tasks_.push_back(Task{TaskKind::kPromote, name, "", acting.decision_id, false, ""});
+      tasks_.push_back(Task{TaskKind::kPromote, name, {}, acting.decision_id, false, ""});
     }
   }
 
@@ -1006,9 +995,9 @@ class Autotuner::Impl {
         // hurry any more.
         Job& job = jobs_[session.job];
         absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(session.config);
-        if (job.first_trigger == "bad_start_config" && parsed.ok() &&
+        if (job.first_trigger == AutotuneTrigger::kBadStartConfig && parsed.ok() &&
             !IsHarmfulStart(*parsed)) {
-          job.first_trigger = "first_pass";
+          job.first_trigger = AutotuneTrigger::kFirstPass;
         }
       }
       session.handed.reset();
@@ -1175,7 +1164,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     largest_peaked =
         window.total_events() - window.max_requested_at() >= options_.first_pass_min_events;
     max_requested = window.max_requested_bytes();
-    const bool cover = task.trigger == "larger_request" || task.trigger == "growth";
+    const bool cover = ForGrowth(task.trigger);
     if (std::optional<StateSwitch> at = DecisionState(
             window, cover ? window.largest_request_start() : window.total_events(),
             BaseDecideOptions().min_events)) {
@@ -1194,7 +1183,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   std::optional<std::optional<uint64_t>> step;
   // The prediction must cover the largest request: an aperiodic job's, and
   // whatever grew.
-  bool cover_largest = task.trigger == "larger_request" || task.trigger == "growth";
+  bool cover_largest = ForGrowth(task.trigger);
   bool aperiodic = false;
   if (task.first_pass && !marked && !full && skip_why.empty()) {
     // Without marks the first pass decides once the window ends in three
@@ -1293,24 +1282,24 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     rec.why = d.why;
     switch (d.result) {
       case Decision::Result::kSkip:
-        rec.result = "skipped";
+        rec.result = AutotuneResult::kSkipped;
         break;
       case Decision::Result::kKeep:
-        rec.result = "kept";
+        rec.result = AutotuneResult::kKept;
         break;
       case Decision::Result::kPropose:
         rec.to_config = d.to_config;
         rec.memory_fraction = d.to.memory_fraction;
         if (std::optional<std::string> why_not = NotProposedAgain(job, d.to_config, max_requested)) {
-          rec.result = "kept";
+          rec.result = AutotuneResult::kKept;
           absl::StrAppend(&rec.why, *why_not);
         } else if (ModeOf(job) != AutotuneMode::kApply) {
-          rec.result = "recommended";
+          rec.result = AutotuneResult::kRecommended;
         } else if (job.sessions.empty()) {
-          rec.result = "skipped";
+          rec.result = AutotuneResult::kSkipped;
           absl::StrAppend(&rec.why, "; the job has no session left to push to");
         } else {
-          rec.result = "pushed";
+          rec.result = AutotuneResult::kPushed;
           if (auto it = job.rolled_back.find(d.to_config); it != job.rolled_back.end()) {
             absl::StrAppend(&rec.why, absl::StrFormat(
                 "; rolled back before on requests of at most %s, pushed again now that the "
@@ -1336,21 +1325,23 @@ void Autotuner::Impl::RunDecision(const Task& task) {
         }
         break;
     }
-    if (rec.result != "pushed" && rec.result != "recommended") rec.to_config.clear();
+    if (rec.result != AutotuneResult::kPushed && rec.result != AutotuneResult::kRecommended) {
+      rec.to_config.clear();
+    }
     job.queued = false;
     job.queued_id = 0;
     job.first_pass_done = true;
     job.cooldown_until = Now() + options_.cooldown;
     job.decided_requested = std::max(job.decided_requested, max_requested);
-    if (rec.result != "skipped") {
+    if (rec.result != AutotuneResult::kSkipped) {
       // What the config the job runs from now on needs: the pushed one's
       // prediction, else staying's.
-      job.settled_need = rec.result == "pushed" ? d.predicted_peak_switched
+      job.settled_need = rec.result == AutotuneResult::kPushed ? d.predicted_peak_switched
                                                 : d.predicted_peak_current;
     }
     // A decision on the canary's stream that keeps the pushed config is the
     // newest prediction for it, once it covers more than the standing one.
-    if (rec.result == "kept" && job.acting && job.recorded == job.acting->canary &&
+    if (rec.result == AutotuneResult::kKept && job.acting && job.recorded == job.acting->canary &&
         rec.from_config == job.acting->pushed_config &&
         d.predicted_peak_requested > job.acting->standing.requested) {
       job.acting->standing = {d.predicted_peak_current, d.predicted_peak_allocated,
@@ -1370,8 +1361,8 @@ void Autotuner::Impl::RunDecision(const Task& task) {
   const std::string reason = absl::StrFormat(
       "autotune decision %d (%s): predicted peak %s instead of %s for steps that request at "
       "most %s (larger steps need more under both)",
-      rec.id, rec.trigger, GiB(rec.predicted_peak_switched), GiB(rec.predicted_peak_current),
-      GiB(rec.predicted_peak_requested));
+      rec.id, AutotuneTriggerName(rec.trigger), GiB(rec.predicted_peak_switched),
+      GiB(rec.predicted_peak_current), GiB(rec.predicted_peak_requested));
   absl::StatusOr<uint64_t> version = actions_->PushToSession(
       *canary, rec.to_config, reason, static_cast<uint64_t>(rec.predicted_peak_switched));
   std::vector<AutotuneDecision> notify;
@@ -1381,7 +1372,7 @@ void Autotuner::Impl::RunDecision(const Task& task) {
     AutotuneDecision* stored = FindDecision(job, rec.id);
     if (!job.acting || job.acting->decision_id != rec.id || stored == nullptr) return;
     if (!version.ok()) {
-      stored->result = "skipped";
+      stored->result = AutotuneResult::kSkipped;
       absl::StrAppend(&stored->why, "; the push to canary session ", *canary,
                       " failed: ", version.status().message());
       job.acting.reset();
@@ -1418,7 +1409,8 @@ void Autotuner::Impl::QueueReview(const JobKey& name, Job& job) {
   const auto [decision_id, pushed_at] = *job.review;
   job.review.reset();
   AutotuneDecision* d = FindDecision(job, decision_id);
-  if (d == nullptr || d->result != "pushed") return;  // rolled back: nothing to judge
+  // Rolled back: nothing to judge.
+  if (d == nullptr || d->result != AutotuneResult::kPushed) return;
   absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(d->from_config);
   if (!from.ok()) return;  // canonical: parses, as it did to be decided on
   // Nothing ran after the push: nothing to judge it on.
@@ -1430,7 +1422,7 @@ void Autotuner::Impl::QueueReview(const JobKey& name, Job& job) {
   }
   std::shared_ptr<ReviewInput> input = SwitchedAtPush(*job.window, pushed_at, *from);
   input->policy = PolicyOf(job);
-  Task task{TaskKind::kReview, name, "", decision_id, false, ""};
+  Task task{TaskKind::kReview, name, {}, decision_id, false, ""};
   task.review = std::move(input);
   tasks_.push_back(std::move(task));
 }
@@ -1488,7 +1480,7 @@ bool Autotuner::Impl::QueueJudge(const JobKey& name, Job& job, std::string reaso
   Acting& acting = *job.acting;
   acting.judged_from = acting.phase;
   acting.phase = Phase::kJudging;
-  Task task{TaskKind::kJudge, name, "", acting.decision_id, false, std::move(reason)};
+  Task task{TaskKind::kJudge, name, {}, acting.decision_id, false, std::move(reason)};
   task.review = std::move(input);
   tasks_.push_back(std::move(task));
   return true;
@@ -1533,7 +1525,7 @@ void Autotuner::Impl::MaybeRepredict(const JobKey& name, Job& job) {
   if (input == nullptr) return;
   acting.repredicting = true;
   acting.repredicted_on = acting.realized_requested;
-  Task task{TaskKind::kRepredict, name, "", acting.decision_id, false, ""};
+  Task task{TaskKind::kRepredict, name, {}, acting.decision_id, false, ""};
   task.review = std::move(input);
   tasks_.push_back(std::move(task));
 }
@@ -1644,7 +1636,7 @@ void Autotuner::Impl::Judge(const Task& task) {
       acting.phase = acting.judged_from;
       acting.judged_realized = realized;
       if (acting.phase == Phase::kPromoting) {
-        tasks_.push_back(Task{TaskKind::kPromote, task.job, "", acting.decision_id, false, ""});
+        tasks_.push_back(Task{TaskKind::kPromote, task.job, {}, acting.decision_id, false, ""});
       }
       if (d != nullptr) {
         absl::StrAppend(&d->why, "; ", task.reason, ", but ", *kept_because, ": kept");
@@ -1733,7 +1725,7 @@ void Autotuner::Impl::RollBack(const Task& task) {
     job.acting.reset();
     job.cooldown_until = Now() + options_.cooldown;
     if (AutotuneDecision* d = FindDecision(job, task.decision_id)) {
-      d->result = "rolled_back";
+      d->result = AutotuneResult::kRolledBack;
       absl::StrAppend(&d->why, "; rolled back: ", task.reason);
       if (!status.ok()) absl::StrAppend(&d->why, " (the rollback push failed: ", status.message(), ")");
       notify.push_back(*d);

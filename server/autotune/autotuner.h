@@ -45,70 +45,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "allocator/trace/trace.h"
-#include "proto/protocol.h"
 #include "server/autotune/autotune_memory.h"
+#include "server/autotune/autotune_types.h"
 #include "server/autotune/job_key.h"
 #include "server/session_id.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
-
-enum class AutotuneMode { kOff, kRecommend, kApply };
-// "off" | "recommend" | "apply"; InvalidArgument otherwise.
-absl::StatusOr<AutotuneMode> ParseAutotuneMode(absl::string_view name);
-const char* AutotuneModeName(AutotuneMode mode);
-
-// One allocator event as a client reports it. `id` names the allocation from
-// its alloc to its free_completed (managed mode: the engine's block handle;
-// advisor mode: the address, which can be reused after free_completed).
-// `stream`: the CUDA stream handle (order matters: PyTorch orders free
-// blocks by stream).
-struct EvidenceEvent {
-  TraceOp op;  // or kStepMark
-  uint64_t stream;
-  uint64_t id;
-  uint64_t size;  // bytes the program asked for
-};
-
-// EvidenceEvent::op of a step mark (EventBatch op kEventOpStep): the job
-// ended a step here. No TraceOp: a mark is no allocation and never reaches
-// a replay.
-inline constexpr TraceOp kStepMark = static_cast<TraceOp>(kEventOpStep);
-
-// A client allocator's memory at one point of its event stream
-// (v1::AllocatorState, sent at a step mark): its segments, and the blocks
-// in them the program holds, named by the ids its events use.
-struct AllocatorSnapshot {
-  struct Segment {
-    uint64_t address;
-    uint64_t size;
-    uint64_t stream;  // CUDA handle
-    bool is_small;
-    bool is_expandable;  // one mapped range of an expandable segment
-  };
-  struct Block {
-    uint64_t id;
-    uint64_t address;
-    uint64_t size;
-    uint64_t requested_size;
-    bool free_requested;  // freed, held for another stream
-  };
-  std::vector<Segment> segments;
-  std::vector<Block> blocks;
-};
-
-struct JobPolicy {
-  AutotuneMode mode = AutotuneMode::kRecommend;
-  // PYTORCH_CUDA_ALLOC_CONF keys the job set itself and the autotuner must
-  // never change (e.g. "expandable_segments"); candidates keep the job's
-  // value for them.
-  std::vector<std::string> pinned_keys;
-  // Only then may a memory fraction (hard cap) be proposed.
-  bool allow_memory_fraction = false;
-};
 
 struct AutotuneOptions {
   JobPolicy default_policy;                // for jobs without their own
@@ -197,81 +141,6 @@ struct AutotuneOptions {
   std::function<void(int)> on_replay;
 };
 
-struct AutotuneDecision {
-  uint64_t id = 0;  // increasing per daemon
-  absl::Time triggered_at;  // when the trigger queued the run
-  absl::Time at;            // when the decision was made
-  std::string job;
-  TenantId tenant;  // the job's: its label names it within this tenant only
-  // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config",
-  // "growth", "larger_request", "admin"
-  std::string trigger;
-  // "pushed", "recommended", "kept", "rolled_back", "skipped"
-  std::string result;
-  std::string from_config;  // canonical; what the job runs
-  std::string to_config;    // canonical; proposed ("" when kept/skipped)
-  std::optional<double> memory_fraction;  // only for jobs that allow it
-  // Predictions over the part of the window after the switch point: staying
-  // on from_config, and switching (live Reconfigure + empty cache) at the
-  // switch point.
-  int64_t predicted_peak_current = 0;
-  int64_t predicted_peak_switched = 0;
-  int64_t predicted_saving = 0;
-  int64_t predicted_peak_allocated = 0;  // the job's need over the same events
-  int64_t predicted_peak_requested = 0;  // the same in sizes as asked
-  // If the push were rolled back at the end of the window: the peak reserved
-  // over the window's events after the switch point repeated (the job's next
-  // steps as far as the window tells), with what the push made and still
-  // held at the rollback left reserved. Set with a proposal.
-  std::optional<int64_t> predicted_peak_rolled_back;
-  std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
-  std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
-  // A push's prediction for the steps the job really ran after it. A
-  // decision predicts the steps its window holds; a job whose later steps
-  // are larger (random batches, lengths, resolutions, a growing KV cache)
-  // needs more under every config, which is the job's doing, not the
-  // config's. realized_peak_requested: the most the canary's own stream held
-  // requested after the push (unset until it sends events after it).
-  // predicted_peak_at_need: the newest prediction for the pushed config
-  // (at_need_basis says which: empty for the push's own, else a replay of
-  // the pushed config on the events the canary ran after the push, or a
-  // later decision that kept it), scaled by how much more the job needed
-  // since than that prediction covered (at least 1x; on the canary's stream, else on
-  // PyTorch's allocated peak in its stats reports): what the autotuner says
-  // the pushed config reserves for the steps that came, and the prediction
-  // realized_peak is judged against.
-  std::optional<int64_t> realized_peak_requested;
-  std::optional<int64_t> predicted_peak_at_need;
-  std::string at_need_basis;
-  // A push's judgement (see AutotuneOptions::rollback_margin): staying's
-  // peak reserved replayed on the judged_events events the canary ran after
-  // the push, what a rollback then was predicted to leave the job at, and
-  // what keeping the push was predicted at on the same repeat.
-  std::optional<int64_t> staying_after_push;
-  std::optional<int64_t> rollback_after_push;
-  std::optional<int64_t> keeping_after_push;
-  uint64_t judged_events = 0;
-  // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
-  // ACK"): queueing, the replays, the push and the client's apply.
-  std::optional<absl::Duration> trigger_to_ack;
-  // A push's review, once the canary's session has ended or run half a
-  // window of events after the push: the least peak
-  // reserved that staying, or any config the autotuner could push, reaches
-  // on the events the canary ran after the push, switched to at the push
-  // from the state there (a replay of its window): the issue's "best config
-  // on those same steps", which realized_peak is judged against; over
-  // reviewed_events events. Unset when the push left the window or was
-  // rolled back.
-  std::optional<int64_t> best_reachable_peak;
-  uint64_t reviewed_events = 0;
-  uint64_t window_events = 0;
-  double replay_seconds = 0;  // wall time of the decision's replays
-  size_t candidates = 0;
-  std::vector<uint64_t> sessions;  // canary first
-  uint64_t version = 0;            // config version pushed (0: none)
-  std::string why;  // evidence and the gates that passed or failed, human-readable
-};
-
 // What the autotuner asks of the daemon; the daemon implements it over
 // DaemonCore's public calls. Calls may come from the autotuner's worker
 // threads; implementations are thread-safe and must not call back into the
@@ -316,7 +185,7 @@ struct AutotuneJobStatus {
   // runs no optimizer and is decided on as aperiodic.
   bool marks_steps = false;
   uint64_t steps_marked = 0;
-  std::string state;            // "watching", "deciding", "canary", "applied", "off"
+  AutotuneJobState state = AutotuneJobState::kWatching;
   std::optional<AutotuneDecision> last;
 };
 
