@@ -233,6 +233,24 @@ struct AutotuneDecision {
   std::string why;  // evidence and the gates that passed or failed, human-readable
 };
 
+// A job as the admin sees it (Autotuner::Status).
+struct AutotuneJobStatus {
+  std::string job;
+  TenantId tenant;
+  JobPolicy policy;
+  size_t sessions = 0;
+  uint64_t window_events = 0;
+  uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
+  uint64_t window_bytes = 0;    // daemon memory the window holds (~16 bytes an event)
+  // Whether the recorded session's client marks its optimizer steps, and
+  // the steps it marked in the window's stream: a client that marks none
+  // runs no optimizer and is decided on as aperiodic.
+  bool marks_steps = false;
+  uint64_t steps_marked = 0;
+  AutotuneJobState state = AutotuneJobState::kWatching;
+  std::optional<AutotuneDecision> last;
+};
+
 // `bytes` as a decision's `why` writes sizes ("1.50 GiB").
 std::string GiB(int64_t bytes);
 
