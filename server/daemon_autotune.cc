@@ -23,8 +23,8 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_unix_micros(absl::ToUnixMicros(d.at));
   out->set_job(d.job);
   out->set_tenant(d.tenant);
-  out->set_trigger(d.trigger);
-  out->set_result(d.result);
+  out->set_trigger(AutotuneTriggerName(d.trigger));
+  out->set_result(AutotuneResultName(d.result));
   out->set_from_config(d.from_config);
   out->set_to_config(d.to_config);
   if (d.memory_fraction) out->set_memory_fraction(*d.memory_fraction);
@@ -298,13 +298,13 @@ void DaemonAutotune::OnRun(const std::string& job) {
 void DaemonAutotune::Learn(const AutotuneDecision& d) {
   const JobKey key{.tenant = d.tenant, .job = d.job};
   bool kept = false;
-  if (d.result == "pushed" && d.version != 0) {
+  if (d.result == AutotuneResult::kPushed && d.version != 0) {
     absl::MutexLock lock(&mu_);
     auto set = job_versions_.find(key);
     kept = set != job_versions_.end() && set->second == d.version;
   }
   absl::Status saved;
-  if (d.result == "rolled_back") {
+  if (d.result == AutotuneResult::kRolledBack) {
     absl::StatusOr<bool> forgot = learned_->Forget(key, d.to_config);
     if (forgot.ok() && *forgot) {
       LogInfo(absl::StrCat("autotune: job \"", d.job, "\" forgets its learned config \"",
@@ -344,7 +344,7 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   bool changed;
   {
     absl::MutexLock lock(&mu_);
-    std::string& counted = counted_[d.id];
+    std::optional<AutotuneResult>& counted = counted_[d.id];
     changed = counted != d.result;
     counted = d.result;
     while (counted_.size() > kCountedDecisions) counted_.erase(counted_.begin());
@@ -356,7 +356,8 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   if (!changed) return;
   metrics_->AutotuneDecision(d.job, d.result);
   const std::string summary = absl::StrCat(
-      "decision ", d.id, " for tenant ", d.tenant, " (", d.trigger, "): ", d.result,
+      "decision ", d.id, " for tenant ", d.tenant, " (", AutotuneTriggerName(d.trigger),
+      "): ", AutotuneResultName(d.result),
       d.to_config.empty() ? ""
                           : absl::StrCat(" \"", d.to_config, "\", predicted peak ",
                                          FormatSize(d.predicted_peak_current), " -> ",
@@ -392,7 +393,7 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     job->set_dropped_events(s.dropped_events);
     job->set_marks_steps(s.marks_steps);
     job->set_steps_marked(s.steps_marked);
-    job->set_state(s.state);
+    job->set_state(AutotuneJobStateName(s.state));
     if (s.last) Fill(*s.last, job->mutable_last());
   }
   return r;

@@ -205,7 +205,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // never arrived shows as a gap.
   std::map<SessionId, uint64_t> next_sequence_ ABSL_GUARDED_BY(mu_);
   // Per decision id: the result last counted (metrics count changes).
-  std::map<uint64_t, std::string> counted_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::optional<AutotuneResult>> counted_ ABSL_GUARDED_BY(mu_);
   // Declared last: destroyed (workers joined) before what they use.
   std::unique_ptr<Autotuner> autotuner_;
 };

@@ -358,19 +358,17 @@ void Metrics::AutotuneRun(absl::string_view job) {
   autotune_runs_.Add({{"job", std::string(job)}}).Increment();
   // Every result's series exists from the job's first run, at 0, so that
   // increase() sees a job's first rollback (a series born at 1 shows none).
-  for (const char* result :
-       {"pushed", "recommended", "kept", "rolled_back", "skipped"}) {
-    autotune_decisions_.Add({{"job", std::string(job)}, {"result", result}});
+  for (const NamedValue<AutotuneResult>& result : kAutotuneResults) {
+    autotune_decisions_.Add({{"job", std::string(job)}, {"result", result.name}});
   }
   // Nothing predicted or saved until a decision says otherwise.
   autotune_predicted_saving_.Add({{"job", std::string(job)}});
   autotune_realized_saving_.Add({{"job", std::string(job)}});
 }
 
-void Metrics::AutotuneDecision(absl::string_view job,
-                               absl::string_view result) {
+void Metrics::AutotuneDecision(absl::string_view job, AutotuneResult result) {
   autotune_decisions_
-      .Add({{"job", std::string(job)}, {"result", std::string(result)}})
+      .Add({{"job", std::string(job)}, {"result", AutotuneResultName(result)}})
       .Increment();
 }
 

@@ -29,6 +29,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/autotune/autotune_types.h"
 
 namespace allocd {
 
@@ -75,12 +76,12 @@ class Metrics {
   void ConfigPrediction(absl::string_view job, uint64_t predicted_bytes);
   void ReclaimRequested();
   // The autotuner: a run for `job` started (its series exist from then on,
-  // at 0); one of its decisions reached
-  // `result` ("pushed", "recommended", "kept", "rolled_back", "skipped");
+  // at 0); one of its decisions reached `result` (labelled by its name in
+  // kAutotuneResults);
   // the saving it predicted for the job's newest proposal, and the saving
   // realised after a push (peak reserved bytes).
   void AutotuneRun(absl::string_view job);
-  void AutotuneDecision(absl::string_view job, absl::string_view result);
+  void AutotuneDecision(absl::string_view job, AutotuneResult result);
   void AutotunePredictedSaving(absl::string_view job, int64_t bytes);
   void AutotuneRealizedSaving(absl::string_view job, int64_t bytes);
   // The config file was read again: applied, or rejected (last good kept).

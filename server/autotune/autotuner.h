@@ -36,241 +36,20 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
-#include "absl/time/time.h"
-#include "allocator/trace/trace.h"
-#include "proto/protocol.h"
-#include "server/autotune/autotune_memory.h"
+#include "server/autotune/autotune_options.h"
+#include "server/autotune/autotune_types.h"
 #include "server/autotune/job_key.h"
 #include "server/session_id.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
-
-enum class AutotuneMode { kOff, kRecommend, kApply };
-// "off" | "recommend" | "apply"; InvalidArgument otherwise.
-absl::StatusOr<AutotuneMode> ParseAutotuneMode(absl::string_view name);
-const char* AutotuneModeName(AutotuneMode mode);
-
-// One allocator event as a client reports it. `id` names the allocation from
-// its alloc to its free_completed (managed mode: the engine's block handle;
-// advisor mode: the address, which can be reused after free_completed).
-// `stream`: the CUDA stream handle (order matters: PyTorch orders free
-// blocks by stream).
-struct EvidenceEvent {
-  TraceOp op;  // or kStepMark
-  uint64_t stream;
-  uint64_t id;
-  uint64_t size;  // bytes the program asked for
-};
-
-// EvidenceEvent::op of a step mark (EventBatch op kEventOpStep): the job
-// ended a step here. No TraceOp: a mark is no allocation and never reaches
-// a replay.
-inline constexpr TraceOp kStepMark = static_cast<TraceOp>(kEventOpStep);
-
-// A client allocator's memory at one point of its event stream
-// (v1::AllocatorState, sent at a step mark): its segments, and the blocks
-// in them the program holds, named by the ids its events use.
-struct AllocatorSnapshot {
-  struct Segment {
-    uint64_t address;
-    uint64_t size;
-    uint64_t stream;  // CUDA handle
-    bool is_small;
-    bool is_expandable;  // one mapped range of an expandable segment
-  };
-  struct Block {
-    uint64_t id;
-    uint64_t address;
-    uint64_t size;
-    uint64_t requested_size;
-    bool free_requested;  // freed, held for another stream
-  };
-  std::vector<Segment> segments;
-  std::vector<Block> blocks;
-};
-
-struct JobPolicy {
-  AutotuneMode mode = AutotuneMode::kRecommend;
-  // PYTORCH_CUDA_ALLOC_CONF keys the job set itself and the autotuner must
-  // never change (e.g. "expandable_segments"); candidates keep the job's
-  // value for them.
-  std::vector<std::string> pinned_keys;
-  // Only then may a memory fraction (hard cap) be proposed.
-  bool allow_memory_fraction = false;
-};
-
-struct AutotuneOptions {
-  JobPolicy default_policy;                // for jobs without their own
-  int threads = 1;                         // replay threads: --autotune-threads
-  int nice = 10;                           // niceness added to the worker threads
-  size_t window_events = size_t{1} << 20;  // per job: bounds daemon memory
-  // What all windows hold together (--autotune-memory) and one tenant's
-  // windows (--autotune-memory-per-tenant), with where a window trimmed or
-  // stopped to fit is told (AutotuneMemory).
-  AutotuneMemoryOptions memory;
-  double min_saving = 0.05;  // of the predicted peak reserved on the current config
-  uint64_t capacity = 0;     // device memory for replays (0: unlimited)
-  uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
-  double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
-  absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
-  // Watch the canary this long. A canary whose session ends first sets the
-  // push for the job (and so its next runs) when a judgement kept it, or
-  // its watch saw whole steps under it within the rollback margin.
-  absl::Duration canary_window = absl::Seconds(10);
-  // A push is judged when its realised peak reserved is above the predicted
-  // one by more than this and has lost at least half the predicted saving
-  // (it is nearer to what staying would cost than to the prediction: a push
-  // that kept most of its promise is not questioned for missing it by a
-  // little, as when the job got it later in a step than predicted). Both
-  // predictions are first scaled by how much more the job allocated than it
-  // did in the window (later steps of a job with dynamic shapes need more
-  // under any config: that is not the config's doing): measured on the
-  // canary's stream after the push where it has sent one, else on PyTorch's
-  // peak in its stats reports, which a job that resets it every step shows
-  // only in part.
-  //
-  // Judged on the canary's events after the push where the window holds
-  // them: a replay of staying on those same events says what not pushing
-  // would have cost, and the push is rolled back only when the job
-  // realised more than that, the pushed config replayed on those events
-  // accounts for what it realised (within this margin; else the peak came
-  // from events not recorded yet, and it is judged again once the canary
-  // has run twice as many events after the push), and a rollback (the
-  // segments made under the push stay reserved until their blocks are
-  // freed) is predicted to leave the job lower than keeping the push.
-  // Without those events (another session is recorded), it is rolled back
-  // on the prediction alone. Once judged and kept, it is judged again when
-  // its realised peak grows by this much more. A config rolled back on
-  // what the job realised is proposed again only once the job requests
-  // more than it had then by growth_margin (that judgement saw no larger
-  // request); one rolled back on a NACK or an OOM, never.
-  double rollback_margin = 0.10;
-  // A window whose clients lost at most this fraction of its events is
-  // replayed anyway: the window repairs what a few lost events break (frees
-  // of unseen ids left out, an id allocated again freed first), and an
-  // advisor, which reads PyTorch's history between rounds, loses a handful
-  // of events on any busy job. Above it, runs wait for the window to move
-  // past the gap.
-  double max_lost_fraction = 0.001;
-
-  // --- additions of the core (not in the first contract)
-  // The first pass runs once the window holds this many events and two
-  // repetitions of the job's step (or is full); no run decides on fewer.
-  size_t first_pass_min_events = 2000;
-  // Step marks a marked job's window holds at its first pass (see above).
-  size_t first_pass_steps = 3;
-  // Events after which a job with no step marks and no step found is
-  // decided on as aperiodic.
-  size_t aperiodic_after_events = size_t{1} << 16;
-  // How much larger a request, or reserved memory than the best config's
-  // need, must be to decide again (see above).
-  double growth_margin = 0.10;
-  // After a run for a job, triggers other than admin and OOM wait this long.
-  absl::Duration cooldown = absl::Minutes(5);
-  // Decisions kept per job for History().
-  size_t history_per_job = 64;
-  // Jobs with no session left whose state (decisions, first pass) is kept,
-  // the most recently ended: a flood of job labels cannot grow the daemon
-  // without bound. A job with a push or review still under way is dropped
-  // once it is through (a push applied for the job is through); a dropped
-  // job that comes back starts afresh (its learned config, kept by the
-  // daemon, still starts it).
-  size_t ended_jobs_kept = 256;
-  // Candidates a run replays at most, and the device-call gate (see
-  // decider.h).
-  size_t budget = 32;
-  double max_call_ratio = 2.0;
-  // The clock (tests inject one); empty: absl::Now.
-  std::function<absl::Time()> now;
-  // Called with +1 as a replay starts and -1 as it ends (metrics, tests).
-  std::function<void(int)> on_replay;
-};
-
-struct AutotuneDecision {
-  uint64_t id = 0;  // increasing per daemon
-  absl::Time triggered_at;  // when the trigger queued the run
-  absl::Time at;            // when the decision was made
-  std::string job;
-  TenantId tenant;  // the job's: its label names it within this tenant only
-  // "first_pass", "fragmentation", "alloc_retry", "oom", "bad_start_config",
-  // "growth", "larger_request", "admin"
-  std::string trigger;
-  // "pushed", "recommended", "kept", "rolled_back", "skipped"
-  std::string result;
-  std::string from_config;  // canonical; what the job runs
-  std::string to_config;    // canonical; proposed ("" when kept/skipped)
-  std::optional<double> memory_fraction;  // only for jobs that allow it
-  // Predictions over the part of the window after the switch point: staying
-  // on from_config, and switching (live Reconfigure + empty cache) at the
-  // switch point.
-  int64_t predicted_peak_current = 0;
-  int64_t predicted_peak_switched = 0;
-  int64_t predicted_saving = 0;
-  int64_t predicted_peak_allocated = 0;  // the job's need over the same events
-  int64_t predicted_peak_requested = 0;  // the same in sizes as asked
-  // If the push were rolled back at the end of the window: the peak reserved
-  // over the window's events after the switch point repeated (the job's next
-  // steps as far as the window tells), with what the push made and still
-  // held at the rollback left reserved. Set with a proposal.
-  std::optional<int64_t> predicted_peak_rolled_back;
-  std::optional<int64_t> realized_peak;    // peak reserved the sessions reported after the push
-  std::optional<int64_t> realized_saving;  // predicted_peak_current - realized_peak
-  // A push's prediction for the steps the job really ran after it. A
-  // decision predicts the steps its window holds; a job whose later steps
-  // are larger (random batches, lengths, resolutions, a growing KV cache)
-  // needs more under every config, which is the job's doing, not the
-  // config's. realized_peak_requested: the most the canary's own stream held
-  // requested after the push (unset until it sends events after it).
-  // predicted_peak_at_need: the newest prediction for the pushed config
-  // (at_need_basis says which: empty for the push's own, else a replay of
-  // the pushed config on the events the canary ran after the push, or a
-  // later decision that kept it), scaled by how much more the job needed
-  // since than that prediction covered (at least 1x; on the canary's stream, else on
-  // PyTorch's allocated peak in its stats reports): what the autotuner says
-  // the pushed config reserves for the steps that came, and the prediction
-  // realized_peak is judged against.
-  std::optional<int64_t> realized_peak_requested;
-  std::optional<int64_t> predicted_peak_at_need;
-  std::string at_need_basis;
-  // A push's judgement (see AutotuneOptions::rollback_margin): staying's
-  // peak reserved replayed on the judged_events events the canary ran after
-  // the push, what a rollback then was predicted to leave the job at, and
-  // what keeping the push was predicted at on the same repeat.
-  std::optional<int64_t> staying_after_push;
-  std::optional<int64_t> rollback_after_push;
-  std::optional<int64_t> keeping_after_push;
-  uint64_t judged_events = 0;
-  // Trigger to the canary's ACK of the pushed config (the issue's "trigger ->
-  // ACK"): queueing, the replays, the push and the client's apply.
-  std::optional<absl::Duration> trigger_to_ack;
-  // A push's review, once the canary's session has ended or run half a
-  // window of events after the push: the least peak
-  // reserved that staying, or any config the autotuner could push, reaches
-  // on the events the canary ran after the push, switched to at the push
-  // from the state there (a replay of its window): the issue's "best config
-  // on those same steps", which realized_peak is judged against; over
-  // reviewed_events events. Unset when the push left the window or was
-  // rolled back.
-  std::optional<int64_t> best_reachable_peak;
-  uint64_t reviewed_events = 0;
-  uint64_t window_events = 0;
-  double replay_seconds = 0;  // wall time of the decision's replays
-  size_t candidates = 0;
-  std::vector<uint64_t> sessions;  // canary first
-  uint64_t version = 0;            // config version pushed (0: none)
-  std::string why;  // evidence and the gates that passed or failed, human-readable
-};
 
 // What the autotuner asks of the daemon; the daemon implements it over
 // DaemonCore's public calls. Calls may come from the autotuner's worker
@@ -301,23 +80,6 @@ class AutotuneActions {
   // `job` of OnRun: the label (metrics keep the label only).
   virtual void OnRun(const std::string& job) = 0;
   virtual void OnDecision(const AutotuneDecision& decision) = 0;
-};
-
-struct AutotuneJobStatus {
-  std::string job;
-  TenantId tenant;
-  JobPolicy policy;
-  size_t sessions = 0;
-  uint64_t window_events = 0;
-  uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
-  uint64_t window_bytes = 0;    // daemon memory the window holds (~16 bytes an event)
-  // Whether the recorded session's client marks its optimizer steps, and
-  // the steps it marked in the window's stream: a client that marks none
-  // runs no optimizer and is decided on as aperiodic.
-  bool marks_steps = false;
-  uint64_t steps_marked = 0;
-  std::string state;            // "watching", "deciding", "canary", "applied", "off"
-  std::optional<AutotuneDecision> last;
 };
 
 class Autotuner {

@@ -44,7 +44,7 @@
 
 #include "allocator/config.h"
 #include "allocator/trace/trace.h"
-#include "server/autotune/autotuner.h"
+#include "server/autotune/autotune_types.h"
 #include "tuner/candidate.h"
 #include "tuner/evaluator.h"
 

@@ -31,7 +31,7 @@
 #include "allocator/trace/trace.h"
 #include "proto/protocol.h"
 #include "server/autotune/autotune_memory.h"
-#include "server/autotune/autotuner.h"
+#include "server/autotune/autotune_types.h"
 
 namespace allocd {
 

@@ -50,7 +50,7 @@ absl::StatusOr<RollbackPrediction> PredictRollback(
     const AllocatorConfig& pushed, const ReplayOptions& base,
     const std::function<void(int)>& on_replay = nullptr);
 
-// What a push's judgement concludes (Autotuner's Judge), from peaks reserved
+// What a push's judgement concludes (Canary::Judged), from peaks reserved
 // over the events the canary ran after the push: what the job realised,
 // staying on its old config replayed on them, and the pushed config
 // replayed on them from the push (`pushed_replayed`).

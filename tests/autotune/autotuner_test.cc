@@ -164,7 +164,7 @@ TEST(AutotunerTest, AConfigHandedAtRegistrationIsWhatADecisionStartsFrom) {
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].from_config, "expandable_segments:True");
-  EXPECT_EQ(history[0].trigger, "first_pass");
+  EXPECT_EQ(history[0].trigger, AutotuneTrigger::kFirstPass);
 }
 
 TEST(AutotunerTest, RecommendComputesButPushesNothing) {
@@ -176,8 +176,8 @@ TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
   const AutotuneDecision& d = history[0];
-  EXPECT_EQ(d.result, "recommended") << d.why;
-  EXPECT_EQ(d.trigger, "bad_start_config");
+  EXPECT_EQ(d.result, AutotuneResult::kRecommended) << d.why;
+  EXPECT_EQ(d.trigger, AutotuneTrigger::kBadStartConfig);
   EXPECT_EQ(d.from_config, "max_split_size_mb:64");
   EXPECT_FALSE(d.to_config.empty());
   EXPECT_LT(d.predicted_peak_switched, d.predicted_peak_current);
@@ -186,7 +186,7 @@ TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   EXPECT_EQ(actions.runs(), 1);
   const std::vector<AutotuneJobStatus> status = tuner.Status();
   ASSERT_EQ(status.size(), 1u);
-  EXPECT_EQ(status[0].state, "watching");
+  EXPECT_EQ(status[0].state, AutotuneJobState::kWatching);
   EXPECT_EQ(status[0].sessions, 1u);
   EXPECT_EQ(status[0].window_events, TrainingEvents());
   EXPECT_GT(status[0].window_bytes, 16 * status[0].window_events);
@@ -221,7 +221,7 @@ TEST(AutotunerTest, TheFirstPassWaitsForTwoSteps) {
   const size_t fed = FeedUntilDecided(tuner, "llama", 10000, /*lossy=*/false);
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
-  EXPECT_EQ(history[0].trigger, "first_pass");
+  EXPECT_EQ(history[0].trigger, AutotuneTrigger::kFirstPass);
   // llama_lora's step is 1/20 of the trace; two of them were needed.
   EXPECT_GE(history[0].window_events, trace.events.size() / 10);
   EXPECT_LT(fed, trace.events.size());
@@ -231,7 +231,7 @@ TEST(AutotunerTest, TheFirstPassWaitsForTwoSteps) {
   tuner.WaitIdle();
   for (const AutotuneDecision& d : tuner.History("llama", 10)) {
     if (d.id != history[0].id) {
-      EXPECT_EQ(d.trigger, "larger_request");
+      EXPECT_EQ(d.trigger, AutotuneTrigger::kLargerRequest);
     }
   }
 }
@@ -247,7 +247,7 @@ TEST(AutotunerTest, TheFirstPassFindsTheStepOfAStreamThatLostEvents) {
   const size_t fed = FeedUntilDecided(tuner, "llama", 9000, /*lossy=*/true);
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
-  EXPECT_EQ(history[0].result, "recommended") << history[0].why;
+  EXPECT_EQ(history[0].result, AutotuneResult::kRecommended) << history[0].why;
   EXPECT_LT(fed, LlamaLora().events.size() / 2);
 }
 
@@ -262,7 +262,7 @@ AutotuneDecision PushToCanary(Autotuner& tuner, FakeActions& actions,
   const std::vector<AutotuneDecision> history = tuner.History("llama", 1);
   EXPECT_EQ(history.size(), 1u);
   if (history.empty()) return {};
-  EXPECT_EQ(history[0].result, "pushed") << history[0].why;
+  EXPECT_EQ(history[0].result, AutotuneResult::kPushed) << history[0].why;
   const std::vector<FakeActions::Push> pushes = actions.pushes();
   EXPECT_EQ(pushes.size(), 1u);
   if (pushes.empty()) return {};
@@ -270,7 +270,7 @@ AutotuneDecision PushToCanary(Autotuner& tuner, FakeActions& actions,
   EXPECT_EQ(pushes[0].target, 1u);  // the oldest session
   EXPECT_EQ(pushes[0].config, history[0].to_config);
   EXPECT_EQ(history[0].version, pushes[0].version);
-  EXPECT_EQ(tuner.Status()[0].state, "canary");
+  EXPECT_EQ(tuner.Status()[0].state, AutotuneJobState::kCanary);
   return history[0];
 }
 
@@ -297,13 +297,13 @@ TEST(AutotunerTest, ApplyPushesToTheCanaryThenTheJob) {
   EXPECT_EQ(pushes[1].config, d.to_config);
   const AutotuneDecision after = tuner.History("llama", 1)[0];
   EXPECT_EQ(after.id, d.id);
-  EXPECT_EQ(after.result, "pushed");
+  EXPECT_EQ(after.result, AutotuneResult::kPushed);
   EXPECT_EQ(after.version, pushes[1].version);
   EXPECT_EQ(after.sessions, (std::vector<uint64_t>{1, 2}));
   ASSERT_TRUE(after.realized_peak.has_value());
   EXPECT_EQ(*after.realized_peak, realized);
   EXPECT_EQ(*after.realized_saving, d.predicted_peak_current - realized);
-  EXPECT_EQ(tuner.Status()[0].state, "applied");
+  EXPECT_EQ(tuner.Status()[0].state, AutotuneJobState::kApplied);
   // The rest of the job reports under the job's version: realised values
   // keep coming in.
   tuner.Stats(2, Reserved(realized + 5), pushes[1].version);
@@ -331,18 +331,18 @@ TEST(AutotunerTest, TwoTenantsOfOneLabelAreTwoJobs) {
   EXPECT_EQ(status[0].tenant, "uid:1001");
   EXPECT_EQ(status[0].sessions, 1u);
   EXPECT_EQ(status[0].window_events, 0u);
-  EXPECT_EQ(status[0].state, "watching");
+  EXPECT_EQ(status[0].state, AutotuneJobState::kWatching);
   EXPECT_FALSE(status[0].last.has_value());
   EXPECT_EQ(status[1].tenant, "uid:1002");
   EXPECT_EQ(status[1].sessions, 2u);
   EXPECT_GT(status[1].window_events, 0u);
-  EXPECT_EQ(status[1].state, "canary");
+  EXPECT_EQ(status[1].state, AutotuneJobState::kCanary);
 
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
   const AutotuneDecision d = history[0];
   EXPECT_EQ(d.tenant, "uid:1002");
-  EXPECT_EQ(d.result, "pushed") << d.why;
+  EXPECT_EQ(d.result, AutotuneResult::kPushed) << d.why;
   ASSERT_EQ(actions.pushes().size(), 1u);
   EXPECT_EQ(actions.pushes()[0].target, 2u);  // uid 1002's oldest session
 
@@ -363,9 +363,9 @@ TEST(AutotunerTest, TwoTenantsOfOneLabelAreTwoJobs) {
   // keeps no window, uid 1002's stays applied.
   tuner.SetPolicy({.tenant = "uid:1001", .job = "llama"}, {.mode = AutotuneMode::kOff});
   status = tuner.Status();
-  EXPECT_EQ(status[0].state, "off");
+  EXPECT_EQ(status[0].state, AutotuneJobState::kOff);
   EXPECT_EQ(status[0].policy.mode, AutotuneMode::kOff);
-  EXPECT_EQ(status[1].state, "applied");
+  EXPECT_EQ(status[1].state, AutotuneJobState::kApplied);
   EXPECT_EQ(status[1].policy.mode, AutotuneMode::kApply);
   // An admin's run of the label runs each tenant's job that is not off.
   EXPECT_EQ(tuner.RunNow("llama", "uid:1001").status().code(),
@@ -416,7 +416,7 @@ TEST(AutotunerTest, ANackRollsBackAndTheConfigIsNotProposedAgain) {
   EXPECT_EQ(pushes[1].target, 1u);
   EXPECT_EQ(*ParseAllocatorConfig(pushes[1].config), *ParseAllocatorConfig("max_split_size_mb:64"));
   const AutotuneDecision after = tuner.History("llama", 1)[0];
-  EXPECT_EQ(after.result, "rolled_back");
+  EXPECT_EQ(after.result, AutotuneResult::kRolledBack);
   EXPECT_NE(after.why.find("PyTorch rejected it"), std::string::npos) << after.why;
   // An admin's run finds the same best config, and keeps.
   absl::StatusOr<uint64_t> id = tuner.RunNow("llama");
@@ -424,8 +424,8 @@ TEST(AutotunerTest, ANackRollsBackAndTheConfigIsNotProposedAgain) {
   tuner.WaitIdle();
   const AutotuneDecision again = tuner.History("llama", 1)[0];
   EXPECT_EQ(again.id, *id);
-  EXPECT_EQ(again.trigger, "admin");
-  EXPECT_EQ(again.result, "kept") << again.why;
+  EXPECT_EQ(again.trigger, AutotuneTrigger::kAdmin);
+  EXPECT_EQ(again.result, AutotuneResult::kKept) << again.why;
   EXPECT_EQ(actions.pushes().size(), 2u);
 }
 
@@ -439,8 +439,8 @@ TEST(AutotunerTest, AnOomUnderThePushedVersionRollsBack) {
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "rollback");
-  EXPECT_EQ(tuner.History("llama", 1)[0].result, "rolled_back");
-  EXPECT_EQ(tuner.Status()[0].state, "watching");
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, AutotuneResult::kRolledBack);
+  EXPECT_EQ(tuner.Status()[0].state, AutotuneJobState::kWatching);
   // A push rolled back is not judged on what came after it.
   tuner.SessionEnded(1);
   tuner.WaitIdle();
@@ -459,7 +459,7 @@ TEST(AutotunerTest, ARealisedPeakWorseThanPredictedRollsBack) {
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "rollback");
   const AutotuneDecision after = tuner.History("llama", 1)[0];
-  EXPECT_EQ(after.result, "rolled_back");
+  EXPECT_EQ(after.result, AutotuneResult::kRolledBack);
   EXPECT_NE(after.why.find("realised peak"), std::string::npos) << after.why;
 }
 
@@ -481,7 +481,7 @@ TEST(AutotunerTest, APushThatKeptMostOfItsSavingIsNotRolledBack) {
               d.version);
   tuner.WaitIdle();
   EXPECT_EQ(actions.pushes().size(), 1u);
-  EXPECT_EQ(tuner.History("llama", 1)[0].result, "pushed");
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, AutotuneResult::kPushed);
 }
 
 TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
@@ -495,7 +495,7 @@ TEST(AutotunerTest, AJobThatAllocatesMoreLaterIsNotRolledBack) {
               d.version);
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 1u);
-  EXPECT_EQ(tuner.History("llama", 1)[0].result, "pushed");
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, AutotuneResult::kPushed);
   // The same job losing most of the saving on what it allocates is.
   tuner.Stats(1, Reserved(d.predicted_peak_current * 13 / 10 * 8 / 10,
                           d.predicted_peak_allocated * 13 / 10),
@@ -537,7 +537,7 @@ TEST(AutotunerTest, GrowthIsMeasuredOnTheCanarysStreamWhichNoJobResets) {
     tuner.Stats(1, Reserved(d.predicted_peak_current * 9 / 10, allocated_report), d.version);
     tuner.WaitIdle();
     const AutotuneDecision after = tuner.History("llama", 1)[0];
-    EXPECT_EQ(after.result, "pushed") << after.why;
+    EXPECT_EQ(after.result, AutotuneResult::kPushed) << after.why;
     EXPECT_EQ(after.staying_after_push.has_value(), !grew) << after.why;
   }
 }
@@ -613,7 +613,7 @@ TEST(AutotunerTest, AWatchedCanaryThatRequestsMoreIsPredictedAgainOnItsOwnEvents
             std::string::npos)
       << again.at_need_basis;
   EXPECT_GE(*again.predicted_peak_at_need, *again.realized_peak_requested);
-  EXPECT_EQ(again.result, "pushed");
+  EXPECT_EQ(again.result, AutotuneResult::kPushed);
 }
 
 TEST(AutotunerTest, ARestartedDaemonDoesNotPushTheConfigAgain) {
@@ -634,7 +634,7 @@ TEST(AutotunerTest, ARestartedDaemonDoesNotPushTheConfigAgain) {
   FeedAll(tuner, 7);
   const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
   ASSERT_EQ(history.size(), 1u);
-  EXPECT_EQ(history[0].result, "kept") << history[0].why;
+  EXPECT_EQ(history[0].result, AutotuneResult::kKept) << history[0].why;
   EXPECT_TRUE(actions.pushes().empty());
 }
 
@@ -687,7 +687,7 @@ TEST(AutotunerTest, TriggersAreDebouncedByTheCooldown) {
   }
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), 2);
-  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, "alloc_retry");
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kAllocRetry);
   // Fragmentation must last fragmentation_for.
   clock.Advance(absl::Minutes(6));
   const std::map<std::string, int64_t> fragmented = {
@@ -702,7 +702,7 @@ TEST(AutotunerTest, TriggersAreDebouncedByTheCooldown) {
   tuner.Stats(1, fragmented, 1);
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), 3);
-  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, "fragmentation");
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kFragmentation);
 }
 
 TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
@@ -712,7 +712,7 @@ TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
   tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
   FeedAll(tuner, 1);
   EXPECT_EQ(actions.runs(), 0);
-  EXPECT_EQ(tuner.Status()[0].state, "off");
+  EXPECT_EQ(tuner.Status()[0].state, AutotuneJobState::kOff);
   EXPECT_EQ(tuner.Status()[0].window_events, 0u);
   EXPECT_EQ(tuner.RunNow("llama").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tuner.RunNow("nobody").status().code(), absl::StatusCode::kNotFound);
@@ -736,7 +736,7 @@ TEST(AutotunerTest, AnAdminRunOnATooSmallWindowIsSkipped) {
   const std::vector<AutotuneDecision> history = tuner.History("small", 5);
   ASSERT_EQ(history.size(), 1u);
   EXPECT_EQ(history[0].id, *id);
-  EXPECT_EQ(history[0].result, "skipped");
+  EXPECT_EQ(history[0].result, AutotuneResult::kSkipped);
   EXPECT_NE(history[0].why.find("fewer than"), std::string::npos) << history[0].why;
 }
 
@@ -753,7 +753,7 @@ TEST(AutotunerTest, AGapInTheWindowSkipsTheRun) {
   ASSERT_TRUE(tuner.RunNow("gappy").ok());
   tuner.WaitIdle();
   const AutotuneDecision d = tuner.History("gappy", 1)[0];
-  EXPECT_EQ(d.result, "skipped");
+  EXPECT_EQ(d.result, AutotuneResult::kSkipped);
   EXPECT_NE(d.why.find("dropped"), std::string::npos) << d.why;
   EXPECT_TRUE(actions.pushes().empty());
 }
@@ -853,8 +853,8 @@ TEST(AutotunerTest, AJobThatMarksItsStepsIsDecidedOnWithinThreeSteps) {
   TrainingJob job(tuner, 1, /*marks=*/true);
   EXPECT_EQ(StepsUntilDecided(tuner, job, "marked", 10), 3);
   const AutotuneDecision d = tuner.History("marked", 1)[0];
-  EXPECT_EQ(d.trigger, "first_pass");
-  EXPECT_NE(d.result, "skipped") << d.why;
+  EXPECT_EQ(d.trigger, AutotuneTrigger::kFirstPass);
+  EXPECT_NE(d.result, AutotuneResult::kSkipped) << d.why;
   EXPECT_NE(d.why.find("the job marked 3 steps"), std::string::npos) << d.why;
   EXPECT_NE(d.why.find("2 whole steps the job marked"), std::string::npos) << d.why;
 }
@@ -903,7 +903,7 @@ TEST(AutotunerTest, AHarmfulStartConfigIsDecidedOnAfterTheFirstWholeStep) {
   TrainingJob job(tuner, 1, /*marks=*/true);
   EXPECT_EQ(StepsUntilDecided(tuner, job, "harmful", 10), 2);
   const AutotuneDecision d = tuner.History("harmful", 1)[0];
-  EXPECT_EQ(d.trigger, "bad_start_config");
+  EXPECT_EQ(d.trigger, AutotuneTrigger::kBadStartConfig);
   EXPECT_NE(d.why.find("1 whole steps the job marked"), std::string::npos) << d.why;
 }
 
@@ -991,7 +991,7 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
   }
   const std::vector<AutotuneDecision> first = tuner.History("generate", 10);
   ASSERT_EQ(first.size(), 1u) << "no decision after " << requests << " requests";
-  EXPECT_EQ(first[0].trigger, "first_pass");
+  EXPECT_EQ(first[0].trigger, AutotuneTrigger::kFirstPass);
   EXPECT_GE(first[0].window_events, 4000u);
   EXPECT_NE(first[0].why.find("aperiodic"), std::string::npos) << first[0].why;
   EXPECT_NE(first[0].why.find("the job's largest request so far"), std::string::npos)
@@ -1009,7 +1009,7 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
   tuner.WaitIdle();
   const std::vector<AutotuneDecision> again = tuner.History("generate", 10);
   ASSERT_EQ(again.size(), 2u);
-  EXPECT_EQ(again[0].trigger, "larger_request");
+  EXPECT_EQ(again[0].trigger, AutotuneTrigger::kLargerRequest);
   EXPECT_GE(again[0].predicted_peak_requested, int64_t{10} * 100 * kMiB + 8 * 304 * kMiB)
       << again[0].why;
 }
@@ -1084,7 +1084,7 @@ TEST(AutotunerTest, WhatAStatesBlocksHoldOutsideTheStreamCountsInTheJobsNeed) {
   }
   const std::vector<AutotuneDecision> d = tuner.History("generate", 1);
   ASSERT_EQ(d.size(), 1u);
-  ASSERT_EQ(d[0].result, "pushed") << d[0].why;
+  ASSERT_EQ(d[0].result, AutotuneResult::kPushed) << d[0].why;
   EXPECT_NE(d[0].why.find("(1 segments, 1 blocks held)"), std::string::npos) << d[0].why;
   EXPECT_GE(d[0].predicted_peak_requested, int64_t{500} * kMiB + 10 * 100 * kMiB);
   tuner.Acked(1, d[0].version, true, "");
@@ -1138,7 +1138,7 @@ TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne)
   Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
   std::optional<GenerationJob> job;
   const AutotuneDecision d = PushToGeneration(tuner, actions, job);
-  ASSERT_EQ(d.result, "pushed") << d.why;
+  ASSERT_EQ(d.result, AutotuneResult::kPushed) << d.why;
   tuner.Acked(1, d.version, true, "");
   // Far above what staying was predicted to cost, before any event after
   // the push: rolled back on the prediction alone.
@@ -1146,13 +1146,13 @@ TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne)
   tuner.WaitIdle();
   ASSERT_EQ(actions.pushes().size(), 2u);
   EXPECT_EQ(actions.pushes()[1].kind, "rollback");
-  ASSERT_EQ(tuner.History("generate", 1)[0].result, "rolled_back");
+  ASSERT_EQ(tuner.History("generate", 1)[0].result, AutotuneResult::kRolledBack);
 
   // On the same requests an admin's run finds it again, and keeps.
   ASSERT_TRUE(tuner.RunNow("generate").ok());
   tuner.WaitIdle();
   const AutotuneDecision same = tuner.History("generate", 1)[0];
-  EXPECT_EQ(same.result, "kept") << same.why;
+  EXPECT_EQ(same.result, AutotuneResult::kKept) << same.why;
   EXPECT_NE(same.why.find("pushed again only once the job requests more than"),
             std::string::npos) << same.why;
   EXPECT_EQ(actions.pushes().size(), 2u);
@@ -1162,8 +1162,8 @@ TEST(AutotunerTest, AConfigRolledBackOnSmallerRequestsIsPushedAgainOnALargerOne)
   job->Request(1);
   tuner.WaitIdle();
   const AutotuneDecision larger = tuner.History("generate", 1)[0];
-  EXPECT_EQ(larger.trigger, "larger_request");
-  EXPECT_EQ(larger.result, "pushed") << larger.why;
+  EXPECT_EQ(larger.trigger, AutotuneTrigger::kLargerRequest);
+  EXPECT_EQ(larger.result, AutotuneResult::kPushed) << larger.why;
   EXPECT_EQ(larger.to_config, d.to_config);
   EXPECT_NE(larger.why.find("pushed again now that the job requests"), std::string::npos)
       << larger.why;
@@ -1181,13 +1181,13 @@ TEST(AutotunerTest, ADecisionThatKeepsThePushedConfigStandsForItsPrediction) {
   Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kApply), &actions);
   std::optional<GenerationJob> job;
   const AutotuneDecision d = PushToGeneration(tuner, actions, job);
-  ASSERT_EQ(d.result, "pushed") << d.why;
+  ASSERT_EQ(d.result, AutotuneResult::kPushed) << d.why;
   tuner.Acked(1, d.version, true, "");
   tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
   clock.Advance(absl::Seconds(11));
   tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
   tuner.WaitIdle();
-  ASSERT_EQ(tuner.Status()[0].state, "applied");
+  ASSERT_EQ(tuner.Status()[0].state, AutotuneJobState::kApplied);
 
   job->Request(8);
   job->Request(1);
@@ -1195,8 +1195,8 @@ TEST(AutotunerTest, ADecisionThatKeepsThePushedConfigStandsForItsPrediction) {
   const std::vector<AutotuneDecision> history = tuner.History("generate", 10);
   ASSERT_EQ(history.size(), 2u);
   const AutotuneDecision& kept = history[0];
-  ASSERT_EQ(kept.trigger, "larger_request");
-  ASSERT_EQ(kept.result, "kept") << kept.why;
+  ASSERT_EQ(kept.trigger, AutotuneTrigger::kLargerRequest);
+  ASSERT_EQ(kept.result, AutotuneResult::kKept) << kept.why;
   const AutotuneDecision& pushed = history[1];
   ASSERT_EQ(pushed.id, d.id);
   EXPECT_EQ(pushed.at_need_basis, absl::StrFormat("decision %d, which kept it", kept.id));
@@ -1229,7 +1229,7 @@ TEST(AutotunerTest, ReservedGrowingPastTheBestConfigsNeedDecidesAgainAtOnce) {
   tuner.Stats(1, Reserved(need * 13 / 10), 1);
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), 2);
-  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, "growth");
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kGrowth);
   tuner.Stats(1, Reserved(need * 13 / 10), 1);
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), 2);
@@ -1259,7 +1259,7 @@ TEST(AutotunerTest, APushBetterThanStayingOnTheSameEventsIsKeptThoughAbovePredic
   tuner.WaitIdle();
   EXPECT_EQ(actions.pushes().size(), 1u);
   const AutotuneDecision after = tuner.History("llama", 1)[0];
-  EXPECT_EQ(after.result, "pushed") << after.why;
+  EXPECT_EQ(after.result, AutotuneResult::kPushed) << after.why;
   ASSERT_TRUE(after.staying_after_push.has_value()) << after.why;
   EXPECT_GT(*after.staying_after_push, realized);
   EXPECT_GT(after.judged_events, 0u);
@@ -1368,7 +1368,7 @@ TEST(AutotunerTest, AnEndedJobWhosePushWasAppliedIsDroppedLikeAnyOther) {
   EXPECT_EQ(actions.pushes()[1].kind, "job");
   for (const AutotuneJobStatus& s : tuner.Status()) {
     if (s.job == "llama") {
-      EXPECT_EQ(s.state, "applied");
+      EXPECT_EQ(s.state, AutotuneJobState::kApplied);
     }
   }
   EXPECT_TRUE(JobNames(tuner).contains("llama"));
@@ -1459,7 +1459,7 @@ TEST(AutotunerTest, ARollbackThatWouldLeaveTheJobWorseIsNotMade) {
   tuner.WaitIdle();
   EXPECT_EQ(actions.pushes().size(), 1u);
   const AutotuneDecision after = tuner.History("llama", 1)[0];
-  EXPECT_EQ(after.result, "pushed") << after.why;
+  EXPECT_EQ(after.result, AutotuneResult::kPushed) << after.why;
   ASSERT_TRUE(after.staying_after_push.has_value()) << after.why;
   EXPECT_LT(*after.staying_after_push, realized);
   ASSERT_TRUE(after.rollback_after_push.has_value());

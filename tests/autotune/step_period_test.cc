@@ -43,7 +43,7 @@ absl::StatusOr<Trace> MultiScaleResNet() {
                           "/tests/autotune/data/resnet50_multiscale.pickle.gz");
 }
 
-// How far the daemon lets the stream shift (autotuner.cc's kStepShift).
+// How far the daemon lets the stream shift (decision_inputs.cc's kStepShift).
 constexpr size_t kShift = 32;
 
 TEST(StepPeriodTest, FindsTheStepNotTheLayer) {

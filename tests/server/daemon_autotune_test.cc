@@ -106,8 +106,8 @@ struct TestDaemon {
     return {.id = 7,
             .job = job,
             .tenant = "uid:1001",
-            .trigger = "bad_start_config",
-            .result = "pushed",
+            .trigger = AutotuneTrigger::kBadStartConfig,
+            .result = AutotuneResult::kPushed,
             .from_config = "max_split_size_mb:64",
             .to_config = kLearned,
             .predicted_peak_current = 20LL << 30,
@@ -196,12 +196,12 @@ TEST(DaemonAutotuneLearnedTest, ARollbackOfTheLearnedConfigForgetsIt) {
   AutotuneDecision other = TestDaemon::Pushed(handed.id, "llama");
   other.id = 1;
   other.to_config = "max_split_size_mb:512";
-  other.result = "rolled_back";
+  other.result = AutotuneResult::kRolledBack;
   daemon.autotune.OnDecision(other);
   EXPECT_TRUE(learned.Find({"uid:1001", "llama"}).has_value());
   AutotuneDecision undone = TestDaemon::Pushed(handed.id, "llama");
   undone.id = 2;
-  undone.result = "rolled_back";
+  undone.result = AutotuneResult::kRolledBack;
   daemon.autotune.OnDecision(undone);
   EXPECT_FALSE(learned.Find({"uid:1001", "llama"}).has_value());
   EXPECT_TRUE(daemon.Register(1001, "llama").pushed.empty());

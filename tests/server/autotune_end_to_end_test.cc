@@ -62,7 +62,7 @@ constexpr int kSlowdown = 1;
 // `seconds` of a job's --duration, as the build runs.
 std::string JobSeconds(int seconds) { return std::to_string(seconds * kSlowdown); }
 
-class AutotuneDaemonTest : public ::testing::Test {
+class AutotuneEndToEndTest : public ::testing::Test {
  protected:
   void SetUp() override {
     socket_ = dir_.path() + "/allocd.sock";
@@ -161,7 +161,7 @@ class AutotuneDaemonTest : public ::testing::Test {
   std::unique_ptr<v1::Admin::Stub> admin_;
 };
 
-TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops) {
+TEST_F(AutotuneEndToEndTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops) {
   StartDaemon("apply");
   std::unique_ptr<Child> job =
       Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(40)});
@@ -207,7 +207,7 @@ TEST_F(AutotuneDaemonTest, ApplyPushesABetterConfigAndTheJobsReservedMemoryDrops
 
 // At the job's own event rate (--speed 1: each event at its recorded time)
 // the client sends every event it records, and the loop decides on them.
-TEST_F(AutotuneDaemonTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDecides) {
+TEST_F(AutotuneEndToEndTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDecides) {
   StartDaemon("apply");
   const int seconds = 30 * kSlowdown;
   std::unique_ptr<Child> job =
@@ -230,7 +230,7 @@ TEST_F(AutotuneDaemonTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDecide
   EXPECT_EQ(out["config"], d->to_config());
 }
 
-TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
+TEST_F(AutotuneEndToEndTest, RecommendPushesNothingAndShowsTheRecommendation) {
   StartDaemon("recommend");
   std::unique_ptr<Child> job =
       Replay("llama", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(12)});
@@ -264,7 +264,7 @@ TEST_F(AutotuneDaemonTest, RecommendPushesNothingAndShowsTheRecommendation) {
   EXPECT_EQ(status["mode"], "recommend");
 }
 
-TEST_F(AutotuneDaemonTest, PinnedKeysAreNeverChanged) {
+TEST_F(AutotuneEndToEndTest, PinnedKeysAreNeverChanged) {
   StartDaemon("apply");
   std::unique_ptr<Child> job =
       Replay("pinned", {"--config", "max_split_size_mb:64", "--duration", JobSeconds(15),
@@ -282,7 +282,7 @@ TEST_F(AutotuneDaemonTest, PinnedKeysAreNeverChanged) {
             nlohmann::json::array({"expandable_segments"}));
 }
 
-TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
+TEST_F(AutotuneEndToEndTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
   StartDaemon("apply");
   absl::StatusOr<Trace> trace = ReadSnapshotFile(kTrace);
   ASSERT_TRUE(trace.ok()) << trace.status();
@@ -366,7 +366,7 @@ TEST_F(AutotuneDaemonTest, AnOomAfterAnAutotunePushRollsTheCanaryBack) {
 // learned, kept in the state directory, and a second daemon on that
 // directory hands it to the job's next run at registration, before its
 // first allocation, where the run applies it at its first safe point.
-TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonStartsWithIt) {
+TEST_F(AutotuneEndToEndTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonStartsWithIt) {
   const std::string state_dir = dir_.path() + "/state";
   StartDaemon("apply", {"--state-dir", state_dir});
   // Runs until the push was kept (canary watch, judgement, promotion).
@@ -500,7 +500,7 @@ TEST_F(AutotuneDaemonTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonSta
 // nothing twice: the job's config is adopted as what it runs, the new
 // daemon decides from it, and the only push after the restart is a new
 // decision's, to another config.
-TEST_F(AutotuneDaemonTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
+TEST_F(AutotuneEndToEndTest, ADaemonRestartMidDecisionLosesNoJobAndPushesNothingTwice) {
   const std::vector<std::string> window = {"--autotune-window-events", "524288"};
   StartDaemon("apply", window);
   std::unique_ptr<Child> job =

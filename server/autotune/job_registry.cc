@@ -1,0 +1,179 @@
+#include "server/autotune/job_registry.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+
+namespace allocd {
+
+JobRegistry::JobRegistry(const AutotuneOptions& options)
+    : options_(options),
+      default_policy_(options_.default_policy),
+      memory_(options_.memory) {}
+
+AutotuneSession* JobRegistry::FindSession(SessionId id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+const AutotuneSession* JobRegistry::FindSession(SessionId id) const {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+JobPolicy JobRegistry::PolicyOf(const AutotuneJob& job) const {
+  return job.policy.value_or(default_policy_);
+}
+
+AutotuneJobState JobRegistry::StateOf(const AutotuneJob& job) const {
+  if (ModeOf(job) == AutotuneMode::kOff) return AutotuneJobState::kOff;
+  if (job.queued) return AutotuneJobState::kDeciding;
+  if (job.acting) {
+    return job.acting->Applied() ? AutotuneJobState::kApplied : AutotuneJobState::kCanary;
+  }
+  return AutotuneJobState::kWatching;
+}
+
+AutotuneJob* JobRegistry::AddSession(SessionId id, const JobKey& key, const std::string& config,
+                                     uint64_t config_version, bool marks_steps) {
+  if (AutotuneSession* known = FindSession(id)) {
+    // Declared again: only what it runs can have changed.
+    known->config = config;
+    known->config_version = config_version;
+    return nullptr;
+  }
+  AutotuneJob& job = jobs_[key];
+  AutotuneSession& session = sessions_[id] =
+      AutotuneSession{key, next_order_++, config, config_version};
+  session.marks_steps = marks_steps;
+  job.sessions.push_back(id);
+  if (job.recorded == 0) StartRecording(job, id);
+  return &job;
+}
+
+JobKey JobRegistry::RemoveSession(SessionId id) {
+  auto it = sessions_.find(id);
+  const JobKey key = it->second.job;
+  sessions_.erase(it);
+  std::erase(jobs_[key].sessions, id);
+  return key;
+}
+
+void JobRegistry::StartRecording(AutotuneJob& job, SessionId id) {
+  job.recorded = id;
+  job.window.reset();
+  const AutotuneSession& session = sessions_.at(id);
+  if (ModeOf(job) != AutotuneMode::kOff) {
+    job.window = std::make_unique<JobWindow>(options_.window_events,
+                                             memory_.Open(session.job.tenant, session.job.job));
+  }
+  // A job whose client marks steps and has marked none is aperiodic only
+  // after aperiodic_after_events: no probe of its stream before then.
+  job.next_first_pass_check =
+      std::min(session.marks_steps ? options_.aperiodic_after_events
+                                   : options_.first_pass_min_events,
+               options_.window_events);
+}
+
+// `off` keeps no window; leaving it starts one on the recorded session.
+void JobRegistry::ApplyMode(AutotuneJob& job) {
+  if (ModeOf(job) == AutotuneMode::kOff) {
+    job.window.reset();
+  } else if (job.window == nullptr && job.recorded != 0) {
+    StartRecording(job, job.recorded);
+  }
+}
+
+void JobRegistry::SetPolicy(const JobKey& key, JobPolicy policy) {
+  if (key.job.empty()) {
+    default_policy_ = std::move(policy);
+    for (auto& [name, job] : jobs_) ApplyMode(job);
+    return;
+  }
+  AutotuneJob& job = jobs_[key];
+  job.policy = std::move(policy);
+  ApplyMode(job);
+}
+
+void JobRegistry::Ended(const JobKey& ended, const AutotuneTaskQueue& tasks) {
+  ended_jobs_.push_back(ended);
+  while (ended_jobs_.size() > options_.ended_jobs_kept) {
+    const JobKey key = std::move(ended_jobs_.front());
+    ended_jobs_.pop_front();
+    auto it = jobs_.find(key);
+    // Gone, live again, or ended again later (dropped from there).
+    if (it == jobs_.end() || !it->second.sessions.empty() ||
+        std::find(ended_jobs_.begin(), ended_jobs_.end(), key) != ended_jobs_.end()) {
+      continue;
+    }
+    const AutotuneJob& job = it->second;
+    // A push still watched, being promoted or rolled back, or a task
+    // still to run for it, is seen through first: the job is looked at
+    // again when the next one ends. One whose push was applied is history
+    // like any other (its learned config, kept by the daemon, stays).
+    if ((job.acting && !job.acting->Applied()) || job.review || job.queued ||
+        tasks.HasTaskFor(key)) {
+      ended_jobs_.push_back(key);
+      return;
+    }
+    // Its policy goes too: the daemon sets it again when a session of
+    // the job registers.
+    jobs_.erase(it);
+  }
+}
+
+std::vector<std::pair<JobKey, AutotuneJob*>> JobRegistry::LiveJobs(const std::string& label,
+                                                                   const TenantId& tenant) {
+  std::vector<std::pair<JobKey, AutotuneJob*>> out;
+  for (auto& [key, job] : jobs_) {
+    if (key.job == label && (tenant.empty() || key.tenant == tenant) && !job.sessions.empty()) {
+      out.emplace_back(key, &job);
+    }
+  }
+  return out;
+}
+
+std::vector<AutotuneJobStatus> JobRegistry::Status() const {
+  std::vector<AutotuneJobStatus> out;
+  for (const auto& [name, job] : jobs_) {
+    AutotuneJobStatus s;
+    s.job = name.job;
+    s.tenant = name.tenant;
+    s.policy = PolicyOf(job);
+    s.sessions = job.sessions.size();
+    if (job.window) {
+      s.window_events = job.window->size();
+      s.dropped_events = job.window->dropped_events();
+      s.window_bytes = job.window->MemoryBytes();
+      s.steps_marked = job.window->steps_marked();
+    }
+    if (const AutotuneSession* recorded = FindSession(job.recorded)) {
+      s.marks_steps = recorded->marks_steps;
+    }
+    s.state = StateOf(job);
+    if (!job.history.empty()) s.last = job.history.back();
+    out.push_back(std::move(s));
+  }
+  // jobs_ is ordered by tenant: by label, then tenant.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const AutotuneJobStatus& a, const AutotuneJobStatus& b) {
+                     return a.job < b.job;
+                   });
+  return out;
+}
+
+std::vector<AutotuneDecision> JobRegistry::History(const std::string& label,
+                                                   size_t limit) const {
+  std::vector<AutotuneDecision> out;
+  for (const auto& [name, job] : jobs_) {
+    if (!label.empty() && name.job != label) continue;
+    out.insert(out.end(), job.history.begin(), job.history.end());
+  }
+  std::sort(out.begin(), out.end(),
+            [](const AutotuneDecision& a, const AutotuneDecision& b) { return a.id > b.id; });
+  if (out.size() > limit) out.resize(limit);
+  return out;
+}
+
+}  // namespace allocd
