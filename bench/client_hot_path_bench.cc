@@ -1,0 +1,386 @@
+// The client's hot path on the CPU: what allocd adds to an allocation in
+// transparent mode, measured against a bare loop, so that a regression
+// shows without a GPU.
+//
+//   build/release/bench/client_hot_path_bench   # about 15 s
+//
+// Every benchmark counts allocations (an alloc and its free) per second
+// (items_per_second) and its `x_bare` counter is its time per allocation in
+// bare loops' (BM_BareLoop = 1). The recorder's run twice, with
+// absl::Mutex's deadlock detection as a process has it (`deadlock:1`: on in
+// an absl built without NDEBUG, as Debian's is, and so in every allocd
+// process linked against it; each lock then looks itself up in a
+// process-wide lock graph) and off (`deadlock:0`,
+// SetMutexDeadlockDetectionMode(kIgnore)):
+// - BM_BareLoop: the bookkeeping-free work, the events' fields (op, stream,
+//   id, size) of an alloc and its free made and dropped.
+// - BM_Record_*: the same events through the EventRecorder (Record of
+//   alloc, free_requested and free_completed, as the tracker records
+//   PyTorch's history), 64 Ki events of capacity (the client's default):
+//   InlineTake takes at the half-full cue on the recording thread (the lock
+//   never contended); TelemetryTake takes on another thread woken by the
+//   cue or every 100 ms, as TelemetryStream does (`dropped_pct`: events the
+//   taker was too late for, on a busy machine); Full never takes, so every
+//   event is dropped and counted (the daemon away).
+// - BM_Segment: the interposer's cudaMalloc / cudaFree below the CUDA
+//   driver: DaemonBackend::AllocateSegment and FreeSegment
+//   (one Acquire of daemon chunks, their mapping, one Release) with the
+//   sim mapper (mmap of memfd chunks) over a daemon in this process (sim
+//   backend) on a Unix socket, through the real gRPC and SCM_RIGHTS path.
+//   Each iteration takes 8 segments of `bytes` then frees them, as PyTorch
+//   fills its cache and empties it; `read_ahead:1` keeps grants read ahead
+//   for 200 ms (GrantReadAhead, the interposer's default), `read_ahead:0`
+//   asks the daemon for each. Deadlock detection as a process has it: it
+//   cannot be switched once the daemon's threads run.
+//
+// What needs the CUDA driver is not here: the interposer itself
+// (client/interpose/allocd_interpose.cc, a shared library built only with
+// the toolkit, which finds cudaGetDevice and the runtime's own functions
+// with dlsym) and CudaDaemonBackend's mapper (cuMemImportFromShareableHandle,
+// cuMemMap, cuMemSetAccess; cudaFree's device synchronisation). Above
+// DaemonBackend the interposer adds, per segment, a cudaGetDevice, two
+// acquisitions of its one absl::Mutex (the session's lookup, then the call,
+// held across DaemonBackend's round trips) and a std::map insert and
+// erase; below it, on a GPU, the mapper's driver calls take the place of
+// mmap. bench/gpu/ measures those (cuda_chunk_bench, malloc_bench.py,
+// overhead.sh).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocator/trace/trace.h"
+#include "benchmark/benchmark.h"
+#include "client/daemon_backend.h"
+#include "client/daemon_client.h"
+#include "client/event_recorder.h"
+#include "server/daemon.h"
+
+namespace allocd {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+// The client's (DaemonClientOptions::event_capacity).
+const size_t kEventCapacity = DaemonClientOptions().event_capacity;
+
+// The events of one allocation, as the tracker reads them from PyTorch's
+// history: the same for the bare loop and the recorder.
+struct Allocation {
+  uint64_t stream = 7;
+  uint64_t id = 0;
+  uint64_t size = 0;
+};
+
+Allocation Next(uint64_t i) {
+  static constexpr uint64_t kSizes[] = {512, 4096, 1 * kMiB, 20 * kMiB};
+  return {.stream = 7, .id = i, .size = kSizes[i & 3]};
+}
+
+constexpr TraceOp kOps[] = {TraceOp::kAlloc, TraceOp::kFreeRequested,
+                            TraceOp::kFreeCompleted};
+
+// ------------------------------------------------------------ bare loop
+
+void BM_BareLoop(benchmark::State& state) {
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const Allocation a = Next(i++);
+    for (TraceOp op : kOps) {
+      benchmark::DoNotOptimize(op);
+      benchmark::DoNotOptimize(a.stream);
+      benchmark::DoNotOptimize(a.id);
+      benchmark::DoNotOptimize(a.size);
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_BareLoop)->UseRealTime()->MinTime(0.2);
+
+// absl::Mutex's deadlock detection off for a run under `deadlock:0`, then
+// back to kAbort, the default (which only an absl without NDEBUG acts on).
+// Only while no other thread locks: one that took a lock untracked and
+// released it tracked would make absl abort. So the daemon starts after
+// (BM_Segment starts it), and the taker thread runs inside.
+class ScopedDeadlockDetection {
+ public:
+  explicit ScopedDeadlockDetection(const benchmark::State& state) {
+    if (state.range(0) == 0) {
+      absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+    }
+  }
+  ~ScopedDeadlockDetection() {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  }
+};
+
+void DeadlockArgs(benchmark::internal::Benchmark* b) {
+  b->ArgName("deadlock")->Arg(1)->Arg(0)->UseRealTime()->MinTime(0.2);
+}
+
+// Events dropped, in percent of those recorded.
+double DroppedPercent(const EventRecorder& recorder,
+                      const benchmark::State& state) {
+  return 100.0 * static_cast<double>(recorder.dropped_total()) /
+         static_cast<double>(std::size(kOps) * state.iterations());
+}
+
+// -------------------------------------------------------- event recorder
+
+void RecordAllocation(EventRecorder& recorder, const Allocation& a) {
+  for (TraceOp op : kOps) recorder.Record(op, a.stream, a.id, a.size);
+}
+
+void BM_Record_InlineTake(benchmark::State& state) {
+  ScopedDeadlockDetection deadlock_detection(state);
+  bool half_full = false;
+  EventRecorder recorder(kEventCapacity, [&half_full] { half_full = true; });
+  uint64_t i = 0;
+  for (auto _ : state) {
+    RecordAllocation(recorder, Next(i++));
+    if (half_full) {
+      half_full = false;
+      benchmark::DoNotOptimize(recorder.Take());
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["dropped_pct"] = DroppedPercent(recorder, state);
+}
+BENCHMARK(BM_Record_InlineTake)->Apply(DeadlockArgs);
+
+// TelemetryStream's taking: woken by the recorder's half-full cue or after
+// its period.
+class TelemetryTaker {
+ public:
+  TelemetryTaker()
+      : recorder_(kEventCapacity,
+                  [this] {
+                    absl::MutexLock lock(&mu_);
+                    events_waiting_ = true;
+                  }),
+        thread_([this] { Run(); }) {}
+  ~TelemetryTaker() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  EventRecorder& recorder() { return recorder_; }
+
+ private:
+  void Run() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stopping_ || events_waiting_;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&wake),
+                             DaemonClientOptions().telemetry_period);
+        if (stopping_) return;
+        events_waiting_ = false;
+      }
+      benchmark::DoNotOptimize(recorder_.Take());
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool events_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  EventRecorder recorder_;
+  std::thread thread_;
+};
+
+void BM_Record_TelemetryTake(benchmark::State& state) {
+  ScopedDeadlockDetection deadlock_detection(state);
+  TelemetryTaker taker;
+  uint64_t i = 0;
+  for (auto _ : state) RecordAllocation(taker.recorder(), Next(i++));
+  state.SetItemsProcessed(state.iterations());
+  state.counters["dropped_pct"] = DroppedPercent(taker.recorder(), state);
+}
+BENCHMARK(BM_Record_TelemetryTake)->Apply(DeadlockArgs);
+
+void BM_Record_Full(benchmark::State& state) {
+  ScopedDeadlockDetection deadlock_detection(state);
+  EventRecorder recorder(kEventCapacity);
+  for (uint64_t i = 0; i < kEventCapacity; ++i) {
+    recorder.Record(TraceOp::kAlloc, 0, i, 0);
+  }
+  uint64_t i = 0;
+  for (auto _ : state) RecordAllocation(recorder, Next(i++));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_Record_Full)->Apply(DeadlockArgs);
+
+// ------------------------------------------------ segments from a daemon
+
+struct Node {
+  bool started = false;
+  std::string dir;
+  std::unique_ptr<Daemon> daemon;
+  // Without and with read-ahead: sessions of their own.
+  std::unique_ptr<DaemonClient> clients[2];
+  bool failed = false;
+};
+
+Node& TheNode() {
+  static auto* node = new Node();
+  return *node;
+}
+
+// The daemon, and a client with each read-ahead; false, with a message
+// on stdout, when either does not start.
+bool StartNode() {
+  Node& node = TheNode();
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "allocd_bench_XXXXXX")
+          .string();
+  if (mkdtemp(pattern.data()) == nullptr) return false;
+  node.dir = pattern;
+  const std::string socket = node.dir + "/allocd.sock";
+  // The daemon's log lines (one per session) to a file, not over the
+  // results.
+  const int log = open((node.dir + "/daemon.log").c_str(),
+                       O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (log >= 0) {
+    dup2(log, STDERR_FILENO);
+    close(log);
+  }
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(
+      {.socket = socket, .metrics_address = "", .backend = "sim",
+       .capacity = 4 * kGiB});
+  if (!daemon.ok()) {
+    std::printf("client_hot_path_bench: %s\n",
+                std::string(daemon.status().message()).c_str());
+    return false;
+  }
+  node.daemon = *std::move(daemon);
+  const absl::Duration read_ahead[] = {absl::ZeroDuration(),
+                                       absl::Milliseconds(200)};
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+        DaemonClient::Connect({.socket = socket,
+                               .description = "client_hot_path_bench",
+                               .read_ahead_keep = read_ahead[i]});
+    if (!client.ok()) {
+      std::printf("client_hot_path_bench: %s\n",
+                  std::string(client.status().message()).c_str());
+      return false;
+    }
+    node.clients[i] = *std::move(client);
+  }
+  return true;
+}
+
+constexpr int kSegmentsPerRound = 8;
+
+void BM_Segment(benchmark::State& state) {
+  Node& node = TheNode();
+  if (!node.started && (node.failed || !(node.started = StartNode()))) {
+    state.SkipWithError("the daemon did not start");
+    node.failed = true;
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  DaemonClient* client = node.clients[state.range(1)].get();
+  // As the interposer makes it, less the CUDA mapper (sim mode's mmap).
+  DaemonBackend backend(client);
+  uint64_t addresses[kSegmentsPerRound];
+  auto round = [&]() -> bool {
+    for (uint64_t& address : addresses) {
+      absl::StatusOr<uint64_t> got = backend.AllocateSegment(bytes);
+      if (!got.ok()) {
+        state.SkipWithError(std::string(got.status().message()).c_str());
+        node.failed = true;
+        return false;
+      }
+      address = *got;
+    }
+    for (uint64_t address : addresses) backend.FreeSegment(address, bytes);
+    return true;
+  };
+  // Once, so that the pool has the chunks cached: the steady state.
+  if (!round()) return;
+  for (auto _ : state) {
+    if (!round()) break;
+  }
+  state.SetItemsProcessed(state.iterations() * kSegmentsPerRound);
+}
+BENCHMARK(BM_Segment)
+    ->ArgsProduct({{int64_t{2 * kMiB}, int64_t{64 * kMiB}}, {0, 1}})
+    ->ArgNames({"bytes", "read_ahead"})
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+// The console's report, with each run's time per allocation in bare
+// loops' (x_bare), once BM_BareLoop has run: an aggregate's
+// (--benchmark_repetitions) in the bare loop's same aggregate.
+class BareRatioReporter : public benchmark::ConsoleReporter {
+ public:
+  BareRatioReporter()
+      : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_Defaults : OO_Tabular) {}
+
+  void ReportRuns(const std::vector<Run>& reports) override {
+    std::vector<Run> runs = reports;
+    for (Run& run : runs) {
+      auto rate = run.counters.find("items_per_second");
+      if (run.error_occurred || rate == run.counters.end() ||
+          rate->second.value <= 0) {
+        continue;
+      }
+      const std::string kind =
+          run.run_type == Run::RT_Iteration ? "" : run.aggregate_name;
+      if (run.run_name.function_name == "BM_BareLoop") {
+        bare_rates_[kind] = rate->second.value;
+      }
+      if (auto bare = bare_rates_.find(kind); bare != bare_rates_.end()) {
+        run.counters["x_bare"] = bare->second / rate->second.value;
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+ private:
+  // By aggregate ("" for a single run).
+  std::map<std::string, double> bare_rates_;
+};
+
+}  // namespace
+}  // namespace allocd
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  allocd::Node& node = allocd::TheNode();
+  const int saved_stderr = dup(STDERR_FILENO);
+  allocd::BareRatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  for (auto& client : node.clients) client.reset();
+  if (node.daemon != nullptr) node.daemon->Shutdown();
+  node.daemon.reset();
+  benchmark::Shutdown();
+  dup2(saved_stderr, STDERR_FILENO);
+  if (node.failed) {
+    if (!node.dir.empty()) {
+      std::fprintf(stderr,
+                   "client_hot_path_bench: the daemon's log is %s/daemon.log\n",
+                   node.dir.c_str());
+    }
+    return 1;
+  }
+  std::error_code ignored;
+  if (!node.dir.empty()) std::filesystem::remove_all(node.dir, ignored);
+  return 0;
+}
