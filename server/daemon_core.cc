@@ -432,10 +432,12 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
   const size_t declared = chunks.size();
   // The session's own device: its chunks came from that GPU's pool.
   const DevicePool& device = pools_->at((*session)->identity().node_device);
-  absl::StatusOr<AdoptOutcome> outcome =
-      device.pool->Adopt(id, std::move(chunks));
+  absl::StatusOr<AdoptOutcome> outcome = adoption_.Declare(
+      (*session)->identity().tenant, device, std::move(chunks),
+      [&](std::vector<DeclaredChunk> listed) {
+        return device.pool->Adopt(id, std::move(listed));
+      });
   if (!outcome.ok()) return outcome.status();
-  adoption_.Adopted(device, outcome->adopted_bytes);
   const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
                                        ", job \"", (*session)->identity().job,
                                        "\")");

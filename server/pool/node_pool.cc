@@ -51,6 +51,7 @@ absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid,
 }
 
 void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
+  ++holdings_version_;
   s.held += bytes;
   uid_held_[s.uid] += bytes;
   tenant_held_[s.tenant] += bytes;
@@ -58,6 +59,7 @@ void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
 
 void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
   if (bytes == 0) return;
+  ++holdings_version_;
   s.held -= bytes;
   auto it = uid_held_.find(s.uid);  // present: it counts s.held
   it->second -= bytes;

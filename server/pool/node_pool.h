@@ -191,6 +191,13 @@ struct DeclaredChunk {
   uint64_t offset = 0;
 };
 
+// A chunk a session holds (NodePool::HeldChunks).
+struct HeldChunk {
+  TenantId tenant;
+  uint64_t id = 0;
+  uint64_t bytes = 0;
+};
+
 // What Adopt() made of a declaration.
 struct AdoptOutcome {
   // Now the session's, in declaration order.
@@ -442,21 +449,34 @@ class NodePool {
   // released like any other; one taken on the client's word has no memory here: it
   // cannot be shared (Share refuses it), and it leaves the pool when
   // released, never cached nor trimmed (its memory goes back to the device
-  // when the client unmaps it). The capacity and quotas refuse nothing here:
-  // the memory is in use whatever the pool says, so the pool counts it and
-  // refuses Acquires until it is back under its limits.
+  // when the client unmaps it). Which chunks a session may declare at all
+  // is the caller's to decide (RestartAdoption::Declare: only those the
+  // daemon before handed to its tenant); the pool adopts none of them past
+  // its capacity or any quota, as an Acquire would not create it.
   // A chunk is refused, with why, and owned by nobody through this
-  // declaration, when:
+  // declaration (its FD closed before this returns), when:
   //  - its id is 0 or listed twice in `chunks`;
   //  - its size is not one of this pool's classes (chunk_classes());
   //  - the source takes proofs (ProvesChunks) and its FD is missing or is
   //    not such a chunk of that size (ChunkSource::AdoptChunk);
   //  - its id is a live chunk's already (another session's, this one's,
   //    cached), or its memory is a live chunk's under another id:
-  //    nothing is ever owned twice.
+  //    nothing is ever owned twice;
+  //  - it would take the session past a quota (Acquire's messages), or
+  //    the live chunks past the capacity (cached ones are not destroyed
+  //    for it: an adoption comes before any Acquire).
   // NotFound for no session `id` (or one that ended meanwhile).
   absl::StatusOr<AdoptOutcome> Adopt(SessionId id,
                                      std::vector<DeclaredChunk> chunks);
+
+  // The chunks sessions hold (granted or adopted; not those an Acquire is
+  // still creating), each with its session's tenant: what a restarted
+  // daemon may adopt (RestartAdoption).
+  std::vector<HeldChunk> HeldChunks() const;
+  // Changes whenever chunks change hands (an Acquire, a release, a session
+  // ending, an adoption): whoever keeps a copy of HeldChunks() knows when
+  // it is stale.
+  uint64_t holdings_version() const { return holdings_version_.load(); }
 
   PoolStats Stats() const;
   // What an Acquire could be granted now with nobody giving back: the cached
@@ -706,6 +726,11 @@ class NodePool {
                      uint64_t size, Grant& grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Adoption (node_pool_adopt.cc): Adopt and GiveMemory.
+  // Why `bytes` more would take session `id` (state `s`) past a quota or
+  // the live chunks past the capacity ("" when they fit): Adopt's limits.
+  std::string RefuseOverLimits(SessionId id, const SessionState& s,
+                               uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a chunk a client declares cannot be adopted before its proof is
   // looked at ("" when it can so far): its id and size.
   std::string RefuseDeclared(const DeclaredChunk& chunk) const;
@@ -757,6 +782,8 @@ class NodePool {
   uint64_t scrubbed_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // holdings_version(): bumped under mu_, read without it.
+  std::atomic<uint64_t> holdings_version_{0};
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at

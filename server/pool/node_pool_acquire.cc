@@ -399,6 +399,8 @@ absl::StatusOr<Grant> NodePool::CommitCreated(
   if (alive == nullptr || !failure.ok()) {
     return UndoAcquire(a, alive, std::move(created), failure);
   }
+  // Its chunks are the session's now, no longer being created.
+  ++holdings_version_;
   for (uint64_t chunk_id : a.grant.chunk_ids) {
     chunks_.at(chunk_id).pending = false;
   }
