@@ -69,43 +69,73 @@ absl::StatusOr<SessionsFile> ReadSessionsFile(
   return contents;
 }
 
-absl::Status WriteSessionsFile(const std::string& path,
-                               const SessionsFile& contents) {
+namespace {
+
+void AppendChunkLines(std::string& text, const TenantId& tenant,
+                      const std::vector<HandedChunk>& chunks) {
+  for (const HandedChunk& c : chunks) {
+    absl::StrAppend(&text, "chunk ", tenant, " ", c.device, " ", c.id, " ",
+                    c.bytes, "\n");
+  }
+}
+
+// All of `text` to `fd`, or why not.
+absl::Status WriteAll(int fd, absl::string_view text, absl::string_view to) {
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(
+          absl::StrCat("writing ", to, ": ", strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> WriteSessionsFile(const std::string& path,
+                                           const SessionsFile& contents) {
   std::string text;
   for (const auto& [pid, count] : contents.sessions) {
     for (int i = 0; i < count; ++i) absl::StrAppend(&text, "session ", pid, "\n");
   }
   for (const auto& [tenant, chunks] : contents.chunks) {
-    for (const HandedChunk& c : chunks) {
-      absl::StrAppend(&text, "chunk ", tenant, " ", c.device, " ", c.id, " ",
-                      c.bytes, "\n");
-    }
+    AppendChunkLines(text, tenant, chunks);
   }
   // A name of its own beside the file (mkstemp: 0600, never an existing
   // file or link), renamed over it. Not fsync'ed: the file must survive
   // the daemon, not the machine (the processes it names do not either).
   std::string temporary = path + ".XXXXXX";
-  UniqueFd fd(mkostemp(temporary.data(), O_CLOEXEC));
+  UniqueFd fd(mkostemp(temporary.data(), O_CLOEXEC | O_APPEND));
   if (!fd.valid()) {
     return absl::InternalError(
         absl::StrCat("creating ", temporary, ": ", strerror(errno)));
   }
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = write(fd.get(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      unlink(temporary.c_str());
-      return absl::InternalError(
-          absl::StrCat("writing ", temporary, ": ", strerror(error)));
-    }
-    done += static_cast<size_t>(n);
+  if (absl::Status s = WriteAll(fd.get(), text, temporary); !s.ok()) {
+    unlink(temporary.c_str());
+    return s;
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
     unlink(temporary.c_str());
     return absl::InternalError(absl::StrCat("renaming ", temporary, " to ",
                                             path, ": ", strerror(error)));
+  }
+  return fd;
+}
+
+absl::Status AppendHandedChunks(int fd, const TenantId& tenant,
+                                const std::vector<HandedChunk>& chunks) {
+  std::string text;
+  AppendChunkLines(text, tenant, chunks);
+  // One write() of an O_APPEND file: whole, at its end.
+  const ssize_t n = write(fd, text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size())) {
+    return absl::InternalError(absl::StrCat(
+        "appending to the sessions file: ",
+        n < 0 ? strerror(errno) : "a short write"));
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ipc/unix_socket.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
@@ -66,14 +67,21 @@ struct SessionsFile {
 // PermissionDenied for one that is not a regular file of this process's
 // user, private to it (group or others may read or write it): it is not
 // this daemon's, and nothing in it is believed. Lines it does not know are
-// skipped.
+// skipped; a chunk may be listed twice (appended after the file listed it).
 absl::StatusOr<SessionsFile> ReadSessionsFile(
     const std::string& path, const std::function<bool(pid_t)>& alive);
 // Replaces the file (atomically: a crash leaves the old or the new one),
-// mode 0600. Errors are the caller's to log; the daemon runs on without
-// the file.
-absl::Status WriteSessionsFile(const std::string& path,
-                               const SessionsFile& contents);
+// mode 0600, and returns it open for appending (AppendHandedChunks).
+// Errors are the caller's to log; the daemon runs on without the file.
+absl::StatusOr<UniqueFd> WriteSessionsFile(const std::string& path,
+                                           const SessionsFile& contents);
+// Lists `chunks`, handed to `tenant`, in the file `fd` (WriteSessionsFile's)
+// with one write(): cheap enough to do before each grant is answered, so
+// that the daemon's crash right after never loses one (the kernel keeps
+// what was written; not fsync'ed: the file must outlive the daemon, not
+// the machine). InternalError for a failed or short write.
+absl::Status AppendHandedChunks(int fd, const TenantId& tenant,
+                                const std::vector<HandedChunk>& chunks);
 // Whether process `pid` exists (kill(pid, 0)).
 bool ProcessAlive(pid_t pid);
 

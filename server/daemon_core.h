@@ -264,6 +264,9 @@ class DaemonCore {
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> Acquire(
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
       bool may_wait);
+  // `grant` went to `session`: listed for the next daemon before it is
+  // answered (RestartAdoption::Granted).
+  void Granted(const Session& session, const Grant& grant);
   // Chunks went back to `session`'s pool: wakes reclaims waiting for them
   // and publishes the pool.
   void Released(const Session& session);

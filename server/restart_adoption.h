@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/adoption_window.h"
 #include "server/metrics.h"
 #include "server/pool/device_pools.h"
@@ -68,8 +69,8 @@ class RestartAdoption {
     // Each device's memory at start, by node device (missing ones: no
     // device, nothing fitted).
     std::vector<DeviceAtStart> devices_at_start;
-    // The most often the file is rewritten because chunks changed hands
-    // (SaveChunks).
+    // The most often the file is rewritten whole because chunks changed
+    // hands (SaveChunks); grants are appended to it as they are made.
     absl::Duration save_chunks_every = absl::Milliseconds(250);
   };
 
@@ -109,6 +110,13 @@ class RestartAdoption {
   // changed hands (SaveChunks). Called periodically.
   void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(settle_mu_);
 
+  // Session `tenant`'s grant of chunks `ids` (of `sizes`) on `device`:
+  // listed in the sessions file before the grant is answered, so that a
+  // crash right after it loses none (AppendHandedChunks). Errors are
+  // logged: such a chunk is then refused after a restart.
+  void Granted(const TenantId& tenant, const DevicePool& device,
+               absl::Span<const uint64_t> ids,
+               absl::Span<const uint64_t> sizes) ABSL_LOCKS_EXCLUDED(file_mu_);
   // Writes the sessions file: the pids of live sessions and the chunks
   // they hold, and the daemon before's sessions and chunks still awaited.
   // Call whenever a session starts or ends. Errors are logged: the daemon
@@ -158,6 +166,9 @@ class RestartAdoption {
   // One writer of the sessions file at a time, each with the state as it
   // is then: the last write is the newest.
   absl::Mutex file_mu_;
+  // The file as last written, open for appending (Granted); invalid
+  // before the first write or after a failed one.
+  UniqueFd journal_ ABSL_GUARDED_BY(file_mu_);
   // The holdings version and time of the last write.
   uint64_t saved_version_ ABSL_GUARDED_BY(file_mu_) = 0;
   absl::Time saved_at_ ABSL_GUARDED_BY(file_mu_) = absl::InfinitePast();

@@ -73,11 +73,8 @@ absl::Status NodePool::GiveMemory(SessionId id,
           same->second, "; nothing was taken"));
     }
   }
-  const SessionState& giver = sessions_.at(id);  // memoryless found it
   for (size_t i = 0; i < chunk_ids.size(); ++i) {
-    Chunk& chunk = chunks_.at(chunk_ids[i]);
-    chunk.memory = std::move(memories[i]);
-    AddMapper(chunk, giver.process);  // it made the memory: it maps it
+    chunks_.at(chunk_ids[i]).memory = std::move(memories[i]);
   }
   return absl::OkStatus();
 }
@@ -184,14 +181,10 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
       dropped.push_back(std::move(candidate.memory));
       continue;
     }
-    Chunk& chunk = chunks_
-                       .emplace(candidate.id,
-                                Chunk{.memory = std::move(candidate.memory),
-                                      .bytes = candidate.bytes,
-                                      .owner = id,
-                                      .tenant = state.tenant})
-                       .first->second;
-    AddMapper(chunk, state.process);
+    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
+                                        .bytes = candidate.bytes,
+                                        .owner = id,
+                                        .tenant = state.tenant});
     live_bytes_ += candidate.bytes;
     state.chunks.insert(candidate.id);
     AddHeld(state, candidate.bytes);

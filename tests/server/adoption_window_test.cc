@@ -58,6 +58,29 @@ TEST(SessionsFileTest, KeepsSessionsAndChunksAndReadsBackOnlyLiveProcesses) {
       ReadSessionsFile(path, [](pid_t) { return true; }).status()));
 }
 
+// Grants are appended to the file as it was last written, and read back
+// with the rest.
+TEST(SessionsFileTest, AppendedChunksAreReadBack) {
+  const std::string path = TempPath();
+  absl::StatusOr<UniqueFd> file = WriteSessionsFile(
+      path, {.sessions = {{11, 1}},
+             .chunks = {{"uid:1", {{.device = "GPU-a", .id = 1, .bytes = 2}}}}});
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(AppendHandedChunks(file->get(), "uid:2",
+                                 {{.device = "GPU-a", .id = 5, .bytes = 4},
+                                  {.device = "GPU-b", .id = 6, .bytes = 4}})
+                  .ok());
+  absl::StatusOr<SessionsFile> read =
+      ReadSessionsFile(path, [](pid_t) { return true; });
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->sessions, ElementsAre(Pair(11, 1)));
+  EXPECT_EQ(read->chunks.at("uid:1").size(), 1u);
+  EXPECT_EQ(read->chunks.at("uid:2"),
+            (std::vector<HandedChunk>{{.device = "GPU-a", .id = 5, .bytes = 4},
+                                      {.device = "GPU-b", .id = 6, .bytes = 4}}));
+  unlink(path.c_str());
+}
+
 // A file others may write, or a link, is not the daemon's: a client that
 // could write it could name chunks it never got.
 TEST(SessionsFileTest, AFileOthersMayWriteOrALinkIsNotBelieved) {

@@ -23,6 +23,7 @@
 namespace allocd {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -215,7 +216,11 @@ TEST(DaemonCoreRestartTest, NewMemoryWaitsUntilTheSurvivorsDeclared) {
   acquire.join();
   ASSERT_TRUE(granted.ok()) << granted.status();
   EXPECT_NE(granted->chunk_ids(0), 77u);
-  // The grant reaches the file at the next tick (coalesced writes).
+  // The grant was listed before it was answered (appended)...
+  EXPECT_THAT(Listed(file).chunks.at(kTenant),
+              Contains(HandedChunk{SimDeviceUuid(0), granted->chunk_ids(0),
+                                   2 << 20}));
+  // ... and the file is rewritten whole at the next tick.
   core.ExpireUnleased(absl::Now() + absl::Seconds(1));
   const v1::StatusResponse status = core.Status();
   EXPECT_FALSE(status.adopting());
