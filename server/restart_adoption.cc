@@ -97,7 +97,10 @@ absl::StatusOr<AdoptOutcome> RestartAdoption::Declare(
     }
     return refused;  // `chunks` and their FDs go with it
   }
-  auto& awaited = awaited_chunks_[tenant];
+  static const std::map<std::pair<std::string, uint64_t>, uint64_t> kNone;
+  auto of_tenant = awaited_chunks_.find(tenant);
+  const auto& awaited =
+      of_tenant == awaited_chunks_.end() ? kNone : of_tenant->second;
   for (DeclaredChunk& c : chunks) {
     auto it = awaited.find({device.uuid, c.id});
     if (it == awaited.end()) {
@@ -117,7 +120,9 @@ absl::StatusOr<AdoptOutcome> RestartAdoption::Declare(
   chunks.clear();  // the refused ones' FDs, closed now
   absl::StatusOr<AdoptOutcome> outcome = adopt(std::move(listed));
   if (!outcome.ok()) return outcome;
-  for (uint64_t id : outcome->adopted) awaited.erase({device.uuid, id});
+  for (uint64_t id : outcome->adopted) {
+    of_tenant->second.erase({device.uuid, id});  // adopted: it was listed
+  }
   for (auto& r : refused.refused) outcome->refused.push_back(std::move(r));
   return outcome;
 }
