@@ -3,9 +3,13 @@
 // (NodePool::Adopt), so the pool never promises anyone memory a surviving
 // job maps.
 //
-// Which sessions to wait for comes from the sessions file, where every
-// daemon keeps the pids of its live sessions (one line per session) while
-// it runs, and leaves them when it dies or shuts down. The window closes
+// Which sessions to wait for, and which chunks they may declare, come from
+// the sessions file: every daemon keeps there, while it runs, the pids of
+// its live sessions (one line per session) and the chunks it handed to
+// each tenant, and leaves them when it dies or shuts down. The file is the
+// daemon's own: written 0600, and read only when this user owns it and
+// nobody else may write it (a client that could write it could name any
+// chunk). The window closes
 // when each of those processes that is still alive has finished its
 // declaration (as many times as it had sessions), or at the deadline,
 // whichever comes first; a process that dies meanwhile is not waited for.
@@ -18,6 +22,8 @@
 
 #include <sys/types.h>
 
+#include <compare>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -25,22 +31,57 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ipc/unix_socket.h"
+#include "server/tenant_id.h"
 
 namespace allocd {
 
 // Sessions by pid: how many sessions each process has (or had).
 using SessionsByPid = std::map<pid_t, int>;
 
-// The sessions file's processes that are still alive (`alive` tells). A
-// missing or unreadable file reads as none.
-SessionsByPid ReadSessionsFile(const std::string& path,
-                               const std::function<bool(pid_t)>& alive);
-// Replaces the file (atomically: a crash leaves the old or the new one).
+// A chunk the daemon handed to a session: a restarted daemon adopts a
+// declared chunk only when the file lists it, for the declaring session's
+// tenant, with the same id, size and device.
+struct HandedChunk {
+  // The GPU UUID of the pool it came from.
+  std::string device;
+  uint64_t id = 0;
+  // Its size, which is its class (each chunk is one class's size).
+  uint64_t bytes = 0;
+  friend bool operator==(const HandedChunk&, const HandedChunk&) = default;
+  friend auto operator<=>(const HandedChunk&, const HandedChunk&) = default;
+};
+
+// What a daemon keeps for the next one.
+struct SessionsFile {
+  SessionsByPid sessions;
+  // By tenant.
+  std::map<TenantId, std::vector<HandedChunk>> chunks;
+};
+
+// The sessions file's processes that are still alive (`alive` tells), and
+// every chunk it lists. NotFound for no file (a first start);
+// PermissionDenied for one that is not a regular file of this process's
+// user, private to it (group or others may read or write it): it is not
+// this daemon's, and nothing in it is believed. Lines it does not know are
+// skipped; a chunk may be listed twice (appended after the file listed it).
+absl::StatusOr<SessionsFile> ReadSessionsFile(
+    const std::string& path, const std::function<bool(pid_t)>& alive);
+// Replaces the file (atomically: a crash leaves the old or the new one),
+// mode 0600, and returns it open for appending (AppendHandedChunks).
 // Errors are the caller's to log; the daemon runs on without the file.
-absl::Status WriteSessionsFile(const std::string& path,
-                               const SessionsByPid& sessions);
+absl::StatusOr<UniqueFd> WriteSessionsFile(const std::string& path,
+                                           const SessionsFile& contents);
+// Lists `chunks`, handed to `tenant`, in the file `fd` (WriteSessionsFile's)
+// with one write(): cheap enough to do before each grant is answered, so
+// that the daemon's crash right after never loses one (the kernel keeps
+// what was written; not fsync'ed: the file must outlive the daemon, not
+// the machine). InternalError for a failed or short write.
+absl::Status AppendHandedChunks(int fd, const TenantId& tenant,
+                                const std::vector<HandedChunk>& chunks);
 // Whether process `pid` exists (kill(pid, 0)).
 bool ProcessAlive(pid_t pid);
 

@@ -349,8 +349,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
             device.uuid, device.name, std::move(device.source),
             NodePool::Options{.capacity = capacities[i],
                               .chunk_classes = std::move(classes),
-                              .chunk_id_epoch = RandomChunkIdEpoch(),
-                              .cross_tenant_reuse = o.cross_tenant_reuse});
+                              .chunk_id_epoch = RandomChunkIdEpoch()});
         !s.ok()) {
       return s;
     }

@@ -34,8 +34,6 @@ struct DaemonOptions {
   std::string admin_socket;
   // What a tenant is (server/tenant.h): uid, pod or node.
   Tenancy tenancy = Tenancy::kUid;
-  // How a tenant's cached memory goes to another (NodePool, "Tenants").
-  CrossTenantReuse cross_tenant_reuse = CrossTenantReuse::kRecreate;
   // A group (name or gid) whose members may administer, through the admin
   // socket (given to the group, mode 0660); empty: none.
   std::string admin_group;
@@ -71,8 +69,8 @@ struct DaemonOptions {
   // a job that comes back after 5 idle minutes pays well under a step.
   TrimPolicy trim{.idle_after = absl::Minutes(5)};
   // After a restart, new memory waits up to this long for the sessions of
-  // the daemon before (pids in `socket` + ".sessions") to re-declare the
-  // chunks they hold (DaemonCoreOptions::adopt_window).
+  // the daemon before (pids and chunks in `socket` + ".sessions", 0600) to
+  // re-declare the chunks they hold (DaemonCoreOptions::adopt_window).
   absl::Duration adopt_window = absl::Seconds(5);
   // Where the daemon keeps what it learns across restarts: the autotuner's
   // learned configs (LearnedConfigs, DIR/learned_configs.json). nullopt:

@@ -217,6 +217,7 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
         pool.AcquireCached(r.session_id(), r.bytes(), max_chunk_bytes, count,
                            r.client_creates());
     if (!grant.ok() || grant->chunk_ids.empty()) return std::nullopt;
+    Granted(**session, *grant);
     PublishPoolOf(**session);
     return ResponseOf(*grant);
   }
@@ -240,7 +241,14 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
   }
   PublishPoolOf(**session);
   if (!grant.ok()) return grant.status();
+  Granted(**session, *grant);
   return ResponseOf(*grant);
+}
+
+void DaemonCore::Granted(const Session& session, const Grant& grant) {
+  adoption_.Granted(session.identity().tenant,
+                    pools_->at(session.identity().node_device),
+                    grant.chunk_ids, grant.chunk_sizes);
 }
 
 uint64_t DaemonCore::AbandonGrant(absl::string_view claim_token,
@@ -432,10 +440,12 @@ absl::StatusOr<AdoptOutcome> DaemonCore::DeclareChunks(
   const size_t declared = chunks.size();
   // The session's own device: its chunks came from that GPU's pool.
   const DevicePool& device = pools_->at((*session)->identity().node_device);
-  absl::StatusOr<AdoptOutcome> outcome =
-      device.pool->Adopt(id, std::move(chunks));
+  absl::StatusOr<AdoptOutcome> outcome = adoption_.Declare(
+      (*session)->identity().tenant, device, std::move(chunks),
+      [&](std::vector<DeclaredChunk> listed) {
+        return device.pool->Adopt(id, std::move(listed));
+      });
   if (!outcome.ok()) return outcome.status();
-  adoption_.Adopted(device, outcome->adopted_bytes);
   const std::string who = absl::StrCat("session ", id, " (pid ", peer.pid,
                                        ", job \"", (*session)->identity().job,
                                        "\")");

@@ -35,6 +35,9 @@
 //   still hold (DeclareChunks, NodePool::Adopt), and AcquireChunks waits
 //   until the sessions of the daemon before have done so or adopt_window
 //   has passed (AdoptionWindow): memory they map is never promised twice.
+//   Only chunks the daemon's own sessions file lists for the session's
+//   tenant are adopted, inside that window, within the capacity and every
+//   quota (RestartAdoption::Declare); others are refused, their FDs closed.
 //
 // Thread-safe.
 #ifndef ALLOCD_SERVER_DAEMON_CORE_H_
@@ -90,8 +93,9 @@ struct DaemonCoreOptions {
   SessionLimitsOptions session_limits = kDefaultSessionLimits;
   // When cached chunks go back to the device (TrimIdle).
   TrimPolicy trim;
-  // Where the pids of live sessions are kept for the next daemon (see
-  // AdoptionWindow); empty: nowhere, and no adoption window.
+  // Where the pids of live sessions and the chunks they hold are kept for
+  // the next daemon (see AdoptionWindow), private to the daemon; empty:
+  // nowhere, and no adoption window.
   std::string sessions_file;
   // The longest AcquireChunks waits after a restart for the sessions of
   // the daemon before to re-declare their chunks.
@@ -171,8 +175,9 @@ class DaemonCore {
   absl::Status Lease(const PeerCredentials& peer, SessionId id,
                      absl::string_view secret);
   // A reconnecting session's chunks from the daemon before (a frame of its
-  // SideRequest.declare; `last`: its declaration is complete). Refusals
-  // are logged; NotFound as for any call on the session.
+  // SideRequest.declare; `last`: its declaration is complete), adopted as
+  // RestartAdoption::Declare and NodePool::Adopt say. Refusals are logged;
+  // NotFound as for any call on the session.
   absl::StatusOr<AdoptOutcome> DeclareChunks(const PeerCredentials& peer,
                                              SessionId id,
                                              absl::string_view secret,
@@ -259,6 +264,9 @@ class DaemonCore {
   absl::StatusOr<std::optional<v1::AcquireChunksResponse>> Acquire(
       const PeerCredentials& peer, const v1::AcquireChunksRequest& r,
       bool may_wait);
+  // `grant` went to `session`: listed for the next daemon before it is
+  // answered (RestartAdoption::Granted).
+  void Granted(const Session& session, const Grant& grant);
   // Chunks went back to `session`'s pool: wakes reclaims waiting for them
   // and publishes the pool.
   void Released(const Session& session);

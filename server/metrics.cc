@@ -197,15 +197,6 @@ Metrics::Metrics()
                               "Chunks surviving clients re-declared to this "
                               "daemon after a restart, adopted into the "
                               "pool's accounting.")),
-      chunks_scrubbed_(Register(prometheus::BuildCounter(), *registry_,
-                                "allocd_chunks_scrubbed_total",
-                                "Cached chunks scrubbed (zeroed) before they "
-                                "went to another tenant than the last to hold "
-                                "them (counted as reused chunks too).")),
-      scrubbed_bytes_(Register(prometheus::BuildCounter(), *registry_,
-                               "allocd_chunk_scrub_bytes_total",
-                               "Bytes of the chunks in "
-                               "allocd_chunks_scrubbed_total.")),
       sessions_(Register(prometheus::BuildGauge(), *registry_,
                          "allocd_sessions", "Live client sessions.")),
       rpc_seconds_(Register(prometheus::BuildHistogram(), *registry_,
@@ -417,10 +408,6 @@ void Metrics::Pool(int device, absl::string_view gpu_uuid,
          pool.trimmed_bytes_total, seen.trimmed_bytes);
   follow(adopted_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
          pool.adopted_bytes_total, seen.adopted_bytes);
-  follow(chunks_scrubbed_.Add({{"device", index}, {"gpu_uuid", uuid}}),
-         pool.chunks_scrubbed_total, seen.chunks_scrubbed);
-  follow(scrubbed_bytes_.Add({{"device", index}, {"gpu_uuid", uuid}}),
-         pool.scrubbed_bytes_total, seen.scrubbed_bytes);
 }
 
 void Metrics::Rpc(absl::string_view method, double seconds, bool ok) {

@@ -40,9 +40,6 @@ struct PoolGauges {
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
   uint64_t chunks_client_made_total = 0;
-  // Cached chunks scrubbed to go to another tenant, and their bytes.
-  uint64_t chunks_scrubbed_total = 0;
-  uint64_t scrubbed_bytes_total = 0;
   uint64_t trimmed_bytes_total = 0;
   uint64_t adopted_bytes_total = 0;
 };
@@ -122,8 +119,6 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& chunks_;
   prometheus::Family<prometheus::Counter>& trimmed_bytes_;
   prometheus::Family<prometheus::Counter>& adopted_bytes_;
-  prometheus::Family<prometheus::Counter>& chunks_scrubbed_;
-  prometheus::Family<prometheus::Counter>& scrubbed_bytes_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
 
@@ -138,8 +133,6 @@ class Metrics {
     uint64_t chunks_client_made = 0;
     uint64_t trimmed_bytes = 0;
     uint64_t adopted_bytes = 0;
-    uint64_t chunks_scrubbed = 0;
-    uint64_t scrubbed_bytes = 0;
   };
   absl::flat_hash_map<int, PoolTotalsSeen> pool_seen_ ABSL_GUARDED_BY(mu_);
 };

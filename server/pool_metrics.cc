@@ -11,8 +11,6 @@ void PublishPool(const DevicePool& device, Metrics& metrics) {
                 .chunks_created_total = stats.chunks_created_total,
                 .chunks_reused_total = stats.chunks_reused_total,
                 .chunks_client_made_total = stats.chunks_client_made_total,
-                .chunks_scrubbed_total = stats.chunks_scrubbed_total,
-                .scrubbed_bytes_total = stats.scrubbed_bytes_total,
                 .trimmed_bytes_total = stats.trimmed_bytes_total,
                 .adopted_bytes_total = stats.adopted_bytes_total});
   for (const auto& [id, held] : stats.sessions) {

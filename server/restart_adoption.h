@@ -3,10 +3,19 @@
 // still hold (NodePool::Adopt); new memory waits until they have, or the
 // adoption window has passed (AdoptionWindow). Then, once — settling —
 // each device's pool capacity is fitted to what the device can give
-// (DeviceAtStart). A declaration that comes later grows the fitted
-// capacity by what it holds, up to a ceiling. Meanwhile the sessions file
-// keeps the pids of live sessions, and of the daemon before's sessions
-// still awaited, for the next daemon.
+// (DeviceAtStart).
+//
+// A declaration is believed only as far as the daemon's own sessions file
+// goes: inside the window, and for chunks the daemon before handed to the
+// declaring session's tenant (the same id, size and device), each once.
+// Everything else is refused and its FD closed at once, so a client can
+// neither make the pool count memory it never handed out nor make the
+// daemon hold FDs of its making: a tenant's declarations leave the daemon
+// holding at most the FDs of the chunks the daemon before handed it.
+//
+// Meanwhile the sessions file keeps the pids of live sessions and the
+// chunks they hold, and of the daemon before's sessions and chunks still
+// awaited, for the next daemon.
 //
 // Thread-safe.
 #ifndef ALLOCD_SERVER_RESTART_ADOPTION_H_
@@ -15,6 +24,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -22,8 +32,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/adoption_window.h"
 #include "server/metrics.h"
 #include "server/pool/device_pools.h"
@@ -47,8 +60,8 @@ struct DeviceAtStart {
 class RestartAdoption {
  public:
   struct Options {
-    // Where the pids of live sessions are kept for the next daemon; empty:
-    // nowhere, and no adoption window.
+    // Where the pids of live sessions and the chunks they hold are kept for
+    // the next daemon; empty: nowhere, and no adoption window.
     std::string sessions_file;
     // The longest new memory waits, from the start, for the sessions of
     // the daemon before to re-declare their chunks.
@@ -56,6 +69,9 @@ class RestartAdoption {
     // Each device's memory at start, by node device (missing ones: no
     // device, nothing fitted).
     std::vector<DeviceAtStart> devices_at_start;
+    // The most often the file is rewritten whole because chunks changed
+    // hands (SaveChunks); grants are appended to it as they are made.
+    absl::Duration save_chunks_every = absl::Milliseconds(250);
   };
 
   // Reads the sessions file the daemon before left and logs the processes
@@ -70,27 +86,46 @@ class RestartAdoption {
   // Blocks until the window is closed (at most until its deadline), then
   // settles: what an acquire does before it creates memory.
   void Await() ABSL_LOCKS_EXCLUDED(settle_mu_);
-  // A session's declaration adopted `adopted_bytes` into `device`'s pool.
-  // After settling, that memory was not free when the capacity was
-  // fitted; the device gets it back when it is released, so the capacity
-  // grows by it (up to the --capacity the fit clipped).
-  void Adopted(const DevicePool& device, uint64_t adopted_bytes)
+
+  // What a pool makes of a declaration (NodePool::Adopt).
+  using AdoptFn =
+      absl::FunctionRef<absl::StatusOr<AdoptOutcome>(std::vector<DeclaredChunk>)>;
+  // A session of `tenant` on `device` declares `chunks`. While the window
+  // is open, those the sessions file lists for `tenant` on that device, as
+  // that size, and not adopted since, go to `adopt` (which checks their
+  // proofs, the capacity and the quotas); the others are refused, with why,
+  // their FDs closed before this returns. Once the window has closed (or
+  // with no window at all) every chunk is refused. `adopt`'s error is
+  // returned as it is.
+  absl::StatusOr<AdoptOutcome> Declare(const TenantId& tenant,
+                                       const DevicePool& device,
+                                       std::vector<DeclaredChunk> chunks,
+                                       AdoptFn adopt)
       ABSL_LOCKS_EXCLUDED(settle_mu_);
   // A session of `pid` finished declaring what it holds: no longer
   // awaited. Settles when it was the last.
   void FinishedDeclaring(pid_t pid) ABSL_LOCKS_EXCLUDED(settle_mu_);
   // Stops waiting for processes that died; closes the window at its
-  // deadline, and then settles. Called periodically.
+  // deadline, and then settles. Rewrites the sessions file when chunks
+  // changed hands (SaveChunks). Called periodically.
   void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(settle_mu_);
 
-  // Writes the sessions file: the pids of live sessions, and of the daemon
-  // before's sessions still awaited. Call whenever a session starts or
-  // ends. Errors are logged: the daemon runs on without the file.
-  void SaveSessions() ABSL_LOCKS_EXCLUDED(file_mu_);
-  // The daemon shuts down: the file keeps the sessions the shutdown ends,
-  // whose processes live on and will declare their chunks to the next
-  // daemon.
-  void ShutDown() { shutting_down_ = true; }
+  // Session `tenant`'s grant of chunks `ids` (of `sizes`) on `device`:
+  // listed in the sessions file before the grant is answered, so that a
+  // crash right after it loses none (AppendHandedChunks). Errors are
+  // logged: such a chunk is then refused after a restart.
+  void Granted(const TenantId& tenant, const DevicePool& device,
+               absl::Span<const uint64_t> ids,
+               absl::Span<const uint64_t> sizes) ABSL_LOCKS_EXCLUDED(file_mu_);
+  // Writes the sessions file: the pids of live sessions and the chunks
+  // they hold, and the daemon before's sessions and chunks still awaited.
+  // Call whenever a session starts or ends. Errors are logged: the daemon
+  // runs on without the file.
+  void SaveSessions() ABSL_LOCKS_EXCLUDED(file_mu_, settle_mu_);
+  // The daemon shuts down: writes the file a last time; from now on it
+  // keeps the sessions the shutdown ends and their chunks, whose processes
+  // live on and will declare them to the next daemon.
+  void ShutDown() ABSL_LOCKS_EXCLUDED(file_mu_, settle_mu_);
 
  private:
   // Once the window has closed (at most once): fits each device's
@@ -100,24 +135,43 @@ class RestartAdoption {
   // pool adopted.
   void FitCapacity(const DevicePool& device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(settle_mu_);
+  // SaveSessions when chunks changed hands since the file was last
+  // written (NodePool::holdings_version) and save_chunks_every has
+  // passed since.
+  void SaveChunks(absl::Time now) ABSL_LOCKS_EXCLUDED(file_mu_, settle_mu_);
+  // Every pool's holdings version, summed: changes whenever chunks do.
+  uint64_t HoldingsVersion() const;
 
   const Options options_;
   const DevicePools* const pools_;
   const SessionRegistry* const sessions_;
   Metrics* const metrics_;
+  // What the daemon before left; its sessions are the window's.
+  SessionsFile before_;
   AdoptionWindow window_;
   std::atomic<bool> shutting_down_{false};
   // Acquires wait on it for the first settler to finish: none may create
-  // memory before the capacity is what the device can give.
+  // memory before the capacity is what the device can give. Declarations
+  // hold it, so that none is adopted after the capacity was fitted.
   absl::Mutex settle_mu_;
   bool settled_ ABSL_GUARDED_BY(settle_mu_) = false;
-  // By node device, once settling fitted its capacity: the most a late
-  // declaration grows it to (the --capacity it clipped, or unbounded for a
-  // capacity derived from free memory).
-  std::map<int, uint64_t> capacity_ceiling_ ABSL_GUARDED_BY(settle_mu_);
+  // The chunks the daemon before handed out and nobody has adopted yet, by
+  // tenant, then device and id: their sizes. Emptied when the window
+  // closes.
+  std::map<TenantId, std::map<std::pair<std::string, uint64_t>, uint64_t>>
+      awaited_chunks_ ABSL_GUARDED_BY(settle_mu_);
+  // By node device: what the capacity was raised by for the window (see
+  // the constructor), taken back when it is fitted.
+  std::map<int, uint64_t> raised_for_window_ ABSL_GUARDED_BY(settle_mu_);
   // One writer of the sessions file at a time, each with the state as it
   // is then: the last write is the newest.
   absl::Mutex file_mu_;
+  // The file as last written, open for appending (Granted); invalid
+  // before the first write or after a failed one.
+  UniqueFd journal_ ABSL_GUARDED_BY(file_mu_);
+  // The holdings version and time of the last write.
+  uint64_t saved_version_ ABSL_GUARDED_BY(file_mu_) = 0;
+  absl::Time saved_at_ ABSL_GUARDED_BY(file_mu_) = absl::InfinitePast();
 };
 
 }  // namespace allocd

@@ -41,10 +41,6 @@ namespace {
   X(cuMemAlloc)                     \
   X(cuMemFree)                      \
   X(cuMemsetD8)                     \
-  X(cuMemsetD8Async)                \
-  X(cuStreamCreate)                 \
-  X(cuStreamSynchronize)            \
-  X(cuStreamDestroy)                \
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuEventCreate)                  \
@@ -412,33 +408,6 @@ absl::Status EventDestroy(CUevent event) {
 absl::Status MemsetD8(CUdeviceptr address, uint8_t value, size_t bytes) {
   ALLOCD_CUDA_API();
   return ALLOCD_CUDA_CALL(cuMemsetD8, address, value, bytes);
-}
-
-absl::StatusOr<CUstream> StreamCreate() {
-  ALLOCD_CUDA_API();
-  CUstream stream = nullptr;
-  if (absl::Status s =
-          ALLOCD_CUDA_CALL(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
-      !s.ok()) {
-    return s;
-  }
-  return stream;
-}
-
-absl::Status StreamSynchronize(CUstream stream) {
-  ALLOCD_CUDA_API();
-  return ALLOCD_CUDA_CALL(cuStreamSynchronize, stream);
-}
-
-absl::Status StreamDestroy(CUstream stream) {
-  ALLOCD_CUDA_API();
-  return ALLOCD_CUDA_CALL(cuStreamDestroy, stream);
-}
-
-absl::Status MemsetD8Async(CUdeviceptr address, uint8_t value, size_t bytes,
-                           CUstream stream) {
-  ALLOCD_CUDA_API();
-  return ALLOCD_CUDA_CALL(cuMemsetD8Async, address, value, bytes, stream);
 }
 
 absl::Status MemcpyHtoD(CUdeviceptr to, const void* from, size_t bytes) {

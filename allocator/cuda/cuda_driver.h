@@ -95,15 +95,6 @@ absl::Status EventRecord(CUevent event, CUstream stream);
 absl::StatusOr<bool> EventDone(CUevent event);
 absl::Status EventDestroy(CUevent event);
 
-// A stream of the current context that does not wait for its legacy
-// default stream (CU_STREAM_NON_BLOCKING), its work, and its end.
-absl::StatusOr<CUstream> StreamCreate();
-absl::Status StreamSynchronize(CUstream stream);
-absl::Status StreamDestroy(CUstream stream);
-// Fills `bytes` at `address` with `value` on `stream`: queued, not done.
-absl::Status MemsetD8Async(CUdeviceptr address, uint8_t value, size_t bytes,
-                           CUstream stream);
-
 // Synchronous copies and fills (tests and benchmarks).
 absl::Status MemsetD8(CUdeviceptr address, uint8_t value, size_t bytes);
 absl::Status MemcpyHtoD(CUdeviceptr to, const void* from, size_t bytes);

@@ -2,7 +2,7 @@
 # Builds what the GPU validation runs and gathers it into one folder that can
 # be copied to a GPU machine without the build's packages:
 #   BUNDLE/bin     allocd, allocctl, cuda_chunks_test, cuda_test_client,
-#                  cuda_chunk_bench, vmm_paths_bench, scrub_bench
+#                  cuda_chunk_bench, vmm_paths_bench
 #   BUNDLE/python  the allocd package with liballocd_client.so,
 #                  liballocd_torch.so and liballocd_interpose.so
 #   BUNDLE/lib     the shared libraries they need beyond the C/C++ runtime
@@ -18,14 +18,14 @@ bundle=${1:-.gpu}
 build=build/release
 cmake --preset release >/dev/null
 cmake --build --preset release --target allocd allocctl cuda_chunks_test \
-  cuda_test_client cuda_chunk_bench vmm_paths_bench scrub_bench allocd_python_package allocd_client_c allocd_torch \
+  cuda_test_client cuda_chunk_bench vmm_paths_bench allocd_python_package allocd_client_c allocd_torch \
   allocd_interpose
 rm -rf "$bundle/bin" "$bundle/python" "$bundle/lib"
 mkdir -p "$bundle/bin" "$bundle/python" "$bundle/lib"
 cp "$build/tools/allocd" "$build/tools/allocctl/allocctl" \
    "$build/tests/gpu/cuda_chunks_test" "$build/tests/gpu/cuda_test_client" \
    "$build/bench/gpu/cuda_chunk_bench" "$build/bench/gpu/vmm_paths_bench" \
-   "$build/bench/gpu/scrub_bench" "$bundle/bin/"
+   "$bundle/bin/"
 cp -r "$build/python/allocd" "$build/python/pyproject.toml" "$bundle/python/"
 cp "$build/client/interpose/liballocd_interpose.so" "$bundle/python/allocd/"
 # What every Linux has, and the driver, which must be the GPU machine's own.

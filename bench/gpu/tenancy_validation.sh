@@ -17,9 +17,8 @@
 #              Target: 0 pattern bytes in every B.
 #   control    the same as `daemon` with A and B both uid 1001: one tenant
 #              reuses as before (B reads A's pattern: the check can see it)
-#   scrub      scrub_bench: scrub per GiB against destroy + create, per class
 # Each case starts a fresh daemon. Results in OUT: NAME/a.json and b.json
-# per case, remanence.json (the summary), scrub_cost.json, tenancy.log, and all of it
+# per case, remanence.json (the summary), tenancy.log, and all of it
 # in tenancy.tgz after each part.
 #   bench/gpu/tenancy_validation.sh [BUNDLE] [OUT] [PART...]
 # GIB (default 4) and CAPACITY (default 24GiB) from the environment.
@@ -27,7 +26,7 @@ set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-tenancy}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-remanence control scrub}
+parts=${*:-remanence control}
 gib=${GIB:-4}
 mkdir -p "$out"
 chmod 0755 "$out"
@@ -125,10 +124,5 @@ for b in sorted(glob.glob(os.path.join(out, "*", "b.json"))):
     cases[name] = case
 print(json.dumps(cases, indent=2))
 EOF
-  pack tenancy
-fi
-if want scrub; then
-  step "scrub: scrub_bench (${gib} GiB per class)"
-  "$bin/scrub_bench" --total-gib "$gib" --rounds 5 --out "$out/scrub_cost.json"
   pack tenancy
 fi

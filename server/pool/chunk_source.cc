@@ -21,10 +21,4 @@ absl::StatusOr<ChunkMemory> ChunkSource::AdoptChunk(UniqueFd fd,
       "the ", Name(), " source cannot take a chunk back from a client"));
 }
 
-absl::Status ChunkSource::Scrub(absl::Span<const ChunkToScrub> chunks) {
-  (void)chunks;
-  return absl::UnimplementedError(
-      absl::StrCat("the ", Name(), " source cannot scrub a chunk"));
-}
-
 }  // namespace allocd

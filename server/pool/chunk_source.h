@@ -15,7 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "ipc/unix_socket.h"
 
 namespace allocd {
@@ -42,12 +41,6 @@ struct ChunkMemory {
   std::shared_ptr<const UniqueFd> file;
   uint64_t handle = 0;
   uint64_t offset = 0;
-};
-
-// A chunk to scrub (ChunkSource::Scrub): its memory and its size.
-struct ChunkToScrub {
-  const ChunkMemory* memory = nullptr;
-  uint64_t bytes = 0;
 };
 
 // Thread-safe: the node pool calls CreateChunk() from several threads at
@@ -102,23 +95,6 @@ class ChunkSource {
     (void)memory;
     return "";
   }
-
-  // Whether Scrub() works: the node pool scrubs a cached chunk before it
-  // goes to another tenant where the source can, and otherwise destroys it
-  // and creates new memory in its room (as it does to change a chunk's
-  // size class).
-  virtual bool ScrubsChunks() const { return false; }
-  // Zeroes every byte of `chunks` -- the memory behind each ChunkMemory, as
-  // any FD OpenForClient() gave of it reads it -- and returns only once
-  // every one reads zero from anywhere (the device's writes done). The pool
-  // calls it outside its lock, maybe from several threads at once, each
-  // call with chunks of its own that no live process maps and nothing else
-  // touches until it returns. Batched so that a source can overlap the
-  // work of many chunks and wait once. The source's error, naming the
-  // call, when the device or the kernel refuses: the chunks' contents are
-  // then unknown, and the pool hands none of them to another tenant. The default (a
-  // source without ScrubsChunks()): Unimplemented.
-  virtual absl::Status Scrub(absl::Span<const ChunkToScrub> chunks);
 };
 
 }  // namespace allocd

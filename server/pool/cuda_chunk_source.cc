@@ -16,11 +16,6 @@ namespace allocd {
 
 struct CudaChunkSource::Device {
   explicit Device(cuda::PrimaryContext c) : context(std::move(c)) {}
-  ~Device() {
-    if (scrub_stream != nullptr && context.Bind().ok()) {
-      (void)cuda::StreamDestroy(scrub_stream);
-    }
-  }
   cuda::PrimaryContext context;
   CUmemAllocationProp prop = {};
   std::string name;
@@ -36,9 +31,6 @@ struct CudaChunkSource::Device {
   absl::flat_hash_map<CUmemGenericAllocationHandle, UniqueFd> exports
       ABSL_GUARDED_BY(exports_mu);
   size_t export_budget = 0;
-  // Scrubs, one at a time: the daemon's own stream, made at the first.
-  absl::Mutex scrub_mu;
-  CUstream scrub_stream ABSL_GUARDED_BY(scrub_mu) = nullptr;
 };
 
 namespace {
@@ -267,64 +259,6 @@ absl::StatusOr<UniqueFd> CudaChunkSource::OpenForClient(
   // A concurrent claim of the same chunk may have kept its export first.
   auto kept = device_->exports.emplace(memory.handle, std::move(fd)).first;
   return DuplicateFd(kept->second.get());
-}
-
-absl::Status CudaChunkSource::Scrub(absl::Span<const ChunkToScrub> chunks) {
-  if (chunks.empty()) return absl::OkStatus();
-  uint64_t total = 0;
-  for (const ChunkToScrub& chunk : chunks) total += chunk.bytes;
-  absl::MutexLock lock(&device_->scrub_mu);
-  if (absl::Status s = device_->context.Bind(); !s.ok()) return s;
-  if (device_->scrub_stream == nullptr) {
-    absl::StatusOr<CUstream> stream = cuda::StreamCreate();
-    if (!stream.ok()) return stream.status();
-    device_->scrub_stream = *stream;
-  }
-  const CUstream stream = device_->scrub_stream;
-  // The daemon maps no chunk of its own: the batch is mapped side by side
-  // in one reserved range, for the time of the fill.
-  absl::StatusOr<CUdeviceptr> base = cuda::AddressReserve(total);
-  if (!base.ok()) return base.status();
-  std::vector<std::pair<CUdeviceptr, uint64_t>> mapped;
-  std::vector<CUmemGenericAllocationHandle> imported;
-  bool queued = false;
-  const absl::Status status = [&]() -> absl::Status {
-    CUdeviceptr at = *base;
-    for (const ChunkToScrub& chunk : chunks) {
-      CUmemGenericAllocationHandle handle = chunk.memory->handle;
-      if (chunk.memory->file->valid()) {  // given by a client: its FD only
-        absl::StatusOr<CUmemGenericAllocationHandle> own =
-            cuda::ImportFromFd(chunk.memory->file->get());
-        if (!own.ok()) return own.status();
-        imported.push_back(*own);
-        handle = *own;
-      }
-      if (absl::Status s = cuda::MemMap(at, chunk.bytes, handle); !s.ok()) {
-        return s;
-      }
-      mapped.emplace_back(at, chunk.bytes);
-      if (absl::Status s = cuda::SetReadWriteAccess(
-              at, chunk.bytes, device_->context.device());
-          !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = cuda::MemsetD8Async(at, 0, chunk.bytes, stream);
-          !s.ok()) {
-        return s;
-      }
-      queued = true;
-      at += chunk.bytes;
-    }
-    return cuda::StreamSynchronize(stream);
-  }();
-  // Never unmapped under a fill still running.
-  if (!status.ok() && queued) (void)cuda::StreamSynchronize(stream);
-  for (const auto& [at, bytes] : mapped) (void)cuda::MemUnmap(at, bytes);
-  for (CUmemGenericAllocationHandle handle : imported) {
-    (void)cuda::MemRelease(handle);
-  }
-  (void)cuda::AddressFree(*base, total);
-  return status;
 }
 
 size_t CudaChunkSource::cached_exports() const {

@@ -78,12 +78,6 @@ class CudaChunkSource final : public ChunkSource {
   absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
                                          uint64_t bytes) const override;
   int FdsPerChunk() const override { return 0; }
-  // Maps the batch side by side in a range of the daemon's own (importing
-  // a given chunk from its FD), queues one cuMemsetD8Async per chunk on
-  // the daemon's own stream in the device's primary context, waits for
-  // the stream once, and unmaps. One batch at a time per device.
-  bool ScrubsChunks() const override { return true; }
-  absl::Status Scrub(absl::Span<const ChunkToScrub> chunks) override;
   // cuMemGetInfo's total, read at Create.
   std::optional<uint64_t> DeviceMemory() const override;
   size_t Granularity() const override { return granularity_; }

@@ -86,20 +86,6 @@ absl::StatusOr<ChunkMemory> MemfdChunkSource::AdoptChunk(UniqueFd fd,
                      .offset = 0};
 }
 
-absl::Status MemfdChunkSource::Scrub(absl::Span<const ChunkToScrub> chunks) {
-  for (const ChunkToScrub& chunk : chunks) {
-    if (fallocate(chunk.memory->file->get(),
-                  FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                  static_cast<off_t>(chunk.memory->offset),
-                  static_cast<off_t>(chunk.bytes)) != 0) {
-      return absl::InternalError(absl::StrCat(
-          "punching a ", chunk.bytes, "-byte memfd chunk out (fallocate): ",
-          strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 std::string MemfdChunkSource::Identity(const ChunkMemory& memory) const {
   struct stat st;
   if (memory.file == nullptr || fstat(memory.file->get(), &st) != 0) return "";

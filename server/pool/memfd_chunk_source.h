@@ -34,20 +34,14 @@ class MemfdChunkSource final : public ChunkSource {
 
   // A client proves a chunk with its memfd: AdoptChunk takes an FD that is
   // a memfd "allocd-chunk" of exactly `bytes` (offset 0) with this source's
-  // seals, which only the daemon that created it could have set before
-  // F_SEAL_SEAL; its identity is the file's device and inode.
+  // seals; its identity is the file's device and inode. Any process can
+  // make such a memfd: this proves the shape of a chunk, not that the
+  // daemon made it, so which chunks may be adopted at all is decided
+  // before (RestartAdoption: the daemon's own sessions file).
   bool ProvesChunks() const override { return true; }
   absl::StatusOr<ChunkMemory> AdoptChunk(UniqueFd fd, uint64_t offset,
                                          uint64_t bytes) const override;
   std::string Identity(const ChunkMemory& memory) const override;
-
-  // Punches each chunk's whole range out of its memfd
-  // (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE): its pages go back to the
-  // kernel at once and read as zeros from every FD and mapping of it, in
-  // time independent of the chunk's size. Internal naming the chunk when
-  // the kernel refuses (an adopted FD opened read-only).
-  bool ScrubsChunks() const override { return true; }
-  absl::Status Scrub(absl::Span<const ChunkToScrub> chunks) override;
 
  private:
   const size_t granularity_;

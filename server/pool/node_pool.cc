@@ -39,7 +39,6 @@ absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid,
   state.uid = uid;
   state.pid = pid;
   state.tenant = std::move(tenant);
-  state.process = WatchedProcess::Watch(pid);  // a syscall: unlocked
   absl::MutexLock lock(&mu_);
   state.incarnation = next_incarnation_;
   if (!sessions_.try_emplace(id, std::move(state)).second) {
@@ -51,6 +50,7 @@ absl::Status NodePool::AddSession(SessionId id, uid_t uid, pid_t pid,
 }
 
 void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
+  ++holdings_version_;
   s.held += bytes;
   uid_held_[s.uid] += bytes;
   tenant_held_[s.tenant] += bytes;
@@ -58,6 +58,7 @@ void NodePool::AddHeld(SessionState& s, uint64_t bytes) {
 
 void NodePool::SubtractHeld(SessionState& s, uint64_t bytes) {
   if (bytes == 0) return;
+  ++holdings_version_;
   s.held -= bytes;
   auto it = uid_held_.find(s.uid);  // present: it counts s.held
   it->second -= bytes;
@@ -91,21 +92,6 @@ void NodePool::RemoveFromCache(const Chunk& chunk) {
   same_kind->second.erase(chunk.free_order);
   if (same_kind->second.empty()) free_by_tenant_.erase(same_kind);
   free_bytes_ -= chunk.bytes;
-}
-
-void NodePool::AddMapper(Chunk& chunk,
-                         const std::shared_ptr<const WatchedProcess>& process) {
-  std::vector<std::shared_ptr<const WatchedProcess>>& mappers = chunk.mappers;
-  if (std::find(mappers.begin(), mappers.end(), process) != mappers.end()) {
-    return;
-  }
-  // A chunk a tenant's processes reuse one after another would list them
-  // all: the exited ones go once a few are listed (a poll() each).
-  constexpr size_t kCheckedFrom = 4;
-  if (mappers.size() >= kCheckedFrom) {
-    std::erase_if(mappers, [](const auto& p) { return p->Exited(); });
-  }
-  mappers.push_back(process);
 }
 
 uint64_t NodePool::BytesOf(
@@ -219,9 +205,8 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
         claims_.TakeFor(mu_, token, claimer_pid);
     if (!taken.ok()) return taken.status();
     claim = *std::move(taken);
-    const SessionState* claimer =
-        SameSession(claim.session, claim.incarnation);
-    if (claimer == nullptr) {  // EndSession forgets its claims: never
+    // EndSession forgets its claims: never.  (Kept as a check.)
+    if (SameSession(claim.session, claim.incarnation) == nullptr) {
       return absl::NotFoundError("the claim's session ended");
     }
     for (uint64_t chunk_id : claim.chunk_ids) {
@@ -232,9 +217,6 @@ absl::Status NodePool::Claim(absl::string_view token, pid_t claimer_pid,
           (claim.share.empty() && chunk->second.owner != claim.session)) {
         continue;
       }
-      // Before the FD goes out: a failed send leaves one mapper too many,
-      // never one too few.
-      AddMapper(chunk->second, claimer->process);
       files.push_back({chunk_id, chunk->second.memory, chunk->second.bytes});
     }
   }
@@ -497,8 +479,6 @@ PoolStats NodePool::Stats() const {
                   .creating_bytes = creating_bytes_,
                   .chunks_created_total = created_total_,
                   .chunks_reused_total = reused_total_,
-                  .chunks_scrubbed_total = scrubbed_total_,
-                  .scrubbed_bytes_total = scrubbed_bytes_total_,
                   .chunks_client_made_total = client_made_total_,
                   .trimmed_bytes_total = trimmed_total_,
                   .adopted_bytes_total = adopted_total_};

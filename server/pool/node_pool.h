@@ -41,27 +41,20 @@
 // id is never one a live chunk has (an adopted chunk of the same epoch).
 //
 // Tenants (server/tenant_id.h): every session belongs to one, and no
-// memory crosses from one tenant to another with its contents or with a
-// live mapping. A chunk remembers the tenant that last held it and the
-// processes it went to (WatchedProcess, a pidfd each: the claimers of its
-// FDs, share openers among them; the giver of GiveMemory; the declarer of
-// an adopted chunk). A session takes its own tenant's cached chunks as
-// they are (no scrub, no wait: same-tenant reuse costs what it always
-// did). Another tenant's cached chunk never goes to it by default
-// (CrossTenantReuse::kRecreate): Acquire creates new memory instead,
-// destroying cached chunks for the room as it does for another size class,
-// so that a process the pool never saw -- a fork child of a mapper, or one
-// a mapper passed a chunk's FD to -- keeps only the memory it already had.
-// Under kScrub (for tenants trusted not to hand their FDs on) another
-// tenant's chunk goes to it once every process it went to has exited, and
-// only scrubbed (ChunkSource::Scrub, outside the lock, as creation is),
-// where the source can scrub. Either way a chunk still mapped by a live
-// process of another tenant is never handed out.
-// Capacity: such a chunk stays cached and counted (its memory is in use:
-// the process maps it), is its own tenant's to reuse, and is destroyed
-// like any cached chunk when an Acquire needs its room or a trim gives it
-// up; its memory then goes back to the device when that process exits, as
-// a trimmed chunk's does while its client still maps it.
+// memory crosses from one tenant to another. A chunk remembers the tenant
+// that last held it. A session takes its own tenant's cached chunks as
+// they are (no wait: same-tenant reuse costs what it always did). Another
+// tenant's cached chunk never goes to it: Acquire creates new memory
+// instead, destroying cached chunks for the room as it does for another
+// size class, so that a process the pool never saw -- a fork child of a
+// mapper, or one a mapper passed a chunk's FD to -- keeps only the memory
+// it already had. (Zeroing the chunk in place would need the pool to show
+// that no such process maps it, which neither a memfd nor a CUDA export
+// lets it see.) A chunk another tenant's process may still map stays
+// cached and counted, is its own tenant's to reuse, and is destroyed like
+// any cached chunk when an Acquire needs its room or a trim gives it up;
+// its memory then goes back to the device when that process exits, as a
+// trimmed chunk's does while its client still maps it.
 // Shares do not cross tenants (OpenShare); under --tenancy node every
 // session is one tenant and all of this is today's reuse.
 //
@@ -99,7 +92,6 @@
 #include "server/pool/chunk_shares.h"
 #include "server/pool/claim_tokens.h"
 #include "server/pool/chunk_source.h"
-#include "server/pool/watched_process.h"
 #include "server/session_id.h"
 #include "server/tenant_id.h"
 
@@ -116,7 +108,7 @@ struct Grant {
   // 32 hex digits (128 random bits): the one-time key for Claim().
   std::string token;
   // How many of the chunks came from the cache rather than new memory
-  // (another tenant's scrubbed ones among them).
+  // (always the session's tenant's).
   uint32_t reused_chunks = 0;
   // How many of the chunks, the last ones, the client makes itself
   // (Acquire with client_creates): the pool holds no memory of them and
@@ -160,11 +152,6 @@ struct PoolStats {
   uint64_t creating_bytes = 0;
   uint64_t chunks_created_total = 0;
   uint64_t chunks_reused_total = 0;
-  // Cached chunks scrubbed to go to another tenant than the last to hold
-  // them (counted in chunks_reused_total too).
-  uint64_t chunks_scrubbed_total = 0;
-  // Their bytes.
-  uint64_t scrubbed_bytes_total = 0;
   // Chunks granted for their clients to make (Acquire's client_creates).
   uint64_t chunks_client_made_total = 0;
   // Cached chunks destroyed (their memory back to the device) by TrimFree,
@@ -189,6 +176,13 @@ struct DeclaredChunk {
   // chunks on the client's word.
   UniqueFd fd;
   uint64_t offset = 0;
+};
+
+// A chunk a session holds (NodePool::HeldChunks).
+struct HeldChunk {
+  TenantId tenant;
+  uint64_t id = 0;
+  uint64_t bytes = 0;
 };
 
 // What Adopt() made of a declaration.
@@ -221,17 +215,6 @@ std::optional<uint64_t> ShortfallBytes(const absl::Status& status);
 inline constexpr absl::string_view kShortfallPayloadUrl =
     "type.allocd.dev/allocd.NodeShortfallBytes";
 
-// How a tenant's cached chunks go to another tenant (NodePool, "Tenants").
-enum class CrossTenantReuse {
-  // Never: destroyed and created again. Safe against a tenant that passes
-  // its chunks' FDs on; on the H200 it costs 0.7-24 ms per GiB by chunk
-  // size, on a par with a scrub for chunks up to 16 MiB and twice one for
-  // 128 MiB and larger (bench/gpu/results/tenancy).
-  kRecreate,
-  // Scrubbed in place once every process the pool gave it to has exited.
-  kScrub,
-};
-
 class NodePool {
  public:
   struct Options {
@@ -250,8 +233,6 @@ class NodePool {
     // from 1), so that a restarted daemon (another epoch: the daemon draws
     // one at random) makes no id that a surviving client still holds.
     uint32_t chunk_id_epoch = 0;
-    // How another tenant's cached memory is reused ("Tenants" above).
-    CrossTenantReuse cross_tenant_reuse = CrossTenantReuse::kRecreate;
   };
 
   // `source` must outlive the pool.
@@ -262,9 +243,7 @@ class NodePool {
   NodePool& operator=(const NodePool&) = delete;
 
   // Starts session `id` of process `pid` run by `uid`, of `tenant`: the pid
-  // its claim tokens are bound to and the process its chunks go to (watched
-  // from now on: a pidfd, opened here, outside the lock), the uid its uid
-  // quota counts against, the tenant whose cached chunks it reuses as they
+  // its claim tokens are bound to, the uid its uid quota counts against, the tenant whose cached chunks it reuses as they
   // are. InvalidArgument for id 0 or an empty tenant; AlreadyExists for a
   // live session's id.
   absl::Status AddSession(SessionId id, uid_t uid, pid_t pid,
@@ -280,9 +259,8 @@ class NodePool {
   // Gives session `id` chunks covering `bytes` rounded up to the smallest
   // class, split into classes of at most `max_chunk_bytes` (largest first;
   // a client that maps every chunk at the smallest size passes that):
-  // cached ones of those sizes first -- its tenant's, then (scrubbed,
-  // outside the lock) other tenants' that no live process maps any more,
-  // coldest first -- then new ones from the source, up to
+  // cached ones of its tenant's of those sizes first (another tenant's
+  // never: "Tenants" above), then new ones from the source, up to
   // the capacity, destroying cached chunks of other sizes when the capacity
   // has no room for the new ones, or when the source runs out of memory
   // (ResourceExhausted) before the capacity does (then once, and the
@@ -334,8 +312,7 @@ class NodePool {
   // creation in the daemon stalls the asking client's own mapping on the
   // GPU, and a read-ahead is worth no more than the mapping it hides. As
   // many whole grants as the session's tenant's cached chunks (and the
-  // quotas) allow -- another tenant's would need a scrub, work in the
-  // daemon like a creation, so they are Acquire's --, in one Grant of
+  // quotas) allow, in one Grant of
   // one token: the chunks of the first, then of the second, and so on;
   // Grant.bytes is their count times `bytes` rounded up to the smallest
   // class. An empty Grant (no chunks, no token) when not even one fits.
@@ -434,29 +411,41 @@ class NodePool {
 
   // Takes the chunks session `id` declares it still holds from the daemon
   // before a restart into the pool: each one adopted is the session's (as
-  // if it had acquired it, of its tenant, mapped by its process), counts
-  // against the capacity and the quotas, and is never handed out again
-  // until released. (The processes that mapped it before the restart are
-  // unknown to this pool; the declarer is the one it watches.) An adopted
+  // if it had acquired it, of its tenant), counts against the capacity and
+  // the quotas, and is never handed out again until released (and then
+  // only to its tenant, as any chunk). An adopted
   // chunk with memory (proven with its FD) goes back to the cache when
   // released like any other; one taken on the client's word has no memory here: it
   // cannot be shared (Share refuses it), and it leaves the pool when
   // released, never cached nor trimmed (its memory goes back to the device
-  // when the client unmaps it). The capacity and quotas refuse nothing here:
-  // the memory is in use whatever the pool says, so the pool counts it and
-  // refuses Acquires until it is back under its limits.
+  // when the client unmaps it). Which chunks a session may declare at all
+  // is the caller's to decide (RestartAdoption::Declare: only those the
+  // daemon before handed to its tenant); the pool adopts none of them past
+  // its capacity or any quota, as an Acquire would not create it.
   // A chunk is refused, with why, and owned by nobody through this
-  // declaration, when:
+  // declaration (its FD closed before this returns), when:
   //  - its id is 0 or listed twice in `chunks`;
   //  - its size is not one of this pool's classes (chunk_classes());
   //  - the source takes proofs (ProvesChunks) and its FD is missing or is
   //    not such a chunk of that size (ChunkSource::AdoptChunk);
   //  - its id is a live chunk's already (another session's, this one's,
   //    cached), or its memory is a live chunk's under another id:
-  //    nothing is ever owned twice.
+  //    nothing is ever owned twice;
+  //  - it would take the session past a quota (Acquire's messages), or
+  //    the live chunks past the capacity (cached ones are not destroyed
+  //    for it: an adoption comes before any Acquire).
   // NotFound for no session `id` (or one that ended meanwhile).
   absl::StatusOr<AdoptOutcome> Adopt(SessionId id,
                                      std::vector<DeclaredChunk> chunks);
+
+  // The chunks sessions hold (granted or adopted; not those an Acquire is
+  // still creating), each with its session's tenant: what a restarted
+  // daemon may adopt (RestartAdoption).
+  std::vector<HeldChunk> HeldChunks() const;
+  // Changes whenever chunks change hands (an Acquire, a release, a session
+  // ending, an adoption): whoever keeps a copy of HeldChunks() knows when
+  // it is stale.
+  uint64_t holdings_version() const { return holdings_version_.load(); }
 
   PoolStats Stats() const;
   // What an Acquire could be granted now with nobody giving back: the cached
@@ -497,16 +486,11 @@ class NodePool {
     // The tenant that last held it, whose data it may hold: whose cache
     // it is in while cached.
     TenantId tenant;
-    // The processes its FDs went to since it last crossed tenants (all of
-    // `tenant`'s): it crosses again only once each has exited.
-    std::vector<std::shared_ptr<const WatchedProcess>> mappers;
   };
   struct SessionState {
     uid_t uid = 0;
     pid_t pid = 0;
     TenantId tenant;
-    // The process `pid` was at AddSession: the one its claims go to.
-    std::shared_ptr<const WatchedProcess> process;
     // Tells this session from a later one with the same id.
     uint64_t incarnation = 0;
     // Bytes of `chunks` plus chunks an Acquire is creating for it.
@@ -526,10 +510,6 @@ class NodePool {
   // Of `capacity`, what is not created nor being created.
   uint64_t UncreatedRoom(uint64_t capacity) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `process` maps `chunk` (dropping those it went to that
-  // have exited, once it lists a few).
-  static void AddMapper(Chunk& chunk,
-                        const std::shared_ptr<const WatchedProcess>& process);
   void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk its owner gives up: to the cache, or, while shares of it are
@@ -604,42 +584,16 @@ class NodePool {
     // The sizes of the chunks the cache did not have, and their sum.
     std::vector<uint64_t> to_create;
     uint64_t create_bytes = 0;
-    // Other tenants' cached chunks it took, to scrub outside the lock: in
-    // no session's chunks (EndSession leaves them to this Acquire) until
-    // they are scrubbed and committed.
-    struct Scrubbing {
-      uint64_t id = 0;
-      uint64_t bytes = 0;
-      ChunkMemory memory;
-    };
-    std::vector<Scrubbing> to_scrub;
-  };
-  // What TakeFree learned about other tenants' cached chunks during one
-  // call: the processes found alive (not asked again), and for each
-  // (tenant, size) list the free order its scan resumes at (the chunks
-  // before it are mapped by one of them).
-  struct CrossingScan {
-    absl::flat_hash_set<const WatchedProcess*> alive;
-    absl::flat_hash_map<std::pair<TenantId, uint64_t>, uint64_t> resume;
   };
   absl::Status CheckQuotas(SessionId id, const SessionState& s,
                            uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acquire's steps, in order. Checks `a`'s quotas and that the node has
   // room for it at all (Acquire's errors), then takes the cached chunks of
-  // `sizes` for session `a.id` (state `s`), other tenants' to scrub too when
-  // the source scrubs, and counts the grant as held; `a.to_create` is the
-  // rest.
+  // `sizes` for session `a.id` (state `s`) and counts the grant as held;
+  // `a.to_create` is the rest.
   absl::Status TakeCached(AcquireInFlight& a, SessionState& s,
                           const std::vector<uint64_t>& sizes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Scrubs `a.to_scrub` (ChunkSource::Scrub), outside the lock.
-  absl::Status ScrubTaken(const AcquireInFlight& a) ABSL_LOCKS_EXCLUDED(mu_);
-  // When the scrub failed: `a.to_scrub` is destroyed (its memory moved to
-  // `doomed`, dropped outside the lock) and created again in its room
-  // (added to `a.to_create`, counted as being created).
-  void CreateInsteadOfScrub(AcquireInFlight& a,
-                            std::vector<ChunkMemory>& doomed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, until the capacity has room for
   // `create_bytes` more, moving their memory to `doomed` (released outside
@@ -658,16 +612,13 @@ class NodePool {
                             std::vector<ChunkMemory>& created)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the `created` chunks (of `a.to_create`'s first sizes) live, and
-  // them and the scrubbed ones the session's with the grant done (with
-  // `client_creates`, `a.to_create` the client's to make) when it is still
-  // alive and `failure` is OK; otherwise UndoAcquire.
+  // them the session's with the grant done when it is still alive and
+  // `failure` is OK; otherwise UndoAcquire.
   absl::StatusOr<Grant> CommitCreated(AcquireInFlight& a,
                                       std::vector<ChunkMemory> created,
-                                      const absl::Status& failure,
-                                      bool client_creates)
+                                      const absl::Status& failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Caches the `created` chunks and what `a` took from the cache (the
-  // scrubbed ones as `a`'s tenant's), and
+  // Caches the `created` chunks and what `a` took from the cache, and
   // returns Acquire's error: Aborted when the session ended (`alive` is
   // null), else the source's `failure` (a node shortage when it is out of
   // memory).
@@ -677,23 +628,14 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the cached chunks that match sizes of `sizes` for session `id`,
   // for grant `grant`: the session's tenant's (the most recently freed of
-  // each size), appended to `grant_out`; then, with `crossing`, other
-  // tenants' that every process they went to has left (CrossableChunk),
-  // moved to `crossing->to_scrub`. Returns the sizes left to create.
+  // each size), appended to `grant_out`. Returns the sizes left to create.
   std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
                                  const std::vector<uint64_t>& sizes,
-                                 uint64_t grant, Grant& grant_out,
-                                 AcquireInFlight* crossing = nullptr)
+                                 uint64_t grant, Grant& grant_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cached chunks of `tenant` of `size`, by free order; null for none.
   const std::map<uint64_t, uint64_t>* CachedOf(const TenantId& tenant,
                                                uint64_t size) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A cached chunk of `size` of a tenant other than `tenant` that no live
-  // process maps (the coldest of the first such tenant), or nullopt. One
-  // poll() per process it has not asked about in `scan` yet.
-  std::optional<uint64_t> CrossableChunk(const TenantId& tenant,
-                                         uint64_t size, CrossingScan& scan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new live chunk of `size` with `memory`, nobody's yet, `tenant`'s.
   std::pair<const uint64_t, Chunk>& AddCreated(uint64_t size,
@@ -706,6 +648,11 @@ class NodePool {
                      uint64_t size, Grant& grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Adoption (node_pool_adopt.cc): Adopt and GiveMemory.
+  // Why `bytes` more would take session `id` (state `s`) past a quota or
+  // the live chunks past the capacity ("" when they fit): Adopt's limits.
+  std::string RefuseOverLimits(SessionId id, const SessionState& s,
+                               uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a chunk a client declares cannot be adopted before its proof is
   // looked at ("" when it can so far): its id and size.
   std::string RefuseDeclared(const DeclaredChunk& chunk) const;
@@ -753,10 +700,10 @@ class NodePool {
   uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t scrubbed_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t scrubbed_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // holdings_version(): bumped under mu_, read without it.
+  std::atomic<uint64_t> holdings_version_{0};
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at

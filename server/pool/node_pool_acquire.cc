@@ -54,29 +54,6 @@ const std::map<uint64_t, uint64_t>* NodePool::CachedOf(const TenantId& tenant,
   return cached == free_by_tenant_.end() ? nullptr : &cached->second;
 }
 
-std::optional<uint64_t> NodePool::CrossableChunk(const TenantId& tenant,
-                                                 uint64_t size,
-                                                 CrossingScan& scan) {
-  for (const auto& [kind, cached] : free_by_tenant_) {
-    if (kind.second != size || kind.first == tenant) continue;
-    auto [resume, unused] = scan.resume.try_emplace(kind, 0);
-    for (auto it = cached.lower_bound(resume->second); it != cached.end();
-         ++it) {
-      const Chunk& chunk = chunks_.at(it->second);
-      const bool mapped = std::any_of(
-          chunk.mappers.begin(), chunk.mappers.end(), [&](const auto& p) {
-            if (scan.alive.contains(p.get())) return true;
-            if (p->Exited()) return false;
-            scan.alive.insert(p.get());
-            return true;
-          });
-      if (!mapped) return it->second;
-      resume->second = it->first + 1;
-    }
-  }
-  return std::nullopt;
-}
-
 absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
                                    uint64_t bytes) const {
   if (s.quota && s.held + bytes > *s.quota) {
@@ -113,10 +90,8 @@ absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
 
 std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
                                          const std::vector<uint64_t>& sizes,
-                                         uint64_t grant, Grant& grant_out,
-                                         AcquireInFlight* crossing) {
+                                         uint64_t grant, Grant& grant_out) {
   std::vector<uint64_t> to_create;
-  CrossingScan scan;
   for (uint64_t size : sizes) {
     if (const std::map<uint64_t, uint64_t>* own = CachedOf(s.tenant, size)) {
       const uint64_t chunk_id = own->rbegin()->second;
@@ -129,21 +104,9 @@ std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
       grant_out.chunk_sizes.push_back(size);
       continue;
     }
-    std::optional<uint64_t> other =
-        crossing == nullptr ? std::nullopt
-                            : CrossableChunk(s.tenant, size, scan);
-    if (!other) {
-      to_create.push_back(size);
-      continue;
-    }
-    Chunk& chunk = chunks_.at(*other);
-    RemoveFromCache(chunk);
-    chunk.owner = id;
-    chunk.grant = grant;
-    chunk.pending = true;
-    chunk.mappers.clear();  // every one has exited
-    crossing->to_scrub.push_back(
-        {.id = *other, .bytes = size, .memory = chunk.memory});
+    // Another tenant's cached chunk is never taken: a process the pool
+    // never gave it to (a fork child, an FD passed on) may still map it.
+    to_create.push_back(size);
   }
   return to_create;
 }
@@ -247,18 +210,17 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     if (absl::Status taken = TakeCached(a, state, sizes); !taken.ok()) {
       return taken;
     }
-    if (a.to_create.empty() && a.to_scrub.empty()) {  // all cached: done
+    if (a.to_create.empty()) {  // all cached: done
       a.grant.token = AddClaim(id, state, std::move(a.token), a.serial,
                                a.grant.chunk_ids);
       return std::move(a.grant);
     }
     MakeRoom(a.create_bytes, doomed);
-    if (client_creates && a.to_scrub.empty()) {
+    if (client_creates) {
       return GrantClientMade(a, state);  // `doomed` is released after the lock
     }
     // The chunks taken are not the session's to release until the rest is
-    // scrubbed and created; what is being created (by the client too)
-    // counts against the capacity.
+    // created; what is being created counts against the capacity.
     for (uint64_t chunk_id : a.grant.chunk_ids) {
       chunks_.at(chunk_id).pending = true;
     }
@@ -266,44 +228,10 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     a.incarnation = state.incarnation;
   }
   doomed.clear();
-  if (!a.to_scrub.empty() && !ScrubTaken(a).ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      CreateInsteadOfScrub(a, doomed);
-    }
-    doomed.clear();
-  }
   std::vector<ChunkMemory> created;
-  const absl::Status failure =
-      client_creates ? absl::OkStatus() : CreateChunks(a.to_create, created);
+  const absl::Status failure = CreateChunks(a.to_create, created);
   absl::MutexLock lock(&mu_);
-  return CommitCreated(a, std::move(created), failure, client_creates);
-}
-
-absl::Status NodePool::ScrubTaken(const AcquireInFlight& a) {
-  std::vector<ChunkToScrub> chunks;
-  chunks.reserve(a.to_scrub.size());
-  for (const AcquireInFlight::Scrubbing& taken : a.to_scrub) {
-    chunks.push_back({.memory = &taken.memory, .bytes = taken.bytes});
-  }
-  return source_->Scrub(chunks);
-}
-
-void NodePool::CreateInsteadOfScrub(AcquireInFlight& a,
-                                    std::vector<ChunkMemory>& doomed) {
-  // Its contents unknown, the memory cannot go to this tenant nor back to
-  // the cache; new memory in its room costs a creation.
-  for (AcquireInFlight::Scrubbing& taken : a.to_scrub) {
-    live_bytes_ -= taken.bytes;
-    doomed.push_back(std::move(chunks_.at(taken.id).memory));
-    chunks_.erase(taken.id);
-    a.to_create.push_back(taken.bytes);
-    a.create_bytes += taken.bytes;
-    creating_bytes_ += taken.bytes;
-  }
-  a.grant.reused_chunks -= static_cast<uint32_t>(a.to_scrub.size());
-  reused_total_ -= a.to_scrub.size();
-  a.to_scrub.clear();
+  return CommitCreated(a, std::move(created), failure);
 }
 
 absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
@@ -318,15 +246,10 @@ absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
   }
   a.serial = next_grant_++;
   a.tenant = s.tenant;
-  const bool scrubs =
-      options_.cross_tenant_reuse == CrossTenantReuse::kScrub &&
-      source_->ScrubsChunks();
-  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant,
-                         scrubs ? &a : nullptr);
+  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant);
   a.create_bytes =
       std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
-  a.grant.reused_chunks =
-      static_cast<uint32_t>(a.grant.chunk_ids.size() + a.to_scrub.size());
+  a.grant.reused_chunks = static_cast<uint32_t>(a.grant.chunk_ids.size());
   AddHeld(s, rounded);
   reused_total_ += a.grant.reused_chunks;
   return absl::OkStatus();
@@ -392,27 +315,18 @@ std::pair<const uint64_t, NodePool::Chunk>& NodePool::AddCreated(
 
 absl::StatusOr<Grant> NodePool::CommitCreated(
     AcquireInFlight& a, std::vector<ChunkMemory> created,
-    const absl::Status& failure, bool client_creates) {
+    const absl::Status& failure) {
   creating_bytes_ -= a.create_bytes;
   created_total_ += created.size();
   SessionState* const alive = SameSession(a.id, a.incarnation);
   if (alive == nullptr || !failure.ok()) {
     return UndoAcquire(a, alive, std::move(created), failure);
   }
+  // Its chunks are the session's now, no longer being created.
+  ++holdings_version_;
   for (uint64_t chunk_id : a.grant.chunk_ids) {
     chunks_.at(chunk_id).pending = false;
   }
-  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
-    Chunk& chunk = chunks_.at(scrubbed.id);
-    chunk.pending = false;
-    chunk.tenant = a.tenant;
-    alive->chunks.insert(scrubbed.id);
-    a.grant.chunk_ids.push_back(scrubbed.id);
-    a.grant.chunk_sizes.push_back(scrubbed.bytes);
-    scrubbed_bytes_total_ += scrubbed.bytes;
-  }
-  scrubbed_total_ += a.to_scrub.size();
-  if (client_creates) return GrantClientMade(a, *alive);
   for (size_t i = 0; i < created.size(); ++i) {
     auto& [chunk_id, chunk] =
         AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
@@ -438,12 +352,6 @@ absl::Status NodePool::UndoAcquire(AcquireInFlight& a, SessionState* alive,
         AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
     created_bytes += chunk.bytes;
     ReturnToCache(chunk_id, chunk);
-  }
-  // Scrubbed: nothing of the tenant they came from is left in them.
-  for (const AcquireInFlight::Scrubbing& scrubbed : a.to_scrub) {
-    Chunk& chunk = chunks_.at(scrubbed.id);
-    chunk.tenant = a.tenant;
-    ReturnToCache(scrubbed.id, chunk);
   }
   reused_total_ -= a.grant.reused_chunks;
   if (alive == nullptr) {

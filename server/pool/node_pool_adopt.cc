@@ -73,13 +73,24 @@ absl::Status NodePool::GiveMemory(SessionId id,
           same->second, "; nothing was taken"));
     }
   }
-  const SessionState& giver = sessions_.at(id);  // memoryless found it
   for (size_t i = 0; i < chunk_ids.size(); ++i) {
-    Chunk& chunk = chunks_.at(chunk_ids[i]);
-    chunk.memory = std::move(memories[i]);
-    AddMapper(chunk, giver.process);  // it made the memory: it maps it
+    chunks_.at(chunk_ids[i]).memory = std::move(memories[i]);
   }
   return absl::OkStatus();
+}
+
+std::string NodePool::RefuseOverLimits(SessionId id, const SessionState& s,
+                                       uint64_t bytes) const {
+  if (absl::Status quota = CheckQuotas(id, s, bytes); !quota.ok()) {
+    return std::string(quota.message());
+  }
+  const uint64_t capacity = capacity_.load();
+  if (UncreatedRoom(capacity) < bytes) {
+    return absl::StrCat("the node pool has ", FormatSize(UncreatedRoom(capacity)),
+                        " of its capacity ", FormatSize(capacity),
+                        " left, for a chunk of ", FormatSize(bytes));
+  }
+  return "";
 }
 
 std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
@@ -164,27 +175,38 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
         why = absl::StrCat("its memory is chunk ", same->second, "'s");
       }
     }
+    if (why.empty()) why = RefuseOverLimits(id, state, candidate.bytes);
     if (!why.empty()) {
       outcome.refused.emplace_back(candidate.id, std::move(why));
       dropped.push_back(std::move(candidate.memory));
       continue;
     }
-    Chunk& chunk = chunks_
-                       .emplace(candidate.id,
-                                Chunk{.memory = std::move(candidate.memory),
-                                      .bytes = candidate.bytes,
-                                      .owner = id,
-                                      .tenant = state.tenant})
-                       .first->second;
-    AddMapper(chunk, state.process);
+    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
+                                        .bytes = candidate.bytes,
+                                        .owner = id,
+                                        .tenant = state.tenant});
     live_bytes_ += candidate.bytes;
     state.chunks.insert(candidate.id);
+    AddHeld(state, candidate.bytes);
     outcome.adopted.push_back(candidate.id);
     outcome.adopted_bytes += candidate.bytes;
   }
-  AddHeld(state, outcome.adopted_bytes);
   adopted_total_ += outcome.adopted_bytes;
   return outcome;
+}
+
+std::vector<HeldChunk> NodePool::HeldChunks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<HeldChunk> held;
+  for (const auto& [id, s] : sessions_) {
+    for (uint64_t chunk_id : s.chunks) {
+      auto chunk = chunks_.find(chunk_id);
+      if (chunk == chunks_.end() || chunk->second.pending) continue;
+      held.push_back(
+          {.tenant = s.tenant, .id = chunk_id, .bytes = chunk->second.bytes});
+    }
+  }
+  return held;
 }
 
 }  // namespace allocd

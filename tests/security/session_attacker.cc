@@ -5,12 +5,20 @@
 //   session_attacker SOCKET take SESSION_ID SECRET_HEX
 //       every request naming the session, with its id and secret;
 //   session_attacker SOCKET release CHUNK_ID...
-//       from a session of its own, a release of each chunk id.
+//       from a session of its own, a release of each chunk id;
+//   session_attacker SOCKET forge COUNT BYTES
+//       from a session of its own, on its lease, a declaration of COUNT
+//       memfds it made itself as the daemon makes chunks (name, seals,
+//       size), in frames of 250; prints "declared ADOPTED REFUSED" (the
+//       totals).
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/time/time.h"
@@ -144,6 +152,74 @@ int Release(const char* socket, int count, char** chunks) {
   return 0;
 }
 
+// A memfd as MemfdChunkSource makes one, by a process that is not the
+// daemon.
+allocd::UniqueFd ForgedChunk(uint64_t bytes) {
+  allocd::UniqueFd fd(
+      memfd_create("allocd-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid() || ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd.get(), F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    std::printf("memfd failed\n");
+    std::exit(2);
+  }
+  return fd;
+}
+
+int Forge(const char* socket, uint64_t count, uint64_t bytes) {
+  std::unique_ptr<allocd::v1::Allocd::Stub> stub = Stub(socket);
+  allocd::v1::RegisterResponse own;
+  {
+    grpc::ClientContext c;
+    allocd::v1::RegisterRequest hello;
+    hello.set_protocol_version(1);
+    grpc::Status s = stub->Register(&c, hello, &own);
+    if (!s.ok()) {
+      Print("register", s);
+      return 2;
+    }
+  }
+  absl::StatusOr<allocd::UniqueFd> side = allocd::ConnectUnix(own.fd_socket());
+  if (!side.ok()) return 2;
+  auto ask = [&](const allocd::v1::SideRequest& request,
+                 std::vector<allocd::UniqueFd> fds) {
+    std::vector<int> raw;
+    for (const allocd::UniqueFd& fd : fds) raw.push_back(fd.get());
+    allocd::v1::SideResponse answer;
+    if (!allocd::SendMessage(side->get(), request.SerializeAsString(), raw)
+             .ok()) {
+      std::exit(2);
+    }
+    absl::StatusOr<allocd::ReceivedMessage> frame =
+        allocd::ReceiveMessage(side->get(), 1 << 20, absl::Seconds(30));
+    if (!frame.ok()) std::exit(2);
+    answer.ParseFromString(frame->payload);
+    return answer;
+  };
+  allocd::v1::SideRequest lease;
+  lease.set_lease_session_id(own.session_id());
+  lease.set_session_secret(own.session_secret());
+  if (ask(lease, {}).code() != 0) return 2;
+  uint64_t adopted = 0, refused = 0;
+  constexpr uint64_t kFrame = 250;
+  for (uint64_t first = 0; first < count; first += kFrame) {
+    allocd::v1::SideRequest declare;
+    std::vector<allocd::UniqueFd> fds;
+    for (uint64_t i = first; i < count && i < first + kFrame; ++i) {
+      declare.mutable_declare()->add_chunk_ids(i + 1);
+      declare.mutable_declare()->add_sizes(bytes);
+      fds.push_back(ForgedChunk(bytes));
+    }
+    declare.mutable_declare()->set_more(first + kFrame < count);
+    const allocd::v1::SideResponse answer = ask(declare, std::move(fds));
+    adopted += answer.adopted_chunk_ids_size();
+    refused += answer.refused_chunk_ids_size();
+  }
+  std::printf("declared %llu %llu\n", static_cast<unsigned long long>(adopted),
+              static_cast<unsigned long long>(refused));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +230,10 @@ int main(int argc, char** argv) {
   }
   if (argc >= 4 && std::string(argv[2]) == "release") {
     return Release(argv[1], argc - 3, argv + 3);
+  }
+  if (argc == 5 && std::string(argv[2]) == "forge") {
+    return Forge(argv[1], std::strtoull(argv[3], nullptr, 10),
+                 std::strtoull(argv[4], nullptr, 10));
   }
   return 64;
 }

@@ -2,7 +2,8 @@
 // a real `allocd serve` (sim) and attackers running as other uids: what
 // issue 29 measured (session takeover with guessed ids, chunks released by
 // guessing their ids, root's Admin power on the clients' socket) must be
-// refused. The tests that need another uid run as root (CI does) and skip,
+// refused, and so must issue 41's chunks forged and declared after no
+// restart. The tests that need another uid run as root (CI does) and skip,
 // saying why, otherwise.
 #include <fcntl.h>
 #include <grp.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -331,6 +333,78 @@ TEST_F(PidNamespaceTest, UnderTenancyNodeAPeerThePidOfWhichTheDaemonCannotSeeReg
   ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
   EXPECT_NE(registered.session_id(), 0u);
   EXPECT_FALSE(registered.session_secret().empty());
+}
+
+// Issue 41: an attacker makes memfds as the daemon makes chunks and
+// declares them on its lease, with no restart. Under a 512 MiB tenant quota
+// and 2 GiB of capacity it got "8 adopted (8.00 GiB)", starved a victim,
+// and with 19,500 2 MiB memfds took the daemon to its FD limit. Now: 0
+// bytes adopted, no FD kept, and the victim is served.
+class ForgedAdoptionSecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "needs root to run the attacker as uid " << kAttacker;
+    }
+    chmod(dir_.path().c_str(), 0755);
+    socket_ = dir_.path() + "/allocd.sock";
+    daemon_ = std::make_unique<Child>(std::vector<std::string>{
+        ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
+        "--metrics-addr", "", "--capacity", "2GiB",
+        "--default-tenant-quota", "512MiB"});
+    harness::WaitForDaemon(socket_);
+    admin_ = v1::Admin::NewStub(DialAdmin(socket_));
+  }
+  void TearDown() override { daemon_.reset(); }
+
+  // The daemon's open files.
+  int DaemonFds() const {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", daemon_->pid(), "/fd"))) {
+      (void)entry;
+      ++n;
+    }
+    return n;
+  }
+  std::vector<std::string> Forge(int count, uint64_t bytes) {
+    return RunAs(kAttacker, {0},
+                 {SESSION_ATTACKER_BINARY, socket_, "forge",
+                  absl::StrCat(count), absl::StrCat(bytes)})
+        .lines;
+  }
+
+  ScopedTempDir dir_{"allocd_forged_"};
+  std::string socket_;
+  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+TEST_F(ForgedAdoptionSecurityTest, ForgedChunksAreNeverAdopted) {
+  const int fds_before = DaemonFds();
+  EXPECT_THAT(Forge(8, uint64_t{1} << 30),
+              ::testing::ElementsAre("declared 0 8"));
+  EXPECT_THAT(Forge(2000, uint64_t{2} << 20),
+              ::testing::ElementsAre("declared 0 2000"));
+  const v1::StatusResponse status = harness::PoolStatus(*admin_);
+  EXPECT_EQ(status.adopted_bytes_total(), 0u);
+  EXPECT_EQ(status.in_use_bytes() + status.free_bytes(), 0u);
+  EXPECT_LE(DaemonFds(), fds_before + 2);  // a connection or two closing
+  // The victim gets its memory.
+  auto stub = v1::Allocd::NewStub(Dial(socket_));
+  grpc::ClientContext c;
+  v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  v1::RegisterResponse victim;
+  ASSERT_TRUE(stub->Register(&c, hello, &victim).ok());
+  grpc::ClientContext ac;
+  v1::AcquireChunksRequest acquire;
+  acquire.set_session_id(victim.session_id());
+  acquire.set_session_secret(victim.session_secret());
+  acquire.set_bytes(uint64_t{256} << 20);
+  v1::AcquireChunksResponse granted;
+  const grpc::Status s = stub->AcquireChunks(&ac, acquire, &granted);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "server/adoption_window.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,17 +29,75 @@ std::string TempPath() {
   return pattern;
 }
 
-TEST(SessionsFileTest, KeepsASessionPerLineAndReadsBackOnlyLiveProcesses) {
+TEST(SessionsFileTest, KeepsSessionsAndChunksAndReadsBackOnlyLiveProcesses) {
   const std::string path = TempPath();
-  ASSERT_TRUE(WriteSessionsFile(path, {{11, 2}, {22, 1}, {33, 1}}).ok());
+  const SessionsFile written{
+      .sessions = {{11, 2}, {22, 1}, {33, 1}},
+      .chunks = {{"uid:1001", {{.device = "GPU-a", .id = 7, .bytes = 2 << 20},
+                               {.device = "GPU-b", .id = 9, .bytes = 16 << 20}}},
+                 {"pod:x-y", {{.device = "GPU-a", .id = 8, .bytes = 2 << 20}}}}};
+  ASSERT_TRUE(WriteSessionsFile(path, written).ok());
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_EQ(text, "11\n11\n22\n33\n");
+  EXPECT_EQ(text,
+            "session 11\nsession 11\nsession 22\nsession 33\n"
+            "chunk pod:x-y GPU-a 8 2097152\n"
+            "chunk uid:1001 GPU-a 7 2097152\n"
+            "chunk uid:1001 GPU-b 9 16777216\n");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
   const std::set<pid_t> alive = {11, 33};
-  EXPECT_THAT(ReadSessionsFile(path, [&](pid_t p) { return alive.contains(p); }),
-              ElementsAre(Pair(11, 2), Pair(33, 1)));
+  absl::StatusOr<SessionsFile> read =
+      ReadSessionsFile(path, [&](pid_t p) { return alive.contains(p); });
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->sessions, ElementsAre(Pair(11, 2), Pair(33, 1)));
+  EXPECT_EQ(read->chunks, written.chunks);
   unlink(path.c_str());
-  EXPECT_THAT(ReadSessionsFile(path, [](pid_t) { return true; }), IsEmpty());
+  EXPECT_TRUE(absl::IsNotFound(
+      ReadSessionsFile(path, [](pid_t) { return true; }).status()));
+}
+
+// Grants are appended to the file as it was last written, and read back
+// with the rest.
+TEST(SessionsFileTest, AppendedChunksAreReadBack) {
+  const std::string path = TempPath();
+  absl::StatusOr<UniqueFd> file = WriteSessionsFile(
+      path, {.sessions = {{11, 1}},
+             .chunks = {{"uid:1", {{.device = "GPU-a", .id = 1, .bytes = 2}}}}});
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(AppendHandedChunks(file->get(), "uid:2",
+                                 {{.device = "GPU-a", .id = 5, .bytes = 4},
+                                  {.device = "GPU-b", .id = 6, .bytes = 4}})
+                  .ok());
+  absl::StatusOr<SessionsFile> read =
+      ReadSessionsFile(path, [](pid_t) { return true; });
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->sessions, ElementsAre(Pair(11, 1)));
+  EXPECT_EQ(read->chunks.at("uid:1").size(), 1u);
+  EXPECT_EQ(read->chunks.at("uid:2"),
+            (std::vector<HandedChunk>{{.device = "GPU-a", .id = 5, .bytes = 4},
+                                      {.device = "GPU-b", .id = 6, .bytes = 4}}));
+  unlink(path.c_str());
+}
+
+// A file others may write, or a link, is not the daemon's: a client that
+// could write it could name chunks it never got.
+TEST(SessionsFileTest, AFileOthersMayWriteOrALinkIsNotBelieved) {
+  const std::string path = TempPath();
+  ASSERT_TRUE(WriteSessionsFile(path, {.sessions = {{11, 1}}}).ok());
+  auto read = [&](const std::string& p) {
+    return ReadSessionsFile(p, [](pid_t) { return true; }).status();
+  };
+  EXPECT_TRUE(read(path).ok());
+  ASSERT_EQ(chmod(path.c_str(), 0622), 0);
+  EXPECT_TRUE(absl::IsPermissionDenied(read(path)));
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  const std::string link = path + ".link";
+  ASSERT_EQ(symlink(path.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(absl::IsPermissionDenied(read(link)));
+  unlink(link.c_str());
+  unlink(path.c_str());
 }
 
 TEST(SessionsFileTest, ThisProcessIsAliveAndAReapedOneIsNot) {

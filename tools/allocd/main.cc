@@ -196,11 +196,10 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
       ->check(CLI::IsMember({"uid", "pod", "node"}));
   serve->add_option("--cross-tenant-reuse", o.cross_tenant_reuse,
                     "how one tenant's cached memory goes to another: "
-                    "recreate, destroyed and created again (default: safe "
-                    "against a tenant that hands its chunks' FDs on); scrub, "
-                    "zeroed in place once every process it went to exited "
-                    "(cheaper for chunks of 128 MiB and more; trusts tenants "
-                    "not to pass their FDs on)")
+                    "recreate, destroyed and created again (the only mode: "
+                    "safe against a fork child or an FD passed on); scrub "
+                    "is no longer offered, and re-creates too, with a notice "
+                    "at start")
       ->check(CLI::IsMember({"recreate", "scrub"}));
   serve->add_option("--admin-group", d.admin_group,
                     "a group (name or gid) whose members may administer: the "
@@ -439,10 +438,6 @@ int main(int argc, char** argv) {
     }
     serve_options.daemon.tenancy =
         *allocd::ParseTenancy(serve_options.tenancy);
-    serve_options.daemon.cross_tenant_reuse =
-        serve_options.cross_tenant_reuse == "scrub"
-            ? allocd::CrossTenantReuse::kScrub
-            : allocd::CrossTenantReuse::kRecreate;
     serve_options.daemon.autotune.default_policy.mode =
         *allocd::ParseAutotuneMode(serve_options.autotune_mode);
     return allocd::RunServe(serve_options, std::cerr);

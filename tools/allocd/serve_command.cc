@@ -23,6 +23,17 @@ int RunServe(const ServeCommandOptions& options, std::ostream& err) {
   signal(SIGPIPE, SIG_IGN);
 
   DaemonOptions daemon_options = options.daemon;
+  // Not refused: a daemon that will not start over a flag whose safe
+  // replacement costs a few ms per GiB would take every job on the node
+  // down with it at the next upgrade; one that starts and says so costs
+  // nothing but the scrub's saving.
+  if (options.cross_tenant_reuse == "scrub") {
+    err << "allocd serve: notice: --cross-tenant-reuse scrub is no longer "
+           "offered: the daemon cannot show that no process still maps a "
+           "chunk (a fork child, an FD passed on), so another tenant's "
+           "cached memory is destroyed and created again (recreate, 0.7-24 "
+           "ms per GiB on an H200). Drop the flag to silence this\n";
+  }
   // A percentage is of the device, which only the daemon's chunk sources
   // know: the daemon reads the sizes.
   daemon_options.capacity_size = options.capacity;

@@ -27,6 +27,8 @@ struct ServeCommandOptions {
   std::string autotune_mode = "recommend";
   // --tenancy: uid, pod, node.
   std::string tenancy = "uid";
+  // --cross-tenant-reuse: recreate; scrub, accepted from configs that
+  // name it, re-creates too (with a notice).
   std::string cross_tenant_reuse = "recreate";
   // --autotune-memory and --autotune-memory-per-tenant, sizes ("256MiB");
   // the latter empty: DaemonOptions' default.

@@ -52,21 +52,9 @@ class TestSource : public ChunkSource {
   std::string Identity(const ChunkMemory& memory) const override {
     return memfd.Identity(memory);
   }
-  // Scrubs as the memfd source does, unless `scrubs` is false (a source
-  // that cannot: the pool creates new memory instead) or `scrub_fails`.
-  bool ScrubsChunks() const override { return scrubs; }
-  absl::Status Scrub(absl::Span<const ChunkToScrub> chunks) override {
-    scrubbed += static_cast<int>(chunks.size());
-    if (scrub_fails) return absl::InternalError("the device refused");
-    return memfd.Scrub(chunks);
-  }
 
   MemfdChunkSource memfd{kChunk};
   bool proves = true;
-  bool scrubs = true;
-  std::atomic<bool> scrub_fails{false};
-  // Chunks Scrub was asked to scrub.
-  std::atomic<int> scrubbed{0};
   std::atomic<int> fail_after{-1};
   std::atomic<int> created{0};
   std::atomic<int> calls{0};
@@ -84,11 +72,9 @@ class NodePoolTest : public ::testing::Test {
     return std::make_unique<NodePool>(
         &source_, NodePool::Options{.capacity = chunks * kChunk,
                                     .now = [this] { return now_; },
-                                    .chunk_classes = std::move(classes),
-                                    .cross_tenant_reuse = cross_tenant_reuse_});
+                                    .chunk_classes = std::move(classes)});
   }
   TestSource source_;
-  CrossTenantReuse cross_tenant_reuse_ = CrossTenantReuse::kRecreate;
   absl::Time now_ = absl::FromUnixSeconds(1000);
 };
 

@@ -1224,7 +1224,7 @@ TEST_F(NodePoolTest, ChunksTakenOnTheClientsWordLeaveThePoolWhenReleased) {
   EXPECT_EQ(grant->reused_chunks, 0u);
 }
 
-TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
+TEST_F(NodePoolTest, AdoptedChunksCountAgainstTheCapacityAndNoIdIsReused) {
   source_.proves = false;
   auto pool = MakePool(2);  // epoch 0: ids 1, 2, ...
   ASSERT_TRUE(pool->AddSession(1, 1000, 11, "node").ok());
@@ -1232,16 +1232,36 @@ TEST_F(NodePoolTest, AdoptedChunksCountEvenOverTheCapacityAndNoIdIsReused) {
   for (uint64_t id : {1, 2, 3}) declared.push_back({.id = id, .bytes = kChunk});
   absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->adopted_bytes, 3 * kChunk);  // over the capacity: counted
-  EXPECT_EQ(pool->Stats().in_use_bytes, 3 * kChunk);
+  EXPECT_EQ(got->adopted_bytes, 2 * kChunk);  // as far as the capacity goes
+  ASSERT_EQ(got->refused.size(), 1u);
+  EXPECT_EQ(got->refused[0].first, 3u);
+  EXPECT_THAT(got->refused[0].second, HasSubstr("of its capacity 4.00 MiB"));
+  EXPECT_EQ(pool->Stats().in_use_bytes, 2 * kChunk);
   ASSERT_TRUE(pool->AddSession(2, 1000, 22, "node").ok());
   EXPECT_TRUE(IsNodeShortage(pool->Acquire(2, kChunk).status()));
-  ASSERT_TRUE(pool->Release(1, {2, 3}).ok());
+  ASSERT_TRUE(pool->Release(1, {2}).ok());
   absl::StatusOr<Grant> grant = pool->Acquire(2, kChunk);
   ASSERT_TRUE(grant.ok()) << grant.status();
   // The pool's first id is 1, which session 1 still holds: never handed out.
   EXPECT_NE(grant->chunk_ids[0], 1u);
   EXPECT_EQ(pool->Stats().sessions.at(1).bytes, kChunk);
+}
+
+// ... and against every quota, as an Acquire does.
+TEST_F(NodePoolTest, AdoptedChunksCountAgainstTheQuotas) {
+  source_.proves = false;
+  auto pool = MakePool(8);
+  ASSERT_TRUE(pool->AddSession(1, 1000, 11, "uid:1000").ok());
+  pool->SetTenantQuota("uid:1000", 2 * kChunk);
+  std::vector<DeclaredChunk> declared;
+  for (uint64_t id : {1, 2, 3}) declared.push_back({.id = id, .bytes = kChunk});
+  absl::StatusOr<AdoptOutcome> got = pool->Adopt(1, std::move(declared));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->adopted, (std::vector<uint64_t>{1, 2}));
+  ASSERT_EQ(got->refused.size(), 1u);
+  EXPECT_THAT(got->refused[0].second,
+              HasSubstr("tenant uid:1000 quota exceeded"));
+  EXPECT_EQ(pool->Stats().sessions.at(1).bytes, 2 * kChunk);
 }
 
 // Chunks of the pool's size classes are adopted at their own sizes and
