@@ -51,6 +51,17 @@ void Name(Request& r, uint64_t id, const std::string& secret) {
   r.set_session_secret(secret);
 }
 
+// Registers a session of this process's own; false, printed, on a refusal.
+bool RegisterOwn(allocd::v1::Allocd::Stub& stub,
+                 allocd::v1::RegisterResponse& own) {
+  grpc::ClientContext c;
+  allocd::v1::RegisterRequest hello;
+  hello.set_protocol_version(1);
+  grpc::Status s = stub.Register(&c, hello, &own);
+  if (!s.ok()) Print("register", s);
+  return s.ok();
+}
+
 int Take(const char* socket, uint64_t id, const std::string& secret) {
   std::unique_ptr<allocd::v1::Allocd::Stub> stub = Stub(socket);
   {
@@ -105,12 +116,7 @@ int Take(const char* socket, uint64_t id, const std::string& secret) {
   }
   // The lease: the side socket, as the attacker's own process.
   allocd::v1::RegisterResponse own;
-  {
-    grpc::ClientContext c;
-    allocd::v1::RegisterRequest hello;
-    hello.set_protocol_version(1);
-    Print("register", stub->Register(&c, hello, &own));
-  }
+  RegisterOwn(*stub, own);
   absl::StatusOr<allocd::UniqueFd> side = allocd::ConnectUnix(own.fd_socket());
   if (!side.ok()) return 2;
   allocd::v1::SideRequest lease;
@@ -131,16 +137,7 @@ int Take(const char* socket, uint64_t id, const std::string& secret) {
 int Release(const char* socket, int count, char** chunks) {
   std::unique_ptr<allocd::v1::Allocd::Stub> stub = Stub(socket);
   allocd::v1::RegisterResponse own;
-  {
-    grpc::ClientContext c;
-    allocd::v1::RegisterRequest hello;
-    hello.set_protocol_version(1);
-    grpc::Status s = stub->Register(&c, hello, &own);
-    if (!s.ok()) {
-      Print("register", s);
-      return 2;
-    }
-  }
+  if (!RegisterOwn(*stub, own)) return 2;
   for (int i = 0; i < count; ++i) {
     grpc::ClientContext c;
     allocd::v1::ReleaseChunksRequest r;
@@ -169,16 +166,7 @@ allocd::UniqueFd ForgedChunk(uint64_t bytes) {
 int Forge(const char* socket, uint64_t count, uint64_t bytes) {
   std::unique_ptr<allocd::v1::Allocd::Stub> stub = Stub(socket);
   allocd::v1::RegisterResponse own;
-  {
-    grpc::ClientContext c;
-    allocd::v1::RegisterRequest hello;
-    hello.set_protocol_version(1);
-    grpc::Status s = stub->Register(&c, hello, &own);
-    if (!s.ok()) {
-      Print("register", s);
-      return 2;
-    }
-  }
+  if (!RegisterOwn(*stub, own)) return 2;
   absl::StatusOr<allocd::UniqueFd> side = allocd::ConnectUnix(own.fd_socket());
   if (!side.ok()) return 2;
   auto ask = [&](const allocd::v1::SideRequest& request,
