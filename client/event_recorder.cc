@@ -69,14 +69,23 @@ void EventRecorder::RecordState(std::shared_ptr<const v1::AllocatorState> state)
 }
 
 std::vector<RecordedBatch> EventRecorder::Take() {
-  std::vector<RecordedEvent> fresh = FreshBuffer();
+  std::vector<RecordedEvent> fresh;
+  {
+    absl::MutexLock lock(&mu_);
+    fresh = std::move(spare_);
+  }
+  // Never allocated under the lock: the first Take() makes the spare.
+  if (fresh.capacity() < capacity_) fresh = FreshBuffer();
   std::vector<RecordedEvent> taken;
   std::vector<std::shared_ptr<const v1::AllocatorState>> states;
   uint64_t sequence;
   uint64_t gap;
   {
     absl::MutexLock lock(&mu_);
-    if (buffer_.empty()) return {};
+    if (buffer_.empty()) {
+      spare_ = std::move(fresh);
+      return {};
+    }
     taken = std::exchange(buffer_, std::move(fresh));
     states = std::exchange(states_, {});
     sequence = buffer_sequence_;
@@ -93,6 +102,7 @@ std::vector<RecordedBatch> EventRecorder::Take() {
   std::vector<RecordedBatch> batches(1);
   batches.back().sequence = sequence;
   batches.back().dropped = gap;
+  batches.back().events.reserve(taken.size());
   for (const RecordedEvent& e : taken) {
     if (e.op == kGap) {
       const uint64_t next = batches.back().sequence +
@@ -111,6 +121,11 @@ std::vector<RecordedBatch> EventRecorder::Take() {
   // A state at the buffer's end leaves an empty batch after it.
   if (batches.size() > 1 && batches.back().events.empty() && batches.back().dropped == 0) {
     batches.pop_back();
+  }
+  taken.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    spare_ = std::move(taken);
   }
   return batches;
 }

@@ -104,6 +104,11 @@ class EventRecorder {
   uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
   // The states the buffer's kState slots name.
   std::vector<std::shared_ptr<const v1::AllocatorState>> states_ ABSL_GUARDED_BY(mu_);
+  // The buffer the next Take() swaps in: the last one taken, emptied, so
+  // that the allocating thread writes to pages it has touched before
+  // instead of faulting in a fresh buffer's after every Take()
+  // (bench/client_hot_path_bench: ~15% of Record's time).
+  std::vector<RecordedEvent> spare_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd
