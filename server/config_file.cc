@@ -135,7 +135,8 @@ absl::StatusOr<uint64_t> QuotaSize(const nlohmann::json& value,
 }  // namespace
 
 absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
-    absl::string_view text, std::optional<uint64_t> pool_capacity) {
+    absl::string_view text, std::optional<uint64_t> pool_capacity,
+    std::optional<Tenancy> tenancy) {
   const SizeContext quota_sizes{
       .percent_of = pool_capacity,
       .no_percent_reason = "the node pool's capacity is not known here"};
@@ -190,6 +191,13 @@ absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
           return absl::InvalidArgumentError(absl::StrCat(
               where, ": empty tenant; name one as allocctl sessions shows "
                      "it, e.g. \"uid:1001\" or \"pod:<pod UID>\""));
+        }
+        if (tenancy.has_value()) {
+          if (absl::Status valid = ValidateTenant(*tenancy, tenant);
+              !valid.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ": ", valid.message()));
+          }
         }
         absl::StatusOr<uint64_t> bytes =
             QuotaSize(size_value, where, quota_sizes);

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/autotune/autotuner.h"
+#include "server/tenant.h"
 
 namespace allocd {
 
@@ -58,9 +59,12 @@ struct NodeConfigFile {
 };
 
 // `pool_capacity`: what a quota of "N%" is a percentage of (nullopt: such
-// a quota is an error).
+// a quota is an error). `tenancy`: the daemon's, whose tenants alone
+// tenant_quotas may name (ValidateTenant: a quota for a tenant no peer can
+// have would bind nobody); nullopt: any non-empty name.
 absl::StatusOr<NodeConfigFile> ParseNodeConfigFile(
-    absl::string_view text, std::optional<uint64_t> pool_capacity = std::nullopt);
+    absl::string_view text, std::optional<uint64_t> pool_capacity = std::nullopt,
+    std::optional<Tenancy> tenancy = std::nullopt);
 
 }  // namespace allocd
 

@@ -77,7 +77,8 @@ absl::Status ConfigWatcher::Reload() {
   // no change.
   if (text.ok() && *text == last_text_) return absl::OkStatus();
   absl::StatusOr<NodeConfigFile> parsed =
-      text.ok() ? ParseNodeConfigFile(*text, core_->pools().min_capacity())
+      text.ok() ? ParseNodeConfigFile(*text, core_->pools().min_capacity(),
+                                      core_->tenancy())
                 : text.status();
   if (!parsed.ok()) {
     const absl::Status error(parsed.status().code(),

@@ -255,6 +255,7 @@ class DaemonCore {
   void EndAll();
   size_t session_count() const { return sessions_.size(); }
   const DevicePools& pools() const { return *pools_; }
+  Tenancy tenancy() const { return options_.tenancy; }
   ConfigStore& configs() { return config_pusher_.store(); }
 
  private:

@@ -238,5 +238,25 @@ TEST(NodeConfigFileTest, QuotaSizesNeedAUnit) {
   EXPECT_THAT(message("not json"), HasSubstr("not a JSON object"));
 }
 
+// A tenant quota for a name no peer of the daemon's --tenancy can have
+// would bind nobody: the file is refused, saying the form (issue 41).
+TEST(ConfigFileTest, TenantQuotasNameOnlyTenantsTheTenancyCanHave) {
+  const char* text = R"({"tenant_quotas": {"uid:1001": "1GiB", "x;y": "1GiB"}})";
+  absl::StatusOr<NodeConfigFile> refused =
+      ParseNodeConfigFile(text, std::nullopt, Tenancy::kUid);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr("tenant_quotas.x;y"), HasSubstr("uid:1001")));
+  absl::StatusOr<NodeConfigFile> pods = ParseNodeConfigFile(
+      R"({"tenant_quotas": {"uid:1001": "1GiB",
+          "pod:0f6c1b2a-9d3e-4c57-8a11-2b7c9e4d5f60": "2GiB"}})",
+      std::nullopt, Tenancy::kPod);
+  ASSERT_TRUE(pods.ok()) << pods.status();
+  EXPECT_EQ(pods->tenant_quotas.size(), 2u);
+  EXPECT_FALSE(ParseNodeConfigFile(R"({"tenant_quotas": {"uid:1001": "1GiB"}})",
+                                   std::nullopt, Tenancy::kNode)
+                   .ok());
+}
+
 }  // namespace
 }  // namespace allocd

@@ -14,6 +14,7 @@
 namespace allocd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -105,19 +106,30 @@ TEST_F(ConfigWatcherTest, UidQuotasAreReplaced) {
 }
 
 TEST_F(ConfigWatcherTest, TenantQuotasAreReplaced) {
-  Write(R"({"tenant_quotas": {"pod:a": "4MiB"}})");
+  Write(R"({"tenant_quotas": {"uid:1001": "4MiB"}})");
   absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
       ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
   ASSERT_TRUE(watcher.ok()) << watcher.status();
-  ASSERT_TRUE(pool_.AddSession(100, 4242, 1, "pod:a").ok());
-  ASSERT_TRUE(pool_.AddSession(101, 4242, 2, "pod:b").ok());
+  ASSERT_TRUE(pool_.AddSession(100, 4242, 1, "uid:1001").ok());
+  ASSERT_TRUE(pool_.AddSession(101, 4242, 2, "uid:1002").ok());
   EXPECT_THAT(pool_.Acquire(100, 6 << 20).status().message(),
-              HasSubstr("tenant pod:a quota exceeded"));
+              HasSubstr("tenant uid:1001 quota exceeded"));
   EXPECT_TRUE(pool_.Acquire(101, 6 << 20).ok());
-  Write(R"({"tenant_quotas": {"pod:b": "4MiB"}})");
+  Write(R"({"tenant_quotas": {"uid:1002": "4MiB"}})");
   ASSERT_TRUE((*watcher)->Reload().ok());
   EXPECT_TRUE(pool_.Acquire(100, 6 << 20).ok());
   EXPECT_FALSE(pool_.Acquire(101, 2 << 20).ok());
+}
+
+// Under the daemon's --tenancy (uid here) no peer is "pod:a": a quota for
+// it would bind nobody, and the file is refused (issue 41).
+TEST_F(ConfigWatcherTest, ATenantQuotaNoPeerCanHaveIsAStartError) {
+  Write(R"({"tenant_quotas": {"pod:a": "4MiB"}})");
+  absl::StatusOr<std::unique_ptr<ConfigWatcher>> watcher =
+      ConfigWatcher::Start(path_, absl::Hours(1), &core_, nullptr, &metrics_);
+  ASSERT_FALSE(watcher.ok());
+  EXPECT_THAT(watcher.status().message(),
+              AllOf(HasSubstr("tenant_quotas.pod:a"), HasSubstr("--tenancy uid")));
 }
 
 TEST_F(ConfigWatcherTest, ABadFileAtStartIsAStartError) {
