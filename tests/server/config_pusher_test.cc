@@ -313,7 +313,7 @@ TEST_F(ConfigPusherTest, ARollbackToWhatTheSessionRunsWithNothingInFlightPushesN
   ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
   EXPECT_TRUE(Pushed(*session).empty());
 
-  const uint64_t again = PushCanary(*session, "expandable_segments:True");
+  PushCanary(*session, "expandable_segments:True");
   Pushed(*session);
   ASSERT_TRUE(pusher_.RollBackSession(session->id(), "max_split_size_mb:64", "autotune").ok());
   const std::vector<std::pair<uint64_t, bool>> rolled = Pushed(*session);
