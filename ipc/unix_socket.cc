@@ -383,6 +383,9 @@ absl::StatusOr<UniqueFd> AcceptUnix(int listen_fd) {
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) return UniqueFd(fd);
     if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::UnavailableError("accept: no connection waiting");
+    }
     return Errno(errno, "accept");
   }
 }

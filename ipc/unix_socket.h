@@ -81,7 +81,8 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode);
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path);
 
 // Accepts one connection (close-on-exec, blocking); EINTR and ECONNABORTED
-// are retried. ResourceExhausted when this process is out of descriptors.
+// are retried. ResourceExhausted when this process is out of descriptors;
+// Unavailable when `listen_fd` is non-blocking and its backlog is empty.
 absl::StatusOr<UniqueFd> AcceptUnix(int listen_fd);
 
 // A close-on-exec copy of `fd` (fcntl F_DUPFD_CLOEXEC). ResourceExhausted

@@ -66,23 +66,23 @@ void AcceptBacklog(
     absl::FunctionRef<void(UniqueFd, const PeerCredentials&, absl::Status)>
         admit) {
   for (int i = 0; i < kAcceptBatch; ++i) {
-    UniqueFd connection(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-    if (!connection.valid()) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN) {
-        LogError(absl::StrCat("accept on ", path, ": ", strerror(errno)));
+    absl::StatusOr<UniqueFd> connection = AcceptUnix(listener);
+    if (!connection.ok()) {
+      if (!absl::IsUnavailable(connection.status())) {  // not just drained
+        LogError(absl::StrCat("accept on ", path, ": ",
+                              connection.status().message()));
       }
       return;
     }
     absl::StatusOr<PeerCredentials> peer =
-        GetPeerCredentials(connection.get());
+        GetPeerCredentials(connection->get());
     if (!peer.ok()) {
       LogError(absl::StrCat("SO_PEERCRED on ", path, ": ",
                             peer.status().message()));
       continue;
     }
     absl::Status paced = pacer.Take(peer->uid, peer->pid, absl::Now());
-    admit(std::move(connection), *peer, std::move(paced));
+    admit(*std::move(connection), *peer, std::move(paced));
   }
 }
 

@@ -363,6 +363,25 @@ TEST(UnixSocketTest, AForkedClientsCredentialsAndFdsCrossProcesses) {
   EXPECT_EQ(std::string(ReadAll(file.get()).c_str()), "written by the child");
 }
 
+// The daemon drains a non-blocking listener's backlog: an empty one says
+// so, and is no error to log.
+TEST(UnixSocketTest, AcceptOnAnEmptyNonBlockingBacklogIsUnavailable) {
+  const ScopedTempDir dir("allocd_ipc_");
+  const std::string path = dir.path() + "/s.sock";
+  absl::StatusOr<UniqueFd> listener = ListenUnix(path, 0600);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_EQ(fcntl(listener->get(), F_SETFL,
+                  fcntl(listener->get(), F_GETFL) | O_NONBLOCK),
+            0);
+  EXPECT_TRUE(absl::IsUnavailable(AcceptUnix(listener->get()).status()));
+  absl::StatusOr<UniqueFd> client = ConnectUnix(path);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<UniqueFd> accepted = AcceptUnix(listener->get());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(fcntl(accepted->get(), F_GETFD) & FD_CLOEXEC);
+  EXPECT_TRUE(absl::IsUnavailable(AcceptUnix(listener->get()).status()));
+}
+
 TEST(UnixSocketTest, StaleSocketIsReplacedLiveOneIsRefused) {
   const ScopedTempDir dir("allocd_ipc_");
   const std::string path = dir.path() + "/s.sock";
