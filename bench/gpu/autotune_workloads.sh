@@ -8,10 +8,11 @@
 # under `allocd run` (LEARNED_RUN=0: not); natively under expandable_segments:True
 # from step 0 too (the best config `allocd tune` finds for these jobs).
 #   bench/gpu/autotune_workloads.sh [BUNDLE] [OUT] [WORKLOAD...]
-# WORKLOADS: seq2seq generate vit_compile llama_lora resnet50 mlm_accum
+# WORKLOADS: seq2seq generate vit_compile llama_lora resnet50 mlm_accum unet moe
 # (default: the first five); steps per run: STEPS_seq2seq (30), STEPS_generate
 # (14 generate() calls), STEPS_vit_compile (30), STEPS_llama_lora (16),
-# STEPS_resnet50 (30), STEPS_mlm_accum (60 optimizer steps of 4 micro-batches);
+# STEPS_resnet50 (30), STEPS_mlm_accum (60 optimizer steps of 4 micro-batches),
+# STEPS_unet (30), STEPS_moe (30);
 # RUN_TIMEOUT (150): seconds each run may take. To run a part only (the rest
 # of a call cut short; a daemon started on the last call's STATE dir, copied
 # into OUT/state, has its learned configs): CONFS (mss64 defaults
@@ -36,6 +37,7 @@ script_of() {
     seq2seq) echo seq2seq_train.py ;; generate) echo generate_job.py ;;
     vit_compile) echo vit_compile_train.py ;; llama_lora) echo llama_lora_train.py ;;
     resnet50) echo resnet_train.py ;; mlm_accum) echo mlm_accum_train.py ;;
+    unet) echo unet_train.py ;; moe) echo moe_train.py ;;
   esac
 }
 default_steps() {

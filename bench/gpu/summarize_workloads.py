@@ -26,7 +26,8 @@ import re
 import sys
 
 GIB = 2 ** 30
-WORKLOADS = ["seq2seq", "generate", "vit_compile", "llama_lora", "resnet50", "mlm_accum"]
+WORKLOADS = ["seq2seq", "generate", "vit_compile", "llama_lora", "resnet50", "mlm_accum", "unet",
+             "moe"]
 STARTS = ("max_split_size_mb_64", "defaults")
 NATIVES = ("max_split_size_mb_64", "defaults", "expandable_segments_True")
 MODES = ("advise", "transparent", "run", "learned", "runlearned")
