@@ -32,7 +32,7 @@ def build(torch, a):
                     continue
                 gate, up = (tokens[rows] @ self.w_in[e]).chunk(2, dim=-1)
                 y = (nn.functional.silu(gate) * up) @ self.w_out[e]
-                out.index_add_(0, rows, y * weights[rows, slot, None].to(y.dtype))
+                out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
             return out.reshape_as(x)
 
     class Layer(nn.Module):
