@@ -201,6 +201,10 @@ def rows(dirs, workloads):
                     "best": best[0], "best_name": best[1],
                     "configs": (run.get("allocd") or {}).get("config"),
                     "learned_at_start": learned_at_start,
+                    "best_whole": min((v for r in natives.values() if r
+                                       for v in [peak_from(r, 0)] if v is not None),
+                                      default=None),
+                    "start_source": (run.get("allocd") or {}).get("start_config_source"),
                 }
 
 
@@ -252,6 +256,8 @@ def main():
               f"{p(pct(real, r['best']))} | "
               f"{p(pct(real, stay))} | {p(pct(r['whole'], r['staying_whole']))} | {ack} |")
     print()
+    whole_job_table(all_rows)
+    print()
     print("Decisions (daemon history), per run:")
     print()
     for r in all_rows:
@@ -267,6 +273,33 @@ def main():
                   f", realised (daemon) "
                   f"{fmt(int(d['realized_peak']) / GIB if d.get('realized_peak') else None)}"
                   f", ack {fmt(d.get('trigger_to_ack_seconds'), ' s')}")
+
+
+def whole_job_table(all_rows):
+    """Issue 40's targets: a job fits only if its whole-run peak does, so the
+    whole run (from step 0, the steps before any push included) against the
+    best config run natively from step 0; the steps after the decision
+    against the best; the whole run against staying."""
+    print("The whole job (whole run from step 0; first runs: within 1.05x of the best native "
+          "from step 0; after the decision: within 5%; never above staying):")
+    print()
+    print("| job | start | mode | started on | first step on the pushed config | whole run | "
+          "best native from step 0 | whole vs best | after decision vs best | "
+          "whole vs staying | targets |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    p = lambda v: "-" if v is None else f"{v:+.1f}%"
+    for r in all_rows:
+        whole_vs_best = pct(r["whole"], r["best_whole"])
+        after = pct(r["realised"], r["best"]) if r["realised"] is not None else None
+        vs_staying = pct(r["whole"], r["staying_whole"])
+        first_run = r["mode"] not in ("learned", "runlearned")
+        met = (whole_vs_best is not None and whole_vs_best <= 5.0 and
+               (after is None or after <= 5.0) and (vs_staying is None or vs_staying <= 0.05))
+        first = "-" if r["push_step"] is None else str(r["push_step"])
+        print(f"| {r['workload']} | {SHORT[r['start']]} | {r['mode']} | "
+              f"{r['start_source'] or '-'} | {first} | {fmt(r['whole'])} | "
+              f"{fmt(r['best_whole'])} | {p(whole_vs_best)} | {p(after)} | {p(vs_staying)} | "
+              f"{('met' if met else 'MISSED') + ('' if first_run else ' (second run)')} |")
 
 
 def basis_label(basis):

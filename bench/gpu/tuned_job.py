@@ -47,7 +47,8 @@ def config_now(allocd):
 
 
 STATS_KEYS = ("session_id", "config", "config_version", "config_reason", "configs_applied",
-              "events_sent", "events_dropped", "steps_marked", "states_sent", "event_source")
+              "events_sent", "events_dropped", "steps_marked", "states_sent", "event_source",
+              "start_config_source")
 
 
 def run(a, build, step):
