@@ -58,10 +58,15 @@
 // Shares do not cross tenants (OpenShare); under --tenancy node every
 // session is one tenant and all of this is today's reuse.
 //
-// Thread-safe: one mutex, which also guards the parts (ChunkShares and
-// ClaimTokens take it by name); chunk creation and destruction (device
-// calls) run outside it, so a large Acquire does not stall other sessions'
-// calls.
+// Parts: the pool is a composition of state under its one lock --
+// ChunkTable (the live chunks and the cache), SessionLedger (sessions,
+// held bytes, quotas), ClaimTokens (grants waiting for their claim) and
+// ChunkShares -- with the decisions across them (what an Acquire takes,
+// creates and destroys; what an adoption may own) here.
+//
+// Thread-safe: one mutex, which also guards the parts (each takes it by
+// name); chunk creation and destruction (device calls) run outside it, so
+// a large Acquire does not stall other sessions' calls.
 #ifndef ALLOCD_SERVER_POOL_NODE_POOL_H_
 #define ALLOCD_SERVER_POOL_NODE_POOL_H_
 
@@ -78,7 +83,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -90,8 +94,10 @@
 #include "absl/types/span.h"
 #include "server/pool/chunk_classes.h"
 #include "server/pool/chunk_shares.h"
-#include "server/pool/claim_tokens.h"
 #include "server/pool/chunk_source.h"
+#include "server/pool/chunk_table.h"
+#include "server/pool/claim_tokens.h"
+#include "server/pool/session_ledger.h"
 #include "server/session_id.h"
 #include "server/tenant_id.h"
 
@@ -445,7 +451,7 @@ class NodePool {
   // Changes whenever chunks change hands (an Acquire, a release, a session
   // ending, an adoption): whoever keeps a copy of HeldChunks() knows when
   // it is stale.
-  uint64_t holdings_version() const { return holdings_version_.load(); }
+  uint64_t holdings_version() const { return sessions_.version(); }
 
   PoolStats Stats() const;
   // What an Acquire could be granted now with nobody giving back: the cached
@@ -467,80 +473,18 @@ class NodePool {
   bool proves_chunks() const { return source_->ProvesChunks(); }
 
  private:
-  struct Chunk {
-    ChunkMemory memory;
-    uint64_t bytes = 0;
-    // kNoSession: cached free.
-    SessionId owner = 0;
-    // Reserved by an Acquire still creating the rest of its chunks: owned,
-    // but not yet the session's to release.
-    bool pending = false;
-    // When it was last returned to the cache (for TrimIdle), and its place
-    // in free_ while cached.
-    absl::Time freed_at;
-    uint64_t free_order = 0;
-    // The Acquire that handed it out (0 while cached): an unclaimed grant
-    // that expires takes back only its own chunks, not ones its session
-    // released and got again through a later grant.
-    uint64_t grant = 0;
-    // The tenant that last held it, whose data it may hold: whose cache
-    // it is in while cached.
-    TenantId tenant;
-  };
-  struct SessionState {
-    uid_t uid = 0;
-    pid_t pid = 0;
-    TenantId tenant;
-    // Tells this session from a later one with the same id.
-    uint64_t incarnation = 0;
-    // Bytes of `chunks` plus chunks an Acquire is creating for it.
-    uint64_t held = 0;
-    std::optional<uint64_t> quota;
-    absl::flat_hash_set<uint64_t> chunks;
-  };
-  static constexpr SessionId kNoSession = 0;
-
-  // Session `id`, or NotFound naming it.
-  absl::StatusOr<SessionState*> FindSession(SessionId id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Session `id` if it is still the incarnation that began work outside the
-  // lock (an Acquire's chunk creation, a grant); nullptr once it ended.
-  SessionState* SameSession(SessionId id, uint64_t incarnation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Of `capacity`, what is not created nor being created.
-  uint64_t UncreatedRoom(uint64_t capacity) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReturnToCache(uint64_t chunk_id, Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk its owner gives up: to the cache, or, while shares of it are
   // open, to nobody until the last closes.
-  void Disown(uint64_t chunk_id, Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Disown(uint64_t chunk_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Caches the chunks of `chunk_ids`, which no open of a share holds any
   // more, that no session owns either.
   void CacheUnowned(absl::Span<const uint64_t> chunk_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // False for a chunk adopted on a client's word (Adopt without a proof):
-  // the pool counts it but has nothing to cache, share or hand out again.
-  static bool HasMemory(const Chunk& chunk) {
-    return chunk.memory.file != nullptr;
-  }
-  // Takes a cached chunk out of free_ and free_by_tenant_.
-  void RemoveFromCache(const Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Destroys cached chunks, coldest first, while `more(coldest, bytes
-  // destroyed so far)` says so: moves their memory to `doomed`, for the
-  // caller to drop outside the lock (on a GPU, cuMemRelease). Returns the
-  // bytes destroyed.
-  uint64_t TrimColdestLocked(
-      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more,
-      std::vector<ChunkMemory>& doomed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The bytes of the live chunks `chunk_ids`.
-  uint64_t BytesOf(const absl::flat_hash_set<uint64_t>& chunk_ids) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a granted claim (of an open of `share`, when not empty);
-  // returns its token.
-  std::string AddClaim(SessionId id, const SessionState& s, std::string token,
-                       uint64_t grant, const std::vector<uint64_t>& chunk_ids,
+  // Records a granted claim of session `id` (`s`) (of an open of `share`,
+  // when not empty); returns its token.
+  std::string AddClaim(SessionId id, const SessionLedger::Session& s,
+                       std::string token, uint64_t grant,
+                       const std::vector<uint64_t>& chunk_ids,
                        std::string share = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The set of `chunk_ids` when session `id` holds every one of them (not
@@ -553,16 +497,10 @@ class NodePool {
   // to the cache; returns their bytes.
   uint64_t ReturnUnclaimed(const PendingClaim& claim)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddHeld(SessionState& s, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SubtractHeld(SessionState& s, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A chunk id not in use: the next of this pool's epoch that no live
-  // (adopted) chunk has.
-  uint64_t NewChunkId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TrimColdestLocked under the lock, the memory released after it.
+  // ChunkTable::Trim under the lock, the memory released after it.
   uint64_t TrimColdest(
-      absl::FunctionRef<bool(const Chunk&, uint64_t trimmed)> more);
+      absl::FunctionRef<bool(const ChunkTable::Chunk&, uint64_t trimmed)>
+          more);
 
   // The acquire path (node_pool_acquire.cc): Acquire and AcquireCached,
   // and the steps they share.
@@ -574,8 +512,8 @@ class NodePool {
     Grant grant;
     // Its claim token, made before the lock is taken.
     std::string token;
-    // The grant's serial (Chunk::grant), and the session's incarnation
-    // while its chunks are created outside the lock.
+    // The grant's serial (ChunkTable::Chunk::grant), and the session's
+    // incarnation while its chunks are created outside the lock.
     uint64_t serial = 0;
     uint64_t incarnation = 0;
     // The session's tenant (the session may end while work is outside
@@ -585,14 +523,11 @@ class NodePool {
     std::vector<uint64_t> to_create;
     uint64_t create_bytes = 0;
   };
-  absl::Status CheckQuotas(SessionId id, const SessionState& s,
-                           uint64_t bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acquire's steps, in order. Checks `a`'s quotas and that the node has
   // room for it at all (Acquire's errors), then takes the cached chunks of
-  // `sizes` for session `a.id` (state `s`) and counts the grant as held;
+  // `sizes` for session `a.id` (`s`) and counts the grant as held;
   // `a.to_create` is the rest.
-  absl::Status TakeCached(AcquireInFlight& a, SessionState& s,
+  absl::Status TakeCached(AcquireInFlight& a, SessionLedger::Session& s,
                           const std::vector<uint64_t>& sizes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys cached chunks, coldest first, until the capacity has room for
@@ -602,7 +537,7 @@ class NodePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With client_creates: `a.to_create` counted as the client's to make,
   // and the grant done.
-  Grant GrantClientMade(AcquireInFlight& a, SessionState& s)
+  Grant GrantClientMade(AcquireInFlight& a, SessionLedger::Session& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // New memory of `sizes` from the source, appended to `created`, outside
   // the lock (on a GPU, cuMemCreate + export). The source's error for the
@@ -622,43 +557,9 @@ class NodePool {
   // returns Acquire's error: Aborted when the session ended (`alive` is
   // null), else the source's `failure` (a node shortage when it is out of
   // memory).
-  absl::Status UndoAcquire(AcquireInFlight& a, SessionState* alive,
+  absl::Status UndoAcquire(AcquireInFlight& a, SessionLedger::Session* alive,
                            std::vector<ChunkMemory> created,
                            const absl::Status& failure)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the cached chunks that match sizes of `sizes` for session `id`,
-  // for grant `grant`: the session's tenant's (the most recently freed of
-  // each size), appended to `grant_out`. Returns the sizes left to create.
-  std::vector<uint64_t> TakeFree(SessionId id, SessionState& s,
-                                 const std::vector<uint64_t>& sizes,
-                                 uint64_t grant, Grant& grant_out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The cached chunks of `tenant` of `size`, by free order; null for none.
-  const std::map<uint64_t, uint64_t>* CachedOf(const TenantId& tenant,
-                                               uint64_t size) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new live chunk of `size` with `memory`, nobody's yet, `tenant`'s.
-  std::pair<const uint64_t, Chunk>& AddCreated(uint64_t size,
-                                               ChunkMemory memory,
-                                               const TenantId& tenant)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A chunk of `size` for session `id` (state `s`) to make itself, appended
-  // to `grant` (of serial `serial`): counted, no memory here.
-  void AddClientMade(SessionId id, SessionState& s, uint64_t serial,
-                     uint64_t size, Grant& grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Adoption (node_pool_adopt.cc): Adopt and GiveMemory.
-  // Why `bytes` more would take session `id` (state `s`) past a quota or
-  // the live chunks past the capacity ("" when they fit): Adopt's limits.
-  std::string RefuseOverLimits(SessionId id, const SessionState& s,
-                               uint64_t bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a chunk a client declares cannot be adopted before its proof is
-  // looked at ("" when it can so far): its id and size.
-  std::string RefuseDeclared(const DeclaredChunk& chunk) const;
-  // Live chunks by their memory's identity (ChunkSource::Identity), for a
-  // declaration's proofs to be matched against.
-  absl::flat_hash_map<std::string, uint64_t> LiveIdentities() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ChunkSource* const source_;
@@ -669,41 +570,14 @@ class NodePool {
   // first check.
   std::atomic<uint64_t> capacity_;
 
+  // The pool's lock, which its parts name in every call.
   mutable absl::Mutex mu_;
-  uint64_t next_chunk_id_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  // Cached chunks by Chunk::free_order: the most recently freed last,
-  // reused first (still warm); trimmed from the front (coldest).
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);
-  // The same chunks by their tenant and size, then free_order.
-  absl::flat_hash_map<std::pair<TenantId, uint64_t>,
-                      std::map<uint64_t, uint64_t>>
-      free_by_tenant_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_free_order_ ABSL_GUARDED_BY(mu_) = 1;
-  // Bytes of live chunks (held + cached), of cached chunks, and of chunks
-  // Acquires are creating right now, outside the lock.
-  uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<SessionId, SessionState> sessions_ ABSL_GUARDED_BY(mu_);
-  // Bytes held by each uid's sessions.
-  absl::flat_hash_map<uid_t, uint64_t> uid_held_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uid_t, uint64_t> uid_quotas_ ABSL_GUARDED_BY(mu_);
-  // The same by tenant.
-  absl::flat_hash_map<TenantId, uint64_t> tenant_held_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<TenantId, uint64_t> tenant_quotas_ ABSL_GUARDED_BY(mu_);
-  std::optional<uint64_t> default_tenant_quota_ ABSL_GUARDED_BY(mu_);
+  ChunkTable chunks_ ABSL_GUARDED_BY(mu_);
+  // Not ABSL_GUARDED_BY(mu_): holdings_version() reads its version()
+  // without the lock; every other method of it names mu_.
+  SessionLedger sessions_;
   ClaimTokens claims_ ABSL_GUARDED_BY(mu_);
   ChunkShares shares_ ABSL_GUARDED_BY(mu_);
-  uint64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t client_made_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t reused_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t trimmed_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t adopted_total_ ABSL_GUARDED_BY(mu_) = 0;
-  // holdings_version(): bumped under mu_, read without it.
-  std::atomic<uint64_t> holdings_version_{0};
 };
 
 // NodePool::Claim with every FD collected into one vector, all open at

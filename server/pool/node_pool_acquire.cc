@@ -6,6 +6,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,44 @@ absl::Status NodeShortage(uint64_t need, uint64_t available,
                                " (short by ", FormatSize(short_by), ")"));
 }
 
+// Takes the cached chunks of `tenant` of sizes `sizes` from `chunks` for
+// session `id` (`s`) and grant `serial`, the most recently freed of each
+// size, appended to `grant`. Returns the sizes left to create.
+std::vector<uint64_t> TakeFree(const absl::Mutex& pool_mu, ChunkTable& chunks,
+                               SessionId id, SessionLedger::Session& s,
+                               const std::vector<uint64_t>& sizes,
+                               uint64_t serial, Grant& grant)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
+  std::vector<uint64_t> to_create;
+  for (uint64_t size : sizes) {
+    if (std::optional<uint64_t> chunk_id =
+            chunks.TakeCached(pool_mu, s.tenant, size, id, serial)) {
+      s.chunks.insert(*chunk_id);
+      grant.chunk_ids.push_back(*chunk_id);
+      grant.chunk_sizes.push_back(size);
+      continue;
+    }
+    // Another tenant's cached chunk is never taken: a process the pool
+    // never gave it to (a fork child, an FD passed on) may still map it.
+    to_create.push_back(size);
+  }
+  return to_create;
+}
+
+// A chunk of `size` for session `id` (`s`) to make itself, in `chunks`,
+// appended to `grant` (of serial `serial`): counted, no memory here.
+void AddClientMade(const absl::Mutex& pool_mu, ChunkTable& chunks,
+                   SessionId id, SessionLedger::Session& s, uint64_t serial,
+                   uint64_t size, Grant& grant)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
+  const uint64_t chunk_id =
+      chunks.AddClientMade(pool_mu, size, s.tenant, id, serial);
+  s.chunks.insert(chunk_id);
+  grant.chunk_ids.push_back(chunk_id);
+  grant.chunk_sizes.push_back(size);
+  ++grant.client_made;
+}
+
 }  // namespace
 
 std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
@@ -46,69 +85,6 @@ std::optional<uint64_t> ShortfallBytes(const absl::Status& status) {
 
 bool IsNodeShortage(const absl::Status& status) {
   return ShortfallBytes(status).has_value();
-}
-
-const std::map<uint64_t, uint64_t>* NodePool::CachedOf(const TenantId& tenant,
-                                                       uint64_t size) const {
-  auto cached = free_by_tenant_.find(std::pair(tenant, size));
-  return cached == free_by_tenant_.end() ? nullptr : &cached->second;
-}
-
-absl::Status NodePool::CheckQuotas(SessionId id, const SessionState& s,
-                                   uint64_t bytes) const {
-  if (s.quota && s.held + bytes > *s.quota) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session quota exceeded: session ", id, " holds ", FormatSize(s.held),
-        ", asks ", FormatSize(bytes), ", quota ", FormatSize(*s.quota)));
-  }
-  if (auto q = uid_quotas_.find(s.uid); q != uid_quotas_.end()) {
-    auto h = uid_held_.find(s.uid);
-    const uint64_t held = h == uid_held_.end() ? 0 : h->second;
-    if (held + bytes > q->second) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "uid quota exceeded: the sessions of uid ", s.uid, " hold ",
-          FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
-          FormatSize(q->second)));
-    }
-  }
-  std::optional<uint64_t> tenant_quota = default_tenant_quota_;
-  if (auto q = tenant_quotas_.find(s.tenant); q != tenant_quotas_.end()) {
-    tenant_quota = q->second;
-  }
-  if (tenant_quota) {
-    auto h = tenant_held_.find(s.tenant);
-    const uint64_t held = h == tenant_held_.end() ? 0 : h->second;
-    if (held + bytes > *tenant_quota) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant ", s.tenant, " quota exceeded: its sessions hold ",
-          FormatSize(held), ", asks ", FormatSize(bytes), ", quota ",
-          FormatSize(*tenant_quota)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<uint64_t> NodePool::TakeFree(SessionId id, SessionState& s,
-                                         const std::vector<uint64_t>& sizes,
-                                         uint64_t grant, Grant& grant_out) {
-  std::vector<uint64_t> to_create;
-  for (uint64_t size : sizes) {
-    if (const std::map<uint64_t, uint64_t>* own = CachedOf(s.tenant, size)) {
-      const uint64_t chunk_id = own->rbegin()->second;
-      Chunk& chunk = chunks_.at(chunk_id);
-      RemoveFromCache(chunk);
-      chunk.owner = id;
-      chunk.grant = grant;
-      s.chunks.insert(chunk_id);
-      grant_out.chunk_ids.push_back(chunk_id);
-      grant_out.chunk_sizes.push_back(size);
-      continue;
-    }
-    // Another tenant's cached chunk is never taken: a process the pool
-    // never gave it to (a fork child, an FD passed on) may still map it.
-    to_create.push_back(size);
-  }
-  return to_create;
 }
 
 absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
@@ -132,54 +108,44 @@ absl::StatusOr<Grant> NodePool::AcquireCached(SessionId id, uint64_t bytes,
   if (!token.ok()) return token.status();
 
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<SessionState*> found = FindSession(id);
+  absl::StatusOr<SessionLedger::Session*> found = sessions_.Find(mu_, id);
   if (!found.ok()) return found.status();
-  SessionState& state = **found;
+  SessionLedger::Session& state = **found;
   uint64_t count = max_count;
   for (const auto& [size, needed] : per_grant) {
-    const std::map<uint64_t, uint64_t>* cached = CachedOf(state.tenant, size);
-    count = std::min<uint64_t>(count,
-                               cached == nullptr ? 0 : cached->size() / needed);
+    count = std::min<uint64_t>(
+        count, chunks_.CachedCount(mu_, state.tenant, size) / needed);
   }
-  while (count > 0 && !CheckQuotas(id, state, count * rounded).ok()) --count;
+  auto fits = [&](uint64_t grants) {
+    mu_.AssertHeld();
+    return sessions_.CheckQuotas(mu_, id, state, grants * rounded).ok();
+  };
+  while (count > 0 && !fits(count)) --count;
   // The rest for the client to make, in the room no cached chunk fills.
-  uint64_t made = client_creates ? std::min<uint64_t>(
-                                       max_count - count,
-                                       UncreatedRoom(capacity_.load()) / rounded)
-                                 : 0;
-  while (made > 0 && !CheckQuotas(id, state, (count + made) * rounded).ok()) {
-    --made;
-  }
+  uint64_t made =
+      client_creates
+          ? std::min<uint64_t>(
+                max_count - count,
+                chunks_.UncreatedRoom(mu_, capacity_.load()) / rounded)
+          : 0;
+  while (made > 0 && !fits(count + made)) --made;
   if (count + made == 0) return grant;
-  const uint64_t serial = next_grant_++;
+  const uint64_t serial = sessions_.NewGrant(mu_);
   for (uint64_t i = 0; i < count; ++i) {
-    TakeFree(id, state, sizes, serial, grant);  // all cached: creates none
+    // All cached: creates none.
+    TakeFree(mu_, chunks_, id, state, sizes, serial, grant);
   }
   const std::vector<uint64_t> cached = grant.chunk_ids;
   for (uint64_t i = 0; i < made; ++i) {
-    for (uint64_t size : sizes) AddClientMade(id, state, serial, size, grant);
+    for (uint64_t size : sizes) {
+      AddClientMade(mu_, chunks_, id, state, serial, size, grant);
+    }
   }
   grant.bytes = (count + made) * rounded;
   grant.reused_chunks = static_cast<uint32_t>(cached.size());
-  AddHeld(state, grant.bytes);
-  reused_total_ += grant.reused_chunks;
+  sessions_.AddHeld(mu_, state, grant.bytes);
   grant.token = AddClaim(id, state, *std::move(token), serial, cached);
   return grant;
-}
-
-void NodePool::AddClientMade(SessionId id, SessionState& s, uint64_t serial,
-                             uint64_t size, Grant& grant) {
-  const uint64_t chunk_id = NewChunkId();
-  chunks_.emplace(chunk_id, Chunk{.bytes = size,
-                                  .owner = id,
-                                  .grant = serial,
-                                  .tenant = s.tenant});
-  live_bytes_ += size;
-  s.chunks.insert(chunk_id);
-  grant.chunk_ids.push_back(chunk_id);
-  grant.chunk_sizes.push_back(size);
-  ++grant.client_made;
-  ++client_made_total_;
 }
 
 absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
@@ -204,9 +170,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
   std::vector<ChunkMemory> doomed;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<SessionState*> found = FindSession(id);
+    absl::StatusOr<SessionLedger::Session*> found = sessions_.Find(mu_, id);
     if (!found.ok()) return found.status();
-    SessionState& state = **found;
+    SessionLedger::Session& state = **found;
     if (absl::Status taken = TakeCached(a, state, sizes); !taken.ok()) {
       return taken;
     }
@@ -222,9 +188,9 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
     // The chunks taken are not the session's to release until the rest is
     // created; what is being created counts against the capacity.
     for (uint64_t chunk_id : a.grant.chunk_ids) {
-      chunks_.at(chunk_id).pending = true;
+      chunks_.SetPending(mu_, chunk_id, true);
     }
-    creating_bytes_ += a.create_bytes;
+    chunks_.BeginCreating(mu_, a.create_bytes);
     a.incarnation = state.incarnation;
   }
   doomed.clear();
@@ -234,42 +200,47 @@ absl::StatusOr<Grant> NodePool::Acquire(SessionId id, uint64_t bytes,
   return CommitCreated(a, std::move(created), failure);
 }
 
-absl::Status NodePool::TakeCached(AcquireInFlight& a, SessionState& s,
+absl::Status NodePool::TakeCached(AcquireInFlight& a,
+                                  SessionLedger::Session& s,
                                   const std::vector<uint64_t>& sizes) {
   const uint64_t rounded = a.grant.bytes;
-  if (absl::Status q = CheckQuotas(a.id, s, rounded); !q.ok()) return q;
-  const uint64_t capacity = capacity_.load();
-  const uint64_t room = UncreatedRoom(capacity);
-  // Every cached byte can become room, whatever its chunk's size.
-  if (rounded > free_bytes_ + room) {
-    return NodeShortage(rounded, free_bytes_ + room, capacity);
+  if (absl::Status q = sessions_.CheckQuotas(mu_, a.id, s, rounded); !q.ok()) {
+    return q;
   }
-  a.serial = next_grant_++;
+  const uint64_t capacity = capacity_.load();
+  // Every cached byte can become room, whatever its chunk's size.
+  const uint64_t available =
+      chunks_.free_bytes(mu_) + chunks_.UncreatedRoom(mu_, capacity);
+  if (rounded > available) return NodeShortage(rounded, available, capacity);
+  a.serial = sessions_.NewGrant(mu_);
   a.tenant = s.tenant;
-  a.to_create = TakeFree(a.id, s, sizes, a.serial, a.grant);
+  a.to_create = TakeFree(mu_, chunks_, a.id, s, sizes, a.serial, a.grant);
   a.create_bytes =
       std::accumulate(a.to_create.begin(), a.to_create.end(), uint64_t{0});
   a.grant.reused_chunks = static_cast<uint32_t>(a.grant.chunk_ids.size());
-  AddHeld(s, rounded);
-  reused_total_ += a.grant.reused_chunks;
+  sessions_.AddHeld(mu_, s, rounded);
   return absl::OkStatus();
 }
 
 void NodePool::MakeRoom(uint64_t create_bytes,
                         std::vector<ChunkMemory>& doomed) {
-  const uint64_t room = UncreatedRoom(capacity_.load());
+  const uint64_t room = chunks_.UncreatedRoom(mu_, capacity_.load());
   if (create_bytes <= room) return;
   const uint64_t needed = create_bytes - room;
-  trimmed_total_ += TrimColdestLocked(
-      [&](const Chunk&, uint64_t trimmed) { return trimmed < needed; },
+  chunks_.Trim(
+      mu_,
+      [&](const ChunkTable::Chunk&, uint64_t trimmed) {
+        return trimmed < needed;
+      },
       doomed);
 }
 
-Grant NodePool::GrantClientMade(AcquireInFlight& a, SessionState& s) {
+Grant NodePool::GrantClientMade(AcquireInFlight& a,
+                                SessionLedger::Session& s) {
   // Counted now, made by the client: no memory here until GiveMemory.
   const std::vector<uint64_t> with_memory = a.grant.chunk_ids;
   for (uint64_t size : a.to_create) {
-    AddClientMade(a.id, s, a.serial, size, a.grant);
+    AddClientMade(mu_, chunks_, a.id, s, a.serial, size, a.grant);
   }
   a.grant.token = AddClaim(a.id, s, std::move(a.token), a.serial, with_memory);
   return std::move(a.grant);
@@ -303,66 +274,57 @@ absl::Status NodePool::CreateChunks(const std::vector<uint64_t>& sizes,
   return absl::OkStatus();
 }
 
-std::pair<const uint64_t, NodePool::Chunk>& NodePool::AddCreated(
-    uint64_t size, ChunkMemory memory, const TenantId& tenant) {
-  live_bytes_ += size;
-  return *chunks_
-              .emplace(NewChunkId(), Chunk{.memory = std::move(memory),
-                                           .bytes = size,
-                                           .tenant = tenant})
-              .first;
-}
-
 absl::StatusOr<Grant> NodePool::CommitCreated(
     AcquireInFlight& a, std::vector<ChunkMemory> created,
     const absl::Status& failure) {
-  creating_bytes_ -= a.create_bytes;
-  created_total_ += created.size();
-  SessionState* const alive = SameSession(a.id, a.incarnation);
+  chunks_.EndCreating(mu_, a.create_bytes);
+  SessionLedger::Session* const alive =
+      sessions_.FindIncarnation(mu_, a.id, a.incarnation);
   if (alive == nullptr || !failure.ok()) {
     return UndoAcquire(a, alive, std::move(created), failure);
   }
   // Its chunks are the session's now, no longer being created.
-  ++holdings_version_;
+  sessions_.NoteChange(mu_);
   for (uint64_t chunk_id : a.grant.chunk_ids) {
-    chunks_.at(chunk_id).pending = false;
+    chunks_.SetPending(mu_, chunk_id, false);
   }
   for (size_t i = 0; i < created.size(); ++i) {
-    auto& [chunk_id, chunk] =
-        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
-    chunk.owner = a.id;
-    chunk.grant = a.serial;
+    const uint64_t size = a.to_create[i];
+    const uint64_t chunk_id = chunks_.AddCreated(
+        mu_, size, std::move(created[i]), a.tenant, a.id, a.serial);
     alive->chunks.insert(chunk_id);
     a.grant.chunk_ids.push_back(chunk_id);
-    a.grant.chunk_sizes.push_back(chunk.bytes);
+    a.grant.chunk_sizes.push_back(size);
   }
   a.grant.token = AddClaim(a.id, *alive, std::move(a.token), a.serial,
                            a.grant.chunk_ids);
   return std::move(a.grant);
 }
 
-absl::Status NodePool::UndoAcquire(AcquireInFlight& a, SessionState* alive,
+absl::Status NodePool::UndoAcquire(AcquireInFlight& a,
+                                   SessionLedger::Session* alive,
                                    std::vector<ChunkMemory> created,
                                    const absl::Status& failure) {
   // What was created is cached for whoever asks next; the reused chunks go
   // back (EndSession already took them back from a dead session).
   uint64_t created_bytes = 0;
   for (size_t i = 0; i < created.size(); ++i) {
-    auto& [chunk_id, chunk] =
-        AddCreated(a.to_create[i], std::move(created[i]), a.tenant);
-    created_bytes += chunk.bytes;
-    ReturnToCache(chunk_id, chunk);
+    const uint64_t chunk_id =
+        chunks_.AddCreated(mu_, a.to_create[i], std::move(created[i]),
+                           a.tenant, ChunkTable::kNobody, /*grant=*/0);
+    created_bytes += a.to_create[i];
+    chunks_.Cache(mu_, chunk_id);
   }
-  reused_total_ -= a.grant.reused_chunks;
+  chunks_.UncountReused(mu_, a.grant.reused_chunks);
   if (alive == nullptr) {
     return absl::AbortedError(absl::StrCat(
         "session ", a.id, " ended while its chunks were being created"));
   }
   for (uint64_t chunk_id : a.grant.chunk_ids) {
     alive->chunks.erase(chunk_id);
-    ReturnToCache(chunk_id, chunks_.at(chunk_id));
+    chunks_.Cache(mu_, chunk_id);
   }
-  SubtractHeld(*alive, a.grant.bytes);
+  sessions_.SubtractHeld(mu_, *alive, a.grant.bytes);
   const std::string why =
       absl::StrCat("creating chunk ", created.size() + 1, " of ",
                    a.to_create.size(), " from the ", source_->Name(),

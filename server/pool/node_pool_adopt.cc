@@ -6,10 +6,47 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/bytes.h"
 
 namespace allocd {
+namespace {
+
+// Why `bytes` more would take session `id` (`s`) past a quota, or the live
+// chunks of `chunks` past `capacity` ("" when they fit): Adopt's limits.
+std::string RefuseOverLimits(const absl::Mutex& pool_mu,
+                             const SessionLedger& sessions,
+                             const ChunkTable& chunks, uint64_t capacity,
+                             SessionId id, const SessionLedger::Session& s,
+                             uint64_t bytes)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
+  if (absl::Status quota = sessions.CheckQuotas(pool_mu, id, s, bytes);
+      !quota.ok()) {
+    return std::string(quota.message());
+  }
+  const uint64_t room = chunks.UncreatedRoom(pool_mu, capacity);
+  if (room < bytes) {
+    return absl::StrCat("the node pool has ", FormatSize(room),
+                        " of its capacity ", FormatSize(capacity),
+                        " left, for a chunk of ", FormatSize(bytes));
+  }
+  return "";
+}
+
+// Why a chunk a client declares cannot be adopted by a pool of `classes`
+// before its proof is looked at ("" when it can so far): its id and size.
+std::string RefuseDeclared(const ChunkClasses& classes,
+                           const DeclaredChunk& chunk) {
+  if (chunk.id == 0) return "chunk id 0 is no chunk";
+  if (!classes.Contains(chunk.bytes)) {
+    return absl::StrCat("declared as ", FormatSize(chunk.bytes),
+                        "; this pool's chunks are ", classes.Describe());
+  }
+  return "";
+}
+
+}  // namespace
 
 absl::Status NodePool::GiveMemory(SessionId id,
                                   absl::Span<const uint64_t> chunk_ids,
@@ -22,15 +59,16 @@ absl::Status NodePool::GiveMemory(SessionId id,
   // on a device driver calls); checked again after.
   auto memoryless = [&](absl::string_view what) -> absl::StatusOr<std::vector<uint64_t>> {
     mu_.AssertHeld();
-    absl::StatusOr<SessionState*> found = FindSession(id);
-    if (!found.ok()) return found.status();
+    if (absl::Status found = sessions_.Find(mu_, id).status(); !found.ok()) {
+      return found;
+    }
     if (absl::Status held = HeldBy(id, chunk_ids, what).status(); !held.ok()) {
       return held;
     }
     std::vector<uint64_t> sizes;
     for (uint64_t chunk_id : chunk_ids) {
-      const Chunk& chunk = chunks_.at(chunk_id);
-      if (HasMemory(chunk)) {
+      const ChunkTable::Chunk& chunk = chunks_.Get(mu_, chunk_id);
+      if (chunk.has_memory()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "the pool holds the memory of chunk ", chunk_id,
             " already; nothing was ", what));
@@ -63,7 +101,8 @@ absl::Status NodePool::GiveMemory(SessionId id,
   if (absl::Status again = memoryless("taken").status(); !again.ok()) {
     return again;  // released or given meanwhile
   }
-  absl::flat_hash_map<std::string, uint64_t> live = LiveIdentities();
+  absl::flat_hash_map<std::string, uint64_t> live =
+      chunks_.LiveIdentities(mu_, *source_);
   for (size_t i = 0; i < chunk_ids.size(); ++i) {
     if (identities[i].empty()) continue;
     auto [same, fresh] = live.try_emplace(identities[i], chunk_ids[i]);
@@ -74,44 +113,9 @@ absl::Status NodePool::GiveMemory(SessionId id,
     }
   }
   for (size_t i = 0; i < chunk_ids.size(); ++i) {
-    chunks_.at(chunk_ids[i]).memory = std::move(memories[i]);
+    chunks_.GiveMemory(mu_, chunk_ids[i], std::move(memories[i]));
   }
   return absl::OkStatus();
-}
-
-std::string NodePool::RefuseOverLimits(SessionId id, const SessionState& s,
-                                       uint64_t bytes) const {
-  if (absl::Status quota = CheckQuotas(id, s, bytes); !quota.ok()) {
-    return std::string(quota.message());
-  }
-  const uint64_t capacity = capacity_.load();
-  if (UncreatedRoom(capacity) < bytes) {
-    return absl::StrCat("the node pool has ", FormatSize(UncreatedRoom(capacity)),
-                        " of its capacity ", FormatSize(capacity),
-                        " left, for a chunk of ", FormatSize(bytes));
-  }
-  return "";
-}
-
-std::string NodePool::RefuseDeclared(const DeclaredChunk& chunk) const {
-  if (chunk.id == 0) return "chunk id 0 is no chunk";
-  if (!classes_.Contains(chunk.bytes)) {
-    return absl::StrCat("declared as ", FormatSize(chunk.bytes),
-                        "; this pool's chunks are ", classes_.Describe());
-  }
-  return "";
-}
-
-absl::flat_hash_map<std::string, uint64_t> NodePool::LiveIdentities() const {
-  absl::flat_hash_map<std::string, uint64_t> identities;
-  for (const auto& [chunk_id, chunk] : chunks_) {
-    if (!HasMemory(chunk)) continue;
-    if (std::string identity = source_->Identity(chunk.memory);
-        !identity.empty()) {
-      identities.emplace(std::move(identity), chunk_id);
-    }
-  }
-  return identities;
 }
 
 absl::StatusOr<AdoptOutcome> NodePool::Adopt(
@@ -130,7 +134,7 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
   candidates.reserve(chunks.size());
   absl::flat_hash_set<uint64_t> listed;
   for (DeclaredChunk& declared : chunks) {
-    std::string why = RefuseDeclared(declared);
+    std::string why = RefuseDeclared(classes_, declared);
     if (why.empty() && !listed.insert(declared.id).second) {
       why = "listed twice in the declaration";
     }
@@ -155,16 +159,16 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
   // Refused proofs' memory is dropped after the lock is released.
   std::vector<ChunkMemory> dropped;
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<SessionState*> found = FindSession(id);
+  absl::StatusOr<SessionLedger::Session*> found = sessions_.Find(mu_, id);
   if (!found.ok()) return found.status();
-  SessionState& state = **found;
+  SessionLedger::Session& state = **found;
   absl::flat_hash_map<std::string, uint64_t> identities;
-  if (proves) identities = LiveIdentities();
+  if (proves) identities = chunks_.LiveIdentities(mu_, *source_);
   for (Candidate& candidate : candidates) {
     std::string why;
-    if (auto live = chunks_.find(candidate.id); live != chunks_.end()) {
-      const SessionId owner = live->second.owner;
-      why = owner == kNoSession ? "its id is a cached chunk's"
+    if (const ChunkTable::Chunk* live = chunks_.Find(mu_, candidate.id)) {
+      const SessionId owner = live->owner;
+      why = owner == ChunkTable::kNobody ? "its id is a cached chunk's"
             : owner == id       ? "this session holds it already"
                                 : absl::StrCat("session ", owner,
                                                " holds a chunk of that id");
@@ -175,37 +179,36 @@ absl::StatusOr<AdoptOutcome> NodePool::Adopt(
         why = absl::StrCat("its memory is chunk ", same->second, "'s");
       }
     }
-    if (why.empty()) why = RefuseOverLimits(id, state, candidate.bytes);
+    if (why.empty()) {
+      why = RefuseOverLimits(mu_, sessions_, chunks_, capacity_.load(), id,
+                             state, candidate.bytes);
+    }
     if (!why.empty()) {
       outcome.refused.emplace_back(candidate.id, std::move(why));
       dropped.push_back(std::move(candidate.memory));
       continue;
     }
-    chunks_.emplace(candidate.id, Chunk{.memory = std::move(candidate.memory),
-                                        .bytes = candidate.bytes,
-                                        .owner = id,
-                                        .tenant = state.tenant});
-    live_bytes_ += candidate.bytes;
+    chunks_.Adopt(mu_, candidate.id, std::move(candidate.memory),
+                  candidate.bytes, id, state.tenant);
     state.chunks.insert(candidate.id);
-    AddHeld(state, candidate.bytes);
+    sessions_.AddHeld(mu_, state, candidate.bytes);
     outcome.adopted.push_back(candidate.id);
     outcome.adopted_bytes += candidate.bytes;
   }
-  adopted_total_ += outcome.adopted_bytes;
   return outcome;
 }
 
 std::vector<HeldChunk> NodePool::HeldChunks() const {
   absl::MutexLock lock(&mu_);
   std::vector<HeldChunk> held;
-  for (const auto& [id, s] : sessions_) {
+  sessions_.ForEach(mu_, [&](SessionId, const SessionLedger::Session& s) {
+    mu_.AssertHeld();
     for (uint64_t chunk_id : s.chunks) {
-      auto chunk = chunks_.find(chunk_id);
-      if (chunk == chunks_.end() || chunk->second.pending) continue;
-      held.push_back(
-          {.tenant = s.tenant, .id = chunk_id, .bytes = chunk->second.bytes});
+      const ChunkTable::Chunk* chunk = chunks_.Find(mu_, chunk_id);
+      if (chunk == nullptr || chunk->pending) continue;
+      held.push_back({.tenant = s.tenant, .id = chunk_id, .bytes = chunk->bytes});
     }
-  }
+  });
   return held;
 }
 
