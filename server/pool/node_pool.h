@@ -276,8 +276,8 @@ class NodePool {
   //  - InvalidArgument: bytes == 0;
   //  - NotFound: no session `id`;
   //  - ResourceExhausted, naming the limit:
-  //     "session S quota exceeded: holds X, asks Y, quota Z",
-  //     "uid U quota exceeded: its sessions hold X, asks Y, quota Z",
+  //     "session quota exceeded: session S holds X, asks Y, quota Z",
+  //     "uid quota exceeded: the sessions of uid U hold X, asks Y, quota Z",
   //     "tenant T quota exceeded: its sessions hold X, asks Y, quota Z",
   //     "asks X, more than the node pool's capacity Z", or
   //     "node pool exhausted: need X, free Y of capacity Z (short by W)" --
