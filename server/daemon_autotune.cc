@@ -285,6 +285,10 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   return *version;
 }
 
+std::optional<uint64_t> DaemonAutotune::DeviceRoom(SessionId session) {
+  return core_->DeviceRoom(session);
+}
+
 absl::Status DaemonAutotune::RollBackSession(SessionId session,
                                              const std::string& config,
                                              const std::string& reason) {

@@ -91,6 +91,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                         const std::string& config,
                                         const std::string& reason,
                                         uint64_t predicted_peak_reserved) override;
+  std::optional<uint64_t> DeviceRoom(SessionId session) override;
   absl::Status RollBackSession(SessionId session, const std::string& config,
                                const std::string& reason) override;
   void OnRun(const std::string& job) override;

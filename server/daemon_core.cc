@@ -651,6 +651,15 @@ absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
   return config_pusher_.Set(job, config, author, predicted_peak_reserved_bytes);
 }
 
+std::optional<uint64_t> DaemonCore::DeviceRoom(SessionId id) const {
+  std::shared_ptr<Session> session = sessions_.Find(id);
+  if (session == nullptr) return std::nullopt;
+  const PoolStats stats = PoolOf(*session).Stats();
+  auto held = stats.sessions.find(id);
+  if (held == stats.sessions.end() || held->second.bytes == 0) return std::nullopt;
+  return stats.capacity - std::min(stats.capacity, stats.in_use_bytes);
+}
+
 absl::StatusOr<uint64_t> DaemonCore::PushToSession(
     SessionId id, absl::string_view config, absl::string_view author,
     std::string reason, uint64_t predicted_peak_reserved_bytes) {

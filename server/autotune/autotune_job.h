@@ -40,6 +40,8 @@ struct AutotuneSession {
   };
   std::optional<HandedConfig> handed;
   int64_t retries = 0;
+  // PyTorch's reserved_bytes.all.peak in its newest stats report (0: none).
+  int64_t reserved_peak = 0;
   std::optional<absl::Time> fragmented_since;
   bool marks_steps = false;  // its client marks optimizer steps
 

@@ -22,27 +22,17 @@
 #include "server/autotune/job_registry.h"
 #include "server/autotune/job_window.h"
 #include "server/autotune/rollback_model.h"
+#include "server/autotune/start_config.h"
 #include "server/autotune/task_queue.h"
 
 namespace allocd {
 namespace {
 
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
+constexpr char kReservedPeakStat[] = "reserved_bytes.all.peak";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
 constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
 constexpr char kRetriesStat[] = "num_alloc_retries";
-// A max_split_size_mb this small stops the cache from splitting most large
-// blocks: the guides' 64 and 128 (tuner.h's GuideConfigs), which cost
-// llama_lora several times its memory.
-constexpr size_t kBadStartMaxSplit = 128 * kMiB;
-
-// A start config known to cost memory (the guides' small max_split_size_mb
-// without expandable segments, which would not split): decided on at the
-// job's first steps.
-bool IsHarmfulStart(const AllocatorConfig& config) {
-  return config.max_split_size <= kBadStartMaxSplit && !config.expandable_segments;
-}
-
 // A run for a job that grew: it skips the cooldown, and its prediction must
 // cover the job's largest request.
 bool ForGrowth(AutotuneTrigger trigger) {
@@ -89,7 +79,7 @@ class Autotuner::Impl {
                                         config_version, marks_steps);
     if (job == nullptr) return;
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
-    if (parsed.ok() && IsHarmfulStart(*parsed)) {
+    if (parsed.ok() && IsHarmfulStartConfig(*parsed)) {
       job->first_trigger = AutotuneTrigger::kBadStartConfig;
     }
   }
@@ -171,6 +161,7 @@ class Autotuner::Impl {
         job.growth_reserved = reserved;
       }
       session.retries = retries;
+      session.reserved_peak = StatOr(stats, kReservedPeakStat, session.reserved_peak);
       if (session.Fragmented(reserved, allocated, now, options_)) {
         Enqueue(session.job, job, AutotuneTrigger::kFragmentation, false);
       }
@@ -387,7 +378,7 @@ class Autotuner::Impl {
         AutotuneJob& job = jobs_.Job(session.job);
         absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(session.config);
         if (job.first_trigger == AutotuneTrigger::kBadStartConfig && parsed.ok() &&
-            !IsHarmfulStart(*parsed)) {
+            !IsHarmfulStartConfig(*parsed)) {
           job.first_trigger = AutotuneTrigger::kFirstPass;
         }
       }
@@ -456,6 +447,8 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   bool full = false;
   bool marks_steps = false;  // its client marks them (none: no optimizer)
   DecisionInputs in;
+  DecideOptions decide = DecideOptionsFor(options_);
+  SessionId recorded = 0;
   {
     absl::MutexLock lock(&mu_);
     AutotuneJob& job = jobs_.Job(task.job);
@@ -474,8 +467,14 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
       return;
     }
     marks_steps = session.marks_steps;
+    recorded = job.recorded;
+    // A first pass's window holds the job's stream from where its peak
+    // counts from: what the replay of staying is measured against.
+    if (task.first_pass && session.reserved_peak > 0) {
+      decide.realized_peak_reserved = session.reserved_peak;
+    }
     in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger), task.first_pass,
-                            DecideOptionsFor(options_).min_events, options_.first_pass_min_events);
+                            decide.min_events, options_.first_pass_min_events);
   }
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
@@ -505,7 +504,8 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   actions_->OnRun(task.job.job);
   Decision d;
   if (skip_why.empty()) {
-    d = DecideOnInputs(in, running, policy, DecideOptionsFor(options_), step, cover_largest);
+    decide.device_room = actions_->DeviceRoom(recorded);
+    d = DecideOnInputs(in, running, policy, decide, step, cover_largest);
     if (aperiodic) d.why = AperiodicWhy(marks_steps, d.why);
   } else {
     d.why = skip_why;

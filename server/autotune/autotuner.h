@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ class AutotuneActions {
                                                 const std::string& config,
                                                 const std::string& reason,
                                                 uint64_t predicted_peak_reserved) = 0;
+  // Device memory on `session`'s GPU that no session holds, when the
+  // daemon knows it (the session's memory comes from its pool); a push
+  // whose rollback's worst case fits in it is made (WeighRollback).
+  virtual std::optional<uint64_t> DeviceRoom(SessionId /*session*/) { return std::nullopt; }
   // Pushes `config` back to the session as a rollback.
   virtual absl::Status RollBackSession(SessionId session, const std::string& config,
                                        const std::string& reason) = 0;
