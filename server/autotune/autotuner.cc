@@ -194,6 +194,13 @@ class Autotuner::Impl {
     }
   }
 
+  void StartedInstead(SessionId id, const std::string& own, const std::string& why) {
+    absl::MutexLock lock(&mu_);
+    if (AutotuneSession* session = jobs_.FindSession(id)) {
+      session->instead = AutotuneSession::Instead{.own = own, .why = why};
+    }
+  }
+
   absl::StatusOr<uint64_t> RunNow(const std::string& job_name, const TenantId& tenant) {
     absl::MutexLock lock(&mu_);
     std::optional<absl::StatusOr<uint64_t>> first;
@@ -406,6 +413,13 @@ class Autotuner::Impl {
   }
 
   void RunDecision(const AutotuneTask& task);
+  // The first pass of a job whose recorded session started on `instead`'s
+  // replacement for its own config: ReviewPrior on the window `in` (run
+  // under `running`, the replacement), recorded as a start_review
+  // decision. True when the job went back to its own config, which ends
+  // the pass; false: the pass goes on to its decision.
+  bool ReviewStart(const AutotuneTask& task, const AutotuneSession::Instead& instead,
+                   const DecisionInputs& in, const RunningConfig& running);
   void Promote(const AutotuneTask& task);
   void Review(const AutotuneTask& task);
   // Keeps or rolls back a push on the canary's events after it (see
@@ -440,6 +454,89 @@ class Autotuner::Impl {
   std::thread worker_;  // last: starts once the rest is built
 };
 
+bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
+                                  const AutotuneSession::Instead& instead,
+                                  const DecisionInputs& in, const RunningConfig& running) {
+  absl::StatusOr<AllocatorConfig> own = ParseAllocatorConfig(instead.own);
+  ReplayOptions base;
+  base.capacity = options_.capacity;
+  base.total_memory = options_.total_memory;
+  base.memory_fraction = running.memory_fraction;
+  absl::StatusOr<PriorReview> review = absl::InvalidArgumentError("");
+  if (own.ok()) {
+    if (options_.on_replay) options_.on_replay(+1);
+    review = ReviewPrior(in.trace, *own, running.config, base);
+    if (options_.on_replay) options_.on_replay(-1);
+  } else {
+    review = own.status();
+  }
+  const bool back = review.ok() && review->return_to_own;
+  AutotuneDecision rec;
+  {
+    absl::MutexLock lock(&mu_);
+    AutotuneJob& job = jobs_.Job(task.job);
+    if (AutotuneSession* session = jobs_.FindSession(job.recorded)) session->instead.reset();
+    rec.id = next_decision_id_++;
+    rec.triggered_at = task.triggered_at;
+    rec.at = Now();
+    rec.job = task.job.job;
+    rec.tenant = task.job.tenant;
+    rec.trigger = AutotuneTrigger::kStartReview;
+    rec.from_config = FormatAllocatorConfig(running.config);
+    rec.window_events = in.trace.events.size();
+    rec.sessions = {job.recorded};
+    if (review.ok()) {
+      // Staying is the job's own config; the "switch" is what it started on.
+      rec.predicted_peak_current = review->own_peak;
+      rec.predicted_peak_switched = review->prior_peak;
+      rec.predicted_saving = review->own_peak - review->prior_peak;
+    }
+    rec.result = back ? AutotuneResult::kRolledBack
+                 : review.ok() ? AutotuneResult::kKept
+                               : AutotuneResult::kSkipped;
+    if (back) rec.to_config = instead.own;
+    rec.why = absl::StrCat(instead.why, "; ",
+                           review.ok() ? review->why
+                                       : absl::StrCat("its review could not replay the window: ",
+                                                      review.status().message()));
+    if (back) {
+      job.queued = false;
+      job.queued_id = 0;
+      job.first_pass_done = true;
+      job.cooldown_until = Now() + options_.cooldown;
+      job.settled_need = review->own_peak;
+    }
+    job.Record(rec, options_.history_per_job);
+  }
+  if (back) {
+    absl::StatusOr<uint64_t> version = actions_->SetJobConfig(
+        task.job, instead.own,
+        absl::StrFormat("autotune decision %d (start_review): back to the job's own config, "
+                        "which peaks at %s on its events against %s under %s",
+                        rec.id, GiB(review->own_peak), GiB(review->prior_peak), rec.from_config),
+        static_cast<uint64_t>(review->own_peak));
+    absl::MutexLock lock(&mu_);
+    AutotuneJob& job = jobs_.Job(task.job);
+    if (AutotuneDecision* stored = job.FindDecision(rec.id)) {
+      if (version.ok()) {
+        stored->version = *version;
+        // Its sessions run their own config once they ACK it.
+        for (SessionId id : job.sessions) {
+          if (AutotuneSession* session = jobs_.FindSession(id)) {
+            session->handed = AutotuneSession::HandedConfig{.version = *version,
+                                                            .config = instead.own};
+          }
+        }
+      } else {
+        absl::StrAppend(&stored->why, "; going back failed: ", version.status().message());
+      }
+      rec = *stored;
+    }
+  }
+  actions_->OnDecision(rec);
+  return back;
+}
+
 void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   RunningConfig running;
   JobPolicy policy;
@@ -449,6 +546,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   DecisionInputs in;
   DecideOptions decide = DecideOptionsFor(options_);
   SessionId recorded = 0;
+  std::optional<AutotuneSession::Instead> instead;
   {
     absl::MutexLock lock(&mu_);
     AutotuneJob& job = jobs_.Job(task.job);
@@ -468,6 +566,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     }
     marks_steps = session.marks_steps;
     recorded = job.recorded;
+    if (task.first_pass) instead = session.instead;
     // A first pass's window holds the job's stream from where its peak
     // counts from: what the replay of staying is measured against.
     if (task.first_pass && session.reserved_peak > 0) {
@@ -501,6 +600,13 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     }
   }
 
+  // Reviewed once the session runs what it was started on instead of its
+  // own (a config handed at registration counts from its ACK).
+  if (instead.has_value() && skip_why.empty() &&
+      FormatAllocatorConfig(running.config) != instead->own &&
+      ReviewStart(task, *instead, in, running)) {
+    return;
+  }
   actions_->OnRun(task.job.job);
   Decision d;
   if (skip_why.empty()) {
@@ -763,6 +869,9 @@ void Autotuner::Acked(SessionId id, uint64_t version, bool applied, const std::s
 }
 void Autotuner::Handed(SessionId id, uint64_t version, const std::string& config) {
   impl_->Handed(id, version, config);
+}
+void Autotuner::StartedInstead(SessionId id, const std::string& own, const std::string& why) {
+  impl_->StartedInstead(id, own, why);
 }
 absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job, const TenantId& tenant) {
   return impl_->RunNow(job, tenant);

@@ -59,8 +59,13 @@ SearchSpace JobSpace(const RunningConfig& running, const JobPolicy& policy) {
 // Which pinned key `candidate` would change, or nullptr.
 const char* BreaksPin(const Candidate& candidate, const RunningConfig& running,
                       const JobPolicy& policy) {
-  const AllocatorConfig& a = candidate.config;
-  const AllocatorConfig& b = running.config;
+  return ChangedPinnedKey(candidate.config, running.config, policy.pinned_keys);
+}
+
+}  // namespace
+
+const char* ChangedPinnedKey(const AllocatorConfig& a, const AllocatorConfig& b,
+                             const std::vector<std::string>& pinned_keys) {
   struct Key {
     const char* name;
     bool same;
@@ -75,10 +80,12 @@ const char* BreaksPin(const Candidate& candidate, const RunningConfig& running,
       {"large_segment_size_mb", a.large_segment_size == b.large_segment_size},
   };
   for (const Key& key : keys) {
-    if (!key.same && Pinned(policy, key.name)) return key.name;
+    if (!key.same && absl::c_linear_search(pinned_keys, key.name)) return key.name;
   }
   return nullptr;
 }
+
+namespace {
 
 std::string Bytes(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));

@@ -157,6 +157,12 @@ int SizeFittedSettings(const Candidate& candidate);
 const Evaluation* ChooseProposal(const std::vector<const Evaluation*>& passing,
                                  double simpler_within);
 
+// The first key of `pinned_keys` (PYTORCH_CUDA_ALLOC_CONF names) on which
+// `a` and `b` differ, or nullptr: what a candidate, or a start config
+// chosen for a job, may not change.
+const char* ChangedPinnedKey(const AllocatorConfig& a, const AllocatorConfig& b,
+                             const std::vector<std::string>& pinned_keys);
+
 // The string to push so that a process running `running` ends up holding
 // exactly `target`, whether it applies it as a live update or starts with
 // it: the canonical string when that suffices, else one that also names the

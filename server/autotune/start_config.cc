@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/bytes.h"
 #include "allocator/config_check.h"
+#include "server/autotune/decider.h"
 
 namespace allocd {
 namespace {
@@ -91,6 +92,15 @@ std::optional<Prior> FindPrior(const std::vector<std::pair<JobKey, LearnedConfig
     return Prior{.config = agreed->first, .jobs = agreed->second, .scope = "the node"};
   }
   return std::nullopt;
+}
+
+StartConfigVeto KeepsPinnedKeys(const std::string& own, const std::vector<std::string>& pinned) {
+  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(own);
+  if (!parsed.ok() || pinned.empty()) return nullptr;
+  return [own = *parsed, pinned](const AllocatorConfig& c) -> std::string {
+    const char* key = ChangedPinnedKey(c, own, pinned);
+    return key == nullptr ? std::string() : absl::StrCat("the job pinned ", key);
+  };
 }
 
 StartConfig ChooseStartConfig(const std::string& own,

@@ -64,8 +64,11 @@ constexpr const char* StartConfigSourceName(StartConfigSource source) {
 // a pattern of the node's workloads.
 inline constexpr size_t kPriorMinJobs = 3;
 
-// --autotune-prior: "learned" (FindPrior), "off" (none), or a fixed
+// --autotune-prior: "learned" (FindPrior), "off", or a fixed
 // PYTORCH_CUDA_ALLOC_CONF every job without a learned config starts on.
+// Off: nothing is decided before a job's first allocation but its learned
+// config; a harmful start config is left to the job's first steps (the
+// bad_start_config trigger's early push).
 struct PriorSetting {
   enum class Kind { kLearned, kOff, kFixed };
   Kind kind = Kind::kLearned;
@@ -100,6 +103,11 @@ std::optional<Prior> FindPrior(const std::vector<std::pair<JobKey, LearnedConfig
 // Why `config` would break the job ("" when it would not): the seam where
 // what the job's process does (its reported features) vetoes a config.
 using StartConfigVeto = std::function<std::string(const AllocatorConfig& config)>;
+
+// A veto of configs that change a key of `own` the job pinned (JobPolicy's
+// pinned_keys: it set them on purpose); no veto for an `own` that does not
+// parse or no pins.
+StartConfigVeto KeepsPinnedKeys(const std::string& own, const std::vector<std::string>& pinned);
 
 struct StartConfig {
   std::string config;  // canonical: what the job starts on

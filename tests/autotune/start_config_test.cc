@@ -24,6 +24,13 @@ std::pair<JobKey, LearnedConfig> Learned(const TenantId& tenant, const std::stri
   return {JobKey{.tenant = tenant, .job = job}, LearnedConfig{.config = config}};
 }
 
+TEST(StartConfigTest, SourcesAreNamedAsTheMetricAndStatsSayThem) {
+  EXPECT_STREQ(StartConfigSourceName(StartConfigSource::kOwn), "own");
+  EXPECT_STREQ(StartConfigSourceName(StartConfigSource::kLearned), "learned");
+  EXPECT_STREQ(StartConfigSourceName(StartConfigSource::kPrior), "prior");
+  EXPECT_STREQ(StartConfigSourceName(StartConfigSource::kReplaced), "replaced");
+}
+
 TEST(StartConfigTest, SmallMaxSplitWithoutExpandableSegmentsIsHarmful) {
   EXPECT_TRUE(IsHarmfulStartConfig(Parse("max_split_size_mb:64")));
   EXPECT_TRUE(IsHarmfulStartConfig(Parse("max_split_size_mb:128")));
@@ -144,6 +151,20 @@ TEST(StartConfigTest, AVetoedReplacementFallsBack) {
                               no_expandable)
                 .source,
             StartConfigSource::kPrior);
+}
+
+TEST(StartConfigTest, AKeyTheJobPinnedIsNeverReplaced) {
+  const std::string own = Canonical("max_split_size_mb:64");
+  const StartConfig kept = ChooseStartConfig(own, std::nullopt, std::nullopt,
+                                             KeepsPinnedKeys(own, {"expandable_segments"}));
+  EXPECT_EQ(kept.config, own);
+  EXPECT_NE(kept.why.find("the job pinned expandable_segments"), std::string::npos) << kept.why;
+  // Pinning another key leaves the replacement free.
+  EXPECT_EQ(ChooseStartConfig(own, std::nullopt, std::nullopt,
+                              KeepsPinnedKeys(own, {"roundup_power2_divisions"}))
+                .source,
+            StartConfigSource::kReplaced);
+  EXPECT_EQ(KeepsPinnedKeys(own, {}), nullptr);
 }
 
 // Blocks of 130 MiB to 200 MiB allocated and freed in turn: a cache that
