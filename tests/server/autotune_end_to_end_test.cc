@@ -535,9 +535,10 @@ TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfO
   ASSERT_GE(out["loop_peaks"].size(), 1u) << out.dump();
   const nlohmann::json& first = out["loop_peaks"][0];
   EXPECT_LT(first["peak_reserved"].get<int64_t>(), staying / 2) << out.dump();
-  // It ran the replacement from its first event, and says why.
+  // It ran the replacement from its first event (the push at registration,
+  // applied there: the loop started as version 0, its own), and says why.
   EXPECT_EQ(first["config"], "expandable_segments:True");
-  EXPECT_EQ(first["started_config_version"], first["config_version"]);
+  EXPECT_EQ(first["started_config_version"], 0);
   EXPECT_EQ(out["start_config_source"], "replaced");
   EXPECT_THAT(out["config_reason"].get<std::string>(),
               AllOf(HasSubstr("instead of max_split_size_mb:64"),
