@@ -42,6 +42,9 @@ inline constexpr char kClientCreates[] = "ALLOCD_CLIENT_CREATES";
 // (StartOnLearnedConfig writes both).
 inline constexpr char kInitialAllocConf[] = "ALLOCD_INITIAL_ALLOC_CONF";
 inline constexpr char kLearnedAllocConf[] = "ALLOCD_LEARNED_ALLOC_CONF";
+// Why the daemon started the job on ALLOCD_LEARNED_ALLOC_CONF: "learned",
+// "prior" or "replaced" (LearnedConfigResponse.source).
+inline constexpr char kStartConfigSource[] = "ALLOCD_START_CONFIG_SOURCE";
 // "1": the interposer prints one line per call on stderr.
 inline constexpr char kInterposeVerbose[] = "ALLOCD_INTERPOSE_VERBOSE";
 // Where allocd's libraries are, before the places next to the program.

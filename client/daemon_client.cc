@@ -55,6 +55,11 @@ DaemonClient::~DaemonClient() {
   telemetry_.Stop();
 }
 
+std::string DaemonClient::start_config_source() const {
+  std::shared_ptr<Connection> c = active_.Current();
+  return c == nullptr || c->start_config_source.empty() ? "own" : c->start_config_source;
+}
+
 uint64_t DaemonClient::session_id() const {
   std::shared_ptr<Connection> c = active_.Current();
   return c == nullptr ? 0 : c->session_id;

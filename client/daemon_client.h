@@ -139,6 +139,9 @@ class DaemonClient {
 
   const DaemonClientOptions& options() const { return options_; }
   uint64_t session_id() const;
+  // Where the config the session started on came from (the first
+  // registration's RegisterResponse.start_config_source; "own" before it).
+  std::string start_config_source() const;
   uint64_t epoch() const { return active_.epoch(); }
   bool connected() const { return active_.Current() != nullptr; }
   // The daemon's smallest chunk: every grant is a multiple of it. This,

@@ -134,6 +134,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
   c->declare_fds = response.declare_fds();
   c->adopts_chunks = response.adopts_chunks();
   c->lease_acquires = response.lease_acquires();
+  c->start_config_source = response.start_config_source();
   c->working_set.assign(response.working_set().segment_bytes().begin(),
                         response.working_set().segment_bytes().end());
 
@@ -152,7 +153,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
 
 absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
                                              const std::string& job,
-                                             absl::Duration timeout) {
+                                             absl::Duration timeout,
+                                             const std::string& start_config,
+                                             std::string* source) {
   absl::StatusOr<UniqueFd> fd = ConnectUnix(socket);
   if (!fd.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -165,25 +168,29 @@ absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
   SetDeadline(context, timeout);
   v1::LearnedConfigRequest request;
   request.set_job(job);
+  request.set_start_config(start_config);
   v1::LearnedConfigResponse response;
   if (grpc::Status s = stub->LearnedConfig(&context, request, &response);
       !s.ok()) {
     return FromGrpc(s);
   }
+  if (source != nullptr) *source = response.source();
   return response.config();
 }
 
 absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
                                                  const std::string& job,
                                                  absl::Duration timeout) {
-  absl::StatusOr<std::string> learned = AskLearnedConfig(socket, job, timeout);
-  if (!learned.ok() || learned->empty()) return learned;
   const char* cuda = std::getenv(env::kPytorchCudaAllocConf);
   const char* generic = std::getenv(env::kPytorchAllocConf);
   const std::string own = cuda != nullptr      ? cuda
                           : generic != nullptr ? generic
                                                : "";
+  std::string source;
+  absl::StatusOr<std::string> learned = AskLearnedConfig(socket, job, timeout, own, &source);
+  if (!learned.ok() || learned->empty()) return learned;
   setenv(env::kInitialAllocConf, own.c_str(), /*overwrite=*/1);
+  setenv(env::kStartConfigSource, source.c_str(), /*overwrite=*/1);
   setenv(env::kLearnedAllocConf, learned->c_str(), /*overwrite=*/1);
   setenv(env::kPytorchCudaAllocConf, learned->c_str(), /*overwrite=*/1);
   if (generic != nullptr) {

@@ -63,6 +63,9 @@ struct Connection {
   bool adopts_chunks = false;
   // Whether this daemon grants and takes back chunks on the lease.
   bool lease_acquires = false;
+  // RegisterResponse.start_config_source: where the config the session
+  // starts on came from.
+  std::string start_config_source;
   // The job's last working set, as this daemon handed it over.
   std::vector<uint64_t> working_set;
   // The lease; claims travel over it, one at a time.
@@ -87,12 +90,18 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
     const RunningConfig& running);
 
 // The config the daemon at `socket` would hand a session of `job` (in the
-// caller's tenant) as learned at registration, for a process to start on
-// before its first allocation; "" when none. Unavailable, naming the
-// socket, when no daemon answers; the daemon's error when it refuses.
+// caller's tenant) at registration, for a process to start on before its
+// first allocation: its learned config, or for a job that would start on
+// `start_config` (its own; "" PyTorch's defaults) the node's prior or a
+// safe replacement of a harmful one; "" when none. `source` (optional) is
+// set to why: "learned", "prior", "replaced" ("" with none). Unavailable,
+// naming the socket, when no daemon answers; the daemon's error when it
+// refuses.
 absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
                                              const std::string& job,
-                                             absl::Duration timeout);
+                                             absl::Duration timeout,
+                                             const std::string& start_config = "",
+                                             std::string* source = nullptr);
 
 // Starts this process on the config its tenant's job learned, if any, by
 // its environment, before PyTorch reads PYTORCH_CUDA_ALLOC_CONF (and
@@ -103,8 +112,11 @@ absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
 // config replaces it, as the daemon's push at registration would) goes to
 // ALLOCD_INITIAL_ALLOC_CONF, where a rollback returns. The interposer
 // declares both at registration. For `allocd run` before it starts the
-// program, and allocd.enable() before `import torch`. Returns the learned
-// config, "" when none (nothing set); AskLearnedConfig's errors.
+// program, and allocd.enable() before `import torch`. The job's own is the
+// start config asked about (a harmful one is replaced, the node's prior
+// may be answered), and ALLOCD_START_CONFIG_SOURCE is set to the answer's
+// source (stats()' start_config_source). Returns the config, "" when none
+// (nothing set); AskLearnedConfig's errors.
 absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
                                                  const std::string& job,
                                                  absl::Duration timeout);

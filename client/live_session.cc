@@ -56,6 +56,7 @@ nlohmann::json LiveSession::Report() const {
           {"config", FormatAllocatorConfig(config())},
           {"config_version", config_version()},
           {"config_reason", config_reason()},
+          {"start_config_source", client_.start_config_source()},
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims_},

@@ -77,7 +77,7 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
       return at;
     }
     absl::StatusOr<ConfigRecord> record =
-        configs_.AddVersion(job, learned->config, learned->author, "learned");
+        configs_.AddVersion(job, learned->config, learned->author, learned->source);
     // A learned config PyTorch would refuse (a file edited by hand) is not
     // handed; the job gets what it would get without one.
     if (record.ok()) {
@@ -113,9 +113,11 @@ ConfigPusher::AtRegistration ConfigPusher::Register(
   // runs it already (it reconnected) is not pushed it twice.
   if (at.config.has_value() && at.config->config != at.running.config) {
     Push(session, *at.config, false,
-         learned.has_value() && at.learned
+         !learned.has_value() || !at.learned ? std::string("config for this job at registration")
+         : learned->source == "learned"
              ? absl::StrCat("the config this job learned in an earlier run (", learned->author, ")")
-             : "config for this job at registration");
+             : absl::StrCat("the config chosen for this job before its first allocation (",
+                            learned->author, ")"));
   }
   return at;
 }

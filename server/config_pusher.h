@@ -75,12 +75,15 @@ class ConfigPusher {
   struct Learned {
     std::string config;
     std::string author;
+    // Why it was chosen: "learned", "prior" or "replaced"
+    // (StartConfigSourceName).
+    std::string source = "learned";
   };
   // `session` just registered; its client declared it runs
   // `current_config` (canonical) under `current_version` (0: its initial
   // config). Adopts that config, then pushes the job's: its own (an
-  // admin's), else `learned` (recorded as a version of its own, event
-  // "learned"), else the default.
+  // admin's), else `learned` (recorded as a version of its own, its event
+  // its source: "learned", "prior", "replaced"), else the default.
   // `started_on_learned`: the client started on `current_config` (version
   // 0) as the job's learned config; when that is `learned` it is recorded
   // as what the session runs and nothing is pushed; otherwise (forgotten

@@ -131,6 +131,9 @@ void ConfigWatcher::Apply(const NodeConfigFile& next) {
        next.autotune_jobs != applied_.autotune_jobs)) {
     autotune_->SetFilePolicies(next.autotune_mode, next.autotune_jobs);
   }
+  if (autotune_ != nullptr && next.job_configs != applied_.job_configs) {
+    autotune_->SetFileJobConfigs(next.job_configs);
+  }
   applied_ = next;
   LogInfo(absl::StrCat("config file ", path_, " applied: ",
                        next.job_configs.size(), " job configs, ",

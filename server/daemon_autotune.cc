@@ -95,6 +95,7 @@ DaemonAutotune::DaemonAutotune(AutotuneOptions options, DaemonCore* core,
     : core_(core),
       metrics_(metrics),
       learned_(learned),
+      prior_(options.prior),
       flag_mode_(options.default_policy.mode),
       default_mode_(options.default_policy.mode),
       autotuner_(std::make_unique<Autotuner>(std::move(options), this)) {}
@@ -103,38 +104,70 @@ DaemonAutotune::~DaemonAutotune() { autotuner_.reset(); }
 
 // ------------------------------------------------------------ sessions
 
-std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
-    const SessionIdentity& identity) {
-  std::optional<LearnedConfig> learned =
-      learned_->Find({identity.tenant, identity.job});
-  if (!learned.has_value()) return std::nullopt;
+std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
+    const SessionIdentity& identity, const v1::AutotunePreferences& preferences) {
+  JobPolicy policy;
+  std::map<std::string, std::string> imported;
   {
     absl::MutexLock lock(&mu_);
-    if (EffectivePolicy({identity.tenant, identity.job}).mode !=
-        AutotuneMode::kApply) {
-      return std::nullopt;
-    }
+    policy = EffectivePolicy({identity.tenant, identity.job}, &preferences);
+    imported = file_job_configs_;
   }
-  return ConfigPusher::Learned{
-      .config = learned->config,
-      .author = absl::StrCat(kAuthor, ": learned from decision ",
-                             learned->decision_id, " (",
-                             absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
-                                              learned->learned_at,
-                                              absl::UTCTimeZone()),
-                             "; it ran ", learned->from_config.empty()
-                                              ? "PyTorch's defaults"
-                                              : learned->from_config,
-                             " before",
-                             // What the job can expect of it: what it did
-                             // over that whole run.
-                             learned->realized_peak
-                                 ? absl::StrCat("; the job peaked at ",
-                                                FormatSize(static_cast<uint64_t>(
-                                                    *learned->realized_peak)),
-                                                " reserved under it then")
-                                 : std::string(),
-                             ")")};
+  if (policy.mode != AutotuneMode::kApply) return std::nullopt;
+  std::optional<LearnedConfig> learned =
+      learned_->Find({identity.tenant, identity.job});
+  if (!learned.has_value() && prior_.kind == PriorSetting::Kind::kOff) {
+    return std::nullopt;
+  }
+  std::optional<Prior> prior;
+  if (!learned.has_value()) {
+    std::vector<std::pair<JobKey, LearnedConfig>> settled = learned_->List();
+    std::set<std::string> labels;
+    for (const auto& [key, l] : settled) labels.insert(key.job);
+    // Imported from the ConfigMap: the node's, in no tenant.
+    for (const auto& [label, config] : imported) {
+      if (!labels.contains(label)) settled.push_back({JobKey{.job = label}, {.config = config}});
+    }
+    prior = FindPrior(settled, identity.tenant, prior_);
+  }
+  Start start{.chosen = ChooseStartConfig(identity.initial_config, learned, prior,
+                                          KeepsPinnedKeys(identity.initial_config,
+                                                          policy.pinned_keys))};
+  if (start.chosen.source == StartConfigSource::kOwn) {
+    if (!start.chosen.why.empty()) {
+      LogInfo(absl::StrCat("autotune: job \"", identity.job, "\" starts on its own config: ",
+                           start.chosen.why));
+    }
+    return std::nullopt;
+  }
+  if (!learned.has_value()) {
+    start.author = absl::StrCat(kAuthor, ": ", start.chosen.why);
+    return start;
+  }
+  start.author = absl::StrCat(
+      kAuthor, ": learned from decision ", learned->decision_id, " (",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", learned->learned_at,
+                       absl::UTCTimeZone()),
+      "; it ran ",
+      learned->from_config.empty() ? "PyTorch's defaults" : learned->from_config,
+      " before",
+      // What the job can expect of it: what it did over that whole run.
+      learned->realized_peak
+          ? absl::StrCat("; the job peaked at ",
+                         FormatSize(static_cast<uint64_t>(*learned->realized_peak)),
+                         " reserved under it then")
+          : std::string(),
+      ")");
+  return start;
+}
+
+std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
+    const SessionIdentity& identity, const v1::AutotunePreferences& preferences) {
+  std::optional<Start> start = StartFor(identity, preferences);
+  if (!start.has_value()) return std::nullopt;
+  return ConfigPusher::Learned{.config = start->chosen.config,
+                               .author = start->author,
+                               .source = StartConfigSourceName(start->chosen.source)};
 }
 
 void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
@@ -175,9 +208,17 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
     autotuner_->Handed(identity.id, pushed->version, pushed->config);
   }
   if (learned.has_value()) {
+    // What LearnedConfigFor chose for it, once more: its source and why.
+    std::optional<Start> start = StartFor(identity, preferences);
+    const bool chosen = start.has_value() && start->chosen.config == learned->config;
+    metrics_->AutotuneStartConfig(
+        chosen ? StartConfigSourceName(start->chosen.source) : "learned");
+    if (chosen && start->chosen.source != StartConfigSource::kLearned) {
+      autotuner_->StartedInstead(identity.id, identity.initial_config, start->chosen.why);
+    }
     LogInfo(absl::StrCat("session ", identity.id, " of job \"", identity.job,
-                         "\" was handed its learned config \"", learned->config,
-                         "\" (version ", learned->version, ")"));
+                         "\" was handed ", chosen ? start->author : "its learned config",
+                         ": \"", learned->config, "\" (version ", learned->version, ")"));
   }
 }
 
@@ -283,6 +324,10 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   // Set as (or after) the job's last session ended: kept as an ended job's.
   if (!live_sessions_.contains(job)) QueueEndedJobVersion(job);
   return *version;
+}
+
+std::optional<uint64_t> DaemonAutotune::DeviceRoom(SessionId session) {
+  return core_->DeviceRoom(session);
 }
 
 absl::Status DaemonAutotune::RollBackSession(SessionId session,
@@ -461,6 +506,11 @@ absl::Status DaemonAutotune::SetMode(const std::string& job,
   return absl::OkStatus();
 }
 
+void DaemonAutotune::SetFileJobConfigs(std::map<std::string, std::string> configs) {
+  absl::MutexLock lock(&mu_);
+  file_job_configs_ = std::move(configs);
+}
+
 void DaemonAutotune::SetFilePolicies(
     std::optional<AutotuneMode> default_mode,
     std::map<std::string, AutotuneFilePolicy> jobs) {
@@ -476,16 +526,23 @@ void DaemonAutotune::SetFilePolicies(
   Publish(policies);
 }
 
-JobPolicy DaemonAutotune::EffectivePolicy(const JobKey& job) const {
+JobPolicy DaemonAutotune::EffectivePolicy(const JobKey& job,
+                                          const v1::AutotunePreferences* asks) const {
   JobPolicy policy{.mode = default_mode_};
   std::set<std::string> pinned;
   std::optional<AutotuneMode> asked;
-  if (auto p = job_preferences_.find(job); p != job_preferences_.end()) {
+  const v1::AutotunePreferences* preferences = nullptr;
+  if (asks != nullptr && (asks->pinned_keys_size() > 0 || !asks->mode().empty())) {
+    preferences = asks;
+  } else if (auto p = job_preferences_.find(job); p != job_preferences_.end()) {
+    preferences = &p->second;
+  }
+  if (preferences != nullptr) {
     // Checked at registration (CheckRegisterRequest): an unknown mode asks nothing.
-    if (absl::StatusOr<AutotuneMode> mode = ParseAutotuneMode(p->second.mode()); mode.ok()) {
+    if (absl::StatusOr<AutotuneMode> mode = ParseAutotuneMode(preferences->mode()); mode.ok()) {
       asked = *mode;
     }
-    pinned.insert(p->second.pinned_keys().begin(), p->second.pinned_keys().end());
+    pinned.insert(preferences->pinned_keys().begin(), preferences->pinned_keys().end());
   }
   // An admin's mode for the label: the admin's call, else the file's.
   std::optional<AutotuneMode> admin;

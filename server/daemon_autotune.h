@@ -26,7 +26,10 @@
 // What the job learned: a push kept for the whole job is recorded in the
 // daemon's LearnedConfigs for the job (its tenant and label), and forgotten
 // when it is rolled back; a new session of a job in apply mode is handed
-// its learned config at registration (LearnedConfigFor).
+// its learned config at registration (LearnedConfigFor), or without one
+// the node's prior, and a harmful start config is replaced
+// (start_config.h): the autotuner reviews such a start at the job's first
+// pass (Autotuner::StartedInstead).
 //
 // Thread-safe.
 #ifndef ALLOCD_SERVER_DAEMON_AUTOTUNE_H_
@@ -48,6 +51,7 @@
 #include "allocd.pb.h"
 #include "server/autotune/autotuner.h"
 #include "server/autotune/learned_configs.h"
+#include "server/autotune/start_config.h"
 #include "server/config_file.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -68,7 +72,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // The job's learned config when its mode is apply (a job an admin set to
   // recommend or off is pushed nothing, learned or not).
   std::optional<ConfigPusher::Learned> LearnedConfigFor(
-      const SessionIdentity& identity) override;
+      const SessionIdentity& identity,
+      const v1::AutotunePreferences& preferences) override;
   void SessionStarted(const SessionIdentity& identity,
                       const AppliedConfig& running,
                       const std::optional<AppliedConfig>& learned,
@@ -91,6 +96,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                         const std::string& config,
                                         const std::string& reason,
                                         uint64_t predicted_peak_reserved) override;
+  std::optional<uint64_t> DeviceRoom(SessionId session) override;
   absl::Status RollBackSession(SessionId session, const std::string& config,
                                const std::string& reason) override;
   void OnRun(const std::string& job) override;
@@ -113,6 +119,12 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // for its label in every tenant, and its default mode, if it sets one.
   void SetFilePolicies(std::optional<AutotuneMode> default_mode,
                        std::map<std::string, AutotuneFilePolicy> jobs);
+
+  // The config file's job configs (replacing the last file's): learned
+  // configs imported from the ConfigMap (`allocctl autotune export`), which
+  // count toward the node's prior as learned configs of the node's jobs
+  // (a label not among the learned ones), whatever tenant.
+  void SetFileJobConfigs(std::map<std::string, std::string> configs);
 
   // Blocks until the autotuner has nothing queued or running (tests).
   void WaitIdle() { autotuner_->WaitIdle(); }
@@ -139,7 +151,21 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   static constexpr size_t kEndedJobVersionsKept = 1024;
 
  private:
-  JobPolicy EffectivePolicy(const JobKey& job) const
+  // What a session of `identity` starts on (StartConfig), with the
+  // author its config version names; nullopt: its own (or not in apply
+  // mode).
+  struct Start {
+    StartConfig chosen;
+    std::string author;
+  };
+  std::optional<Start> StartFor(const SessionIdentity& identity,
+                                const v1::AutotunePreferences& preferences)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's policy by its layers (see above); `asked`, when it asks
+  // anything, is what the job asks instead of what its sessions asked
+  // (a session registering).
+  JobPolicy EffectivePolicy(const JobKey& job,
+                            const v1::AutotunePreferences* asked = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The effective policies of every known job of the label `label`, or
   // with no label of the default (as the empty label) and every known job.
@@ -164,6 +190,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   DaemonCore* const core_;
   Metrics* const metrics_;
   LearnedConfigs* const learned_;
+  // --autotune-prior.
+  const PriorSetting prior_;
   // --autotune.
   const AutotuneMode flag_mode_;
   mutable absl::Mutex mu_;
@@ -173,6 +201,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // By label: an admin's layers apply to the label in every tenant.
   std::map<std::string, AutotuneMode> admin_modes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, AutotuneFilePolicy> file_policies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> file_job_configs_ ABSL_GUARDED_BY(mu_);
   // The job's entries are dropped as its last session ends: what it asked
   // for and its policy are a client's, and a label flood must not grow
   // them past the live sessions (which --max-sessions bounds). What an

@@ -119,10 +119,11 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     sessions_.Remove(session->id());
     return s;
   }
+  const std::optional<ConfigPusher::Learned> start =
+      observer_ != nullptr ? observer_->LearnedConfigFor(session->identity(), r.autotune())
+                           : std::nullopt;
   const ConfigPusher::AtRegistration config = config_pusher_.Register(
-      *session, current_config, r.current_config_version(),
-      observer_ != nullptr ? observer_->LearnedConfigFor(session->identity())
-                           : std::nullopt,
+      *session, current_config, r.current_config_version(), start,
       r.started_on_learned());
   fanout.Release();
   adoption_.SaveSessions();
@@ -155,6 +156,10 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_declare_fds(device.pool->proves_chunks());
   response.set_adopts_chunks(true);
   response.set_lease_acquires(true);
+  if (config.learned.has_value() && start.has_value()) {
+    session->SetStartConfigSource(start->source);
+  }
+  response.set_start_config_source(session->start_config_source());
   for (uint64_t bytes : working_set) {
     response.mutable_working_set()->add_segment_bytes(bytes);
   }
@@ -375,11 +380,16 @@ absl::StatusOr<v1::LearnedConfigResponse> DaemonCore::LearnedConfig(
   if (observer_ == nullptr || config_pusher_.HasOwnConfig(r.job(), *tenant)) {
     return response;
   }
+  absl::StatusOr<std::string> start =
+      CanonicalClientConfig("start_config", r.start_config());
+  if (!start.ok()) return start.status();
   std::optional<ConfigPusher::Learned> learned = observer_->LearnedConfigFor(
-      {.uid = peer.uid, .tenant = *tenant, .job = r.job()});
+      {.uid = peer.uid, .tenant = *tenant, .job = r.job(), .initial_config = *start},
+      v1::AutotunePreferences());
   if (learned.has_value()) {
     response.set_config(learned->config);
     response.set_author(learned->author);
+    response.set_source(learned->source);
   }
   return response;
 }
@@ -635,6 +645,7 @@ v1::ListSessionsResponse DaemonCore::ListSessions() const {
     const AppliedConfig current = s->Current();
     info->set_config_version(current.version);
     info->set_config(current.config);
+    info->set_start_config_source(s->start_config_source());
     for (const auto& [k, v] : s->Stats()) (*info->mutable_stats())[k] = v;
     info->set_ooms(s->ooms());
   }
@@ -649,6 +660,15 @@ absl::StatusOr<v1::SetConfigResponse> DaemonCore::SetConfig(
     absl::string_view job, absl::string_view config, absl::string_view author,
     uint64_t predicted_peak_reserved_bytes) {
   return config_pusher_.Set(job, config, author, predicted_peak_reserved_bytes);
+}
+
+std::optional<uint64_t> DaemonCore::DeviceRoom(SessionId id) const {
+  std::shared_ptr<Session> session = sessions_.Find(id);
+  if (session == nullptr) return std::nullopt;
+  const PoolStats stats = PoolOf(*session).Stats();
+  auto held = stats.sessions.find(id);
+  if (held == stats.sessions.end() || held->second.bytes == 0) return std::nullopt;
+  return stats.capacity - std::min(stats.capacity, stats.in_use_bytes);
 }
 
 absl::StatusOr<uint64_t> DaemonCore::PushToSession(

@@ -213,6 +213,11 @@ class DaemonCore {
   absl::StatusOr<v1::SetConfigResponse> SetConfig(
       absl::string_view job, absl::string_view config,
       absl::string_view author, uint64_t predicted_peak_reserved_bytes = 0);
+  // Device memory of session `id`'s pool that no session holds (capacity
+  // less what sessions hold), when its memory comes from that pool (it
+  // holds chunks of it); nullopt otherwise (an advisor's PyTorch allocates
+  // beside the pool, which then does not know the GPU's free memory).
+  std::optional<uint64_t> DeviceRoom(SessionId id) const;
   // Pushes `config` to one session as a new version that is not its job's
   // config (an autotuner's canary). Returns the version.
   absl::StatusOr<uint64_t> PushToSession(SessionId id, absl::string_view config,

@@ -168,6 +168,13 @@ Metrics::Metrics()
           "Peak reserved bytes the job saved after the autotuner's push: "
           "the predicted peak on its old config minus the peak its "
           "sessions reported since.")),
+      autotune_start_configs_(Register(
+          prometheus::BuildCounter(), *registry_,
+          "allocd_autotune_start_configs_total",
+          "Sessions in apply mode started on a config the daemon chose "
+          "before their first allocation, by source: learned (the job's "
+          "learned config), prior (the node's prior), replaced (a harmful "
+          "start config made safe).")),
       reloads_(Register(prometheus::BuildCounter(), *registry_,
                         "allocd_config_reloads_total",
                         "Config file versions applied (at start and on "
@@ -366,6 +373,10 @@ void Metrics::AutotuneDecision(absl::string_view job, AutotuneResult result) {
 void Metrics::AutotunePredictedSaving(absl::string_view job, int64_t bytes) {
   autotune_predicted_saving_.Add({{"job", std::string(job)}})
       .Set(static_cast<double>(bytes));
+}
+
+void Metrics::AutotuneStartConfig(absl::string_view source) {
+  autotune_start_configs_.Add({{"source", std::string(source)}}).Increment();
 }
 
 void Metrics::AutotuneRealizedSaving(absl::string_view job, int64_t bytes) {

@@ -81,6 +81,10 @@ class Metrics {
   void AutotuneDecision(absl::string_view job, AutotuneResult result);
   void AutotunePredictedSaving(absl::string_view job, int64_t bytes);
   void AutotuneRealizedSaving(absl::string_view job, int64_t bytes);
+  // A session of a job in apply mode started on a config the daemon chose
+  // before its first allocation: `source` "learned", "prior" or "replaced"
+  // (StartConfigSourceName).
+  void AutotuneStartConfig(absl::string_view source);
   // The config file was read again: applied, or rejected (last good kept).
   void ConfigReload(bool ok);
   // Device `device`'s pool (its series exist from the first call).
@@ -113,6 +117,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& autotune_decisions_;
   prometheus::Family<prometheus::Gauge>& autotune_predicted_saving_;
   prometheus::Family<prometheus::Gauge>& autotune_realized_saving_;
+  prometheus::Family<prometheus::Counter>& autotune_start_configs_;
   prometheus::Family<prometheus::Counter>& reloads_;
   prometheus::Family<prometheus::Counter>& reload_errors_;
   prometheus::Family<prometheus::Gauge>& pool_bytes_;

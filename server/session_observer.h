@@ -21,12 +21,16 @@ namespace allocd {
 class SessionObserver {
  public:
   virtual ~SessionObserver() = default;
-  // The config the job of a registering session learned in an earlier run
-  // (the autotuner's LearnedConfigs), for the session to be handed unless
-  // its job has a config of its own; nullopt: none. Called before
+  // The config a registering session (or a job about to start: the
+  // LearnedConfig RPC) is to start on instead of its own
+  // (identity.initial_config), unless its job has a config of its own: the
+  // config the job learned in an earlier run (the autotuner's
+  // LearnedConfigs), or the node's prior, or its harmful config made safe
+  // (server/autotune/start_config.h); nullopt: none. `preferences`: what
+  // the job asks for (its mode, its pinned keys). Called before
   // SessionStarted, with the config fan-out lock held.
   virtual std::optional<ConfigPusher::Learned> LearnedConfigFor(
-      const SessionIdentity& identity) = 0;
+      const SessionIdentity& identity, const v1::AutotunePreferences& preferences) = 0;
   // A session registered; it runs `running` (its initial config as version
   // 0, or what a reconnecting client re-declared), was handed `learned`
   // (LearnedConfigFor's config, under its version: pushed to it, or what it

@@ -170,6 +170,16 @@ std::vector<uint64_t> Session::WorkingSet() const {
   return working_set_;
 }
 
+void Session::SetStartConfigSource(std::string source) {
+  absl::MutexLock lock(&mu_);
+  start_config_source_ = std::move(source);
+}
+
+std::string Session::start_config_source() const {
+  absl::MutexLock lock(&mu_);
+  return start_config_source_;
+}
+
 uint64_t Session::CountOom() {
   absl::MutexLock lock(&mu_);
   return ++ooms_;

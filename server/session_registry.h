@@ -127,6 +127,11 @@ class Session {
   // (TelemetryReport.working_set), in the order it asked for them.
   void SetWorkingSet(std::vector<uint64_t> segment_bytes);
   std::vector<uint64_t> WorkingSet() const;
+  // Where the config it started on came from, decided at registration
+  // (RegisterResponse.start_config_source): "own", "learned", "prior",
+  // "replaced".
+  void SetStartConfigSource(std::string source);
+  std::string start_config_source() const;
   // Returns the OOM count after this one.
   uint64_t CountOom();
   uint64_t ooms() const;
@@ -137,6 +142,7 @@ class Session {
   mutable absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::string start_config_source_ ABSL_GUARDED_BY(mu_) = "own";
   bool leased_ ABSL_GUARDED_BY(mu_) = false;
   int acquiring_ ABSL_GUARDED_BY(mu_) = 0;
   bool acquire_refused_ ABSL_GUARDED_BY(mu_) = false;

@@ -40,6 +40,15 @@ struct AutotuneSession {
   };
   std::optional<HandedConfig> handed;
   int64_t retries = 0;
+  // Started on a config the daemon chose instead of its own (StartedInstead):
+  // its own, and why; reviewed at the job's first pass, then reset.
+  struct Instead {
+    std::string own;
+    std::string why;
+  };
+  std::optional<Instead> instead;
+  // PyTorch's reserved_bytes.all.peak in its newest stats report (0: none).
+  int64_t reserved_peak = 0;
   std::optional<absl::Time> fragmented_since;
   bool marks_steps = false;  // its client marks optimizer steps
 

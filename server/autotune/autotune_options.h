@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "server/autotune/autotune_memory.h"
 #include "server/autotune/autotune_types.h"
+#include "server/autotune/start_config.h"
 
 namespace allocd {
 
@@ -94,6 +95,11 @@ struct AutotuneOptions {
   // decider.h).
   size_t budget = 32;
   double max_call_ratio = 2.0;
+  // --autotune-prior: what a job in apply mode without a learned config
+  // starts on (start_config.h). Off (`allocd serve` defaults to learned):
+  // a daemon built in code decides nothing before a job's first
+  // allocation but hand it its learned config.
+  PriorSetting prior{.kind = PriorSetting::Kind::kOff};
   // The clock (tests inject one); empty: absl::Now.
   std::function<absl::Time()> now;
   // Called with +1 as a replay starts and -1 as it ends (metrics, tests).

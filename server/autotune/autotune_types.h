@@ -62,6 +62,10 @@ enum class AutotuneTrigger {
   kGrowth,          // reserved grew past what the last decision said it needs
   kLargerRequest,   // a request larger than any the last decision saw peaked
   kAdmin,           // an admin asked (RunNow)
+  // A first pass of a job started on a config the daemon chose instead of
+  // its own (the node's prior, or its harmful config made safe): judged
+  // like a push, against staying on its own (ReviewPrior).
+  kStartReview,
 };
 inline constexpr NamedValue<AutotuneTrigger> kAutotuneTriggers[] = {
     {AutotuneTrigger::kFirstPass, "first_pass"},
@@ -72,6 +76,7 @@ inline constexpr NamedValue<AutotuneTrigger> kAutotuneTriggers[] = {
     {AutotuneTrigger::kGrowth, "growth"},
     {AutotuneTrigger::kLargerRequest, "larger_request"},
     {AutotuneTrigger::kAdmin, "admin"},
+    {AutotuneTrigger::kStartReview, "start_review"},
 };
 constexpr const char* AutotuneTriggerName(AutotuneTrigger trigger) {
   return NameIn(kAutotuneTriggers, trigger);

@@ -22,27 +22,17 @@
 #include "server/autotune/job_registry.h"
 #include "server/autotune/job_window.h"
 #include "server/autotune/rollback_model.h"
+#include "server/autotune/start_config.h"
 #include "server/autotune/task_queue.h"
 
 namespace allocd {
 namespace {
 
 constexpr char kReservedStat[] = "reserved_bytes.all.current";
+constexpr char kReservedPeakStat[] = "reserved_bytes.all.peak";
 constexpr char kAllocatedStat[] = "allocated_bytes.all.current";
 constexpr char kAllocatedPeakStat[] = "allocated_bytes.all.peak";
 constexpr char kRetriesStat[] = "num_alloc_retries";
-// A max_split_size_mb this small stops the cache from splitting most large
-// blocks: the guides' 64 and 128 (tuner.h's GuideConfigs), which cost
-// llama_lora several times its memory.
-constexpr size_t kBadStartMaxSplit = 128 * kMiB;
-
-// A start config known to cost memory (the guides' small max_split_size_mb
-// without expandable segments, which would not split): decided on at the
-// job's first steps.
-bool IsHarmfulStart(const AllocatorConfig& config) {
-  return config.max_split_size <= kBadStartMaxSplit && !config.expandable_segments;
-}
-
 // A run for a job that grew: it skips the cooldown, and its prediction must
 // cover the job's largest request.
 bool ForGrowth(AutotuneTrigger trigger) {
@@ -89,7 +79,7 @@ class Autotuner::Impl {
                                         config_version, marks_steps);
     if (job == nullptr) return;
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
-    if (parsed.ok() && IsHarmfulStart(*parsed)) {
+    if (parsed.ok() && IsHarmfulStartConfig(*parsed)) {
       job->first_trigger = AutotuneTrigger::kBadStartConfig;
     }
   }
@@ -171,6 +161,7 @@ class Autotuner::Impl {
         job.growth_reserved = reserved;
       }
       session.retries = retries;
+      session.reserved_peak = StatOr(stats, kReservedPeakStat, session.reserved_peak);
       if (session.Fragmented(reserved, allocated, now, options_)) {
         Enqueue(session.job, job, AutotuneTrigger::kFragmentation, false);
       }
@@ -200,6 +191,13 @@ class Autotuner::Impl {
     absl::MutexLock lock(&mu_);
     if (AutotuneSession* session = jobs_.FindSession(id)) {
       session->handed = AutotuneSession::HandedConfig{.version = version, .config = config};
+    }
+  }
+
+  void StartedInstead(SessionId id, const std::string& own, const std::string& why) {
+    absl::MutexLock lock(&mu_);
+    if (AutotuneSession* session = jobs_.FindSession(id)) {
+      session->instead = AutotuneSession::Instead{.own = own, .why = why};
     }
   }
 
@@ -387,7 +385,7 @@ class Autotuner::Impl {
         AutotuneJob& job = jobs_.Job(session.job);
         absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(session.config);
         if (job.first_trigger == AutotuneTrigger::kBadStartConfig && parsed.ok() &&
-            !IsHarmfulStart(*parsed)) {
+            !IsHarmfulStartConfig(*parsed)) {
           job.first_trigger = AutotuneTrigger::kFirstPass;
         }
       }
@@ -415,6 +413,13 @@ class Autotuner::Impl {
   }
 
   void RunDecision(const AutotuneTask& task);
+  // The first pass of a job whose recorded session started on `instead`'s
+  // replacement for its own config: ReviewPrior on the window `in` (run
+  // under `running`, the replacement), recorded as a start_review
+  // decision. True when the job went back to its own config, which ends
+  // the pass; false: the pass goes on to its decision.
+  bool ReviewStart(const AutotuneTask& task, const AutotuneSession::Instead& instead,
+                   const DecisionInputs& in, const RunningConfig& running);
   void Promote(const AutotuneTask& task);
   void Review(const AutotuneTask& task);
   // Keeps or rolls back a push on the canary's events after it (see
@@ -449,6 +454,89 @@ class Autotuner::Impl {
   std::thread worker_;  // last: starts once the rest is built
 };
 
+bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
+                                  const AutotuneSession::Instead& instead,
+                                  const DecisionInputs& in, const RunningConfig& running) {
+  absl::StatusOr<AllocatorConfig> own = ParseAllocatorConfig(instead.own);
+  ReplayOptions base;
+  base.capacity = options_.capacity;
+  base.total_memory = options_.total_memory;
+  base.memory_fraction = running.memory_fraction;
+  absl::StatusOr<PriorReview> review = absl::InvalidArgumentError("");
+  if (own.ok()) {
+    if (options_.on_replay) options_.on_replay(+1);
+    review = ReviewPrior(in.trace, *own, running.config, base);
+    if (options_.on_replay) options_.on_replay(-1);
+  } else {
+    review = own.status();
+  }
+  const bool back = review.ok() && review->return_to_own;
+  AutotuneDecision rec;
+  {
+    absl::MutexLock lock(&mu_);
+    AutotuneJob& job = jobs_.Job(task.job);
+    if (AutotuneSession* session = jobs_.FindSession(job.recorded)) session->instead.reset();
+    rec.id = next_decision_id_++;
+    rec.triggered_at = task.triggered_at;
+    rec.at = Now();
+    rec.job = task.job.job;
+    rec.tenant = task.job.tenant;
+    rec.trigger = AutotuneTrigger::kStartReview;
+    rec.from_config = FormatAllocatorConfig(running.config);
+    rec.window_events = in.trace.events.size();
+    rec.sessions = {job.recorded};
+    if (review.ok()) {
+      // Staying is the job's own config; the "switch" is what it started on.
+      rec.predicted_peak_current = review->own_peak;
+      rec.predicted_peak_switched = review->prior_peak;
+      rec.predicted_saving = review->own_peak - review->prior_peak;
+    }
+    rec.result = back ? AutotuneResult::kRolledBack
+                 : review.ok() ? AutotuneResult::kKept
+                               : AutotuneResult::kSkipped;
+    if (back) rec.to_config = instead.own;
+    rec.why = absl::StrCat(instead.why, "; ",
+                           review.ok() ? review->why
+                                       : absl::StrCat("its review could not replay the window: ",
+                                                      review.status().message()));
+    if (back) {
+      job.queued = false;
+      job.queued_id = 0;
+      job.first_pass_done = true;
+      job.cooldown_until = Now() + options_.cooldown;
+      job.settled_need = review->own_peak;
+    }
+    job.Record(rec, options_.history_per_job);
+  }
+  if (back) {
+    absl::StatusOr<uint64_t> version = actions_->SetJobConfig(
+        task.job, instead.own,
+        absl::StrFormat("autotune decision %d (start_review): back to the job's own config, "
+                        "which peaks at %s on its events against %s under %s",
+                        rec.id, GiB(review->own_peak), GiB(review->prior_peak), rec.from_config),
+        static_cast<uint64_t>(review->own_peak));
+    absl::MutexLock lock(&mu_);
+    AutotuneJob& job = jobs_.Job(task.job);
+    if (AutotuneDecision* stored = job.FindDecision(rec.id)) {
+      if (version.ok()) {
+        stored->version = *version;
+        // Its sessions run their own config once they ACK it.
+        for (SessionId id : job.sessions) {
+          if (AutotuneSession* session = jobs_.FindSession(id)) {
+            session->handed = AutotuneSession::HandedConfig{.version = *version,
+                                                            .config = instead.own};
+          }
+        }
+      } else {
+        absl::StrAppend(&stored->why, "; going back failed: ", version.status().message());
+      }
+      rec = *stored;
+    }
+  }
+  actions_->OnDecision(rec);
+  return back;
+}
+
 void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   RunningConfig running;
   JobPolicy policy;
@@ -456,6 +544,9 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   bool full = false;
   bool marks_steps = false;  // its client marks them (none: no optimizer)
   DecisionInputs in;
+  DecideOptions decide = DecideOptionsFor(options_);
+  SessionId recorded = 0;
+  std::optional<AutotuneSession::Instead> instead;
   {
     absl::MutexLock lock(&mu_);
     AutotuneJob& job = jobs_.Job(task.job);
@@ -474,8 +565,15 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
       return;
     }
     marks_steps = session.marks_steps;
+    recorded = job.recorded;
+    if (task.first_pass) instead = session.instead;
+    // A first pass's window holds the job's stream from where its peak
+    // counts from: what the replay of staying is measured against.
+    if (task.first_pass && session.reserved_peak > 0) {
+      decide.realized_peak_reserved = session.reserved_peak;
+    }
     in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger), task.first_pass,
-                            DecideOptionsFor(options_).min_events, options_.first_pass_min_events);
+                            decide.min_events, options_.first_pass_min_events);
   }
   // Found once: the first pass's gate and Decide's switch point use it.
   std::optional<std::optional<uint64_t>> step;
@@ -502,10 +600,18 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     }
   }
 
+  // Reviewed once the session runs what it was started on instead of its
+  // own (a config handed at registration counts from its ACK).
+  if (instead.has_value() && skip_why.empty() &&
+      FormatAllocatorConfig(running.config) != instead->own &&
+      ReviewStart(task, *instead, in, running)) {
+    return;
+  }
   actions_->OnRun(task.job.job);
   Decision d;
   if (skip_why.empty()) {
-    d = DecideOnInputs(in, running, policy, DecideOptionsFor(options_), step, cover_largest);
+    decide.device_room = actions_->DeviceRoom(recorded);
+    d = DecideOnInputs(in, running, policy, decide, step, cover_largest);
     if (aperiodic) d.why = AperiodicWhy(marks_steps, d.why);
   } else {
     d.why = skip_why;
@@ -763,6 +869,9 @@ void Autotuner::Acked(SessionId id, uint64_t version, bool applied, const std::s
 }
 void Autotuner::Handed(SessionId id, uint64_t version, const std::string& config) {
   impl_->Handed(id, version, config);
+}
+void Autotuner::StartedInstead(SessionId id, const std::string& own, const std::string& why) {
+  impl_->StartedInstead(id, own, why);
 }
 absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job, const TenantId& tenant) {
   return impl_->RunNow(job, tenant);

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ class AutotuneActions {
                                                 const std::string& config,
                                                 const std::string& reason,
                                                 uint64_t predicted_peak_reserved) = 0;
+  // Device memory on `session`'s GPU that no session holds, when the
+  // daemon knows it (the session's memory comes from its pool); a push
+  // whose rollback's worst case fits in it is made (WeighRollback).
+  virtual std::optional<uint64_t> DeviceRoom(SessionId /*session*/) { return std::nullopt; }
   // Pushes `config` back to the session as a rollback.
   virtual absl::Status RollBackSession(SessionId session, const std::string& config,
                                        const std::string& reason) = 0;
@@ -110,6 +115,12 @@ class Autotuner {
   // job's or its learned config): once it ACKs that version it runs it, and
   // decisions replay from it, not from the config it started with.
   void Handed(SessionId id, uint64_t version, const std::string& config);
+  // Session `id` starts on a config the daemon chose instead of its own
+  // `own` (the node's prior, or its harmful config made safe; `why` says
+  // which): the job's first pass reviews that choice first (ReviewPrior,
+  // trigger start_review) and returns the job to `own` when staying on it
+  // would have peaked lower.
+  void StartedInstead(SessionId id, const std::string& own, const std::string& why);
   void SessionEnded(SessionId id);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these. `state_after` (optional): the client's allocator right

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -58,8 +59,13 @@ SearchSpace JobSpace(const RunningConfig& running, const JobPolicy& policy) {
 // Which pinned key `candidate` would change, or nullptr.
 const char* BreaksPin(const Candidate& candidate, const RunningConfig& running,
                       const JobPolicy& policy) {
-  const AllocatorConfig& a = candidate.config;
-  const AllocatorConfig& b = running.config;
+  return ChangedPinnedKey(candidate.config, running.config, policy.pinned_keys);
+}
+
+}  // namespace
+
+const char* ChangedPinnedKey(const AllocatorConfig& a, const AllocatorConfig& b,
+                             const std::vector<std::string>& pinned_keys) {
   struct Key {
     const char* name;
     bool same;
@@ -74,10 +80,12 @@ const char* BreaksPin(const Candidate& candidate, const RunningConfig& running,
       {"large_segment_size_mb", a.large_segment_size == b.large_segment_size},
   };
   for (const Key& key : keys) {
-    if (!key.same && Pinned(policy, key.name)) return key.name;
+    if (!key.same && absl::c_linear_search(pinned_keys, key.name)) return key.name;
   }
   return nullptr;
 }
+
+namespace {
 
 std::string Bytes(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
@@ -347,12 +355,22 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   "reserved at the rollback) against %s staying",
                                   Bytes(rollback->rolled_back), Bytes(rollback->held_at_rollback),
                                   Bytes(rollback->staying)));
-  if (rollback->rolled_back - rollback->staying > saving) {
-    return finish(Decision::Result::kKeep,
-                  absl::StrCat(evidence, "; a rollback would cost more than the push saves: "
-                                         "not pushed"));
+  // Staying's replay over the whole window (before and after the switch)
+  // against the peak the job realised over the same steps.
+  std::optional<double> replay_error;
+  if (options.realized_peak_reserved && *options.realized_peak_reserved > 0) {
+    const int64_t replayed =
+        std::max(stay->before_switch ? stay->before_switch->peak_reserved : 0,
+                 stayed.peak_reserved);
+    replay_error = std::abs(static_cast<double>(replayed - *options.realized_peak_reserved)) /
+                   static_cast<double>(*options.realized_peak_reserved);
   }
-  return finish(Decision::Result::kPropose, evidence);
+  const RollbackRisk risk =
+      WeighRollback(saving, d.predicted_peak_current, rollback->rolled_back, rollback->staying,
+                    replay_error, options.device_room);
+  d.miss_chance = risk.miss_chance;
+  absl::StrAppend(&evidence, "; ", risk.why);
+  return finish(risk.push ? Decision::Result::kPropose : Decision::Result::kKeep, evidence);
 }
 
 }  // namespace allocd

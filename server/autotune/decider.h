@@ -23,8 +23,10 @@
 // almost no calls in a steady state, so it is no measure of churn). Then
 // the proposal's rollback is predicted (rollback_model.h): a push whose
 // rollback would leave the job above staying by more than the push is
-// predicted to save is not made, since a push that goes wrong cannot then
-// be undone without leaving the job worse than not pushing.
+// predicted to save is made only when that is unlikely enough, measured by
+// how closely staying's replay matched the job's realised peak, or the GPU
+// has room for it (WeighRollback): a push that goes wrong cannot be undone
+// without leaving the job worse than not pushing.
 //
 // What a prediction covers is said in `why`: the events after the switch
 // point, replayed from the state the window rebuilds there (allocations
@@ -86,6 +88,16 @@ struct DecideOptions {
   // The switch point comes at or before this index, so that the prediction
   // covers what follows it (the job's largest request).
   std::optional<uint64_t> cover_from;
+  // The peak reserved the job realised over the window's steps under the
+  // config it runs (PyTorch's reserved_bytes.all.peak), when the window
+  // holds its stream from where that peak counts from: staying's replay of
+  // the window is measured against it, and the error weighs a rollback's
+  // worst case by the chance of a miss (WeighRollback). Unset: the worst
+  // case counts as certain.
+  std::optional<int64_t> realized_peak_reserved;
+  // Device memory on the job's GPU that no session holds, when known: a
+  // push whose rollback's worst case fits in it is made (WeighRollback).
+  std::optional<uint64_t> device_room;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
 };
@@ -117,6 +129,9 @@ struct Decision {
   // the same repeat. 0 unless proposed or refused for it.
   int64_t predicted_peak_rolled_back = 0;
   int64_t predicted_peak_staying_repeat = 0;
+  // The chance the proposal misses, as the last gate weighed it
+  // (WeighRollback; 1: the worst case counted as certain).
+  double miss_chance = 1.0;
   uint64_t switch_event = 0;
   std::optional<uint64_t> step_events;
   size_t candidates = 0;
@@ -141,6 +156,12 @@ int SizeFittedSettings(const Candidate& candidate);
 // nullptr when `passing` is empty.
 const Evaluation* ChooseProposal(const std::vector<const Evaluation*>& passing,
                                  double simpler_within);
+
+// The first key of `pinned_keys` (PYTORCH_CUDA_ALLOC_CONF names) on which
+// `a` and `b` differ, or nullptr: what a candidate, or a start config
+// chosen for a job, may not change.
+const char* ChangedPinnedKey(const AllocatorConfig& a, const AllocatorConfig& b,
+                             const std::vector<std::string>& pinned_keys);
 
 // The string to push so that a process running `running` ends up holding
 // exactly `target`, whether it applies it as a live update or starts with

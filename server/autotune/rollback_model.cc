@@ -1,10 +1,12 @@
 #include "server/autotune/rollback_model.h"
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "server/autotune/autotune_types.h"
 
 namespace allocd {
 
@@ -38,6 +40,51 @@ PushVerdict JudgePush(int64_t realized, int64_t staying, int64_t pushed_replayed
     return PushVerdict::kWaitForEvents;
   }
   return PushVerdict::kRollBack;
+}
+
+RollbackRisk WeighRollback(int64_t saving, int64_t staying_peak, int64_t rolled_back,
+                           int64_t staying_repeat, std::optional<double> replay_error,
+                           std::optional<uint64_t> room) {
+  RollbackRisk risk;
+  const int64_t worst = std::max<int64_t>(0, rolled_back - staying_repeat);
+  risk.expected_cost = worst;
+  if (worst <= saving) {
+    risk.push = true;
+    risk.why = absl::StrFormat("a rollback's worst case (%s above staying) is no more than the "
+                               "push saves",
+                               GiB(worst));
+    return risk;
+  }
+  if (room && *room >= static_cast<uint64_t>(worst)) {
+    risk.push = true;
+    risk.why = absl::StrFormat("a rollback could cost %s above staying, more than the push saves, "
+                               "but the job's GPU has %s free: room for that worst case",
+                               GiB(worst), GiB(static_cast<int64_t>(*room)));
+    return risk;
+  }
+  if (!replay_error || saving <= 0 || staying_peak <= 0) {
+    risk.why = absl::StrFormat(
+        "a rollback would cost more than the push saves (%s above staying, against %s saved; "
+        "%s): not pushed",
+        GiB(worst), GiB(saving),
+        replay_error ? std::string("nothing is saved")
+                     : std::string("no realised peak to measure the replay against, so the worst "
+                                   "case counts as certain"));
+    return risk;
+  }
+  const double error = std::max(*replay_error, kMinReplayError);
+  const double saving_share = static_cast<double>(saving) / static_cast<double>(staying_peak);
+  risk.miss_chance = std::min(1.0, error / saving_share);
+  risk.expected_cost = static_cast<int64_t>(risk.miss_chance * static_cast<double>(worst));
+  risk.push = risk.expected_cost <= saving;
+  risk.why = absl::StrFormat(
+      "staying's replay matched the job's realised peak within %.1f%%, against a predicted saving "
+      "of %.1f%%: the push misses with a chance of at most %.0f%%, so a rollback's %s above "
+      "staying is expected to cost %s, %s the %s it saves%s",
+      100 * *replay_error, 100 * saving_share, 100 * risk.miss_chance, GiB(worst),
+      GiB(risk.expected_cost), risk.push ? "no more than" : "more than", GiB(saving),
+      risk.push ? "" : ": not pushed");
+  return risk;
 }
 
 absl::StatusOr<RollbackPrediction> PredictRollback(

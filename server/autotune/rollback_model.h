@@ -22,6 +22,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
@@ -70,6 +72,37 @@ enum class PushVerdict {
 // leave the job lower than keeping.
 PushVerdict JudgePush(int64_t realized, int64_t staying, int64_t pushed_replayed,
                       const RollbackPrediction& rollback, double margin);
+
+// Whether a push whose rollback could leave the job above staying is worth
+// making (Decide's last gate). `worst` = rolled_back - staying_repeat, what
+// a rollback would cost over staying if the push missed. The push is made
+// when that worst case is no more than the predicted `saving`; else when
+// the job's GPU has room for it (`room`: device memory no session holds,
+// known when the job's memory comes from the daemon's pool), since a miss
+// then costs memory nobody needs, not an OOM; else on the expected cost:
+// the chance of a miss weighs the worst case, and the push is made when
+// miss_chance * worst <= saving.
+//
+// The chance of a miss comes from how closely staying's replay matched
+// what the job realised on the steps it already ran (`replay_error`: |replay
+// - realised| / realised of its peak reserved under the config it runs).
+// A push misses when its real peak exceeds the prediction by more than the
+// predicted saving (a share `saving_share` of staying's); with the replay's
+// error known, Markov's bound gives P(error >= saving_share) <=
+// error / saving_share. The error counts as at least kMinReplayError (a
+// stats report and the event stream are read at slightly different points).
+// Without an error (no realised peak to compare, or a window that does not
+// start where the job did) the worst case counts as certain.
+inline constexpr double kMinReplayError = 0.01;
+struct RollbackRisk {
+  bool push = false;
+  double miss_chance = 1.0;
+  int64_t expected_cost = 0;  // miss_chance * worst
+  std::string why;            // for the decision's `why`
+};
+RollbackRisk WeighRollback(int64_t saving, int64_t staying_peak, int64_t rolled_back,
+                           int64_t staying_repeat, std::optional<double> replay_error,
+                           std::optional<uint64_t> room);
 
 // `window` followed by its events from `from` on once more: allocations of
 // the repeat get ids of their own, and frees of what the repeat did not

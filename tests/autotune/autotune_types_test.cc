@@ -27,7 +27,7 @@ void ExpectOneDistinctNamePerValue(const NamedValue<Enum> (&table)[N], int value
 
 TEST(AutotuneTypesTest, EachTableNamesItsWholeEnumOnce) {
   ExpectOneDistinctNamePerValue(kAutotuneModes, 3);
-  ExpectOneDistinctNamePerValue(kAutotuneTriggers, 8);
+  ExpectOneDistinctNamePerValue(kAutotuneTriggers, 9);
   ExpectOneDistinctNamePerValue(kAutotuneResults, 5);
   ExpectOneDistinctNamePerValue(kAutotuneJobStates, 5);
 }
@@ -38,6 +38,7 @@ TEST(AutotuneTypesTest, NamesAreTheWireText) {
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kAllocRetry), "alloc_retry");
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kOom), "oom");
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kBadStartConfig), "bad_start_config");
+  EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kStartReview), "start_review");
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kGrowth), "growth");
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kLargerRequest), "larger_request");
   EXPECT_STREQ(AutotuneTriggerName(AutotuneTrigger::kAdmin), "admin");

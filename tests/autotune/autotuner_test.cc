@@ -167,6 +167,51 @@ TEST(AutotunerTest, AConfigHandedAtRegistrationIsWhatADecisionStartsFrom) {
   EXPECT_EQ(history[0].trigger, AutotuneTrigger::kFirstPass);
 }
 
+// A job the daemon started on a config instead of its own (issue 40): its
+// first pass reviews that start on its own events, staying being its own
+// config, as a start_review decision of its own, before deciding as usual.
+TEST(AutotunerTest, AStartInsteadOfAHarmfulConfigIsReviewedAndKept) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "llama", "expandable_segments:True", 0);
+  tuner.StartedInstead(1, "max_split_size_mb:64", "replaced: known to be harmful");
+  FeedAll(tuner, 1);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_GE(history.size(), 1u);
+  const AutotuneDecision& review = history.back();  // the oldest
+  EXPECT_EQ(review.trigger, AutotuneTrigger::kStartReview);
+  EXPECT_EQ(review.result, AutotuneResult::kKept) << review.why;
+  EXPECT_EQ(review.from_config, "expandable_segments:True");
+  // Staying on max_split_size_mb:64 peaks at several times the replacement.
+  EXPECT_GT(review.predicted_peak_current, 2 * review.predicted_peak_switched) << review.why;
+  EXPECT_NE(review.why.find("known to be harmful"), std::string::npos) << review.why;
+  for (const FakeActions::Push& p : actions.pushes()) {
+    EXPECT_NE(p.config, "max_split_size_mb:64");
+  }
+}
+
+// A prior that does worse than the job's own config on the job's events
+// returns the job to its own config.
+TEST(AutotunerTest, APriorWorseThanTheJobsOwnConfigReturnsTheJobToIt) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 0);
+  tuner.StartedInstead(1, "expandable_segments:True", "started on the node's prior");
+  FeedAll(tuner, 1);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].trigger, AutotuneTrigger::kStartReview);
+  EXPECT_EQ(history[0].result, AutotuneResult::kRolledBack) << history[0].why;
+  EXPECT_EQ(history[0].to_config, "expandable_segments:True");
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].kind, "job");
+  EXPECT_EQ(pushes[0].config, "expandable_segments:True");
+  EXPECT_EQ(history[0].version, pushes[0].version);
+}
+
 TEST(AutotunerTest, RecommendComputesButPushesNothing) {
   FakeClock clock;
   FakeActions actions;

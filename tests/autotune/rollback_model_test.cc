@@ -1,5 +1,7 @@
 #include "server/autotune/rollback_model.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,6 +67,61 @@ TEST(RepeatTailTest, RepeatsTheEventsFromTheGivenOneWithTheirOwnIds) {
   EXPECT_EQ(out.events[5].id, 2u);
   // From past the end: the window itself.
   EXPECT_EQ(RepeatTail(window, 4).events.size(), 4u);
+}
+
+// The diffusion UNet from defaults: staying peaks at 5.94 GiB, the
+// push is predicted to save 0.90 GiB (15.1%), and a rollback's worst case
+// is 2 GiB above staying.
+constexpr int64_t kUnetStaying = static_cast<int64_t>(5.94 * kGiB);
+constexpr int64_t kUnetSaving = static_cast<int64_t>(0.90 * kGiB);
+constexpr int64_t kUnetRolledBack = kUnetStaying + 2 * kGiB;
+
+TEST(WeighRollbackTest, AWorstCaseNoLargerThanTheSavingIsPushed) {
+  const RollbackRisk risk =
+      WeighRollback(kUnetSaving, kUnetStaying, kUnetStaying + kUnetSaving, kUnetStaying,
+                    std::nullopt, std::nullopt);
+  EXPECT_TRUE(risk.push) << risk.why;
+  EXPECT_EQ(risk.miss_chance, 1.0);
+}
+
+TEST(WeighRollbackTest, WithoutAMeasureOfTheReplayTheWorstCaseCountsAsCertain) {
+  const RollbackRisk risk = WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack,
+                                          kUnetStaying, std::nullopt, std::nullopt);
+  EXPECT_FALSE(risk.push);
+  EXPECT_EQ(risk.expected_cost, 2 * kGiB);
+  EXPECT_NE(risk.why.find("not pushed"), std::string::npos) << risk.why;
+}
+
+TEST(WeighRollbackTest, AReplayThatMatchedTheRealisedPeakWeighsTheWorstCaseByTheChanceOfAMiss) {
+  // Replayed within 0.5%: counted as the 1% floor, against a 15.1% saving.
+  const RollbackRisk risk = WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack,
+                                          kUnetStaying, 0.005, std::nullopt);
+  EXPECT_TRUE(risk.push) << risk.why;
+  EXPECT_NEAR(risk.miss_chance, kMinReplayError / (0.90 / 5.94), 1e-3);
+  EXPECT_LT(risk.expected_cost, kUnetSaving);
+  EXPECT_GT(risk.expected_cost, 0);
+}
+
+TEST(WeighRollbackTest, AReplayThatMissedTheRealisedPeakByMoreThanTheSavingIsNotTrusted) {
+  const RollbackRisk missed = WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack,
+                                            kUnetStaying, 0.20, std::nullopt);
+  EXPECT_FALSE(missed.push) << missed.why;
+  EXPECT_EQ(missed.miss_chance, 1.0);
+  // Between: 7% off against 15.1% saved is a miss chance near a half, and
+  // half of 2 GiB is more than the 0.90 GiB saved.
+  const RollbackRisk loose = WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack,
+                                           kUnetStaying, 0.07, std::nullopt);
+  EXPECT_FALSE(loose.push) << loose.why;
+  EXPECT_GT(loose.expected_cost, kUnetSaving);
+}
+
+TEST(WeighRollbackTest, RoomOnTheGpuForTheWorstCaseIsReasonEnoughToPush) {
+  EXPECT_TRUE(WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack, kUnetStaying,
+                            std::nullopt, 2 * kGiB)
+                  .push);
+  EXPECT_FALSE(WeighRollback(kUnetSaving, kUnetStaying, kUnetRolledBack, kUnetStaying,
+                             std::nullopt, 2 * kGiB - 1)
+                   .push);
 }
 
 }  // namespace

@@ -124,6 +124,8 @@ TEST_F(LiveSessionTest, TheReportNamesTheSessionAsAllocdStatsDoes) {
   EXPECT_EQ(report["configs_rejected"], 0);
   EXPECT_EQ(report["reclaims"], 0);
   EXPECT_EQ(report["events_dropped"], 0);
+  // A daemon not in autotune apply mode starts the job on its own config.
+  EXPECT_EQ(report["start_config_source"], "own");
   for (const char* key : {"reconnects", "config", "config_version",
                           "config_reason"}) {
     EXPECT_TRUE(report.contains(key)) << key;

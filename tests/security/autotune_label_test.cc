@@ -63,11 +63,14 @@ class AutotuneLabelTest : public ::testing::Test {
     chmod(dir_.path().c_str(), 0755);
     socket_ = dir_.path() + "/allocd.sock";
     // The daemon's default mode is recommend: only a job asking for apply
-    // (here, the attacker's) is pushed configs.
+    // (here, the attacker's) is pushed configs. --autotune-prior off: the
+    // attacker's harmful start config is pushed away live, the push that
+    // once reached the victim (not replaced at registration).
     daemon_ = std::make_unique<Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "", "--capacity", "64GiB", "--autotune",
-        "recommend", "--autotune-first-pass-events", "300000"});
+        "recommend", "--autotune-first-pass-events", "300000",
+        "--autotune-prior", "off"});
     harness::WaitForDaemon(socket_);
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }

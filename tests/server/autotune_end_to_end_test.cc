@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/trace/snapshot_reader.h"
@@ -68,12 +70,16 @@ class AutotuneEndToEndTest : public ::testing::Test {
     socket_ = dir_.path() + "/allocd.sock";
   }
 
-  void StartDaemon(const std::string& mode, std::vector<std::string> extra = {}) {
+  // `prior`: --autotune-prior. Off for the tests of what the autotuner
+  // does with a job running a harmful config (learned, the default, would
+  // replace it at registration: the test of issue 40's start configs).
+  void StartDaemon(const std::string& mode, std::vector<std::string> extra = {},
+                   const std::string& prior = "off") {
     std::vector<std::string> args = {
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "",
         "--capacity", "24GiB", "--autotune", mode,
-        "--autotune-first-pass-events", "300000"};
+        "--autotune-first-pass-events", "300000", "--autotune-prior", prior};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<Child>(std::move(args));
     harness::WaitForDaemon(socket_);
@@ -483,6 +489,65 @@ TEST_F(AutotuneEndToEndTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonS
     recorded = true;
     EXPECT_EQ(e.config(), l.config());
     EXPECT_THAT(e.detail(), HasSubstr(absl::StrCat("decision ", l.decision_id())));
+  }
+  EXPECT_TRUE(recorded);
+}
+
+// Issue 40's CI target: a job label this daemon has never seen, started on
+// the guides' max_split_size_mb:64 and replayed at its recorded pace
+// (--speed), reserves less than half of staying on it in its first replay:
+// the daemon replaced the harmful config at registration, before the job's
+// first allocation. Staying is the trace's ground truth under that config
+// (a real run: 19.7 GiB; expandable_segments:True, the best, 4.5 GiB).
+TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfOfStaying) {
+  std::ifstream truth_file(std::string(ALLOCD_SOURCE_DIR) + "/traces/ground_truth.json");
+  const nlohmann::json truth = nlohmann::json::parse(truth_file, nullptr, false);
+  ASSERT_FALSE(truth.is_discarded());
+  int64_t staying = 0;
+  for (const nlohmann::json& run : truth["workloads"]["llama_lora"]["runs"]) {
+    if (run["conf"] == "max_split_size_mb:64") staying = run["peak_reserved"].get<int64_t>();
+  }
+  ASSERT_GT(staying, 0);
+
+  StartDaemon("apply", {}, "learned");
+  std::unique_ptr<Child> job =
+      Replay("never-seen", {"--config", "max_split_size_mb:64", "--speed", "2", "--duration",
+                            JobSeconds(25)});
+  // Its first decision reviews the replacement against staying on its own
+  // config, on its own events (the window's first pass, once it holds
+  // 300000 events: in its second replay), and keeps it.
+  std::optional<v1::AutotuneDecision> review;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90) * kSlowdown;
+  while (!review.has_value() && absl::Now() < deadline) {
+    for (const v1::AutotuneDecision& d : Decisions("never-seen")) {
+      if (d.trigger() == "start_review") review = d;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  nlohmann::json out = Finish(*job);
+  ASSERT_TRUE(review.has_value()) << out.dump();
+  EXPECT_EQ(review->result(), "kept") << review->why();
+  EXPECT_EQ(review->from_config(), "expandable_segments:True");
+  EXPECT_GT(review->predicted_peak_current(), 2 * review->predicted_peak_switched())
+      << review->why();
+  EXPECT_THAT(review->why(), HasSubstr("instead of max_split_size_mb:64"));
+
+  ASSERT_GE(out["loop_peaks"].size(), 1u) << out.dump();
+  const nlohmann::json& first = out["loop_peaks"][0];
+  EXPECT_LT(first["peak_reserved"].get<int64_t>(), staying / 2) << out.dump();
+  // It ran the replacement from its first event (the push at registration,
+  // applied there: the loop started as version 0, its own), and says why.
+  EXPECT_EQ(first["config"], "expandable_segments:True");
+  EXPECT_EQ(first["started_config_version"], 0);
+  EXPECT_EQ(out["start_config_source"], "replaced");
+  EXPECT_THAT(out["config_reason"].get<std::string>(),
+              AllOf(HasSubstr("instead of max_split_size_mb:64"),
+                    HasSubstr("known to be harmful")));
+  // The config history names the replacement, as allocctl shows it.
+  bool recorded = false;
+  for (const v1::HistoryEntry& e : ConfigHistory()) {
+    recorded |= e.job() == "never-seen" && e.config() == "expandable_segments:True" &&
+                absl::StrContains(e.detail(), "known to be harmful");
   }
   EXPECT_TRUE(recorded);
 }

@@ -29,9 +29,10 @@ constexpr char kLearned[] = "expandable_segments:True";
 // One daemon's parts over a learned-configs store that outlives it.
 struct TestDaemon {
   explicit TestDaemon(LearnedConfigs* learned,
-                      AutotuneMode default_mode = AutotuneMode::kApply)
-      : autotune({.default_policy = {.mode = default_mode}}, &core, &metrics,
-                 learned) {
+                      AutotuneMode default_mode = AutotuneMode::kApply,
+                      PriorSetting prior = {.kind = PriorSetting::Kind::kOff})
+      : autotune({.default_policy = {.mode = default_mode}, .prior = prior}, &core,
+                 &metrics, learned) {
     core.SetObserver(&autotune);
   }
   ~TestDaemon() { core.SetObserver(nullptr); }
@@ -335,6 +336,68 @@ TEST(DaemonAutotuneTenantsTest, ALabelFloodLeavesNoJobStateBehindItsLiveSessions
   EXPECT_EQ(after.preferences, 0u);
   EXPECT_EQ(after.policied, 0u);
   EXPECT_LE(after.versions, DaemonAutotune::kEndedJobVersionsKept);
+}
+
+// Issue 40: with --autotune-prior learned, a harmful start config is
+// replaced at registration (and at the LearnedConfig RPC, asked with the
+// job's start config), and a job without a learned config starts on what
+// at least three of its tenant's (else the node's) learned configs agree on.
+TEST(DaemonAutotuneStartTest, AHarmfulStartIsReplacedAndANewJobStartsOnThePrior) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  const TestDaemon::Registered replaced = daemon.Register(1001, "fresh");
+  ASSERT_EQ(replaced.pushed.size(), 1u);
+  EXPECT_EQ(replaced.pushed[0].first, kLearned);
+  EXPECT_THAT(replaced.pushed[0].second,
+              HasSubstr("instead of max_split_size_mb:64, known to be harmful"));
+  EXPECT_THAT(daemon.metrics.Render(),
+              HasSubstr("allocd_autotune_start_configs_total{source=\"replaced\"} 1"));
+  // A job that asks for recommend is left on its own.
+  EXPECT_TRUE(daemon.Register(1001, "asks", "recommend").pushed.empty());
+
+  for (const char* job : {"a", "b", "c"}) {
+    ASSERT_TRUE(learned.Record({"uid:1001", job}, {.config = "max_split_size_mb:512"}).ok());
+  }
+  const TestDaemon::Registered on_prior = daemon.Register(1001, "new");
+  ASSERT_EQ(on_prior.pushed.size(), 1u);
+  EXPECT_EQ(on_prior.pushed[0].first, "max_split_size_mb:512");
+  EXPECT_THAT(on_prior.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
+  // Another tenant has no prior of its own: the node's.
+  const TestDaemon::Registered node = daemon.Register(1002, "new");
+  ASSERT_EQ(node.pushed.size(), 1u);
+  EXPECT_THAT(node.pushed[0].second, HasSubstr("3 jobs of the node agree"));
+  bool history = false;
+  const v1::HistoryResponse entries = daemon.core.History("new", 10);
+  for (const v1::HistoryEntry& e : entries.entries()) {
+    history |= e.event() == "prior" && e.config() == "max_split_size_mb:512";
+  }
+  EXPECT_TRUE(history);
+
+  // allocd run asks before the job starts, with its start config.
+  v1::LearnedConfigRequest ask;
+  ask.set_job("other");
+  ask.set_start_config("max_split_size_mb:64");
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  absl::StatusOr<v1::LearnedConfigResponse> answer = daemon.core.LearnedConfig(peer, ask);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->config(), "max_split_size_mb:512");
+  EXPECT_EQ(answer->source(), "prior");
+  ask.set_start_config("max_split_size_mb:1");
+  EXPECT_FALSE(daemon.core.LearnedConfig(peer, ask).ok());
+}
+
+// Learned configs imported from the ConfigMap (the config file's job
+// configs) count toward the node's prior.
+TEST(DaemonAutotuneStartTest, ConfigsImportedFromTheConfigMapCountTowardThePrior) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  daemon.autotune.SetFileJobConfigs({{"a", "roundup_power2_divisions:4"},
+                                     {"b", "roundup_power2_divisions:4"},
+                                     {"c", "roundup_power2_divisions:4"}});
+  const TestDaemon::Registered registered = daemon.Register(1001, "new");
+  ASSERT_EQ(registered.pushed.size(), 1u);
+  EXPECT_EQ(registered.pushed[0].first, "roundup_power2_divisions:4");
+  EXPECT_THAT(registered.pushed[0].second, HasSubstr("3 jobs of the node agree"));
 }
 
 }  // namespace allocd

@@ -30,7 +30,8 @@ class DaemonCoreTest : public ::testing::Test {
 // Remembers what the core reported.
 class RecordingObserver : public SessionObserver {
  public:
-  std::optional<ConfigPusher::Learned> LearnedConfigFor(const SessionIdentity&) override {
+  std::optional<ConfigPusher::Learned> LearnedConfigFor(const SessionIdentity&,
+                                                        const v1::AutotunePreferences&) override {
     return std::nullopt;
   }
   void SessionStarted(const SessionIdentity& identity, const AppliedConfig& running,

@@ -17,13 +17,15 @@ void PrintSessions(const v1::ListSessionsResponse& r) {
   // DEV is the node's device (allocctl status), GPU UUID names it; the
   // client's own CUDA ordinal is in --json (device). TENANT is what
   // `allocctl quota set --tenant` takes.
-  std::printf("%-8s %-8s %-6s %-14s %-20s %-4s %-40s %10s %10s %10s %5s %s\n",
+  // START: where the config it started on came from (own, learned, prior,
+  // replaced: decided before its first allocation).
+  std::printf("%-8s %-8s %-6s %-14s %-20s %-4s %-40s %10s %10s %10s %5s %-8s %s\n",
               "SESSION", "PID", "UID", "TENANT", "JOB", "DEV", "GPU UUID",
-              "HELD", "RESERVED", "ALLOCATED", "OOMS", "CONFIG");
+              "HELD", "RESERVED", "ALLOCATED", "OOMS", "START", "CONFIG");
   for (const v1::SessionInfo& s : r.sessions()) {
     std::printf(
-        "%-8llu %-8d %-6u %-14s %-20s %-4d %-40s %10s %10s %10s %5llu v%llu "
-        "%s\n",
+        "%-8llu %-8d %-6u %-14s %-20s %-4d %-40s %10s %10s %10s %5llu %-8s "
+        "v%llu %s\n",
         static_cast<unsigned long long>(s.session_id()), s.pid(), s.uid(),
         s.tenant().empty() ? "-" : s.tenant().c_str(),
         s.job().empty() ? "-" : s.job().c_str(), s.node_device(),
@@ -32,6 +34,7 @@ void PrintSessions(const v1::ListSessionsResponse& r) {
         FormatSize(Stat(s, "reserved_bytes.all.current")).c_str(),
         FormatSize(Stat(s, "allocated_bytes.all.current")).c_str(),
         static_cast<unsigned long long>(s.ooms()),
+        s.start_config_source().empty() ? "own" : s.start_config_source().c_str(),
         static_cast<unsigned long long>(s.config_version()),
         s.config().empty() ? "(defaults)" : s.config().c_str());
   }

@@ -14,6 +14,7 @@
 #ifdef ALLOCD_WITH_SERVER
 #include "tools/allocd/client_replay_command.h"
 #include "tools/allocd/serve_command.h"
+#include "server/autotune/start_config.h"
 #endif
 
 namespace {
@@ -274,6 +275,26 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "predicted to leave the job lower; a push kept is learned "
                     "for the job's next run (--state-dir)")
       ->check(CLI::IsMember({"off", "recommend", "apply"}));
+  a.prior = allocd::PriorSetting{};  // learned
+  serve->add_option_function<std::string>(
+         "--autotune-prior",
+         [&a](const std::string& flag) { a.prior = *allocd::ParsePriorSetting(flag); },
+         "what a job in apply mode without a learned config starts on, "
+         "decided before its first allocation: learned (default): the config "
+         "at least 3 learned configs of its tenant's jobs, else of the "
+         "node's, agree on; or a fixed PYTORCH_CUDA_ALLOC_CONF. Then a start "
+         "config known to be harmful (max_split_size_mb <= 128 without "
+         "expandable segments) is replaced too: by the prior, else by itself "
+         "without max_split_size_mb and with expandable_segments:True. A "
+         "job's first decision returns it to its own config when staying on "
+         "it would have peaked lower. off: only a learned config is handed, "
+         "a harmful start config is pushed away at the job's first steps")
+      ->check(CLI::Validator(
+          [](std::string& flag) {
+            absl::StatusOr<allocd::PriorSetting> prior = allocd::ParsePriorSetting(flag);
+            return prior.ok() ? std::string() : std::string(prior.status().message());
+          },
+          "learned|off|CONFIG"));
   serve->add_option("--autotune-threads", a.threads,
                     "threads replaying windows (default 1)")
       ->check(CLI::PositiveNumber);

@@ -42,7 +42,8 @@ def load_interposer(socket, job, autotune):
 # The variables allocd_start_on_learned_config sets for PyTorch and the
 # interposer, which read the C environment.
 _LEARNED_START_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-                            "ALLOCD_INITIAL_ALLOC_CONF", "ALLOCD_LEARNED_ALLOC_CONF")
+                            "ALLOCD_INITIAL_ALLOC_CONF", "ALLOCD_LEARNED_ALLOC_CONF",
+                            "ALLOCD_START_CONFIG_SOURCE")
 
 
 def start_on_learned_config(lib, socket, job):
