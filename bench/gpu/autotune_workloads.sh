@@ -30,26 +30,14 @@ exec > >(tee -a "$out/workloads.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
 sock=$out/allocd.sock daemon_log=$out/daemon.log
 . "$here/common.sh"
+. "$here/workloads.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 start_daemon device --autotune apply --autotune-threads 4 --state-dir "$out/state"
-script_of() {
-  case $1 in
-    seq2seq) echo seq2seq_train.py ;; generate) echo generate_job.py ;;
-    vit_compile) echo vit_compile_train.py ;; llama_lora) echo llama_lora_train.py ;;
-    resnet50) echo resnet_train.py ;; mlm_accum) echo mlm_accum_train.py ;;
-    unet) echo unet_train.py ;; moe) echo moe_train.py ;;
-  esac
-}
-default_steps() {
-  case $1 in generate) echo 14 ;; llama_lora) echo 16 ;; mlm_accum) echo 60 ;; *) echo 30 ;; esac
-}
-steps_of() { local v="STEPS_$1"; echo "${!v:-$(default_steps "$1")}"; }
 # done_run: the daemon's history so far, and everything packed.
 done_run() {
   allocctl autotune history --limit 500 --json >"$out/autotune_history.json"
   pack workloads
 }
-name() { echo "${1:-defaults}" | tr ':,' '__'; }
 confs=${CONFS:-mss64 defaults expandable}
 modes=" ${MODES:-native advise transparent run learned runlearned} "
 [ "${LEARNED_RUN:-1}" = 1 ] || modes=${modes/ runlearned / }

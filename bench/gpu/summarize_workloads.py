@@ -30,8 +30,9 @@ WORKLOADS = ["seq2seq", "generate", "vit_compile", "llama_lora", "resnet50", "ml
              "moe"]
 STARTS = ("max_split_size_mb_64", "defaults")
 NATIVES = ("max_split_size_mb_64", "defaults", "expandable_segments_True")
-MODES = ("advise", "transparent", "run", "learned", "runlearned")
-JOB_MODE = {"learned": "advise", "runlearned": "run"}
+MODES = ("advise", "transparent", "run", "learned", "tlearned", "runlearned")
+# Second runs (whole_job.sh: tlearned) under their first run's label.
+JOB_MODE = {"learned": "advise", "tlearned": "transparent", "runlearned": "run"}
 SHORT = {"max_split_size_mb_64": "mss:64", "defaults": "defaults",
          "expandable_segments_True": "expandable"}
 
@@ -44,8 +45,9 @@ def load(path):
         return None
 
 
-def peak_from(run, step):
-    peaks = run["step_peak_reserved"][step:]
+def peak_from(run, step, until=None):
+    """GiB: the run's peak over its steps [step, until)."""
+    peaks = run["step_peak_reserved"][step:until]
     return max(peaks) / GIB if peaks else None
 
 
@@ -163,16 +165,22 @@ def rows(dirs, workloads):
                 decided = [d for d in mine if d.get("result") != "skipped"]
                 pushed = [d for d in decided if d["result"] == "pushed"]
                 d = pushed[0] if pushed else (decided[0] if decided else None)
-                learned = mode in ("learned", "runlearned")
+                # Started at registration on another config than its own: a
+                # second run's learned config, or (issue 40) the node's prior
+                # or a harmful start's replacement.
+                start_source = (run.get("allocd") or {}).get("start_config_source")
+                learned = mode in JOB_MODE or start_source not in (None, "own")
                 step, config = push_step(run, start, learned)
                 learned_at_start = learned and step == 0
                 after = None if step is None else (0 if learned_at_start else step + 1)
                 from_ = after if after is not None else 0
+                # Natives over the same steps as the run, when they ran more.
+                steps = len(run["step_peak_reserved"])
                 realised = peak_from(run, from_) if after is not None else None
-                stay = peak_from(staying, from_) if staying else None
+                stay = peak_from(staying, from_, steps) if staying else None
                 # A native run shorter than this one has no peak past its end.
                 best = min(((v, n) for n, r in natives.items() if r
-                            for v in [peak_from(r, from_)] if v is not None),
+                            for v in [peak_from(r, from_, steps)] if v is not None),
                            key=lambda x: x[0], default=(None, None))
                 g = lambda k: int(d[k]) / GIB if d and d.get(k) else None
                 yield {
@@ -197,14 +205,15 @@ def rows(dirs, workloads):
                     "review": g("best_reachable_peak"),
                     "daemon_realised": g("realized_peak"),
                     "realised": realised, "whole": peak_from(run, 0),
-                    "staying": stay, "staying_whole": peak_from(staying, 0) if staying else None,
+                    "staying": stay,
+                    "staying_whole": peak_from(staying, 0, steps) if staying else None,
                     "best": best[0], "best_name": best[1],
                     "configs": (run.get("allocd") or {}).get("config"),
                     "learned_at_start": learned_at_start,
                     "best_whole": min((v for r in natives.values() if r
-                                       for v in [peak_from(r, 0)] if v is not None),
+                                       for v in [peak_from(r, 0, steps)] if v is not None),
                                       default=None),
-                    "start_source": (run.get("allocd") or {}).get("start_config_source"),
+                    "start_source": start_source,
                 }
 
 
