@@ -19,6 +19,7 @@ import json
 import os
 import random
 
+import tuned_job
 from daemon_kill import kill_daemon
 
 
@@ -34,12 +35,15 @@ def main():
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--job", default="ddp")
     p.add_argument("--autotune-mode", choices=["off", "recommend", "apply"])
+    p.add_argument("--one-gpu", action="store_true",
+                   help="every rank on GPU 0, over gloo (a one-GPU machine: the ranks' "
+                        "mechanics, not NCCL's)")
     p.add_argument("--out", default="ddp")
     p.add_argument("--kill-daemon-at", type=int, help="rank 0 SIGKILLs --daemon-pid after this step")
     p.add_argument("--daemon-pid", type=int)
     p.add_argument("--restart-daemon", help="shell command that starts the daemon again")
     a = p.parse_args()
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = 0 if a.one_gpu else int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])
     if a.mode == "transparent":
         import allocd
@@ -55,7 +59,10 @@ def main():
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    if a.one_gpu:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
 
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
@@ -92,6 +99,8 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         if a.mode != "native":
             configs.append(allocd.stats().get("config", ""))
+        elif tuned_job.autostarted():
+            configs.append(tuned_job.config_now(tuned_job.autostarted()))
         if rank == 0 and a.kill_daemon_at is not None and step == a.kill_daemon_at:
             kill_daemon(a.daemon_pid, a.restart_daemon, step)
     props = torch.cuda.get_device_properties(local_rank)
@@ -105,12 +114,12 @@ def main():
         "steps": a.steps, "losses": losses, "step_seconds": times,
         "step_peak_reserved": peaks, "peak_reserved": max(peaks),
     }
-    if a.mode != "native":
-        s = allocd.stats()
+    session = allocd if a.mode != "native" else tuned_job.autostarted()
+    if session:
+        s = session.stats()
         result["step_config"] = configs
-        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
-                                               "config_reason", "configs_applied", "events_sent",
-                                               "advisor_seconds") if k in s}
+        result["allocd"] = {k: s[k] for k in tuned_job.STATS_KEYS + ("advisor_seconds",)
+                            if k in s}
     with open(f"{a.out}_rank{rank}.json", "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -11,11 +11,20 @@
 #   autotune  the DDP job started on max_split_size_mb:64, varying shapes,
 #             autotune apply: the decision, its push to each rank, per-rank
 #             peaks against the same job run natively
+#   whole     issue 40: the job as one, from its first allocation: natively
+#             under max_split_size_mb:64, defaults and expandable segments
+#             (staying, the best from step 0); with the daemon in apply mode
+#             (the default prior), from defaults in advisor, transparent and
+#             unchanged-script modes (a push: each rank's first step on it),
+#             from max_split_size_mb:64 under `allocd run` (replaced at
+#             registration), and that job again (learned); per rank, the
+#             whole-run peak against the best and staying
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
 #   [NPROC=2] bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
 # NPROC=1 runs the job as one rank (a one-GPU machine: the autotune part's
-# mechanics without the multi-GPU claims).
+# mechanics without the multi-GPU claims). ONE_GPU=1 runs NPROC ranks on GPU 0
+# over gloo (the ranks' grouping and promotion on one GPU; not NCCL's).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-ddp}
@@ -30,8 +39,10 @@ export ALLOCD_SOCKET=$sock NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
 ddp() {  # NAME MODE [ARGS...]: a DDP run of NPROC ranks (2), results in $out/NAME_rank*.json, its output in NAME.log
   local name=$1 mode=$2; shift 2
-  timeout 240 torchrun --standalone --nproc_per_node "${NPROC:-2}" "$here/ddp_train.py" --mode "$mode" \
-    --socket "$sock" --out "$out/$name" "$@" >"$out/$name.log" 2>&1
+  local one=(); [ "${ONE_GPU:-0}" = 1 ] && one=(--one-gpu)
+  timeout 240 ${RUN_PREFIX:-} torchrun --standalone --nproc_per_node "${NPROC:-2}" \
+    "$here/ddp_train.py" --mode "$mode" --socket "$sock" --out "$out/$name" "${one[@]}" "$@" \
+    >"$out/$name.log" 2>&1
   grep -v -i "warn" "$out/$name.log" | tail -3
 }
 sample_pools() {  # NAME SECONDS: the daemon's status every second, for SECONDS
@@ -168,5 +179,28 @@ for rank in range(int(sys.argv[2])):
           f"{max(after, default=0) / 2**30:.2f} GiB vs native {max(native_after, default=0) / 2**30:.2f} GiB")
 PY
   stop_daemon
+  pack ddp
+fi
+
+if want whole; then
+  step "the whole job (issue 40): natives, then apply mode with the default prior"
+  steps=${WHOLE_STEPS:-30}
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp whole_native_mss64 native --steps "$steps" --varying
+  ddp whole_native_defaults native --steps "$steps" --varying
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ddp whole_native_expandable native \
+    --steps "$steps" --varying
+  start_daemon device --autotune apply --state-dir "$out/state"
+  ddp whole_advise_defaults advise --job ddp-whole-a --steps "$steps" --varying
+  ddp whole_transparent_defaults transparent --job ddp-whole-t --steps "$steps" --varying
+  RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-run --" \
+    ddp whole_run_defaults native --steps "$steps" --varying
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-mss --" \
+    ddp whole_run_mss64 native --steps "$steps" --varying
+  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-mss --" \
+    ddp whole_runlearned_mss64 native --steps "$steps" --varying
+  allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -12
+  allocctl --json autotune learned >"$out/learned.json" 2>&1
+  stop_daemon
+  python3 "$here/summarize_ddp_whole.py" "$out" "${NPROC:-2}" | tee "$out/whole_summary.md"
   pack ddp
 fi
