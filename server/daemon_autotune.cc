@@ -348,6 +348,13 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
     auto set = job_versions_.find(key);
     kept = set != job_versions_.end() && set->second == d.version;
   }
+  // A start (the node's prior, a harmful config's replacement) that its
+  // review kept on the job's own events is what the job settled on, as a
+  // kept push is: its next runs start on it, and it counts toward the prior.
+  if (d.trigger == AutotuneTrigger::kStartReview && d.result == AutotuneResult::kKept &&
+      !d.to_config.empty()) {
+    kept = true;
+  }
   absl::Status saved;
   if (d.result == AutotuneResult::kRolledBack) {
     absl::StatusOr<bool> forgot = learned_->Forget(key, d.to_config);

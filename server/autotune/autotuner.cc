@@ -482,7 +482,11 @@ bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
     rec.job = task.job.job;
     rec.tenant = task.job.tenant;
     rec.trigger = AutotuneTrigger::kStartReview;
-    rec.from_config = FormatAllocatorConfig(running.config);
+    // Read as a push: kept, from staying (its own config) to the start it
+    // runs, which the job then learns; rolled back, from that start to its
+    // own, which it forgets.
+    const std::string start = FormatAllocatorConfig(running.config);
+    rec.from_config = start;
     rec.window_events = in.trace.events.size();
     rec.sessions = {job.recorded};
     if (review.ok()) {
@@ -494,7 +498,12 @@ bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
     rec.result = back ? AutotuneResult::kRolledBack
                  : review.ok() ? AutotuneResult::kKept
                                : AutotuneResult::kSkipped;
-    if (back) rec.to_config = instead.own;
+    if (back) {
+      rec.to_config = instead.own;
+    } else if (review.ok()) {
+      rec.from_config = instead.own;
+      rec.to_config = start;
+    }
     rec.why = absl::StrCat(instead.why, "; ",
                            review.ok() ? review->why
                                        : absl::StrCat("its review could not replay the window: ",

@@ -182,7 +182,9 @@ TEST(AutotunerTest, AStartInsteadOfAHarmfulConfigIsReviewedAndKept) {
   const AutotuneDecision& review = history.back();  // the oldest
   EXPECT_EQ(review.trigger, AutotuneTrigger::kStartReview);
   EXPECT_EQ(review.result, AutotuneResult::kKept) << review.why;
-  EXPECT_EQ(review.from_config, "expandable_segments:True");
+  // Read as a push that was kept: from staying, its own, to the start.
+  EXPECT_EQ(review.from_config, "max_split_size_mb:64");
+  EXPECT_EQ(review.to_config, "expandable_segments:True");
   // Staying on max_split_size_mb:64 peaks at several times the replacement.
   EXPECT_GT(review.predicted_peak_current, 2 * review.predicted_peak_switched) << review.why;
   EXPECT_NE(review.why.find("known to be harmful"), std::string::npos) << review.why;

@@ -527,7 +527,8 @@ TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfO
   nlohmann::json out = Finish(*job);
   ASSERT_TRUE(review.has_value()) << out.dump();
   EXPECT_EQ(review->result(), "kept") << review->why();
-  EXPECT_EQ(review->from_config(), "expandable_segments:True");
+  EXPECT_EQ(review->from_config(), "max_split_size_mb:64");
+  EXPECT_EQ(review->to_config(), "expandable_segments:True");
   EXPECT_GT(review->predicted_peak_current(), 2 * review->predicted_peak_switched())
       << review->why();
   EXPECT_THAT(review->why(), HasSubstr("instead of max_split_size_mb:64"));

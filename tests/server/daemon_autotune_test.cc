@@ -208,6 +208,38 @@ TEST(DaemonAutotuneLearnedTest, ARollbackOfTheLearnedConfigForgetsIt) {
   EXPECT_TRUE(daemon.Register(1001, "llama").pushed.empty());
 }
 
+// A start its review kept on the job's own events (issue 40) is what the
+// job settled on, as a kept push is: its next run starts on it as learned,
+// and three such jobs make the node's prior.
+TEST(DaemonAutotuneLearnedTest, AStartItsReviewKeptIsLearnedAndCountsTowardThePrior) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  for (const char* job : {"a", "b", "c"}) {
+    const TestDaemon::Registered started = daemon.Register(1001, job);
+    AutotuneDecision review = TestDaemon::Pushed(started.id, job);
+    review.trigger = AutotuneTrigger::kStartReview;
+    review.result = AutotuneResult::kKept;
+    daemon.autotune.OnDecision(review);
+    ASSERT_TRUE(learned.Find({"uid:1001", job}).has_value()) << job;
+    EXPECT_EQ(learned.Find({"uid:1001", job})->config, kLearned);
+    EXPECT_EQ(learned.Find({"uid:1001", job})->from_config, "max_split_size_mb:64");
+  }
+  // A review that could not replay (kept nothing: no to_config) learns nothing.
+  const TestDaemon::Registered skipped = daemon.Register(1001, "d");
+  AutotuneDecision unreplayed = TestDaemon::Pushed(skipped.id, "d");
+  unreplayed.trigger = AutotuneTrigger::kStartReview;
+  unreplayed.result = AutotuneResult::kSkipped;
+  unreplayed.to_config.clear();
+  daemon.autotune.OnDecision(unreplayed);
+  EXPECT_FALSE(learned.Find({"uid:1001", "d"}).has_value());
+  // A new job of the tenant, started on its own harmless config, starts on
+  // what the three settled on.
+  const TestDaemon::Registered fresh = daemon.Register(1001, "e");
+  ASSERT_EQ(fresh.pushed.size(), 1u);
+  EXPECT_EQ(fresh.pushed[0].first, kLearned);
+  EXPECT_THAT(fresh.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
+}
+
 }  // namespace
 // Job labels are scoped by tenant (issue 29): what a job asks for is its
 // own tenant's job's, an admin's mode for a label holds in every tenant and
