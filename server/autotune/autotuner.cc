@@ -178,6 +178,27 @@ class Autotuner::Impl {
     Notify(notify);
   }
 
+  void Features(SessionId id, const JobFeatures& features) {
+    absl::MutexLock lock(&mu_);
+    const AutotuneSession* session = jobs_.FindSession(id);
+    if (session == nullptr) return;
+    AutotuneJob& job = jobs_.Job(session->job);
+    job.features |= features;
+    // Features can appear after a push: one they break goes back, for good.
+    if (!job.acting) return;
+    const AutotuneDecision* pushed = job.FindDecision(job.acting->decision_id());
+    absl::StatusOr<AllocatorConfig> from =
+        ParseAllocatorConfig(pushed != nullptr ? pushed->from_config : "");
+    absl::StatusOr<AllocatorConfig> to = ParseAllocatorConfig(job.acting->pushed_config());
+    if (pushed == nullptr || !from.ok() || !to.ok()) return;
+    if (std::optional<std::string> why =
+            ConfigIncompatibility(job.features, *from, *to, /*live=*/true)) {
+      QueueRollBack(session->job, job,
+                    absl::StrCat("session ", id, " now uses ", FeatureNames(features), ": ",
+                                 *why));
+    }
+  }
+
   void Oom(SessionId id, uint64_t config_version) {
     absl::MutexLock lock(&mu_);
     const AutotuneSession* session = jobs_.FindSession(id);
@@ -455,6 +476,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   std::string skip_why;
   bool full = false;
   bool marks_steps = false;  // its client marks them (none: no optimizer)
+  DecideOptions decide = DecideOptionsFor(options_);
   DecisionInputs in;
   {
     absl::MutexLock lock(&mu_);
@@ -474,6 +496,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
       return;
     }
     marks_steps = session.marks_steps;
+    decide.features = job.features;
     in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger), task.first_pass,
                             DecideOptionsFor(options_).min_events, options_.first_pass_min_events);
   }
@@ -505,7 +528,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   actions_->OnRun(task.job.job);
   Decision d;
   if (skip_why.empty()) {
-    d = DecideOnInputs(in, running, policy, DecideOptionsFor(options_), step, cover_largest);
+    d = DecideOnInputs(in, running, policy, decide, step, cover_largest);
     if (aperiodic) d.why = AperiodicWhy(marks_steps, d.why);
   } else {
     d.why = skip_why;
@@ -564,6 +587,7 @@ void Autotuner::Impl::QueueReview(const JobKey& name, AutotuneJob& job) {
   std::shared_ptr<PushReplayInput> input = job.TakeReview(decision_id);
   if (input == nullptr) return;
   input->policy = jobs_.PolicyOf(job);
+  input->features = job.features;
   QueueTask(AutotuneTask::Kind::kReview, name, decision_id, "", std::move(input));
 }
 
@@ -574,6 +598,7 @@ void Autotuner::Impl::Review(const AutotuneTask& task) {
   const PushReplayInput& in = *task.review;
   DecideOptions decide = DecideOptionsFor(options_);
   decide.switch_event = in.switch_event;
+  decide.features = in.features;
   const Decision d = ::allocd::Decide(in.trace, in.running, in.policy, decide);
   std::vector<AutotuneDecision> notify;
   {
@@ -749,6 +774,9 @@ void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::
   impl_->SessionStarted(id, job, config, config_version, tenant, marks_steps);
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
+void Autotuner::Features(SessionId id, const JobFeatures& features) {
+  impl_->Features(id, features);
+}
 void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,
                        uint64_t dropped_before, const AllocatorSnapshot* state_after) {
   impl_->Events(id, events, dropped_before, state_after);

@@ -111,6 +111,10 @@ class Autotuner {
   // decisions replay from it, not from the config it started with.
   void Handed(SessionId id, uint64_t version, const std::string& config);
   void SessionEnded(SessionId id);
+  // Session `id` does `features` (at registration, or since it last said):
+  // its job's decisions leave out what would break them, and a push under
+  // way that would is rolled back.
+  void Features(SessionId id, const JobFeatures& features);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these. `state_after` (optional): the client's allocator right
   // after the last of them, what a decision replays a switch from.
