@@ -7,7 +7,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
+#include "allocator/config.h"
 #include "proto/protocol.h"
+#include "server/autotune/compatibility.h"
 #include "server/log.h"
 
 namespace allocd {
@@ -54,6 +56,11 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   for (uint64_t s : d.sessions) out->add_sessions(s);
   out->set_version(d.version);
   out->set_why(d.why);
+  for (const LeftOutConfig& l : d.left_out) {
+    v1::LeftOutConfig* left = out->add_left_out();
+    left->set_config(l.config);
+    left->set_why(l.why);
+  }
 }
 
 std::vector<EvidenceEvent> ToEvidence(const v1::EventBatch& b) {
@@ -245,6 +252,35 @@ void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
   autotuner_->Events(id, ToEvidence(batch), dropped, state ? &*state : nullptr);
 }
 
+void DaemonAutotune::Features(SessionId id, const v1::JobFeatures& features) {
+  const JobFeatures reported{.cuda_ipc = features.cuda_ipc(),
+                             .cuda_graphs = features.cuda_graphs(),
+                             .mem_pool = features.mem_pool(),
+                             .nccl_registration = features.nccl_registration()};
+  autotuner_->Features(id, reported);
+  // The job's next runs start on its learned config: not on one that what
+  // it does now would break (a feature seen only after the push was kept).
+  std::optional<JobKey> key;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = session_jobs_.find(id); it != session_jobs_.end()) key = it->second;
+  }
+  if (!key) return;
+  const std::optional<LearnedConfig> known = learned_->Find(*key);
+  if (!known) return;
+  const absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(known->from_config);
+  const absl::StatusOr<AllocatorConfig> to = ParseAllocatorConfig(known->config);
+  if (!from.ok() || !to.ok()) return;
+  const std::optional<std::string> why =
+      ConfigIncompatibility(reported, *from, *to, /*live=*/false);
+  if (!why) return;
+  if (absl::StatusOr<bool> forgot = learned_->Forget(*key, known->config);
+      forgot.ok() && *forgot) {
+    LogInfo(absl::StrCat("autotune: job \"", key->job, "\" forgets its learned config \"",
+                         known->config, "\": ", *why));
+  }
+}
+
 void DaemonAutotune::Stats(SessionId id,
                            const std::map<std::string, int64_t>& stats,
                            uint64_t config_version) {
@@ -392,6 +428,11 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     job->set_window_events(s.window_events);
     job->set_dropped_events(s.dropped_events);
     job->set_marks_steps(s.marks_steps);
+    v1::JobFeatures* features = job->mutable_features();
+    features->set_cuda_ipc(s.features.cuda_ipc);
+    features->set_cuda_graphs(s.features.cuda_graphs);
+    features->set_mem_pool(s.features.mem_pool);
+    features->set_nccl_registration(s.features.nccl_registration);
     job->set_steps_marked(s.steps_marked);
     job->set_state(AutotuneJobStateName(s.state));
     if (s.last) Fill(*s.last, job->mutable_last());

@@ -79,6 +79,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
              uint64_t config_version) override;
   void Oom(SessionId id, uint64_t config_version) override;
+  void Features(SessionId id, const v1::JobFeatures& features) override;
   void Acked(SessionId id, uint64_t version, bool applied,
              const std::string& error) override;
 

@@ -170,6 +170,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     }
     observer_->SessionStarted(session->identity(), config.running,
                               config.learned, pushed, r.autotune());
+    if (r.has_features()) observer_->Features(session->id(), r.features());
   }
   return response;
 }
@@ -347,8 +348,11 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
         **session, r.working_set(), PoolOf(**session).chunk_bytes());
     if (!kept.ok()) return kept;
   }
-  // A report of events alone leaves the stats as they were.
-  if (r.stats_size() > 0 || !r.has_events()) {
+  if (r.has_features() && observer_ != nullptr) {
+    observer_->Features(r.session_id(), r.features());
+  }
+  // A report of events or features alone leaves the stats as they were.
+  if (r.stats_size() > 0 || (!r.has_events() && !r.has_features())) {
     std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
     metrics_->Telemetry(r.session_id(), stats, r.config_version());
     if (observer_ != nullptr) {

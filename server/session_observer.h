@@ -44,6 +44,9 @@ class SessionObserver {
   virtual void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
                      uint64_t config_version) = 0;
   virtual void Oom(SessionId id, uint64_t config_version) = 0;
+  // What the session's process does with its CUDA memory, at registration
+  // and each time it starts doing more (only what it reported, never none).
+  virtual void Features(SessionId id, const v1::JobFeatures& features) = 0;
   // An ACK (applied) or NACK of a pushed version.
   virtual void Acked(SessionId id, uint64_t version, bool applied,
                      const std::string& error) = 0;
