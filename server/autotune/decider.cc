@@ -235,7 +235,19 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   tune.baseline = Candidate{running.config, running.memory_fraction};
   tune.live_start = LiveStart{running.config, running.memory_fraction, d.switch_event};
   tune.on_replay = options.on_replay;
-  absl::StatusOr<TuneReport> report = Tune(window, JobSpace(running, policy), tune);
+  SearchSpace space = JobSpace(running, policy);
+  // A key the job's features rule out is not searched: the budget goes to
+  // configs that can be pushed. (Each candidate is checked again below.)
+  if (!running.config.expandable_segments) {
+    AllocatorConfig expandable = running.config;
+    expandable.expandable_segments = true;
+    if (std::optional<std::string> why = ConfigIncompatibility(
+            options.features, running.config, expandable, /*live=*/true)) {
+      space.expandable_segments = {false};
+      d.left_out.push_back(LeftOutConfig{"expandable_segments:True", *std::move(why)});
+    }
+  }
+  absl::StatusOr<TuneReport> report = Tune(window, space, tune);
   if (!report.ok()) {
     return finish(Decision::Result::kSkip,
                   absl::StrCat(evidence, "; the search failed: ", report.status().message()));
@@ -291,13 +303,14 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   }
   if (!gates.empty()) gates = absl::StrCat("; better candidates that ", gates, " were left out");
   if (!d.left_out.empty()) {
-    // Each config and its reason are in `left_out`; the text names one.
-    absl::StrAppend(&gates,
-                    absl::StrFormat("; %d config(s) left out for what the job does (%s), e.g. %s: ",
-                                    d.left_out.size(), FeatureNames(options.features),
-                                    d.left_out.front().config),
-                    d.left_out.front().why);
+    // Each config and its reason are in `left_out`; the text names the first.
+    absl::StrAppend(&gates, "; left out for what the job does (", FeatureNames(options.features),
+                    "): ", d.left_out.front().config, " (", d.left_out.front().why, ")",
+                    d.left_out.size() > 1
+                        ? absl::StrFormat(" and %d more configs", d.left_out.size() - 1)
+                        : "");
   }
+
 
   absl::StrAppend(&evidence, absl::StrFormat("; %d candidates replayed", d.candidates), gates);
   if (best == nullptr) {

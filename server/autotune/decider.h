@@ -92,7 +92,8 @@ struct DecideOptions {
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
   // What the job's processes do: a candidate that ConfigIncompatibility
-  // refuses for them, switched to live, is left out (Decision::left_out).
+  // refuses for them, switched to live, is left out (Decision::left_out),
+  // expandable segments from the search itself.
   JobFeatures features;
 };
 
@@ -128,8 +129,9 @@ struct Decision {
   size_t candidates = 0;
   double replay_seconds = 0;
   std::string why;
-  // The candidates replayed that would break the job (DecideOptions::
-  // features), best first, each once.
+  // What would break the job (DecideOptions::features), each once: a key
+  // left out of the search ("expandable_segments:True"), then candidates
+  // replayed that the search could not be narrowed to leave out.
   std::vector<LeftOutConfig> left_out;
 };
 
