@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -30,6 +31,12 @@ absl::Status ReadMilliseconds(const char* name, absl::Duration& out) {
 }
 
 }  // namespace
+
+bool NcclRegistersSegments() {
+  const std::string hook = absl::AsciiStrToLower(Get(env::kTorchNcclRegisterHook, ""));
+  return hook == "1" || hook == "true" || hook == "t" || hook == "yes" || hook == "y" ||
+         hook == "on";
+}
 
 std::string SocketOrDefault(const std::string& socket) {
   return socket.empty() ? kDefaultSocket : socket;

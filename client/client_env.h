@@ -52,7 +52,15 @@ inline constexpr char kLibDir[] = "ALLOCD_LIB_DIR";
 // PyTorch's allocator config, which the process runs.
 inline constexpr char kPytorchCudaAllocConf[] = "PYTORCH_CUDA_ALLOC_CONF";
 inline constexpr char kPytorchAllocConf[] = "PYTORCH_ALLOC_CONF";
+// PyTorch's (ProcessGroupNCCL): set, NCCL registers every segment of the
+// caching allocator with its communicators.
+inline constexpr char kTorchNcclRegisterHook[] = "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK";
 }  // namespace env
+
+// Whether TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK is on, as PyTorch's
+// getCvarBool reads it: the process's registration says so
+// (JobFeatures.nccl_registration) before it makes a process group.
+bool NcclRegistersSegments();
 
 // `socket`, or kDefaultSocket when it is empty: what the C ABI's callers
 // pass for "the default", and an empty ALLOCD_SOCKET.

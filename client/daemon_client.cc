@@ -2,9 +2,17 @@
 
 #include <utility>
 
+#include "client/client_env.h"
 #include "ipc/unix_socket.h"
 
 namespace allocd {
+
+v1::JobFeatures StartFeatures() {
+  v1::JobFeatures features;
+  features.set_nccl_registration(NcclRegistersSegments());
+  return features;
+}
+
 namespace {
 
 // The descriptor table a client reserves when it connects (ReserveFdTable).

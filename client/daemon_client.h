@@ -117,6 +117,11 @@ class DaemonClient {
   void PublishWorkingSet(std::vector<uint64_t> segment_bytes) {
     telemetry_.PublishWorkingSet(std::move(segment_bytes));
   }
+  // What the process started doing with its CUDA memory (only ever more):
+  // sent with the next telemetry, at once (TelemetryStream::PublishFeatures).
+  void PublishFeatures(const v1::JobFeatures& features) {
+    telemetry_.PublishFeatures(features);
+  }
   // Bytes the process holds of the working set handed over and has not
   // taken into a segment: reported as read ahead, which a reclaim counts
   // as cached.

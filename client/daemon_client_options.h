@@ -42,10 +42,18 @@ struct DaemonClientOptions {
   // What the job lets the autotuner do (pinned keys, memory fraction, a
   // mode of its own).
   v1::AutotunePreferences autotune;
+  // What the process does with its CUDA memory already at registration
+  // (NcclRegistersSegments); what it starts doing later goes with the
+  // telemetry (DaemonClient::PublishFeatures).
+  v1::JobFeatures features;
   // How long a grant read ahead is kept for the next Acquire of its size
   // (GrantReadAhead); zero: nothing is read ahead.
   absl::Duration read_ahead_keep = absl::ZeroDuration();
 };
+
+// The features a process registers with (DaemonClientOptions::features):
+// what PyTorch's environment says it will do (NcclRegistersSegments).
+v1::JobFeatures StartFeatures();
 
 }  // namespace allocd
 

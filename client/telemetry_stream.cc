@@ -69,10 +69,27 @@ void TelemetryStream::PublishWorkingSet(std::vector<uint64_t> segment_bytes) {
   ++stats_published_;
 }
 
+void TelemetryStream::PublishFeatures(const v1::JobFeatures& features) {
+  absl::MutexLock lock(&mu_);
+  v1::JobFeatures all = features_;
+  all.set_cuda_ipc(all.cuda_ipc() || features.cuda_ipc());
+  all.set_cuda_graphs(all.cuda_graphs() || features.cuda_graphs());
+  all.set_mem_pool(all.mem_pool() || features.mem_pool());
+  all.set_nccl_registration(all.nccl_registration() || features.nccl_registration());
+  if (all.SerializeAsString() == features_.SerializeAsString()) return;
+  features_ = std::move(all);
+  features_unsent_ = true;
+  ++stats_published_;
+  flush_ = true;  // at once: a decision under way must see them
+}
+
 void TelemetryStream::NewSession() {
   absl::MutexLock lock(&mu_);
-  if (working_set_.segment_bytes().empty()) return;
-  working_set_unsent_ = true;
+  const bool working_set = !working_set_.segment_bytes().empty();
+  const bool features = features_.ByteSizeLong() > 0;
+  if (!working_set && !features) return;
+  working_set_unsent_ = working_set;
+  features_unsent_ = features;
   ++stats_published_;
 }
 
@@ -195,6 +212,10 @@ void TelemetryStream::Run() {
         *report.mutable_working_set() = working_set_;
         working_set_unsent_ = false;
       }
+      if (new_stats && features_unsent_) {
+        *report.mutable_features() = features_;
+        features_unsent_ = false;
+      }
     }
     // Events go out every period, whether the stats changed or not; while
     // the daemon is away they stay in the recorder (up to its capacity).
@@ -213,9 +234,11 @@ void TelemetryStream::Run() {
     }
     if (!Send(*writer, *c, new_stats ? &report : nullptr, batches)) {
       close_stream();
-      if (report.has_working_set()) {
+      if (report.has_working_set() || report.has_features()) {
         absl::MutexLock lock(&mu_);
-        working_set_unsent_ = true;  // the next try sends the latest
+        // The next try sends the latest.
+        working_set_unsent_ = working_set_unsent_ || report.has_working_set();
+        features_unsent_ = features_unsent_ || report.has_features();
       }
       continue;
     }

@@ -7,7 +7,9 @@
 // - in packed batches, the allocator events the engine recorded (events())
 //   for the daemon's autotuner; while the daemon is away they stay in the
 //   recorder, up to its capacity;
-// - the working set, with the next stats.
+// - the working set, with the next stats;
+// - what the process started doing with its CUDA memory (features), with
+//   the next stats.
 //
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_TELEMETRY_STREAM_H_
@@ -57,8 +59,12 @@ class TelemetryStream {
   // kMaxWorkingSetSegments), sent with the next stats.
   void PublishWorkingSet(std::vector<uint64_t> segment_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Features the process uses now (v1::JobFeatures; they only turn on):
+  // the ones it did not use yet are sent with the next stats, at once.
+  void PublishFeatures(const v1::JobFeatures& features) ABSL_LOCKS_EXCLUDED(mu_);
   // A daemon registered the session anew: it knows nothing of the working
-  // set yet, so it goes again with the next stats.
+  // set or of the features published since the start yet, so they go again
+  // with the next stats.
   void NewSession() ABSL_LOCKS_EXCLUDED(mu_);
 
   // What the read-ahead, and the working set handed over, hold now: sent
@@ -106,6 +112,9 @@ class TelemetryStream {
   // with the next stats).
   v1::WorkingSet working_set_ ABSL_GUARDED_BY(mu_);
   bool working_set_unsent_ ABSL_GUARDED_BY(mu_) = false;
+  // Every feature published, and whether the daemon has them yet.
+  v1::JobFeatures features_ ABSL_GUARDED_BY(mu_);
+  bool features_unsent_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

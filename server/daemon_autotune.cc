@@ -7,11 +7,20 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
+#include "allocator/config.h"
 #include "proto/protocol.h"
+#include "server/autotune/compatibility.h"
 #include "server/log.h"
 
 namespace allocd {
 namespace {
+
+JobFeatures FromProto(const v1::JobFeatures& features) {
+  return {.cuda_ipc = features.cuda_ipc(),
+          .cuda_graphs = features.cuda_graphs(),
+          .mem_pool = features.mem_pool(),
+          .nccl_registration = features.nccl_registration()};
+}
 
 // Decisions whose last counted result is remembered (older ones no longer
 // change).
@@ -54,6 +63,11 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   for (uint64_t s : d.sessions) out->add_sessions(s);
   out->set_version(d.version);
   out->set_why(d.why);
+  for (const LeftOutConfig& l : d.left_out) {
+    v1::LeftOutConfig* left = out->add_left_out();
+    left->set_config(l.config);
+    left->set_why(l.why);
+  }
 }
 
 std::vector<EvidenceEvent> ToEvidence(const v1::EventBatch& b) {
@@ -105,7 +119,8 @@ DaemonAutotune::~DaemonAutotune() { autotuner_.reset(); }
 // ------------------------------------------------------------ sessions
 
 std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
-    const SessionIdentity& identity, const v1::AutotunePreferences& preferences) {
+    const SessionIdentity& identity, const v1::AutotunePreferences& preferences,
+    const v1::JobFeatures& features) {
   JobPolicy policy;
   std::map<std::string, std::string> imported;
   {
@@ -130,9 +145,17 @@ std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
     }
     prior = FindPrior(settled, identity.tenant, prior_);
   }
-  Start start{.chosen = ChooseStartConfig(identity.initial_config, learned, prior,
-                                          KeepsPinnedKeys(identity.initial_config,
-                                                          policy.pinned_keys))};
+  const StartConfigVeto pinned = KeepsPinnedKeys(identity.initial_config, policy.pinned_keys);
+  const JobFeatures reported = FromProto(features);
+  absl::StatusOr<AllocatorConfig> own = ParseAllocatorConfig(identity.initial_config);
+  const StartConfigVeto veto = [&](const AllocatorConfig& config) -> std::string {
+    if (pinned) {
+      if (std::string why = pinned(config); !why.empty()) return why;
+    }
+    if (!own.ok()) return "";
+    return ConfigIncompatibility(reported, *own, config, /*live=*/false).value_or("");
+  };
+  Start start{.chosen = ChooseStartConfig(identity.initial_config, learned, prior, veto)};
   if (start.chosen.source == StartConfigSource::kOwn) {
     if (!start.chosen.why.empty()) {
       LogInfo(absl::StrCat("autotune: job \"", identity.job, "\" starts on its own config: ",
@@ -162,9 +185,14 @@ std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
 }
 
 std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
-    const SessionIdentity& identity, const v1::AutotunePreferences& preferences) {
-  std::optional<Start> start = StartFor(identity, preferences);
+    const SessionIdentity& identity, const v1::AutotunePreferences& preferences,
+    const v1::JobFeatures& features) {
+  std::optional<Start> start = StartFor(identity, preferences, features);
   if (!start.has_value()) return std::nullopt;
+  if (identity.id != 0) {
+    absl::MutexLock lock(&mu_);
+    chosen_starts_[identity.id] = *start;
+  }
   return ConfigPusher::Learned{.config = start->chosen.config,
                                .author = start->author,
                                .source = StartConfigSourceName(start->chosen.source)};
@@ -207,9 +235,16 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
   if (pushed.has_value()) {
     autotuner_->Handed(identity.id, pushed->version, pushed->config);
   }
+  std::optional<Start> start;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = chosen_starts_.find(identity.id); it != chosen_starts_.end()) {
+      start = std::move(it->second);
+      chosen_starts_.erase(it);
+    }
+  }
   if (learned.has_value()) {
-    // What LearnedConfigFor chose for it, once more: its source and why.
-    std::optional<Start> start = StartFor(identity, preferences);
+    // What LearnedConfigFor chose for it: its source and why.
     const bool chosen = start.has_value() && start->chosen.config == learned->config;
     metrics_->AutotuneStartConfig(
         chosen ? StartConfigSourceName(start->chosen.source) : "learned");
@@ -226,6 +261,7 @@ void DaemonAutotune::SessionEnded(SessionId id) {
   {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
+    chosen_starts_.erase(id);
     if (auto session = session_jobs_.find(id); session != session_jobs_.end()) {
       const JobKey key = session->second;
       session_jobs_.erase(session);
@@ -284,6 +320,32 @@ void DaemonAutotune::Events(SessionId id, const v1::EventBatch& batch) {
   std::optional<AllocatorSnapshot> state;
   if (batch.has_state_after()) state = ToSnapshot(batch.state_after());
   autotuner_->Events(id, ToEvidence(batch), dropped, state ? &*state : nullptr);
+}
+
+void DaemonAutotune::Features(SessionId id, const v1::JobFeatures& features) {
+  const JobFeatures reported = FromProto(features);
+  autotuner_->Features(id, reported);
+  // The job's next runs start on its learned config: not on one that what
+  // it does now would break (a feature seen only after the push was kept).
+  std::optional<JobKey> key;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = session_jobs_.find(id); it != session_jobs_.end()) key = it->second;
+  }
+  if (!key) return;
+  const std::optional<LearnedConfig> known = learned_->Find(*key);
+  if (!known) return;
+  const absl::StatusOr<AllocatorConfig> from = ParseAllocatorConfig(known->from_config);
+  const absl::StatusOr<AllocatorConfig> to = ParseAllocatorConfig(known->config);
+  if (!from.ok() || !to.ok()) return;
+  const std::optional<std::string> why =
+      ConfigIncompatibility(reported, *from, *to, /*live=*/false);
+  if (!why) return;
+  if (absl::StatusOr<bool> forgot = learned_->Forget(*key, known->config);
+      forgot.ok() && *forgot) {
+    LogInfo(absl::StrCat("autotune: job \"", key->job, "\" forgets its learned config \"",
+                         known->config, "\": ", *why));
+  }
 }
 
 void DaemonAutotune::Stats(SessionId id,
@@ -444,6 +506,11 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     job->set_window_events(s.window_events);
     job->set_dropped_events(s.dropped_events);
     job->set_marks_steps(s.marks_steps);
+    v1::JobFeatures* features = job->mutable_features();
+    features->set_cuda_ipc(s.features.cuda_ipc);
+    features->set_cuda_graphs(s.features.cuda_graphs);
+    features->set_mem_pool(s.features.mem_pool);
+    features->set_nccl_registration(s.features.nccl_registration);
     job->set_steps_marked(s.steps_marked);
     job->set_state(AutotuneJobStateName(s.state));
     if (s.last) Fill(*s.last, job->mutable_last());

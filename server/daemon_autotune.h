@@ -72,8 +72,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // The job's learned config when its mode is apply (a job an admin set to
   // recommend or off is pushed nothing, learned or not).
   std::optional<ConfigPusher::Learned> LearnedConfigFor(
-      const SessionIdentity& identity,
-      const v1::AutotunePreferences& preferences) override;
+      const SessionIdentity& identity, const v1::AutotunePreferences& preferences,
+      const v1::JobFeatures& features) override;
   void SessionStarted(const SessionIdentity& identity,
                       const AppliedConfig& running,
                       const std::optional<AppliedConfig>& learned,
@@ -84,6 +84,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
              uint64_t config_version) override;
   void Oom(SessionId id, uint64_t config_version) override;
+  void Features(SessionId id, const v1::JobFeatures& features) override;
   void Acked(SessionId id, uint64_t version, bool applied,
              const std::string& error) override;
 
@@ -158,9 +159,12 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
     StartConfig chosen;
     std::string author;
   };
+  // `features`: what the job's process said at registration it does with
+  // CUDA memory; a start they would break is left out (ConfigIncompatibility,
+  // as at start: not live).
   std::optional<Start> StartFor(const SessionIdentity& identity,
-                                const v1::AutotunePreferences& preferences)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                const v1::AutotunePreferences& preferences,
+                                const v1::JobFeatures& features) ABSL_LOCKS_EXCLUDED(mu_);
   // The job's policy by its layers (see above); `asked`, when it asks
   // anything, is what the job asks instead of what its sessions asked
   // (a session registering).
@@ -209,6 +213,10 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   //
   // By session: its job, for SessionEnded (which is given the id only).
   std::map<SessionId, JobKey> session_jobs_ ABSL_GUARDED_BY(mu_);
+  // What LearnedConfigFor chose for a registering session, until its
+  // SessionStarted reads it (its source, and why, for the metric, the log
+  // and the autotuner's review).
+  std::map<SessionId, Start> chosen_starts_ ABSL_GUARDED_BY(mu_);
   // By job: how many of its sessions are live.
   std::map<JobKey, size_t> live_sessions_ ABSL_GUARDED_BY(mu_);
   // By job: what a job asked for is its tenant's job's only. Its newest

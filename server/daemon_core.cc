@@ -120,7 +120,8 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     return s;
   }
   const std::optional<ConfigPusher::Learned> start =
-      observer_ != nullptr ? observer_->LearnedConfigFor(session->identity(), r.autotune())
+      observer_ != nullptr ? observer_->LearnedConfigFor(session->identity(), r.autotune(),
+                                                             r.features())
                            : std::nullopt;
   const ConfigPusher::AtRegistration config = config_pusher_.Register(
       *session, current_config, r.current_config_version(), start,
@@ -175,6 +176,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     }
     observer_->SessionStarted(session->identity(), config.running,
                               config.learned, pushed, r.autotune());
+    if (r.has_features()) observer_->Features(session->id(), r.features());
   }
   return response;
 }
@@ -352,8 +354,11 @@ absl::Status DaemonCore::Telemetry(const PeerCredentials& peer,
         **session, r.working_set(), PoolOf(**session).chunk_bytes());
     if (!kept.ok()) return kept;
   }
-  // A report of events alone leaves the stats as they were.
-  if (r.stats_size() > 0 || !r.has_events()) {
+  if (r.has_features() && observer_ != nullptr) {
+    observer_->Features(r.session_id(), r.features());
+  }
+  // A report of events or features alone leaves the stats as they were.
+  if (r.stats_size() > 0 || (!r.has_events() && !r.has_features())) {
     std::map<std::string, int64_t> stats(r.stats().begin(), r.stats().end());
     metrics_->Telemetry(r.session_id(), stats, r.config_version());
     if (observer_ != nullptr) {
@@ -385,7 +390,7 @@ absl::StatusOr<v1::LearnedConfigResponse> DaemonCore::LearnedConfig(
   if (!start.ok()) return start.status();
   std::optional<ConfigPusher::Learned> learned = observer_->LearnedConfigFor(
       {.uid = peer.uid, .tenant = *tenant, .job = r.job(), .initial_config = *start},
-      v1::AutotunePreferences());
+      v1::AutotunePreferences(), v1::JobFeatures());
   if (learned.has_value()) {
     response.set_config(learned->config);
     response.set_author(learned->author);

@@ -27,10 +27,13 @@ class SessionObserver {
   // config the job learned in an earlier run (the autotuner's
   // LearnedConfigs), or the node's prior, or its harmful config made safe
   // (server/autotune/start_config.h); nullopt: none. `preferences`: what
-  // the job asks for (its mode, its pinned keys). Called before
-  // SessionStarted, with the config fan-out lock held.
+  // the job asks for (its mode, its pinned keys); `features`: what its
+  // process said it does with CUDA memory when it registered (a config
+  // they break is never started on). Called before SessionStarted, with
+  // the config fan-out lock held.
   virtual std::optional<ConfigPusher::Learned> LearnedConfigFor(
-      const SessionIdentity& identity, const v1::AutotunePreferences& preferences) = 0;
+      const SessionIdentity& identity, const v1::AutotunePreferences& preferences,
+      const v1::JobFeatures& features) = 0;
   // A session registered; it runs `running` (its initial config as version
   // 0, or what a reconnecting client re-declared), was handed `learned`
   // (LearnedConfigFor's config, under its version: pushed to it, or what it
@@ -48,6 +51,9 @@ class SessionObserver {
   virtual void Stats(SessionId id, const std::map<std::string, int64_t>& stats,
                      uint64_t config_version) = 0;
   virtual void Oom(SessionId id, uint64_t config_version) = 0;
+  // What the session's process does with its CUDA memory, at registration
+  // and each time it starts doing more (only what it reported, never none).
+  virtual void Features(SessionId id, const v1::JobFeatures& features) = 0;
   // An ACK (applied) or NACK of a pushed version.
   virtual void Acked(SessionId id, uint64_t version, bool applied,
                      const std::string& error) = 0;

@@ -170,7 +170,8 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
                                      .gpu_uuid = Or(gpu_uuid),
                                      .initial_config = Or(initial_config),
                                      .description = Or(description),
-                                     .autotune = *std::move(preferences)});
+                                     .autotune = *std::move(preferences),
+                                     .features = allocd::StartFeatures()});
   if (!client.ok()) {
     Fail(std::string(client.status().message()));
     return nullptr;
@@ -260,6 +261,22 @@ int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,
 int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
                       const char* message) {
   c->session.ReportOom(requested_bytes, Or(message));
+  return 0;
+}
+
+int allocd_report_features(allocd_client* c, uint32_t features) {
+  constexpr uint32_t kKnown = ALLOCD_FEATURE_CUDA_IPC | ALLOCD_FEATURE_CUDA_GRAPHS |
+                              ALLOCD_FEATURE_MEM_POOL | ALLOCD_FEATURE_NCCL_REGISTRATION;
+  if ((features & ~kKnown) != 0) {
+    Fail("allocd_report_features: unknown feature bits");
+    return -1;
+  }
+  allocd::v1::JobFeatures f;
+  f.set_cuda_ipc((features & ALLOCD_FEATURE_CUDA_IPC) != 0);
+  f.set_cuda_graphs((features & ALLOCD_FEATURE_CUDA_GRAPHS) != 0);
+  f.set_mem_pool((features & ALLOCD_FEATURE_MEM_POOL) != 0);
+  f.set_nccl_registration((features & ALLOCD_FEATURE_NCCL_REGISTRATION) != 0);
+  c->client->PublishFeatures(f);
   return 0;
 }
 

@@ -146,6 +146,18 @@ ALLOCD_API int allocd_record_state(allocd_client* c, const uint64_t* segment_add
 ALLOCD_API int allocd_report_oom(allocd_client* c, uint64_t requested_bytes,
                                  const char* message);
 
+/* What the process does with its CUDA memory that an allocator config must
+ * not break (allocd.proto JobFeatures; docs/compatibility.md), as bits. */
+#define ALLOCD_FEATURE_CUDA_IPC 1u          /* a CUDA tensor went to another process */
+#define ALLOCD_FEATURE_CUDA_GRAPHS 2u       /* a CUDA graph was captured */
+#define ALLOCD_FEATURE_MEM_POOL 4u          /* a torch.cuda.MemPool was allocated from */
+#define ALLOCD_FEATURE_NCCL_REGISTRATION 8u /* NCCL registers the allocator's segments */
+/* The process uses `features` (ALLOCD_FEATURE_* bits) from now on: the ones
+ * it did not report yet go to the daemon at once, and its autotuner leaves
+ * out the configs that would break them. Any thread; cheap when nothing is
+ * new. Returns 0; -1 for bits it does not know. */
+ALLOCD_API int allocd_report_features(allocd_client* c, uint32_t features);
+
 #ifdef __cplusplus
 }
 

@@ -27,7 +27,9 @@
 //   process, with this library loaded too, opens the token with the daemon
 //   and maps the same chunks, which the daemon keeps until the owner freed
 //   them and every receiver closed them (cudaIpcCloseMemHandle). Any other
-//   handle or pointer is the runtime's.
+//   handle or pointer is the runtime's. Either way the process now shares
+//   CUDA memory, which its sessions report (JobFeatures.cuda_ipc): the
+//   daemon then never pushes it a config its consumers could not open.
 //
 // When the daemon cannot give memory the call fails as CUDA would
 // (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY), so PyTorch runs
@@ -351,6 +353,13 @@ class Interposer {
     const uint64_t address = reinterpret_cast<uint64_t>(ptr);
     {
       absl::MutexLock lock(&mu_);
+      // The job shares CUDA memory with another process: its daemon must
+      // know before it pushes a config its consumers could not open.
+      v1::JobFeatures shares;
+      shares.set_cuda_ipc(true);
+      for (auto& [device, session] : sessions_) {
+        if (session != nullptr) session->client->PublishFeatures(shares);
+      }
       for (auto& [device, session] : sessions_) {
         if (session == nullptr || !session->segments.contains(address)) {
           continue;
@@ -532,6 +541,7 @@ class Interposer {
              .started_on_learned = env->started_on_learned,
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
+             .features = StartFeatures(),
              .read_ahead_keep = env->read_ahead});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =

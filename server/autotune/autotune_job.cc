@@ -77,6 +77,7 @@ AutotuneJob::Taken AutotuneJob::Decided(AutotuneDecision& rec, const Decision& d
   rec.replay_seconds = d.replay_seconds;
   rec.candidates = d.candidates;
   rec.why = d.why;
+  rec.left_out = d.left_out;
   switch (d.result) {
     case Decision::Result::kSkip:
       rec.result = AutotuneResult::kSkipped;

@@ -64,6 +64,9 @@ inline constexpr int64_t kRolledBackForGood = std::numeric_limits<int64_t>::max(
 
 struct AutotuneJob {
   std::optional<JobPolicy> policy;
+  // What its sessions reported doing, the union: decisions leave out the
+  // configs that would break it.
+  JobFeatures features;
   std::vector<SessionId> sessions;  // oldest first
   // The session whose events the window holds: one session's stream is
   // decided on, never a merge of several.

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "allocator/trace/trace.h"
 #include "proto/protocol.h"
+#include "server/autotune/job_features.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
@@ -236,6 +237,9 @@ struct AutotuneDecision {
   std::vector<uint64_t> sessions;  // canary first
   uint64_t version = 0;            // config version pushed (0: none)
   std::string why;  // evidence and the gates that passed or failed, human-readable
+  // Candidates left out because PyTorch cannot run them with what the job
+  // does (Decision::left_out).
+  std::vector<LeftOutConfig> left_out;
 };
 
 // A job as the admin sees it (Autotuner::Status).
@@ -252,6 +256,7 @@ struct AutotuneJobStatus {
   // runs no optimizer and is decided on as aperiodic.
   bool marks_steps = false;
   uint64_t steps_marked = 0;
+  JobFeatures features;  // what its sessions reported doing (the union)
   AutotuneJobState state = AutotuneJobState::kWatching;
   std::optional<AutotuneDecision> last;
 };

@@ -169,6 +169,27 @@ class Autotuner::Impl {
     Notify(notify);
   }
 
+  void Features(SessionId id, const JobFeatures& features) {
+    absl::MutexLock lock(&mu_);
+    const AutotuneSession* session = jobs_.FindSession(id);
+    if (session == nullptr) return;
+    AutotuneJob& job = jobs_.Job(session->job);
+    job.features |= features;
+    // Features can appear after a push: one they break goes back, for good.
+    if (!job.acting) return;
+    const AutotuneDecision* pushed = job.FindDecision(job.acting->decision_id());
+    absl::StatusOr<AllocatorConfig> from =
+        ParseAllocatorConfig(pushed != nullptr ? pushed->from_config : "");
+    absl::StatusOr<AllocatorConfig> to = ParseAllocatorConfig(job.acting->pushed_config());
+    if (pushed == nullptr || !from.ok() || !to.ok()) return;
+    if (std::optional<std::string> why =
+            ConfigIncompatibility(job.features, *from, *to, /*live=*/true)) {
+      QueueRollBack(session->job, job,
+                    absl::StrCat("session ", id, " now uses ", FeatureNames(features), ": ",
+                                 *why));
+    }
+  }
+
   void Oom(SessionId id, uint64_t config_version) {
     absl::MutexLock lock(&mu_);
     const AutotuneSession* session = jobs_.FindSession(id);
@@ -581,6 +602,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     if (task.first_pass && session.reserved_peak > 0) {
       decide.realized_peak_reserved = session.reserved_peak;
     }
+    decide.features = job.features;
     in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger), task.first_pass,
                             decide.min_events, options_.first_pass_min_events);
   }
@@ -679,6 +701,7 @@ void Autotuner::Impl::QueueReview(const JobKey& name, AutotuneJob& job) {
   std::shared_ptr<PushReplayInput> input = job.TakeReview(decision_id);
   if (input == nullptr) return;
   input->policy = jobs_.PolicyOf(job);
+  input->features = job.features;
   QueueTask(AutotuneTask::Kind::kReview, name, decision_id, "", std::move(input));
 }
 
@@ -689,6 +712,7 @@ void Autotuner::Impl::Review(const AutotuneTask& task) {
   const PushReplayInput& in = *task.review;
   DecideOptions decide = DecideOptionsFor(options_);
   decide.switch_event = in.switch_event;
+  decide.features = in.features;
   const Decision d = ::allocd::Decide(in.trace, in.running, in.policy, decide);
   std::vector<AutotuneDecision> notify;
   {
@@ -864,6 +888,9 @@ void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::
   impl_->SessionStarted(id, job, config, config_version, tenant, marks_steps);
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
+void Autotuner::Features(SessionId id, const JobFeatures& features) {
+  impl_->Features(id, features);
+}
 void Autotuner::Events(SessionId id, const std::vector<EvidenceEvent>& events,
                        uint64_t dropped_before, const AllocatorSnapshot* state_after) {
   impl_->Events(id, events, dropped_before, state_after);

@@ -122,6 +122,10 @@ class Autotuner {
   // would have peaked lower.
   void StartedInstead(SessionId id, const std::string& own, const std::string& why);
   void SessionEnded(SessionId id);
+  // Session `id` does `features` (at registration, or since it last said):
+  // its job's decisions leave out what would break them, and a push under
+  // way that would is rolled back.
+  void Features(SessionId id, const JobFeatures& features);
   // Events in order; `dropped_before`: events the client had to drop just
   // before these. `state_after` (optional): the client's allocator right
   // after the last of them, what a decision replays a switch from.

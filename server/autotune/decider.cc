@@ -243,7 +243,19 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   tune.baseline = Candidate{running.config, running.memory_fraction};
   tune.live_start = LiveStart{running.config, running.memory_fraction, d.switch_event};
   tune.on_replay = options.on_replay;
-  absl::StatusOr<TuneReport> report = Tune(window, JobSpace(running, policy), tune);
+  SearchSpace space = JobSpace(running, policy);
+  // A key the job's features rule out is not searched: the budget goes to
+  // configs that can be pushed. (Each candidate is checked again below.)
+  if (!running.config.expandable_segments) {
+    AllocatorConfig expandable = running.config;
+    expandable.expandable_segments = true;
+    if (std::optional<std::string> why = ConfigIncompatibility(
+            options.features, running.config, expandable, /*live=*/true)) {
+      space.expandable_segments = {false};
+      d.left_out.push_back(LeftOutConfig{"expandable_segments:True", *std::move(why)});
+    }
+  }
+  absl::StatusOr<TuneReport> report = Tune(window, space, tune);
   if (!report.ok()) {
     return finish(Decision::Result::kSkip,
                   absl::StrCat(evidence, "; the search failed: ", report.status().message()));
@@ -254,10 +266,18 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
 
   // The candidates that pass every gate, best first; the better ones that
   // failed are counted by gate.
-  int pinned = 0, fraction = 0, oom = 0, retries = 0, calls = 0, invalid = 0;
+  int pinned = 0, fraction = 0, oom = 0, retries = 0, calls = 0, invalid = 0, breaks = 0;
   const auto failed_gate = [&](const Evaluation& e) -> int* {
     const ReplaySummary& r = e.replay;
     if (BreaksPin(e.candidate, running, policy) != nullptr) return &pinned;
+    if (std::optional<std::string> why = ConfigIncompatibility(
+            options.features, running.config, e.candidate.config, /*live=*/true)) {
+      std::string config = ConfName(LiveConfigString(e.candidate.config, running.config));
+      if (absl::c_none_of(d.left_out, [&](const LeftOutConfig& l) { return l.config == config; })) {
+        d.left_out.push_back(LeftOutConfig{std::move(config), *std::move(why)});
+      }
+      return &breaks;
+    }
     if (e.candidate.memory_fraction && !policy.allow_memory_fraction) return &fraction;
     if (r.num_ooms > 0) return &oom;
     if (r.num_alloc_retries > stayed.num_alloc_retries) return &retries;
@@ -285,10 +305,21 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
        {std::pair{pinned, "change a pinned key"}, std::pair{fraction, "need a memory fraction"},
         std::pair{oom, "run out of memory"}, std::pair{retries, "flush the cache more often"},
         std::pair{calls, "make too many device calls"},
-        std::pair{invalid, "are rejected by PyTorch"}}) {
+        std::pair{invalid, "are rejected by PyTorch"},
+        std::pair{breaks, "would break what the job does"}}) {
     if (count > 0) absl::StrAppend(&gates, gates.empty() ? "" : ", ", count, " ", what);
   }
   if (!gates.empty()) gates = absl::StrCat("; better candidates that ", gates, " were left out");
+  if (!d.left_out.empty()) {
+    // Each config and its reason are in `left_out`; the text names the first.
+    absl::StrAppend(&gates, "; left out for what the job does (", FeatureNames(options.features),
+                    "): ", d.left_out.front().config, " (", d.left_out.front().why, ")",
+                    d.left_out.size() > 1
+                        ? absl::StrFormat(" and %d more configs", d.left_out.size() - 1)
+                        : "");
+  }
+
+
   absl::StrAppend(&evidence, absl::StrFormat("; %d candidates replayed", d.candidates), gates);
   if (best == nullptr) {
     return finish(Decision::Result::kKeep,

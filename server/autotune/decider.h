@@ -20,7 +20,9 @@
 // OOM, no more cache flushes (alloc retries), and at most
 // max_call_ratio times the device calls of switching to the job's own config
 // (the empty cache makes every switch rebuild the cache once; staying makes
-// almost no calls in a steady state, so it is no measure of churn). Then
+// almost no calls in a steady state, so it is no measure of churn), and
+// nothing PyTorch cannot combine with what the job does (compatibility.h:
+// such candidates are listed in `left_out` with the reason). Then
 // the proposal's rollback is predicted (rollback_model.h): a push whose
 // rollback would leave the job above staying by more than the push is
 // predicted to save is made only when that is unlikely enough, measured by
@@ -47,6 +49,7 @@
 #include "allocator/config.h"
 #include "allocator/trace/trace.h"
 #include "server/autotune/autotune_types.h"
+#include "server/autotune/compatibility.h"
 #include "tuner/candidate.h"
 #include "tuner/evaluator.h"
 
@@ -100,6 +103,10 @@ struct DecideOptions {
   std::optional<uint64_t> device_room;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
+  // What the job's processes do: a candidate that ConfigIncompatibility
+  // refuses for them, switched to live, is left out (Decision::left_out),
+  // expandable segments from the search itself.
+  JobFeatures features;
 };
 
 // What the job runs now.
@@ -137,6 +144,10 @@ struct Decision {
   size_t candidates = 0;
   double replay_seconds = 0;
   std::string why;
+  // What would break the job (DecideOptions::features), each once: a key
+  // left out of the search ("expandable_segments:True"), then candidates
+  // replayed that the search could not be narrowed to leave out.
+  std::vector<LeftOutConfig> left_out;
 };
 
 Decision Decide(const Trace& window, const RunningConfig& running, const JobPolicy& policy,

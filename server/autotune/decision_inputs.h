@@ -133,6 +133,7 @@ struct PushReplayInput {
   std::optional<uint64_t> first_mark_after;  // SwitchTrace's
   RunningConfig running;
   JobPolicy policy;
+  JobFeatures features;  // the job's: the review's candidates must not break it
   AllocatorConfig pushed;
 };
 // `window` switched at `pushed_at` from `from`, which it runs before.

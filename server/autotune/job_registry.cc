@@ -138,6 +138,7 @@ std::vector<AutotuneJobStatus> JobRegistry::Status() const {
   std::vector<AutotuneJobStatus> out;
   for (const auto& [name, job] : jobs_) {
     AutotuneJobStatus s;
+    s.features = job.features;
     s.job = name.job;
     s.tenant = name.tenant;
     s.policy = PolicyOf(job);

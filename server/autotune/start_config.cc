@@ -141,15 +141,24 @@ StartConfig ChooseStartConfig(const std::string& own,
     vetoes = absl::StrCat("; the node's prior ", prior->config, " was left out: ", why_not);
   }
   if (!harmful) return {.config = own, .why = vetoes.empty() ? "" : vetoes.substr(2)};
-  const std::string safer = FormatAllocatorConfig(SaferStartConfig(*parsed));
+  std::string safer = FormatAllocatorConfig(SaferStartConfig(*parsed));
   if (const std::string why_not = vetoed(safer); !why_not.empty()) {
-    return {.config = own,
-            .why = absl::StrCat("kept ", ConfName(own), " although it is known to be harmful: ",
-                                safer, " would break the job (", why_not, ")", vetoes)};
+    // Without expandable segments (what the job's process cannot combine
+    // them with, e.g. CUDA IPC to another uid), the split size alone.
+    AllocatorConfig split = *parsed;
+    split.max_split_size = AllocatorConfig{}.max_split_size;
+    absl::StrAppend(&vetoes, "; ", safer, " was left out: ", why_not);
+    safer = FormatAllocatorConfig(split);
+    if (const std::string also = vetoed(safer); !also.empty()) {
+      return {.config = own,
+              .why = absl::StrCat("kept ", ConfName(own), " although it is known to be harmful: ",
+                                  ConfName(safer), " would break the job too (", also, ")",
+                                  vetoes)};
+    }
   }
   return {.config = safer,
           .source = StartConfigSource::kReplaced,
-          .why = absl::StrCat("started on ", safer, harm, " (no prior: fewer than ",
+          .why = absl::StrCat("started on ", ConfName(safer), harm, " (no prior: fewer than ",
                               kPriorMinJobs, " learned configs agree)", vetoes)};
 }
 

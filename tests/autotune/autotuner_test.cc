@@ -476,6 +476,53 @@ TEST(AutotunerTest, ANackRollsBackAndTheConfigIsNotProposedAgain) {
   EXPECT_EQ(actions.pushes().size(), 2u);
 }
 
+// A job's features reach its decisions: one whose session shares CUDA
+// tensors is never pushed expandable segments, and the decision says so.
+TEST(AutotunerTest, ADecisionLeavesOutWhatTheJobsFeaturesBreak) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  tuner.SessionStarted(2, "llama", "max_split_size_mb:64", 1);
+  JobFeatures shares;
+  shares.cuda_ipc = true;
+  tuner.Features(2, shares);  // another session's: the job's all the same
+  FeedAll(tuner, 1);
+  const AutotuneDecision d = tuner.History("llama", 1).at(0);
+  ASSERT_FALSE(d.left_out.empty()) << d.why;
+  EXPECT_EQ(d.left_out[0].config, "expandable_segments:True");
+  EXPECT_NE(d.why.find("pidfd_getfd"), std::string::npos) << d.why;
+  for (const FakeActions::Push& push : actions.pushes()) {
+    EXPECT_FALSE(ParseAllocatorConfig(push.config)->expandable_segments) << push.config;
+  }
+  EXPECT_TRUE(tuner.Status()[0].features.cuda_ipc);
+}
+
+// A feature can appear after the push: a push it breaks is rolled back for
+// good; one it does not break stays.
+TEST(AutotunerTest, APushAFeatureReportedLaterBreaksIsRolledBack) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToCanary(tuner, actions);
+  ASSERT_TRUE(ParseAllocatorConfig(d.to_config)->expandable_segments) << d.to_config;
+  tuner.Acked(1, d.version, true, "");
+  JobFeatures graphs;
+  graphs.cuda_graphs = true;
+  tuner.Features(1, graphs);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  JobFeatures shares;
+  shares.cuda_ipc = true;
+  tuner.Features(2, shares);
+  tuner.WaitIdle();
+  ASSERT_EQ(actions.pushes().size(), 2u);
+  EXPECT_EQ(actions.pushes()[1].kind, "rollback");
+  const AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.result, AutotuneResult::kRolledBack);
+  EXPECT_NE(after.why.find("session 2 now uses cuda_ipc"), std::string::npos) << after.why;
+}
+
 TEST(AutotunerTest, AnOomUnderThePushedVersionRollsBack) {
   FakeClock clock;
   FakeActions actions;

@@ -172,6 +172,44 @@ TEST(DecideTest, PinnedKeysKeepTheJobsValue) {
   }
 }
 
+// llama_lora from max_split_size_mb:64 is proposed expandable segments
+// (above); a job that shares its CUDA tensors must not get them, and the
+// decision names what it left out.
+TEST(DecideTest, AJobThatSharesCudaTensorsIsNeverPushedExpandableSegments) {
+  const RunningConfig running = Running("max_split_size_mb:64");
+  const Decision free_to = Decide(LlamaLora(), running, JobPolicy{}, Options());
+  ASSERT_EQ(free_to.result, Decision::Result::kPropose) << free_to.why;
+  ASSERT_TRUE(free_to.to.config.expandable_segments) << free_to.to_config;
+  EXPECT_TRUE(free_to.left_out.empty());
+
+  DecideOptions options = Options();
+  options.features.cuda_ipc = true;
+  const Decision d = Decide(LlamaLora(), running, JobPolicy{}, options);
+  ASSERT_NE(d.result, Decision::Result::kSkip) << d.why;
+  if (d.result == Decision::Result::kPropose) {
+    EXPECT_FALSE(d.to.config.expandable_segments) << d.to_config;
+  }
+  ASSERT_FALSE(d.left_out.empty()) << d.why;
+  for (const LeftOutConfig& l : d.left_out) {
+    EXPECT_NE(l.config.find("expandable_segments:True"), std::string::npos) << l.config;
+    EXPECT_NE(l.why.find("pidfd_getfd"), std::string::npos) << l.why;
+  }
+  EXPECT_NE(d.why.find("left out for what the job does (cuda_ipc)"), std::string::npos) << d.why;
+  EXPECT_NE(d.why.find(d.left_out.front().config), std::string::npos) << d.why;
+}
+
+// A job started on expandable segments shares what its consumers already
+// open: nothing is left out for it.
+TEST(DecideTest, AJobAlreadyOnExpandableSegmentsLeavesNothingOutForSharing) {
+  DecideOptions options = Options();
+  options.features.cuda_ipc = true;
+  const Decision d =
+      Decide(LlamaLora(), Running("expandable_segments:True,max_split_size_mb:64"), JobPolicy{},
+             options);
+  ASSERT_NE(d.result, Decision::Result::kSkip) << d.why;
+  EXPECT_TRUE(d.left_out.empty()) << d.left_out.front().config;
+}
+
 TEST(DecideTest, AMemoryFractionOnlyWhenTheJobAllowsIt) {
   const RunningConfig running = Running("max_split_size_mb:64");
   DecideOptions options = Options();

@@ -138,13 +138,20 @@ TEST(StartConfigTest, AVetoedReplacementFallsBack) {
     return c.expandable_segments ? std::string("it shares CUDA tensors with another uid")
                                  : std::string();
   };
-  // The prior is vetoed and so is the safe config: the job keeps its own.
-  const StartConfig kept = ChooseStartConfig(
+  // The prior is vetoed and so is the safe config: the job's own without
+  // its harmful split size (PyTorch's defaults here), saying why.
+  const StartConfig split = ChooseStartConfig(
       own, std::nullopt, Prior{.config = Canonical("expandable_segments:True"), .jobs = 3},
       no_expandable);
+  EXPECT_EQ(split.source, StartConfigSource::kReplaced);
+  EXPECT_EQ(split.config, "");
+  EXPECT_NE(split.why.find("another uid"), std::string::npos) << split.why;
+  // Vetoed too: the job keeps its own.
+  const StartConfigVeto nothing = [](const AllocatorConfig&) { return std::string("no"); };
+  const StartConfig kept = ChooseStartConfig(own, std::nullopt, std::nullopt, nothing);
   EXPECT_EQ(kept.source, StartConfigSource::kOwn);
   EXPECT_EQ(kept.config, own);
-  EXPECT_NE(kept.why.find("another uid"), std::string::npos) << kept.why;
+  EXPECT_NE(kept.why.find("known to be harmful"), std::string::npos) << kept.why;
   // A prior the veto allows is taken.
   EXPECT_EQ(ChooseStartConfig(own, std::nullopt,
                               Prior{.config = Canonical("max_split_size_mb:512"), .jobs = 3},
@@ -155,10 +162,16 @@ TEST(StartConfigTest, AVetoedReplacementFallsBack) {
 
 TEST(StartConfigTest, AKeyTheJobPinnedIsNeverReplaced) {
   const std::string own = Canonical("max_split_size_mb:64");
+  // Pinned expandable_segments: only the split size goes.
   const StartConfig kept = ChooseStartConfig(own, std::nullopt, std::nullopt,
                                              KeepsPinnedKeys(own, {"expandable_segments"}));
-  EXPECT_EQ(kept.config, own);
+  EXPECT_EQ(kept.config, "");
   EXPECT_NE(kept.why.find("the job pinned expandable_segments"), std::string::npos) << kept.why;
+  // Pinned both: its own, harmful as it is.
+  EXPECT_EQ(ChooseStartConfig(own, std::nullopt, std::nullopt,
+                              KeepsPinnedKeys(own, {"expandable_segments", "max_split_size_mb"}))
+                .config,
+            own);
   // Pinning another key leaves the replacement free.
   EXPECT_EQ(ChooseStartConfig(own, std::nullopt, std::nullopt,
                               KeepsPinnedKeys(own, {"roundup_power2_divisions"}))

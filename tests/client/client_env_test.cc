@@ -16,7 +16,7 @@ constexpr const char* kVariables[] = {
     env::kSocket,           env::kJob,          env::kAutotune,
     env::kAutostart,        env::kReadAheadMs,  env::kHandoverMs,
     env::kClientCreates,    env::kInitialAllocConf,
-    env::kLearnedAllocConf, env::kPytorchCudaAllocConf};
+    env::kLearnedAllocConf, env::kPytorchCudaAllocConf, env::kTorchNcclRegisterHook};
 
 class ClientEnvTest : public ::testing::Test {
  protected:
@@ -100,6 +100,20 @@ TEST_F(ClientEnvTest, AValueAVariableCannotHaveIsRefusedByName) {
   setenv(env::kClientCreates, "yes", 1);
   EXPECT_THAT(ClientEnv::FromEnvironment().status().message(),
               HasSubstr("ALLOCD_CLIENT_CREATES must be 1"));
+}
+
+// PyTorch reads its NCCL hook variable with getCvarBool: any of its true
+// spellings turns the registration on, anything else leaves it off.
+TEST_F(ClientEnvTest, NcclRegistrationIsPyTorchsReadingOfItsHookVariable) {
+  EXPECT_FALSE(NcclRegistersSegments());
+  for (const char* on : {"1", "true", "TRUE", "y", "yes", "on", "t"}) {
+    setenv(env::kTorchNcclRegisterHook, on, 1);
+    EXPECT_TRUE(NcclRegistersSegments()) << on;
+  }
+  for (const char* off : {"0", "false", "", "no"}) {
+    setenv(env::kTorchNcclRegisterHook, off, 1);
+    EXPECT_FALSE(NcclRegistersSegments()) << off;
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 namespace allocd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kLearned[] = "expandable_segments:True";
@@ -418,6 +419,33 @@ TEST(DaemonAutotuneStartTest, AHarmfulStartIsReplacedAndANewJobStartsOnThePrior)
   EXPECT_FALSE(daemon.core.LearnedConfig(peer, ask).ok());
 }
 
+// A process that says at registration what it does with CUDA memory is
+// never started on a config that would break it: with CUDA IPC (a consumer
+// of another uid cannot pidfd_getfd it), no expandable segments; its
+// harmful split size still goes.
+TEST(DaemonAutotuneStartTest, AStartTheJobsFeaturesWouldBreakIsLeftOut) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  v1::RegisterRequest r;
+  r.set_protocol_version(1);
+  r.set_job("shares");
+  r.set_initial_config("max_split_size_mb:64");
+  r.mutable_features()->set_cuda_ipc(true);
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  absl::StatusOr<v1::RegisterResponse> response = daemon.core.Register(peer, r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      daemon.core.Watch(peer, response->session_id(), response->session_secret());
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ControlMessage m;
+  ASSERT_TRUE((*session)->WaitNext(&m, absl::ZeroDuration()));
+  EXPECT_EQ(m.config().config().config(), "");
+  EXPECT_THAT(m.config().reason(), AllOf(HasSubstr("instead of max_split_size_mb:64"),
+                                         HasSubstr("expandable_segments:True was left out")));
+  // The same job without the feature is started on expandable segments.
+  EXPECT_EQ(daemon.Register(1001, "plain").pushed.at(0).first, kLearned);
+}
+
 // Learned configs imported from the ConfigMap (the config file's job
 // configs) count toward the node's prior.
 TEST(DaemonAutotuneStartTest, ConfigsImportedFromTheConfigMapCountTowardThePrior) {
@@ -430,6 +458,69 @@ TEST(DaemonAutotuneStartTest, ConfigsImportedFromTheConfigMapCountTowardThePrior
   ASSERT_EQ(registered.pushed.size(), 1u);
   EXPECT_EQ(registered.pushed[0].first, "roundup_power2_divisions:4");
   EXPECT_THAT(registered.pushed[0].second, HasSubstr("3 jobs of the node agree"));
+}
+
+// What a session's process does with its CUDA memory (JobFeatures), said at
+// registration and later in its telemetry, is its job's from then on: what
+// decides the configs the job's decisions leave out.
+TEST(DaemonAutotuneFeaturesTest, WhatSessionsReportIsTheirJobsFromThenOn) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kRecommend);
+  const auto features_of = [&](const std::string& job) {
+    const v1::AutotuneStatusResponse status = daemon.autotune.Status();
+    for (const v1::AutotuneJob& j : status.jobs()) {
+      if (j.job() == job) return j.features();
+    }
+    ADD_FAILURE() << "no job " << job;
+    return v1::JobFeatures();
+  };
+  v1::RegisterRequest r;
+  r.set_protocol_version(1);
+  r.set_job("ddp");
+  r.mutable_features()->set_nccl_registration(true);
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  absl::StatusOr<v1::RegisterResponse> first = daemon.core.Register(peer, r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(features_of("ddp").nccl_registration());
+  EXPECT_FALSE(features_of("ddp").cuda_ipc());
+
+  const TestDaemon::Registered second = daemon.Register(1001, "ddp");
+  v1::TelemetryReport report;
+  report.set_session_id(second.id);
+  report.set_session_secret(second.secret);
+  report.mutable_features()->set_cuda_ipc(true);
+  ASSERT_TRUE(daemon.core.Telemetry(peer, report).ok());
+  EXPECT_TRUE(features_of("ddp").cuda_ipc());
+  EXPECT_TRUE(features_of("ddp").nccl_registration());
+  // Another job's are its own.
+  daemon.Register(1001, "other");
+  EXPECT_FALSE(features_of("other").cuda_ipc());
+}
+
+// A learned config that a feature seen only after it was kept would break
+// is forgotten: the job's next run starts on its own config.
+TEST(DaemonAutotuneFeaturesTest, ALearnedConfigTheJobsFeaturesBreakIsForgotten) {
+  LearnedConfigs learned;
+  ASSERT_TRUE(learned
+                  .Record({"uid:1001", "loader"},
+                          {.config = kLearned, .from_config = "max_split_size_mb:64",
+                           .decision_id = 7})
+                  .ok());
+  TestDaemon daemon(&learned);
+  const TestDaemon::Registered run = daemon.Register(1001, "loader");
+  ASSERT_EQ(run.pushed.size(), 1u);  // started on it
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  v1::TelemetryReport graphs;
+  graphs.set_session_id(run.id);
+  graphs.set_session_secret(run.secret);
+  graphs.mutable_features()->set_cuda_graphs(true);
+  ASSERT_TRUE(daemon.core.Telemetry(peer, graphs).ok());
+  EXPECT_TRUE(learned.Find({"uid:1001", "loader"}).has_value());  // graphs run it
+  v1::TelemetryReport shares = graphs;
+  shares.mutable_features()->set_cuda_ipc(true);
+  ASSERT_TRUE(daemon.core.Telemetry(peer, shares).ok());
+  EXPECT_FALSE(learned.Find({"uid:1001", "loader"}).has_value());
+  EXPECT_TRUE(daemon.Register(1001, "loader").pushed.empty());
 }
 
 }  // namespace allocd

@@ -31,7 +31,8 @@ class DaemonCoreTest : public ::testing::Test {
 class RecordingObserver : public SessionObserver {
  public:
   std::optional<ConfigPusher::Learned> LearnedConfigFor(const SessionIdentity&,
-                                                        const v1::AutotunePreferences&) override {
+                                                        const v1::AutotunePreferences&,
+                                                        const v1::JobFeatures&) override {
     return std::nullopt;
   }
   void SessionStarted(const SessionIdentity& identity, const AppliedConfig& running,
@@ -49,6 +50,9 @@ class RecordingObserver : public SessionObserver {
     stats += s.size();
   }
   void Oom(SessionId, uint64_t version) override { ooms.push_back(version); }
+  void Features(SessionId id, const v1::JobFeatures& f) override {
+    features.push_back({id, f.SerializeAsString()});
+  }
   void Acked(SessionId, uint64_t version, bool applied, const std::string&) override {
     acks.push_back({version, applied});
   }
@@ -65,6 +69,7 @@ class RecordingObserver : public SessionObserver {
   size_t stats = 0;
   std::vector<uint64_t> ooms;
   std::vector<std::pair<uint64_t, bool>> acks;
+  std::vector<std::pair<SessionId, std::string>> features;  // serialized
 };
 
 class DaemonCoreObserverTest : public DaemonCoreTest {
@@ -155,6 +160,40 @@ TEST_F(DaemonCoreObserverTest, ReportsWhatSessionsSayAndNothingElse) {
 
   core_.EndSession(id, "test");
   EXPECT_EQ(observer_.ended, std::vector<SessionId>{id});
+}
+
+// A client says what its process does with its CUDA memory at registration
+// and again when it starts doing more; a report of features alone leaves
+// the stats be.
+TEST_F(DaemonCoreObserverTest, FeaturesReachTheObserverAtRegistrationAndLater) {
+  v1::RegisterRequest r;
+  r.set_protocol_version(1);
+  r.set_job("llama");
+  r.mutable_features()->set_nccl_registration(true);
+  absl::StatusOr<v1::RegisterResponse> registered = core_.Register(kPeer, r);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const SessionId id = registered->session_id();
+  ASSERT_EQ(observer_.features.size(), 1u);
+  v1::JobFeatures first;
+  ASSERT_TRUE(first.ParseFromString(observer_.features[0].second));
+  EXPECT_EQ(observer_.features[0].first, id);
+  EXPECT_TRUE(first.nccl_registration());
+  EXPECT_FALSE(first.cuda_ipc());
+
+  v1::TelemetryReport report;
+  report.set_session_id(id);
+  report.set_session_secret(registered->session_secret());
+  report.mutable_features()->set_cuda_ipc(true);
+  ASSERT_TRUE(core_.Telemetry(kPeer, report).ok());
+  ASSERT_EQ(observer_.features.size(), 2u);
+  v1::JobFeatures later;
+  ASSERT_TRUE(later.ParseFromString(observer_.features[1].second));
+  EXPECT_TRUE(later.cuda_ipc());
+  EXPECT_EQ(observer_.stats, 0u);
+
+  // A client that reports none is not said to.
+  Register();
+  EXPECT_EQ(observer_.features.size(), 2u);
 }
 
 TEST_F(DaemonCoreObserverTest, AReconnectingClientsConfigIsAdoptedNotPushedAgain) {

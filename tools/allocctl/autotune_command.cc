@@ -80,6 +80,22 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
                   ? ""
                   : absl::StrCat("; pushed as v", d.version()).c_str());
   if (!d.why().empty()) std::printf("%s  why: %s\n", indent, d.why().c_str());
+  for (const v1::LeftOutConfig& l : d.left_out()) {
+    std::printf("%s  left out: %s: %s\n", indent, l.config().c_str(), l.why().c_str());
+  }
+}
+
+// What a job's sessions said they do (JobFeatures), comma-separated; "" for
+// none.
+std::string FeatureNames(const v1::JobFeatures& f) {
+  std::string names;
+  for (const auto& [on, name] : {std::pair{f.cuda_ipc(), "cuda_ipc"},
+                                 std::pair{f.cuda_graphs(), "cuda_graphs"},
+                                 std::pair{f.mem_pool(), "mem_pool"},
+                                 std::pair{f.nccl_registration(), "nccl_registration"}}) {
+    if (on) absl::StrAppend(&names, names.empty() ? "" : ",", name);
+  }
+  return names;
 }
 
 void PrintLearned(const v1::AutotuneLearnedResponse& r) {
@@ -148,6 +164,10 @@ void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
                 static_cast<unsigned long long>(j.window_events()),
                 static_cast<unsigned long long>(j.dropped_events()), steps.c_str(),
                 pinned.empty() ? "-" : pinned.c_str());
+    if (const std::string features = FeatureNames(j.features()); !features.empty()) {
+      std::printf("    uses %s: configs PyTorch cannot run with them are not pushed\n",
+                  features.c_str());
+    }
     if (j.has_last()) PrintDecision(j.last(), "    ");
   }
 }

@@ -256,6 +256,12 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
     autotune_mode: "off", "recommend" or "apply" for this job, unless an admin
         set its mode (default: the daemon's).
 
+    What the job does that a config must not break (CUDA tensors shared with
+    other processes, CUDA graphs, torch.cuda.MemPool, NCCL-registered
+    segments) is reported to the daemon as it first happens, and its
+    autotuner never pushes a config PyTorch cannot run with it; pushes are
+    applied between CUDA graph captures (docs/compatibility.md).
+
     Returns True when connected. Calling it again is a no-op.
     """
     if _state.advisor is not None:

@@ -9,7 +9,9 @@ gone (SecondRelease), ACKs or NACKs each push, empties the cache when the
 daemon asks for memory back on behalf of another process, and publishes
 ``torch.cuda.memory_stats()``. What stays here is what must be Python:
 PyTorch's side of that (the allocator target's three functions), the hooks
-into PyTorch (step marks, OOMs), and the allocation stream
+into PyTorch (step marks, OOMs, and what the process does that a config
+must not break: _features.py, whose capture guard keeps pushes out of CUDA
+graph captures), and the allocation stream
 (_event_stream.py). advise() runs it on a session of its own (``connect``),
 transparent mode on the interposer's session.
 """
@@ -23,6 +25,7 @@ import weakref
 
 from ._bindings import AllocdUnavailable, Target, load_client
 from ._event_stream import EventStream, event_reader, start_state
+from ._features import FeatureHooks
 from ._history import HistoryReader
 
 
@@ -129,6 +132,7 @@ class Advisor:
         self.busy_seconds = 0.0
         self.steps_marked = 0
         self._step_hook = None
+        self._feature_hooks = None
         self._target = self._allocator_target()
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
@@ -137,6 +141,9 @@ class Advisor:
     def start(self):
         self._attach_oom_observer()
         self._attach_step_hook()
+        self._feature_hooks = FeatureHooks(
+            self._torch, lambda bits: self._lib.allocd_report_features(self._client, bits),
+            self._lock).attach()
         self._thread.start()
         self._control_thread.start()
 
@@ -146,6 +153,8 @@ class Advisor:
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
+        if self._feature_hooks is not None:
+            self._feature_hooks.remove()
         for thread in (self._thread, self._control_thread):
             if thread.is_alive():
                 thread.join()
@@ -274,6 +283,10 @@ class Advisor:
         marker = []  # a weak reference to the optimizer whose steps are marked
 
         def hook(optimizer, _args, _kwargs):
+            # A step captured into a CUDA graph is no step the job runs now,
+            # and the second release it may bring cannot be made in a capture.
+            if self._feature_hooks is not None and self._feature_hooks.capturing:
+                return
             if not marker:
                 marker.append(weakref.ref(optimizer))
             if marker[0]() is optimizer:
