@@ -21,10 +21,15 @@
 namespace {
 
 // The config the process started with, as the applier checks pushes
-// against it. One the parser does not know (a PyTorch other than the one
-// it follows took it) counts as the default: the native backend.
+// against it and stats() names it: the one the daemon named before PyTorch
+// read its config (its learned config, the node's prior) when it started
+// on that, else its own. One the parser does not know (a PyTorch other
+// than the one it follows took it) counts as the default: the native
+// backend.
 allocd::AllocatorConfig StartingConfig(const allocd::DaemonClient& client) {
-  return allocd::ParseAllocatorConfig(client.options().initial_config)
+  const allocd::DaemonClientOptions& o = client.options();
+  return allocd::ParseAllocatorConfig(o.started_on_learned.empty() ? o.initial_config
+                                                                   : o.started_on_learned)
       .value_or(allocd::AllocatorConfig{});
 }
 
