@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "allocd.pb.h"
+#include "client/client_env.h"
 #include "proto/protocol.h"
 
 namespace allocd {
@@ -42,10 +43,22 @@ struct DaemonClientOptions {
   // What the job lets the autotuner do (pinned keys, memory fraction, a
   // mode of its own).
   v1::AutotunePreferences autotune;
+  // The process's place in a job of several (RankOf): unset for a
+  // process of its own.
+  v1::JobRank rank;
   // How long a grant read ahead is kept for the next Acquire of its size
   // (GrantReadAhead); zero: nothing is read ahead.
   absl::Duration read_ahead_keep = absl::ZeroDuration();
 };
+
+// The rank `env` says the process is, as DaemonClientOptions::rank.
+inline v1::JobRank RankOf(const ClientEnv& env) {
+  v1::JobRank r;
+  r.set_run_id(env.run_id);
+  r.set_rank(env.rank);
+  r.set_world_size(env.world_size);
+  return r;
+}
 
 }  // namespace allocd
 

@@ -122,6 +122,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
     request.set_started_on_learned(true);
   }
   *request.mutable_autotune() = o.autotune;
+  *request.mutable_rank() = o.rank;
   v1::RegisterResponse response;
   if (grpc::Status s = c->stub->Register(&context, request, &response);
       !s.ok()) {

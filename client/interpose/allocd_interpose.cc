@@ -532,6 +532,7 @@ class Interposer {
              .started_on_learned = env->started_on_learned,
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
+             .rank = RankOf(*env),
              .read_ahead_keep = env->read_ahead});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
