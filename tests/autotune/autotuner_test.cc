@@ -1550,7 +1550,8 @@ TEST(AutotunerTest, ARunsPushReachesEveryRankAfterTheCanarysFirstStepAndRollsBac
   EXPECT_EQ(*ParseAllocatorConfig(pushes[2].config), *ParseAllocatorConfig("max_split_size_mb:64"));
   after = tuner.History("llama", 1)[0];
   EXPECT_EQ(after.result, AutotuneResult::kRolledBack);
-  for (const AutotuneRankStatus& rank : tuner.Status()[0].ranks) {
+  const std::vector<AutotuneJobStatus> rolled_back = tuner.Status();
+  for (const AutotuneRankStatus& rank : rolled_back[0].ranks) {
     EXPECT_EQ(*ParseAllocatorConfig(rank.config), *ParseAllocatorConfig("max_split_size_mb:64"))
         << rank.session;
   }
