@@ -411,8 +411,10 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     for (const AutotuneRankStatus& rank : s.ranks) {
       v1::AutotuneRank* out = job->add_ranks();
       out->set_session_id(rank.session);
-      out->set_rank(rank.rank);
-      out->set_world_size(rank.world_size);
+      if (rank.world_size > 0) {
+        out->set_rank(rank.rank);
+        out->set_world_size(rank.world_size);
+      }
       out->set_config(rank.config);
       out->set_config_version(rank.config_version);
       out->set_canary(rank.canary);

@@ -368,7 +368,9 @@ TEST(DaemonAutotuneRanksTest, TheRanksOfARunAreOneJobWhateverTheirLabels) {
   EXPECT_EQ(status.jobs(0).run_id(), "");
   EXPECT_EQ(status.jobs(1).run_id(), "r1");
   ASSERT_EQ(status.jobs(1).ranks_size(), 2);
+  EXPECT_TRUE(status.jobs(1).ranks(0).has_rank());
   EXPECT_EQ(status.jobs(1).ranks(0).rank(), 0u);
+  EXPECT_FALSE(status.jobs(0).ranks(0).has_rank());  // no rank reported
   EXPECT_EQ(status.jobs(1).ranks(0).session_id(), rank0.id);
   EXPECT_EQ(status.jobs(1).ranks(1).session_id(), rank1.id);
   EXPECT_EQ(status.jobs(1).ranks(1).world_size(), 2u);
