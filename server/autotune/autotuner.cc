@@ -73,10 +73,12 @@ class Autotuner::Impl {
   }
 
   void SessionStarted(SessionId id, const std::string& job_name, const std::string& config,
-                      uint64_t config_version, const TenantId& tenant, bool marks_steps) {
+                      uint64_t config_version, const TenantId& tenant, bool marks_steps,
+                      const SessionRank& rank) {
     absl::MutexLock lock(&mu_);
-    AutotuneJob* job = jobs_.AddSession(id, {.tenant = tenant, .job = job_name}, config,
-                                        config_version, marks_steps);
+    AutotuneJob* job =
+        jobs_.AddSession(id, {.tenant = tenant, .job = job_name, .run = rank.run}, config,
+                         config_version, marks_steps, rank);
     if (job == nullptr) return;
     absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
     if (parsed.ok() && IsHarmfulStartConfig(*parsed)) {
@@ -120,6 +122,7 @@ class Autotuner::Impl {
       job.acting->SawRequested(job.window->peak_held_requested_bytes());
       job.acting->UpdatePredictionAtNeed(job.FindDecision(job.acting->decision_id()));
       MaybeRepredict(session->job, job);
+      Act(session->job, job, job.acting->Stepped(job.Stream()));
     }
     // A long job's push is reviewed on half a window of events after it,
     // before the window lets it go.
@@ -658,6 +661,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     rec.at = Now();
     rec.job = task.job.job;
     rec.tenant = task.job.tenant;
+    rec.run = task.job.run;
     rec.trigger = task.trigger;
     rec.window_events = in.trace.events.size();
     taken = job.Decided(rec, d, running, in.max_requested, jobs_.ModeOf(job), options_, Now());
@@ -884,8 +888,8 @@ Autotuner::~Autotuner() = default;
 
 void Autotuner::SessionStarted(SessionId id, const std::string& job, const std::string& config,
                                uint64_t config_version, const TenantId& tenant,
-                               bool marks_steps) {
-  impl_->SessionStarted(id, job, config, config_version, tenant, marks_steps);
+                               bool marks_steps, const SessionRank& rank) {
+  impl_->SessionStarted(id, job, config, config_version, tenant, marks_steps, rank);
 }
 void Autotuner::SessionEnded(SessionId id) { impl_->SessionEnded(id); }
 void Autotuner::Features(SessionId id, const JobFeatures& features) {
