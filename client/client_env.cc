@@ -30,12 +30,41 @@ absl::Status ReadMilliseconds(const char* name, absl::Duration& out) {
   return absl::OkStatus();
 }
 
+// A count or index in `out`, 0 or more; unchanged when unset.
+absl::Status ReadCount(const char* name, uint32_t& out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, &out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be a whole number (0 or more); got \"", v, "\""));
+  }
+  return absl::OkStatus();
+}
+
+// The longest run id the daemon takes (a job label's).
+constexpr size_t kMaxRunId = 128;
+
 }  // namespace
 
 bool NcclRegistersSegments() {
   const std::string hook = absl::AsciiStrToLower(Get(env::kTorchNcclRegisterHook, ""));
   return hook == "1" || hook == "true" || hook == "t" || hook == "yes" || hook == "y" ||
          hook == "on";
+}
+
+std::string JobRunId(const std::string& run_id, const std::string& master_addr,
+                     const std::string& master_port) {
+  std::string id = run_id;
+  if (id == "none" && !master_addr.empty()) {
+    absl::StrAppend(&id, "/", master_addr, ":", master_port);
+  }
+  for (char& c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == ':' || c == '/' || c == '-';
+    if (!ok) c = '_';
+  }
+  if (id.size() > kMaxRunId) id.resize(kMaxRunId);
+  return id;
 }
 
 std::string SocketOrDefault(const std::string& socket) {
@@ -71,6 +100,14 @@ absl::StatusOr<ClientEnv> ClientEnv::FromEnvironment() {
   e.initial_config = e.started_on_learned.empty()
                          ? running
                          : Get(env::kInitialAllocConf, "");
+  e.run_id = JobRunId(Get(env::kTorchRunId, ""), Get(env::kMasterAddr, ""),
+                      Get(env::kMasterPort, ""));
+  if (absl::Status s = ReadCount(env::kRank, e.rank); !s.ok()) return s;
+  if (absl::Status s = ReadCount(env::kWorldSize, e.world_size); !s.ok()) return s;
+  if (e.world_size > 0 && e.rank >= e.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(env::kRank, " ", e.rank, " is not below ",
+                                                   env::kWorldSize, " ", e.world_size));
+  }
   return e;
 }
 

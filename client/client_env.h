@@ -7,6 +7,7 @@
 #ifndef ALLOCD_CLIENT_CLIENT_ENV_H_
 #define ALLOCD_CLIENT_CLIENT_ENV_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -49,6 +50,15 @@ inline constexpr char kStartConfigSource[] = "ALLOCD_START_CONFIG_SOURCE";
 inline constexpr char kInterposeVerbose[] = "ALLOCD_INTERPOSE_VERBOSE";
 // Where allocd's libraries are, before the places next to the program.
 inline constexpr char kLibDir[] = "ALLOCD_LIB_DIR";
+// torchrun's, for each rank it starts: the run all its ranks share, the
+// rank and the number of ranks. A run id of "none" (torchrun's default
+// without --rdzv-id or --standalone) is the same for every such run, so it
+// is told apart by the rendezvous address its ranks share.
+inline constexpr char kTorchRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
 // PyTorch's allocator config, which the process runs.
 inline constexpr char kPytorchCudaAllocConf[] = "PYTORCH_CUDA_ALLOC_CONF";
 inline constexpr char kPytorchAllocConf[] = "PYTORCH_ALLOC_CONF";
@@ -61,6 +71,14 @@ inline constexpr char kTorchNcclRegisterHook[] = "TORCH_NCCL_USE_TENSOR_REGISTER
 // getCvarBool reads it: the process's registration says so
 // (JobFeatures.nccl_registration) before it makes a process group.
 bool NcclRegistersSegments();
+
+// The run id a rank reports for torchrun's `run_id` and rendezvous address
+// `master_addr`:`master_port`: "" for none; "none" qualified by the
+// address ("none/ADDR:PORT"), which two runs on one node cannot share at
+// once. Bytes the daemon does not take in a run id ([A-Za-z0-9_.:/-])
+// become '_', and it is cut to 128 bytes.
+std::string JobRunId(const std::string& run_id, const std::string& master_addr,
+                     const std::string& master_port);
 
 // `socket`, or kDefaultSocket when it is empty: what the C ABI's callers
 // pass for "the default", and an empty ALLOCD_SOCKET.
@@ -87,6 +105,13 @@ struct ClientEnv {
   // PYTORCH_CUDA_ALLOC_CONF since.
   std::string initial_config;
   std::string started_on_learned;
+  // The process's place in a job of several (RegisterRequest.rank): its
+  // run id (JobRunId), RANK and WORLD_SIZE; world_size 0 when WORLD_SIZE
+  // is unset. The daemon's autotuner decides a run's ranks together, and
+  // ranks without a run id by their shared label.
+  std::string run_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
 
   // The process's environment, each variable unset taking the default
   // above. InvalidArgument naming the variable when one holds no value it

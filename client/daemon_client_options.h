@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "allocd.pb.h"
+#include "client/client_env.h"
 #include "proto/protocol.h"
 
 namespace allocd {
@@ -46,6 +47,9 @@ struct DaemonClientOptions {
   // (NcclRegistersSegments); what it starts doing later goes with the
   // telemetry (DaemonClient::PublishFeatures).
   v1::JobFeatures features;
+  // The process's place in a job of several (RankOf): unset for a
+  // process of its own.
+  v1::JobRank rank;
   // How long a grant read ahead is kept for the next Acquire of its size
   // (GrantReadAhead); zero: nothing is read ahead.
   absl::Duration read_ahead_keep = absl::ZeroDuration();
@@ -54,6 +58,15 @@ struct DaemonClientOptions {
 // The features a process registers with (DaemonClientOptions::features):
 // what PyTorch's environment says it will do (NcclRegistersSegments).
 v1::JobFeatures StartFeatures();
+
+// The rank `env` says the process is, as DaemonClientOptions::rank.
+inline v1::JobRank RankOf(const ClientEnv& env) {
+  v1::JobRank r;
+  r.set_run_id(env.run_id);
+  r.set_rank(env.rank);
+  r.set_world_size(env.world_size);
+  return r;
+}
 
 }  // namespace allocd
 

@@ -123,6 +123,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
   }
   *request.mutable_autotune() = o.autotune;
   if (o.features.ByteSizeLong() > 0) *request.mutable_features() = o.features;
+  *request.mutable_rank() = o.rank;
   v1::RegisterResponse response;
   if (grpc::Status s = c->stub->Register(&context, request, &response);
       !s.ok()) {

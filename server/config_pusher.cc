@@ -291,13 +291,33 @@ absl::StatusOr<uint64_t> ConfigPusher::PushToSession(
 absl::StatusOr<uint64_t> ConfigPusher::PushToTenantJob(
     const TenantId& tenant, absl::string_view job, absl::string_view config,
     absl::string_view author, uint64_t predicted_peak_reserved_bytes) {
+  return PushToJob(job, config, author, predicted_peak_reserved_bytes,
+                   [&](const Session& s) {
+                     return s.identity().tenant == tenant && s.identity().job == job;
+                   });
+}
+
+absl::StatusOr<uint64_t> ConfigPusher::PushToSessions(
+    absl::string_view job, const std::vector<SessionId>& sessions,
+    absl::string_view config, absl::string_view author,
+    uint64_t predicted_peak_reserved_bytes) {
+  return PushToJob(job, config, author, predicted_peak_reserved_bytes,
+                   [&](const Session& s) {
+                     return std::find(sessions.begin(), sessions.end(), s.id()) !=
+                            sessions.end();
+                   });
+}
+
+absl::StatusOr<uint64_t> ConfigPusher::PushToJob(
+    absl::string_view job, absl::string_view config, absl::string_view author,
+    uint64_t predicted_peak_reserved_bytes,
+    absl::FunctionRef<bool(const Session&)> of_job) {
   absl::MutexLock fanout(&fanout_mu_);
   absl::StatusOr<ConfigRecord> record = configs_.AddVersion(
       job, config, author, "push", predicted_peak_reserved_bytes);
   if (!record.ok()) return record.status();
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (s->identity().tenant != tenant || s->identity().job != job) continue;
-    if (s->Current().config == record->config) continue;
+    if (!of_job(*s) || s->Current().config == record->config) continue;
     Push(*s, *record, false, absl::StrCat("set by ", author));
   }
   return record->version;

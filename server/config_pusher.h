@@ -22,8 +22,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -142,6 +144,15 @@ class ConfigPusher {
       const TenantId& tenant, absl::string_view job, absl::string_view config,
       absl::string_view author, uint64_t predicted_peak_reserved_bytes)
       ABSL_LOCKS_EXCLUDED(fanout_mu_);
+  // Pushes `config` as one new version (recorded for the label `job`) to
+  // the live `sessions` that do not run it already, without making it a
+  // job's config: an autotuner's kept push or rollback for a job of
+  // several ranks, whose ranks may give other labels (JobKey::run).
+  // Returns the version; ConfigStore::AddVersion's errors.
+  absl::StatusOr<uint64_t> PushToSessions(
+      absl::string_view job, const std::vector<SessionId>& sessions,
+      absl::string_view config, absl::string_view author,
+      uint64_t predicted_peak_reserved_bytes) ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `config` back to session `id` as a rollback, unless it is
   // rolling back already (an OOM did it), or runs `config` with no push
   // unanswered (an OOM did it, and the client ACKed). The version is the
@@ -163,6 +174,12 @@ class ConfigPusher {
   bool JobKeyReaches(const ConfigKey& key, const Session& session) const;
   void Push(Session& session, const ConfigRecord& record, bool rollback,
             std::string reason);
+  // PushToTenantJob's and PushToSessions' one version of `config`, pushed
+  // to the sessions `of_job` picks that do not run it already.
+  absl::StatusOr<uint64_t> PushToJob(
+      absl::string_view job, absl::string_view config, absl::string_view author,
+      uint64_t predicted_peak_reserved_bytes,
+      absl::FunctionRef<bool(const Session&)> of_job) ABSL_LOCKS_EXCLUDED(fanout_mu_);
   // Pushes `target` to `session` as a rollback and records it.
   void PushRollBack(Session& session, const ConfigRecord& target,
                     std::string reason);

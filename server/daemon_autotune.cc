@@ -32,6 +32,7 @@ void Fill(const AutotuneDecision& d, v1::AutotuneDecision* out) {
   out->set_unix_micros(absl::ToUnixMicros(d.at));
   out->set_job(d.job);
   out->set_tenant(d.tenant);
+  out->set_run_id(d.run);
   out->set_trigger(AutotuneTriggerName(d.trigger));
   out->set_result(AutotuneResultName(d.result));
   out->set_from_config(d.from_config);
@@ -203,10 +204,11 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
                                     const std::optional<AppliedConfig>& learned,
                                     const std::optional<AppliedConfig>& pushed,
                                     const v1::AutotunePreferences& preferences) {
-  const JobKey key{.tenant = identity.tenant, .job = identity.job};
+  JobKey key;
   std::vector<std::pair<JobKey, JobPolicy>> policies;
   {
     absl::MutexLock lock(&mu_);
+    key = KeyOf(identity);
     const bool asks = preferences.pinned_keys_size() > 0 ||
                       preferences.allow_memory_fraction() ||
                       !preferences.mode().empty();
@@ -230,8 +232,8 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
     policies.emplace_back(key, EffectivePolicy(key));
   }
   Publish(policies);
-  autotuner_->SessionStarted(identity.id, identity.job, running.config,
-                             running.version, identity.tenant, preferences.marks_steps());
+  autotuner_->SessionStarted(identity.id, key.job, running.config, running.version,
+                             identity.tenant, preferences.marks_steps(), identity.rank);
   if (pushed.has_value()) {
     autotuner_->Handed(identity.id, pushed->version, pushed->config);
   }
@@ -255,6 +257,15 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
                          "\" was handed ", chosen ? start->author : "its learned config",
                          ": \"", learned->config, "\" (version ", learned->version, ")"));
   }
+}
+
+JobKey DaemonAutotune::KeyOf(const SessionIdentity& identity) const {
+  JobKey key{.tenant = identity.tenant, .job = identity.job, .run = identity.rank.run};
+  if (key.run.empty()) return key;
+  for (const auto& [live, sessions] : live_sessions_) {
+    if (live.tenant == key.tenant && live.run == key.run) return live;
+  }
+  return key;
 }
 
 void DaemonAutotune::SessionEnded(SessionId id) {
@@ -376,10 +387,20 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
     const JobKey& job, const std::string& config, const std::string& reason,
     uint64_t predicted_peak_reserved) {
   // Not the label's config (core_->SetConfig): that reaches every tenant's
-  // sessions of the label.
-  absl::StatusOr<uint64_t> version = core_->PushToTenantJob(
-      job.tenant, job.job, config, absl::StrCat(kAuthor, ": ", reason),
-      predicted_peak_reserved);
+  // sessions of the label. A run's reaches its ranks only, whatever their
+  // labels, and not another run's of the label.
+  std::vector<SessionId> ranks;
+  if (!job.run.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, key] : session_jobs_) {
+      if (key == job) ranks.push_back(id);
+    }
+  }
+  const std::string author = absl::StrCat(kAuthor, ": ", reason);
+  absl::StatusOr<uint64_t> version =
+      job.run.empty()
+          ? core_->PushToTenantJob(job.tenant, job.job, config, author, predicted_peak_reserved)
+          : core_->PushToSessions(job.job, ranks, config, author, predicted_peak_reserved);
   if (!version.ok()) return version.status();
   absl::MutexLock lock(&mu_);
   job_versions_[job] = *version;
@@ -403,11 +424,12 @@ void DaemonAutotune::OnRun(const std::string& job) {
 }
 
 void DaemonAutotune::Learn(const AutotuneDecision& d) {
+  // What a run learned is its label's: the label's next run starts with it.
   const JobKey key{.tenant = d.tenant, .job = d.job};
   bool kept = false;
   if (d.result == AutotuneResult::kPushed && d.version != 0) {
     absl::MutexLock lock(&mu_);
-    auto set = job_versions_.find(key);
+    auto set = job_versions_.find({.tenant = d.tenant, .job = d.job, .run = d.run});
     kept = set != job_versions_.end() && set->second == d.version;
   }
   // A start (the node's prior, a harmful config's replacement) that its
@@ -499,6 +521,18 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     v1::AutotuneJob* job = r.add_jobs();
     job->set_job(s.job);
     job->set_tenant(s.tenant);
+    job->set_run_id(s.run);
+    for (const AutotuneRankStatus& rank : s.ranks) {
+      v1::AutotuneRank* out = job->add_ranks();
+      out->set_session_id(rank.session);
+      if (rank.world_size > 0) {
+        out->set_rank(rank.rank);
+        out->set_world_size(rank.world_size);
+      }
+      out->set_config(rank.config);
+      out->set_config_version(rank.config_version);
+      out->set_canary(rank.canary);
+    }
     job->set_mode(AutotuneModeName(s.policy.mode));
     for (const std::string& k : s.policy.pinned_keys) job->add_pinned_keys(k);
     job->set_allow_memory_fraction(s.policy.allow_memory_fraction);

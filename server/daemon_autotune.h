@@ -179,6 +179,10 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
       const std::optional<std::string>& label)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const std::vector<std::pair<JobKey, JobPolicy>>& policies);
+  // The job of a registering session: its label within its tenant, or,
+  // for a rank of a run (SessionRank::run), that run's, under the label
+  // of the run's live sessions (its first rank's) whatever label it gave.
+  JobKey KeyOf(const SessionIdentity& identity) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's last session ended: drops what it asked for and its policy,
   // and queues its version with the ended jobs' (QueueEndedJobVersion).
   void ForgetEndedJob(const JobKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

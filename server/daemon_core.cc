@@ -104,7 +104,10 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
        .gpu_uuid = device.uuid,
        .client = r.client(),
        .initial_config = *std::move(initial),
-       .registered_at = absl::Now()});
+       .registered_at = absl::Now(),
+       .rank = {.run = r.rank().run_id(),
+                .rank = r.rank().rank(),
+                .world_size = r.rank().world_size()}});
   if (absl::Status s = session_limits_.Admit(
           session->id(), *tenant,
           absl::StrCat("pid ", peer.pid, ", uid ", peer.uid));
@@ -688,6 +691,14 @@ absl::StatusOr<uint64_t> DaemonCore::PushToTenantJob(
     absl::string_view author, uint64_t predicted_peak_reserved_bytes) {
   return config_pusher_.PushToTenantJob(tenant, job, config, author,
                                         predicted_peak_reserved_bytes);
+}
+
+absl::StatusOr<uint64_t> DaemonCore::PushToSessions(
+    absl::string_view job, const std::vector<SessionId>& sessions,
+    absl::string_view config, absl::string_view author,
+    uint64_t predicted_peak_reserved_bytes) {
+  return config_pusher_.PushToSessions(job, sessions, config, author,
+                                       predicted_peak_reserved_bytes);
 }
 
 absl::Status DaemonCore::RollBackSession(SessionId id,

@@ -231,6 +231,13 @@ class DaemonCore {
                                            absl::string_view config,
                                            absl::string_view author,
                                            uint64_t predicted_peak_reserved_bytes);
+  // ConfigPusher::PushToSessions: `config` for `sessions` only (the
+  // autotuner's config for a job of several ranks).
+  absl::StatusOr<uint64_t> PushToSessions(absl::string_view job,
+                                          const std::vector<SessionId>& sessions,
+                                          absl::string_view config,
+                                          absl::string_view author,
+                                          uint64_t predicted_peak_reserved_bytes);
   // Pushes `config` back to a session as a rollback, unless it is rolling
   // back already (an OOM did it). The version is the one the session ran
   // `config` under, when it did.

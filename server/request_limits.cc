@@ -102,6 +102,15 @@ absl::Status CheckRegisterRequest(const v1::RegisterRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gpu_uuid is ", r.gpu_uuid().size(), " bytes; at most ", kMaxGpuUuid));
   }
+  // A run id is a key of the autotuner's, shown by allocctl: a label's
+  // bytes and length.
+  if (absl::Status s = ValidateJobLabel(r.rank().run_id()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank.run_id: ", s.message()));
+  }
+  if (r.rank().world_size() > 0 && r.rank().rank() >= r.rank().world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank().rank(),
+                                                   " of a world of ", r.rank().world_size()));
+  }
   const v1::AutotunePreferences& autotune = r.autotune();
   if (!autotune.mode().empty()) {
     if (absl::Status s = ParseAutotuneMode(autotune.mode()).status(); !s.ok()) return s;

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocd.pb.h"
+#include "server/autotune/job_key.h"
 #include "server/session_id.h"
 #include "server/session_secret.h"
 #include "server/tenant_id.h"
@@ -47,6 +48,8 @@ struct SessionIdentity {
   std::string client;
   std::string initial_config;
   absl::Time registered_at;
+  // Its place in a job of several processes (RegisterRequest.rank).
+  SessionRank rank;
 };
 
 // A config a session ran: version 0 is its initial config.

@@ -169,6 +169,12 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
     Fail(std::string(preferences.status().message()));
     return nullptr;
   }
+  // The process's rank is its environment's (torchrun's), whoever calls.
+  absl::StatusOr<allocd::ClientEnv> env = allocd::ClientEnv::FromEnvironment();
+  if (!env.ok()) {
+    Fail(std::string(env.status().message()));
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<allocd::DaemonClient>> client =
       allocd::DaemonClient::Connect({.socket = allocd::SocketOrDefault(Or(socket)),
                                      .job = Or(job),
@@ -176,7 +182,9 @@ allocd_client* allocd_connect_gpu(const char* socket, const char* job,
                                      .initial_config = Or(initial_config),
                                      .description = Or(description),
                                      .autotune = *std::move(preferences),
-                                     .features = allocd::StartFeatures()});
+                                     .features = allocd::StartFeatures(),
+
+                                     .rank = allocd::RankOf(*env)});
   if (!client.ok()) {
     Fail(std::string(client.status().message()));
     return nullptr;

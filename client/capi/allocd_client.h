@@ -30,7 +30,10 @@ ALLOCD_API const char* allocd_default_socket(void);
  * `job` and `initial_config` may be empty. `autotune` is the job's
  * autotune preferences as JSON ({"pinned_keys": [...],
  * "allow_memory_fraction": bool, "mode": "off|recommend|apply"}) or empty.
- * NULL when no daemon answers or the preferences do not parse. */
+ * The process's rank in a job of several is its environment's (torchrun's
+ * TORCHELASTIC_RUN_ID, RANK and WORLD_SIZE: client/client_env.h).
+ * NULL when no daemon answers, the preferences do not parse, or that
+ * environment holds no rank it can have. */
 ALLOCD_API allocd_client* allocd_connect(const char* socket, const char* job,
                               const char* initial_config,
                               const char* description, const char* autotune);

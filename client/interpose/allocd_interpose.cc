@@ -542,6 +542,7 @@ class Interposer {
              .description = "liballocd_interpose (PyTorch's allocator)",
              .autotune = *std::move(autotune),
              .features = StartFeatures(),
+             .rank = RankOf(*env),
              .read_ahead_keep = env->read_ahead});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =

@@ -50,6 +50,9 @@ class ManagedAllocator {
     absl::StatusOr<v1::AutotunePreferences> preferences =
         ParseAutotunePreferences(autotune);
     if (!preferences.ok()) return preferences.status();
+    // Its rank in a job of several is its environment's (torchrun's).
+    absl::StatusOr<ClientEnv> env = ClientEnv::FromEnvironment();
+    if (!env.ok()) return env.status();
     absl::StatusOr<AllocatorConfig> config =
         ParseAllocatorConfig(config_string);
     if (!config.ok()) {
@@ -73,7 +76,8 @@ class ManagedAllocator {
                                .gpu_uuid = *std::move(uuid),
                                .initial_config = FormatAllocatorConfig(*config),
                                .description = "liballocd_torch (PyTorch)",
-                               .autotune = *std::move(preferences)});
+                               .autotune = *std::move(preferences),
+                               .rank = RankOf(*env)});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);

@@ -115,7 +115,8 @@ AutotuneJob::Taken AutotuneJob::Decided(AutotuneDecision& rec, const Decision& d
                 .rollback_config = LiveConfigString(running.config, d.to.config),
                 .predicted_current = d.predicted_peak_current,
                 .predicted = {d.predicted_peak_switched, d.predicted_peak_allocated,
-                              d.predicted_peak_requested}},
+                              d.predicted_peak_requested},
+                .lockstep = lockstep},
             CanaryOptionsOf(options));
         // The canary's growth is measured from here.
         if (window) window->ResetPeakRequested();

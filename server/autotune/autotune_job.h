@@ -51,6 +51,7 @@ struct AutotuneSession {
   int64_t reserved_peak = 0;
   std::optional<absl::Time> fragmented_since;
   bool marks_steps = false;  // its client marks optimizer steps
+  SessionRank rank;           // as its client reported it
 
   // Whether a stats report of `reserved` over `allocated` at `now` finds
   // the session fragmented (AutotuneOptions::fragmentation_ratio) for
@@ -68,6 +69,10 @@ struct AutotuneJob {
   // configs that would break it.
   JobFeatures features;
   std::vector<SessionId> sessions;  // oldest first
+  // A session of it is one of several ranks (SessionRank::OfSeveral): its
+  // pushes reach every rank once the canary's first step under them is
+  // judged (Canary::Push::lockstep).
+  bool lockstep = false;
   // The session whose events the window holds: one session's stream is
   // decided on, never a merge of several.
   SessionId recorded = 0;

@@ -30,7 +30,9 @@ struct AutotuneOptions {
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   // Watch the canary this long. A canary whose session ends first sets the
   // push for the job (and so its next runs) when a judgement kept it, or
-  // its watch saw whole steps under it within the rollback margin.
+  // its watch saw whole steps under it within the rollback margin. A
+  // canary that is one of several ranks sets it for every rank once its
+  // first step under it is judged (Canary::Push::lockstep), not after this.
   absl::Duration canary_window = absl::Seconds(10);
   // A push is judged when its realised peak reserved is above the predicted
   // one by more than this and has lost at least half the predicted saving

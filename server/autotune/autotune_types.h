@@ -173,6 +173,7 @@ struct AutotuneDecision {
   absl::Time at;            // when the decision was made
   std::string job;
   TenantId tenant;  // the job's: its label names it within this tenant only
+  std::string run;  // the job's run id (JobKey::run): "" for a label's job
   AutotuneTrigger trigger = AutotuneTrigger::kFirstPass;
   AutotuneResult result = AutotuneResult::kSkipped;
   std::string from_config;  // canonical; what the job runs
@@ -242,12 +243,25 @@ struct AutotuneDecision {
   std::vector<LeftOutConfig> left_out;
 };
 
+// A session of a job as the admin sees it: its rank (when its client
+// reported one) and the config it runs.
+struct AutotuneRankStatus {
+  uint64_t session = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;  // 0: its client reported no rank
+  std::string config;       // canonical; what it runs ("" PyTorch's defaults)
+  uint64_t config_version = 0;
+  bool canary = false;  // the push under way went to it first
+};
+
 // A job as the admin sees it (Autotuner::Status).
 struct AutotuneJobStatus {
   std::string job;
   TenantId tenant;
+  std::string run;  // JobKey::run
   JobPolicy policy;
   size_t sessions = 0;
+  std::vector<AutotuneRankStatus> ranks;  // by rank, then session
   uint64_t window_events = 0;
   uint64_t dropped_events = 0;  // events clients could not send (gaps in the window)
   uint64_t window_bytes = 0;    // daemon memory the window holds (~16 bytes an event)

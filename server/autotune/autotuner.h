@@ -27,6 +27,10 @@
 // A job is a label within a tenant (JobKey): another tenant's sessions
 // under the same label are another job, with its own window, decisions and
 // policy, and what is decided for one is pushed to its own sessions only.
+// The ranks of a job of several processes are one job, by the run id they
+// share (JobKey::run): one decision, on the canary rank's stream, pushed
+// to every rank once the canary's first step under it is judged, and
+// rolled back on every rank (Canary::Push::lockstep).
 //
 // It knows nothing of the daemon's RPCs: the daemon feeds it sessions,
 // events and stats, and it acts through AutotuneActions. Replays run on its
@@ -67,8 +71,9 @@ class AutotuneActions {
                                                  const std::string& reason,
                                                  uint64_t predicted_peak_reserved) = 0;
   // Makes `config` the job's config: pushed to every session of the job
-  // (its tenant's sessions of its label, never another tenant's) that does
-  // not run it yet. Returns the version.
+  // (its tenant's sessions of its label, never another tenant's; a run's
+  // sessions for a job of several ranks) that does not run it yet.
+  // Returns the version.
   virtual absl::StatusOr<uint64_t> SetJobConfig(const JobKey& job,
                                                 const std::string& config,
                                                 const std::string& reason,
@@ -107,10 +112,13 @@ class Autotuner {
   // autotuner's memory. `marks_steps`: the client marks its optimizer steps
   // (AutotunePreferences.marks_steps); recorded, a session of it that has
   // marked none is decided on as aperiodic, never on a step found in its
-  // stream.
+  // stream. `rank`: its place in a job of several processes; the
+  // sessions of one run (SessionRank::run, within the tenant) are one job
+  // (JobKey::run), whose pushes reach every rank once the canary rank's
+  // first step under them is judged, and roll back on every rank.
   void SessionStarted(SessionId id, const std::string& job, const std::string& config,
                       uint64_t config_version, const TenantId& tenant = "",
-                      bool marks_steps = false);
+                      bool marks_steps = false, const SessionRank& rank = {});
   // Session `id` was pushed `config` as `version` when it registered (its
   // job's or its learned config): once it ACKs that version it runs it, and
   // decisions replay from it, not from the config it started with.

@@ -90,13 +90,8 @@ Canary::Action Canary::Watch(int64_t reserved, int64_t allocated, absl::Time now
     }
   }
   if (phase_ == Phase::kJudging) return {};
-  const double growth = Growth();
-  const double expected = static_cast<double>(push_.predicted.reserved) * growth;
-  const double staying = static_cast<double>(push_.predicted_current) * growth;
-  const double realized = static_cast<double>(realized_peak_);
-  if (SettledUnderPush(stream) && realized > expected * (1.0 + options_.rollback_margin) &&
-      realized > (expected + staying) / 2 &&
-      realized > static_cast<double>(judged_realized_) * (1.0 + options_.rollback_margin)) {
+  const auto [growth, expected, past] = CheckMargin();
+  if (SettledUnderPush(stream) && past) {
     // A judgement that found the events short of the realised peak
     // waits for more of them; meanwhile the push is not promoted.
     if (stream && stream->total_events < judge_after_events_) return {};
@@ -120,11 +115,53 @@ Canary::Action Canary::Watch(int64_t reserved, int64_t allocated, absl::Time now
     phase_ = Phase::kPromoting;
     return {Next::kPromote, "", false};
   }
-  return {};
+  return FirstStepJudged(stream) ? PromoteToRanks() : Action{};
+}
+
+Canary::Action Canary::PromoteToRanks() {
+  phase_ = Phase::kPromoting;
+  promoted_on_first_step_ = true;
+  return {Next::kPromote, "", false};
+}
+
+Canary::Margin Canary::CheckMargin() const {
+  Margin m;
+  m.growth = Growth();
+  m.expected = static_cast<double>(push_.predicted.reserved) * m.growth;
+  const double staying = static_cast<double>(push_.predicted_current) * m.growth;
+  const double realized = static_cast<double>(realized_peak_);
+  m.past = realized > m.expected * (1.0 + options_.rollback_margin) &&
+           realized > (m.expected + staying) / 2 &&
+           realized > static_cast<double>(judged_realized_) * (1.0 + options_.rollback_margin);
+  return m;
 }
 
 void Canary::SawRequested(int64_t peak_held_requested) {
   realized_requested_ = std::max(realized_requested_, peak_held_requested);
+}
+
+Canary::Action Canary::Stepped(const std::optional<RecordedStream>& stream) {
+  // A realised peak past the margin waits for the stats report that
+  // brought it to ask for a judgement (Watch): no promotion before that.
+  if (!FirstStepJudged(stream) || (SettledUnderPush(stream) && CheckMargin().past)) return {};
+  return PromoteToRanks();
+}
+
+// Whether a lockstep push may reach the job's other ranks: its canary ran
+// its first whole step under it (the step the push landed in, then one
+// more: SettledUnderPush) with no judgement asked for, or, for a client
+// that marks no steps, its watch found it within the margin over as many
+// events after the push as a first pass decides on (WatchedWithinMargin).
+// Its other ranks then run their old config at most a step or two more
+// than the canary, where the canary_window let a job of 0.4 s steps run
+// the harmful config on its other rank to its end (DDP on 2 x H200: 30
+// steps, issue 40).
+bool Canary::FirstStepJudged(const std::optional<RecordedStream>& stream) const {
+  if (!push_.lockstep || phase_ != Phase::kWatching || !pushed_at_) return false;
+  if (stream && stream->session == push_.canary && stream->steps_marked > 0) {
+    return SettledUnderPush(stream) && stream->total_events >= judge_after_events_;
+  }
+  return WatchedWithinMargin();
 }
 
 // Whether a push can be judged on what the job realised: for a job that
@@ -300,6 +337,12 @@ Canary::Action Canary::Judged(const Replays& replays, uint64_t events, const std
 }
 
 std::string Canary::PromotionReason() const {
+  if (promoted_on_first_step_) {
+    return absl::StrFormat(
+        "autotune decision %d: the canary rank ran its first step under it, peaking at %s "
+        "(predicted %s); the job's ranks run in lockstep, so every rank runs it from now on",
+        push_.decision_id, GiB(realized_peak_), GiB(push_.predicted.reserved));
+  }
   return absl::StrFormat(
       "autotune decision %d: the canary ran it for %s, peaking at %s (predicted %s)",
       push_.decision_id, absl::FormatDuration(options_.canary_window), GiB(realized_peak_),

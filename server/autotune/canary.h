@@ -8,6 +8,7 @@
 //
 // Phases:
 //   kPushed --ACK--> kWatching --canary_window within the margin--> kPromoting
+//   kWatching --a rank's canary: its first step under the push judged--> kPromoting
 //   kPromoting --job set--> kApplied
 //   kWatching/kPromoting/kApplied --realised peak past the margin--> kJudging
 //   kJudging --kept, or wait for more events--> the phase it interrupted
@@ -74,6 +75,11 @@ class Canary {
     std::string rollback_config;  // pushed to roll back: gives back exactly what the job ran
     int64_t predicted_current = 0;  // staying, over the window's events after the switch
     Prediction predicted;           // switching, over the same events
+    // The canary is a rank of a job of several (SessionRank::OfSeveral):
+    // ranks run in lockstep, so the job needs what its worst rank needs,
+    // and the push reaches every rank once the canary's first step under
+    // it is judged (FirstStepJudged), not after the canary_window.
+    bool lockstep = false;
   };
 
   // What the autotuner does after a step.
@@ -96,6 +102,7 @@ class Canary {
   const std::string& rollback_config() const { return push_.rollback_config; }
   int64_t predicted_current() const { return push_.predicted_current; }
   int64_t predicted_switched() const { return push_.predicted.reserved; }
+  bool lockstep() const { return push_.lockstep; }
   const Prediction& standing() const { return standing_; }
   // The job's config version once the push is set for the whole job (0: not).
   uint64_t job_version() const { return job_version_; }
@@ -145,6 +152,10 @@ class Canary {
                bool& changed);
   // The canary's stream held `peak_held_requested` since the push at most.
   void SawRequested(int64_t peak_held_requested);
+  // The canary's events arrived (`stream` after them): the promotion of a
+  // lockstep push whose first step under it they judged (a step mark ends
+  // it, which a stats report may not follow before the next step).
+  Action Stepped(const std::optional<RecordedStream>& stream);
   // Keeps `decision`'s prediction for the steps the job really ran
   // (AutotuneDecision::predicted_peak_at_need) current with what the job
   // needed since the push; true when it changed.
@@ -197,6 +208,17 @@ class Canary {
  private:
   bool SettledUnderPush(const std::optional<RecordedStream>& stream) const;
   bool WatchedWithinMargin() const;
+  bool FirstStepJudged(const std::optional<RecordedStream>& stream) const;
+  Action PromoteToRanks();
+  // The realised peak against what the push was predicted at, scaled by
+  // the job's growth (Growth), and against staying: `past` when it left the
+  // rollback margin, nearer to staying, and past the peak a judgement kept.
+  struct Margin {
+    double growth = 1.0;
+    double expected = 0;
+    bool past = false;
+  };
+  Margin CheckMargin() const;
   double Growth() const;
   double Growth(int64_t predicted_requested, int64_t predicted_allocated) const;
 
@@ -235,6 +257,8 @@ class Canary {
   // within the rollback margin (0: none).
   uint64_t within_margin_at_ = 0;
   int64_t rolled_back_on_requested_ = 0;
+  // Promoted once its first step under the push was judged (lockstep).
+  bool promoted_on_first_step_ = false;
 };
 
 }  // namespace allocd

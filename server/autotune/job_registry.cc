@@ -36,7 +36,8 @@ AutotuneJobState JobRegistry::StateOf(const AutotuneJob& job) const {
 }
 
 AutotuneJob* JobRegistry::AddSession(SessionId id, const JobKey& key, const std::string& config,
-                                     uint64_t config_version, bool marks_steps) {
+                                     uint64_t config_version, bool marks_steps,
+                                     const SessionRank& rank) {
   if (AutotuneSession* known = FindSession(id)) {
     // Declared again: only what it runs can have changed.
     known->config = config;
@@ -47,6 +48,8 @@ AutotuneJob* JobRegistry::AddSession(SessionId id, const JobKey& key, const std:
   AutotuneSession& session = sessions_[id] =
       AutotuneSession{key, next_order_++, config, config_version};
   session.marks_steps = marks_steps;
+  session.rank = rank;
+  job.lockstep = job.lockstep || rank.OfSeveral();
   job.sessions.push_back(id);
   if (job.recorded == 0) StartRecording(job, id);
   return &job;
@@ -86,7 +89,7 @@ void JobRegistry::ApplyMode(AutotuneJob& job) {
 }
 
 void JobRegistry::SetPolicy(const JobKey& key, JobPolicy policy) {
-  if (key.job.empty()) {
+  if (key.job.empty() && key.run.empty()) {
     default_policy_ = std::move(policy);
     for (auto& [name, job] : jobs_) ApplyMode(job);
     return;
@@ -141,8 +144,22 @@ std::vector<AutotuneJobStatus> JobRegistry::Status() const {
     s.features = job.features;
     s.job = name.job;
     s.tenant = name.tenant;
+    s.run = name.run;
     s.policy = PolicyOf(job);
     s.sessions = job.sessions.size();
+    for (SessionId id : job.sessions) {
+      const AutotuneSession& session = sessions_.at(id);
+      s.ranks.push_back({.session = id,
+                         .rank = session.rank.rank,
+                         .world_size = session.rank.world_size,
+                         .config = session.config,
+                         .config_version = session.config_version,
+                         .canary = job.acting && job.acting->canary() == id});
+    }
+    std::sort(s.ranks.begin(), s.ranks.end(),
+              [](const AutotuneRankStatus& a, const AutotuneRankStatus& b) {
+                return std::pair(a.rank, a.session) < std::pair(b.rank, b.session);
+              });
     if (job.window) {
       s.window_events = job.window->size();
       s.dropped_events = job.window->dropped_events();

@@ -40,15 +40,18 @@ class JobRegistry {
 
   // Session `id` of the job `key` runs `config` as `config_version`. A new
   // one joins its job (recorded when the job records none), which it
-  // returns; one declared again only updates what it runs (nullptr).
+  // returns; one declared again only updates what it runs (nullptr). A
+  // session that is one of several ranks (`rank`) makes its job lockstep.
   AutotuneJob* AddSession(SessionId id, const JobKey& key, const std::string& config,
-                          uint64_t config_version, bool marks_steps);
+                          uint64_t config_version, bool marks_steps,
+                          const SessionRank& rank = {});
   // Forgets session `id` (known) and returns its job's key.
   JobKey RemoveSession(SessionId id);
   // Records session `id`'s events in `job`'s window from now on (none while
   // the job is off).
   void StartRecording(AutotuneJob& job, SessionId id);
-  // `key`'s policy; an empty label: the default, for jobs without their own.
+  // `key`'s policy; an empty label (and run): the default, for jobs
+  // without their own.
   // A job turned off drops its window; one turned on starts one.
   void SetPolicy(const JobKey& key, JobPolicy policy);
   // `key`'s last session ended: past ended_jobs_kept ended jobs, the oldest
@@ -60,7 +63,8 @@ class JobRegistry {
   // session, in tenant order.
   std::vector<std::pair<JobKey, AutotuneJob*>> LiveJobs(const std::string& job,
                                                         const TenantId& tenant);
-  // Every job, by label then tenant.
+  // Every job, by label then tenant (then run), each with its sessions by
+  // rank.
   std::vector<AutotuneJobStatus> Status() const;
   // Newest first, at most `limit`; an empty label: every job's.
   std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;

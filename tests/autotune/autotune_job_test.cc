@@ -167,5 +167,27 @@ TEST(AutotuneJobTest, AProposalInApplyModeStartsAPushOnTheOldestSession) {
   EXPECT_EQ(recommended.settled_need, 10 * kGiB);
 }
 
+// A job of several ranks pushes in lockstep: every rank once the canary's
+// first step under the push is judged (Canary::Push::lockstep).
+TEST(AutotuneJobTest, AJobOfSeveralRanksPushesInLockstep) {
+  Decision d;
+  d.result = Decision::Result::kPropose;
+  d.to_config = "expandable_segments:True";
+  d.to.config.expandable_segments = true;
+  d.predicted_peak_current = 10 * kGiB;
+  d.predicted_peak_switched = 4 * kGiB;
+  for (const bool lockstep : {false, true}) {
+    AutotuneJob job = RecordingJob();
+    job.sessions = {4, 5};
+    job.lockstep = lockstep;
+    AutotuneDecision rec{.id = 9};
+    EXPECT_EQ(job.Decided(rec, d, RunningConfig{}, kGiB, AutotuneMode::kApply, Options(), kStart)
+                  .canary,
+              4u);
+    ASSERT_TRUE(job.acting);
+    EXPECT_EQ(job.acting->lockstep(), lockstep);
+  }
+}
+
 }  // namespace
 }  // namespace allocd

@@ -37,6 +37,7 @@ class FakeActions : public AutotuneActions {
     std::string config;
     uint64_t version;
     TenantId tenant = "";  // a job push's job
+    std::string run = "";
   };
 
   absl::StatusOr<uint64_t> PushToSession(SessionId session, const std::string& config,
@@ -48,7 +49,7 @@ class FakeActions : public AutotuneActions {
   absl::StatusOr<uint64_t> SetJobConfig(const JobKey& job, const std::string& config,
                                         const std::string&, uint64_t) override {
     absl::MutexLock lock(&mu_);
-    pushes_.push_back({"job", 0, config, next_version_, job.tenant});
+    pushes_.push_back({"job", 0, config, next_version_, job.tenant, job.run});
     return next_version_++;
   }
   absl::Status RollBackSession(SessionId session, const std::string& config,
@@ -1560,6 +1561,131 @@ TEST(AutotunerTest, ARollbackThatWouldLeaveTheJobWorseIsNotMade) {
   ASSERT_TRUE(after.keeping_after_push.has_value());
   EXPECT_GE(*after.rollback_after_push, *after.keeping_after_push);
   EXPECT_NE(after.why.find("a rollback would leave it at"), std::string::npos) << after.why;
+}
+
+// The two ranks of run "ddp" (rank 1 registered first, the canary), on
+// the harmful max_split_size_mb:64, decided on the canary's `events` first
+// events and pushed to it.
+AutotuneDecision PushToRanks(Autotuner& tuner, FakeActions& actions, size_t events) {
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1, "", false,
+                       {.run = "ddp", .rank = 1, .world_size = 2});
+  tuner.SessionStarted(2, "llama", "max_split_size_mb:64", 1, "", false,
+                       {.run = "ddp", .rank = 0, .world_size = 2});
+  Feed(tuner, 1, LlamaLora(), 0, events, SIZE_MAX);
+  tuner.WaitIdle();
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 1);
+  EXPECT_EQ(history.size(), 1u);  // one decision for the job, not one per rank
+  if (history.empty()) return {};
+  EXPECT_EQ(history[0].result, AutotuneResult::kPushed) << history[0].why;
+  EXPECT_EQ(history[0].run, "ddp");
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  EXPECT_EQ(tuner.Status().size(), 1u);
+  return history[0];
+}
+
+// A DDP job's push went to its canary rank and, still watched when the job
+// ended 30 steps later, never to the other (issue 40). The ranks of a run
+// are one job: the push reaches every rank once the canary has run its
+// first whole step under it (two marks after its ACK), long before the
+// canary_window; and a NACK, an OOM or a realised peak past the margin on
+// any rank rolls every rank back.
+TEST(AutotunerTest, ARunsPushReachesEveryRankAfterTheCanarysFirstStepAndRollsBackOnEvery) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const size_t pushed_at = TrainingEvents() * 2 / 3;
+  const AutotuneDecision d = PushToRanks(tuner, actions, pushed_at);
+  ASSERT_EQ(actions.pushes()[0].kind, "session");
+  ASSERT_EQ(actions.pushes()[0].target, 1u);
+  const std::vector<EvidenceEvent> mark = {{kStepMark, 0, 0, 0}};
+  tuner.Events(1, mark, 0);
+  tuner.Acked(1, d.version, true, "");
+  tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  // The step the push landed in: the other rank waits.
+  const size_t half = (pushed_at + TrainingEvents()) / 2;
+  Feed(tuner, 1, LlamaLora(), pushed_at, half);
+  tuner.Events(1, mark, 0);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.pushes().size(), 1u);
+  // Its first whole step under the push: every rank, at once.
+  clock.Advance(absl::Seconds(1));
+  Feed(tuner, 1, LlamaLora(), half, TrainingEvents());
+  tuner.Events(1, mark, 0);
+  tuner.WaitIdle();
+  std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 2u);
+  EXPECT_EQ(pushes[1].kind, "job");
+  EXPECT_EQ(pushes[1].run, "ddp");
+  EXPECT_EQ(pushes[1].config, d.to_config);
+  AutotuneDecision after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.sessions, (std::vector<uint64_t>{1, 2}));
+  EXPECT_NE(after.why.find("first step"), std::string::npos) << after.why;
+  tuner.Acked(2, pushes[1].version, true, "");
+  // Each rank's config, by rank.
+  const std::vector<AutotuneJobStatus> status = tuner.Status();
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_EQ(status[0].state, AutotuneJobState::kApplied);
+  ASSERT_EQ(status[0].ranks.size(), 2u);
+  EXPECT_EQ(status[0].ranks[0].rank, 0u);
+  EXPECT_EQ(status[0].ranks[0].session, 2u);
+  EXPECT_EQ(status[0].ranks[0].config, d.to_config);
+  EXPECT_EQ(status[0].ranks[1].session, 1u);
+  EXPECT_TRUE(status[0].ranks[1].canary);
+  EXPECT_EQ(status[0].ranks[1].config, d.to_config);
+
+  // An OOM on the other rank rolls back every rank.
+  tuner.Oom(2, pushes[1].version);
+  tuner.WaitIdle();
+  pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[2].kind, "job");
+  EXPECT_EQ(pushes[2].run, "ddp");
+  EXPECT_EQ(*ParseAllocatorConfig(pushes[2].config), *ParseAllocatorConfig("max_split_size_mb:64"));
+  after = tuner.History("llama", 1)[0];
+  EXPECT_EQ(after.result, AutotuneResult::kRolledBack);
+  const std::vector<AutotuneJobStatus> rolled_back = tuner.Status();
+  for (const AutotuneRankStatus& rank : rolled_back[0].ranks) {
+    EXPECT_EQ(*ParseAllocatorConfig(rank.config), *ParseAllocatorConfig("max_split_size_mb:64"))
+        << rank.session;
+  }
+}
+
+// Before it reaches the other ranks, a push that fails on the canary rolls
+// back the canary only (the others never ran it).
+TEST(AutotunerTest, ARunsPushRefusedByItsCanaryRollsBackTheCanaryOnly) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const AutotuneDecision d = PushToRanks(tuner, actions, TrainingEvents());
+  tuner.Acked(1, d.version, false, "PyTorch rejected it");
+  tuner.WaitIdle();
+  const std::vector<FakeActions::Push> pushes = actions.pushes();
+  ASSERT_EQ(pushes.size(), 2u);
+  EXPECT_EQ(pushes[1].kind, "rollback");
+  EXPECT_EQ(pushes[1].target, 1u);
+  EXPECT_EQ(tuner.History("llama", 1)[0].result, AutotuneResult::kRolledBack);
+}
+
+// Two runs of one label are two jobs: each decided on its own canary's
+// stream and pushed to its own ranks.
+TEST(AutotunerTest, TwoRunsOfOneLabelAreTwoJobs) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "", 1, "", false, {.run = "a", .rank = 0, .world_size = 2});
+  tuner.SessionStarted(2, "llama", "", 1, "", false, {.run = "b", .rank = 0, .world_size = 2});
+  tuner.SessionStarted(3, "llama", "", 1, "", false, {.run = "a", .rank = 1, .world_size = 2});
+  const std::vector<AutotuneJobStatus> status = tuner.Status();
+  ASSERT_EQ(status.size(), 2u);
+  EXPECT_EQ(status[0].run, "a");
+  EXPECT_EQ(status[0].sessions, 2u);
+  EXPECT_EQ(status[1].run, "b");
+  EXPECT_EQ(status[1].sessions, 1u);
+  FeedAll(tuner, 2);
+  const std::vector<AutotuneDecision> history = tuner.History("llama", 10);
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].run, "b");
 }
 
 }  // namespace

@@ -17,14 +17,16 @@ constexpr uint64_t kVersion = 5;
 const absl::Time kAck = absl::FromUnixSeconds(1000);
 
 // Predicted: staying 10 GiB, the push 4 GiB for a job that needs 3 GiB.
-Canary NewCanary() {
+// `lockstep`: the canary is one of several ranks.
+Canary NewCanary(bool lockstep = false) {
   return Canary(Canary::Push{.decision_id = 7,
                              .canary = kCanary,
                              .to_config = "expandable_segments:True",
                              .pushed_config = "expandable_segments:True",
                              .rollback_config = "max_split_size_mb:64",
                              .predicted_current = 10 * kGiB,
-                             .predicted = {4 * kGiB, 3 * kGiB, 3 * kGiB}},
+                             .predicted = {4 * kGiB, 3 * kGiB, 3 * kGiB},
+                             .lockstep = lockstep},
                 CanaryOptions{.canary_window = absl::Seconds(10),
                               .rollback_margin = 0.10,
                               .min_events_watched = 100});
@@ -319,6 +321,111 @@ TEST(CanaryTest, ACanaryRequestingMoreThanPredictedIsRepredictedOnceItsPeakPasse
   EXPECT_EQ(d.predicted_peak_at_need, 6 * kGiB);
   EXPECT_EQ(d.realized_peak_requested, 4 * kGiB);
   EXPECT_FALSE(canary.UpdatePredictionAtNeed(&d));  // unchanged
+}
+
+// The ranks of a job run in lockstep, so the job needs what its worst rank
+// needs: a canary rank's push reaches the other ranks once its first whole
+// step under the push is judged (the step the push landed in, then one
+// more), not after the canary_window, which a DDP job of 0.4 s steps
+// outlived on its other rank (issue 40).
+TEST(CanaryTest, ALockstepCanaryThatMarksStepsPromotesAfterItsFirstStepUnderThePush) {
+  Canary canary = NewCanary(/*lockstep=*/true);
+  EXPECT_TRUE(canary.lockstep());
+  canary.PushAnswered(kVersion);
+  RecordedStream stream = CanaryStream(1000);
+  stream.steps_marked = 4;
+  canary.Acked({kCanary, kVersion, true, ""}, kAck, stream);
+  // The step the push landed in ends: not judged yet.
+  stream.steps_marked = 5;
+  stream.total_events = 1200;
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+  EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Milliseconds(300), stream).next,
+            Canary::Next::kNothing);
+  // Its first whole step under the push, within the margin: every rank.
+  stream.steps_marked = 6;
+  stream.total_events = 1400;
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kPromote);
+  EXPECT_EQ(canary.phase(), Canary::Phase::kPromoting);
+  EXPECT_NE(canary.PromotionReason().find("first step"), std::string::npos)
+      << canary.PromotionReason();
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);  // once
+  AutotuneDecision d;
+  canary.Promoted(9, {kCanary, 2}, &d);
+  EXPECT_TRUE(canary.RunsPushedVersion(2, 9));
+  EXPECT_EQ(d.sessions, (std::vector<uint64_t>{kCanary, 2}));
+}
+
+// A stats report after the first step promotes as well (the step mark came
+// with no event batch after it yet); one that is not a rank's waits for the
+// canary_window.
+TEST(CanaryTest, OnlyALockstepCanaryIsPromotedBeforeItsWindow) {
+  for (const bool lockstep : {false, true}) {
+    Canary canary = NewCanary(lockstep);
+    canary.PushAnswered(kVersion);
+    RecordedStream stream = CanaryStream(1000);
+    stream.steps_marked = 4;
+    canary.Acked({kCanary, kVersion, true, ""}, kAck, stream);
+    stream.steps_marked = 6;
+    stream.total_events = 1400;
+    EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Seconds(1), stream).next,
+              lockstep ? Canary::Next::kPromote : Canary::Next::kNothing)
+        << lockstep;
+    if (!lockstep) {
+      EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+      EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Seconds(10), stream).next,
+                Canary::Next::kPromote);
+    }
+  }
+}
+
+// A first step that leaves the margin is judged, not promoted: a rollback
+// then reaches only the canary.
+TEST(CanaryTest, ALockstepCanaryPastTheMarginAtItsFirstStepIsJudgedFirst) {
+  Canary canary = NewCanary(/*lockstep=*/true);
+  canary.PushAnswered(kVersion);
+  RecordedStream stream = CanaryStream(1000);
+  stream.steps_marked = 4;
+  canary.Acked({kCanary, kVersion, true, ""}, kAck, stream);
+  stream.steps_marked = 6;
+  bool changed = false;
+  // Its peak is known, not yet judged on (no report since the step).
+  canary.Watch(9 * kGiB, 3 * kGiB, kAck + absl::Milliseconds(100),
+               RecordedStream{.session = kCanary, .total_events = 1100, .steps_marked = 5},
+               nullptr, changed);
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+  EXPECT_EQ(Watch(canary, 9 * kGiB, kAck + absl::Seconds(1), stream).next,
+            Canary::Next::kJudge);
+  canary.StartJudging();
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+}
+
+// A rank whose client marks no steps is promoted once its watch found the
+// push within the margin over a first pass's events after it.
+TEST(CanaryTest, ALockstepCanaryThatMarksNoStepsPromotesOnceWatchedOverAFirstPassOfEvents) {
+  Canary canary = NewCanary(/*lockstep=*/true);
+  canary.PushAnswered(kVersion);
+  canary.Acked({kCanary, kVersion, true, ""}, kAck, CanaryStream(1000));
+  EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Seconds(1), CanaryStream(1050)).next,
+            Canary::Next::kNothing);
+  EXPECT_EQ(canary.Stepped(CanaryStream(1099)).next, Canary::Next::kNothing);
+  EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Seconds(2), CanaryStream(1100)).next,
+            Canary::Next::kPromote);
+}
+
+// Set for every rank, the push rolls back on any of them: a NACK of the
+// job's version, or a realised peak past the margin on another rank.
+TEST(CanaryTest, AnyRankUnderThePromotedVersionCanRollItBack) {
+  Canary canary = NewCanary(/*lockstep=*/true);
+  canary.PushAnswered(kVersion);
+  canary.Acked({kCanary, kVersion, true, ""}, kAck, CanaryStream(1000));
+  ASSERT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Seconds(1), CanaryStream(1100)).next,
+            Canary::Next::kPromote);
+  canary.Promoted(9, {kCanary, 2}, nullptr);
+  EXPECT_EQ(canary.Acked({2, 9, false, "rejected"}, kAck + absl::Seconds(2), std::nullopt),
+            Canary::AckResult::kRefused);
+  // Rank 2's report under the job's version, seen as the job's realised peak.
+  EXPECT_EQ(Watch(canary, 9 * kGiB, kAck + absl::Seconds(3), CanaryStream(1200)).next,
+            Canary::Next::kJudge);
 }
 
 }  // namespace

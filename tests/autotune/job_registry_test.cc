@@ -118,5 +118,51 @@ TEST(JobRegistryTest, StatusAndHistoryGoByLabelThenTenant) {
   EXPECT_EQ(jobs.LiveJobs("llama", "").size(), 2u);
 }
 
+// The ranks of one run are one job (its key carries the run id), lockstep
+// as soon as one of several ranks joins; another run of the label is
+// another job, and a session of the label without a run a third. Status
+// shows each rank's config, by rank.
+TEST(JobRegistryTest, TheRanksOfOneRunAreOneLockstepJobApartFromAnotherRunOfTheLabel) {
+  JobRegistry jobs(Options());
+  const JobKey run_a{.tenant = "uid:1", .job = "llama", .run = "run-a"};
+  const JobKey run_b{.tenant = "uid:1", .job = "llama", .run = "run-b"};
+  AutotuneJob* a = jobs.AddSession(1, run_a, "max_split_size_mb:64", 0, true,
+                                   {.run = "run-a", .rank = 1, .world_size = 2});
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(a->lockstep);
+  EXPECT_EQ(jobs.AddSession(2, run_a, "expandable_segments:True", 4, true,
+                            {.run = "run-a", .rank = 0, .world_size = 2}),
+            a);
+  EXPECT_EQ(a->sessions, (std::vector<SessionId>{1, 2}));
+  EXPECT_EQ(a->recorded, 1u);  // one stream: the first rank's
+  AutotuneJob* b = jobs.AddSession(3, run_b, "", 0, true,
+                                   {.run = "run-b", .rank = 0, .world_size = 2});
+  EXPECT_NE(b, a);
+  AutotuneJob* label = jobs.AddSession(4, kLlama, "", 0, false);
+  EXPECT_NE(label, a);
+  EXPECT_FALSE(label->lockstep);
+  EXPECT_EQ(jobs.RemoveSession(2), run_a);
+
+  jobs.AddSession(2, run_a, "expandable_segments:True", 4, true,
+                  {.run = "run-a", .rank = 0, .world_size = 2});
+  const std::vector<AutotuneJobStatus> status = jobs.Status();
+  ASSERT_EQ(status.size(), 3u);
+  // By label, then tenant, then run: the label's own job first.
+  EXPECT_EQ(status[0].run, "");
+  EXPECT_EQ(status[1].run, "run-a");
+  EXPECT_EQ(status[2].run, "run-b");
+  ASSERT_EQ(status[1].ranks.size(), 2u);
+  EXPECT_EQ(status[1].ranks[0].rank, 0u);
+  EXPECT_EQ(status[1].ranks[0].session, 2u);
+  EXPECT_EQ(status[1].ranks[0].world_size, 2u);
+  EXPECT_EQ(status[1].ranks[0].config, "expandable_segments:True");
+  EXPECT_EQ(status[1].ranks[0].config_version, 4u);
+  EXPECT_EQ(status[1].ranks[1].rank, 1u);
+  EXPECT_EQ(status[1].ranks[1].config, "max_split_size_mb:64");
+  ASSERT_EQ(status[0].ranks.size(), 1u);
+  EXPECT_EQ(status[0].ranks[0].world_size, 0u);  // no rank reported
+  EXPECT_EQ(jobs.LiveJobs("llama", "uid:1").size(), 3u);
+}
+
 }  // namespace
 }  // namespace allocd

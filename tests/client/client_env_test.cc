@@ -16,7 +16,9 @@ constexpr const char* kVariables[] = {
     env::kSocket,           env::kJob,          env::kAutotune,
     env::kAutostart,        env::kReadAheadMs,  env::kHandoverMs,
     env::kClientCreates,    env::kInitialAllocConf,
-    env::kLearnedAllocConf, env::kPytorchCudaAllocConf, env::kTorchNcclRegisterHook};
+    env::kLearnedAllocConf, env::kPytorchCudaAllocConf,
+    env::kTorchRunId,       env::kRank,         env::kWorldSize,
+    env::kMasterAddr,       env::kMasterPort, env::kTorchNcclRegisterHook};
 
 class ClientEnvTest : public ::testing::Test {
  protected:
@@ -39,6 +41,9 @@ TEST_F(ClientEnvTest, AnEmptyEnvironmentGivesTheDefaults) {
   EXPECT_TRUE(e->client_creates);
   EXPECT_EQ(e->initial_config, "");
   EXPECT_EQ(e->started_on_learned, "");
+  EXPECT_EQ(e->run_id, "");
+  EXPECT_EQ(e->rank, 0u);
+  EXPECT_EQ(e->world_size, 0u);
 
   // An empty socket is the default too (the Python package passes "").
   setenv(env::kSocket, "", 1);
@@ -114,6 +119,39 @@ TEST_F(ClientEnvTest, NcclRegistrationIsPyTorchsReadingOfItsHookVariable) {
     setenv(env::kTorchNcclRegisterHook, off, 1);
     EXPECT_FALSE(NcclRegistersSegments()) << off;
   }
+}
+
+// torchrun's environment for each rank: the run its ranks share, the rank
+// and how many there are.
+TEST_F(ClientEnvTest, ATorchrunRankSaysItsRunRankAndWorldSize) {
+  setenv(env::kTorchRunId, "3f2c-9a", 1);
+  setenv(env::kRank, "1", 1);
+  setenv(env::kWorldSize, "2", 1);
+  absl::StatusOr<ClientEnv> e = ClientEnv::FromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->run_id, "3f2c-9a");
+  EXPECT_EQ(e->rank, 1u);
+  EXPECT_EQ(e->world_size, 2u);
+
+  // torchrun's default run id, the same for every run started without
+  // --rdzv-id, is told apart by the rendezvous address.
+  setenv(env::kTorchRunId, "none", 1);
+  setenv(env::kMasterAddr, "127.0.0.1", 1);
+  setenv(env::kMasterPort, "29500", 1);
+  EXPECT_EQ(ClientEnv::FromEnvironment()->run_id, "none/127.0.0.1:29500");
+
+  setenv(env::kRank, "2", 1);
+  EXPECT_THAT(ClientEnv::FromEnvironment().status().message(),
+              HasSubstr("RANK 2 is not below WORLD_SIZE 2"));
+  setenv(env::kRank, "first", 1);
+  EXPECT_THAT(ClientEnv::FromEnvironment().status().message(),
+              HasSubstr("RANK must be a whole number"));
+}
+
+TEST_F(ClientEnvTest, ARunIdKeepsOnlyTheBytesTheDaemonTakes) {
+  EXPECT_EQ(JobRunId("", "10.0.0.1", "29500"), "");
+  EXPECT_EQ(JobRunId("my run #4", "", ""), "my_run__4");
+  EXPECT_EQ(JobRunId(std::string(200, 'a'), "", "").size(), 128u);
 }
 
 }  // namespace

@@ -74,11 +74,11 @@ class AutotuneEndToEndTest : public ::testing::Test {
   // does with a job running a harmful config (learned, the default, would
   // replace it at registration: the test of issue 40's start configs).
   void StartDaemon(const std::string& mode, std::vector<std::string> extra = {},
-                   const std::string& prior = "off") {
+                   const std::string& prior = "off", const std::string& capacity = "24GiB") {
     std::vector<std::string> args = {
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
         "--metrics-addr", "",
-        "--capacity", "24GiB", "--autotune", mode,
+        "--capacity", capacity, "--autotune", mode,
         "--autotune-first-pass-events", "300000", "--autotune-prior", prior};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<Child>(std::move(args));
@@ -86,11 +86,15 @@ class AutotuneEndToEndTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
+  // `environment`: NAME=VALUE for the replay's process (torchrun's, for a
+  // rank).
   std::unique_ptr<Child> Replay(const std::string& job,
-                                std::vector<std::string> extra) {
-    std::vector<std::string> args = {ALLOCD_BINARY, "client-replay", kTrace,
-                                     "--socket", socket_, "--job", job,
-                                     "--json"};
+                                std::vector<std::string> extra,
+                                std::vector<std::string> environment = {}) {
+    std::vector<std::string> args = {"/usr/bin/env"};
+    args.insert(args.end(), environment.begin(), environment.end());
+    args.insert(args.end(), {ALLOCD_BINARY, "client-replay", kTrace, "--socket", socket_,
+                             "--job", job, "--json"});
     args.insert(args.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(std::move(args));
   }
@@ -234,6 +238,63 @@ TEST_F(AutotuneEndToEndTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDeci
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->trigger(), "bad_start_config");
   EXPECT_EQ(out["config"], d->to_config());
+}
+
+// A job of two processes (issue 40): two replays of llama_lora as the ranks
+// of one torchrun run, rank 1 first. One decision, on the canary rank's
+// stream, reaches both ranks once the canary's push is judged within the
+// margin (a replay marks no steps: over a first pass of events after the
+// push), before the canary_window would have let it: both replays end on
+// the pushed config.
+TEST_F(AutotuneEndToEndTest, TheRanksOfOneRunAreOneJobAndBothEndOnThePushedConfig) {
+  StartDaemon("apply", {}, "off", "48GiB");
+  const std::vector<std::string> run = {"TORCHELASTIC_RUN_ID=ddp-run-1", "WORLD_SIZE=2"};
+  const std::vector<std::string> replay = {"--config", "max_split_size_mb:64", "--speed", "4",
+                                           "--duration", JobSeconds(35)};
+  std::vector<std::string> rank1 = run, rank0 = run;
+  rank1.push_back("RANK=1");
+  rank0.push_back("RANK=0");
+  std::unique_ptr<Child> canary = Replay("ddp", replay, rank1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::unique_ptr<Child> other = Replay("ddp", replay, rank0);
+
+  // Each rank under the job, with its rank, while they run.
+  bool both_ranks_shown = false;
+  for (int i = 0; i < 100 && !both_ranks_shown; ++i) {
+    // (No job yet: the JSON has no "jobs".)
+    const nlohmann::json jobs = nlohmann::json::parse(Allocctl({"autotune", "status", "--json"}))
+                                    .value("jobs", nlohmann::json::array());
+    if (jobs.size() == 1 && jobs[0].value("ranks", nlohmann::json::array()).size() == 2) {
+      const nlohmann::json& job = jobs[0];
+      EXPECT_EQ(job["run_id"], "ddp-run-1");
+      EXPECT_EQ(job["ranks"][0]["rank"], 0) << job.dump();
+      EXPECT_EQ(job["ranks"][1]["rank"], 1) << job.dump();
+      EXPECT_EQ(job["ranks"][1]["world_size"], 2) << job.dump();
+      both_ranks_shown = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(both_ranks_shown);
+  EXPECT_THAT(Allocctl({"autotune", "status"}), HasSubstr("rank 1/2"));
+
+  const nlohmann::json canary_out = Finish(*canary);
+  const nlohmann::json other_out = Finish(*other);
+  std::optional<v1::AutotuneDecision> d = AwaitDecision("ddp", {"pushed"});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->run_id(), "ddp-run-1");
+  EXPECT_EQ(d->from_config(), "max_split_size_mb:64");
+  // One decision for the job: pushed to the canary rank, then every rank.
+  int pushed = 0;
+  for (const v1::AutotuneDecision& decision : Decisions("ddp")) {
+    pushed += decision.result() == "pushed" || decision.result() == "rolled_back";
+  }
+  EXPECT_EQ(pushed, 1);
+  ASSERT_EQ(d->sessions_size(), 2) << d->why();
+  EXPECT_EQ(d->sessions(0), canary_out["first_session_id"].get<uint64_t>());
+  EXPECT_EQ(d->sessions(1), other_out["first_session_id"].get<uint64_t>());
+  EXPECT_THAT(d->why(), HasSubstr("every rank runs it")) << d->why();
+  EXPECT_EQ(canary_out["config"], d->to_config()) << canary_out.dump();
+  EXPECT_EQ(other_out["config"], d->to_config()) << other_out.dump();
 }
 
 TEST_F(AutotuneEndToEndTest, RecommendPushesNothingAndShowsTheRecommendation) {

@@ -44,12 +44,14 @@ struct TestDaemon {
     // The configs pushed to it at registration, with each push's reason.
     std::vector<std::pair<std::string, std::string>> pushed;
   };
-  // `mode`: the autotune mode the job asks for ("": none).
+  // `mode`: the autotune mode the job asks for ("": none); `rank`: its
+  // place in a job of several.
   Registered Register(uid_t uid, const std::string& job,
-                      const std::string& mode = "") {
+                      const std::string& mode = "", const v1::JobRank& rank = {}) {
     v1::RegisterRequest r;
     r.set_protocol_version(1);
     r.set_job(job);
+    *r.mutable_rank() = rank;
     r.mutable_autotune()->set_mode(mode);
     r.set_initial_config("max_split_size_mb:64");
     const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
@@ -523,4 +525,75 @@ TEST(DaemonAutotuneFeaturesTest, ALearnedConfigTheJobsFeaturesBreakIsForgotten) 
   EXPECT_TRUE(daemon.Register(1001, "loader").pushed.empty());
 }
 
+}
+
+namespace {
+
+v1::JobRank Rank(const std::string& run, uint32_t rank, uint32_t world_size) {
+  v1::JobRank r;
+  r.set_run_id(run);
+  r.set_rank(rank);
+  r.set_world_size(world_size);
+  return r;
+}
+
+// The ranks of one run are one job whatever labels they give (the run's
+// first session's), apart from another run of the label and from the
+// label's sessions without a run; the job's config reaches its ranks only,
+// and what it learns is its label's.
+TEST(DaemonAutotuneRanksTest, TheRanksOfARunAreOneJobWhateverTheirLabels) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned);
+  const TestDaemon::Registered rank1 = daemon.Register(1001, "train", "", Rank("r1", 1, 2));
+  const TestDaemon::Registered rank0 =
+      daemon.Register(1001, "train-rank0", "", Rank("r1", 0, 2));
+  const TestDaemon::Registered other_run = daemon.Register(1001, "train", "", Rank("r2", 0, 2));
+  const TestDaemon::Registered plain = daemon.Register(1001, "train");
+
+  const v1::AutotuneStatusResponse status = daemon.autotune.Status();
+  ASSERT_EQ(status.jobs_size(), 3) << status.DebugString();
+  for (const v1::AutotuneJob& job : status.jobs()) EXPECT_EQ(job.job(), "train");
+  EXPECT_EQ(status.jobs(0).run_id(), "");
+  EXPECT_EQ(status.jobs(1).run_id(), "r1");
+  ASSERT_EQ(status.jobs(1).ranks_size(), 2);
+  EXPECT_TRUE(status.jobs(1).ranks(0).has_rank());
+  EXPECT_EQ(status.jobs(1).ranks(0).rank(), 0u);
+  EXPECT_FALSE(status.jobs(0).ranks(0).has_rank());  // no rank reported
+  EXPECT_EQ(status.jobs(1).ranks(0).session_id(), rank0.id);
+  EXPECT_EQ(status.jobs(1).ranks(1).session_id(), rank1.id);
+  EXPECT_EQ(status.jobs(1).ranks(1).world_size(), 2u);
+  EXPECT_EQ(status.jobs(1).ranks(1).config(), "max_split_size_mb:64");
+  EXPECT_EQ(status.jobs(2).run_id(), "r2");
+
+  absl::StatusOr<uint64_t> version = daemon.autotune.SetJobConfig(
+      {.tenant = "uid:1001", .job = "train", .run = "r1"}, kLearned, "decision 7", 5LL << 30);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_THAT(daemon.Pending(1001, rank1.id, rank1.secret), ::testing::ElementsAre(kLearned));
+  EXPECT_THAT(daemon.Pending(1001, rank0.id, rank0.secret), ::testing::ElementsAre(kLearned));
+  EXPECT_TRUE(daemon.Pending(1001, other_run.id, other_run.secret).empty());
+  EXPECT_TRUE(daemon.Pending(1001, plain.id, plain.secret).empty());
+
+  AutotuneDecision kept = TestDaemon::Pushed(rank1.id, "train");
+  kept.run = "r1";
+  kept.version = *version;
+  daemon.autotune.OnDecision(kept);
+  ASSERT_TRUE(learned.Find({"uid:1001", "train"}).has_value());
+  EXPECT_EQ(learned.Find({"uid:1001", "train"})->config, kLearned);
+}
+
+TEST(DaemonAutotuneRanksTest, ARankThatCannotBeIsRefusedAtRegistration) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned);
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  v1::RegisterRequest r;
+  r.set_protocol_version(1);
+  *r.mutable_rank() = Rank("r1", 2, 2);
+  EXPECT_EQ(daemon.core.Register(peer, r).status().code(), absl::StatusCode::kInvalidArgument);
+  *r.mutable_rank() = Rank("run id with spaces", 0, 2);
+  absl::StatusOr<v1::RegisterResponse> refused = daemon.core.Register(peer, r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("rank.run_id"));
+}
+
+}  // namespace
 }  // namespace allocd

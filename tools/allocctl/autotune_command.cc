@@ -168,6 +168,20 @@ void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
       std::printf("    uses %s: configs PyTorch cannot run with them are not pushed\n",
                   features.c_str());
     }
+    if (!j.run_id().empty()) std::printf("    run %s\n", j.run_id().c_str());
+    // What each session (each rank of a job of several) runs: a push
+    // reaches the canary first, then every rank.
+    for (const v1::AutotuneRank& rank : j.ranks()) {
+      const std::string who =
+          rank.world_size() > 0
+              ? absl::StrCat("rank ", rank.rank(), "/", rank.world_size(), " (session ",
+                             rank.session_id(), ")")
+              : absl::StrCat("session ", rank.session_id());
+      std::printf("    %s: %s (version %llu)%s\n", who.c_str(),
+                  rank.config().empty() ? "(defaults)" : rank.config().c_str(),
+                  static_cast<unsigned long long>(rank.config_version()),
+                  rank.canary() ? ", canary" : "");
+    }
     if (j.has_last()) PrintDecision(j.last(), "    ");
   }
 }

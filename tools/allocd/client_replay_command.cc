@@ -19,6 +19,7 @@
 #include "allocator/trace/replay.h"
 #include "allocator/trace/replay_observer.h"
 #include "client/allocator_target.h"
+#include "client/client_env.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
 #include "client/live_session.h"
@@ -238,12 +239,20 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   v1::AutotunePreferences preferences;
   for (const std::string& key : o.pinned_keys) preferences.add_pinned_keys(key);
   preferences.set_mode(o.autotune_mode);
+  // A replay of one rank of a job of several says so as the job's own
+  // process would: torchrun's environment (ClientEnv).
+  absl::StatusOr<ClientEnv> env = ClientEnv::FromEnvironment();
+  if (!env.ok()) {
+    err << "allocd client-replay: " << env.status().message() << "\n";
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
       {.socket = o.socket,
        .job = o.job,
        .initial_config = FormatAllocatorConfig(*config),
        .description = "allocd client-replay",
-       .autotune = preferences});
+       .autotune = preferences,
+       .rank = RankOf(*env)});
   if (!client.ok()) {
     err << "allocd client-replay: " << client.status().message() << "\n";
     return 1;
