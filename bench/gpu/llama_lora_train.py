@@ -195,11 +195,8 @@ def main():
     if tracked:
         s = allocd.stats()
         result["step_config"] = step_configs
-        result["allocd"] = {k: s[k] for k in ("session_id", "config", "config_version",
-                                               "config_reason", "configs_applied",
-                                               "events_sent", "events_dropped",
-                                               "advisor_seconds", "event_source",
-                                               "steps_marked", "states_sent") if k in s}
+        result["allocd"] = {k: s[k] for k in tuned_job.STATS_KEYS + ("advisor_seconds",)
+                            if k in s}
     elif tuned_job.autostarted():
         result["step_config"] = step_configs
         try:

@@ -301,7 +301,7 @@ def whole_job_table(all_rows):
         whole_vs_best = pct(r["whole"], r["best_whole"])
         after = pct(r["realised"], r["best"]) if r["realised"] is not None else None
         vs_staying = pct(r["whole"], r["staying_whole"])
-        first_run = r["mode"] not in ("learned", "runlearned")
+        first_run = r["mode"] not in JOB_MODE
         met = (whole_vs_best is not None and whole_vs_best <= 5.0 and
                (after is None or after <= 5.0) and (vs_staying is None or vs_staying <= 0.05))
         first = "-" if r["push_step"] is None else str(r["push_step"])
