@@ -31,7 +31,7 @@ from multiprocessing.connection import Client, Listener
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the CUDA reductions)
-from torch.multiprocessing.reductions import ForkingPickler
+from multiprocessing.reduction import ForkingPickler  # torch.multiprocessing registers its reductions on it
 
 
 def produce(args):

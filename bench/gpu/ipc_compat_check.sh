@@ -73,10 +73,16 @@ for consumer in ${CONSUMER:-uid pidns}; do
 done
 
 step summary
-python - "$out" <<'PY'
+python - "$out" $parts <<'PY'
 import glob, json, os, sys
-out = sys.argv[1]
+out, parts = sys.argv[1], sys.argv[2:]
 ok = True
+# A part that left no result (its job failed before writing one) fails.
+for part in parts:
+    if not [p for p in glob.glob(os.path.join(out, f"{part}-*.json"))
+            if not p.endswith((".history.json", ".status.json"))]:
+        print(f"{part:22s} no result: see ipc_compat.log")
+        ok = False
 for path in sorted(glob.glob(os.path.join(out, "*-*.json"))):
     name = os.path.basename(path)[:-5]
     if name.endswith((".history", ".status")):
