@@ -7,8 +7,9 @@ rank ran behind the first rank to switch (the target: at most 3).
 
     python summarize_ddp_whole.py OUT NPROC
 """
-import json
 import sys
+
+from summarize_workloads import load
 
 GIB = 2 ** 30
 RUNS = [("whole_advise_defaults", "defaults", "advise"),
@@ -17,14 +18,6 @@ RUNS = [("whole_advise_defaults", "defaults", "advise"),
         ("whole_run_mss64", "mss64", "run"),
         ("whole_runlearned_mss64", "mss64", "run again (learned)")]
 START = {"defaults": "", "mss64": "max_split_size_mb:64"}
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def first_switch(run, start):
