@@ -525,8 +525,6 @@ TEST(DaemonAutotuneFeaturesTest, ALearnedConfigTheJobsFeaturesBreakIsForgotten) 
   EXPECT_TRUE(daemon.Register(1001, "loader").pushed.empty());
 }
 
-}
-
 namespace {
 
 v1::JobRank Rank(const std::string& run, uint32_t rank, uint32_t world_size) {
