@@ -71,11 +71,10 @@ void TelemetryStream::PublishWorkingSet(std::vector<uint64_t> segment_bytes) {
 
 void TelemetryStream::PublishFeatures(const v1::JobFeatures& features) {
   absl::MutexLock lock(&mu_);
+  // Features only turn on: merging proto3 bools sets those `features`
+  // has, leaving the others as they were (the union).
   v1::JobFeatures all = features_;
-  all.set_cuda_ipc(all.cuda_ipc() || features.cuda_ipc());
-  all.set_cuda_graphs(all.cuda_graphs() || features.cuda_graphs());
-  all.set_mem_pool(all.mem_pool() || features.mem_pool());
-  all.set_nccl_registration(all.nccl_registration() || features.nccl_registration());
+  all.MergeFrom(features);
   if (all.SerializeAsString() == features_.SerializeAsString()) return;
   features_ = std::move(all);
   features_unsent_ = true;

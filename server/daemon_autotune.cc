@@ -22,6 +22,13 @@ JobFeatures FromProto(const v1::JobFeatures& features) {
           .nccl_registration = features.nccl_registration()};
 }
 
+void ToProto(const JobFeatures& features, v1::JobFeatures* out) {
+  out->set_cuda_ipc(features.cuda_ipc);
+  out->set_cuda_graphs(features.cuda_graphs);
+  out->set_mem_pool(features.mem_pool);
+  out->set_nccl_registration(features.nccl_registration);
+}
+
 // Decisions whose last counted result is remembered (older ones no longer
 // change).
 constexpr size_t kCountedDecisions = 4096;
@@ -540,11 +547,7 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
     job->set_window_events(s.window_events);
     job->set_dropped_events(s.dropped_events);
     job->set_marks_steps(s.marks_steps);
-    v1::JobFeatures* features = job->mutable_features();
-    features->set_cuda_ipc(s.features.cuda_ipc);
-    features->set_cuda_graphs(s.features.cuda_graphs);
-    features->set_mem_pool(s.features.mem_pool);
-    features->set_nccl_registration(s.features.nccl_registration);
+    ToProto(s.features, job->mutable_features());
     job->set_steps_marked(s.steps_marked);
     job->set_state(AutotuneJobStateName(s.state));
     if (s.last) Fill(*s.last, job->mutable_last());

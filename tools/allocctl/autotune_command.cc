@@ -7,6 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "allocator/bytes.h"
 #include "nlohmann/json.hpp"
 #include "tools/allocctl/commands.h"
@@ -86,14 +88,17 @@ void PrintDecision(const v1::AutotuneDecision& d, const char* indent) {
 }
 
 // What a job's sessions said they do (JobFeatures), comma-separated; "" for
-// none.
+// none. By the proto's field names, so a feature added there shows here.
 std::string FeatureNames(const v1::JobFeatures& f) {
+  const google::protobuf::Descriptor* fields = f.GetDescriptor();
+  const google::protobuf::Reflection* values = f.GetReflection();
   std::string names;
-  for (const auto& [on, name] : {std::pair{f.cuda_ipc(), "cuda_ipc"},
-                                 std::pair{f.cuda_graphs(), "cuda_graphs"},
-                                 std::pair{f.mem_pool(), "mem_pool"},
-                                 std::pair{f.nccl_registration(), "nccl_registration"}}) {
-    if (on) absl::StrAppend(&names, names.empty() ? "" : ",", name);
+  for (int i = 0; i < fields->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = fields->field(i);
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL &&
+        values->GetBool(f, field)) {
+      absl::StrAppend(&names, names.empty() ? "" : ",", field->name());
+    }
   }
   return names;
 }
