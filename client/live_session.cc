@@ -21,6 +21,11 @@ void LiveSession::Poll(AllocatorTarget& target) {
         // the old config cut them: released, the new config shapes it.
         target.EmptyCache();
         second_release_.Switched(target);
+        // Sent before the ACK: the daemon's watch of the push then starts
+        // where the job switched, and the step the push landed in is the
+        // job's first step mark after the ACK.
+        Publish(target.Stats());
+        (void)client_.FlushTelemetry();
         return absl::OkStatus();
       });
     }

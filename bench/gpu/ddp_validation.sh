@@ -14,10 +14,10 @@
 #   whole     issue 40: the job as one, from its first allocation: natively
 #             under max_split_size_mb:64, defaults and expandable segments
 #             (staying, the best from step 0); with the daemon in apply mode
-#             (the default prior), from defaults in advisor, transparent and
-#             unchanged-script modes (a push: each rank's first step on it),
-#             from max_split_size_mb:64 under `allocd run` (replaced at
-#             registration), and that job again (learned); per rank, the
+#             (the default prior), from defaults and from
+#             max_split_size_mb:64 in advisor, transparent and
+#             unchanged-script modes, then each once more (learned); per
+#             rank, each config's first step on it, and the
 #             whole-run peak against the best and staying
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
@@ -190,14 +190,22 @@ if want whole; then
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ddp whole_native_expandable native \
     --steps "$steps" --varying
   start_daemon device --autotune apply --state-dir "$out/state"
-  ddp whole_advise_defaults advise --job ddp-whole-a --steps "$steps" --varying
-  ddp whole_transparent_defaults transparent --job ddp-whole-t --steps "$steps" --varying
-  RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-run --" \
-    ddp whole_run_defaults native --steps "$steps" --varying
-  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-mss --" \
-    ddp whole_run_mss64 native --steps "$steps" --varying
-  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 RUN_PREFIX="$bin/allocd run --socket $sock --job ddp-whole-mss --" \
-    ddp whole_runlearned_mss64 native --steps "$steps" --varying
+  # Every mode from each start, then each once more (the second run starts
+  # on what its label learned): whole_MODE[again]_START_rank*.json.
+  for again in "" again; do
+    for start in defaults mss64; do
+      conf=; [ "$start" = mss64 ] && conf=max_split_size_mb:64
+      for mode in advise transparent run; do
+        label=ddp-whole-$mode-$start name=whole_$mode${again}_$start
+        if [ "$mode" = run ]; then
+          PYTORCH_CUDA_ALLOC_CONF=$conf RUN_PREFIX="$bin/allocd run --socket $sock --job $label --" \
+            ddp "$name" native --steps "$steps" --varying
+        else
+          PYTORCH_CUDA_ALLOC_CONF=$conf ddp "$name" "$mode" --job "$label" --steps "$steps" --varying
+        fi
+      done
+    done
+  done
   allocctl --json autotune history >"$out/autotune_history.json"; allocctl autotune history | tail -12
   allocctl --json autotune learned >"$out/learned.json" 2>&1
   stop_daemon

@@ -12,6 +12,12 @@ namespace {
 // Steps a job that marks them runs under a push before the push is judged
 // on what it realised (Canary::SettledUnderPush).
 constexpr uint64_t kStepsBeforeJudging = 2;
+// Steps a lockstep canary runs under a push, within the margin, before the
+// push reaches its other ranks (Canary::FirstStepJudged): the step the push
+// landed in. The client sends its events before it ACKs a push, so that
+// step is the canary's first mark after the ACK. A step past the margin
+// waits for the judgement instead (kStepsBeforeJudging).
+constexpr uint64_t kStepsBeforePromoting = 1;
 // How much more than the standing prediction covered a canary under watch
 // requests before its pushed config is replayed on its own events
 // (WantsReprediction): the issue's bound on a prediction's error. Scaled
@@ -143,23 +149,24 @@ void Canary::SawRequested(int64_t peak_held_requested) {
 Canary::Action Canary::Stepped(const std::optional<RecordedStream>& stream) {
   // A realised peak past the margin waits for the stats report that
   // brought it to ask for a judgement (Watch): no promotion before that.
-  if (!FirstStepJudged(stream) || (SettledUnderPush(stream) && CheckMargin().past)) return {};
-  return PromoteToRanks();
+  return FirstStepJudged(stream) ? PromoteToRanks() : Action{};
 }
 
 // Whether a lockstep push may reach the job's other ranks: its canary ran
-// its first whole step under it (the step the push landed in, then one
-// more: SettledUnderPush) with no judgement asked for, or, for a client
-// that marks no steps, its watch found it within the margin over as many
-// events after the push as a first pass decides on (WatchedWithinMargin).
-// Its other ranks then run their old config at most a step or two more
-// than the canary, where the canary_window let a job of 0.4 s steps run
-// the harmful config on its other rank to its end (DDP on 2 x H200: 30
-// steps, issue 40).
+// the step the push landed in (kStepsBeforePromoting) within the margin,
+// with no judgement asked for, or, for a client that marks no steps, its
+// watch found it within the margin over as many events after the push as
+// a first pass decides on (WatchedWithinMargin). Its other ranks then run
+// their old config a step or two more than the canary, where the
+// canary_window let a job of 0.4 s steps run the harmful config on its
+// other rank to its end (DDP on 2 x H200: 30 steps), and waiting for a
+// whole step after that one left a rank 4 steps behind (DDP, 2 ranks on
+// an H200, issue 40).
 bool Canary::FirstStepJudged(const std::optional<RecordedStream>& stream) const {
   if (!push_.lockstep || phase_ != Phase::kWatching || !pushed_at_) return false;
   if (stream && stream->session == push_.canary && stream->steps_marked > 0) {
-    return SettledUnderPush(stream) && stream->total_events >= judge_after_events_;
+    return stream->steps_marked >= marks_at_push_ + kStepsBeforePromoting &&
+           stream->total_events >= judge_after_events_ && !CheckMargin().past;
   }
   return WatchedWithinMargin();
 }

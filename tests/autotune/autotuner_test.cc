@@ -1585,8 +1585,8 @@ AutotuneDecision PushToRanks(Autotuner& tuner, FakeActions& actions, size_t even
 
 // A DDP job's push went to its canary rank and, still watched when the job
 // ended 30 steps later, never to the other (issue 40). The ranks of a run
-// are one job: the push reaches every rank once the canary has run its
-// first whole step under it (two marks after its ACK), long before the
+// are one job: the push reaches every rank once the canary has run the
+// step the push landed in (its first mark after its ACK), long before the
 // canary_window; and a NACK, an OOM or a realised peak past the margin on
 // any rank rolls every rank back.
 TEST(AutotunerTest, ARunsPushReachesEveryRankAfterTheCanarysFirstStepAndRollsBackOnEvery) {
@@ -1602,15 +1602,12 @@ TEST(AutotunerTest, ARunsPushReachesEveryRankAfterTheCanarysFirstStepAndRollsBac
   tuner.Acked(1, d.version, true, "");
   tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
   tuner.WaitIdle();
-  // The step the push landed in: the other rank waits.
-  const size_t half = (pushed_at + TrainingEvents()) / 2;
-  Feed(tuner, 1, LlamaLora(), pushed_at, half);
-  tuner.Events(1, mark, 0);
+  // The step the push landed in, under way: the other rank waits.
+  Feed(tuner, 1, LlamaLora(), pushed_at, TrainingEvents());
   tuner.WaitIdle();
   EXPECT_EQ(actions.pushes().size(), 1u);
-  // Its first whole step under the push: every rank, at once.
+  // That step ends within the margin: every rank, at once.
   clock.Advance(absl::Seconds(1));
-  Feed(tuner, 1, LlamaLora(), half, TrainingEvents());
   tuner.Events(1, mark, 0);
   tuner.WaitIdle();
   std::vector<FakeActions::Push> pushes = actions.pushes();

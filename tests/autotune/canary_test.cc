@@ -324,10 +324,11 @@ TEST(CanaryTest, ACanaryRequestingMoreThanPredictedIsRepredictedOnceItsPeakPasse
 }
 
 // The ranks of a job run in lockstep, so the job needs what its worst rank
-// needs: a canary rank's push reaches the other ranks once its first whole
-// step under the push is judged (the step the push landed in, then one
-// more), not after the canary_window, which a DDP job of 0.4 s steps
-// outlived on its other rank (issue 40).
+// needs: a canary rank's push reaches the other ranks once the step the
+// push landed in is judged within the margin (the client sent its events
+// before its ACK, so that step is its first mark after it), not after the
+// canary_window, which a DDP job of 0.4 s steps outlived on its other rank,
+// nor a whole step later, which left a rank 4 steps behind (issue 40).
 TEST(CanaryTest, ALockstepCanaryThatMarksStepsPromotesAfterItsFirstStepUnderThePush) {
   Canary canary = NewCanary(/*lockstep=*/true);
   EXPECT_TRUE(canary.lockstep());
@@ -335,15 +336,14 @@ TEST(CanaryTest, ALockstepCanaryThatMarksStepsPromotesAfterItsFirstStepUnderTheP
   RecordedStream stream = CanaryStream(1000);
   stream.steps_marked = 4;
   canary.Acked({kCanary, kVersion, true, ""}, kAck, stream);
-  // The step the push landed in ends: not judged yet.
+  // Events of the step under way: not judged yet.
+  stream.total_events = 1100;
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+  EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Milliseconds(100), stream).next,
+            Canary::Next::kNothing);
+  // The step the push landed in ends within the margin: every rank.
   stream.steps_marked = 5;
   stream.total_events = 1200;
-  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
-  EXPECT_EQ(Watch(canary, 4 * kGiB, kAck + absl::Milliseconds(300), stream).next,
-            Canary::Next::kNothing);
-  // Its first whole step under the push, within the margin: every rank.
-  stream.steps_marked = 6;
-  stream.total_events = 1400;
   EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kPromote);
   EXPECT_EQ(canary.phase(), Canary::Phase::kPromoting);
   EXPECT_NE(canary.PromotionReason().find("first step"), std::string::npos)
@@ -378,25 +378,40 @@ TEST(CanaryTest, OnlyALockstepCanaryIsPromotedBeforeItsWindow) {
   }
 }
 
-// A first step that leaves the margin is judged, not promoted: a rollback
-// then reaches only the canary.
+// A first step that leaves the margin is not promoted: it is judged once
+// the canary settled under the push (a rollback then reaches only the
+// canary), and promoted when the judgement keeps it.
 TEST(CanaryTest, ALockstepCanaryPastTheMarginAtItsFirstStepIsJudgedFirst) {
   Canary canary = NewCanary(/*lockstep=*/true);
   canary.PushAnswered(kVersion);
   RecordedStream stream = CanaryStream(1000);
   stream.steps_marked = 4;
   canary.Acked({kCanary, kVersion, true, ""}, kAck, stream);
+  stream.steps_marked = 5;
+  stream.total_events = 1200;
+  // The step it landed in peaked past the margin (the old config's
+  // segments beside the new one's): neither promoted nor judged yet.
+  EXPECT_EQ(Watch(canary, 9 * kGiB, kAck + absl::Milliseconds(100), stream).next,
+            Canary::Next::kNothing);
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
   stream.steps_marked = 6;
-  bool changed = false;
-  // Its peak is known, not yet judged on (no report since the step).
-  canary.Watch(9 * kGiB, 3 * kGiB, kAck + absl::Milliseconds(100),
-               RecordedStream{.session = kCanary, .total_events = 1100, .steps_marked = 5},
-               nullptr, changed);
+  stream.total_events = 1400;
   EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
   EXPECT_EQ(Watch(canary, 9 * kGiB, kAck + absl::Seconds(1), stream).next,
             Canary::Next::kJudge);
   canary.StartJudging();
   EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kNothing);
+  // Kept: no worse than staying on the canary's own events.
+  EXPECT_EQ(canary
+                .Judged({AfterSwitchPeak(12 * kGiB), AfterSwitchPeak(9 * kGiB),
+                         RollbackPrediction{.keeping = 9 * kGiB, .rolled_back = 11 * kGiB}},
+                        400, "past the margin", nullptr)
+                .next,
+            Canary::Next::kNothing);
+  EXPECT_EQ(canary.phase(), Canary::Phase::kWatching);
+  stream.steps_marked = 7;
+  stream.total_events = 1600;
+  EXPECT_EQ(canary.Stepped(stream).next, Canary::Next::kPromote);
 }
 
 // A rank whose client marks no steps is promoted once its watch found the

@@ -9,7 +9,9 @@
 #include "absl/time/clock.h"
 #include "allocator/config.h"
 #include "allocd.grpc.pb.h"
+#include "allocator/trace/trace.h"
 #include "client/daemon_client.h"
+#include "client/event_recorder.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -32,7 +34,7 @@ class LiveSessionTest : public ::testing::Test {
     socket_ = dir_.path() + "/allocd.sock";
     daemon_ = std::make_unique<harness::Child>(std::vector<std::string>{
         ALLOCD_BINARY, "serve", "--backend", "sim", "--socket", socket_,
-        "--metrics-addr", "", "--capacity", "64MiB"});
+        "--metrics-addr", "", "--capacity", "64MiB", "--autotune", "recommend"});
     ASSERT_TRUE(harness::WaitForDaemon(socket_));
     admin_ = v1::Admin::NewStub(harness::DialAdmin(socket_));
     absl::StatusOr<std::unique_ptr<DaemonClient>> client =
@@ -43,10 +45,10 @@ class LiveSessionTest : public ::testing::Test {
                                              absl::ZeroDuration());
   }
 
-  void Push(const std::string& config) {
+  void Push(const std::string& config, const std::string& job = "live") {
     grpc::ClientContext context;
     v1::SetConfigRequest request;
-    request.set_job("live");
+    request.set_job(job);
     request.set_config(config);
     v1::SetConfigResponse response;
     ASSERT_TRUE(admin_->SetConfig(&context, request, &response).ok());
@@ -104,6 +106,39 @@ TEST_F(LiveSessionTest, AJobThatMarksStepsIsReleasedAgainAtItsNextMark) {
   EXPECT_EQ(target_.empty_cache_calls, 1);
   session_->AtStepMark(target_);
   EXPECT_EQ(target_.empty_cache_calls, 2);
+}
+
+// The daemon watches a push from where the job switched: the events the
+// job recorded before it reach the daemon with the ACK, not a telemetry
+// period later (with them, the step the push landed in is the first mark
+// after the ACK, which a job's other ranks wait for).
+TEST_F(LiveSessionTest, TheEventsBeforeAPushAreSentBeforeItsAck) {
+  absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
+      {.socket = socket_, .job = "flushed", .telemetry_period = absl::Hours(1)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  LiveSession session(**client, AllocatorConfig{}, absl::Hours(1));
+  constexpr uint64_t kEvents = 100;
+  for (uint64_t id = 1; id <= kEvents; ++id) {
+    (*client)->events()->Record(TraceOp::kAlloc, 0, id, 512);
+  }
+  Push("garbage_collection_threshold:0.6", "flushed");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (session.configs_applied() == 0 && absl::Now() < deadline) {
+    (*client)->AwaitControl(absl::Milliseconds(100));
+    session.Poll(target_);
+  }
+  ASSERT_EQ(session.configs_applied(), 1);
+  uint64_t window_events = 0;
+  while (window_events < kEvents && absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::AutotuneStatusResponse status;
+    ASSERT_TRUE(admin_->AutotuneStatus(&context, {}, &status).ok());
+    for (const v1::AutotuneJob& job : status.jobs()) {
+      if (job.job() == "flushed") window_events = job.window_events();
+    }
+    if (window_events < kEvents) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(window_events, kEvents);
 }
 
 TEST_F(LiveSessionTest, APushTheAllocatorRefusesIsCountedAndNotReleased) {

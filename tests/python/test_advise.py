@@ -349,6 +349,27 @@ class AdviseTest(unittest.TestCase):
         applied.at_step_mark()
         self.assertFalse(applied._wake.is_set())
 
+    def test_the_marks_after_a_config_is_applied_wake_a_round_at_once(self):
+        # Long after the start: only the apply makes marks wake rounds.
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
+        for _ in range(_advisor.Advisor.WAKING_MARKS):
+            advisor.at_step_mark()
+        advisor.saw_applied(1)
+        woken = []
+        for _ in range(_advisor.Advisor.MARKS_AFTER_APPLY + 1):
+            advisor._wake.clear()
+            advisor.at_step_mark()
+            woken.append(advisor._wake.is_set())
+        self.assertEqual(woken, [True] * _advisor.Advisor.MARKS_AFTER_APPLY + [False])
+        # The same count again is no new apply; the next config is.
+        advisor.saw_applied(1)
+        advisor._wake.clear()
+        advisor.at_step_mark()
+        self.assertFalse(advisor._wake.is_set())
+        advisor.saw_applied(2)
+        advisor.at_step_mark()
+        self.assertTrue(advisor._wake.is_set())
+
     def test_pushed_configs_are_applied_with_pytorchs_runtime_api_and_acked(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="llama", period=0.05))
         self.assertTrue(wait_for(lambda: self.allocctl("sessions").get("sessions")))

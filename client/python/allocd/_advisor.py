@@ -108,6 +108,11 @@ class Advisor:
     # job's third (its second under a known-harmful start config), so a job
     # of 5 ms steps is not 20 steps on by the next round.
     WAKING_MARKS = 4
+    # The marks after each config applied wake a round too: the daemon
+    # promotes a push to a job's other ranks at the canary's first mark
+    # under it, and judges it at its second. Left to 1 s rounds, the other
+    # rank of a DDP job of 0.22 s steps ran the old config 4 steps longer.
+    MARKS_AFTER_APPLY = 3
     # How long the control watcher blocks in the client library at a time:
     # stop() (at the interpreter's exit too) waits for it to come back
     # before the session is closed under it.
@@ -131,6 +136,7 @@ class Advisor:
         self.last_stats = {}
         self.busy_seconds = 0.0
         self.steps_marked = 0
+        self._waking_until_mark = 0  # marks up to this one wake a round: after an apply
         self._step_hook = None
         self._feature_hooks = None
         self._target = self._allocator_target()
@@ -212,9 +218,12 @@ class Advisor:
     def at_step_mark(self, now=None):
         """The job marked a step (called by the step hook once the mark is in
         the stream): each of the first WAKING_MARKS restarts the quick rounds
-        and, while no config has been applied, wakes a round at once."""
+        and, while no config has been applied, wakes a round at once; so do
+        the MARKS_AFTER_APPLY marks after each config applied."""
         now = time.monotonic() if now is None else now
         self.steps_marked += 1
+        if self.steps_marked <= self._waking_until_mark:
+            self._wake.set()
         if self.steps_marked > self.WAKING_MARKS:
             return
         self._quick_until = max(self._quick_until, now + self.QUICK_START_S)
@@ -222,18 +231,27 @@ class Advisor:
             self._wake.set()
 
     def step(self):
-        """One round: the client's control loop, then the allocation stream."""
+        """One round: the allocation stream, then the client's control loop
+        (which sends the stream before it ACKs a push: the daemon watches the
+        push from where the job switched)."""
         with self._lock:
-            self._lib.allocd_poll(self._client, ctypes.byref(self._target))
-            self._read_session()
             if self._events is not None:
                 self._events.send()
+            self._lib.allocd_poll(self._client, ctypes.byref(self._target))
+            self._read_session()
 
     def _read_session(self):
         buffer = ctypes.create_string_buffer(1 << 16)
         if self._lib.allocd_session_stats(self._client, buffer, len(buffer)) >= 0:
             self.session = json.loads(buffer.value.decode())
-            self.applied = self.session["configs_applied"]
+            self.saw_applied(self.session["configs_applied"])
+
+    def saw_applied(self, applied):
+        """The session has applied `applied` configs: the marks after a new
+        one wake rounds."""
+        if applied > self.applied:
+            self._waking_until_mark = self.steps_marked + self.MARKS_AFTER_APPLY
+        self.applied = applied
 
     def _allocator_target(self):
         """PyTorch's allocator as the control loop drives it (allocd_target).
