@@ -21,7 +21,8 @@
 #             whole-run peak against the best and staying
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
-#   [NPROC=2] bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
+#   [NPROC=2] [WHOLE_STEPS=30] [WHOLE_MODES="advise transparent run"] \
+#     bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
 # NPROC=1 runs the job as one rank (a one-GPU machine: the autotune part's
 # mechanics without the multi-GPU claims). ONE_GPU=1 runs NPROC ranks on GPU 0
 # over gloo (the ranks' grouping and promotion on one GPU; not NCCL's).
@@ -195,7 +196,7 @@ if want whole; then
   for again in "" again; do
     for start in defaults mss64; do
       conf=; [ "$start" = mss64 ] && conf=max_split_size_mb:64
-      for mode in advise transparent run; do
+      for mode in ${WHOLE_MODES:-advise transparent run}; do
         label=ddp-whole-$mode-$start name=whole_$mode${again}_$start
         if [ "$mode" = run ]; then
           PYTORCH_CUDA_ALLOC_CONF=$conf RUN_PREFIX="$bin/allocd run --socket $sock --job $label --" \

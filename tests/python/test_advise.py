@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 import unittest
@@ -104,6 +105,7 @@ class FakeTorch(types.ModuleType):
         self.history = history or FakeHistory()
         self.__version__ = "2.11.0+fake"
         self.settings = []
+        self.settings_threads = []  # the thread that made each of settings
         self.empty_cache_calls = 0
         self.reject = None
         self.oom_observers = []
@@ -120,6 +122,7 @@ class FakeTorch(types.ModuleType):
                 if fake.reject and fake.reject in update:
                     raise RuntimeError(f"refused: {update}")
                 fake.settings.append(update)
+                fake.settings_threads.append(threading.current_thread())
 
             @staticmethod
             def _record_memory_history(enabled="all", **kwargs):
@@ -551,6 +554,21 @@ class AdviseTest(unittest.TestCase):
         self.assertIn("(the job's largest request so far)", why)
         # The weights are in what the job needs.
         self.assertGreaterEqual(int(decisions()[0]["predicted_peak_requested"]), 48 << 20)
+
+    def test_a_harmful_start_config_is_replaced_before_advise_returns(self):
+        # A daemon in apply mode replaces max_split_size_mb:64 at registration;
+        # the job's next allocation, right after advise(), is made under that.
+        self.daemon.kill()
+        self.daemon.wait()
+        self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune", "apply")
+        self.assertIsNotNone(self.daemon)
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:64"
+        self.addCleanup(os.environ.pop, "PYTORCH_CUDA_ALLOC_CONF", None)
+        self.assertTrue(allocd.advise(socket=self.socket, job="harmful", period=5.0))
+        self.assertEqual(len(self.torch.settings), 1)
+        self.assertIn("expandable_segments:True", self.torch.settings[0])
+        self.assertIs(self.torch.settings_threads[0], threading.current_thread())
+        self.assertEqual(allocd.stats()["start_config_source"], "replaced")
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

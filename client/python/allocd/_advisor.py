@@ -86,6 +86,7 @@ def start_advisor(lib, client, torch, device, period, config, record_events):
     advisor = Advisor(lib, client, torch, device, period, config, events)
     if events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
+    advisor.take_start_config()
     advisor.start()
     return advisor
 
@@ -117,6 +118,9 @@ class Advisor:
     # stop() (at the interpreter's exit too) waits for it to come back
     # before the session is closed under it.
     CONTROL_WAIT_MS = 100
+    # How long advise() waits for the start config the daemon chose at
+    # registration: it is pushed on the control stream as the session opens.
+    START_CONFIG_WAIT_S = 2.0
 
     def __init__(self, lib, client, torch, device, period, config, events=None):
         self._lib = lib
@@ -207,6 +211,24 @@ class Advisor:
                 self._wake.set()
                 # The message waits until the round takes it: not again before.
                 self._round_done.wait(self.round_period())
+
+    def take_start_config(self):
+        """Applies the config the daemon chose for the job at registration (its
+        learned config, the node's prior, or a harmful one replaced) on the
+        caller's thread, before advise() returns: the job's next allocations
+        are made under it, not those before the advisor's first round (a DDP
+        rank of a model built just after advise() then kept its weights in
+        the start config's segments: 6% above the same config from step 0).
+        A process that started on it already (`allocd run`, enable()) runs
+        its version and waits for nothing."""
+        self._read_session()
+        if self.session.get("start_config_source", "own") == "own" or \
+                self.session.get("config_version", 0) != 0:
+            return
+        deadline = time.monotonic() + self.START_CONFIG_WAIT_S
+        while self.applied == 0 and time.monotonic() < deadline:
+            if self._lib.allocd_wait_control(self._client, self.CONTROL_WAIT_MS) > 0:
+                self.step()
 
     def round_period(self, now=None):
         """Seconds until the next round: short at the job's start."""
