@@ -2,11 +2,15 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
 
 namespace allocd {
 namespace {
@@ -52,6 +56,28 @@ bool NcclRegistersSegments() {
          hook == "on";
 }
 
+absl::StatusOr<v1::JobFeatures> DeclaredFeatures() {
+  v1::JobFeatures features;
+  features.set_nccl_registration(NcclRegistersSegments());
+  const google::protobuf::Descriptor& fields = *v1::JobFeatures::descriptor();
+  for (absl::string_view name :
+       absl::StrSplit(Get(env::kFeatures, ""), ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    const google::protobuf::FieldDescriptor* field = fields.FindFieldByName(std::string(name));
+    if (field == nullptr || field->type() != google::protobuf::FieldDescriptor::TYPE_BOOL) {
+      std::vector<std::string> known;
+      for (int i = 0; i < fields.field_count(); ++i) {
+        known.push_back(std::string(fields.field(i)->name()));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(env::kFeatures, " names \"", name,
+                                                     "\", which is not one of ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+    features.GetReflection()->SetBool(&features, field, true);
+  }
+  return features;
+}
+
 std::string JobRunId(const std::string& run_id, const std::string& master_addr,
                      const std::string& master_port) {
   std::string id = run_id;
@@ -94,6 +120,9 @@ absl::StatusOr<ClientEnv> ClientEnv::FromEnvironment() {
         client_creates, "\""));
   }
   e.client_creates = client_creates == "1";
+  if (absl::StatusOr<v1::JobFeatures> features = DeclaredFeatures(); !features.ok()) {
+    return features.status();
+  }
   const std::string running = Get(env::kPytorchCudaAllocConf, "");
   e.started_on_learned = Get(env::kLearnedAllocConf, "");
   if (e.started_on_learned != running) e.started_on_learned.clear();

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "allocd.pb.h"
 #include "proto/protocol.h"
 
 namespace allocd {
@@ -65,7 +66,18 @@ inline constexpr char kPytorchAllocConf[] = "PYTORCH_ALLOC_CONF";
 // PyTorch's (ProcessGroupNCCL): set, NCCL registers every segment of the
 // caching allocator with its communicators.
 inline constexpr char kTorchNcclRegisterHook[] = "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK";
+// What the job declares it will do with its CUDA memory, as JobFeatures'
+// field names separated by commas ("cuda_ipc"): the daemon then never
+// starts it on, or pushes, a config that would break that, before the
+// client sees it done (docs/compatibility.md).
+inline constexpr char kFeatures[] = "ALLOCD_FEATURES";
 }  // namespace env
+
+// What the process's environment says it will do: the features
+// ALLOCD_FEATURES declares, and NCCL's registration
+// (NcclRegistersSegments). InvalidArgument when ALLOCD_FEATURES names a
+// feature JobFeatures does not have.
+absl::StatusOr<v1::JobFeatures> DeclaredFeatures();
 
 // Whether TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK is on, as PyTorch's
 // getCvarBool reads it: the process's registration says so

@@ -8,6 +8,11 @@
 namespace allocd {
 
 v1::JobFeatures StartFeatures() {
+  // A declaration that does not parse was refused where the process read
+  // its environment (ClientEnv); a client configured otherwise keeps what
+  // NCCL's variable says.
+  absl::StatusOr<v1::JobFeatures> declared = DeclaredFeatures();
+  if (declared.ok()) return *std::move(declared);
   v1::JobFeatures features;
   features.set_nccl_registration(NcclRegistersSegments());
   return features;

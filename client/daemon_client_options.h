@@ -56,7 +56,8 @@ struct DaemonClientOptions {
 };
 
 // The features a process registers with (DaemonClientOptions::features):
-// what PyTorch's environment says it will do (NcclRegistersSegments).
+// what its environment says it will do (DeclaredFeatures: ALLOCD_FEATURES
+// and NCCL's registration).
 v1::JobFeatures StartFeatures();
 
 // The rank `env` says the process is, as DaemonClientOptions::rank.

@@ -393,7 +393,7 @@ absl::StatusOr<v1::LearnedConfigResponse> DaemonCore::LearnedConfig(
   if (!start.ok()) return start.status();
   std::optional<ConfigPusher::Learned> learned = observer_->LearnedConfigFor(
       {.uid = peer.uid, .tenant = *tenant, .job = r.job(), .initial_config = *start},
-      v1::AutotunePreferences(), v1::JobFeatures());
+      v1::AutotunePreferences(), r.features());
   if (learned.has_value()) {
     response.set_config(learned->config);
     response.set_author(learned->author);

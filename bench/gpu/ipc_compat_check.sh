@@ -11,9 +11,10 @@
 #                 "pidfd_open" (another PID namespace)
 #   allocd        under allocd.advise() with the daemon in apply mode, the
 #                 job started on max_split_size_mb:64 (which the autotuner
-#                 otherwise leaves for expandable segments): every tensor
-#                 opens, the job's features say cuda_ipc, and the decisions
-#                 list expandable segments as left out
+#                 otherwise replaces with expandable segments at
+#                 registration), declaring ALLOCD_FEATURES=cuda_ipc: every
+#                 tensor opens, the job's features say cuda_ipc, and the
+#                 decisions list expandable segments as left out
 # Each part runs twice: the consumer as uid 65534 (CONSUMER=uid) and as root
 # in a PID namespace of its own (CONSUMER=pidns, the "another pod" case).
 # Results in OUT: one JSON per part and consumer, `autotune history` and
@@ -63,7 +64,7 @@ for consumer in ${CONSUMER:-uid pidns}; do
   want control_es && run control_es "$consumer" --expandable-at 10
   if want allocd; then
     start_daemon 60GiB --autotune apply
-    PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 run allocd "$consumer" \
+    PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ALLOCD_FEATURES=cuda_ipc run allocd "$consumer" \
       --socket "$sock" --job "ipc-$consumer"
     allocctl autotune history --job "ipc-$consumer" > "$out/allocd-$consumer.history.txt"
     allocctl --json autotune history --job "ipc-$consumer" > "$out/allocd-$consumer.history.json"

@@ -149,6 +149,10 @@ StartConfig ChooseStartConfig(const std::string& own,
     split.max_split_size = AllocatorConfig{}.max_split_size;
     absl::StrAppend(&vetoes, "; ", safer, " was left out: ", why_not);
     safer = FormatAllocatorConfig(split);
+    // PyTorch's defaults, spelled by the key left out: "" answers "no
+    // start config" to allocd run and allocd.enable() (LearnedConfig),
+    // which would then start the job on its harmful own.
+    if (safer.empty()) safer = "expandable_segments:False";
     if (const std::string also = vetoed(safer); !also.empty()) {
       return {.config = own,
               .why = absl::StrCat("kept ", ConfName(own), " although it is known to be harmful: ",

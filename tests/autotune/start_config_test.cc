@@ -139,12 +139,14 @@ TEST(StartConfigTest, AVetoedReplacementFallsBack) {
                                  : std::string();
   };
   // The prior is vetoed and so is the safe config: the job's own without
-  // its harmful split size (PyTorch's defaults here), saying why.
+  // its harmful split size (PyTorch's defaults here, spelled by the key
+  // left out: "" would answer "none" to allocd run), saying why.
   const StartConfig split = ChooseStartConfig(
       own, std::nullopt, Prior{.config = Canonical("expandable_segments:True"), .jobs = 3},
       no_expandable);
   EXPECT_EQ(split.source, StartConfigSource::kReplaced);
-  EXPECT_EQ(split.config, "");
+  EXPECT_EQ(split.config, "expandable_segments:False");
+  EXPECT_EQ(*ParseAllocatorConfig(split.config), AllocatorConfig{});
   EXPECT_NE(split.why.find("another uid"), std::string::npos) << split.why;
   // Vetoed too: the job keeps its own.
   const StartConfigVeto nothing = [](const AllocatorConfig&) { return std::string("no"); };
@@ -165,7 +167,7 @@ TEST(StartConfigTest, AKeyTheJobPinnedIsNeverReplaced) {
   // Pinned expandable_segments: only the split size goes.
   const StartConfig kept = ChooseStartConfig(own, std::nullopt, std::nullopt,
                                              KeepsPinnedKeys(own, {"expandable_segments"}));
-  EXPECT_EQ(kept.config, "");
+  EXPECT_EQ(kept.config, "expandable_segments:False");
   EXPECT_NE(kept.why.find("the job pinned expandable_segments"), std::string::npos) << kept.why;
   // Pinned both: its own, harmful as it is.
   EXPECT_EQ(ChooseStartConfig(own, std::nullopt, std::nullopt,

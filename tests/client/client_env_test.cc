@@ -10,6 +10,7 @@
 namespace allocd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr const char* kVariables[] = {
@@ -18,7 +19,8 @@ constexpr const char* kVariables[] = {
     env::kClientCreates,    env::kInitialAllocConf,
     env::kLearnedAllocConf, env::kPytorchCudaAllocConf,
     env::kTorchRunId,       env::kRank,         env::kWorldSize,
-    env::kMasterAddr,       env::kMasterPort, env::kTorchNcclRegisterHook};
+    env::kMasterAddr,       env::kMasterPort, env::kTorchNcclRegisterHook,
+    env::kFeatures};
 
 class ClientEnvTest : public ::testing::Test {
  protected:
@@ -119,6 +121,27 @@ TEST_F(ClientEnvTest, NcclRegistrationIsPyTorchsReadingOfItsHookVariable) {
     setenv(env::kTorchNcclRegisterHook, off, 1);
     EXPECT_FALSE(NcclRegistersSegments()) << off;
   }
+}
+
+// ALLOCD_FEATURES declares what the job will do, by JobFeatures' field
+// names; NCCL's variable adds its registration; a name JobFeatures lacks is
+// refused, naming the ones it has.
+TEST_F(ClientEnvTest, DeclaredFeaturesAreJobFeaturesByName) {
+  absl::StatusOr<v1::JobFeatures> features = DeclaredFeatures();
+  ASSERT_TRUE(features.ok()) << features.status();
+  EXPECT_EQ(features->ByteSizeLong(), 0u);
+  setenv(env::kFeatures, " cuda_ipc, mem_pool ", 1);
+  setenv(env::kTorchNcclRegisterHook, "1", 1);
+  features = DeclaredFeatures();
+  ASSERT_TRUE(features.ok()) << features.status();
+  EXPECT_TRUE(features->cuda_ipc());
+  EXPECT_TRUE(features->mem_pool());
+  EXPECT_TRUE(features->nccl_registration());
+  EXPECT_FALSE(features->cuda_graphs());
+  setenv(env::kFeatures, "cuda_ipc,ipc", 1);
+  EXPECT_THAT(DeclaredFeatures().status().message(),
+              AllOf(HasSubstr("ALLOCD_FEATURES names \"ipc\""), HasSubstr("cuda_graphs")));
+  EXPECT_EQ(ClientEnv::FromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // torchrun's environment for each rank: the run its ranks share, the rank

@@ -25,6 +25,7 @@
 #include "allocator/trace/snapshot_reader.h"
 #include "allocd.grpc.pb.h"
 #include "client/daemon_client.h"
+#include "client/client_env.h"
 #include "client/daemon_connection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -612,6 +613,23 @@ TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfO
                 absl::StrContains(e.detail(), "known to be harmful");
   }
   EXPECT_TRUE(recorded);
+}
+
+// A job that declares it shares CUDA tensors (ALLOCD_FEATURES=cuda_ipc) is
+// never started on expandable segments, which a consumer of another uid
+// cannot open: its harmful start config is replaced without them.
+TEST_F(AutotuneEndToEndTest, AJobThatDeclaresCudaIpcIsNotStartedOnExpandableSegments) {
+  StartDaemon("apply", {}, "learned");
+  absl::StatusOr<std::string> undeclared =
+      AskLearnedConfig(socket_, "ipc", absl::Seconds(10), "max_split_size_mb:64");
+  ASSERT_TRUE(undeclared.ok()) << undeclared.status();
+  EXPECT_EQ(*undeclared, "expandable_segments:True");
+  setenv(env::kFeatures, "cuda_ipc", 1);
+  absl::StatusOr<std::string> declared =
+      AskLearnedConfig(socket_, "ipc", absl::Seconds(10), "max_split_size_mb:64");
+  unsetenv(env::kFeatures);
+  ASSERT_TRUE(declared.ok()) << declared.status();
+  EXPECT_EQ(*declared, "expandable_segments:False");
 }
 
 // Two daemons decide on one job in turn, each on a window of its own, so
