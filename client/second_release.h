@@ -44,7 +44,7 @@ class SecondRelease {
   static constexpr int kUnmarkedReleases = 3;
 
   // A config was applied to `target` and its cache released: the next
-  // releases wait for what is allocated now to go.
+  // releases wait for what is allocated now to go; none when nothing is.
   void Switched(AllocatorTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
   // The job marked a step: `target` is released if a release is pending,
   // and none after it.

@@ -81,6 +81,22 @@ TEST_F(SecondReleaseTest,
   EXPECT_EQ(target_.empty_cache_calls, 4);
 }
 
+// A start config applied before the job allocated anything (advise()
+// before the model) left no block of the old config to release.
+TEST_F(SecondReleaseTest, ASwitchWithNothingAllocatedReleasesNothingLater) {
+  target_.allocated = 2 * kGiB;
+  release_.Switched(target_);
+  target_.allocated = 0;
+  release_.Switched(target_);  // a second switch, nothing live: none pending
+  target_.allocated = kGiB;
+  release_.AtStepMark(target_);
+  Round(/*marks_steps=*/false);
+  target_.allocated = 0;
+  Round(/*marks_steps=*/false);
+  EXPECT_EQ(target_.empty_cache_calls, 0);
+  EXPECT_EQ(release_.releases(), 0);
+}
+
 TEST_F(SecondReleaseTest, ANewSwitchWaitsForItsOwnRelease) {
   target_.allocated = 2 * kGiB;
   release_.Switched(target_);
