@@ -24,7 +24,8 @@
 //   event is dropped and counted (the daemon away).
 // - BM_Segment: the interposer's cudaMalloc / cudaFree below the CUDA
 //   driver: DaemonBackend::AllocateSegment and FreeSegment
-//   (one Acquire of daemon chunks, their mapping, one Release) with the
+//   (one Acquire of daemon chunks, their mapping, their unmapping and
+//   release, in the background as the interposer's client does) with the
 //   sim mapper (mmap of memfd chunks) over a daemon in this process (sim
 //   backend) on a Unix socket, through the real gRPC and SCM_RIGHTS path.
 //   Each iteration takes 8 segments of `bytes` then frees them, as PyTorch
@@ -32,6 +33,12 @@
 //   for 200 ms (GrantReadAhead, the interposer's default), `read_ahead:0`
 //   asks the daemon for each. Deadlock detection as a process has it: it
 //   cannot be switched once the daemon's threads run.
+// - BM_FreeHeavy: one segment allocated and freed per iteration, from one
+//   or four threads under one lock as the interposer's, releasing in the
+//   background or waiting for the daemon (`release`).
+// - BM_PeakFromNeighbour: a job's peak of 16 x 1 GiB gathered from what a
+//   neighbour's reclaimed cache gives back, against the same peak from a
+//   pool with room (`x_room`), with and without read-ahead.
 //
 // What needs the CUDA driver is not here: the interposer itself
 // (client/interpose/allocd_interpose.cc, a shared library built only with
@@ -40,7 +47,7 @@
 // cuMemMap, cuMemSetAccess; cudaFree's device synchronisation). Above
 // DaemonBackend the interposer adds, per segment, a cudaGetDevice, two
 // acquisitions of its one absl::Mutex (the session's lookup, then the call,
-// held across DaemonBackend's round trips) and a std::map insert and
+// held across DaemonBackend's acquire round trips) and a std::map insert and
 // erase; below it, on a GPU, the mapper's driver calls take the place of
 // mmap. bench/gpu/ measures those (cuda_chunk_bench, malloc_bench.py,
 // overhead.sh).
@@ -232,8 +239,8 @@ struct Node {
   bool started = false;
   std::string dir;
   std::unique_ptr<Daemon> daemon;
-  // Without and with read-ahead: sessions of their own.
-  std::unique_ptr<DaemonClient> clients[2];
+  // By [read-ahead][releases in the background]: sessions of their own.
+  std::unique_ptr<DaemonClient> clients[2][2];
   bool failed = false;
 };
 
@@ -272,16 +279,19 @@ bool StartNode() {
   const absl::Duration read_ahead[] = {absl::ZeroDuration(),
                                        absl::Milliseconds(200)};
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
-        DaemonClient::Connect({.socket = socket,
-                               .description = "client_hot_path_bench",
-                               .read_ahead_keep = read_ahead[i]});
-    if (!client.ok()) {
-      std::printf("client_hot_path_bench: %s\n",
-                  std::string(client.status().message()).c_str());
-      return false;
+    for (int background = 0; background < 2; ++background) {
+      absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+          DaemonClient::Connect({.socket = socket,
+                                 .description = "client_hot_path_bench",
+                                 .read_ahead_keep = read_ahead[i],
+                                 .release_in_background = background != 0});
+      if (!client.ok()) {
+        std::printf("client_hot_path_bench: %s\n",
+                    std::string(client.status().message()).c_str());
+        return false;
+      }
+      node.clients[i][background] = *std::move(client);
     }
-    node.clients[i] = *std::move(client);
   }
   return true;
 }
@@ -296,7 +306,8 @@ void BM_Segment(benchmark::State& state) {
     return;
   }
   const size_t bytes = static_cast<size_t>(state.range(0));
-  DaemonClient* client = node.clients[state.range(1)].get();
+  // Releasing as the interposer does.
+  DaemonClient* client = node.clients[state.range(1)][1].get();
   // As the interposer makes it, less the CUDA mapper (sim mode's mmap).
   DaemonBackend backend(client);
   uint64_t addresses[kSegmentsPerRound];
@@ -333,7 +344,10 @@ BENCHMARK(BM_Segment)
 // allocates one segment of `bytes` and frees it, each call under one mutex
 // held across DaemonBackend's calls, as the interposer's mu_ is, from
 // `threads` threads together over one client reading ahead as the
-// interposer does. `free_us`: how long a free held that mutex, on average.
+// interposer does; `release:1` returns the chunks in the background (the
+// interposer's), `release:0` waits for the daemon in each free. `free_us`:
+// how long a free held that mutex, on average; `release_calls`: the
+// background releases' ReleaseChunks calls per free.
 struct SharedBackend {
   absl::Mutex mu;
   std::unique_ptr<DaemonBackend> backend ABSL_GUARDED_BY(mu);
@@ -347,10 +361,15 @@ void BM_FreeHeavy(benchmark::State& state) {
     node.failed = !node.started;
     absl::MutexLock lock(&shared->mu);
     if (node.started) {
-      shared->backend = std::make_unique<DaemonBackend>(node.clients[1].get());
+      shared->backend = std::make_unique<DaemonBackend>(
+          node.clients[1][state.range(1)].get());
     }
   }
   const size_t bytes = static_cast<size_t>(state.range(0));
+  const uint64_t calls_before =
+      state.thread_index() == 0 && node.started
+          ? node.clients[1][state.range(1)]->background_release_calls()
+          : 0;
   absl::Duration freeing;
   for (auto _ : state) {
     absl::StatusOr<uint64_t> got = absl::InternalError("the daemon did not start");
@@ -371,6 +390,14 @@ void BM_FreeHeavy(benchmark::State& state) {
     freeing += absl::Now() - start;
   }
   state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0 && node.started) {
+    const uint64_t calls =
+        node.clients[1][state.range(1)]->background_release_calls();
+    state.counters["release_calls"] = benchmark::Counter(
+        static_cast<double>(calls - calls_before) /
+        static_cast<double>(std::max<int64_t>(state.iterations(), 1) *
+                            state.threads()));
+  }
   state.counters["free_us"] = benchmark::Counter(
       absl::ToDoubleMicroseconds(freeing) /
           static_cast<double>(std::max<int64_t>(state.iterations(), 1)),
@@ -381,8 +408,8 @@ void BM_FreeHeavy(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FreeHeavy)
-    ->Arg(int64_t{2 * kMiB})
-    ->ArgName("bytes")
+    ->ArgsProduct({{int64_t{2 * kMiB}}, {0, 1}})
+    ->ArgNames({"bytes", "release"})
     ->Threads(1)
     ->Threads(4)
     ->UseRealTime()
@@ -395,7 +422,8 @@ BENCHMARK(BM_FreeHeavy)
 // neighbour whose allocator caches kBurst segments (its telemetry says so)
 // and answers a reclaim request as PyTorch's empty_cache does (frees all
 // of them), and a job that takes kBurst segments in a row, both through
-// DaemonBackend as the interposer makes it (client_creates). The first two
+// DaemonBackend as the interposer makes it (client_creates, releases in the
+// background). The first two
 // segments fit beside the neighbour's; the rest need the reclaim.
 constexpr int kBurst = 16;
 constexpr uint64_t kBurstSegment = 1 * kGiB;
@@ -426,7 +454,8 @@ class Neighbourhood {
           DaemonClient::Connect({.socket = dir_ + "/allocd.sock",
                                  .job = i == 0 ? "neighbour" : "job",
                                  .description = "client_hot_path_bench",
-                                 .read_ahead_keep = read_ahead[i]});
+                                 .read_ahead_keep = read_ahead[i],
+                                 .release_in_background = true});
       if (!client.ok()) {
         error_ = std::string(client.status().message());
         return;
@@ -636,7 +665,9 @@ int main(int argc, char** argv) {
   const int saved_stderr = dup(STDERR_FILENO);
   allocd::BareRatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  for (auto& client : node.clients) client.reset();
+  for (auto& clients : node.clients) {
+    for (auto& client : clients) client.reset();
+  }
   if (node.daemon != nullptr) node.daemon->Shutdown();
   node.daemon.reset();
   benchmark::Shutdown();
