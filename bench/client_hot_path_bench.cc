@@ -326,10 +326,16 @@ void BM_Segment(benchmark::State& state) {
   };
   // Once, so that the pool has the chunks cached: the steady state.
   if (!round()) return;
+  const uint64_t own_before = client->own_acquires();
   for (auto _ : state) {
     if (!round()) break;
   }
   state.SetItemsProcessed(state.iterations() * kSegmentsPerRound);
+  // Segments whose acquire asked the daemon itself (not read ahead).
+  state.counters["asked_per_segment"] =
+      static_cast<double>(client->own_acquires() - own_before) /
+      static_cast<double>(std::max<int64_t>(state.iterations(), 1) *
+                          kSegmentsPerRound);
 }
 BENCHMARK(BM_Segment)
     ->ArgsProduct({{int64_t{2 * kMiB}, int64_t{64 * kMiB}}, {0, 1}})
@@ -489,6 +495,7 @@ class Neighbourhood {
 
   const std::string& error() const { return error_; }
   DaemonBackend& job() { return *backends_[1]; }
+  const DaemonClient& job_client() const { return *clients_[1]; }
 
   // The neighbour takes its kBurst segments again and says it caches them
   // all; waits for the memory the job gave back (or still reads ahead).
@@ -555,7 +562,9 @@ class Neighbourhood {
   std::thread responder_;
 };
 
-// The time of each burst (manual time), and its p50 and p99 in ms;
+// The time of each burst (manual time), its p50 and p99 in ms, and the
+// acquires that asked the daemon themselves per segment (1 without
+// read-ahead; the rest were read ahead);
 // `reclaim:0`: the neighbour caches nothing (the pool has room), the
 // reference of `x_room` (this run's burst time in that one's, with the
 // same read-ahead).
@@ -570,6 +579,7 @@ void BM_PeakFromNeighbour(benchmark::State& state) {
   }
   std::vector<double> ms;
   std::vector<uint64_t> segments;
+  const uint64_t own_before = node.job_client().own_acquires();
   for (auto _ : state) {
     if (absl::Status s = node.Refill(reclaim); !s.ok()) {
       state.SkipWithError(std::string(s.message()).c_str());
@@ -600,6 +610,10 @@ void BM_PeakFromNeighbour(benchmark::State& state) {
   std::sort(ms.begin(), ms.end());
   state.counters["p50_ms"] = ms[ms.size() / 2];
   state.counters["p99_ms"] = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
+  // Round trips the job's acquires made themselves, per segment.
+  state.counters["asked_per_segment"] =
+      static_cast<double>(node.job_client().own_acquires() - own_before) /
+      static_cast<double>(ms.size() * kBurst);
   state.SetItemsProcessed(state.iterations() * kBurst);
 }
 BENCHMARK(BM_PeakFromNeighbour)

@@ -135,6 +135,7 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
       return *std::move(parked);
     }
   }
+  own_acquires_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::optional<ReceivedChunks>> got =
       AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
   if (!got.ok()) return got.status();
@@ -236,7 +237,8 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
       if (!may_wait) return std::nullopt;
       continue;
     }
-    if (absl::IsResourceExhausted(chunks.status()) && FlushReleases()) {
+    if (may_wait && absl::IsResourceExhausted(chunks.status()) &&
+        FlushReleases()) {
       continue;  // a quota or the node may have room now
     }
     if (!chunks.ok()) return chunks.status();

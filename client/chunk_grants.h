@@ -14,6 +14,7 @@
 #ifndef ALLOCD_CLIENT_CHUNK_GRANTS_H_
 #define ALLOCD_CLIENT_CHUNK_GRANTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,6 +88,9 @@ class ChunkGrants {
   bool FlushReleases();
   // ReleaseChunks calls the background releases took (0 without them).
   uint64_t background_release_calls() const;
+  // Acquires that asked the daemon themselves: not served by a grant read
+  // ahead.
+  uint64_t own_acquires() const { return own_acquires_.load(); }
   // The daemon asked for memory back: gives back what was read ahead, and
   // delivers the releases pending (the reclaim waits for them to arrive).
   void GiveBackForReclaim();
@@ -145,6 +149,7 @@ class ChunkGrants {
   // Set in the constructor (options.read_ahead_keep), reset first in the
   // destructor.
   std::unique_ptr<GrantReadAhead> read_ahead_;
+  std::atomic<uint64_t> own_acquires_{0};
   // Set in the constructor (options.release_in_background), reset after
   // read_ahead_ in the destructor.
   std::unique_ptr<ChunkReleaser> releaser_;

@@ -85,6 +85,7 @@ class DaemonClient {
   uint64_t background_release_calls() const {
     return grants_.background_release_calls();
   }
+  uint64_t own_acquires() const { return grants_.own_acquires(); }
   absl::StatusOr<std::string> Share(uint64_t epoch,
                                     absl::Span<const uint64_t> ids) {
     return grants_.Share(epoch, ids);

@@ -800,6 +800,7 @@ TEST_F(DaemonTest, APeakGatheredFromAReclaimIsReadAheadAgain) {
   absl::StatusOr<uint64_t> fifth = backend.AllocateSegment(kSegment);
   ASSERT_TRUE(fifth.ok()) << fifth.status();
   segments.push_back(*fifth);
+  EXPECT_EQ(job->own_acquires(), 4u);
   for (uint64_t segment : segments) backend.FreeSegment(segment, kSegment);
 }
 
