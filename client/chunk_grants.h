@@ -149,6 +149,7 @@ class ChunkGrants {
   // Set in the constructor (options.read_ahead_keep), reset first in the
   // destructor.
   std::unique_ptr<GrantReadAhead> read_ahead_;
+  // Acquire calls that asked the daemon themselves.
   std::atomic<uint64_t> own_acquires_{0};
   // Set in the constructor (options.release_in_background), reset after
   // read_ahead_ in the destructor.
