@@ -24,7 +24,8 @@
 //   event is dropped and counted (the daemon away).
 // - BM_Segment: the interposer's cudaMalloc / cudaFree below the CUDA
 //   driver: DaemonBackend::AllocateSegment and FreeSegment
-//   (one Acquire of daemon chunks, their mapping, one Release) with the
+//   (one Acquire of daemon chunks, their mapping, their unmapping and
+//   release, in the background as the interposer's client does) with the
 //   sim mapper (mmap of memfd chunks) over a daemon in this process (sim
 //   backend) on a Unix socket, through the real gRPC and SCM_RIGHTS path.
 //   Each iteration takes 8 segments of `bytes` then frees them, as PyTorch
@@ -32,6 +33,12 @@
 //   for 200 ms (GrantReadAhead, the interposer's default), `read_ahead:0`
 //   asks the daemon for each. Deadlock detection as a process has it: it
 //   cannot be switched once the daemon's threads run.
+// - BM_FreeHeavy: one segment allocated and freed per iteration, from one
+//   or four threads under one lock as the interposer's, releasing in the
+//   background or waiting for the daemon (`release`).
+// - BM_PeakFromNeighbour: a job's peak of 16 x 1 GiB gathered from what a
+//   neighbour's reclaimed cache gives back, against the same peak from a
+//   pool with room (`x_room`), with and without read-ahead.
 //
 // What needs the CUDA driver is not here: the interposer itself
 // (client/interpose/allocd_interpose.cc, a shared library built only with
@@ -40,15 +47,17 @@
 // cuMemMap, cuMemSetAccess; cudaFree's device synchronisation). Above
 // DaemonBackend the interposer adds, per segment, a cudaGetDevice, two
 // acquisitions of its one absl::Mutex (the session's lookup, then the call,
-// held across DaemonBackend's round trips) and a std::map insert and
+// held across DaemonBackend's acquire round trips) and a std::map insert and
 // erase; below it, on a GPU, the mapper's driver calls take the place of
 // mmap. bench/gpu/ measures those (cuda_chunk_bench, malloc_bench.py,
 // overhead.sh).
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <map>
@@ -230,8 +239,8 @@ struct Node {
   bool started = false;
   std::string dir;
   std::unique_ptr<Daemon> daemon;
-  // Without and with read-ahead: sessions of their own.
-  std::unique_ptr<DaemonClient> clients[2];
+  // By [read-ahead][releases in the background]: sessions of their own.
+  std::unique_ptr<DaemonClient> clients[2][2];
   bool failed = false;
 };
 
@@ -270,16 +279,19 @@ bool StartNode() {
   const absl::Duration read_ahead[] = {absl::ZeroDuration(),
                                        absl::Milliseconds(200)};
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<std::unique_ptr<DaemonClient>> client =
-        DaemonClient::Connect({.socket = socket,
-                               .description = "client_hot_path_bench",
-                               .read_ahead_keep = read_ahead[i]});
-    if (!client.ok()) {
-      std::printf("client_hot_path_bench: %s\n",
-                  std::string(client.status().message()).c_str());
-      return false;
+    for (int background = 0; background < 2; ++background) {
+      absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+          DaemonClient::Connect({.socket = socket,
+                                 .description = "client_hot_path_bench",
+                                 .read_ahead_keep = read_ahead[i],
+                                 .release_in_background = background != 0});
+      if (!client.ok()) {
+        std::printf("client_hot_path_bench: %s\n",
+                    std::string(client.status().message()).c_str());
+        return false;
+      }
+      node.clients[i][background] = *std::move(client);
     }
-    node.clients[i] = *std::move(client);
   }
   return true;
 }
@@ -294,7 +306,8 @@ void BM_Segment(benchmark::State& state) {
     return;
   }
   const size_t bytes = static_cast<size_t>(state.range(0));
-  DaemonClient* client = node.clients[state.range(1)].get();
+  // Releasing as the interposer does.
+  DaemonClient* client = node.clients[state.range(1)][1].get();
   // As the interposer makes it, less the CUDA mapper (sim mode's mmap).
   DaemonBackend backend(client);
   uint64_t addresses[kSegmentsPerRound];
@@ -313,16 +326,301 @@ void BM_Segment(benchmark::State& state) {
   };
   // Once, so that the pool has the chunks cached: the steady state.
   if (!round()) return;
+  const uint64_t own_before = client->own_acquires();
   for (auto _ : state) {
     if (!round()) break;
   }
   state.SetItemsProcessed(state.iterations() * kSegmentsPerRound);
+  // Segments whose acquire asked the daemon itself (not read ahead).
+  state.counters["asked_per_segment"] =
+      static_cast<double>(client->own_acquires() - own_before) /
+      static_cast<double>(std::max<int64_t>(state.iterations(), 1) *
+                          kSegmentsPerRound);
 }
 BENCHMARK(BM_Segment)
     ->ArgsProduct({{int64_t{2 * kMiB}, int64_t{64 * kMiB}}, {0, 1}})
     ->ArgNames({"bytes", "read_ahead"})
     ->UseRealTime()
     ->MinTime(0.5);
+
+// ------------------------------------------------------- free-heavy loop
+
+// The interposer's cudaMalloc / cudaFree as a free-heavy job drives them
+// (PyTorch's small segments, emptied and taken again): each iteration
+// allocates one segment of `bytes` and frees it, each call under one mutex
+// held across DaemonBackend's calls, as the interposer's mu_ is, from
+// `threads` threads together over one client reading ahead as the
+// interposer does; `release:1` returns the chunks in the background (the
+// interposer's), `release:0` waits for the daemon in each free. `free_us`:
+// how long a free held that mutex, on average; `release_calls`: the
+// background releases' ReleaseChunks calls per free.
+struct SharedBackend {
+  absl::Mutex mu;
+  std::unique_ptr<DaemonBackend> backend ABSL_GUARDED_BY(mu);
+};
+
+void BM_FreeHeavy(benchmark::State& state) {
+  static auto* const shared = new SharedBackend();
+  Node& node = TheNode();
+  if (state.thread_index() == 0) {
+    if (!node.started && !node.failed) node.started = StartNode();
+    node.failed = !node.started;
+    absl::MutexLock lock(&shared->mu);
+    if (node.started) {
+      shared->backend = std::make_unique<DaemonBackend>(
+          node.clients[1][state.range(1)].get());
+    }
+  }
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  const uint64_t calls_before =
+      state.thread_index() == 0 && node.started
+          ? node.clients[1][state.range(1)]->background_release_calls()
+          : 0;
+  absl::Duration freeing;
+  for (auto _ : state) {
+    absl::StatusOr<uint64_t> got = absl::InternalError("the daemon did not start");
+    {
+      absl::MutexLock lock(&shared->mu);
+      if (shared->backend != nullptr) got = shared->backend->AllocateSegment(bytes);
+    }
+    if (!got.ok()) {
+      state.SkipWithError(std::string(got.status().message()).c_str());
+      node.failed = true;
+      break;
+    }
+    const absl::Time start = absl::Now();
+    {
+      absl::MutexLock lock(&shared->mu);
+      shared->backend->FreeSegment(*got, bytes);
+    }
+    freeing += absl::Now() - start;
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0 && node.started) {
+    const uint64_t calls =
+        node.clients[1][state.range(1)]->background_release_calls();
+    state.counters["release_calls"] = benchmark::Counter(
+        static_cast<double>(calls - calls_before) /
+        static_cast<double>(std::max<int64_t>(state.iterations(), 1) *
+                            state.threads()));
+  }
+  state.counters["free_us"] = benchmark::Counter(
+      absl::ToDoubleMicroseconds(freeing) /
+          static_cast<double>(std::max<int64_t>(state.iterations(), 1)),
+      benchmark::Counter::kAvgThreads);
+  if (state.thread_index() == 0) {
+    absl::MutexLock lock(&shared->mu);
+    shared->backend.reset();
+  }
+}
+BENCHMARK(BM_FreeHeavy)
+    ->ArgsProduct({{int64_t{2 * kMiB}}, {0, 1}})
+    ->ArgNames({"bytes", "release"})
+    ->Threads(1)
+    ->Threads(4)
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+// ----------------------------------------------- a peak from a neighbour
+
+// A job's peak gathered from a neighbour's cache, as on a packed GPU: a
+// pool of its own (capacity for kBurst + 2 segments of kBurstSegment), a
+// neighbour whose allocator caches kBurst segments (its telemetry says so)
+// and answers a reclaim request as PyTorch's empty_cache does (frees all
+// of them), and a job that takes kBurst segments in a row, both through
+// DaemonBackend as the interposer makes it (client_creates, releases in the
+// background). The first two
+// segments fit beside the neighbour's; the rest need the reclaim.
+constexpr int kBurst = 16;
+constexpr uint64_t kBurstSegment = 1 * kGiB;
+
+class Neighbourhood {
+ public:
+  // Empty `error()` when the daemon and both clients started.
+  explicit Neighbourhood(absl::Duration job_read_ahead) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "allocd_bench_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      error_ = "mkdtemp failed";
+      return;
+    }
+    dir_ = pattern;
+    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(
+        {.socket = dir_ + "/allocd.sock", .metrics_address = "",
+         .backend = "sim", .capacity = (kBurst + 2) * kBurstSegment});
+    if (!daemon.ok()) {
+      error_ = std::string(daemon.status().message());
+      return;
+    }
+    daemon_ = *std::move(daemon);
+    const absl::Duration read_ahead[] = {DaemonClientOptions().read_ahead_keep,
+                                         job_read_ahead};
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<std::unique_ptr<DaemonClient>> client =
+          DaemonClient::Connect({.socket = dir_ + "/allocd.sock",
+                                 .job = i == 0 ? "neighbour" : "job",
+                                 .description = "client_hot_path_bench",
+                                 .read_ahead_keep = read_ahead[i],
+                                 .release_in_background = true});
+      if (!client.ok()) {
+        error_ = std::string(client.status().message());
+        return;
+      }
+      clients_[i] = *std::move(client);
+      backends_[i] = std::make_unique<DaemonBackend>(clients_[i].get());
+      backends_[i]->set_client_creates(true);
+    }
+    responder_ = std::thread([this] { AnswerReclaims(); });
+  }
+  ~Neighbourhood() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    if (responder_.joinable()) responder_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      for (uint64_t address : cached_) {
+        backends_[0]->FreeSegment(address, kBurstSegment);
+      }
+      cached_.clear();
+    }
+    for (auto& backend : backends_) backend.reset();
+    for (auto& client : clients_) client.reset();
+    if (daemon_ != nullptr) daemon_->Shutdown();
+    daemon_.reset();
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+
+  const std::string& error() const { return error_; }
+  DaemonBackend& job() { return *backends_[1]; }
+  const DaemonClient& job_client() const { return *clients_[1]; }
+
+  // The neighbour takes its kBurst segments again and says it caches them
+  // all; waits for the memory the job gave back (or still reads ahead).
+  absl::Status Refill(bool neighbour_caches) {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (neighbour_caches && cached_.size() < kBurst) {
+      absl::StatusOr<uint64_t> got = backends_[0]->AllocateSegment(kBurstSegment);
+      if (got.ok()) {
+        cached_.push_back(*got);
+      } else if (absl::Now() > deadline) {
+        return got.status();
+      } else {
+        mu_.Unlock();
+        absl::SleepFor(absl::Milliseconds(1));
+        mu_.Lock();
+      }
+    }
+    const int64_t reserved =
+        static_cast<int64_t>(cached_.size() * kBurstSegment);
+    clients_[0]->PublishStats({{"reserved_bytes.all.current", reserved},
+                               {"allocated_bytes.all.current", 0}},
+                              0);
+    absl::Status flushed = clients_[0]->FlushTelemetry();
+    // Sent is not yet read: the daemon reads telemetry on a thread of its own.
+    absl::SleepFor(absl::Milliseconds(20));
+    return flushed;
+  }
+
+ private:
+  // The neighbour's allocator: a reclaim request empties its cache.
+  void AnswerReclaims() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
+      if (!clients_[0]->AwaitControl(absl::Milliseconds(20))) continue;
+      bool reclaim = false;
+      for (const v1::ControlMessage& m : clients_[0]->TakeControl()) {
+        reclaim |= m.has_reclaim();
+      }
+      if (!reclaim) continue;
+      absl::MutexLock lock(&mu_);
+      for (uint64_t address : cached_) {
+        backends_[0]->FreeSegment(address, kBurstSegment);
+      }
+      cached_.clear();
+      clients_[0]->PublishStats({{"reserved_bytes.all.current", 0},
+                                 {"allocated_bytes.all.current", 0}},
+                                0);
+    }
+  }
+
+  std::string error_;
+  std::string dir_;
+  std::unique_ptr<Daemon> daemon_;
+  // The neighbour's, then the job's.
+  std::unique_ptr<DaemonClient> clients_[2];
+  std::unique_ptr<DaemonBackend> backends_[2];
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<uint64_t> cached_ ABSL_GUARDED_BY(mu_);  // the neighbour's
+  std::thread responder_;
+};
+
+// The time of each burst (manual time), its p50 and p99 in ms, and the
+// acquires that asked the daemon themselves per segment (1 without
+// read-ahead; the rest were read ahead);
+// `reclaim:0`: the neighbour caches nothing (the pool has room), the
+// reference of `x_room` (this run's burst time in that one's, with the
+// same read-ahead).
+void BM_PeakFromNeighbour(benchmark::State& state) {
+  const bool reclaim = state.range(0) != 0;
+  Neighbourhood node(state.range(1) != 0 ? absl::Milliseconds(200)
+                                         : absl::ZeroDuration());
+  if (!node.error().empty()) {
+    state.SkipWithError(node.error().c_str());
+    TheNode().failed = true;
+    return;
+  }
+  std::vector<double> ms;
+  std::vector<uint64_t> segments;
+  const uint64_t own_before = node.job_client().own_acquires();
+  for (auto _ : state) {
+    if (absl::Status s = node.Refill(reclaim); !s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      TheNode().failed = true;
+      break;
+    }
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < kBurst; ++i) {
+      absl::StatusOr<uint64_t> got = node.job().AllocateSegment(kBurstSegment);
+      if (!got.ok()) break;
+      segments.push_back(*got);
+    }
+    const absl::Duration took = absl::Now() - start;
+    const bool complete = segments.size() == kBurst;
+    for (uint64_t address : segments) {
+      node.job().FreeSegment(address, kBurstSegment);
+    }
+    segments.clear();
+    if (!complete) {
+      state.SkipWithError("the job's peak was refused");
+      TheNode().failed = true;
+      break;
+    }
+    state.SetIterationTime(absl::ToDoubleSeconds(took));
+    ms.push_back(absl::ToDoubleMilliseconds(took));
+  }
+  if (ms.empty()) return;
+  std::sort(ms.begin(), ms.end());
+  state.counters["p50_ms"] = ms[ms.size() / 2];
+  state.counters["p99_ms"] = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
+  // Round trips the job's acquires made themselves, per segment.
+  state.counters["asked_per_segment"] =
+      static_cast<double>(node.job_client().own_acquires() - own_before) /
+      static_cast<double>(ms.size() * kBurst);
+  state.SetItemsProcessed(state.iterations() * kBurst);
+}
+BENCHMARK(BM_PeakFromNeighbour)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"reclaim", "read_ahead"})
+    ->UseManualTime()
+    ->Iterations(30);
 
 // The console's report, with each run's time per allocation in bare
 // loops' (x_bare), once BM_BareLoop has run: an aggregate's
@@ -348,6 +646,18 @@ class BareRatioReporter : public benchmark::ConsoleReporter {
       if (auto bare = bare_rates_.find(kind); bare != bare_rates_.end()) {
         run.counters["x_bare"] = bare->second / rate->second.value;
       }
+      if (run.run_name.function_name == "BM_PeakFromNeighbour") {
+        const size_t at = run.run_name.args.find("reclaim:");
+        if (at == std::string::npos) continue;
+        std::string room = run.run_name.args;
+        room[at + std::strlen("reclaim:")] = '0';
+        if (room == run.run_name.args) {
+          room_times_[kind + room] = run.GetAdjustedRealTime();
+        } else if (auto it = room_times_.find(kind + room);
+                   it != room_times_.end() && it->second > 0) {
+          run.counters["x_room"] = run.GetAdjustedRealTime() / it->second;
+        }
+      }
     }
     ConsoleReporter::ReportRuns(runs);
   }
@@ -355,6 +665,8 @@ class BareRatioReporter : public benchmark::ConsoleReporter {
  private:
   // By aggregate ("" for a single run).
   std::map<std::string, double> bare_rates_;
+  // BM_PeakFromNeighbour's times without a reclaim, by aggregate and args.
+  std::map<std::string, double> room_times_;
 };
 
 }  // namespace
@@ -367,7 +679,9 @@ int main(int argc, char** argv) {
   const int saved_stderr = dup(STDERR_FILENO);
   allocd::BareRatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
-  for (auto& client : node.clients) client.reset();
+  for (auto& clients : node.clients) {
+    for (auto& client : clients) client.reset();
+  }
   if (node.daemon != nullptr) node.daemon->Shutdown();
   node.daemon.reset();
   benchmark::Shutdown();

@@ -88,6 +88,11 @@ ChunkGrants::ChunkGrants(const DaemonClientOptions& options,
       active_(active),
       held_(held),
       report_read_ahead_(std::move(report_read_ahead)) {
+  if (options_.release_in_background) {
+    releaser_ = std::make_unique<ChunkReleaser>(
+        [this](const std::shared_ptr<Connection>& owner,
+               std::vector<uint64_t> ids) { (void)ReleaseOn(owner, ids); });
+  }
   if (options_.read_ahead_keep <= absl::ZeroDuration()) return;
   read_ahead_ = std::make_unique<GrantReadAhead>(
       [this](const GrantReadAhead::Key& key,
@@ -106,10 +111,14 @@ ChunkGrants::ChunkGrants(const DaemonClientOptions& options,
       options_.read_ahead_keep);
 }
 
-ChunkGrants::~ChunkGrants() { read_ahead_.reset(); }
+ChunkGrants::~ChunkGrants() {
+  read_ahead_.reset();
+  releaser_.reset();
+}
 
-void ChunkGrants::DropReadAhead() {
+void ChunkGrants::GiveBackForReclaim() {
   if (read_ahead_ != nullptr) read_ahead_->Drop();
+  FlushReleases();
 }
 
 absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
@@ -122,15 +131,20 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
   if (ahead != nullptr) {
     if (std::optional<ReceivedChunks> parked = ahead->Take(key)) {
       report_read_ahead_(ahead->parked_bytes());
-      ahead->Granted(key, /*from_cache=*/true);
+      ahead->Granted(key, /*readable_ahead=*/true);
       return *std::move(parked);
     }
   }
+  own_acquires_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::optional<ReceivedChunks>> got =
       AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
   if (!got.ok()) return got.status();
   if (ahead != nullptr) {
-    ahead->Granted(key, (*got)->reused == (*got)->ids.size());
+    // The daemon made none of it (cached chunks, or budget for a caller
+    // that makes its own, as when a reclaim brought memory back): a fetch
+    // would be given its like now.
+    ahead->Granted(key,
+                   (*got)->reused + (*got)->client_made == (*got)->ids.size());
   }
   return **std::move(got);
 }
@@ -205,8 +219,11 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
       on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes, read_ahead,
                                 client_creates);
     }
-    if (!may_wait && on_lease.ok() && !on_lease->has_value()) {
-      return std::nullopt;
+    if (on_lease.ok() && !on_lease->has_value()) {
+      if (!may_wait) return std::nullopt;
+      // Before the daemon waits for other sessions to give memory back,
+      // this process gives back what it freed.
+      if (FlushReleases()) continue;
     }
     absl::StatusOr<ReceivedChunks> chunks =
         !on_lease.ok()          ? on_lease.status()
@@ -219,6 +236,10 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
       active_.Lost(c);
       if (!may_wait) return std::nullopt;
       continue;
+    }
+    if (may_wait && absl::IsResourceExhausted(chunks.status()) &&
+        FlushReleases()) {
+      continue;  // a quota or the node may have room now
     }
     if (!chunks.ok()) return chunks.status();
     if (!held_.Record(*c, *chunks)) {
@@ -258,6 +279,23 @@ absl::Status ChunkGrants::Release(uint64_t epoch,
   HeldChunks::Forgotten owned = held_.Forget(epoch, ids, active_);
   if (owned.ids.empty()) return absl::OkStatus();
   return ReleaseOn(owned.owner, owned.ids);
+}
+
+void ChunkGrants::ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids) {
+  if (releaser_ == nullptr) {
+    (void)Release(epoch, ids);
+    return;
+  }
+  HeldChunks::Forgotten owned = held_.Forget(epoch, ids, active_);
+  releaser_->Add(std::move(owned.owner), std::move(owned.ids));
+}
+
+bool ChunkGrants::FlushReleases() {
+  return releaser_ != nullptr && releaser_->Flush();
+}
+
+uint64_t ChunkGrants::background_release_calls() const {
+  return releaser_ == nullptr ? 0 : releaser_->deliveries();
 }
 
 absl::StatusOr<std::string> ChunkGrants::Share(

@@ -9,10 +9,12 @@
 // released to the one that adopted it, or only forgotten here.
 //
 // Thread-safe. One background thread reads grants ahead
-// (GrantReadAhead), when options.read_ahead_keep is not zero.
+// (GrantReadAhead), when options.read_ahead_keep is not zero; one returns
+// chunks (ChunkReleaser), when options.release_in_background.
 #ifndef ALLOCD_CLIENT_CHUNK_GRANTS_H_
 #define ALLOCD_CLIENT_CHUNK_GRANTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/chunk_releaser.h"
 #include "client/daemon_client_options.h"
 #include "client/daemon_connection.h"
 #include "client/grant_read_ahead.h"
@@ -39,7 +42,8 @@ class ChunkGrants {
   ChunkGrants(const DaemonClientOptions& options, ActiveConnection& active,
               HeldChunks& held,
               std::function<void(uint64_t bytes)> report_read_ahead);
-  // Gives back what was read ahead (after a fetch in flight).
+  // Gives back what was read ahead (after a fetch in flight) and delivers
+  // the releases pending.
   ~ChunkGrants();
   ChunkGrants(const ChunkGrants&) = delete;
   ChunkGrants& operator=(const ChunkGrants&) = delete;
@@ -48,7 +52,10 @@ class ChunkGrants {
   // daemon's chunk sizes up to it, largest first; chunk_bytes for chunks
   // of the smallest size only, e.g. to unmap any of them on its own later).
   // ResourceExhausted when the node (or a quota) has no more; Unavailable
-  // when the daemon stayed away longer than reconnect_wait. With
+  // when the daemon stayed away longer than reconnect_wait. When the daemon
+  // cannot grant at once (it would wait for other sessions to give memory
+  // back, or refuses for lack of it), the releases pending (ReleaseSoon)
+  // are delivered first and the grant asked for again. With
   // read_ahead_keep, the second call in a row with the same arguments
   // starts asking for the next grants like it in the background
   // (GrantReadAhead). With `client_creates`, the chunks the daemon has not
@@ -69,8 +76,24 @@ class ChunkGrants {
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids);
-  // The daemon asked for memory back: gives back what was read ahead.
-  void DropReadAhead();
+  // Release without waiting for the daemon, with
+  // options.release_in_background: the chunks are forgotten here at once
+  // (never to be mapped again: the caller unmapped them), and the
+  // ChunkReleaser tells the daemon within about a round trip, batched with
+  // the other releases of that time. A daemon gone meanwhile takes them
+  // back as Release says. Without the option, Release.
+  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids);
+  // Returns once every ReleaseSoon before the call reached the daemon;
+  // whether one had not yet.
+  bool FlushReleases();
+  // ReleaseChunks calls the background releases took (0 without them).
+  uint64_t background_release_calls() const;
+  // Acquires that asked the daemon themselves: not served by a grant read
+  // ahead.
+  uint64_t own_acquires() const { return own_acquires_.load(); }
+  // The daemon asked for memory back: gives back what was read ahead, and
+  // delivers the releases pending (the reclaim waits for them to arrive).
+  void GiveBackForReclaim();
 
   // Sharing chunks with other processes (CUDA IPC). Share: a token under
   // which other sessions of the daemon may open chunks `ids` of `epoch`,
@@ -126,6 +149,11 @@ class ChunkGrants {
   // Set in the constructor (options.read_ahead_keep), reset first in the
   // destructor.
   std::unique_ptr<GrantReadAhead> read_ahead_;
+  // Acquire calls that asked the daemon themselves.
+  std::atomic<uint64_t> own_acquires_{0};
+  // Set in the constructor (options.release_in_background), reset after
+  // read_ahead_ in the destructor.
+  std::unique_ptr<ChunkReleaser> releaser_;
 };
 
 }  // namespace allocd

@@ -9,10 +9,10 @@ namespace allocd {
 
 ControlStream::ControlStream(ActiveConnection& active,
                              absl::Duration rpc_timeout,
-                             std::function<void()> drop_read_ahead)
+                             std::function<void()> give_back)
     : active_(active),
       rpc_timeout_(rpc_timeout),
-      drop_read_ahead_(std::move(drop_read_ahead)) {}
+      give_back_(std::move(give_back)) {}
 
 void ControlStream::Watch(Connection& c) {
   grpc::ClientContext context;
@@ -23,9 +23,10 @@ void ControlStream::Watch(Connection& c) {
       c.stub->WatchConfig(&context, request);
   v1::ControlMessage message;
   while (reader->Read(&message)) {
-    // Memory read ahead is the first to go back: it is no segment's.
+    // Memory read ahead is the first to go back (it is no segment's),
+    // with the releases on their way.
     if (message.has_reclaim()) {
-      drop_read_ahead_();
+      give_back_();
       absl::MutexLock hook(&reclaim_mu_);
       if (on_reclaim_) on_reclaim_();
     }

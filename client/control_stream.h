@@ -4,8 +4,8 @@
 // The session thread reads the daemon's control stream (Watch) and queues
 // what arrives for the engine's thread to handle at a safe point (Take),
 // since the engine is not thread-safe. A reclaim request first gives back
-// what the client read ahead, then runs the process's reclaim hook, before
-// it is queued.
+// what the client read ahead and delivers its pending releases, then runs
+// the process's reclaim hook, before it is queued.
 //
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_CONTROL_STREAM_H_
@@ -29,10 +29,11 @@ namespace allocd {
 class ControlStream {
  public:
   // Answers on `active`'s current session within `rpc_timeout`;
-  // `drop_read_ahead` gives back what the client read ahead. `active`
+  // `give_back` gives back what the client read ahead and delivers the
+  // releases it has pending (ChunkGrants::GiveBackForReclaim). `active`
   // outlives the stream.
   ControlStream(ActiveConnection& active, absl::Duration rpc_timeout,
-                std::function<void()> drop_read_ahead);
+                std::function<void()> give_back);
 
   // Reads the control stream of `c` until it ends: the daemon or the
   // session went away, or `active` lost `c` or stopped (it cancels the
@@ -64,7 +65,7 @@ class ControlStream {
  private:
   ActiveConnection& active_;
   const absl::Duration rpc_timeout_;
-  const std::function<void()> drop_read_ahead_;
+  const std::function<void()> give_back_;
 
   absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);

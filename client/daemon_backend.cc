@@ -223,9 +223,8 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
     mapper_->Free(address, bytes);
     ranges_.erase(address);
   }
-  for (const auto& [epoch, ids] : ids_by_epoch) {
-    (void)client_->Release(epoch, ids);
-  }
+  // Unmapped: the freeing thread need not wait for the daemon to hear.
+  for (const auto& [epoch, ids] : ids_by_epoch) client_->ReleaseSoon(epoch, ids);
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {

@@ -9,7 +9,9 @@
 // mapped. How chunks get into the address space is a
 // ChunkMapper's business: by default the chunks are memfd files mapped with
 // mmap (sim mode), so the memory is real and shared with the daemon; the
-// CUDA VMM mapper is in client/cuda_daemon_backend.h.
+// CUDA VMM mapper is in client/cuda_daemon_backend.h. Chunks unmapped go
+// back with DaemonClient::ReleaseSoon: off the freeing thread when the
+// client releases in the background (the interposer's does).
 //
 // Not thread-safe: the engine calls it under its own lock.
 #ifndef ALLOCD_CLIENT_DAEMON_BACKEND_H_

@@ -5,7 +5,8 @@
 //   session's;
 // - chunks and grants (chunk_grants.h, held_chunks.h): Acquire/Release get
 //   and return chunks, whose FDs arrive over the lease with SCM_RIGHTS;
-//   grants can be read ahead (GrantReadAhead) and chunks shared;
+//   grants can be read ahead (GrantReadAhead), chunks returned off the
+//   freeing thread (ChunkReleaser) and shared;
 // - the control stream (control_stream.h): a background thread watches the
 //   daemon's config pushes and reclaim requests and queues what arrives for
 //   the engine's thread to handle at a safe point (TakeControl), since the
@@ -77,6 +78,14 @@ class DaemonClient {
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids) {
     return grants_.Release(epoch, ids);
   }
+  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids) {
+    grants_.ReleaseSoon(epoch, ids);
+  }
+  bool FlushReleases() { return grants_.FlushReleases(); }
+  uint64_t background_release_calls() const {
+    return grants_.background_release_calls();
+  }
+  uint64_t own_acquires() const { return grants_.own_acquires(); }
   absl::StatusOr<std::string> Share(uint64_t epoch,
                                     absl::Span<const uint64_t> ids) {
     return grants_.Share(epoch, ids);

@@ -53,6 +53,9 @@ struct DaemonClientOptions {
   // How long a grant read ahead is kept for the next Acquire of its size
   // (GrantReadAhead); zero: nothing is read ahead.
   absl::Duration read_ahead_keep = absl::ZeroDuration();
+  // Whether ReleaseSoon returns chunks from a background thread
+  // (ChunkReleaser) rather than waiting for the daemon: off, it is Release.
+  bool release_in_background = false;
 };
 
 // The features a process registers with (DaemonClientOptions::features):

@@ -50,7 +50,7 @@ std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
   return next;
 }
 
-void GrantReadAhead::Granted(const Key& key, bool from_cache) {
+void GrantReadAhead::Granted(const Key& key, bool readable_ahead) {
   absl::MutexLock lock(&mu_);
   if (last_ == key) {
     ++run_;
@@ -60,7 +60,7 @@ void GrantReadAhead::Granted(const Key& key, bool from_cache) {
     refused_ = false;
     batch_ = 1;
   }
-  if (from_cache) refused_ = false;
+  if (readable_ahead) refused_ = false;
   if (run_ >= 2 && !refused_ && !parked_.has_value() && !fetching_) {
     wanted_ = key;
   }

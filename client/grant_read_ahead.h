@@ -22,11 +22,16 @@
 // - a fetch is never one that waits for other sessions to give memory
 //   back, nor one that makes the daemon create memory: Fetch answers
 //   nothing then, and nothing is read ahead until the size changes or the
-//   caller's own grant comes from the daemon's cache (a process that frees
-//   its working set and takes it again reads ahead the second time);
+//   caller's own grant is one the daemon made no memory for (a process
+//   that frees its working set and takes it again reads ahead the second
+//   time);
 // - for a caller that makes the chunks the daemon has not cached
 //   (Key::client_creates), the daemon grants those as budget: a cold pool
-//   is read ahead too, holding no memory.
+//   is read ahead too, holding no memory, and so is a peak gathered from
+//   what a reclaim brought back (the neighbour's chunks made in its own
+//   process leave the pool when released: the grants after the reclaim
+//   are budget), though fetches refused while the pool was short came
+//   before.
 //
 // Thread-safe. One background thread fetches and gives back.
 #ifndef ALLOCD_CLIENT_GRANT_READ_AHEAD_H_
@@ -78,10 +83,12 @@ class GrantReadAhead {
   // nullopt when there is none (grants parked for another key are given
   // back first).
   std::optional<ReceivedChunks> Take(const Key& key);
-  // The caller holds a grant of `key` (taken or its own; `from_cache`: all
-  // its chunks were cached in the daemon): from the second in a row of one
-  // key, once the parked grants are taken, the next are read ahead.
-  void Granted(const Key& key, bool from_cache);
+  // The caller holds a grant of `key` (taken or its own; `readable_ahead`:
+  // the daemon made none of its chunks, they were cached or budget, so a
+  // fetch would be given its like now, even after one was refused): from
+  // the second in a row of one key, once the parked grants are taken, the
+  // next are read ahead.
+  void Granted(const Key& key, bool readable_ahead);
   // Gives back what is parked and what a fetch in flight brings.
   void Drop();
 

@@ -10,7 +10,9 @@
 //   has cached are imported, the others the daemon counts and this process
 //   makes itself with cuMemCreate (cheaper than the daemon's creation,
 //   export and this process's import); cudaFree synchronises the device as
-//   cudaFree does, unmaps and returns them.
+//   cudaFree does, unmaps, and hands the chunks to the client's background
+//   releaser (ChunkReleaser), so that no free waits for the daemon, nor
+//   holds this library's lock across a round trip to it.
 // - expandable segments: PyTorch resolves the driver's VMM calls with
 //   cudaGetDriverEntryPoint(ByVersion) (c10/cuda/driver_api.cpp); for
 //   cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap this library hands
@@ -265,7 +267,7 @@ class Interposer {
         for (CUmemGenericAllocationHandle h : allocation.chunks) {
           (void)cuda::MemRelease(h);
         }
-        (void)session->client->Release(allocation.epoch, allocation.ids);
+        session->client->ReleaseSoon(allocation.epoch, allocation.ids);
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
       allocation.chunks.push_back(*imported);
@@ -288,7 +290,7 @@ class Interposer {
     for (CUmemGenericAllocationHandle h : allocation.chunks) {
       (void)cuda::MemRelease(h);
     }
-    (void)session->client->Release(allocation.epoch, allocation.ids);
+    session->client->ReleaseSoon(allocation.epoch, allocation.ids);
     session->vmm_bytes -= allocation.bytes;
     vmm_.erase(it);
     return CUDA_SUCCESS;
@@ -543,7 +545,8 @@ class Interposer {
              .autotune = *std::move(autotune),
              .features = StartFeatures(),
              .rank = RankOf(*env),
-             .read_ahead_keep = env->read_ahead});
+             .read_ahead_keep = env->read_ahead,
+             .release_in_background = true});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::unique_ptr<CudaDaemonBackend>> backend =
         CudaDaemonBackend::Create(client->get(), device);

@@ -84,11 +84,11 @@ class GrantReadAheadTest : public ::testing::Test {
         [this](ReceivedChunks c) { daemon_.Return(std::move(c)); }, keep);
   }
   // What a caller without a parked grant gets by itself, made for it
-  // unless `from_cache`.
+  // unless `readable_ahead`.
   static void OwnGrant(GrantReadAhead& ahead, const Key& key,
-                       bool from_cache = false) {
+                       bool readable_ahead = false) {
     EXPECT_FALSE(ahead.Take(key).has_value());
-    ahead.Granted(key, from_cache);
+    ahead.Granted(key, readable_ahead);
   }
   static bool Eventually(const std::function<bool()>& done) {
     for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -111,7 +111,7 @@ TEST_F(GrantReadAheadTest, TheSecondRequestOfASizeReadsTheNextAhead) {
     std::optional<ReceivedChunks> got = ahead->Take(kTwoGiB);
     ASSERT_TRUE(got.has_value()) << id;
     EXPECT_EQ(got->ids, std::vector<uint64_t>{id});
-    ahead->Granted(kTwoGiB, /*from_cache=*/true);
+    ahead->Granted(kTwoGiB, /*readable_ahead=*/true);
   }
   EXPECT_TRUE(daemon_.returned().empty());
   const std::vector<uint32_t> doubling = {1, 2, 4, 8, 8};
@@ -130,7 +130,7 @@ TEST_F(GrantReadAheadTest, AFetchParksWhatTheDaemonGivesAndANewRunStartsAtOne) {
   ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
   daemon_.Cache(1);  // asked for 2, it has one
   ASSERT_TRUE(ahead->Take(kTwoGiB).has_value());
-  ahead->Granted(kTwoGiB, /*from_cache=*/true);
+  ahead->Granted(kTwoGiB, /*readable_ahead=*/true);
   ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
   EXPECT_EQ(daemon_.counts(), (std::vector<uint32_t>{1, 2}));
   // Another size: what is parked goes back, and its run asks one first.
@@ -161,7 +161,7 @@ TEST_F(GrantReadAheadTest, ARequestOfAnotherSizeGivesTheParkedGrantBackFirst) {
   // against a quota together with it.
   EXPECT_FALSE(ahead->Take(kTwentyMiB).has_value());
   EXPECT_EQ(daemon_.returned(), std::vector<uint64_t>{100});
-  ahead->Granted(kTwentyMiB, /*from_cache=*/false);
+  ahead->Granted(kTwentyMiB, /*readable_ahead=*/false);
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(daemon_.fetched().size(), 1u) << "a new size starts a new run";
 }
@@ -226,7 +226,7 @@ TEST_F(GrantReadAheadTest, AnOwnGrantFromTheCacheEndsARefusal) {
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_TRUE(daemon_.fetched().empty());
   // The process freed its segments and takes them again, from the cache.
-  OwnGrant(*ahead, kTwoGiB, /*from_cache=*/true);
+  OwnGrant(*ahead, kTwoGiB, /*readable_ahead=*/true);
   ASSERT_TRUE(Eventually([&] { return ahead->parked_bytes() == kSegment; }));
   EXPECT_EQ(daemon_.fetched(), std::vector<Key>{kTwoGiB});
 }

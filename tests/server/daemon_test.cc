@@ -75,15 +75,17 @@ class DaemonTest : public ::testing::Test {
   }
 
   // A client of job `job`, reading ahead for `read_ahead_keep` (zero:
-  // not reading ahead).
+  // not reading ahead), releasing in the background or not.
   std::unique_ptr<DaemonClient> Client(
       std::string job = "",
-      absl::Duration read_ahead_keep = absl::ZeroDuration()) {
+      absl::Duration read_ahead_keep = absl::ZeroDuration(),
+      bool release_in_background = false) {
     absl::StatusOr<std::unique_ptr<DaemonClient>> c = DaemonClient::Connect(
         {.socket = socket_,
          .job = job,
          .reconnect_wait = absl::Seconds(2),
-         .read_ahead_keep = read_ahead_keep});
+         .read_ahead_keep = read_ahead_keep,
+         .release_in_background = release_in_background});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -724,6 +726,82 @@ TEST_F(DaemonTest, AClientThatMakesItsChunksReadsAheadBudgetOnAColdPool) {
   status = Status();
   EXPECT_EQ(status.in_use_bytes(), 0u);
   EXPECT_EQ(status.free_bytes(), 0u);
+}
+
+// The interposer's client returns what a free unmapped in the background:
+// a free does not wait for the daemon (here stopped), and the daemon hears
+// of it before it must refuse the next acquire.
+TEST_F(DaemonTest, AFreeDoesNotWaitForTheDaemonWhichHearsOfItBeforeTheNextAcquire) {
+  std::unique_ptr<DaemonClient> client =
+      Client("freer", absl::ZeroDuration(), /*release_in_background=*/true);
+  ASSERT_NE(client, nullptr);
+  DaemonBackend backend(client.get());
+  constexpr uint64_t kPool = 32 * kChunk;
+  const uint64_t segment = backend.AllocateSegment(kPool).value();
+  const uint64_t created = Status().chunks_created_total();
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  const absl::Time start = absl::Now();
+  backend.FreeSegment(segment, kPool);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_EQ(backend.held_bytes(), 0u);
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_EQ(kill(daemon_->pid(), SIGCONT), 0);
+  // The whole pool again, from the chunks just released.
+  absl::StatusOr<uint64_t> again = backend.AllocateSegment(kPool);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Status().in_use_bytes(), kPool);
+  EXPECT_EQ(Status().chunks_created_total(), created) << "all from the cache";
+  backend.FreeSegment(*again, kPool);
+  client->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+  EXPECT_EQ(Status().free_bytes(), kPool);
+}
+
+// A job that makes its chunks and gathers its peak from what a reclaim
+// brought back (a neighbour's chunks, made in its own process, leave the
+// pool when released: the grants after it are budget) reads the next
+// segments ahead again, though its fetches were refused while the pool was
+// short.
+TEST_F(DaemonTest, APeakGatheredFromAReclaimIsReadAheadAgain) {
+  std::unique_ptr<DaemonClient> cacher = Client("cacher");
+  absl::StatusOr<ReceivedChunks> cached =
+      cacher->Acquire(20 * kChunk, UINT64_MAX, /*client_creates=*/true);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  ASSERT_EQ(cached->client_made, cached->ids.size());
+  cacher->PublishStats({{"reserved_bytes.all.current", 20 * kChunk},
+                        {"allocated_bytes.all.current", 0}},
+                       0);
+  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::Seconds(60), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  DaemonBackend backend(job.get());
+  backend.set_client_creates(true);
+  constexpr uint64_t kSegment = 4 * kChunk;
+  std::vector<uint64_t> segments;
+  // The room beside the cacher's 40 MiB: three segments, the fetches after
+  // the second and third refused (they would leave the pool nothing).
+  for (int i = 0; i < 3; ++i) {
+    segments.push_back(backend.AllocateSegment(kSegment).value());
+  }
+  EXPECT_EQ(Status().in_use_bytes(), 20 * kChunk + 3 * kSegment);
+  absl::StatusOr<uint64_t> fourth;
+  std::thread allocate([&] { fourth = backend.AllocateSegment(kSegment); });
+  std::vector<v1::ControlMessage> asked = AwaitControl(*cacher);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+  ASSERT_TRUE(cacher->Release(cached->epoch, cached->ids).ok());
+  allocate.join();
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  segments.push_back(*fourth);
+  // The fifth is read ahead, as budget, and taken without asking.
+  EXPECT_LT(WaitForInUse(5 * kSegment, absl::Seconds(5)), absl::Seconds(5));
+  absl::StatusOr<uint64_t> fifth = backend.AllocateSegment(kSegment);
+  ASSERT_TRUE(fifth.ok()) << fifth.status();
+  segments.push_back(*fifth);
+  EXPECT_EQ(job->own_acquires(), 4u);
+  for (uint64_t segment : segments) backend.FreeSegment(segment, kSegment);
 }
 
 // A job that starts again is handed the segments its last run held at its
