@@ -8,7 +8,7 @@
 #   alone      each kind of job alone on the GPU, natively and transparent:
 #              the step time to compare against, and native cudaMalloc of a
 #              peak (its first, cold gather)
-#   alternate  N = 2, 3, 4, 6 jobs, job i peaks in slot i of each cycle
+#   alternate  N = 2, 3, 4, 6 jobs (NS_ALTERNATE), job i peaks in slot i of each cycle
 #   random     N = 4 jobs, each cycle's slot order a random permutation
 #   trainers   three training jobs of different sizes (peaks of 80, 60 and
 #              40 GiB of activations in long-batch steps)
@@ -104,7 +104,7 @@ if want alone; then
   pack packing
 fi
 if want alternate; then
-  for n in 2 3 4 6; do
+  for n in ${NS_ALTERNATE:-2 3 4 6}; do
     default="native expandable empty-cache fraction transparent run"
     ((n >= 4)) && default="native empty-cache fraction transparent"
     PEAKS=$(peak_for "$n") JOB_ARGS="--schedule alternate"
