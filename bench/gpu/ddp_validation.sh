@@ -22,6 +22,7 @@
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
 #   [NPROC=2] [WHOLE_STEPS=30] [WHOLE_MODES="advise transparent run"] \
+#     [WHOLE_NATIVES="mss64 defaults expandable"] \
 #     bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
 # NPROC=1 runs the job as one rank (a one-GPU machine: the autotune part's
 # mechanics without the multi-GPU claims). ONE_GPU=1 runs NPROC ranks on GPU 0
@@ -186,10 +187,13 @@ fi
 if want whole; then
   step "the whole job (issue 40): natives, then apply mode with the default prior"
   steps=${WHOLE_STEPS:-30}
-  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 ddp whole_native_mss64 native --steps "$steps" --varying
-  ddp whole_native_defaults native --steps "$steps" --varying
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ddp whole_native_expandable native \
-    --steps "$steps" --varying
+  # The natives (WHOLE_NATIVES: none when an earlier call ran them).
+  for native in ${WHOLE_NATIVES-mss64 defaults expandable}; do
+    case $native in
+      mss64) conf=max_split_size_mb:64 ;; expandable) conf=expandable_segments:True ;; *) conf= ;;
+    esac
+    PYTORCH_CUDA_ALLOC_CONF=$conf ddp "whole_native_$native" native --steps "$steps" --varying
+  done
   start_daemon device --autotune apply --state-dir "$out/state"
   # Every mode from each start, then each once more (the second run starts
   # on what its label learned): whole_MODE[again]_START_rank*.json.
