@@ -212,6 +212,9 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
           " did not come back within ",
           absl::FormatDuration(options_.reconnect_wait)));
     }
+    // Releases handed over before the ask: a refusal may predate them,
+    // even when they are delivered by the time it comes back.
+    const bool releases_before = ReleasesPending();
     // One round trip on the lease when the daemon can grant at once; over
     // gRPC when it has to wait (or speaks no lease acquires).
     absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
@@ -223,7 +226,10 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
       if (!may_wait) return std::nullopt;
       // Before the daemon waits for other sessions to give memory back,
       // this process gives back what it freed.
-      if (FlushReleases()) continue;
+      if (releases_before) {
+        FlushReleases();
+        continue;
+      }
     }
     absl::StatusOr<ReceivedChunks> chunks =
         !on_lease.ok()          ? on_lease.status()
@@ -237,8 +243,8 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
       if (!may_wait) return std::nullopt;
       continue;
     }
-    if (may_wait && absl::IsResourceExhausted(chunks.status()) &&
-        FlushReleases()) {
+    if (may_wait && absl::IsResourceExhausted(chunks.status()) && releases_before) {
+      FlushReleases();
       continue;  // a quota or the node may have room now
     }
     if (!chunks.ok()) return chunks.status();
@@ -292,6 +298,10 @@ void ChunkGrants::ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids) {
 
 bool ChunkGrants::FlushReleases() {
   return releaser_ != nullptr && releaser_->Flush();
+}
+
+bool ChunkGrants::ReleasesPending() const {
+  return releaser_ != nullptr && releaser_->pending_chunks() > 0;
 }
 
 uint64_t ChunkGrants::background_release_calls() const {

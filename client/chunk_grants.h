@@ -86,6 +86,8 @@ class ChunkGrants {
   // Returns once every ReleaseSoon before the call reached the daemon;
   // whether one had not yet.
   bool FlushReleases();
+  // Whether a ReleaseSoon has not reached the daemon yet.
+  bool ReleasesPending() const;
   // ReleaseChunks calls the background releases took (0 without them).
   uint64_t background_release_calls() const;
   // Acquires that asked the daemon themselves: not served by a grant read
