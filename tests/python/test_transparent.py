@@ -55,7 +55,7 @@ STAND_IN = "libz.so.1"
 class RunTest(unittest.TestCase):
     def run_allocd(self, *args):
         env = {k: v for k, v in os.environ.items()
-               if k not in ("ALLOCD_READ_AHEAD_MS", "ALLOCD_HANDOVER_MS")}
+               if k not in ("ALLOCD_READ_AHEAD_MS", "ALLOCD_HANDOVER_MS", "ALLOCD_FEATURES")}
         return subprocess.run([os.environ["ALLOCD_BINARY"], "run", *args],
                               capture_output=True, text=True, timeout=30, env=env)
 
@@ -82,6 +82,15 @@ class RunTest(unittest.TestCase):
                 refused = self.run_allocd("--interposer", STAND_IN, option, "-5", "--", "env")
                 self.assertNotEqual(refused.returncode, 0)
                 self.assertIn(option[2:], refused.stderr)
+
+    def test_declared_features_reach_the_job_and_unknown_ones_are_refused(self):
+        r = self.run_allocd("--interposer", STAND_IN, "--features", "cuda_ipc", "--", "env")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ALLOCD_FEATURES=cuda_ipc", r.stdout.splitlines())
+        refused = self.run_allocd("--interposer", STAND_IN, "--features", "ipc", "--", "env")
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn('ALLOCD_FEATURES names "ipc", which is not one of cuda_ipc',
+                      refused.stderr)
 
     def test_options_after_the_command_are_the_commands(self):
         library = STAND_IN

@@ -103,6 +103,12 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
                   "daemon had cached is used, and it goes back at once when "
                   "another job on the GPU is short")
       ->check(CLI::NonNegativeNumber);
+  run->add_option("--features", o.features,
+                  "what the job will do with its CUDA memory, declared before "
+                  "it does, comma-separated: cuda_ipc (shares CUDA tensors "
+                  "with other processes), cuda_graphs, mem_pool, "
+                  "nccl_registration; no start config or push that would "
+                  "break them is chosen (default: $ALLOCD_FEATURES)");
   run->add_option("--interposer", o.interposer,
                   "liballocd_interpose.so to preload (default: found next to "
                   "this program, or in $ALLOCD_LIB_DIR)");

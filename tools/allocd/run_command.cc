@@ -117,6 +117,12 @@ int RunUnderAllocd(const RunCommandOptions& options, std::ostream& err) {
   }
   SetEnv(env::kSocket, options.socket);
   SetEnv(env::kJob, options.job);
+  // Declared before the start config is asked for: it must not break them.
+  SetEnv(env::kFeatures, options.features);
+  if (absl::StatusOr<v1::JobFeatures> features = DeclaredFeatures(); !features.ok()) {
+    err << "allocd run: " << features.status().message() << "\n";
+    return 2;
+  }
 #ifdef ALLOCD_WITH_SERVER
   const char* socket = std::getenv(env::kSocket);
   const char* job = std::getenv(env::kJob);

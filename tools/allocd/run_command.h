@@ -23,6 +23,9 @@ struct RunCommandOptions {
   std::optional<int> read_ahead_ms;
   // ALLOCD_HANDOVER_MS for the interposer; unset: the environment's.
   std::optional<int> handover_ms;
+  // ALLOCD_FEATURES (what the job will do with its CUDA memory, by
+  // JobFeatures' field names); empty: the environment's.
+  std::string features;
   std::vector<std::string> command;
 };
 
