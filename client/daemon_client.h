@@ -120,7 +120,10 @@ class DaemonClient {
                     uint64_t config_version) {
     telemetry_.PublishStats(std::move(stats), config_version);
   }
-  absl::Status FlushTelemetry() { return telemetry_.Flush(); }
+  // TelemetryStream::Flush.
+  absl::Status FlushTelemetry(absl::Duration timeout = absl::InfiniteDuration()) {
+    return telemetry_.Flush(timeout);
+  }
   // The working set, sent with the next telemetry. The daemon keeps the
   // last one of a session that ends for the job's next session.
   void PublishWorkingSet(std::vector<uint64_t> segment_bytes) {

@@ -5,6 +5,13 @@
 #include "absl/time/clock.h"
 
 namespace allocd {
+namespace {
+
+// How long a push's ACK waits for the events before it to be sent (a
+// write on a live stream takes well under a millisecond).
+constexpr absl::Duration kAckFlushWait = absl::Milliseconds(200);
+
+}  // namespace
 
 LiveSession::LiveSession(DaemonClient& client, AllocatorConfig config,
                          absl::Duration telemetry_period)
@@ -23,9 +30,11 @@ void LiveSession::Poll(AllocatorTarget& target) {
         second_release_.Switched(target);
         // Sent before the ACK: the daemon's watch of the push then starts
         // where the job switched, and the step the push landed in is the
-        // job's first step mark after the ACK.
+        // job's first step mark after the ACK. Not waited for long: in
+        // engine mode this runs on the job's thread, and a daemon gone
+        // meanwhile must not hold it.
         Publish(target.Stats());
-        (void)client_.FlushTelemetry();
+        (void)client_.FlushTelemetry(kAckFlushWait);
         return absl::OkStatus();
       });
     }

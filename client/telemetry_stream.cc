@@ -49,13 +49,14 @@ void TelemetryStream::PublishStats(std::map<std::string, int64_t> stats,
   ++stats_published_;
 }
 
-absl::Status TelemetryStream::Flush() {
+absl::Status TelemetryStream::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   flush_ = true;
   auto sent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return stats_sent_ == stats_published_ || stopping_;
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&sent), options_.rpc_timeout)) {
+  if (timeout == absl::InfiniteDuration()) timeout = options_.rpc_timeout;
+  if (!mu_.AwaitWithTimeout(absl::Condition(&sent), timeout)) {
     return absl::DeadlineExceededError("telemetry not sent");
   }
   return absl::OkStatus();

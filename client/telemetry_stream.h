@@ -51,8 +51,9 @@ class TelemetryStream {
   void PublishStats(std::map<std::string, int64_t> stats,
                     uint64_t config_version) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends the latest published stats now (and waits for them to be sent);
-  // DeadlineExceeded after rpc_timeout.
-  absl::Status Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  // DeadlineExceeded after `timeout` (rpc_timeout when infinite).
+  absl::Status Flush(absl::Duration timeout = absl::InfiniteDuration())
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The working set: the segment sizes the process held when its
   // segments' bytes were highest, in the order it asked for them (at most
