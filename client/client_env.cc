@@ -56,6 +56,15 @@ bool NcclRegistersSegments() {
          hook == "on";
 }
 
+std::string JobFeatureNames() {
+  const google::protobuf::Descriptor& fields = *v1::JobFeatures::descriptor();
+  std::vector<std::string> names;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    names.push_back(std::string(fields.field(i)->name()));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
 absl::StatusOr<v1::JobFeatures> DeclaredFeatures() {
   v1::JobFeatures features;
   features.set_nccl_registration(NcclRegistersSegments());
@@ -65,13 +74,9 @@ absl::StatusOr<v1::JobFeatures> DeclaredFeatures() {
     name = absl::StripAsciiWhitespace(name);
     const google::protobuf::FieldDescriptor* field = fields.FindFieldByName(std::string(name));
     if (field == nullptr || field->type() != google::protobuf::FieldDescriptor::TYPE_BOOL) {
-      std::vector<std::string> known;
-      for (int i = 0; i < fields.field_count(); ++i) {
-        known.push_back(std::string(fields.field(i)->name()));
-      }
       return absl::InvalidArgumentError(absl::StrCat(env::kFeatures, " names \"", name,
                                                      "\", which is not one of ",
-                                                     absl::StrJoin(known, ", ")));
+                                                     JobFeatureNames()));
     }
     features.GetReflection()->SetBool(&features, field, true);
   }

@@ -78,6 +78,9 @@ inline constexpr char kFeatures[] = "ALLOCD_FEATURES";
 // (NcclRegistersSegments). InvalidArgument when ALLOCD_FEATURES names a
 // feature JobFeatures does not have.
 absl::StatusOr<v1::JobFeatures> DeclaredFeatures();
+// The features ALLOCD_FEATURES may name (JobFeatures' fields), as
+// "cuda_ipc, cuda_graphs, ...".
+std::string JobFeatureNames();
 
 // Whether TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK is on, as PyTorch's
 // getCvarBool reads it: the process's registration says so

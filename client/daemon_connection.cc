@@ -171,7 +171,7 @@ absl::StatusOr<std::string> AskLearnedConfig(const std::string& socket,
   v1::LearnedConfigRequest request;
   request.set_job(job);
   request.set_start_config(start_config);
-  *request.mutable_features() = DeclaredFeatures().value_or(v1::JobFeatures());
+  *request.mutable_features() = StartFeatures();
   v1::LearnedConfigResponse response;
   if (grpc::Status s = stub->LearnedConfig(&context, request, &response);
       !s.ok()) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "client/client_env.h"
 #include "proto/protocol.h"
 #include "tools/common/cli.h"
 #include "tools/allocd/check_config_command.h"
@@ -105,10 +106,10 @@ void AddRun(CLI::App& app, allocd::RunCommandOptions& o) {
       ->check(CLI::NonNegativeNumber);
   run->add_option("--features", o.features,
                   "what the job will do with its CUDA memory, declared before "
-                  "it does, comma-separated: cuda_ipc (shares CUDA tensors "
-                  "with other processes), cuda_graphs, mem_pool, "
-                  "nccl_registration; no start config or push that would "
-                  "break them is chosen (default: $ALLOCD_FEATURES)");
+                  "it does, comma-separated, of: " + allocd::JobFeatureNames() +
+                      " (cuda_ipc: it shares CUDA tensors with other "
+                      "processes); no start config or push that would break "
+                      "them is chosen (default: $ALLOCD_FEATURES)");
   run->add_option("--interposer", o.interposer,
                   "liballocd_interpose.so to preload (default: found next to "
                   "this program, or in $ALLOCD_LIB_DIR)");
