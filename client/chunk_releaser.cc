@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "client/thread_name.h"
+
 namespace allocd {
 
 ChunkReleaser::ChunkReleaser(Deliver deliver)
@@ -51,6 +53,7 @@ uint64_t ChunkReleaser::deliveries() const {
 }
 
 void ChunkReleaser::Run() {
+  NameThisThread("allocd-release");
   mu_.Lock();
   for (;;) {
     auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

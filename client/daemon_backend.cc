@@ -139,6 +139,7 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
   uint64_t at = address;
   absl::Status failed;
   const size_t first_made = got.ids.size() - got.client_made;
+  MapPathCounters& counters = client_->map_path();
   for (size_t i = 0; i < got.ids.size() && failed.ok(); ++i) {
     const uint64_t size = got.sizes[i];
     if (at + size > address + bytes) {
@@ -147,19 +148,28 @@ absl::StatusOr<std::vector<ChunkMapping>> DaemonBackend::MapReceived(
                        FormatSize(bytes), " asked for"));
       break;
     }
-    absl::StatusOr<uint64_t> handle =
-        i >= first_made ? mapper_->Create(at, size)
-                        : mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
+    absl::StatusOr<uint64_t> handle;
+    {
+      NanosInto timed(counters.map_ns);
+      handle = i >= first_made
+                   ? mapper_->Create(at, size)
+                   : mapper_->Map(at, size, got.fds[i].get(), got.offsets[i]);
+    }
     if (!handle.ok()) {
       failed = handle.status();
       break;
     }
+    (i >= first_made ? counters.chunks_created : counters.chunks_mapped)
+        .fetch_add(1, std::memory_order_relaxed);
     // The mapping holds the memory: the FD is no longer needed.
     got.fds[i].reset();
     mappings.push_back({.address = at, .bytes = size, .handle = *handle});
     at += size;
   }
-  if (failed.ok()) failed = mapper_->EnableAccess(address, at - address);
+  if (failed.ok()) {
+    NanosInto timed(counters.access_ns);
+    failed = mapper_->EnableAccess(address, at - address);
+  }
   if (!failed.ok()) {
     if (!mappings.empty()) mapper_->Unmap(address, at - address, mappings);
     return failed;
@@ -172,7 +182,10 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
   absl::StatusOr<ReceivedChunks> got;
   absl::StatusOr<std::vector<ChunkMapping>> mapped;
   for (bool creates = client_creates_;; creates = false) {
-    got = client_->Acquire(bytes, max_chunk_bytes, creates);
+    {
+      NanosInto timed(client_->map_path().acquire_ns);
+      got = client_->Acquire(bytes, max_chunk_bytes, creates);
+    }
     if (!got.ok()) {
       // The engine's OOM path (free the cache, retry, report) handles both.
       if (absl::IsResourceExhausted(got.status()) ||
@@ -182,7 +195,10 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
       return got.status();
     }
     mapped = MapReceived(address, bytes, *got);
-    if (mapped.ok()) break;
+    if (mapped.ok()) {
+      client_->map_path().segments_mapped.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
     (void)client_->Release(got->epoch, got->ids);
     // The device is full below the pool's capacity (another job's cache,
     // contexts): the daemon makes the chunks instead, and only it can make
@@ -218,7 +234,12 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
     held_ -= it->second.bytes;
     it = chunks_.erase(it);
   }
-  if (!mappings.empty()) mapper_->Unmap(address, bytes, mappings);
+  if (!mappings.empty()) {
+    MapPathCounters& counters = client_->map_path();
+    NanosInto timed(counters.unmap_ns);
+    mapper_->Unmap(address, bytes, mappings);
+    counters.segments_unmapped.fetch_add(1, std::memory_order_relaxed);
+  }
   if (!keep_reservation) {
     mapper_->Free(address, bytes);
     ranges_.erase(address);

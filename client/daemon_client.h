@@ -46,6 +46,7 @@
 #include "client/daemon_connection.h"
 #include "client/event_recorder.h"
 #include "client/held_chunks.h"
+#include "client/map_path_counters.h"
 #include "client/received_chunks.h"
 #include "client/reconnector.h"
 #include "client/telemetry_stream.h"
@@ -170,6 +171,11 @@ class DaemonClient {
   // ("" from a daemon before per-GPU pools).
   std::string gpu_uuid() const { return active_.terms().gpu_uuid; }
 
+  // Where the time of mapping this session's chunks goes (the backends
+  // that map them count it).
+  MapPathCounters& map_path() { return map_path_; }
+  const MapPathCounters& map_path() const { return map_path_; }
+
  private:
   DaemonClient(DaemonClientOptions options, std::shared_ptr<Connection> first);
 
@@ -177,6 +183,7 @@ class DaemonClient {
   // destroyed before, the ones it uses.
   const DaemonClientOptions options_;
   const std::vector<uint64_t> handed_working_set_;
+  MapPathCounters map_path_;
   ActiveConnection active_;
   HeldChunks held_;
   TelemetryStream telemetry_;

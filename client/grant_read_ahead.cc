@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "client/thread_name.h"
 
 namespace allocd {
 
@@ -83,6 +84,7 @@ uint64_t GrantReadAhead::parked_bytes() const {
 }
 
 void GrantReadAhead::Run() {
+  NameThisThread("allocd-readahd");
   mu_.Lock();
   for (;;) {
     auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

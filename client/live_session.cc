@@ -74,6 +74,7 @@ nlohmann::json LiveSession::Report() const {
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims_},
+          {"map_path", client_.map_path().ToJson()},
           {"ooms_reported", ooms_reported()},
           {"events_dropped", client_.events() == nullptr
                                  ? 0

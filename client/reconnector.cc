@@ -4,6 +4,8 @@
 #include <memory>
 #include <utility>
 
+#include "client/thread_name.h"
+
 namespace allocd {
 
 Reconnector::Reconnector(const DaemonClientOptions& options, Parts parts)
@@ -30,6 +32,7 @@ uint64_t Reconnector::running_version() const {
 }
 
 void Reconnector::Run() {
+  NameThisThread("allocd-reconnct");
   absl::Duration backoff = options_.reconnect_min;
   while (!parts_.active.stopping()) {
     std::shared_ptr<Connection> c = parts_.active.Current();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/thread_name.h"
 #include "proto/protocol.h"
 
 namespace allocd {
@@ -173,6 +174,7 @@ bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,
 }
 
 void TelemetryStream::Run() {
+  NameThisThread("allocd-telemtry");
   std::shared_ptr<Connection> streaming;
   std::unique_ptr<grpc::ClientContext> context;
   std::unique_ptr<grpc::ClientWriter<v1::TelemetryReport>> writer;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "client/thread_name.h"
 
 namespace allocd {
 
@@ -40,6 +41,7 @@ bool WorkingSetHandover::Expired() const {
 }
 
 void WorkingSetHandover::Run() {
+  NameThisThread("allocd-handover");
   absl::MutexLock lock(&mu_);
   while (!plan_.empty() && !dropped_ && !stopping_) {
     // The next run of one size, in one fetch.

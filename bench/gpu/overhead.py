@@ -6,15 +6,22 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
         [--modes native,transparent,run,advise]
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
-`run` mode is the unchanged script under `allocd run`), then for each round
-asks every worker in turn, in an order rotated each round, for --steps
-timed steps: no two workers step at once, and clock or thermal drift falls
-on every mode alike. A mode's ratio in a round is its median step over the
-native worker's median step in that round; the summary is the median of
-the rounds' ratios and their spread (min, max, interquartile range), on the
-host's clock (what the job waits) and on the GPU's (CUDA events).
-Then each worker's steps under PyTorch's profiler, the top operators by
-self CPU time. Writes DIR/overhead.json and prints the table.
+`run` mode is the unchanged script under `allocd run`), each pinned to
+CPU cores of its own (--cpus, split evenly; the daemon runs on others), so
+that no worker's step waits for another's threads or moves between cores.
+Then for each round it asks every worker in turn, in an order rotated each
+round, for a short turn of timed steps: no two workers step at once, and
+the drift of the host (these steps wait on the CPU's launches, and a
+machine's CPU speed moves by tens of percent within seconds) falls on every
+mode alike within a round. A mode's ratio in a round is its median step
+over the native worker's median step in that round; the summary is the
+median of the rounds' ratios and their spread (min, max, interquartile
+range), and the ratio of the medians of all timed steps, on the host's
+clock (what the job waits) and on the GPU's (CUDA events). With it, the
+CPU time per step of each worker's threads: the job's own, allocd's (by
+thread) and the rest. Then each worker's steps under PyTorch's profiler,
+the top operators by self CPU time. Writes DIR/overhead.json and prints the
+tables.
 """
 import argparse
 import json
@@ -24,17 +31,36 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS = {"seq2seq": 20, "resnet50": 20, "generate": 6}
+# Timed steps in one turn: short turns interleave the modes finely.
+STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2}
 
 
-def start(a, workload, mode):
+def cpu_sets(cpus, n):
+    """`cpus` split into `n` disjoint sets of equal size (the rest unused)."""
+    per = len(cpus) // n
+    if per == 0:
+        sys.exit(f"--cpus: {len(cpus)} cores cannot give each of {n} workers one of its own")
+    return [cpus[i * per:(i + 1) * per] for i in range(n)]
+
+
+def parse_cpus(text):
+    """A CPU list as taskset takes it: 0-3,8,10-11."""
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def start(a, workload, mode, cpus):
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", "native" if mode == "run" else mode, "--socket", a.socket]
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # PyTorch's intra-op threads, one per core of the worker's own.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)))
     worker = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env)
+                              env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return worker
 
 
@@ -59,7 +85,10 @@ def main():
     p.add_argument("--allocd", required=True)
     p.add_argument("--socket", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--cpus", default=None,
+                   help="cores for the workers, split evenly among them (taskset's list "
+                        "syntax; default: every core this process may use)")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
     p.add_argument("--modes", default="native,transparent,run,advise")
     p.add_argument("--profile-steps", type=int, default=5,
@@ -70,9 +99,13 @@ def main():
     if modes[0] != "native":
         sys.exit("--modes: native must come first (the ratios' base)")
     os.makedirs(a.out, exist_ok=True)
+    cpus = parse_cpus(a.cpus) if a.cpus else sorted(os.sched_getaffinity(0))
+    pinned = dict(zip(modes, cpu_sets(cpus, len(modes))))
+    print("workers' cores: " + ", ".join(f"{m} {c[0]}-{c[-1]}" for m, c in pinned.items()),
+          flush=True)
     results = {}
     for workload in a.workloads.split(","):
-        workers = {m: start(a, workload, m) for m in modes}
+        workers = {m: start(a, workload, m, pinned[m]) for m in modes}
         # One at a time would also do; warming them together saves the call's time.
         for m, w in workers.items():
             ready = read_json(w, f"{workload} {m}")
@@ -98,6 +131,9 @@ def main():
         for w in workers.values():
             w.stdin.close()
             w.wait(timeout=60)
+        def pooled(m, clock):
+            return statistics.median([t for row in rounds for t in row[m][f"{clock}_ms"]])
+
         summary = {}
         for m in modes[1:]:
             entry = {}
@@ -106,22 +142,45 @@ def main():
                           for row in rounds]
                 q1, q3 = quartiles(ratios)
                 entry[clock] = {"median": statistics.median(ratios), "min": min(ratios),
-                                "max": max(ratios), "q1": q1, "q3": q3, "ratios": ratios}
+                                "max": max(ratios), "q1": q1, "q3": q3, "ratios": ratios,
+                                "pooled": pooled(m, clock) / pooled("native", clock)}
             summary[m] = entry
-        native = [row["native"]["host_ms_median"] for row in rounds]
+        cpu = {}
+        for m in modes:
+            steps = sum(row[m]["steps"] for row in rounds)
+            total = {}
+            for row in rounds:
+                for group, ms in row[m]["cpu_ms_by_thread"].items():
+                    total[group] = total.get(group, 0.0) + ms
+            cpu[m] = {group: ms / steps for group, ms in sorted(total.items())}
         results[workload] = {"rounds": rounds, "summary": summary,
-                             "native_host_ms_median": statistics.median(native)}
+                             "native_host_ms_median": pooled("native", "host"),
+                             "cpu_ms_per_step": cpu, "cores": pinned}
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
-    print(f"\n| workload | native step (host, ms) | mode | ratio, host clock: median "
-          f"[IQR] (min-max) | ratio, CUDA events: median [IQR] (min-max) |")
-    print("|---|---:|---|---|---|")
+    print(f"\n{a.rounds} rounds. Ratio to native: the median of the rounds' ratios [IQR] "
+          f"(min-max), and the ratio of all timed steps' medians (pooled).\n")
+    print("| workload | native step (host, ms) | mode | host clock: median [IQR] (min-max) "
+          "| pooled | CUDA events: median [IQR] (min-max) | pooled |")
+    print("|---|---:|---|---|---:|---|---:|")
     for workload, r in results.items():
         for m, entry in r["summary"].items():
             h, g = entry["host"], entry["gpu"]
             print(f"| {workload} | {r['native_host_ms_median']:.2f} | {m} | "
                   f"{h['median']:.4f}x [{h['q1']:.4f}-{h['q3']:.4f}] ({h['min']:.4f}-{h['max']:.4f}) | "
-                  f"{g['median']:.4f}x [{g['q1']:.4f}-{g['q3']:.4f}] ({g['min']:.4f}-{g['max']:.4f}) |")
+                  f"{h['pooled']:.4f}x | "
+                  f"{g['median']:.4f}x [{g['q1']:.4f}-{g['q3']:.4f}] ({g['min']:.4f}-{g['max']:.4f}) | "
+                  f"{g['pooled']:.4f}x |")
+    print("\nCPU time per step by thread (ms): the job's own thread, allocd's threads, "
+          "the rest (PyTorch's, CUDA's, gRPC's).\n")
+    print("| workload | mode | job | allocd (by thread) | other |")
+    print("|---|---|---:|---|---:|")
+    for workload, r in results.items():
+        for m, groups in r["cpu_ms_per_step"].items():
+            ours = {g: ms for g, ms in groups.items() if g.startswith("allocd")}
+            print(f"| {workload} | {m} | {groups.get('job', 0.0):.2f} | "
+                  + (", ".join(f"{g} {ms:.3f}" for g, ms in ours.items()) or "-")
+                  + f" | {groups.get('other', 0.0):.2f} |")
 
 
 if __name__ == "__main__":

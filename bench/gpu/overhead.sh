@@ -4,15 +4,16 @@
 # an unchanged script under `allocd run`, and in advisor mode
 # (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
 # on a daemon serving the GPU that decides but pushes nothing (autotune
-# recommend), so that every step runs one config.
+# recommend), so that every step runs one config. The daemon runs on the
+# last DAEMON_CORES cores (default 4), each worker on cores of its own.
 #
-#   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 8)
+#   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 30)
 #
 # Results: OUT/overhead.json (every round), OUT/overhead.log (the table).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-overhead}
-rounds=${3:-8}
+rounds=${3:-30}
 mkdir -p "$out"
 exec > >(tee -a "$out/overhead.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,8 +21,14 @@ sock=$out/allocd.sock daemon_log=$out/daemon.log parts=""
 . "$here/common.sh"
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+ncpu=$(nproc) daemon_cores=${DAEMON_CORES:-4}
+all_cores=$(taskset -pc $$ | awk '{print $NF}')
+taskset -pc "$((ncpu - daemon_cores))-$((ncpu - 1))" $$ >/dev/null  # what start_daemon starts inherits it
 start_daemon device --autotune recommend
+taskset -pc "$all_cores" $$ >/dev/null
+echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
 python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" --rounds "$rounds" \
+    --cpus "0-$((ncpu - daemon_cores - 1))" \
     ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
 status=$?
 stop_daemon

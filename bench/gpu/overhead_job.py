@@ -18,11 +18,16 @@ Modes: native; transparent (allocd.enable() before torch); advise
 run -- python overhead_job.py --mode native` is the unchanged script.
 
 It runs --warmup steps, prints {"ready": ...}, then for each line N on its
-standard input runs 2 untimed steps and N timed ones and prints one JSON
-line ("profile N PATH": N steps under PyTorch's profiler, its table of the
-top operators by self CPU time written to PATH). Each step is timed twice: CUDA events around it (the GPU's view,
-launch gaps included), and the host's clock from before it to after its
-synchronize (what the job waits).
+standard input runs 1 untimed step and N timed ones and prints one JSON
+line with every timed step ("profile N PATH": N steps under PyTorch's
+profiler, its table of the top operators by self CPU time written to PATH).
+Each step is timed twice: CUDA events around it (the GPU's view, launch
+gaps included), and the host's clock from before it to after its
+synchronize (what the job waits). With each turn it reports the CPU time
+each of its threads ran during the timed steps (/proc's schedstat, in ns),
+summed by name: the job's own thread, allocd's threads (named "allocd-*",
+the C++ client's and the Python advisor's), and the rest (PyTorch's, CUDA's,
+gRPC's): where allocd's work runs beside the job's.
 """
 import argparse
 import json
@@ -76,6 +81,53 @@ def build(torch, workload):
     return step
 
 
+def thread_names():
+    """Native thread id -> name: Python's names for its threads (the
+    advisor's), else the system's (allocd's C++ threads name themselves)."""
+    import threading
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+    main_id = threading.main_thread().native_id
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        tid = int(tid)
+        if tid == main_id:
+            out[tid] = "job"
+            continue
+        name = names.get(tid)
+        if name is None:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+        out[tid] = name
+    return out
+
+
+def thread_cpu_ns():
+    """Native thread id -> CPU time it has run, in ns."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def cpu_by_group(before, after):
+    """CPU ms run between two thread_cpu_ns() readings, by thread group."""
+    names = thread_names()
+    groups = {}
+    for tid, ns in after.items():
+        name = names.get(tid, "?")
+        group = "job" if name == "job" else (
+            name if name.startswith("allocd") else "other")
+        groups[group] = groups.get(group, 0.0) + (ns - before.get(tid, 0)) / 1e6
+    return groups
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,12 +176,16 @@ def main():
                 f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
             print(json.dumps({"profiled": path}), flush=True)
             continue
-        timed(2)
+        timed(1)
+        cpu_before = thread_cpu_ns()
         gpu, host = timed(int(line))
+        cpu = cpu_by_group(cpu_before, thread_cpu_ns())
         print(json.dumps({"workload": a.workload, "mode": a.mode, "under_allocd_run": under_run,
                           "steps": len(gpu),
+                          "gpu_ms": [g * 1e3 for g in gpu], "host_ms": [h * 1e3 for h in host],
                           "gpu_ms_median": statistics.median(gpu) * 1e3,
                           "host_ms_median": statistics.median(host) * 1e3,
+                          "cpu_ms_by_thread": cpu,
                           "max_reserved": torch.cuda.max_memory_reserved(),
                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}),
               flush=True)

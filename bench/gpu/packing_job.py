@@ -26,7 +26,10 @@ unchanged script.
 
 Prints and writes one JSON: OOMs (peaks and steps), step times (CUDA events,
 warm-up excluded), each peak's gather time (from its first allocation to
-the last one done, synchronized), requests' latencies (server).
+the last one done, synchronized), requests' latencies (server). Under allocd,
+where each peak's gather time went (allocd.stats()'s map_path, read before
+and after it): the daemon's round trips for the chunks (a reclaim from the
+neighbours waits in them), importing and mapping them, enabling access.
 """
 import argparse
 import json
@@ -72,11 +75,19 @@ def is_oom(error):
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
+def map_path():
+    """allocd's map-path counters (None when not under allocd)."""
+    if "allocd" not in sys.modules:
+        return None
+    return sys.modules["allocd"].stats().get("map_path")
+
+
 class Job:
     def __init__(self, torch, a):
         self.torch, self.a = torch, a
         self.ooms, self.step_ooms = 0, 0
         self.steps, self.gathers, self.latencies, self.notes = [], [], [], []
+        self.gather_paths = []  # per gather: where its time went under allocd
         torch.manual_seed(a.seed + a.index)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(a.width, 4 * a.width), torch.nn.GELU(),
@@ -115,6 +126,7 @@ class Job:
         """Takes a peak of `gib` in 2 GiB tensors; returns them (None: OOM)."""
         torch = self.torch
         held = []
+        before = map_path()
         t = time.monotonic()
         try:
             for _ in range(max(1, int(gib * (1 << 30) // PIECE))):
@@ -127,6 +139,9 @@ class Job:
             self.note(f"peak of {gib:g} GiB: {str(error).splitlines()[0]}")
             return None
         self.gathers.append(time.monotonic() - t)
+        after = map_path()
+        if before is not None and after is not None:
+            self.gather_paths.append({k: after[k] - before[k] for k in after})
         return held
 
     def release(self, held):
@@ -259,6 +274,7 @@ def main():
         "step_ms_p99": (percentile(job.steps, 99) or 0) * 1e3,
         "step_ms_mean": sum(job.steps) / len(job.steps) * 1e3 if job.steps else None,
         "gather_s": [round(g, 4) for g in job.gathers],
+        "gather_paths": job.gather_paths,
         "requests": len(job.latencies),
         "latency_ms_p50": (percentile(job.latencies, 50) or 0) * 1e3,
         "latency_ms_p99": (percentile(job.latencies, 99) or 0) * 1e3,

@@ -7,7 +7,11 @@ One row per part, N and mode: jobs that ran without an OOM, the OOMs
 p50 and p99) against the same kind alone in that mode, and the peaks'
 gather times: under allocd, a peak past the first cycle comes back from its
 neighbours' caches, so its gather time is the reclaim latency a job feels.
-Then the server beside the trainer against the server alone.
+Then where a reclaimed gather's time went under allocd (the jobs' map-path
+counters): the daemon's round trips for chunks (a reclaim waits in them),
+importing and mapping the chunks, enabling access, and the rest (PyTorch's
+allocator, the kernel launches, Python). Then the server beside the trainer
+against the server alone.
 """
 import collections
 import glob
@@ -80,6 +84,28 @@ def main():
         print(f"\nnative cudaMalloc of a {runs[('alone-peaks', 1, 'native')][0]['peak_gib']:g} GiB "
               f"peak (2 GiB tensors, its first gather): {statistics.median(cold):.3f} s median "
               f"of {len(cold)}")
+
+    print("\nWhere a gathered peak's time went under allocd (per gather past the first, "
+          "medians; ms):\n")
+    print("| part | N | mode | gathers | gather | daemon round trips | import + map | access "
+          "| rest | chunks mapped | segments |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key in sorted(runs):
+        part, n, mode = key
+        pairs = [(g, p) for j in runs[key]
+                 for g, p in list(zip(j["gather_s"], j.get("gather_paths", [])))[1:]]
+        if not pairs:
+            continue
+
+        def med(f):
+            return statistics.median(f(g, p) for g, p in pairs)
+        ms = 1e-6
+        print(f"| {part} | {n} | {mode} | {len(pairs)} | {med(lambda g, p: g * 1e3):.1f} | "
+              f"{med(lambda g, p: p['acquire_ns'] * ms):.1f} | {med(lambda g, p: p['map_ns'] * ms):.1f} | "
+              f"{med(lambda g, p: p['access_ns'] * ms):.1f} | "
+              f"{med(lambda g, p: g * 1e3 - (p['acquire_ns'] + p['map_ns'] + p['access_ns']) * ms):.1f} | "
+              f"{med(lambda g, p: p['chunks_mapped'] + p['chunks_created']):.0f} | "
+              f"{med(lambda g, p: p['segments_mapped']):.0f} |")
 
     print("\n| server | mode | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -248,7 +248,12 @@ class Interposer {
             : nullptr;
     if (session == nullptr) return driver_.create(handle, bytes, prop, flags);
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<ReceivedChunks> chunks = session->client->Acquire(bytes);
+    MapPathCounters& counters = session->client->map_path();
+    absl::StatusOr<ReceivedChunks> chunks;
+    {
+      NanosInto timed(counters.acquire_ns);
+      chunks = session->client->Acquire(bytes);
+    }
     if (!chunks.ok()) {
       Log("cuMemCreate(%zu) refused: %s", bytes,
           std::string(chunks.status().message()).c_str());
@@ -258,6 +263,7 @@ class Interposer {
                              .ids = chunks->ids,
                              .sizes = chunks->sizes,
                              .bytes = chunks->bytes()};
+    NanosInto timed(counters.map_ns);
     for (const UniqueFd& fd : chunks->fds) {
       absl::StatusOr<CUmemGenericAllocationHandle> imported =
           cuda::ImportFromFd(fd.get());
@@ -271,6 +277,7 @@ class Interposer {
         return CUDA_ERROR_OUT_OF_MEMORY;
       }
       allocation.chunks.push_back(*imported);
+      counters.chunks_mapped.fetch_add(1, std::memory_order_relaxed);
     }
     session->vmm_bytes += allocation.bytes;
     const CUmemGenericAllocationHandle ours = kOurHandleBit | next_handle_++;
@@ -309,6 +316,8 @@ class Interposer {
     if (offset != 0 || bytes != allocation.bytes) {
       return CUDA_ERROR_NOT_SUPPORTED;  // PyTorch maps whole handles
     }
+    MapPathCounters& counters = it->second.first->client->map_path();
+    NanosInto timed(counters.map_ns);
     CUdeviceptr at = address;
     for (size_t i = 0; i < allocation.chunks.size(); ++i) {
       const CUresult r =
@@ -320,6 +329,7 @@ class Interposer {
       at += allocation.sizes[i];
     }
     mapped_[address] = handle;
+    counters.segments_mapped.fetch_add(1, std::memory_order_relaxed);
     return CUDA_SUCCESS;
   }
 

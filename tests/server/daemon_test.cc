@@ -728,6 +728,30 @@ TEST_F(DaemonTest, AClientThatMakesItsChunksReadsAheadBudgetOnAColdPool) {
   EXPECT_EQ(status.free_bytes(), 0u);
 }
 
+// A mapped segment's time is told by part: the daemon's round trip, the
+// chunks' mapping, enabling access; its free's unmapping (what a slow
+// reclaimed peak is read by, allocd.stats()["map_path"]).
+TEST_F(DaemonTest, TheMapPathCountersSayWhereASegmentsTimeWent) {
+  std::unique_ptr<DaemonClient> client = Client("counted", absl::ZeroDuration());
+  ASSERT_NE(client, nullptr);
+  DaemonBackend backend(client.get());
+  const MapPathCounters& counters = client->map_path();
+  EXPECT_EQ(counters.segments_mapped.load(), 0u);
+  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(3 * kChunk);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(counters.segments_mapped.load(), 1u);
+  EXPECT_EQ(counters.chunks_mapped.load() + counters.chunks_created.load(), 3u);
+  EXPECT_GT(counters.acquire_ns.load(), 0u);
+  EXPECT_GT(counters.map_ns.load(), 0u);
+  EXPECT_EQ(counters.segments_unmapped.load(), 0u);
+  backend.FreeSegment(*segment, 3 * kChunk);
+  EXPECT_EQ(counters.segments_unmapped.load(), 1u);
+  EXPECT_GT(counters.unmap_ns.load(), 0u);
+  const nlohmann::json reported = counters.ToJson();
+  EXPECT_EQ(reported.at("segments_mapped"), 1u);
+  EXPECT_EQ(reported.at("acquire_ns"), counters.acquire_ns.load());
+}
+
 // The interposer's client returns what a free unmapped in the background:
 // a free does not wait for the daemon (here stopped), and the daemon hears
 // of it before it must refuse the next acquire.
