@@ -223,6 +223,11 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
                           bool keep_reservation) {
+  // Released without it, memory made here goes back to the driver, which
+  // scrubs it before anyone can have it again: the neighbour that needs it
+  // would wait for that instead of importing it. Where the daemon does not
+  // take it, it leaves as before.
+  (void)GiveMadeMemory(address, bytes);
   std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
   std::vector<ChunkMapping> mappings;
   for (auto it = chunks_.lower_bound(address);
@@ -365,33 +370,47 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
     return absl::NotFoundError(absl::StrCat(
         "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
   }
-  std::vector<uint64_t> ids, made_ids;
-  std::vector<UniqueFd> made_fds;
-  std::vector<MappedChunk*> made;
+  // The daemon can share only memory it holds: give it first.
+  if (absl::Status s = GiveMadeMemory(address, segment->second.bytes); !s.ok()) {
+    return s;
+  }
+  std::vector<uint64_t> ids;
   uint64_t epoch = 0;
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + segment->second.bytes; ++it) {
+    epoch = it->second.epoch;  // one Acquire: one epoch
+    ids.push_back(it->second.id);
+  }
+  return client_->Share(epoch, ids);
+}
+
+absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes) {
+  // By epoch: a range mapped across a reconnect holds chunks of two.
+  std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
+  std::map<uint64_t, std::vector<UniqueFd>> fds_by_epoch;
+  std::map<uint64_t, std::vector<MappedChunk*>> made_by_epoch;
+  for (auto it = chunks_.lower_bound(address);
+       it != chunks_.end() && it->first < address + bytes; ++it) {
     MappedChunk& chunk = it->second;
-    epoch = chunk.epoch;  // one Acquire: one epoch
-    ids.push_back(chunk.id);
     if (!chunk.made_here) continue;
-    // The daemon can share only memory it holds: give it first.
     absl::StatusOr<UniqueFd> fd = mapper_->Export(
         {.address = it->first, .bytes = chunk.bytes, .handle = chunk.handle});
     if (!fd.ok()) return fd.status();
-    made_ids.push_back(chunk.id);
-    made_fds.push_back(*std::move(fd));
-    made.push_back(&chunk);
+    ids_by_epoch[chunk.epoch].push_back(chunk.id);
+    fds_by_epoch[chunk.epoch].push_back(*std::move(fd));
+    made_by_epoch[chunk.epoch].push_back(&chunk);
   }
-  if (!made.empty()) {
+  if (ids_by_epoch.empty()) return absl::OkStatus();
+  MapPathCounters& counters = client_->map_path();
+  NanosInto timed(counters.give_ns);
+  for (auto& [epoch, ids] : ids_by_epoch) {
     std::vector<int> fds;
-    for (const UniqueFd& fd : made_fds) fds.push_back(fd.get());
-    if (absl::Status s = client_->GiveMemory(epoch, made_ids, fds); !s.ok()) {
-      return s;
-    }
-    for (MappedChunk* chunk : made) chunk->made_here = false;
+    for (const UniqueFd& fd : fds_by_epoch[epoch]) fds.push_back(fd.get());
+    if (absl::Status s = client_->GiveMemory(epoch, ids, fds); !s.ok()) return s;
+    for (MappedChunk* chunk : made_by_epoch[epoch]) chunk->made_here = false;
+    counters.chunks_given.fetch_add(ids.size(), std::memory_order_relaxed);
   }
-  return client_->Share(epoch, ids);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(

@@ -107,8 +107,11 @@ class DaemonBackend : public DeviceBackend {
   // this process (AcquireChunksRequest.client_creates) when `on` and the
   // mapper can (ChunkMapper::CanCreate): on a GPU, creating a chunk here
   // costs less than the daemon's creation and export and this process's
-  // import together. Off by default. ShareSegment gives their memory to the
-  // daemon first (DaemonClient::GiveMemory).
+  // import together. Off by default. Their memory is given to the daemon
+  // (DaemonClient::GiveMemory) before a segment is shared (ShareSegment),
+  // and before they are unmapped to be released: the daemon caches it, so
+  // the next process to map it (a neighbour that reclaimed it) imports it
+  // instead of creating memory the driver must first scrub.
   // When the device has no room for a chunk made here, the segment is asked
   // for again with every chunk made by the daemon, which can trim its cache
   // and reclaim other jobs' (counted by client_create_fallbacks).
@@ -179,6 +182,10 @@ class DaemonBackend : public DeviceBackend {
   };
   absl::StatusOr<MappedRange> MapIntoNewRange(ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
+  // Gives the daemon the memory of the chunks made here that are mapped in
+  // [address, address + bytes) (GiveMemory): from then on it is the
+  // daemon's, as if it had made them.
+  absl::Status GiveMadeMemory(uint64_t address, uint64_t bytes);
 
   // Takes `segment`, which the handover mapped at its address, as one of
   // AllocateSegment's.

@@ -13,7 +13,9 @@ nlohmann::json MapPathCounters::ToJson() const {
           {"map_ns", read(map_ns)},
           {"access_ns", read(access_ns)},
           {"segments_unmapped", read(segments_unmapped)},
-          {"unmap_ns", read(unmap_ns)}};
+          {"unmap_ns", read(unmap_ns)},
+          {"chunks_given", read(chunks_given)},
+          {"give_ns", read(give_ns)}};
 }
 
 }  // namespace allocd

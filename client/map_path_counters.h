@@ -27,6 +27,10 @@ struct MapPathCounters {
   std::atomic<uint64_t> access_ns{0};        // enabling access to the run
   std::atomic<uint64_t> segments_unmapped{0};
   std::atomic<uint64_t> unmap_ns{0};  // synchronize, unmap and release
+  // Chunks made here whose memory was given to the daemon before they were
+  // released or shared, and the time that took (export, GiveMemory).
+  std::atomic<uint64_t> chunks_given{0};
+  std::atomic<uint64_t> give_ns{0};
 
   // Every counter by its name: times in ns.
   nlohmann::json ToJson() const;
