@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
+
 namespace allocd {
 
 ControlStream::ControlStream(ActiveConnection& active,
@@ -26,6 +28,7 @@ void ControlStream::Watch(Connection& c) {
     // Memory read ahead is the first to go back (it is no segment's),
     // with the releases on their way.
     if (message.has_reclaim()) {
+      last_reclaim_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
       give_back_();
       absl::MutexLock hook(&reclaim_mu_);
       if (on_reclaim_) on_reclaim_();

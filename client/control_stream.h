@@ -11,6 +11,7 @@
 #ifndef ALLOCD_CLIENT_CONTROL_STREAM_H_
 #define ALLOCD_CLIENT_CONTROL_STREAM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -61,6 +62,12 @@ class ControlStream {
   // not wait for the caller's own locks. OnReclaim(nullptr) returns after
   // a call in progress.
   void OnReclaim(std::function<void()> drop) ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+  // When the daemon last asked the process to give memory back
+  // (absl::InfinitePast() before it first asks).
+  absl::Time last_reclaim() const {
+    const int64_t ns = last_reclaim_ns_.load(std::memory_order_relaxed);
+    return ns == 0 ? absl::InfinitePast() : absl::FromUnixNanos(ns);
+  }
 
  private:
   ActiveConnection& active_;
@@ -72,6 +79,7 @@ class ControlStream {
   // Held while the reclaim hook runs.
   absl::Mutex reclaim_mu_;
   std::function<void()> on_reclaim_ ABSL_GUARDED_BY(reclaim_mu_);
+  std::atomic<int64_t> last_reclaim_ns_{0};
 };
 
 }  // namespace allocd

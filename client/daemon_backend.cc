@@ -10,11 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "allocator/bytes.h"
 #include "proto/protocol.h"
 
 namespace allocd {
 namespace {
+
+// How long after a reclaim request the process's frees give the memory it
+// made to the daemon (DaemonBackend::Unmap): the reclaim's empty_cache
+// runs at the job's next safe point or advisor round, well within it.
+constexpr absl::Duration kGiveAfterReclaim = absl::Seconds(5);
 
 // Sim mode: chunks are memfd files; a reservation is PROT_NONE anonymous
 // memory that chunks are mmap()ed over.
@@ -223,11 +229,17 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
                           bool keep_reservation) {
-  // Released without it, memory made here goes back to the driver, which
-  // scrubs it before anyone can have it again: the neighbour that needs it
-  // would wait for that instead of importing it. Where the daemon does not
-  // take it, it leaves as before.
-  (void)GiveMadeMemory(address, bytes);
+  // Freed while another session is short, memory made here goes to it
+  // through the daemon's cache: released to the driver, it would be
+  // scrubbed before anyone could have it again, and the neighbour would
+  // wait for that instead of importing it. Otherwise it leaves with the
+  // release: the daemon's cache holds no more than reclaims bring back,
+  // and the device keeps room for what the pool does not serve (contexts,
+  // libraries' workspaces, processes not under allocd). Where the daemon
+  // does not take it, it leaves too.
+  if (client_->ReclaimAskedWithin(kGiveAfterReclaim)) {
+    (void)GiveMadeMemory(address, bytes);
+  }
   std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
   std::vector<ChunkMapping> mappings;
   for (auto it = chunks_.lower_bound(address);

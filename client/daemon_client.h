@@ -38,6 +38,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocd.pb.h"
 #include "client/chunk_grants.h"
@@ -114,6 +116,11 @@ class DaemonClient {
   }
   void OnReclaim(std::function<void()> drop) {
     control_.OnReclaim(std::move(drop));
+  }
+  // Whether the daemon asked the process to give memory back within
+  // `window`: another session on the GPU is short.
+  bool ReclaimAskedWithin(absl::Duration window) const {
+    return absl::Now() - control_.last_reclaim() <= window;
   }
 
   // The telemetry stream: TelemetryStream says what each does.
