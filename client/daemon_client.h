@@ -111,9 +111,10 @@ class DaemonClient {
                          uint64_t config_version) {
     return control_.ReportOom(requested_bytes, message, config_version);
   }
-  void OnReclaim(std::function<void()> drop) {
+  void OnReclaim(std::function<uint64_t(uint64_t bytes)> drop) {
     control_.OnReclaim(std::move(drop));
   }
+  int64_t reclaims() const { return control_.reclaims(); }
 
   // The telemetry stream: TelemetryStream says what each does.
   void PublishStats(std::map<std::string, int64_t> stats,
