@@ -449,6 +449,50 @@ void CachingAllocator::ReleaseCachedBlocks() {
 
 void CachingAllocator::EmptyCache() { ReleaseCachedBlocks(); }
 
+uint64_t CachingAllocator::ReleaseCached(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  const int64_t reserved = stats_.reserved_bytes.all().current;
+  // What each free block would give back, smallest first.
+  std::vector<std::pair<uint64_t, uint32_t>> candidates;
+  uint64_t cached = 0;
+  for (const Pool* pool : {&large_pool_, &small_pool_}) {
+    for (const SizeKey& key : pool->blocks) {
+      const Block& block = blocks_[key.block];
+      uint64_t size = 0;
+      if (block.expandable_segment != kNone) {
+        const auto [first, end] = WholePages(key.block);
+        if (first < end) {
+          size = (end - first) *
+                 expandable_segments_[block.expandable_segment].page_size;
+        }
+      } else if (!block.is_split()) {
+        size = block.size;
+      }
+      if (size == 0) continue;
+      candidates.emplace_back(size, key.block);
+      cached += size;
+    }
+  }
+  if (cached < bytes) {
+    ReleaseCachedBlocks();
+  } else {
+    std::sort(candidates.begin(), candidates.end());
+    auto it = std::lower_bound(candidates.begin(), candidates.end(),
+                               std::pair<uint64_t, uint32_t>{bytes, 0});
+    if (it != candidates.end()) {
+      ReleaseFreeBlock(it->second);
+    } else {
+      uint64_t released = 0;
+      while (released < bytes) {
+        --it;
+        released += it->first;
+        ReleaseFreeBlock(it->second);
+      }
+    }
+  }
+  return static_cast<uint64_t>(reserved - stats_.reserved_bytes.all().current);
+}
+
 void CachingAllocator::SynchronizeAndFreeEvents() {
   ++stats_.num_sync_all_streams;
   std::vector<std::pair<uint32_t, uint32_t>> pending;
@@ -473,10 +517,16 @@ void CachingAllocator::ReleaseBlocks(Pool& pool) {
     }
   }
   for (const uint32_t b : to_release) ReleaseBlock(b);
-  for (const uint32_t b : to_unmap) {
-    UnmapBlock(b);
-    if (!blocks_[b].is_split()) ReleaseExpandableSegment(b);
+  for (const uint32_t b : to_unmap) ReleaseFreeBlock(b);
+}
+
+void CachingAllocator::ReleaseFreeBlock(uint32_t b) {
+  if (blocks_[b].expandable_segment == kNone) {
+    ReleaseBlock(b);
+    return;
   }
+  UnmapBlock(b);
+  if (!blocks_[b].is_split()) ReleaseExpandableSegment(b);
 }
 
 void CachingAllocator::ReleaseBlock(uint32_t b) {
@@ -661,13 +711,19 @@ uint32_t CachingAllocator::TryAllocateExpandableBlock(Request& r) {
   return candidate;
 }
 
-void CachingAllocator::UnmapBlock(uint32_t b) {
+std::pair<uint64_t, uint64_t> CachingAllocator::WholePages(uint32_t b) const {
   const ExpandableSegment& es =
       expandable_segments_[blocks_[b].expandable_segment];
   const uint64_t offset = blocks_[b].ptr - es.base;
+  return {(offset + es.page_size - 1) / es.page_size,
+          (offset + blocks_[b].size) / es.page_size};
+}
+
+void CachingAllocator::UnmapBlock(uint32_t b) {
+  const ExpandableSegment& es =
+      expandable_segments_[blocks_[b].expandable_segment];
   // Only whole pages inside the block can go.
-  const uint64_t first_page = (offset + es.page_size - 1) / es.page_size;
-  const uint64_t end_page = (offset + blocks_[b].size) / es.page_size;
+  const auto [first_page, end_page] = WholePages(b);
   if (first_page >= end_page) return;
   const uint64_t unmapped_ptr = es.base + first_page * es.page_size;
   const uint64_t unmapped_size = (end_page - first_page) * es.page_size;

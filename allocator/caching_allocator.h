@@ -129,6 +129,18 @@ class CachingAllocator {
   // unsplit cached segment (and every unmappable expandable page).
   void EmptyCache();
 
+  // Gives back at least `bytes` of the cache, no more segments than that
+  // takes (a neighbour short of memory asked for them: what this process
+  // cached and keeps serves its next peak without mapping again). Picks as
+  // PyTorch's release_available_cached_blocks picks oversize blocks on the
+  // OOM path, over every free whole segment of both pools and streams: the
+  // smallest that covers `bytes` alone, else the largest down until they
+  // cover it. The whole pages under a free expandable block count as a
+  // segment of their size. Releases everything EmptyCache does when those
+  // cannot cover `bytes` (blocks whose free waits on other streams may).
+  // Returns the reserved bytes released (0 for `bytes` 0).
+  uint64_t ReleaseCached(uint64_t bytes);
+
   // torch.cuda.set_per_process_memory_fraction(fraction): caps reserved
   // memory at fraction x the backend's total memory; only under a cap does
   // garbage_collection_threshold act. `fraction` in [0, 1].
@@ -244,6 +256,10 @@ class CachingAllocator {
   void ReleaseCachedBlocks();
   void ReleaseBlocks(Pool& pool);
   void ReleaseBlock(uint32_t b);
+  // Gives back free block `b` as release_cached_blocks does: its segment
+  // (`b` is one whole), or for an expandable block the pages under it (and
+  // its segment's range once none of it is mapped).
+  void ReleaseFreeBlock(uint32_t b);
   void GarbageCollectCachedBlocks();
   void SynchronizeAndFreeEvents();
   absl::Status RequestFree(const Allocation& allocation);
@@ -258,6 +274,9 @@ class CachingAllocator {
   bool MapBlock(uint32_t b, size_t size, absl::Status& error);
   uint32_t TryAllocateExpandableBlock(Request& r);
   void UnmapBlock(uint32_t b);
+  // The whole pages inside expandable block `b`, as [first, end) page
+  // indexes of its segment: what UnmapBlock unmaps.
+  std::pair<uint64_t, uint64_t> WholePages(uint32_t b) const;
   void ReleaseExpandableSegment(uint32_t b);
   // Adopt's parts: the blocks of one adopted segment (or mapped range)
   // linked after `last`, and the unmapped space of an expandable segment.

@@ -11,6 +11,10 @@ absl::Status EngineTarget::Reconfigure(const AllocatorConfig& config) {
 
 void EngineTarget::EmptyCache() { allocator_.EmptyCache(); }
 
+void EngineTarget::ReleaseCached(uint64_t bytes) {
+  allocator_.ReleaseCached(bytes);
+}
+
 std::map<std::string, int64_t> EngineTarget::Stats() {
   return MemoryStatsDict(allocator_.Stats());
 }

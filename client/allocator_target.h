@@ -24,6 +24,10 @@ class AllocatorTarget {
   virtual absl::Status Reconfigure(const AllocatorConfig& config) = 0;
   // Releases the cached blocks no allocation uses (torch.cuda.empty_cache).
   virtual void EmptyCache() = 0;
+  // Releases at least `bytes` (> 0) of the cache, keeping the rest cached
+  // where the allocator can choose (allocd's engine:
+  // CachingAllocator::ReleaseCached); one that cannot releases it all.
+  virtual void ReleaseCached(uint64_t bytes) = 0;
   // The allocator's counters as torch.cuda.memory_stats() names them.
   virtual std::map<std::string, int64_t> Stats() = 0;
 };
@@ -36,6 +40,7 @@ class EngineTarget final : public AllocatorTarget {
 
   absl::Status Reconfigure(const AllocatorConfig& config) override;
   void EmptyCache() override;
+  void ReleaseCached(uint64_t bytes) override;
   std::map<std::string, int64_t> Stats() override;
 
  private:

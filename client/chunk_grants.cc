@@ -116,9 +116,10 @@ ChunkGrants::~ChunkGrants() {
   releaser_.reset();
 }
 
-void ChunkGrants::GiveBackForReclaim() {
-  if (read_ahead_ != nullptr) read_ahead_->Drop();
+uint64_t ChunkGrants::GiveBackForReclaim() {
+  const uint64_t given = read_ahead_ != nullptr ? read_ahead_->Drop() : 0;
   FlushReleases();
+  return given;
 }
 
 absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,

@@ -95,7 +95,8 @@ class ChunkGrants {
   uint64_t own_acquires() const { return own_acquires_.load(); }
   // The daemon asked for memory back: gives back what was read ahead, and
   // delivers the releases pending (the reclaim waits for them to arrive).
-  void GiveBackForReclaim();
+  // Returns the bytes read ahead it gives back.
+  uint64_t GiveBackForReclaim();
 
   // Sharing chunks with other processes (CUDA IPC). Share: a token under
   // which other sessions of the daemon may open chunks `ids` of `epoch`,

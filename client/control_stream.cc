@@ -11,7 +11,7 @@ namespace allocd {
 
 ControlStream::ControlStream(ActiveConnection& active,
                              absl::Duration rpc_timeout,
-                             std::function<void()> give_back)
+                             std::function<uint64_t()> give_back)
     : active_(active),
       rpc_timeout_(rpc_timeout),
       give_back_(std::move(give_back)) {}
@@ -25,19 +25,33 @@ void ControlStream::Watch(Connection& c) {
       c.stub->WatchConfig(&context, request);
   v1::ControlMessage message;
   while (reader->Read(&message)) {
-    // Memory read ahead is the first to go back (it is no segment's),
-    // with the releases on their way.
     if (message.has_reclaim()) {
       last_reclaim_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
-      give_back_();
-      absl::MutexLock hook(&reclaim_mu_);
-      if (on_reclaim_) on_reclaim_();
+      ++reclaims_;
+      if (!GiveBackFirst(*message.mutable_reclaim())) continue;
     }
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(message));
   }
   (void)reader->Finish();
   active_.Unwatch();
+}
+
+bool ControlStream::GiveBackFirst(v1::ReclaimRequest& reclaim) {
+  // Memory read ahead is the first to go back (it is no segment's), with
+  // the releases on their way; then what the hook holds (a working set
+  // handed over and not taken: mapped, but no segment's either).
+  const uint64_t asked = reclaim.bytes();
+  uint64_t given = give_back_();
+  if (asked != 0 && given >= asked) return false;
+  {
+    absl::MutexLock hook(&reclaim_mu_);
+    if (on_reclaim_) given += on_reclaim_(asked == 0 ? 0 : asked - given);
+  }
+  if (asked == 0) return true;
+  if (given >= asked) return false;
+  reclaim.set_bytes(asked - given);
+  return true;
 }
 
 void ControlStream::Clear() {
@@ -80,7 +94,7 @@ absl::Status ControlStream::ReportOom(uint64_t requested_bytes,
                       std::move(request));
 }
 
-void ControlStream::OnReclaim(std::function<void()> drop) {
+void ControlStream::OnReclaim(std::function<uint64_t(uint64_t)> drop) {
   absl::MutexLock lock(&reclaim_mu_);
   on_reclaim_ = std::move(drop);
 }

@@ -5,7 +5,8 @@
 // what arrives for the engine's thread to handle at a safe point (Take),
 // since the engine is not thread-safe. A reclaim request first gives back
 // what the client read ahead and delivers its pending releases, then runs
-// the process's reclaim hook, before it is queued.
+// the process's reclaim hook, and is queued for what the allocator still
+// has to give back.
 //
 // Thread-safe.
 #ifndef ALLOCD_CLIENT_CONTROL_STREAM_H_
@@ -31,10 +32,10 @@ class ControlStream {
  public:
   // Answers on `active`'s current session within `rpc_timeout`;
   // `give_back` gives back what the client read ahead and delivers the
-  // releases it has pending (ChunkGrants::GiveBackForReclaim). `active`
-  // outlives the stream.
+  // releases it has pending (ChunkGrants::GiveBackForReclaim), and returns
+  // the bytes read ahead it gave back. `active` outlives the stream.
   ControlStream(ActiveConnection& active, absl::Duration rpc_timeout,
-                std::function<void()> give_back);
+                std::function<uint64_t()> give_back);
 
   // Reads the control stream of `c` until it ends: the daemon or the
   // session went away, or `active` lost `c` or stopped (it cancels the
@@ -44,7 +45,10 @@ class ControlStream {
   // daemon does not know, so it is not to be done.
   void Clear() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Control messages received since the last call, in order.
+  // Control messages received since the last call, in order. A reclaim's
+  // bytes are what the allocator has to give back once what the client
+  // read ahead and the reclaim hook gave went (0, as the daemon asks it:
+  // everything); a reclaim they covered is not queued.
   std::vector<v1::ControlMessage> Take() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits up to `timeout` for a message to be queued; true when one is
   // (left for Take). Lets a caller that polls Take act on a push as it
@@ -58,10 +62,15 @@ class ControlStream {
                          uint64_t config_version);
 
   // `drop` runs (on the session thread) when the daemon asks the process
-  // to give memory back, before the request is queued for Take; it must
-  // not wait for the caller's own locks. OnReclaim(nullptr) returns after
-  // a call in progress.
-  void OnReclaim(std::function<void()> drop) ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+  // to give memory back and what was read ahead did not cover it, before
+  // the request is queued for Take: with the bytes still asked (0:
+  // everything), it returns the bytes it gives back. It must not wait for
+  // the caller's own locks. OnReclaim(nullptr) returns after a call in
+  // progress.
+  void OnReclaim(std::function<uint64_t(uint64_t bytes)> drop)
+      ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+  // Reclaim requests received.
+  int64_t reclaims() const { return reclaims_.load(); }
   // When the daemon last asked the process to give memory back
   // (absl::InfinitePast() before it first asks).
   absl::Time last_reclaim() const {
@@ -72,13 +81,20 @@ class ControlStream {
  private:
   ActiveConnection& active_;
   const absl::Duration rpc_timeout_;
-  const std::function<void()> give_back_;
+  // Gives back what the client read ahead, then runs the reclaim hook,
+  // for `reclaim`, which it leaves asking what is left for the allocator;
+  // false when nothing is.
+  bool GiveBackFirst(v1::ReclaimRequest& reclaim)
+      ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+
+  const std::function<uint64_t()> give_back_;
+  std::atomic<int64_t> reclaims_ = 0;
 
   absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
   // Held while the reclaim hook runs.
   absl::Mutex reclaim_mu_;
-  std::function<void()> on_reclaim_ ABSL_GUARDED_BY(reclaim_mu_);
+  std::function<uint64_t(uint64_t)> on_reclaim_ ABSL_GUARDED_BY(reclaim_mu_);
   std::atomic<int64_t> last_reclaim_ns_{0};
 };
 

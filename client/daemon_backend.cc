@@ -373,7 +373,9 @@ void DaemonBackend::HandOver(absl::Duration keep) {
   handover_ = std::make_unique<WorkingSetHandover>(plan, std::move(callbacks),
                                                    keep);
   WorkingSetHandover* const handover = handover_.get();
-  client_->OnReclaim([handover] { handover->Drop(); });
+  // Given back whole, whatever the daemon asks: it is memory no segment
+  // uses, the cheapest to give.
+  client_->OnReclaim([handover](uint64_t) { return handover->Drop(); });
 }
 
 absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {

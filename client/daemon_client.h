@@ -114,9 +114,10 @@ class DaemonClient {
                          uint64_t config_version) {
     return control_.ReportOom(requested_bytes, message, config_version);
   }
-  void OnReclaim(std::function<void()> drop) {
+  void OnReclaim(std::function<uint64_t(uint64_t bytes)> drop) {
     control_.OnReclaim(std::move(drop));
   }
+  int64_t reclaims() const { return control_.reclaims(); }
   // Whether the daemon asked the process to give memory back within
   // `window`: another session on the GPU is short.
   bool ReclaimAskedWithin(absl::Duration window) const {

@@ -67,15 +67,20 @@ void GrantReadAhead::Granted(const Key& key, bool readable_ahead) {
   }
 }
 
-void GrantReadAhead::Drop() {
+uint64_t GrantReadAhead::Drop() {
   absl::MutexLock lock(&mu_);
   ++drops_;
   wanted_.reset();
   if (parked_.has_value()) parked_->until = absl::InfinitePast();
+  return ParkedBytes();
 }
 
 uint64_t GrantReadAhead::parked_bytes() const {
   absl::MutexLock lock(&mu_);
+  return ParkedBytes();
+}
+
+uint64_t GrantReadAhead::ParkedBytes() const {
   uint64_t bytes = 0;
   if (parked_.has_value()) {
     for (const ReceivedChunks& grant : parked_->grants) bytes += grant.bytes();

@@ -89,8 +89,9 @@ class GrantReadAhead {
   // the second in a row of one key, once the parked grants are taken, the
   // next are read ahead.
   void Granted(const Key& key, bool readable_ahead);
-  // Gives back what is parked and what a fetch in flight brings.
-  void Drop();
+  // Gives back what is parked and what a fetch in flight brings; returns
+  // the bytes parked.
+  uint64_t Drop();
 
   uint64_t parked_bytes() const;
 
@@ -101,6 +102,7 @@ class GrantReadAhead {
     absl::Time until;
   };
   void Run();
+  uint64_t ParkedBytes() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Gives every one of `grants` back, with `mu_` released meanwhile.
   void GiveBackAll(std::deque<ReceivedChunks> grants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -39,8 +39,15 @@ void LiveSession::Poll(AllocatorTarget& target) {
       });
     }
     if (m.has_reclaim()) {
-      target.EmptyCache();
-      ++reclaims_;
+      // What the daemon asks of the allocator (ControlStream took off what
+      // the client read ahead); 0 from a daemon that asks everything.
+      if (const uint64_t bytes = m.reclaim().bytes(); bytes != 0) {
+        target.ReleaseCached(bytes);
+      } else {
+        target.EmptyCache();
+      }
+      // What is left cached, known now: a later reclaim counts it.
+      Publish(target.Stats());
     }
   }
   if (absl::Now() - last_telemetry_ < telemetry_period_) return;
@@ -73,7 +80,7 @@ nlohmann::json LiveSession::Report() const {
           {"start_config_source", client_.start_config_source()},
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
-          {"reclaims", reclaims_},
+          {"reclaims", reclaims()},
           {"map_path", client_.map_path().ToJson()},
           {"ooms_reported", ooms_reported()},
           {"events_dropped", client_.events() == nullptr

@@ -3,7 +3,7 @@
 // it runs (AllocatorTarget: allocd's engine, or PyTorch's own driven from
 // Python): applies the configs the daemon pushes (ConfigApplier), releases
 // the cache at the switch and once more after it (SecondRelease), answers
-// reclaim requests by emptying the cache, publishes the allocator's stats,
+// reclaim requests by releasing what the daemon asks of the cache, publishes the allocator's stats,
 // and reports OOMs.
 //
 // Not thread-safe, except AtStepMark and ReportOom, which the job's own
@@ -58,7 +58,9 @@ class LiveSession {
   const std::string& config_reason() const { return applier_.reason(); }
   int64_t configs_applied() const { return applier_.applied(); }
   int64_t configs_rejected() const { return applier_.rejected(); }
-  int64_t reclaims() const { return reclaims_; }
+  // Reclaim requests the process answered (with what it read ahead, or
+  // the allocator's cache).
+  int64_t reclaims() const { return client_.reclaims(); }
   int64_t ooms_reported() const { return ooms_.load(); }
   int64_t second_releases() const { return second_release_.releases(); }
 
@@ -74,7 +76,6 @@ class LiveSession {
   ConfigApplier applier_;
   SecondRelease second_release_;
   std::atomic<bool> marks_steps_ = false;
-  int64_t reclaims_ = 0;
   std::atomic<int64_t> ooms_ = 0;
   absl::Time last_telemetry_ = absl::InfinitePast();
 };

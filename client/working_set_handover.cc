@@ -145,9 +145,10 @@ std::optional<WorkingSetHandover::Segment> WorkingSetHandover::Take(
   return std::nullopt;
 }
 
-void WorkingSetHandover::Drop() {
+uint64_t WorkingSetHandover::Drop() {
   absl::MutexLock lock(&mu_);
   dropped_ = true;
+  return held_bytes_;
 }
 
 WorkingSetHandover::Counts WorkingSetHandover::counts() const {

@@ -99,9 +99,9 @@ class WorkingSetHandover {
   // (the caller maps its own). Call it for every segment request: the first
   // starts the keep.
   std::optional<Segment> Take(uint64_t bytes);
-  // Gives back everything not taken and prepares nothing more. Returns at
-  // once; the background thread unmaps.
-  void Drop();
+  // Gives back everything not taken and prepares nothing more; returns
+  // the bytes that held, at once (the background thread unmaps).
+  uint64_t Drop();
 
   struct Counts {
     uint64_t prepared = 0;    // segments mapped ahead

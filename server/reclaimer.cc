@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "allocator/bytes.h"
@@ -33,41 +34,6 @@ uint64_t CachedBytes(const std::map<std::string, int64_t>& stats) {
   return static_cast<uint64_t>(cached);
 }
 
-// The sessions a reclaim for one session could ask, by their last
-// telemetry.
-struct Others {
-  // Those caching memory, with what each caches.
-  std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> cachers;
-  uint64_t reclaimable = 0;
-  // Those holding memory, with the stats_version they were counted by.
-  std::vector<std::pair<std::shared_ptr<Session>, uint64_t>> holders;
-};
-
-Others CountOthers(const SessionRegistry& sessions, const Session& except) {
-  const int device = except.identity().node_device;
-  Others others;
-  for (std::shared_ptr<Session>& s : sessions.List()) {
-    // A session blocked in its own acquire answers no reclaim until that
-    // returns: waiting on it could only time out.
-    // Only memory of the same GPU helps.
-    if (s->id() == except.id() || s->identity().node_device != device ||
-        s->acquiring()) {
-      continue;
-    }
-    const uint64_t version = s->stats_version();
-    const std::map<std::string, int64_t> stats = s->Stats();
-    if (auto r = stats.find("reserved_bytes.all.current");
-        r != stats.end() && r->second > 0) {
-      others.holders.emplace_back(s, version);
-    }
-    const uint64_t cached = CachedBytes(stats);
-    if (cached == 0) continue;
-    others.reclaimable += cached;
-    others.cachers.emplace_back(std::move(s), cached);
-  }
-  return others;
-}
-
 // Whether each of `counted` reported fresh telemetry (or ended) since it
 // was counted.
 bool AllReported(
@@ -86,57 +52,95 @@ Reclaimer::Reclaimer(const SessionRegistry* sessions, Metrics* metrics,
                      absl::Duration wait)
     : sessions_(sessions), metrics_(metrics), wait_(wait) {}
 
+Reclaimer::Others Reclaimer::CountOthers(const Session& except) {
+  const int device = except.identity().node_device;
+  Others others;
+  absl::flat_hash_map<SessionId, uint64_t> still_asked;
+  for (std::shared_ptr<Session>& s : sessions_->List()) {
+    const uint64_t version = s->stats_version();
+    const auto asked = asked_.find(s->id());
+    const bool answering = asked != asked_.end() && asked->second == version;
+    if (answering) still_asked.insert(*asked);
+    // A session blocked in its own acquire answers no reclaim until that
+    // returns: waiting on it could only time out.
+    // Only memory of the same GPU helps.
+    if (s->id() == except.id() || s->identity().node_device != device ||
+        s->acquiring()) {
+      continue;
+    }
+    const std::map<std::string, int64_t> stats = s->Stats();
+    if (auto r = stats.find("reserved_bytes.all.current");
+        r != stats.end() && r->second > 0) {
+      others.holders.emplace_back(s, version);
+    }
+    const uint64_t cached = CachedBytes(stats);
+    if (cached == 0 || answering) continue;
+    others.reclaimable += cached;
+    others.cachers.push_back(
+        {.session = std::move(s), .cached = cached, .version = version});
+  }
+  asked_ = std::move(still_asked);
+  std::sort(others.cachers.begin(), others.cachers.end(),
+            [](const Cacher& a, const Cacher& b) {
+              if (a.cached != b.cached) return a.cached > b.cached;
+              return a.session->id() < b.session->id();
+            });
+  return others;
+}
+
 void Reclaimer::Reclaim(const Session& except, NodePool& pool,
                         uint64_t shortfall) {
   const int device = except.identity().node_device;
   const PoolStats before = pool.Stats();
   const absl::Time deadline = absl::Now() + wait_;
+  absl::MutexLock lock(&mu_);
   // What the others cache (reserved but not allocated, from their last
   // telemetry) is all a reclaim can free; ask only when it can cover the
   // shortfall, or the asker would wait for nothing.
-  Others others = CountOthers(*sessions_, except);
+  Others others = CountOthers(except);
   if (others.reclaimable < shortfall && !others.holders.empty()) {
     // A job that has just freed its peak into its allocator's cache reports
     // it with its next telemetry (another job gathering its own peak in the
     // meantime would be refused): wait for each job holding memory to
     // report once more, within the wait.
     const auto counted = std::move(others.holders);
-    absl::MutexLock lock(&mu_);
     while (others.reclaimable < shortfall && !AllReported(counted) &&
            !released_.WaitWithDeadline(&mu_, deadline)) {
-      others = CountOthers(*sessions_, except);
+      others = CountOthers(except);
     }
-    others = CountOthers(*sessions_, except);
+    others = CountOthers(except);
   }
   if (others.reclaimable < shortfall) return;
-  for (auto& [session, cached] : others.cachers) {
+  size_t asked = 0;
+  for (uint64_t short_by = shortfall; short_by > 0; ++asked) {
+    const Cacher& cacher = others.cachers[asked];
+    const uint64_t bytes = std::min(cacher.cached, short_by);
     v1::ControlMessage message;
-    message.mutable_reclaim()->set_bytes(std::min(cached, shortfall));
+    message.mutable_reclaim()->set_bytes(bytes);
     message.mutable_reclaim()->set_reason(absl::StrCat(
         "session ", except.id(), " needs memory and the node pool of device ",
         device, " is short by ", FormatSize(shortfall)));
-    session->Push(std::move(message));
+    cacher.session->Push(std::move(message));
+    asked_[cacher.session->id()] = cacher.version;
+    short_by -= bytes;
   }
   metrics_->ReclaimRequested();
-  const absl::Time asked = absl::Now();
+  const absl::Time asked_at = absl::Now();
   uint64_t returned = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    while (absl::Now() < deadline) {
-      // Given back since the ask: in the cache, or the device's again.
-      const uint64_t in_use = pool.Stats().in_use_bytes;
-      returned = before.in_use_bytes - std::min(in_use, before.in_use_bytes);
-      if (returned >= shortfall) break;
-      released_.WaitWithDeadline(&mu_, deadline);
-    }
+  while (absl::Now() < deadline) {
+    // Given back since the ask: in the cache, or the device's again.
+    const uint64_t in_use = pool.Stats().in_use_bytes;
+    returned = before.in_use_bytes - std::min(in_use, before.in_use_bytes);
+    if (returned >= shortfall) break;
+    released_.WaitWithDeadline(&mu_, deadline);
   }
   // Why a job waited, or got nothing, is the first question of an OOM.
   LogInfo(absl::StrCat(
       "reclaim for session ", except.id(), " on device ", device, ": short by ",
-      FormatSize(shortfall), ", asked ", others.cachers.size(),
+      FormatSize(shortfall), ", asked ", asked, " of ", others.cachers.size(),
       " session(s) caching ", FormatSize(others.reclaimable), "; ",
       FormatSize(returned), " came back in ",
-      absl::ToInt64Milliseconds(absl::Now() - asked), " ms",
+      absl::ToInt64Milliseconds(absl::Now() - asked_at), " ms",
       returned >= shortfall ? ""
                             : " (not enough: the acquire is retried once)"));
 }

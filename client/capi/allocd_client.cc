@@ -102,6 +102,8 @@ class CallbackTarget final : public allocd::AllocatorTarget {
   }
 
   void EmptyCache() override { target_.empty_cache(target_.context); }
+  // torch.cuda.empty_cache() is all PyTorch's allocator offers.
+  void ReleaseCached(uint64_t) override { EmptyCache(); }
 
   // Stats that do not parse count as none.
   std::map<std::string, int64_t> Stats() override {

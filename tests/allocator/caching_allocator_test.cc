@@ -1131,6 +1131,71 @@ TEST(CachingAllocatorTest, EmptyCacheCompletesPendingFrees) {
   ExpectConsistent(allocator, backend);
 }
 
+// Not PyTorch's (allocd's answer to a reclaim of N bytes): release the
+// smallest free whole segment that covers N alone, else free whole segments
+// from the largest down until N is covered, as release_available_cached_blocks
+// picks oversize blocks; the rest stays cached, and nothing synchronizes.
+TEST(CachingAllocatorTest, ReleaseCachedGivesBackWhatIsAskedAndKeepsTheRest) {
+  RecordingBackend backend(kGiB);
+  CachingAllocator allocator(AllocatorConfig{}, &backend);
+  const Allocation a = MustMalloc(allocator, 12 * kMiB);
+  const Allocation b = MustMalloc(allocator, 20 * kMiB);
+  const Allocation c = MustMalloc(allocator, 30 * kMiB);
+  const Allocation d = MustMalloc(allocator, 40 * kMiB);
+  const Allocation small = MustMalloc(allocator, kKiB);
+  const Allocation live = MustMalloc(allocator, 8 * kMiB);  // split: stays
+  for (const Allocation& x : {a, b, c, d, small}) MustFree(allocator, x);
+  backend.ClearCalls();
+
+  EXPECT_EQ(allocator.ReleaseCached(0), 0u);
+  EXPECT_EQ(allocator.ReleaseCached(25 * kMiB), 30 * kMiB);
+  EXPECT_THAT(backend.calls(), ElementsAre(Free(c.address, 30 * kMiB)));
+  backend.ClearCalls();
+  // No single one covers 50 MiB: 40 then 20 (60 >= 50); 12 stays.
+  EXPECT_EQ(allocator.ReleaseCached(50 * kMiB), 60 * kMiB);
+  EXPECT_THAT(backend.calls(), ElementsAre(Free(d.address, 40 * kMiB),
+                                           Free(b.address, 20 * kMiB)));
+  backend.ClearCalls();
+  // The small pool's segments count as any other.
+  EXPECT_EQ(allocator.ReleaseCached(kMiB), 2 * kMiB);
+  EXPECT_THAT(backend.calls(), ElementsAre(Free(small.address, 2 * kMiB)));
+  const DeviceStats& s = allocator.Stats();
+  EXPECT_EQ(Current(s.reserved_bytes), int64_t{(12 + 20) * kMiB});
+  EXPECT_EQ(s.num_sync_all_streams, 0);
+  ExpectConsistent(allocator, backend);
+
+  // More than is cached: everything EmptyCache gives back, the live
+  // allocation's segment kept.
+  backend.ClearCalls();
+  EXPECT_EQ(allocator.ReleaseCached(kGiB), 12 * kMiB);
+  EXPECT_THAT(backend.calls(), ElementsAre(Free(a.address, 12 * kMiB)));
+  EXPECT_EQ(s.num_sync_all_streams, 1);
+  EXPECT_EQ(Current(s.reserved_bytes), int64_t{20 * kMiB});
+  MustFree(allocator, live);
+  ExpectConsistent(allocator, backend);
+}
+
+// ReleaseCached on expandable segments: a free block's whole pages count as
+// a segment of their size; one block's pages go, the other's stay mapped.
+TEST(CachingAllocatorTest, ReleaseCachedUnmapsTheFewestExpandableBlocks) {
+  RecordingBackend backend(kGiB);
+  CachingAllocator allocator(Expandable(), &backend);
+  const Allocation a = MustMalloc(allocator, 40 * kMiB);
+  const Allocation b = MustMalloc(allocator, 20 * kMiB);
+  const Allocation c = MustMalloc(allocator, 60 * kMiB);
+  const Allocation d = MustMalloc(allocator, 20 * kMiB);
+  MustFree(allocator, a);
+  MustFree(allocator, c);
+  backend.ClearCalls();
+  EXPECT_EQ(allocator.ReleaseCached(50 * kMiB), 60 * kMiB);
+  EXPECT_THAT(backend.calls(), ElementsAre(Unmap(c.address, 60 * kMiB)));
+  EXPECT_EQ(Current(allocator.Stats().reserved_bytes),
+            int64_t{(40 + 20 + 20) * kMiB});
+  ExpectConsistent(allocator, backend);
+  MustFree(allocator, b);
+  MustFree(allocator, d);
+}
+
 // Pins: the retry path's release_cached_blocks also synchronizes: a pending
 // free completes, its segment is released, and cudaMalloc is retried (a new
 // segment, no second best-fit search).

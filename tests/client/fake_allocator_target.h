@@ -23,6 +23,7 @@ class FakeAllocatorTarget final : public AllocatorTarget {
     return absl::OkStatus();
   }
   void EmptyCache() override { ++empty_cache_calls; }
+  void ReleaseCached(uint64_t) override {}
   std::map<std::string, int64_t> Stats() override {
     return {{SecondRelease::kAllocated, allocated}};
   }

@@ -3,11 +3,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/sim_backend.h"
 #include "allocd.grpc.pb.h"
 #include "allocator/trace/trace.h"
 #include "client/daemon_client.h"
@@ -25,6 +28,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 // The control loop against a real daemon (`allocd serve --backend sim`),
 // on an allocator a test sets.
@@ -54,15 +58,19 @@ class LiveSessionTest : public ::testing::Test {
     ASSERT_TRUE(admin_->SetConfig(&context, request, &response).ok());
   }
 
-  // Polls until `done` or 10 s have passed; whether it is done.
+  // Polls `target` until `done` or 10 s have passed; whether it is done.
   template <typename Done>
-  bool PollUntil(Done done) {
+  bool PollUntil(Done done, AllocatorTarget& target) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (!done() && absl::Now() < deadline) {
       client_->AwaitControl(absl::Milliseconds(100));
-      session_->Poll(target_);
+      session_->Poll(target);
     }
     return done();
+  }
+  template <typename Done>
+  bool PollUntil(Done done) {
+    return PollUntil(done, target_);
   }
 
   ScopedTempDir dir_{"allocd_live_session_"};
@@ -148,6 +156,45 @@ TEST_F(LiveSessionTest, APushTheAllocatorRefusesIsCountedAndNotReleased) {
   EXPECT_EQ(session_->configs_applied(), 0);
   EXPECT_EQ(target_.empty_cache_calls, 0);
   EXPECT_EQ(session_->config_version(), 0u);
+}
+
+// A reclaim asks the engine for what the daemon's pool lacks: it gives back
+// the fewest cached segments that cover it, and keeps the rest.
+TEST_F(LiveSessionTest, AReclaimReleasesWhatTheDaemonAsksAndKeepsTheRest) {
+  SimBackend backend(kGiB);
+  CachingAllocator allocator(AllocatorConfig{}, &backend);
+  std::vector<Allocation> segments;
+  for (uint64_t mib : {12, 20, 30}) {
+    absl::StatusOr<Allocation> a = allocator.Malloc(mib * kMiB, 0);
+    ASSERT_TRUE(a.ok()) << a.status();
+    segments.push_back(*a);
+  }
+  for (const Allocation& a : segments) ASSERT_TRUE(allocator.Free(a).ok());
+  const int64_t cached = allocator.Stats().reserved_bytes.all().current;
+  ASSERT_EQ(cached, int64_t{62 * kMiB});
+  EngineTarget engine(allocator);
+  // What the engine caches holds 40 of the daemon's 64 MiB.
+  absl::StatusOr<ReceivedChunks> held = client_->Acquire(40 * kMiB);
+  ASSERT_TRUE(held.ok()) << held.status();
+  session_->Poll(engine);
+  ASSERT_TRUE(client_->FlushTelemetry().ok());
+
+  absl::StatusOr<std::unique_ptr<DaemonClient>> needy =
+      DaemonClient::Connect({.socket = socket_, .job = "needy"});
+  ASSERT_TRUE(needy.ok()) << needy.status();
+  absl::StatusOr<ReceivedChunks> got;
+  std::thread acquire([&] { got = (*needy)->Acquire(40 * kMiB); });
+  // Short by 16 MiB: the 20 MiB segment goes, the 12 and 30 stay.
+  const bool released = PollUntil(
+      [&] { return allocator.Stats().reserved_bytes.all().current < cached; },
+      engine);
+  EXPECT_TRUE(released);
+  EXPECT_EQ(allocator.Stats().reserved_bytes.all().current,
+            int64_t{42 * kMiB});
+  EXPECT_EQ(session_->reclaims(), 1);
+  ASSERT_TRUE(client_->Release(held->epoch, held->ids).ok());
+  acquire.join();
+  EXPECT_TRUE(got.ok()) << got.status();
 }
 
 TEST_F(LiveSessionTest, TheReportNamesTheSessionAsAllocdStatsDoes) {

@@ -71,6 +71,69 @@ TEST(ReclaimerTest, AsksTheOtherCachersOfTheDeviceWhenTheyCanCoverIt) {
               HasSubstr("allocd_reclaim_requests_total 1"));
 }
 
+// What an allocator caching `bytes` reports.
+std::map<std::string, int64_t> Caching(uint64_t bytes) {
+  return {{"reserved_bytes.all.current", static_cast<int64_t>(bytes) + 1},
+          {"allocated_bytes.all.current", 1}};
+}
+
+// Only whom it takes is asked: the largest caches first, each for what is
+// still short. A session asked that has not reported since counts as
+// caching nothing, so the next reclaim (the job's allocator retrying its
+// acquire) asks the next caches.
+TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  SessionRegistry sessions;
+  Metrics metrics;
+  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
+  MemfdChunkSource source;
+  NodePool pool(&source, kGiB);
+  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  std::shared_ptr<Session> small = sessions.Create({.node_device = 0});
+  small->SetStats(Caching(1 * kGiB));
+  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
+  large->SetStats(Caching(10 * kGiB));
+  std::shared_ptr<Session> middle = sessions.Create({.node_device = 0});
+  middle->SetStats(Caching(4 * kGiB));
+
+  reclaimer.Reclaim(*asker, pool, 3 * kGiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{3 * kGiB});
+  EXPECT_TRUE(AskedOf(*middle).empty());
+  EXPECT_TRUE(AskedOf(*small).empty());
+
+  // Nothing came back and the large one has not reported since: the next.
+  reclaimer.Reclaim(*asker, pool, 3 * kGiB);
+  EXPECT_TRUE(AskedOf(*large).empty());
+  EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{3 * kGiB});
+  EXPECT_TRUE(AskedOf(*small).empty());
+
+  // Both report what they cache still.
+  large->SetStats(Caching(10 * kGiB));
+  middle->SetStats(Caching(4 * kGiB));
+  reclaimer.Reclaim(*asker, pool, 12 * kGiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{10 * kGiB});
+  EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{2 * kGiB});
+  EXPECT_TRUE(AskedOf(*small).empty());
+}
+
+// Of caches alike, the oldest session's is asked.
+TEST(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
+  SessionRegistry sessions;
+  Metrics metrics;
+  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{1} << 30);
+  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  std::vector<std::shared_ptr<Session>> alike;
+  for (int i = 0; i < 4; ++i) {
+    alike.push_back(sessions.Create({.node_device = 0}));
+    alike.back()->SetStats(Caching(8 * kMiB));
+  }
+  reclaimer.Reclaim(*asker, pool, 4 * kMiB);
+  EXPECT_EQ(AskedOf(*alike[0]), std::vector<uint64_t>{4 * kMiB});
+  for (int i = 1; i < 4; ++i) EXPECT_TRUE(AskedOf(*alike[i]).empty()) << i;
+}
+
 // The pool's capacity has room, the device has not: the other session's
 // cache is asked back, as for a shortage of the pool, and serves the grant.
 TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
