@@ -87,7 +87,7 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
       "of the run, on top of the segments cut before it, and from the start it %s",
       ConfName(*best), ConfName(in.pushed), evidence,
       pushed_oom ? "runs out of memory"
-                 : absl::StrFormat("peaks %.1f%% above %s", 
+                 : absl::StrFormat("peaks %.1f%% above %s",
                                    100.0 * (static_cast<double>(pushed->peak_reserved) /
                                                 static_cast<double>(best_peak) -
                                             1.0),
