@@ -433,8 +433,10 @@ void DaemonAutotune::OnRun(const std::string& job) {
 void DaemonAutotune::Learn(const AutotuneDecision& d) {
   // What a run learned is its label's: the label's next run starts with it.
   const JobKey key{.tenant = d.tenant, .job = d.job};
+  // A push kept for the whole job, once checked as the next runs start on
+  // it (AutotuneDecision::learned): that check says what they start on.
   bool kept = false;
-  if (d.result == AutotuneResult::kPushed && d.version != 0) {
+  if (d.result == AutotuneResult::kPushed && d.version != 0 && d.learned.has_value()) {
     absl::MutexLock lock(&mu_);
     auto set = job_versions_.find({.tenant = d.tenant, .job = d.job, .run = d.run});
     kept = set != job_versions_.end() && set->second == d.version;
@@ -454,6 +456,19 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
                            d.to_config, "\": decision ", d.id, " was rolled back"));
     }
     saved = forgot.status();
+  } else if (kept && d.learned && d.learned->config != d.to_config) {
+    // Replayed from the start, the push peaked above what the run had
+    // without it: that is learned, unless the job had learned it already.
+    std::optional<LearnedConfig> known = learned_->Find(key);
+    if (known.has_value() && known->config == d.learned->config) return;
+    saved = learned_->Record(key, {.config = d.learned->config,
+                                   .from_config = d.to_config,
+                                   .decision_id = d.id,
+                                   .learned_at = absl::Now(),
+                                   .predicted_peak_current = d.learned->pushed_peak,
+                                   .predicted_peak_switched = d.learned->peak});
+    LogInfo(absl::StrCat("autotune: job \"", d.job, "\" (decision ", d.id, ") ",
+                         d.learned->why, ": its next runs start with it"));
   } else if (kept) {
     // Kept: the canary's watch passed and the push became the job's config.
     std::optional<LearnedConfig> known = learned_->Find(key);
@@ -472,7 +487,8 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
               .realized_peak = d.realized_peak});
     if (learned_now) {
       LogInfo(absl::StrCat("autotune: job \"", d.job, "\" learned \"", d.to_config,
-                           "\" (decision ", d.id, "): its next runs start with it"));
+                           "\" (decision ", d.id, "): its next runs start with it",
+                           d.learned ? absl::StrCat(" (", d.learned->why, ")") : ""));
     }
   }
   if (!saved.ok()) {

@@ -24,7 +24,10 @@
 // admin sets for every tenant, is left as it is.
 //
 // What the job learned: a push kept for the whole job is recorded in the
-// daemon's LearnedConfigs for the job (its tenant and label), and forgotten
+// daemon's LearnedConfigs for the job (its tenant and label) once the
+// autotuner checked it as the next runs use it, from their first
+// allocation (AutotuneDecision::learned: the push, or what the run had
+// without it when that replayed lower from the start), and forgotten
 // when it is rolled back; a new session of a job in apply mode is handed
 // its learned config at registration (LearnedConfigFor), or without one
 // the node's prior, and a harmful start config is replaced
@@ -191,8 +194,9 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // kEndedJobVersionsKept.
   void QueueEndedJobVersion(const JobKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a push kept for the whole job in `learned_` (or its realised
-  // peak, once known), or forgets a rolled-back one.
+  // Records what a push kept for the whole job teaches (its `learned`, once
+  // checked) in `learned_` (or the push's realised peak, once known), or
+  // forgets a rolled-back push.
   void Learn(const AutotuneDecision& decision) ABSL_LOCKS_EXCLUDED(mu_);
 
   DaemonCore* const core_;

@@ -1,6 +1,9 @@
 #include "server/autotune/autotune_job.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -216,6 +219,30 @@ std::shared_ptr<PushReplayInput> AutotuneJob::CanaryEventsAfterPush() const {
   if (!from.ok() || !pushed.ok()) return nullptr;  // canonical: they parsed to be decided on
   std::shared_ptr<PushReplayInput> input = SwitchedAtPush(*window, *pushed_at, *from);
   input->pushed = *pushed;
+  return input;
+}
+
+std::shared_ptr<LearnCheckInput> AutotuneJob::LearnCheckOfPush() const {
+  if (window == nullptr || window->size() == 0) return nullptr;
+  const AutotuneDecision* d = FindDecision(acting->decision_id());
+  auto input = std::make_shared<LearnCheckInput>();
+  // Canonical, as the pushed config is (nullopt: it does not parse).
+  const auto canonical = [](const std::string& config) -> std::optional<std::string> {
+    absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
+    if (!parsed.ok()) return std::nullopt;
+    return FormatAllocatorConfig(*parsed);
+  };
+  input->pushed = canonical(acting->to_config()).value_or(acting->to_config());
+  for (const std::string& had : {d != nullptr ? d->from_config : acting->rollback_config(),
+                                 window_config}) {
+    const std::optional<std::string> c = canonical(had);
+    if (c && *c != input->pushed &&
+        std::find(input->alternatives.begin(), input->alternatives.end(), *c) ==
+            input->alternatives.end()) {
+      input->alternatives.push_back(*c);
+    }
+  }
+  input->trace = window->ToTrace();
   return input;
 }
 

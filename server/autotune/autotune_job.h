@@ -24,6 +24,7 @@
 #include "server/autotune/decision_inputs.h"
 #include "server/autotune/job_key.h"
 #include "server/autotune/job_window.h"
+#include "server/autotune/learn_check.h"
 #include "server/session_id.h"
 
 namespace allocd {
@@ -77,6 +78,10 @@ struct AutotuneJob {
   // decided on, never a merge of several.
   SessionId recorded = 0;
   std::unique_ptr<JobWindow> window;
+  // What the recorded session ran when its window took its first event:
+  // the config its run started on, as far back as the window goes (what a
+  // learn check replays besides the push).
+  std::string window_config;
   AutotuneTrigger first_trigger = AutotuneTrigger::kFirstPass;
   bool first_pass_done = false;
   size_t next_first_pass_check = 0;
@@ -157,6 +162,12 @@ struct AutotuneJob {
   // for a judgement and a reprediction; nullptr unless the canary is
   // recorded and its window holds the push and events after it.
   std::shared_ptr<PushReplayInput> CanaryEventsAfterPush() const;
+
+  // What the learn check of the push under way replays (learn_check.h):
+  // the window from its first event under the pushed config and what the
+  // run had without it (the config the push replaced, then window_config).
+  // nullptr when the job keeps no window or it holds no events.
+  std::shared_ptr<LearnCheckInput> LearnCheckOfPush() const;
 
   // Takes the review of the job's last push (`review`) on the window as it
   // is now: its input and decision id, or nullptr when there is nothing to

@@ -23,14 +23,20 @@ struct AutotuneOptions {
   // windows (--autotune-memory-per-tenant), with where a window trimmed or
   // stopped to fit is told (AutotuneMemory).
   AutotuneMemoryOptions memory;
-  double min_saving = 0.05;  // of the predicted peak reserved on the current config
+  // Of the predicted peak reserved on the current config. Also how much
+  // lower than a push set for the job, replayed from the window's first
+  // event, what the run had without it must peak for the job's next runs to
+  // start on that instead (learn_check.h): a decision at the run's start
+  // would not have left it for less.
+  double min_saving = 0.05;
   uint64_t capacity = 0;     // device memory for replays (0: unlimited)
   uint64_t total_memory = 0;  // base of memory fractions (0: capacity)
   double fragmentation_ratio = 1.5;  // reserved/allocated above this ...
   absl::Duration fragmentation_for = absl::Seconds(30);  // ... for this long triggers a run
   // Watch the canary this long. A canary whose session ends first sets the
-  // push for the job (and so its next runs) when a judgement kept it, or
-  // its watch saw whole steps under it within the rollback margin. A
+  // push for the job (and, once checked from the window's first event, its
+  // next runs: learn_check.h) when a judgement kept it, or its watch saw
+  // whole steps under it within the rollback margin. A
   // canary that is one of several ranks sets it for every rank once its
   // first step under it is judged (Canary::Push::lockstep), not after this.
   absl::Duration canary_window = absl::Seconds(10);

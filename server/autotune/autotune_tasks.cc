@@ -24,6 +24,7 @@
 #include "server/autotune/decision_inputs.h"
 #include "server/autotune/job_registry.h"
 #include "server/autotune/job_window.h"
+#include "server/autotune/learn_check.h"
 #include "server/autotune/rollback_model.h"
 #include "server/autotune/start_config.h"
 #include "server/autotune/task_queue.h"
@@ -391,6 +392,39 @@ void Autotuner::Impl::Promote(const AutotuneTask& task) {
     }
   }
   Notify(notify);
+  LearnCheck(task);
+}
+
+void Autotuner::Impl::LearnCheck(const AutotuneTask& task) {
+  absl::StatusOr<LearnedFromPush> checked =
+      absl::FailedPreconditionError("the job's window held no events to replay it on");
+  if (task.learn != nullptr) {
+    ReplayOptions base;
+    base.capacity = options_.capacity;
+    base.total_memory = options_.total_memory;
+    if (options_.on_replay) options_.on_replay(+1);
+    checked = CheckLearned(*task.learn, options_.min_saving, base);
+    if (options_.on_replay) options_.on_replay(-1);
+  }
+  std::vector<AutotuneDecision> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    AutotuneJob& job = jobs_.Job(task.job);
+    AutotuneDecision* d = job.FindDecision(task.decision_id);
+    // Rolled back meanwhile: nothing to learn.
+    if (d == nullptr || d->result != AutotuneResult::kPushed) return;
+    if (checked.ok()) {
+      d->learned = *std::move(checked);
+    } else {
+      d->learned = LearnedFromPush{
+          .config = d->to_config,
+          .why = absl::StrCat("learned ", d->to_config.empty() ? "(defaults)" : d->to_config,
+                              " unchecked from the start: ", checked.status().message())};
+    }
+    absl::StrAppend(&d->why, "; ", d->learned->why);
+    notify.push_back(*d);
+  }
+  Notify(notify);
 }
 
 void Autotuner::Impl::RollBack(const AutotuneTask& task) {
@@ -431,6 +465,13 @@ void Autotuner::Impl::RollBack(const AutotuneTask& task) {
   Notify(notify);
 }
 
+void Autotuner::Impl::QueuePromote(const JobKey& name, AutotuneJob& job) {
+  tasks_.Push({.kind = AutotuneTask::Kind::kPromote,
+               .job = name,
+               .decision_id = job.acting->decision_id(),
+               .learn = job.LearnCheckOfPush()});
+}
+
 void Autotuner::Impl::QueueRollBack(const JobKey& name, AutotuneJob& job, std::string reason,
                                     bool for_what_it_realised) {
   const int64_t requested =
@@ -453,7 +494,7 @@ void Autotuner::Impl::Act(const JobKey& name, AutotuneJob& job, Canary::Action a
       }
       break;
     case Canary::Next::kPromote:
-      QueueTask(AutotuneTask::Kind::kPromote, name, job.acting->decision_id());
+      QueuePromote(name, job);
       break;
     case Canary::Next::kRollBack:
       QueueRollBack(name, job, std::move(action.reason), action.for_what_it_realised);

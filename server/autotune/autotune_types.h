@@ -167,6 +167,19 @@ struct JobPolicy {
   bool allow_memory_fraction = false;
 };
 
+// What a push set for the whole job teaches its next runs, which start on
+// the config from their first allocation (learn_check.h): the push's config,
+// or what the run had without it when that replayed lower from the job's
+// window's first event.
+struct LearnedFromPush {
+  std::string config;  // canonical: what the job's next runs start on
+  // Replayed from the window's first event: `config`'s peak reserved and
+  // the push's (0: not replayed).
+  int64_t peak = 0;
+  int64_t pushed_peak = 0;
+  std::string why;  // which config is learned and why, with those peaks
+};
+
 struct AutotuneDecision {
   uint64_t id = 0;  // increasing per daemon
   absl::Time triggered_at;  // when the trigger queued the run
@@ -241,6 +254,11 @@ struct AutotuneDecision {
   // Candidates left out because PyTorch cannot run them with what the job
   // does (Decision::left_out).
   std::vector<LeftOutConfig> left_out;
+  // A push set for the whole job, once checked as its next runs would use it
+  // (the autotuner's learn check): what they start on. Unset until then, and
+  // for any other decision: nothing is learned from a push before it is
+  // checked.
+  std::optional<LearnedFromPush> learned;
 };
 
 // A session of a job as the admin sees it: its rank (when its client

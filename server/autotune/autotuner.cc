@@ -72,9 +72,7 @@ void Autotuner::Impl::SessionEnded(SessionId id) {
     if (jobs_.FindSession(id) == nullptr) return;
     const JobKey name = jobs_.RemoveSession(id);
     AutotuneJob& job = jobs_.Job(name);
-    if (job.acting && job.CanaryEnded(id, notify)) {
-      QueueTask(AutotuneTask::Kind::kPromote, name, job.acting->decision_id());
-    }
+    if (job.acting && job.CanaryEnded(id, notify)) QueuePromote(name, job);
     if (job.recorded == id) {
       QueueReview(name, job);
       job.recorded = 0;
@@ -95,6 +93,7 @@ void Autotuner::Impl::Events(SessionId id, const std::vector<EvidenceEvent>& eve
   if (session == nullptr) return;
   AutotuneJob& job = jobs_.Job(session->job);
   if (job.recorded != id || job.window == nullptr) return;
+  if (job.window->total_events() == 0) job.window_config = session->config;
   job.window->Add(events, dropped_before);
   if (state_after != nullptr) job.window->AddState(*state_after);
   if (job.acting && job.acting->canary() == id) {

@@ -119,6 +119,11 @@ class Autotuner::Impl {
                  .review = std::move(review)});
   }
 
+  // Queues the promotion of the push under way, with the input of its
+  // learn check read from the window now: the window of a canary whose
+  // session ends goes as it ends, before the check runs.
+  void QueuePromote(const JobKey& name, AutotuneJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Rolls the push back (unless a rollback is under way): for what the job
   // realised under it (then the config may be proposed again on larger
   // requests), or for good (a NACK, an OOM, a failed push).
@@ -161,7 +166,15 @@ class Autotuner::Impl {
   bool ReviewStart(const AutotuneTask& task, const AutotuneSession::Instead& instead,
                    const DecisionInputs& in, const RunningConfig& running)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets the push for the whole job, then checks what its next runs learn
+  // from it (LearnCheck).
   void Promote(const AutotuneTask& task) ABSL_LOCKS_EXCLUDED(mu_);
+  // The push of `task`, set for the job, replayed as the job's next runs
+  // would start on it (CheckLearned in learn_check.h, on task.learn): its
+  // decision's `learned`, which is what the daemon records for the job.
+  // Unchecked (no events to replay, or the push does not replay), the
+  // pushed config, saying so.
+  void LearnCheck(const AutotuneTask& task) ABSL_LOCKS_EXCLUDED(mu_);
   // The best the job could have had from the push on: Decide, switched where
   // the push happened, over the events after it. Staying counts too (a push
   // that should not have been made is judged against not making it).

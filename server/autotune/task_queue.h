@@ -15,6 +15,7 @@
 #include "server/autotune/autotune_types.h"
 #include "server/autotune/decision_inputs.h"
 #include "server/autotune/job_key.h"
+#include "server/autotune/learn_check.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
@@ -30,6 +31,9 @@ struct AutotuneTask {
   std::string reason;        // kRollBack, kJudge
   absl::Time triggered_at;   // kDecide
   std::shared_ptr<const PushReplayInput> review;  // kReview, kJudge, kRepredict
+  // kPromote: the learn check of the push once it is set for the job (null:
+  // the job's window held no events to check it on).
+  std::shared_ptr<const LearnCheckInput> learn;
 };
 
 // Not thread-safe: the autotuner guards it with its lock.

@@ -1523,6 +1523,66 @@ TEST(AutotunerTest, APushWatchedWithinTheMarginIsSetForTheJobWhenTheCanaryEndsFi
   const AutotuneDecision after = EndTheCanary(tuner, actions, d);
   EXPECT_NE(after.why.find("its watch having found it within the margin"), std::string::npos)
       << after.why;
+  // Checked as the job's next runs use it, from their first allocation:
+  // expandable segments peak lower than max_split_size_mb:64 from the
+  // start too, so the push is what they start on.
+  ASSERT_TRUE(after.learned.has_value()) << after.why;
+  EXPECT_EQ(after.learned->config, d.to_config) << after.learned->why;
+  EXPECT_GT(after.learned->pushed_peak, 0);
+  EXPECT_EQ(after.learned->peak, after.learned->pushed_peak);
+  EXPECT_NE(after.why.find(after.learned->why), std::string::npos) << after.why;
+}
+
+// A push is decided, watched and judged as a switch in the middle of a
+// run, over the segments cut before it; the job's next runs start on what
+// it learned from their first allocation (issue 40: a growth push, kept
+// over the run's last steps, peaked 30.9% above the config it replaced
+// from step 0 of the next run). Started on roundup_power2_divisions:4,
+// llama_lora's first 30% of events push a config that, switched there,
+// peaks 21% below staying; replayed from the start it peaks above what it
+// replaced. Its canary's watch finds it within the margin and ends: the
+// push is set for the run's other session, but the job learns the config
+// it replaced.
+TEST(AutotunerTest, APushWorseFromTheRunsStartThanWhatItReplacedIsNotLearned) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kApply), &actions);
+  const Trace& trace = LlamaLora();
+  const size_t pushed_at = trace.events.size() * 3 / 10;
+  const size_t fed = pushed_at + 10000;
+  tuner.SessionStarted(1, "llama", "roundup_power2_divisions:4", 1);
+  tuner.SessionStarted(2, "llama", "roundup_power2_divisions:4", 1);
+  Feed(tuner, 1, trace, 0, pushed_at, SIZE_MAX);
+  tuner.WaitIdle();
+  ASSERT_EQ(tuner.History("llama", 1).size(), 1u);
+  const AutotuneDecision d = tuner.History("llama", 1)[0];
+  ASSERT_EQ(d.result, AutotuneResult::kPushed) << d.why;
+  ASSERT_EQ(d.from_config, "roundup_power2_divisions:4");
+  ASSERT_LT(d.predicted_peak_switched, d.predicted_peak_current * 95 / 100);
+  // What the test is about: from the start, over the events the window
+  // holds when the canary ends, the push peaks above the config it
+  // replaced by more than min_saving.
+  Trace run = trace;
+  run.events.resize(fed);
+  absl::StatusOr<ReplayResult> pushed = Replay(run, *ParseAllocatorConfig(d.to_config));
+  absl::StatusOr<ReplayResult> replaced = Replay(run, *ParseAllocatorConfig(d.from_config));
+  ASSERT_TRUE(pushed.ok() && replaced.ok());
+  ASSERT_GT(pushed->peak_reserved, replaced->peak_reserved * 105 / 100)
+      << GiB(pushed->peak_reserved) << " vs " << GiB(replaced->peak_reserved);
+
+  tuner.Acked(1, d.version, true, "");
+  Feed(tuner, 1, trace, pushed_at, fed);
+  tuner.Stats(1, Reserved(d.predicted_peak_switched, d.predicted_peak_allocated), d.version);
+  tuner.WaitIdle();
+  const AutotuneDecision after = EndTheCanary(tuner, actions, d);
+  EXPECT_EQ(after.result, AutotuneResult::kPushed) << after.why;
+  ASSERT_TRUE(after.learned.has_value()) << after.why;
+  EXPECT_EQ(after.learned->config, "roundup_power2_divisions:4") << after.learned->why;
+  EXPECT_EQ(after.learned->pushed_peak, pushed->peak_reserved) << after.learned->why;
+  EXPECT_EQ(after.learned->peak, replaced->peak_reserved) << after.learned->why;
+  EXPECT_NE(after.why.find("learned roundup_power2_divisions:4 instead of the push's"),
+            std::string::npos)
+      << after.why;
 }
 
 // A canary that ends before anything judged or watched its push sets
@@ -1618,6 +1678,10 @@ TEST(AutotunerTest, ARunsPushReachesEveryRankAfterTheCanarysFirstStepAndRollsBac
   AutotuneDecision after = tuner.History("llama", 1)[0];
   EXPECT_EQ(after.sessions, (std::vector<uint64_t>{1, 2}));
   EXPECT_NE(after.why.find("first step"), std::string::npos) << after.why;
+  // Set for the ranks mid-run, it is checked from the window's first event
+  // before the job learns it.
+  ASSERT_TRUE(after.learned.has_value()) << after.why;
+  EXPECT_EQ(after.learned->config, d.to_config) << after.learned->why;
   tuner.Acked(2, pushes[1].version, true, "");
   // Each rank's config, by rank.
   const std::vector<AutotuneJobStatus> status = tuner.Status();

@@ -4,7 +4,9 @@
 // started again on the same store) is handed it at registration.
 #include "server/daemon_autotune.h"
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/trace/snapshot_reader.h"
 #include "server/autotune/learned_configs.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -47,13 +50,14 @@ struct TestDaemon {
   // `mode`: the autotune mode the job asks for ("": none); `rank`: its
   // place in a job of several.
   Registered Register(uid_t uid, const std::string& job,
-                      const std::string& mode = "", const v1::JobRank& rank = {}) {
+                      const std::string& mode = "", const v1::JobRank& rank = {},
+                      const std::string& initial_config = "max_split_size_mb:64") {
     v1::RegisterRequest r;
     r.set_protocol_version(1);
     r.set_job(job);
     *r.mutable_rank() = rank;
     r.mutable_autotune()->set_mode(mode);
-    r.set_initial_config("max_split_size_mb:64");
+    r.set_initial_config(initial_config);
     const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
     absl::StatusOr<v1::RegisterResponse> response = core.Register(peer, r);
     EXPECT_TRUE(response.ok()) << response.status();
@@ -105,7 +109,8 @@ struct TestDaemon {
     return out;
   }
 
-  // A decision of uid 1001's job pushed to `canary`.
+  // A decision of uid 1001's job pushed to `canary`, checked as the job's
+  // next runs would start on it (learned: the push itself).
   static AutotuneDecision Pushed(SessionId canary, const std::string& job) {
     return {.id = 7,
             .job = job,
@@ -116,7 +121,8 @@ struct TestDaemon {
             .to_config = kLearned,
             .predicted_peak_current = 20LL << 30,
             .predicted_peak_switched = 5LL << 30,
-            .sessions = {canary}};
+            .sessions = {canary},
+            .learned = LearnedFromPush{.config = kLearned}};
   }
 
   MemfdChunkSource source;
@@ -138,6 +144,12 @@ TEST(DaemonAutotuneLearnedTest, AKeptPushIsHandedToTheNextRunOfTheSameTenantsJob
     ASSERT_TRUE(version.ok());
     canary_only.version = *version;
     first.autotune.OnDecision(canary_only);
+    EXPECT_TRUE(learned.List().empty());
+    // Set for the job, but not yet checked as its next runs would start on
+    // it: not learned yet either.
+    AutotuneDecision unchecked = first.Kept(canary, "llama");
+    unchecked.learned.reset();
+    first.autotune.OnDecision(unchecked);
     EXPECT_TRUE(learned.List().empty());
 
     first.autotune.OnDecision(first.Kept(canary, "llama"));
@@ -172,6 +184,107 @@ TEST(DaemonAutotuneLearnedTest, AKeptPushIsHandedToTheNextRunOfTheSameTenantsJob
   EXPECT_EQ(listed.learned(0).config(), kLearned);
   EXPECT_EQ(listed.learned(0).from_config(), "max_split_size_mb:64");
   EXPECT_EQ(listed.state_file(), "");
+}
+
+// A push set for the job whose check found it worse from the start than
+// what the run had without it (issue 40): the job's next run starts on
+// that instead, and a job that had learned it keeps it as it was.
+TEST(DaemonAutotuneLearnedTest, APushThatLostItsCheckFromTheStartTeachesWhatTheRunHad) {
+  LearnedConfigs learned;
+  {
+    TestDaemon daemon(&learned);
+    const SessionId canary = daemon.Register(1001, "llama").id;
+    AutotuneDecision kept = daemon.Kept(canary, "llama");
+    kept.learned = LearnedFromPush{.config = "max_split_size_mb:64",
+                                   .peak = 4LL << 30,
+                                   .pushed_peak = 5LL << 30,
+                                   .why = "learned max_split_size_mb:64 instead of the push's"};
+    daemon.autotune.OnDecision(kept);
+    const std::optional<LearnedConfig> l = learned.Find({"uid:1001", "llama"});
+    ASSERT_TRUE(l.has_value());
+    EXPECT_EQ(l->config, "max_split_size_mb:64");
+    EXPECT_EQ(l->from_config, kLearned);  // what it was learned instead of
+    EXPECT_EQ(l->decision_id, kept.id);
+    EXPECT_EQ(l->predicted_peak_current, 5LL << 30);
+    EXPECT_EQ(l->predicted_peak_switched, 4LL << 30);
+    // The push's realised peak is no measure of it.
+    EXPECT_FALSE(l->realized_peak.has_value());
+
+    // A later decision whose check chose the config the job learned keeps
+    // what it learned then.
+    AutotuneDecision again = daemon.Kept(canary, "llama");
+    again.id = 9;
+    again.learned = kept.learned;
+    daemon.autotune.OnDecision(again);
+    EXPECT_EQ(learned.Find({"uid:1001", "llama"})->decision_id, kept.id);
+  }
+  TestDaemon next(&learned);
+  const TestDaemon::Registered started = next.Register(1001, "llama", "", {}, "");
+  ASSERT_EQ(started.pushed.size(), 1u);
+  EXPECT_EQ(started.pushed[0].first, "max_split_size_mb:64");
+}
+
+// Events [begin, end) of `trace` as a client sends them.
+v1::EventBatch Batch(const Trace& trace, size_t begin, size_t end) {
+  v1::EventBatch batch;
+  batch.set_sequence(begin);
+  for (size_t i = begin; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    batch.add_ops(static_cast<uint32_t>(e.op));
+    batch.add_sizes(e.size);
+    batch.add_ids(e.id);
+    batch.add_streams(trace.streams[e.stream]);
+  }
+  return batch;
+}
+
+// The same through the daemon's own autotuner. Started on
+// roundup_power2_divisions:4, llama_lora's first 30% of events push a
+// config that, switched there, saves a fifth of the peak, and that from
+// the start peaks above what it replaced. Its canary runs it within the
+// margin and ends: the run's other session gets it, and the job's next
+// run starts on roundup_power2_divisions:4.
+TEST(DaemonAutotuneLearnedTest, APushWorseFromTheRunsStartIsNotWhatTheNextRunStartsOn) {
+  absl::StatusOr<Trace> trace =
+      ReadSnapshotFile(std::string(ALLOCD_SOURCE_DIR) + "/traces/llama_lora.pickle.gz");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  constexpr char kStart[] = "roundup_power2_divisions:4";
+  LearnedConfigs learned;
+  {
+    TestDaemon daemon(&learned);
+    const TestDaemon::Registered canary = daemon.Register(1001, "llama", "", {}, kStart);
+    const TestDaemon::Registered other = daemon.Register(1001, "llama", "", {}, kStart);
+    const size_t pushed_at = trace->events.size() * 3 / 10;
+    daemon.autotune.Events(canary.id, Batch(*trace, 0, pushed_at));
+    daemon.autotune.WaitIdle();
+    const v1::AutotuneHistoryResponse history = daemon.autotune.History("llama", 1);
+    ASSERT_EQ(history.decisions_size(), 1);
+    const v1::AutotuneDecision& d = history.decisions(0);
+    ASSERT_EQ(d.result(), "pushed") << d.why();
+    ASSERT_EQ(d.from_config(), kStart);
+    daemon.autotune.Acked(canary.id, d.version(), true, "");
+    daemon.autotune.Events(canary.id, Batch(*trace, pushed_at, pushed_at + 10000));
+    daemon.autotune.Stats(canary.id,
+                          {{"reserved_bytes.all.current", d.predicted_peak_switched()},
+                           {"allocated_bytes.all.current", d.predicted_peak_allocated()}},
+                          d.version());
+    daemon.core.EndSession(canary.id, "the job's process exited");
+    daemon.autotune.WaitIdle();
+    EXPECT_THAT(daemon.Pending(1001, other.id, other.secret),
+                ::testing::ElementsAre(d.to_config()));
+    const std::optional<LearnedConfig> l = learned.Find({"uid:1001", "llama"});
+    ASSERT_TRUE(l.has_value());
+    EXPECT_EQ(l->config, kStart);
+    EXPECT_EQ(l->from_config, d.to_config());
+    EXPECT_GT(l->predicted_peak_current, l->predicted_peak_switched * 105 / 100);
+    const v1::AutotuneHistoryResponse after = daemon.autotune.History("llama", 1);
+    EXPECT_THAT(after.decisions(0).why(),
+                HasSubstr("learned roundup_power2_divisions:4 instead of the push's"));
+  }
+  TestDaemon next(&learned);
+  const TestDaemon::Registered started = next.Register(1001, "llama", "", {}, "");
+  ASSERT_EQ(started.pushed.size(), 1u);
+  EXPECT_EQ(started.pushed[0].first, kStart);
 }
 
 TEST(DaemonAutotuneLearnedTest, AnAdminsConfigForTheJobWinsAndAJobNotInApplyGetsNone) {
