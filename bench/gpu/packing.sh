@@ -54,6 +54,11 @@ launch() {
   local kinds=("$@") peaks=($PEAKS) pids=() i kind peak env=() run=() jmode=$mode
   local go=$out/packing/go.$part.$n.$mode
   rm -f "$go" "$go".ready.*
+  # Every run starts on an empty GPU: what the daemon cached for the last
+  # run's jobs (memory reclaims moved between them, given back at their
+  # exit; trimmed only after --trim-after idle) goes back first, or jobs
+  # not under allocd would find it taken.
+  allocctl pool trim >/dev/null || echo "allocctl pool trim failed"
   case $mode in
     expandable) env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); jmode=native ;;
     native) env=(PYTORCH_CUDA_ALLOC_CONF=) ;;
