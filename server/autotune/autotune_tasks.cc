@@ -325,7 +325,7 @@ void Autotuner::Impl::Repredict(const AutotuneTask& task) {
     }
     d->at_need_basis = absl::StrFormat(
         "%s replayed on the %d events the canary ran after the push (requesting at most %s)%s",
-        canary.pushed_config().empty() ? "(defaults)" : canary.pushed_config(),
+        ConfigName(canary.pushed_config()),
         in.trace.events.size() - in.switch_event, GiB(after.peak_requested),
         in.first_mark_after ? ", the cache released again at the job's first step mark after it"
                             : "");
@@ -418,7 +418,7 @@ void Autotuner::Impl::LearnCheck(const AutotuneTask& task) {
     } else {
       d->learned = LearnedFromPush{
           .config = d->to_config,
-          .why = absl::StrCat("learned ", d->to_config.empty() ? "(defaults)" : d->to_config,
+          .why = absl::StrCat("learned ", ConfigName(d->to_config),
                               " unchecked from the start: ", checked.status().message())};
     }
     absl::StrAppend(&d->why, "; ", d->learned->why);

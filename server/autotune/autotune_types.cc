@@ -19,6 +19,10 @@ std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
+std::string ConfigName(const std::string& config) {
+  return config.empty() ? "(defaults)" : config;
+}
+
 std::ostream& operator<<(std::ostream& out, AutotuneTrigger trigger) {
   return out << AutotuneTriggerName(trigger);
 }

@@ -295,6 +295,9 @@ struct AutotuneJobStatus {
 
 // `bytes` as a decision's `why` writes sizes ("1.50 GiB").
 std::string GiB(int64_t bytes);
+// A PYTORCH_CUDA_ALLOC_CONF as a decision's `why` writes it: "(defaults)"
+// for the empty one.
+std::string ConfigName(const std::string& config);
 
 }  // namespace allocd
 

@@ -295,7 +295,7 @@ Canary::Action Canary::Judged(const Replays& replays, uint64_t events, const std
     const std::string judged = absl::StrFormat(
         "on the %d events the canary ran after the push, staying on %s replays to a peak of "
         "%s and the job realised %s",
-        events, d != nullptr && !d->from_config.empty() ? d->from_config : "(defaults)",
+        events, ConfigName(d != nullptr ? d->from_config : ""),
         GiB(staying), GiB(realized));
     const int64_t pushed_replayed = replays.kept->after_switch->peak_reserved;
     switch (JudgePush(realized, staying, pushed_replayed, rollback, options_.rollback_margin)) {

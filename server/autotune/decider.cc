@@ -91,8 +91,6 @@ std::string Bytes(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
-std::string ConfName(const std::string& conf) { return conf.empty() ? "(defaults)" : conf; }
-
 // Where to switch without marks: see the header.
 uint64_t SwitchPoint(uint64_t events, std::optional<uint64_t> step) {
   if (!step) return events / 2;
@@ -229,7 +227,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   d.predicted_peak_requested = stayed.peak_requested;
   const std::string running_conf = FormatAllocatorConfig(running.config);
   absl::StrAppend(&evidence, absl::StrFormat("; staying on %s peaks at %s after it",
-                                             ConfName(running_conf), Bytes(stayed.peak_reserved)));
+                                             ConfigName(running_conf), Bytes(stayed.peak_reserved)));
 
   TuneOptions tune;
   tune.capacity = options.capacity;
@@ -272,7 +270,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
     if (BreaksPin(e.candidate, running, policy) != nullptr) return &pinned;
     if (std::optional<std::string> why = ConfigIncompatibility(
             options.features, running.config, e.candidate.config, /*live=*/true)) {
-      std::string config = ConfName(LiveConfigString(e.candidate.config, running.config));
+      std::string config = ConfigName(LiveConfigString(e.candidate.config, running.config));
       if (absl::c_none_of(d.left_out, [&](const LeftOutConfig& l) { return l.config == config; })) {
         d.left_out.push_back(LeftOutConfig{std::move(config), *std::move(why)});
       }
@@ -337,7 +335,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   absl::StrFormat("; best: %s%s peaks at %s (saves %s, %.1f%%; no OOM, %d "
                                   "retries, %d device calls against %d for emptying the "
                                   "cache on the same config)",
-                                  ConfName(d.to_config), fraction_note,
+                                  ConfigName(d.to_config), fraction_note,
                                   Bytes(d.predicted_peak_switched), Bytes(saving),
                                   100.0 * static_cast<double>(saving) /
                                       static_cast<double>(std::max<int64_t>(1, d.predicted_peak_current)),
@@ -350,7 +348,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
         &evidence,
         absl::StrFormat("; chosen over %s, which peaks %s lower with %d more setting(s) "
                         "fitted to sizes: within %.0f%%, the one fitted less to the window's sizes",
-                        ConfName(LiveConfigString(lowest.candidate.config, running.config)),
+                        ConfigName(LiveConfigString(lowest.candidate.config, running.config)),
                         FormatSize(static_cast<uint64_t>(best->replay.peak_reserved -
                                                          lowest.replay.peak_reserved)),
                         SizeFittedSettings(lowest.candidate) -

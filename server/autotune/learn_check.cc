@@ -14,10 +14,6 @@
 namespace allocd {
 namespace {
 
-std::string ConfName(const std::string& config) {
-  return config.empty() ? "(defaults)" : config;
-}
-
 // `config` replayed from the trace's first event as a run started on it.
 absl::StatusOr<ReplayResult> ReplayFromStart(const Trace& trace, const std::string& config,
                                              const ReplayOptions& base) {
@@ -35,7 +31,7 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
                                              const ReplayOptions& base) {
   LearnedFromPush learned{.config = in.pushed};
   if (in.alternatives.empty()) {
-    learned.why = absl::StrCat("learned ", ConfName(in.pushed),
+    learned.why = absl::StrCat("learned ", ConfigName(in.pushed),
                                ": the run had no other config to start its next runs on");
     return learned;
   }
@@ -50,7 +46,7 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
   std::string replayed;
   for (const std::string& alternative : in.alternatives) {
     absl::StatusOr<ReplayResult> r = ReplayFromStart(in.trace, alternative, base);
-    absl::StrAppend(&replayed, ", ", ConfName(alternative), " ");
+    absl::StrAppend(&replayed, ", ", ConfigName(alternative), " ");
     if (!r.ok()) {
       absl::StrAppend(&replayed, "does not replay (", r.status().message(), ")");
       continue;
@@ -68,7 +64,7 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
   const std::string evidence = absl::StrFormat(
       "replayed from the window's first event (%d events), as a next run starts on it, %s "
       "peaks at %s%s%s",
-      in.trace.events.size(), ConfName(in.pushed), GiB(pushed->peak_reserved),
+      in.trace.events.size(), ConfigName(in.pushed), GiB(pushed->peak_reserved),
       pushed_oom ? " (out of memory)" : "", replayed);
   const bool alternative_wins =
       best.has_value() &&
@@ -77,7 +73,7 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
   if (!alternative_wins) {
     learned.why = absl::StrFormat(
         "learned %s: %s; no config the run had without it peaks lower by more than %.0f%%",
-        ConfName(in.pushed), evidence, 100 * min_saving);
+        ConfigName(in.pushed), evidence, 100 * min_saving);
     return learned;
   }
   learned.config = *best;
@@ -85,13 +81,13 @@ absl::StatusOr<LearnedFromPush> CheckLearned(const LearnCheckInput& in, double m
   learned.why = absl::StrFormat(
       "learned %s instead of the push's %s: %s; the push was judged as a switch in the middle "
       "of the run, on top of the segments cut before it, and from the start it %s",
-      ConfName(*best), ConfName(in.pushed), evidence,
+      ConfigName(*best), ConfigName(in.pushed), evidence,
       pushed_oom ? "runs out of memory"
                  : absl::StrFormat("peaks %.1f%% above %s",
                                    100.0 * (static_cast<double>(pushed->peak_reserved) /
                                                 static_cast<double>(best_peak) -
                                             1.0),
-                                   ConfName(*best)));
+                                   ConfigName(*best)));
   return learned;
 }
 

@@ -183,8 +183,7 @@ absl::StatusOr<PriorReview> ReviewPrior(const Trace& window, const AllocatorConf
   review.why = absl::StrFormat(
       "the job's %d events since it started replayed under its own %s peak at %s%s, under "
       "%s at %s%s: %s",
-      window.events.size(), FormatAllocatorConfig(own).empty() ? std::string("(defaults)")
-                                                               : FormatAllocatorConfig(own),
+      window.events.size(), ConfigName(FormatAllocatorConfig(own)),
       GiB(review.own_peak), own_oom ? " (out of memory)" : "",
       FormatAllocatorConfig(prior), GiB(review.prior_peak), prior_oom ? " (out of memory)" : "",
       review.return_to_own ? "staying would have been better, the job goes back to its own"
