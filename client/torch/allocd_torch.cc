@@ -3,7 +3,9 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -39,6 +41,35 @@ namespace {
 // allocator calls (and after an OOM): the fast path stays a hash lookup and
 // the engine's own work.
 constexpr uint64_t kSafePointCalls = 64;
+
+// The engine as a LiveSession drives it at a safe point. A pushed config
+// or a reclaim releases the cache, and the engine's own release treats
+// every stream's work as done (PyTorch's synchronize_and_free_events): the
+// device is synchronised and the frees deferred for other streams
+// completed first (`before_release`), as empty_cache() does, or a block
+// another stream still reads could be handed out again.
+class SafePointTarget final : public AllocatorTarget {
+ public:
+  SafePointTarget(EngineTarget& engine, std::function<void()> before_release)
+      : engine_(engine), before_release_(std::move(before_release)) {}
+
+  absl::Status Reconfigure(const AllocatorConfig& config) override {
+    return engine_.Reconfigure(config);
+  }
+  void EmptyCache() override {
+    before_release_();
+    engine_.EmptyCache();
+  }
+  void ReleaseCached(uint64_t bytes) override {
+    before_release_();
+    engine_.ReleaseCached(bytes);
+  }
+  std::map<std::string, int64_t> Stats() override { return engine_.Stats(); }
+
+ private:
+  EngineTarget& engine_;
+  const std::function<void()> before_release_;
+};
 
 // The engine over daemon memory, with PyTorch's stream rules at the edge.
 class ManagedAllocator {
@@ -94,7 +125,7 @@ class ManagedAllocator {
     if (!deferred_.empty()) {
       CompleteDeferredFrees(/*all_done=*/false, /*record=*/true);
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(safe_point_target_);
     const int64_t syncs = engine_->Stats().num_sync_all_streams;
     const TraceEvent event{.op = TraceOp::kAlloc,
                            .stream = StreamIdOf(stream),
@@ -120,7 +151,7 @@ class ManagedAllocator {
       }
       if (history_) history_->OnOutOfMemory(event, backend_->FreeMemory());
       session_.ReportOom(size, a.status().message());
-      session_.Poll(engine_target_);
+      session_.Poll(safe_point_target_);
       // torch.OutOfMemoryError in Python, as PyTorch's allocator raises.
       ThrowOutOfMemory(std::string(a.status().message()));
     }
@@ -165,7 +196,7 @@ class ManagedAllocator {
       }
       deferred_.push_back(std::move(deferred));
     }
-    if (++calls_ % kSafePointCalls == 0) session_.Poll(engine_target_);
+    if (++calls_ % kSafePointCalls == 0) session_.Poll(safe_point_target_);
   }
 
   void RecordStream(void* ptr, CUstream stream) {
@@ -180,10 +211,8 @@ class ManagedAllocator {
 
   void EmptyCache() {
     absl::MutexLock lock(&mu_);
-    Bind();
     // PyTorch's empty_cache() waits for every deferred free first.
-    Check(cuda::Synchronize(), "synchronizing for empty_cache");
-    CompleteDeferredFrees(/*all_done=*/true, /*record=*/true);
+    SynchronizeDeferredFrees();
     engine_->EmptyCache();
     session_.Publish(MemoryStatsDict(engine_->Stats()));
   }
@@ -287,6 +316,12 @@ class ManagedAllocator {
         observed_(*backend_),
         engine_(std::make_unique<CachingAllocator>(config, &observed_)),
         engine_target_(*engine_),
+        // Polled only under mu_ (Malloc, Free).
+        safe_point_target_(engine_target_,
+                           [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                             mu_.AssertHeld();
+                             SynchronizeDeferredFrees();
+                           }),
         session_(*client_, config) {
     snapshot_trace_.device = context_.ordinal();
     session_.Publish(MemoryStatsDict(engine_->Stats()));
@@ -348,6 +383,14 @@ class ManagedAllocator {
     return *event;
   }
 
+  // Synchronises the device and returns every deferred free to the
+  // engine's cache: what a release of the cache must come after.
+  void SynchronizeDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Bind();
+    Check(cuda::Synchronize(), "synchronizing before releasing the cache");
+    CompleteDeferredFrees(/*all_done=*/true, /*record=*/true);
+  }
+
   // Returns deferred frees whose events are done (or all of them, when the
   // device was just synchronised) to the engine's cache, and writes their
   // completions into the memory history when `record`.
@@ -388,6 +431,7 @@ class ManagedAllocator {
   // Declared after the backend it allocates from.
   const std::unique_ptr<CachingAllocator> engine_ ABSL_PT_GUARDED_BY(mu_);
   EngineTarget engine_target_ ABSL_GUARDED_BY(mu_);
+  SafePointTarget safe_point_target_ ABSL_GUARDED_BY(mu_);
   LiveSession session_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<CUstream, StreamId> streams_ ABSL_GUARDED_BY(mu_);
