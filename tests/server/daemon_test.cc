@@ -58,9 +58,12 @@ class DaemonTest : public ::testing::Test {
     admin_ = v1::Admin::NewStub(DialAdmin(socket_));
   }
 
-  // `allocd serve --backend sim` on socket_, not waited for.
+  // `allocd serve --backend sim` on socket_, not waited for; the daemon
+  // running before is stopped first (started while it still listened, the
+  // new one would refuse its sockets, and WaitForDaemon would find the old).
   void SpawnDaemon(const std::string& capacity = "64MiB",
                    std::vector<std::string> extra = {}) {
+    daemon_.reset();
     std::vector<std::string> args = {ALLOCD_BINARY, "serve", "--backend",
                                      "sim", "--socket",
                                      socket_, "--metrics-addr", "",
