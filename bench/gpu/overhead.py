@@ -6,9 +6,11 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
         [--modes native,transparent,run,advise]
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
-`run` mode is the unchanged script under `allocd run`), each pinned to
-CPU cores of its own (--cpus, split evenly; the daemon runs on others), so
-that no worker's step waits for another's threads or moves between cores.
+`run` mode is the unchanged script under `allocd run`), all pinned to the
+same cores (--cpus; the daemon runs on others): only one worker steps at a
+time, so each mode's steps run on the very cores native's ran on (cores of
+a worker's own, --separate-cores, put a core's speed into its mode's
+ratio).
 Then for each round it asks every worker in turn, in an order rotated each
 round, for a short turn of timed steps: no two workers step at once, and
 the drift of the host (these steps wait on the CPU's launches, and a
@@ -57,8 +59,10 @@ def start(a, workload, mode, cpus):
            "--mode", "native" if mode == "run" else mode, "--socket", a.socket]
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
-    # PyTorch's intra-op threads, one per core of the worker's own.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)))
+    # PyTorch's intra-op threads, one per core, which sleep when idle rather
+    # than spin on the cores the next worker steps on (the same in every mode).
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
+               OMP_WAIT_POLICY="PASSIVE")
     worker = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return worker
@@ -87,8 +91,10 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--cpus", default=None,
-                   help="cores for the workers, split evenly among them (taskset's list "
-                        "syntax; default: every core this process may use)")
+                   help="cores for the workers (taskset's list syntax; default: every core "
+                        "this process may use)")
+    p.add_argument("--separate-cores", action="store_true",
+                   help="split --cpus evenly among the workers instead of sharing them")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
     p.add_argument("--modes", default="native,transparent,run,advise")
     p.add_argument("--profile-steps", type=int, default=5,
@@ -100,7 +106,8 @@ def main():
         sys.exit("--modes: native must come first (the ratios' base)")
     os.makedirs(a.out, exist_ok=True)
     cpus = parse_cpus(a.cpus) if a.cpus else sorted(os.sched_getaffinity(0))
-    pinned = dict(zip(modes, cpu_sets(cpus, len(modes))))
+    pinned = dict(zip(modes, cpu_sets(cpus, len(modes)) if a.separate_cores
+                      else [cpus] * len(modes)))
     print("workers' cores: " + ", ".join(f"{m} {c[0]}-{c[-1]}" for m, c in pinned.items()),
           flush=True)
     results = {}

@@ -5,7 +5,8 @@
 # (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
 # on a daemon serving the GPU that decides but pushes nothing (autotune
 # recommend), so that every step runs one config. The daemon runs on the
-# last DAEMON_CORES cores (default 4), each worker on cores of its own.
+# last DAEMON_CORES cores (default 4), the workers, one stepping at a time,
+# on the others (OVERHEAD_ARGS=--separate-cores: cores of their own).
 #
 #   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 30)
 #
@@ -28,7 +29,7 @@ start_daemon device --autotune recommend
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
 python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" --rounds "$rounds" \
-    --cpus "0-$((ncpu - daemon_cores - 1))" \
+    --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
     ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
 status=$?
 stop_daemon
