@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/bytes.h"
 #include "proto/protocol.h"
@@ -400,9 +401,13 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
 
 absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes) {
   // By epoch: a range mapped across a reconnect holds chunks of two.
-  std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
-  std::map<uint64_t, std::vector<UniqueFd>> fds_by_epoch;
-  std::map<uint64_t, std::vector<MappedChunk*>> made_by_epoch;
+  struct Gift {
+    std::vector<uint64_t> ids;
+    std::vector<UniqueFd> fds;
+    std::vector<MappedChunk*> chunks;
+  };
+  std::map<uint64_t, Gift> gifts;
+  const int64_t started = absl::GetCurrentTimeNanos();
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + bytes; ++it) {
     MappedChunk& chunk = it->second;
@@ -410,21 +415,26 @@ absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes) {
     absl::StatusOr<UniqueFd> fd = mapper_->Export(
         {.address = it->first, .bytes = chunk.bytes, .handle = chunk.handle});
     if (!fd.ok()) return fd.status();
-    ids_by_epoch[chunk.epoch].push_back(chunk.id);
-    fds_by_epoch[chunk.epoch].push_back(*std::move(fd));
-    made_by_epoch[chunk.epoch].push_back(&chunk);
+    Gift& gift = gifts[chunk.epoch];
+    gift.ids.push_back(chunk.id);
+    gift.fds.push_back(*std::move(fd));
+    gift.chunks.push_back(&chunk);
   }
-  if (ids_by_epoch.empty()) return absl::OkStatus();
+  if (gifts.empty()) return absl::OkStatus();
   MapPathCounters& counters = client_->map_path();
-  NanosInto timed(counters.give_ns);
-  for (auto& [epoch, ids] : ids_by_epoch) {
+  absl::Status given;
+  for (auto& [epoch, gift] : gifts) {
     std::vector<int> fds;
-    for (const UniqueFd& fd : fds_by_epoch[epoch]) fds.push_back(fd.get());
-    if (absl::Status s = client_->GiveMemory(epoch, ids, fds); !s.ok()) return s;
-    for (MappedChunk* chunk : made_by_epoch[epoch]) chunk->made_here = false;
-    counters.chunks_given.fetch_add(ids.size(), std::memory_order_relaxed);
+    for (const UniqueFd& fd : gift.fds) fds.push_back(fd.get());
+    given = client_->GiveMemory(epoch, gift.ids, fds);
+    if (!given.ok()) break;
+    for (MappedChunk* chunk : gift.chunks) chunk->made_here = false;
+    counters.chunks_given.fetch_add(gift.ids.size(), std::memory_order_relaxed);
   }
-  return absl::OkStatus();
+  counters.give_ns.fetch_add(
+      static_cast<uint64_t>(absl::GetCurrentTimeNanos() - started),
+      std::memory_order_relaxed);
+  return given;
 }
 
 absl::StatusOr<std::pair<uint64_t, size_t>> DaemonBackend::OpenShared(
