@@ -41,9 +41,8 @@ bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
   base.memory_fraction = running.memory_fraction;
   absl::StatusOr<PriorReview> review = absl::InvalidArgumentError("");
   if (own.ok()) {
-    if (options_.on_replay) options_.on_replay(+1);
+    CountedReplay counted(options_.on_replay);
     review = ReviewPrior(in.trace, *own, running.config, base);
-    if (options_.on_replay) options_.on_replay(-1);
   } else {
     review = own.status();
   }
@@ -402,9 +401,8 @@ void Autotuner::Impl::LearnCheck(const AutotuneTask& task) {
     ReplayOptions base;
     base.capacity = options_.capacity;
     base.total_memory = options_.total_memory;
-    if (options_.on_replay) options_.on_replay(+1);
+    CountedReplay counted(options_.on_replay);
     checked = CheckLearned(*task.learn, options_.min_saving, base);
-    if (options_.on_replay) options_.on_replay(-1);
   }
   std::vector<AutotuneDecision> notify;
   {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -298,6 +299,24 @@ std::string GiB(int64_t bytes);
 // A PYTORCH_CUDA_ALLOC_CONF as a decision's `why` writes it: "(defaults)"
 // for the empty one.
 std::string ConfigName(const std::string& config);
+
+// A replay under way for as long as it lives, told to `on_replay` (the
+// autotuner's count, for metrics and tests: AutotuneOptions::on_replay):
+// +1 as it is made, -1 as it goes; nothing when `on_replay` is empty.
+class CountedReplay {
+ public:
+  explicit CountedReplay(const std::function<void(int)>& on_replay) : on_replay_(on_replay) {
+    if (on_replay_) on_replay_(+1);
+  }
+  ~CountedReplay() {
+    if (on_replay_) on_replay_(-1);
+  }
+  CountedReplay(const CountedReplay&) = delete;
+  CountedReplay& operator=(const CountedReplay&) = delete;
+
+ private:
+  const std::function<void(int)>& on_replay_;
+};
 
 }  // namespace allocd
 

@@ -214,9 +214,10 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   stay_options.total_memory = options.total_memory;
   stay_options.memory_fraction = running.memory_fraction;
   stay_options.live_switch = LiveSwitch{d.switch_event, std::nullopt, std::nullopt};
-  if (options.on_replay) options.on_replay(+1);
-  absl::StatusOr<ReplayResult> stay = Replay(window, running.config, stay_options);
-  if (options.on_replay) options.on_replay(-1);
+  absl::StatusOr<ReplayResult> stay = [&] {
+    CountedReplay counted(options.on_replay);
+    return Replay(window, running.config, stay_options);
+  }();
   if (!stay.ok()) {
     return finish(Decision::Result::kSkip,
                   absl::StrCat(evidence, "; the window does not replay: ", stay.status().message()));

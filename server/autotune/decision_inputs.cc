@@ -243,10 +243,8 @@ absl::StatusOr<ReplayResult> ReplayFromPush(const PushReplayInput& in, bool keep
   if (keep && in.first_mark_after) {
     replay.live_switch->release_again_before_event = in.first_mark_after;
   }
-  if (options.on_replay) options.on_replay(+1);
-  absl::StatusOr<ReplayResult> result = Replay(in.trace, in.running.config, replay);
-  if (options.on_replay) options.on_replay(-1);
-  return result;
+  CountedReplay counted(options.on_replay);
+  return Replay(in.trace, in.running.config, replay);
 }
 
 }  // namespace allocd

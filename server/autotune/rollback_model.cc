@@ -102,9 +102,10 @@ absl::StatusOr<RollbackPrediction> PredictRollback(
                        std::optional<AllocatorConfig> switch_to) -> absl::StatusOr<ReplayPhase> {
     ReplayOptions options = base;
     options.live_switch = LiveSwitch{n, std::move(switch_to), std::nullopt};
-    if (on_replay) on_replay(+1);
-    absl::StatusOr<ReplayResult> r = Replay(trace, config, options);
-    if (on_replay) on_replay(-1);
+    absl::StatusOr<ReplayResult> r = [&] {
+      CountedReplay counted(on_replay);
+      return Replay(trace, config, options);
+    }();
     if (!r.ok()) return r.status();
     return *r->after_switch;
   };

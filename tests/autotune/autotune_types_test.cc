@@ -1,5 +1,6 @@
 #include "server/autotune/autotune_types.h"
 
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -69,6 +70,23 @@ TEST(AutotuneTypesTest, ModesParseFromTheirNames) {
     EXPECT_STREQ(AutotuneModeName(row.value), row.name);
   }
   EXPECT_EQ(ParseAutotuneMode("on").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AutotuneTypesTest, ACountedReplayIsUnderWayForAsLongAsItLives) {
+  int under_way = 0;
+  const std::function<void(int)> on_replay = [&](int change) { under_way += change; };
+  {
+    CountedReplay outer(on_replay);
+    EXPECT_EQ(under_way, 1);
+    {
+      CountedReplay inner(on_replay);
+      EXPECT_EQ(under_way, 2);
+    }
+    EXPECT_EQ(under_way, 1);
+  }
+  EXPECT_EQ(under_way, 0);
+  const std::function<void(int)> none;
+  CountedReplay uncounted(none);  // an empty callback is never called
 }
 
 }  // namespace
