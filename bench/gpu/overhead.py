@@ -19,7 +19,14 @@ mode alike within a round. A mode's ratio in a round is its median step
 over the native worker's median step in that round; the summary is the
 median of the rounds' ratios and their spread (min, max, interquartile
 range), and the ratio of the medians of all timed steps, on the host's
-clock (what the job waits) and on the GPU's (CUDA events). With it, the
+clock (what the job waits) and on the GPU's (CUDA events). Each turn is
+bracketed by a fixed CPU probe on the job's thread (--job-core: all on one
+core): the speed-matched ratio is the
+same median over the rounds in which the mode's turn and native's ran on a
+core of the same speed (both probes of each turn, and the two turns, within
+--match of each other). Where the CPU has counters, the instructions per
+step of the job's thread and of the whole process, against native's: the
+work allocd adds, which no change of the host's speed moves. With it, the
 CPU time per step of each worker's threads: the job's own, allocd's (by
 thread) and the rest. Then each worker's steps under PyTorch's profiler,
 the top operators by self CPU time. Writes DIR/overhead.json and prints the
@@ -56,7 +63,8 @@ def parse_cpus(text):
 
 def start(a, workload, mode, cpus):
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
-           "--mode", "native" if mode == "run" else mode, "--socket", a.socket]
+           "--mode", "native" if mode == "run" else mode, "--socket", a.socket,
+           ] + (["--job-core", str(a.job_core)] if a.job_core is not None else [])
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
@@ -83,6 +91,37 @@ def quartiles(values):
     return q[0], q[2]
 
 
+def probe_speed(turn, tolerance):
+    """The turn's probe (its two probes' mean), or None where the core's speed
+    moved by more than `tolerance` within the turn."""
+    before, after = turn["probe_ms"]
+    if max(before, after) > min(before, after) * (1 + tolerance):
+        return None
+    return (before + after) / 2
+
+
+def speed_matched(rounds, mode, clock, tolerance):
+    """The mode's ratios to native in the rounds where both turns ran at one
+    speed (probe_speed within `tolerance` of each other)."""
+    ratios = []
+    for row in rounds:
+        ours, theirs = probe_speed(row[mode], tolerance), probe_speed(row["native"], tolerance)
+        if ours is None or theirs is None or \
+                max(ours, theirs) > min(ours, theirs) * (1 + tolerance):
+            continue
+        ratios.append(row[mode][f"{clock}_ms_median"] / row["native"][f"{clock}_ms_median"])
+    return ratios
+
+
+def spread(ratios):
+    """Median, quartiles and range of `ratios` (None where there are none)."""
+    if not ratios:
+        return None
+    q1, q3 = quartiles(ratios)
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "q1": q1, "q3": q3, "ratios": ratios}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +134,10 @@ def main():
                         "this process may use)")
     p.add_argument("--separate-cores", action="store_true",
                    help="split --cpus evenly among the workers instead of sharing them")
+    p.add_argument("--job-core", type=int, default=None,
+                   help="the core every worker's own thread runs on (default: any of its cores)")
+    p.add_argument("--match", type=float, default=0.03,
+                   help="speed-matched rounds: probes within this fraction of each other")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
     p.add_argument("--modes", default="native,transparent,run,advise")
     p.add_argument("--profile-steps", type=int, default=5,
@@ -147,12 +190,11 @@ def main():
             for clock in ("host", "gpu"):
                 ratios = [row[m][f"{clock}_ms_median"] / row["native"][f"{clock}_ms_median"]
                           for row in rounds]
-                q1, q3 = quartiles(ratios)
-                entry[clock] = {"median": statistics.median(ratios), "min": min(ratios),
-                                "max": max(ratios), "q1": q1, "q3": q3, "ratios": ratios,
-                                "pooled": pooled(m, clock) / pooled("native", clock)}
+                entry[clock] = {**spread(ratios),
+                                "pooled": pooled(m, clock) / pooled("native", clock),
+                                "matched": spread(speed_matched(rounds, m, clock, a.match))}
             summary[m] = entry
-        cpu = {}
+        cpu, advisor, instructions = {}, {}, {}
         for m in modes:
             steps = sum(row[m]["steps"] for row in rounds)
             total = {}
@@ -160,24 +202,49 @@ def main():
                 for group, ms in row[m]["cpu_ms_by_thread"].items():
                     total[group] = total.get(group, 0.0) + ms
             cpu[m] = {group: ms / steps for group, ms in sorted(total.items())}
+            work = [(row[m]["instructions"], row["native"]["instructions"], row[m]["steps"],
+                     row["native"]["steps"]) for row in rounds
+                    if row[m].get("instructions") and row["native"].get("instructions")]
+            if work and m != "native":
+                instructions[m] = {
+                    "job": spread([ours["job"] / n / (theirs["job"] / k)
+                                   for ours, theirs, n, k in work]),
+                    "process": spread([sum(ours.values()) / n / (sum(theirs.values()) / k)
+                                       for ours, theirs, n, k in work]),
+                    "allocd_per_step": statistics.median(
+                        [sum(v for g, v in ours.items() if g.startswith("allocd")) / n
+                         for ours, _, n, _ in work]),
+                    "scope": rounds[0][m].get("instructions_scope")}
+            turns = [row[m]["advisor"] for row in rounds if row[m].get("advisor")]
+            if turns:
+                parts = {k: sum(t[k] for t in turns) for k in turns[0]}
+                host_s = sum(sum(row[m]["host_ms"]) for row in rounds) / 1e3
+                advisor[m] = {"rounds_per_s": parts.pop("rounds") / host_s,
+                              "ms_per_step": {k: v * 1e3 / steps for k, v in parts.items()}}
         results[workload] = {"rounds": rounds, "summary": summary,
                              "native_host_ms_median": pooled("native", "host"),
-                             "cpu_ms_per_step": cpu, "cores": pinned}
+                             "cpu_ms_per_step": cpu, "advisor": advisor, "instructions": instructions,
+                             "cores": pinned}
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
     print(f"\n{a.rounds} rounds. Ratio to native: the median of the rounds' ratios [IQR] "
           f"(min-max), and the ratio of all timed steps' medians (pooled).\n")
-    print("| workload | native step (host, ms) | mode | host clock: median [IQR] (min-max) "
-          "| pooled | CUDA events: median [IQR] (min-max) | pooled |")
-    print("|---|---:|---|---|---:|---|---:|")
+    print("| workload | native step (host, ms) | mode | speed-matched rounds (host clock): "
+          "median [IQR] (min-max), rounds | all rounds (host clock) | pooled | "
+          "all rounds (CUDA events) | pooled |")
+    print("|---|---:|---|---|---|---:|---|---:|")
+
+    def cell(s):
+        return f"{s['median']:.4f}x [{s['q1']:.4f}-{s['q3']:.4f}] ({s['min']:.4f}-{s['max']:.4f})"
+
     for workload, r in results.items():
         for m, entry in r["summary"].items():
             h, g = entry["host"], entry["gpu"]
+            matched = h["matched"]
             print(f"| {workload} | {r['native_host_ms_median']:.2f} | {m} | "
-                  f"{h['median']:.4f}x [{h['q1']:.4f}-{h['q3']:.4f}] ({h['min']:.4f}-{h['max']:.4f}) | "
-                  f"{h['pooled']:.4f}x | "
-                  f"{g['median']:.4f}x [{g['q1']:.4f}-{g['q3']:.4f}] ({g['min']:.4f}-{g['max']:.4f}) | "
-                  f"{g['pooled']:.4f}x |")
+                  + (f"{cell(matched)}, {len(matched['ratios'])} of {a.rounds}" if matched
+                     else f"none of {a.rounds}")
+                  + f" | {cell(h)} | {h['pooled']:.4f}x | {cell(g)} | {g['pooled']:.4f}x |")
     print("\nCPU time per step by thread (ms): the job's own thread, allocd's threads, "
           "the rest (PyTorch's, CUDA's, gRPC's).\n")
     print("| workload | mode | job | allocd (by thread) | other |")
@@ -188,6 +255,27 @@ def main():
             print(f"| {workload} | {m} | {groups.get('job', 0.0):.2f} | "
                   + (", ".join(f"{g} {ms:.3f}" for g, ms in ours.items()) or "-")
                   + f" | {groups.get('other', 0.0):.2f} |")
+
+    if any(r["instructions"] for r in results.values()):
+        print("\nInstructions per step against native's (the CPU's counters): the job's thread, "
+              "the whole process, median [IQR] of the rounds; and allocd's threads' per step.\n")
+        print("| workload | mode | job thread | process | allocd's threads (per step) | counted |")
+        print("|---|---|---|---|---:|---|")
+        for workload, r in results.items():
+            for m, entry in r["instructions"].items():
+                print(f"| {workload} | {m} | {cell(entry['job'])} | {cell(entry['process'])} | "
+                      f"{entry['allocd_per_step'] / 1e6:.2f} M | {entry['scope']} |")
+    else:
+        print("\nNo instruction counts: this CPU has no counters this process may read.")
+    print("\nThe advisor's rounds in the timed turns: rounds per second of steps, and its "
+          "time per step by part (ms; 'stats' is within 'poll').\n")
+    print("| workload | mode | rounds/s | events | poll | stats | session |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for workload, r in results.items():
+        for m, entry in r["advisor"].items():
+            ms = entry["ms_per_step"]
+            print(f"| {workload} | {m} | {entry['rounds_per_s']:.1f} | " + " | ".join(
+                f"{ms.get(k, 0.0):.3f}" for k in ("events", "poll", "stats", "session")) + " |")
 
 
 if __name__ == "__main__":

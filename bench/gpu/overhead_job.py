@@ -27,13 +27,26 @@ synchronize (what the job waits). With each turn it reports the CPU time
 each of its threads ran during the timed steps (/proc's schedstat, in ns),
 summed by name: the job's own thread, allocd's threads (named "allocd-*",
 the C++ client's and the Python advisor's), and the rest (PyTorch's, CUDA's,
-gRPC's): where allocd's work runs beside the job's.
+gRPC's): where allocd's work runs beside the job's, and the advisor's rounds
+in the turn with their seconds by part (allocd.stats()), and the
+instructions each thread group retired in the timed steps (the CPU's
+counters, where it has them: the work, at any core speed). And the host's speed
+around the turn: a fixed pure-CPU loop timed on the job's thread right
+before and right after it (probe_ms). Steps that wait on the CPU's launches
+run as fast as the core does, and the cores of a cloud host change speed by
+tens of percent from one second to the next: overhead.py compares a mode's
+turn with native's only where the probes say the core ran alike.
+
+--job-core C pins the job's own thread to core C once warm (the threads it
+started before, PyTorch's, CUDA's and allocd's, keep every core it had), so
+that every mode's job thread runs on the one core native's ran on.
 """
 import argparse
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 
 
@@ -81,10 +94,41 @@ def build(torch, workload):
     return step
 
 
+PROBE_ITERATIONS = 300_000  # about 5 ms of the interpreter's loop
+
+
+def probe_ms():
+    """The wall time of a fixed loop of Python bytecode on this thread: how
+    fast its core runs now (the launch path is the interpreter's and
+    PyTorch's dispatcher, CPU work alike)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(PROBE_ITERATIONS):
+        total += i
+    return (time.perf_counter() - start) * 1e3
+
+
+def advisor_counters():
+    """The advisor's rounds and seconds by part so far (allocd.stats()), or None
+    where no advisor runs in this process."""
+    allocd = sys.modules.get("allocd")
+    if allocd is None:
+        return None
+    info = allocd.stats()
+    if "advisor_rounds" not in info:
+        return None
+    return {"rounds": info["advisor_rounds"], **info["advisor_seconds_by_part"]}
+
+
+def counters_between(before, after):
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in after}
+
+
 def thread_names():
     """Native thread id -> name: Python's names for its threads (the
     advisor's), else the system's (allocd's C++ threads name themselves)."""
-    import threading
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
     main_id = threading.main_thread().native_id
     out = {}
@@ -116,16 +160,73 @@ def thread_cpu_ns():
     return out
 
 
-def cpu_by_group(before, after):
-    """CPU ms run between two thread_cpu_ns() readings, by thread group."""
+def by_group(before, after, unit):
+    """What each thread counted between two readings (tid -> count), over
+    `unit`, summed by thread group: the job's, allocd's by name, the rest."""
     names = thread_names()
     groups = {}
-    for tid, ns in after.items():
+    for tid, count in after.items():
         name = names.get(tid, "?")
         group = "job" if name == "job" else (
             name if name.startswith("allocd") else "other")
-        groups[group] = groups.get(group, 0.0) + (ns - before.get(tid, 0)) / 1e6
+        groups[group] = groups.get(group, 0.0) + (count - before.get(tid, 0)) / unit
     return groups
+
+
+class InstructionCounters:
+    """The instructions each of this process's threads retires, from the
+    CPU's own counters (perf_event_open): the work a step does, whatever
+    speed the core runs at. User and kernel where the system lets this
+    process count the kernel's, else user only (`scope`). available is False
+    where there are no counters (a VM without them, a seccomp filter)."""
+
+    _SYSCALL = {"x86_64": 298, "aarch64": 241}
+    _EXCLUDE_KERNEL, _EXCLUDE_HV = 1 << 5, 1 << 6
+
+    def __init__(self):
+        import ctypes
+        import platform
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._number = self._SYSCALL.get(platform.machine())
+        self.scope = None
+        for scope, flags in (("user+kernel", self._EXCLUDE_HV),
+                             ("user", self._EXCLUDE_KERNEL | self._EXCLUDE_HV)):
+            fd = self._open(threading.get_native_id(), flags)
+            if fd >= 0:
+                os.close(fd)
+                self.scope, self._flags = scope, flags
+                break
+        self.available = self.scope is not None
+        self._fds = {}
+
+    def _open(self, tid, flags):
+        if self._number is None:
+            return -1
+        # struct perf_event_attr, its first 64 bytes (PERF_ATTR_SIZE_VER0):
+        # PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, counting from open.
+        attr = (self._ctypes.c_uint64 * 8)()
+        attr[0] = 0 | (64 << 32)  # type, size
+        attr[1] = 1  # config
+        attr[6] = flags
+        return self._libc.syscall(self._number, attr, tid, -1, -1, 0)
+
+    def start(self):
+        """Opens a counter on every thread now alive."""
+        self.stop()
+        for tid in os.listdir("/proc/self/task"):
+            fd = self._open(int(tid), self._flags)
+            if fd >= 0:
+                self._fds[int(tid)] = fd
+
+    def read(self):
+        """tid -> instructions since start()."""
+        return {tid: int.from_bytes(os.read(fd, 8), "little") for tid, fd in self._fds.items()}
+
+    def stop(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
 
 def main():
@@ -135,6 +236,8 @@ def main():
     p.add_argument("--mode", choices=["native", "transparent", "advise"], required=True)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--job-core", type=int, default=None,
+                   help="once warm, pin the job's own thread to this core")
     a = p.parse_args()
     if a.mode == "transparent":
         import allocd
@@ -165,6 +268,9 @@ def main():
         return gpu, host
 
     timed(a.warmup)
+    counters = InstructionCounters()
+    if a.job_core is not None:
+        os.sched_setaffinity(threading.get_native_id(), {a.job_core})
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run}), flush=True)
     for line in sys.stdin:
         if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
@@ -177,15 +283,24 @@ def main():
             print(json.dumps({"profiled": path}), flush=True)
             continue
         timed(1)
+        advisor_before = advisor_counters()
+        probes = [probe_ms()]
+        if counters.available:
+            counters.start()
         cpu_before = thread_cpu_ns()
         gpu, host = timed(int(line))
-        cpu = cpu_by_group(cpu_before, thread_cpu_ns())
+        cpu = by_group(cpu_before, thread_cpu_ns(), 1e6)
+        instructions = by_group({}, counters.read(), 1) if counters.available else None
+        probes.append(probe_ms())
+        advisor = counters_between(advisor_before, advisor_counters())
         print(json.dumps({"workload": a.workload, "mode": a.mode, "under_allocd_run": under_run,
                           "steps": len(gpu),
                           "gpu_ms": [g * 1e3 for g in gpu], "host_ms": [h * 1e3 for h in host],
                           "gpu_ms_median": statistics.median(gpu) * 1e3,
                           "host_ms_median": statistics.median(host) * 1e3,
-                          "cpu_ms_by_thread": cpu,
+                          "cpu_ms_by_thread": cpu, "probe_ms": probes,
+                          "advisor": advisor, "instructions": instructions,
+                          "instructions_scope": counters.scope,
                           "max_reserved": torch.cuda.max_memory_reserved(),
                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}),
               flush=True)

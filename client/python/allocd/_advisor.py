@@ -139,6 +139,13 @@ class Advisor:
         self.applied = 0  # configs applied: the quick rounds end at the first
         self.last_stats = {}
         self.busy_seconds = 0.0
+        self.rounds = 0
+        # Where the rounds' time goes, each part holding the GIL (but for
+        # the client library's own work inside "poll"): reading and sending
+        # the allocation stream, the control loop (with "stats", PyTorch's
+        # memory_stats() it publishes), and reading the session back.
+        self.seconds_by_part = {"events": 0.0, "poll": 0.0, "stats": 0.0, "session": 0.0}
+        self._session_buffer = ctypes.create_string_buffer(1 << 16)  # the rounds'
         self.steps_marked = 0
         self._waking_until_mark = 0  # marks up to this one wake a round: after an apply
         self._step_hook = None
@@ -181,6 +188,8 @@ class Advisor:
                 "steps_marked": self.steps_marked,
                 "states_sent": events.states_sent if events else 0,
                 "advisor_seconds": self.busy_seconds,
+                "advisor_rounds": self.rounds,
+                "advisor_seconds_by_part": dict(self.seconds_by_part),
                 "event_source": self.event_source,
                 "memory_stats": dict(self.last_stats)}
 
@@ -197,6 +206,7 @@ class Advisor:
             self.step()
             # Time this thread kept the GIL and the allocator from the job.
             self.busy_seconds += time.perf_counter() - start
+            self.rounds += 1
             self._round_done.set()
             self._wake.wait(self.round_period())
             self._wake.clear()
@@ -256,14 +266,23 @@ class Advisor:
         """One round: the allocation stream, then the client's control loop
         (which sends the stream before it ACKs a push: the daemon watches the
         push from where the job switched)."""
+        parts = self.seconds_by_part
         with self._lock:
+            start = time.perf_counter()
             if self._events is not None:
                 self._events.send()
+            sent = time.perf_counter()
             self._lib.allocd_poll(self._client, ctypes.byref(self._target))
-            self._read_session()
+            polled = time.perf_counter()
+            self._read_session(self._session_buffer)
+            parts["session"] += time.perf_counter() - polled
+            parts["poll"] += polled - sent
+            parts["events"] += sent - start
 
-    def _read_session(self):
-        buffer = ctypes.create_string_buffer(1 << 16)
+    def _read_session(self, buffer=None):
+        """Reads the session back (into `buffer`, the round's own: other threads
+        read into one of their own)."""
+        buffer = buffer if buffer is not None else ctypes.create_string_buffer(1 << 16)
         if self._lib.allocd_session_stats(self._client, buffer, len(buffer)) >= 0:
             self.session = json.loads(buffer.value.decode())
             self.saw_applied(self.session["configs_applied"])
@@ -293,11 +312,13 @@ class Advisor:
             torch.cuda.empty_cache()
 
         def stats(buffer, size, _context):
+            start = time.perf_counter()
             self.last_stats = {k: int(v) for k, v in torch.cuda.memory_stats(device).items()
                                if isinstance(v, (int, float))}
             text = json.dumps(self.last_stats).encode()
             if len(text) < size:
                 ctypes.memmove(buffer, text + b"\0", len(text) + 1)
+            self.seconds_by_part["stats"] += time.perf_counter() - start
             return len(text)
 
         return Target(Target.RECONFIGURE(reconfigure), Target.EMPTY_CACHE(empty_cache),
