@@ -104,26 +104,43 @@ absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
                                            absl::Span<const int> send_fds,
                                            absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&c.lease_mu);
-  const int lease = c.lease.get();
+  int lease;
+  int unread;
+  {
+    absl::MutexLock lock(&c.lease_mu);
+    if (!c.lease_mu.AwaitWithDeadline(absl::Condition(&c.lease_idle),
+                                      deadline)) {
+      return absl::DeadlineExceededError(
+          "another call held the lease to the allocd daemon past the deadline");
+    }
+    c.lease_idle = false;
+    lease = c.lease.get();
+    unread = c.unread_answers;
+  }
+  absl::StatusOr<v1::SideResponse> answer =
+      absl::DeadlineExceededError("no time left to ask the allocd daemon");
   // The daemon answers in order: those of calls that stopped waiting come
   // first.
-  for (; c.unread_answers > 0; --c.unread_answers) {
+  for (; unread > 0; --unread) {
     if (absl::Status s = ReceiveAnswer(lease, nullptr, deadline).status();
         !s.ok()) {
-      return s;
+      answer = s;
+      break;
     }
   }
-  if (absl::Now() >= deadline) {
-    return absl::DeadlineExceededError(
-        "no time left to ask the allocd daemon on the lease");
+  if (unread == 0 && absl::Now() < deadline) {
+    if (absl::Status sent =
+            SendMessage(lease, request.SerializeAsString(), send_fds);
+        !sent.ok()) {
+      answer = sent;
+    } else {
+      answer = ReceiveAnswer(lease, fds, deadline);
+      if (absl::IsDeadlineExceeded(answer.status())) ++unread;
+    }
   }
-  if (absl::Status s = SendMessage(lease, request.SerializeAsString(), send_fds);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<v1::SideResponse> answer = ReceiveAnswer(lease, fds, deadline);
-  if (absl::IsDeadlineExceeded(answer.status())) ++c.unread_answers;
+  absl::MutexLock lock(&c.lease_mu);
+  c.unread_answers = unread;
+  c.lease_idle = true;
   return WithDaemonError(std::move(answer));
 }
 

@@ -68,9 +68,13 @@ struct Connection {
   std::string start_config_source;
   // The job's last working set, as this daemon handed it over.
   std::vector<uint64_t> working_set;
-  // The lease; claims travel over it, one at a time.
+  // The lease; calls travel over it one at a time (LeaseCall). lease_mu
+  // guards whose turn it is rather than the call, so that a caller with a
+  // deadline can give up waiting for its turn.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
+  // No call is on the lease: the next may read and write it.
+  bool lease_idle ABSL_GUARDED_BY(lease_mu) = true;
   // Answers still on their way to calls that stopped waiting for them
   // (LeaseCall's timeout): the daemon answers in order, so the next call
   // reads them first.
@@ -139,13 +143,15 @@ absl::StatusOr<v1::SideResponse> SideCall(
     int fd, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
     absl::Span<const int> send_fds = {},
     absl::Duration timeout = kSideCallTimeout);
-// SideCall on the lease of `c`, under its lease_mu. A call that times out
+// SideCall on the lease of `c`, in its turn, all within `timeout`: the
+// wait for the calls before it on the lease counts. A call that times out
 // leaves the lease usable, so a caller that cannot wait long (a give on
 // the free path) may pass a short `timeout`: its answer, when it comes, is
 // read and dropped (FDs closed) by the next call, within that call's
-// `timeout` (DeadlineExceeded, its request unsent, when it ran out there).
-// (A frame cut off by the timeout, which the daemon's small answers are
-// not, leaves the lease out of step: the next call fails.)
+// `timeout` (DeadlineExceeded, the request unsent, when it ran out before
+// the request was sent). A frame cut off by the timeout, which the
+// daemon's small answers are not, leaves the lease out of step: the next
+// call fails.
 absl::StatusOr<v1::SideResponse> LeaseCall(
     Connection& c, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
     absl::Span<const int> send_fds = {},
