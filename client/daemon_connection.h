@@ -143,15 +143,14 @@ absl::StatusOr<v1::SideResponse> SideCall(
     int fd, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
     absl::Span<const int> send_fds = {},
     absl::Duration timeout = kSideCallTimeout);
-// SideCall on the lease of `c`, in its turn, all within `timeout`: the
-// wait for the calls before it on the lease counts. A call that times out
-// leaves the lease usable, so a caller that cannot wait long (a give on
-// the free path) may pass a short `timeout`: its answer, when it comes, is
-// read and dropped (FDs closed) by the next call, within that call's
-// `timeout` (DeadlineExceeded, the request unsent, when it ran out before
-// the request was sent). A frame cut off by the timeout, which the
-// daemon's small answers are not, leaves the lease out of step: the next
-// call fails.
+// SideCall on the lease of `c`, in its turn: within `timeout` all told,
+// the wait for the calls before it included. A call that times out leaves
+// the lease usable (its answer, when it comes, is read and dropped, FDs
+// closed, by the next call, within that call's `timeout`), so a caller
+// that cannot wait long (a give on the free path) may pass a short one.
+// DeadlineExceeded with the request unsent when the time ran out first. A
+// frame cut off by the timeout, which the daemon's small answers are not,
+// leaves the lease out of step: the next call fails.
 absl::StatusOr<v1::SideResponse> LeaseCall(
     Connection& c, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
     absl::Span<const int> send_fds = {},
