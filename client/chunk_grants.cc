@@ -330,7 +330,9 @@ absl::StatusOr<std::string> ChunkGrants::Share(
 
 absl::Status ChunkGrants::GiveMemory(uint64_t epoch,
                                      absl::Span<const uint64_t> ids,
-                                     absl::Span<const int> fds) {
+                                     absl::Span<const int> fds,
+                                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   if (ids.size() != fds.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " FDs for ", ids.size(), " chunks"));
@@ -346,7 +348,8 @@ absl::Status ChunkGrants::GiveMemory(uint64_t epoch,
       request.mutable_give_memory()->add_chunk_ids(id);
     }
     absl::StatusOr<v1::SideResponse> answer =
-        LeaseCall(c, request, nullptr, fds.subspan(begin, n));
+        LeaseCall(c, request, nullptr, fds.subspan(begin, n),
+                  deadline - absl::Now());
     if (!answer.ok()) return answer.status();
   }
   return absl::OkStatus();

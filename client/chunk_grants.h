@@ -114,9 +114,11 @@ class ChunkGrants {
   // Gives the daemon the memory of client-made chunks `ids` of `epoch`, an
   // FD of each in `fds` (the same order; the caller keeps its own), so it
   // can share them (NodePool::GiveMemory). FailedPrecondition for an older
-  // epoch's chunks, as Share.
+  // epoch's chunks, as Share; DeadlineExceeded when the daemon did not take
+  // them all within `timeout` (some may be its already, and the rest may
+  // still become its: LeaseCall).
   absl::Status GiveMemory(uint64_t epoch, absl::Span<const uint64_t> ids,
-                          absl::Span<const int> fds);
+                          absl::Span<const int> fds, absl::Duration timeout);
 
  private:
   // Acquire's round trip: waits for a lost daemon and for other sessions

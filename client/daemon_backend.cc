@@ -22,6 +22,14 @@ namespace {
 // made to the daemon (DaemonBackend::Unmap): the reclaim's empty_cache
 // runs at the job's next safe point or advisor round, well within it.
 constexpr absl::Duration kGiveAfterReclaim = absl::Seconds(5);
+// How long a free waits for the daemon to take the memory it gives: the
+// free is PyTorch's cudaFree, under the engine's lock, and a daemon that
+// answers at all takes a segment's chunks in well under a millisecond (it
+// checks and keeps their FDs). A stalled or vanished one costs one free
+// this much per reclaim request, since a give that fails ends giving until
+// the daemon asks again; the lease's own timeout (kSideCallTimeout) would
+// stall every free of the window for seconds.
+constexpr absl::Duration kGiveTimeout = absl::Milliseconds(200);
 
 // Sim mode: chunks are memfd files; a reservation is PROT_NONE anonymous
 // memory that chunks are mmap()ed over.
@@ -237,9 +245,15 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
   // release: the daemon's cache holds no more than reclaims bring back,
   // and the device keeps room for what the pool does not serve (contexts,
   // libraries' workspaces, processes not under allocd). Where the daemon
-  // does not take it, it leaves too.
+  // does not take it, it leaves too, and so does what the window's later
+  // frees made: until its next reclaim request, no free waits again for a
+  // daemon that did not take a give.
   if (client_->ReclaimAskedWithin(kGiveAfterReclaim)) {
-    (void)GiveMadeMemory(address, bytes);
+    const int64_t reclaim = client_->reclaims();
+    if (reclaim != give_failed_in_reclaim_ &&
+        !GiveMadeMemory(address, bytes, kGiveTimeout).ok()) {
+      give_failed_in_reclaim_ = reclaim;
+    }
   }
   std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
   std::vector<ChunkMapping> mappings;
@@ -386,7 +400,9 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
         "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
   }
   // The daemon can share only memory it holds: give it first.
-  if (absl::Status s = GiveMadeMemory(address, segment->second.bytes); !s.ok()) {
+  if (absl::Status s = GiveMadeMemory(address, segment->second.bytes,
+                                      client_->options().rpc_timeout);
+      !s.ok()) {
     return s;
   }
   std::vector<uint64_t> ids;
@@ -399,7 +415,8 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
   return client_->Share(epoch, ids);
 }
 
-absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes) {
+absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes,
+                                           absl::Duration timeout) {
   // By epoch: a range mapped across a reconnect holds chunks of two.
   struct Gift {
     std::vector<uint64_t> ids;
@@ -408,29 +425,35 @@ absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes) {
   };
   std::map<uint64_t, Gift> gifts;
   const int64_t started = absl::GetCurrentTimeNanos();
+  const absl::Time deadline = absl::FromUnixNanos(started) + timeout;
+  absl::Status given;
   for (auto it = chunks_.lower_bound(address);
        it != chunks_.end() && it->first < address + bytes; ++it) {
     MappedChunk& chunk = it->second;
     if (!chunk.made_here) continue;
     absl::StatusOr<UniqueFd> fd = mapper_->Export(
         {.address = it->first, .bytes = chunk.bytes, .handle = chunk.handle});
-    if (!fd.ok()) return fd.status();
+    if (!fd.ok()) {
+      given = fd.status();  // nothing is given
+      break;
+    }
     Gift& gift = gifts[chunk.epoch];
     gift.ids.push_back(chunk.id);
     gift.fds.push_back(*std::move(fd));
     gift.chunks.push_back(&chunk);
   }
-  if (gifts.empty()) return absl::OkStatus();
+  if (gifts.empty() && given.ok()) return given;
   MapPathCounters& counters = client_->map_path();
-  absl::Status given;
   for (auto& [epoch, gift] : gifts) {
+    if (!given.ok()) break;
     std::vector<int> fds;
     for (const UniqueFd& fd : gift.fds) fds.push_back(fd.get());
-    given = client_->GiveMemory(epoch, gift.ids, fds);
+    given = client_->GiveMemory(epoch, gift.ids, fds, deadline - absl::Now());
     if (!given.ok()) break;
     for (MappedChunk* chunk : gift.chunks) chunk->made_here = false;
     counters.chunks_given.fetch_add(gift.ids.size(), std::memory_order_relaxed);
   }
+  if (!given.ok()) counters.gives_failed.fetch_add(1, std::memory_order_relaxed);
   counters.give_ns.fetch_add(
       static_cast<uint64_t>(absl::GetCurrentTimeNanos() - started),
       std::memory_order_relaxed);

@@ -109,9 +109,11 @@ class DaemonBackend : public DeviceBackend {
   // costs less than the daemon's creation and export and this process's
   // import together. Off by default. Their memory is given to the daemon
   // (DaemonClient::GiveMemory) before a segment is shared (ShareSegment),
-  // and before they are unmapped to be released: the daemon caches it, so
-  // the next process to map it (a neighbour that reclaimed it) imports it
-  // instead of creating memory the driver must first scrub.
+  // and before they are unmapped to be released while another session is
+  // short (a reclaim request's window, until a give in it fails): the
+  // daemon caches it, so the next process to map it (a neighbour that
+  // reclaimed it) imports it instead of creating memory the driver must
+  // first scrub.
   // When the device has no room for a chunk made here, the segment is asked
   // for again with every chunk made by the daemon, which can trim its cache
   // and reclaim other jobs' (counted by client_create_fallbacks).
@@ -183,9 +185,12 @@ class DaemonBackend : public DeviceBackend {
   absl::StatusOr<MappedRange> MapIntoNewRange(ReceivedChunks& got);
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
   // Gives the daemon the memory of the chunks made here that are mapped in
-  // [address, address + bytes) (GiveMemory): from then on it is the
-  // daemon's, as if it had made them.
-  absl::Status GiveMadeMemory(uint64_t address, uint64_t bytes);
+  // [address, address + bytes) (GiveMemory), all within `timeout`: from
+  // then on it is the daemon's, as if it had made them. On failure, the
+  // chunks of the epochs given before it are the daemon's (counted in
+  // chunks_given), the others still made here (counted in gives_failed).
+  absl::Status GiveMadeMemory(uint64_t address, uint64_t bytes,
+                              absl::Duration timeout);
 
   // Takes `segment`, which the handover mapped at its address, as one of
   // AllocateSegment's.
@@ -214,6 +219,9 @@ class DaemonBackend : public DeviceBackend {
   uint64_t held_ = 0;
   bool client_creates_ = false;
   uint64_t client_create_fallbacks_ = 0;
+  // The reclaim request (DaemonClient::reclaims) during which a free's give
+  // failed: the frees after it give nothing until the daemon asks again.
+  int64_t give_failed_in_reclaim_ = -1;
   // Destroyed first: its thread uses the mapper and the client.
   std::unique_ptr<WorkingSetHandover> handover_;
 };

@@ -100,8 +100,8 @@ class DaemonClient {
     return grants_.CloseShare(epoch, share_token);
   }
   absl::Status GiveMemory(uint64_t epoch, absl::Span<const uint64_t> ids,
-                          absl::Span<const int> fds) {
-    return grants_.GiveMemory(epoch, ids, fds);
+                          absl::Span<const int> fds, absl::Duration timeout) {
+    return grants_.GiveMemory(epoch, ids, fds, timeout);
   }
 
   // The control stream: ControlStream says what each does.

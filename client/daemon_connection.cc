@@ -34,6 +34,46 @@ std::string SideSocketPath(const std::string& client_socket,
   return access(beside.c_str(), F_OK) == 0 ? beside : announced;
 }
 
+// The daemon's answer on the side socket `fd`, gathered from its frames
+// (their FDs to `fds` unless it is null) by `deadline`, the daemon's error
+// in it. An error status says the answer did not arrive whole:
+// DeadlineExceeded when the rest of it is still to come, DataLoss when it
+// does not parse, ReceiveMessage's others.
+absl::StatusOr<v1::SideResponse> ReceiveAnswer(int fd,
+                                               std::vector<UniqueFd>* fds,
+                                               absl::Time deadline) {
+  v1::SideResponse all;
+  for (;;) {
+    absl::StatusOr<ReceivedMessage> frame = ReceiveMessage(
+        fd, kMaxSideMessageBytes,
+        std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!frame.ok()) return frame.status();
+    v1::SideResponse response;
+    if (!response.ParseFromString(frame->payload)) {
+      return absl::DataLossError("malformed answer on the side socket");
+    }
+    if (!response.error().empty()) return response;
+    if (fds != nullptr) {
+      for (UniqueFd& f : frame->fds) fds->push_back(std::move(f));
+    }
+    const bool more = response.more();
+    all.MergeFrom(response);
+    if (!more) break;
+  }
+  all.set_more(false);
+  return all;
+}
+
+// `answer` (ReceiveAnswer's) with the daemon's error as its status.
+absl::StatusOr<v1::SideResponse> WithDaemonError(
+    absl::StatusOr<v1::SideResponse> answer) {
+  if (answer.ok() && !answer->error().empty()) {
+    return absl::Status(static_cast<absl::StatusCode>(answer->code()),
+                        answer->error());
+  }
+  return answer;
+}
+
 }  // namespace
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -48,41 +88,60 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 absl::StatusOr<v1::SideResponse> SideCall(int fd,
                                           const v1::SideRequest& request,
                                           std::vector<UniqueFd>* fds,
-                                          absl::Span<const int> send_fds) {
+                                          absl::Span<const int> send_fds,
+                                          absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   if (absl::Status s = SendMessage(fd, request.SerializeAsString(), send_fds);
       !s.ok()) {
     return s;
   }
-  v1::SideResponse all;
-  for (;;) {
-    absl::StatusOr<ReceivedMessage> frame =
-        ReceiveMessage(fd, kMaxSideMessageBytes, absl::Seconds(10));
-    if (!frame.ok()) return frame.status();
-    v1::SideResponse response;
-    if (!response.ParseFromString(frame->payload)) {
-      return absl::DataLossError("malformed answer on the side socket");
-    }
-    if (!response.error().empty()) {
-      return absl::Status(static_cast<absl::StatusCode>(response.code()),
-                          response.error());
-    }
-    if (fds != nullptr) {
-      for (UniqueFd& f : frame->fds) fds->push_back(std::move(f));
-    }
-    const bool more = response.more();
-    all.MergeFrom(response);
-    if (!more) break;
-  }
-  all.set_more(false);
-  return all;
+  return WithDaemonError(ReceiveAnswer(fd, fds, deadline));
 }
 
 absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
                                            const v1::SideRequest& request,
                                            std::vector<UniqueFd>* fds,
-                                           absl::Span<const int> send_fds) {
+                                           absl::Span<const int> send_fds,
+                                           absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int lease;
+  int unread;
+  {
+    absl::MutexLock lock(&c.lease_mu);
+    if (!c.lease_mu.AwaitWithDeadline(absl::Condition(&c.lease_idle),
+                                      deadline)) {
+      return absl::DeadlineExceededError(
+          "another call held the lease to the allocd daemon past the deadline");
+    }
+    c.lease_idle = false;
+    lease = c.lease.get();
+    unread = c.unread_answers;
+  }
+  absl::StatusOr<v1::SideResponse> answer =
+      absl::DeadlineExceededError("no time left to ask the allocd daemon");
+  // The daemon answers in order: those of calls that stopped waiting come
+  // first.
+  for (; unread > 0; --unread) {
+    if (absl::Status s = ReceiveAnswer(lease, nullptr, deadline).status();
+        !s.ok()) {
+      answer = s;
+      break;
+    }
+  }
+  if (unread == 0 && absl::Now() < deadline) {
+    if (absl::Status sent =
+            SendMessage(lease, request.SerializeAsString(), send_fds);
+        !sent.ok()) {
+      answer = sent;
+    } else {
+      answer = ReceiveAnswer(lease, fds, deadline);
+      if (absl::IsDeadlineExceeded(answer.status())) ++unread;
+    }
+  }
   absl::MutexLock lock(&c.lease_mu);
-  return SideCall(c.lease.get(), request, fds, send_fds);
+  c.unread_answers = unread;
+  c.lease_idle = true;
+  return WithDaemonError(std::move(answer));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> Register(

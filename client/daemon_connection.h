@@ -68,9 +68,17 @@ struct Connection {
   std::string start_config_source;
   // The job's last working set, as this daemon handed it over.
   std::vector<uint64_t> working_set;
-  // The lease; claims travel over it, one at a time.
+  // The lease; calls travel over it one at a time (LeaseCall). lease_mu
+  // guards whose turn it is rather than the call, so that a caller with a
+  // deadline can give up waiting for its turn.
   absl::Mutex lease_mu;
   UniqueFd lease ABSL_GUARDED_BY(lease_mu);
+  // No call is on the lease: the next may read and write it.
+  bool lease_idle ABSL_GUARDED_BY(lease_mu) = true;
+  // Answers still on their way to calls that stopped waiting for them
+  // (LeaseCall's timeout): the daemon answers in order, so the next call
+  // reads them first.
+  int unread_answers ABSL_GUARDED_BY(lease_mu) = 0;
 };
 
 // Names `c`'s session in `request` (any request with session_id and
@@ -121,20 +129,32 @@ absl::StatusOr<std::string> StartOnLearnedConfig(const std::string& socket,
                                                  const std::string& job,
                                                  absl::Duration timeout);
 
+// How long a side call waits for the daemon's whole answer unless its
+// caller says otherwise.
+inline constexpr absl::Duration kSideCallTimeout = absl::Seconds(10);
+
 // Sends `request` on the side socket `fd` (with `send_fds` riding along)
 // and gathers the answer, which may span several frames (a claim of more
 // chunks than one frame carries FDs for); their FDs go to `fds` unless it
 // is null. The daemon's error as its status; DataLoss when the answer does
-// not parse.
-absl::StatusOr<v1::SideResponse> SideCall(int fd,
-                                          const v1::SideRequest& request,
-                                          std::vector<UniqueFd>* fds,
-                                          absl::Span<const int> send_fds = {});
-// SideCall on the lease of `c`, under its lease_mu.
-absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
-                                           const v1::SideRequest& request,
-                                           std::vector<UniqueFd>* fds,
-                                           absl::Span<const int> send_fds = {});
+// not parse; DeadlineExceeded when the whole answer did not arrive within
+// `timeout`.
+absl::StatusOr<v1::SideResponse> SideCall(
+    int fd, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
+    absl::Span<const int> send_fds = {},
+    absl::Duration timeout = kSideCallTimeout);
+// SideCall on the lease of `c`, in its turn: within `timeout` all told,
+// the wait for the calls before it included. A call that times out leaves
+// the lease usable (its answer, when it comes, is read and dropped, FDs
+// closed, by the next call, within that call's `timeout`), so a caller
+// that cannot wait long (a give on the free path) may pass a short one.
+// DeadlineExceeded with the request unsent when the time ran out first. A
+// frame cut off by the timeout, which the daemon's small answers are not,
+// leaves the lease out of step: the next call fails.
+absl::StatusOr<v1::SideResponse> LeaseCall(
+    Connection& c, const v1::SideRequest& request, std::vector<UniqueFd>* fds,
+    absl::Span<const int> send_fds = {},
+    absl::Duration timeout = kSideCallTimeout);
 
 // ReleaseChunks of `ids` on the session of `c`, in batches of
 // kMaxChunkIdsPerRequest (on the lease when the daemon takes them back

@@ -106,22 +106,10 @@ void HeldChunks::DeclareTo(Connection& c, absl::Duration rpc_timeout) {
     declare->set_more(end < keys.size());
     std::vector<int> fds;
     for (const UniqueFd& fd : proofs) fds.push_back(fd.get());
-    absl::StatusOr<v1::SideResponse> answer;
-    {
-      absl::MutexLock lock(&c.lease_mu);
-      if (absl::Status sent =
-              SendMessage(c.lease.get(), request.SerializeAsString(), fds);
-          !sent.ok()) {
-        return;  // the daemon went away again: the next one gets them
-      }
-      absl::StatusOr<ReceivedMessage> frame =
-          ReceiveMessage(c.lease.get(), kMaxSideMessageBytes, absl::Seconds(10));
-      if (!frame.ok()) return;
-      v1::SideResponse response;
-      if (!response.ParseFromString(frame->payload)) return;
-      answer = std::move(response);
-    }
-    if (!answer->error().empty()) return;  // e.g. an old daemon: no adoption
+    // Failed, the daemon went away again (the next one gets them), or
+    // adopts nothing (an old daemon).
+    absl::StatusOr<v1::SideResponse> answer = LeaseCall(c, request, nullptr, fds);
+    if (!answer.ok()) return;
     absl::MutexLock lock(&mu_);
     for (uint64_t id : answer->adopted_chunk_ids()) {
       auto key = by_id.find(id);

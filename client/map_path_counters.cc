@@ -15,7 +15,8 @@ nlohmann::json MapPathCounters::ToJson() const {
           {"segments_unmapped", read(segments_unmapped)},
           {"unmap_ns", read(unmap_ns)},
           {"chunks_given", read(chunks_given)},
-          {"give_ns", read(give_ns)}};
+          {"give_ns", read(give_ns)},
+          {"gives_failed", read(gives_failed)}};
 }
 
 }  // namespace allocd

@@ -28,9 +28,14 @@ struct MapPathCounters {
   std::atomic<uint64_t> segments_unmapped{0};
   std::atomic<uint64_t> unmap_ns{0};  // synchronize, unmap and release
   // Chunks made here whose memory was given to the daemon before they were
-  // released or shared, and the time that took (export, GiveMemory).
+  // released or shared, and the time that took (export, GiveMemory),
+  // failed gives' included.
   std::atomic<uint64_t> chunks_given{0};
   std::atomic<uint64_t> give_ns{0};
+  // Gives that failed: an export, or the daemon did not take the memory
+  // within the give's deadline (what it took of a give across epochs
+  // before that is in chunks_given; what it takes after, nowhere).
+  std::atomic<uint64_t> gives_failed{0};
 
   // Every counter by its name: times in ns.
   nlohmann::json ToJson() const;

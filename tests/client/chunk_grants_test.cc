@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,8 +31,9 @@ constexpr uint64_t kChunk = uint64_t{2} << 20;
 // One session's lease, the daemon's end served by a thread: an acquire is
 // granted one new chunk per kChunk asked (ids epoch * 100 + 1, + 2, ...),
 // or answered would_wait while a chunk it waits for is not yet released; a
-// release and a declaration are taken. Each request goes to the log as a
-// line ("acquire", "would_wait", "release 101 102", "declare 201").
+// release, a declaration and a give are taken. Each request goes to the log
+// as a line ("acquire", "would_wait", "release 101 102", "declare 201",
+// "give 101").
 class FakeLease {
  public:
   // gRPC, where the client goes when the lease says would_wait, answers
@@ -69,6 +71,15 @@ class FakeLease {
     absl::MutexLock lock(&mu_);
     holding_ = false;
   }
+  // Likewise gives: a daemon that stalls while it is given memory.
+  void HoldGives() {
+    absl::MutexLock lock(&mu_);
+    holding_gives_ = true;
+  }
+  void AnswerGives() {
+    absl::MutexLock lock(&mu_);
+    holding_gives_ = false;
+  }
   // Acquires are answered would_wait until chunk `id` is released; then
   // `on_refused` runs (on the serving thread, after the answer is sent).
   void WaitFor(uint64_t id, std::function<void()> on_refused) {
@@ -79,6 +90,14 @@ class FakeLease {
   std::vector<std::string> log() const {
     absl::MutexLock lock(&mu_);
     return log_;
+  }
+  // Returns once `line` is in the log: the request arrived.
+  void AwaitRequest(const std::string& line) const {
+    absl::MutexLock lock(&mu_);
+    auto arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return std::find(log_.begin(), log_.end(), line) != log_.end();
+    };
+    mu_.Await(absl::Condition(&arrived));
   }
 
  private:
@@ -102,6 +121,11 @@ class FakeLease {
           }
           mu_.Await(absl::Condition(
               +[](bool* holding) { return !*holding; }, &holding_));
+        } else if (request.has_give_memory()) {
+          log_.push_back(absl::StrCat(
+              "give ", absl::StrJoin(request.give_memory().chunk_ids(), " ")));
+          mu_.Await(absl::Condition(
+              +[](bool* holding) { return !*holding; }, &holding_gives_));
         } else if (request.has_declare()) {
           log_.push_back(absl::StrCat(
               "declare ", absl::StrJoin(request.declare().chunk_ids(), " ")));
@@ -133,6 +157,7 @@ class FakeLease {
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);
   bool holding_ ABSL_GUARDED_BY(mu_) = false;
+  bool holding_gives_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t awaited_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_refused_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
@@ -216,6 +241,71 @@ TEST_F(ChunkGrantsTest, AChunkReleasedIsNoLongerTheProcesssWhileItsReleaseWaits)
   grants_.FlushReleases();
   EXPECT_FALSE(grants_.ReleasesPending());
   EXPECT_THAT(second_.log(), ElementsAre("acquire", "release 202"));
+}
+
+// A give on the free path waits for the daemon no longer than its own
+// deadline; the lease stays in step: the give's late answer is read before
+// the next call's, which gets its own.
+TEST_F(ChunkGrantsTest, AGiveTheDaemonAnswersLateLeavesTheLeaseInStep) {
+  absl::StatusOr<ReceivedChunks> made = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_THAT(made->ids, ElementsAre(101));
+  UniqueFd memory(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  first_.HoldGives();
+  const int fds[] = {memory.get()};
+  absl::Status given =
+      grants_.GiveMemory(made->epoch, made->ids, fds, absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(given)) << given;
+  first_.AnswerGives();
+  absl::Status released = grants_.Release(made->epoch, made->ids);
+  EXPECT_TRUE(released.ok()) << released;
+  absl::StatusOr<ReceivedChunks> next = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(next->ids, ElementsAre(102));
+  EXPECT_THAT(first_.log(),
+              ElementsAre("acquire", "give 101", "release 101", "acquire"));
+}
+
+// A give's deadline counts its wait for its turn on the lease: behind a
+// release the daemon is slow to answer, it gives up unsent.
+TEST_F(ChunkGrantsTest, AGiveBehindACallTheDaemonHoldsGivesUpUnsent) {
+  absl::StatusOr<ReceivedChunks> made = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  absl::StatusOr<ReceivedChunks> freed = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  ASSERT_THAT(freed->ids, ElementsAre(102));
+  first_.HoldReleases();
+  grants_.ReleaseSoon(freed->epoch, freed->ids);
+  first_.AwaitRequest("release 102");
+  UniqueFd memory(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const int fds[] = {memory.get()};
+  absl::Status given =
+      grants_.GiveMemory(made->epoch, made->ids, fds, absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(given)) << given;
+  first_.AnswerReleases();
+  grants_.FlushReleases();
+  absl::StatusOr<ReceivedChunks> next = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(next->ids, ElementsAre(103));
+  EXPECT_THAT(first_.log(),
+              ElementsAre("acquire", "acquire", "release 102", "acquire"));
+}
+
+// A call with no time left asks nothing: a give whose deadline passed
+// before it reached the lease sends no request the lease would then owe
+// an answer to.
+TEST_F(ChunkGrantsTest, AGiveWithNoTimeLeftAsksNothing) {
+  absl::StatusOr<ReceivedChunks> made = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  UniqueFd memory(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const int fds[] = {memory.get()};
+  absl::Status given =
+      grants_.GiveMemory(made->epoch, made->ids, fds, absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(given)) << given;
+  absl::StatusOr<ReceivedChunks> next = grants_.Acquire(kChunk, kChunk, false);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(next->ids, ElementsAre(102));
+  EXPECT_THAT(first_.log(), ElementsAre("acquire", "acquire"));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "allocd.grpc.pb.h"
@@ -1138,9 +1139,9 @@ TEST_F(DaemonTest, WhatAProcessMadeAndFreesForAReclaimServesTheAskerByImport) {
   asker.FreeSegment(*taken, kGiven + kGiven / 2);
 }
 
-// A ChunkMapper on a device with no room left: the process can map what
-// the daemon made but can make nothing itself.
-class DeviceFullMapper : public ChunkMapper {
+// Sim mode's ChunkMapper, counting the chunks it exports: one per chunk
+// made here whose memory a give hands the daemon.
+class CountingMapper : public ChunkMapper {
  public:
   absl::StatusOr<uint64_t> Reserve(size_t bytes) override {
     return mapper_->Reserve(bytes);
@@ -1153,18 +1154,130 @@ class DeviceFullMapper : public ChunkMapper {
     return mapper_->Map(address, chunk_bytes, fd, offset);
   }
   bool CanCreate() const override { return true; }
-  absl::StatusOr<uint64_t> Create(uint64_t, size_t) override {
-    ++create_attempts;
-    return absl::ResourceExhaustedError("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY");
+  absl::StatusOr<uint64_t> Create(uint64_t address,
+                                  size_t chunk_bytes) override {
+    return mapper_->Create(address, chunk_bytes);
+  }
+  absl::StatusOr<UniqueFd> Export(const ChunkMapping& chunk) override {
+    ++exports;
+    return mapper_->Export(chunk);
   }
   void Unmap(uint64_t address, size_t bytes,
              absl::Span<const ChunkMapping> chunks) override {
     mapper_->Unmap(address, bytes, chunks);
   }
-  int create_attempts = 0;
+  uint64_t exports = 0;
 
  private:
   const std::unique_ptr<ChunkMapper> mapper_ = MakeMmapChunkMapper();
+};
+
+// A daemon that stalls while a reclaim's frees give it the memory they
+// made costs the first free the give's own deadline (not the lease's 10
+// s), and the window's later frees nothing: they release what they made
+// without asking, as when nobody is short. The next reclaim request is
+// given to again. Every chunk goes back once: nothing stays in use.
+TEST_F(DaemonTest, AGiveTheStalledDaemonDidNotTakeEndsGivingUntilItAsksAgain) {
+  // Released in the background, as the interposer releases.
+  std::unique_ptr<DaemonClient> giver_client =
+      Client("giver", absl::ZeroDuration(), /*release_in_background=*/true);
+  std::unique_ptr<DaemonClient> asker_client = Client("asker");
+  auto mapper = std::make_unique<CountingMapper>();
+  const CountingMapper& mapped = *mapper;
+  DaemonBackend giver(giver_client.get(), std::move(mapper));
+  DaemonBackend asker(asker_client.get());
+  giver.set_client_creates(true);
+  const MapPathCounters& counters = giver_client->map_path();
+  constexpr size_t kSegment = 4 * kChunk;
+  std::vector<uint64_t> made;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<uint64_t> segment = giver.AllocateSegment(kSegment);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    made.push_back(*segment);
+  }
+  const uint64_t chunks_each = counters.chunks_created.load() / 3;
+  ASSERT_GT(chunks_each, 0u);
+  // Told, and heard: the asker's acquire, on another connection, could
+  // reach the daemon before the telemetry.
+  auto publish_cached = [&](uint64_t bytes) {
+    giver_client->PublishStats({{"reserved_bytes.all.current", bytes},
+                                {"allocated_bytes.all.current", 0}},
+                               0);
+    ASSERT_TRUE(giver_client->FlushTelemetry().ok());
+    bool heard = false;
+    for (int i = 0; i < 500 && !heard; ++i) {
+      grpc::ClientContext context;
+      v1::ListSessionsResponse sessions;
+      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
+      for (const v1::SessionInfo& session : sessions.sessions()) {
+        auto reserved = session.stats().find("reserved_bytes.all.current");
+        heard |= session.session_id() == giver_client->session_id() &&
+                 reserved != session.stats().end() &&
+                 reserved->second == static_cast<int64_t>(bytes);
+      }
+      if (!heard) absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_TRUE(heard);
+  };
+  // The giver caches all three; a segment of 48 MiB, with 40 of the 64
+  // left, is short by 8, which the daemon asks of it.
+  ASSERT_NO_FATAL_FAILURE(publish_cached(3 * kSegment));
+  absl::StatusOr<uint64_t> first;
+  std::jthread ask_first([&] { first = asker.AllocateSegment(6 * kSegment); });
+  std::vector<v1::ControlMessage> asked = AwaitControl(*giver_client);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+
+  const pid_t daemon = daemon_->pid();
+  ASSERT_EQ(kill(daemon, SIGSTOP), 0);
+  absl::Cleanup resume = [daemon] { kill(daemon, SIGCONT); };
+  int stopped = 0;
+  ASSERT_EQ(waitpid(daemon, &stopped, WUNTRACED), daemon);
+  ASSERT_TRUE(WIFSTOPPED(stopped));
+  const absl::Time start = absl::Now();
+  giver.FreeSegment(made[0], kSegment);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the give's 200 ms";
+  EXPECT_EQ(mapped.exports, chunks_each);
+  EXPECT_EQ(counters.gives_failed.load(), 1u);
+  EXPECT_EQ(counters.chunks_given.load(), 0u);
+  // The same reclaim request: no give, nothing exported.
+  giver.FreeSegment(made[1], kSegment);
+  EXPECT_EQ(mapped.exports, chunks_each);
+  EXPECT_EQ(counters.gives_failed.load(), 1u);
+  std::move(resume).Invoke();
+  ask_first.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  // 56 MiB in use: 16 more are short by 8, asked of the giver again.
+  ASSERT_NO_FATAL_FAILURE(publish_cached(kSegment));
+  absl::StatusOr<uint64_t> second;
+  std::jthread ask_second([&] { second = asker.AllocateSegment(2 * kSegment); });
+  asked = AwaitControl(*giver_client);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+  giver.FreeSegment(made[2], kSegment);
+  EXPECT_EQ(mapped.exports, 2 * chunks_each);
+  EXPECT_EQ(counters.chunks_given.load(), chunks_each);
+  EXPECT_EQ(counters.gives_failed.load(), 1u);
+  ask_second.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+
+  EXPECT_EQ(giver.held_bytes(), 0u);
+  asker.FreeSegment(*first, 6 * kSegment);
+  asker.FreeSegment(*second, 2 * kSegment);
+  giver_client->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
+// A ChunkMapper on a device with no room left: the process can map what
+// the daemon made but can make nothing itself.
+class DeviceFullMapper : public CountingMapper {
+ public:
+  absl::StatusOr<uint64_t> Create(uint64_t, size_t) override {
+    ++create_attempts;
+    return absl::ResourceExhaustedError("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY");
+  }
+  int create_attempts = 0;
 };
 
 // Where the process cannot make a chunk, the daemon makes the segment
