@@ -107,6 +107,8 @@ class FakeTorch(types.ModuleType):
         self.settings = []
         self.settings_threads = []  # the thread that made each of settings
         self.empty_cache_calls = 0
+        self.memory_stats_calls = 0
+        self.reserved = 4 << 20  # what memory_stats reports reserved
         self.reject = None
         self.oom_observers = []
         # torch.optim.optimizer's global step hooks; step() calls them.
@@ -137,7 +139,8 @@ class FakeTorch(types.ModuleType):
 
             @staticmethod
             def memory_stats(device):
-                return {"reserved_bytes.all.current": 4 << 20,
+                fake.memory_stats_calls += 1
+                return {"reserved_bytes.all.current": fake.reserved,
                         "allocated_bytes.all.current": 1 << 20,
                         "num_alloc_retries": 0, **fake.history.counts}
 
@@ -450,8 +453,29 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(allocd.stats()["events_sent"], 450)  # 50 steps of 3 allocs, 6 frees
         self.assertEqual(allocd.stats()["events_dropped"], 0)
         self.assertEqual(allocd.stats()["event_source"], "history")
-        # What reading it cost the job, as time the advisor thread was busy.
+        # What reading it cost the job, as time the advisor thread was busy,
+        # and where it went.
         self.assertGreater(allocd.stats()["advisor_seconds"], 0)
+        self.assertGreater(allocd.stats()["advisor_rounds"], 0)
+        self.assertGreater(allocd.stats()["advisor_seconds_by_part"]["events"], 0)
+
+    def test_memory_stats_are_read_once_a_period_and_again_after_the_allocator_changed(self):
+        period = _advisor.Advisor.STATS_PERIOD_S
+        _advisor.Advisor.STATS_PERIOD_S = 3600
+        self.addCleanup(setattr, _advisor.Advisor, "STATS_PERIOD_S", period)
+        # No allocation stream: its history reader asks memory_stats() too.
+        self.assertTrue(allocd.advise(socket=self.socket, job="stats", period=0.02,
+                                      record_events=False))
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= 10))
+        # Every round publishes, but PyTorch was asked once.
+        self.assertEqual(self.torch.memory_stats_calls, 1)
+        self.torch.reserved = 8 << 20
+        self.allocctl("config", "set", "garbage_collection_threshold:0.6", "--job", "stats")
+        self.assertTrue(wait_for(lambda: any(e["event"] == "ack" for e in self.history())))
+        # The push emptied the cache: what the daemon sees next is read anew.
+        self.assertTrue(wait_for(lambda: self.allocctl("sessions")["sessions"][0]
+                                 .get("stats", {}).get("reserved_bytes.all.current")
+                                 == str(8 << 20)))
 
     def test_optimizer_steps_are_marked_and_the_daemon_decides_on_them(self):
         self.assertTrue(allocd.advise(socket=self.socket, job="marked", period=0.05))

@@ -118,6 +118,12 @@ class Advisor:
     # stop() (at the interpreter's exit too) waits for it to come back
     # before the session is closed under it.
     CONTROL_WAIT_MS = 100
+    # PyTorch's memory_stats() is Python work under the GIL (0.4 ms a call
+    # on a T5-sized job), which the job's thread waits for: at the start's
+    # quick rounds it is read at most once this often, and again at once
+    # after the allocator changed (a config applied, the cache released),
+    # where what is left is what the daemon asked to know.
+    STATS_PERIOD_S = 0.5
     # How long advise() waits for the start config the daemon chose at
     # registration: it is pushed on the control stream as the session opens.
     START_CONFIG_WAIT_S = 2.0
@@ -138,6 +144,8 @@ class Advisor:
         self.session = {"config": config, "config_reason": "the config the process started with"}
         self.applied = 0  # configs applied: the quick rounds end at the first
         self.last_stats = {}
+        self._stats_text = None  # the last stats published, as JSON
+        self._stats_read_at = 0.0
         self.busy_seconds = 0.0
         self.rounds = 0
         # Where the rounds' time goes, each part holding the GIL (but for
@@ -300,6 +308,7 @@ class Advisor:
         torch, device = self._torch, self._device
 
         def reconfigure(update, error, size, _context):
+            self._stats_text = None
             try:
                 allocator_settings_setter(torch)(update.decode())
             except Exception as refused:  # PyTorch raises RuntimeError for what it rejects
@@ -310,12 +319,16 @@ class Advisor:
 
         def empty_cache(_context):
             torch.cuda.empty_cache()
+            self._stats_text = None
 
         def stats(buffer, size, _context):
             start = time.perf_counter()
-            self.last_stats = {k: int(v) for k, v in torch.cuda.memory_stats(device).items()
-                               if isinstance(v, (int, float))}
-            text = json.dumps(self.last_stats).encode()
+            if self._stats_text is None or start - self._stats_read_at >= self.STATS_PERIOD_S:
+                self.last_stats = {k: int(v) for k, v in torch.cuda.memory_stats(device).items()
+                                   if isinstance(v, (int, float))}
+                self._stats_text = json.dumps(self.last_stats).encode()
+                self._stats_read_at = start
+            text = self._stats_text
             if len(text) < size:
                 ctypes.memmove(buffer, text + b"\0", len(text) + 1)
             self.seconds_by_part["stats"] += time.perf_counter() - start
