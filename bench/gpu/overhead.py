@@ -246,16 +246,24 @@ def main():
                      else f"none of {a.rounds}")
                   + f" | {cell(h)} | {h['pooled']:.4f}x | {cell(g)} | {g['pooled']:.4f}x |")
     print("\nCPU time per step by thread (ms): the job's own thread, allocd's threads, "
-          "the rest (PyTorch's, CUDA's, gRPC's).\n")
-    print("| workload | mode | job | allocd (by thread) | other |")
-    print("|---|---|---:|---|---:|")
+          "the rest (PyTorch's, CUDA's, gRPC's), and the other threads whose CPU time per step "
+          "is most above native's.\n")
+    print("| workload | mode | job | allocd (by thread) | other | other threads, most above "
+          "native's |")
+    print("|---|---|---:|---|---:|---|")
     for workload, r in results.items():
+        native = r["cpu_ms_per_step"]["native"]
         for m, groups in r["cpu_ms_per_step"].items():
             ours = {g: ms for g, ms in groups.items() if g.startswith("allocd")}
+            others = {g[len("other:"):]: ms for g, ms in groups.items()
+                      if g.startswith("other")}
+            above = sorted(((ms - native.get("other:" + g, 0.0), g) for g, ms in others.items()),
+                           reverse=True)[:3]
             print(f"| {workload} | {m} | {groups.get('job', 0.0):.2f} | "
                   + (", ".join(f"{g} {ms:.3f}" for g, ms in ours.items()) or "-")
-                  + f" | {groups.get('other', 0.0):.2f} |")
-
+                  + f" | {sum(others.values()):.2f} | "
+                  + ("-" if m == "native" else
+                     ", ".join(f"{g} {delta:+.3f}" for delta, g in above)) + " |")
     if any(r["instructions"] for r in results.values()):
         print("\nInstructions per step against native's (the CPU's counters): the job's thread, "
               "the whole process, median [IQR] of the rounds; and allocd's threads' per step.\n")

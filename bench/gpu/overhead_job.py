@@ -162,13 +162,15 @@ def thread_cpu_ns():
 
 def by_group(before, after, unit):
     """What each thread counted between two readings (tid -> count), over
-    `unit`, summed by thread group: the job's, allocd's by name, the rest."""
+    `unit`, summed by thread group: the job's, allocd's by name, the rest
+    ("other:NAME", by the system's name, a pool's numbered threads as one)."""
     names = thread_names()
     groups = {}
     for tid, count in after.items():
         name = names.get(tid, "?")
-        group = "job" if name == "job" else (
-            name if name.startswith("allocd") else "other")
+        # Threads of a kind together (a pool's numbered threads as one).
+        group = name if name == "job" or name.startswith("allocd") else \
+            "other:" + name.rstrip("0123456789_-")
         groups[group] = groups.get(group, 0.0) + (count - before.get(tid, 0)) / unit
     return groups
 
