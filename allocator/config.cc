@@ -709,6 +709,12 @@ std::string FormatAllocatorConfig(const AllocatorConfig& config) {
   return absl::StrJoin(FormatKeys(config, /*all=*/false), ",");
 }
 
+std::optional<std::string> CanonicalAllocatorConfig(std::string_view conf) {
+  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(conf);
+  if (!parsed.ok()) return std::nullopt;
+  return FormatAllocatorConfig(*parsed);
+}
+
 std::string FormatAllocatorConfigUpdate(const AllocatorConfig& config) {
   return absl::StrJoin(FormatKeys(config, /*all=*/true), ",");
 }

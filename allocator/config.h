@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -126,6 +127,12 @@ AllocatorConfigUpdate ApplyAllocatorConfigUpdate(
 // roundup_power2_divisions is written as one number when all intervals are
 // equal, else as the shortest bracket list we find that reproduces all 16.
 std::string FormatAllocatorConfig(const AllocatorConfig& config);
+
+// FormatAllocatorConfig of what `conf` parses to, so that two configs that
+// act alike compare equal ("max_split_size_mb:64" and
+// " max_split_size_mb:64,expandable_segments:False"); nullopt where PyTorch
+// 2.11 rejects `conf`.
+std::optional<std::string> CanonicalAllocatorConfig(std::string_view conf);
 
 // A string that, pushed with _set_allocator_settings to a process with the
 // same backend, leaves it with exactly `config` whatever it held before: the

@@ -17,9 +17,8 @@ namespace {
 // A config in canonical form; as given when it does not parse (then it
 // equals no canonical config).
 std::string Canonical(absl::string_view config) {
-  absl::StatusOr<AllocatorConfig> parsed =
-      ParseAllocatorConfig(std::string(config));
-  return parsed.ok() ? FormatAllocatorConfig(*parsed) : std::string(config);
+  return CanonicalAllocatorConfig(std::string_view(config.data(), config.size()))
+      .value_or(std::string(config));
 }
 
 }  // namespace

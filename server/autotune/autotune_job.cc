@@ -226,16 +226,11 @@ std::shared_ptr<LearnCheckInput> AutotuneJob::LearnCheckOfPush() const {
   if (window == nullptr || window->size() == 0) return nullptr;
   const AutotuneDecision* d = FindDecision(acting->decision_id());
   auto input = std::make_shared<LearnCheckInput>();
-  // Canonical, as the pushed config is (nullopt: it does not parse).
-  const auto canonical = [](const std::string& config) -> std::optional<std::string> {
-    absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
-    if (!parsed.ok()) return std::nullopt;
-    return FormatAllocatorConfig(*parsed);
-  };
-  input->pushed = canonical(acting->to_config()).value_or(acting->to_config());
+  // Canonical, as the pushed config is.
+  input->pushed = CanonicalAllocatorConfig(acting->to_config()).value_or(acting->to_config());
   for (const std::string& had : {d != nullptr ? d->from_config : acting->rollback_config(),
                                  window_config}) {
-    const std::optional<std::string> c = canonical(had);
+    const std::optional<std::string> c = CanonicalAllocatorConfig(had);
     if (c && *c != input->pushed &&
         std::find(input->alternatives.begin(), input->alternatives.end(), *c) ==
             input->alternatives.end()) {

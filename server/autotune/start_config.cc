@@ -24,8 +24,7 @@ std::optional<std::pair<std::string, size_t>> Agreed(
     const std::vector<const LearnedConfig*>& learned) {
   std::map<std::string, size_t> count;
   for (const LearnedConfig* l : learned) {
-    absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(l->config);
-    if (parsed.ok()) ++count[FormatAllocatorConfig(*parsed)];
+    if (std::optional<std::string> c = CanonicalAllocatorConfig(l->config)) ++count[*c];
   }
   std::optional<std::pair<std::string, size_t>> best;
   bool tied = false;

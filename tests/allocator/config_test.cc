@@ -581,6 +581,19 @@ TEST(ConfigFormatTest, CanonicalStrings) {
             "");
 }
 
+TEST(ConfigFormatTest, CanonicalConfigsOfConfigsThatActAlikeAreEqual) {
+  EXPECT_EQ(CanonicalAllocatorConfig(" max_split_size_mb:64,expandable_segments:False"),
+            CanonicalAllocatorConfig("max_split_size_mb:64"));
+  EXPECT_EQ(CanonicalAllocatorConfig("expandable_segments:True,max_split_size_mb:128"),
+            "max_split_size_mb:128,expandable_segments:True");
+  EXPECT_EQ(CanonicalAllocatorConfig(""), "");
+  EXPECT_NE(CanonicalAllocatorConfig("max_split_size_mb:64"),
+            CanonicalAllocatorConfig("max_split_size_mb:128"));
+  // What PyTorch rejects has none.
+  EXPECT_EQ(CanonicalAllocatorConfig("max_split_size_mb:1"), std::nullopt);
+  EXPECT_EQ(CanonicalAllocatorConfig("no_such_key:1"), std::nullopt);
+}
+
 std::string FormatDivisions(const Divisions& divisions) {
   AllocatorConfig c;
   c.roundup_power2_divisions = divisions;
