@@ -30,7 +30,8 @@
 // without it when that replayed lower from the start), and forgotten
 // when it is rolled back; a new session of a job in apply mode is handed
 // its learned config at registration (LearnedConfigFor), or without one
-// the node's prior, and a harmful start config is replaced
+// the node's prior (the seed while none agrees), and a harmful start
+// config is replaced
 // (start_config.h): the autotuner reviews such a start at the job's first
 // pass (Autotuner::StartedInstead).
 //
@@ -202,7 +203,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   DaemonCore* const core_;
   Metrics* const metrics_;
   LearnedConfigs* const learned_;
-  // --autotune-prior.
+  // --autotune-prior, --autotune-seed-prior.
   const PriorSetting prior_;
   // --autotune.
   const AutotuneMode flag_mode_;

@@ -173,7 +173,8 @@ Metrics::Metrics()
           "allocd_autotune_start_configs_total",
           "Sessions in apply mode started on a config the daemon chose "
           "before their first allocation, by source: learned (the job's "
-          "learned config), prior (the node's prior), replaced (a harmful "
+          "learned config), prior (the node's prior, or the seed prior "
+          "while no learned configs agree), replaced (a harmful "
           "start config made safe).")),
       reloads_(Register(prometheus::BuildCounter(), *registry_,
                         "allocd_config_reloads_total",

@@ -25,7 +25,8 @@ class SessionObserver {
   // LearnedConfig RPC) is to start on instead of its own
   // (identity.initial_config), unless its job has a config of its own: the
   // config the job learned in an earlier run (the autotuner's
-  // LearnedConfigs), or the node's prior, or its harmful config made safe
+  // LearnedConfigs), or the node's prior (the seed while none agrees), or
+  // its harmful config made safe
   // (server/autotune/start_config.h); nullopt: none. `preferences`: what
   // the job asks for (its mode, its pinned keys); `features`: what its
   // process said it does with CUDA memory when it registered (a config

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The whole job from its first allocation (issue 40, deliver 5): one daemon
 # with --autotune apply and the default --autotune-prior learned (a fresh
-# state dir: no learned config, no prior when it starts), and every workload
+# state dir: no learned config; the seed prior, expandable_segments:True,
+# until 3 learned configs agree), and every workload
 # started from max_split_size_mb:64 and then from PyTorch's defaults in
 # advisor, transparent and unchanged-script (`allocd run`) modes, then each of
 # those six runs once more (its next run: what it learned). LANES workloads

@@ -103,10 +103,11 @@ struct AutotuneOptions {
   // decider.h).
   size_t budget = 32;
   double max_call_ratio = 2.0;
-  // --autotune-prior: what a job in apply mode without a learned config
-  // starts on (start_config.h). Off (`allocd serve` defaults to learned):
-  // a daemon built in code decides nothing before a job's first
-  // allocation but hand it its learned config.
+  // --autotune-prior and --autotune-seed-prior: what a job in apply mode
+  // without a learned config starts on (start_config.h). Off (`allocd
+  // serve` defaults to learned, then the seed): a daemon built in code
+  // decides nothing before a job's first allocation but hand it its
+  // learned config.
   PriorSetting prior{.kind = PriorSetting::Kind::kOff};
   // The clock (tests inject one); empty: absl::Now.
   std::function<absl::Time()> now;

@@ -124,10 +124,10 @@ class Autotuner {
   // decisions replay from it, not from the config it started with.
   void Handed(SessionId id, uint64_t version, const std::string& config);
   // Session `id` starts on a config the daemon chose instead of its own
-  // `own` (the node's prior, or its harmful config made safe; `why` says
-  // which): the job's first pass reviews that choice first (ReviewPrior,
-  // trigger start_review) and returns the job to `own` when staying on it
-  // would have peaked lower.
+  // `own` (the node's prior or the seed, or its harmful config made safe;
+  // `why` says which): the job's first pass reviews that choice first
+  // (ReviewPrior, trigger start_review) and returns the job to `own` when
+  // staying on it would have peaked lower.
   void StartedInstead(SessionId id, const std::string& own, const std::string& why);
   void SessionEnded(SessionId id);
   // Session `id` does `features` (at registration, or since it last said):

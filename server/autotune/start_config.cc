@@ -40,20 +40,52 @@ std::optional<std::pair<std::string, size_t>> Agreed(
   return best;
 }
 
+// `value`, given to `flag` (which also takes `words`), as a canonical
+// config; InvalidArgument naming the flag and PyTorch's objection.
+absl::StatusOr<std::string> FlagConfig(std::string_view flag, std::string_view words,
+                                       std::string_view value) {
+  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(value);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(flag), " must be ", std::string(words),
+        " or a PYTORCH_CUDA_ALLOC_CONF PyTorch 2.11 accepts; \"", std::string(value),
+        "\" is not: ", ConfigRejection(std::string(value), parsed.status())));
+  }
+  return FormatAllocatorConfig(*parsed);
+}
+
+// Whether `own` sets every key of `seed` as `seed` does: `seed` written
+// after it (PyTorch takes a key named twice at its last value) changes
+// nothing.
+bool Holds(const AllocatorConfig& own, const std::string& seed) {
+  if (seed.empty()) return true;
+  const std::string own_conf = FormatAllocatorConfig(own);
+  absl::StatusOr<AllocatorConfig> both =
+      ParseAllocatorConfig(own_conf.empty() ? seed : absl::StrCat(own_conf, ",", seed));
+  return both.ok() && *both == own;
+}
+
+// The prior as a start's why names it.
+std::string PriorName(const Prior& prior) {
+  return absl::StrCat(prior.seed ? "the seed prior " : "the node's prior ",
+                      ConfName(prior.config));
+}
+
 }  // namespace
 
 absl::StatusOr<PriorSetting> ParsePriorSetting(std::string_view flag) {
   if (flag == "learned") return PriorSetting{};
   if (flag == "off") return PriorSetting{.kind = PriorSetting::Kind::kOff};
-  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(flag);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--autotune-prior must be learned, off or a PYTORCH_CUDA_ALLOC_CONF PyTorch 2.11 "
-        "accepts; \"",
-        std::string(flag), "\" is not: ", ConfigRejection(std::string(flag), parsed.status())));
-  }
-  return PriorSetting{.kind = PriorSetting::Kind::kFixed,
-                      .config = FormatAllocatorConfig(*parsed)};
+  absl::StatusOr<std::string> config = FlagConfig("--autotune-prior", "learned, off", flag);
+  if (!config.ok()) return config.status();
+  return PriorSetting{.kind = PriorSetting::Kind::kFixed, .config = *std::move(config)};
+}
+
+absl::StatusOr<std::optional<std::string>> ParseSeedPrior(std::string_view flag) {
+  if (flag == "off") return std::nullopt;
+  absl::StatusOr<std::string> config = FlagConfig("--autotune-seed-prior", "off", flag);
+  if (!config.ok()) return config.status();
+  return *std::move(config);
 }
 
 bool IsHarmfulStartConfig(const AllocatorConfig& config) {
@@ -89,6 +121,9 @@ std::optional<Prior> FindPrior(const std::vector<std::pair<JobKey, LearnedConfig
   }
   if (auto agreed = Agreed(node)) {
     return Prior{.config = agreed->first, .jobs = agreed->second, .scope = "the node"};
+  }
+  if (setting.seed.has_value()) {
+    return Prior{.config = *setting.seed, .scope = "--autotune-seed-prior", .seed = true};
   }
   return std::nullopt;
 }
@@ -126,27 +161,35 @@ StartConfig ChooseStartConfig(const std::string& own,
                              ", which a review of its first steps returns it to if staying "
                              "would have peaked lower");
   std::string vetoes;
-  if (prior.has_value() && prior->config != own) {
-    const std::string why_not = vetoed(prior->config);
-    if (why_not.empty()) {
+  // The prior's veto, when it had one.
+  std::string prior_vetoed;
+  if (prior.has_value() && prior->config != own &&
+      !(prior->seed && Holds(*parsed, prior->config))) {
+    prior_vetoed = vetoed(prior->config);
+    if (prior_vetoed.empty()) {
       const std::string agree =
-          prior->jobs > 0 ? absl::StrFormat("%d jobs of %s agree", prior->jobs, prior->scope)
-                          : std::string("set by --autotune-prior");
+          prior->jobs > 0
+              ? absl::StrFormat("%d jobs of %s agree", prior->jobs, prior->scope)
+          : prior->seed ? absl::StrCat("fewer than ", kPriorMinJobs,
+                                       " learned configs agree yet; set by ", prior->scope)
+                        : absl::StrCat("set by ", prior->scope);
       return {.config = prior->config,
               .source = StartConfigSource::kPrior,
-              .why = absl::StrCat("started on the node's prior ", ConfName(prior->config), " (",
-                                  agree, ")", harm)};
+              .why = absl::StrCat("started on ", PriorName(*prior), " (", agree, ")", harm)};
     }
-    vetoes = absl::StrCat("; the node's prior ", prior->config, " was left out: ", why_not);
+    vetoes = absl::StrCat("; ", PriorName(*prior), " was left out: ", prior_vetoed);
   }
   if (!harmful) return {.config = own, .why = vetoes.empty() ? "" : vetoes.substr(2)};
   std::string safer = FormatAllocatorConfig(SaferStartConfig(*parsed));
-  if (const std::string why_not = vetoed(safer); !why_not.empty()) {
+  // The safe config may be the prior just left out (the seed, for a job
+  // with no other keys): its veto is said once.
+  const bool was_prior = !prior_vetoed.empty() && safer == prior->config;
+  if (const std::string why_not = was_prior ? prior_vetoed : vetoed(safer); !why_not.empty()) {
     // Without expandable segments (what the job's process cannot combine
     // them with, e.g. CUDA IPC to another uid), the split size alone.
     AllocatorConfig split = *parsed;
     split.max_split_size = AllocatorConfig{}.max_split_size;
-    absl::StrAppend(&vetoes, "; ", safer, " was left out: ", why_not);
+    if (!was_prior) absl::StrAppend(&vetoes, "; ", safer, " was left out: ", why_not);
     safer = FormatAllocatorConfig(split);
     // PyTorch's defaults, spelled by the key left out: "" answers "no
     // start config" to allocd run and allocd.enable() (LearnedConfig),
@@ -161,8 +204,13 @@ StartConfig ChooseStartConfig(const std::string& own,
   }
   return {.config = safer,
           .source = StartConfigSource::kReplaced,
-          .why = absl::StrCat("started on ", ConfName(safer), harm, " (no prior: fewer than ",
-                              kPriorMinJobs, " learned configs agree)", vetoes)};
+          .why = absl::StrCat("started on ", ConfName(safer), harm,
+                              // A prior left out says so in `vetoes`.
+                              prior_vetoed.empty()
+                                  ? absl::StrCat(" (no prior: fewer than ", kPriorMinJobs,
+                                                 " learned configs agree)")
+                                  : "",
+                              vetoes)};
 }
 
 absl::StatusOr<PriorReview> ReviewPrior(const Trace& window, const AllocatorConfig& own,

@@ -21,9 +21,15 @@
 // canonical config that at least kPriorMinJobs learned configs of the
 // job's tenant agree on (the same canonical config), else of every tenant;
 // ties have none. Learned configs imported from the ConfigMap count as any.
-// A prior, like a push, is judged on the job's own events at its first
-// decision (ReviewPrior), and the job goes back to its own config when
-// staying on it would have peaked lower.
+// Until they agree, the prior is the seed (--autotune-seed-prior, default
+// expandable_segments:True, the best config of every job measured for
+// issue 40): on a fresh node a job started on its own config runs it until
+// its first decision, and the segments cut in those first steps stay (a
+// DDP rank from PyTorch's defaults ended 8% above the best config from its
+// first step). The seed is left out for a job whose own config already
+// holds it. A prior, like a push, is judged on the job's own events at its
+// first decision (ReviewPrior), and the job goes back to its own config
+// when staying on it would have peaked lower.
 #ifndef ALLOCD_SERVER_AUTOTUNE_START_CONFIG_H_
 #define ALLOCD_SERVER_AUTOTUNE_START_CONFIG_H_
 
@@ -64,19 +70,29 @@ constexpr const char* StartConfigSourceName(StartConfigSource source) {
 // a pattern of the node's workloads.
 inline constexpr size_t kPriorMinJobs = 3;
 
+// The seed prior unless --autotune-seed-prior says otherwise (canonical).
+inline constexpr char kDefaultSeedPrior[] = "expandable_segments:True";
+
 // --autotune-prior: "learned" (FindPrior), "off", or a fixed
 // PYTORCH_CUDA_ALLOC_CONF every job without a learned config starts on.
 // Off: nothing is decided before a job's first allocation but its learned
-// config; a harmful start config is left to the job's first steps (the
-// bad_start_config trigger's early push).
+// config (no seed either); a harmful start config is left to the job's
+// first steps (the bad_start_config trigger's early push).
 struct PriorSetting {
   enum class Kind { kLearned, kOff, kFixed };
   Kind kind = Kind::kLearned;
   std::string config;  // kFixed: canonical
+  // kLearned: the prior while no learned configs agree (canonical;
+  // --autotune-seed-prior), nullopt for none.
+  std::optional<std::string> seed = kDefaultSeedPrior;
 };
+// --autotune-prior's kind and config (the seed at its default).
 // InvalidArgument, naming the flag and PyTorch's objection, for a config
 // PyTorch 2.11 rejects.
 absl::StatusOr<PriorSetting> ParsePriorSetting(std::string_view flag);
+// --autotune-seed-prior: "off" (nullopt) or a config, canonical; errors as
+// ParsePriorSetting's, naming this flag.
+absl::StatusOr<std::optional<std::string>> ParseSeedPrior(std::string_view flag);
 
 // max_split_size_mb <= 128 without expandable segments: the cache cannot
 // split the large blocks it caches, and every size a little larger than a
@@ -92,11 +108,13 @@ AllocatorConfig SaferStartConfig(const AllocatorConfig& own);
 struct Prior {
   std::string config;  // canonical
   size_t jobs = 0;     // how many learned configs agree on it
-  // "tenant T", "the node" or "--autotune-prior".
+  // "tenant T", "the node", "--autotune-prior" or "--autotune-seed-prior".
   std::string scope;
+  // The seed: no learned configs agree yet (see above).
+  bool seed = false;
 };
-// The prior for a job of `tenant` (see above); nullopt for none, or with
-// `setting` off.
+// The prior for a job of `tenant` (see above), the seed when no learned
+// configs agree; nullopt for none, or with `setting` off.
 std::optional<Prior> FindPrior(const std::vector<std::pair<JobKey, LearnedConfig>>& learned,
                                const TenantId& tenant, const PriorSetting& setting);
 
@@ -118,7 +136,9 @@ struct StartConfig {
 };
 // The start config of a job whose own is `own` (canonical, "" for
 // PyTorch's defaults), with `learned` and `prior` as found; `veto` may be
-// empty. A config `own` that does not parse is kept as it is.
+// empty. A config `own` that does not parse is kept as it is; a seed prior
+// that `own` already holds (it sets every key the seed sets, as the seed
+// sets it) is no prior for it.
 StartConfig ChooseStartConfig(const std::string& own,
                               const std::optional<LearnedConfig>& learned,
                               const std::optional<Prior>& prior,

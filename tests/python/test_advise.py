@@ -580,8 +580,9 @@ class AdviseTest(unittest.TestCase):
         self.assertGreaterEqual(int(decisions()[0]["predicted_peak_requested"]), 48 << 20)
 
     def test_a_harmful_start_config_is_replaced_before_advise_returns(self):
-        # A daemon in apply mode replaces max_split_size_mb:64 at registration;
-        # the job's next allocation, right after advise(), is made under that.
+        # A daemon in apply mode replaces max_split_size_mb:64 at registration
+        # (a fresh node: by the seed prior); the job's next allocation, right
+        # after advise(), is made under that.
         self.daemon.kill()
         self.daemon.wait()
         self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune", "apply")
@@ -592,7 +593,7 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(len(self.torch.settings), 1)
         self.assertIn("expandable_segments:True", self.torch.settings[0])
         self.assertIs(self.torch.settings_threads[0], threading.current_thread())
-        self.assertEqual(allocd.stats()["start_config_source"], "replaced")
+        self.assertEqual(allocd.stats()["start_config_source"], "prior")
 
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"

@@ -559,7 +559,7 @@ TEST_F(AutotuneEndToEndTest, AKeptPushIsLearnedAndTheJobsNextRunUnderANewDaemonS
 // the guides' max_split_size_mb:64 and replayed at its recorded pace
 // (--speed), reserves less than half of staying on it in its first replay:
 // the daemon replaced the harmful config at registration, before the job's
-// first allocation. Staying is the trace's ground truth under that config
+// first allocation (on this fresh node, by the seed prior). Staying is the trace's ground truth under that config
 // (a real run: 19.7 GiB; expandable_segments:True, the best, 4.5 GiB).
 TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfOfStaying) {
   std::ifstream truth_file(std::string(ALLOCD_SOURCE_DIR) + "/traces/ground_truth.json");
@@ -593,7 +593,8 @@ TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfO
   EXPECT_EQ(review->to_config(), "expandable_segments:True");
   EXPECT_GT(review->predicted_peak_current(), 2 * review->predicted_peak_switched())
       << review->why();
-  EXPECT_THAT(review->why(), HasSubstr("instead of max_split_size_mb:64"));
+  EXPECT_THAT(review->why(), AllOf(HasSubstr("started on the seed prior expandable_segments:True"),
+                                   HasSubstr("instead of max_split_size_mb:64")));
 
   ASSERT_GE(out["loop_peaks"].size(), 1u) << out.dump();
   const nlohmann::json& first = out["loop_peaks"][0];
@@ -602,9 +603,10 @@ TEST_F(AutotuneEndToEndTest, ANewJobStartedOnAHarmfulConfigReservesLessThanHalfO
   // applied there: the loop started as version 0, its own), and says why.
   EXPECT_EQ(first["config"], "expandable_segments:True");
   EXPECT_EQ(first["started_config_version"], 0);
-  EXPECT_EQ(out["start_config_source"], "replaced");
+  EXPECT_EQ(out["start_config_source"], "prior");
   EXPECT_THAT(out["config_reason"].get<std::string>(),
-              AllOf(HasSubstr("instead of max_split_size_mb:64"),
+              AllOf(HasSubstr("the seed prior expandable_segments:True"),
+                    HasSubstr("instead of max_split_size_mb:64"),
                     HasSubstr("known to be harmful")));
   // The config history names the replacement, as allocctl shows it.
   bool recorded = false;

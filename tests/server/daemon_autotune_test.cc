@@ -488,8 +488,9 @@ TEST(DaemonAutotuneTenantsTest, ALabelFloodLeavesNoJobStateBehindItsLiveSessions
 
 // Issue 40: with --autotune-prior learned, a harmful start config is
 // replaced at registration (and at the LearnedConfig RPC, asked with the
-// job's start config), and a job without a learned config starts on what
-// at least three of its tenant's (else the node's) learned configs agree on.
+// job's start config), on a fresh node by the seed prior, and a job without
+// a learned config starts on what at least three of its tenant's (else the
+// node's) learned configs agree on.
 TEST(DaemonAutotuneStartTest, AHarmfulStartIsReplacedAndANewJobStartsOnThePrior) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
@@ -497,9 +498,10 @@ TEST(DaemonAutotuneStartTest, AHarmfulStartIsReplacedAndANewJobStartsOnThePrior)
   ASSERT_EQ(replaced.pushed.size(), 1u);
   EXPECT_EQ(replaced.pushed[0].first, kLearned);
   EXPECT_THAT(replaced.pushed[0].second,
-              HasSubstr("instead of max_split_size_mb:64, known to be harmful"));
+              AllOf(HasSubstr("started on the seed prior expandable_segments:True"),
+                    HasSubstr("instead of max_split_size_mb:64, known to be harmful")));
   EXPECT_THAT(daemon.metrics.Render(),
-              HasSubstr("allocd_autotune_start_configs_total{source=\"replaced\"} 1"));
+              HasSubstr("allocd_autotune_start_configs_total{source=\"prior\"} 1"));
   // A job that asks for recommend is left on its own.
   EXPECT_TRUE(daemon.Register(1001, "asks", "recommend").pushed.empty());
 
@@ -559,6 +561,87 @@ TEST(DaemonAutotuneStartTest, AStartTheJobsFeaturesWouldBreakIsLeftOut) {
                                          HasSubstr("expandable_segments:True was left out")));
   // The same job without the feature is started on expandable segments.
   EXPECT_EQ(daemon.Register(1001, "plain").pushed.at(0).first, kLearned);
+}
+
+// A fresh node (issue 40): a job on PyTorch's defaults, which would cut
+// segments in its first steps that stay, starts on the seed prior, which
+// says where it came from; once three learned configs agree, theirs wins.
+TEST(DaemonAutotuneStartTest, ANewJobOnAFreshNodeStartsOnTheSeedUntilLearnedConfigsAgree) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  const TestDaemon::Registered seeded = daemon.Register(1001, "fresh", "", {}, "");
+  ASSERT_EQ(seeded.pushed.size(), 1u);
+  EXPECT_EQ(seeded.pushed[0].first, kLearned);
+  EXPECT_THAT(seeded.pushed[0].second,
+              AllOf(HasSubstr("started on the seed prior expandable_segments:True (fewer than 3 "
+                              "learned configs agree yet; set by --autotune-seed-prior)"),
+                    HasSubstr("instead of its own PyTorch's defaults")));
+  EXPECT_THAT(daemon.metrics.Render(),
+              HasSubstr("allocd_autotune_start_configs_total{source=\"prior\"} 1"));
+  // allocd run asks before the job starts.
+  v1::LearnedConfigRequest ask;
+  ask.set_job("run");
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  absl::StatusOr<v1::LearnedConfigResponse> answer = daemon.core.LearnedConfig(peer, ask);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->config(), kLearned);
+  EXPECT_EQ(answer->source(), "prior");
+  // A job already on expandable segments, or not in apply mode, keeps its own.
+  EXPECT_TRUE(daemon.Register(1001, "expandable", "", {},
+                              "expandable_segments:True,roundup_power2_divisions:4")
+                  .pushed.empty());
+  EXPECT_TRUE(daemon.Register(1001, "asks", "recommend", {}, "").pushed.empty());
+
+  for (const char* job : {"a", "b", "c"}) {
+    ASSERT_TRUE(learned.Record({"uid:1001", job}, {.config = "max_split_size_mb:512"}).ok());
+  }
+  const TestDaemon::Registered on_prior = daemon.Register(1001, "new", "", {}, "");
+  ASSERT_EQ(on_prior.pushed.size(), 1u);
+  EXPECT_EQ(on_prior.pushed[0].first, "max_split_size_mb:512");
+  EXPECT_THAT(on_prior.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
+}
+
+// --autotune-seed-prior off keeps learned priors but no seed: on a fresh
+// node a job starts on its own config, a harmful one made safe.
+TEST(DaemonAutotuneStartTest, WithTheSeedOffAFreshNodesJobStartsOnItsOwn) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{.seed = std::nullopt});
+  EXPECT_TRUE(daemon.Register(1001, "fresh", "", {}, "").pushed.empty());
+  const TestDaemon::Registered replaced = daemon.Register(1001, "harmful");
+  ASSERT_EQ(replaced.pushed.size(), 1u);
+  EXPECT_EQ(replaced.pushed[0].first, kLearned);
+  EXPECT_THAT(replaced.pushed[0].second,
+              AllOf(HasSubstr("instead of max_split_size_mb:64, known to be harmful"),
+                    HasSubstr("no prior: fewer than 3 learned configs agree")));
+  EXPECT_THAT(daemon.metrics.Render(),
+              HasSubstr("allocd_autotune_start_configs_total{source=\"replaced\"} 1"));
+  for (const char* job : {"a", "b", "c"}) {
+    ASSERT_TRUE(learned.Record({"uid:1001", job}, {.config = "max_split_size_mb:512"}).ok());
+  }
+  EXPECT_EQ(daemon.Register(1001, "new", "", {}, "").pushed.at(0).first,
+            "max_split_size_mb:512");
+}
+
+// The seed is vetoed as any prior: a process that shares CUDA tensors
+// with another uid starts on its own PyTorch's defaults.
+TEST(DaemonAutotuneStartTest, ASeedTheJobsFeaturesWouldBreakIsLeftOut) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  v1::RegisterRequest r;
+  r.set_protocol_version(1);
+  r.set_job("shares");
+  r.mutable_features()->set_cuda_ipc(true);
+  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
+  absl::StatusOr<v1::RegisterResponse> response = daemon.core.Register(peer, r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      daemon.core.Watch(peer, response->session_id(), response->session_secret());
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ControlMessage m;
+  EXPECT_FALSE((*session)->WaitNext(&m, absl::ZeroDuration()))
+      << m.config().config().config();
+  EXPECT_THAT(daemon.metrics.Render(),
+              ::testing::Not(HasSubstr("allocd_autotune_start_configs_total{source=")));
 }
 
 // Learned configs imported from the ConfigMap (the config file's job

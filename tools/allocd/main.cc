@@ -282,26 +282,48 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
                     "predicted to leave the job lower; a push kept is learned "
                     "for the job's next run (--state-dir)")
       ->check(CLI::IsMember({"off", "recommend", "apply"}));
-  a.prior = allocd::PriorSetting{};  // learned
+  a.prior = allocd::PriorSetting{};  // learned, then the seed
   serve->add_option_function<std::string>(
          "--autotune-prior",
-         [&a](const std::string& flag) { a.prior = *allocd::ParsePriorSetting(flag); },
+         [&a](const std::string& flag) {
+           // Its kind and config: the seed is --autotune-seed-prior's.
+           const allocd::PriorSetting prior = *allocd::ParsePriorSetting(flag);
+           a.prior.kind = prior.kind;
+           a.prior.config = prior.config;
+         },
          "what a job in apply mode without a learned config starts on, "
          "decided before its first allocation: learned (default): the config "
          "at least 3 learned configs of its tenant's jobs, else of the "
-         "node's, agree on; or a fixed PYTORCH_CUDA_ALLOC_CONF. Then a start "
+         "node's, agree on, else the seed (--autotune-seed-prior); or a fixed "
+         "PYTORCH_CUDA_ALLOC_CONF. Then a start "
          "config known to be harmful (max_split_size_mb <= 128 without "
          "expandable segments) is replaced too: by the prior, else by itself "
          "without max_split_size_mb and with expandable_segments:True. A "
          "job's first decision returns it to its own config when staying on "
-         "it would have peaked lower. off: only a learned config is handed, "
-         "a harmful start config is pushed away at the job's first steps")
+         "it would have peaked lower. off: only a learned config is handed "
+         "(no seed either), a harmful start config is pushed away at the "
+         "job's first steps")
       ->check(CLI::Validator(
           [](std::string& flag) {
             absl::StatusOr<allocd::PriorSetting> prior = allocd::ParsePriorSetting(flag);
             return prior.ok() ? std::string() : std::string(prior.status().message());
           },
           "learned|off|CONFIG"));
+  serve->add_option_function<std::string>(
+         "--autotune-seed-prior",
+         [&a](const std::string& flag) { a.prior.seed = *allocd::ParseSeedPrior(flag); },
+         "with --autotune-prior learned, what a job starts on while no 3 "
+         "learned configs agree (a fresh node): a job started on its own "
+         "config runs it until its first decision, and the segments cut in "
+         "those first steps stay. Default expandable_segments:True (the best "
+         "config of every job measured); a job whose own config already "
+         "holds it keeps its own; off: such jobs start on their own")
+      ->check(CLI::Validator(
+          [](std::string& flag) {
+            absl::StatusOr<std::optional<std::string>> seed = allocd::ParseSeedPrior(flag);
+            return seed.ok() ? std::string() : std::string(seed.status().message());
+          },
+          "off|CONFIG"));
   serve->add_option("--autotune-threads", a.threads,
                     "threads replaying windows (default 1)")
       ->check(CLI::PositiveNumber);
