@@ -122,6 +122,15 @@ def spread(ratios):
             "q1": q1, "q3": q3, "ratios": ratios}
 
 
+def print_table(title, columns, rows):
+    """A markdown table after `title`; `columns`: (heading, right-aligned)."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(heading for heading, _ in columns) + " |")
+    print("|" + "|".join("---:" if right else "---" for _, right in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,30 +236,26 @@ def main():
                              "cores": pinned}
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
-    print(f"\n{a.rounds} rounds. Ratio to native: the median of the rounds' ratios [IQR] "
-          f"(min-max), and the ratio of all timed steps' medians (pooled).\n")
-    print("| workload | native step (host, ms) | mode | speed-matched rounds (host clock): "
-          "median [IQR] (min-max), rounds | all rounds (host clock) | pooled | "
-          "all rounds (CUDA events) | pooled |")
-    print("|---|---:|---|---|---|---:|---|---:|")
-
     def cell(s):
         return f"{s['median']:.4f}x [{s['q1']:.4f}-{s['q3']:.4f}] ({s['min']:.4f}-{s['max']:.4f})"
 
+    rows = []
     for workload, r in results.items():
         for m, entry in r["summary"].items():
             h, g = entry["host"], entry["gpu"]
             matched = h["matched"]
-            print(f"| {workload} | {r['native_host_ms_median']:.2f} | {m} | "
-                  + (f"{cell(matched)}, {len(matched['ratios'])} of {a.rounds}" if matched
-                     else f"none of {a.rounds}")
-                  + f" | {cell(h)} | {h['pooled']:.4f}x | {cell(g)} | {g['pooled']:.4f}x |")
-    print("\nCPU time per step by thread (ms): the job's own thread, allocd's threads, "
-          "the rest (PyTorch's, CUDA's, gRPC's), and the other threads whose CPU time per step "
-          "is most above native's.\n")
-    print("| workload | mode | job | allocd (by thread) | other | other threads, most above "
-          "native's |")
-    print("|---|---|---:|---|---:|---|")
+            rows.append([workload, f"{r['native_host_ms_median']:.2f}", m,
+                         f"{cell(matched)}, {len(matched['ratios'])} of {a.rounds}" if matched
+                         else f"none of {a.rounds}",
+                         cell(h), f"{h['pooled']:.4f}x", cell(g), f"{g['pooled']:.4f}x"])
+    print_table(f"{a.rounds} rounds. Ratio to native: the median of the rounds' ratios [IQR] "
+                f"(min-max), and the ratio of all timed steps' medians (pooled).",
+                [("workload", False), ("native step (host, ms)", True), ("mode", False),
+                 ("speed-matched rounds (host clock): median [IQR] (min-max), rounds", False),
+                 ("all rounds (host clock)", False), ("pooled", True),
+                 ("all rounds (CUDA events)", False), ("pooled", True)], rows)
+
+    rows = []
     for workload, r in results.items():
         native = r["cpu_ms_per_step"]["native"]
         for m, groups in r["cpu_ms_per_step"].items():
@@ -259,32 +264,39 @@ def main():
                       if g.startswith("other")}
             above = sorted(((ms - native.get("other:" + g, 0.0), g) for g, ms in others.items()),
                            reverse=True)[:3]
-            print(f"| {workload} | {m} | {groups.get('job', 0.0):.2f} | "
-                  + (", ".join(f"{g} {ms:.3f}" for g, ms in ours.items()) or "-")
-                  + f" | {sum(others.values()):.2f} | "
-                  + ("-" if m == "native" else
-                     ", ".join(f"{g} {delta:+.3f}" for delta, g in above)) + " |")
+            rows.append([workload, m, f"{groups.get('job', 0.0):.2f}",
+                         ", ".join(f"{g} {ms:.3f}" for g, ms in ours.items()) or "-",
+                         f"{sum(others.values()):.2f}",
+                         "-" if m == "native" else
+                         ", ".join(f"{g} {delta:+.3f}" for delta, g in above)])
+    print_table("CPU time per step by thread (ms): the job's own thread, allocd's threads, the rest "
+                "(PyTorch's, CUDA's, gRPC's), and the other threads whose CPU time per step is "
+                "most above native's.",
+                [("workload", False), ("mode", False), ("job", True),
+                 ("allocd (by thread)", False), ("other", True),
+                 ("other threads, most above native's", False)], rows)
+
     if any(r["instructions"] for r in results.values()):
-        print("\nInstructions per step against native's (the CPU's counters): the job's thread, "
-              "the whole process, median [IQR] of the rounds; and allocd's threads' per step.\n")
-        print("| workload | mode | job thread | process | allocd's threads (per step) | counted |")
-        print("|---|---|---|---|---:|---|")
-        for workload, r in results.items():
-            for m, entry in r["instructions"].items():
-                print(f"| {workload} | {m} | {cell(entry['job'])} | {cell(entry['process'])} | "
-                      f"{entry['allocd_per_step'] / 1e6:.2f} M | {entry['scope']} |")
+        print_table("Instructions per step against native's (the CPU's counters): the job's "
+                    "thread, the whole process, median [IQR] of the rounds; and allocd's "
+                    "threads' per step.",
+                    [("workload", False), ("mode", False), ("job thread", False),
+                     ("process", False), ("allocd's threads (per step)", True),
+                     ("counted", False)],
+                    [[workload, m, cell(e["job"]), cell(e["process"]),
+                      f"{e['allocd_per_step'] / 1e6:.2f} M", e["scope"]]
+                     for workload, r in results.items() for m, e in r["instructions"].items()])
     else:
         print("\nNo instruction counts: this CPU has no counters this process may read.")
-    print("\nThe advisor's rounds in the timed turns: rounds per second of steps, and its "
-          "time per step by part (ms; 'stats' is within 'poll').\n")
-    print("| workload | mode | rounds/s | events | poll | stats | session |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for workload, r in results.items():
-        for m, entry in r["advisor"].items():
-            ms = entry["ms_per_step"]
-            print(f"| {workload} | {m} | {entry['rounds_per_s']:.1f} | " + " | ".join(
-                f"{ms.get(k, 0.0):.3f}" for k in ("events", "poll", "stats", "session")) + " |")
 
+    parts = ("events", "poll", "stats", "session")
+    print_table("The advisor's rounds in the timed turns: rounds per second of steps, and its "
+                "time per step by part (ms; 'stats' is within 'poll').",
+                [("workload", False), ("mode", False), ("rounds/s", True)]
+                + [(part, True) for part in parts],
+                [[workload, m, f"{e['rounds_per_s']:.1f}"]
+                 + [f"{e['ms_per_step'].get(part, 0.0):.3f}" for part in parts]
+                 for workload, r in results.items() for m, e in r["advisor"].items()])
 
 if __name__ == "__main__":
     main()

@@ -53,11 +53,15 @@ struct TestDaemon {
                       const std::string& mode = "", const v1::JobRank& rank = {},
                       const std::string& initial_config = "max_split_size_mb:64") {
     v1::RegisterRequest r;
-    r.set_protocol_version(1);
     r.set_job(job);
     *r.mutable_rank() = rank;
     r.mutable_autotune()->set_mode(mode);
     r.set_initial_config(initial_config);
+    return Register(uid, std::move(r));
+  }
+  // `r` as it stands (its features, say), from a process of `uid`.
+  Registered Register(uid_t uid, v1::RegisterRequest r) {
+    r.set_protocol_version(1);
     const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
     absl::StatusOr<v1::RegisterResponse> response = core.Register(peer, r);
     EXPECT_TRUE(response.ok()) << response.status();
@@ -544,21 +548,14 @@ TEST(DaemonAutotuneStartTest, AStartTheJobsFeaturesWouldBreakIsLeftOut) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
   v1::RegisterRequest r;
-  r.set_protocol_version(1);
   r.set_job("shares");
   r.set_initial_config("max_split_size_mb:64");
   r.mutable_features()->set_cuda_ipc(true);
-  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
-  absl::StatusOr<v1::RegisterResponse> response = daemon.core.Register(peer, r);
-  ASSERT_TRUE(response.ok()) << response.status();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      daemon.core.Watch(peer, response->session_id(), response->session_secret());
-  ASSERT_TRUE(session.ok()) << session.status();
-  v1::ControlMessage m;
-  ASSERT_TRUE((*session)->WaitNext(&m, absl::ZeroDuration()));
-  EXPECT_EQ(m.config().config().config(), "");
-  EXPECT_THAT(m.config().reason(), AllOf(HasSubstr("instead of max_split_size_mb:64"),
-                                         HasSubstr("expandable_segments:True was left out")));
+  const TestDaemon::Registered shares = daemon.Register(1001, r);
+  ASSERT_EQ(shares.pushed.size(), 1u);
+  EXPECT_EQ(shares.pushed[0].first, "");
+  EXPECT_THAT(shares.pushed[0].second, AllOf(HasSubstr("instead of max_split_size_mb:64"),
+                                             HasSubstr("expandable_segments:True was left out")));
   // The same job without the feature is started on expandable segments.
   EXPECT_EQ(daemon.Register(1001, "plain").pushed.at(0).first, kLearned);
 }
@@ -628,18 +625,10 @@ TEST(DaemonAutotuneStartTest, ASeedTheJobsFeaturesWouldBreakIsLeftOut) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
   v1::RegisterRequest r;
-  r.set_protocol_version(1);
   r.set_job("shares");
   r.mutable_features()->set_cuda_ipc(true);
-  const PeerCredentials peer{.pid = 4242, .uid = 1001, .gid = 1001};
-  absl::StatusOr<v1::RegisterResponse> response = daemon.core.Register(peer, r);
-  ASSERT_TRUE(response.ok()) << response.status();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      daemon.core.Watch(peer, response->session_id(), response->session_secret());
-  ASSERT_TRUE(session.ok()) << session.status();
-  v1::ControlMessage m;
-  EXPECT_FALSE((*session)->WaitNext(&m, absl::ZeroDuration()))
-      << m.config().config().config();
+  const TestDaemon::Registered shares = daemon.Register(1001, r);
+  EXPECT_TRUE(shares.pushed.empty()) << shares.pushed.at(0).first;
   EXPECT_THAT(daemon.metrics.Render(),
               ::testing::Not(HasSubstr("allocd_autotune_start_configs_total{source=")));
 }
