@@ -317,7 +317,9 @@ void AddServe(CLI::App& app, allocd::ServeCommandOptions& o,
          "config runs it until its first decision, and the segments cut in "
          "those first steps stay. Default expandable_segments:True (the best "
          "config of every job measured); a job whose own config already "
-         "holds it keeps its own; off: such jobs start on their own")
+         "holds it keeps its own, and one that declares CUDA IPC "
+         "(ALLOCD_FEATURES=cuda_ipc) is not started on expandable segments; "
+         "off: such jobs start on their own")
       ->check(CLI::Validator(
           [](std::string& flag) {
             absl::StatusOr<std::optional<std::string>> seed = allocd::ParseSeedPrior(flag);
