@@ -230,7 +230,11 @@ def main():
                 host_s = sum(sum(row[m]["host_ms"]) for row in rounds) / 1e3
                 advisor[m] = {"rounds_per_s": parts.pop("rounds") / host_s,
                               "ms_per_step": {k: v * 1e3 / steps for k, v in parts.items()}}
-        results[workload] = {"rounds": rounds, "summary": summary,
+        turns = [t for row in rounds for t in row.values() if t.get("steal_ticks") is not None]
+        steal = (sum(t["steal_ticks"] for t in turns)
+                 / (os.sysconf("SC_CLK_TCK") * sum(sum(t["host_ms"]) for t in turns) / 1e3)
+                 if turns else None)
+        results[workload] = {"rounds": rounds, "summary": summary, "steal_cpus": steal,
                              "native_host_ms_median": pooled("native", "host"),
                              "cpu_ms_per_step": cpu, "advisor": advisor, "instructions": instructions,
                              "cores": pinned}
@@ -254,6 +258,12 @@ def main():
                  ("speed-matched rounds (host clock): median [IQR] (min-max), rounds", False),
                  ("all rounds (host clock)", False), ("pooled", True),
                  ("all rounds (CUDA events)", False), ("pooled", True)], rows)
+
+    print()
+    for workload, r in results.items():
+        if r["steal_cpus"] is not None:
+            print(f"{workload}: the hypervisor took {r['steal_cpus']:.2f} CPUs of this guest, on "
+                  f"average, during the timed steps (steal time)")
 
     rows = []
     for workload, r in results.items():

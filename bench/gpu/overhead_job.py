@@ -30,7 +30,8 @@ the C++ client's and the Python advisor's), and the rest (PyTorch's, CUDA's,
 gRPC's): where allocd's work runs beside the job's, and the advisor's rounds
 in the turn with their seconds by part (allocd.stats()), and the
 instructions each thread group retired in the timed steps (the CPU's
-counters, where it has them: the work, at any core speed). And the host's speed
+counters, where it has them: the work, at any core speed), and the steal
+time the hypervisor took from the guest's CPUs meanwhile. And the host's speed
 around the turn: a fixed pure-CPU loop timed on the job's thread right
 before and right after it (probe_ms). Steps that wait on the CPU's launches
 run as fast as the core does, and the cores of a cloud host change speed by
@@ -106,6 +107,18 @@ def probe_ms():
     for i in range(PROBE_ITERATIONS):
         total += i
     return (time.perf_counter() - start) * 1e3
+
+
+def host_steal_ticks():
+    """The host's steal time so far, in USER_HZ ticks summed over every CPU
+    (/proc/stat): time this guest's vCPUs were ready to run and the
+    hypervisor ran something else."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def advisor_counters():
@@ -287,12 +300,14 @@ def main():
         timed(1)
         advisor_before = advisor_counters()
         probes = [probe_ms()]
+        steal_before = host_steal_ticks()
         if counters.available:
             counters.start()
         cpu_before = thread_cpu_ns()
         gpu, host = timed(int(line))
         cpu = by_group(cpu_before, thread_cpu_ns(), 1e6)
         instructions = by_group({}, counters.read(), 1) if counters.available else None
+        steal_after = host_steal_ticks()
         probes.append(probe_ms())
         advisor = counters_between(advisor_before, advisor_counters())
         print(json.dumps({"workload": a.workload, "mode": a.mode, "under_allocd_run": under_run,
@@ -301,6 +316,8 @@ def main():
                           "gpu_ms_median": statistics.median(gpu) * 1e3,
                           "host_ms_median": statistics.median(host) * 1e3,
                           "cpu_ms_by_thread": cpu, "probe_ms": probes,
+                          "steal_ticks": None if steal_before is None or steal_after is None
+                          else steal_after - steal_before,
                           "advisor": advisor, "instructions": instructions,
                           "instructions_scope": counters.scope,
                           "max_reserved": torch.cuda.max_memory_reserved(),
