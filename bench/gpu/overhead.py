@@ -3,7 +3,7 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8] [--workloads seq2seq,resnet50,generate]
-        [--modes native,transparent,run,advise]
+        [--modes native,native-b,transparent,run,advise]
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`), all pinned to the
@@ -35,6 +35,7 @@ tables.
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Timed steps in one turn: short turns interleave the modes finely.
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2}
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def cpu_sets(cpus, n):
@@ -63,7 +65,7 @@ def parse_cpus(text):
 
 def start(a, workload, mode, cpus):
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
-           "--mode", "native" if mode == "run" else mode, "--socket", a.socket,
+           "--mode", "native" if mode in ("run", "native-b") else mode, "--socket", a.socket,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else [])
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
@@ -118,8 +120,14 @@ def spread(ratios):
     if not ratios:
         return None
     q1, q3 = quartiles(ratios)
+    # A 95% interval of the median: the rounds resampled (a fixed seed, so
+    # that one run's file always says the same).
+    resample = random.Random(0)
+    medians = sorted(statistics.median(resample.choices(ratios, k=len(ratios)))
+                     for _ in range(BOOTSTRAP_RESAMPLES))
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "q1": q1, "q3": q3, "ratios": ratios}
+            "q1": q1, "q3": q3, "ratios": ratios,
+            "ci95": (medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1])}
 
 
 def print_table(title, columns, rows):
@@ -148,7 +156,9 @@ def main():
     p.add_argument("--match", type=float, default=0.03,
                    help="speed-matched rounds: probes within this fraction of each other")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
-    p.add_argument("--modes", default="native,transparent,run,advise")
+    p.add_argument("--modes", default="native,native-b,transparent,run,advise",
+                   help="native first (the ratios' base); native-b is a second native worker, "
+                        "the method's own noise: its ratio should hold 1 within its interval")
     p.add_argument("--profile-steps", type=int, default=5,
                    help="after the rounds, this many steps of each worker under PyTorch's "
                         "profiler (DIR/profile-WORKLOAD-MODE.txt; 0: none)")
@@ -241,7 +251,8 @@ def main():
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
     def cell(s):
-        return f"{s['median']:.4f}x [{s['q1']:.4f}-{s['q3']:.4f}] ({s['min']:.4f}-{s['max']:.4f})"
+        return (f"{s['median']:.4f}x, 95% {s['ci95'][0]:.4f}-{s['ci95'][1]:.4f} "
+                f"[IQR {s['q1']:.4f}-{s['q3']:.4f}] ({s['min']:.4f}-{s['max']:.4f})")
 
     rows = []
     for workload, r in results.items():
@@ -252,10 +263,12 @@ def main():
                          f"{cell(matched)}, {len(matched['ratios'])} of {a.rounds}" if matched
                          else f"none of {a.rounds}",
                          cell(h), f"{h['pooled']:.4f}x", cell(g), f"{g['pooled']:.4f}x"])
-    print_table(f"{a.rounds} rounds. Ratio to native: the median of the rounds' ratios [IQR] "
-                f"(min-max), and the ratio of all timed steps' medians (pooled).",
+    print_table(f"{a.rounds} rounds. Ratio to native: the median of the rounds' ratios, its 95% "
+                f"interval (bootstrap over the rounds) [IQR] (min-max), and the ratio of all "
+                f"timed steps' medians (pooled). native-b, a second native worker, is the "
+                f"method's own noise.",
                 [("workload", False), ("native step (host, ms)", True), ("mode", False),
-                 ("speed-matched rounds (host clock): median [IQR] (min-max), rounds", False),
+                 ("speed-matched rounds (host clock), of all", False),
                  ("all rounds (host clock)", False), ("pooled", True),
                  ("all rounds (CUDA events)", False), ("pooled", True)], rows)
 

@@ -1,6 +1,7 @@
 #!/bin/bash
 # What allocd costs a job's step (issue 42): seq2seq, ResNet-50 channels_last
-# and batched generation, each natively, transparent (allocd.enable()), as
+# and batched generation, each natively (twice: the second native worker's
+# ratio is the method's own noise), transparent (allocd.enable()), as
 # an unchanged script under `allocd run`, and in advisor mode
 # (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
 # on a daemon serving the GPU that decides but pushes nothing (autotune
