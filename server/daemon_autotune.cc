@@ -154,7 +154,16 @@ std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
     prior = FindPrior(settled, identity.tenant, prior_);
   }
   const StartConfigVeto pinned = KeepsPinnedKeys(identity.initial_config, policy.pinned_keys);
-  const JobFeatures reported = FromProto(features);
+  // What the job's earlier runs under this daemon were seen doing counts as
+  // declared: its hooks report a feature only once the process uses it,
+  // after its start config is set, so a job that shared CUDA tensors last
+  // time would otherwise be started on a config that breaks that again.
+  JobFeatures reported = FromProto(features);
+  for (const AutotuneJobStatus& known : autotuner_->Status()) {
+    if (known.tenant == identity.tenant && known.job == identity.job) {
+      reported |= known.features;
+    }
+  }
   absl::StatusOr<AllocatorConfig> own = ParseAllocatorConfig(identity.initial_config);
   const StartConfigVeto veto = [&](const AllocatorConfig& config) -> std::string {
     if (pinned) {

@@ -560,6 +560,25 @@ TEST(DaemonAutotuneStartTest, AStartTheJobsFeaturesWouldBreakIsLeftOut) {
   EXPECT_EQ(daemon.Register(1001, "plain").pushed.at(0).first, kLearned);
 }
 
+// What a job's earlier run was seen doing counts as declared for its next:
+// its hooks report CUDA IPC only once it shares, after the start config is
+// set. Another job of the label, in another tenant, learns nothing of it.
+TEST(DaemonAutotuneStartTest, AJobSeenSharingCudaTensorsIsNotStartedOnExpandableSegmentsAgain) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kApply, PriorSetting{});
+  const TestDaemon::Registered first = daemon.Register(1001, "shares", "", {}, "");
+  ASSERT_EQ(first.pushed.size(), 1u);
+  EXPECT_EQ(first.pushed[0].first, kLearned);  // the seed: nothing seen yet
+  v1::JobFeatures ipc;
+  ipc.set_cuda_ipc(true);
+  daemon.autotune.Features(first.id, ipc);
+  daemon.core.EndSession(first.id, "the job's process exited");
+
+  const TestDaemon::Registered next = daemon.Register(1001, "shares", "", {}, "");
+  EXPECT_TRUE(next.pushed.empty()) << next.pushed.at(0).first;
+  EXPECT_EQ(daemon.Register(1002, "shares", "", {}, "").pushed.at(0).first, kLearned);
+}
+
 // A fresh node (issue 40): a job on PyTorch's defaults, which would cut
 // segments in its first steps that stay, starts on the seed prior, which
 // says where it came from; once three learned configs agree, theirs wins.
