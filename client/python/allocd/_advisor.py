@@ -148,10 +148,11 @@ class Advisor:
         self._stats_read_at = 0.0
         self.busy_seconds = 0.0
         self.rounds = 0
-        # Where the rounds' time goes, each part holding the GIL (but for
-        # the client library's own work inside "poll"): reading and sending
-        # the allocation stream, the control loop (with "stats", PyTorch's
-        # memory_stats() it publishes), and reading the session back.
+        # Where the rounds' time goes (wall time: Python's work holds the
+        # GIL, the client library's calls let it go): reading and sending
+        # the allocation stream, the control loop, and reading the session
+        # back; "stats" is the part of the loop spent on the memory_stats()
+        # it publishes, here and at the job's step marks.
         self.seconds_by_part = {"events": 0.0, "poll": 0.0, "stats": 0.0, "session": 0.0}
         self._session_buffer = ctypes.create_string_buffer(1 << 16)  # the rounds'
         self.steps_marked = 0
