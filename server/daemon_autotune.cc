@@ -159,11 +159,7 @@ std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
   // after its start config is set, so a job that shared CUDA tensors last
   // time would otherwise be started on a config that breaks that again.
   JobFeatures reported = FromProto(features);
-  for (const AutotuneJobStatus& known : autotuner_->Status()) {
-    if (known.tenant == identity.tenant && known.job == identity.job) {
-      reported |= known.features;
-    }
-  }
+  reported |= autotuner_->FeaturesOf(identity.tenant, identity.job);
   absl::StatusOr<AllocatorConfig> own = ParseAllocatorConfig(identity.initial_config);
   const StartConfigVeto veto = [&](const AllocatorConfig& config) -> std::string {
     if (pinned) {

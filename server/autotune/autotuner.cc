@@ -363,6 +363,9 @@ absl::StatusOr<uint64_t> Autotuner::RunNow(const std::string& job, const TenantI
 void Autotuner::SetPolicy(const JobKey& job, JobPolicy policy) {
   impl_->SetPolicy(job, std::move(policy));
 }
+JobFeatures Autotuner::FeaturesOf(const TenantId& tenant, const std::string& job) const {
+  return impl_->FeaturesOf(tenant, job);
+}
 std::vector<AutotuneJobStatus> Autotuner::Status() const { return impl_->Status(); }
 std::vector<AutotuneDecision> Autotuner::History(const std::string& job, size_t limit) const {
   return impl_->History(job, limit);

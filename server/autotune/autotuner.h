@@ -155,6 +155,9 @@ class Autotuner {
   // `job`'s policy; an empty label: the daemon default (for jobs without
   // their own).
   void SetPolicy(const JobKey& job, JobPolicy policy);
+  // What `tenant`'s jobs of label `job` were seen doing, ended runs still
+  // kept included (JobRegistry::FeaturesOf).
+  JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const;
   std::vector<AutotuneJobStatus> Status() const;
   // Newest first, at most `limit`; empty job: every job; a label: its jobs
   // in every tenant (each decision names its tenant).

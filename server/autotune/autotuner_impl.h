@@ -73,6 +73,12 @@ class Autotuner::Impl {
     jobs_.SetPolicy(key, std::move(policy));
   }
 
+  JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return jobs_.FeaturesOf(tenant, job);
+  }
+
   std::vector<AutotuneJobStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return jobs_.Status();

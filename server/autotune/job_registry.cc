@@ -137,6 +137,16 @@ std::vector<std::pair<JobKey, AutotuneJob*>> JobRegistry::LiveJobs(const std::st
   return out;
 }
 
+JobFeatures JobRegistry::FeaturesOf(const TenantId& tenant, const std::string& job) const {
+  JobFeatures out;
+  // Keyed by tenant, label, then run: the label's runs are one range.
+  for (auto it = jobs_.lower_bound(JobKey{.tenant = tenant, .job = job});
+       it != jobs_.end() && it->first.tenant == tenant && it->first.job == job; ++it) {
+    out |= it->second.features;
+  }
+  return out;
+}
+
 std::vector<AutotuneJobStatus> JobRegistry::Status() const {
   std::vector<AutotuneJobStatus> out;
   for (const auto& [name, job] : jobs_) {

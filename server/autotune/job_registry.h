@@ -63,6 +63,9 @@ class JobRegistry {
   // session, in tenant order.
   std::vector<std::pair<JobKey, AutotuneJob*>> LiveJobs(const std::string& job,
                                                         const TenantId& tenant);
+  // What `tenant`'s jobs of label `job` reported doing, every run of it and
+  // the ended ones still kept: the union.
+  JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const;
   // Every job, by label then tenant (then run), each with its sessions by
   // rank.
   std::vector<AutotuneJobStatus> Status() const;

@@ -90,6 +90,24 @@ TEST(JobRegistryTest, OnlyTheMostRecentlyEndedJobsAreKeptUnlessSomethingRefersTo
   EXPECT_EQ(kept, (std::vector<std::string>{"b", "c"}));
 }
 
+TEST(JobRegistryTest, TheFeaturesOfALabelAreEveryRunsOfItsTenantEndedOnesIncluded) {
+  JobRegistry jobs(Options());
+  AutotuneTaskQueue tasks;
+  const JobKey run_a{.tenant = "uid:1", .job = "llama", .run = "a"};
+  const JobKey other_label{.tenant = "uid:1", .job = "llamas"};
+  const JobKey other_tenant{.tenant = "uid:2", .job = "llama"};
+  jobs.AddSession(1, kLlama, "", 0, false)->features.cuda_graphs = true;
+  jobs.AddSession(2, run_a, "", 0, false)->features.cuda_ipc = true;
+  jobs.AddSession(3, other_label, "", 0, false)->features.mem_pool = true;
+  jobs.AddSession(4, other_tenant, "", 0, false)->features.nccl_registration = true;
+  jobs.RemoveSession(2);
+  jobs.Ended(run_a, tasks);
+  EXPECT_EQ(jobs.FeaturesOf("uid:1", "llama"),
+            (JobFeatures{.cuda_ipc = true, .cuda_graphs = true}));
+  EXPECT_EQ(jobs.FeaturesOf("uid:2", "llama"), (JobFeatures{.nccl_registration = true}));
+  EXPECT_EQ(jobs.FeaturesOf("uid:3", "llama"), JobFeatures{});
+}
+
 TEST(JobRegistryTest, StatusAndHistoryGoByLabelThenTenant) {
   JobRegistry jobs(Options());
   jobs.AddSession(1, {.tenant = "uid:2", .job = "llama"}, "", 0, /*marks_steps=*/true);
