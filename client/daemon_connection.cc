@@ -64,6 +64,20 @@ absl::StatusOr<v1::SideResponse> ReceiveAnswer(int fd,
   return all;
 }
 
+// Sends `request` on `fd` (with `send_fds`) and gathers its answer by
+// `deadline`, as ReceiveAnswer: DeadlineExceeded only for an answer not
+// (wholly) come, since sending waits for the socket however long it takes.
+absl::StatusOr<v1::SideResponse> Exchange(int fd, const v1::SideRequest& request,
+                                          std::vector<UniqueFd>* fds,
+                                          absl::Span<const int> send_fds,
+                                          absl::Time deadline) {
+  if (absl::Status s = SendMessage(fd, request.SerializeAsString(), send_fds);
+      !s.ok()) {
+    return s;
+  }
+  return ReceiveAnswer(fd, fds, deadline);
+}
+
 // `answer` (ReceiveAnswer's) with the daemon's error as its status.
 absl::StatusOr<v1::SideResponse> WithDaemonError(
     absl::StatusOr<v1::SideResponse> answer) {
@@ -90,12 +104,8 @@ absl::StatusOr<v1::SideResponse> SideCall(int fd,
                                           std::vector<UniqueFd>* fds,
                                           absl::Span<const int> send_fds,
                                           absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  if (absl::Status s = SendMessage(fd, request.SerializeAsString(), send_fds);
-      !s.ok()) {
-    return s;
-  }
-  return WithDaemonError(ReceiveAnswer(fd, fds, deadline));
+  return WithDaemonError(
+      Exchange(fd, request, fds, send_fds, absl::Now() + timeout));
 }
 
 absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
@@ -129,14 +139,8 @@ absl::StatusOr<v1::SideResponse> LeaseCall(Connection& c,
     }
   }
   if (unread == 0 && absl::Now() < deadline) {
-    if (absl::Status sent =
-            SendMessage(lease, request.SerializeAsString(), send_fds);
-        !sent.ok()) {
-      answer = sent;
-    } else {
-      answer = ReceiveAnswer(lease, fds, deadline);
-      if (absl::IsDeadlineExceeded(answer.status())) ++unread;
-    }
+    answer = Exchange(lease, request, fds, send_fds, deadline);
+    if (absl::IsDeadlineExceeded(answer.status())) ++unread;  // sent, not answered
   }
   absl::MutexLock lock(&c.lease_mu);
   c.unread_answers = unread;
