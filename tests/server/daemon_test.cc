@@ -124,6 +124,31 @@ class DaemonTest : public ::testing::Test {
     return r;
   }
 
+  // Publishes `stats` (PyTorch's names) for `client` and waits until the
+  // daemon lists them: FlushTelemetry says they were sent, and the daemon
+  // reads the telemetry stream on a thread of its own, so a request on
+  // another connection could reach it before them.
+  void PublishAndAwaitRead(DaemonClient& client,
+                           const std::map<std::string, int64_t>& stats) {
+    client.PublishStats(stats, 0);
+    ASSERT_TRUE(client.FlushTelemetry().ok());
+    bool read = false;
+    for (int i = 0; i < 500 && !read; ++i) {
+      grpc::ClientContext context;
+      v1::ListSessionsResponse sessions;
+      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
+      for (const v1::SessionInfo& session : sessions.sessions()) {
+        if (session.session_id() != client.session_id()) continue;
+        read = std::all_of(stats.begin(), stats.end(), [&](const auto& stat) {
+          auto listed = session.stats().find(stat.first);
+          return listed != session.stats().end() && listed->second == stat.second;
+        });
+      }
+      if (!read) absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_TRUE(read) << "the daemon never listed the stats published";
+  }
+
   // What the daemon sent `client` within `limit` (DaemonClient::AwaitControl).
   static std::vector<v1::ControlMessage> AwaitControl(
       DaemonClient& client, absl::Duration limit = absl::Seconds(5)) {
@@ -799,10 +824,8 @@ TEST_F(DaemonTest, APeakGatheredFromAReclaimIsReadAheadAgain) {
       cacher->Acquire(20 * kChunk, UINT64_MAX, /*client_creates=*/true);
   ASSERT_TRUE(cached.ok()) << cached.status();
   ASSERT_EQ(cached->client_made, cached->ids.size());
-  cacher->PublishStats({{"reserved_bytes.all.current", 20 * kChunk},
-                        {"allocated_bytes.all.current", 0}},
-                       0);
-  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *cacher, {{"reserved_bytes.all.current", 20 * kChunk}, {"allocated_bytes.all.current", 0}}));
 
   std::unique_ptr<DaemonClient> job =
       Client("job", absl::Seconds(60), /*release_in_background=*/true);
@@ -856,21 +879,7 @@ TEST_F(DaemonTest, AJobsNextRunFindsItsLastWorkingSetMappedFromTheCache) {
     // another thread than the lease whose end ends the session. A stat
     // published after the working set shows, once the daemon lists it,
     // that the daemon has read the working set too (the stream is in order).
-    first->PublishStats({{"allocd.test_marker", 1}}, 0);
-    ASSERT_TRUE(first->FlushTelemetry().ok());
-    const uint64_t first_id = first->session_id();
-    bool read = false;
-    for (int i = 0; i < 500 && !read; ++i) {
-      grpc::ClientContext context;
-      v1::ListSessionsResponse sessions;
-      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
-      for (const v1::SessionInfo& session : sessions.sessions()) {
-        read |= session.session_id() == first_id &&
-                session.stats().contains("allocd.test_marker");
-      }
-      if (!read) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_TRUE(read);
+    ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(*first, {{"allocd.test_marker", 1}}));
     for (auto [address, bytes] : {std::pair{a, kLarge}, std::pair{c, kLarge},
                                   std::pair{d, kChunk}}) {
       backend.FreeSegment(address, bytes);
@@ -919,10 +928,8 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   absl::StatusOr<ReceivedChunks> cached = cacher->Acquire(28 * kChunk);
   ASSERT_TRUE(cached.ok());
   // Its allocator caches all of it: reserved, nothing allocated.
-  cacher->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
-                        {"allocated_bytes.all.current", 0}},
-                       0);
-  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *cacher, {{"reserved_bytes.all.current", 28 * kChunk}, {"allocated_bytes.all.current", 0}}));
 
   std::unique_ptr<DaemonClient> needy = Client("needy");
   absl::StatusOr<ReceivedChunks> got;
@@ -940,10 +947,8 @@ TEST_F(DaemonTest, AShortPoolAsksOtherSessionsToReleaseCachedMemoryFirst) {
   EXPECT_EQ(got->reused, got->ids.size());  // all the cacher's memory
 
   // With nothing cached anywhere, a short pool answers at once.
-  cacher->PublishStats({{"reserved_bytes.all.current", 0},
-                        {"allocated_bytes.all.current", 0}},
-                       0);
-  ASSERT_TRUE(cacher->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *cacher, {{"reserved_bytes.all.current", 0}, {"allocated_bytes.all.current", 0}}));
   const absl::Time start = absl::Now();
   absl::StatusOr<ReceivedChunks> more = Client()->Acquire(30 * kChunk);
   EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
@@ -959,10 +964,9 @@ TEST_F(DaemonTest, AShortPoolWaitsForTheTelemetryOfJobsHoldingMemory) {
   absl::StatusOr<ReceivedChunks> held = holder->Acquire(28 * kChunk);
   ASSERT_TRUE(held.ok());
   // All of it allocated when it last reported.
-  holder->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
-                        {"allocated_bytes.all.current", 28 * kChunk}},
-                       0);
-  ASSERT_TRUE(holder->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *holder,
+      {{"reserved_bytes.all.current", 28 * kChunk}, {"allocated_bytes.all.current", 28 * kChunk}}));
 
   std::unique_ptr<DaemonClient> needy = Client("needy");
   absl::StatusOr<ReceivedChunks> got;
@@ -970,10 +974,8 @@ TEST_F(DaemonTest, AShortPoolWaitsForTheTelemetryOfJobsHoldingMemory) {
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_TRUE(holder->TakeControl().empty()) << "nothing known to be cached";
   // Its peak freed, its next report says so: now it is asked.
-  holder->PublishStats({{"reserved_bytes.all.current", 28 * kChunk},
-                        {"allocated_bytes.all.current", 0}},
-                       0);
-  ASSERT_TRUE(holder->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *holder, {{"reserved_bytes.all.current", 28 * kChunk}, {"allocated_bytes.all.current", 0}}));
   std::vector<v1::ControlMessage> asked = AwaitControl(*holder);
   ASSERT_EQ(asked.size(), 1u);
   ASSERT_TRUE(asked[0].has_reclaim());
@@ -1120,10 +1122,8 @@ TEST_F(DaemonTest, WhatAProcessMadeAndFreesForAReclaimServesTheAskerByImport) {
   absl::StatusOr<uint64_t> made = giver.AllocateSegment(kGiven);
   ASSERT_TRUE(made.ok()) << made.status();
   EXPECT_EQ(giver_client->map_path().chunks_created.load(), 2u);
-  giver_client->PublishStats({{"reserved_bytes.all.current", kGiven},
-                              {"allocated_bytes.all.current", 0}},
-                             0);
-  ASSERT_TRUE(giver_client->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *giver_client, {{"reserved_bytes.all.current", kGiven}, {"allocated_bytes.all.current", 0}}));
   // Past what the pool has left beside the giver's: the daemon asks it.
   absl::StatusOr<uint64_t> taken;
   std::thread allocate([&] { taken = asker.AllocateSegment(kGiven + kGiven / 2); });
@@ -1200,24 +1200,8 @@ TEST_F(DaemonTest, AGiveTheStalledDaemonDidNotTakeEndsGivingUntilItAsksAgain) {
   // Told, and heard: the asker's acquire, on another connection, could
   // reach the daemon before the telemetry.
   auto publish_cached = [&](uint64_t bytes) {
-    giver_client->PublishStats({{"reserved_bytes.all.current", bytes},
-                                {"allocated_bytes.all.current", 0}},
-                               0);
-    ASSERT_TRUE(giver_client->FlushTelemetry().ok());
-    bool heard = false;
-    for (int i = 0; i < 500 && !heard; ++i) {
-      grpc::ClientContext context;
-      v1::ListSessionsResponse sessions;
-      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
-      for (const v1::SessionInfo& session : sessions.sessions()) {
-        auto reserved = session.stats().find("reserved_bytes.all.current");
-        heard |= session.session_id() == giver_client->session_id() &&
-                 reserved != session.stats().end() &&
-                 reserved->second == static_cast<int64_t>(bytes);
-      }
-      if (!heard) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_TRUE(heard);
+    PublishAndAwaitRead(*giver_client, {{"reserved_bytes.all.current", bytes},
+                                        {"allocated_bytes.all.current", 0}});
   };
   // The giver caches all three; a segment of 48 MiB, with 40 of the 64
   // left, is short by 8, which the daemon asks of it.
