@@ -87,10 +87,6 @@ const char* ChangedPinnedKey(const AllocatorConfig& a, const AllocatorConfig& b,
 
 namespace {
 
-std::string Bytes(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-}
-
 // Where to switch without marks: see the header.
 uint64_t SwitchPoint(uint64_t events, std::optional<uint64_t> step) {
   if (!step) return events / 2;
@@ -228,7 +224,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   d.predicted_peak_requested = stayed.peak_requested;
   const std::string running_conf = FormatAllocatorConfig(running.config);
   absl::StrAppend(&evidence, absl::StrFormat("; staying on %s peaks at %s after it",
-                                             ConfigName(running_conf), Bytes(stayed.peak_reserved)));
+                                             ConfigName(running_conf), GiB(stayed.peak_reserved)));
 
   TuneOptions tune;
   tune.capacity = options.capacity;
@@ -337,7 +333,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   "retries, %d device calls against %d for emptying the "
                                   "cache on the same config)",
                                   ConfigName(d.to_config), fraction_note,
-                                  Bytes(d.predicted_peak_switched), Bytes(saving),
+                                  GiB(d.predicted_peak_switched), GiB(saving),
                                   100.0 * static_cast<double>(saving) /
                                       static_cast<double>(std::max<int64_t>(1, d.predicted_peak_current)),
                                   best->replay.num_alloc_retries,
@@ -383,8 +379,8 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   absl::StrFormat("; were it rolled back at the window's end, the job would "
                                   "peak at %s over those events again (%s made under it still "
                                   "reserved at the rollback) against %s staying",
-                                  Bytes(rollback->rolled_back), Bytes(rollback->held_at_rollback),
-                                  Bytes(rollback->staying)));
+                                  GiB(rollback->rolled_back), GiB(rollback->held_at_rollback),
+                                  GiB(rollback->staying)));
   // Staying's replay over the whole window (before and after the switch)
   // against the peak the job realised over the same steps.
   std::optional<double> replay_error;
