@@ -12,6 +12,8 @@
 #   [LANES=4] [NATIVES="w..."] bench/gpu/whole_job.sh [BUNDLE] [OUT] [WORKLOAD...]
 # WORKLOADS: those of autotune_workloads.sh (seq2seq generate vit_compile
 # llama_lora resnet50 mlm_accum unet moe), with its steps (STEPS_<w>).
+# STARTS: the start configs each lane runs, in order (mss64 defaults; "defaults
+# mss64" has a fresh node's first jobs start from PyTorch's defaults).
 # NATIVES: workloads to run natively first under max_split_size_mb:64,
 # defaults and expandable_segments:True (staying and the best from step 0),
 # where no native run on this GPU is kept. Results, the daemon's history and
@@ -22,6 +24,7 @@ bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-whole-job}
 shift $(( $# < 2 ? $# : 2 ))
 parts=${*:-seq2seq generate vit_compile llama_lora}
+starts=${STARTS:-mss64 defaults}  # in this order in every lane
 run_timeout=${RUN_TIMEOUT:-150}
 mkdir -p "$out/state"
 exec > >(tee -a "$out/whole_job.log") 2>&1
@@ -59,13 +62,14 @@ one() {
   echo "$w ${conf:-defaults} $mode: rc $? $(tail -c 300 "$out/${w}_${mode}_$n.log" | tr '\n' ' ' | cut -c1-160)"
   snapshot
 }
+conf_of() { case $1 in mss64) echo max_split_size_mb:64 ;; expandable) echo expandable_segments:True ;; esac; }
 lane() {  # W: its natives (when asked), its first runs, its second runs
-  local w=$1 c m
+  local w=$1 s m
   if [[ " ${NATIVES:-} " == *" $w "* ]]; then
-    for c in max_split_size_mb:64 "" expandable_segments:True; do one "$w" "$c" native; done
+    for s in mss64 defaults expandable; do one "$w" "$(conf_of $s)" native; done
   fi
-  for c in max_split_size_mb:64 ""; do for m in advise transparent run; do one "$w" "$c" $m; done; done
-  for c in max_split_size_mb:64 ""; do for m in learned tlearned runlearned; do one "$w" "$c" $m; done; done
+  for s in $starts; do for m in advise transparent run; do one "$w" "$(conf_of $s)" $m; done; done
+  for s in $starts; do for m in learned tlearned runlearned; do one "$w" "$(conf_of $s)" $m; done; done
 }
 running=()
 for w in $parts; do
