@@ -3,10 +3,11 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8] [--workloads seq2seq,resnet50,generate]
-        [--modes native,native-b,transparent,run,advise]
+        [--modes native,native-b,transparent,run,advise]   (also: preload)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
-`run` mode is the unchanged script under `allocd run`), all pinned to the
+`run` mode is the unchanged script under `allocd run`; `preload`, transparent
+mode with the interposer preloaded as `allocd run` preloads it), all pinned to the
 same cores (--cpus; the daemon runs on others): only one worker steps at a
 time, so each mode's steps run on the very cores native's ran on (cores of
 a worker's own, --separate-cores, put a core's speed into its mode's
@@ -64,8 +65,9 @@ def parse_cpus(text):
 
 
 def start(a, workload, mode, cpus):
+    job_mode = {"run": "native", "native-b": "native", "preload": "transparent"}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
-           "--mode", "native" if mode in ("run", "native-b") else mode, "--socket", a.socket,
+           "--mode", job_mode, "--socket", a.socket,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else [])
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
@@ -73,6 +75,13 @@ def start(a, workload, mode, cpus):
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
+    if mode == "preload":
+        # transparent's enable(), with the interposer loaded at the process's
+        # start as `allocd run` loads it rather than dlopen()ed by enable():
+        # what the way it is loaded costs, apart from all else.
+        from allocd._bindings import INTERPOSE_LIBRARY, library_path
+        env["LD_PRELOAD"] = ":".join(filter(None, [library_path(INTERPOSE_LIBRARY),
+                                                   env.get("LD_PRELOAD")]))
     worker = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return worker
