@@ -321,9 +321,11 @@ def main():
     else:
         print("\nNo instruction counts: this CPU has no counters this process may read.")
 
-    parts = ("events", "poll", "stats", "session")
+    parts = ("events", "poll", "stats", "session", "step_hook", "state")
     print_table("The advisor's rounds in the timed turns: rounds per second of steps, and its "
-                "time per step by part (ms; 'stats' is within 'poll').",
+                "time per step by part (ms; 'stats' is within 'poll'); on the job's own "
+                "thread, allocd's hook after each optimizer step ('state', within it: "
+                "reading the allocator's state, every ALLOCD_STATE_PERIOD_S).",
                 [("workload", False), ("mode", False), ("rounds/s", True)]
                 + [(part, True) for part in parts],
                 [[workload, m, f"{e['rounds_per_s']:.1f}"]

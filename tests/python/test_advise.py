@@ -548,6 +548,10 @@ class AdviseTest(unittest.TestCase):
 
         self.assertTrue(wait_for(decisions), (self.allocctl("autotune", "status"), allocd.stats()))
         self.assertEqual(allocd.stats()["states_sent"], 5)  # where the stream began, 4 marks
+        # The job's thread's time in the step hook, reading the 4 states in it.
+        parts = allocd.stats()["advisor_seconds_by_part"]
+        self.assertGreater(parts["state"], 0)
+        self.assertGreaterEqual(parts["step_hook"], parts["state"])
         why = decisions()[0]["why"]
         # Switched from the newest state with two steps after it,
         # with the 64 MiB segment the weights hold (and device 1's left out).

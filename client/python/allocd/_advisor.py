@@ -152,8 +152,12 @@ class Advisor:
         # GIL, the client library's calls let it go): reading and sending
         # the allocation stream, the control loop, and reading the session
         # back; "stats" is the part of the loop spent on the memory_stats()
-        # it publishes, here and at the job's step marks.
-        self.seconds_by_part = {"events": 0.0, "poll": 0.0, "stats": 0.0, "session": 0.0}
+        # it publishes, here and at the job's step marks. "step_hook" is the
+        # time the job's own thread spends in allocd's hook after each
+        # optimizer step, and "state" the part of it that reads the
+        # allocator's state (the job waits for both).
+        self.seconds_by_part = {"events": 0.0, "poll": 0.0, "stats": 0.0, "session": 0.0,
+                                "step_hook": 0.0, "state": 0.0}
         self._session_buffer = ctypes.create_string_buffer(1 << 16)  # the rounds'
         self.steps_marked = 0
         self._waking_until_mark = 0  # marks up to this one wake a round: after an apply
@@ -365,10 +369,12 @@ class Advisor:
             if not marker:
                 marker.append(weakref.ref(optimizer))
             if marker[0]() is optimizer:
+                start = time.perf_counter()
                 # Before the state is read: it then holds what the job keeps.
                 self._lib.allocd_mark_step(self._client, ctypes.byref(self._target))
-                self._events.mark_step(self.steps_marked + 1)
+                self.seconds_by_part["state"] += self._events.mark_step(self.steps_marked + 1)
                 self.at_step_mark()
+                self.seconds_by_part["step_hook"] += time.perf_counter() - start
 
         self._step_hook = register(hook)
 

@@ -135,16 +135,22 @@ class EventStream:
 
     def mark_step(self, mark):
         """The job made its step mark number `mark`: the allocator's state is
-        read for it, when one is due, then the mark goes into the stream."""
-        self._read_state(mark)
+        read for it, when one is due, then the mark goes into the stream.
+        Returns the seconds spent reading the state (0 when none was due)."""
+        start = time.perf_counter()
+        read = self._read_state(mark)
+        seconds = time.perf_counter() - start if read else 0.0
         self.reader.mark_step()
+        return seconds
 
     def _read_state(self, mark):
+        """Reads the allocator's state for mark `mark` when one is due;
+        whether it tried."""
         if self._state_period < 0:
-            return
+            return False
         now = time.monotonic()
         if self._last_state is not None and now - self._last_state < self._state_period:
-            return
+            return False
         self._last_state = now
         try:
             state = _allocator_state.read_state(self._torch, self._device)
@@ -152,10 +158,11 @@ class EventStream:
             self._state_period = -1
             warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "
                           "the daemon predicts from the allocation stream alone")
-            return
+            return True
         if state is not None:
             # Before the mark: the advisor may read the mark at once.
             self._states.append((mark, state))
+        return True
 
     def stop(self):
         self.reader.stop()
