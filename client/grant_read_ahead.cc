@@ -75,6 +75,29 @@ uint64_t GrantReadAhead::Drop() {
   return ParkedBytes();
 }
 
+void GrantReadAhead::Park(const Key& key, ReceivedChunks grant) {
+  absl::MutexLock lock(&mu_);
+  wanted_.reset();
+  auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !fetching_; };
+  mu_.Await(absl::Condition(&settled));
+  if (parked_.has_value()) {
+    std::deque<ReceivedChunks> before = std::move(parked_->grants);
+    parked_.reset();
+    GiveBackAll(std::move(before));
+  }
+  if (stopping_) {
+    std::deque<ReceivedChunks> unused;
+    unused.push_back(std::move(grant));
+    GiveBackAll(std::move(unused));
+    return;
+  }
+  std::deque<ReceivedChunks> grants;
+  grants.push_back(std::move(grant));
+  parked_ = Parked{
+      .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
+  parked_by_caller_ = true;
+}
+
 uint64_t GrantReadAhead::parked_bytes() const {
   absl::MutexLock lock(&mu_);
   return ParkedBytes();
@@ -93,12 +116,14 @@ void GrantReadAhead::Run() {
   mu_.Lock();
   for (;;) {
     auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (wanted_.has_value() && !parked_.has_value()) ||
+      return stopping_ || parked_by_caller_ ||
+             (wanted_.has_value() && !parked_.has_value()) ||
              (parked_.has_value() && parked_->until <= absl::Now());
     };
     mu_.AwaitWithDeadline(absl::Condition(&work),
                           parked_.has_value() ? parked_->until
                                               : absl::InfiniteFuture());
+    parked_by_caller_ = false;
     if (parked_.has_value() &&
         (stopping_ || parked_->until <= absl::Now())) {
       std::deque<ReceivedChunks> expired = std::move(parked_->grants);

@@ -19,6 +19,8 @@
 //   asks for its own, so the two never count against a quota together);
 // - Drop() gives them back (the daemon asked the session to give memory
 //   back);
+// - a grant the caller asked for itself ahead of a need it foresees (Park:
+//   a pre-warm of a recurring peak) is parked as a fetch's are;
 // - a fetch is never one that waits for other sessions to give memory
 //   back, nor one that makes the daemon create memory: Fetch answers
 //   nothing then, and nothing is read ahead until the size changes or the
@@ -92,6 +94,11 @@ class GrantReadAhead {
   // Gives back what is parked and what a fetch in flight brings; returns
   // the bytes parked.
   uint64_t Drop();
+  // Parks `grant` of `key`, which the caller asked for ahead of a need it
+  // foresees, for the next Take of `key`, kept for `keep` as a fetch's
+  // grants are; what was parked before is given back first (after a fetch
+  // in flight), and a fetch wanted is not made.
+  void Park(const Key& key, ReceivedChunks grant);
 
   uint64_t parked_bytes() const;
 
@@ -122,6 +129,8 @@ class GrantReadAhead {
   uint32_t batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::optional<Key> wanted_ ABSL_GUARDED_BY(mu_);
   bool fetching_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by Park: the thread's wait is for another deadline now.
+  bool parked_by_caller_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped by Drop: a fetch that began before brings back nothing to keep.
   uint64_t drops_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Parked> parked_ ABSL_GUARDED_BY(mu_);

@@ -197,6 +197,40 @@ TEST_F(GrantReadAheadTest, DropGivesBackAParkedGrantAtOnce) {
   EXPECT_EQ(ahead->parked_bytes(), 0u);
 }
 
+// A grant the caller asked for ahead (a pre-warm) serves the next Take of
+// its key, before the first request of that key ever read ahead.
+TEST_F(GrantReadAheadTest, AParkedPrewarmServesTheNextTakeOfItsKey) {
+  std::unique_ptr<GrantReadAhead> ahead = Make();
+  ahead->Park(kTwoGiB, {.ids = {7}, .sizes = {kSegment}});
+  EXPECT_EQ(ahead->parked_bytes(), kSegment);
+  std::optional<ReceivedChunks> got = ahead->Take(kTwoGiB);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->ids, std::vector<uint64_t>{7});
+  EXPECT_EQ(ahead->parked_bytes(), 0u);
+  EXPECT_TRUE(daemon_.fetched().empty());
+  EXPECT_TRUE(daemon_.returned().empty());
+}
+
+// Unused, it goes back after the keep (the thread waits for its deadline,
+// not the one it waited for before it was parked), or at once on a Drop;
+// and it replaces what was parked before.
+TEST_F(GrantReadAheadTest, AParkedPrewarmGoesBackAfterItsTimeOrOnADrop) {
+  std::unique_ptr<GrantReadAhead> ahead = Make(absl::Milliseconds(30));
+  ahead->Park(kTwoGiB, {.ids = {7}, .sizes = {kSegment}});
+  ASSERT_TRUE(Eventually([&] { return daemon_.returned().size() == 1; }));
+  EXPECT_EQ(ahead->parked_bytes(), 0u);
+  EXPECT_FALSE(ahead->Take(kTwoGiB).has_value());
+
+  std::unique_ptr<GrantReadAhead> kept = Make(absl::Seconds(30));
+  kept->Park(kTwentyMiB, {.ids = {8}, .sizes = {kTwentyMiB.bytes}});
+  kept->Park(kTwoGiB, {.ids = {9}, .sizes = {kSegment}});
+  EXPECT_EQ(daemon_.returned(), (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(kept->parked_bytes(), kSegment);
+  kept->Drop();
+  ASSERT_TRUE(Eventually([&] { return daemon_.returned().size() == 3; }));
+  EXPECT_EQ(daemon_.returned().back(), 9u);
+}
+
 TEST_F(GrantReadAheadTest, ARefusedFetchStopsReadingAheadUntilTheSizeChanges) {
   std::unique_ptr<GrantReadAhead> ahead = Make();
   daemon_.Refuse(true);
