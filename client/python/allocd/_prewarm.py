@@ -225,13 +225,13 @@ class Prewarmer:
         self._prewarm(what, hide)
 
     def _prewarm(self, size, hide):
-        self.counters["prewarms_attempted"] = self.counters["prewarms_attempted"] + 1
+        self.counters["prewarms_attempted"] += 1
         period = self.forecast.pattern()[0]
         start = time.time_ns()
         answer = self._prewarm_segment(size)
         if answer != PARKED:
             self.counters["prewarms_refused"] += 1
-            self._say(f"the daemon could not give it at once ({answer})", size, period, start)
+            self._say("refused", f"the daemon could not give it ({answer})", size, period, start)
             return
         torch = self._torch
         self.active = True
@@ -241,25 +241,28 @@ class Prewarmer:
             torch.cuda.caching_allocator_delete(address)
         except RuntimeError as error:  # torch.OutOfMemoryError is one
             self.counters["prewarms_failed"] += 1
-            self._say(f"PyTorch's allocation failed: {str(error).splitlines()[0]}", size,
-                      period, start)
+            self._say("failed", f"PyTorch's allocation failed: {str(error).splitlines()[0]}",
+                      size, period, start)
             return
         finally:
             self.active = False
             self._own = self._own[-3:] + [(start, time.time_ns())]
         hide(address)
         self.counters["prewarms_served"] += 1
-        self._say("cached", size, period, start)
+        self._say("served", "cached", size, period, start)
 
-    def _say(self, outcome, size, period, start):
+    def _say(self, kind, outcome, size, period, start):
+        """Keeps the pre-warm's outcome for stats(), and logs it the first time
+        its kind (served, refused, failed) comes in a pattern: every period
+        would flood the job's log."""
         self.last = (f"pre-warm of the peak of {size / (1 << 30):.1f} GiB recurring every "
                      f"{period:.2f} s: {outcome} in {(time.time_ns() - start) / 1e6:.1f} ms")
         if self.forecast.broken != self._broken_seen:
             self._broken_seen, self._logged = self.forecast.broken, set()
-        if outcome.split(" (")[0] not in self._logged:
-            self._logged.add(outcome.split(" (")[0])
-            self._log(self.last + " (logged once per outcome and pattern; allocd.stats() "
-                      "counts them all)")
+        if kind not in self._logged:
+            self._logged.add(kind)
+            self._log(self.last + " (logged once per outcome and pattern; allocd.stats()"
+                      "[\"prewarm\"] counts them all)")
 
     def stats(self):
         found = self.forecast.pattern()
