@@ -206,6 +206,17 @@ class PrewarmerTest(unittest.TestCase):
         self.prewarmer.observe(session([(9.02, PEAK)], reclaims=3), [])
         self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.03)
 
+    def test_a_grant_that_comes_late_is_left_to_the_peak(self):
+        def slow(size):
+            self.clock.now = 8.95  # the daemon waited for a neighbour
+            return PARKED
+
+        self.prewarmer._prewarm_segment = slow
+        self.run_at(8.71)
+        self.assertEqual(self.torch.calls, [], "the peak's cudaMalloc takes the grant")
+        stats = self.prewarmer.stats()
+        self.assertEqual((stats["prewarms_left_parked"], stats["prewarms_served"]), (1, 0))
+
     def test_a_failed_allocation_is_counted_and_its_oom_is_the_prewarms(self):
         seen_active = []
         alloc = self.torch.cuda.caching_allocator_alloc

@@ -813,15 +813,25 @@ TEST_F(DaemonTest, APrewarmTakesAnIdleCacheAheadAndNeverABusyOnes) {
   ASSERT_EQ(asked.size(), 1u);
   ASSERT_TRUE(asked[0].has_reclaim());
   EXPECT_EQ(asked[0].reclaim().bytes(), 8 * kChunk);
+  // The segment it foresees, come early, waits for it rather than asking.
+  absl::StatusOr<uint64_t> segment;
+  std::thread allocate([&] { segment = backend.AllocateSegment(kSegment); });
   ASSERT_TRUE(idle->Release(cached->epoch, cached->ids).ok());
   prewarm.join();
+  allocate.join();
   ASSERT_TRUE(prewarmed.ok()) << prewarmed;
-  EXPECT_TRUE(busy->TakeControl().empty());
-  EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
-
-  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(kSegment);
   ASSERT_TRUE(segment.ok()) << segment.status();
   EXPECT_EQ(job->own_acquires(), 0u) << "the segment took the pre-warmed grant";
+  EXPECT_TRUE(busy->TakeControl().empty());
+  EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
+  backend.FreeSegment(*segment, kSegment);
+
+  // Pre-warmed with room to spare, the next one is parked at once and the
+  // segment after it asks nothing either.
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  segment = backend.AllocateSegment(kSegment);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 0u);
   EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
 
   // Nothing idle is left (8 chunks free, the busy session's in use): the

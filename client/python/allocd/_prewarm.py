@@ -168,6 +168,7 @@ class Prewarmer:
         self._own = []  # (start, end) in ns of the pre-warms' own segments
         self.active = False  # a pre-warm's allocation in flight (its OOM is not the job's)
         self.counters = {"prewarms_attempted": 0, "prewarms_served": 0,
+                         "prewarms_left_parked": 0,
                          "prewarms_refused": 0, "prewarms_failed": 0,
                          "prewarms_skipped": {}, "peak_patterns_broken": 0}
         self.last = ""
@@ -233,6 +234,14 @@ class Prewarmer:
             self.counters["prewarms_refused"] += 1
             self._say("refused", f"the daemon could not give it ({answer})", size, period, start)
             return
+        if self._clock() >= self.forecast.next_at() - self.forecast.lead() / 4:
+            # The grant came late (the daemon waited for a neighbour): the
+            # peak's own cudaMalloc, due now, takes it (or took it, having
+            # waited for it); allocated here, it could be a second one.
+            self.counters["prewarms_left_parked"] += 1
+            self._say("late", "parked for the peak's own cudaMalloc (it came late)", size,
+                      period, start)
+            return
         torch = self._torch
         self.active = True
         try:
@@ -253,7 +262,7 @@ class Prewarmer:
 
     def _say(self, kind, outcome, size, period, start):
         """Keeps the pre-warm's outcome for stats(), and logs it the first time
-        its kind (served, refused, failed) comes in a pattern: every period
+        its kind (served, late, refused, failed) comes in a pattern: every period
         would flood the job's log."""
         self.last = (f"pre-warm of the peak of {size / (1 << 30):.1f} GiB recurring every "
                      f"{period:.2f} s: {outcome} in {(time.time_ns() - start) / 1e6:.1f} ms")
