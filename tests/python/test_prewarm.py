@@ -284,6 +284,15 @@ class HiddenEventsTest(unittest.TestCase):
         self.assertEqual(stream.send(), [(PEAK, 0)])
         self.assertEqual(lib.recorded, [4, 1])
 
+    def test_what_the_reader_dropped_is_not_looked_for_in_the_next_round(self):
+        lib = FakeLib()
+        stream = EventStream(lib, None, None, 0, FakeReader([(0, 4096, 0x100)]))
+        stream.hide(0x7000)  # its events lost to the reader's ring
+        stream.send()
+        stream.reader.events = [(0, PEAK, 0x7000), (1, PEAK, 0x7000)]
+        stream.send()
+        self.assertEqual(lib.recorded, [1, 2], "the job's own allocation there is sent")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -105,18 +105,20 @@ class EventStream:
     def hide(self, address):
         """The allocation just made at `address` and freed is the advisor's
         (a pre-warm), not the job's demand: its alloc, free_requested and
-        free_completed are left out of the stream (the job's later
-        allocations at that address are not)."""
+        free_completed are left out of the next send (the job's later
+        allocations at that address are not). Events the reader dropped are
+        not looked for after it: the job's next allocation there is its own."""
         self._hidden[address] = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
 
     def send(self):
         """Sends what the reader read since the last call; returns the
         (bytes, stream) of the allocations sent of at least watch_bytes."""
         ops, sizes, ids, streams, dropped = self.reader.read()
-        if not ops and not dropped:
-            return []
         if self._hidden:
             ops, sizes, ids, streams = self._without_hidden(ops, sizes, ids, streams)
+            self._hidden.clear()
+        if not ops and not dropped:
+            return []
         stream = (ops, sizes, ids, streams)
         start = 0
         for place, state in self._states_at_marks(ops):
