@@ -12,7 +12,7 @@ import types
 import unittest
 
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
-from allocd import _prewarm  # noqa: E402
+from allocd import _advisor, _prewarm  # noqa: E402
 from allocd._event_stream import EventStream  # noqa: E402
 from allocd._prewarm import PARKED, REFUSED, PeakForecast, Prewarmer  # noqa: E402
 
@@ -246,6 +246,45 @@ class PrewarmerTest(unittest.TestCase):
         finally:
             del os.environ["ALLOCD_PREWARM"]
         self.assertTrue(_prewarm.enabled())
+
+
+class StartTest(unittest.TestCase):
+    """Where the advisor pre-warms, and why not elsewhere."""
+
+    def torch(self, total_memory=CAPACITY):
+        torch = FakeTorch()
+        properties = types.SimpleNamespace(total_memory=total_memory)
+        torch.cuda.get_device_properties = staticmethod(
+            lambda device: properties if total_memory else types.SimpleNamespace())
+        return torch
+
+    def test_on_with_the_interposer_and_the_stream_else_why_not(self):
+        asked = []
+
+        def prewarm(device, size):
+            asked.append((device, size))
+            return PARKED
+
+        lib = types.SimpleNamespace(allocd_interpose_prewarm=prewarm)
+        events = EventStream(FakeLib(), None, None, 0, FakeReader([]))
+        prewarmer = _advisor.start_prewarmer(lib, self.torch(), 1, events)
+        self.assertIsInstance(prewarmer, Prewarmer)
+        self.assertEqual(events.watch_bytes, CAPACITY // 10)
+        self.assertEqual(prewarmer._prewarm_segment(PEAK), PARKED)
+        self.assertEqual(asked, [(1, PEAK)])
+
+        self.assertIn("older build", _advisor.start_prewarmer(
+            types.SimpleNamespace(), self.torch(), 0, events))
+        self.assertIn("no allocation stream", _advisor.start_prewarmer(
+            lib, self.torch(), 0, None))
+        self.assertIn("memory is unknown", _advisor.start_prewarmer(
+            lib, self.torch(total_memory=0), 0, events))
+        os.environ["ALLOCD_PREWARM"] = "0"
+        try:
+            self.assertIn("ALLOCD_PREWARM=0", _advisor.start_prewarmer(
+                lib, self.torch(), 0, events))
+        finally:
+            del os.environ["ALLOCD_PREWARM"]
 
 
 class FakeReader:

@@ -233,7 +233,7 @@ def _enable_transparent(socket, job, device, required, period, autotune, record_
     # PyTorch's own allocator: its stream is the autotuner's evidence, as in
     # advise().
     _state.advisor = _advisor.start_advisor(lib, client, torch, device, period, config,
-                                            record_events)
+                                            record_events, transparent=True)
     _state.interposer = path
     return True
 

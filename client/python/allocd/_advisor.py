@@ -64,8 +64,10 @@ def connect(torch, socket, job, config, device, autotune):
     return lib, client
 
 
-def start_advisor(lib, client, torch, device, period, config, record_events):
-    """The advisor thread, started on a connected session. AllocdUnavailable
+def start_advisor(lib, client, torch, device, period, config, record_events,
+                  transparent=False):
+    """The advisor thread, started on a connected session (`transparent`: the
+    interposer's, whose cudaMallocs a pre-warm serves). AllocdUnavailable
     when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
     for by name, it is not silently replaced.
 
@@ -85,7 +87,8 @@ def start_advisor(lib, client, torch, device, period, config, record_events):
         raise
     events = EventStream(lib, client, torch, device, reader) if reader is not None else None
     advisor = Advisor(lib, client, torch, device, period, config, events,
-                      start_prewarmer(lib, torch, device, events))
+                      start_prewarmer(lib, torch, device, events) if transparent
+                      else "off (transparent mode only)")
     if events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
     advisor.take_start_config()
@@ -100,10 +103,10 @@ def start_prewarmer(lib, torch, device, events):
     whether a pre-warmed peak came."""
     if not prewarm_enabled():
         return "off ($ALLOCD_PREWARM=0)"
-    prewarm = getattr(lib, "allocd_interpose_prewarm", None) if hasattr(
-        lib, "allocd_interpose_session") else None
+    prewarm = getattr(lib, "allocd_interpose_prewarm", None)
     if prewarm is None:
-        return "off (transparent mode only)"
+        return "off (the interposer has no allocd_interpose_prewarm: an older build)"
+    prewarm.restype, prewarm.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
     if events is None:
         return "off (no allocation stream: record_events=False)"
     try:

@@ -80,9 +80,7 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
     has it (one copy of the client per process), else liballocd_client.so."""
     path = path or loaded_interposer()
     extra = {"allocd_interpose_session": (ctypes.c_void_p, [ctypes.c_int]),
-             "allocd_interpose_wait_session": (ctypes.c_int, []),
-             "allocd_interpose_prewarm": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64])
-             } if path else {}
+             "allocd_interpose_wait_session": (ctypes.c_int, [])} if path else {}
     c_client = ctypes.c_void_p
     return load(path or library_path(), {
         **extra,
