@@ -150,6 +150,33 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
   return **std::move(got);
 }
 
+absl::Status ChunkGrants::Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
+                                  bool client_creates) {
+  GrantReadAhead* const ahead = read_ahead_.get();
+  if (ahead == nullptr) {
+    return absl::FailedPreconditionError(
+        "grants are not read ahead here (read_ahead_keep is zero): a grant "
+        "asked for ahead would have nowhere to wait for its use");
+  }
+  const GrantReadAhead::Key key{.bytes = bytes,
+                                .max_chunk_bytes = max_chunk_bytes,
+                                .client_creates = client_creates};
+  ahead->BeginPark(key);
+  absl::StatusOr<std::optional<ReceivedChunks>> got =
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
+  if (!got.ok()) {
+    ahead->Park(key, std::nullopt);
+    return got.status();
+  }
+  if (!ahead->Park(key, **std::move(got))) {
+    return absl::AbortedError(
+        "the daemon asked for memory back while the grant was asked for: "
+        "it went back");
+  }
+  report_read_ahead_(ahead->parked_bytes());
+  return absl::OkStatus();
+}
+
 std::vector<ReceivedChunks> ChunkGrants::AcquireAhead(uint64_t bytes,
                                                       uint64_t max_chunk_bytes,
                                                       uint32_t count,

@@ -72,6 +72,20 @@ class ChunkGrants {
                                            uint64_t max_chunk_bytes,
                                            uint32_t count,
                                            bool client_creates);
+  // A grant as Acquire's (the daemon may ask other sessions to give back
+  // what they cache, and the caller waits for it), asked for ahead of a need
+  // the caller foresees (the pre-warm of a recurring peak), parked for the
+  // next Acquire with the same arguments: that one then asks the daemon
+  // nothing, and, come while the grant is asked for, waits for it
+  // (GrantReadAhead::BeginPark, Park). Unused, it is given back after
+  // read_ahead_keep, or when the daemon asks for memory back (it counts as
+  // read ahead). FailedPrecondition without read-ahead
+  // (options.read_ahead_keep zero); Aborted when the daemon asked for memory
+  // back meanwhile (the grant went back); otherwise Acquire's errors
+  // (ResourceExhausted: the daemon could not give it). Nothing is parked
+  // on an error.
+  absl::Status Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
+                       bool client_creates);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.

@@ -212,6 +212,7 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
     mapped = MapReceived(address, bytes, *got);
     if (mapped.ok()) {
       client_->map_path().segments_mapped.fetch_add(1, std::memory_order_relaxed);
+      client_->map_path().NoteSegment(bytes);
       break;
     }
     (void)client_->Release(got->epoch, got->ids);
@@ -234,6 +235,11 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
     held_ += m.bytes;
   }
   return absl::OkStatus();
+}
+
+absl::Status DaemonBackend::Prewarm(size_t bytes) {
+  // AllocateSegment's first ask (Map): whole, with the largest chunks.
+  return client_->Prewarm(bytes, UINT64_MAX, client_creates_);
 }
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,

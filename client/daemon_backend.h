@@ -118,6 +118,12 @@ class DaemonBackend : public DeviceBackend {
   // for again with every chunk made by the daemon, which can trim its cache
   // and reclaim other jobs' (counted by client_create_fallbacks).
   void set_client_creates(bool on) { client_creates_ = on && mapper_->CanCreate(); }
+  // Asks the daemon for the chunks of a segment of `bytes` ahead of the
+  // AllocateSegment of `bytes` that the caller foresees (the pre-warm of a
+  // recurring peak: allocd/_prewarm.py), which then takes them without
+  // asking: DaemonClient::Prewarm, which says what the errors mean. May be
+  // called from any thread while AllocateSegment runs on another.
+  absl::Status Prewarm(size_t bytes);
   // Segments the daemon made because this process could not.
   uint64_t client_create_fallbacks() const { return client_create_fallbacks_; }
 

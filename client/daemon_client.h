@@ -78,6 +78,10 @@ class DaemonClient {
                                            bool client_creates = false) {
     return grants_.AcquireAhead(bytes, max_chunk_bytes, count, client_creates);
   }
+  absl::Status Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
+                       bool client_creates) {
+    return grants_.Prewarm(bytes, max_chunk_bytes, client_creates);
+  }
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids) {
     return grants_.Release(epoch, ids);
   }

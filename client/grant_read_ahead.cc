@@ -34,8 +34,9 @@ std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
   // A fetch wanted or in flight is one round trip from done, never a wait
   // for other sessions: for this key, waiting beats asking twice.
   if (wanted_.has_value() && !(*wanted_ == key)) wanted_.reset();
-  auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return !fetching_ && !wanted_.has_value();
+  auto settled = [this, &key]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !fetching_ && !wanted_.has_value() &&
+           !(parking_.has_value() && parking_->first == key);
   };
   mu_.Await(absl::Condition(&settled));
   if (!parked_.has_value()) return std::nullopt;
@@ -75,6 +76,36 @@ uint64_t GrantReadAhead::Drop() {
   return ParkedBytes();
 }
 
+void GrantReadAhead::BeginPark(const Key& key) {
+  absl::MutexLock lock(&mu_);
+  parking_.emplace(key, drops_);
+}
+
+bool GrantReadAhead::Park(const Key& key, std::optional<ReceivedChunks> grant) {
+  absl::MutexLock lock(&mu_);
+  const bool dropped = parking_.has_value() && parking_->second != drops_;
+  parking_.reset();
+  if (!grant.has_value()) return false;
+  std::deque<ReceivedChunks> grants;
+  grants.push_back(*std::move(grant));
+  if (dropped || stopping_) {
+    GiveBackAll(std::move(grants));
+    return false;
+  }
+  wanted_.reset();
+  auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !fetching_; };
+  mu_.Await(absl::Condition(&settled));
+  if (parked_.has_value()) {
+    std::deque<ReceivedChunks> before = std::move(parked_->grants);
+    parked_.reset();
+    GiveBackAll(std::move(before));
+  }
+  parked_ = Parked{
+      .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
+  parked_by_caller_ = true;
+  return true;
+}
+
 uint64_t GrantReadAhead::parked_bytes() const {
   absl::MutexLock lock(&mu_);
   return ParkedBytes();
@@ -93,12 +124,14 @@ void GrantReadAhead::Run() {
   mu_.Lock();
   for (;;) {
     auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (wanted_.has_value() && !parked_.has_value()) ||
+      return stopping_ || parked_by_caller_ ||
+             (wanted_.has_value() && !parked_.has_value()) ||
              (parked_.has_value() && parked_->until <= absl::Now());
     };
     mu_.AwaitWithDeadline(absl::Condition(&work),
                           parked_.has_value() ? parked_->until
                                               : absl::InfiniteFuture());
+    parked_by_caller_ = false;
     if (parked_.has_value() &&
         (stopping_ || parked_->until <= absl::Now())) {
       std::deque<ReceivedChunks> expired = std::move(parked_->grants);

@@ -19,6 +19,10 @@
 //   asks for its own, so the two never count against a quota together);
 // - Drop() gives them back (the daemon asked the session to give memory
 //   back);
+// - a grant the caller asks for itself ahead of a need it foresees
+//   (BeginPark, Park: the pre-warm of a recurring peak) is parked as a
+//   fetch's are, and the request it foresees, come while it is asked for,
+//   waits for it as for a fetch;
 // - a fetch is never one that waits for other sessions to give memory
 //   back, nor one that makes the daemon create memory: Fetch answers
 //   nothing then, and nothing is read ahead until the size changes or the
@@ -42,6 +46,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -92,6 +97,19 @@ class GrantReadAhead {
   // Gives back what is parked and what a fetch in flight brings; returns
   // the bytes parked.
   uint64_t Drop();
+  // The caller asks for a grant of `key` itself, ahead of a need it
+  // foresees (ChunkGrants::Prewarm): until its Park, a Take of `key` waits
+  // for it as for a fetch in flight (the request it foresees, come early,
+  // takes it rather than asking the daemon for the same memory again,
+  // since that waits for the same reclaim). One at a time.
+  void BeginPark(const Key& key);
+  // Ends BeginPark(`key`): parks `grant` (nullopt: none came) for the next
+  // Take of `key`, kept for `keep` as a fetch's grants are; what was parked
+  // before is given back first (after a fetch in flight), and a fetch
+  // wanted is not made. A grant that comes after a Drop since BeginPark
+  // (the daemon asked for memory back meanwhile) is given back at once.
+  // Returns whether `grant` was parked.
+  bool Park(const Key& key, std::optional<ReceivedChunks> grant);
 
   uint64_t parked_bytes() const;
 
@@ -122,6 +140,10 @@ class GrantReadAhead {
   uint32_t batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::optional<Key> wanted_ ABSL_GUARDED_BY(mu_);
   bool fetching_ ABSL_GUARDED_BY(mu_) = false;
+  // Between BeginPark and Park: the key, and drops_ at BeginPark.
+  std::optional<std::pair<Key, uint64_t>> parking_ ABSL_GUARDED_BY(mu_);
+  // Set by Park: the thread's wait is for another deadline now.
+  bool parked_by_caller_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped by Drop: a fetch that began before brings back nothing to keep.
   uint64_t drops_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Parked> parked_ ABSL_GUARDED_BY(mu_);

@@ -16,7 +16,20 @@ nlohmann::json MapPathCounters::ToJson() const {
           {"unmap_ns", read(unmap_ns)},
           {"chunks_given", read(chunks_given)},
           {"give_ns", read(give_ns)},
-          {"gives_failed", read(gives_failed)}};
+          {"gives_failed", read(gives_failed)},
+          {"large_segments", LargeSegments()}};
+}
+
+void MapPathCounters::NoteSegment(uint64_t bytes) {
+  if (bytes < kLargeSegmentBytes) return;
+  absl::MutexLock lock(&mu_);
+  large_segments_.emplace_back(absl::GetCurrentTimeNanos(), bytes);
+  if (large_segments_.size() > kLargeSegmentsKept) large_segments_.pop_front();
+}
+
+std::deque<std::pair<int64_t, uint64_t>> MapPathCounters::LargeSegments() const {
+  absl::MutexLock lock(&mu_);
+  return large_segments_;
 }
 
 }  // namespace allocd

@@ -6,13 +6,18 @@
 // of them it waited for (allocd.stats()["map_path"]).
 //
 // Thread-safe: relaxed atomics, a few nanoseconds on a path that waits
-// microseconds for the driver.
+// microseconds for the driver; the log of large segments takes a mutex, once
+// a segment of a GiB or more.
 #ifndef ALLOCD_CLIENT_MAP_PATH_COUNTERS_H_
 #define ALLOCD_CLIENT_MAP_PATH_COUNTERS_H_
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 
@@ -37,8 +42,26 @@ struct MapPathCounters {
   // before that is in chunks_given; what it takes after, nowhere).
   std::atomic<uint64_t> gives_failed{0};
 
-  // Every counter by its name: times in ns.
+  // The segments logged by LargeSegments.
+  static constexpr uint64_t kLargeSegmentBytes = uint64_t{1} << 30;
+  static constexpr size_t kLargeSegmentsKept = 8;
+
+  // A segment of `bytes` was mapped now: logged when it is large.
+  void NoteSegment(uint64_t bytes);
+  // The last kLargeSegmentsKept segments of at least kLargeSegmentBytes
+  // mapped, oldest first, as (when: Unix time in ns, bytes): when a job's
+  // largest allocations came from the daemon rather than its cache (the
+  // Python advisor forecasts a recurring peak from them: allocd/
+  // _prewarm.py).
+  std::deque<std::pair<int64_t, uint64_t>> LargeSegments() const;
+
+  // Every counter by its name: times in ns; "large_segments" as
+  // [[ns, bytes], ...].
   nlohmann::json ToJson() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::deque<std::pair<int64_t, uint64_t>> large_segments_ ABSL_GUARDED_BY(mu_);
 };
 
 // Adds the nanoseconds from its construction to its destruction to a

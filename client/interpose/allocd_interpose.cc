@@ -455,6 +455,23 @@ class Interposer {
     return first_device_;
   }
 
+  // allocd_interpose_prewarm. Not under mu_: the ask may wait for other
+  // sessions to give memory back, and the job's cudaMalloc and cudaFree
+  // must not wait for it.
+  int Prewarm(int device, uint64_t bytes) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
+    const absl::Status parked = session->backend->Prewarm(
+        RoundUp(bytes, session->client->chunk_bytes()));
+    if (!parked.ok()) {
+      Log("pre-warm of %llu bytes refused: %s",
+          static_cast<unsigned long long>(bytes),
+          std::string(parked.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+
   allocd_client* ControlHandle(int device) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return nullptr;
@@ -658,6 +675,19 @@ ALLOCD_EXPORT allocd_client* allocd_interpose_session(int device) {
 // (torch.cuda.set_device) after CUDA starts is tuned on the GPU it uses.
 ALLOCD_EXPORT int allocd_interpose_wait_session() {
   return Interposer::Get().WaitForFirstSession();
+}
+
+// For the Python package (allocd/_prewarm.py): asks the daemon now for the
+// chunks of a cudaMalloc of `bytes` on `device` that the caller foresees (a
+// recurring peak), waiting while the daemon asks other sessions to give
+// back what they cache, and parks them for that cudaMalloc, which then
+// asks the daemon nothing; unused, they go back after the read-ahead's keep
+// ($ALLOCD_READ_AHEAD_MS) or when the daemon asks for memory back. 0:
+// parked; 1: the daemon could not give them (nothing parked, the reason in
+// the verbose log), or reading ahead is off; -1: no daemon session serves
+// `device`.
+ALLOCD_EXPORT int allocd_interpose_prewarm(int device, uint64_t bytes) {
+  return Interposer::Get().Prewarm(device, bytes);
 }
 
 ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -195,6 +196,72 @@ TEST_F(GrantReadAheadTest, DropGivesBackAParkedGrantAtOnce) {
   ahead->Drop();
   ASSERT_TRUE(Eventually([&] { return daemon_.returned().size() == 1; }));
   EXPECT_EQ(ahead->parked_bytes(), 0u);
+}
+
+// A grant the caller asked for ahead (a pre-warm) serves the next Take of
+// its key, before the first request of that key ever read ahead.
+TEST_F(GrantReadAheadTest, AParkedPrewarmServesTheNextTakeOfItsKey) {
+  std::unique_ptr<GrantReadAhead> ahead = Make();
+  ahead->Park(kTwoGiB, ReceivedChunks{.ids = {7}, .sizes = {kSegment}});
+  EXPECT_EQ(ahead->parked_bytes(), kSegment);
+  std::optional<ReceivedChunks> got = ahead->Take(kTwoGiB);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->ids, std::vector<uint64_t>{7});
+  EXPECT_EQ(ahead->parked_bytes(), 0u);
+  EXPECT_TRUE(daemon_.fetched().empty());
+  EXPECT_TRUE(daemon_.returned().empty());
+}
+
+// Unused, it goes back after the keep (the thread waits for its deadline,
+// not the one it waited for before it was parked), or at once on a Drop;
+// and it replaces what was parked before.
+TEST_F(GrantReadAheadTest, AParkedPrewarmGoesBackAfterItsTimeOrOnADrop) {
+  std::unique_ptr<GrantReadAhead> ahead = Make(absl::Milliseconds(30));
+  ahead->Park(kTwoGiB, ReceivedChunks{.ids = {7}, .sizes = {kSegment}});
+  ASSERT_TRUE(Eventually([&] { return daemon_.returned().size() == 1; }));
+  EXPECT_EQ(ahead->parked_bytes(), 0u);
+  EXPECT_FALSE(ahead->Take(kTwoGiB).has_value());
+
+  std::unique_ptr<GrantReadAhead> kept = Make(absl::Seconds(30));
+  kept->Park(kTwentyMiB, ReceivedChunks{.ids = {8}, .sizes = {kTwentyMiB.bytes}});
+  kept->Park(kTwoGiB, ReceivedChunks{.ids = {9}, .sizes = {kSegment}});
+  EXPECT_EQ(daemon_.returned(), (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(kept->parked_bytes(), kSegment);
+  kept->Drop();
+  ASSERT_TRUE(Eventually([&] { return daemon_.returned().size() == 3; }));
+  EXPECT_EQ(daemon_.returned().back(), 9u);
+}
+
+// The request a pre-warm foresees, come while the pre-warm's grant is
+// asked for, waits for it and takes it (a request of another size does
+// not wait); a Drop meanwhile sends the grant back instead.
+TEST_F(GrantReadAheadTest, ATakeWaitsForAPrewarmInFlightOfItsKey) {
+  std::unique_ptr<GrantReadAhead> ahead = Make();
+  ahead->BeginPark(kTwoGiB);
+  EXPECT_FALSE(ahead->Take(kTwentyMiB).has_value());
+  std::optional<ReceivedChunks> taken;
+  absl::Notification took;
+  std::thread take([&] {
+    taken = ahead->Take(kTwoGiB);
+    took.Notify();
+  });
+  EXPECT_FALSE(took.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  EXPECT_TRUE(ahead->Park(kTwoGiB, ReceivedChunks{.ids = {7}, .sizes = {kSegment}}));
+  take.join();
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->ids, std::vector<uint64_t>{7});
+
+  ahead->BeginPark(kTwoGiB);
+  ahead->Drop();
+  EXPECT_FALSE(ahead->Park(kTwoGiB, ReceivedChunks{.ids = {8}, .sizes = {kSegment}}));
+  EXPECT_EQ(daemon_.returned(), std::vector<uint64_t>{8});
+  EXPECT_EQ(ahead->parked_bytes(), 0u);
+  // A pre-warm the daemon refused parks nothing, and wakes the waiter.
+  ahead->BeginPark(kTwoGiB);
+  std::thread refused([&] { taken = ahead->Take(kTwoGiB); });
+  EXPECT_FALSE(ahead->Park(kTwoGiB, std::nullopt));
+  refused.join();
+  EXPECT_FALSE(taken.has_value());
 }
 
 TEST_F(GrantReadAheadTest, ARefusedFetchStopsReadingAheadUntilTheSizeChanges) {

@@ -16,12 +16,12 @@ import subprocess
 import sys
 import unittest
 
-# What each library may export, and the package module whose ctypes calls
+# What each library may export, and the package modules whose ctypes calls
 # it must answer.
 CONTRACTS = {
-    "client": (r"allocd_\w+", "_bindings.py"),
-    "interpose": (r"allocd_\w+|cuda\w+", "_bindings.py"),
-    "torch": (r"allocd_torch_\w+", "_engine.py"),
+    "client": (r"allocd_\w+", ("_bindings.py",)),
+    "interpose": (r"allocd_\w+|cuda\w+", ("_bindings.py", "_advisor.py")),
+    "torch": (r"allocd_torch_\w+", ("_engine.py",)),
 }
 # Called on the interposer's sessions only.
 INTERPOSER_ONLY = re.compile(r"allocd_interpose_\w+")
@@ -35,26 +35,28 @@ def exported(path):
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
 
-def called_by_package(module):
-    source = os.path.join(os.environ["ALLOCD_PYTHON_SOURCE"], module)
-    with open(source) as f:
-        return set(re.findall(r'"(allocd_\w+)"', f.read()))
+def called_by_package(modules):
+    names = set()
+    for module in modules:
+        with open(os.path.join(os.environ["ALLOCD_PYTHON_SOURCE"], module)) as f:
+            names |= set(re.findall(r'"(allocd_\w+)"', f.read()))
+    return names
 
 
 class ExportsTest(unittest.TestCase):
     libraries = {}
 
     def check(self, name, path):
-        allowed, module = CONTRACTS[name]
+        allowed, modules = CONTRACTS[name]
         symbols = exported(path)
         stray = sorted(s for s in symbols if not re.fullmatch(allowed, s))
         self.assertEqual(stray, [], f"{path} exports more than its C functions")
-        needed = called_by_package(module)
+        needed = called_by_package(modules)
         if name == "client":
             needed = {n for n in needed if not INTERPOSER_ONLY.fullmatch(n)}
         if name == "interpose":
             needed |= INTERPOSED
-        self.assertTrue(needed, f"no ctypes calls found in {module}")
+        self.assertTrue(needed, f"no ctypes calls found in {modules}")
         self.assertEqual(sorted(needed - symbols), [],
                          f"{path} lacks functions the Python package calls")
 

@@ -3,6 +3,7 @@
 // (linked in, as the real interposer links them). PyTorch's first cudaMalloc
 // connects the process's session for device 0, as the real one connects on
 // first use; the memory itself is the process's own.
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 
@@ -44,6 +45,12 @@ __attribute__((visibility("default"))) allocd_client* allocd_interpose_session(
 __attribute__((visibility("default"))) int allocd_interpose_wait_session() {
   connected.WaitForNotification();
   return 0;
+}
+
+// No grant is ever parked here: the daemon could not give it at once.
+__attribute__((visibility("default"))) int allocd_interpose_prewarm(
+    int /*device*/, uint64_t /*bytes*/) {
+  return 1;
 }
 
 // What the fake torch's allocator calls (cudaError_t: 0 is cudaSuccess).

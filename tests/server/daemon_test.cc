@@ -784,6 +784,68 @@ TEST_F(DaemonTest, TheMapPathCountersSayWhereASegmentsTimeWent) {
   EXPECT_EQ(reported.at("acquire_ns"), counters.acquire_ns.load());
 }
 
+// A pre-warm (the advisor's, of a recurring peak) takes an idle session's
+// cache ahead, waiting for it in the pre-warm rather than in the segment
+// request, which then asks the daemon nothing; it never asks a session
+// whose memory is in use, and one that the idle caches cannot cover parks
+// nothing.
+TEST_F(DaemonTest, APrewarmTakesAnIdleCacheAheadAndNeverABusyOnes) {
+  std::unique_ptr<DaemonClient> idle = Client("idle");
+  absl::StatusOr<ReceivedChunks> cached = idle->Acquire(16 * kChunk);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *idle, {{"reserved_bytes.all.current", 16 * kChunk}, {"allocated_bytes.all.current", 0}}));
+  std::unique_ptr<DaemonClient> busy = Client("busy");
+  absl::StatusOr<ReceivedChunks> used = busy->Acquire(12 * kChunk);
+  ASSERT_TRUE(used.ok()) << used.status();
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *busy,
+      {{"reserved_bytes.all.current", 12 * kChunk}, {"allocated_bytes.all.current", 12 * kChunk}}));
+
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::Seconds(60), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  DaemonBackend backend(job.get());
+  constexpr uint64_t kSegment = 12 * kChunk;  // 4 chunks free: 8 short
+  absl::Status prewarmed;
+  std::thread prewarm([&] { prewarmed = backend.Prewarm(kSegment); });
+  std::vector<v1::ControlMessage> asked = AwaitControl(*idle);
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_TRUE(asked[0].has_reclaim());
+  EXPECT_EQ(asked[0].reclaim().bytes(), 8 * kChunk);
+  // The segment it foresees, come early, waits for it rather than asking.
+  absl::StatusOr<uint64_t> segment;
+  std::thread allocate([&] { segment = backend.AllocateSegment(kSegment); });
+  ASSERT_TRUE(idle->Release(cached->epoch, cached->ids).ok());
+  prewarm.join();
+  allocate.join();
+  ASSERT_TRUE(prewarmed.ok()) << prewarmed;
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 0u) << "the segment took the pre-warmed grant";
+  EXPECT_TRUE(busy->TakeControl().empty());
+  EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
+  backend.FreeSegment(*segment, kSegment);
+
+  // Pre-warmed with room to spare, the next one is parked at once and the
+  // segment after it asks nothing either.
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  segment = backend.AllocateSegment(kSegment);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 0u);
+  EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
+
+  // Nothing idle is left (8 chunks free, the busy session's in use): the
+  // pre-warm is refused, nobody asked, nothing parked.
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *idle, {{"reserved_bytes.all.current", 0}, {"allocated_bytes.all.current", 0}}));
+  const absl::Status refused = backend.Prewarm(kSegment);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(busy->TakeControl().empty());
+  EXPECT_TRUE(idle->TakeControl().empty());
+  EXPECT_EQ(Status().in_use_bytes(), 12 * kChunk + kSegment);
+  backend.FreeSegment(*segment, kSegment);
+}
+
 // The interposer's client returns what a free unmapped in the background:
 // a free does not wait for the daemon (here stopped), and the daemon hears
 // of it before it must refuse the next acquire.

@@ -184,7 +184,13 @@ def enable(socket=None, job=None, device=None, required=False, mode=None, period
     when another job on the GPU is short. A job whose label learned a
     config in earlier runs (a push the autotuner kept) starts on it: called
     before ``import torch``, enable() sets it for PyTorch as `allocd run`
-    does, the job's own config kept as where a rollback returns.
+    does, the job's own config kept as where a rollback returns. A peak
+    that recurs with a steady period and that a neighbour's reclaim takes
+    between occurrences (an inference server's large batch beside a
+    trainer) is pre-warmed: a tenth of a period before it, the advisor
+    gets its memory back into PyTorch's cache, so that the neighbour waits
+    for it, not the job (allocd/_prewarm.py; stats()["prewarm"];
+    $ALLOCD_PREWARM=0: off).
 
     Returns True when enabled. Calling it again is a no-op.
     """
@@ -227,7 +233,7 @@ def _enable_transparent(socket, job, device, required, period, autotune, record_
     # PyTorch's own allocator: its stream is the autotuner's evidence, as in
     # advise().
     _state.advisor = _advisor.start_advisor(lib, client, torch, device, period, config,
-                                            record_events)
+                                            record_events, transparent=True)
     _state.interposer = path
     return True
 

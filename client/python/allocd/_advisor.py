@@ -27,6 +27,7 @@ from ._bindings import AllocdUnavailable, Target, load_client
 from ._event_stream import EventStream, event_reader, start_state
 from ._features import FeatureHooks
 from ._history import HistoryReader
+from ._prewarm import Prewarmer, enabled as prewarm_enabled
 
 
 def gpu_uuid(torch, device):
@@ -63,8 +64,10 @@ def connect(torch, socket, job, config, device, autotune):
     return lib, client
 
 
-def start_advisor(lib, client, torch, device, period, config, record_events):
-    """The advisor thread, started on a connected session. AllocdUnavailable
+def start_advisor(lib, client, torch, device, period, config, record_events,
+                  transparent=False):
+    """The advisor thread, started on a connected session (`transparent`: the
+    interposer's, whose cudaMallocs a pre-warm serves). AllocdUnavailable
     when $ALLOCD_EVENT_SOURCE=tracker and the tracker cannot be had: asked
     for by name, it is not silently replaced.
 
@@ -83,12 +86,36 @@ def start_advisor(lib, client, torch, device, period, config, record_events):
         lib.allocd_disconnect(client)
         raise
     events = EventStream(lib, client, torch, device, reader) if reader is not None else None
-    advisor = Advisor(lib, client, torch, device, period, config, events)
+    advisor = Advisor(lib, client, torch, device, period, config, events,
+                      start_prewarmer(lib, torch, device, events) if transparent
+                      else "off (transparent mode only)")
     if events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
     advisor.take_start_config()
     advisor.start()
     return advisor
+
+
+def start_prewarmer(lib, torch, device, events):
+    """The pre-warms of the job's recurring peak (_prewarm.py), or why there are
+    none: they need the interposer (transparent mode), whose grant the
+    pre-warm's cudaMalloc takes, and the allocation stream, which tells
+    whether a pre-warmed peak came."""
+    if not prewarm_enabled():
+        return "off ($ALLOCD_PREWARM=0)"
+    prewarm = getattr(lib, "allocd_interpose_prewarm", None)
+    if prewarm is None:
+        return "off (the interposer has no allocd_interpose_prewarm: an older build)"
+    prewarm.restype, prewarm.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
+    if events is None:
+        return "off (no allocation stream: record_events=False)"
+    try:
+        capacity = torch.cuda.get_device_properties(device).total_memory
+    except (AttributeError, AssertionError, RuntimeError):
+        return "off (the GPU's memory is unknown)"
+    prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size), capacity)
+    events.watch_bytes = prewarmer.watch_bytes()
+    return prewarmer
 
 
 class Advisor:
@@ -128,7 +155,8 @@ class Advisor:
     # registration: it is pushed on the control stream as the session opens.
     START_CONFIG_WAIT_S = 2.0
 
-    def __init__(self, lib, client, torch, device, period, config, events=None):
+    def __init__(self, lib, client, torch, device, period, config, events=None,
+                 prewarmer=None):
         self._lib = lib
         self._client = client
         self._torch = torch
@@ -136,6 +164,9 @@ class Advisor:
         self._period = period
         self._quick_until = time.monotonic() + self.QUICK_START_S
         self._events = events
+        # The pre-warms of the job's recurring peak (a Prewarmer), or why none.
+        self._prewarmer = prewarmer if isinstance(prewarmer, Prewarmer) else None
+        self._prewarm_off = None if self._prewarmer is not None else (prewarmer or "off")
         self._stop = threading.Event()
         self._wake = threading.Event()  # a round now, not at the period's end
         self._round_done = threading.Event()
@@ -157,7 +188,7 @@ class Advisor:
         # optimizer step, and "state" the part of it that reads the
         # allocator's state (the job waits for both).
         self.seconds_by_part = {"events": 0.0, "poll": 0.0, "stats": 0.0, "session": 0.0,
-                                "step_hook": 0.0, "state": 0.0}
+                                "step_hook": 0.0, "state": 0.0, "prewarm": 0.0}
         self._session_buffer = ctypes.create_string_buffer(1 << 16)  # the rounds'
         self.steps_marked = 0
         self._waking_until_mark = 0  # marks up to this one wake a round: after an apply
@@ -204,6 +235,8 @@ class Advisor:
                 "advisor_rounds": self.rounds,
                 "advisor_seconds_by_part": dict(self.seconds_by_part),
                 "event_source": self.event_source,
+                "prewarm": self._prewarmer.stats() if self._prewarmer is not None
+                else {"off": self._prewarm_off},
                 "memory_stats": dict(self.last_stats)}
 
     @property
@@ -221,7 +254,9 @@ class Advisor:
             self.busy_seconds += time.perf_counter() - start
             self.rounds += 1
             self._round_done.set()
-            self._wake.wait(self.round_period())
+            wait = self.round_period()
+            due = self._prewarmer.seconds_until_due() if self._prewarmer else None
+            self._wake.wait(wait if due is None else min(wait, due))
             self._wake.clear()
 
     def _watch_control(self):
@@ -282,8 +317,7 @@ class Advisor:
         parts = self.seconds_by_part
         with self._lock:
             start = time.perf_counter()
-            if self._events is not None:
-                self._events.send()
+            large = self._events.send() if self._events is not None else []
             sent = time.perf_counter()
             self._lib.allocd_poll(self._client, ctypes.byref(self._target))
             polled = time.perf_counter()
@@ -291,6 +325,15 @@ class Advisor:
             parts["session"] += time.perf_counter() - polled
             parts["poll"] += polled - sent
             parts["events"] += sent - start
+        if self._prewarmer is not None:
+            # Outside the lock: a pre-warm may wait for the daemon to reclaim
+            # (in this thread: the job's hooks do not wait for it). The next
+            # round, which sends its events, comes after it.
+            start = time.perf_counter()
+            self._prewarmer.observe(self.session, large)
+            self._prewarmer.run_due(self.session.get("reclaims", 0),
+                                    self.session.get("config", ""), self._events.hide)
+            parts["prewarm"] += time.perf_counter() - start
 
     def _read_session(self, buffer=None):
         """Reads the session back (into `buffer`, the round's own: other threads
@@ -384,6 +427,8 @@ class Advisor:
             return
 
         def observer(device, alloc, device_allocated, device_free):
+            if self._prewarmer is not None and self._prewarmer.active:
+                return  # the pre-warm's own, not the job's (it is counted there)
             message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
                        f"bytes; {device_allocated} allocated, {device_free} free")
             self._lib.allocd_report_oom(self._client, alloc, message.encode())

@@ -3,6 +3,7 @@ allocator's alloc/free events, read by the tracker or PyTorch's history,
 and the allocator's state where the stream starts and at step marks.
 """
 
+import array
 import collections
 import os
 import time
@@ -10,7 +11,7 @@ import warnings
 
 from . import _allocator_state
 from ._bindings import AllocdUnavailable, address
-from ._history import STEP, HistoryReader
+from ._history import ALLOC, FREE_COMPLETED, FREE_REQUESTED, STEP, HistoryReader
 
 
 def start_state(torch, device):
@@ -87,6 +88,12 @@ class EventStream:
         self._state_period = _allocator_state.period()
         self._last_state = None  # time.monotonic() of the last one read
         self._marks_sent = 0
+        # Addresses of allocations that are the advisor's, not the job's (a
+        # pre-warm: _prewarm.py), each with the ops of its events still to
+        # leave out, in order.
+        self._hidden = {}
+        # From this size on, send() returns the allocations it sends (0: none).
+        self.watch_bytes = 0
 
     def send_state(self, state):
         """Sends `state` (where the stream starts); whether it was."""
@@ -95,11 +102,23 @@ class EventStream:
         self.states_sent += 1
         return True
 
+    def hide(self, address):
+        """The allocation just made at `address` and freed is the advisor's
+        (a pre-warm), not the job's demand: its alloc, free_requested and
+        free_completed are left out of the next send (the job's later
+        allocations at that address are not). Events the reader dropped are
+        not looked for after it: the job's next allocation there is its own."""
+        self._hidden[address] = [ALLOC, FREE_REQUESTED, FREE_COMPLETED]
+
     def send(self):
-        """Sends what the reader read since the last call."""
+        """Sends what the reader read since the last call; returns the
+        (bytes, stream) of the allocations sent of at least watch_bytes."""
         ops, sizes, ids, streams, dropped = self.reader.read()
+        if self._hidden:
+            ops, sizes, ids, streams = self._without_hidden(ops, sizes, ids, streams)
+            self._hidden.clear()
         if not ops and not dropped:
-            return
+            return []
         stream = (ops, sizes, ids, streams)
         start = 0
         for place, state in self._states_at_marks(ops):
@@ -109,6 +128,30 @@ class EventStream:
             self.send_state(state)
         self._record(stream, start, len(ops), dropped)
         self.events_sent += len(ops)
+        return self._large_allocations(ops, sizes, streams)
+
+    def _large_allocations(self, ops, sizes, streams):
+        # max() runs in C: the per-event loop only when one is that large.
+        if not self.watch_bytes or not sizes or max(sizes) < self.watch_bytes:
+            return []
+        return [(sizes[i], streams[i]) for i in range(len(ops))
+                if ops[i] == ALLOC and sizes[i] >= self.watch_bytes]
+
+    def _without_hidden(self, ops, sizes, ids, streams):
+        """The columns without the hidden allocations' events."""
+        keep = []
+        for i, address in enumerate(ids):
+            left = self._hidden.get(address)
+            if left and ops[i] == left[0]:
+                left.pop(0)
+                if not left:
+                    del self._hidden[address]
+                continue
+            keep.append(i)
+        if len(keep) == len(ops):
+            return ops, sizes, ids, streams
+        return tuple(array.array(column.typecode, (column[i] for i in keep))
+                     for column in (ops, sizes, ids, streams))
 
     def _record(self, stream, start, end, dropped):
         if start == 0 and end == len(stream[0]):

@@ -5,7 +5,8 @@ import array
 import collections
 
 # PyTorch's trace actions the autotuner replays, as the daemon numbers them.
-_OPS = {"alloc": 0, "free_requested": 1, "free_completed": 2}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
+_OPS = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}
 # The daemon's step mark (proto/protocol.h kEventOpStep): the job ended a step.
 STEP = 3
 # memory_stats() counters of the same three events: allocation requests,

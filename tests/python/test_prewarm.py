@@ -1,0 +1,337 @@
+"""The pre-warm of a recurring peak (allocd/_prewarm.py): its forecast and
+the advisor's pre-warms on a fake clock, a stand-in for torch and for the
+interposer's allocd_interpose_prewarm, and the allocation stream leaving the
+pre-warm's events out (EventStream.hide).
+Environment: ALLOCD_PYTHON_DIR.
+"""
+
+import array
+import os
+import sys
+import types
+import unittest
+
+sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
+from allocd import _advisor, _prewarm  # noqa: E402
+from allocd._event_stream import EventStream  # noqa: E402
+from allocd._prewarm import PARKED, REFUSED, PeakForecast, Prewarmer  # noqa: E402
+
+GIB = 1 << 30
+CAPACITY = 139 * GIB
+PEAK = 60 * GIB
+PERIOD = 3.0
+
+
+class Clock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+class FakeTorch:
+    """torch.cuda's caching_allocator_alloc/delete and default_stream, with
+    what they were asked; `fail`: the allocation raises as an OOM would."""
+
+    def __init__(self):
+        self.calls = []
+        self.fail = False
+        torch = self
+
+        class cuda:  # noqa: N801 (torch.cuda)
+            @staticmethod
+            def default_stream(device):
+                return types.SimpleNamespace(cuda_stream=0)
+
+            @staticmethod
+            def caching_allocator_alloc(size, device, stream):
+                torch.calls.append(("alloc", size, device, stream))
+                if torch.fail:
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 60.00 GiB")
+                return 0x7000
+
+            @staticmethod
+            def caching_allocator_delete(address):
+                torch.calls.append(("delete", address))
+
+        self.cuda = cuda
+
+
+def session(segments=(), reclaims=0, config=""):
+    """The session as allocd_session_stats names it: map_path's large segments
+    as (seconds, bytes)."""
+    return {"reclaims": reclaims, "config": config,
+            "map_path": {"large_segments": [[int(at * 1e9), size] for at, size in segments]}}
+
+
+class PeakForecastTest(unittest.TestCase):
+    def contended(self, forecast, times, size=PEAK, first=0):
+        """Occurrences at `times`, the job reclaimed before each (the
+        first seen with `first` reclaims)."""
+        for reclaims, at in enumerate(times, start=first):
+            forecast.occurred(at, size, reclaims)
+
+    def test_a_steady_contended_peak_is_prewarmed_a_lead_before_it_recurs(self):
+        forecast = PeakForecast(CAPACITY)
+        self.contended(forecast, [0.0, 3.0])
+        self.assertIsNone(forecast.pattern(), "two occurrences are no pattern")
+        self.contended(forecast, [6.01], first=2)
+        period, size = forecast.pattern()
+        self.assertAlmostEqual(period, 3.005)
+        self.assertEqual(size, PEAK)
+        self.assertAlmostEqual(forecast.due_at(), 9.015 - 0.3005)
+        self.assertIsNone(forecast.take_due(8.5, reclaims=3), "before the lead")
+        self.assertEqual(forecast.take_due(8.8, reclaims=3), ("prewarm", PEAK))
+        self.assertIsNone(forecast.take_due(8.9, reclaims=3), "handled once")
+        self.assertIsNone(forecast.due_at())
+
+    def test_jitter_or_no_reclaim_or_a_small_peak_is_no_pattern(self):
+        jittery = PeakForecast(CAPACITY)
+        self.contended(jittery, [0.0, 3.0, 6.5])
+        self.assertIsNone(jittery.pattern())
+        self.assertIsNone(jittery.take_due(9.0, reclaims=3))
+
+        uncontended = PeakForecast(CAPACITY)
+        for at in (0.0, 3.0, 6.0):
+            uncontended.occurred(at, PEAK, reclaims=1)
+        self.assertIsNone(uncontended.pattern(), "never reclaimed: the cache keeps it")
+
+        small = PeakForecast(CAPACITY)
+        self.contended(small, [0.0, 3.0, 6.0], size=4 * GIB)
+        self.assertIsNone(small.pattern(), "a request's KV cache is no peak")
+
+        sizes = PeakForecast(CAPACITY)
+        for reclaims, (at, size) in enumerate([(0.0, PEAK), (3.0, 30 * GIB), (6.0, PEAK)]):
+            sizes.occurred(at, size, reclaims)
+        self.assertIsNone(sizes.pattern(), "one size recurs, or none does")
+
+    def test_not_reclaimed_since_the_last_occurrence_is_skipped(self):
+        forecast = PeakForecast(CAPACITY)
+        self.contended(forecast, [0.0, 3.0, 6.0])
+        self.assertEqual(forecast.take_due(8.8, reclaims=2), ("skip", "not reclaimed"))
+
+    def test_a_prewarmed_peak_is_confirmed_from_the_stream_and_the_pattern_goes_on(self):
+        forecast = PeakForecast(CAPACITY)
+        self.contended(forecast, [0.0, 3.0, 6.0])
+        self.assertEqual(forecast.take_due(8.75, reclaims=3), ("prewarm", PEAK))
+        # The batch hits the cache: no segment, its allocation in the stream.
+        forecast.allocated(9.4, PEAK, reclaims=3)
+        self.assertAlmostEqual(forecast.next_at(), 12.0)
+        # Not reclaimed since: still cached, nothing to do.
+        self.assertEqual(forecast.take_due(11.75, reclaims=3), ("skip", "not reclaimed"))
+        forecast.allocated(12.2, PEAK, reclaims=4)
+        self.assertEqual(forecast.take_due(14.75, reclaims=5), ("prewarm", PEAK))
+
+    def test_a_peak_that_stops_coming_breaks_the_pattern(self):
+        forecast = PeakForecast(CAPACITY)
+        self.contended(forecast, [0.0, 3.0, 6.0])
+        self.assertEqual(forecast.take_due(8.75, reclaims=3), ("prewarm", PEAK))
+        self.assertIsNone(forecast.take_due(10.4, reclaims=3))
+        self.assertIsNotNone(forecast.pattern())
+        self.assertIsNone(forecast.take_due(10.6, reclaims=3), "half a period late: broken")
+        self.assertIsNone(forecast.pattern())
+        self.assertEqual(forecast.broken, 1)
+        # A large allocation unawaited (no pattern) counts for nothing.
+        forecast.allocated(11.0, PEAK, reclaims=3)
+        self.assertIsNone(forecast.pattern())
+
+    def test_a_late_round_skips(self):
+        forecast = PeakForecast(CAPACITY)
+        self.contended(forecast, [0.0, 3.0, 6.0])
+        self.assertEqual(forecast.take_due(9.1, reclaims=3), ("skip", "late"))
+
+
+class PrewarmerTest(unittest.TestCase):
+    def setUp(self):
+        self.clock = Clock(9.5)
+        self.torch = FakeTorch()
+        self.asked = []
+        self.answer = PARKED
+        self.logged = []
+        self.hidden = []
+
+        def prewarm_segment(size):
+            self.asked.append((self.clock.now, size))
+            return self.answer
+
+        self.prewarmer = Prewarmer(self.torch, 0, prewarm_segment, CAPACITY, clock=self.clock,
+                                   log=self.logged.append)
+        # Three contended batches, seen as their segments mapped.
+        for reclaims, at in enumerate([0.0, 3.0, 6.0]):
+            self.prewarmer.observe(session([(at, PEAK)], reclaims=reclaims), [])
+        self.prewarmer.observe(session([(0.0, PEAK), (3.0, PEAK), (6.0, PEAK)], reclaims=3), [])
+
+    def run_at(self, now, reclaims=3, config=""):
+        self.clock.now = now
+        self.prewarmer.run_due(reclaims, config, self.hidden.append)
+
+    def test_a_due_prewarm_is_parked_then_allocated_and_freed_into_the_cache(self):
+        self.assertAlmostEqual(self.prewarmer.seconds_until_due(8.0), 0.7)
+        self.run_at(8.5)
+        self.assertEqual(self.asked, [], "not yet due")
+        self.run_at(8.71)
+        self.assertEqual(self.asked, [(8.71, PEAK)])
+        self.assertEqual(self.torch.calls, [("alloc", PEAK, 0, 0), ("delete", 0x7000)])
+        self.assertEqual(self.hidden, [0x7000], "its events are the advisor's")
+        stats = self.prewarmer.stats()
+        self.assertEqual(stats["prewarms_attempted"], 1)
+        self.assertEqual(stats["prewarms_served"], 1)
+        self.assertAlmostEqual(stats["peak_period_s"], 3.0)
+        self.assertEqual(stats["peak_bytes"], PEAK)
+        self.assertEqual(len(self.logged), 1)
+        self.assertIn("pre-warm of the peak of 60.0 GiB recurring every 3.00 s: cached",
+                      self.logged[0])
+        # Its own segment, logged by the map path, is no occurrence of the peak.
+        start, end = self.prewarmer._own[-1]
+        own = session(reclaims=3)
+        own["map_path"]["large_segments"] = [[(start + end) // 2, PEAK]]
+        self.prewarmer.observe(own, [])
+        self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 9.0)
+        # The batch, a cache hit, shows in the stream on the default stream.
+        self.clock.now = 9.2
+        self.prewarmer.observe(session(reclaims=3), [(PEAK, 0)])
+        self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.0)
+
+    def test_a_refused_prewarm_leaves_the_cache_untouched(self):
+        self.answer = REFUSED
+        self.run_at(8.71)
+        self.assertEqual(len(self.asked), 1)
+        self.assertEqual(self.torch.calls, [], "PyTorch's allocator never asked")
+        self.assertEqual(self.hidden, [])
+        stats = self.prewarmer.stats()
+        self.assertEqual((stats["prewarms_refused"], stats["prewarms_served"]), (1, 0))
+        self.assertIn("could not give it", stats["last_prewarm"])
+        # The batch then comes from the daemon: its segment is the occurrence.
+        self.prewarmer.observe(session([(9.02, PEAK)], reclaims=3), [])
+        self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.03)
+
+    def test_a_grant_that_comes_late_is_left_to_the_peak(self):
+        def slow(size):
+            self.clock.now = 8.95  # the daemon waited for a neighbour
+            return PARKED
+
+        self.prewarmer._prewarm_segment = slow
+        self.run_at(8.71)
+        self.assertEqual(self.torch.calls, [], "the peak's cudaMalloc takes the grant")
+        stats = self.prewarmer.stats()
+        self.assertEqual((stats["prewarms_left_parked"], stats["prewarms_served"]), (1, 0))
+
+    def test_a_failed_allocation_is_counted_and_its_oom_is_the_prewarms(self):
+        seen_active = []
+        alloc = self.torch.cuda.caching_allocator_alloc
+
+        def failing(size, device, stream):
+            seen_active.append(self.prewarmer.active)
+            return alloc(size, device, stream)
+
+        self.torch.cuda.caching_allocator_alloc = staticmethod(failing)
+        self.torch.fail = True
+        self.run_at(8.71)
+        self.assertEqual(seen_active, [True], "the OOM observer knows it is not the job's")
+        self.assertFalse(self.prewarmer.active)
+        self.assertEqual(self.prewarmer.stats()["prewarms_failed"], 1)
+        self.assertEqual(self.hidden, [])
+
+    def test_expandable_segments_are_skipped(self):
+        self.run_at(8.71, config="expandable_segments:True")
+        self.assertEqual(self.asked, [])
+        self.assertEqual(self.prewarmer.stats()["prewarms_skipped"],
+                         {"expandable segments": 1})
+
+    def test_off_by_environment(self):
+        os.environ["ALLOCD_PREWARM"] = "0"
+        try:
+            self.assertFalse(_prewarm.enabled())
+        finally:
+            del os.environ["ALLOCD_PREWARM"]
+        self.assertTrue(_prewarm.enabled())
+
+
+class StartTest(unittest.TestCase):
+    """Where the advisor pre-warms, and why not elsewhere."""
+
+    def torch(self, total_memory=CAPACITY):
+        torch = FakeTorch()
+        properties = types.SimpleNamespace(total_memory=total_memory)
+        torch.cuda.get_device_properties = staticmethod(
+            lambda device: properties if total_memory else types.SimpleNamespace())
+        return torch
+
+    def test_on_with_the_interposer_and_the_stream_else_why_not(self):
+        asked = []
+
+        def prewarm(device, size):
+            asked.append((device, size))
+            return PARKED
+
+        lib = types.SimpleNamespace(allocd_interpose_prewarm=prewarm)
+        events = EventStream(FakeLib(), None, None, 0, FakeReader([]))
+        prewarmer = _advisor.start_prewarmer(lib, self.torch(), 1, events)
+        self.assertIsInstance(prewarmer, Prewarmer)
+        self.assertEqual(events.watch_bytes, CAPACITY // 10)
+        self.assertEqual(prewarmer._prewarm_segment(PEAK), PARKED)
+        self.assertEqual(asked, [(1, PEAK)])
+
+        self.assertIn("older build", _advisor.start_prewarmer(
+            types.SimpleNamespace(), self.torch(), 0, events))
+        self.assertIn("no allocation stream", _advisor.start_prewarmer(
+            lib, self.torch(), 0, None))
+        self.assertIn("memory is unknown", _advisor.start_prewarmer(
+            lib, self.torch(total_memory=0), 0, events))
+        os.environ["ALLOCD_PREWARM"] = "0"
+        try:
+            self.assertIn("ALLOCD_PREWARM=0", _advisor.start_prewarmer(
+                lib, self.torch(), 0, events))
+        finally:
+            del os.environ["ALLOCD_PREWARM"]
+
+
+class FakeReader:
+    def __init__(self, events):
+        self.events = events
+
+    def read(self):
+        ops, sizes, ids = zip(*self.events) if self.events else ((), (), ())
+        self.events = []
+        return (array.array("B", ops), array.array("Q", sizes), array.array("Q", ids),
+                array.array("Q", [0] * len(ops)), 0)
+
+
+class FakeLib:
+    def __init__(self):
+        self.recorded = []
+
+    def allocd_record_events(self, client, ops, sizes, ids, streams, n, dropped):
+        self.recorded.append(n)
+        return 0
+
+
+class HiddenEventsTest(unittest.TestCase):
+    def test_the_prewarms_alloc_and_frees_leave_the_stream_and_the_jobs_stay(self):
+        events = [(0, 4096, 0x100), (0, PEAK, 0x7000), (1, PEAK, 0x7000), (2, PEAK, 0x7000),
+                  (0, PEAK, 0x7000), (1, PEAK, 0x7000), (2, PEAK, 0x7000)]
+        lib = FakeLib()
+        stream = EventStream(lib, None, None, 0, FakeReader(events))
+        stream.watch_bytes = PEAK // 2
+        stream.hide(0x7000)
+        large = stream.send()
+        self.assertEqual(lib.recorded, [4], "the job's 4 events, not the pre-warm's 3")
+        self.assertEqual(stream.events_sent, 4)
+        self.assertEqual(large, [(PEAK, 0)], "the batch's allocation, once")
+        stream.reader.events = [(0, PEAK, 0x7000)]
+        self.assertEqual(stream.send(), [(PEAK, 0)])
+        self.assertEqual(lib.recorded, [4, 1])
+
+    def test_what_the_reader_dropped_is_not_looked_for_in_the_next_round(self):
+        lib = FakeLib()
+        stream = EventStream(lib, None, None, 0, FakeReader([(0, 4096, 0x100)]))
+        stream.hide(0x7000)  # its events lost to the reader's ring
+        stream.send()
+        stream.reader.events = [(0, PEAK, 0x7000), (1, PEAK, 0x7000)]
+        stream.send()
+        self.assertEqual(lib.recorded, [1, 2], "the job's own allocation there is sent")
+
+
+if __name__ == "__main__":
+    unittest.main()
