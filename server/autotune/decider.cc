@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/bytes.h"
 #include "allocator/trace/replay.h"
+#include "server/autotune/grown_sizes.h"
 #include "server/autotune/rollback_model.h"
 #include "server/autotune/step_period.h"
 #include "tuner/search_space.h"
@@ -321,6 +322,98 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   absl::StrCat(evidence, "; no candidate passes the gates"));
   }
 
+  // A candidate fitted to sizes more than the job's config, which the
+  // window's steps would push, must keep its gain when the sizes grow.
+  const Evaluation* const chosen = best;
+  const Candidate staying_candidate{running.config, running.memory_fraction};
+  const int fitted_now = SizeFittedSettings(staying_candidate);
+  std::string grown_note;
+  if (SizeFittedSettings(best->candidate) > fitted_now &&
+      static_cast<double>(stayed.peak_reserved - best->replay.peak_reserved) >=
+          options.min_saving * static_cast<double>(stayed.peak_reserved)) {
+    std::vector<const Evaluation*> fitted_no_more;
+    for (const Evaluation* e : passing) {
+      if (SizeFittedSettings(e->candidate) <= fitted_now) fitted_no_more.push_back(e);
+    }
+    const Evaluation* simpler = ChooseProposal(fitted_no_more, options.simpler_within);
+    const bool simpler_is_staying =
+        simpler != nullptr && simpler->candidate.config == running.config &&
+        simpler->candidate.memory_fraction == running.memory_fraction;
+    const std::optional<double> growth =
+        options.size_growth ? options.size_growth : StepGrowth(window, marks, d.step_events);
+    GrownSizesOptions grown_options{
+        .staying = stay_options,
+        .candidates = EvaluatorOptions{.capacity = options.capacity,
+                                       .total_memory = options.total_memory,
+                                       .jobs = options.threads,
+                                       .live_start = tune.live_start,
+                                       .on_replay = options.on_replay},
+        .min_saving = options.min_saving,
+        .factors = GrowthFactors(growth)};
+    const std::optional<Candidate> simpler_candidate =
+        simpler != nullptr && !simpler_is_staying ? std::optional(simpler->candidate)
+                                                  : std::nullopt;
+    absl::StatusOr<GrownSizesCheck> check =
+        CheckGrownSizes(window, running.config, best->candidate, simpler_candidate, grown_options);
+    const std::string best_name = ConfigName(LiveConfigString(best->candidate.config, running.config));
+    const auto growth_words = [&](double factor) {
+      if (factor == kGrowBy) return absl::StrCat("by ", GrowthPercent(factor));
+      return absl::StrCat("by ", GrowthPercent(factor), " (the job's newest step asked for ",
+                          GrowthPercent(*growth), " more than the steps before it",
+                          *growth > factor ? ", tested at most doubled)" : ")");
+    };
+    if (check.ok() && check->holds) {
+      for (const GrownPeaks& p : check->grown) {
+        absl::StrAppend(&grown_note, grown_note.empty() ? "; when the sizes grow " : ", and ",
+                        growth_words(p.factor),
+                        absl::StrFormat(" it peaks %s against %s staying",
+                                        GiB(p.candidate.peak_reserved),
+                                        GiB(p.staying.peak_reserved)));
+      }
+      absl::StrAppend(&grown_note, ": its gain does not depend on the window's exact sizes");
+    } else {
+      if (!check.ok()) {
+        absl::StrAppend(&evidence, "; ", best_name, " peaks ", GiB(best->replay.peak_reserved),
+                        " on the window's sizes, but the window does not replay with its sizes "
+                        "grown (", check.status().message(), ")");
+      } else {
+        const GrownPeaks& p = check->grown[*check->failed];
+        const int64_t grown_saving = p.staying.peak_reserved - p.candidate.peak_reserved;
+        absl::StrAppend(
+            &evidence,
+            absl::StrFormat("; %s peaks %s on the window's sizes but %s against %s staying",
+                            best_name, GiB(best->replay.peak_reserved),
+                            GiB(p.candidate.peak_reserved), GiB(p.staying.peak_reserved)),
+            simpler_candidate
+                ? absl::StrFormat(" and %s under %s", GiB(p.simpler.peak_reserved),
+                                  ConfigName(LiveConfigString(simpler_candidate->config,
+                                                              running.config)))
+                : std::string(),
+            " when the sizes grow ", growth_words(p.factor),
+            p.candidate.num_ooms > std::min(p.staying.num_ooms, p.simpler.num_ooms)
+                ? absl::StrFormat(", and runs out of memory %d times there",
+                                  p.candidate.num_ooms)
+                : std::string(),
+            grown_saving > 0 && p.candidate.peak_reserved <= p.simpler.peak_reserved
+                ? absl::StrFormat(" (it saves %.1f%% there, less than the %.0f%% a push needs)",
+                                  100.0 * static_cast<double>(grown_saving) /
+                                      static_cast<double>(
+                                          std::max<int64_t>(1, p.staying.peak_reserved)),
+                                  100 * options.min_saving)
+                : std::string());
+      }
+      absl::StrAppend(&evidence,
+                      ": a config fitted to the sizes seen can cost memory on sizes the job has "
+                      "not shown yet, so it is not pushed");
+      best = simpler;
+      if (best == nullptr) {
+        return finish(Decision::Result::kKeep,
+                      absl::StrCat(evidence, "; no candidate with no more settings fitted to sizes "
+                                   "than ", ConfigName(running_conf), " passes the gates"));
+      }
+    }
+  }
+
   d.to = best->candidate;
   d.to_config = LiveConfigString(best->candidate.config, running.config);
   d.predicted_peak_switched = best->replay.peak_reserved;
@@ -339,7 +432,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   best->replay.num_alloc_retries,
                                   best->replay.num_device_alloc + best->replay.num_device_free,
                                   rebuilt_calls));
-  if (best != passing.front()) {
+  if (best == chosen && best != passing.front()) {
     const Evaluation& lowest = *passing.front();
     absl::StrAppend(
         &evidence,
@@ -352,6 +445,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                             SizeFittedSettings(best->candidate),
                         100 * options.simpler_within));
   }
+  absl::StrAppend(&evidence, grown_note);
   if (d.to.config == running.config &&
       (!d.to.memory_fraction || d.to.memory_fraction == running.memory_fraction)) {
     return finish(Decision::Result::kKeep,
