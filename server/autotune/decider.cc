@@ -342,19 +342,18 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
     const std::optional<double> growth =
         options.size_growth ? options.size_growth : StepGrowth(window, marks, d.step_events);
     GrownSizesOptions grown_options{
-        .staying = stay_options,
-        .candidates = EvaluatorOptions{.capacity = options.capacity,
-                                       .total_memory = options.total_memory,
-                                       .jobs = options.threads,
-                                       .live_start = tune.live_start,
-                                       .on_replay = options.on_replay},
+        .replays = EvaluatorOptions{.capacity = options.capacity,
+                                    .total_memory = options.total_memory,
+                                    .jobs = options.threads,
+                                    .live_start = tune.live_start,
+                                    .on_replay = options.on_replay},
         .min_saving = options.min_saving,
         .factors = GrowthFactors(growth)};
     const std::optional<Candidate> simpler_candidate =
         simpler != nullptr && !simpler_is_staying ? std::optional(simpler->candidate)
                                                   : std::nullopt;
-    absl::StatusOr<GrownSizesCheck> check =
-        CheckGrownSizes(window, running.config, best->candidate, simpler_candidate, grown_options);
+    const GrownSizesCheck check = CheckGrownSizes(window, staying_candidate, best->candidate,
+                                                  simpler_candidate, grown_options);
     const std::string best_name = ConfigName(LiveConfigString(best->candidate.config, running.config));
     const auto growth_words = [&](double factor) {
       if (factor == kGrowBy) return absl::StrCat("by ", GrowthPercent(factor));
@@ -362,46 +361,41 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                           GrowthPercent(*growth), " more than the steps before it",
                           *growth > factor ? ", tested at most doubled)" : ")");
     };
-    if (check.ok() && check->holds) {
-      for (const GrownPeaks& p : check->grown) {
+    if (check.holds) {
+      for (const GrownPeaks& p : check.grown) {
         absl::StrAppend(&grown_note, grown_note.empty() ? "; when the sizes grow " : ", and ",
                         growth_words(p.factor),
                         absl::StrFormat(" it peaks %s against %s staying",
                                         GiB(p.candidate.peak_reserved),
                                         GiB(p.staying.peak_reserved)));
       }
-      absl::StrAppend(&grown_note, ": its gain does not depend on the window's exact sizes");
+      absl::StrAppend(&grown_note, " (each with the cache emptied at the switch): its gain does "
+                                   "not depend on the window's exact sizes");
     } else {
-      if (!check.ok()) {
-        absl::StrAppend(&evidence, "; ", best_name, " peaks ", GiB(best->replay.peak_reserved),
-                        " on the window's sizes, but the window does not replay with its sizes "
-                        "grown (", check.status().message(), ")");
-      } else {
-        const GrownPeaks& p = check->grown[*check->failed];
-        const int64_t grown_saving = p.staying.peak_reserved - p.candidate.peak_reserved;
-        absl::StrAppend(
-            &evidence,
-            absl::StrFormat("; %s peaks %s on the window's sizes but %s against %s staying",
-                            best_name, GiB(best->replay.peak_reserved),
-                            GiB(p.candidate.peak_reserved), GiB(p.staying.peak_reserved)),
-            simpler_candidate
-                ? absl::StrFormat(" and %s under %s", GiB(p.simpler.peak_reserved),
-                                  ConfigName(LiveConfigString(simpler_candidate->config,
-                                                              running.config)))
-                : std::string(),
-            " when the sizes grow ", growth_words(p.factor),
-            p.candidate.num_ooms > std::min(p.staying.num_ooms, p.simpler.num_ooms)
-                ? absl::StrFormat(", and runs out of memory %d times there",
-                                  p.candidate.num_ooms)
-                : std::string(),
-            grown_saving > 0 && p.candidate.peak_reserved <= p.simpler.peak_reserved
-                ? absl::StrFormat(" (it saves %.1f%% there, less than the %.0f%% a push needs)",
-                                  100.0 * static_cast<double>(grown_saving) /
-                                      static_cast<double>(
-                                          std::max<int64_t>(1, p.staying.peak_reserved)),
-                                  100 * options.min_saving)
-                : std::string());
-      }
+      const GrownPeaks& p = check.grown[*check.failed];
+      const int64_t grown_saving = p.staying.peak_reserved - p.candidate.peak_reserved;
+      absl::StrAppend(
+          &evidence,
+          absl::StrFormat("; %s peaks %s on the window's sizes but %s against %s staying",
+                          best_name, GiB(best->replay.peak_reserved),
+                          GiB(p.candidate.peak_reserved), GiB(p.staying.peak_reserved)),
+          simpler_candidate
+              ? absl::StrFormat(" and %s under %s", GiB(p.simpler.peak_reserved),
+                                ConfigName(LiveConfigString(simpler_candidate->config,
+                                                            running.config)))
+              : std::string(),
+          " when the sizes grow ", growth_words(p.factor),
+          " (each with the cache emptied at the switch)",
+          p.candidate.num_ooms > std::min(p.staying.num_ooms, p.simpler.num_ooms)
+              ? absl::StrFormat(", and runs out of memory %d times there", p.candidate.num_ooms)
+              : std::string(),
+          grown_saving > 0 && p.candidate.peak_reserved <= p.simpler.peak_reserved
+              ? absl::StrFormat(" (it saves %.1f%% there, less than the %.0f%% a push needs)",
+                                100.0 * static_cast<double>(grown_saving) /
+                                    static_cast<double>(
+                                        std::max<int64_t>(1, p.staying.peak_reserved)),
+                                100 * options.min_saving)
+              : std::string());
       absl::StrAppend(&evidence,
                       ": a config fitted to the sizes seen can cost memory on sizes the job has "
                       "not shown yet, so it is not pushed");

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "server/autotune/autotune_types.h"
 
 namespace allocd {
 
@@ -92,46 +90,30 @@ bool NoWorse(const ReplaySummary& candidate, const ReplaySummary& other) {
 
 }  // namespace
 
-absl::StatusOr<GrownSizesCheck> CheckGrownSizes(const Trace& window, const AllocatorConfig& running,
-                                                const Candidate& candidate,
-                                                const std::optional<Candidate>& simpler,
-                                                const GrownSizesOptions& options) {
+GrownSizesCheck CheckGrownSizes(const Trace& window, const Candidate& staying,
+                                const Candidate& candidate, const std::optional<Candidate>& simpler,
+                                const GrownSizesOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   GrownSizesCheck check;
-  const uint64_t from =
-      options.staying.live_switch ? options.staying.live_switch->before_event : 0;
-  std::vector<Candidate> switched = {candidate};
+  const uint64_t from = options.replays.live_start ? options.replays.live_start->switch_event : 0;
+  std::vector<Candidate> switched = {staying, candidate};
   if (simpler) switched.push_back(*simpler);
-  EvaluatorOptions evaluator_options = options.candidates;
-  // Staying takes one of the replay threads.
-  evaluator_options.jobs = std::max(1, options.candidates.jobs - 1);
   for (double factor : options.factors) {
     const Trace grown = GrowRequests(window, from, factor);
-    absl::StatusOr<ReplayResult> stay;
-    {
-      auto replay_staying = [&] {
-        CountedReplay counted(options.candidates.on_replay);
-        stay = Replay(grown, running, options.staying);
-      };
-      std::optional<std::jthread> beside;
-      if (options.candidates.jobs > 1) beside.emplace(replay_staying);
-      Evaluator evaluator(grown, evaluator_options);
-      const std::vector<const Evaluation*> evaluated = evaluator.Evaluate(switched);
-      if (!beside) replay_staying();
-      beside.reset();  // joins
-      GrownPeaks peaks{.factor = factor, .candidate = evaluated[0]->replay};
-      if (!stay.ok()) return stay.status();
-      peaks.staying = Summarize(*stay);
-      peaks.simpler = simpler ? evaluated[1]->replay : peaks.staying;
-      check.grown.push_back(peaks);
-    }
+    Evaluator evaluator(grown, options.replays);
+    const std::vector<const Evaluation*> evaluated = evaluator.Evaluate(switched);
+    check.grown.push_back(GrownPeaks{
+        .factor = factor,
+        .staying = evaluated[0]->replay,
+        .candidate = evaluated[1]->replay,
+        .simpler = simpler ? evaluated[2]->replay : evaluated[0]->replay});
     const GrownPeaks& p = check.grown.back();
     const bool saves = static_cast<double>(p.staying.peak_reserved - p.candidate.peak_reserved) >=
                        options.min_saving * static_cast<double>(p.staying.peak_reserved);
     if (!NoWorse(p.candidate, p.staying) || !NoWorse(p.candidate, p.simpler) || !saves) {
       check.holds = false;
       check.failed = check.grown.size() - 1;
-      break;  // the push is refused: the other growths would not change that
+      break;  // refused: the other growths would not change that
     }
   }
   check.seconds =

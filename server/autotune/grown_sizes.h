@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/trace.h"
@@ -67,35 +66,35 @@ struct GrownPeaks {
 };
 
 struct GrownSizesCheck {
-  // The candidate is at least as good as staying and the simpler
-  // alternative at every growth (no more OOMs, no higher peak), and still
-  // saves `min_saving` of staying's peak.
+  // At every growth the candidate is at least as good as staying and the
+  // simpler alternative (no more OOMs, no higher peak), and still saves
+  // `min_saving` of staying's peak.
   bool holds = true;
-  std::vector<GrownPeaks> grown;  // one per factor, in order
+  std::vector<GrownPeaks> grown;  // one per factor, in order, up to the failed one
   // The first growth at which it does not hold (an index into `grown`).
   std::optional<size_t> failed;
   double seconds = 0;  // wall time of the replays
 };
 
 struct GrownSizesOptions {
-  // Staying's replay: a LiveSwitch at the switch point without a config.
-  ReplayOptions staying;
-  // The candidates' replays: switched live at the same point (live_start),
-  // `jobs` replays at a time.
-  EvaluatorOptions candidates;
+  // How each replay switches (live_start: the job's config and the switch
+  // point) and how many run at once (jobs).
+  EvaluatorOptions replays;
   double min_saving = 0.05;
   std::vector<double> factors;
 };
 
 // Replays `window` grown by each of `options.factors` from the switch point
-// on, under staying on `running`, switching to `candidate`, and switching
-// to `simpler` (nullopt: staying is the simpler alternative). Staying runs
-// beside the candidates' replays, so the check takes about one replay's
-// time per factor on three threads. An error when staying's replay fails.
-absl::StatusOr<GrownSizesCheck> CheckGrownSizes(const Trace& window, const AllocatorConfig& running,
-                                                const Candidate& candidate,
-                                                const std::optional<Candidate>& simpler,
-                                                const GrownSizesOptions& options);
+// on, switched there to `staying` (the job's own config), to `candidate`
+// and to `simpler` (nullopt: staying is the simpler alternative): three
+// replays a growth, `jobs` at a time, until one growth refuses it. Each
+// empties the cache at the switch, staying's too: with the sizes grown,
+// what the cache held before is of sizes the job no longer asks for,
+// which a switch releases and staying would keep, so staying as it is
+// would lose to any push; what is checked is the configs on the sizes.
+GrownSizesCheck CheckGrownSizes(const Trace& window, const Candidate& staying,
+                                const Candidate& candidate, const std::optional<Candidate>& simpler,
+                                const GrownSizesOptions& options);
 
 // `factor` as a decision's why writes a growth: "25%".
 std::string GrowthPercent(double factor);
