@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/bytes.h"
 #include "allocator/trace/replay.h"
+#include "server/autotune/grown_sizes.h"
 #include "server/autotune/rollback_model.h"
 #include "server/autotune/step_period.h"
 #include "tuner/search_space.h"
@@ -135,6 +136,99 @@ std::string LiveConfigString(const AllocatorConfig& target, const AllocatorConfi
   if (updated.ok() && *updated == target) return canonical;
   return FormatAllocatorConfigUpdate(target);
 }
+
+namespace {
+
+// What the job runs, as a candidate.
+Candidate Staying(const RunningConfig& running) {
+  return Candidate{running.config, running.memory_fraction};
+}
+
+struct GrownSizesVerdict {
+  bool holds = true;
+  // When it does not hold: the best of the candidates that pass the gates
+  // with no more settings fitted to sizes than the job's config (nullptr:
+  // none).
+  const Evaluation* instead = nullptr;
+  std::string why;  // what the check found, for the decision's why
+};
+
+// CheckGrownSizes of `best`, which adds settings fitted to sizes to the
+// job's config, at GrowthFactors(`growth`), switched at `live_start`,
+// against staying and the best of `passing` fitted no more than the job's
+// config.
+GrownSizesVerdict JudgeOnGrownSizes(const Trace& window, const Evaluation& best,
+                                    const std::vector<const Evaluation*>& passing,
+                                    const RunningConfig& running, std::optional<double> growth,
+                                    const LiveStart& live_start, const DecideOptions& options) {
+  const Candidate staying = Staying(running);
+  std::vector<const Evaluation*> fitted_no_more;
+  for (const Evaluation* e : passing) {
+    if (SizeFittedSettings(e->candidate) <= SizeFittedSettings(staying)) fitted_no_more.push_back(e);
+  }
+  GrownSizesVerdict verdict;
+  verdict.instead = ChooseProposal(fitted_no_more, options.simpler_within);
+  std::optional<Candidate> simpler;
+  if (verdict.instead != nullptr && CandidateKey(verdict.instead->candidate) != CandidateKey(staying)) {
+    simpler = verdict.instead->candidate;
+  }
+  const GrownSizesOptions grown_options{
+      .replays = EvaluatorOptions{.capacity = options.capacity,
+                                  .total_memory = options.total_memory,
+                                  .jobs = options.threads,
+                                  .live_start = live_start,
+                                  .on_replay = options.on_replay},
+      .min_saving = options.min_saving,
+      .factors = GrowthFactors(growth)};
+  const GrownSizesCheck check =
+      CheckGrownSizes(window, staying, best.candidate, simpler, grown_options);
+  verdict.holds = check.holds;
+  const auto growth_words = [&](double factor) {
+    if (factor == kGrowBy) return absl::StrCat("by ", GrowthPercent(factor));
+    return absl::StrCat("by ", GrowthPercent(factor), " (the job's newest step asked for ",
+                        GrowthPercent(*growth), " more than the steps before it",
+                        *growth > factor ? ", tested at most doubled)" : ")");
+  };
+  if (check.holds) {
+    for (const GrownPeaks& p : check.grown) {
+      absl::StrAppend(&verdict.why, verdict.why.empty() ? "; when the sizes grow " : ", and ",
+                      growth_words(p.factor),
+                      absl::StrFormat(" it peaks %s against %s staying",
+                                      GiB(p.candidate.peak_reserved),
+                                      GiB(p.staying.peak_reserved)));
+    }
+    absl::StrAppend(&verdict.why, " (each with the cache emptied at the switch): its gain does "
+                                  "not depend on the window's exact sizes");
+    return verdict;
+  }
+  const GrownPeaks& p = check.grown[*check.failed];
+  const int64_t grown_saving = p.staying.peak_reserved - p.candidate.peak_reserved;
+  absl::StrAppend(
+      &verdict.why,
+      absl::StrFormat("; %s peaks %s on the window's sizes but %s against %s staying",
+                      ConfigName(LiveConfigString(best.candidate.config, running.config)),
+                      GiB(best.replay.peak_reserved), GiB(p.candidate.peak_reserved),
+                      GiB(p.staying.peak_reserved)),
+      simpler ? absl::StrFormat(" and %s under %s", GiB(p.simpler.peak_reserved),
+                                ConfigName(LiveConfigString(simpler->config, running.config)))
+              : std::string(),
+      " when the sizes grow ", growth_words(p.factor),
+      " (each with the cache emptied at the switch)",
+      p.candidate.num_ooms > std::min(p.staying.num_ooms, p.simpler.num_ooms)
+          ? absl::StrFormat(", and runs out of memory %d times there", p.candidate.num_ooms)
+          : std::string(),
+      grown_saving > 0 && p.candidate.peak_reserved <= p.simpler.peak_reserved
+          ? absl::StrFormat(" (it saves %.1f%% there, less than the %.0f%% a push needs)",
+                            100.0 * static_cast<double>(grown_saving) /
+                                static_cast<double>(std::max<int64_t>(1, p.staying.peak_reserved)),
+                            100 * options.min_saving)
+          : std::string(),
+      ": a config fitted to the sizes seen can cost memory on sizes the job has not shown yet, "
+      "so it is not pushed");
+  return verdict;
+}
+
+}  // namespace
 
 Decision Decide(const Trace& window, const RunningConfig& running, const JobPolicy& policy,
                 const DecideOptions& options) {
@@ -321,6 +415,30 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                   absl::StrCat(evidence, "; no candidate passes the gates"));
   }
 
+  // A candidate fitted to sizes more than the job's config, which the
+  // window's steps would push, must keep its gain when the sizes grow.
+  const Evaluation* const chosen = best;
+  std::string grown_note;
+  if (SizeFittedSettings(best->candidate) > SizeFittedSettings(Staying(running)) &&
+      static_cast<double>(stayed.peak_reserved - best->replay.peak_reserved) >=
+          options.min_saving * static_cast<double>(stayed.peak_reserved)) {
+    const std::optional<double> growth =
+        options.size_growth ? options.size_growth : StepGrowth(window, marks, d.step_events);
+    GrownSizesVerdict verdict =
+        JudgeOnGrownSizes(window, *best, passing, running, growth, *tune.live_start, options);
+    if (verdict.holds) {
+      grown_note = std::move(verdict.why);
+    } else {
+      absl::StrAppend(&evidence, verdict.why);
+      best = verdict.instead;
+      if (best == nullptr) {
+        return finish(Decision::Result::kKeep,
+                      absl::StrCat(evidence, "; no candidate with no more settings fitted to sizes "
+                                   "than ", ConfigName(running_conf), " passes the gates"));
+      }
+    }
+  }
+
   d.to = best->candidate;
   d.to_config = LiveConfigString(best->candidate.config, running.config);
   d.predicted_peak_switched = best->replay.peak_reserved;
@@ -339,7 +457,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   best->replay.num_alloc_retries,
                                   best->replay.num_device_alloc + best->replay.num_device_free,
                                   rebuilt_calls));
-  if (best != passing.front()) {
+  if (best == chosen && best != passing.front()) {
     const Evaluation& lowest = *passing.front();
     absl::StrAppend(
         &evidence,
@@ -352,6 +470,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                             SizeFittedSettings(best->candidate),
                         100 * options.simpler_within));
   }
+  absl::StrAppend(&evidence, grown_note);
   if (d.to.config == running.config &&
       (!d.to.memory_fraction || d.to.memory_fraction == running.memory_fraction)) {
     return finish(Decision::Result::kKeep,

@@ -15,7 +15,13 @@
 // value, and memory fractions only when the job allows them.
 //
 // The proposal is the lowest peak that passes the gates, or a candidate
-// with fewer settings fitted to sizes within simpler_within of it. Gates,
+// with fewer settings fitted to sizes within simpler_within of it. One
+// with more settings fitted to sizes than the job's config must keep its
+// gain when the job's requests grow (grown_sizes.h): the events after the
+// switch replayed again with every request 25% larger, and by the window's
+// own growth when larger, it must still save min_saving against staying
+// and peak no higher than the best candidate fitted no more than the job's
+// config; else that one is proposed (or the job stays). Gates,
 // against staying: a saving of at least min_saving of the stayed peak, no
 // OOM, no more cache flushes (alloc retries), and at most
 // max_call_ratio times the device calls of switching to the job's own config
@@ -101,6 +107,11 @@ struct DecideOptions {
   // Device memory on the job's GPU that no session holds, when known: a
   // push whose rollback's worst case fits in it is made (WeighRollback).
   std::optional<uint64_t> device_room;
+  // How much more the job's newest step asked for than the steps before it
+  // (StepGrowth), when the caller has the whole window: a candidate that
+  // adds settings fitted to sizes is checked at that growth too
+  // (CheckGrownSizes). Unset: found on `window` itself.
+  std::optional<double> size_growth;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
   // What the job's processes do: a candidate that ConfigIncompatibility

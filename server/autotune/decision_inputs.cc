@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/autotune/grown_sizes.h"
 #include "server/autotune/step_period.h"
 
 namespace allocd {
@@ -179,6 +180,10 @@ Decision DecideOnInputs(DecisionInputs& in, const RunningConfig& running, const 
                         DecideOptions decide, std::optional<std::optional<uint64_t>> step,
                         bool cover_largest) {
   Decision d;
+  if (!decide.size_growth) {
+    // Over the whole window: a state's trace holds only the steps after it.
+    decide.size_growth = StepGrowth(in.trace, in.step_ends, step.value_or(std::nullopt));
+  }
   if (!in.state_trace && cover_largest && in.cover_state_trace) {
     // No step to switch at: from the state before the largest request,
     // which the prediction then covers.

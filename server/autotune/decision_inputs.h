@@ -119,7 +119,8 @@ DecisionInputs ReadDecisionInputs(const JobWindow& window, bool cover, bool firs
 // client's state where it has one (or, `cover_largest` without a step, its
 // state before the largest request), else from the window with `step` (see
 // DecideOptions::step_events) and, `cover_largest`, covering the largest
-// request. Moves the traces out of `in`.
+// request; either way with the growth of the whole window's steps
+// (DecideOptions::size_growth). Moves the traces out of `in`.
 Decision DecideOnInputs(DecisionInputs& in, const RunningConfig& running, const JobPolicy& policy,
                         DecideOptions decide, std::optional<std::optional<uint64_t>> step,
                         bool cover_largest);

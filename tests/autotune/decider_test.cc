@@ -1,6 +1,7 @@
 #include "server/autotune/decider.h"
 
 #include <string>
+#include <vector>
 
 #include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
@@ -246,6 +247,84 @@ TEST(DecideTest, SkipsATooSmallWindowAndCudaMallocAsync) {
       Decide(LlamaLora(), Running("backend:cudaMallocAsync"), JobPolicy{}, Options());
   EXPECT_EQ(d.result, Decision::Result::kSkip);
   EXPECT_NE(d.why.find("cudaMallocAsync"), std::string::npos);
+}
+
+// Steps of a job that cuts its temporaries from one buffer: a 480 MiB
+// buffer used and freed, then two requests of `mids[k]` MiB held while the
+// buffer is asked for again; `marks` gets each step's end. Under PyTorch's
+// defaults the first request splits the cached buffer, so the buffer asked
+// again needs a segment of its own; max_split_size_mb:256 keeps the buffer
+// whole, as a block too large to split, and the requests of 256 MiB and
+// more take blocks of their own that the next steps' requests reuse
+// whole when they are at most max_non_split_rounding_mb (20) smaller.
+Trace SplitBufferSteps(const std::vector<uint64_t>& mids, std::vector<uint64_t>& marks) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  TraceBuilder b;
+  uint64_t events = 0;
+  for (uint64_t mid : mids) {
+    b.Free(b.Alloc(480 * kMiB));
+    const uint32_t first = b.Alloc(mid * kMiB);
+    const uint32_t second = b.Alloc(mid * kMiB);
+    const uint32_t buffer = b.Alloc(480 * kMiB);
+    b.Free(first).Free(second).Free(buffer);
+    events += 12;
+    marks.push_back(events);
+  }
+  return b.Build();
+}
+
+// Without expandable segments (pinned off), from PyTorch's defaults.
+Decision DecideWithoutExpandableSegments(const Trace& trace, const std::vector<uint64_t>& marks,
+                                         bool pinned = true) {
+  DecideOptions options = Options();
+  options.min_events = 0;
+  options.step_ends = marks;
+  JobPolicy policy;
+  if (pinned) policy.pinned_keys = {"expandable_segments"};
+  return Decide(trace, RunningConfig{}, policy, options);
+}
+
+// Steps of 300 and 282 MiB requests: max_split_size_mb keeps the buffer
+// whole (1.05 GiB against 1.23 GiB staying, 14% less) as long as the
+// 282 MiB ones reuse the 300 MiB blocks whole. Grown by a quarter, they ask
+// 352.5 MiB of blocks of 376: more than max_non_split_rounding_mb smaller,
+// so every step of a new size takes blocks of its own, and the split limit
+// costs more than it saves.
+TEST(DecideTest, ASplitLimitFittedToTheWindowsSizesIsNotPushedWhenItLosesOnLargerOnes) {
+  std::vector<uint64_t> marks;
+  const Trace trace = SplitBufferSteps({300, 282, 300, 282, 300, 282, 300, 282}, marks);
+  const Decision d = DecideWithoutExpandableSegments(trace, marks);
+  EXPECT_NE(d.result, Decision::Result::kPropose) << d.why;
+  EXPECT_NE(d.why.find("when the sizes grow by 25%"), std::string::npos) << d.why;
+  EXPECT_NE(d.why.find("max_split_size_mb"), std::string::npos) << d.why;
+  EXPECT_NE(d.why.find("a config fitted to the sizes seen can cost memory on sizes the job has "
+                       "not shown yet, so it is not pushed"),
+            std::string::npos)
+      << d.why;
+}
+
+// The same steps with requests of one size: the split limit's blocks are
+// reused whole at any size, and its gain holds when the sizes grow.
+TEST(DecideTest, ASplitLimitWhoseGainHoldsWhenTheSizesGrowIsPushed) {
+  std::vector<uint64_t> marks;
+  const Trace trace = SplitBufferSteps(std::vector<uint64_t>(8, 300), marks);
+  const Decision d = DecideWithoutExpandableSegments(trace, marks);
+  ASSERT_EQ(d.result, Decision::Result::kPropose) << d.why;
+  EXPECT_GT(SizeFittedSettings(d.to), 0) << d.to_config;
+  EXPECT_NE(d.why.find("when the sizes grow by 25% it peaks"), std::string::npos) << d.why;
+  EXPECT_NE(d.why.find("its gain does not depend on the window's exact sizes"), std::string::npos)
+      << d.why;
+}
+
+// Expandable segments are fitted to no size: on the steps whose split
+// limit is refused, they are pushed without a check on grown sizes.
+TEST(DecideTest, ExpandableSegmentsAreFittedToNoSizeAndArePushed) {
+  std::vector<uint64_t> marks;
+  const Trace trace = SplitBufferSteps({300, 282, 300, 282, 300, 282, 300, 282}, marks);
+  const Decision d = DecideWithoutExpandableSegments(trace, marks, /*pinned=*/false);
+  ASSERT_EQ(d.result, Decision::Result::kPropose) << d.why;
+  EXPECT_EQ(d.to_config, "expandable_segments:True") << d.why;
+  EXPECT_EQ(d.why.find("when the sizes grow"), std::string::npos) << d.why;
 }
 
 TEST(LiveConfigStringTest, NamesWhatPersistsAcrossUpdates) {
