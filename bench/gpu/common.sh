@@ -3,6 +3,7 @@
 # `daemon_log`:
 # the bundle's libraries and Python package on the paths, except what the
 # system has (Python's own SSL and zlib), and the helpers they share.
+: "${bundle:?common.sh: set bundle (the bundle folder) before sourcing it}"
 for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
   ldconfig -p | grep -q "$l " && rm -f "$bundle/lib/$l"
 done
