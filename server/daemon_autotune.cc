@@ -228,6 +228,7 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
     // what an earlier one asked.
     if (asks) job_preferences_[key] = preferences;
     if (session_jobs_.emplace(identity.id, key).second) {
+      session_gpus_[identity.id] = identity.gpu_uuid;
       if (++live_sessions_[key] == 1) {
         // Started again: its version is a live job's, out of the ended
         // jobs' queue.
@@ -285,6 +286,7 @@ void DaemonAutotune::SessionEnded(SessionId id) {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
     chosen_starts_.erase(id);
+    session_gpus_.erase(id);
     if (auto session = session_jobs_.find(id); session != session_jobs_.end()) {
       const JobKey key = session->second;
       session_jobs_.erase(session);
@@ -560,6 +562,10 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
       out->set_config(rank.config);
       out->set_config_version(rank.config_version);
       out->set_canary(rank.canary);
+      absl::MutexLock lock(&mu_);
+      if (auto gpu = session_gpus_.find(rank.session); gpu != session_gpus_.end()) {
+        out->set_gpu_uuid(gpu->second);
+      }
     }
     job->set_mode(AutotuneModeName(s.policy.mode));
     for (const std::string& k : s.policy.pinned_keys) job->add_pinned_keys(k);

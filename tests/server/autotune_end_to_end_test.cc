@@ -247,15 +247,19 @@ TEST_F(AutotuneEndToEndTest, AtTheJobsOwnRateEveryEventReachesTheDaemonAndItDeci
 // margin (a replay marks no steps: over a first pass of events after the
 // push), before the canary_window would have let it: both replays end on
 // the pushed config.
+// A DDP job as it runs on a node: a rank on each GPU, one daemon serving both.
 TEST_F(AutotuneEndToEndTest, TheRanksOfOneRunAreOneJobAndBothEndOnThePushedConfig) {
-  StartDaemon("apply", {}, "off", "48GiB");
+  StartDaemon("apply", {"--sim-devices", "2"}, "off", "48GiB");
   const std::vector<std::string> run = {"TORCHELASTIC_RUN_ID=ddp-run-1", "WORLD_SIZE=2"};
-  const std::vector<std::string> replay = {"--config", "max_split_size_mb:64", "--speed", "4",
-                                           "--duration", JobSeconds(35)};
+  std::vector<std::string> replay = {"--config", "max_split_size_mb:64", "--speed", "4",
+                                     "--duration", JobSeconds(35)};
   std::vector<std::string> rank1 = run, rank0 = run;
   rank1.push_back("RANK=1");
   rank0.push_back("RANK=0");
-  std::unique_ptr<Child> canary = Replay("ddp", replay, rank1);
+  std::vector<std::string> on_gpu1 = replay;
+  on_gpu1.insert(on_gpu1.end(), {"--gpu", "SIM-GPU-1"});
+  replay.insert(replay.end(), {"--gpu", "SIM-GPU-0"});
+  std::unique_ptr<Child> canary = Replay("ddp", on_gpu1, rank1);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::unique_ptr<Child> other = Replay("ddp", replay, rank0);
 
@@ -271,12 +275,15 @@ TEST_F(AutotuneEndToEndTest, TheRanksOfOneRunAreOneJobAndBothEndOnThePushedConfi
       EXPECT_EQ(job["ranks"][0]["rank"], 0) << job.dump();
       EXPECT_EQ(job["ranks"][1]["rank"], 1) << job.dump();
       EXPECT_EQ(job["ranks"][1]["world_size"], 2) << job.dump();
+      EXPECT_EQ(job["ranks"][0]["gpu_uuid"], "SIM-GPU-0") << job.dump();
+      EXPECT_EQ(job["ranks"][1]["gpu_uuid"], "SIM-GPU-1") << job.dump();
       both_ranks_shown = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(both_ranks_shown);
-  EXPECT_THAT(Allocctl({"autotune", "status"}), HasSubstr("rank 1/2"));
+  EXPECT_THAT(Allocctl({"autotune", "status"}), HasSubstr("rank 1/2 (session"));
+  EXPECT_THAT(Allocctl({"autotune", "status"}), HasSubstr("SIM-GPU-1)"));
 
   const nlohmann::json canary_out = Finish(*canary);
   const nlohmann::json other_out = Finish(*other);

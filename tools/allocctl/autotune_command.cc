@@ -177,11 +177,13 @@ void PrintAutotuneStatus(const v1::AutotuneStatusResponse& r) {
     // What each session (each rank of a job of several) runs: a push
     // reaches the canary first, then every rank.
     for (const v1::AutotuneRank& rank : j.ranks()) {
+      const std::string gpu =
+          rank.gpu_uuid().empty() ? std::string() : absl::StrCat(", ", rank.gpu_uuid());
       const std::string who =
           rank.world_size() > 0
               ? absl::StrCat("rank ", rank.rank(), "/", rank.world_size(), " (session ",
-                             rank.session_id(), ")")
-              : absl::StrCat("session ", rank.session_id());
+                             rank.session_id(), gpu, ")")
+              : absl::StrCat("session ", rank.session_id(), gpu);
       std::printf("    %s: %s (version %llu)%s\n", who.c_str(),
                   rank.config().empty() ? "(defaults)" : rank.config().c_str(),
                   static_cast<unsigned long long>(rank.config_version()),

@@ -249,6 +249,7 @@ int RunClientReplay(const ClientReplayCommandOptions& o, std::ostream& out,
   absl::StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(
       {.socket = o.socket,
        .job = o.job,
+       .gpu_uuid = o.gpu_uuid,
        .initial_config = FormatAllocatorConfig(*config),
        .description = "allocd client-replay",
        .autotune = preferences,

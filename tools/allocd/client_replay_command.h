@@ -20,6 +20,9 @@ struct ClientReplayCommandOptions {
   std::string job;
   std::string config;
   int device = -1;
+  // The daemon's GPU whose pool serves the replay, by UUID (a sim daemon's
+  // are SIM-GPU-0, SIM-GPU-1, ...); empty: the daemon's first.
+  std::string gpu_uuid;
   // Replays the trace this many times...
   int loops = 1;
   // ...or, when > 0, again and again until this many seconds have passed,

@@ -406,6 +406,10 @@ void AddClientReplay(CLI::App& app, allocd::ClientReplayCommandOptions& o) {
   c->add_option("--config,-c", o.config,
                 "PYTORCH_CUDA_ALLOC_CONF to start with (default: PyTorch's)");
   c->add_option("--device", o.device, "which device's trace (default: the only one)");
+  c->add_option("--gpu", o.gpu_uuid,
+                "the daemon's GPU to take memory from, by UUID, as a rank of "
+                "a job of several runs on its own GPU (a sim daemon's are "
+                "SIM-GPU-0, SIM-GPU-1, ...; default: the daemon's first)");
   c->add_option("--loop", o.loops, "replay the trace N times (default 1)")
       ->check(CLI::PositiveNumber);
   c->add_option("--duration", o.duration_seconds,
