@@ -29,6 +29,18 @@ void GrantReadAhead::GiveBackAll(std::deque<ReceivedChunks> grants) {
   mu_.Lock();
 }
 
+void GrantReadAhead::GiveBackParked() {
+  if (!parked_.has_value()) return;
+  std::deque<ReceivedChunks> grants = std::move(parked_->grants);
+  parked_.reset();
+  GiveBackAll(std::move(grants));
+}
+
+void GrantReadAhead::Keep(const Key& key, std::deque<ReceivedChunks> grants) {
+  parked_ = Parked{
+      .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
+}
+
 std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
   absl::MutexLock lock(&mu_);
   // A fetch wanted or in flight is one round trip from done, never a wait
@@ -41,9 +53,7 @@ std::optional<ReceivedChunks> GrantReadAhead::Take(const Key& key) {
   mu_.Await(absl::Condition(&settled));
   if (!parked_.has_value()) return std::nullopt;
   if (!(parked_->key == key)) {
-    std::deque<ReceivedChunks> other = std::move(parked_->grants);
-    parked_.reset();
-    GiveBackAll(std::move(other));
+    GiveBackParked();
     return std::nullopt;
   }
   ReceivedChunks next = std::move(parked_->grants.front());
@@ -95,13 +105,8 @@ bool GrantReadAhead::Park(const Key& key, std::optional<ReceivedChunks> grant) {
   wanted_.reset();
   auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !fetching_; };
   mu_.Await(absl::Condition(&settled));
-  if (parked_.has_value()) {
-    std::deque<ReceivedChunks> before = std::move(parked_->grants);
-    parked_.reset();
-    GiveBackAll(std::move(before));
-  }
-  parked_ = Parked{
-      .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
+  GiveBackParked();
+  Keep(key, std::move(grants));
   parked_by_caller_ = true;
   return true;
 }
@@ -134,9 +139,7 @@ void GrantReadAhead::Run() {
     parked_by_caller_ = false;
     if (parked_.has_value() &&
         (stopping_ || parked_->until <= absl::Now())) {
-      std::deque<ReceivedChunks> expired = std::move(parked_->grants);
-      parked_.reset();
-      GiveBackAll(std::move(expired));
+      GiveBackParked();
       continue;
     }
     if (stopping_) break;
@@ -162,8 +165,7 @@ void GrantReadAhead::Run() {
       continue;
     }
     batch_ = std::min(batch_ * 2, kMaxBatch);
-    parked_ = Parked{
-        .key = key, .grants = std::move(grants), .until = absl::Now() + keep_};
+    Keep(key, std::move(grants));
   }
   mu_.Unlock();
 }

@@ -124,6 +124,11 @@ class GrantReadAhead {
   // Gives every one of `grants` back, with `mu_` released meanwhile.
   void GiveBackAll(std::deque<ReceivedChunks> grants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what is parked, if anything (GiveBackAll).
+  void GiveBackParked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Parks `grants` (not empty) of `key` for `keep_` from now.
+  void Keep(const Key& key, std::deque<ReceivedChunks> grants)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Fetch fetch_;
   const GiveBack give_back_;

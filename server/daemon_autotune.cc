@@ -227,8 +227,7 @@ void DaemonAutotune::SessionStarted(const SessionIdentity& identity,
     // The job's newest session speaks for it; one that asks nothing keeps
     // what an earlier one asked.
     if (asks) job_preferences_[key] = preferences;
-    if (session_jobs_.emplace(identity.id, key).second) {
-      session_gpus_[identity.id] = identity.gpu_uuid;
+    if (session_jobs_.emplace(identity.id, SessionOfJob{key, identity.gpu_uuid}).second) {
       if (++live_sessions_[key] == 1) {
         // Started again: its version is a live job's, out of the ended
         // jobs' queue.
@@ -286,9 +285,8 @@ void DaemonAutotune::SessionEnded(SessionId id) {
     absl::MutexLock lock(&mu_);
     next_sequence_.erase(id);
     chosen_starts_.erase(id);
-    session_gpus_.erase(id);
     if (auto session = session_jobs_.find(id); session != session_jobs_.end()) {
-      const JobKey key = session->second;
+      const JobKey key = session->second.job;
       session_jobs_.erase(session);
       auto live = live_sessions_.find(key);
       if (live != live_sessions_.end() && --live->second == 0) {
@@ -355,7 +353,7 @@ void DaemonAutotune::Features(SessionId id, const v1::JobFeatures& features) {
   std::optional<JobKey> key;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = session_jobs_.find(id); it != session_jobs_.end()) key = it->second;
+    if (auto it = session_jobs_.find(id); it != session_jobs_.end()) key = it->second.job;
   }
   if (!key) return;
   const std::optional<LearnedConfig> known = learned_->Find(*key);
@@ -406,8 +404,8 @@ absl::StatusOr<uint64_t> DaemonAutotune::SetJobConfig(
   std::vector<SessionId> ranks;
   if (!job.run.empty()) {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, key] : session_jobs_) {
-      if (key == job) ranks.push_back(id);
+    for (const auto& [id, session] : session_jobs_) {
+      if (session.job == job) ranks.push_back(id);
     }
   }
   const std::string author = absl::StrCat(kAuthor, ": ", reason);
@@ -543,11 +541,10 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
 
 v1::AutotuneStatusResponse DaemonAutotune::Status() const {
   v1::AutotuneStatusResponse r;
-  {
-    absl::MutexLock lock(&mu_);
-    r.set_mode(AutotuneModeName(default_mode_));
-  }
-  for (const AutotuneJobStatus& s : autotuner_->Status()) {
+  const std::vector<AutotuneJobStatus> jobs = autotuner_->Status();
+  absl::MutexLock lock(&mu_);
+  r.set_mode(AutotuneModeName(default_mode_));
+  for (const AutotuneJobStatus& s : jobs) {
     v1::AutotuneJob* job = r.add_jobs();
     job->set_job(s.job);
     job->set_tenant(s.tenant);
@@ -562,9 +559,8 @@ v1::AutotuneStatusResponse DaemonAutotune::Status() const {
       out->set_config(rank.config);
       out->set_config_version(rank.config_version);
       out->set_canary(rank.canary);
-      absl::MutexLock lock(&mu_);
-      if (auto gpu = session_gpus_.find(rank.session); gpu != session_gpus_.end()) {
-        out->set_gpu_uuid(gpu->second);
+      if (auto session = session_jobs_.find(rank.session); session != session_jobs_.end()) {
+        out->set_gpu_uuid(session->second.gpu_uuid);
       }
     }
     job->set_mode(AutotuneModeName(s.policy.mode));

@@ -220,10 +220,13 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // them past the live sessions (which --max-sessions bounds). What an
   // admin set is by label (admin_modes_, file_policies_) and stays.
   //
-  // By session: its job, for SessionEnded (which is given the id only).
-  std::map<SessionId, JobKey> session_jobs_ ABSL_GUARDED_BY(mu_);
-  // By session: the GPU it runs on, for the status of a job's ranks.
-  std::map<SessionId, std::string> session_gpus_ ABSL_GUARDED_BY(mu_);
+  // By session: its job, for SessionEnded (which is given the id only), and
+  // the GPU it runs on, for the status of a job's ranks.
+  struct SessionOfJob {
+    JobKey job;
+    std::string gpu_uuid;
+  };
+  std::map<SessionId, SessionOfJob> session_jobs_ ABSL_GUARDED_BY(mu_);
   // What LearnedConfigFor chose for a registering session, until its
   // SessionStarted reads it (its source, and why, for the metric, the log
   // and the autotuner's review).

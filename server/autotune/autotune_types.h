@@ -296,6 +296,11 @@ struct AutotuneJobStatus {
 
 // `bytes` as a decision's `why` writes sizes ("1.50 GiB").
 std::string GiB(int64_t bytes);
+// Whether a config peaking at `peak` saves at least `share` of
+// `staying_peak`: the saving a push needs (DecideOptions::min_saving).
+inline bool SavesAtLeast(int64_t staying_peak, int64_t peak, double share) {
+  return static_cast<double>(staying_peak - peak) >= share * static_cast<double>(staying_peak);
+}
 // A PYTORCH_CUDA_ALLOC_CONF as a decision's `why` writes it: "(defaults)"
 // for the empty one.
 std::string ConfigName(const std::string& config);

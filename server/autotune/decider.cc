@@ -329,7 +329,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   tune.max_call_ratio = options.max_call_ratio;
   // A switch's empty cache makes the job rebuild its cache: device calls are
   // judged against switching to the job's own config, which pays the same.
-  tune.baseline = Candidate{running.config, running.memory_fraction};
+  tune.baseline = Staying(running);
   tune.live_start = LiveStart{running.config, running.memory_fraction, d.switch_event};
   tune.on_replay = options.on_replay;
   SearchSpace space = JobSpace(running, policy);
@@ -420,8 +420,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   const Evaluation* const chosen = best;
   std::string grown_note;
   if (SizeFittedSettings(best->candidate) > SizeFittedSettings(Staying(running)) &&
-      static_cast<double>(stayed.peak_reserved - best->replay.peak_reserved) >=
-          options.min_saving * static_cast<double>(stayed.peak_reserved)) {
+      SavesAtLeast(stayed.peak_reserved, best->replay.peak_reserved, options.min_saving)) {
     const std::optional<double> growth =
         options.size_growth ? options.size_growth : StepGrowth(window, marks, d.step_events);
     GrownSizesVerdict verdict =
@@ -476,8 +475,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
     return finish(Decision::Result::kKeep,
                   absl::StrCat(evidence, "; that is the config the job runs"));
   }
-  if (static_cast<double>(saving) <
-      options.min_saving * static_cast<double>(d.predicted_peak_current)) {
+  if (!SavesAtLeast(d.predicted_peak_current, d.predicted_peak_switched, options.min_saving)) {
     return finish(Decision::Result::kKeep,
                   absl::StrCat(evidence, absl::StrFormat("; less than the %.0f%% a push needs",
                                                          100 * options.min_saving)));

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "server/autotune/autotune_types.h"
 
 namespace allocd {
 
@@ -108,8 +109,8 @@ GrownSizesCheck CheckGrownSizes(const Trace& window, const Candidate& staying,
         .candidate = evaluated[1]->replay,
         .simpler = simpler ? evaluated[2]->replay : evaluated[0]->replay});
     const GrownPeaks& p = check.grown.back();
-    const bool saves = static_cast<double>(p.staying.peak_reserved - p.candidate.peak_reserved) >=
-                       options.min_saving * static_cast<double>(p.staying.peak_reserved);
+    const bool saves =
+        SavesAtLeast(p.staying.peak_reserved, p.candidate.peak_reserved, options.min_saving);
     if (!NoWorse(p.candidate, p.staying) || !NoWorse(p.candidate, p.simpler) || !saves) {
       check.holds = false;
       check.failed = check.grown.size() - 1;

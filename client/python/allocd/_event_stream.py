@@ -180,32 +180,31 @@ class EventStream:
         """The job made its step mark number `mark`: the allocator's state is
         read for it, when one is due, then the mark goes into the stream.
         Returns the seconds spent reading the state (0 when none was due)."""
-        start = time.perf_counter()
-        read = self._read_state(mark)
-        seconds = time.perf_counter() - start if read else 0.0
+        seconds = self._read_state(mark)
         self.reader.mark_step()
         return seconds
 
     def _read_state(self, mark):
-        """Reads the allocator's state for mark `mark` when one is due;
-        whether it tried."""
+        """Reads the allocator's state for mark `mark` when one is due; the
+        seconds it took (0 when none was due)."""
         if self._state_period < 0:
-            return False
+            return 0.0
         now = time.monotonic()
         if self._last_state is not None and now - self._last_state < self._state_period:
-            return False
+            return 0.0
         self._last_state = now
+        start = time.perf_counter()
         try:
             state = _allocator_state.read_state(self._torch, self._device)
         except Exception as error:  # a PyTorch whose snapshot differs: no states
             self._state_period = -1
             warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "
                           "the daemon predicts from the allocation stream alone")
-            return True
+            return time.perf_counter() - start
         if state is not None:
             # Before the mark: the advisor may read the mark at once.
             self._states.append((mark, state))
-        return True
+        return time.perf_counter() - start
 
     def stop(self):
         self.reader.stop()
