@@ -14,6 +14,8 @@
 #              40 GiB of activations in long-batch steps)
 #   server     an inference server (Poisson requests, 1-4 GiB KV caches, one
 #              large batch a cycle) beside a trainer, and the server alone
+#              (SERVER_PEAKS: the batch's and the trainer's GiB, "60 90"),
+#              and the floor: native, the batch halved so that both fit
 # Each part runs its jobs under the modes in MODES_<PART> (default below):
 #   native        PyTorch's defaults
 #   expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -136,11 +138,19 @@ fi
 if want server; then
   # Job 0 the server (requests all the time, a 60 GiB batch in its slot),
   # job 1 the trainer (90 GiB of activations in its slot).
-  PEAKS="60 90" JOB_ARGS="--schedule alternate --rate 20 --slot 1.5 --hold 0.6"
+  PEAKS=${SERVER_PEAKS:-60 90} JOB_ARGS="--schedule alternate --rate 20 --slot 1.5 --hold 0.6"
   for mode in $(modes SERVER "native expandable empty-cache transparent"); do
     step "server beside a trainer: $mode"; launch server "$mode" 2 server trainer
     step "server alone: $mode"; launch server-alone "$mode" 1 server
   done
+  # The floor: native, with a batch half as large, so that both jobs fit
+  # and nothing moves; what is left is the GPU's compute shared with the
+  # trainer, which no memory manager removes. SERVER_FLOOR=0: not run.
+  if [[ ${SERVER_FLOOR:-1} != 0 ]]; then
+    read -r batch trainer <<<"$PEAKS"
+    PEAKS="$(python -c "print($batch / 2)") $trainer"
+    step "server floor: native, ${PEAKS} GiB"; launch server-floor native 2 server trainer
+  fi
   pack packing
 fi
 stop_daemon

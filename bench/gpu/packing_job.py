@@ -26,7 +26,9 @@ unchanged script.
 
 Prints and writes one JSON: OOMs (peaks and steps), step times (CUDA events,
 warm-up excluded), each peak's gather time (from its first allocation to
-the last one done, synchronized), requests' latencies (server). Under allocd,
+the last one done, synchronized), requests' latencies (server: each with its
+arrival, so that the slowest can be laid beside the cycle's phases and
+allocd.stats()'s allocator_holds). Under allocd,
 where each peak's gather time went (allocd.stats()'s map_path, read before
 and after it): the daemon's round trips for the chunks (a reclaim from the
 neighbours waits in them), importing and mapping them, enabling access.
@@ -87,6 +89,7 @@ class Job:
         self.torch, self.a = torch, a
         self.ooms, self.step_ooms = 0, 0
         self.steps, self.gathers, self.latencies, self.notes = [], [], [], []
+        self.requests_at = []  # (arrival after the start, latency), seconds
         self.gather_paths = []  # per gather: where its time went under allocd
         torch.manual_seed(a.seed + a.index)
         self.model = torch.nn.Sequential(
@@ -180,6 +183,7 @@ class Job:
             return False
         if timed and arrival - a.start >= a.warmup:
             self.latencies.append(time.time() - arrival)
+            self.requests_at.append((arrival - a.start, self.latencies[-1]))
         if a.mode == "empty-cache":
             torch.cuda.empty_cache()
         return True
@@ -266,7 +270,8 @@ def main():
         "index": a.index, "jobs": a.jobs, "kind": a.kind, "schedule": a.schedule,
         "mode": a.mode, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "under_allocd_run": os.environ.get("ALLOCD_AUTOSTART") == "1",
-        "peak_gib": a.peak_gib, "cycles": a.cycles,
+        "peak_gib": a.peak_gib, "cycles": a.cycles, "slot_s": a.slot, "hold_s": a.hold,
+        "start": a.start,
         "ooms": job.ooms, "step_ooms": job.step_ooms,
         "peaks_held": len(job.gathers),
         "steps": len(job.steps),
@@ -278,6 +283,8 @@ def main():
         "requests": len(job.latencies),
         "latency_ms_p50": (percentile(job.latencies, 50) or 0) * 1e3,
         "latency_ms_p99": (percentile(job.latencies, 99) or 0) * 1e3,
+        # Each request: [arrival, seconds after the start; latency, ms].
+        "requests_at": [[round(at, 4), round(lat * 1e3, 3)] for at, lat in job.requests_at],
         "max_reserved_gib": torch.cuda.max_memory_reserved() / (1 << 30),
         "notes": job.notes,
     }

@@ -11,7 +11,9 @@ Then where a reclaimed gather's time went under allocd (the jobs' map-path
 counters): the daemon's round trips for chunks (a reclaim waits in them),
 importing and mapping the chunks, enabling access, and the rest (PyTorch's
 allocator, the kernel launches, Python). Then the server beside the trainer
-against the server alone.
+against the server alone and against the floor (native, its batch halved
+so that both jobs fit: the GPU's compute shared, no memory moved), and where
+its slowest requests came.
 """
 import collections
 import glob
@@ -107,19 +109,69 @@ def main():
               f"{med(lambda g, p: p['chunks_mapped'] + p['chunks_created']):.0f} | "
               f"{med(lambda g, p: p['segments_mapped']):.0f} |")
 
-    print("\n| server | mode | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for (part, n, mode), jobs in sorted(runs.items()):
-        if part not in ("server", "server-alone"):
-            continue
-        server = next(j for j in jobs if j["kind"] == "server")
-        solo = runs.get(("server-alone", 1, mode))
-        ref = solo[0]["latency_ms_p99"] if solo else None
-        print(f"| {'beside a trainer' if part == 'server' else 'alone'} | {mode} | "
-              f"{server['requests']} | {server['ooms']} | {server['latency_ms_p50']:.1f} | "
-              f"{server['latency_ms_p99']:.1f} | "
-              f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x |")
+    servers = {(part, mode): next(j for j in jobs if j["kind"] == "server")
+               for (part, n, mode), jobs in runs.items()
+               if part in ("server", "server-alone", "server-floor")}
+    floor = servers.get(("server-floor", "native"))
+    print("\n| server | mode | batch (GiB) | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone "
+          "| p99 vs the native floor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    where = {"server": "beside a trainer", "server-alone": "alone",
+             "server-floor": "the floor: beside a trainer, both fit"}
+    for (part, mode), server in sorted(servers.items()):
+        solo = servers.get(("server-alone", mode)) or servers.get(("server-alone", "native"))
+        ref = solo["latency_ms_p99"] if solo else None
+        low = floor["latency_ms_p99"] if floor and part != "server-alone" else None
+        print(f"| {where[part]} | {mode} | {server['peak_gib']:g} | {server['requests']} | "
+              f"{server['ooms']} | {server['latency_ms_p50']:.2f} | "
+              f"{server['latency_ms_p99']:.2f} | "
+              f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x | "
+              f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x |")
+    slowest_requests(servers)
 
+
+def phase(server, at):
+    """Where in its cycle a request that arrived `at` s after the start came:
+    the server's own batch (slot 0), the trainer's long steps (slot 1), or
+    neither."""
+    cycle = 2 * server["slot_s"]
+    into = at % cycle
+    if into < server["hold_s"]:
+        return "batch"
+    if server["slot_s"] <= into < server["slot_s"] + server["hold_s"]:
+        return "trainer"
+    return "idle"
+
+
+def slowest_requests(servers):
+    """The slowest 1% of each server's requests (at least 8), by the phase of
+    the cycle they arrived in, and those that waited while allocd held
+    PyTorch's allocator (allocd.stats()'s allocator_holds)."""
+    rows = [(key, server) for key, server in sorted(servers.items())
+            if server.get("requests_at")]
+    if not rows:
+        return
+    print("\nThe slowest 1% of the requests (at least 8): the phase of the cycle they "
+          "arrived in, and how many waited on a hold of PyTorch's allocator by allocd "
+          "(an empty_cache for a reclaim, a pre-warm's allocation).\n")
+    print("| server | mode | requests | slower than (ms) | in the batch | in the trainer's slot "
+          "| idle | during an allocd hold | holds (count, ms p50 / max) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for (part, mode), server in rows:
+        requests = sorted(server["requests_at"], key=lambda r: -r[1])
+        tail = requests[:max(8, math.ceil(len(requests) / 100))]
+        holds = [(start - server["start"], seconds)
+                 for start, seconds, _ in server.get("allocd", {})
+                 .get("allocator_holds", {}).get("recent", [])]
+        counts = collections.Counter(phase(server, at) for at, _ in tail)
+        held = sum(1 for at, ms in tail
+                   if any(start < at + ms / 1e3 and at < start + seconds
+                          for start, seconds in holds))
+        lengths = sorted(seconds * 1e3 for _, seconds in holds)
+        summary = (f"{len(lengths)}, {percentile(lengths, 50):.1f} / {lengths[-1]:.1f}"
+                   if lengths else "-")
+        print(f"| {part} | {mode} | {len(requests)} | {tail[-1][1]:.2f} | {counts['batch']} | "
+              f"{counts['trainer']} | {counts['idle']} | {held} | {summary} |")
 
 if __name__ == "__main__":
     main()

@@ -398,6 +398,11 @@ class AdviseTest(unittest.TestCase):
         # The push took effect for the next peak: the cache was emptied,
         # and the job says what it runs and why.
         self.assertGreaterEqual(self.torch.empty_cache_calls, 1)
+        # ... which held PyTorch's allocator: the job's allocations waited.
+        holds = allocd.stats()["allocator_holds"]
+        self.assertEqual(holds["count"]["empty_cache"], self.torch.empty_cache_calls)
+        self.assertEqual([what for _, _, what in holds["recent"]],
+                         ["empty_cache"] * self.torch.empty_cache_calls)
         self.assertIn("garbage_collection_threshold:0.6", allocd.stats()["config"])
         self.assertIn("set by", allocd.stats()["config_reason"])
 

@@ -14,6 +14,7 @@ import unittest
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 from allocd import _advisor, _prewarm  # noqa: E402
 from allocd._event_stream import EventStream  # noqa: E402
+from allocd._holds import AllocatorHolds  # noqa: E402
 from allocd._prewarm import PARKED, REFUSED, PeakForecast, Prewarmer  # noqa: E402
 
 GIB = 1 << 30
@@ -193,11 +194,30 @@ class PrewarmerTest(unittest.TestCase):
         self.prewarmer.observe(session(reclaims=3), [(PEAK, 0)])
         self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.0)
 
+    def test_the_prewarms_allocation_is_timed_as_a_hold_of_the_allocator(self):
+        holds = AllocatorHolds(self.clock)
+        self.prewarmer._holds = holds
+        alloc = self.torch.cuda.caching_allocator_alloc
+
+        def mapping(size, device, stream):
+            self.clock.now += 0.015  # the parked grant imported and mapped
+            return alloc(size, device, stream)
+
+        self.torch.cuda.caching_allocator_alloc = staticmethod(mapping)
+        self.run_at(8.71)
+        stats = holds.stats()
+        self.assertEqual(len(stats["recent"]), 1)
+        start, seconds, what = stats["recent"][0]
+        self.assertEqual((start, what), (8.71, "prewarm"))
+        self.assertAlmostEqual(seconds, 0.015)
+        self.assertEqual(stats["count"], {"prewarm": 1})
+
     def test_a_refused_prewarm_leaves_the_cache_untouched(self):
         self.answer = REFUSED
         self.run_at(8.71)
         self.assertEqual(len(self.asked), 1)
         self.assertEqual(self.torch.calls, [], "PyTorch's allocator never asked")
+        self.assertEqual(self.prewarmer._holds.stats()["recent"], [], "nor held")
         self.assertEqual(self.hidden, [])
         stats = self.prewarmer.stats()
         self.assertEqual((stats["prewarms_refused"], stats["prewarms_served"]), (1, 0))
@@ -246,6 +266,29 @@ class PrewarmerTest(unittest.TestCase):
         finally:
             del os.environ["ALLOCD_PREWARM"]
         self.assertTrue(_prewarm.enabled())
+
+
+class AllocatorHoldsTest(unittest.TestCase):
+    def test_the_most_recent_windows_are_kept_and_every_one_is_totalled(self):
+        clock = Clock(0.0)
+        holds = AllocatorHolds(clock)
+        for i in range(AllocatorHolds.KEEP + 3):
+            with holds.hold("empty_cache" if i % 2 else "prewarm"):
+                clock.now += 0.5
+        stats = holds.stats()
+        self.assertEqual(len(stats["recent"]), AllocatorHolds.KEEP)
+        self.assertEqual(stats["recent"][0][0], 1.5, "the three oldest went")
+        self.assertEqual(stats["count"], {"prewarm": 130, "empty_cache": 129})
+        self.assertAlmostEqual(stats["seconds"]["prewarm"], 65.0)
+
+    def test_a_hold_that_raises_is_timed_too(self):
+        clock = Clock(0.0)
+        holds = AllocatorHolds(clock)
+        with self.assertRaises(RuntimeError):
+            with holds.hold("empty_cache"):
+                clock.now = 0.25
+                raise RuntimeError("CUDA error")
+        self.assertEqual(holds.stats()["recent"], [[0.0, 0.25, "empty_cache"]])
 
 
 class StartTest(unittest.TestCase):

@@ -27,6 +27,7 @@ from ._bindings import AllocdUnavailable, Target, load_client
 from ._event_stream import EventStream, event_reader, start_state
 from ._features import FeatureHooks
 from ._history import HistoryReader
+from ._holds import AllocatorHolds
 from ._prewarm import Prewarmer, enabled as prewarm_enabled
 
 
@@ -86,9 +87,10 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
         lib.allocd_disconnect(client)
         raise
     events = EventStream(lib, client, torch, device, reader) if reader is not None else None
+    holds = AllocatorHolds()
     advisor = Advisor(lib, client, torch, device, period, config, events,
-                      start_prewarmer(lib, torch, device, events) if transparent
-                      else "off (transparent mode only)")
+                      start_prewarmer(lib, torch, device, events, holds) if transparent
+                      else "off (transparent mode only)", holds)
     if events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
     advisor.take_start_config()
@@ -96,7 +98,7 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     return advisor
 
 
-def start_prewarmer(lib, torch, device, events):
+def start_prewarmer(lib, torch, device, events, holds=None):
     """The pre-warms of the job's recurring peak (_prewarm.py), or why there are
     none: they need the interposer (transparent mode), whose grant the
     pre-warm's cudaMalloc takes, and the allocation stream, which tells
@@ -113,7 +115,8 @@ def start_prewarmer(lib, torch, device, events):
         capacity = torch.cuda.get_device_properties(device).total_memory
     except (AttributeError, AssertionError, RuntimeError):
         return "off (the GPU's memory is unknown)"
-    prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size), capacity)
+    prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size), capacity,
+                          holds=holds)
     events.watch_bytes = prewarmer.watch_bytes()
     return prewarmer
 
@@ -156,7 +159,7 @@ class Advisor:
     START_CONFIG_WAIT_S = 2.0
 
     def __init__(self, lib, client, torch, device, period, config, events=None,
-                 prewarmer=None):
+                 prewarmer=None, holds=None):
         self._lib = lib
         self._client = client
         self._torch = torch
@@ -167,6 +170,8 @@ class Advisor:
         # The pre-warms of the job's recurring peak (a Prewarmer), or why none.
         self._prewarmer = prewarmer if isinstance(prewarmer, Prewarmer) else None
         self._prewarm_off = None if self._prewarmer is not None else (prewarmer or "off")
+        # When this thread held PyTorch's allocator, which the job waited for.
+        self.holds = holds if holds is not None else AllocatorHolds()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a round now, not at the period's end
         self._round_done = threading.Event()
@@ -237,6 +242,7 @@ class Advisor:
                 "event_source": self.event_source,
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
+                "allocator_holds": self.holds.stats(),
                 "memory_stats": dict(self.last_stats)}
 
     @property
@@ -366,7 +372,8 @@ class Advisor:
             return 0
 
         def empty_cache(_context):
-            torch.cuda.empty_cache()
+            with self.holds.hold("empty_cache"):
+                torch.cuda.empty_cache()
             self._stats_text = None
 
         def stats(buffer, size, _context):

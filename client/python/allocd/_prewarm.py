@@ -28,6 +28,8 @@ import os
 import sys
 import time
 
+from ._holds import AllocatorHolds
+
 # allocd_interpose_prewarm's answers.
 PARKED, REFUSED = 0, 1
 
@@ -153,10 +155,11 @@ class Prewarmer:
 
     `prewarm_segment(bytes)` is allocd_interpose_prewarm for the device
     (PARKED, REFUSED, or negative: no session); `clock` is time.time's
-    stand-in; `log` takes the log lines."""
+    stand-in; `log` takes the log lines; `holds` (an AllocatorHolds) times
+    the pre-warm's allocation, which holds PyTorch's allocator."""
 
     def __init__(self, torch, device, prewarm_segment, capacity_bytes, clock=time.time,
-                 log=None):
+                 log=None, holds=None):
         self._torch = torch
         self._device = device
         self._prewarm_segment = prewarm_segment
@@ -164,6 +167,7 @@ class Prewarmer:
         self._log = log if log is not None else (
             lambda line: sys.stderr.write(f"allocd: {line}\n"))
         self.forecast = PeakForecast(capacity_bytes)
+        self._holds = holds if holds is not None else AllocatorHolds(clock)
         self._seen_until = -1  # large_segments already taken (by their time, in ns)
         self._own = []  # (start, end) in ns of the pre-warms' own segments
         self.active = False  # a pre-warm's allocation in flight (its OOM is not the job's)
@@ -246,8 +250,9 @@ class Prewarmer:
         self.active = True
         try:
             stream = torch.cuda.default_stream(self._device).cuda_stream
-            address = torch.cuda.caching_allocator_alloc(size, self._device, stream)
-            torch.cuda.caching_allocator_delete(address)
+            with self._holds.hold("prewarm"):
+                address = torch.cuda.caching_allocator_alloc(size, self._device, stream)
+                torch.cuda.caching_allocator_delete(address)
         except RuntimeError as error:  # torch.OutOfMemoryError is one
             self.counters["prewarms_failed"] += 1
             self._say("failed", f"PyTorch's allocation failed: {str(error).splitlines()[0]}",
