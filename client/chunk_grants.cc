@@ -177,6 +177,18 @@ absl::Status ChunkGrants::Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
   return absl::OkStatus();
 }
 
+std::optional<ReceivedChunks> ChunkGrants::TakePrewarmed(
+    uint64_t bytes, uint64_t max_chunk_bytes, bool client_creates) {
+  GrantReadAhead* const ahead = read_ahead_.get();
+  if (ahead == nullptr) return std::nullopt;
+  std::optional<ReceivedChunks> parked =
+      ahead->Take({.bytes = bytes,
+                   .max_chunk_bytes = max_chunk_bytes,
+                   .client_creates = client_creates});
+  if (parked.has_value()) report_read_ahead_(ahead->parked_bytes());
+  return parked;
+}
+
 std::vector<ReceivedChunks> ChunkGrants::AcquireAhead(uint64_t bytes,
                                                       uint64_t max_chunk_bytes,
                                                       uint32_t count,

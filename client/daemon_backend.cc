@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -224,22 +225,59 @@ absl::Status DaemonBackend::Map(uint64_t address, size_t bytes,
     if (!device_full) return mapped.status();
     ++client_create_fallbacks_;
   }
-  const size_t first_made = got->ids.size() - got->client_made;
-  for (size_t i = 0; i < mapped->size(); ++i) {
-    const ChunkMapping& m = (*mapped)[i];
-    chunks_[m.address] = {.epoch = got->epoch,
-                          .id = got->ids[i],
+  Adopt(*got, *mapped);
+  return absl::OkStatus();
+}
+
+void DaemonBackend::Adopt(const ReceivedChunks& got,
+                          const std::vector<ChunkMapping>& mapped) {
+  const size_t first_made = got.ids.size() - got.client_made;
+  for (size_t i = 0; i < mapped.size(); ++i) {
+    const ChunkMapping& m = mapped[i];
+    chunks_[m.address] = {.epoch = got.epoch,
+                          .id = got.ids[i],
                           .bytes = m.bytes,
                           .handle = m.handle,
                           .made_here = i >= first_made};
     held_ += m.bytes;
   }
-  return absl::OkStatus();
 }
 
 absl::Status DaemonBackend::Prewarm(size_t bytes) {
   // AllocateSegment's first ask (Map): whole, with the largest chunks.
   return client_->Prewarm(bytes, UINT64_MAX, client_creates_);
+}
+
+absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes) {
+  std::optional<ReceivedChunks> got =
+      client_->TakePrewarmed(bytes, UINT64_MAX, client_creates_);
+  if (!got.has_value()) return false;
+  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
+  if (!address.ok()) {
+    (void)client_->Release(got->epoch, got->ids);
+    return address.status();
+  }
+  absl::StatusOr<std::vector<ChunkMapping>> mapped =
+      MapReceived(*address, bytes, *got);
+  if (!mapped.ok()) {
+    (void)client_->Release(got->epoch, got->ids);
+    mapper_->Free(*address, bytes);
+    return mapped.status();
+  }
+  client_->map_path().segments_mapped.fetch_add(1, std::memory_order_relaxed);
+  client_->map_path().NoteSegment(bytes);
+  ranges_[*address] = bytes;
+  Adopt(*got, *mapped);
+  prewarmed_.emplace(bytes, *address);
+  return true;
+}
+
+size_t DaemonBackend::FreeUnusedPrewarmed() {
+  const size_t unused = prewarmed_.size();
+  for (const auto& [bytes, address] : std::exchange(prewarmed_, {})) {
+    Unmap(address, bytes, false);
+  }
+  return unused;
 }
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
@@ -287,6 +325,12 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
+  if (auto it = prewarmed_.find(bytes); it != prewarmed_.end()) {
+    const uint64_t address = it->second;
+    prewarmed_.erase(it);
+    CountSegment(address, bytes);
+    return address;
+  }
   if (handover_ != nullptr) {
     if (std::optional<WorkingSetHandover::Segment> ready =
             handover_->Take(bytes)) {

@@ -124,6 +124,17 @@ class DaemonBackend : public DeviceBackend {
   // asking: DaemonClient::Prewarm, which says what the errors mean. May be
   // called from any thread while AllocateSegment runs on another.
   absl::Status Prewarm(size_t bytes);
+  // Maps the grant Prewarm(`bytes`) parked into a segment of its own now,
+  // on the caller's thread, for the next AllocateSegment(`bytes`), which
+  // then takes it at the cost of a lookup: whatever lock that caller holds
+  // (PyTorch's allocator's, in the interposer, which every allocation of
+  // the job waits for) is held for no mapping. Returns whether one was
+  // mapped: false when the grant is no longer parked (the request it
+  // foresaw took it). On an error the grant went back.
+  absl::StatusOr<bool> MapPrewarmed(size_t bytes);
+  // Unmaps the segments MapPrewarmed mapped that no AllocateSegment took,
+  // and returns their chunks; how many there were.
+  size_t FreeUnusedPrewarmed();
   // Segments the daemon made because this process could not.
   uint64_t client_create_fallbacks() const { return client_create_fallbacks_; }
 
@@ -198,6 +209,8 @@ class DaemonBackend : public DeviceBackend {
   absl::Status GiveMadeMemory(uint64_t address, uint64_t bytes,
                               absl::Duration timeout);
 
+  // Keeps `got`'s chunks, mapped as `mapped`, as this backend's.
+  void Adopt(const ReceivedChunks& got, const std::vector<ChunkMapping>& mapped);
   // Takes `segment`, which the handover mapped at its address, as one of
   // AllocateSegment's.
   void AdoptHandedOver(const WorkingSetHandover::Segment& segment);
@@ -222,6 +235,8 @@ class DaemonBackend : public DeviceBackend {
   uint64_t segment_bytes_ = 0;
   uint64_t peak_segment_bytes_ = 0;
   std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
+  // MapPrewarmed's segments no AllocateSegment took yet: bytes, address.
+  std::multimap<uint64_t, uint64_t> prewarmed_;
   uint64_t held_ = 0;
   bool client_creates_ = false;
   uint64_t client_create_fallbacks_ = 0;

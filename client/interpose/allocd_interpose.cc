@@ -455,21 +455,37 @@ class Interposer {
     return first_device_;
   }
 
-  // allocd_interpose_prewarm. Not under mu_: the ask may wait for other
-  // sessions to give memory back, and the job's cudaMalloc and cudaFree
-  // must not wait for it.
+  // allocd_interpose_prewarm. The ask is not under mu_: it may wait for
+  // other sessions to give memory back, and the job's cudaMalloc and
+  // cudaFree must not wait for it. The mapping is, as a cudaMalloc's.
   int Prewarm(int device, uint64_t bytes) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return -1;
-    const absl::Status parked = session->backend->Prewarm(
-        RoundUp(bytes, session->client->chunk_bytes()));
+    const size_t rounded = RoundUp(bytes, session->client->chunk_bytes());
+    const absl::Status parked = session->backend->Prewarm(rounded);
     if (!parked.ok()) {
       Log("pre-warm of %llu bytes refused: %s",
           static_cast<unsigned long long>(bytes),
           std::string(parked.message()).c_str());
       return 1;
     }
-    return 0;
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<bool> mapped = session->backend->MapPrewarmed(rounded);
+    if (!mapped.ok()) {
+      Log("pre-warm of %llu bytes: mapping it failed: %s",
+          static_cast<unsigned long long>(bytes),
+          std::string(mapped.status().message()).c_str());
+      return 3;
+    }
+    return *mapped ? 0 : 2;
+  }
+
+  // allocd_interpose_prewarm_unused.
+  int FreeUnusedPrewarmed(int device) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(session->backend->FreeUnusedPrewarmed());
   }
 
   allocd_client* ControlHandle(int device) {
@@ -680,14 +696,24 @@ ALLOCD_EXPORT int allocd_interpose_wait_session() {
 // For the Python package (allocd/_prewarm.py): asks the daemon now for the
 // chunks of a cudaMalloc of `bytes` on `device` that the caller foresees (a
 // recurring peak), waiting while the daemon asks other sessions to give
-// back what they cache, and parks them for that cudaMalloc, which then
-// asks the daemon nothing; unused, they go back after the read-ahead's keep
-// ($ALLOCD_READ_AHEAD_MS) or when the daemon asks for memory back. 0:
-// parked; 1: the daemon could not give them (nothing parked, the reason in
-// the verbose log), or reading ahead is off; -1: no daemon session serves
-// `device`.
+// back what they cache, and maps them here, on the caller's thread, for the
+// next cudaMalloc of that size, which then takes them at the cost of a
+// lookup: under PyTorch's allocator lock, which every allocation of the job
+// waits for, nothing is mapped. A cudaMalloc of that size come while the
+// daemon is asked waits for the grant and maps it itself.
+// 0: mapped for the next cudaMalloc (allocd_interpose_prewarm_unused gives
+// it back if none took it); 1: the daemon could not give them (the reason
+// in the verbose log), or reading ahead is off; 2: the cudaMalloc it
+// foresaw took the grant meanwhile; 3: mapping failed (the grant went
+// back); -1: no daemon session serves `device`.
 ALLOCD_EXPORT int allocd_interpose_prewarm(int device, uint64_t bytes) {
   return Interposer::Get().Prewarm(device, bytes);
+}
+
+// Gives back what allocd_interpose_prewarm mapped on `device` that no
+// cudaMalloc took; how many segments (-1: no daemon session serves it).
+ALLOCD_EXPORT int allocd_interpose_prewarm_unused(int device) {
+  return Interposer::Get().FreeUnusedPrewarmed(device);
 }
 
 ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {

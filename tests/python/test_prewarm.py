@@ -15,7 +15,7 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 from allocd import _advisor, _prewarm  # noqa: E402
 from allocd._event_stream import EventStream  # noqa: E402
 from allocd._holds import AllocatorHolds  # noqa: E402
-from allocd._prewarm import PARKED, REFUSED, PeakForecast, Prewarmer  # noqa: E402
+from allocd._prewarm import MAP_FAILED, MAPPED, REFUSED, TAKEN, PeakForecast, Prewarmer  # noqa: E402
 
 GIB = 1 << 30
 CAPACITY = 139 * GIB
@@ -148,7 +148,7 @@ class PrewarmerTest(unittest.TestCase):
         self.clock = Clock(9.5)
         self.torch = FakeTorch()
         self.asked = []
-        self.answer = PARKED
+        self.answer = MAPPED
         self.logged = []
         self.hidden = []
 
@@ -156,8 +156,9 @@ class PrewarmerTest(unittest.TestCase):
             self.asked.append((self.clock.now, size))
             return self.answer
 
-        self.prewarmer = Prewarmer(self.torch, 0, prewarm_segment, CAPACITY, clock=self.clock,
-                                   log=self.logged.append)
+        self.prewarmer = Prewarmer(self.torch, 0, prewarm_segment,
+                                   lambda: self.torch.calls.append(("unused",)), CAPACITY,
+                                   clock=self.clock, log=self.logged.append)
         # Three contended batches, seen as their segments mapped.
         for reclaims, at in enumerate([0.0, 3.0, 6.0]):
             self.prewarmer.observe(session([(at, PEAK)], reclaims=reclaims), [])
@@ -173,7 +174,9 @@ class PrewarmerTest(unittest.TestCase):
         self.assertEqual(self.asked, [], "not yet due")
         self.run_at(8.71)
         self.assertEqual(self.asked, [(8.71, PEAK)])
-        self.assertEqual(self.torch.calls, [("alloc", PEAK, 0, 0), ("delete", 0x7000)])
+        # What PyTorch's cudaMalloc did not take is given back at once.
+        self.assertEqual(self.torch.calls,
+                         [("alloc", PEAK, 0, 0), ("delete", 0x7000), ("unused",)])
         self.assertEqual(self.hidden, [0x7000], "its events are the advisor's")
         stats = self.prewarmer.stats()
         self.assertEqual(stats["prewarms_attempted"], 1)
@@ -226,16 +229,21 @@ class PrewarmerTest(unittest.TestCase):
         self.prewarmer.observe(session([(9.02, PEAK)], reclaims=3), [])
         self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.03)
 
-    def test_a_grant_that_comes_late_is_left_to_the_peak(self):
-        def slow(size):
-            self.clock.now = 8.95  # the daemon waited for a neighbour
-            return PARKED
-
-        self.prewarmer._prewarm_segment = slow
+    def test_a_grant_the_peak_took_meanwhile_is_not_allocated_again(self):
+        self.answer = TAKEN  # the daemon waited for a neighbour; the batch came
         self.run_at(8.71)
-        self.assertEqual(self.torch.calls, [], "the peak's cudaMalloc takes the grant")
+        self.assertEqual(self.torch.calls, [], "a second allocation would be a second peak")
         stats = self.prewarmer.stats()
-        self.assertEqual((stats["prewarms_left_parked"], stats["prewarms_served"]), (1, 0))
+        self.assertEqual((stats["prewarms_taken_by_peak"], stats["prewarms_served"]), (1, 0))
+        self.assertIn("taken by the peak's own cudaMalloc", stats["last_prewarm"])
+
+    def test_a_grant_that_could_not_be_mapped_is_a_failure_and_nothing_is_allocated(self):
+        self.answer = MAP_FAILED
+        self.run_at(8.71)
+        self.assertEqual(self.torch.calls, [])
+        stats = self.prewarmer.stats()
+        self.assertEqual((stats["prewarms_failed"], stats["prewarms_refused"]), (1, 0))
+        self.assertIn("mapping it failed", stats["last_prewarm"])
 
     def test_a_failed_allocation_is_counted_and_its_oom_is_the_prewarms(self):
         seen_active = []
@@ -251,6 +259,7 @@ class PrewarmerTest(unittest.TestCase):
         self.assertEqual(seen_active, [True], "the OOM observer knows it is not the job's")
         self.assertFalse(self.prewarmer.active)
         self.assertEqual(self.prewarmer.stats()["prewarms_failed"], 1)
+        self.assertEqual(self.torch.calls[-1], ("unused",), "the mapped segment went back")
         self.assertEqual(self.hidden, [])
 
     def test_expandable_segments_are_skipped(self):
@@ -306,18 +315,22 @@ class StartTest(unittest.TestCase):
 
         def prewarm(device, size):
             asked.append((device, size))
-            return PARKED
+            return MAPPED
 
-        lib = types.SimpleNamespace(allocd_interpose_prewarm=prewarm)
+        unused = []
+        lib = types.SimpleNamespace(allocd_interpose_prewarm=prewarm,
+                                    allocd_interpose_prewarm_unused=lambda d: unused.append(d))
         events = EventStream(FakeLib(), None, None, 0, FakeReader([]))
         prewarmer = _advisor.start_prewarmer(lib, self.torch(), 1, events)
         self.assertIsInstance(prewarmer, Prewarmer)
         self.assertEqual(events.watch_bytes, CAPACITY // 10)
-        self.assertEqual(prewarmer._prewarm_segment(PEAK), PARKED)
+        self.assertEqual(prewarmer._prewarm_segment(PEAK), MAPPED)
         self.assertEqual(asked, [(1, PEAK)])
+        prewarmer._free_unused()
+        self.assertEqual(unused, [1])
 
         self.assertIn("older build", _advisor.start_prewarmer(
-            types.SimpleNamespace(), self.torch(), 0, events))
+            types.SimpleNamespace(allocd_interpose_prewarm=prewarm), self.torch(), 0, events))
         self.assertIn("no allocation stream", _advisor.start_prewarmer(
             lib, self.torch(), 0, None))
         self.assertIn("memory is unknown", _advisor.start_prewarmer(

@@ -846,6 +846,61 @@ TEST_F(DaemonTest, APrewarmTakesAnIdleCacheAheadAndNeverABusyOnes) {
   backend.FreeSegment(*segment, kSegment);
 }
 
+// A pre-warmed grant mapped ahead, on the pre-warming thread: the segment
+// it foresees takes it mapped (nothing asked, nothing mapped under the
+// caller's lock); one nobody takes goes back whole; one the segment took
+// first is not mapped twice.
+TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::Seconds(60), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  DaemonBackend backend(job.get());
+  constexpr uint64_t kSegment = 8 * kChunk;
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  absl::StatusOr<bool> mapped = backend.MapPrewarmed(kSegment);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE(*mapped);
+  EXPECT_EQ(backend.held_bytes(), kSegment);
+  const uint64_t segments_mapped = job->map_path().segments_mapped.load();
+  const uint64_t chunks_mapped = job->map_path().chunks_mapped.load();
+  absl::StatusOr<uint64_t> segment = backend.AllocateSegment(kSegment);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 0u);
+  EXPECT_EQ(job->map_path().segments_mapped.load(), segments_mapped) << "mapped ahead";
+  EXPECT_EQ(job->map_path().chunks_mapped.load(), chunks_mapped);
+  // The memory is the segment's: written and read through it.
+  auto* bytes = reinterpret_cast<volatile uint8_t*>(*segment);
+  bytes[0] = 0x5a;
+  bytes[kSegment - 1] = 0xa5;
+  EXPECT_EQ(bytes[0] + bytes[kSegment - 1], 0x5a + 0xa5);
+  EXPECT_EQ(backend.FreeUnusedPrewarmed(), 0u) << "taken: nothing unused";
+  EXPECT_EQ(Status().in_use_bytes(), kSegment);
+
+  // Mapped and not taken: given back whole.
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  ASSERT_TRUE(backend.MapPrewarmed(kSegment).value());
+  EXPECT_EQ(backend.held_bytes(), 2 * kSegment);
+  EXPECT_EQ(backend.FreeUnusedPrewarmed(), 1u);
+  EXPECT_EQ(backend.held_bytes(), kSegment);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), kSegment);
+
+  // The segment came while the grant was parked: it took it, and there is
+  // nothing left to map.
+  backend.FreeSegment(*segment, kSegment);
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  segment = backend.AllocateSegment(kSegment);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 0u);
+  mapped = backend.MapPrewarmed(kSegment);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_FALSE(*mapped);
+  EXPECT_EQ(backend.held_bytes(), kSegment);
+  backend.FreeSegment(*segment, kSegment);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
 // The interposer's client returns what a free unmapped in the background:
 // a free does not wait for the daemon (here stopped), and the daemon hears
 // of it before it must refuse the next acquire.

@@ -106,17 +106,19 @@ def start_prewarmer(lib, torch, device, events, holds=None):
     if not prewarm_enabled():
         return "off ($ALLOCD_PREWARM=0)"
     prewarm = getattr(lib, "allocd_interpose_prewarm", None)
-    if prewarm is None:
-        return "off (the interposer has no allocd_interpose_prewarm: an older build)"
+    unused = getattr(lib, "allocd_interpose_prewarm_unused", None)
+    if prewarm is None or unused is None:
+        return "off (the interposer has no allocd_interpose_prewarm_unused: an older build)"
     prewarm.restype, prewarm.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
+    unused.restype, unused.argtypes = ctypes.c_int, [ctypes.c_int]
     if events is None:
         return "off (no allocation stream: record_events=False)"
     try:
         capacity = torch.cuda.get_device_properties(device).total_memory
     except (AttributeError, AssertionError, RuntimeError):
         return "off (the GPU's memory is unknown)"
-    prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size), capacity,
-                          holds=holds)
+    prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size),
+                          lambda: unused(device), capacity, holds=holds)
     events.watch_bytes = prewarmer.watch_bytes()
     return prewarmer
 

@@ -13,13 +13,17 @@ map_path's large_segments) and, a lead before the next occurrence, the
 advisor has the interposer take a grant of that size
 (allocd_interpose_prewarm: the daemon may ask idle neighbours to give back
 what they cache, as for any acquire, while the advisor waits, not the job)
-and park it for the next cudaMalloc of that size, then allocates and frees
-that much through PyTorch's allocator on the default stream: the cudaMalloc
-takes the parked grant and the block stays in PyTorch's cache, where the
-batch finds it. The allocation is tried only once the grant is parked, so
-it never goes down PyTorch's out-of-memory path (which would empty the
-job's own cache), and its alloc and frees are left out of the allocation
-stream the autotuner replays (EventStream.hide).
+and map it, on the advisor's thread, for the next cudaMalloc of that size;
+then it allocates and frees that much through PyTorch's allocator on the
+default stream: the cudaMalloc takes the mapped segment at the cost of a
+lookup (PyTorch's allocator lock, which the job's requests wait for, is
+held for microseconds, not for a mapping: 7-12 ms for 60 GiB on an H200),
+and the block stays in PyTorch's cache, where the batch finds it. The
+allocation is tried only once the segment is mapped, so it never goes down
+PyTorch's out-of-memory path (which would empty the job's own cache); what
+PyTorch did not take (its cache had room already) is given back at once
+(allocd_interpose_prewarm_unused); and the allocation's events are left out
+of the allocation stream the autotuner replays (EventStream.hide).
 
 $ALLOCD_PREWARM=0 turns it off.
 """
@@ -30,8 +34,10 @@ import time
 
 from ._holds import AllocatorHolds
 
-# allocd_interpose_prewarm's answers.
-PARKED, REFUSED = 0, 1
+# allocd_interpose_prewarm's answers: mapped for the next cudaMalloc of its
+# size; the daemon could not give it; the peak's own cudaMalloc took the
+# grant meanwhile; mapping it failed.
+MAPPED, REFUSED, TAKEN, MAP_FAILED = 0, 1, 2, 3
 
 
 def enabled():
@@ -154,15 +160,17 @@ class Prewarmer:
     pre-warm when one is due.
 
     `prewarm_segment(bytes)` is allocd_interpose_prewarm for the device
-    (PARKED, REFUSED, or negative: no session); `clock` is time.time's
+    (MAPPED, REFUSED, TAKEN, MAP_FAILED, or negative: no session), and
+    `free_unused()` allocd_interpose_prewarm_unused; `clock` is time.time's
     stand-in; `log` takes the log lines; `holds` (an AllocatorHolds) times
     the pre-warm's allocation, which holds PyTorch's allocator."""
 
-    def __init__(self, torch, device, prewarm_segment, capacity_bytes, clock=time.time,
-                 log=None, holds=None):
+    def __init__(self, torch, device, prewarm_segment, free_unused, capacity_bytes,
+                 clock=time.time, log=None, holds=None):
         self._torch = torch
         self._device = device
         self._prewarm_segment = prewarm_segment
+        self._free_unused = free_unused
         self._clock = clock
         self._log = log if log is not None else (
             lambda line: sys.stderr.write(f"allocd: {line}\n"))
@@ -172,7 +180,7 @@ class Prewarmer:
         self._own = []  # (start, end) in ns of the pre-warms' own segments
         self.active = False  # a pre-warm's allocation in flight (its OOM is not the job's)
         self.counters = {"prewarms_attempted": 0, "prewarms_served": 0,
-                         "prewarms_left_parked": 0,
+                         "prewarms_taken_by_peak": 0,
                          "prewarms_refused": 0, "prewarms_failed": 0,
                          "prewarms_skipped": {}, "peak_patterns_broken": 0}
         self.last = ""
@@ -234,17 +242,18 @@ class Prewarmer:
         period = self.forecast.pattern()[0]
         start = time.time_ns()
         answer = self._prewarm_segment(size)
-        if answer != PARKED:
-            self.counters["prewarms_refused"] += 1
-            self._say("refused", f"the daemon could not give it ({answer})", size, period, start)
-            return
-        if self._clock() >= self.forecast.next_at() - self.forecast.lead() / 4:
-            # The grant came late (the daemon waited for a neighbour): the
-            # peak's own cudaMalloc, due now, takes it (or took it, having
-            # waited for it); allocated here, it could be a second one.
-            self.counters["prewarms_left_parked"] += 1
-            self._say("late", "parked for the peak's own cudaMalloc (it came late)", size,
+        if answer == TAKEN:
+            # The grant came late (the daemon waited for a neighbour) and the
+            # peak's own cudaMalloc, come meanwhile, waited for it and took it.
+            self.counters["prewarms_taken_by_peak"] += 1
+            self._say("late", "taken by the peak's own cudaMalloc (it came late)", size,
                       period, start)
+            return
+        if answer != MAPPED:
+            outcome = ("mapping it failed" if answer == MAP_FAILED
+                       else f"the daemon could not give it ({answer})")
+            self.counters["prewarms_failed" if answer == MAP_FAILED else "prewarms_refused"] += 1
+            self._say("refused", outcome, size, period, start)
             return
         torch = self._torch
         self.active = True
@@ -260,6 +269,9 @@ class Prewarmer:
             return
         finally:
             self.active = False
+            # Mapped and not taken (PyTorch served the allocation from its
+            # cache): not held for a cudaMalloc that may never come.
+            self._free_unused()
             self._own = self._own[-3:] + [(start, time.time_ns())]
         hide(address)
         self.counters["prewarms_served"] += 1
