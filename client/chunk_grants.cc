@@ -327,15 +327,13 @@ absl::Status ChunkGrants::Release(uint64_t epoch,
   return ReleaseOn(owned.owner, owned.ids);
 }
 
-void ChunkGrants::ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids,
-                              std::function<void()> first) {
+void ChunkGrants::ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids) {
   if (releaser_ == nullptr) {
-    if (first != nullptr) first();
     (void)Release(epoch, ids);
     return;
   }
   HeldChunks::Forgotten owned = held_.Forget(epoch, ids, active_);
-  releaser_->Add(std::move(owned.owner), std::move(owned.ids), std::move(first));
+  releaser_->Add(std::move(owned.owner), std::move(owned.ids));
 }
 
 bool ChunkGrants::FlushReleases() {

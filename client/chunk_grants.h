@@ -102,10 +102,7 @@ class ChunkGrants {
   // ChunkReleaser tells the daemon within about a round trip, batched with
   // the other releases of that time. A daemon gone meanwhile takes them
   // back as Release says. Without the option, Release.
-  // `first`, if given, is what must come before the release (the unmap of
-  // the chunks): run on the background thread too, or here without it.
-  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids,
-                   std::function<void()> first = nullptr);
+  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids);
   // Returns once every ReleaseSoon before the call reached the daemon;
   // whether one had not yet.
   bool FlushReleases();

@@ -18,22 +18,17 @@ ChunkReleaser::~ChunkReleaser() {
 }
 
 void ChunkReleaser::Add(std::shared_ptr<Connection> owner,
-                        std::vector<uint64_t> ids,
-                        std::function<void()> first) {
-  if (owner == nullptr) ids.clear();  // nobody's to release: only forgotten
-  if (ids.empty() && first == nullptr) return;
+                        std::vector<uint64_t> ids) {
+  if (owner == nullptr || ids.empty()) return;
   absl::MutexLock lock(&mu_);
   ++added_;
   pending_chunks_ += ids.size();
   for (Batch& batch : waiting_) {
     if (batch.owner != owner) continue;
     batch.ids.insert(batch.ids.end(), ids.begin(), ids.end());
-    if (first != nullptr) batch.first.push_back(std::move(first));
     return;
   }
-  Batch batch{.owner = std::move(owner), .ids = std::move(ids)};
-  if (first != nullptr) batch.first.push_back(std::move(first));
-  waiting_.push_back(std::move(batch));
+  waiting_.push_back({.owner = std::move(owner), .ids = std::move(ids)});
 }
 
 bool ChunkReleaser::Flush() {
@@ -71,21 +66,13 @@ void ChunkReleaser::Run() {
     const uint64_t upto = added_;
     mu_.Unlock();
     size_t chunks = 0;
-    uint64_t deliveries = 0;
-    // Every batch's first work before any delivery: the one Add that
-    // carries an unmap may share it with ids of its other sessions.
     for (Batch& batch : batches) {
-      for (std::function<void()>& first : batch.first) first();
-    }
-    for (Batch& batch : batches) {
-      if (batch.ids.empty()) continue;
       chunks += batch.ids.size();
-      ++deliveries;
       deliver_(batch.owner, std::move(batch.ids));
     }
     mu_.Lock();
     pending_chunks_ -= chunks;
-    deliveries_ += deliveries;
+    deliveries_ += batches.size();
     delivered_ = upto;
   }
   mu_.Unlock();

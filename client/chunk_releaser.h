@@ -14,10 +14,6 @@
 // The caller forgets the chunks before it hands them over (HeldChunks), so
 // they are nobody's to map or re-declare while they wait here, and the
 // daemon grants them to no one (this process included) until it hears.
-// It may hand over the work that must come before the release too (the
-// unmap of the chunks, which waits for the device's queued work on them):
-// the freeing thread then holds its locks (PyTorch's allocator's, which
-// every allocation of the job waits for) for none of it.
 //
 // Thread-safe. One background thread.
 #ifndef ALLOCD_CLIENT_CHUNK_RELEASER_H_
@@ -49,13 +45,11 @@ class ChunkReleaser {
   ChunkReleaser& operator=(const ChunkReleaser&) = delete;
 
   // Hands over chunks `ids`, which the session of `owner` holds in the
-  // daemon's books, for release; returns at once. `first`, if given, runs
-  // on the background thread before they are delivered (with no owner or
-  // no ids: it runs all the same).
-  void Add(std::shared_ptr<Connection> owner, std::vector<uint64_t> ids,
-           std::function<void()> first = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns once everything handed over before the call is delivered (and
-  // its `first` run); whether some of it was not yet.
+  // daemon's books, for release; returns at once.
+  void Add(std::shared_ptr<Connection> owner, std::vector<uint64_t> ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once everything handed over before the call is delivered;
+  // whether some of it was not yet.
   bool Flush() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Chunks handed over and not yet delivered.
@@ -68,7 +62,6 @@ class ChunkReleaser {
   struct Batch {
     std::shared_ptr<Connection> owner;
     std::vector<uint64_t> ids;
-    std::vector<std::function<void()>> first;  // run before the Deliver
   };
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <functional>
 #include <optional>
 #include <utility>
 
@@ -144,8 +143,6 @@ DaemonBackend::~DaemonBackend() {
     auto [address, bytes] = *ranges_.begin();
     Unmap(address, bytes, false);
   }
-  // The unmaps handed to the client's release thread use the mapper.
-  client_->FlushReleases();
 }
 
 size_t DaemonBackend::FreeMemory() const {
@@ -313,34 +310,18 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
     held_ -= it->second.bytes;
     it = chunks_.erase(it);
   }
-  // The unmap waits for the device's queued work on the memory (as
-  // cudaFree does) and unmaps chunk by chunk: ~4 ms for 34 GiB on an H200,
-  // with the freeing thread holding PyTorch's allocator lock, so a freed
-  // segment's goes with its release, off the freeing thread where the
-  // client releases in the background. Its range stays reserved until
-  // then, so nothing else is mapped there. Pages of a range that stays
-  // reserved (an expandable segment's) are unmapped here: the engine may
-  // map them again at once.
-  std::function<void()> unmap =
-      [mapper = mapper_.get(), counters = &client_->map_path(), address, bytes,
-       mappings = std::move(mappings), free_range = !keep_reservation] {
-        if (!mappings.empty()) {
-          NanosInto timed(counters->unmap_ns);
-          mapper->Unmap(address, bytes, mappings);
-          counters->segments_unmapped.fetch_add(1, std::memory_order_relaxed);
-        }
-        if (free_range) mapper->Free(address, bytes);
-      };
-  if (!keep_reservation) ranges_.erase(address);
-  if (keep_reservation || ids_by_epoch.empty()) {
-    unmap();
-    unmap = nullptr;
+  if (!mappings.empty()) {
+    MapPathCounters& counters = client_->map_path();
+    NanosInto timed(counters.unmap_ns);
+    mapper_->Unmap(address, bytes, mappings);
+    counters.segments_unmapped.fetch_add(1, std::memory_order_relaxed);
   }
-  // The first release carries the unmap: the daemon hears of none of the
-  // chunks before they are unmapped.
-  for (const auto& [epoch, ids] : ids_by_epoch) {
-    client_->ReleaseSoon(epoch, ids, std::exchange(unmap, nullptr));
+  if (!keep_reservation) {
+    mapper_->Free(address, bytes);
+    ranges_.erase(address);
   }
+  // Unmapped: the freeing thread need not wait for the daemon to hear.
+  for (const auto& [epoch, ids] : ids_by_epoch) client_->ReleaseSoon(epoch, ids);
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {

@@ -90,9 +90,8 @@ class DaemonClient {
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids) {
     return grants_.Release(epoch, ids);
   }
-  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids,
-                   std::function<void()> first = nullptr) {
-    grants_.ReleaseSoon(epoch, ids, std::move(first));
+  void ReleaseSoon(uint64_t epoch, absl::Span<const uint64_t> ids) {
+    grants_.ReleaseSoon(epoch, ids);
   }
   bool FlushReleases() { return grants_.FlushReleases(); }
   uint64_t background_release_calls() const {

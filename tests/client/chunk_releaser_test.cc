@@ -126,40 +126,6 @@ TEST(ChunkReleaserTest, EachSessionsChunksGoToItInACallOfTheirOwn) {
                           Pair(2, ElementsAre(3))));
 }
 
-// What must come before a release (the chunks' unmap) runs on the
-// background thread, before the delivery, and Flush waits for it; with no
-// session to deliver to, it runs all the same.
-TEST(ChunkReleaserTest, TheWorkBeforeAReleaseRunsOnItsThreadBeforeTheDelivery) {
-  Daemon daemon;
-  ChunkReleaser releaser(daemon.Deliver());
-  absl::Notification go;
-  std::atomic<bool> unmapped{false};
-  std::thread::id ran_on;
-  size_t delivered_before = 1;
-  releaser.Add(Session(1), {5, 6}, [&] {
-    go.WaitForNotification();
-    ran_on = std::this_thread::get_id();
-    delivered_before = daemon.calls().size();
-    unmapped = true;
-  });
-  // Handing over returned while the unmap waits.
-  EXPECT_FALSE(unmapped);
-  go.Notify();
-  EXPECT_TRUE(releaser.Flush());
-  EXPECT_TRUE(unmapped);
-  EXPECT_NE(ran_on, std::this_thread::get_id());
-  EXPECT_EQ(delivered_before, 0u) << "unmapped before the daemon heard";
-  EXPECT_THAT(daemon.calls(), ElementsAre(Pair(1, ElementsAre(5, 6))));
-
-  std::atomic<int> ran{0};
-  releaser.Add(nullptr, {9}, [&] { ++ran; });
-  releaser.Add(Session(1), {}, [&] { ++ran; });
-  EXPECT_TRUE(releaser.Flush());
-  EXPECT_EQ(ran, 2);
-  EXPECT_EQ(daemon.calls().size(), 1u) << "nothing to deliver";
-  EXPECT_EQ(releaser.deliveries(), 1u);
-}
-
 TEST(ChunkReleaserTest, ItsEndDeliversWhatIsPending) {
   Daemon daemon;
   daemon.BlockFirst();

@@ -10,9 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,7 +18,6 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "allocd.grpc.pb.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
@@ -901,58 +898,6 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
   EXPECT_EQ(backend.held_bytes(), kSegment);
   backend.FreeSegment(*segment, kSegment);
   job->FlushReleases();
-  EXPECT_EQ(Status().in_use_bytes(), 0u);
-}
-
-// A freed segment is unmapped off the freeing thread (the unmap waits for
-// the device's work, with PyTorch's allocator lock held by the freeing
-// thread): the free returns while the unmap waits, its range stays
-// reserved until it is done, and the daemon hears of the chunks only after.
-TEST_F(DaemonTest, AFreedSegmentIsUnmappedOffTheFreeingThreadBeforeItsRelease) {
-  // The sim mapper, whose unmap waits for `go`.
-  class SlowUnmap final : public ChunkMapper {
-   public:
-    explicit SlowUnmap(absl::Notification* go) : go_(go) {}
-    absl::StatusOr<uint64_t> Reserve(size_t bytes) override { return mmap_->Reserve(bytes); }
-    void Free(uint64_t address, size_t bytes) override {
-      freed_ = true;
-      mmap_->Free(address, bytes);
-    }
-    absl::StatusOr<uint64_t> Map(uint64_t address, size_t bytes, int fd,
-                                 uint64_t offset) override {
-      return mmap_->Map(address, bytes, fd, offset);
-    }
-    void Unmap(uint64_t address, size_t bytes,
-               absl::Span<const ChunkMapping> chunks) override {
-      // Bounded: an unmap on the freeing thread fails the test, not hangs it.
-      go_->WaitForNotificationWithTimeout(absl::Seconds(2));
-      mmap_->Unmap(address, bytes, chunks);
-    }
-    std::atomic<bool> freed_{false};
-
-   private:
-    absl::Notification* const go_;
-    std::unique_ptr<ChunkMapper> mmap_ = MakeMmapChunkMapper();
-  };
-  std::unique_ptr<DaemonClient> client =
-      Client("freer", absl::ZeroDuration(), /*release_in_background=*/true);
-  ASSERT_NE(client, nullptr);
-  absl::Notification go;
-  auto mapper = std::make_unique<SlowUnmap>(&go);
-  SlowUnmap* const slow = mapper.get();
-  DaemonBackend backend(client.get(), std::move(mapper));
-  constexpr uint64_t kSegment = 4 * kChunk;
-  const uint64_t segment = backend.AllocateSegment(kSegment).value();
-  const absl::Time start = absl::Now();
-  backend.FreeSegment(segment, kSegment);
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500)) << "the free waited for the unmap";
-  EXPECT_EQ(backend.held_bytes(), 0u);
-  EXPECT_FALSE(slow->freed_) << "the range stays reserved while it is unmapped";
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(Status().in_use_bytes(), kSegment) << "the daemon heard before the unmap";
-  go.Notify();
-  client->FlushReleases();
-  EXPECT_TRUE(slow->freed_);
   EXPECT_EQ(Status().in_use_bytes(), 0u);
 }
 
