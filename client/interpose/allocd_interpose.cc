@@ -455,22 +455,30 @@ class Interposer {
     return first_device_;
   }
 
-  // allocd_interpose_prewarm. The ask is not under mu_: it may wait for
-  // other sessions to give memory back, and the job's cudaMalloc and
-  // cudaFree must not wait for it. The mapping is, as a cudaMalloc's.
+  // allocd_interpose_prewarm. Not under mu_: the ask may wait for other
+  // sessions to give memory back, and the job's cudaMalloc and cudaFree
+  // must not wait for it.
   int Prewarm(int device, uint64_t bytes) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return -1;
-    const size_t rounded = RoundUp(bytes, session->client->chunk_bytes());
-    const absl::Status parked = session->backend->Prewarm(rounded);
+    const absl::Status parked = session->backend->Prewarm(
+        RoundUp(bytes, session->client->chunk_bytes()));
     if (!parked.ok()) {
       Log("pre-warm of %llu bytes refused: %s",
           static_cast<unsigned long long>(bytes),
           std::string(parked.message()).c_str());
       return 1;
     }
+    return 0;
+  }
+
+  // allocd_interpose_prewarm_map: under mu_, as a cudaMalloc's mapping.
+  int MapPrewarmed(int device, uint64_t bytes) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<bool> mapped = session->backend->MapPrewarmed(rounded);
+    absl::StatusOr<bool> mapped = session->backend->MapPrewarmed(
+        RoundUp(bytes, session->client->chunk_bytes()));
     if (!mapped.ok()) {
       Log("pre-warm of %llu bytes: mapping it failed: %s",
           static_cast<unsigned long long>(bytes),
@@ -696,18 +704,26 @@ ALLOCD_EXPORT int allocd_interpose_wait_session() {
 // For the Python package (allocd/_prewarm.py): asks the daemon now for the
 // chunks of a cudaMalloc of `bytes` on `device` that the caller foresees (a
 // recurring peak), waiting while the daemon asks other sessions to give
-// back what they cache, and maps them here, on the caller's thread, for the
-// next cudaMalloc of that size, which then takes them at the cost of a
-// lookup: under PyTorch's allocator lock, which every allocation of the job
-// waits for, nothing is mapped. A cudaMalloc of that size come while the
-// daemon is asked waits for the grant and maps it itself.
-// 0: mapped for the next cudaMalloc (allocd_interpose_prewarm_unused gives
-// it back if none took it); 1: the daemon could not give them (the reason
-// in the verbose log), or reading ahead is off; 2: the cudaMalloc it
-// foresaw took the grant meanwhile; 3: mapping failed (the grant went
-// back); -1: no daemon session serves `device`.
+// back what they cache, and parks them for that cudaMalloc, which then
+// asks the daemon nothing (come meanwhile, it waits for them); unused,
+// they go back after the read-ahead's keep ($ALLOCD_READ_AHEAD_MS) or when
+// the daemon asks for memory back. Makes no CUDA call. 0: parked; 1: the
+// daemon could not give them (nothing parked, the reason in the verbose
+// log), or reading ahead is off; -1: no daemon session serves `device`.
 ALLOCD_EXPORT int allocd_interpose_prewarm(int device, uint64_t bytes) {
   return Interposer::Get().Prewarm(device, bytes);
+}
+
+// Maps what allocd_interpose_prewarm parked, on the caller's thread, for
+// the next cudaMalloc of that size, which then takes it at the cost of a
+// lookup: under PyTorch's allocator lock, which every allocation of the
+// job waits for, nothing is mapped. CUDA calls: not while a CUDA graph is
+// captured in global mode, which they would invalidate. 0: mapped
+// (allocd_interpose_prewarm_unused gives it back if no cudaMalloc took
+// it); 2: the cudaMalloc it foresaw took the grant meanwhile; 3: mapping
+// failed (the grant went back); -1: no daemon session serves `device`.
+ALLOCD_EXPORT int allocd_interpose_prewarm_map(int device, uint64_t bytes) {
+  return Interposer::Get().MapPrewarmed(device, bytes);
 }
 
 // Gives back what allocd_interpose_prewarm mapped on `device` that no

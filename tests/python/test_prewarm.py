@@ -15,7 +15,8 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 from allocd import _advisor, _prewarm  # noqa: E402
 from allocd._event_stream import EventStream  # noqa: E402
 from allocd._holds import AllocatorHolds  # noqa: E402
-from allocd._prewarm import MAP_FAILED, MAPPED, REFUSED, TAKEN, PeakForecast, Prewarmer  # noqa: E402
+from allocd._prewarm import (MAP_FAILED, MAPPED, PARKED, REFUSED, TAKEN,  # noqa: E402
+                             PeakForecast, Prewarmer)  # noqa: E402
 
 GIB = 1 << 30
 CAPACITY = 139 * GIB
@@ -143,20 +144,40 @@ class PeakForecastTest(unittest.TestCase):
         self.assertEqual(forecast.take_due(9.1, reclaims=3), ("skip", "late"))
 
 
+class RecordingLock:
+    """The advisor's round lock, saying whether it is held."""
+
+    def __init__(self):
+        self.held = False
+
+    def __enter__(self):
+        self.held = True
+
+    def __exit__(self, *exc):
+        self.held = False
+
+
 class PrewarmerTest(unittest.TestCase):
     def setUp(self):
         self.clock = Clock(9.5)
         self.torch = FakeTorch()
         self.asked = []
-        self.answer = MAPPED
+        self.answer = PARKED
+        self.map_answer = MAPPED
+        self.mapped = []  # (size, whether the CUDA lock was held)
         self.logged = []
         self.hidden = []
+        self.cuda_lock = RecordingLock()
 
         def prewarm_segment(size):
             self.asked.append((self.clock.now, size))
             return self.answer
 
-        self.prewarmer = Prewarmer(self.torch, 0, prewarm_segment,
+        def map_segment(size):
+            self.mapped.append((size, self.cuda_lock.held))
+            return self.map_answer
+
+        self.prewarmer = Prewarmer(self.torch, 0, prewarm_segment, map_segment,
                                    lambda: self.torch.calls.append(("unused",)), CAPACITY,
                                    clock=self.clock, log=self.logged.append)
         # Three contended batches, seen as their segments mapped.
@@ -166,7 +187,7 @@ class PrewarmerTest(unittest.TestCase):
 
     def run_at(self, now, reclaims=3, config=""):
         self.clock.now = now
-        self.prewarmer.run_due(reclaims, config, self.hidden.append)
+        self.prewarmer.run_due(reclaims, config, self.hidden.append, self.cuda_lock)
 
     def test_a_due_prewarm_is_parked_then_allocated_and_freed_into_the_cache(self):
         self.assertAlmostEqual(self.prewarmer.seconds_until_due(8.0), 0.7)
@@ -174,6 +195,7 @@ class PrewarmerTest(unittest.TestCase):
         self.assertEqual(self.asked, [], "not yet due")
         self.run_at(8.71)
         self.assertEqual(self.asked, [(8.71, PEAK)])
+        self.assertEqual(self.mapped, [(PEAK, True)], "mapped under the CUDA lock")
         # What PyTorch's cudaMalloc did not take is given back at once.
         self.assertEqual(self.torch.calls,
                          [("alloc", PEAK, 0, 0), ("delete", 0x7000), ("unused",)])
@@ -203,7 +225,8 @@ class PrewarmerTest(unittest.TestCase):
         alloc = self.torch.cuda.caching_allocator_alloc
 
         def mapping(size, device, stream):
-            self.clock.now += 0.015  # the parked grant imported and mapped
+            self.assertTrue(self.cuda_lock.held, "PyTorch's allocation under the CUDA lock")
+            self.clock.now += 0.015
             return alloc(size, device, stream)
 
         self.torch.cuda.caching_allocator_alloc = staticmethod(mapping)
@@ -220,6 +243,7 @@ class PrewarmerTest(unittest.TestCase):
         self.run_at(8.71)
         self.assertEqual(len(self.asked), 1)
         self.assertEqual(self.torch.calls, [], "PyTorch's allocator never asked")
+        self.assertEqual(self.mapped, [], "no CUDA call")
         self.assertEqual(self.prewarmer._holds.stats()["recent"], [], "nor held")
         self.assertEqual(self.hidden, [])
         stats = self.prewarmer.stats()
@@ -230,7 +254,7 @@ class PrewarmerTest(unittest.TestCase):
         self.assertAlmostEqual(self.prewarmer.forecast.next_at(), 12.03)
 
     def test_a_grant_the_peak_took_meanwhile_is_not_allocated_again(self):
-        self.answer = TAKEN  # the daemon waited for a neighbour; the batch came
+        self.map_answer = TAKEN  # the daemon waited for a neighbour; the batch came
         self.run_at(8.71)
         self.assertEqual(self.torch.calls, [], "a second allocation would be a second peak")
         stats = self.prewarmer.stats()
@@ -238,7 +262,7 @@ class PrewarmerTest(unittest.TestCase):
         self.assertIn("taken by the peak's own cudaMalloc", stats["last_prewarm"])
 
     def test_a_grant_that_could_not_be_mapped_is_a_failure_and_nothing_is_allocated(self):
-        self.answer = MAP_FAILED
+        self.map_answer = MAP_FAILED
         self.run_at(8.71)
         self.assertEqual(self.torch.calls, [])
         stats = self.prewarmer.stats()
@@ -315,19 +339,22 @@ class StartTest(unittest.TestCase):
 
         def prewarm(device, size):
             asked.append((device, size))
-            return MAPPED
+            return PARKED
 
-        unused = []
-        lib = types.SimpleNamespace(allocd_interpose_prewarm=prewarm,
-                                    allocd_interpose_prewarm_unused=lambda d: unused.append(d))
+        unused, mapped = [], []
+        lib = types.SimpleNamespace(
+            allocd_interpose_prewarm=prewarm,
+            allocd_interpose_prewarm_map=lambda d, size: mapped.append((d, size)),
+            allocd_interpose_prewarm_unused=lambda d: unused.append(d))
         events = EventStream(FakeLib(), None, None, 0, FakeReader([]))
         prewarmer = _advisor.start_prewarmer(lib, self.torch(), 1, events)
         self.assertIsInstance(prewarmer, Prewarmer)
         self.assertEqual(events.watch_bytes, CAPACITY // 10)
-        self.assertEqual(prewarmer._prewarm_segment(PEAK), MAPPED)
+        self.assertEqual(prewarmer._prewarm_segment(PEAK), PARKED)
         self.assertEqual(asked, [(1, PEAK)])
+        prewarmer._map_segment(PEAK)
         prewarmer._free_unused()
-        self.assertEqual(unused, [1])
+        self.assertEqual((mapped, unused), ([(1, PEAK)], [1]))
 
         self.assertIn("older build", _advisor.start_prewarmer(
             types.SimpleNamespace(allocd_interpose_prewarm=prewarm), self.torch(), 0, events))

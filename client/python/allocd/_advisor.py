@@ -105,11 +105,13 @@ def start_prewarmer(lib, torch, device, events, holds=None):
     whether a pre-warmed peak came."""
     if not prewarm_enabled():
         return "off ($ALLOCD_PREWARM=0)"
-    prewarm = getattr(lib, "allocd_interpose_prewarm", None)
-    unused = getattr(lib, "allocd_interpose_prewarm_unused", None)
-    if prewarm is None or unused is None:
-        return "off (the interposer has no allocd_interpose_prewarm_unused: an older build)"
-    prewarm.restype, prewarm.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
+    functions = [getattr(lib, f"allocd_interpose_prewarm{suffix}", None)
+                 for suffix in ("", "_map", "_unused")]
+    if None in functions:
+        return "off (the interposer has no allocd_interpose_prewarm_map: an older build)"
+    prewarm, map_segment, unused = functions
+    for function in (prewarm, map_segment):
+        function.restype, function.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
     unused.restype, unused.argtypes = ctypes.c_int, [ctypes.c_int]
     if events is None:
         return "off (no allocation stream: record_events=False)"
@@ -118,7 +120,8 @@ def start_prewarmer(lib, torch, device, events, holds=None):
     except (AttributeError, AssertionError, RuntimeError):
         return "off (the GPU's memory is unknown)"
     prewarmer = Prewarmer(torch, device, lambda size: prewarm(device, size),
-                          lambda: unused(device), capacity, holds=holds)
+                          lambda size: map_segment(device, size), lambda: unused(device),
+                          capacity, holds=holds)
     events.watch_bytes = prewarmer.watch_bytes()
     return prewarmer
 
@@ -334,13 +337,16 @@ class Advisor:
             parts["poll"] += polled - sent
             parts["events"] += sent - start
         if self._prewarmer is not None:
-            # Outside the lock: a pre-warm may wait for the daemon to reclaim
-            # (in this thread: the job's hooks do not wait for it). The next
-            # round, which sends its events, comes after it.
+            # Outside the lock: a pre-warm's ask may wait for the daemon to
+            # reclaim (in this thread: the job's hooks do not wait for it);
+            # it takes the lock for its CUDA calls, which a CUDA graph
+            # capture must not meet. The next round, which sends its events,
+            # comes after it.
             start = time.perf_counter()
             self._prewarmer.observe(self.session, large)
             self._prewarmer.run_due(self.session.get("reclaims", 0),
-                                    self.session.get("config", ""), self._events.hide)
+                                    self.session.get("config", ""), self._events.hide,
+                                    self._lock)
             parts["prewarm"] += time.perf_counter() - start
 
     def _read_session(self, buffer=None):

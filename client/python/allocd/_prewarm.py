@@ -13,9 +13,11 @@ map_path's large_segments) and, a lead before the next occurrence, the
 advisor has the interposer take a grant of that size
 (allocd_interpose_prewarm: the daemon may ask idle neighbours to give back
 what they cache, as for any acquire, while the advisor waits, not the job)
-and map it, on the advisor's thread, for the next cudaMalloc of that size;
-then it allocates and frees that much through PyTorch's allocator on the
-default stream: the cudaMalloc takes the mapped segment at the cost of a
+and map it, on the advisor's thread (allocd_interpose_prewarm_map, under the
+advisor's round lock, which a CUDA graph capture holds: a CUDA call on
+another thread would invalidate a capture in global mode), for the next
+cudaMalloc of that size; then it allocates and frees that much through
+PyTorch's allocator on the default stream: the cudaMalloc takes the mapped segment at the cost of a
 lookup (PyTorch's allocator lock, which the job's requests wait for, is
 held for microseconds, not for a mapping: 7-12 ms for 60 GiB on an H200),
 and the block stays in PyTorch's cache, where the batch finds it. The
@@ -28,16 +30,18 @@ of the allocation stream the autotuner replays (EventStream.hide).
 $ALLOCD_PREWARM=0 turns it off.
 """
 
+import contextlib
 import os
 import sys
 import time
 
 from ._holds import AllocatorHolds
 
-# allocd_interpose_prewarm's answers: mapped for the next cudaMalloc of its
-# size; the daemon could not give it; the peak's own cudaMalloc took the
-# grant meanwhile; mapping it failed.
-MAPPED, REFUSED, TAKEN, MAP_FAILED = 0, 1, 2, 3
+# allocd_interpose_prewarm's answers: parked; the daemon could not give it.
+PARKED, REFUSED = 0, 1
+# allocd_interpose_prewarm_map's: mapped for the next cudaMalloc of its size;
+# the peak's own cudaMalloc took the grant meanwhile; mapping it failed.
+MAPPED, TAKEN, MAP_FAILED = 0, 2, 3
 
 
 def enabled():
@@ -160,16 +164,18 @@ class Prewarmer:
     pre-warm when one is due.
 
     `prewarm_segment(bytes)` is allocd_interpose_prewarm for the device
-    (MAPPED, REFUSED, TAKEN, MAP_FAILED, or negative: no session), and
+    (PARKED, REFUSED, or negative: no session), `map_segment(bytes)`
+    allocd_interpose_prewarm_map (MAPPED, TAKEN, MAP_FAILED) and
     `free_unused()` allocd_interpose_prewarm_unused; `clock` is time.time's
     stand-in; `log` takes the log lines; `holds` (an AllocatorHolds) times
     the pre-warm's allocation, which holds PyTorch's allocator."""
 
-    def __init__(self, torch, device, prewarm_segment, free_unused, capacity_bytes,
-                 clock=time.time, log=None, holds=None):
+    def __init__(self, torch, device, prewarm_segment, map_segment, free_unused,
+                 capacity_bytes, clock=time.time, log=None, holds=None):
         self._torch = torch
         self._device = device
         self._prewarm_segment = prewarm_segment
+        self._map_segment = map_segment
         self._free_unused = free_unused
         self._clock = clock
         self._log = log if log is not None else (
@@ -219,11 +225,13 @@ class Prewarmer:
         """The size from which the allocation stream's allocations matter."""
         return self.forecast.min_bytes
 
-    def run_due(self, reclaims, config, hide):
+    def run_due(self, reclaims, config, hide, cuda_lock=contextlib.nullcontext()):
         """Pre-warms when one is due; `config` is the allocator config the job
         runs (with expandable segments PyTorch maps its own, through no
         cudaMalloc to take the parked grant), `hide(address)` leaves the
-        pre-warm's events out of the allocation stream."""
+        pre-warm's events out of the allocation stream, and `cuda_lock` is
+        held for its CUDA calls (the advisor's round lock, which a CUDA
+        graph capture holds)."""
         action = self.forecast.take_due(self._clock(), reclaims)
         self.counters["peak_patterns_broken"] = self.forecast.broken
         if action is None:
@@ -235,13 +243,22 @@ class Prewarmer:
             skipped = self.counters["prewarms_skipped"]
             skipped[what] = skipped.get(what, 0) + 1
             return
-        self._prewarm(what, hide)
+        self._prewarm(what, hide, cuda_lock)
 
-    def _prewarm(self, size, hide):
+    def _prewarm(self, size, hide, cuda_lock):
         self.counters["prewarms_attempted"] += 1
         period = self.forecast.pattern()[0]
         start = time.time_ns()
         answer = self._prewarm_segment(size)
+        if answer != PARKED:
+            self.counters["prewarms_refused"] += 1
+            self._say("refused", f"the daemon could not give it ({answer})", size, period, start)
+            return
+        with cuda_lock:
+            self._map_and_cache(size, hide, period, start)
+
+    def _map_and_cache(self, size, hide, period, start):
+        answer = self._map_segment(size)
         if answer == TAKEN:
             # The grant came late (the daemon waited for a neighbour) and the
             # peak's own cudaMalloc, come meanwhile, waited for it and took it.
@@ -250,10 +267,8 @@ class Prewarmer:
                       period, start)
             return
         if answer != MAPPED:
-            outcome = ("mapping it failed" if answer == MAP_FAILED
-                       else f"the daemon could not give it ({answer})")
-            self.counters["prewarms_failed" if answer == MAP_FAILED else "prewarms_refused"] += 1
-            self._say("refused", outcome, size, period, start)
+            self.counters["prewarms_failed"] += 1
+            self._say("failed", f"mapping it failed ({answer})", size, period, start)
             return
         torch = self._torch
         self.active = True
