@@ -21,7 +21,9 @@
 //   never contended); TelemetryTake takes on another thread woken by the
 //   cue or every 100 ms, as TelemetryStream does (`dropped_pct`: events the
 //   taker was too late for, on a busy machine); Full never takes, so every
-//   event is dropped and counted (the daemon away).
+//   event is dropped and counted (the daemon away); Bulk records a reader's
+//   12,288 events at once, one Record each (`many:0`) or one RecordMany
+//   (`many:1`), as allocd_record_events records the tracker's.
 // - BM_Segment: the interposer's cudaMalloc / cudaFree below the CUDA
 //   driver: DaemonBackend::AllocateSegment and FreeSegment
 //   (one Acquire of daemon chunks, their mapping, their unmapping and
@@ -166,6 +168,51 @@ void BM_Record_InlineTake(benchmark::State& state) {
   state.counters["dropped_pct"] = DroppedPercent(recorder, state);
 }
 BENCHMARK(BM_Record_InlineTake)->Apply(DeadlockArgs);
+
+// A reader that takes the allocator's events in bulk (the Python package's
+// tracker: ~10,000 events a step, each advisor round) records them one
+// Record at a time (`many:0`, what allocd_record_events did) or with one
+// RecordMany (`many:1`); 4,096 allocations (12,288 events) a call, taken
+// after each.
+void BM_Record_Bulk(benchmark::State& state) {
+  ScopedDeadlockDetection deadlock_detection(state);
+  constexpr size_t kAllocations = 4096;
+  std::vector<TraceOp> ops;
+  std::vector<uint64_t> streams, ids, sizes;
+  for (uint64_t i = 0; i < kAllocations; ++i) {
+    const Allocation a = Next(i);
+    for (TraceOp op : kOps) {
+      ops.push_back(op);
+      streams.push_back(a.stream);
+      ids.push_back(a.id);
+      sizes.push_back(a.size);
+    }
+  }
+  EventRecorder recorder(kEventCapacity);
+  const bool many = state.range(1) != 0;
+  for (auto _ : state) {
+    if (many) {
+      recorder.RecordMany(ops.data(), streams.data(), ids.data(), sizes.data(),
+                          ops.size());
+    } else {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        recorder.Record(ops[i], streams[i], ids[i], sizes[i]);
+      }
+    }
+    benchmark::DoNotOptimize(recorder.Take());
+  }
+  state.SetItemsProcessed(state.iterations() * kAllocations);
+  state.counters["dropped_pct"] = 100.0 * static_cast<double>(recorder.dropped_total()) /
+                                  static_cast<double>(state.iterations() * ops.size());
+}
+BENCHMARK(BM_Record_Bulk)
+    ->ArgNames({"deadlock", "many"})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->UseRealTime()
+    ->MinTime(0.2);
 
 // TelemetryStream's taking: woken by the recorder's half-full cue or after
 // its period.

@@ -29,6 +29,23 @@ void EventRecorder::Record(TraceOp op, uint64_t stream, uint64_t id,
   if (half_full && half_full_) half_full_();
 }
 
+size_t EventRecorder::RecordMany(const TraceOp* ops, const uint64_t* streams,
+                                 const uint64_t* ids, const uint64_t* sizes,
+                                 size_t n) {
+  size_t kept = 0;
+  bool half_full;
+  {
+    absl::MutexLock lock(&mu_);
+    const size_t before = buffer_.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (Append(ops[i], streams[i], ids[i], sizes[i])) ++kept;
+    }
+    half_full = before < capacity_ / 2 && buffer_.size() >= capacity_ / 2;
+  }
+  if (half_full && half_full_) half_full_();
+  return kept;
+}
+
 bool EventRecorder::Push(RecordedEvent slot) {
   // After a gap the buffer needs a marker and the slot: two slots.
   const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;

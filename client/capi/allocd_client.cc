@@ -238,12 +238,9 @@ int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
     }
   }
   events->Drop(dropped_before);
-  const uint64_t dropped = events->dropped_total();
-  for (size_t i = 0; i < n; ++i) {
-    events->Record(static_cast<allocd::TraceOp>(ops[i]), streams[i], ids[i],
-                   sizes[i]);
-  }
-  return static_cast<int64_t>(n - (events->dropped_total() - dropped));
+  static_assert(sizeof(allocd::TraceOp) == sizeof(uint8_t));
+  return static_cast<int64_t>(events->RecordMany(
+      reinterpret_cast<const allocd::TraceOp*>(ops), streams, ids, sizes, n));
 }
 
 int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,

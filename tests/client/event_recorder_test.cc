@@ -123,6 +123,58 @@ TEST(EventRecorderTest, AStateAfterAGapFollowsItAndAFullBufferKeepsNone) {
   EXPECT_NE(b[1].state_after, nullptr);
 }
 
+// RecordMany is Record of each event in order: the same batches, gaps and
+// drops, and the half-full cue once when a call crosses the half.
+TEST(EventRecorderTest, RecordManyIsRecordOfEachEventInOrder) {
+  constexpr size_t kEvents = 13;
+  std::vector<TraceOp> ops;
+  std::vector<uint64_t> streams, ids, sizes;
+  for (size_t i = 0; i < kEvents; ++i) {
+    ops.push_back(static_cast<TraceOp>(i % 3));
+    streams.push_back(i % 2);
+    ids.push_back(100 + i);
+    sizes.push_back(512 * (i + 1));
+  }
+  int cues_one = 0, cues_many = 0;
+  EventRecorder one(8, [&] { ++cues_one; });
+  EventRecorder many(8, [&] { ++cues_many; });
+  for (size_t i = 0; i < kEvents; ++i) one.Record(ops[i], streams[i], ids[i], sizes[i]);
+  EXPECT_EQ(many.RecordMany(ops.data(), streams.data(), ids.data(), sizes.data(), kEvents), 8u);
+  EXPECT_EQ(many.dropped_total(), one.dropped_total());
+  EXPECT_EQ(many.dropped_total(), kEvents - 8);
+  EXPECT_EQ(cues_one, 1);
+  EXPECT_EQ(cues_many, 1);
+  std::vector<RecordedBatch> first_one = one.Take();
+  std::vector<RecordedBatch> first_many = many.Take();
+  ASSERT_EQ(first_one.size(), 1u);
+  ASSERT_EQ(first_many.size(), 1u);
+  ASSERT_EQ(first_many[0].events.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const RecordedEvent& e = first_many[0].events[i];
+    const RecordedEvent& want = first_one[0].events[i];
+    EXPECT_EQ(e.op, want.op);
+    EXPECT_EQ(e.stream, want.stream);
+    EXPECT_EQ(e.id, want.id);
+    EXPECT_EQ(e.size, want.size);
+    EXPECT_EQ(e.id, 100 + i);
+  }
+  // After the gap: both go on the same way.
+  one.Record(ops[0], streams[0], ids[0], sizes[0]);
+  EXPECT_EQ(many.RecordMany(ops.data(), streams.data(), ids.data(), sizes.data(), 1), 1u);
+  std::vector<RecordedBatch> a = one.Take();
+  std::vector<RecordedBatch> b = many.Take();
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].sequence, a[0].sequence);
+  EXPECT_EQ(b[0].dropped, a[0].dropped);
+  EXPECT_EQ(b[0].dropped, kEvents - 8);
+  ASSERT_EQ(b[0].events.size(), 1u);
+  EXPECT_EQ(b[0].events[0].id, 100u);
+  EXPECT_EQ(b[0].events[0].size, 512u);
+  EXPECT_EQ(many.RecordMany(ops.data(), streams.data(), ids.data(), sizes.data(), 0), 0u);
+  EXPECT_TRUE(many.Take().empty());
+}
+
 TEST(EventRecorderTest, HalfFullCallsTheTakerOnceAndConcurrentRecordsAreAllCounted) {
   std::atomic<int> calls = 0;
   EventRecorder r(1000, [&] { ++calls; });

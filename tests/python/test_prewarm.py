@@ -390,6 +390,24 @@ class FakeLib:
         return 0
 
 
+class MayReachTest(unittest.TestCase):
+    def test_false_only_when_no_size_reaches_the_threshold(self):
+        from allocd._event_stream import may_reach
+        small = array.array("Q", [4096, 2 << 20, (1 << 32) - 1] * 1000)
+        self.assertFalse(may_reach(small, 14 * GIB))
+        self.assertFalse(may_reach(array.array("Q"), 1))
+        for size in (14 * GIB, PEAK, (1 << 64) - 1):
+            with_one = array.array("Q", small)
+            with_one[1234] = size
+            self.assertTrue(may_reach(with_one, 14 * GIB), size)
+        # A prefilter: a size below the threshold with a high byte set may
+        # pass (the exact check follows), one that reaches it always does.
+        self.assertTrue(may_reach(array.array("Q", [1 << 32]), 14 * GIB))
+        for threshold in (1, 255, 256, 1 << 20, (1 << 40) + 7):
+            self.assertTrue(may_reach(array.array("Q", [0, threshold, 0]), threshold), threshold)
+            self.assertFalse(may_reach(array.array("Q", [0] * 5), threshold))
+
+
 class HiddenEventsTest(unittest.TestCase):
     def test_the_prewarms_alloc_and_frees_leave_the_stream_and_the_jobs_stay(self):
         events = [(0, 4096, 0x100), (0, PEAK, 0x7000), (1, PEAK, 0x7000), (2, PEAK, 0x7000),
