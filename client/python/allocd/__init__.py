@@ -289,7 +289,9 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
 
 
 def stats():
-    """What allocd knows of this process: session, config version, counts."""
+    """What allocd knows of this process: session, config version, counts;
+    with the advisor, its time by part, the pre-warms ("prewarm") and the
+    windows in which it held PyTorch's allocator ("allocator_holds")."""
     managed, advisor = _state.managed, _state.advisor
     if managed is not None:
         return {"connected": True, "mode": "managed", "managed_mode": managed.mode,
