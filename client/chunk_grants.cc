@@ -65,9 +65,10 @@ absl::StatusOr<ReceivedChunks> ClaimGrant(
 // it would leave the pool less than as much again.
 absl::StatusOr<std::optional<ReceivedChunks>> AcquireOnLease(
     Connection& c, uint64_t bytes, uint64_t max_chunk_bytes,
-    uint32_t read_ahead, bool client_creates) {
+    uint32_t read_ahead, bool client_creates, bool prewarm) {
   v1::SideRequest request;
   request.mutable_acquire()->set_client_creates(client_creates);
+  request.mutable_acquire()->set_prewarm(prewarm);
   request.mutable_acquire()->set_bytes(bytes);
   request.mutable_acquire()->set_max_chunk_bytes(max_chunk_bytes);
   request.mutable_acquire()->set_read_ahead(read_ahead > 0);
@@ -138,7 +139,8 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
   }
   own_acquires_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::optional<ReceivedChunks>> got =
-      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates,
+                   /*prewarm=*/false);
   if (!got.ok()) return got.status();
   if (ahead != nullptr) {
     // The daemon made none of it (cached chunks, or budget for a caller
@@ -163,7 +165,8 @@ absl::Status ChunkGrants::Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
                                 .client_creates = client_creates};
   ahead->BeginPark(key);
   absl::StatusOr<std::optional<ReceivedChunks>> got =
-      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates);
+      AcquireGrant(bytes, max_chunk_bytes, /*read_ahead=*/0, client_creates,
+                   /*prewarm=*/true);
   if (!got.ok()) {
     ahead->Park(key, std::nullopt);
     return got.status();
@@ -193,8 +196,9 @@ std::vector<ReceivedChunks> ChunkGrants::AcquireAhead(uint64_t bytes,
                                                       uint64_t max_chunk_bytes,
                                                       uint32_t count,
                                                       bool client_creates) {
-  absl::StatusOr<std::optional<ReceivedChunks>> got = AcquireGrant(
-      bytes, max_chunk_bytes, std::max<uint32_t>(count, 1), client_creates);
+  absl::StatusOr<std::optional<ReceivedChunks>> got =
+      AcquireGrant(bytes, max_chunk_bytes, std::max<uint32_t>(count, 1),
+                   client_creates, /*prewarm=*/false);
   if (!got.ok() || !got->has_value()) return {};
   const uint64_t epoch = (*got)->epoch;
   const std::vector<uint64_t> ids = (*got)->ids;
@@ -210,7 +214,7 @@ std::vector<ReceivedChunks> ChunkGrants::AcquireAhead(uint64_t bytes,
 
 absl::StatusOr<ReceivedChunks> ChunkGrants::AcquireOverRpc(
     Connection& c, uint64_t bytes, uint64_t max_chunk_bytes,
-    bool client_creates) {
+    bool client_creates, bool prewarm) {
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   v1::AcquireChunksRequest request;
@@ -218,6 +222,7 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::AcquireOverRpc(
   request.set_bytes(bytes);
   request.set_max_chunk_bytes(max_chunk_bytes);
   request.set_client_creates(client_creates);
+  request.set_prewarm(prewarm);
   v1::AcquireChunksResponse response;
   grpc::Status status = c.stub->AcquireChunks(&context, request, &response);
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -239,7 +244,7 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::AcquireOverRpc(
 
 absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
     uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead,
-    bool client_creates) {
+    bool client_creates, bool prewarm) {
   const bool may_wait = read_ahead == 0;
   const absl::Time deadline =
       may_wait ? absl::Now() + options_.reconnect_wait : absl::Now();
@@ -260,7 +265,7 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
     absl::StatusOr<std::optional<ReceivedChunks>> on_lease = std::nullopt;
     if (c->lease_acquires) {
       on_lease = AcquireOnLease(*c, bytes, max_chunk_bytes, read_ahead,
-                                client_creates);
+                                client_creates, prewarm);
     }
     if (on_lease.ok() && !on_lease->has_value()) {
       if (!may_wait) return std::nullopt;
@@ -275,7 +280,7 @@ absl::StatusOr<std::optional<ReceivedChunks>> ChunkGrants::AcquireGrant(
         !on_lease.ok()          ? on_lease.status()
         : on_lease->has_value() ? **std::move(on_lease)
                                 : AcquireOverRpc(*c, bytes, max_chunk_bytes,
-                                                 client_creates);
+                                                 client_creates, prewarm);
     if (absl::IsUnavailable(chunks.status()) ||
         absl::IsDataLoss(chunks.status())) {
       // The daemon died mid-call: the grant died with it. Ask the next.

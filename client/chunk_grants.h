@@ -146,16 +146,18 @@ class ChunkGrants {
   // `bytes` in one (SplitGrant parts them), asked as GrantReadAhead does,
   // and nullopt where it would wait (the daemon is away, the node is short
   // or would be left less than as much again, its cache holds too little,
-  // the daemon grants nothing on the lease).
+  // the daemon grants nothing on the lease). `prewarm`: asked for a
+  // pre-warm (AcquireChunksRequest.prewarm), not by the job's allocation.
   absl::StatusOr<std::optional<ReceivedChunks>> AcquireGrant(
       uint64_t bytes, uint64_t max_chunk_bytes, uint32_t read_ahead,
-      bool client_creates);
+      bool client_creates, bool prewarm);
   // A grant over gRPC, claimed on the lease of `c`: waits for other
   // sessions to give memory back. Unavailable when the daemon died, or
   // restarted and no longer knows the session.
   absl::StatusOr<ReceivedChunks> AcquireOverRpc(Connection& c, uint64_t bytes,
                                                 uint64_t max_chunk_bytes,
-                                                bool client_creates);
+                                                bool client_creates,
+                                                bool prewarm);
   // The current connection when its session owns `ids` of `epoch`
   // (HeldChunks::OwnedBy); else FailedPrecondition saying so, ending in
   // `refused`: what cannot be done with them.

@@ -246,7 +246,7 @@ absl::StatusOr<std::optional<v1::AcquireChunksResponse>> DaemonCore::Acquire(
     grant = acquire();
   }
   (*session)->EndAcquire();
-  if (absl::IsResourceExhausted(grant.status())) {
+  if (absl::IsResourceExhausted(grant.status()) && !r.prewarm()) {
     (*session)->NoteAcquireRefused();
   }
   PublishPoolOf(**session);

@@ -607,6 +607,28 @@ TEST_F(DaemonTest, AnOomAfterTheNodeRefusedMemoryKeepsThePushedConfig) {
   EXPECT_EQ(CountEvents("rollback"), 1);
 }
 
+// A pre-warm the node refused is no refusal of the job's: the job's next
+// OOM is still its config's, and rolls it back.
+TEST_F(DaemonTest, ARefusedPrewarmDoesNotSpareTheConfigItsRollback) {
+  std::unique_ptr<DaemonClient> client = Client("job", absl::Seconds(60));
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::SetConfigResponse> set =
+      SetConfig("job", "max_split_size_mb:64");
+  ASSERT_TRUE(set.ok());
+  ASSERT_EQ(AwaitControl(*client).size(), 1u);
+  ASSERT_TRUE(client->Ack(set->config().version(), true, "").ok());
+  // The 64 MiB pool cannot give 33 chunks.
+  EXPECT_TRUE(absl::IsResourceExhausted(
+      client->Prewarm(33 * kChunk, UINT64_MAX, false)));
+  ASSERT_TRUE(client->ReportOom(kChunk, "CUDA out of memory",
+                                set->config().version())
+                  .ok());
+  std::vector<v1::ControlMessage> got = AwaitControl(*client);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].config().rollback());
+  EXPECT_EQ(CountEvents("rollback"), 1);
+}
+
 TEST_F(DaemonTest, DaemonKilledAndRestartedClientsReconnectAndFinish) {
   daemon_->Kill();
   StartDaemon("16GiB");
