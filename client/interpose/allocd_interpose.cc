@@ -726,7 +726,7 @@ ALLOCD_EXPORT int allocd_interpose_prewarm_map(int device, uint64_t bytes) {
   return Interposer::Get().MapPrewarmed(device, bytes);
 }
 
-// Gives back what allocd_interpose_prewarm mapped on `device` that no
+// Gives back what allocd_interpose_prewarm_map mapped on `device` that no
 // cudaMalloc took; how many segments (-1: no daemon session serves it).
 ALLOCD_EXPORT int allocd_interpose_prewarm_unused(int device) {
   return Interposer::Get().FreeUnusedPrewarmed(device);

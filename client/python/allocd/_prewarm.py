@@ -17,10 +17,11 @@ and map it, on the advisor's thread (allocd_interpose_prewarm_map, under the
 advisor's round lock, which a CUDA graph capture holds: a CUDA call on
 another thread would invalidate a capture in global mode), for the next
 cudaMalloc of that size; then it allocates and frees that much through
-PyTorch's allocator on the default stream: the cudaMalloc takes the mapped segment at the cost of a
-lookup (PyTorch's allocator lock, which the job's requests wait for, is
-held for microseconds, not for a mapping: 7-12 ms for 60 GiB on an H200),
-and the block stays in PyTorch's cache, where the batch finds it. The
+PyTorch's allocator on the default stream: the cudaMalloc takes the mapped
+segment at the cost of a lookup (PyTorch's allocator lock, which the job's
+requests wait for, is held for microseconds, not for a mapping: 7-12 ms for
+60 GiB on an H200), and the block stays in PyTorch's cache, where the batch
+finds it. The
 allocation is tried only once the segment is mapped, so it never goes down
 PyTorch's out-of-memory path (which would empty the job's own cache); what
 PyTorch did not take (its cache had room already) is given back at once
