@@ -130,12 +130,10 @@ absl::StatusOr<ReceivedChunks> ChunkGrants::Acquire(uint64_t bytes,
                                 .max_chunk_bytes = max_chunk_bytes,
                                 .client_creates = client_creates};
   GrantReadAhead* const ahead = read_ahead_.get();
-  if (ahead != nullptr) {
-    if (std::optional<ReceivedChunks> parked = ahead->Take(key)) {
-      report_read_ahead_(ahead->parked_bytes());
-      ahead->Granted(key, /*readable_ahead=*/true);
-      return *std::move(parked);
-    }
+  if (std::optional<ReceivedChunks> parked =
+          TakeParked(bytes, max_chunk_bytes, client_creates)) {
+    ahead->Granted(key, /*readable_ahead=*/true);
+    return *std::move(parked);
   }
   own_acquires_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::optional<ReceivedChunks>> got =
@@ -180,7 +178,7 @@ absl::Status ChunkGrants::Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
   return absl::OkStatus();
 }
 
-std::optional<ReceivedChunks> ChunkGrants::TakePrewarmed(
+std::optional<ReceivedChunks> ChunkGrants::TakeParked(
     uint64_t bytes, uint64_t max_chunk_bytes, bool client_creates) {
   GrantReadAhead* const ahead = read_ahead_.get();
   if (ahead == nullptr) return std::nullopt;

@@ -86,12 +86,12 @@ class ChunkGrants {
   // on an error.
   absl::Status Prewarm(uint64_t bytes, uint64_t max_chunk_bytes,
                        bool client_creates);
-  // The grant Prewarm parked with the same arguments, for the caller to map
-  // ahead itself; nullopt when none is parked (a request took it). Asks
-  // the daemon nothing, waits for nothing.
-  std::optional<ReceivedChunks> TakePrewarmed(uint64_t bytes,
-                                              uint64_t max_chunk_bytes,
-                                              bool client_creates);
+  // The grant parked for Acquire's arguments (read ahead, or by Prewarm),
+  // for the caller to map itself; nullopt when none is (a request took
+  // it). Asks the daemon nothing; waits only for a fetch in flight.
+  std::optional<ReceivedChunks> TakeParked(uint64_t bytes,
+                                           uint64_t max_chunk_bytes,
+                                           bool client_creates);
   // Returns chunks granted in `epoch` to the daemon that owns them now (the
   // one that granted them, or a restarted one that adopted them); chunks no
   // live daemon owns are only forgotten here.

@@ -250,25 +250,18 @@ absl::Status DaemonBackend::Prewarm(size_t bytes) {
 
 absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes) {
   std::optional<ReceivedChunks> got =
-      client_->TakePrewarmed(bytes, UINT64_MAX, client_creates_);
+      client_->TakeParked(bytes, UINT64_MAX, client_creates_);
   if (!got.has_value()) return false;
-  absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
-  if (!address.ok()) {
-    (void)client_->Release(got->epoch, got->ids);
-    return address.status();
-  }
-  absl::StatusOr<std::vector<ChunkMapping>> mapped =
-      MapReceived(*address, bytes, *got);
+  absl::StatusOr<MappedRange> mapped = MapIntoNewRange(*got);
   if (!mapped.ok()) {
     (void)client_->Release(got->epoch, got->ids);
-    mapper_->Free(*address, bytes);
     return mapped.status();
   }
   client_->map_path().segments_mapped.fetch_add(1, std::memory_order_relaxed);
   client_->map_path().NoteSegment(bytes);
-  ranges_[*address] = bytes;
-  Adopt(*got, *mapped);
-  prewarmed_.emplace(bytes, *address);
+  ranges_[mapped->address] = bytes;
+  Adopt(*got, mapped->mappings);
+  prewarmed_.emplace(bytes, mapped->address);
   return true;
 }
 

@@ -82,10 +82,10 @@ class DaemonClient {
                        bool client_creates) {
     return grants_.Prewarm(bytes, max_chunk_bytes, client_creates);
   }
-  std::optional<ReceivedChunks> TakePrewarmed(uint64_t bytes,
-                                              uint64_t max_chunk_bytes,
-                                              bool client_creates) {
-    return grants_.TakePrewarmed(bytes, max_chunk_bytes, client_creates);
+  std::optional<ReceivedChunks> TakeParked(uint64_t bytes,
+                                           uint64_t max_chunk_bytes,
+                                           bool client_creates) {
+    return grants_.TakeParked(bytes, max_chunk_bytes, client_creates);
   }
   absl::Status Release(uint64_t epoch, absl::Span<const uint64_t> ids) {
     return grants_.Release(epoch, ids);

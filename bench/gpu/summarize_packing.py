@@ -134,7 +134,7 @@ def phase(server, at):
     """Where in its cycle a request that arrived `at` s after the start came:
     the server's own batch (slot 0), the trainer's long steps (slot 1), or
     neither."""
-    cycle = 2 * server["slot_s"]
+    cycle = server["jobs"] * server["slot_s"]
     into = at % cycle
     if into < server["hold_s"]:
         return "batch"

@@ -124,6 +124,28 @@ class DaemonTest : public ::testing::Test {
     return r;
   }
 
+  // Pushes `config` to `job`, whose session is `client`, which applies it:
+  // its version in `*version`.
+  void ApplyPush(DaemonClient& client, const std::string& job,
+                 const std::string& config, uint64_t* version) {
+    absl::StatusOr<v1::SetConfigResponse> set = SetConfig(job, config);
+    ASSERT_TRUE(set.ok()) << set.status();
+    ASSERT_EQ(AwaitControl(client).size(), 1u);
+    ASSERT_TRUE(client.Ack(set->config().version(), true, "").ok());
+    *version = set->config().version();
+  }
+
+  // The session `client`, running config `version`, reports an OOM and is
+  // pushed a rollback: in `*rollback`.
+  void OomRollsBack(DaemonClient& client, uint64_t version,
+                    v1::ControlMessage* rollback) {
+    ASSERT_TRUE(client.ReportOom(kChunk, "CUDA out of memory", version).ok());
+    std::vector<v1::ControlMessage> got = AwaitControl(client);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(got[0].config().rollback());
+    *rollback = got[0];
+  }
+
   // Publishes `stats` (PyTorch's names) for `client` and waits until the
   // daemon lists them: FlushTelemetry says they were sent, and the daemon
   // reads the telemetry stream on a thread of its own, so a request on
@@ -562,19 +584,15 @@ TEST_F(DaemonTest, LiveClientsAckConfigsTheyCanApplyAndNackOthers) {
 
 TEST_F(DaemonTest, AnOomAfterAPushRollsTheSessionBack) {
   std::unique_ptr<DaemonClient> client = Client("job");
-  absl::StatusOr<v1::SetConfigResponse> set = SetConfig("job", "max_split_size_mb:64");
-  ASSERT_TRUE(set.ok());
-  ASSERT_EQ(AwaitControl(*client).size(), 1u);
-  ASSERT_TRUE(client->Ack(set->config().version(), true, "").ok());
-  ASSERT_TRUE(client->ReportOom(kChunk, "CUDA out of memory", set->config().version()).ok());
-  std::vector<v1::ControlMessage> got = AwaitControl(*client);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_TRUE(got[0].config().rollback());
-  EXPECT_EQ(got[0].config().config().version(), 0u);  // its initial config
-  EXPECT_THAT(got[0].config().reason(), HasSubstr("OOM"));
+  uint64_t version = 0;
+  ASSERT_NO_FATAL_FAILURE(ApplyPush(*client, "job", "max_split_size_mb:64", &version));
+  v1::ControlMessage rollback;
+  ASSERT_NO_FATAL_FAILURE(OomRollsBack(*client, version, &rollback));
+  EXPECT_EQ(rollback.config().config().version(), 0u);  // its initial config
+  EXPECT_THAT(rollback.config().reason(), HasSubstr("OOM"));
   EXPECT_EQ(CountEvents("rollback"), 1);
   // A second OOM before the rollback is applied does not roll back again.
-  ASSERT_TRUE(client->ReportOom(kChunk, "again", set->config().version()).ok());
+  ASSERT_TRUE(client->ReportOom(kChunk, "again", version).ok());
   EXPECT_TRUE(AwaitControl(*client, absl::Milliseconds(300)).empty());
   // Running its initial config, an OOM has nothing to roll back to.
   ASSERT_TRUE(client->Ack(0, true, "").ok());
@@ -585,25 +603,16 @@ TEST_F(DaemonTest, AnOomAfterAPushRollsTheSessionBack) {
 
 TEST_F(DaemonTest, AnOomAfterTheNodeRefusedMemoryKeepsThePushedConfig) {
   std::unique_ptr<DaemonClient> client = Client("job");
-  absl::StatusOr<v1::SetConfigResponse> set =
-      SetConfig("job", "max_split_size_mb:64");
-  ASSERT_TRUE(set.ok());
-  ASSERT_EQ(AwaitControl(*client).size(), 1u);
-  ASSERT_TRUE(client->Ack(set->config().version(), true, "").ok());
+  uint64_t version = 0;
+  ASSERT_NO_FATAL_FAILURE(ApplyPush(*client, "job", "max_split_size_mb:64", &version));
   // The 64 MiB pool cannot give 33 chunks: any config would have OOMed.
   EXPECT_TRUE(absl::IsResourceExhausted(client->Acquire(33 * kChunk).status()));
-  ASSERT_TRUE(client->ReportOom(33 * kChunk, "CUDA out of memory",
-                                set->config().version())
-                  .ok());
+  ASSERT_TRUE(client->ReportOom(33 * kChunk, "CUDA out of memory", version).ok());
   EXPECT_TRUE(AwaitControl(*client, absl::Milliseconds(300)).empty());
   EXPECT_EQ(CountEvents("rollback"), 0);
   // The next OOM, with no refusal before it, is the config's.
-  ASSERT_TRUE(client->ReportOom(kChunk, "CUDA out of memory",
-                                set->config().version())
-                  .ok());
-  std::vector<v1::ControlMessage> got = AwaitControl(*client);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_TRUE(got[0].config().rollback());
+  v1::ControlMessage rollback;
+  ASSERT_NO_FATAL_FAILURE(OomRollsBack(*client, version, &rollback));
   EXPECT_EQ(CountEvents("rollback"), 1);
 }
 
@@ -612,20 +621,13 @@ TEST_F(DaemonTest, AnOomAfterTheNodeRefusedMemoryKeepsThePushedConfig) {
 TEST_F(DaemonTest, ARefusedPrewarmDoesNotSpareTheConfigItsRollback) {
   std::unique_ptr<DaemonClient> client = Client("job", absl::Seconds(60));
   ASSERT_NE(client, nullptr);
-  absl::StatusOr<v1::SetConfigResponse> set =
-      SetConfig("job", "max_split_size_mb:64");
-  ASSERT_TRUE(set.ok());
-  ASSERT_EQ(AwaitControl(*client).size(), 1u);
-  ASSERT_TRUE(client->Ack(set->config().version(), true, "").ok());
+  uint64_t version = 0;
+  ASSERT_NO_FATAL_FAILURE(ApplyPush(*client, "job", "max_split_size_mb:64", &version));
   // The 64 MiB pool cannot give 33 chunks.
   EXPECT_TRUE(absl::IsResourceExhausted(
       client->Prewarm(33 * kChunk, UINT64_MAX, false)));
-  ASSERT_TRUE(client->ReportOom(kChunk, "CUDA out of memory",
-                                set->config().version())
-                  .ok());
-  std::vector<v1::ControlMessage> got = AwaitControl(*client);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_TRUE(got[0].config().rollback());
+  v1::ControlMessage rollback;
+  ASSERT_NO_FATAL_FAILURE(OomRollsBack(*client, version, &rollback));
   EXPECT_EQ(CountEvents("rollback"), 1);
 }
 
