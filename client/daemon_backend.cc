@@ -261,16 +261,42 @@ absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes) {
   client_->map_path().NoteSegment(bytes);
   ranges_[mapped->address] = bytes;
   Adopt(*got, mapped->mappings);
-  prewarmed_.emplace(bytes, mapped->address);
+  spares_.Add({.address = mapped->address,
+               .bytes = bytes,
+               .origin = SpareSegments::Origin::kPrewarmed,
+               .since = absl::Now()});
+  ReportSpares();
   return true;
 }
 
 size_t DaemonBackend::FreeUnusedPrewarmed() {
-  const size_t unused = prewarmed_.size();
-  for (const auto& [bytes, address] : std::exchange(prewarmed_, {})) {
-    Unmap(address, bytes, false);
+  const std::vector<SpareSegments::Spare> unused =
+      spares_.TakeAll(SpareSegments::Origin::kPrewarmed);
+  Release(unused);
+  return unused.size();
+}
+
+uint64_t DaemonBackend::ReleaseSpares(uint64_t bytes) {
+  return Release(spares_.TakeLargestCovering(bytes));
+}
+
+uint64_t DaemonBackend::ReleaseSparesOlderThan(absl::Duration keep) {
+  if (spares_.empty()) return 0;
+  return Release(spares_.TakeSpareSince(absl::Now() - keep));
+}
+
+uint64_t DaemonBackend::Release(const std::vector<SpareSegments::Spare>& spares) {
+  uint64_t released = 0;
+  for (const SpareSegments::Spare& spare : spares) {
+    Unmap(spare.address, spare.bytes, false);
+    released += spare.bytes;
   }
-  return unused;
+  if (!spares.empty()) ReportSpares();
+  return released;
+}
+
+void DaemonBackend::ReportSpares() {
+  client_->SetUnusedBytes(TelemetryStream::Unused::kSpare, spares_.bytes());
 }
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
@@ -318,11 +344,11 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
 }
 
 absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
-  if (auto it = prewarmed_.find(bytes); it != prewarmed_.end()) {
-    const uint64_t address = it->second;
-    prewarmed_.erase(it);
-    CountSegment(address, bytes);
-    return address;
+  if (std::optional<uint64_t> spare = spares_.Take(bytes)) {
+    client_->map_path().spares_taken.fetch_add(1, std::memory_order_relaxed);
+    ReportSpares();
+    CountSegment(*spare, bytes);
+    return *spare;
   }
   if (handover_ != nullptr) {
     if (std::optional<WorkingSetHandover::Segment> ready =
@@ -331,6 +357,20 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
       return ready->address;
     }
   }
+  absl::StatusOr<uint64_t> address = MapNewSegment(bytes);
+  if (!address.ok() && absl::IsResourceExhausted(address.status()) &&
+      !spares_.empty()) {
+    // As PyTorch frees its cache and tries again when the device is full:
+    // spares of other sizes are this process's own cache.
+    ReleaseSpares(0);
+    address = MapNewSegment(bytes);
+  }
+  if (!address.ok()) return address;
+  CountSegment(*address, bytes);
+  return address;
+}
+
+absl::StatusOr<uint64_t> DaemonBackend::MapNewSegment(size_t bytes) {
   absl::StatusOr<uint64_t> address = mapper_->Reserve(bytes);
   if (!address.ok()) return address;
   ranges_[*address] = bytes;
@@ -340,7 +380,6 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
     ranges_.erase(*address);
     return s;
   }
-  CountSegment(*address, bytes);
   return address;
 }
 
@@ -377,6 +416,15 @@ void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
     sizes_by_order_.erase(it->second.order);
     segment_bytes_ -= it->second.bytes;
     segments_.erase(it);
+  }
+  if (keep_freed_ && ranges_.count(address) != 0) {
+    spares_.Add({.address = address,
+                 .bytes = bytes,
+                 .origin = SpareSegments::Origin::kKept,
+                 .since = absl::Now()});
+    client_->map_path().segments_kept.fetch_add(1, std::memory_order_relaxed);
+    ReportSpares();
+    return;
   }
   Unmap(address, bytes, false);
 }
@@ -426,7 +474,9 @@ void DaemonBackend::HandOver(absl::Duration keep) {
           [this](ReceivedChunks grant) {
             (void)client_->Release(grant.epoch, grant.ids);
           },
-      .report = [this](uint64_t bytes) { client_->SetHandedOverBytes(bytes); },
+      .report = [this](uint64_t bytes) {
+        client_->SetUnusedBytes(TelemetryStream::Unused::kHandedOver, bytes);
+      },
   };
   handover_ = std::make_unique<WorkingSetHandover>(plan, std::move(callbacks),
                                                    keep);

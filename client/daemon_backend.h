@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "allocator/device_backend.h"
 #include "client/daemon_client.h"
+#include "client/spare_segments.h"
 #include "client/working_set_handover.h"
 
 namespace allocd {
@@ -135,6 +136,25 @@ class DaemonBackend : public DeviceBackend {
   // Unmaps the segments MapPrewarmed mapped that no AllocateSegment took,
   // and returns their chunks; how many there were.
   size_t FreeUnusedPrewarmed();
+
+  // A reclaim's partial give-back (SpareSegments says why). While `on`, a
+  // segment that FreeSegment frees stays mapped as a spare instead of going
+  // back, without the device synchronisation of an unmap (PyTorch's
+  // empty_cache() synchronises before it frees). The caller then gives
+  // back what the reclaim asked for with ReleaseSpares; the next
+  // AllocateSegment of a kept size takes one at the cost of a lookup. Off
+  // by default.
+  void KeepFreedSegments(bool on) { keep_freed_ = on; }
+  // Unmaps spares (kept or pre-warmed), largest first, until their bytes
+  // reach `bytes` (every one when 0), and returns their chunks: the bytes
+  // given back.
+  uint64_t ReleaseSpares(uint64_t bytes);
+  // Unmaps the spares no AllocateSegment took within `keep` of becoming
+  // spare, and returns their chunks: the bytes given back.
+  uint64_t ReleaseSparesOlderThan(absl::Duration keep);
+  // Mapped segments that no allocation uses (counted in held_bytes, and
+  // reported to the daemon as cached).
+  uint64_t spare_bytes() const { return spares_.bytes(); }
   // Segments the daemon made because this process could not.
   uint64_t client_create_fallbacks() const { return client_create_fallbacks_; }
 
@@ -216,6 +236,13 @@ class DaemonBackend : public DeviceBackend {
   void AdoptHandedOver(const WorkingSetHandover::Segment& segment);
   // A segment of `bytes` joins the working set (AllocateSegment's).
   void CountSegment(uint64_t address, size_t bytes);
+  // A new segment of `bytes`, mapped from a new grant.
+  absl::StatusOr<uint64_t> MapNewSegment(size_t bytes);
+  // Unmaps `spares` and returns their chunks; their bytes. Reports what
+  // stays spare.
+  uint64_t Release(const std::vector<SpareSegments::Spare>& spares);
+  // Reports spare_bytes() to the daemon.
+  void ReportSpares();
 
   DaemonClient* const client_;
   const std::unique_ptr<ChunkMapper> mapper_;
@@ -235,8 +262,10 @@ class DaemonBackend : public DeviceBackend {
   uint64_t segment_bytes_ = 0;
   uint64_t peak_segment_bytes_ = 0;
   std::map<uint64_t, SharedRange> shared_;  // OpenShared's, by address
-  // MapPrewarmed's segments no AllocateSegment took yet: bytes, address.
-  std::multimap<uint64_t, uint64_t> prewarmed_;
+  // Segments mapped that no allocation uses: MapPrewarmed's not taken yet,
+  // and those FreeSegment kept.
+  SpareSegments spares_;
+  bool keep_freed_ = false;
   uint64_t held_ = 0;
   bool client_creates_ = false;
   uint64_t client_create_fallbacks_ = 0;

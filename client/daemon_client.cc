@@ -48,7 +48,9 @@ DaemonClient::DaemonClient(DaemonClientOptions options,
       control_(active_, options_.rpc_timeout,
                [this] { return grants_.GiveBackForReclaim(); }),
       grants_(options_, active_, held_,
-              [this](uint64_t bytes) { telemetry_.SetReadAheadBytes(bytes); }),
+              [this](uint64_t bytes) {
+                telemetry_.SetUnusedBytes(TelemetryStream::Unused::kReadAhead, bytes);
+              }),
       reconnector_(options_, {.active = active_,
                               .held = held_,
                               .control = control_,

@@ -152,11 +152,11 @@ class DaemonClient {
   void PublishFeatures(const v1::JobFeatures& features) {
     telemetry_.PublishFeatures(features);
   }
-  // Bytes the process holds of the working set handed over and has not
-  // taken into a segment: reported as read ahead, which a reclaim counts
-  // as cached.
-  void SetHandedOverBytes(uint64_t bytes) {
-    telemetry_.SetHandedOverBytes(bytes);
+  // Bytes the process holds that no allocation uses (the working set
+  // handed over and not taken, spare segments), by holder: reported as read
+  // ahead, which a reclaim counts as cached.
+  void SetUnusedBytes(TelemetryStream::Unused holder, uint64_t bytes) {
+    telemetry_.SetUnusedBytes(holder, bytes);
   }
   EventRecorder* events() { return telemetry_.events(); }
 

@@ -17,6 +17,8 @@ nlohmann::json MapPathCounters::ToJson() const {
           {"chunks_given", read(chunks_given)},
           {"give_ns", read(give_ns)},
           {"gives_failed", read(gives_failed)},
+          {"segments_kept", read(segments_kept)},
+          {"spares_taken", read(spares_taken)},
           {"large_segments", LargeSegments()}};
 }
 

@@ -41,6 +41,11 @@ struct MapPathCounters {
   // within the give's deadline (what it took of a give across epochs
   // before that is in chunks_given; what it takes after, nowhere).
   std::atomic<uint64_t> gives_failed{0};
+  // Segments freed during a reclaim and kept mapped as spares, and
+  // segment requests a spare served (kept or pre-warmed: no round trip, no
+  // mapping). SpareSegments.
+  std::atomic<uint64_t> segments_kept{0};
+  std::atomic<uint64_t> spares_taken{0};
 
   // The segments logged by LargeSegments.
   static constexpr uint64_t kLargeSegmentBytes = uint64_t{1} << 30;

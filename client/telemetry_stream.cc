@@ -1,6 +1,7 @@
 #include "client/telemetry_stream.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "client/thread_name.h"
@@ -45,7 +46,10 @@ void TelemetryStream::PublishStats(std::map<std::string, int64_t> stats,
   absl::MutexLock lock(&mu_);
   stats_.clear_stats();
   for (auto& [k, v] : stats) (*stats_.mutable_stats())[k] = v;
-  if (reads_ahead_ || handed_over_bytes_ != 0) WriteAheadBytes();
+  if (reads_ahead_ || unused_bytes_[static_cast<size_t>(Unused::kHandedOver)] != 0 ||
+      unused_bytes_[static_cast<size_t>(Unused::kSpare)] != 0) {
+    WriteAheadBytes();
+  }
   stats_.set_config_version(config_version);
   ++stats_published_;
 }
@@ -94,15 +98,9 @@ void TelemetryStream::NewSession() {
   ++stats_published_;
 }
 
-void TelemetryStream::SetReadAheadBytes(uint64_t bytes) {
+void TelemetryStream::SetUnusedBytes(Unused holder, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  read_ahead_bytes_ = static_cast<int64_t>(bytes);
-  PublishAheadBytes();
-}
-
-void TelemetryStream::SetHandedOverBytes(uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  handed_over_bytes_ = static_cast<int64_t>(bytes);
+  unused_bytes_[static_cast<size_t>(holder)] = static_cast<int64_t>(bytes);
   PublishAheadBytes();
 }
 
@@ -114,7 +112,7 @@ void TelemetryStream::PublishAheadBytes() {
 
 void TelemetryStream::WriteAheadBytes() {
   (*stats_.mutable_stats())[kReadAheadStat] =
-      read_ahead_bytes_ + handed_over_bytes_;
+      std::accumulate(unused_bytes_.begin(), unused_bytes_.end(), int64_t{0});
 }
 
 bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,

@@ -15,6 +15,7 @@
 #ifndef ALLOCD_CLIENT_TELEMETRY_STREAM_H_
 #define ALLOCD_CLIENT_TELEMETRY_STREAM_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -68,10 +69,13 @@ class TelemetryStream {
   // with the next stats.
   void NewSession() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What the read-ahead, and the working set handed over, hold now: sent
-  // at once, together as one stat (a reclaim counts it as cached).
-  void SetReadAheadBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  void SetHandedOverBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Memory the process holds mapped or granted that no allocation uses, by
+  // what holds it: the read-ahead, the working set handed over and not
+  // taken, the spare segments (SpareSegments).
+  enum class Unused { kReadAhead, kHandedOver, kSpare, kCount };
+  // What `holder` holds now: sent at once, summed with the others' as one
+  // stat (kReadAheadStat), which a reclaim counts as cached.
+  void SetUnusedBytes(Unused holder, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where the engine records its malloc/free/free_completed stream; null
   // when options.event_capacity is 0.
@@ -105,10 +109,9 @@ class TelemetryStream {
   bool flush_ ABSL_GUARDED_BY(mu_) = false;
   // The recorder is half full: send before the period ends.
   bool events_waiting_ ABSL_GUARDED_BY(mu_) = false;
-  // What the read-ahead holds now, sent with the stats at once.
-  int64_t read_ahead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // What the working set handed over holds and the process has not taken.
-  int64_t handed_over_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // SetUnusedBytes's, by holder.
+  std::array<int64_t, static_cast<size_t>(Unused::kCount)> unused_bytes_
+      ABSL_GUARDED_BY(mu_) = {};
   // The last PublishWorkingSet, and whether the daemon has it yet (it goes
   // with the next stats).
   v1::WorkingSet working_set_ ABSL_GUARDED_BY(mu_);

@@ -102,8 +102,13 @@ class CallbackTarget final : public allocd::AllocatorTarget {
   }
 
   void EmptyCache() override { target_.empty_cache(target_.context); }
-  // torch.cuda.empty_cache() is all PyTorch's allocator offers.
-  void ReleaseCached(uint64_t) override { EmptyCache(); }
+  void ReleaseCached(uint64_t bytes) override {
+    if (target_.release_cached == nullptr) {
+      EmptyCache();
+    } else {
+      target_.release_cached(bytes, target_.context);
+    }
+  }
 
   // Stats that do not parse count as none.
   std::map<std::string, int64_t> Stats() override {

@@ -85,6 +85,12 @@ typedef struct allocd_target {
    * than `len` (then the call is made again with a larger buffer). */
   int64_t (*stats)(char* buf, size_t len, void* context);
   void* context;
+  /* Releases at least `bytes` (> 0) of the cache, keeping the rest where
+   * the allocator can (a reclaim asks what a neighbour is short of: in
+   * transparent mode, empty_cache() with the segments it frees kept
+   * mapped and the largest of them given back until `bytes` are). NULL:
+   * empty_cache serves. */
+  void (*release_cached)(uint64_t bytes, void* context);
 } allocd_target;
 
 /* One round of the client's control loop (LiveSession, as every allocd

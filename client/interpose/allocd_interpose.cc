@@ -496,6 +496,31 @@ class Interposer {
     return static_cast<int>(session->backend->FreeUnusedPrewarmed());
   }
 
+  // allocd_interpose_keep_freed.
+  int KeepFreed(int device, bool on) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
+    absl::MutexLock lock(&mu_);
+    session->backend->KeepFreedSegments(on);
+    return 0;
+  }
+
+  // allocd_interpose_release_spares and allocd_interpose_release_old_spares:
+  // under mu_, as a cudaFree's unmapping.
+  int64_t ReleaseSpares(int device, uint64_t bytes) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(session->backend->ReleaseSpares(bytes));
+  }
+  int64_t ReleaseOldSpares(int device, uint32_t keep_ms) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return -1;
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(session->backend->ReleaseSparesOlderThan(
+        absl::Milliseconds(keep_ms)));
+  }
+
   allocd_client* ControlHandle(int device) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return nullptr;
@@ -730,6 +755,32 @@ ALLOCD_EXPORT int allocd_interpose_prewarm_map(int device, uint64_t bytes) {
 // cudaMalloc took; how many segments (-1: no daemon session serves it).
 ALLOCD_EXPORT int allocd_interpose_prewarm_unused(int device) {
   return Interposer::Get().FreeUnusedPrewarmed(device);
+}
+
+// A reclaim's partial give-back (client/spare_segments.h). While `on` is
+// nonzero, a cudaFree on `device` keeps its segment mapped as a spare for
+// the next cudaMalloc of its size, instead of giving it back; the caller
+// brackets torch.cuda.empty_cache() with it, then gives back what the
+// reclaim asked for with allocd_interpose_release_spares. 0, or -1 when no
+// daemon session serves `device`.
+ALLOCD_EXPORT int allocd_interpose_keep_freed(int device, int on) {
+  return Interposer::Get().KeepFreed(device, on != 0);
+}
+
+// Gives back spare segments of `device` (kept, or pre-warmed and not
+// taken), largest first, until `bytes` are given (every one when 0): the
+// bytes given, or -1 when no daemon session serves `device`. CUDA calls:
+// not while a CUDA graph is captured in global mode.
+ALLOCD_EXPORT int64_t allocd_interpose_release_spares(int device,
+                                                      uint64_t bytes) {
+  return Interposer::Get().ReleaseSpares(device, bytes);
+}
+
+// Gives back the spare segments of `device` that no cudaMalloc took within
+// `keep_ms` of becoming spare: the bytes given, or -1 as above.
+ALLOCD_EXPORT int64_t allocd_interpose_release_old_spares(int device,
+                                                          uint32_t keep_ms) {
+  return Interposer::Get().ReleaseOldSpares(device, keep_ms);
 }
 
 ALLOCD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t bytes) {

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "ipc/unix_socket.h"
 #include "nlohmann/json.hpp"
+#include "proto/protocol.h"
 #include "tests/scoped_temp_dir.h"
 #include "tests/server/daemon_harness.h"
 
@@ -923,6 +924,84 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
   backend.FreeSegment(*segment, kSegment);
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
+// A reclaim's partial give-back: the segments an empty_cache frees stay
+// mapped, the daemon counts them as the job's cache, only the largest go
+// back, and a request of a kept size takes one without asking or mapping.
+TEST_F(DaemonTest, AReclaimGivesBackTheLargestFreedSegmentsAndKeepsTheRestMapped) {
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::ZeroDuration(), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  DaemonBackend backend(job.get());
+  const uint64_t batch = backend.AllocateSegment(16 * kChunk).value();
+  const uint64_t cache = backend.AllocateSegment(2 * kChunk).value();
+  const uint64_t other = backend.AllocateSegment(kChunk).value();
+  job->FlushReleases();
+  ASSERT_EQ(Status().in_use_bytes(), 19 * kChunk);
+
+  backend.KeepFreedSegments(true);
+  for (auto [address, bytes] : {std::pair{batch, 16 * kChunk}, {cache, 2 * kChunk},
+                                {other, kChunk}}) {
+    backend.FreeSegment(address, bytes);
+  }
+  backend.KeepFreedSegments(false);
+  EXPECT_EQ(backend.held_bytes(), 19 * kChunk) << "kept mapped";
+  EXPECT_EQ(backend.spare_bytes(), 19 * kChunk);
+  EXPECT_EQ(job->map_path().segments_kept.load(), 3u);
+  // PyTorch's cache is empty now; the daemon hears of the spares as cache.
+  ASSERT_NO_FATAL_FAILURE(PublishAndAwaitRead(
+      *job, {{"reserved_bytes.all.current", 0}, {"allocated_bytes.all.current", 0},
+             {kReadAheadStat, 19 * kChunk}}));
+
+  // A neighbour short of 5 chunks: the 16-chunk segment covers it alone.
+  EXPECT_EQ(backend.ReleaseSpares(5 * kChunk), 16 * kChunk);
+  EXPECT_EQ(backend.held_bytes(), 3 * kChunk);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 3 * kChunk);
+
+  const uint64_t acquires = job->own_acquires();
+  const uint64_t segments_mapped = job->map_path().segments_mapped.load();
+  absl::StatusOr<uint64_t> again = backend.AllocateSegment(2 * kChunk);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, cache) << "the kept segment, as it was";
+  EXPECT_EQ(job->own_acquires(), acquires);
+  EXPECT_EQ(job->map_path().segments_mapped.load(), segments_mapped);
+  EXPECT_EQ(job->map_path().spares_taken.load(), 1u);
+  auto* bytes = reinterpret_cast<volatile uint8_t*>(*again);
+  bytes[0] = 0x5a;
+  bytes[2 * kChunk - 1] = 0xa5;
+  EXPECT_EQ(bytes[0] + bytes[2 * kChunk - 1], 0x5a + 0xa5);
+
+  // What no request took goes back once it has waited long enough.
+  EXPECT_EQ(backend.ReleaseSparesOlderThan(absl::Hours(1)), 0u);
+  EXPECT_EQ(backend.ReleaseSparesOlderThan(absl::ZeroDuration()), kChunk);
+  EXPECT_EQ(backend.spare_bytes(), 0u);
+  // Not keeping: a free gives the segment back.
+  backend.FreeSegment(*again, 2 * kChunk);
+  EXPECT_EQ(backend.held_bytes(), 0u);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
+// Spares of other sizes are the job's own cache: a segment the pool has no
+// room for gets them back first, as PyTorch frees its cache and retries.
+TEST_F(DaemonTest, ASegmentThePoolCannotFitTakesTheRoomOfTheJobsSpares) {
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::ZeroDuration(), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  DaemonBackend backend(job.get());
+  constexpr uint64_t kPool = 32 * kChunk;
+  const uint64_t kept = backend.AllocateSegment(24 * kChunk).value();
+  backend.KeepFreedSegments(true);
+  backend.FreeSegment(kept, 24 * kChunk);
+  backend.KeepFreedSegments(false);
+  ASSERT_EQ(backend.spare_bytes(), 24 * kChunk);
+  absl::StatusOr<uint64_t> larger = backend.AllocateSegment(kPool);
+  ASSERT_TRUE(larger.ok()) << larger.status();
+  EXPECT_EQ(backend.spare_bytes(), 0u);
+  EXPECT_EQ(backend.held_bytes(), kPool);
+  backend.FreeSegment(*larger, kPool);
 }
 
 // The interposer's client returns what a free unmapped in the background:

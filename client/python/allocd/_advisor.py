@@ -29,6 +29,7 @@ from ._features import FeatureHooks
 from ._history import HistoryReader
 from ._holds import AllocatorHolds
 from ._prewarm import Prewarmer, enabled as prewarm_enabled
+from ._spares import start_spare_keeper
 
 
 def gpu_uuid(torch, device):
@@ -90,7 +91,8 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     holds = AllocatorHolds()
     advisor = Advisor(lib, client, torch, device, period, config, events,
                       start_prewarmer(lib, torch, device, events, holds) if transparent
-                      else "off (transparent mode only)", holds)
+                      else "off (transparent mode only)", holds,
+                      start_spare_keeper(lib, device) if transparent else None)
     if events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
     advisor.take_start_config()
@@ -164,7 +166,7 @@ class Advisor:
     START_CONFIG_WAIT_S = 2.0
 
     def __init__(self, lib, client, torch, device, period, config, events=None,
-                 prewarmer=None, holds=None):
+                 prewarmer=None, holds=None, spares=None):
         self._lib = lib
         self._client = client
         self._torch = torch
@@ -177,6 +179,9 @@ class Advisor:
         self._prewarm_off = None if self._prewarmer is not None else (prewarmer or "off")
         # When this thread held PyTorch's allocator, which the job waited for.
         self.holds = holds if holds is not None else AllocatorHolds()
+        # The interposer's spare segments (a SpareKeeper: a reclaim gives
+        # back what it asks, not the whole cache), or None.
+        self._spares = spares
         self._stop = threading.Event()
         self._wake = threading.Event()  # a round now, not at the period's end
         self._round_done = threading.Event()
@@ -248,6 +253,8 @@ class Advisor:
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
+                "spares": self._spares.stats() if self._spares is not None
+                else {"off": "transparent mode only"},
                 "memory_stats": dict(self.last_stats)}
 
     @property
@@ -331,6 +338,8 @@ class Advisor:
             large = self._events.send() if self._events is not None else []
             sent = time.perf_counter()
             self._lib.allocd_poll(self._client, ctypes.byref(self._target))
+            if self._spares is not None:
+                self._spares.release_old()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
             parts["session"] += time.perf_counter() - polled
@@ -379,10 +388,18 @@ class Advisor:
                 return 1
             return 0
 
-        def empty_cache(_context):
+        def hold_empty_cache():
             with self.holds.hold("empty_cache"):
                 torch.cuda.empty_cache()
             self._stats_text = None
+
+        def empty_cache(_context):
+            hold_empty_cache()
+            if self._spares is not None:
+                self._spares.release_all()
+
+        def release_cached(bytes_asked, _context):
+            self._spares.release_cached(hold_empty_cache, bytes_asked)
 
         def stats(buffer, size, _context):
             start = time.perf_counter()
@@ -398,7 +415,9 @@ class Advisor:
             return len(text)
 
         return Target(Target.RECONFIGURE(reconfigure), Target.EMPTY_CACHE(empty_cache),
-                      Target.STATS(stats), None)
+                      Target.STATS(stats), None,
+                      Target.RELEASE_CACHED(release_cached) if self._spares is not None
+                      else Target.RELEASE_CACHED())
 
     def _attach_step_hook(self):
         """Marks the job's steps in the event stream: PyTorch's global hook after

@@ -65,14 +65,17 @@ def loaded_interposer():
 
 class Target(ctypes.Structure):
     """allocd_target: the allocator a session's control loop drives
-    (allocd_poll), as three functions and their context."""
+    (allocd_poll), as its functions and their context (RELEASE_CACHED() is
+    none: empty_cache serves)."""
 
     RECONFIGURE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
                                    ctypes.c_size_t, ctypes.c_void_p)
     EMPTY_CACHE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
     STATS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    RELEASE_CACHED = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_void_p)
     _fields_ = [("reconfigure", RECONFIGURE), ("empty_cache", EMPTY_CACHE),
-                ("stats", STATS), ("context", ctypes.c_void_p)]
+                ("stats", STATS), ("context", ctypes.c_void_p),
+                ("release_cached", RELEASE_CACHED)]
 
 
 def load_client(path=None, mode=ctypes.DEFAULT_MODE):
