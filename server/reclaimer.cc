@@ -34,6 +34,39 @@ uint64_t CachedBytes(const std::map<std::string, int64_t>& stats) {
   return static_cast<uint64_t>(cached);
 }
 
+// What a reclaim for `asker` should bring back: its shortfall, or what the
+// rest of its peak needs beyond what the pool has free, if more. A job
+// gathers its peak one segment at a time (a 60 GiB peak of 2 GiB tensors
+// asks 30 times), and a client that gives back only what it is asked and
+// keeps the rest mapped (a partial give-back: client/spare_segments.h)
+// would be asked once a segment, each a round trip. The working set the
+// asker last reported (its segments at its highest) says how far it grows.
+uint64_t Wanted(const Session& asker, const PoolStats& stats,
+                uint64_t available, uint64_t shortfall) {
+  uint64_t peak = 0;
+  for (uint64_t bytes : asker.WorkingSet()) peak += bytes;
+  const auto holding = stats.sessions.find(asker.id());
+  const uint64_t held =
+      holding == stats.sessions.end() ? 0 : holding->second.bytes;
+  if (peak <= held + available) return shortfall;
+  return std::max(shortfall, peak - held - available);
+}
+
+// What `asked` hold now less than in `before`: what they gave back, which
+// other sessions' acquires meanwhile do not hide.
+uint64_t GivenBy(const std::vector<SessionId>& asked, const PoolStats& before,
+                 const PoolStats& now) {
+  uint64_t given = 0;
+  for (SessionId id : asked) {
+    const auto was = before.sessions.find(id);
+    if (was == before.sessions.end()) continue;
+    const auto is = now.sessions.find(id);
+    const uint64_t holds = is == now.sessions.end() ? 0 : is->second.bytes;
+    if (holds < was->second.bytes) given += was->second.bytes - holds;
+  }
+  return given;
+}
+
 // Whether each of `counted` reported fresh telemetry (or ended) since it
 // was counted.
 bool AllReported(
@@ -111,9 +144,15 @@ void Reclaimer::Reclaim(const Session& except, NodePool& pool,
     others = CountOthers(except);
   }
   if (others.reclaimable < shortfall) return;
+  const uint64_t wanted =
+      std::min(others.reclaimable,
+               Wanted(except, before, pool.AvailableBytes(), shortfall));
   size_t asked = 0;
-  for (uint64_t short_by = shortfall; short_by > 0; ++asked) {
+  std::vector<SessionId> asked_ids;
+  for (uint64_t short_by = wanted;
+       short_by > 0 && asked < others.cachers.size(); ++asked) {
     const Cacher& cacher = others.cachers[asked];
+    asked_ids.push_back(cacher.session->id());
     const uint64_t bytes = std::min(cacher.cached, short_by);
     v1::ControlMessage message;
     message.mutable_reclaim()->set_bytes(bytes);
@@ -129,15 +168,21 @@ void Reclaimer::Reclaim(const Session& except, NodePool& pool,
   uint64_t returned = 0;
   while (absl::Now() < deadline) {
     // Given back since the ask: in the cache, or the device's again.
-    const uint64_t in_use = pool.Stats().in_use_bytes;
-    returned = before.in_use_bytes - std::min(in_use, before.in_use_bytes);
+    const PoolStats now = pool.Stats();
+    returned = std::max(
+        before.in_use_bytes - std::min(now.in_use_bytes, before.in_use_bytes),
+        GivenBy(asked_ids, before, now));
     if (returned >= shortfall) break;
     released_.WaitWithDeadline(&mu_, deadline);
   }
   // Why a job waited, or got nothing, is the first question of an OOM.
   LogInfo(absl::StrCat(
       "reclaim for session ", except.id(), " on device ", device, ": short by ",
-      FormatSize(shortfall), ", asked ", asked, " of ", others.cachers.size(),
+      FormatSize(shortfall),
+      wanted > shortfall
+          ? absl::StrCat(" (", FormatSize(wanted), " for the rest of its peak)")
+          : "",
+      ", asked ", asked, " of ", others.cachers.size(),
       " session(s) caching ", FormatSize(others.reclaimable), "; ",
       FormatSize(returned), " came back in ",
       absl::ToInt64Milliseconds(absl::Now() - asked_at), " ms",

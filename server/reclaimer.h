@@ -41,9 +41,12 @@ class Reclaimer {
   // and are not themselves waiting in an acquire to release it, the
   // largest caches first (ties: the oldest session first) until what they
   // are asked covers `shortfall` bytes (ShortfallBytes of the refusal:
-  // short of the pool's capacity, or of the device's memory); then waits
-  // until that came back to `pool` (the device's) or the wait passes. Asks
-  // nobody when what the others cache cannot cover the shortfall.
+  // short of the pool's capacity, or of the device's memory), or more:
+  // what the rest of `except`'s peak needs beyond what `pool` has free,
+  // by the working set it last reported (its peak, gathered one segment at
+  // a time, then costs one reclaim, not one a segment); then waits until
+  // the shortfall came back to `pool` (the device's) or the wait passes.
+  // Asks nobody when what the others cache cannot cover the shortfall.
   //
   // A session asked and not reporting since counts as caching nothing: its
   // telemetry is stale, what it had is on its way back or was overstated.

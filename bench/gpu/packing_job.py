@@ -144,7 +144,9 @@ class Job:
         self.gathers.append(time.monotonic() - t)
         after = map_path()
         if before is not None and after is not None:
-            self.gather_paths.append({k: after[k] - before[k] for k in after})
+            # The counters (not the log of large segments) over the gather.
+            self.gather_paths.append({k: after[k] - before[k] for k in after
+                                      if isinstance(after[k], int)})
         return held
 
     def release(self, held):

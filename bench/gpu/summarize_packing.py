@@ -128,6 +128,28 @@ def main():
               f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x | "
               f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x |")
     slowest_requests(servers)
+    server_segments(servers)
+
+
+def server_segments(servers):
+    """Under allocd, what each server mapped and what spares served: segments
+    its empty_cache kept mapped through a reclaim, or pre-warmed
+    (allocd.stats()'s map_path and spares)."""
+    rows = [(key, server["allocd"]) for key, server in sorted(servers.items())
+            if server.get("allocd", {}).get("map_path")]
+    if not rows:
+        return
+    print("\nThe server's segments under allocd: mapped from a grant, or served by a spare "
+          "(kept through a reclaim's partial give-back, or pre-warmed).\n")
+    print("| server | mode | reclaims answered | segments mapped | spares taken | segments kept "
+          "| partial give-backs | GiB they gave |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (part, mode), stats in rows:
+        path, spares = stats["map_path"], stats.get("spares", {})
+        print(f"| {part} | {mode} | {stats.get('reclaims', 0)} | {path['segments_mapped']} | "
+              f"{path.get('spares_taken', '-')} | {path.get('segments_kept', '-')} | "
+              f"{spares.get('partial_releases', '-')} | "
+              f"{fmt(spares['bytes_given'] / 2**30 if 'bytes_given' in spares else None, '.1f')} |")
 
 
 def phase(server, at):

@@ -94,6 +94,17 @@ class StartSpareKeeperTest(unittest.TestCase):
         lib = types.SimpleNamespace(allocd_interpose_keep_freed=lambda d, on: 0)
         self.assertIsNone(start_spare_keeper(lib, 0))
 
+    def test_none_when_turned_off(self):
+        lib = types.SimpleNamespace(allocd_interpose_keep_freed=lambda d, on: 0,
+                                    allocd_interpose_release_spares=lambda d, n: 0,
+                                    allocd_interpose_release_old_spares=lambda d, ms: 0)
+        self.assertIsNotNone(start_spare_keeper(lib, 0))
+        os.environ["ALLOCD_PARTIAL_RECLAIM"] = "0"
+        try:
+            self.assertIsNone(start_spare_keeper(lib, 0))
+        finally:
+            del os.environ["ALLOCD_PARTIAL_RECLAIM"]
+
 
 class FakeTorch:
     def __init__(self, calls):

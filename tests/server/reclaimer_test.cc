@@ -116,6 +116,43 @@ TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
   EXPECT_TRUE(AskedOf(*small).empty());
 }
 
+// A job gathering its peak one segment at a time is short once a segment:
+// its last reported working set says how far it grows, and the others are
+// asked for the rest of its peak beyond what the pool has free at once.
+TEST(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  SessionRegistry sessions;
+  Metrics metrics;
+  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
+  MemfdChunkSource source;
+  NodePool pool(&source, kGiB);  // 1 GiB free
+  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  asker->SetWorkingSet(std::vector<uint64_t>(6, 2 * kGiB));  // a 12 GiB peak
+  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
+  large->SetStats(Caching(10 * kGiB));
+  std::shared_ptr<Session> middle = sessions.Create({.node_device = 0});
+  middle->SetStats(Caching(4 * kGiB));
+
+  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{10 * kGiB});
+  EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{1 * kGiB});
+
+  // Never more than the others cache.
+  large->SetStats(Caching(3 * kGiB));
+  middle->SetStats(Caching(4 * kGiB));
+  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{4 * kGiB});
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{3 * kGiB});
+
+  // A peak the pool's free memory covers: only the shortfall.
+  asker->SetWorkingSet({kGiB / 2});
+  large->SetStats(Caching(10 * kGiB));
+  middle->SetStats(Caching(4 * kGiB));
+  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{2 * kGiB});
+  EXPECT_TRUE(AskedOf(*middle).empty());
+}
+
 // Of caches alike, the oldest session's is asked.
 TEST(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
   SessionRegistry sessions;

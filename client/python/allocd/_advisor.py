@@ -254,7 +254,7 @@ class Advisor:
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
                 "spares": self._spares.stats() if self._spares is not None
-                else {"off": "transparent mode only"},
+                else {"off": "transparent mode only; $ALLOCD_PARTIAL_RECLAIM=0 turns it off"},
                 "memory_stats": dict(self.last_stats)}
 
     @property

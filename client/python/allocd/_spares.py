@@ -18,9 +18,11 @@ what no cudaMalloc takes within KEEP_S goes back at the advisor's next
 round. A full empty_cache() (a config applied) gives back every spare.
 These CUDA calls run on the advisor's thread under its round lock, which a
 CUDA graph capture holds: none lands inside a capture.
+``ALLOCD_PARTIAL_RECLAIM=0`` turns it off (a reclaim empties the cache).
 """
 
 import ctypes
+import os
 
 
 class SpareKeeper:
@@ -71,9 +73,17 @@ class SpareKeeper:
                 "keep_s": self._keep_ms / 1000}
 
 
+def enabled():
+    """Whether a reclaim gives back only what it asks: ``ALLOCD_PARTIAL_RECLAIM``
+    (default 1; 0: off)."""
+    return os.environ.get("ALLOCD_PARTIAL_RECLAIM", "1") != "0"
+
+
 def start_spare_keeper(lib, device):
-    """The interposer's spares of `device` (a SpareKeeper), or None where the
-    interposer has none (an older build)."""
+    """The interposer's spares of `device` (a SpareKeeper), or None where it is
+    turned off or the interposer has none (an older build)."""
+    if not enabled():
+        return None
     functions = [getattr(lib, name, None) for name in (
         "allocd_interpose_keep_freed", "allocd_interpose_release_spares",
         "allocd_interpose_release_old_spares")]
