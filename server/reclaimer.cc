@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,22 +35,23 @@ uint64_t CachedBytes(const std::map<std::string, int64_t>& stats) {
   return static_cast<uint64_t>(cached);
 }
 
-// What a reclaim for `asker` should bring back: its shortfall, or what the
-// rest of its peak needs beyond what the pool has free, if more. A job
-// gathers its peak one segment at a time (a 60 GiB peak of 2 GiB tensors
-// asks 30 times), and a client that gives back only what it is asked and
-// keeps the rest mapped (a partial give-back: client/spare_segments.h)
-// would be asked once a segment, each a round trip. The working set the
-// asker last reported (its segments at its highest) says how far it grows.
-uint64_t Wanted(const Session& asker, const PoolStats& stats,
-                uint64_t available, uint64_t shortfall) {
+// What the rest of `asker`'s peak needs beyond what the pool has free
+// (`available`), by the working set it last reported (its segments at its
+// highest), when that says: nullopt when it reported none, or holds that
+// much already (it grows past it). A job gathers its peak one segment at a
+// time (a 60 GiB peak of 2 GiB tensors asks 30 times), and a client that
+// gives back only what it is asked and keeps the rest mapped (a partial
+// give-back: client/spare_segments.h) would otherwise be asked once a
+// segment, each a round trip.
+std::optional<uint64_t> RestOfPeak(const Session& asker,
+                                   const PoolStats& stats, uint64_t available) {
   uint64_t peak = 0;
   for (uint64_t bytes : asker.WorkingSet()) peak += bytes;
   const auto holding = stats.sessions.find(asker.id());
   const uint64_t held =
       holding == stats.sessions.end() ? 0 : holding->second.bytes;
-  if (peak <= held + available) return shortfall;
-  return std::max(shortfall, peak - held - available);
+  if (peak <= held) return std::nullopt;
+  return peak - held > available ? peak - held - available : 0;
 }
 
 // What `asked` hold now less than in `before`: what they gave back, which
@@ -144,9 +146,13 @@ void Reclaimer::Reclaim(const Session& except, NodePool& pool,
     others = CountOthers(except);
   }
   if (others.reclaimable < shortfall) return;
-  const uint64_t wanted =
-      std::min(others.reclaimable,
-               Wanted(except, before, pool.AvailableBytes(), shortfall));
+  // Where the asker's peak is not known, each cacher asked is asked for
+  // everything it caches (0): what it gives then covers the segments the
+  // asker asks for next as well.
+  const std::optional<uint64_t> rest =
+      RestOfPeak(except, before, pool.AvailableBytes());
+  const uint64_t wanted = std::min(others.reclaimable,
+                                   std::max(shortfall, rest.value_or(0)));
   size_t asked = 0;
   std::vector<SessionId> asked_ids;
   for (uint64_t short_by = wanted;
@@ -155,7 +161,7 @@ void Reclaimer::Reclaim(const Session& except, NodePool& pool,
     asked_ids.push_back(cacher.session->id());
     const uint64_t bytes = std::min(cacher.cached, short_by);
     v1::ControlMessage message;
-    message.mutable_reclaim()->set_bytes(bytes);
+    message.mutable_reclaim()->set_bytes(rest.has_value() ? bytes : 0);
     message.mutable_reclaim()->set_reason(absl::StrCat(
         "session ", except.id(), " needs memory and the node pool of device ",
         device, " is short by ", FormatSize(shortfall)));
@@ -179,7 +185,8 @@ void Reclaimer::Reclaim(const Session& except, NodePool& pool,
   LogInfo(absl::StrCat(
       "reclaim for session ", except.id(), " on device ", device, ": short by ",
       FormatSize(shortfall),
-      wanted > shortfall
+      !rest.has_value() ? " (its peak not known: asked for all they cache)"
+      : wanted > shortfall
           ? absl::StrCat(" (", FormatSize(wanted), " for the rest of its peak)")
           : "",
       ", asked ", asked, " of ", others.cachers.size(),

@@ -44,8 +44,10 @@ class Reclaimer {
   // short of the pool's capacity, or of the device's memory), or more:
   // what the rest of `except`'s peak needs beyond what `pool` has free,
   // by the working set it last reported (its peak, gathered one segment at
-  // a time, then costs one reclaim, not one a segment); then waits until
-  // the shortfall came back to `pool` (the device's) or the wait passes.
+  // a time, then costs one reclaim, not one a segment). Where that working
+  // set says nothing (none reported yet, or `except` holds it already),
+  // each session asked is asked for all it caches. Then waits until the
+  // shortfall came back to `pool` (the device's) or the wait passes.
   // Asks nobody when what the others cache cannot cover the shortfall.
   //
   // A session asked and not reporting since counts as caching nothing: its

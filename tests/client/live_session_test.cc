@@ -73,6 +73,21 @@ class LiveSessionTest : public ::testing::Test {
     return PollUntil(done, target_);
   }
 
+  // Waits until the daemon lists stats for session `id`: the telemetry
+  // report they came in (with its working set) was read.
+  void AwaitStatsRead(uint64_t id) {
+    for (int i = 0; i < 500; ++i) {
+      grpc::ClientContext context;
+      v1::ListSessionsResponse sessions;
+      ASSERT_TRUE(admin_->ListSessions(&context, {}, &sessions).ok());
+      for (const v1::SessionInfo& s : sessions.sessions()) {
+        if (s.session_id() == id && !s.stats().empty()) return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    FAIL() << "the daemon never listed session " << id << "'s stats";
+  }
+
   ScopedTempDir dir_{"allocd_live_session_"};
   std::string socket_;
   std::unique_ptr<harness::Child> daemon_;
@@ -182,6 +197,12 @@ TEST_F(LiveSessionTest, AReclaimReleasesWhatTheDaemonAsksAndKeepsTheRest) {
   absl::StatusOr<std::unique_ptr<DaemonClient>> needy =
       DaemonClient::Connect({.socket = socket_, .job = "needy"});
   ASSERT_TRUE(needy.ok()) << needy.status();
+  // Its peak known, and the pool's free memory all but 16 MiB of it: the
+  // daemon asks that much (not all the engine caches).
+  (*needy)->PublishWorkingSet({40 * kMiB});
+  (*needy)->PublishStats({{"reserved_bytes.all.current", 0}}, 0);
+  ASSERT_TRUE((*needy)->FlushTelemetry().ok());
+  ASSERT_NO_FATAL_FAILURE(AwaitStatsRead((*needy)->session_id()));
   absl::StatusOr<ReceivedChunks> got;
   std::thread acquire([&] { got = (*needy)->Acquire(40 * kMiB); });
   // Short by 16 MiB: the 20 MiB segment goes, the 12 and 30 stay.

@@ -35,6 +35,10 @@ std::vector<uint64_t> AskedOf(Session& session) {
   return asked;
 }
 
+// The asker reported a peak that the pool's free memory covers: each
+// session asked is asked for the shortfall, not for all it caches.
+void KnowPeakWithinFreeMemory(Session& asker) { asker.SetWorkingSet({2 * kMiB}); }
+
 // Only the other sessions of the asker's device that cache memory and are
 // not waiting in an acquire of their own are asked, each for at most the
 // shortfall; and nobody is asked when what they cache cannot cover it.
@@ -49,6 +53,7 @@ TEST(ReclaimerTest, AsksTheOtherCachersOfTheDeviceWhenTheyCanCoverIt) {
       {"allocated_bytes.all.current", 2 * kMiB}};
   std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
   asker->SetStats(caching_8_mib);
+  KnowPeakWithinFreeMemory(*asker);
   std::shared_ptr<Session> cacher = sessions.Create({.node_device = 0});
   cacher->SetStats(caching_8_mib);
   std::shared_ptr<Session> other_gpu = sessions.Create({.node_device = 1});
@@ -89,6 +94,7 @@ TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
   MemfdChunkSource source;
   NodePool pool(&source, kGiB);
   std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  KnowPeakWithinFreeMemory(*asker);
   std::shared_ptr<Session> small = sessions.Create({.node_device = 0});
   small->SetStats(Caching(1 * kGiB));
   std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
@@ -153,6 +159,33 @@ TEST(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
   EXPECT_TRUE(AskedOf(*middle).empty());
 }
 
+// An asker whose peak is not known (no working set reported yet, or it
+// holds that much already: it grows past it) may ask again for each
+// segment it gathers: each session asked is asked for all it caches.
+TEST(ReclaimerTest, WhereTheAskersPeakIsNotKnownTheAskedGiveAllTheyCache) {
+  SessionRegistry sessions;
+  Metrics metrics;
+  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
+  MemfdChunkSource source;
+  NodePool pool(&source, uint64_t{1} << 30);
+  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
+  large->SetStats(Caching(8 * kMiB));
+  std::shared_ptr<Session> small = sessions.Create({.node_device = 0});
+  small->SetStats(Caching(4 * kMiB));
+  reclaimer.Reclaim(*asker, pool, 10 * kMiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{0});
+  EXPECT_EQ(AskedOf(*small), std::vector<uint64_t>{0});
+
+  // Its reported peak held already.
+  ASSERT_TRUE(pool.AddSession(asker->id(), 0, 1, "node").ok());
+  ASSERT_TRUE(pool.Acquire(asker->id(), 4 * kMiB).ok());
+  asker->SetWorkingSet({4 * kMiB});
+  large->SetStats(Caching(8 * kMiB));
+  reclaimer.Reclaim(*asker, pool, 2 * kMiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{0});
+}
+
 // Of caches alike, the oldest session's is asked.
 TEST(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
   SessionRegistry sessions;
@@ -161,6 +194,7 @@ TEST(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
   MemfdChunkSource source;
   NodePool pool(&source, uint64_t{1} << 30);
   std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+  KnowPeakWithinFreeMemory(*asker);
   std::vector<std::shared_ptr<Session>> alike;
   for (int i = 0; i < 4; ++i) {
     alike.push_back(sessions.Create({.node_device = 0}));
@@ -197,6 +231,12 @@ TEST(DaemonCoreReclaimTest, AFullDeviceAsksOtherSessionsCachesBack) {
   (*report.mutable_stats())["reserved_bytes.all.current"] = 12 * kMiB;
   (*report.mutable_stats())["allocated_bytes.all.current"] = 0;
   ASSERT_TRUE(core.Telemetry(peer, report).ok());
+  // The needy job's peak is known (KnowPeakWithinFreeMemory).
+  v1::TelemetryReport peak;
+  peak.set_session_id(needy->session_id());
+  peak.set_session_secret(needy->session_secret());
+  peak.mutable_working_set()->add_segment_bytes(8 * kMiB);
+  ASSERT_TRUE(core.Telemetry(peer, peak).ok());
 
   // The cacher answers the reclaim as its allocator would: empty_cache.
   absl::StatusOr<std::shared_ptr<Session>> watched =
