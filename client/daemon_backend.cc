@@ -412,12 +412,14 @@ void DaemonBackend::CountSegment(uint64_t address, size_t bytes) {
 }
 
 void DaemonBackend::FreeSegment(uint64_t address, size_t bytes) {
+  bool shared = false;
   if (auto it = segments_.find(address); it != segments_.end()) {
     sizes_by_order_.erase(it->second.order);
     segment_bytes_ -= it->second.bytes;
+    shared = it->second.shared;
     segments_.erase(it);
   }
-  if (keep_freed_ && ranges_.count(address) != 0) {
+  if (keep_freed_ && !shared && ranges_.count(address) != 0) {
     spares_.Add({.address = address,
                  .bytes = bytes,
                  .origin = SpareSegments::Origin::kKept,
@@ -498,6 +500,7 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
       !s.ok()) {
     return s;
   }
+  segment->second.shared = true;
   std::vector<uint64_t> ids;
   uint64_t epoch = 0;
   for (auto it = chunks_.lower_bound(address);

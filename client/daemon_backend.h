@@ -139,7 +139,7 @@ class DaemonBackend : public DeviceBackend {
 
   // A reclaim's partial give-back (SpareSegments says why). While `on`, a
   // segment that FreeSegment frees stays mapped as a spare instead of going
-  // back, without the device synchronisation of an unmap (PyTorch's
+  // back (one ShareSegment shared goes back all the same), without the device synchronisation of an unmap (PyTorch's
   // empty_cache() synchronises before it frees). The caller then gives
   // back what the reclaim asked for with ReleaseSpares; the next
   // AllocateSegment of a kept size takes one at the cost of a lookup. Off
@@ -249,10 +249,13 @@ class DaemonBackend : public DeviceBackend {
   const uint64_t total_;
   std::map<uint64_t, MappedChunk> chunks_;  // by address
   std::map<uint64_t, size_t> ranges_;       // reservations, by address
-  // AllocateSegment's, by address: its bytes and when it was asked for.
+  // AllocateSegment's, by address: its bytes, when it was asked for, and
+  // whether ShareSegment shared it (another process may map it still: it is
+  // never kept as a spare for this one's next request).
   struct Segment {
     size_t bytes;
     uint64_t order;
+    bool shared = false;
   };
   std::map<uint64_t, Segment> segments_;
   // The live segments' sizes by the order they were asked for, their

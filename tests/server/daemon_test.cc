@@ -982,6 +982,16 @@ TEST_F(DaemonTest, AReclaimGivesBackTheLargestFreedSegmentsAndKeepsTheRestMapped
   EXPECT_EQ(backend.held_bytes(), 0u);
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), 0u);
+
+  // A segment shared with another process (which may map it still) is
+  // never kept for this one's next request.
+  const uint64_t shared = backend.AllocateSegment(2 * kChunk).value();
+  ASSERT_TRUE(backend.ShareSegment(shared).ok());
+  backend.KeepFreedSegments(true);
+  backend.FreeSegment(shared, 2 * kChunk);
+  backend.KeepFreedSegments(false);
+  EXPECT_EQ(backend.spare_bytes(), 0u);
+  EXPECT_EQ(backend.held_bytes(), 0u);
 }
 
 // Spares of other sizes are the job's own cache: a segment the pool has no

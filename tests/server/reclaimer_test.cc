@@ -24,6 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 // The reclaim messages `session` was sent, by the bytes each asks.
 std::vector<uint64_t> AskedOf(Session& session) {
@@ -35,80 +36,80 @@ std::vector<uint64_t> AskedOf(Session& session) {
   return asked;
 }
 
-// The asker reported a peak that the pool's free memory covers: each
-// session asked is asked for the shortfall, not for all it caches.
-void KnowPeakWithinFreeMemory(Session& asker) { asker.SetWorkingSet({2 * kMiB}); }
-
-// Only the other sessions of the asker's device that cache memory and are
-// not waiting in an acquire of their own are asked, each for at most the
-// shortfall; and nobody is asked when what they cache cannot cover it.
-TEST(ReclaimerTest, AsksTheOtherCachersOfTheDeviceWhenTheyCanCoverIt) {
-  SessionRegistry sessions;
-  Metrics metrics;
-  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(50));
-  MemfdChunkSource source;
-  NodePool pool(&source, uint64_t{1} << 30);
-  const std::map<std::string, int64_t> caching_8_mib = {
-      {"reserved_bytes.all.current", 10 * kMiB},
-      {"allocated_bytes.all.current", 2 * kMiB}};
-  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
-  asker->SetStats(caching_8_mib);
-  KnowPeakWithinFreeMemory(*asker);
-  std::shared_ptr<Session> cacher = sessions.Create({.node_device = 0});
-  cacher->SetStats(caching_8_mib);
-  std::shared_ptr<Session> other_gpu = sessions.Create({.node_device = 1});
-  other_gpu->SetStats(caching_8_mib);
-  std::shared_ptr<Session> acquiring = sessions.Create({.node_device = 0});
-  acquiring->SetStats(caching_8_mib);
-  acquiring->BeginAcquire();
-
-  reclaimer.Reclaim(*asker, pool, 16 * kMiB);
-  EXPECT_TRUE(AskedOf(*cacher).empty());
-  EXPECT_THAT(metrics.Render(),
-              HasSubstr("allocd_reclaim_requests_total 0"));
-
-  reclaimer.Reclaim(*asker, pool, 4 * kMiB);
-  EXPECT_EQ(AskedOf(*cacher), std::vector<uint64_t>{4 * kMiB});
-  EXPECT_TRUE(AskedOf(*asker).empty());
-  EXPECT_TRUE(AskedOf(*other_gpu).empty());
-  EXPECT_TRUE(AskedOf(*acquiring).empty());
-  EXPECT_THAT(metrics.Render(),
-              HasSubstr("allocd_reclaim_requests_total 1"));
-}
-
 // What an allocator caching `bytes` reports.
 std::map<std::string, int64_t> Caching(uint64_t bytes) {
   return {{"reserved_bytes.all.current", static_cast<int64_t>(bytes) + 1},
           {"allocated_bytes.all.current", 1}};
 }
 
+// A reclaimer over a 1 GiB pool of device 0, and its sessions.
+class ReclaimerTest : public ::testing::Test {
+ protected:
+  // A new session of `device` whose allocator caches `bytes` (none: no
+  // telemetry yet).
+  std::shared_ptr<Session> Cacher(std::optional<uint64_t> bytes, int device = 0) {
+    std::shared_ptr<Session> s = sessions_.Create({.node_device = device});
+    if (bytes.has_value()) s->SetStats(Caching(*bytes));
+    return s;
+  }
+  // A new session of device 0 that reported a peak the pool's free memory
+  // covers: each session asked for it is asked for the shortfall, not for
+  // all it caches.
+  std::shared_ptr<Session> AskerOfKnownPeak() {
+    std::shared_ptr<Session> asker = Cacher(std::nullopt);
+    asker->SetWorkingSet({2 * kMiB});
+    return asker;
+  }
+
+  SessionRegistry sessions_;
+  Metrics metrics_;
+  Reclaimer reclaimer_{&sessions_, &metrics_, absl::Milliseconds(20)};
+  MemfdChunkSource source_;
+  NodePool pool_{&source_, kGiB};
+};
+
+// Only the other sessions of the asker's device that cache memory and are
+// not waiting in an acquire of their own are asked, each for at most the
+// shortfall; and nobody is asked when what they cache cannot cover it.
+TEST_F(ReclaimerTest, AsksTheOtherCachersOfTheDeviceWhenTheyCanCoverIt) {
+  std::shared_ptr<Session> asker = AskerOfKnownPeak();
+  asker->SetStats(Caching(8 * kMiB));
+  std::shared_ptr<Session> cacher = Cacher(8 * kMiB);
+  std::shared_ptr<Session> other_gpu = Cacher(8 * kMiB, /*device=*/1);
+  std::shared_ptr<Session> acquiring = Cacher(8 * kMiB);
+  acquiring->BeginAcquire();
+
+  reclaimer_.Reclaim(*asker, pool_, 16 * kMiB);
+  EXPECT_TRUE(AskedOf(*cacher).empty());
+  EXPECT_THAT(metrics_.Render(),
+              HasSubstr("allocd_reclaim_requests_total 0"));
+
+  reclaimer_.Reclaim(*asker, pool_, 4 * kMiB);
+  EXPECT_EQ(AskedOf(*cacher), std::vector<uint64_t>{4 * kMiB});
+  EXPECT_TRUE(AskedOf(*asker).empty());
+  EXPECT_TRUE(AskedOf(*other_gpu).empty());
+  EXPECT_TRUE(AskedOf(*acquiring).empty());
+  EXPECT_THAT(metrics_.Render(),
+              HasSubstr("allocd_reclaim_requests_total 1"));
+}
+
 // Only whom it takes is asked: the largest caches first, each for what is
 // still short. A session asked that has not reported since counts as
 // caching nothing, so the next reclaim (the job's allocator retrying its
 // acquire) asks the next caches.
-TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
-  constexpr uint64_t kGiB = uint64_t{1} << 30;
-  SessionRegistry sessions;
-  Metrics metrics;
-  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
-  MemfdChunkSource source;
-  NodePool pool(&source, kGiB);
-  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
-  KnowPeakWithinFreeMemory(*asker);
-  std::shared_ptr<Session> small = sessions.Create({.node_device = 0});
-  small->SetStats(Caching(1 * kGiB));
-  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
-  large->SetStats(Caching(10 * kGiB));
-  std::shared_ptr<Session> middle = sessions.Create({.node_device = 0});
-  middle->SetStats(Caching(4 * kGiB));
+TEST_F(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
+  std::shared_ptr<Session> asker = AskerOfKnownPeak();
+  std::shared_ptr<Session> small = Cacher(1 * kGiB);
+  std::shared_ptr<Session> large = Cacher(10 * kGiB);
+  std::shared_ptr<Session> middle = Cacher(4 * kGiB);
 
-  reclaimer.Reclaim(*asker, pool, 3 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 3 * kGiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{3 * kGiB});
   EXPECT_TRUE(AskedOf(*middle).empty());
   EXPECT_TRUE(AskedOf(*small).empty());
 
   // Nothing came back and the large one has not reported since: the next.
-  reclaimer.Reclaim(*asker, pool, 3 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 3 * kGiB);
   EXPECT_TRUE(AskedOf(*large).empty());
   EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{3 * kGiB});
   EXPECT_TRUE(AskedOf(*small).empty());
@@ -116,7 +117,7 @@ TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
   // Both report what they cache still.
   large->SetStats(Caching(10 * kGiB));
   middle->SetStats(Caching(4 * kGiB));
-  reclaimer.Reclaim(*asker, pool, 12 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 12 * kGiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{10 * kGiB});
   EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{2 * kGiB});
   EXPECT_TRUE(AskedOf(*small).empty());
@@ -125,28 +126,20 @@ TEST(ReclaimerTest, AsksTheLargestCachesFirstAndOnlyAsManyAsItTakes) {
 // A job gathering its peak one segment at a time is short once a segment:
 // its last reported working set says how far it grows, and the others are
 // asked for the rest of its peak beyond what the pool has free at once.
-TEST(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
-  constexpr uint64_t kGiB = uint64_t{1} << 30;
-  SessionRegistry sessions;
-  Metrics metrics;
-  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
-  MemfdChunkSource source;
-  NodePool pool(&source, kGiB);  // 1 GiB free
-  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
+TEST_F(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
+  std::shared_ptr<Session> asker = Cacher(std::nullopt);
   asker->SetWorkingSet(std::vector<uint64_t>(6, 2 * kGiB));  // a 12 GiB peak
-  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
-  large->SetStats(Caching(10 * kGiB));
-  std::shared_ptr<Session> middle = sessions.Create({.node_device = 0});
-  middle->SetStats(Caching(4 * kGiB));
+  std::shared_ptr<Session> large = Cacher(10 * kGiB);
+  std::shared_ptr<Session> middle = Cacher(4 * kGiB);
 
-  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 2 * kGiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{10 * kGiB});
   EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{1 * kGiB});
 
   // Never more than the others cache.
   large->SetStats(Caching(3 * kGiB));
   middle->SetStats(Caching(4 * kGiB));
-  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 2 * kGiB);
   EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{4 * kGiB});
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{3 * kGiB});
 
@@ -154,7 +147,7 @@ TEST(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
   asker->SetWorkingSet({kGiB / 2});
   large->SetStats(Caching(10 * kGiB));
   middle->SetStats(Caching(4 * kGiB));
-  reclaimer.Reclaim(*asker, pool, 2 * kGiB);
+  reclaimer_.Reclaim(*asker, pool_, 2 * kGiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{2 * kGiB});
   EXPECT_TRUE(AskedOf(*middle).empty());
 }
@@ -162,45 +155,31 @@ TEST(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
 // An asker whose peak is not known (no working set reported yet, or it
 // holds that much already: it grows past it) may ask again for each
 // segment it gathers: each session asked is asked for all it caches.
-TEST(ReclaimerTest, WhereTheAskersPeakIsNotKnownTheAskedGiveAllTheyCache) {
-  SessionRegistry sessions;
-  Metrics metrics;
-  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
-  MemfdChunkSource source;
-  NodePool pool(&source, uint64_t{1} << 30);
-  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
-  std::shared_ptr<Session> large = sessions.Create({.node_device = 0});
-  large->SetStats(Caching(8 * kMiB));
-  std::shared_ptr<Session> small = sessions.Create({.node_device = 0});
-  small->SetStats(Caching(4 * kMiB));
-  reclaimer.Reclaim(*asker, pool, 10 * kMiB);
+TEST_F(ReclaimerTest, WhereTheAskersPeakIsNotKnownTheAskedGiveAllTheyCache) {
+  std::shared_ptr<Session> asker = Cacher(std::nullopt);
+  std::shared_ptr<Session> large = Cacher(8 * kMiB);
+  std::shared_ptr<Session> small = Cacher(4 * kMiB);
+  reclaimer_.Reclaim(*asker, pool_, 10 * kMiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{0});
   EXPECT_EQ(AskedOf(*small), std::vector<uint64_t>{0});
 
   // Its reported peak held already.
-  ASSERT_TRUE(pool.AddSession(asker->id(), 0, 1, "node").ok());
-  ASSERT_TRUE(pool.Acquire(asker->id(), 4 * kMiB).ok());
+  ASSERT_TRUE(pool_.AddSession(asker->id(), 0, 1, "node").ok());
+  ASSERT_TRUE(pool_.Acquire(asker->id(), 4 * kMiB).ok());
   asker->SetWorkingSet({4 * kMiB});
   large->SetStats(Caching(8 * kMiB));
-  reclaimer.Reclaim(*asker, pool, 2 * kMiB);
+  reclaimer_.Reclaim(*asker, pool_, 2 * kMiB);
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{0});
 }
 
 // Of caches alike, the oldest session's is asked.
-TEST(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
-  SessionRegistry sessions;
-  Metrics metrics;
-  Reclaimer reclaimer(&sessions, &metrics, absl::Milliseconds(20));
-  MemfdChunkSource source;
-  NodePool pool(&source, uint64_t{1} << 30);
-  std::shared_ptr<Session> asker = sessions.Create({.node_device = 0});
-  KnowPeakWithinFreeMemory(*asker);
+TEST_F(ReclaimerTest, OfEqualCachesTheOldestSessionIsAsked) {
+  std::shared_ptr<Session> asker = AskerOfKnownPeak();
   std::vector<std::shared_ptr<Session>> alike;
   for (int i = 0; i < 4; ++i) {
-    alike.push_back(sessions.Create({.node_device = 0}));
-    alike.back()->SetStats(Caching(8 * kMiB));
+    alike.push_back(Cacher(8 * kMiB));
   }
-  reclaimer.Reclaim(*asker, pool, 4 * kMiB);
+  reclaimer_.Reclaim(*asker, pool_, 4 * kMiB);
   EXPECT_EQ(AskedOf(*alike[0]), std::vector<uint64_t>{4 * kMiB});
   for (int i = 1; i < 4; ++i) EXPECT_TRUE(AskedOf(*alike[i]).empty()) << i;
 }
