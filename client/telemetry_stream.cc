@@ -46,10 +46,8 @@ void TelemetryStream::PublishStats(std::map<std::string, int64_t> stats,
   absl::MutexLock lock(&mu_);
   stats_.clear_stats();
   for (auto& [k, v] : stats) (*stats_.mutable_stats())[k] = v;
-  if (reads_ahead_ || unused_bytes_[static_cast<size_t>(Unused::kHandedOver)] != 0 ||
-      unused_bytes_[static_cast<size_t>(Unused::kSpare)] != 0) {
-    WriteAheadBytes();
-  }
+  // Without reading ahead, only while something else holds unused memory.
+  if (reads_ahead_ || UnusedTotal() != 0) WriteAheadBytes();
   stats_.set_config_version(config_version);
   ++stats_published_;
 }
@@ -110,9 +108,12 @@ void TelemetryStream::PublishAheadBytes() {
   flush_ = true;
 }
 
+int64_t TelemetryStream::UnusedTotal() const {
+  return std::accumulate(unused_bytes_.begin(), unused_bytes_.end(), int64_t{0});
+}
+
 void TelemetryStream::WriteAheadBytes() {
-  (*stats_.mutable_stats())[kReadAheadStat] =
-      std::accumulate(unused_bytes_.begin(), unused_bytes_.end(), int64_t{0});
+  (*stats_.mutable_stats())[kReadAheadStat] = UnusedTotal();
 }
 
 bool TelemetryStream::Send(grpc::ClientWriter<v1::TelemetryReport>& writer,

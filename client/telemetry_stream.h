@@ -90,6 +90,8 @@ class TelemetryStream {
             const Connection& c, v1::TelemetryReport* stats,
             std::vector<RecordedBatch>& batches);
   void PublishAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What every holder of SetUnusedBytes holds.
+  int64_t UnusedTotal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Into the stats to send, as one stat (kReadAheadStat).
   void WriteAheadBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

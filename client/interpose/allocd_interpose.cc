@@ -472,53 +472,60 @@ class Interposer {
     return 0;
   }
 
-  // allocd_interpose_prewarm_map: under mu_, as a cudaMalloc's mapping.
-  int MapPrewarmed(int device, uint64_t bytes) {
+  // The exports below that map, unmap or keep segments (the pre-warm's and
+  // the spares'): `call(session)` for `device`'s daemon session under mu_,
+  // as a cudaMalloc's or cudaFree's; -1 when no session serves `device`.
+  template <typename Call>
+  int64_t UnderLockFor(int device, Call call) {
     DeviceSession* session = SessionFor(device);
     if (session == nullptr) return -1;
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<bool> mapped = session->backend->MapPrewarmed(
-        RoundUp(bytes, session->client->chunk_bytes()));
-    if (!mapped.ok()) {
-      Log("pre-warm of %llu bytes: mapping it failed: %s",
-          static_cast<unsigned long long>(bytes),
-          std::string(mapped.status().message()).c_str());
-      return 3;
-    }
-    return *mapped ? 0 : 2;
+    return call(*session);
+  }
+
+  // allocd_interpose_prewarm_map.
+  int64_t MapPrewarmed(int device, uint64_t bytes) {
+    return UnderLockFor(device, [&](DeviceSession& session) -> int64_t {
+      absl::StatusOr<bool> mapped = session.backend->MapPrewarmed(
+          RoundUp(bytes, session.client->chunk_bytes()));
+      if (!mapped.ok()) {
+        Log("pre-warm of %llu bytes: mapping it failed: %s",
+            static_cast<unsigned long long>(bytes),
+            std::string(mapped.status().message()).c_str());
+        return 3;
+      }
+      return *mapped ? 0 : 2;
+    });
   }
 
   // allocd_interpose_prewarm_unused.
-  int FreeUnusedPrewarmed(int device) {
-    DeviceSession* session = SessionFor(device);
-    if (session == nullptr) return -1;
-    absl::MutexLock lock(&mu_);
-    return static_cast<int>(session->backend->FreeUnusedPrewarmed());
+  int64_t FreeUnusedPrewarmed(int device) {
+    return UnderLockFor(device, [](DeviceSession& session) {
+      return static_cast<int64_t>(session.backend->FreeUnusedPrewarmed());
+    });
   }
 
   // allocd_interpose_keep_freed.
-  int KeepFreed(int device, bool on) {
-    DeviceSession* session = SessionFor(device);
-    if (session == nullptr) return -1;
-    absl::MutexLock lock(&mu_);
-    session->backend->KeepFreedSegments(on);
-    return 0;
+  int64_t KeepFreed(int device, bool on) {
+    return UnderLockFor(device, [on](DeviceSession& session) -> int64_t {
+      session.backend->KeepFreedSegments(on);
+      return 0;
+    });
   }
 
-  // allocd_interpose_release_spares and allocd_interpose_release_old_spares:
-  // under mu_, as a cudaFree's unmapping.
+  // allocd_interpose_release_spares.
   int64_t ReleaseSpares(int device, uint64_t bytes) {
-    DeviceSession* session = SessionFor(device);
-    if (session == nullptr) return -1;
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(session->backend->ReleaseSpares(bytes));
+    return UnderLockFor(device, [bytes](DeviceSession& session) {
+      return static_cast<int64_t>(session.backend->ReleaseSpares(bytes));
+    });
   }
+
+  // allocd_interpose_release_old_spares.
   int64_t ReleaseOldSpares(int device, uint32_t keep_ms) {
-    DeviceSession* session = SessionFor(device);
-    if (session == nullptr) return -1;
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(session->backend->ReleaseSparesOlderThan(
-        absl::Milliseconds(keep_ms)));
+    return UnderLockFor(device, [keep_ms](DeviceSession& session) {
+      return static_cast<int64_t>(session.backend->ReleaseSparesOlderThan(
+          absl::Milliseconds(keep_ms)));
+    });
   }
 
   allocd_client* ControlHandle(int device) {
@@ -748,13 +755,13 @@ ALLOCD_EXPORT int allocd_interpose_prewarm(int device, uint64_t bytes) {
 // it); 2: the cudaMalloc it foresaw took the grant meanwhile; 3: mapping
 // failed (the grant went back); -1: no daemon session serves `device`.
 ALLOCD_EXPORT int allocd_interpose_prewarm_map(int device, uint64_t bytes) {
-  return Interposer::Get().MapPrewarmed(device, bytes);
+  return static_cast<int>(Interposer::Get().MapPrewarmed(device, bytes));
 }
 
 // Gives back what allocd_interpose_prewarm_map mapped on `device` that no
 // cudaMalloc took; how many segments (-1: no daemon session serves it).
 ALLOCD_EXPORT int allocd_interpose_prewarm_unused(int device) {
-  return Interposer::Get().FreeUnusedPrewarmed(device);
+  return static_cast<int>(Interposer::Get().FreeUnusedPrewarmed(device));
 }
 
 // A reclaim's partial give-back (client/spare_segments.h). While `on` is
@@ -764,7 +771,7 @@ ALLOCD_EXPORT int allocd_interpose_prewarm_unused(int device) {
 // reclaim asked for with allocd_interpose_release_spares. 0, or -1 when no
 // daemon session serves `device`.
 ALLOCD_EXPORT int allocd_interpose_keep_freed(int device, int on) {
-  return Interposer::Get().KeepFreed(device, on != 0);
+  return static_cast<int>(Interposer::Get().KeepFreed(device, on != 0));
 }
 
 // Gives back spare segments of `device` (kept, or pre-warmed and not

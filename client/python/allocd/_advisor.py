@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 
-from ._bindings import AllocdUnavailable, Target, load_client
+from ._bindings import AllocdUnavailable, Target, load_client, typed_functions
 from ._event_stream import EventStream, event_reader, start_state
 from ._features import FeatureHooks
 from ._history import HistoryReader
@@ -107,14 +107,14 @@ def start_prewarmer(lib, torch, device, events, holds=None):
     whether a pre-warmed peak came."""
     if not prewarm_enabled():
         return "off ($ALLOCD_PREWARM=0)"
-    functions = [getattr(lib, f"allocd_interpose_prewarm{suffix}", None)
-                 for suffix in ("", "_map", "_unused")]
-    if None in functions:
+    sized = (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64])
+    functions = typed_functions(lib, {"allocd_interpose_prewarm": sized,
+                                      "allocd_interpose_prewarm_map": sized,
+                                      "allocd_interpose_prewarm_unused":
+                                          (ctypes.c_int, [ctypes.c_int])})
+    if functions is None:
         return "off (the interposer has no allocd_interpose_prewarm_map: an older build)"
     prewarm, map_segment, unused = functions
-    for function in (prewarm, map_segment):
-        function.restype, function.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_uint64]
-    unused.restype, unused.argtypes = ctypes.c_int, [ctypes.c_int]
     if events is None:
         return "off (no allocation stream: record_events=False)"
     try:

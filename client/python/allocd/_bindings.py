@@ -41,6 +41,17 @@ def load(path, signatures, mode=ctypes.DEFAULT_MODE):
     return lib
 
 
+def typed_functions(lib, signatures):
+    """`lib`'s functions named in `signatures` ({name: (restype, argtypes)}),
+    typed, in its order; None when `lib` lacks one (an older build)."""
+    functions = [getattr(lib, name, None) for name in signatures]
+    if None in functions:
+        return None
+    for function, (restype, argtypes) in zip(functions, signatures.values()):
+        function.restype, function.argtypes = restype, argtypes
+    return functions
+
+
 def default_socket():
     """Where the daemon serves clients unless told otherwise: the client
     library's constant. AllocdUnavailable when the library is missing."""

@@ -24,6 +24,8 @@ CUDA graph capture holds: none lands inside a capture.
 import ctypes
 import os
 
+from ._bindings import typed_functions
+
 
 class SpareKeeper:
     """The interposer's spares of `device`, driven from the advisor's rounds.
@@ -51,20 +53,21 @@ class SpareKeeper:
             empty_cache()
         finally:
             self._keep_freed(0)
-        given = max(self._release(bytes_asked), 0)
         self.partial_releases += 1
-        self.bytes_given += given
-        return given
+        return self._count(self._release(bytes_asked))
 
     def release_all(self):
         """Gives back every spare: the bytes given."""
-        given = max(self._release(0), 0)
-        self.bytes_given += given
-        return given
+        return self._count(self._release(0))
 
     def release_old(self):
         """Gives back the spares older than KEEP_S: the bytes given."""
-        given = max(self._release_old(self._keep_ms), 0)
+        return self._count(self._release_old(self._keep_ms))
+
+    def _count(self, answer):
+        """The bytes an interposer's answer gave (-1: no session serves the
+        device, nothing given), counted."""
+        given = max(answer, 0)
         self.bytes_given += given
         return given
 
@@ -84,14 +87,13 @@ def start_spare_keeper(lib, device):
     turned off or the interposer has none (an older build)."""
     if not enabled():
         return None
-    functions = [getattr(lib, name, None) for name in (
-        "allocd_interpose_keep_freed", "allocd_interpose_release_spares",
-        "allocd_interpose_release_old_spares")]
-    if None in functions:
+    functions = typed_functions(lib, {
+        "allocd_interpose_keep_freed": (ctypes.c_int, [ctypes.c_int, ctypes.c_int]),
+        "allocd_interpose_release_spares": (ctypes.c_int64, [ctypes.c_int, ctypes.c_uint64]),
+        "allocd_interpose_release_old_spares": (ctypes.c_int64,
+                                                [ctypes.c_int, ctypes.c_uint32])})
+    if functions is None:
         return None
     keep_freed, release, release_old = functions
-    keep_freed.restype, keep_freed.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_int]
-    release.restype, release.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_uint64]
-    release_old.restype, release_old.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_uint32]
     return SpareKeeper(lambda on: keep_freed(device, on), lambda n: release(device, n),
                        lambda ms: release_old(device, ms))
