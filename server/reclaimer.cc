@@ -42,15 +42,19 @@ uint64_t CachedBytes(const std::map<std::string, int64_t>& stats) {
 // time (a 60 GiB peak of 2 GiB tensors asks 30 times), and a client that
 // gives back only what it is asked and keeps the rest mapped (a partial
 // give-back: client/spare_segments.h) would otherwise be asked once a
-// segment, each a round trip.
+// segment, each a round trip. The working set is the asker's word: no
+// more is asked for than its session quota lets it hold.
 std::optional<uint64_t> RestOfPeak(const Session& asker,
                                    const PoolStats& stats, uint64_t available) {
   uint64_t peak = 0;
   for (uint64_t bytes : asker.WorkingSet()) peak += bytes;
   const auto holding = stats.sessions.find(asker.id());
-  const uint64_t held =
-      holding == stats.sessions.end() ? 0 : holding->second.bytes;
+  const bool known = holding != stats.sessions.end();
+  const uint64_t held = known ? holding->second.bytes : 0;
   if (peak <= held) return std::nullopt;
+  if (known && holding->second.quota.has_value()) {
+    peak = std::min(peak, std::max(*holding->second.quota, held));
+  }
   return peak - held > available ? peak - held - available : 0;
 }
 

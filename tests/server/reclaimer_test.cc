@@ -143,6 +143,16 @@ TEST_F(ReclaimerTest, AnAskerGatheringItsPeakIsGivenTheRestOfItInOneReclaim) {
   EXPECT_EQ(AskedOf(*middle), std::vector<uint64_t>{4 * kGiB});
   EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{3 * kGiB});
 
+  // A peak past its session quota: the others are asked for no more than
+  // the quota lets it hold (a working set is the asker's word).
+  ASSERT_TRUE(pool_.AddSession(asker->id(), 0, 1, "node").ok());
+  ASSERT_TRUE(pool_.SetSessionQuota(asker->id(), 5 * kGiB));
+  large->SetStats(Caching(10 * kGiB));
+  middle->SetStats(Caching(4 * kGiB));
+  reclaimer_.Reclaim(*asker, pool_, 2 * kGiB);
+  EXPECT_EQ(AskedOf(*large), std::vector<uint64_t>{4 * kGiB});  // 5 - 1 free
+  EXPECT_TRUE(AskedOf(*middle).empty());
+
   // A peak the pool's free memory covers: only the shortfall.
   asker->SetWorkingSet({kGiB / 2});
   large->SetStats(Caching(10 * kGiB));
