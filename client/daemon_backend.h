@@ -139,8 +139,9 @@ class DaemonBackend : public DeviceBackend {
 
   // A reclaim's partial give-back (SpareSegments says why). While `on`, a
   // segment that FreeSegment frees stays mapped as a spare instead of going
-  // back (one ShareSegment shared goes back all the same), without the device synchronisation of an unmap (PyTorch's
-  // empty_cache() synchronises before it frees). The caller then gives
+  // back (one ShareSegment shared goes back all the same), without the
+  // device synchronisation of an unmap (PyTorch's empty_cache()
+  // synchronises before it frees). The caller then gives
   // back what the reclaim asked for with ReleaseSpares; the next
   // AllocateSegment of a kept size takes one at the cost of a lookup. Off
   // by default.

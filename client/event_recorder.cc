@@ -20,13 +20,7 @@ std::vector<RecordedEvent> EventRecorder::FreshBuffer() const {
 
 void EventRecorder::Record(TraceOp op, uint64_t stream, uint64_t id,
                            uint64_t size) {
-  bool half_full;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!Append(op, stream, id, size)) return;
-    half_full = buffer_.size() == capacity_ / 2;
-  }
-  if (half_full && half_full_) half_full_();
+  (void)RecordMany(&op, &stream, &id, &size, 1);
 }
 
 size_t EventRecorder::RecordMany(const TraceOp* ops, const uint64_t* streams,
