@@ -3,7 +3,7 @@ pattern into its tensors, job B allocates the same amount and counts how many
 of its bytes still hold A's pattern. Run under `allocd run` (transparent
 mode), A and B as different uids (bench/gpu/tenancy_validation.sh):
 
-    python remanence_job.py writer --gib N [--end exit|release|share]
+    python remanence_job.py writer --gib N [--end exit|release|cache|share]
                             [--ready FILE] [--share-file FILE] [--json OUT]
     python remanence_job.py reader --gib N [--share-file FILE] [--json OUT]
 
@@ -11,6 +11,10 @@ writer: N GiB as 2 GiB uint8 tensors filled with 0xA5, synchronized, then
   exit     leaves at once (the daemon ends its session: kill -9's path too);
   release  frees them back to the daemon (empty_cache) and stays alive
            until killed: a releaser that lives on;
+  cache    frees them into PyTorch's cache and stays alive until killed:
+           the reader, asking for more than the pool has free, makes the
+           daemon reclaim A's idle cache (the partial give-back's path:
+           the freed segments kept mapped as spares, then given back);
   share    keeps them and writes a CUDA IPC handle of the first one
            (torch.multiprocessing's reduction, pickled) to --share-file,
            then stays alive until killed.
@@ -29,9 +33,10 @@ import sys
 import time
 
 PATTERN = 0xA5
-# 2 GiB pieces; counted with count_nonzero (a bool mask of the piece and
-# no wider: .sum() would widen the mask to int64, 8x the piece).
+# 2 GiB pieces, counted a slice at a time: count_nonzero of a whole piece
+# took a 16 GiB int64 temporary (PyTorch 2.11), past a small pool's room.
 PIECE = 2 << 30
+COUNT_SLICE = 64 << 20
 
 
 def writer(a):
@@ -41,12 +46,14 @@ def writer(a):
         t = torch.empty(PIECE, dtype=torch.uint8, device="cuda")
         t.fill_(PATTERN)
         pieces.append(t)
+    del t  # the list holds them all: freeing it frees every piece
     torch.cuda.synchronize()
     result = {"role": "writer", "end": a.end, "gib": a.gib,
               "reserved": torch.cuda.memory_reserved()}
-    if a.end == "release":
+    if a.end in ("release", "cache"):
         del pieces
-        torch.cuda.empty_cache()
+        if a.end == "release":
+            torch.cuda.empty_cache()
         result["reserved_after_release"] = torch.cuda.memory_reserved()
     elif a.end == "share":
         from torch.multiprocessing.reductions import reduce_tensor
@@ -58,7 +65,24 @@ def writer(a):
         open(a.ready, "w").close()
     if a.end == "exit":
         os._exit(0)  # no teardown: as a crash or kill -9 leaves it
+    if a.end == "cache":
+        # SIGUSR1 once the reader is done: what the reclaim left this job.
+        signal.signal(signal.SIGUSR1, lambda *_: None)
+        signal.pause()
+        result["after_reader"] = {"reserved": torch.cuda.memory_reserved(),
+                                  "allocd": allocd_counters()}
+        emit(a, result)
     signal.pause()  # until the script kills it
+
+
+def allocd_counters():
+    """allocd's spares and reclaim counters where the job runs under it."""
+    try:
+        import allocd
+        stats = allocd.stats()
+    except Exception as e:  # natively, or a client without stats
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return {k: stats[k] for k in ("spares", "map_path", "managed_mode") if k in stats}
 
 
 def reader(a):
@@ -72,7 +96,7 @@ def reader(a):
                 rebuild, args = pickle.load(f)
             t = rebuild(*args)
             share["opened"] = True
-            share["pattern_bytes"] = int(torch.count_nonzero(t == PATTERN).item())
+            share["pattern_bytes"] = count(t, lambda s: s == PATTERN)
             del t
         except Exception as e:  # the refusal is the expected outcome
             share["error"] = f"{type(e).__name__}: {e}"[:500]
@@ -81,14 +105,21 @@ def reader(a):
     pieces = []
     for _ in range(a.gib * (1 << 30) // PIECE):
         t = torch.empty(PIECE, dtype=torch.uint8, device="cuda")
-        pattern += int(torch.count_nonzero(t == PATTERN).item())
-        nonzero += int(torch.count_nonzero(t).item())
+        pattern += count(t, lambda s: s == PATTERN)
+        nonzero += count(t, lambda s: s)
         total += t.numel()
         pieces.append(t)  # kept: each piece is new memory, not the last one's
     result.update({"bytes": total, "pattern_bytes": pattern,
                    "nonzero_bytes": nonzero,
                    "pattern_fraction": pattern / total if total else 0.0})
     emit(a, result)
+
+
+def count(piece, mask):
+    """The nonzero elements of mask(slice) over the piece's slices."""
+    import torch
+    return sum(int(torch.count_nonzero(mask(s)).item())
+               for s in piece.view(-1).split(COUNT_SLICE))
 
 
 def emit(a, result):
@@ -106,7 +137,7 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("role", choices=["writer", "reader"])
     p.add_argument("--gib", type=int, default=4)
-    p.add_argument("--end", choices=["exit", "release", "share"], default="exit")
+    p.add_argument("--end", choices=["exit", "release", "cache", "share"], default="exit")
     p.add_argument("--ready")
     p.add_argument("--share-file")
     p.add_argument("--json")

@@ -14,9 +14,14 @@
 #                shared    A keeps its tensors and hands B a CUDA IPC handle
 #                          (torch.multiprocessing's reduction): B's open must
 #                          be refused; then B allocates
+#                reclaim   A frees its tensors into PyTorch's cache and
+#                          lives on; B takes all but 2 GiB of CAPACITY, so
+#                          the daemon must reclaim A's idle cache (A keeps
+#                          the freed segments as spares and gives them back)
 #              Target: 0 pattern bytes in every B.
-#   control    the same as `daemon` with A and B both uid 1001: one tenant
-#              reuses as before (B reads A's pattern: the check can see it)
+#   control    the same as `daemon` and `reclaim` with A and B both uid
+#              1001: one tenant reuses as before (B reads A's pattern: the
+#              check can see it)
 # Each case starts a fresh daemon. Results in OUT: NAME/a.json and b.json
 # per case, remanence.json (the summary), tenancy.log, and all of it
 # in tenancy.tgz after each part.
@@ -79,10 +84,17 @@ check() {
     sleep 0.1
   done
   [ "$end" = exit ] && wait "$a"
-  local share_arg=""
+  local share_arg="" b_gib=$gib
   [ "$end" = share ] && share_arg="--share-file $dir/share"
+  # More than the pool has free while A caches its GIB: A's cache must go.
+  [ "$end" = cache ] && b_gib=$(( ${CAPACITY%GiB} - 2 ))
   (if [ $# -gt 0 ]; then export "$@"; fi
-   as "$b_uid" reader --gib "$gib" $share_arg --json "$dir/b.json")
+   as "$b_uid" reader --gib "$b_gib" $share_arg --json "$dir/b.json")
+  if [ "$end" = cache ]; then  # A writes what the reclaim left it
+    kill -USR1 "$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["pid"])' \
+      "$dir/a.json")" 2>/dev/null && sleep 2
+    grep -i "reclaim" "$daemon_log" | tail -3
+  fi
   kill -TERM -- "-$a" 2>/dev/null; wait "$a" 2>/dev/null
   stop_daemon
   pack tenancy
@@ -96,9 +108,12 @@ if want remanence; then
   check handover_exit exit 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_JOB=train-a
   check handover_release release 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_JOB=train-a
   check shared share 1001 1002 ALLOCD_CLIENT_CREATES=0 ALLOCD_INTERPOSE_VERBOSE=1
+  check client_reclaim cache 1001 1002
+  check daemon_reclaim cache 1001 1002 ALLOCD_CLIENT_CREATES=0
 fi
 if want control; then
   check control_same_tenant exit 1001 1001 ALLOCD_CLIENT_CREATES=0
+  check control_reclaim cache 1001 1001
 fi
 if want remanence || want control; then
   step summary
@@ -115,7 +130,10 @@ for b in sorted(glob.glob(os.path.join(out, "*", "b.json"))):
         case["share"] = r["share"]
     a = os.path.join(out, name, "a.json")
     if os.path.exists(a):
-        case["writer_uid"] = json.load(open(a)).get("uid")
+        writer = json.load(open(a))
+        case["writer_uid"] = writer.get("uid")
+        if "after_reader" in writer:  # the reclaim case: what A kept
+            case["writer_after_reader"] = writer["after_reader"]
     crossed = case["writer_uid"] != case["uid"]
     leaked = (r.get("pattern_bytes") or 0) > 0 or \
         (r.get("share") or {}).get("opened", False)
