@@ -22,7 +22,8 @@
 # Results in OUT (JSON per rank and run, ddp.log; ddp.tgz after each part).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others).
 #   [NPROC=2] [WHOLE_STEPS=30] [WHOLE_MODES="advise transparent run"] \
-#     [WHOLE_NATIVES="mss64 defaults expandable"] \
+#     [WHOLE_NATIVES="mss64 defaults expandable"] [WHOLE_STARTS="defaults mss64"] \
+#     [WHOLE_PASSES="first again"] [WHOLE_PRIOR=learned] \
 #     bench/gpu/ddp_validation.sh [BUNDLE] [OUT] [PART...]
 # NPROC=1 runs the job as one rank (a one-GPU machine: the autotune part's
 # mechanics without the multi-GPU claims). ONE_GPU=1 runs NPROC ranks on GPU 0
@@ -194,11 +195,15 @@ if want whole; then
     esac
     PYTORCH_CUDA_ALLOC_CONF=$conf ddp "whole_native_$native" native --steps "$steps" --varying
   done
-  start_daemon device --autotune apply --state-dir "$out/state"
+  # WHOLE_PRIOR=off: no prior at the start, so the first decision's push
+  # is what moves every rank off its start config.
+  start_daemon device --autotune apply --autotune-prior "${WHOLE_PRIOR:-learned}" \
+    --state-dir "$out/state"
   # Every mode from each start, then each once more (the second run starts
   # on what its label learned): whole_MODE[again]_START_rank*.json.
-  for again in "" again; do
-    for start in defaults mss64; do
+  for pass in ${WHOLE_PASSES:-first again}; do
+    again=; [ "$pass" = again ] && again=again
+    for start in ${WHOLE_STARTS:-defaults mss64}; do
       conf=; [ "$start" = mss64 ] && conf=max_split_size_mb:64
       for mode in ${WHOLE_MODES:-advise transparent run}; do
         label=ddp-whole-$mode-$start name=whole_$mode${again}_$start
