@@ -243,12 +243,15 @@ def main():
                         [sum(v for g, v in ours.items() if g.startswith("allocd")) / n
                          for ours, _, n, _ in work]),
                     "scope": rounds[0][m].get("instructions_scope")}
-            turns = [row[m]["advisor"] for row in rounds if row[m].get("advisor")]
+            turns = [row[m] for row in rounds if row[m].get("advisor")]
             if turns:
-                parts = {k: sum(t[k] for t in turns) for k in turns[0]}
-                host_s = sum(sum(row[m]["host_ms"]) for row in rounds) / 1e3
+                parts = {k: sum(t["advisor"][k] for t in turns) for k in turns[0]["advisor"]}
+                # Over the turn's untimed first step too (advisor_steps), where
+                # the allocator-state read falls.
+                host_s = sum(sum(t["host_ms"]) + t.get("warm_host_ms", 0.0) for t in turns) / 1e3
+                counted = sum(t.get("advisor_steps", t["steps"]) for t in turns)
                 advisor[m] = {"rounds_per_s": parts.pop("rounds") / host_s,
-                              "ms_per_step": {k: v * 1e3 / steps for k, v in parts.items()}}
+                              "ms_per_step": {k: v * 1e3 / counted for k, v in parts.items()}}
         turns = [t for row in rounds for t in row.values() if t.get("steal_ticks") is not None]
         steal = (sum(t["steal_ticks"] for t in turns)
                  / (os.sysconf("SC_CLK_TCK") * sum(sum(t["host_ms"]) for t in turns) / 1e3)

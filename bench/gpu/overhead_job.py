@@ -297,8 +297,11 @@ def main():
                 f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
             print(json.dumps({"profiled": path}), flush=True)
             continue
-        timed(1)
+        # The untimed first step of a turn (the switch between workers) is
+        # where a due allocator-state read falls, every ALLOCD_STATE_PERIOD_S:
+        # allocd's counters take it in, over the turn's steps and it.
         advisor_before = advisor_counters()
+        _, warm_host = timed(1)
         probes = [probe_ms()]
         steal_before = host_steal_ticks()
         if counters.available:
@@ -318,7 +321,9 @@ def main():
                           "cpu_ms_by_thread": cpu, "probe_ms": probes,
                           "steal_ticks": None if steal_before is None or steal_after is None
                           else steal_after - steal_before,
-                          "advisor": advisor, "instructions": instructions,
+                          "advisor": advisor, "advisor_steps": len(gpu) + 1,
+                          "warm_host_ms": warm_host[0] * 1e3,
+                          "instructions": instructions,
                           "instructions_scope": counters.scope,
                           "max_reserved": torch.cuda.max_memory_reserved(),
                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}),
