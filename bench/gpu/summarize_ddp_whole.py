@@ -84,7 +84,7 @@ def main():
             session = run.get("allocd") or {}
             print(f"| {mode} | {start} | {rank} | {session.get('start_config_source', '-')} | "
                   f"`{(run.get('step_config') or ['-'])[0] or '(defaults)'}` | "
-                  f"{lags(firsts, rank)} | `{session.get('config', '-')!s}` | {whole:.2f} | "
+                  f"{lags(firsts, rank)} | `{session.get('config', '-') or '(defaults)'}` | {whole:.2f} | "
                   f"{best[0]:.2f} ({best[1]}) | {pct(whole, best[0])} | "
                   f"{pct(whole, peak(staying)) if staying else '-'} |")
     print(f"\nThe most steps a rank ran a config behind the first rank to: {worst} (target: 3)")
