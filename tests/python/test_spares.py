@@ -50,8 +50,8 @@ class SpareKeeperTest(unittest.TestCase):
         # The unmaps come after PyTorch's lock is let go.
         self.assertEqual(interposer.calls, [("keep_freed", 1), ("empty_cache",),
                                             ("keep_freed", 0), ("release", 41 * GIB)])
-        self.assertEqual(keeper.stats(), {"partial_releases": 1, "bytes_given": 60 * GIB,
-                                          "keep_s": 30.0})
+        self.assertEqual(keeper.stats(), {"partial_releases": 1, "full_releases": 0,
+                                          "bytes_given": 60 * GIB, "keep_s": 30.0})
 
     def test_keeping_stops_even_when_empty_cache_raises(self):
         interposer = FakeInterposer()
@@ -62,13 +62,18 @@ class SpareKeeperTest(unittest.TestCase):
             interposer.keeper().release_cached(failing, GIB)
         self.assertEqual(interposer.calls, [("keep_freed", 1), ("keep_freed", 0)])
 
-    def test_release_all_gives_every_spare_and_old_ones_go_after_keep(self):
+    def test_a_full_release_keeps_too_then_gives_every_spare_and_old_ones_go_after_keep(self):
         interposer = FakeInterposer(given=3 * GIB)
         keeper = interposer.keeper()
-        self.assertEqual(keeper.release_all(), 3 * GIB)
+        self.assertEqual(keeper.release_cached(lambda: interposer.calls.append(("empty_cache",))),
+                         3 * GIB)
         self.assertEqual(keeper.release_old(), 0)
-        self.assertEqual(interposer.calls, [("release", 0), ("release_old", 30000)])
-        self.assertEqual(keeper.stats()["bytes_given"], 3 * GIB)
+        # Every spare goes (0), and only after PyTorch's lock is let go.
+        self.assertEqual(interposer.calls, [("keep_freed", 1), ("empty_cache",),
+                                            ("keep_freed", 0), ("release", 0),
+                                            ("release_old", 30000)])
+        self.assertEqual(keeper.stats(), {"partial_releases": 0, "full_releases": 1,
+                                          "bytes_given": 3 * GIB, "keep_s": 30.0})
 
     def test_no_session_for_the_device_counts_as_nothing_given(self):
         interposer = FakeInterposer(given=-1)
@@ -153,13 +158,18 @@ class AdvisorTargetTest(unittest.TestCase):
         # Only PyTorch's empty_cache() held its allocator.
         self.assertEqual(advisor.holds.stats()["count"], {"empty_cache": 1})
 
-    def test_a_full_empty_cache_gives_back_every_spare_too(self):
+    def test_a_reclaim_of_everything_unmaps_after_the_hold_too(self):
+        # The daemon asks everything (0) where the asker's peak is not known;
+        # a config applied empties the cache the same way.
         interposer, lib = FakeInterposer(), FakeClientLib()
         advisor = self.advisor(lib, interposer.calls, interposer.keeper())
         lib.asked = 0
         advisor.step()
-        self.assertEqual(interposer.calls, [("empty_cache",), ("release", 0),
-                                            ("release_old", 30000)])
+        self.assertEqual(interposer.calls, [
+            ("keep_freed", 1), ("empty_cache",), ("keep_freed", 0), ("release", 0),
+            ("release_old", 30000)])
+        self.assertEqual(advisor.stats()["spares"]["full_releases"], 1)
+        self.assertEqual(advisor.holds.stats()["count"], {"empty_cache": 1})
 
     def test_without_spares_a_reclaim_empties_the_cache(self):
         calls, lib = [], FakeClientLib()

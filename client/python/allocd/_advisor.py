@@ -394,9 +394,10 @@ class Advisor:
             self._stats_text = None
 
         def empty_cache(_context):
-            hold_empty_cache()
-            if self._spares is not None:
-                self._spares.release_all()
+            if self._spares is None:
+                hold_empty_cache()
+            else:
+                self._spares.release_cached(hold_empty_cache)
 
         def release_cached(bytes_asked, _context):
             self._spares.release_cached(hold_empty_cache, bytes_asked)

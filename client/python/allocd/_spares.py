@@ -15,7 +15,10 @@ size takes one at the cost of a lookup (client/spare_segments.h).
 What stays spare is the job's: the daemon counts it as cached (a later
 reclaim takes it), a cudaMalloc that does not fit gives it back first, and
 what no cudaMalloc takes within KEEP_S goes back at the advisor's next
-round. A full empty_cache() (a config applied) gives back every spare.
+round. A full release (a reclaim of everything, a config applied) keeps and
+gives back the same way, every spare at once: its unmaps, too, wait until
+PyTorch's lock is let go (tens of GiB unmapped under it held the job's
+allocations 7-14 ms).
 These CUDA calls run on the advisor's thread under its round lock, which a
 CUDA graph capture holds: none lands inside a capture.
 ``ALLOCD_PARTIAL_RECLAIM=0`` turns it off (a reclaim empties the cache).
@@ -42,23 +45,23 @@ class SpareKeeper:
         self._release_old = release_old
         self._keep_ms = int(keep_s * 1000)
         self.partial_releases = 0
+        self.full_releases = 0
         self.bytes_given = 0
 
-    def release_cached(self, empty_cache, bytes_asked):
+    def release_cached(self, empty_cache, bytes_asked=0):
         """Runs `empty_cache()` (PyTorch's, under the caller's hold) keeping
         what it frees, then gives back the largest spares until `bytes_asked`
-        are: the bytes given."""
+        are (0: every spare, a full release): the bytes given."""
         self._keep_freed(1)
         try:
             empty_cache()
         finally:
             self._keep_freed(0)
-        self.partial_releases += 1
+        if bytes_asked:
+            self.partial_releases += 1
+        else:
+            self.full_releases += 1
         return self._count(self._release(bytes_asked))
-
-    def release_all(self):
-        """Gives back every spare: the bytes given."""
-        return self._count(self._release(0))
 
     def release_old(self):
         """Gives back the spares older than KEEP_S: the bytes given."""
@@ -72,8 +75,8 @@ class SpareKeeper:
         return given
 
     def stats(self):
-        return {"partial_releases": self.partial_releases, "bytes_given": self.bytes_given,
-                "keep_s": self._keep_ms / 1000}
+        return {"partial_releases": self.partial_releases, "full_releases": self.full_releases,
+                "bytes_given": self.bytes_given, "keep_s": self._keep_ms / 1000}
 
 
 def enabled():
