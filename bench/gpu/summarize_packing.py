@@ -10,7 +10,8 @@ neighbours' caches, so its gather time is the reclaim latency a job feels.
 Then where a reclaimed gather's time went under allocd (the jobs' map-path
 counters): the daemon's round trips for chunks (a reclaim waits in them),
 importing and mapping the chunks, enabling access, and the rest (PyTorch's
-allocator, the kernel launches, Python). Then the server beside the trainer
+allocator, the kernel launches, Python). Then what answering reclaims cost
+the jobs that gave memory back. Then the server beside the trainer
 against the server alone and against the floor (native, its batch halved
 so that both jobs fit: the GPU's compute shared, no memory moved), and where
 its slowest requests came.
@@ -109,6 +110,8 @@ def main():
               f"{med(lambda g, p: p['chunks_mapped'] + p['chunks_created']):.0f} | "
               f"{med(lambda g, p: p['segments_mapped']):.0f} |")
 
+    giving_cost(runs)
+
     servers = {(part, mode): next(j for j in jobs if j["kind"] == "server")
                for (part, n, mode), jobs in runs.items()
                if part in ("server", "server-alone", "server-floor")}
@@ -129,6 +132,39 @@ def main():
               f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x |")
     slowest_requests(servers)
     server_segments(servers)
+
+
+def giving_cost(runs):
+    """What answering reclaims cost each job under allocd, on its own thread:
+    the windows in which allocd held PyTorch's allocator (a reclaim's
+    empty_cache), against the job's run; and, on the advisor's thread, the
+    unmaps and gives of what went back."""
+    rows = []
+    for (part, n, mode), jobs in sorted(runs.items()):
+        sessions = [j["allocd"] for j in jobs if j.get("allocd", {}).get("reclaims")]
+        if not sessions:
+            continue
+        holds = [seconds * 1e3 for a in sessions
+                 for _, seconds, _ in a.get("allocator_holds", {}).get("recent", [])]
+        shares = [100 * sum(a.get("allocator_holds", {}).get("seconds", {}).values())
+                  / (j["cycles"] * j["jobs"] * j["slot_s"])
+                  for j, a in ((j, j["allocd"]) for j in jobs) if a.get("reclaims")]
+        off_thread = [(a["map_path"].get("give_ns", 0) + a["map_path"].get("unmap_ns", 0)) / 1e6
+                      for a in sessions if "map_path" in a]
+        rows.append(f"| {part} | {n} | {mode} | {sum(a['reclaims'] for a in sessions)} | "
+                    f"{len(holds)} | {fmt(percentile(holds, 50))} / {fmt(max(holds, default=None))} | "
+                    f"{fmt(statistics.median(shares), '.4f')}% / {fmt(max(shares), '.4f')}% | "
+                    f"{fmt(statistics.median(off_thread) if off_thread else None, '.1f')} |")
+    if not rows:
+        return
+    print("\nWhat answering reclaims cost the jobs that gave memory back: allocd's holds of "
+          "PyTorch's allocator on the job's side (p50 / max, ms), their total against the "
+          "job's run (median / max of the jobs), and the unmaps and gives on the advisor's "
+          "thread (ms per job, median):\n")
+    print("| part | N | mode | reclaims answered | holds | hold p50 / max (ms) "
+          "| held, of the run | advisor thread: unmap + give (ms) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
 
 
 def server_segments(servers):
