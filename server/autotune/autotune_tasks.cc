@@ -128,6 +128,7 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
   std::string skip_why;
   bool full = false;
   bool marks_steps = false;  // its client marks them (none: no optimizer)
+  bool unmarked = false;     // ... and it has marked none
   DecisionInputs in;
   DecideOptions decide = DecideOptionsFor(options_);
   SessionId recorded = 0;
@@ -158,7 +159,10 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
       decide.realized_peak_reserved = session.reserved_peak;
     }
     decide.features = job.features;
-    in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger), task.first_pass,
+    unmarked = marks_steps && job.window->steps_marked() == 0;
+    // An unmarked job's prediction covers its largest request whatever
+    // started the decision, as an aperiodic first pass's does.
+    in = ReadDecisionInputs(*job.window, ForGrowth(task.trigger) || unmarked, task.first_pass,
                             decide.min_events, options_.first_pass_min_events);
   }
   // Found once: the first pass's gate and Decide's switch point use it.
@@ -184,6 +188,15 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
       if (aperiodic) step = std::optional<uint64_t>();
       cover_largest = cover_largest || aperiodic;
     }
+  }
+
+  // A client that marks its steps and marked none runs no optimizer: no
+  // decision on it (a fragmentation or retry trigger before its first pass,
+  // a first pass on a full window) takes a repeat in its stream for a step.
+  if (unmarked && !step.has_value()) {
+    step = std::optional<uint64_t>();
+    cover_largest = true;
+    aperiodic = true;
   }
 
   // Reviewed once the session runs what it was started on instead of its

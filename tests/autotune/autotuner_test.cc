@@ -1156,6 +1156,52 @@ TEST(AutotunerTest, AJobWhoseClientMarksStepsButMarkedNoneIsNeverDecidedOnARepea
   }
 }
 
+// The same holds for the decisions other triggers start before the first
+// pass: a decoding job whose cache stays reserved after a larger call looks
+// fragmented, and the fragmentation trigger's decision found a 9-event
+// "step" in the repeat of python_advise's generating job (its client marks
+// steps), when the suite ran beside heavier tests and that trigger came
+// before the aperiodic first pass.
+TEST(AutotunerTest, NoTriggerDecidesOnARepeatOfAJobWhoseClientMarksStepsButMarkedNone) {
+  FakeClock clock;
+  FakeActions actions;
+  const AutotuneOptions options = SmallJobOptions(clock, AutotuneMode::kRecommend);
+  Autotuner tuner(options, &actions);
+  tuner.SessionStarted(1, "decode", "", 1, "", /*marks_steps=*/true);
+  constexpr uint64_t kStream = 9;
+  uint64_t next_id = 1;
+  tuner.Events(1, {{TraceOp::kAlloc, kStream, next_id++, 900 * kMiB}}, 0);  // the cache
+  std::vector<EvidenceEvent> tokens;
+  for (int token = 0; token < 60; ++token) {  // 1,440 events: no first pass yet
+    const uint64_t first = next_id;
+    for (int layer = 0; layer < 12; ++layer) {
+      tokens.push_back({TraceOp::kAlloc, kStream, next_id++, (3 + layer % 5) * kMiB});
+    }
+    for (uint64_t id = first; id < next_id; ++id) {
+      tokens.push_back({TraceOp::kFreeCompleted, kStream, id, 0});
+    }
+  }
+  ASSERT_LT(tokens.size() + 1, options.aperiodic_after_events);
+  tuner.Events(1, tokens, 0);
+  tuner.WaitIdle();
+  ASSERT_TRUE(tuner.History("decode", 1).empty());
+  const std::map<std::string, int64_t> fragmented = {
+      {"reserved_bytes.all.current", int64_t{3} << 30},
+      {"allocated_bytes.all.current", int64_t{1} << 30}};
+  tuner.Stats(1, fragmented, 1);
+  clock.Advance(options.fragmentation_for + absl::Seconds(5));
+  tuner.Stats(1, fragmented, 1);
+  tuner.WaitIdle();
+  const std::vector<AutotuneDecision> d = tuner.History("decode", 1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].trigger, AutotuneTrigger::kFragmentation);
+  EXPECT_NE(d[0].why.find("marks optimizer steps and it marked none"), std::string::npos)
+      << d[0].why;
+  EXPECT_EQ(d[0].why.find("a step found in the stream"), std::string::npos) << d[0].why;
+  // Its prediction covers the cache, the largest request.
+  EXPECT_GE(d[0].predicted_peak_requested, int64_t{900} * kMiB) << d[0].why;
+}
+
 // A generation job whose stream began after its weights were allocated
 // (`allocd run` attaches once PyTorch first asked for memory; advise()
 // after the model was built): the client's state where the stream began

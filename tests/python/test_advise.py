@@ -588,7 +588,8 @@ class AdviseTest(unittest.TestCase):
         self.assertTrue(wait_for(decisions, seconds=DECISION_WAIT_S),
                         (self.allocctl("autotune", "status"), allocd.stats()))
         why = decisions()[0]["why"]
-        self.assertIn("its client marks optimizer steps and it marked none", why)
+        self.assertIn("its client marks optimizer steps and it marked none", why,
+                      decisions())
         self.assertIn("replayed from the allocator's real state the client sent there "
                       "(1 segments, 1 blocks held)", why)
         self.assertIn("(the job's largest request so far)", why)
