@@ -1109,6 +1109,22 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
       << again[0].why;
 }
 
+// `count` decoded tokens on `stream`: each allocates twelve temporaries of
+// 3-7 MiB and frees them, a repeat of 24 events. Ids from `next_id` on.
+std::vector<EvidenceEvent> DecodedTokens(int count, uint64_t stream, uint64_t& next_id) {
+  std::vector<EvidenceEvent> tokens;
+  for (int token = 0; token < count; ++token) {
+    const uint64_t first = next_id;
+    for (int layer = 0; layer < 12; ++layer) {
+      tokens.push_back({TraceOp::kAlloc, stream, next_id++, (3 + layer % 5) * kMiB});
+    }
+    for (uint64_t id = first; id < next_id; ++id) {
+      tokens.push_back({TraceOp::kFreeCompleted, stream, id, 0});
+    }
+  }
+  return tokens;
+}
+
 // Decoding into a cache allocated once (a static KV cache, a diffusion
 // sampler's latents): every token allocates and frees the same
 // temporaries, a repeat the stream's step finder takes for a step. Under
@@ -1129,16 +1145,7 @@ TEST(AutotunerTest, AJobWhoseClientMarksStepsButMarkedNoneIsNeverDecidedOnARepea
     tuner.Events(1, {{TraceOp::kAlloc, kStream, next_id++, 900 * kMiB}}, 0);  // the cache
     size_t events = 1;
     while (tuner.History("decode", 1).empty() && events < 3 * options.aperiodic_after_events) {
-      std::vector<EvidenceEvent> tokens;
-      for (int token = 0; token < 10; ++token) {
-        const uint64_t first = next_id;
-        for (int layer = 0; layer < 12; ++layer) {
-          tokens.push_back({TraceOp::kAlloc, kStream, next_id++, (3 + layer % 5) * kMiB});
-        }
-        for (uint64_t id = first; id < next_id; ++id) {
-          tokens.push_back({TraceOp::kFreeCompleted, kStream, id, 0});
-        }
-      }
+      const std::vector<EvidenceEvent> tokens = DecodedTokens(10, kStream, next_id);
       tuner.Events(1, tokens, 0);
       events += tokens.size();
       tuner.WaitIdle();
@@ -1171,16 +1178,7 @@ TEST(AutotunerTest, NoTriggerDecidesOnARepeatOfAJobWhoseClientMarksStepsButMarke
   constexpr uint64_t kStream = 9;
   uint64_t next_id = 1;
   tuner.Events(1, {{TraceOp::kAlloc, kStream, next_id++, 900 * kMiB}}, 0);  // the cache
-  std::vector<EvidenceEvent> tokens;
-  for (int token = 0; token < 60; ++token) {  // 1,440 events: no first pass yet
-    const uint64_t first = next_id;
-    for (int layer = 0; layer < 12; ++layer) {
-      tokens.push_back({TraceOp::kAlloc, kStream, next_id++, (3 + layer % 5) * kMiB});
-    }
-    for (uint64_t id = first; id < next_id; ++id) {
-      tokens.push_back({TraceOp::kFreeCompleted, kStream, id, 0});
-    }
-  }
+  const std::vector<EvidenceEvent> tokens = DecodedTokens(60, kStream, next_id);  // 1,440 events
   ASSERT_LT(tokens.size() + 1, options.aperiodic_after_events);
   tuner.Events(1, tokens, 0);
   tuner.WaitIdle();
