@@ -141,14 +141,14 @@ def giving_cost(runs):
     unmaps and gives of what went back."""
     rows = []
     for (part, n, mode), jobs in sorted(runs.items()):
-        sessions = [j["allocd"] for j in jobs if j.get("allocd", {}).get("reclaims")]
-        if not sessions:
+        givers = [j for j in jobs if j.get("allocd", {}).get("reclaims")]
+        if not givers:
             continue
+        sessions = [j["allocd"] for j in givers]
         holds = [seconds * 1e3 for a in sessions
                  for _, seconds, _ in a.get("allocator_holds", {}).get("recent", [])]
-        shares = [100 * sum(a.get("allocator_holds", {}).get("seconds", {}).values())
-                  / (j["cycles"] * j["jobs"] * j["slot_s"])
-                  for j, a in ((j, j["allocd"]) for j in jobs) if a.get("reclaims")]
+        shares = [100 * sum(j["allocd"].get("allocator_holds", {}).get("seconds", {}).values())
+                  / (j["cycles"] * j["jobs"] * j["slot_s"]) for j in givers]
         off_thread = [(a["map_path"].get("give_ns", 0) + a["map_path"].get("unmap_ns", 0)) / 1e6
                       for a in sessions if "map_path" in a]
         rows.append(f"| {part} | {n} | {mode} | {sum(a['reclaims'] for a in sessions)} | "
