@@ -5,19 +5,28 @@ workload's alloc/free stream both ways at once (two streams, a
 record_stream'd tensor whose free completes late, sizes small and large)
 and compares them event by event; then the cost of each way per event, as
 the time of allocating and freeing 200,000 small tensors with neither, with
-the tracker, and with the history read every 20,000 events:
+the tracker, and with the history read every 20,000 events. Then the
+allocator's state read both ways (the tracker's C++ snapshot and
+torch.cuda.memory_snapshot(), _allocator_state.read_state) on a job holding
+thousands of blocks of every kind (held, cached, freed on a side stream and
+not yet completed, in small, large and expandable segments), compared column
+by column, and the time of a read each way (median of 20):
 
     python tracker_check.py [--json OUT]
 
-Exit 0 when the two streams are identical.
+Exit 0 when the two streams and the two states are identical.
 """
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
-from allocd import _history, _tracker
+from allocd import _allocator_state, _history, _tracker
 
 
 def workload():
@@ -46,11 +55,62 @@ def churn(n, reader=None, every=20000):
     return time.perf_counter() - start
 
 
+def state_held():
+    """Thousands of blocks of every kind, kept alive by the list returned:
+    held (small and large), cached (every other one freed), and one freed
+    while a side stream that used it still works (its free not yet completed)."""
+    held = [torch.empty((i % 13 + 1) * 4096, dtype=torch.uint8, device="cuda")
+            for i in range(6000)]
+    held += [torch.empty((i % 5 + 1) << 21, dtype=torch.uint8, device="cuda") for i in range(300)]
+    del held[::2]
+    side = torch.cuda.Stream()
+    pending = torch.empty(64 << 20, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(4_000_000_000)  # keeps the side stream busy past the reads
+    pending.record_stream(side)
+    del pending  # its free waits on the side stream
+    return held
+
+
+def compare_states(tracker, device, reads=20):
+    """The two reads of the state held now: identical, their sizes and their
+    median times."""
+    ours = tracker.read_state()
+    theirs = _allocator_state.read_state(torch, device)
+    times = {"tracker_ms": [], "memory_snapshot_ms": []}
+    for _ in range(reads):
+        start = time.perf_counter()
+        tracker.read_state()
+        times["tracker_ms"].append((time.perf_counter() - start) * 1e3)
+        start = time.perf_counter()
+        _allocator_state.read_state(torch, device)
+        times["memory_snapshot_ms"].append((time.perf_counter() - start) * 1e3)
+    same = ours is not None and theirs is not None and \
+        [c.tolist() for c in ours] == [c.tolist() for c in theirs]
+    return {"identical": same,
+            "segments": None if ours is None else len(ours[0]),
+            "held_blocks": None if ours is None else len(ours[4]),
+            "pending_free_blocks": None if ours is None else
+            sum(1 for f in ours[8] if f & _allocator_state.BLOCK_FREE_REQUESTED),
+            "expandable_segments": None if ours is None else
+            sum(1 for f in ours[3] if f & _allocator_state.SEGMENT_EXPANDABLE),
+            **{k: statistics.median(v) for k, v in times.items()}}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
+    p.add_argument("--state-only", action="store_true",
+                   help="(internal) compare the two state reads in this process and print them")
     a = p.parse_args()
+    if a.state_only:
+        torch.cuda.init()
+        tracker = _tracker.TrackerReader.for_torch(torch, torch.cuda.current_device())
+        held = state_held()
+        print(json.dumps(compare_states(tracker, torch.cuda.current_device())))
+        del held
+        return 0
     torch.cuda.init()
     torch.empty(1, device="cuda")
     t0 = time.perf_counter()
@@ -78,12 +138,27 @@ def main():
               "first_difference": first_difference,
               "first_difference_events": None if first_difference is None else
               [g[first_difference] if first_difference < len(g) else None for g in got],
-              "churn_seconds": costs, "extra_ns_per_event": per_event_ns}
+              "churn_seconds": costs, "extra_ns_per_event": per_event_ns,
+              "states": states()}
     print(json.dumps(result, indent=1))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f)
-    return 0 if identical else 1
+    return 0 if identical and all(s["identical"] for s in result["states"].values()) else 1
+
+
+def states():
+    """compare_states in a fresh process per config, with and without
+    expandable segments (a segment kind only a process's first config sets)."""
+    out = {}
+    for conf in ("", "expandable_segments:True"):
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+        done = subprocess.run([sys.executable, __file__, "--state-only"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        out[conf or "defaults"] = json.loads(lines[-1]) if lines else \
+            {"identical": False, "error": done.stderr[-2000:]}
+    return out
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import warnings
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
-from allocd import _advisor, _history, _tracker  # noqa: E402
+from allocd import _advisor, _allocator_state, _history, _tracker  # noqa: E402
 
 LIB = os.environ["FAKE_TORCH_LIB"]
 # Built trackers go to a cache of this test's own.
@@ -78,6 +78,39 @@ c10 = ctypes.CDLL(os.path.join(LIB, "libc10_cuda.so"))
 c10.fake_torch_emit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                 ctypes.c_uint64]
 c10.fake_torch_trackers.restype = ctypes.c_size_t
+c10.fake_torch_add_segment.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                       ctypes.c_uint64, ctypes.c_bool, ctypes.c_bool]
+c10.fake_torch_add_block.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_bool,
+                                     ctypes.c_bool]
+c10.fake_torch_snapshot_fails.argtypes = [ctypes.c_bool]
+c10.fake_torch_last_snapshot_whole_without_traces.restype = ctypes.c_bool
+
+
+def fake_segments(segments):
+    """Puts `segments` in the fake allocator's snapshot and returns them as
+    torch.cuda.memory_snapshot() reports them (PyTorch 2.11's
+    torch/csrc/cuda/Module.cpp: a block's address is its segment's plus the
+    sizes before it, a stream an int64, a state by name). Each segment:
+    (device, address, stream, is_large, is_expandable, blocks), each block
+    (size, requested_size, allocated, active)."""
+    c10.fake_torch_clear_segments()
+    reported = []
+    for device, base, stream, large, expandable, blocks in segments:
+        c10.fake_torch_add_segment(device, base, sum(b[0] for b in blocks), stream, large,
+                                   expandable)
+        address, dicts = base, []
+        for size, requested, allocated, active in blocks:
+            c10.fake_torch_add_block(size, requested, allocated, active)
+            dicts.append({"address": address, "size": size, "requested_size": requested,
+                          "state": "active_allocated" if allocated else
+                          "active_pending_free" if active else "inactive"})
+            address += size
+        reported.append({"device": device, "address": base,
+                         "total_size": sum(b[0] for b in blocks),
+                         "stream": ctypes.c_int64(stream).value,
+                         "segment_type": "large" if large else "small",
+                         "is_expandable": expandable, "blocks": dicts})
+    return reported
 
 
 def setUpModule():
@@ -168,6 +201,56 @@ class TrackerTest(unittest.TestCase):
         c10.fake_torch_emit(ALLOC, 0, 2, 8, 0)
         self.assertEqual(list(self.reader.read()[2]), [2])
         self.assertEqual(c10.fake_torch_trackers(), 1)
+
+    def test_reads_the_allocators_state_as_memory_snapshot_does(self):
+        mib = 1 << 20
+        reported = fake_segments([
+            (0, 0x7f0000000000, 0xffff800000001234, True, False, [
+                (4 * mib, 4 * mib - 100, True, True),  # held
+                (2 * mib, 0, False, False),  # cached: not the program's
+                (6 * mib, 5 * mib, False, True),  # freed, waiting on a stream
+                (8 * mib, 9 * mib, True, True),  # requested past its size: clamped
+            ]),
+            (1, 0x7e0000000000, 0, True, False, [(2 * mib, 2 * mib, True, True)]),  # device 1
+            (0, 0x7d0000000000, 0, False, False, [(512, 500, True, True), (1536, 0, False, False)]),
+            (0, 0x7c0000000000, 7, True, True, [(20 * mib, 20 * mib, True, True)]),
+        ])
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_snapshot=lambda: reported))
+        ours = self.reader.read_state()
+        self.assertTrue(c10.fake_torch_last_snapshot_whole_without_traces())
+        self.assertEqual([c.tolist() for c in ours],
+                         [c.tolist() for c in _allocator_state.read_state(torch, 0)])
+        seg_addresses, _, seg_streams, seg_flags, ids, _, sizes, requested, flags = ours
+        self.assertEqual(seg_addresses.tolist(), [0x7f0000000000, 0x7d0000000000, 0x7c0000000000])
+        self.assertEqual(seg_streams.tolist(), [0xffff800000001234, 0, 7])
+        self.assertEqual(seg_flags.tolist(), [0, _allocator_state.SEGMENT_SMALL,
+                                              _allocator_state.SEGMENT_EXPANDABLE])
+        self.assertEqual(ids.tolist(), [0x7f0000000000, 0x7f0000000000 + 6 * mib,
+                                        0x7f0000000000 + 12 * mib, 0x7d0000000000, 0x7c0000000000])
+        self.assertEqual(sizes.tolist(), [4 * mib, 6 * mib, 8 * mib, 512, 20 * mib])
+        self.assertEqual(requested.tolist(), [4 * mib - 100, 5 * mib, 8 * mib, 500, 20 * mib])
+        self.assertEqual(flags.tolist(), [0, _allocator_state.BLOCK_FREE_REQUESTED, 0, 0, 0])
+        self.assertEqual([c.typecode for c in ours], ["Q", "Q", "Q", "I", "Q", "Q", "Q", "Q", "I"])
+
+    def test_a_state_larger_than_a_state_holds_is_none(self):
+        fake_segments([(0, (i + 1) << 21, 0, True, False, [(2 << 20, 0, False, False)])
+                       for i in range(_allocator_state.MAX_SEGMENTS + 1)])
+        self.assertIsNone(self.reader.read_state())
+        fake_segments([(0, 1 << 40, 0, True, False,
+                        [(512, 512, True, True)] * (_allocator_state.MAX_BLOCKS + 1))])
+        self.assertIsNone(self.reader.read_state())
+        fake_segments([(0, 1 << 40, 0, True, False, [(512, 512, True, True)] * 3)])
+        self.assertEqual(len(self.reader.read_state()[4]), 3)
+        fake_segments([])
+        self.assertEqual([len(c) for c in self.reader.read_state()], [0] * 9)
+
+    def test_an_allocator_without_a_snapshot_raises(self):
+        c10.fake_torch_snapshot_fails(True)
+        try:
+            with self.assertRaises(RuntimeError):
+                self.reader.read_state()
+        finally:
+            c10.fake_torch_snapshot_fails(False)
 
     def test_a_pytorch_it_does_not_compile_against_says_why(self):
         broken = tempfile.mkdtemp(prefix="allocd_headers_")

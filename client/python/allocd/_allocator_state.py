@@ -32,14 +32,24 @@ def period():
         return 2.0
 
 
+def empty_columns(segments=0, blocks=0):
+    """A state's nine columns, zeroed, for `segments` segments and `blocks`
+    held blocks: the segments' addresses, sizes, streams and flags, then the
+    blocks' ids, addresses, sizes, requested sizes and flags."""
+    def column(typecode, n):
+        return array.array(typecode, bytes(array.array(typecode).itemsize * n))
+    return (*(column("Q", segments) for _ in range(3)), column("I", segments),
+            *(column("Q", blocks) for _ in range(4)), column("I", blocks))
+
+
 def read_state(torch, device):
-    """The segments of `device` and the blocks held in them, as the ten columns
-    allocd_record_state takes (five of segments, five of blocks); None when
-    there are more than a state may hold."""
-    seg_addresses, seg_sizes, seg_streams = (array.array("Q") for _ in range(3))
-    seg_flags = array.array("I")
-    ids, addresses, sizes, requested = (array.array("Q") for _ in range(4))
-    block_flags = array.array("I")
+    """The segments of `device` and the blocks held in them, as the columns
+    allocd_record_state takes (four of segments, five of blocks:
+    empty_columns); None when there are more than a state may hold. Reads
+    torch.cuda.memory_snapshot(); the tracker reads the same in C++
+    (_tracker.TrackerReader.read_state)."""
+    (seg_addresses, seg_sizes, seg_streams, seg_flags,
+     ids, addresses, sizes, requested, block_flags) = empty_columns()
     for segment in torch.cuda.memory_snapshot():
         if segment.get("device", device) != device:
             continue

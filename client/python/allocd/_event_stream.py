@@ -210,7 +210,7 @@ class EventStream:
         self._last_state = now
         start = time.perf_counter()
         try:
-            state = _allocator_state.read_state(self._torch, self._device)
+            state = self.reader.read_state()
         except Exception as error:  # a PyTorch whose snapshot differs: no states
             self._state_period = -1
             warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "

@@ -4,6 +4,8 @@ allocd falls back to where the C++ tracker (_tracker.py) cannot be had."""
 import array
 import collections
 
+from . import _allocator_state
+
 # PyTorch's trace actions the autotuner replays, as the daemon numbers them.
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
 _OPS = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}
@@ -80,6 +82,10 @@ class HistoryReader:
         mark where PyTorch's counters say the stream was, give or take the
         events lost around it."""
         self._marks.append(self._counted() - self._base)
+
+    def read_state(self):
+        """The allocator's state (_allocator_state.read_state)."""
+        return _allocator_state.read_state(self._torch, self._device)
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import warnings
 
+from . import _allocator_state
 from ._bindings import address, load
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
@@ -126,6 +127,9 @@ _SIGNATURES = {
     "allocd_tracker_mark_step": (ctypes.c_int, []),
     "allocd_tracker_take": (ctypes.c_uint64, [ctypes.c_void_p] * 4 +
                             [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
+    "allocd_tracker_read_state": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                                 ctypes.POINTER(ctypes.c_uint64 * 2)]),
+    "allocd_tracker_take_state": (None, [ctypes.c_void_p] * 9),
 }
 
 
@@ -192,6 +196,24 @@ class TrackerReader:
         """The job ended a step here (its optimizer stepped): a step mark in the
         stream, in order with the allocator's events."""
         self._lib.allocd_tracker_mark_step()
+
+    def read_state(self):
+        """The allocator's state, as _allocator_state.read_state gives it (None
+        when there are more than a state holds), read by PyTorch's C++
+        snapshot without a Python object per block; RuntimeError when
+        PyTorch's allocator gives none."""
+        counts = (ctypes.c_uint64 * 2)()
+        result = self._lib.allocd_tracker_read_state(
+            self._device, _allocator_state.MAX_SEGMENTS, _allocator_state.MAX_BLOCKS,
+            ctypes.byref(counts))
+        if result < 0:
+            raise RuntimeError("PyTorch's allocator gave no snapshot")
+        if result > 0:
+            return None
+        segments, blocks = counts
+        columns = _allocator_state.empty_columns(segments, blocks)
+        self._lib.allocd_tracker_take_state(*(address(c) for c in columns))
+        return columns
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""

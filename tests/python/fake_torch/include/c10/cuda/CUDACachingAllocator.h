@@ -1,7 +1,8 @@
 // A model of the part of PyTorch 2.11's c10/cuda/CUDACachingAllocator.h that
 // allocd/_trace_tracker.cpp uses: TraceEntry's fields and actions as
 // PyTorch's own trackers read them (ProcessGroupNCCL's
-// cacheAllocatorRegisterHook), and attachAllocatorTraceTracker. The tests
+// cacheAllocatorRegisterHook), attachAllocatorTraceTracker, and the
+// snapshot's segments and blocks (SegmentInfo, BlockInfo) through get(). The tests
 // compile the tracker against it and feed it events; the GPU validation
 // compiles it against the real headers.
 #pragma once
@@ -9,12 +10,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 typedef struct CUstream_st* cudaStream_t;
 
 namespace c10 {
 using DeviceIndex = int8_t;
 namespace cuda {
+using MempoolId_t = std::pair<unsigned long long, unsigned long long>;
 namespace CUDACachingAllocator {
 
 struct TraceEntry {
@@ -38,6 +42,42 @@ struct TraceEntry {
 
 using AllocatorTraceTracker = std::function<void(const TraceEntry&)>;
 void attachAllocatorTraceTracker(AllocatorTraceTracker tracker);
+
+struct BlockInfo {
+  size_t size = 0;
+  size_t requested_size = 0;
+  int32_t gc_counter = 0;
+  bool allocated = false;
+  bool active = false;
+};
+
+struct SegmentInfo {
+  DeviceIndex device = 0;
+  size_t address = 0;
+  size_t total_size = 0;
+  size_t requested_size = 0;
+  size_t allocated_size = 0;
+  size_t active_size = 0;
+  cudaStream_t stream = nullptr;
+  bool is_large = false;
+  bool is_expandable = false;
+  MempoolId_t owner_private_pool_id = {0, 0};
+  std::vector<BlockInfo> blocks;
+};
+
+struct SnapshotInfo {
+  std::vector<SegmentInfo> segments;
+  std::vector<std::vector<TraceEntry>> device_traces;
+};
+
+class CUDAAllocator {
+ public:
+  virtual ~CUDAAllocator() = default;
+  virtual SnapshotInfo snapshot(MempoolId_t mempool_id = {0, 0},
+                                bool include_traces = true) = 0;
+};
+
+CUDAAllocator* get();
 
 }  // namespace CUDACachingAllocator
 }  // namespace cuda
