@@ -199,6 +199,13 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     aperiodic = true;
   }
 
+  // The early push from a harmful start, on a window without a whole step,
+  // proposes the safe config unless another peaks clearly lower.
+  if (task.trigger == AutotuneTrigger::kBadStartConfig && aperiodic &&
+      IsHarmfulStartConfig(running.config)) {
+    decide.preferred = SaferStartConfig(running.config);
+  }
+
   // Reviewed once the session runs what it was started on instead of its
   // own (a config handed at registration counts from its ACK).
   if (instead.has_value() && skip_why.empty() &&

@@ -130,6 +130,20 @@ const Evaluation* ChooseProposal(const std::vector<const Evaluation*>& passing,
   return best;
 }
 
+const Evaluation* PreferUnlessBeaten(const std::vector<const Evaluation*>& passing,
+                                     const Evaluation* best, const AllocatorConfig& preferred,
+                                     double min_saving) {
+  if (best == nullptr) return nullptr;
+  for (const Evaluation* e : passing) {
+    if (!e->candidate.memory_fraction && e->candidate.config == preferred) {
+      return SavesAtLeast(e->replay.peak_reserved, best->replay.peak_reserved, min_saving)
+                 ? best
+                 : e;
+    }
+  }
+  return best;
+}
+
 std::string LiveConfigString(const AllocatorConfig& target, const AllocatorConfig& running) {
   const std::string canonical = FormatAllocatorConfig(target);
   absl::StatusOr<AllocatorConfig> updated = ParseAllocatorConfigUpdate(canonical, running);
@@ -388,7 +402,12 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
       ++*gate;
     }
   }
-  const Evaluation* best = ChooseProposal(passing, options.simpler_within);
+  const Evaluation* const lowest_fitted = ChooseProposal(passing, options.simpler_within);
+  const Evaluation* best =
+      options.preferred
+          ? PreferUnlessBeaten(passing, lowest_fitted, *options.preferred, options.min_saving)
+          : lowest_fitted;
+  const bool took_preferred = best != lowest_fitted;
   std::string gates;
   for (const auto& [count, what] :
        {std::pair{pinned, "change a pinned key"}, std::pair{fraction, "need a memory fraction"},
@@ -456,7 +475,22 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
                                   best->replay.num_alloc_retries,
                                   best->replay.num_device_alloc + best->replay.num_device_free,
                                   rebuilt_calls));
-  if (best == chosen && best != passing.front()) {
+  if (took_preferred && best == chosen) {
+    absl::StrAppend(
+        &evidence,
+        absl::StrFormat("; chosen over %s, which peaks %s: less than the %.0f%% that "
+                        "picks another config than %s, the safe one for the job's harmful "
+                        "start, on a window without a whole step",
+                        ConfigName(LiveConfigString(lowest_fitted->candidate.config,
+                                                    running.config)),
+                        best->replay.peak_reserved > lowest_fitted->replay.peak_reserved
+                            ? absl::StrCat(FormatSize(static_cast<uint64_t>(
+                                               best->replay.peak_reserved -
+                                               lowest_fitted->replay.peak_reserved)),
+                                           " lower")
+                            : std::string("as low"),
+                        100 * options.min_saving, ConfigName(d.to_config)));
+  } else if (best == chosen && best != passing.front()) {
     const Evaluation& lowest = *passing.front();
     absl::StrAppend(
         &evidence,

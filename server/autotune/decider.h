@@ -114,6 +114,15 @@ struct DecideOptions {
   std::optional<double> size_growth;
   // See EvaluatorOptions::on_replay.
   std::function<void(int)> on_replay;
+  // A config to propose unless a passing candidate peaks at least min_saving
+  // below it (PreferUnlessBeaten): the safe config of a job started on a
+  // harmful one, decided on before it has a whole step (the early push). Such
+  // a window cannot tell configs apart within a few percent, and the safe
+  // config, expandable segments without a split limit, serves any size the
+  // job asks later; the best of 22 candidates on a DDP rank's first 3,428
+  // events, PyTorch's defaults, peaked 37-66% above it over the whole run.
+  // Unset, or not among the candidates that pass the gates: no preference.
+  std::optional<AllocatorConfig> preferred;
   // What the job's processes do: a candidate that ConfigIncompatibility
   // refuses for them, switched to live, is left out (Decision::left_out),
   // expandable segments from the search itself.
@@ -178,6 +187,13 @@ int SizeFittedSettings(const Candidate& candidate);
 // nullptr when `passing` is empty.
 const Evaluation* ChooseProposal(const std::vector<const Evaluation*>& passing,
                                  double simpler_within);
+
+// `best`, unless `passing` holds `preferred` (without a memory fraction)
+// and `best` does not peak at least `min_saving` below it: then that one.
+// nullptr when `best` is.
+const Evaluation* PreferUnlessBeaten(const std::vector<const Evaluation*>& passing,
+                                     const Evaluation* best, const AllocatorConfig& preferred,
+                                     double min_saving);
 
 // The first key of `pinned_keys` (PYTORCH_CUDA_ALLOC_CONF names) on which
 // `a` and `b` differ, or nullptr: what a candidate, or a start config

@@ -1200,6 +1200,53 @@ TEST(AutotunerTest, NoTriggerDecidesOnARepeatOfAJobWhoseClientMarksStepsButMarke
   EXPECT_GE(d[0].predicted_peak_requested, int64_t{900} * kMiB) << d[0].why;
 }
 
+// Decoding batches of growing length, on PyTorch's guide's
+// max_split_size_mb:64: each batch's KV cache is larger than the last one's,
+// and its tokens' temporaries come and go. Returns the events.
+std::vector<EvidenceEvent> GrowingBatches(int batches, uint64_t stream, uint64_t& next_id) {
+  std::vector<EvidenceEvent> events;
+  for (int batch = 0; batch < batches; ++batch) {
+    const uint64_t cache = next_id++;
+    events.push_back({TraceOp::kAlloc, stream, cache, (96 + 24 * (batch % 4)) * kMiB});
+    for (const EvidenceEvent& e : DecodedTokens(6, stream, next_id)) events.push_back(e);
+    events.push_back({TraceOp::kFreeCompleted, stream, cache, 0});
+  }
+  return events;
+}
+
+// With --autotune-prior off a job started on a harmful config is pushed
+// early, before it has a whole step. On a DDP rank's first 3,428 events
+// PyTorch's defaults peaked lowest of 22 candidates and were pushed; over
+// the whole run they peaked 37-66% above expandable segments. Such a window
+// cannot tell configs apart within a few percent: the safe config is
+// pushed unless another peaks at least min_saving below it.
+TEST(AutotunerTest, AHarmfulStartDecidedBeforeAWholeStepIsPushedItsSafeConfig) {
+  FakeClock clock;
+  FakeActions actions;
+  const AutotuneOptions options = SmallJobOptions(clock, AutotuneMode::kRecommend);
+  Autotuner tuner(options, &actions);
+  tuner.SessionStarted(1, "decode", "max_split_size_mb:64", 1, "", /*marks_steps=*/true);
+  constexpr uint64_t kStream = 9;
+  uint64_t next_id = 1;
+  size_t events = 0;
+  while (tuner.History("decode", 1).empty() && events < 3 * options.aperiodic_after_events) {
+    const std::vector<EvidenceEvent> batches = GrowingBatches(2, kStream, next_id);
+    tuner.Events(1, batches, 0);
+    events += batches.size();
+    tuner.WaitIdle();
+  }
+  const std::vector<AutotuneDecision> d = tuner.History("decode", 1);
+  ASSERT_EQ(d.size(), 1u) << "no decision after " << events << " events";
+  EXPECT_EQ(d[0].trigger, AutotuneTrigger::kBadStartConfig);
+  EXPECT_EQ(d[0].result, AutotuneResult::kRecommended) << d[0].why;
+  EXPECT_EQ(d[0].to_config, "expandable_segments:True") << d[0].why;
+  // The defaults peaked as low on this window, and were ranked first.
+  EXPECT_NE(d[0].why.find("chosen over (defaults), which peaks as low"), std::string::npos)
+      << d[0].why;
+  EXPECT_NE(d[0].why.find("the safe one for the job's harmful start"), std::string::npos)
+      << d[0].why;
+}
+
 // A generation job whose stream began after its weights were allocated
 // (`allocd run` attaches once PyTorch first asked for memory; advise()
 // after the model was built): the client's state where the stream began

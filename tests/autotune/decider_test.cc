@@ -142,6 +142,31 @@ TEST(ChooseProposalTest, OfTheCandidatesNearTheLowestPeakTheOneFittedLeastIsProp
   EXPECT_EQ(ChooseProposal({}, 0.02), nullptr);
 }
 
+// The safe config of a harmful start, on a window without a whole step, is
+// proposed unless another peaks at least min_saving below it.
+TEST(PreferUnlessBeatenTest, ThePreferredConfigUnlessAnotherPeaksClearlyLower) {
+  const std::vector<Evaluation> ranked = {
+      Evaluated("", 1000),
+      Evaluated("roundup_power2_divisions:4", 1010),
+      Evaluated("expandable_segments:True", 1040),
+  };
+  std::vector<const Evaluation*> passing;
+  for (const Evaluation& e : ranked) passing.push_back(&e);
+  const AllocatorConfig expandable = Running("expandable_segments:True").config;
+  // 3.8% lower: not enough.
+  EXPECT_EQ(PreferUnlessBeaten(passing, passing[0], expandable, 0.05), passing[2]);
+  // 3.8% is enough for a 3% margin.
+  EXPECT_EQ(PreferUnlessBeaten(passing, passing[0], expandable, 0.03), passing[0]);
+  // Not among the candidates that pass: the best.
+  const std::vector<const Evaluation*> without(passing.begin(), passing.begin() + 2);
+  EXPECT_EQ(PreferUnlessBeaten(without, passing[0], expandable, 0.05), passing[0]);
+  // Only as itself, not with a memory fraction.
+  Evaluation capped = ranked[2];
+  capped.candidate.memory_fraction = 0.5;
+  EXPECT_EQ(PreferUnlessBeaten({passing[0], &capped}, passing[0], expandable, 0.05), passing[0]);
+  EXPECT_EQ(PreferUnlessBeaten(passing, nullptr, expandable, 0.05), nullptr);
+}
+
 TEST(DecideTest, ACandidateThatWouldRunOutOfMemoryIsNeverProposed) {
   const RunningConfig running = Running("max_split_size_mb:64");
   absl::StatusOr<ReplayResult> plain = Replay(LlamaLora(), running.config);
