@@ -18,9 +18,9 @@
 // far has peaked; a repeat in its stream (a decoded token, a sampling step)
 // is no step of it. A client that cannot mark (a C++ client, a replay): its
 // job is periodic when FindStepPeriod finds its step, and aperiodic, as
-// above, with none. The early decision on a harmful start, made aperiodic,
-// proposes its safe config unless another peaks clearly lower
-// (DecideOptions::preferred). Afterwards a job is decided on again,
+// above, with none. The early decision on a harmful start, made on fewer
+// than two steps the job marked, proposes its safe config unless another
+// peaks clearly lower (DecideOptions::preferred). Afterwards a job is decided on again,
 // whatever the cooldown, when a request larger than any its last decision
 // saw by `growth_margin` has peaked ("larger_request"), or when its reserved
 // memory grows past what its last decision said its best config needs by

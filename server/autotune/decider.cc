@@ -480,7 +480,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
         &evidence,
         absl::StrFormat("; chosen over %s, which peaks %s: less than the %.0f%% that "
                         "picks another config than %s, the safe one for the job's harmful "
-                        "start, on a window without a whole step",
+                        "start, on a window without two steps the job marked",
                         ConfigName(LiveConfigString(lowest_fitted->candidate.config,
                                                     running.config)),
                         best->replay.peak_reserved > lowest_fitted->replay.peak_reserved

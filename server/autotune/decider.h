@@ -116,8 +116,9 @@ struct DecideOptions {
   std::function<void(int)> on_replay;
   // A config to propose unless a passing candidate peaks at least min_saving
   // below it (PreferUnlessBeaten): the safe config of a job started on a
-  // harmful one, decided on before it has a whole step (the early push). Such
-  // a window cannot tell configs apart within a few percent, and the safe
+  // harmful one, decided on before it has marked two steps (the early push,
+  // on a repeat found in its stream or none). Such a window cannot tell
+  // configs apart within a few percent, and the safe
   // config, expandable segments without a split limit, serves any size the
   // job asks later; the best of 22 candidates on a DDP rank's first 3,428
   // events, PyTorch's defaults, peaked 37-66% above it over the whole run.
