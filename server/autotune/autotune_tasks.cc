@@ -199,10 +199,10 @@ void Autotuner::Impl::RunDecision(const AutotuneTask& task) {
     aperiodic = true;
   }
 
-  // The early push from a harmful start, decided on no two steps the job
-  // marked (a repeat found in its stream, or none), proposes the safe config
-  // unless another peaks clearly lower.
-  if (task.trigger == AutotuneTrigger::kBadStartConfig && in.step_ends.size() < 2 &&
+  // The early push from a harmful start, when decided on no two steps the
+  // job marked (a repeat found in its stream, or none: Decide knows which),
+  // proposes the safe config unless another peaks clearly lower.
+  if (task.trigger == AutotuneTrigger::kBadStartConfig &&
       IsHarmfulStartConfig(running.config)) {
     decide.preferred = SaferStartConfig(running.config);
   }

@@ -404,7 +404,7 @@ Decision Decide(const Trace& window, const RunningConfig& running, const JobPoli
   }
   const Evaluation* const lowest_fitted = ChooseProposal(passing, options.simpler_within);
   const Evaluation* best =
-      options.preferred
+      options.preferred && !marked
           ? PreferUnlessBeaten(passing, lowest_fitted, *options.preferred, options.min_saving)
           : lowest_fitted;
   const bool took_preferred = best != lowest_fitted;

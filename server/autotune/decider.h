@@ -122,7 +122,8 @@ struct DecideOptions {
   // config, expandable segments without a split limit, serves any size the
   // job asks later; the best of 22 candidates on a DDP rank's first 3,428
   // events, PyTorch's defaults, peaked 37-66% above it over the whole run.
-  // Unset, or not among the candidates that pass the gates: no preference.
+  // Unset, not among the candidates that pass the gates, or a decision on
+  // two or more `step_ends` (the job's own steps): no preference.
   std::optional<AllocatorConfig> preferred;
   // What the job's processes do: a candidate that ConfigIncompatibility
   // refuses for them, switched to live, is left out (Decision::left_out),
