@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -1125,6 +1126,21 @@ std::vector<EvidenceEvent> DecodedTokens(int count, uint64_t stream, uint64_t& n
   return tokens;
 }
 
+// Feeds session 1 of `job` what `next` makes, a call at a time, until the
+// job's first decision or `most` events (counted on in `fed`); returns its
+// decisions.
+std::vector<AutotuneDecision> FeedUntilDecided(
+    Autotuner& tuner, const std::string& job, size_t most, size_t& fed,
+    const std::function<std::vector<EvidenceEvent>()>& next) {
+  while (tuner.History(job, 1).empty() && fed < most) {
+    const std::vector<EvidenceEvent> events = next();
+    tuner.Events(1, events, 0);
+    fed += events.size();
+    tuner.WaitIdle();
+  }
+  return tuner.History(job, 1);
+}
+
 // Decoding into a cache allocated once (a static KV cache, a diffusion
 // sampler's latents): every token allocates and frees the same
 // temporaries, a repeat the stream's step finder takes for a step. Under
@@ -1144,13 +1160,9 @@ TEST(AutotunerTest, AJobWhoseClientMarksStepsButMarkedNoneIsNeverDecidedOnARepea
     uint64_t next_id = 1;
     tuner.Events(1, {{TraceOp::kAlloc, kStream, next_id++, 900 * kMiB}}, 0);  // the cache
     size_t events = 1;
-    while (tuner.History("decode", 1).empty() && events < 3 * options.aperiodic_after_events) {
-      const std::vector<EvidenceEvent> tokens = DecodedTokens(10, kStream, next_id);
-      tuner.Events(1, tokens, 0);
-      events += tokens.size();
-      tuner.WaitIdle();
-    }
-    const std::vector<AutotuneDecision> d = tuner.History("decode", 1);
+    const std::vector<AutotuneDecision> d =
+        FeedUntilDecided(tuner, "decode", 3 * options.aperiodic_after_events, events,
+                         [&] { return DecodedTokens(10, kStream, next_id); });
     ASSERT_EQ(d.size(), 1u) << "no decision after " << events << " events";
     if (marks_steps) {
       EXPECT_GE(d[0].window_events, options.aperiodic_after_events);
@@ -1229,13 +1241,9 @@ TEST(AutotunerTest, AHarmfulStartDecidedBeforeAWholeStepIsPushedItsSafeConfig) {
   constexpr uint64_t kStream = 9;
   uint64_t next_id = 1;
   size_t events = 0;
-  while (tuner.History("decode", 1).empty() && events < 3 * options.aperiodic_after_events) {
-    const std::vector<EvidenceEvent> batches = GrowingBatches(2, kStream, next_id);
-    tuner.Events(1, batches, 0);
-    events += batches.size();
-    tuner.WaitIdle();
-  }
-  const std::vector<AutotuneDecision> d = tuner.History("decode", 1);
+  const std::vector<AutotuneDecision> d =
+      FeedUntilDecided(tuner, "decode", 3 * options.aperiodic_after_events, events,
+                       [&] { return GrowingBatches(2, kStream, next_id); });
   ASSERT_EQ(d.size(), 1u) << "no decision after " << events << " events";
   EXPECT_EQ(d[0].trigger, AutotuneTrigger::kBadStartConfig);
   EXPECT_EQ(d[0].result, AutotuneResult::kRecommended) << d[0].why;
