@@ -167,6 +167,52 @@ TEST(PreferUnlessBeatenTest, ThePreferredConfigUnlessAnotherPeaksClearlyLower) {
   EXPECT_EQ(PreferUnlessBeaten(passing, nullptr, expandable, 0.05), nullptr);
 }
 
+// Batches of decoding, each with a KV cache of 96 or 120 MiB, on
+// max_split_size_mb:64, with a step mark after each batch in `marks`: from
+// the first 120 MiB cache (event 218) on, PyTorch's defaults and expandable
+// segments peak alike, and the defaults rank first.
+Trace DecodedBatches(std::vector<uint64_t>& marks) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  TraceBuilder b;
+  uint64_t events = 0;
+  for (int batch = 0; batch < 40; ++batch) {
+    const uint32_t cache = b.Alloc((96 + 24 * (batch % 2)) * kMiB);
+    for (int token = 0; token < 6; ++token) {
+      std::vector<uint32_t> temporaries;
+      for (int layer = 0; layer < 12; ++layer) {
+        temporaries.push_back(b.Alloc((3 + layer % 5) * kMiB));
+      }
+      for (uint32_t t : temporaries) b.Free(t);
+    }
+    b.Free(cache);
+    events += 2 + 6 * 12 * 3;
+    marks.push_back(events);
+  }
+  return b.Build();
+}
+
+// The preferred config is for a window that is not the job's own steps: on
+// two or more step marks, the lowest peak is proposed as ever.
+TEST(DecideTest, ThePreferredConfigOnlyWithoutTwoMarkedSteps) {
+  std::vector<uint64_t> marks;
+  const Trace trace = DecodedBatches(marks);
+  const RunningConfig running = Running("max_split_size_mb:64");
+  DecideOptions options = Options();
+  options.preferred = Running("expandable_segments:True").config;
+  options.cover_from = 218;
+  const Decision unmarked = Decide(trace, running, JobPolicy{}, options);
+  ASSERT_EQ(unmarked.result, Decision::Result::kPropose) << unmarked.why;
+  EXPECT_EQ(unmarked.to_config, "expandable_segments:True") << unmarked.why;
+  EXPECT_NE(unmarked.why.find("chosen over (defaults), which peaks as low"), std::string::npos)
+      << unmarked.why;
+  options.step_ends = marks;
+  const Decision marked = Decide(trace, running, JobPolicy{}, options);
+  ASSERT_EQ(marked.result, Decision::Result::kPropose) << marked.why;
+  EXPECT_NE(marked.why.find("the job marked 40 steps"), std::string::npos) << marked.why;
+  EXPECT_NE(marked.to_config, "expandable_segments:True") << marked.why;
+  EXPECT_EQ(marked.why.find("the safe one"), std::string::npos) << marked.why;
+}
+
 TEST(DecideTest, ACandidateThatWouldRunOutOfMemoryIsNeverProposed) {
   const RunningConfig running = Running("max_split_size_mb:64");
   absl::StatusOr<ReplayResult> plain = Replay(LlamaLora(), running.config);
