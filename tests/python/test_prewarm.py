@@ -346,7 +346,7 @@ class StartTest(unittest.TestCase):
             allocd_interpose_prewarm=prewarm,
             allocd_interpose_prewarm_map=lambda d, size: mapped.append((d, size)),
             allocd_interpose_prewarm_unused=lambda d: unused.append(d))
-        events = EventStream(FakeLib(), None, None, 0, FakeReader([]))
+        events = EventStream(FakeLib(), None, FakeReader([]))
         prewarmer = _advisor.start_prewarmer(lib, self.torch(), 1, events)
         self.assertIsInstance(prewarmer, Prewarmer)
         self.assertEqual(events.watch_bytes, CAPACITY // 10)
@@ -413,7 +413,7 @@ class HiddenEventsTest(unittest.TestCase):
         events = [(0, 4096, 0x100), (0, PEAK, 0x7000), (1, PEAK, 0x7000), (2, PEAK, 0x7000),
                   (0, PEAK, 0x7000), (1, PEAK, 0x7000), (2, PEAK, 0x7000)]
         lib = FakeLib()
-        stream = EventStream(lib, None, None, 0, FakeReader(events))
+        stream = EventStream(lib, None, FakeReader(events))
         stream.watch_bytes = PEAK // 2
         stream.hide(0x7000)
         large = stream.send()
@@ -426,7 +426,7 @@ class HiddenEventsTest(unittest.TestCase):
 
     def test_what_the_reader_dropped_is_not_looked_for_in_the_next_round(self):
         lib = FakeLib()
-        stream = EventStream(lib, None, None, 0, FakeReader([(0, 4096, 0x100)]))
+        stream = EventStream(lib, None, FakeReader([(0, 4096, 0x100)]))
         stream.hide(0x7000)  # its events lost to the reader's ring
         stream.send()
         stream.reader.events = [(0, PEAK, 0x7000), (1, PEAK, 0x7000)]

@@ -87,7 +87,7 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     except AllocdUnavailable:
         lib.allocd_disconnect(client)
         raise
-    events = EventStream(lib, client, torch, device, reader) if reader is not None else None
+    events = EventStream(lib, client, reader) if reader is not None else None
     holds = AllocatorHolds()
     advisor = Advisor(lib, client, torch, device, period, config, events,
                       start_prewarmer(lib, torch, device, events, holds) if transparent

@@ -89,13 +89,11 @@ def columns(state):
 
 class EventStream:
     """What `reader` (a started reader of the allocation stream) reads, sent
-    on the session `client`, with the allocator's states at step marks."""
+    on the session `client`, with the allocator's states it reads at step marks."""
 
-    def __init__(self, lib, client, torch, device, reader):
+    def __init__(self, lib, client, reader):
         self._lib = lib
         self._client = client
-        self._torch = torch
-        self._device = device
         self.reader = reader
         self.events_sent = 0
         self.states_sent = 0
