@@ -139,21 +139,6 @@ auto Snapshot(Allocator* allocator, long) -> decltype(allocator->snapshot()) {
   return allocator->snapshot();
 }
 
-template <typename S, typename = void>
-struct HasExpandable : std::false_type {};  // SegmentInfo::is_expandable, since 2.1
-template <typename S>
-struct HasExpandable<S, std::void_t<decltype(std::declval<const S&>().is_expandable)>>
-    : std::true_type {};
-
-template <typename S>
-bool IsExpandable(const S& segment) {
-  if constexpr (HasExpandable<S>::value) {
-    return segment.is_expandable;
-  } else {
-    return false;
-  }
-}
-
 // Fills `out` with device `device`'s segments and the blocks held in them
 // (allocated, or freed by the program and waiting on a stream), as
 // memory_snapshot() reports them: a block's address is its segment's plus the
@@ -171,7 +156,7 @@ int FillState(const Segments& segments, int device, uint64_t max_segments,
     out.segment_sizes.push_back(static_cast<uint64_t>(segment.total_size));
     out.segment_streams.push_back(StreamId(segment.stream));
     out.segment_flags.push_back((segment.is_large ? 0 : kSegmentSmall) |
-                                (IsExpandable(segment) ? kSegmentExpandable : 0));
+                                (segment.is_expandable ? kSegmentExpandable : 0));
     uint64_t address = base;
     for (const auto& block : segment.blocks) {
       const auto size = static_cast<uint64_t>(block.size);
