@@ -2,7 +2,7 @@
 interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
-        [--rounds 8] [--workloads seq2seq,resnet50,generate]
+        [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]
         [--modes native,native-b,transparent,run,advise]   (also: preload)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
@@ -32,6 +32,13 @@ CPU time per step of each worker's threads: the job's own, allocd's (by
 thread) and the rest. Then each worker's steps under PyTorch's profiler,
 the top operators by self CPU time. Writes DIR/overhead.json and prints the
 tables.
+
+--alternate N times single steps instead of rounds: native, a, native, b,
+native, ... (run_alternating), each step of another mode against the mean
+of the native steps either side, N of each mode, all within a few hundred
+ms of their native neighbours: on a host whose cores flip speed within a
+second, rounds of several steps a mode hardly ever run at one speed, and
+these comparisons mostly do.
 """
 import argparse
 import json
@@ -102,25 +109,97 @@ def quartiles(values):
     return q[0], q[2]
 
 
+def ask(worker, request, what):
+    """One turn of a worker: `request` is "N [U]" (overhead_job.py)."""
+    worker.stdin.write(f"{request}\n")
+    worker.stdin.flush()
+    return read_json(worker, what)
+
+
+def run_rounds(workload, workers, modes, rounds):
+    """Every mode a turn of STEPS timed steps a round, in an order rotated
+    each round. Returns the rounds (mode -> turn), every mode's turns, and
+    each other mode's comparisons with native: (its turn, native's turn of
+    the round)."""
+    rows = []
+    for r in range(rounds):
+        order = modes[r % len(modes):] + modes[: r % len(modes)]
+        row = {m: ask(workers[m], STEPS[workload], f"{workload} {m} round {r}") for m in order}
+        rows.append(row)
+        print(f"{workload} round {r}: " + ", ".join(
+            f"{m} {row[m]['host_ms_median']:.2f} ms" for m in modes), flush=True)
+    return (rows, {m: [row[m] for row in rows] for m in modes},
+            {m: [(row[m], row["native"]) for row in rows] for m in modes[1:]})
+
+
+def between(before, after):
+    """Native's two turns either side of another mode's step, as one turn:
+    their mean step, every probe, their work summed."""
+    merged = {"steps": before["steps"] + after["steps"],
+              "probe_ms": before["probe_ms"] + after["probe_ms"],
+              "instructions": None}
+    for clock in ("host", "gpu"):
+        merged[f"{clock}_ms_median"] = (before[f"{clock}_ms_median"]
+                                        + after[f"{clock}_ms_median"]) / 2
+    if before.get("instructions") and after.get("instructions"):
+        merged["instructions"] = {g: before["instructions"].get(g, 0) + n
+                                  for g, n in after["instructions"].items()}
+    return merged
+
+
+def run_alternating(workload, workers, modes, count):
+    """`count` single steps of each other mode, each between two of native's:
+    native, a, native, b, native, ..., the other modes in turn (rotated each
+    time round). A step is compared with the mean of the native steps either
+    side, which cancels a steady drift, and the three run within a few
+    hundred ms: less than the time in which a cloud core's speed flips.
+    Every native step follows another mode's, as every other mode's follows
+    native's. Returns the sequence of turns, every mode's turns, and the
+    comparisons (its turn, native's either side)."""
+    sequence = []
+    turns = {m: [] for m in modes}
+    comparisons = {m: [] for m in modes[1:]}
+    others = modes[1:]
+
+    def step(m, what):
+        turn = ask(workers[m], "1 0", f"{workload} {m} {what}")
+        sequence.append({"mode": m, "turn": turn})
+        turns[m].append(turn)
+        return turn
+
+    native = step("native", "first")
+    for i in range(count):
+        for m in others[i % len(others):] + others[: i % len(others)]:
+            ours = step(m, f"step {i}")
+            after = step("native", f"after {m} step {i}")
+            comparisons[m].append((ours, between(native, after)))
+            native = after
+        if i % 10 == 9 or i == count - 1:
+            print(f"{workload} {i + 1} of {count}: " + ", ".join(
+                f"{m} {statistics.median(o['host_ms_median'] / n['host_ms_median'] for o, n in c):.4f}x"
+                for m, c in comparisons.items()), flush=True)
+    return sequence, turns, comparisons
+
+
 def probe_speed(turn, tolerance):
-    """The turn's probe (its two probes' mean), or None where the core's speed
+    """The turn's probe (its probes' mean), or None where the core's speed
     moved by more than `tolerance` within the turn."""
-    before, after = turn["probe_ms"]
-    if max(before, after) > min(before, after) * (1 + tolerance):
+    probes = turn["probe_ms"]
+    if max(probes) > min(probes) * (1 + tolerance):
         return None
-    return (before + after) / 2
+    return statistics.mean(probes)
 
 
-def speed_matched(rounds, mode, clock, tolerance):
-    """The mode's ratios to native in the rounds where both turns ran at one
+def speed_matched(comparisons, clock, tolerance):
+    """The ratios to native of the comparisons whose two turns ran at one
     speed (probe_speed within `tolerance` of each other)."""
     ratios = []
-    for row in rounds:
-        ours, theirs = probe_speed(row[mode], tolerance), probe_speed(row["native"], tolerance)
-        if ours is None or theirs is None or \
-                max(ours, theirs) > min(ours, theirs) * (1 + tolerance):
+    for ours, native in comparisons:
+        speed, native_speed = probe_speed(ours, tolerance), probe_speed(native, tolerance)
+        if speed is None or native_speed is None or \
+                max(speed, native_speed) > min(speed, native_speed) * (1 + tolerance):
             continue
-        ratios.append(row[mode][f"{clock}_ms_median"] / row["native"][f"{clock}_ms_median"])
+        ratios.append(ours[f"{clock}_ms_median"] / native[f"{clock}_ms_median"])
     return ratios
 
 
@@ -155,6 +234,9 @@ def main():
     p.add_argument("--socket", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--alternate", type=int, default=0,
+                   help="instead of rounds: this many single steps of each other mode, each "
+                        "between two of native's (see run_alternating)")
     p.add_argument("--cpus", default=None,
                    help="cores for the workers (taskset's list syntax; default: every core "
                         "this process may use)")
@@ -189,17 +271,10 @@ def main():
             ready = read_json(w, f"{workload} {m}")
             if m == "run" and not ready.get("under_allocd_run"):
                 sys.exit(f"{workload}: the run-mode worker is not under `allocd run`")
-        rounds = []
-        for r in range(a.rounds):
-            order = modes[r % len(modes):] + modes[: r % len(modes)]
-            row = {}
-            for m in order:
-                workers[m].stdin.write(f"{STEPS[workload]}\n")
-                workers[m].stdin.flush()
-                row[m] = read_json(workers[m], f"{workload} {m} round {r}")
-            rounds.append(row)
-            print(f"{workload} round {r}: " + ", ".join(
-                f"{m} {row[m]['host_ms_median']:.2f} ms" for m in modes), flush=True)
+        if a.alternate:
+            records, turns, comparisons = run_alternating(workload, workers, modes, a.alternate)
+        else:
+            records, turns, comparisons = run_rounds(workload, workers, modes, a.rounds)
         if a.profile_steps:
             for m in modes:
                 path = os.path.join(a.out, f"profile-{workload}-{m}.txt")
@@ -210,30 +285,30 @@ def main():
             w.stdin.close()
             w.wait(timeout=60)
         def pooled(m, clock):
-            return statistics.median([t for row in rounds for t in row[m][f"{clock}_ms"]])
+            return statistics.median([t for turn in turns[m] for t in turn[f"{clock}_ms"]])
 
         summary = {}
-        for m in modes[1:]:
+        for m, compared in comparisons.items():
             entry = {}
             for clock in ("host", "gpu"):
-                ratios = [row[m][f"{clock}_ms_median"] / row["native"][f"{clock}_ms_median"]
-                          for row in rounds]
+                ratios = [ours[f"{clock}_ms_median"] / native[f"{clock}_ms_median"]
+                          for ours, native in compared]
                 entry[clock] = {**spread(ratios),
                                 "pooled": pooled(m, clock) / pooled("native", clock),
-                                "matched": spread(speed_matched(rounds, m, clock, a.match))}
+                                "matched": spread(speed_matched(compared, clock, a.match))}
             summary[m] = entry
         cpu, advisor, instructions = {}, {}, {}
         for m in modes:
-            steps = sum(row[m]["steps"] for row in rounds)
+            steps = sum(turn["steps"] for turn in turns[m])
             total = {}
-            for row in rounds:
-                for group, ms in row[m]["cpu_ms_by_thread"].items():
+            for turn in turns[m]:
+                for group, ms in turn["cpu_ms_by_thread"].items():
                     total[group] = total.get(group, 0.0) + ms
             cpu[m] = {group: ms / steps for group, ms in sorted(total.items())}
-            work = [(row[m]["instructions"], row["native"]["instructions"], row[m]["steps"],
-                     row["native"]["steps"]) for row in rounds
-                    if row[m].get("instructions") and row["native"].get("instructions")]
-            if work and m != "native":
+            work = [(ours["instructions"], native["instructions"], ours["steps"], native["steps"])
+                    for ours, native in comparisons.get(m, [])
+                    if ours.get("instructions") and native.get("instructions")]
+            if work:
                 instructions[m] = {
                     "job": spread([ours["job"] / n / (theirs["job"] / k)
                                    for ours, theirs, n, k in work]),
@@ -242,21 +317,22 @@ def main():
                     "allocd_per_step": statistics.median(
                         [sum(v for g, v in ours.items() if g.startswith("allocd")) / n
                          for ours, _, n, _ in work]),
-                    "scope": rounds[0][m].get("instructions_scope")}
-            turns = [row[m] for row in rounds if row[m].get("advisor")]
-            if turns:
-                parts = {k: sum(t["advisor"][k] for t in turns) for k in turns[0]["advisor"]}
+                    "scope": turns[m][0].get("instructions_scope")}
+            advised = [turn for turn in turns[m] if turn.get("advisor")]
+            if advised:
+                parts = {k: sum(t["advisor"][k] for t in advised) for k in advised[0]["advisor"]}
                 # Over the turn's untimed first step too (advisor_steps), where
                 # the allocator-state read falls.
-                host_s = sum(sum(t["host_ms"]) + t.get("warm_host_ms", 0.0) for t in turns) / 1e3
-                counted = sum(t.get("advisor_steps", t["steps"]) for t in turns)
+                host_s = sum(sum(t["host_ms"]) + t.get("warm_host_ms", 0.0) for t in advised) / 1e3
+                counted = sum(t.get("advisor_steps", t["steps"]) for t in advised)
                 advisor[m] = {"rounds_per_s": parts.pop("rounds") / host_s,
                               "ms_per_step": {k: v * 1e3 / counted for k, v in parts.items()}}
-        turns = [t for row in rounds for t in row.values() if t.get("steal_ticks") is not None]
-        steal = (sum(t["steal_ticks"] for t in turns)
-                 / (os.sysconf("SC_CLK_TCK") * sum(sum(t["host_ms"]) for t in turns) / 1e3)
-                 if turns else None)
-        results[workload] = {"rounds": rounds, "summary": summary, "steal_cpus": steal,
+        stolen = [t for m in modes for t in turns[m] if t.get("steal_ticks") is not None]
+        steal = (sum(t["steal_ticks"] for t in stolen)
+                 / (os.sysconf("SC_CLK_TCK") * sum(sum(t["host_ms"]) for t in stolen) / 1e3)
+                 if stolen else None)
+        results[workload] = {"sequence" if a.alternate else "rounds": records, "summary": summary,
+                             "steal_cpus": steal,
                              "native_host_ms_median": pooled("native", "host"),
                              "cpu_ms_per_step": cpu, "advisor": advisor, "instructions": instructions,
                              "cores": pinned}
@@ -266,23 +342,26 @@ def main():
         return (f"{s['median']:.4f}x, 95% {s['ci95'][0]:.4f}-{s['ci95'][1]:.4f} "
                 f"[IQR {s['q1']:.4f}-{s['q3']:.4f}] ({s['min']:.4f}-{s['max']:.4f})")
 
+    compared, unit = (a.alternate, "step") if a.alternate else (a.rounds, "round")
     rows = []
     for workload, r in results.items():
         for m, entry in r["summary"].items():
             h, g = entry["host"], entry["gpu"]
             matched = h["matched"]
             rows.append([workload, f"{r['native_host_ms_median']:.2f}", m,
-                         f"{cell(matched)}, {len(matched['ratios'])} of {a.rounds}" if matched
-                         else f"none of {a.rounds}",
+                         f"{cell(matched)}, {len(matched['ratios'])} of {compared}" if matched
+                         else f"none of {compared}",
                          cell(h), f"{h['pooled']:.4f}x", cell(g), f"{g['pooled']:.4f}x"])
-    print_table(f"{a.rounds} rounds. Ratio to native: the median of the rounds' ratios, its 95% "
-                f"interval (bootstrap over the rounds) [IQR] (min-max), and the ratio of all "
-                f"timed steps' medians (pooled). native-b, a second native worker, is the "
-                f"method's own noise.",
+    against = (" single steps of each mode, each against the mean of native's steps either side"
+               if a.alternate else " rounds of each mode with native")
+    print_table(f"{compared}{against}. Ratio to native: the median of "
+                f"the {unit}s' ratios, its 95% interval (bootstrap over the {unit}s) [IQR] "
+                f"(min-max), and the ratio of all timed steps' medians (pooled). native-b, a "
+                f"second native worker, is the method's own noise.",
                 [("workload", False), ("native step (host, ms)", True), ("mode", False),
-                 ("speed-matched rounds (host clock), of all", False),
-                 ("all rounds (host clock)", False), ("pooled", True),
-                 ("all rounds (CUDA events)", False), ("pooled", True)], rows)
+                 (f"speed-matched {unit}s (host clock), of all", False),
+                 (f"all {unit}s (host clock)", False), ("pooled", True),
+                 (f"all {unit}s (CUDA events)", False), ("pooled", True)], rows)
 
     print()
     for workload, r in results.items():

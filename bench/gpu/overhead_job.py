@@ -17,9 +17,9 @@ Modes: native; transparent (allocd.enable() before torch); advise
 (allocd.advise(): PyTorch's own allocator, its history streamed). `allocd
 run -- python overhead_job.py --mode native` is the unchanged script.
 
-It runs --warmup steps, prints {"ready": ...}, then for each line N on its
-standard input runs 1 untimed step and N timed ones and prints one JSON
-line with every timed step ("profile N PATH": N steps under PyTorch's
+It runs --warmup steps, prints {"ready": ...}, then for each line "N [U]" on
+its standard input runs U untimed steps (default 1) and N timed ones and
+prints one JSON line with every timed step ("profile N PATH": N steps under PyTorch's
 profiler, its table of the top operators by self CPU time written to PATH).
 Each step is timed twice: CUDA events around it (the GPU's view, launch
 gaps included), and the host's clock from before it to after its
@@ -299,15 +299,18 @@ def main():
             continue
         # The untimed first step of a turn (the switch between workers) is
         # where a due allocator-state read falls, every ALLOCD_STATE_PERIOD_S:
-        # allocd's counters take it in, over the turn's steps and it.
+        # allocd's counters take it in, over the turn's steps and it. Paired
+        # single steps (U = 0) time it: there it falls in one step of many.
+        timed_steps, _, untimed_steps = line.partition(" ")
+        untimed_steps = int(untimed_steps or 1)
         advisor_before = advisor_counters()
-        _, warm_host = timed(1)
+        _, warm_host = timed(untimed_steps)
         probes = [probe_ms()]
         steal_before = host_steal_ticks()
         if counters.available:
             counters.start()
         cpu_before = thread_cpu_ns()
-        gpu, host = timed(int(line))
+        gpu, host = timed(int(timed_steps))
         cpu = by_group(cpu_before, thread_cpu_ns(), 1e6)
         instructions = by_group({}, counters.read(), 1) if counters.available else None
         steal_after = host_steal_ticks()
@@ -321,8 +324,8 @@ def main():
                           "cpu_ms_by_thread": cpu, "probe_ms": probes,
                           "steal_ticks": None if steal_before is None or steal_after is None
                           else steal_after - steal_before,
-                          "advisor": advisor, "advisor_steps": len(gpu) + 1,
-                          "warm_host_ms": warm_host[0] * 1e3,
+                          "advisor": advisor, "advisor_steps": len(gpu) + untimed_steps,
+                          "warm_host_ms": sum(warm_host) * 1e3,
                           "instructions": instructions,
                           "instructions_scope": counters.scope,
                           "max_reserved": torch.cuda.max_memory_reserved(),
