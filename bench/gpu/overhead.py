@@ -75,7 +75,8 @@ def start(a, workload, mode, cpus):
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent"}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket,
-           ] + (["--job-core", str(a.job_core)] if a.job_core is not None else [])
+           ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
+        + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else [])
     if mode == "run":
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
@@ -244,6 +245,9 @@ def main():
                    help="split --cpus evenly among the workers instead of sharing them")
     p.add_argument("--job-core", type=int, default=None,
                    help="the core every worker's own thread runs on (default: any of its cores)")
+    p.add_argument("--autograd-core", type=int, default=None,
+                   help="the core every worker's autograd threads run on (default: any of its "
+                        "cores)")
     p.add_argument("--match", type=float, default=0.03,
                    help="speed-matched rounds: probes within this fraction of each other")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")

@@ -8,8 +8,9 @@
 # recommend), so that every step runs one config. The daemon runs on the
 # last DAEMON_CORES cores (default 4), the workers, one stepping at a time,
 # on the others (OVERHEAD_ARGS=--separate-cores: cores of their own;
-# OVERHEAD_ARGS="--alternate 150 --job-core 0": single steps, each between
-# two of native's, every job thread on core 0, instead of rounds).
+# OVERHEAD_ARGS="--alternate 150 --job-core 0 --autograd-core 1": single
+# steps, each between two of native's, every job thread on core 0 and every
+# autograd thread on core 1, instead of rounds).
 #
 #   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 30)
 #

@@ -41,6 +41,10 @@ turn with native's only where the probes say the core ran alike.
 --job-core C pins the job's own thread to core C once warm (the threads it
 started before, PyTorch's, CUDA's and allocd's, keep every core it had), so
 that every mode's job thread runs on the one core native's ran on.
+--autograd-core C does the same for PyTorch's autograd threads, which launch
+a training step's backward: left to the scheduler, each worker's settles on
+a core of its own, and on a host whose cores differ in speed that places a
+bias on its worker for the whole run.
 """
 import argparse
 import json
@@ -253,6 +257,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--job-core", type=int, default=None,
                    help="once warm, pin the job's own thread to this core")
+    p.add_argument("--autograd-core", type=int, default=None,
+                   help="once warm, pin PyTorch's autograd threads to this core")
     a = p.parse_args()
     if a.mode == "transparent":
         import allocd
@@ -286,6 +292,10 @@ def main():
     counters = InstructionCounters()
     if a.job_core is not None:
         os.sched_setaffinity(threading.get_native_id(), {a.job_core})
+    if a.autograd_core is not None:
+        for tid, name in thread_names().items():
+            if name.startswith("pt_autograd"):
+                os.sched_setaffinity(tid, {a.autograd_core})
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run}), flush=True)
     for line in sys.stdin:
         if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
