@@ -52,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Timed steps in one turn: short turns interleave the modes finely.
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2}
 BOOTSTRAP_RESAMPLES = 2000
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 
 
 def cpu_sets(cpus, n):
@@ -90,8 +91,17 @@ def start(a, workload, mode, cpus):
         from allocd._bindings import INTERPOSE_LIBRARY, library_path
         env["LD_PRELOAD"] = ":".join(filter(None, [library_path(INTERPOSE_LIBRARY),
                                                    env.get("LD_PRELOAD")]))
+    if a.same_layout:
+        env["PYTHONHASHSEED"] = "0"
+
+    def place():
+        os.sched_setaffinity(0, cpus)
+        if a.same_layout:
+            import ctypes
+            ctypes.CDLL(None).personality(ADDR_NO_RANDOMIZE)
+
     worker = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+                              env=env, preexec_fn=place)
     return worker
 
 
@@ -248,6 +258,10 @@ def main():
     p.add_argument("--autograd-core", type=int, default=None,
                    help="the core every worker's autograd threads run on (default: any of its "
                         "cores)")
+    p.add_argument("--same-layout", action="store_true",
+                   help="start every worker without address-space randomisation and with one "
+                        "Python hash seed, so that two workers of a mode lay out their memory "
+                        "alike (a process's layout can move a CPU-bound step by a few percent)")
     p.add_argument("--match", type=float, default=0.03,
                    help="speed-matched rounds: probes within this fraction of each other")
     p.add_argument("--workloads", default="seq2seq,resnet50,generate")
