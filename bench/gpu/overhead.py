@@ -3,7 +3,7 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]
-        [--modes native,native-b,transparent,run,advise]   (also: preload)
+        [--modes native,native-b,transparent,run,advise]   (also: preload, loaded, tracked)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent

@@ -5,7 +5,7 @@
 # an unchanged script under `allocd run`, and in advisor mode
 # (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
 # on a daemon serving the GPU that decides but pushes nothing (autotune
-# recommend), so that every step runs one config. The daemon runs on the
+# recommend; AUTOTUNE=off: none), so that every step runs one config. The daemon runs on the
 # last DAEMON_CORES cores (default 4), the workers, one stepping at a time,
 # on the others (OVERHEAD_ARGS=--separate-cores: cores of their own;
 # OVERHEAD_ARGS="--alternate 150 --job-core 0 --autograd-core 1": single
@@ -29,12 +29,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 ncpu=$(nproc) daemon_cores=${DAEMON_CORES:-4}
 all_cores=$(taskset -pc $$ | awk '{print $NF}')
 taskset -pc "$((ncpu - daemon_cores))-$((ncpu - 1))" $$ >/dev/null  # what start_daemon starts inherits it
-start_daemon device --autotune recommend
+start_daemon device --autotune "${AUTOTUNE:-recommend}"
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
 python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" --rounds "$rounds" \
     --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
     ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
 status=$?
+# The daemon's CPU time over the run (utime + stime, in clock ticks): the
+# replays it ran for the workers, beside their steps.
+read -r -a stat < "/proc/$daemon/stat" && \
+  echo "daemon CPU time: $(( (stat[13] + stat[14]) / $(getconf CLK_TCK) )) s (--autotune ${AUTOTUNE:-recommend})"
 stop_daemon
 exit $status

@@ -14,7 +14,10 @@ Workloads (fixed shapes, so every step allocates alike):
   generate  a GPT-2-medium-shaped model (fp16), batch 16, 128-token prompts,
             16 new tokens, greedy (one generate() call a step)
 Modes: native; transparent (allocd.enable() before torch); advise
-(allocd.advise(): PyTorch's own allocator, its history streamed). `allocd
+(allocd.advise(): PyTorch's own allocator, its history streamed). Parts of
+allocd alone: loaded (its client and tracker libraries loaded, nothing
+started) and tracked (the tracker attached to PyTorch's allocator, its
+events taken between turns; no thread, no daemon). `allocd
 run -- python overhead_job.py --mode native` is the unchanged script.
 
 It runs --warmup steps, prints {"ready": ...}, then for each line "N [U]" on
@@ -252,7 +255,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate"], required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked"],
+                   required=True)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--job-core", type=int, default=None,
@@ -268,6 +272,16 @@ def main():
     if a.mode == "advise":
         import allocd
         allocd.advise(socket=a.socket, job=f"overhead-{a.workload}", required=True)
+    tracker = None
+    if a.mode in ("loaded", "tracked"):
+        # Apart from every thread and round trip of allocd's: its libraries
+        # in the process (loaded), and with them the allocation tracker in
+        # PyTorch's allocator (tracked; its events taken between turns).
+        from allocd import _bindings, _tracker
+        _bindings.load_client()
+        tracker = _tracker.TrackerReader.for_torch(torch, 0)
+        if a.mode == "tracked":
+            tracker.start()
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
     step = build(torch, a.workload)
@@ -313,6 +327,8 @@ def main():
         # single steps (U = 0) time it: there it falls in one step of many.
         timed_steps, _, untimed_steps = line.partition(" ")
         untimed_steps = int(untimed_steps or 1)
+        if a.mode == "tracked":
+            tracker.read()
         advisor_before = advisor_counters()
         _, warm_host = timed(untimed_steps)
         probes = [probe_ms()]
