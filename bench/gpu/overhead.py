@@ -2,8 +2,8 @@
 interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
-        [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]
-        [--modes native,native-b,transparent,run,advise]   (also: preload, loaded, tracked)
+        [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
+        [--modes native,native-b,transparent,run,advise]   (also: preload, loaded, tracked, attached)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -50,7 +50,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Timed steps in one turn: short turns interleave the modes finely.
-STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2}
+STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4}
 BOOTSTRAP_RESAMPLES = 2000
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 

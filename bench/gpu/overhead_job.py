@@ -13,11 +13,14 @@ Workloads (fixed shapes, so every step allocates alike):
             bf16 autocast, SGD with momentum
   generate  a GPT-2-medium-shaped model (fp16), batch 16, 128-token prompts,
             16 new tokens, greedy (one generate() call a step)
+  churn     no model: 10,000 tensors allocated and freed a step (the
+            allocator's path alone, what allocd adds to each event)
 Modes: native; transparent (allocd.enable() before torch); advise
 (allocd.advise(): PyTorch's own allocator, its history streamed). Parts of
 allocd alone: loaded (its client and tracker libraries loaded, nothing
-started) and tracked (the tracker attached to PyTorch's allocator, its
-events taken between turns; no thread, no daemon). `allocd
+started), tracked (the tracker attached to PyTorch's allocator, its
+events taken between turns; no thread, no daemon) and attached (the tracker
+attached and stopped: what PyTorch does for a tracker, without ours). `allocd
 run -- python overhead_job.py --mode native` is the unchanged script.
 
 It runs --warmup steps, prints {"ready": ...}, then for each line "N [U]" on
@@ -89,6 +92,18 @@ def build(torch, workload):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
+    if workload == "churn":
+        # The allocator's path alone: 10,000 tensors of 512 B to 2 MiB a step,
+        # each freed 64 allocations later (30,000 events a step).
+        sizes = [512 << (i % 13) for i in range(97)]
+
+        def step():
+            live = [None] * 64
+            for i in range(CHURN_ALLOCATIONS):
+                live[i % 64] = torch.empty(sizes[i % len(sizes)], dtype=torch.uint8,
+                                           device="cuda")
+            live.clear()
+        return step
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16, vocab_size=50257, n_positions=1024)
     model = GPT2LMHeadModel(cfg).to(torch.float16).cuda().eval()
@@ -102,6 +117,7 @@ def build(torch, workload):
     return step
 
 
+CHURN_ALLOCATIONS = 10_000
 PROBE_ITERATIONS = 300_000  # about 5 ms of the interpreter's loop
 
 
@@ -254,9 +270,10 @@ class InstructionCounters:
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate"], required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked"],
+    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn"],
                    required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked",
+                                       "attached"], required=True)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--job-core", type=int, default=None,
@@ -273,14 +290,14 @@ def main():
         import allocd
         allocd.advise(socket=a.socket, job=f"overhead-{a.workload}", required=True)
     tracker = None
-    if a.mode in ("loaded", "tracked"):
+    if a.mode in ("loaded", "tracked", "attached"):
         # Apart from every thread and round trip of allocd's: its libraries
         # in the process (loaded), and with them the allocation tracker in
         # PyTorch's allocator (tracked; its events taken between turns).
         from allocd import _bindings, _tracker
         _bindings.load_client()
         tracker = _tracker.TrackerReader.for_torch(torch, 0)
-        if a.mode == "tracked":
+        if a.mode in ("tracked", "attached"):
             tracker.start()
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
@@ -303,6 +320,8 @@ def main():
         return gpu, host
 
     timed(a.warmup)
+    if a.mode == "attached":
+        tracker.stop()  # attached (CUDA is up), its events ignored: PyTorch's part alone
     counters = InstructionCounters()
     if a.job_core is not None:
         os.sched_setaffinity(threading.get_native_id(), {a.job_core})
