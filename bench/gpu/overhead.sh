@@ -3,22 +3,25 @@
 # and batched generation, each natively (twice: the second native worker's
 # ratio is the method's own noise), transparent (allocd.enable()), as
 # an unchanged script under `allocd run`, and in advisor mode
-# (allocd.advise()), in interleaved rounds of warm workers (overhead.py),
-# on a daemon serving the GPU that decides but pushes nothing (autotune
-# recommend; AUTOTUNE=off: none), so that every step runs one config. The daemon runs on the
-# last DAEMON_CORES cores (default 4), the workers, one stepping at a time,
-# on the others (OVERHEAD_ARGS=--separate-cores: cores of their own;
-# OVERHEAD_ARGS="--alternate 150 --job-core 0 --autograd-core 1": single
-# steps, each between two of native's, every job thread on core 0 and every
-# autograd thread on core 1, instead of rounds).
+# (allocd.advise()), in warm workers (overhead.py) that step one at a time:
+# N single steps of each mode, each between two of native's (native, a,
+# native, b, ...), every worker's job thread on the first core, its
+# autograd threads on the second, all started with one memory layout (no
+# address-space randomisation, one hash seed). The daemon serves the GPU
+# and decides but pushes nothing (autotune recommend; AUTOTUNE=off: none),
+# so that every step runs one config; it runs on the last DAEMON_CORES
+# cores (default 4), the workers on the others.
 #
-#   bench/gpu/overhead.sh [BUNDLE] [OUT] [ROUNDS]     (ROUNDS: default 30)
+#   bench/gpu/overhead.sh [BUNDLE] [OUT] [N]     (N: default 150)
 #
-# Results: OUT/overhead.json (every round), OUT/overhead.log (the table).
+# OVERHEAD_ARGS go to overhead.py after these (e.g. "--alternate 0 --rounds
+# 8" for rounds of several steps a mode), WORKLOADS and MODES choose what
+# runs (one workload at N = 150 takes 3-5 minutes on an H200 host).
+# Results: OUT/overhead.json (every step), OUT/overhead.log (the tables).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-overhead}
-rounds=${3:-30}
+steps=${3:-150}
 mkdir -p "$out"
 exec > >(tee -a "$out/overhead.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +35,8 @@ taskset -pc "$((ncpu - daemon_cores))-$((ncpu - 1))" $$ >/dev/null  # what start
 start_daemon device --autotune "${AUTOTUNE:-recommend}"
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
-python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" --rounds "$rounds" \
+python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" \
+    --alternate "$steps" --job-core 0 --autograd-core 1 --same-layout \
     --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
     ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
 status=$?

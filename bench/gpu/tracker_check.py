@@ -4,8 +4,13 @@ Builds allocd/_trace_tracker.cpp against this PyTorch (timed), reads one
 workload's alloc/free stream both ways at once (two streams, a
 record_stream'd tensor whose free completes late, sizes small and large)
 and compares them event by event; then the cost of each way per event, as
-the time of allocating and freeing 200,000 small tensors with neither, with
-the tracker, and with the history read every 20,000 events. Then the
+the time of allocating and freeing 200,000 small tensors with neither
+(before either is attached: PyTorch cannot detach a tracker, and builds
+each event for it even when it is stopped), with the tracker, and with the
+history read every 20,000 events (the stopped tracker still attached). One
+run of each, in that order, so a core that changes speed meanwhile moves
+them: bench/gpu/overhead.py's churn workload compares them alternately,
+each in a process of its own. Then the
 allocator's state read both ways (the tracker's C++ snapshot and
 torch.cuda.memory_snapshot(), _allocator_state.read_state) on a job holding
 thousands of blocks of every kind (held, cached, freed on a side stream and
@@ -113,6 +118,9 @@ def main():
         return 0
     torch.cuda.init()
     torch.empty(1, device="cuda")
+    n = 200000
+    churn(n)  # warm
+    costs = {"none": churn(n)}
     t0 = time.perf_counter()
     path = _tracker.build(torch)
     built_s = time.perf_counter() - t0
@@ -125,8 +133,6 @@ def main():
     history.stop()
     identical = got[0] == got[1]
     first_difference = next((i for i, (x, y) in enumerate(zip(*got)) if x != y), None)
-    n = 200000
-    costs = {"none": churn(n)}
     costs["tracker"] = churn(n, tracker)
     tracker.stop()
     history.start()
