@@ -7,8 +7,13 @@
 // exception where a test makes it fail, as a pluggable allocator's does.
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <chrono>
 #include <stdexcept>
+#include <string>
 #include <vector>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 namespace c10::cuda::CUDACachingAllocator {
 namespace {
@@ -47,17 +52,30 @@ CUDAAllocator* get() { return &Allocator(); }
 
 using c10::cuda::CUDACachingAllocator::TraceEntry;
 
+namespace {
+// c10::getApproximateTime: the cycle counter where there is one.
+uint64_t ApproximateTime() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+}  // namespace
+
+// As PyTorch 2.11's record_trace (c10/cuda/CUDACachingAllocator.cpp): nothing
+// without a tracker; else an entry built with the time and a compile
+// context, and every tracker called with it.
 extern "C" void fake_torch_emit(int action, int device, uint64_t addr,
                                 uint64_t size, uint64_t stream) {
-  const TraceEntry entry{
-      .action_ = static_cast<TraceEntry::Action>(action),
-      .device_ = static_cast<c10::DeviceIndex>(device),
-      .addr_ = addr,
-      .stream_ = reinterpret_cast<cudaStream_t>(stream),
-      .size_ = size};
-  for (const auto& tracker : c10::cuda::CUDACachingAllocator::Trackers()) {
-    tracker(entry);
-  }
+  const auto& trackers = c10::cuda::CUDACachingAllocator::Trackers();
+  if (trackers.empty()) return;
+  std::string compile_string = "N/A";
+  const TraceEntry entry(static_cast<TraceEntry::Action>(action),
+                         static_cast<c10::DeviceIndex>(device), addr, size,
+                         reinterpret_cast<cudaStream_t>(stream), {0, 0},
+                         ApproximateTime(), nullptr, compile_string);
+  for (const auto& tracker : trackers) tracker(entry);
 }
 
 extern "C" void fake_torch_init() {

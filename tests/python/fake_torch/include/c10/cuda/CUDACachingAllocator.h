@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,11 +35,30 @@ struct TraceEntry {
     SNAPSHOT,
     OOM
   };
+  // As PyTorch 2.11's (c10/core/CachingDeviceAllocator.h TraceEntryBase):
+  // what building one costs a tracked event, besides the fields the tracker
+  // reads.
+  TraceEntry(Action action, DeviceIndex device, size_t addr, size_t size,
+             cudaStream_t stream, MempoolId_t mempool, uint64_t time,
+             std::shared_ptr<void> context = nullptr, std::string compile_context = {})
+      : action_(action),
+        device_(device),
+        addr_(addr),
+        context_(std::move(context)),
+        stream_(stream),
+        size_(size),
+        mempool_(std::move(mempool)),
+        time_(time),
+        compile_context_(std::move(compile_context)) {}
   Action action_;
   DeviceIndex device_;
   size_t addr_;
+  std::shared_ptr<void> context_;
   cudaStream_t stream_;
   size_t size_;
+  MempoolId_t mempool_;
+  uint64_t time_;
+  std::string compile_context_;
 };
 
 using AllocatorTraceTracker = std::function<void(const TraceEntry&)>;
