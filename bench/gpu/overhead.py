@@ -38,7 +38,9 @@ native, ... (run_alternating), each step of another mode against the mean
 of the native steps either side, N of each mode, all within a few hundred
 ms of their native neighbours: on a host whose cores flip speed within a
 second, rounds of several steps a mode hardly ever run at one speed, and
-these comparisons mostly do.
+these comparisons mostly do. The allocator-state read, due by the clock,
+is stretched by the alternation's dilution (state_period), so that it
+falls as often per step as in a job running alone.
 """
 import argparse
 import json
@@ -72,7 +74,7 @@ def parse_cpus(text):
     return cpus
 
 
-def start(a, workload, mode, cpus):
+def start(a, workload, mode, cpus, state_period_s=None):
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent"}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket,
@@ -93,6 +95,8 @@ def start(a, workload, mode, cpus):
                                                    env.get("LD_PRELOAD")]))
     if a.same_layout:
         env["PYTHONHASHSEED"] = "0"
+    if state_period_s is not None:
+        env["ALLOCD_STATE_PERIOD_S"] = str(state_period_s)
 
     def place():
         os.sched_setaffinity(0, cpus)
@@ -103,6 +107,17 @@ def start(a, workload, mode, cpus):
     worker = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=env, preexec_fn=place)
     return worker
+
+
+def state_period(a, modes):
+    """The allocator-state read's period for the workers (None: the client's).
+    It is due by the clock, and in --alternate a worker takes one step in
+    every 2 x (modes - 1): stretched as much, it falls as often per step as
+    in a job running alone, not 2 x (modes - 1) times as often."""
+    if not a.alternate:
+        return None
+    alone_s = float(os.environ.get("ALLOCD_STATE_PERIOD_S", "2"))
+    return alone_s * 2 * (len(modes) - 1)
 
 
 def read_json(worker, what):
@@ -283,7 +298,7 @@ def main():
           flush=True)
     results = {}
     for workload in a.workloads.split(","):
-        workers = {m: start(a, workload, m, pinned[m]) for m in modes}
+        workers = {m: start(a, workload, m, pinned[m], state_period(a, modes)) for m in modes}
         # One at a time would also do; warming them together saves the call's time.
         for m, w in workers.items():
             ready = read_json(w, f"{workload} {m}")
