@@ -180,6 +180,30 @@ class TrackerTest(unittest.TestCase):
         _, _, ids, _, dropped = self.reader.read()
         self.assertEqual((list(ids), dropped), ([5], 2))
 
+    def take(self, most):
+        """The tracker's own take of at most `most` events: (ids, dropped)."""
+        columns = [(ctypes.c_uint8 * most)()] + [(ctypes.c_uint64 * most)() for _ in range(3)]
+        dropped = ctypes.c_uint64(0)
+        got = self.reader._lib.allocd_tracker_take(*(ctypes.addressof(c) for c in columns),
+                                                   most, ctypes.byref(dropped))
+        return list(columns[2])[:got], dropped.value
+
+    def test_a_take_of_part_leaves_the_rest_first_and_the_gap_after_it(self):
+        # The allocating side keeps filling while the takes drain what they
+        # swapped out: the rest of it comes before anything newer, and the
+        # events dropped behind it are reported with its last event.
+        self.reader._capacity = 2
+        self.reader.start()
+        for addr in (1, 2, 3, 4):
+            c10.fake_torch_emit(ALLOC, 0, addr, 8, 0)
+        self.assertEqual(self.take(1), ([1], 0))
+        c10.fake_torch_emit(ALLOC, 0, 5, 8, 0)
+        self.assertEqual(self.reader._lib.allocd_tracker_pending(), 2)
+        self.assertEqual(self.take(4), ([2], 2))
+        c10.fake_torch_emit(ALLOC, 0, 6, 8, 0)
+        self.assertEqual(self.take(4), ([5, 6], 0))
+        self.assertEqual(self.take(4), ([], 0))
+
     def test_a_reader_stopped_before_cuda_initialises_is_not_started_by_it(self):
         # Its attach queued for the initialisation must not re-arm the
         # tracker after the stop.

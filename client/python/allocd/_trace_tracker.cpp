@@ -10,7 +10,8 @@
 // events a step lost 8% of its mean step to it. Here an event costs a
 // comparison and four appends under a mutex of this file's, in the
 // allocator's own call (PyTorch calls trackers with its device lock held,
-// never under the GIL); taking them is four copies.
+// never under the GIL); taking them swaps two buffers under that mutex and
+// copies out after it.
 //
 // PyTorch cannot detach a tracker: stop() makes it ignore events, and a
 // second attach re-arms the same one.
@@ -39,13 +40,41 @@ using c10::cuda::CUDACachingAllocator::TraceEntry;
 // job's step mark (proto/protocol.h kEventOpStep).
 enum Op : uint8_t { kAlloc = 0, kFreeRequested = 1, kFreeCompleted = 2, kStep = 3 };
 
-struct Buffer {
-  std::mutex mu;
+// Events in the columns allocd_tracker_take fills.
+struct Events {
   std::vector<uint8_t> ops;
   std::vector<uint64_t> sizes, ids, streams;
-  uint64_t dropped = 0;  // since the last take: the buffer was full
-  size_t capacity = 0;
+
+  size_t size() const { return ops.size(); }
+  void Append(Op op, uint64_t size, uint64_t id, uint64_t stream) {
+    ops.push_back(op);
+    sizes.push_back(size);
+    ids.push_back(id);
+    streams.push_back(stream);
+  }
+  void Clear() {  // keeps their capacity, for the next round's appends
+    ops.clear();
+    sizes.clear();
+    ids.clear();
+    streams.clear();
+  }
+};
+
+// Two sets of events, so that a take holds the allocating threads' lock
+// only to swap them, not while it copies out a round's events (tens of
+// thousands, tens of microseconds), which every allocation in the job
+// would otherwise wait for. Lock order: take_mu, then mu.
+struct Buffer {
+  std::mutex mu;  // the allocating side: the tracker, the step marks
+  Events filling;  // guarded by mu
+  uint64_t dropped = 0;  // guarded by mu: since the last swap, the buffer full
+  size_t capacity = 0;  // guarded by mu
   std::atomic<int> device{-1};  // -1: stopped
+
+  std::mutex take_mu;  // the taking side
+  Events taken;  // guarded by take_mu: swapped out, taken from its front
+  size_t taken_from = 0;  // guarded by take_mu
+  uint64_t taken_dropped = 0;  // guarded by take_mu: dropped after `taken`
 };
 
 Buffer* buffer = nullptr;  // never freed: the tracker outlives any stop
@@ -92,14 +121,12 @@ void Track(const TraceEntry& entry) {
       return;
   }
   std::lock_guard<std::mutex> lock(b.mu);
-  if (b.ops.size() >= b.capacity) {
+  if (b.filling.size() >= b.capacity) {
     ++b.dropped;
     return;
   }
-  b.ops.push_back(op);
-  b.sizes.push_back(static_cast<uint64_t>(entry.size_));
-  b.ids.push_back(static_cast<uint64_t>(entry.addr_));
-  b.streams.push_back(StreamId(entry.stream_));
+  b.filling.Append(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
+                   StreamId(entry.stream_));
 }
 
 // The allocator's state as allocd_record_state's columns (proto/protocol.h
@@ -183,10 +210,8 @@ void CopyOut(const std::vector<T>& from, T* to) {
 }
 
 template <typename T>
-void MoveFront(std::vector<T>& from, T* to, size_t n) {
-  if (n == 0) return;
-  std::memcpy(to, from.data(), n * sizeof(T));
-  from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(n));
+void CopyRange(const std::vector<T>& from, size_t first, size_t n, T* to) {
+  if (n != 0) std::memcpy(to, from.data() + first, n * sizeof(T));
 }
 
 }  // namespace
@@ -212,13 +237,14 @@ __attribute__((visibility("default"))) int allocd_tracker_attach(
     }
   }
   {
+    std::lock_guard<std::mutex> taking(buffer->take_mu);
     std::lock_guard<std::mutex> hold(buffer->mu);
     buffer->capacity = capacity;
-    buffer->ops.clear();
-    buffer->sizes.clear();
-    buffer->ids.clear();
-    buffer->streams.clear();
+    buffer->filling.Clear();
     buffer->dropped = 0;
+    buffer->taken.Clear();
+    buffer->taken_from = 0;
+    buffer->taken_dropped = 0;
   }
   buffer->device.store(device);
   return 0;
@@ -237,39 +263,52 @@ __attribute__((visibility("default"))) int allocd_tracker_mark_step() {
   if (buffer == nullptr || buffer->device.load(std::memory_order_relaxed) < 0) return -1;
   Buffer& b = *buffer;
   std::lock_guard<std::mutex> lock(b.mu);
-  if (b.ops.size() >= b.capacity) {
+  if (b.filling.size() >= b.capacity) {
     ++b.dropped;
     return 0;
   }
-  b.ops.push_back(kStep);
-  b.sizes.push_back(0);
-  b.ids.push_back(0);
-  b.streams.push_back(0);
+  b.filling.Append(kStep, 0, 0, 0);
   return 0;
 }
 
 // Events waiting to be taken.
 __attribute__((visibility("default"))) uint64_t allocd_tracker_pending() {
   if (buffer == nullptr) return 0;
+  std::lock_guard<std::mutex> taking(buffer->take_mu);
   std::lock_guard<std::mutex> lock(buffer->mu);
-  return buffer->ops.size();
+  return buffer->taken.size() - buffer->taken_from + buffer->filling.size();
 }
 
 // Moves the oldest events, at most `max`, into the four arrays; returns how
-// many, and in *dropped the events lost (buffer full) since the last take.
+// many, and in *dropped the events lost (the buffer full) right after them,
+// reported by the take that returns the last event before the loss (0 from
+// the takes before it). The allocating threads wait only for a swap.
 __attribute__((visibility("default"))) uint64_t allocd_tracker_take(
     uint8_t* ops, uint64_t* sizes, uint64_t* ids, uint64_t* streams,
     uint64_t max, uint64_t* dropped) {
   *dropped = 0;
   if (buffer == nullptr) return 0;
-  std::lock_guard<std::mutex> lock(buffer->mu);
-  const size_t n = std::min<size_t>(max, buffer->ops.size());
-  MoveFront(buffer->ops, ops, n);
-  MoveFront(buffer->sizes, sizes, n);
-  MoveFront(buffer->ids, ids, n);
-  MoveFront(buffer->streams, streams, n);
-  *dropped = buffer->dropped;
-  buffer->dropped = 0;
+  Buffer& b = *buffer;
+  std::lock_guard<std::mutex> taking(b.take_mu);
+  if (b.taken_from == b.taken.size()) {  // all taken: swap in what filled since
+    b.taken.Clear();
+    b.taken_from = 0;
+    std::lock_guard<std::mutex> lock(b.mu);
+    std::swap(b.filling, b.taken);
+    b.taken_dropped += b.dropped;
+    b.dropped = 0;
+  }
+  const size_t first = b.taken_from;
+  const size_t n = std::min<size_t>(max, b.taken.size() - first);
+  CopyRange(b.taken.ops, first, n, ops);
+  CopyRange(b.taken.sizes, first, n, sizes);
+  CopyRange(b.taken.ids, first, n, ids);
+  CopyRange(b.taken.streams, first, n, streams);
+  b.taken_from += n;
+  if (b.taken_from == b.taken.size()) {  // the drops came after these events
+    *dropped = b.taken_dropped;
+    b.taken_dropped = 0;
+  }
   return n;
 }
 
