@@ -81,34 +81,31 @@ void EmitAllocations(benchmark::State& state, bool take) {
   state.SetItemsProcessed(3 * state.iterations());
 }
 
+// Attaches the tracker (keeping device 0's events), as CUDA's initialisation
+// lets it; false, with the benchmark skipped, where it is refused.
+bool Attach(benchmark::State& state) {
+  fake_torch_init();
+  if (allocd_tracker_attach(0, kCapacity) == 0) return true;
+  state.SkipWithError("the tracker was refused");
+  return false;
+}
+
 void BM_NoTracker(benchmark::State& state) { EmitAllocations(state, false); }
 
 void BM_TrackerStopped(benchmark::State& state) {
-  fake_torch_init();
-  if (allocd_tracker_attach(0, kCapacity) != 0) {
-    state.SkipWithError("the tracker was refused");
-    return;
-  }
+  if (!Attach(state)) return;
   allocd_tracker_stop();
   EmitAllocations(state, false);
 }
 
 void BM_Tracking(benchmark::State& state) {
-  fake_torch_init();
-  if (allocd_tracker_attach(0, kCapacity) != 0) {
-    state.SkipWithError("the tracker was refused");
-    return;
-  }
+  if (!Attach(state)) return;
   EmitAllocations(state, true);
   allocd_tracker_stop();
 }
 
 void BM_TrackingTakenElsewhere(benchmark::State& state) {
-  fake_torch_init();
-  if (allocd_tracker_attach(0, kCapacity) != 0) {
-    state.SkipWithError("the tracker was refused");
-    return;
-  }
+  if (!Attach(state)) return;
   std::atomic<bool> done{false};
   uint64_t taken = 0, takes = 0;
   std::thread taker([&] {

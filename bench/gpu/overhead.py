@@ -297,8 +297,9 @@ def main():
     print("workers' cores: " + ", ".join(f"{m} {c[0]}-{c[-1]}" for m, c in pinned.items()),
           flush=True)
     results = {}
+    period = state_period(a, modes)
     for workload in a.workloads.split(","):
-        workers = {m: start(a, workload, m, pinned[m], state_period(a, modes)) for m in modes}
+        workers = {m: start(a, workload, m, pinned[m], period) for m in modes}
         # One at a time would also do; warming them together saves the call's time.
         for m, w in workers.items():
             ready = read_json(w, f"{workload} {m}")

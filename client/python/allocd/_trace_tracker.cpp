@@ -205,13 +205,13 @@ int FillState(const Segments& segments, int device, uint64_t max_segments,
 }
 
 template <typename T>
-void CopyOut(const std::vector<T>& from, T* to) {
-  if (!from.empty()) std::memcpy(to, from.data(), from.size() * sizeof(T));
+void CopyRange(const std::vector<T>& from, size_t first, size_t n, T* to) {
+  if (n != 0) std::memcpy(to, from.data() + first, n * sizeof(T));
 }
 
 template <typename T>
-void CopyRange(const std::vector<T>& from, size_t first, size_t n, T* to) {
-  if (n != 0) std::memcpy(to, from.data() + first, n * sizeof(T));
+void CopyOut(const std::vector<T>& from, T* to) {
+  CopyRange(from, 0, from.size(), to);
 }
 
 }  // namespace
