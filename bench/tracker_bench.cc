@@ -21,9 +21,10 @@
 // - BM_TrackingTakenElsewhere: the same, taken by another thread every
 //   500 us (about as many events a take as the advisor's rounds take from a
 //   seq2seq job). When a take copied its events out under the tracker's
-//   lock, the allocating thread waited for it: 70-213 ns an allocation
-//   here against 50-54 taken on the same thread (2026-11-30, 2-core build
-//   machine); swapping buffers under the lock instead, 52-55.
+//   lock, the allocating thread waited for it: 61-79 ns an allocation
+//   (median 70) against 50-54 taken on the same thread; swapping buffers
+//   under the lock instead, 52-61 (median 53) (six interleaved runs of the
+//   two builds, 2026-11-30, 2-core build machine).
 // Here the caches stay warm from one event to the next; in a job, ~9 us of
 // its own work runs between two events. The GPU measure of the same is
 // bench/gpu/overhead.py's churn workload (modes native, attached, tracked).
