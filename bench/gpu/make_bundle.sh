@@ -6,7 +6,8 @@
 #   BUNDLE/python  the allocd package with liballocd_client.so,
 #                  liballocd_torch.so and liballocd_interpose.so
 #   BUNDLE/lib     the shared libraries they need beyond the C/C++ runtime
-#                  and the NVIDIA driver (gRPC, protobuf, abseil, ...)
+#                  and the NVIDIA driver (gRPC, protobuf, abseil, ...), and
+#                  gperftools' libprofiler where this machine has it
 #
 #   bench/gpu/make_bundle.sh [BUNDLE]     (default .gpu)
 #
@@ -30,7 +31,12 @@ cp -r "$build/python/allocd" "$build/python/pyproject.toml" "$bundle/python/"
 cp "$build/client/interpose/liballocd_interpose.so" "$bundle/python/allocd/"
 # What every Linux has, and the driver, which must be the GPU machine's own.
 skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|ld-linux|libgcc_s\.so|libstdc\+\+\.so|libcuda\.so|libnvidia)'
-for f in "$bundle"/bin/* "$bundle"/python/allocd/*.so; do
+# gperftools' sampling profiler, where this machine has it (google-perftools):
+# overhead.py --cpu-profile-steps profiles the GPU host's workers with it.
+profiler=/usr/lib/x86_64-linux-gnu/libprofiler.so.0
+[ -e "$profiler" ] && cp -L "$profiler" "$bundle/lib/"
+for f in "$bundle"/bin/* "$bundle"/python/allocd/*.so "$bundle"/lib/libprofiler.so.0; do
+  [ -e "$f" ] || continue
   ldd "$f" | awk '/=> \//{print $1, $3}' | while read -r name path; do
     [[ $name =~ $skip ]] || cp -Lu "$path" "$bundle/lib/$name"
   done

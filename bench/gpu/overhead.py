@@ -30,8 +30,10 @@ step of the job's thread and of the whole process, against native's: the
 work allocd adds, which no change of the host's speed moves. With it, the
 CPU time per step of each worker's threads: the job's own, allocd's (by
 thread) and the rest. Then each worker's steps under PyTorch's profiler,
-the top operators by self CPU time. Writes DIR/overhead.json and prints the
-tables.
+the top operators by self CPU time, and with --cpu-profile-steps, under
+gperftools' sampling profiler: where every thread's CPU time goes, native
+frames included (cpu_profile_top.py reads them). Writes DIR/overhead.json
+and prints the tables.
 
 --alternate N times single steps instead of rounds: native, a, native, b,
 native, ... (run_alternating), each step of another mode against the mean
@@ -95,6 +97,8 @@ def start(a, workload, mode, cpus, state_period_s=None):
                                                    env.get("LD_PRELOAD")]))
     if a.same_layout:
         env["PYTHONHASHSEED"] = "0"
+    if a.cpu_profile_steps:
+        env.setdefault("CPUPROFILE_FREQUENCY", "1000")  # samples a CPU-second (default 100)
     if state_period_s is not None:
         env["ALLOCD_STATE_PERIOD_S"] = str(state_period_s)
 
@@ -286,7 +290,13 @@ def main():
     p.add_argument("--profile-steps", type=int, default=5,
                    help="after the rounds, this many steps of each worker under PyTorch's "
                         "profiler (DIR/profile-WORKLOAD-MODE.txt; 0: none)")
+    p.add_argument("--cpu-profile-steps", type=int, default=0,
+                   help="after them, this many steps of each worker under gperftools' sampling "
+                        "profiler, $ALLOCD_LIBPROFILER (DIR/cpuprofile-WORKLOAD-MODE.prof, read "
+                        "with cpu_profile_top.py; 0: none)")
     a = p.parse_args()
+    if a.cpu_profile_steps and not os.path.exists(os.environ.get("ALLOCD_LIBPROFILER", "")):
+        sys.exit("--cpu-profile-steps: set ALLOCD_LIBPROFILER to gperftools' libprofiler.so")
     modes = a.modes.split(",")
     if modes[0] != "native":
         sys.exit("--modes: native must come first (the ratios' base)")
@@ -315,6 +325,12 @@ def main():
                 workers[m].stdin.write(f"profile {a.profile_steps} {path}\n")
                 workers[m].stdin.flush()
                 read_json(workers[m], f"{workload} {m} profile")
+        if a.cpu_profile_steps:
+            for m in modes:
+                path = os.path.join(a.out, f"cpuprofile-{workload}-{m}.prof")
+                workers[m].stdin.write(f"cpuprofile {a.cpu_profile_steps} {path}\n")
+                workers[m].stdin.flush()
+                read_json(workers[m], f"{workload} {m} cpu profile")
         for w in workers.values():
             w.stdin.close()
             w.wait(timeout=60)

@@ -26,7 +26,10 @@ run -- python overhead_job.py --mode native` is the unchanged script.
 It runs --warmup steps, prints {"ready": ...}, then for each line "N [U]" on
 its standard input runs U untimed steps (default 1) and N timed ones and
 prints one JSON line with every timed step ("profile N PATH": N steps under PyTorch's
-profiler, its table of the top operators by self CPU time written to PATH).
+profiler, its table of the top operators by self CPU time written to PATH;
+"cpuprofile N PATH": N steps under gperftools' sampling profiler, the
+library $ALLOCD_LIBPROFILER names, every thread's native stacks written to
+PATH for cpu_profile_top.py).
 Each step is timed twice: CUDA events around it (the GPU's view, launch
 gaps included), and the host's clock from before it to after its
 synchronize (what the job waits). With each turn it reports the CPU time
@@ -53,6 +56,7 @@ a core of its own, and on a host whose cores differ in speed that places a
 bias on its worker for the whole run.
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -339,6 +343,14 @@ def main():
             with open(path, "w") as f:
                 f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
             print(json.dumps({"profiled": path}), flush=True)
+            continue
+        if line.startswith("cpuprofile "):  # cpuprofile N PATH: N steps under gperftools'
+            _, n, path = line.split()       # sampling profiler ($ALLOCD_LIBPROFILER)
+            profiler = ctypes.CDLL(os.environ["ALLOCD_LIBPROFILER"])
+            profiler.ProfilerStart(path.encode())
+            timed(int(n))
+            profiler.ProfilerStop()
+            print(json.dumps({"cpu_profiled": path, "steps": int(n)}), flush=True)
             continue
         # The untimed first step of a turn (the switch between workers) is
         # where a due allocator-state read falls, every ALLOCD_STATE_PERIOD_S:
