@@ -169,6 +169,19 @@ class TrackerTest(unittest.TestCase):
         # Each event once.
         self.assertEqual([len(c) for c in self.reader.read()[:4]], [0, 0, 0, 0])
 
+    def test_keeps_every_bit_of_a_devices_sizes_addresses_and_streams(self):
+        # The tracker packs an event's op into its size's top byte: a size
+        # up to 2^56 bytes (beyond any device), a high address and a stream
+        # handle's full width come out as they went in.
+        size, address, stream = (1 << 55) + 512, 0x7FFF_FFFF_F000, 0xFFFF_8000_1234_5678
+        c10.fake_torch_emit(ALLOC, 0, address, size, stream)
+        c10.fake_torch_emit(FREE_COMPLETED, 0, address, size, stream)
+        ops, sizes, ids, streams, _ = self.reader.read()
+        self.assertEqual(list(ops), [0, 2])
+        self.assertEqual(list(sizes), [size, size])
+        self.assertEqual(list(ids), [address, address])
+        self.assertEqual(list(streams), [stream, stream])
+
     def test_a_full_buffer_reports_its_gap_before_the_events_after_it(self):
         self.reader._capacity = 2
         self.reader.start()

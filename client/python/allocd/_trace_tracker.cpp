@@ -8,9 +8,9 @@
 // Why: reading the same events from PyTorch's history (_snapshot()) builds a
 // Python dict per event with the GIL held, ~2 us an event; a job with 13,000
 // events a step lost 8% of its mean step to it. Here an event costs a
-// comparison and four appends under a mutex of this file's, in the
+// comparison and one append under a spin lock of this file's, in the
 // allocator's own call (PyTorch calls trackers with its device lock held,
-// never under the GIL); taking them swaps two buffers under that mutex and
+// never under the GIL); taking them swaps two buffers under that lock and
 // copies out after it.
 //
 // PyTorch cannot detach a tracker: stop() makes it ignore events, and a
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -40,38 +41,73 @@ using c10::cuda::CUDACachingAllocator::TraceEntry;
 // job's step mark (proto/protocol.h kEventOpStep).
 enum Op : uint8_t { kAlloc = 0, kFreeRequested = 1, kFreeCompleted = 2, kStep = 3 };
 
-// Events in the columns allocd_tracker_take fills.
-struct Events {
-  std::vector<uint8_t> ops;
-  std::vector<uint64_t> sizes, ids, streams;
+// One event as the allocating threads append it: one array, one stream of
+// writes (four columns were four), the op in the size's top byte (no device
+// has 2^56 bytes). allocd_tracker_take spreads them into its four columns.
+struct Event {
+  uint64_t size_and_op;
+  uint64_t id;
+  uint64_t stream;
+};
+constexpr int kOpShift = 56;
+constexpr uint64_t kSizeMask = (uint64_t{1} << kOpShift) - 1;
 
-  size_t size() const { return ops.size(); }
+struct Events {
+  std::vector<Event> events;
+
+  size_t size() const { return events.size(); }
   void Append(Op op, uint64_t size, uint64_t id, uint64_t stream) {
-    ops.push_back(op);
-    sizes.push_back(size);
-    ids.push_back(id);
-    streams.push_back(stream);
+    events.push_back({(size & kSizeMask) | (uint64_t{op} << kOpShift), id, stream});
   }
-  void Clear() {  // keeps their capacity, for the next round's appends
-    ops.clear();
-    sizes.clear();
-    ids.clear();
-    streams.clear();
+  void Clear() { events.clear(); }  // keeps its capacity, for the next round's appends
+};
+
+// The allocating side's lock. Its holders are the tracker (PyTorch calls it
+// under its own device lock, so trackers never wait for each other), a step
+// mark, and a take's swap: each holds it for an append or a swap. Released
+// with a plain store, where a std::mutex's unlock is a call and an atomic
+// exchange: on the H200 host that unlock was the largest single part of the
+// tracker's cost to a seq2seq step (bench/gpu/results/packing/
+// run_1130b_tracker_split_and_cpu_profile).
+class SpinLock {
+ public:
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
+        if (spins < 64) {
+          Pause();
+        } else {
+          std::this_thread::yield();  // a holder descheduled mid-swap
+        }
+      }
+    }
   }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  static void Pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+  std::atomic<bool> locked_{false};
 };
 
 // Two sets of events, so that a take holds the allocating threads' lock
 // only to swap them, not while it copies out a round's events (tens of
 // thousands, tens of microseconds), which every allocation in the job
-// would otherwise wait for. Lock order: take_mu, then mu.
+// would otherwise wait for. Lock order: take_mu, then mu. The taking side
+// has cache lines of its own: a take does not pull the allocating side's.
 struct Buffer {
-  std::mutex mu;  // the allocating side: the tracker, the step marks
+  SpinLock mu;  // the allocating side: the tracker, the step marks
+  std::atomic<int> device{-1};  // -1: stopped
   Events filling;  // guarded by mu
   uint64_t dropped = 0;  // guarded by mu: since the last swap, the buffer full
   size_t capacity = 0;  // guarded by mu
-  std::atomic<int> device{-1};  // -1: stopped
 
-  std::mutex take_mu;  // the taking side
+  alignas(64) std::mutex take_mu;  // the taking side
   Events taken;  // guarded by take_mu: swapped out, taken from its front
   size_t taken_from = 0;  // guarded by take_mu
   uint64_t taken_dropped = 0;  // guarded by take_mu: dropped after `taken`
@@ -120,7 +156,7 @@ void Track(const TraceEntry& entry) {
     default:
       return;
   }
-  std::lock_guard<std::mutex> lock(b.mu);
+  std::lock_guard<SpinLock> lock(b.mu);
   if (b.filling.size() >= b.capacity) {
     ++b.dropped;
     return;
@@ -205,13 +241,8 @@ int FillState(const Segments& segments, int device, uint64_t max_segments,
 }
 
 template <typename T>
-void CopyRange(const std::vector<T>& from, size_t first, size_t n, T* to) {
-  if (n != 0) std::memcpy(to, from.data() + first, n * sizeof(T));
-}
-
-template <typename T>
 void CopyOut(const std::vector<T>& from, T* to) {
-  CopyRange(from, 0, from.size(), to);
+  if (!from.empty()) std::memcpy(to, from.data(), from.size() * sizeof(T));
 }
 
 }  // namespace
@@ -238,7 +269,7 @@ __attribute__((visibility("default"))) int allocd_tracker_attach(
   }
   {
     std::lock_guard<std::mutex> taking(buffer->take_mu);
-    std::lock_guard<std::mutex> hold(buffer->mu);
+    std::lock_guard<SpinLock> hold(buffer->mu);
     buffer->capacity = capacity;
     buffer->filling.Clear();
     buffer->dropped = 0;
@@ -262,7 +293,7 @@ __attribute__((visibility("default"))) void allocd_tracker_stop() {
 __attribute__((visibility("default"))) int allocd_tracker_mark_step() {
   if (buffer == nullptr || buffer->device.load(std::memory_order_relaxed) < 0) return -1;
   Buffer& b = *buffer;
-  std::lock_guard<std::mutex> lock(b.mu);
+  std::lock_guard<SpinLock> lock(b.mu);
   if (b.filling.size() >= b.capacity) {
     ++b.dropped;
     return 0;
@@ -275,7 +306,7 @@ __attribute__((visibility("default"))) int allocd_tracker_mark_step() {
 __attribute__((visibility("default"))) uint64_t allocd_tracker_pending() {
   if (buffer == nullptr) return 0;
   std::lock_guard<std::mutex> taking(buffer->take_mu);
-  std::lock_guard<std::mutex> lock(buffer->mu);
+  std::lock_guard<SpinLock> lock(buffer->mu);
   return buffer->taken.size() - buffer->taken_from + buffer->filling.size();
 }
 
@@ -293,17 +324,20 @@ __attribute__((visibility("default"))) uint64_t allocd_tracker_take(
   if (b.taken_from == b.taken.size()) {  // all taken: swap in what filled since
     b.taken.Clear();
     b.taken_from = 0;
-    std::lock_guard<std::mutex> lock(b.mu);
+    std::lock_guard<SpinLock> lock(b.mu);
     std::swap(b.filling, b.taken);
     b.taken_dropped += b.dropped;
     b.dropped = 0;
   }
   const size_t first = b.taken_from;
   const size_t n = std::min<size_t>(max, b.taken.size() - first);
-  CopyRange(b.taken.ops, first, n, ops);
-  CopyRange(b.taken.sizes, first, n, sizes);
-  CopyRange(b.taken.ids, first, n, ids);
-  CopyRange(b.taken.streams, first, n, streams);
+  const Event* from = b.taken.events.data() + first;
+  for (size_t i = 0; i < n; ++i) {
+    ops[i] = static_cast<uint8_t>(from[i].size_and_op >> kOpShift);
+    sizes[i] = from[i].size_and_op & kSizeMask;
+    ids[i] = from[i].id;
+    streams[i] = from[i].stream;
+  }
   b.taken_from += n;
   if (b.taken_from == b.taken.size()) {  // the drops came after these events
     *dropped = b.taken_dropped;
