@@ -113,6 +113,19 @@ def start(a, workload, mode, cpus, state_period_s=None):
     return worker
 
 
+def profile_each(a, workload, workers, command, steps, suffix):
+    """Has each worker run `steps` steps under its profiler `command`
+    ("profile": PyTorch's, "cpuprofile": gperftools'), written to
+    DIR/COMMAND-WORKLOAD-MODE.SUFFIX; none when `steps` is 0."""
+    if not steps:
+        return
+    for m, worker in workers.items():
+        path = os.path.join(a.out, f"{command}-{workload}-{m}.{suffix}")
+        worker.stdin.write(f"{command} {steps} {path}\n")
+        worker.stdin.flush()
+        read_json(worker, f"{workload} {m} {command}")
+
+
 def state_period(a, modes):
     """The allocator-state read's period for the workers (None: the client's).
     It is due by the clock, and in --alternate a worker takes one step in
@@ -319,18 +332,8 @@ def main():
             records, turns, comparisons = run_alternating(workload, workers, modes, a.alternate)
         else:
             records, turns, comparisons = run_rounds(workload, workers, modes, a.rounds)
-        if a.profile_steps:
-            for m in modes:
-                path = os.path.join(a.out, f"profile-{workload}-{m}.txt")
-                workers[m].stdin.write(f"profile {a.profile_steps} {path}\n")
-                workers[m].stdin.flush()
-                read_json(workers[m], f"{workload} {m} profile")
-        if a.cpu_profile_steps:
-            for m in modes:
-                path = os.path.join(a.out, f"cpuprofile-{workload}-{m}.prof")
-                workers[m].stdin.write(f"cpuprofile {a.cpu_profile_steps} {path}\n")
-                workers[m].stdin.flush()
-                read_json(workers[m], f"{workload} {m} cpu profile")
+        profile_each(a, workload, workers, "profile", a.profile_steps, "txt")
+        profile_each(a, workload, workers, "cpuprofile", a.cpu_profile_steps, "prof")
         for w in workers.values():
             w.stdin.close()
             w.wait(timeout=60)
