@@ -25,6 +25,11 @@
 //   (median 70) against 50-54 taken on the same thread; swapping buffers
 //   under the lock instead, 52-61 (median 53) (six interleaved runs of the
 //   two builds, 2026-11-30, 2-core build machine).
+// The spin lock and packed events that replaced a std::mutex and four
+// arrays (2026-11-30) changed nothing here: BM_Tracking 51.6-52.5 ns an
+// allocation before, 52.2-60.7 after, three interleaved runs. On the GPU
+// host they halved the tracker's share of a seq2seq worker's CPU (its
+// mutex's unlock had been the largest part of it).
 // Here the caches stay warm from one event to the next; in a job, ~9 us of
 // its own work runs between two events. The GPU measure of the same is
 // bench/gpu/overhead.py's churn workload (modes native, attached, tracked).
