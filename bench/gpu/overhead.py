@@ -119,11 +119,13 @@ def profile_each(a, workload, workers, command, steps, suffix):
     DIR/COMMAND-WORKLOAD-MODE.SUFFIX; none when `steps` is 0."""
     if not steps:
         return
-    for m, worker in workers.items():
-        path = os.path.join(a.out, f"{command}-{workload}-{m}.{suffix}")
-        worker.stdin.write(f"{command} {steps} {path}\n")
-        worker.stdin.flush()
-        read_json(worker, f"{workload} {m} {command}")
+    for m, processes in workers.items():
+        for k, worker in enumerate(processes):
+            name = m if len(processes) == 1 else f"{m}-{k}"
+            path = os.path.join(a.out, f"{command}-{workload}-{name}.{suffix}")
+            worker.stdin.write(f"{command} {steps} {path}\n")
+            worker.stdin.flush()
+            read_json(worker, f"{workload} {name} {command}")
 
 
 def state_period(a, modes):
@@ -167,7 +169,8 @@ def run_rounds(workload, workers, modes, rounds):
     rows = []
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[: r % len(modes)]
-        row = {m: ask(workers[m], STEPS[workload], f"{workload} {m} round {r}") for m in order}
+        row = {m: ask(workers[m][0], STEPS[workload], f"{workload} {m} round {r}")
+               for m in order}
         rows.append(row)
         print(f"{workload} round {r}: " + ", ".join(
             f"{m} {row[m]['host_ms_median']:.2f} ms" for m in modes), flush=True)
@@ -197,24 +200,32 @@ def run_alternating(workload, workers, modes, count):
     side, which cancels a steady drift, and the three run within a few
     hundred ms: less than the time in which a cloud core's speed flips.
     Every native step follows another mode's, as every other mode's follows
-    native's. Returns the sequence of turns, every mode's turns, and the
-    comparisons (its turn, native's either side)."""
+    native's. With several processes a mode (workers[m] a list), round i
+    runs every mode's process i mod K, its native steps included, so that
+    each comparison is within one set of processes. Returns the sequence of
+    turns, every mode's turns, and the comparisons (its turn, native's
+    either side); each turn says its process."""
     sequence = []
     turns = {m: [] for m in modes}
     comparisons = {m: [] for m in modes[1:]}
     others = modes[1:]
+    processes = len(workers["native"])
 
-    def step(m, what):
-        turn = ask(workers[m], "1 0", f"{workload} {m} {what}")
+    def step(m, k, what):
+        turn = ask(workers[m][k], "1 0", f"{workload} {m} #{k} {what}")
+        turn["process"] = k
         sequence.append({"mode": m, "turn": turn})
         turns[m].append(turn)
         return turn
 
-    native = step("native", "first")
+    native = None
     for i in range(count):
+        k = i % processes
+        if native is None or native["process"] != k:
+            native = step("native", k, f"first of round {i}")
         for m in others[i % len(others):] + others[: i % len(others)]:
-            ours = step(m, f"step {i}")
-            after = step("native", f"after {m} step {i}")
+            ours = step(m, k, f"step {i}")
+            after = step("native", k, f"after {m} step {i}")
             comparisons[m].append((ours, between(native, after)))
             native = after
         if i % 10 == 9 or i == count - 1:
@@ -303,11 +314,20 @@ def main():
     p.add_argument("--profile-steps", type=int, default=5,
                    help="after the rounds, this many steps of each worker under PyTorch's "
                         "profiler (DIR/profile-WORKLOAD-MODE.txt; 0: none)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="with --alternate: this many worker processes of each mode, round i "
+                        "comparing every mode's process i mod N. A process's memory layout moves "
+                        "a launch-bound step by a few percent for its life, and modes that load "
+                        "different libraries cannot share one: run several processes a mode, "
+                        "without --same-layout, and the ratios pool layouts instead of "
+                        "carrying one (the table gives each process set's median)")
     p.add_argument("--cpu-profile-steps", type=int, default=0,
                    help="after them, this many steps of each worker under gperftools' sampling "
                         "profiler, $ALLOCD_LIBPROFILER (DIR/cpuprofile-WORKLOAD-MODE.prof, read "
                         "with cpu_profile_top.py; 0: none)")
     a = p.parse_args()
+    if a.processes < 1 or (a.processes > 1 and not a.alternate):
+        sys.exit("--processes: 1, or more with --alternate")
     if a.cpu_profile_steps and not os.path.exists(os.environ.get("ALLOCD_LIBPROFILER", "")):
         sys.exit("--cpu-profile-steps: set ALLOCD_LIBPROFILER to gperftools' libprofiler.so")
     modes = a.modes.split(",")
@@ -322,19 +342,21 @@ def main():
     results = {}
     period = state_period(a, modes)
     for workload in a.workloads.split(","):
-        workers = {m: start(a, workload, m, pinned[m], period) for m in modes}
+        workers = {m: [start(a, workload, m, pinned[m], period) for _ in range(a.processes)]
+                   for m in modes}
         # One at a time would also do; warming them together saves the call's time.
-        for m, w in workers.items():
-            ready = read_json(w, f"{workload} {m}")
-            if m == "run" and not ready.get("under_allocd_run"):
-                sys.exit(f"{workload}: the run-mode worker is not under `allocd run`")
+        for m, processes in workers.items():
+            for w in processes:
+                ready = read_json(w, f"{workload} {m}")
+                if m == "run" and not ready.get("under_allocd_run"):
+                    sys.exit(f"{workload}: the run-mode worker is not under `allocd run`")
         if a.alternate:
             records, turns, comparisons = run_alternating(workload, workers, modes, a.alternate)
         else:
             records, turns, comparisons = run_rounds(workload, workers, modes, a.rounds)
         profile_each(a, workload, workers, "profile", a.profile_steps, "txt")
         profile_each(a, workload, workers, "cpuprofile", a.cpu_profile_steps, "prof")
-        for w in workers.values():
+        for w in (w for processes in workers.values() for w in processes):
             w.stdin.close()
             w.wait(timeout=60)
         def pooled(m, clock):
@@ -349,6 +371,13 @@ def main():
                 entry[clock] = {**spread(ratios),
                                 "pooled": pooled(m, clock) / pooled("native", clock),
                                 "matched": spread(speed_matched(compared, clock, a.match))}
+            if a.processes > 1:
+                # Each set of processes' own median: how far one process's
+                # layout moves the ratio.
+                entry["by_process"] = [statistics.median(
+                    ours["host_ms_median"] / native["host_ms_median"]
+                    for ours, native in compared if ours.get("process") == k)
+                    for k in range(a.processes)]
             summary[m] = entry
         cpu, advisor, instructions = {}, {}, {}
         for m in modes:
@@ -418,6 +447,10 @@ def main():
 
     print()
     for workload, r in results.items():
+        for m, entry in r["summary"].items():
+            if "by_process" in entry:
+                print(f"{workload} {m}: each process set's median (host clock): " + ", ".join(
+                    f"{x:.4f}x" for x in entry["by_process"]))
         if r["steal_cpus"] is not None:
             print(f"{workload}: the hypervisor took {r['steal_cpus']:.2f} CPUs of this guest, on "
                   f"average, during the timed steps (steal time)")

@@ -17,6 +17,9 @@
 # OVERHEAD_ARGS go to overhead.py after these (e.g. "--alternate 0 --rounds
 # 8" for rounds of several steps a mode), WORKLOADS and MODES choose what
 # runs (one workload at N = 150 takes 3-5 minutes on an H200 host).
+# SAME_LAYOUT=0 starts each worker with a layout of its own, for
+# OVERHEAD_ARGS="--processes K": K processes a mode, whose ratios pool K
+# layouts (modes that load different libraries cannot share one layout).
 # Results: OUT/overhead.json (every step), OUT/overhead.log (the tables).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
@@ -36,7 +39,8 @@ start_daemon device --autotune "${AUTOTUNE:-recommend}"
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
 python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" \
-    --alternate "$steps" --job-core 0 --autograd-core 1 --same-layout \
+    --alternate "$steps" --job-core 0 --autograd-core 1 \
+    $([ "${SAME_LAYOUT:-1}" = 0 ] || echo --same-layout) \
     --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
     ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
 status=$?
