@@ -40,6 +40,36 @@ size_t EventRecorder::RecordMany(const TraceOp* ops, const uint64_t* streams,
   return kept;
 }
 
+size_t EventRecorder::RecordManyWaiting(const TraceOp* ops, const uint64_t* streams,
+                                        const uint64_t* ids, const uint64_t* sizes,
+                                        size_t n, absl::Duration max_wait) {
+  const absl::Time deadline = absl::Now() + max_wait;
+  size_t i = 0;
+  size_t kept = 0;
+  for (;;) {
+    bool cue;
+    uint64_t takes;
+    {
+      absl::MutexLock lock(&mu_);
+      const size_t before = buffer_.size();
+      for (; i < n; ++i) {
+        if (!Push({.op = ops[i], .stream = streams[i], .id = ids[i], .size = sizes[i]})) break;
+        ++kept;
+      }
+      if (i < n && taker_stalled_) {
+        for (; i < n; ++i) kept += Append(ops[i], streams[i], ids[i], sizes[i]) ? 1 : 0;
+      }
+      cue = i < n || (before < capacity_ / 2 && buffer_.size() >= capacity_ / 2);
+      takes = takes_;
+    }
+    if (cue && half_full_) half_full_();
+    if (i == n) return kept;
+    absl::MutexLock lock(&mu_);
+    auto taken = [this, takes]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return takes_ != takes; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&taken), deadline)) taker_stalled_ = true;
+  }
+}
+
 bool EventRecorder::Push(RecordedEvent slot) {
   // After a gap the buffer needs a marker and the slot: two slots.
   const size_t needed = trailing_gap_ > 0 && !buffer_.empty() ? 2 : 1;
@@ -93,6 +123,8 @@ std::vector<RecordedBatch> EventRecorder::Take() {
   uint64_t gap;
   {
     absl::MutexLock lock(&mu_);
+    ++takes_;
+    taker_stalled_ = false;
     if (buffer_.empty()) {
       spare_ = std::move(fresh);
       return {};

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "allocator/trace/trace.h"
 #include "allocd.pb.h"
 
@@ -65,6 +66,17 @@ class EventRecorder {
   // (the others were dropped and counted, as Record's).
   size_t RecordMany(const TraceOp* ops, const uint64_t* streams,
                     const uint64_t* ids, const uint64_t* sizes, size_t n);
+  // RecordMany() for a caller that may wait, never an allocating thread:
+  // allocd_record_events, whose caller (the Python package's advisor)
+  // records a round of the tracker's events at once, and a second of a
+  // busy job is more than the buffer holds. What does not fit waits, up to
+  // `max_wait`, for a Take() to make room (the half_full callback tells the
+  // taker at once), and only then is dropped and counted. Once a wait has
+  // timed out (a taker that does not take: its daemon gone), calls drop
+  // without waiting until the next Take().
+  size_t RecordManyWaiting(const TraceOp* ops, const uint64_t* streams,
+                           const uint64_t* ids, const uint64_t* sizes, size_t n,
+                           absl::Duration max_wait);
   // `events` of the stream were lost here, outside the recorder (e.g.
   // PyTorch's history ring was cleared with events the reader had not
   // seen): a gap between what was recorded and what comes next.
@@ -109,6 +121,10 @@ class EventRecorder {
   uint64_t leading_gap_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t trailing_gap_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Take()s so far, and whether a RecordManyWaiting() timed out waiting
+  // for the next one.
+  uint64_t takes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool taker_stalled_ ABSL_GUARDED_BY(mu_) = false;
   // The states the buffer's kState slots name.
   std::vector<std::shared_ptr<const v1::AllocatorState>> states_ ABSL_GUARDED_BY(mu_);
   // The buffer the next Take() swaps in: the last one taken, emptied, so

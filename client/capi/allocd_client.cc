@@ -244,8 +244,13 @@ int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
   }
   events->Drop(dropped_before);
   static_assert(sizeof(allocd::TraceOp) == sizeof(uint8_t));
-  return static_cast<int64_t>(events->RecordMany(
-      reinterpret_cast<const allocd::TraceOp*>(ops), streams, ids, sizes, n));
+  // The caller is no allocating thread (the Python package's advisor, with
+  // a round of events): what does not fit waits for the telemetry thread's
+  // next send rather than being dropped. Half a second is several of its
+  // sends; past it, the daemon is taken to be gone.
+  return static_cast<int64_t>(events->RecordManyWaiting(
+      reinterpret_cast<const allocd::TraceOp*>(ops), streams, ids, sizes, n,
+      absl::Milliseconds(500)));
 }
 
 int allocd_record_state(allocd_client* c, const uint64_t* segment_addresses,

@@ -127,8 +127,10 @@ ALLOCD_API int64_t allocd_session_stats(allocd_client* c, char* buf,
  * step mark: the job ended a step there, its size, id and stream 0;
  * sizes[i]; ids[i]; streams[i]). `dropped_before`: events the caller lost
  * just before these (a gap in its source). The telemetry thread sends them
- * in batches; when the client's buffer is full they are dropped and
- * counted. Returns the number recorded, -1 on error. */
+ * in batches. More than the client's buffer holds wait for the telemetry
+ * thread to send (up to half a second; not called on an allocating
+ * thread, then), and only then are dropped and counted. Returns the number
+ * recorded, -1 on error. */
 ALLOCD_API int64_t allocd_record_events(allocd_client* c, const uint8_t* ops,
                                         const uint64_t* sizes,
                                         const uint64_t* ids,

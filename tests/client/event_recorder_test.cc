@@ -1,10 +1,13 @@
 #include "client/event_recorder.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace allocd {
@@ -190,6 +193,108 @@ TEST(EventRecorderTest, HalfFullCallsTheTakerOnceAndConcurrentRecordsAreAllCount
   for (const RecordedBatch& b : r.Take()) kept += b.dropped + b.events.size();
   EXPECT_EQ(kept, 1000u);  // the capacity
   EXPECT_EQ(r.dropped_total(), 600u);
+}
+
+// `n` allocations' events as columns, ids from `first_id`.
+struct Columns {
+  std::vector<TraceOp> ops;
+  std::vector<uint64_t> streams, ids, sizes;
+  Columns(uint64_t first_id, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      ops.push_back(TraceOp::kAlloc);
+      streams.push_back(7);
+      ids.push_back(first_id + i);
+      sizes.push_back(512);
+    }
+  }
+  size_t RecordWaiting(EventRecorder& r, absl::Duration max_wait) const {
+    return r.RecordManyWaiting(ops.data(), streams.data(), ids.data(), sizes.data(),
+                               ops.size(), max_wait);
+  }
+};
+
+// A taker as the telemetry thread is one: it takes when the recorder's
+// half_full callback cues it, and keeps every event it took.
+class CuedTaker {
+ public:
+  std::function<void()> Cue() {
+    return [this] {
+      absl::MutexLock lock(&mu_);
+      cued_ = true;
+    };
+  }
+  void Run(EventRecorder& r) {
+    thread_ = std::thread([this, &r] {
+      for (;;) {
+        {
+          absl::MutexLock lock(&mu_);
+          mu_.Await(absl::Condition(
+              +[](CuedTaker* t) ABSL_SHARED_LOCKS_REQUIRED(t->mu_) {
+                return t->cued_ || t->stop_;
+              },
+              this));
+          if (stop_) return;
+          cued_ = false;
+        }
+        for (RecordedBatch& b : r.Take()) {
+          for (const RecordedEvent& e : b.events) ids_.push_back(e.id);
+        }
+      }
+    });
+  }
+  // Stops the thread; the ids it took, in order.
+  std::vector<uint64_t> Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    return ids_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool cued_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+  std::vector<uint64_t> ids_;  // the thread's
+};
+
+TEST(EventRecorderTest, RecordManyWaitingKeepsMoreThanTheBufferHoldsWhileATakerTakes) {
+  CuedTaker taker;
+  EventRecorder r(8, taker.Cue());
+  taker.Run(r);
+  // 50 events into a buffer of 8: each time it is full, the call cues the
+  // taker and waits for its Take(); nothing is dropped.
+  const Columns events(100, 50);
+  EXPECT_EQ(events.RecordWaiting(r, absl::Hours(1)), 50u);
+  EXPECT_EQ(r.dropped_total(), 0u);
+  std::vector<uint64_t> ids = taker.Stop();
+  for (RecordedBatch& b : r.Take()) {
+    for (const RecordedEvent& e : b.events) ids.push_back(e.id);
+  }
+  ASSERT_EQ(ids.size(), 50u);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], 100 + i);
+}
+
+TEST(EventRecorderTest, RecordManyWaitingDropsAfterItsWaitAndWaitsAgainOnlyAfterATake) {
+  CuedTaker taker;  // cued, but not taking until it runs below
+  EventRecorder r(4, taker.Cue());
+  // Nobody takes: 4 kept, and after the wait the other 2 are dropped.
+  EXPECT_EQ(Columns(0, 6).RecordWaiting(r, absl::Milliseconds(10)), 4u);
+  EXPECT_EQ(r.dropped_total(), 2u);
+  // Until a Take(), a full buffer drops at once: with an hour's wait, this
+  // returns only because it does not wait.
+  EXPECT_EQ(Columns(6, 3).RecordWaiting(r, absl::Hours(1)), 0u);
+  EXPECT_EQ(r.dropped_total(), 5u);
+  std::vector<RecordedBatch> first = r.Take();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].events.size(), 4u);
+  // A Take() shows a taker again: what overflows now waits for the next.
+  taker.Run(r);
+  EXPECT_EQ(Columns(9, 8).RecordWaiting(r, absl::Hours(1)), 8u);
+  EXPECT_EQ(r.dropped_total(), 5u);
+  taker.Stop();
 }
 
 }  // namespace

@@ -469,6 +469,17 @@ class AdviseTest(unittest.TestCase):
         self.assertGreater(allocd.stats()["advisor_rounds"], 0)
         self.assertGreater(allocd.stats()["advisor_seconds_by_part"]["events"], 0)
 
+    def test_a_round_of_more_events_than_the_client_holds_between_sends_loses_none(self):
+        # The client holds 65,536 events between two sends to the daemon; a
+        # round takes everything since the last one, a second of a job of
+        # 100,000 events a second. The advisor waits for them to be sent.
+        self.assertTrue(allocd.advise(socket=self.socket, job="busy", period=0.05))
+        with allocd._state.advisor._lock:
+            for _ in range(10_000):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+        self.assertTrue(wait_for(lambda: allocd.stats()["events_sent"] >= 90_000, seconds=30))
+        self.assertEqual(allocd.stats()["events_dropped"], 0)
+
     def test_memory_stats_are_read_once_a_period_and_again_after_the_allocator_changed(self):
         period = _advisor.Advisor.STATS_PERIOD_S
         _advisor.Advisor.STATS_PERIOD_S = 3600
