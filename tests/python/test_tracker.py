@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import types
 import unittest
 import warnings
@@ -77,6 +78,7 @@ def fake_torch(include=os.environ["FAKE_TORCH_INCLUDE"], version="2.11.0+fake"):
 c10 = ctypes.CDLL(os.path.join(LIB, "libc10_cuda.so"))
 c10.fake_torch_emit.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                 ctypes.c_uint64]
+c10.fake_torch_emit_allocations.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
 c10.fake_torch_trackers.restype = ctypes.c_size_t
 c10.fake_torch_add_segment.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                        ctypes.c_uint64, ctypes.c_bool, ctypes.c_bool]
@@ -168,6 +170,36 @@ class TrackerTest(unittest.TestCase):
         self.assertEqual(dropped, 0)
         # Each event once.
         self.assertEqual([len(c) for c in self.reader.read()[:4]], [0, 0, 0, 0])
+
+    def test_taken_while_two_threads_allocate_and_one_marks_steps_each_event_comes_once(self):
+        # The advisor takes on a thread of its own while the job's threads
+        # allocate and its optimizer marks steps: the tracker's lock must
+        # lose, repeat and reorder nothing.
+        n, marks = 50_000, 200
+        first = {"a": 0x10_0000_0000, "b": 0x20_0000_0000}
+        threads = [threading.Thread(target=c10.fake_torch_emit_allocations, args=(0, base, n))
+                   for base in first.values()]
+        threads.append(threading.Thread(
+            target=lambda: [self.reader.mark_step() for _ in range(marks)]))
+        for thread in threads:
+            thread.start()
+        ops, ids = [], []
+        pending = self.reader._lib.allocd_tracker_pending
+        while any(thread.is_alive() for thread in threads) or pending():
+            taken_ops, _, taken_ids, _, dropped = self.reader.read()
+            self.assertEqual(dropped, 0)
+            ops.extend(taken_ops)
+            ids.extend(taken_ids)
+        for thread in threads:
+            thread.join()
+        self.assertEqual(ops.count(_history.STEP), marks)
+        for name, base in first.items():
+            # Each thread's events in the order it made them.
+            own = [(op, i) for op, i in zip(ops, ids)
+                   if op != _history.STEP and i >> 36 == base >> 36]
+            self.assertEqual(len(own), 3 * n, name)
+            self.assertEqual(own[:3], [(0, base), (1, base), (2, base)], name)
+            self.assertEqual(own, [(k % 3, base + 512 * (k // 3)) for k in range(3 * n)], name)
 
     def test_keeps_every_bit_of_a_devices_sizes_addresses_and_streams(self):
         # The tracker packs an event's op into its size's top byte: a size

@@ -78,6 +78,16 @@ extern "C" void fake_torch_emit(int action, int device, uint64_t addr,
   for (const auto& tracker : trackers) tracker(entry);
 }
 
+// `n` allocations of 512 bytes at first_addr, first_addr + 512, ..., each
+// alloc, free_requested and free_completed in turn: a job's allocating
+// thread, for tests that take events from another thread meanwhile.
+extern "C" void fake_torch_emit_allocations(int device, uint64_t first_addr, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t addr = first_addr + 512 * i;
+    for (int action : {0, 1, 2}) fake_torch_emit(action, device, addr, 512, 0);
+  }
+}
+
 extern "C" void fake_torch_init() {
   c10::cuda::CUDACachingAllocator::initialized = true;
 }
