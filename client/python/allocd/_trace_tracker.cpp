@@ -107,6 +107,16 @@ struct Buffer {
   uint64_t dropped = 0;  // guarded by mu: since the last swap, the buffer full
   size_t capacity = 0;  // guarded by mu
 
+  // Appends an event under mu, or counts it dropped when the buffer is full.
+  void Keep(Op op, uint64_t size, uint64_t id, uint64_t stream) {
+    std::lock_guard<SpinLock> lock(mu);
+    if (filling.size() >= capacity) {
+      ++dropped;
+      return;
+    }
+    filling.Append(op, size, id, stream);
+  }
+
   alignas(64) std::mutex take_mu;  // the taking side
   Events taken;  // guarded by take_mu: swapped out, taken from its front
   size_t taken_from = 0;  // guarded by take_mu
@@ -156,13 +166,8 @@ void Track(const TraceEntry& entry) {
     default:
       return;
   }
-  std::lock_guard<SpinLock> lock(b.mu);
-  if (b.filling.size() >= b.capacity) {
-    ++b.dropped;
-    return;
-  }
-  b.filling.Append(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
-                   StreamId(entry.stream_));
+  b.Keep(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
+         StreamId(entry.stream_));
 }
 
 // The allocator's state as allocd_record_state's columns (proto/protocol.h
@@ -292,13 +297,7 @@ __attribute__((visibility("default"))) void allocd_tracker_stop() {
 // -1 when no device is tracked.
 __attribute__((visibility("default"))) int allocd_tracker_mark_step() {
   if (buffer == nullptr || buffer->device.load(std::memory_order_relaxed) < 0) return -1;
-  Buffer& b = *buffer;
-  std::lock_guard<SpinLock> lock(b.mu);
-  if (b.filling.size() >= b.capacity) {
-    ++b.dropped;
-    return 0;
-  }
-  b.filling.Append(kStep, 0, 0, 0);
+  buffer->Keep(kStep, 0, 0, 0);
   return 0;
 }
 
