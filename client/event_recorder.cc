@@ -26,15 +26,14 @@ void EventRecorder::Record(TraceOp op, uint64_t stream, uint64_t id,
 size_t EventRecorder::RecordMany(const TraceOp* ops, const uint64_t* streams,
                                  const uint64_t* ids, const uint64_t* sizes,
                                  size_t n) {
-  size_t kept = 0;
+  size_t kept;
   bool half_full;
   {
     absl::MutexLock lock(&mu_);
     const size_t before = buffer_.size();
-    for (size_t i = 0; i < n; ++i) {
-      if (Append(ops[i], streams[i], ids[i], sizes[i])) ++kept;
-    }
-    half_full = before < capacity_ / 2 && buffer_.size() >= capacity_ / 2;
+    kept = PushWhileRoom(ops, streams, ids, sizes, 0, n);
+    Lose(n - kept);
+    half_full = ReachedHalf(before);
   }
   if (half_full && half_full_) half_full_();
   return kept;
@@ -52,14 +51,14 @@ size_t EventRecorder::RecordManyWaiting(const TraceOp* ops, const uint64_t* stre
     {
       absl::MutexLock lock(&mu_);
       const size_t before = buffer_.size();
-      for (; i < n; ++i) {
-        if (!Push({.op = ops[i], .stream = streams[i], .id = ids[i], .size = sizes[i]})) break;
-        ++kept;
-      }
+      const size_t stopped = PushWhileRoom(ops, streams, ids, sizes, i, n);
+      kept += stopped - i;
+      i = stopped;
       if (i < n && taker_stalled_) {
-        for (; i < n; ++i) kept += Append(ops[i], streams[i], ids[i], sizes[i]) ? 1 : 0;
+        Lose(n - i);
+        i = n;
       }
-      cue = i < n || (before < capacity_ / 2 && buffer_.size() >= capacity_ / 2);
+      cue = i < n || ReachedHalf(before);
       takes = takes_;
     }
     if (cue && half_full_) half_full_();
@@ -68,6 +67,19 @@ size_t EventRecorder::RecordManyWaiting(const TraceOp* ops, const uint64_t* stre
     auto taken = [this, takes]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return takes_ != takes; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&taken), deadline)) taker_stalled_ = true;
   }
+}
+
+size_t EventRecorder::PushWhileRoom(const TraceOp* ops, const uint64_t* streams,
+                                    const uint64_t* ids, const uint64_t* sizes, size_t i,
+                                    size_t n) {
+  for (; i < n; ++i) {
+    if (!Push({.op = ops[i], .stream = streams[i], .id = ids[i], .size = sizes[i]})) break;
+  }
+  return i;
+}
+
+bool EventRecorder::ReachedHalf(size_t before) const {
+  return before < capacity_ / 2 && buffer_.size() >= capacity_ / 2;
 }
 
 bool EventRecorder::Push(RecordedEvent slot) {
@@ -88,18 +100,14 @@ bool EventRecorder::Push(RecordedEvent slot) {
   return true;
 }
 
-bool EventRecorder::Append(TraceOp op, uint64_t stream, uint64_t id,
-                           uint64_t size) {
-  if (Push({.op = op, .stream = stream, .id = id, .size = size})) return true;
-  ++trailing_gap_;
-  ++dropped_total_;
-  return false;
+void EventRecorder::Lose(uint64_t events) {
+  trailing_gap_ += events;
+  dropped_total_ += events;
 }
 
 void EventRecorder::Drop(uint64_t events) {
   absl::MutexLock lock(&mu_);
-  trailing_gap_ += events;
-  dropped_total_ += events;
+  Lose(events);
 }
 
 void EventRecorder::RecordState(std::shared_ptr<const v1::AllocatorState> state) {

@@ -107,9 +107,16 @@ class EventRecorder {
   // Puts `slot` in the buffer after the marker of a gap before it, if
   // any; false (nothing changed) when the two do not fit.
   bool Push(RecordedEvent slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Record() under the lock; false when the event was dropped.
-  bool Append(TraceOp op, uint64_t stream, uint64_t id, uint64_t size)
+  // Pushes events i, i + 1, ... of the columns until one does not fit or
+  // n is reached; returns where it stopped.
+  size_t PushWhileRoom(const TraceOp* ops, const uint64_t* streams, const uint64_t* ids,
+                       const uint64_t* sizes, size_t i, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the buffer, `before` slots long, has just reached half its
+  // capacity: the half_full callback's moment.
+  bool ReachedHalf(size_t before) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `events` lost after everything in the buffer: a gap before the next.
+  void Lose(uint64_t events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
   const std::function<void()> half_full_;
