@@ -145,10 +145,16 @@ class Namer:
         return self.cache[key]
 
 
+def label(key):
+    """A row's name: a frame, (library, function), as "function [library]"."""
+    return "{1} [{0}]".format(*key) if isinstance(key, tuple) else key
+
+
 def tally(path, steps, namer, callers=None):
-    """ms per step by leaf function, by leaf library, and by function on the
-    stack (each counted once a sample); with `callers` (a regular
-    expression), by what the innermost frame it matches called."""
+    """ms per step by leaf frame, by leaf library, and by frame on the stack
+    (each counted once a sample), frames as (library, function); with
+    `callers` (a regular expression), by what the innermost frame it
+    matches called."""
     period_us, samples, maps = read_profile(path)
     per_sample_ms = period_us / 1000.0 / steps
     leaf, library, inclusive, callees = (collections.Counter() for _ in range(4))
@@ -159,15 +165,14 @@ def tally(path, steps, namer, callers=None):
         if not frames:
             continue
         ms = count * per_sample_ms
-        lib, fn = frames[0]
-        leaf[f"{fn} [{lib}]"] += ms
-        library[lib] += ms
-        for lib, fn in set(frames):
-            inclusive[f"{fn} [{lib}]"] += ms
+        leaf[frames[0]] += ms
+        library[frames[0][0]] += ms
+        for frame in set(frames):
+            inclusive[frame] += ms
         if callers is not None:
             for k, (lib, fn) in enumerate(frames):
                 if callers.search(fn):
-                    callee = "(itself)" if k == 0 else "{1} [{0}]".format(*frames[k - 1])
+                    callee = "(itself)" if k == 0 else label(frames[k - 1])
                     callees[f"{fn}  ->  {callee}"] += ms
                     break
     return {"total": total * per_sample_ms, "leaf": leaf, "library": library,
@@ -193,8 +198,7 @@ def main():
         for t in tallies:
             for kind in ("leaf", "inclusive"):
                 t[f"{kind} in {a.library}"] = collections.Counter(
-                    {k: v for k, v in t[kind].items()
-                     if a.library in k.rsplit(" [", 1)[-1]})
+                    {frame: v for frame, v in t[kind].items() if a.library in frame[0]})
     base = tallies[0]
     print("CPU time per step over every thread (ms), from the samples: "
           + ", ".join(f"{n} {t['total']:.2f}" for n, t in zip(names, tallies)))
@@ -214,7 +218,7 @@ def main():
             heading = "most" if t is base else f"most above {names[0]}'s"
             print(f"\n{name}: by {what}, {heading} (ms/step)\n")
             for k, v in rows:
-                print(f"  {v:9.3f}  {k}")
+                print(f"  {v:9.3f}  {label(k)}")
 
 
 if __name__ == "__main__":
