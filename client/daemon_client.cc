@@ -75,6 +75,11 @@ std::string DaemonClient::start_config_source() const {
   return c == nullptr || c->start_config_source.empty() ? "own" : c->start_config_source;
 }
 
+uint64_t DaemonClient::stream_from_reserved() const {
+  std::shared_ptr<Connection> c = active_.Current();
+  return c == nullptr ? 0 : c->stream_from_reserved;
+}
+
 uint64_t DaemonClient::session_id() const {
   std::shared_ptr<Connection> c = active_.Current();
   return c == nullptr ? 0 : c->session_id;

@@ -177,6 +177,8 @@ class DaemonClient {
   // Where the config the session started on came from (the first
   // registration's RegisterResponse.start_config_source; "own" before it).
   std::string start_config_source() const;
+  // The connection's RegisterResponse.stream_from_reserved (0 before it).
+  uint64_t stream_from_reserved() const;
   uint64_t epoch() const { return active_.epoch(); }
   bool connected() const { return active_.Current() != nullptr; }
   // The daemon's smallest chunk: every grant is a multiple of it. This,

@@ -200,6 +200,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Register(
   c->adopts_chunks = response.adopts_chunks();
   c->lease_acquires = response.lease_acquires();
   c->start_config_source = response.start_config_source();
+  c->stream_from_reserved = response.stream_from_reserved();
   c->working_set.assign(response.working_set().segment_bytes().begin(),
                         response.working_set().segment_bytes().end());
 

@@ -66,6 +66,9 @@ struct Connection {
   // RegisterResponse.start_config_source: where the config the session
   // starts on came from.
   std::string start_config_source;
+  // RegisterResponse.stream_from_reserved: a learned run's reserved bytes
+  // up to which it may leave its allocation stream off (0: none).
+  uint64_t stream_from_reserved = 0;
   // The job's last working set, as this daemon handed it over.
   std::vector<uint64_t> working_set;
   // The lease; calls travel over it one at a time (LeaseCall). lease_mu

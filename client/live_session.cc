@@ -78,6 +78,7 @@ nlohmann::json LiveSession::Report() const {
           {"config_version", config_version()},
           {"config_reason", config_reason()},
           {"start_config_source", client_.start_config_source()},
+          {"stream_from_reserved", client_.stream_from_reserved()},
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims()},

@@ -80,6 +80,8 @@ class ConfigPusher {
     // Why it was chosen: "learned", "prior" or "replaced"
     // (StartConfigSourceName).
     std::string source = "learned";
+    // For a learned config: RegisterResponse.stream_from_reserved (0: none).
+    uint64_t stream_from_reserved = 0;
   };
   // `session` just registered; its client declared it runs
   // `current_config` (canonical) under `current_version` (0: its initial

@@ -118,6 +118,7 @@ DaemonAutotune::DaemonAutotune(AutotuneOptions options, DaemonCore* core,
       metrics_(metrics),
       learned_(learned),
       prior_(options.prior),
+      growth_margin_(options.growth_margin),
       flag_mode_(options.default_policy.mode),
       default_mode_(options.default_policy.mode),
       autotuner_(std::make_unique<Autotuner>(std::move(options), this)) {}
@@ -180,6 +181,7 @@ std::optional<DaemonAutotune::Start> DaemonAutotune::StartFor(
     start.author = absl::StrCat(kAuthor, ": ", start.chosen.why);
     return start;
   }
+  start.stream_from_reserved = StreamFromReserved(*learned, growth_margin_);
   start.author = absl::StrCat(
       kAuthor, ": learned from decision ", learned->decision_id, " (",
       absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", learned->learned_at,
@@ -208,7 +210,8 @@ std::optional<ConfigPusher::Learned> DaemonAutotune::LearnedConfigFor(
   }
   return ConfigPusher::Learned{.config = start->chosen.config,
                                .author = start->author,
-                               .source = StartConfigSourceName(start->chosen.source)};
+                               .source = StartConfigSourceName(start->chosen.source),
+                               .stream_from_reserved = start->stream_from_reserved};
 }
 
 void DaemonAutotune::SessionStarted(const SessionIdentity& identity,

@@ -162,6 +162,7 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   struct Start {
     StartConfig chosen;
     std::string author;
+    uint64_t stream_from_reserved = 0;  // StreamFromReserved, for a learned one
   };
   // `features`: what the job's process said at registration it does with
   // CUDA memory; a start they would break is left out (ConfigIncompatibility,
@@ -205,6 +206,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   LearnedConfigs* const learned_;
   // --autotune-prior, --autotune-seed-prior.
   const PriorSetting prior_;
+  // The autotuner's growth margin: a learned run's stream_from_reserved.
+  const double growth_margin_;
   // --autotune.
   const AutotuneMode flag_mode_;
   mutable absl::Mutex mu_;

@@ -162,6 +162,7 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
   response.set_lease_acquires(true);
   if (config.learned.has_value() && start.has_value()) {
     session->SetStartConfigSource(start->source);
+    response.set_stream_from_reserved(start->stream_from_reserved);
   }
   response.set_start_config_source(session->start_config_source());
   for (uint64_t bytes : working_set) {

@@ -1,5 +1,6 @@
 #include "server/autotune/start_config.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 
@@ -135,6 +136,12 @@ StartConfigVeto KeepsPinnedKeys(const std::string& own, const std::vector<std::s
     const char* key = ChangedPinnedKey(c, own, pinned);
     return key == nullptr ? std::string() : absl::StrCat("the job pinned ", key);
   };
+}
+
+uint64_t StreamFromReserved(const LearnedConfig& learned, double growth_margin) {
+  const int64_t peak = std::max(learned.realized_peak.value_or(0), learned.predicted_peak_switched);
+  if (peak <= 0) return 0;
+  return static_cast<uint64_t>(static_cast<double>(peak) * (1.0 + std::max(0.0, growth_margin)));
 }
 
 StartConfig ChooseStartConfig(const std::string& own,

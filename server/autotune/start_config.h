@@ -134,6 +134,14 @@ struct StartConfig {
   // author and the decision's `why` say it.
   std::string why;
 };
+// The reserved bytes up to which a run started on `learned` does what the
+// job was learned on (RegisterResponse.stream_from_reserved): the peak
+// reserved the job reached under it (or, not known, was predicted to reach
+// under it), plus `growth_margin` of it; the autotuner decides on growth
+// past the same margin. 0 (the run streams from its start) when neither is
+// known.
+uint64_t StreamFromReserved(const LearnedConfig& learned, double growth_margin);
+
 // The start config of a job whose own is `own` (canonical, "" for
 // PyTorch's defaults), with `learned` and `prior` as found; `veto` may be
 // empty. A config `own` that does not parse is kept as it is; a seed prior

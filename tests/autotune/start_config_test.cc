@@ -31,6 +31,21 @@ TEST(StartConfigTest, SourcesAreNamedAsTheMetricAndStatsSayThem) {
   EXPECT_STREQ(StartConfigSourceName(StartConfigSource::kReplaced), "replaced");
 }
 
+TEST(StartConfigTest, ALearnedRunStreamsOncePastItsPeakAndTheGrowthMargin) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  LearnedConfig learned{.config = "expandable_segments:True"};
+  // Nothing known of its peak: it streams from the start.
+  EXPECT_EQ(StreamFromReserved(learned, 0.10), 0u);
+  learned.predicted_peak_switched = 10 * kGiB;
+  EXPECT_EQ(StreamFromReserved(learned, 0.10), static_cast<uint64_t>(11 * kGiB));
+  // The larger of what it reached and what was predicted.
+  learned.realized_peak = 20 * kGiB;
+  EXPECT_EQ(StreamFromReserved(learned, 0.10), static_cast<uint64_t>(22 * kGiB));
+  learned.realized_peak = 5 * kGiB;
+  EXPECT_EQ(StreamFromReserved(learned, 0.50), static_cast<uint64_t>(15 * kGiB));
+  EXPECT_EQ(StreamFromReserved(learned, -1.0), static_cast<uint64_t>(10 * kGiB));
+}
+
 TEST(StartConfigTest, SmallMaxSplitWithoutExpandableSegmentsIsHarmful) {
   EXPECT_TRUE(IsHarmfulStartConfig(Parse("max_split_size_mb:64")));
   EXPECT_TRUE(IsHarmfulStartConfig(Parse("max_split_size_mb:128")));

@@ -229,6 +229,8 @@ TEST_F(LiveSessionTest, TheReportNamesTheSessionAsAllocdStatsDoes) {
   EXPECT_EQ(report["events_dropped"], 0);
   // A daemon not in autotune apply mode starts the job on its own config.
   EXPECT_EQ(report["start_config_source"], "own");
+  // Nothing learned: the job streams its allocations from the start.
+  EXPECT_EQ(report["stream_from_reserved"], 0);
   for (const char* key : {"reconnects", "config", "config_version",
                           "config_reason"}) {
     EXPECT_TRUE(report.contains(key)) << key;

@@ -623,6 +623,96 @@ class AdviseTest(unittest.TestCase):
         self.assertIs(self.torch.settings_threads[0], threading.current_thread())
         self.assertEqual(allocd.stats()["start_config_source"], "prior")
 
+    def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
+        """A daemon in apply mode that learned `config` for job "learned" (this
+        uid's), with the job peaking at `realized_peak` reserved under it
+        then; advise() of that job's next run, whose model is already built
+        (the weights' segment)."""
+        self.daemon.kill()
+        self.daemon.wait()
+        state_dir = os.path.join(self.dir, "state")
+        os.makedirs(state_dir)
+        with open(os.path.join(state_dir, "learned_configs.json"), "w") as f:
+            json.dump({"format": 1, "jobs": [{
+                "tenant": f"uid:{os.getuid()}", "job": "learned",
+                "config": config, "from_config": "max_split_size_mb:64", "decision_id": 3,
+                "learned_unix_micros": 0, "predicted_peak_current": 64 << 20,
+                "predicted_peak_switched": 32 << 20, "predicted_peak_allocated": 16 << 20,
+                "predicted_peak_requested": 16 << 20, "realized_peak": realized_peak}]}, f)
+        self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune",
+                                       "apply", "--state-dir", state_dir)
+        self.assertIsNotNone(self.daemon)
+        self.torch.segments = [self.weights_segment()]
+        self.assertTrue(allocd.advise(socket=self.socket, job="learned", period=0.05))
+
+    def test_a_learned_run_streams_only_once_it_outgrows_what_was_learned(self):
+        self.start_learned_run()
+        stats = allocd.stats()
+        self.assertEqual(stats["start_config_source"], "learned")
+        self.assertEqual(len(self.torch.settings), 1)
+        self.assertIn("expandable_segments:True", self.torch.settings[0])
+        # The 40 MiB it reached under the config, and the growth margin (10%).
+        self.assertEqual(stats["stream_deferred_until_reserved"], int(1.1 * (40 << 20)))
+        self.assertEqual(stats["event_source"], "deferred")
+        self.assertEqual(stats["states_sent"], 0)
+
+        class Optimizer:
+            pass
+
+        optimizer = Optimizer()
+        # Steps within what was learned: PyTorch records nothing for allocd
+        # (no history, no tracker), and nothing reaches the daemon.
+        rounds = allocd.stats()["advisor_rounds"]
+        for _ in range(20):
+            self.torch.history.step([1 << 20, 2 << 20, 512])
+            self.torch.step(optimizer)
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+        self.assertEqual(self.torch.history.calls, [])
+        stats = allocd.stats()
+        self.assertEqual((stats["events_sent"], stats["states_sent"]), (0, 0))
+        self.assertEqual(stats["steps_marked"], 20)
+        self.assertIsNone(stats["stream_started"])
+
+        # Past it: the next round starts the stream, with the allocator's
+        # state first (the weights it never saw allocated), then its events
+        # and step marks.
+        self.torch.reserved = 48 << 20
+        self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
+        self.assertIn("passed the 46137344 its learned config was expected to need",
+                      allocd.stats()["stream_started"])
+        self.assertEqual(allocd.stats()["states_sent"], 1)
+        with allocd._state.advisor._lock:
+            for _ in range(5):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(optimizer)
+        self.assertTrue(wait_for(lambda: allocd.stats()["events_sent"] == 5 * 9 + 5))
+        self.assertEqual(allocd.stats()["events_dropped"], 0)
+        # The state read at the first mark in the stream went with it: the
+        # 20 marks made before the stream are in no stream.
+        self.assertEqual(allocd.stats()["states_sent"], 2)
+
+    def test_a_learned_run_that_runs_out_of_memory_starts_its_stream(self):
+        self.start_learned_run()
+        self.assertEqual(allocd.stats()["event_source"], "deferred")
+        self.torch.oom_observers[0](0, 2 << 20, 1 << 30, 0)
+        self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
+        self.assertEqual(allocd.stats()["stream_started"], "the job ran out of memory")
+        self.assertEqual(allocd.stats()["states_sent"], 1)
+
+    def test_a_run_that_learned_pytorchs_defaults_runs_them_and_defers_its_stream(self):
+        self.start_learned_run(config="")
+        self.assertEqual(self.torch.settings, [])  # it runs them already
+        self.assertEqual(allocd.stats()["start_config_source"], "learned")
+        self.assertEqual(allocd.stats()["event_source"], "deferred")
+
+    def test_a_learned_run_streams_from_the_start_when_told_to(self):
+        os.environ["ALLOCD_DEFER_STREAM"] = "0"
+        self.addCleanup(os.environ.pop, "ALLOCD_DEFER_STREAM", None)
+        self.start_learned_run()
+        self.assertEqual(allocd.stats()["event_source"], "history")
+        self.assertEqual(allocd.stats()["states_sent"], 1)
+        self.assertIsNone(allocd.stats()["stream_started"])
+
     def test_a_config_pytorch_refuses_is_nacked_with_its_error(self):
         self.torch.reject = "max_split_size_mb"
         allocd.advise(socket=self.socket, job="j", period=0.05)

@@ -22,7 +22,7 @@ import warnings
 os.environ.pop("LD_PRELOAD", None)
 sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 import allocd  # noqa: E402
-from allocd import _advisor, _allocator_state, _history, _tracker  # noqa: E402
+from allocd import _allocator_state, _event_stream, _history, _tracker  # noqa: E402
 
 LIB = os.environ["FAKE_TORCH_LIB"]
 # Built trackers go to a cache of this test's own.
@@ -380,7 +380,7 @@ class EventSourceTest(unittest.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.last_torch = self.torch_without_extensions()
-            reader = _advisor.event_reader(self.last_torch, 0)
+            reader = _event_stream.event_reader(self.last_torch, 0)
         self.assertIsInstance(reader, _history.HistoryReader)
         self.assertEqual(self.last_torch.recording, ["all"])  # started
         self.assertEqual(len(caught), 1)
@@ -391,7 +391,7 @@ class EventSourceTest(unittest.TestCase):
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            reader = _advisor.event_reader(fake_torch(), 0)
+            reader = _event_stream.event_reader(fake_torch(), 0)
         self.assertIsInstance(reader, _tracker.TrackerReader)
         self.assertEqual(caught, [])
         reader.stop()
@@ -399,7 +399,7 @@ class EventSourceTest(unittest.TestCase):
     def test_tracker_only_refuses_to_fall_back(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
         with self.assertRaises(allocd.AllocdUnavailable):
-            _advisor.event_reader(self.torch_without_extensions(), 0)
+            _event_stream.event_reader(self.torch_without_extensions(), 0)
 
     def test_before_start_comes_once_the_reader_is_built_and_before_it_records(self):
         # The advisor reads the allocator's state there: after the (first
@@ -407,20 +407,35 @@ class EventSourceTest(unittest.TestCase):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())
         recording_then = []
-        reader = _advisor.event_reader(torch, 0,
+        reader = _event_stream.event_reader(torch, 0,
                                        lambda: recording_then.append(list(torch.recording)))
         self.assertEqual(recording_then, [[]])
         self.assertEqual(torch.recording, ["all"])
         reader.stop()
 
+    def test_a_reader_built_records_nothing_until_it_starts(self):
+        # A learned run builds its reader at the start (the tracker's build
+        # is the slow part) and starts it only once it outgrows what was
+        # learned.
+        os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
+        torch = fake_torch()
+        reader = _event_stream.new_reader(torch, 0)
+        self.assertIsInstance(reader, _tracker.TrackerReader)
+        c10.fake_torch_emit(ALLOC, 0, 0x1000, 512, 7)
+        started = _event_stream.start_reader(reader, torch, 0)
+        self.assertIs(started, reader)
+        c10.fake_torch_emit(ALLOC, 0, 0x2000, 512, 7)
+        self.assertEqual(list(reader.read()[2]), [0x2000])  # nothing from before the start
+        reader.stop()
+
     def test_history_and_a_typo(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())
-        self.assertIsInstance(_advisor.event_reader(torch, 0), _history.HistoryReader)
+        self.assertIsInstance(_event_stream.event_reader(torch, 0), _history.HistoryReader)
         self.assertEqual(torch.recording, ["all"])
         os.environ["ALLOCD_EVENT_SOURCE"] = "histroy"
         with self.assertRaises(ValueError):
-            _advisor.event_reader(fake_torch(), 0)
+            _event_stream.event_reader(fake_torch(), 0)
 
 
 if __name__ == "__main__":

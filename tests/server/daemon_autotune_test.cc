@@ -46,6 +46,8 @@ struct TestDaemon {
     std::string secret;
     // The configs pushed to it at registration, with each push's reason.
     std::vector<std::pair<std::string, std::string>> pushed;
+    uint64_t stream_from_reserved = 0;  // as the response said
+    std::string start_config_source;
   };
   // `mode`: the autotune mode the job asks for ("": none); `rank`: its
   // place in a job of several.
@@ -67,7 +69,9 @@ struct TestDaemon {
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return {};
     Registered out{.id = response->session_id(),
-                   .secret = response->session_secret()};
+                   .secret = response->session_secret(),
+                   .stream_from_reserved = response->stream_from_reserved(),
+                   .start_config_source = response->start_config_source()};
     absl::StatusOr<std::shared_ptr<Session>> session =
         core.Watch(peer, out.id, response->session_secret());
     EXPECT_TRUE(session.ok()) << session.status();
@@ -177,9 +181,19 @@ TEST(DaemonAutotuneLearnedTest, AKeptPushIsHandedToTheNextRunOfTheSameTenantsJob
   }
   EXPECT_TRUE(recorded);
 
-  // Another tenant's job of the same label, and another job, learned nothing.
-  EXPECT_TRUE(next.Register(1002, "llama").pushed.empty());
-  EXPECT_TRUE(next.Register(1001, "bert").pushed.empty());
+  // It may leave its allocation stream off until it outgrows the 6 GiB the
+  // job reached under it by the growth margin (10%).
+  EXPECT_EQ(again.start_config_source, "learned");
+  EXPECT_EQ(again.stream_from_reserved, static_cast<uint64_t>(1.1 * static_cast<double>(6LL << 30)));
+
+  // Another tenant's job of the same label, and another job, learned
+  // nothing: they stream from the start.
+  const TestDaemon::Registered other_tenant = next.Register(1002, "llama");
+  EXPECT_TRUE(other_tenant.pushed.empty());
+  EXPECT_EQ(other_tenant.stream_from_reserved, 0u);
+  const TestDaemon::Registered other_job = next.Register(1001, "bert");
+  EXPECT_TRUE(other_job.pushed.empty());
+  EXPECT_EQ(other_job.stream_from_reserved, 0u);
 
   const v1::AutotuneLearnedResponse listed = next.autotune.Learned();
   ASSERT_EQ(listed.learned_size(), 1);
@@ -519,6 +533,11 @@ TEST(DaemonAutotuneStartTest, AHarmfulStartIsReplacedAndANewJobStartsOnThePrior)
   ASSERT_EQ(on_prior.pushed.size(), 1u);
   EXPECT_EQ(on_prior.pushed[0].first, "max_split_size_mb:512");
   EXPECT_THAT(on_prior.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
+  // Nothing was learned of this job: a prior (or a replacement) is no
+  // reason to leave its stream off.
+  EXPECT_EQ(on_prior.start_config_source, "prior");
+  EXPECT_EQ(on_prior.stream_from_reserved, 0u);
+  EXPECT_EQ(replaced.stream_from_reserved, 0u);
   // Another tenant has no prior of its own: the node's.
   const TestDaemon::Registered node = daemon.Register(1002, "new");
   ASSERT_EQ(node.pushed.size(), 1u);

@@ -19,12 +19,13 @@ transparent mode on the interposer's session.
 import ctypes
 import importlib
 import json
+import os
 import threading
 import time
 import weakref
 
 from ._bindings import AllocdUnavailable, Target, load_client, typed_functions
-from ._event_stream import EventStream, event_reader, start_state
+from ._event_stream import EventStream, new_reader, start_reader, start_state
 from ._features import FeatureHooks
 from ._history import HistoryReader
 from ._holds import AllocatorHolds
@@ -66,6 +67,30 @@ def connect(torch, socket, job, config, device, autotune):
     return lib, client
 
 
+def session_stats(lib, client, buffer=None):
+    """The session as allocd_session_stats names it (a dict), read into
+    `buffer` (a ctypes string buffer; a new one when None); None when the
+    client library cannot say."""
+    buffer = buffer if buffer is not None else ctypes.create_string_buffer(1 << 16)
+    if lib.allocd_session_stats(client, buffer, len(buffer)) < 0:
+        return None
+    return json.loads(buffer.value.decode())
+
+
+def stream_deferred_until(session, prewarmed):
+    """The reserved bytes up to which the allocation stream stays off (0: it
+    starts now). A run handed its job's learned config is told how far it
+    can grow and still be doing what the config was learned on
+    (stream_from_reserved): until then the autotuner has nothing to decide,
+    and PyTorch, which charges the job for every allocator event from the
+    moment a stream is attached and cannot detach one, charges nothing.
+    `prewarmed`: the pre-warms of a recurring peak need the stream from the
+    start. $ALLOCD_DEFER_STREAM=0 starts it at once whatever was learned."""
+    if prewarmed or os.environ.get("ALLOCD_DEFER_STREAM", "1") == "0" or not session:
+        return 0
+    return int(session.get("stream_from_reserved", 0))
+
+
 def start_advisor(lib, client, torch, device, period, config, record_events,
                   transparent=False):
     """The advisor thread, started on a connected session (`transparent`: the
@@ -79,21 +104,31 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     job that marks no steps does not lack it. Read once the reader is built
     and just before it starts (building the tracker the first time compiles
     it, while the job goes on allocating): an allocation between the two is
-    left out, never counted twice."""
+    left out, never counted twice. A learned run's stream starts later, the
+    same way, if at all (stream_deferred_until)."""
     state = []
+    events = None
+    defer_until = 0
     try:
-        reader = event_reader(torch, device, lambda: state.append(start_state(torch, device))) \
-            if record_events else None
+        if record_events:
+            defer_until = stream_deferred_until(
+                session_stats(lib, client), transparent and prewarm_enabled())
+            reader = new_reader(torch, device)
+            if not defer_until:
+                reader = start_reader(reader, torch, device,
+                                      lambda: state.append(start_state(torch, device)))
+            events = EventStream(lib, client, None if defer_until else reader)
     except AllocdUnavailable:
         lib.allocd_disconnect(client)
         raise
-    events = EventStream(lib, client, reader) if reader is not None else None
     holds = AllocatorHolds()
     advisor = Advisor(lib, client, torch, device, period, config, events,
                       start_prewarmer(lib, torch, device, events, holds) if transparent
                       else "off (transparent mode only)", holds,
                       start_spare_keeper(lib, device) if transparent else None)
-    if events is not None and state and state[-1] is not None:
+    if defer_until:
+        advisor.defer_stream(reader, defer_until)
+    elif events is not None and state and state[-1] is not None:
         events.send_state(state[-1])
     advisor.take_start_config()
     advisor.start()
@@ -210,6 +245,12 @@ class Advisor:
         self._step_hook = None
         self._feature_hooks = None
         self._target = self._allocator_target()
+        # A deferred allocation stream (defer_stream): the reader it starts
+        # on, the reserved bytes past which it starts, and why it started.
+        self._deferred_reader = None
+        self._stream_from_reserved = 0
+        self._stream_wanted = None  # a reason to start it at the next round
+        self.stream_started = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
                                                 name="allocd-control", daemon=True)
@@ -222,6 +263,37 @@ class Advisor:
             self._lock).attach()
         self._thread.start()
         self._control_thread.start()
+
+    def defer_stream(self, reader, until_reserved):
+        """Leaves the allocation stream off (`reader`: new_reader's, not
+        started) until the allocator's peak reserved memory passes
+        `until_reserved` bytes or the job runs out of memory: then a round
+        starts it, with the allocator's state, as a stream that starts
+        after the job allocated."""
+        self._deferred_reader = reader
+        self._stream_from_reserved = until_reserved
+
+    def _start_stream_when_due(self):
+        """Starts the deferred stream when the round's stats (or an OOM) say
+        the job outgrew what its config was learned on."""
+        reserved = max(self.last_stats.get("reserved_bytes.all.peak", 0),
+                       self.last_stats.get("reserved_bytes.all.current", 0))
+        why = self._stream_wanted
+        if why is None and reserved > self._stream_from_reserved:
+            why = (f"its peak reserved memory, {reserved} bytes, passed the "
+                   f"{self._stream_from_reserved} its learned config was expected to need")
+        if why is None:
+            return
+        reader, self._deferred_reader = self._deferred_reader, None
+        state = []
+        try:
+            reader = start_reader(reader, self._torch, self._device,
+                                  lambda: state.append(start_state(self._torch, self._device)))
+        except AllocdUnavailable as error:
+            self.stream_started = f"not started: {error}"
+            return
+        self._events.begin(reader, state[-1] if state else None)
+        self.stream_started = why
 
     def stop(self):
         self._stop.set()
@@ -250,6 +322,8 @@ class Advisor:
                 "advisor_rounds": self.rounds,
                 "advisor_seconds_by_part": dict(self.seconds_by_part),
                 "event_source": self.event_source,
+                "stream_deferred_until_reserved": self._stream_from_reserved,
+                "stream_started": self.stream_started,
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
@@ -259,9 +333,12 @@ class Advisor:
 
     @property
     def event_source(self):
-        """Where the allocation stream is read: "tracker", "history" or None."""
+        """Where the allocation stream is read: "tracker", "history", "deferred"
+        (not started yet: defer_stream) or None (off)."""
         if self._events is None:
             return None
+        if self._events.deferred:
+            return "deferred"
         return "history" if isinstance(self._events.reader, HistoryReader) else "tracker"
 
     def _run(self):
@@ -340,6 +417,8 @@ class Advisor:
             self._lib.allocd_poll(self._client, ctypes.byref(self._target))
             if self._spares is not None:
                 self._spares.release_old()
+            if self._deferred_reader is not None:
+                self._start_stream_when_due()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
             parts["session"] += time.perf_counter() - polled
@@ -361,9 +440,9 @@ class Advisor:
     def _read_session(self, buffer=None):
         """Reads the session back (into `buffer`, the round's own: other threads
         read into one of their own)."""
-        buffer = buffer if buffer is not None else ctypes.create_string_buffer(1 << 16)
-        if self._lib.allocd_session_stats(self._client, buffer, len(buffer)) >= 0:
-            self.session = json.loads(buffer.value.decode())
+        session = session_stats(self._lib, self._client, buffer)
+        if session is not None:
+            self.session = session
             self.saw_applied(self.session["configs_applied"])
 
     def saw_applied(self, applied):
@@ -467,5 +546,10 @@ class Advisor:
             message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
                        f"bytes; {device_allocated} allocated, {device_free} free")
             self._lib.allocd_report_oom(self._client, alloc, message.encode())
+            if self._deferred_reader is not None:
+                # Started by the next round, not here: PyTorch calls this
+                # holding its allocator, which starting a stream takes.
+                self._stream_wanted = "the job ran out of memory"
+                self._wake.set()
 
         attach(observer)

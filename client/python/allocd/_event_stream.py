@@ -28,41 +28,66 @@ def start_state(torch, device):
         return None
 
 
-def event_reader(torch, device, before_start=None):
-    """The advisor's reader of the allocation stream, started: $ALLOCD_EVENT_SOURCE.
-    `before_start` (optional) is called once the reader is built, right
-    before it starts recording (again before the history, where the
-    tracker could not start).
-
-    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds
-    and attaches, else PyTorch's history with a warning that says why and
-    what it costs; "tracker": the tracker, or AllocdUnavailable from
-    enable()/advise() whatever `required` says; "history": PyTorch's history
-    (HistoryReader).
-    """
+def _event_source():
     source = os.environ.get("ALLOCD_EVENT_SOURCE", "auto")
     if source not in ("auto", "tracker", "history"):
         raise ValueError(f"ALLOCD_EVENT_SOURCE={source!r}: one of auto, tracker, history")
+    return source
 
-    def start(reader):
-        if before_start is not None:
-            before_start()
-        reader.start()
-        return reader
 
-    if source != "history":
+def _history_instead(why):
+    """Where the tracker cannot be had: AllocdUnavailable when it was asked
+    for by name, else a warning that says why and what the history costs."""
+    if _event_source() == "tracker":
+        raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
+    warnings.warn(
+        "allocd: reading the allocation stream from PyTorch's history, which holds "
+        "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
+        f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
+        stacklevel=4)
+
+
+def new_reader(torch, device):
+    """The advisor's reader of the allocation stream, built but not started:
+    $ALLOCD_EVENT_SOURCE. Building the tracker the first time compiles it.
+
+    "auto" (default): the C++ tracker (allocd/_tracker.py) where it builds,
+    else PyTorch's history with a warning that says why and what it costs;
+    "tracker": the tracker, or AllocdUnavailable from enable()/advise()
+    whatever `required` says; "history": PyTorch's history (HistoryReader).
+    """
+    if _event_source() != "history":
         from . import _tracker
         try:
-            return start(_tracker.TrackerReader.for_torch(torch, device))
+            return _tracker.TrackerReader.for_torch(torch, device)
         except _tracker.TrackerUnavailable as why:
-            if source == "tracker":
-                raise AllocdUnavailable(f"the allocation-stream tracker: {why}") from None
-            warnings.warn(
-                "allocd: reading the allocation stream from PyTorch's history, which holds "
-                "the GIL while it reads (up to ~8% of the mean step on allocation-heavy jobs; "
-                f"record_events=False turns it off): the C++ tracker is unavailable: {why}",
-                stacklevel=3)
-    return start(HistoryReader(torch, device))
+            _history_instead(why)
+    return HistoryReader(torch, device)
+
+
+def start_reader(reader, torch, device, before_start=None):
+    """`reader` (new_reader's) started, or PyTorch's history started instead
+    where PyTorch refuses the tracker (AllocdUnavailable for
+    $ALLOCD_EVENT_SOURCE=tracker). `before_start` (optional) is called right
+    before a reader starts recording (again before the history)."""
+    if before_start is not None:
+        before_start()
+    if isinstance(reader, HistoryReader):
+        reader.start()
+        return reader
+    from . import _tracker
+    try:
+        reader.start()
+        return reader
+    except _tracker.TrackerUnavailable as why:
+        _history_instead(why)
+    return start_reader(HistoryReader(torch, device), torch, device, before_start)
+
+
+def event_reader(torch, device, before_start=None):
+    """The advisor's reader of the allocation stream (new_reader), started
+    (start_reader)."""
+    return start_reader(new_reader(torch, device), torch, device, before_start)
 
 
 def may_reach(sizes, at_least):
@@ -89,9 +114,11 @@ def columns(state):
 
 class EventStream:
     """What `reader` (a started reader of the allocation stream) reads, sent
-    on the session `client`, with the allocator's states it reads at step marks."""
+    on the session `client`, with the allocator's states it reads at step
+    marks. A stream made without one is deferred: it sends nothing, and
+    marks no steps, until begin() gives it its reader."""
 
-    def __init__(self, lib, client, reader):
+    def __init__(self, lib, client, reader=None):
         self._lib = lib
         self._client = client
         self.reader = reader
@@ -108,6 +135,19 @@ class EventStream:
         self._hidden = {}
         # From this size on, send() returns the allocations it sends (0: none).
         self.watch_bytes = 0
+
+    @property
+    def deferred(self):
+        return self.reader is None
+
+    def begin(self, reader, state=None):
+        """Starts a deferred stream on `reader` (started), sending `state` (the
+        allocator's, read right before the reader started; None: none)
+        first: the daemon replays the stream from it, as from any stream
+        that starts after the job allocated."""
+        self.reader = reader
+        if state is not None:
+            self.send_state(state)
 
     def send_state(self, state):
         """Sends `state` (where the stream starts); whether it was."""
@@ -127,6 +167,8 @@ class EventStream:
     def send(self):
         """Sends what the reader read since the last call; returns the
         (bytes, stream) of the allocations sent of at least watch_bytes."""
+        if self.reader is None:
+            return []
         ops, sizes, ids, streams, dropped = self.reader.read()
         if self._hidden:
             ops, sizes, ids, streams = self._without_hidden(ops, sizes, ids, streams)
@@ -192,7 +234,13 @@ class EventStream:
     def mark_step(self, mark):
         """The job made its step mark number `mark`: the allocator's state is
         read for it, when one is due, then the mark goes into the stream.
-        Returns the seconds spent reading the state (0 when none was due)."""
+        Returns the seconds spent reading the state (0 when none was due, or
+        the stream is deferred)."""
+        if self.reader is None:
+            # The marks a deferred stream let pass are in no stream: the
+            # first one sent after begin() is the next.
+            self._marks_sent = mark
+            return 0.0
         seconds = self._read_state(mark)
         self.reader.mark_step()
         return seconds
@@ -220,4 +268,5 @@ class EventStream:
         return time.perf_counter() - start
 
     def stop(self):
-        self.reader.stop()
+        if self.reader is not None:
+            self.reader.stop()
