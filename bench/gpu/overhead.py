@@ -3,7 +3,8 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
-        [--modes native,native-b,transparent,run,advise]   (also: preload, loaded, tracked, attached)
+        [--modes native,native-b,transparent,run,advise]
+        (also: learned, run-learned, preload, loaded, tracked, attached)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -77,17 +78,23 @@ def parse_cpus(text):
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
-    job_mode = {"run": "native", "native-b": "native", "preload": "transparent"}.get(mode, mode)
+    job_mode = {"run": "native", "run-learned": "native", "native-b": "native",
+                "preload": "transparent"}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else [])
-    if mode == "run":
-        cmd = [a.allocd, "run", "--socket", a.socket, "--job", f"overhead-{workload}-run", "--"] + cmd
+    if mode in ("run", "run-learned"):
+        # run-learned: the job's learned run (see overhead_job.py's learned),
+        # without the pre-warms of a recurring peak, which keep the stream on.
+        job = f"overhead-{workload}-" + ("learned" if mode == "run-learned" else "run")
+        cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
+    if mode == "run-learned":
+        env["ALLOCD_PREWARM"] = "0"
     if mode == "preload":
         # transparent's enable(), with the interposer loaded at the process's
         # start as `allocd run` loads it rather than dlopen()ed by enable():
@@ -348,8 +355,12 @@ def main():
         for m, processes in workers.items():
             for w in processes:
                 ready = read_json(w, f"{workload} {m}")
-                if m == "run" and not ready.get("under_allocd_run"):
-                    sys.exit(f"{workload}: the run-mode worker is not under `allocd run`")
+                if m in ("run", "run-learned") and not ready.get("under_allocd_run"):
+                    sys.exit(f"{workload}: the {m} worker is not under `allocd run`")
+                if m in ("learned", "run-learned") and ready.get("event_source") != "deferred":
+                    sys.exit(f"{workload}: the {m} worker's stream is {ready.get('event_source')}, "
+                             "not deferred: does the daemon know the job's learned config "
+                             "(overhead.sh teaches it)?")
         if a.alternate:
             records, turns, comparisons = run_alternating(workload, workers, modes, a.alternate)
         else:

@@ -14,6 +14,13 @@
 #
 #   bench/gpu/overhead.sh [BUNDLE] [OUT] [N]     (N: default 150)
 #
+# The modes `learned` (advisor mode) and `run-learned` (`allocd run`, without
+# pre-warms) are runs of a job the daemon learned a config for, which leave
+# their allocation stream off while they stay within what the job reached
+# under it: the daemon starts with a learned config, PyTorch's defaults (the
+# config every mode runs), for each workload's label overhead-W-learned,
+# whose mode it sets to apply, with a peak no run reaches.
+#
 # OVERHEAD_ARGS go to overhead.py after these (e.g. "--alternate 0 --rounds
 # 8" for rounds of several steps a mode), WORKLOADS and MODES choose what
 # runs (one workload at N = 150 takes 3-5 minutes on an H200 host).
@@ -35,7 +42,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 ncpu=$(nproc) daemon_cores=${DAEMON_CORES:-4}
 all_cores=$(taskset -pc $$ | awk '{print $NF}')
 taskset -pc "$((ncpu - daemon_cores))-$((ncpu - 1))" $$ >/dev/null  # what start_daemon starts inherits it
-start_daemon device --autotune "${AUTOTUNE:-recommend}"
+state=$out/state
+mkdir -p "$state"
+python3 - "$state/learned_configs.json" "$(id -u)" <<'EOF'
+import json, sys
+jobs = [{"tenant": f"uid:{sys.argv[2]}", "job": f"overhead-{w}-learned", "config": "",
+         "from_config": "max_split_size_mb:64", "decision_id": 1, "learned_unix_micros": 0,
+         "predicted_peak_current": 0, "predicted_peak_switched": 0,
+         "predicted_peak_allocated": 0, "predicted_peak_requested": 0,
+         "realized_peak": 1 << 40} for w in ("seq2seq", "resnet50", "generate", "churn")]
+json.dump({"format": 1, "jobs": jobs}, open(sys.argv[1], "w"))
+EOF
+start_daemon device --autotune "${AUTOTUNE:-recommend}" --state-dir "$state"
+for w in seq2seq resnet50 generate churn; do
+  allocctl autotune set --job "overhead-$w-learned" --mode apply >/dev/null
+done
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
 python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" \

@@ -276,8 +276,8 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn"],
                    required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked",
-                                       "attached"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "advise", "learned", "loaded",
+                                       "tracked", "attached"], required=True)
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--job-core", type=int, default=None,
@@ -290,9 +290,14 @@ def main():
         allocd.enable(socket=a.socket, job=f"overhead-{a.workload}", required=True,
                       mode="transparent")
     import torch
-    if a.mode == "advise":
+    if a.mode in ("advise", "learned"):
         import allocd
-        allocd.advise(socket=a.socket, job=f"overhead-{a.workload}", required=True)
+        # learned: a run of a job the daemon learned a config for, which
+        # leaves its allocation stream off while it stays within what the
+        # job reached under it (overhead.sh teaches it the config native
+        # runs, PyTorch's defaults).
+        allocd.advise(socket=a.socket, required=True,
+                      job=f"overhead-{a.workload}" + ("-learned" if a.mode == "learned" else ""))
     tracker = None
     if a.mode in ("loaded", "tracked", "attached"):
         # Apart from every thread and round trip of allocd's: its libraries
@@ -333,7 +338,12 @@ def main():
         for tid, name in thread_names().items():
             if name.startswith("pt_autograd"):
                 os.sched_setaffinity(tid, {a.autograd_core})
-    print(json.dumps({"ready": a.mode, "under_allocd_run": under_run}), flush=True)
+    source = None
+    if a.mode in ("transparent", "advise", "learned") or under_run:
+        import allocd
+        source = allocd.stats().get("event_source")
+    print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source}),
+          flush=True)
     for line in sys.stdin:
         if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
             _, n, path = line.split()
