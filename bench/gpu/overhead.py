@@ -4,7 +4,8 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
         [--modes native,native-b,transparent,run,advise]
-        (also: learned, run-learned, preload, loaded, tracked, attached)
+        (also: learned, transparent-learned, run-learned, preload, loaded, tracked,
+        attached)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -78,23 +79,26 @@ def parse_cpus(text):
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
+    # The *-learned modes: runs of a job the daemon learned a config for,
+    # which leave their allocation stream off while they stay within what
+    # the job reached under it (overhead.sh teaches the daemon the config
+    # native runs, PyTorch's defaults, for overhead-WORKLOAD-learned).
+    learned = mode.endswith("-learned") or mode == "learned"
+    job = f"overhead-{workload}-learned" if learned else f"overhead-{workload}"
     job_mode = {"run": "native", "run-learned": "native", "native-b": "native",
-                "preload": "transparent"}.get(mode, mode)
+                "preload": "transparent", "learned": "advise",
+                "transparent-learned": "transparent"}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
-           "--mode", job_mode, "--socket", a.socket,
+           "--mode", job_mode, "--socket", a.socket, "--job", job,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else [])
     if mode in ("run", "run-learned"):
-        # run-learned: the job's learned run (see overhead_job.py's learned),
-        # without the pre-warms of a recurring peak, which keep the stream on.
-        job = f"overhead-{workload}-" + ("learned" if mode == "run-learned" else "run")
-        cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
+        cmd = [a.allocd, "run", "--socket", a.socket, "--job",
+               job if learned else f"overhead-{workload}-run", "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
-    if mode == "run-learned":
-        env["ALLOCD_PREWARM"] = "0"
     if mode == "preload":
         # transparent's enable(), with the interposer loaded at the process's
         # start as `allocd run` loads it rather than dlopen()ed by enable():
@@ -357,7 +361,8 @@ def main():
                 ready = read_json(w, f"{workload} {m}")
                 if m in ("run", "run-learned") and not ready.get("under_allocd_run"):
                     sys.exit(f"{workload}: the {m} worker is not under `allocd run`")
-                if m in ("learned", "run-learned") and ready.get("event_source") != "deferred":
+                if (m == "learned" or m.endswith("-learned")) and \
+                        ready.get("event_source") != "deferred":
                     sys.exit(f"{workload}: the {m} worker's stream is {ready.get('event_source')}, "
                              "not deferred: does the daemon know the job's learned config "
                              "(overhead.sh teaches it)?")

@@ -14,8 +14,8 @@
 #
 #   bench/gpu/overhead.sh [BUNDLE] [OUT] [N]     (N: default 150)
 #
-# The modes `learned` (advisor mode) and `run-learned` (`allocd run`, without
-# pre-warms) are runs of a job the daemon learned a config for, which leave
+# The modes `learned` (advisor mode), `transparent-learned` and `run-learned`
+# (`allocd run`) are runs of a job the daemon learned a config for, which leave
 # their allocation stream off while they stay within what the job reached
 # under it: the daemon starts with a learned config, PyTorch's defaults (the
 # config every mode runs), for each workload's label overhead-W-learned,

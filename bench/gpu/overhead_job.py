@@ -276,8 +276,10 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn"],
                    required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise", "learned", "loaded",
-                                       "tracked", "attached"], required=True)
+    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked",
+                                       "attached"], required=True)
+    p.add_argument("--job", default=None,
+                   help="the job label allocd knows it by (default: overhead-WORKLOAD)")
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--job-core", type=int, default=None,
@@ -285,19 +287,14 @@ def main():
     p.add_argument("--autograd-core", type=int, default=None,
                    help="once warm, pin PyTorch's autograd threads to this core")
     a = p.parse_args()
+    job = a.job or f"overhead-{a.workload}"
     if a.mode == "transparent":
         import allocd
-        allocd.enable(socket=a.socket, job=f"overhead-{a.workload}", required=True,
-                      mode="transparent")
+        allocd.enable(socket=a.socket, job=job, required=True, mode="transparent")
     import torch
-    if a.mode in ("advise", "learned"):
+    if a.mode == "advise":
         import allocd
-        # learned: a run of a job the daemon learned a config for, which
-        # leaves its allocation stream off while it stays within what the
-        # job reached under it (overhead.sh teaches it the config native
-        # runs, PyTorch's defaults).
-        allocd.advise(socket=a.socket, required=True,
-                      job=f"overhead-{a.workload}" + ("-learned" if a.mode == "learned" else ""))
+        allocd.advise(socket=a.socket, job=job, required=True)
     tracker = None
     if a.mode in ("loaded", "tracked", "attached"):
         # Apart from every thread and round trip of allocd's: its libraries
@@ -339,7 +336,7 @@ def main():
             if name.startswith("pt_autograd"):
                 os.sched_setaffinity(tid, {a.autograd_core})
     source = None
-    if a.mode in ("transparent", "advise", "learned") or under_run:
+    if a.mode in ("transparent", "advise") or under_run:
         import allocd
         source = allocd.stats().get("event_source")
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source}),

@@ -370,9 +370,52 @@ class StartTest(unittest.TestCase):
             del os.environ["ALLOCD_PREWARM"]
 
 
+class DeferredStreamTest(unittest.TestCase):
+    """A learned run's stream, left off (Advisor.defer_stream), and what
+    starts it where a pre-warmer needs it."""
+
+    def advisor(self, prewarmer):
+        events = EventStream(FakeLib(), None)
+        advisor = _advisor.Advisor(FakeLib(), None, FakeTorch(), 0, 1.0, "", events, prewarmer)
+        reader = FakeReader([])
+        advisor.defer_stream(reader, 1 << 40)
+        return advisor, events, reader
+
+    def prewarmer(self):
+        return Prewarmer(FakeTorch(), 0, lambda size: PARKED, lambda size: MAPPED,
+                         lambda: None, CAPACITY)
+
+    def test_a_neighbours_reclaim_starts_it_where_pre_warms_need_it(self):
+        advisor, events, reader = self.advisor(self.prewarmer())
+        advisor.session = {"reclaims": 0}
+        advisor._start_stream_when_due()
+        self.assertTrue(events.deferred)
+        self.assertFalse(reader.started)
+        advisor.session = {"reclaims": 1}
+        advisor._start_stream_when_due()
+        self.assertIs(events.reader, reader)
+        self.assertTrue(reader.started)
+        self.assertIn("a neighbour reclaimed its cache", advisor.stream_started)
+
+    def test_without_pre_warms_a_reclaim_leaves_it_off(self):
+        advisor, events, reader = self.advisor("off (transparent mode only)")
+        advisor.session = {"reclaims": 5}
+        advisor._start_stream_when_due()
+        self.assertTrue(events.deferred)
+        self.assertIsNone(advisor.stream_started)
+        advisor.last_stats = {"reserved_bytes.all.peak": (1 << 40) + 1}
+        advisor._start_stream_when_due()
+        self.assertIs(events.reader, reader)
+        self.assertIn("passed the 1099511627776", advisor.stream_started)
+
+
 class FakeReader:
     def __init__(self, events):
         self.events = events
+        self.started = False
+
+    def start(self):
+        self.started = True
 
     def read(self):
         ops, sizes, ids = zip(*self.events) if self.events else ((), (), ())

@@ -77,16 +77,15 @@ def session_stats(lib, client, buffer=None):
     return json.loads(buffer.value.decode())
 
 
-def stream_deferred_until(session, prewarmed):
+def stream_deferred_until(session):
     """The reserved bytes up to which the allocation stream stays off (0: it
     starts now). A run handed its job's learned config is told how far it
     can grow and still be doing what the config was learned on
     (stream_from_reserved): until then the autotuner has nothing to decide,
     and PyTorch, which charges the job for every allocator event from the
     moment a stream is attached and cannot detach one, charges nothing.
-    `prewarmed`: the pre-warms of a recurring peak need the stream from the
-    start. $ALLOCD_DEFER_STREAM=0 starts it at once whatever was learned."""
-    if prewarmed or os.environ.get("ALLOCD_DEFER_STREAM", "1") == "0" or not session:
+    $ALLOCD_DEFER_STREAM=0 starts it at once whatever was learned."""
+    if os.environ.get("ALLOCD_DEFER_STREAM", "1") == "0" or not session:
         return 0
     return int(session.get("stream_from_reserved", 0))
 
@@ -111,8 +110,7 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     defer_until = 0
     try:
         if record_events:
-            defer_until = stream_deferred_until(
-                session_stats(lib, client), transparent and prewarm_enabled())
+            defer_until = stream_deferred_until(session_stats(lib, client))
             reader = new_reader(torch, device)
             if not defer_until:
                 reader = start_reader(reader, torch, device,
@@ -267,9 +265,12 @@ class Advisor:
     def defer_stream(self, reader, until_reserved):
         """Leaves the allocation stream off (`reader`: new_reader's, not
         started) until the allocator's peak reserved memory passes
-        `until_reserved` bytes or the job runs out of memory: then a round
-        starts it, with the allocator's state, as a stream that starts
-        after the job allocated."""
+        `until_reserved` bytes, the job runs out of memory, or (with
+        pre-warms) a neighbour first reclaims the job's cache: a pre-warm
+        is made only for a peak that reclaims took, and the stream tells
+        it whether the peak it pre-warmed came. Then a round starts it,
+        with the allocator's state, as a stream that starts after the job
+        allocated."""
         self._deferred_reader = reader
         self._stream_from_reserved = until_reserved
 
@@ -279,6 +280,9 @@ class Advisor:
         reserved = max(self.last_stats.get("reserved_bytes.all.peak", 0),
                        self.last_stats.get("reserved_bytes.all.current", 0))
         why = self._stream_wanted
+        if why is None and self._prewarmer is not None and self.session.get("reclaims", 0) > 0:
+            why = ("a neighbour reclaimed its cache: the pre-warms of a recurring peak "
+                   "need the stream")
         if why is None and reserved > self._stream_from_reserved:
             why = (f"its peak reserved memory, {reserved} bytes, passed the "
                    f"{self._stream_from_reserved} its learned config was expected to need")
@@ -417,10 +421,10 @@ class Advisor:
             self._lib.allocd_poll(self._client, ctypes.byref(self._target))
             if self._spares is not None:
                 self._spares.release_old()
-            if self._deferred_reader is not None:
-                self._start_stream_when_due()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
+            if self._deferred_reader is not None:
+                self._start_stream_when_due()
             parts["session"] += time.perf_counter() - polled
             parts["poll"] += polled - sent
             parts["events"] += sent - start
