@@ -150,6 +150,16 @@ def state_period(a, modes):
     return alone_s * 2 * (len(modes) - 1)
 
 
+def not_as_asked(mode, ready):
+    """Why a worker, ready, does not run `mode` as the mode means ("": it does)."""
+    if mode in ("run", "run-learned") and not ready.get("under_allocd_run"):
+        return f"the {mode} worker is not under `allocd run`"
+    if (mode == "learned" or mode.endswith("-learned")) and ready.get("event_source") != "deferred":
+        return (f"the {mode} worker's stream is {ready.get('event_source')}, not deferred: does "
+                "the daemon know the job's learned config (overhead.sh teaches it)?")
+    return ""
+
+
 def read_json(worker, what):
     for line in worker.stdout:
         line = line.strip()
@@ -351,21 +361,22 @@ def main():
     print("workers' cores: " + ", ".join(f"{m} {c[0]}-{c[-1]}" for m, c in pinned.items()),
           flush=True)
     results = {}
+    failed = []
     period = state_period(a, modes)
     for workload in a.workloads.split(","):
         workers = {m: [start(a, workload, m, pinned[m], period) for _ in range(a.processes)]
                    for m in modes}
         # One at a time would also do; warming them together saves the call's time.
-        for m, processes in workers.items():
-            for w in processes:
-                ready = read_json(w, f"{workload} {m}")
-                if m in ("run", "run-learned") and not ready.get("under_allocd_run"):
-                    sys.exit(f"{workload}: the {m} worker is not under `allocd run`")
-                if (m == "learned" or m.endswith("-learned")) and \
-                        ready.get("event_source") != "deferred":
-                    sys.exit(f"{workload}: the {m} worker's stream is {ready.get('event_source')}, "
-                             "not deferred: does the daemon know the job's learned config "
-                             "(overhead.sh teaches it)?")
+        wrong = [why for m, processes in workers.items() for w in processes
+                 for why in [not_as_asked(m, read_json(w, f"{workload} {m}"))] if why]
+        if wrong:
+            # The other workloads are still measured, and what was is kept.
+            failed.append(f"{workload}: {wrong[0]}")
+            print(failed[-1], flush=True)
+            for w in (w for processes in workers.values() for w in processes):
+                w.kill()
+                w.wait()
+            continue
         if a.alternate:
             records, turns, comparisons = run_alternating(workload, workers, modes, a.alternate)
         else:
@@ -515,6 +526,9 @@ def main():
                 [[workload, m, f"{e['rounds_per_s']:.1f}"]
                  + [f"{e['ms_per_step'].get(part, 0.0):.3f}" for part in parts]
                  for workload, r in results.items() for m, e in r["advisor"].items()])
+    if failed:
+        sys.exit("not measured: " + "; ".join(failed))
+
 
 if __name__ == "__main__":
     main()

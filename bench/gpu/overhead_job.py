@@ -338,6 +338,12 @@ def main():
     source = None
     if a.mode in ("transparent", "advise") or under_run:
         import allocd
+        # Under `allocd run` the session starts on a thread of its own once
+        # PyTorch first asks for memory: a fast workload's warm-up can end
+        # before it, and its first timed steps would then run without allocd.
+        deadline = time.monotonic() + 60
+        while not allocd.stats().get("connected") and time.monotonic() < deadline:
+            time.sleep(0.05)
         source = allocd.stats().get("event_source")
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source}),
           flush=True)
