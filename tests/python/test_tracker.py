@@ -347,6 +347,11 @@ class TrackerTest(unittest.TestCase):
                 os.environ["CXX"] = saved[1]
 
 
+def started_reader(torch, before_start=None):
+    """The advisor's reader for device 0, built and started, as advise() has it."""
+    return _event_stream.start_reader(_event_stream.new_reader(torch, 0), torch, 0, before_start)
+
+
 class EventSourceTest(unittest.TestCase):
     """Which reader the advisor gets: $ALLOCD_EVENT_SOURCE."""
 
@@ -380,7 +385,7 @@ class EventSourceTest(unittest.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.last_torch = self.torch_without_extensions()
-            reader = _event_stream.event_reader(self.last_torch, 0)
+            reader = started_reader(self.last_torch)
         self.assertIsInstance(reader, _history.HistoryReader)
         self.assertEqual(self.last_torch.recording, ["all"])  # started
         self.assertEqual(len(caught), 1)
@@ -391,7 +396,7 @@ class EventSourceTest(unittest.TestCase):
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            reader = _event_stream.event_reader(fake_torch(), 0)
+            reader = started_reader(fake_torch())
         self.assertIsInstance(reader, _tracker.TrackerReader)
         self.assertEqual(caught, [])
         reader.stop()
@@ -399,7 +404,7 @@ class EventSourceTest(unittest.TestCase):
     def test_tracker_only_refuses_to_fall_back(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
         with self.assertRaises(allocd.AllocdUnavailable):
-            _event_stream.event_reader(self.torch_without_extensions(), 0)
+            started_reader(self.torch_without_extensions())
 
     def test_before_start_comes_once_the_reader_is_built_and_before_it_records(self):
         # The advisor reads the allocator's state there: after the (first
@@ -407,8 +412,7 @@ class EventSourceTest(unittest.TestCase):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())
         recording_then = []
-        reader = _event_stream.event_reader(torch, 0,
-                                       lambda: recording_then.append(list(torch.recording)))
+        reader = started_reader(torch, lambda: recording_then.append(list(torch.recording)))
         self.assertEqual(recording_then, [[]])
         self.assertEqual(torch.recording, ["all"])
         reader.stop()
@@ -431,11 +435,11 @@ class EventSourceTest(unittest.TestCase):
     def test_history_and_a_typo(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "history"
         torch = self.with_history(fake_torch())
-        self.assertIsInstance(_event_stream.event_reader(torch, 0), _history.HistoryReader)
+        self.assertIsInstance(started_reader(torch), _history.HistoryReader)
         self.assertEqual(torch.recording, ["all"])
         os.environ["ALLOCD_EVENT_SOURCE"] = "histroy"
         with self.assertRaises(ValueError):
-            _event_stream.event_reader(fake_torch(), 0)
+            started_reader(fake_torch())
 
 
 if __name__ == "__main__":

@@ -84,12 +84,6 @@ def start_reader(reader, torch, device, before_start=None):
     return start_reader(HistoryReader(torch, device), torch, device, before_start)
 
 
-def event_reader(torch, device, before_start=None):
-    """The advisor's reader of the allocation stream (new_reader), started
-    (start_reader)."""
-    return start_reader(new_reader(torch, device), torch, device, before_start)
-
-
 def may_reach(sizes, at_least):
     """Whether a size in `sizes` (an array of unsigned 64-bit) may be at
     least `at_least` (> 0): False only when none is. Works on the bytes, in
