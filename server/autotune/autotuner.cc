@@ -134,16 +134,21 @@ void Autotuner::Impl::Stats(SessionId id, const std::map<std::string, int64_t>& 
       Watch(session.job, job, reserved,
             std::max(allocated, StatOr(stats, kAllocatedPeakStat, 0)), now, notify);
     }
-    if (retries > session.retries) {
+    // A job whose window holds no events has nothing to replay: its stats'
+    // triggers wait for its stream (a learned run leaves it off until it
+    // outgrows what was learned), rather than record a decision skipped
+    // for a window it has not sent.
+    const bool replayable = job.window != nullptr && job.window->size() > 0;
+    if (replayable && retries > session.retries) {
       Enqueue(session.job, job, AutotuneTrigger::kAllocRetry, false);
     }
-    if (job.Grew(reserved, options_.growth_margin) &&
+    if (replayable && job.Grew(reserved, options_.growth_margin) &&
         Enqueue(session.job, job, AutotuneTrigger::kGrowth, false)) {
       job.growth_reserved = reserved;
     }
     session.retries = retries;
     session.reserved_peak = StatOr(stats, kReservedPeakStat, session.reserved_peak);
-    if (session.Fragmented(reserved, allocated, now, options_)) {
+    if (session.Fragmented(reserved, allocated, now, options_) && replayable) {
       Enqueue(session.job, job, AutotuneTrigger::kFragmentation, false);
     }
   }

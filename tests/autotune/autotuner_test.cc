@@ -801,6 +801,37 @@ TEST(AutotunerTest, TriggersAreDebouncedByTheCooldown) {
   EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kFragmentation);
 }
 
+// A session that sends stats but no events yet (a learned run leaves its
+// stream off until it outgrows what was learned): retries, growth and
+// fragmentation wait for a window to replay, and then trigger as ever.
+TEST(AutotunerTest, StatsTriggerNothingBeforeTheJobsFirstEvents) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "max_split_size_mb:64", 1);
+  const std::map<std::string, int64_t> fragmented = {
+      {"reserved_bytes.all.current", int64_t{3} << 30},
+      {"allocated_bytes.all.current", int64_t{1} << 30},
+      {"num_alloc_retries", 4}};
+  for (int i = 0; i < 4; ++i) {
+    tuner.Stats(1, fragmented, 1);
+    clock.Advance(absl::Seconds(20));
+  }
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), 0);
+  EXPECT_TRUE(tuner.History("llama", 10).empty());
+
+  FeedAll(tuner, 1);
+  tuner.WaitIdle();
+  const int first = actions.runs();
+  ASSERT_EQ(first, 1);  // the first pass, on the events
+  clock.Advance(absl::Minutes(6));
+  tuner.Stats(1, {{"num_alloc_retries", 5}}, 1);
+  tuner.WaitIdle();
+  EXPECT_EQ(actions.runs(), first + 1);
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kAllocRetry);
+}
+
 TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
   FakeClock clock;
   FakeActions actions;
