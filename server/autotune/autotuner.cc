@@ -134,21 +134,16 @@ void Autotuner::Impl::Stats(SessionId id, const std::map<std::string, int64_t>& 
       Watch(session.job, job, reserved,
             std::max(allocated, StatOr(stats, kAllocatedPeakStat, 0)), now, notify);
     }
-    // A job whose window holds no events has nothing to replay: its stats'
-    // triggers wait for its stream (a learned run leaves it off until it
-    // outgrows what was learned), rather than record a decision skipped
-    // for a window it has not sent.
-    const bool replayable = job.window != nullptr && job.window->size() > 0;
-    if (replayable && retries > session.retries) {
+    if (retries > session.retries) {
       Enqueue(session.job, job, AutotuneTrigger::kAllocRetry, false);
     }
-    if (replayable && job.Grew(reserved, options_.growth_margin) &&
+    if (job.Grew(reserved, options_.growth_margin) &&
         Enqueue(session.job, job, AutotuneTrigger::kGrowth, false)) {
       job.growth_reserved = reserved;
     }
     session.retries = retries;
     session.reserved_peak = StatOr(stats, kReservedPeakStat, session.reserved_peak);
-    if (session.Fragmented(reserved, allocated, now, options_) && replayable) {
+    if (session.Fragmented(reserved, allocated, now, options_)) {
       Enqueue(session.job, job, AutotuneTrigger::kFragmentation, false);
     }
   }
@@ -297,6 +292,13 @@ bool Autotuner::Impl::Enqueue(const JobKey& name, AutotuneJob& job, AutotuneTrig
   if (job.queued || jobs_.ModeOf(job) == AutotuneMode::kOff) return false;
   if (job.acting && job.acting->phase() != Canary::Phase::kApplied) return false;
   if (!admin && !grew && Now() < job.cooldown_until) return false;
+  // A trigger of the job's own waits for a window to replay. A job whose
+  // stream has not started (a learned run leaves it off until it outgrows
+  // what was learned, or runs out of memory) would record a decision
+  // skipped on no events, and any decision recorded ends the job's first
+  // pass and starts its cooldown: the stream that follows would go
+  // undecided. An admin's run is answered either way.
+  if (!admin && (job.window == nullptr || job.window->size() == 0)) return false;
   job.queued = true;
   // An admin's run is told its id now; others get one when they record.
   job.queued_id = admin ? next_decision_id_++ : 0;

@@ -802,9 +802,10 @@ TEST(AutotunerTest, TriggersAreDebouncedByTheCooldown) {
 }
 
 // A session that sends stats but no events yet (a learned run leaves its
-// stream off until it outgrows what was learned): retries, growth and
-// fragmentation wait for a window to replay, and then trigger as ever.
-TEST(AutotunerTest, StatsTriggerNothingBeforeTheJobsFirstEvents) {
+// stream off until it outgrows what was learned, or runs out of memory):
+// retries, growth, fragmentation and an OOM wait for a window to replay;
+// its first pass is still the first decision, and triggers work as ever.
+TEST(AutotunerTest, TriggersWaitForTheJobsFirstEvents) {
   FakeClock clock;
   FakeActions actions;
   Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
@@ -817,6 +818,7 @@ TEST(AutotunerTest, StatsTriggerNothingBeforeTheJobsFirstEvents) {
     tuner.Stats(1, fragmented, 1);
     clock.Advance(absl::Seconds(20));
   }
+  tuner.Oom(1, 1);
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), 0);
   EXPECT_TRUE(tuner.History("llama", 10).empty());
@@ -825,6 +827,8 @@ TEST(AutotunerTest, StatsTriggerNothingBeforeTheJobsFirstEvents) {
   tuner.WaitIdle();
   const int first = actions.runs();
   ASSERT_EQ(first, 1);  // the first pass, on the events
+  // (named for its harmful start config, max_split_size_mb:64), not the OOM.
+  EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kBadStartConfig);
   clock.Advance(absl::Minutes(6));
   tuner.Stats(1, {{"num_alloc_retries", 5}}, 1);
   tuner.WaitIdle();
