@@ -34,15 +34,7 @@ status=0
 learn() {
   local state=$out/state-$1
   mkdir -p "$state"
-  python3 - "$state/learned_configs.json" "$(id -u)" "$job" "$1" <<'EOF'
-import json, sys
-path, uid, job, peak = sys.argv[1:]
-json.dump({"format": 1, "jobs": [{
-    "tenant": f"uid:{uid}", "job": job, "config": "", "from_config": "max_split_size_mb:64",
-    "decision_id": 1, "learned_unix_micros": 0, "predicted_peak_current": 0,
-    "predicted_peak_switched": 0, "predicted_peak_allocated": 0,
-    "predicted_peak_requested": 0, "realized_peak": int(peak)}]}, open(path, "w"))
-EOF
+  python3 "$here/learned_configs.py" "$state/learned_configs.json" "$1" "$job"
   echo "$state"
 }
 

@@ -55,6 +55,14 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Modes on a run of a job the daemon learned a config for, which leaves its
+# allocation stream off while it stays within what the job reached under it
+# (overhead.sh teaches the daemon the config native runs, PyTorch's
+# defaults, for overhead-WORKLOAD-learned), and the worker's mode for each.
+LEARNED_MODES = {"learned": "advise", "transparent-learned": "transparent",
+                 "run-learned": "native"}
+# Modes whose worker runs under `allocd run`.
+UNDER_RUN = ("run", "run-learned")
 # Timed steps in one turn: short turns interleave the modes finely.
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4}
 BOOTSTRAP_RESAMPLES = 2000
@@ -79,20 +87,15 @@ def parse_cpus(text):
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
-    # The *-learned modes: runs of a job the daemon learned a config for,
-    # which leave their allocation stream off while they stay within what
-    # the job reached under it (overhead.sh teaches the daemon the config
-    # native runs, PyTorch's defaults, for overhead-WORKLOAD-learned).
-    learned = mode.endswith("-learned") or mode == "learned"
+    learned = mode in LEARNED_MODES
     job = f"overhead-{workload}-learned" if learned else f"overhead-{workload}"
-    job_mode = {"run": "native", "run-learned": "native", "native-b": "native",
-                "preload": "transparent", "learned": "advise",
-                "transparent-learned": "transparent"}.get(mode, mode)
+    job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
+                **LEARNED_MODES}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket, "--job", job,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else [])
-    if mode in ("run", "run-learned"):
+    if mode in UNDER_RUN:
         cmd = [a.allocd, "run", "--socket", a.socket, "--job",
                job if learned else f"overhead-{workload}-run", "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
@@ -152,9 +155,9 @@ def state_period(a, modes):
 
 def not_as_asked(mode, ready):
     """Why a worker, ready, does not run `mode` as the mode means ("": it does)."""
-    if mode in ("run", "run-learned") and not ready.get("under_allocd_run"):
+    if mode in UNDER_RUN and not ready.get("under_allocd_run"):
         return f"the {mode} worker is not under `allocd run`"
-    if (mode == "learned" or mode.endswith("-learned")) and ready.get("event_source") != "deferred":
+    if mode in LEARNED_MODES and ready.get("event_source") != "deferred":
         return (f"the {mode} worker's stream is {ready.get('event_source')}, not deferred: does "
                 "the daemon know the job's learned config (overhead.sh teaches it)?")
     return ""

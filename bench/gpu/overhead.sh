@@ -42,20 +42,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 ncpu=$(nproc) daemon_cores=${DAEMON_CORES:-4}
 all_cores=$(taskset -pc $$ | awk '{print $NF}')
 taskset -pc "$((ncpu - daemon_cores))-$((ncpu - 1))" $$ >/dev/null  # what start_daemon starts inherits it
-state=$out/state
+state=$out/state learned_jobs=(overhead-{seq2seq,resnet50,generate,churn}-learned)
 mkdir -p "$state"
-python3 - "$state/learned_configs.json" "$(id -u)" <<'EOF'
-import json, sys
-jobs = [{"tenant": f"uid:{sys.argv[2]}", "job": f"overhead-{w}-learned", "config": "",
-         "from_config": "max_split_size_mb:64", "decision_id": 1, "learned_unix_micros": 0,
-         "predicted_peak_current": 0, "predicted_peak_switched": 0,
-         "predicted_peak_allocated": 0, "predicted_peak_requested": 0,
-         "realized_peak": 1 << 40} for w in ("seq2seq", "resnet50", "generate", "churn")]
-json.dump({"format": 1, "jobs": jobs}, open(sys.argv[1], "w"))
-EOF
+python3 "$here/learned_configs.py" "$state/learned_configs.json" $((1 << 40)) "${learned_jobs[@]}"
 start_daemon device --autotune "${AUTOTUNE:-recommend}" --state-dir "$state"
-for w in seq2seq resnet50 generate churn; do
-  allocctl autotune set --job "overhead-$w-learned" --mode apply >/dev/null
+for job in "${learned_jobs[@]}"; do
+  allocctl autotune set --job "$job" --mode apply >/dev/null
 done
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
