@@ -25,6 +25,12 @@ void ControlStream::Watch(Connection& c) {
       c.stub->WatchConfig(&context, request);
   v1::ControlMessage message;
   while (reader->Read(&message)) {
+    if (message.has_pause_stream()) {
+      stream_resume_from_reserved_.store(message.pause_stream().resume_from_reserved(),
+                                         std::memory_order_relaxed);
+      stream_pauses_.fetch_add(1, std::memory_order_release);
+      continue;
+    }
     if (message.has_reclaim()) {
       last_reclaim_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
       ++reclaims_;

@@ -1,5 +1,5 @@
 // ControlStream: what the daemon asks of the process (config pushes,
-// reclaim requests) and the process's answers (ACKs, OOM reports).
+// reclaim requests, stream pauses) and the process's answers (ACKs, OOM reports).
 //
 // The session thread reads the daemon's control stream (Watch) and queues
 // what arrives for the engine's thread to handle at a safe point (Take),
@@ -71,6 +71,15 @@ class ControlStream {
       ABSL_LOCKS_EXCLUDED(reclaim_mu_);
   // Reclaim requests received.
   int64_t reclaims() const { return reclaims_.load(); }
+  // StreamPause messages received (not queued for Take: the engine has
+  // nothing to do for one), and the newest one's resume_from_reserved: the
+  // process may stop its allocation stream until its reserved memory
+  // passes that. A reader that sees the count grow reads a value at least
+  // as new as the pause it counted.
+  int64_t stream_pauses() const { return stream_pauses_.load(std::memory_order_acquire); }
+  uint64_t stream_resume_from_reserved() const {
+    return stream_resume_from_reserved_.load(std::memory_order_relaxed);
+  }
   // When the daemon last asked the process to give memory back
   // (absl::InfinitePast() before it first asks).
   absl::Time last_reclaim() const {
@@ -89,6 +98,8 @@ class ControlStream {
 
   const std::function<uint64_t()> give_back_;
   std::atomic<int64_t> reclaims_ = 0;
+  std::atomic<int64_t> stream_pauses_ = 0;
+  std::atomic<uint64_t> stream_resume_from_reserved_ = 0;
 
   absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);

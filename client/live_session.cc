@@ -79,6 +79,8 @@ nlohmann::json LiveSession::Report() const {
           {"config_reason", config_reason()},
           {"start_config_source", client_.start_config_source()},
           {"stream_from_reserved", client_.stream_from_reserved()},
+          {"stream_pauses", client_.stream_pauses()},
+          {"stream_paused_until_reserved", client_.stream_resume_from_reserved()},
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims()},

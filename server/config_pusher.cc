@@ -322,6 +322,26 @@ absl::StatusOr<uint64_t> ConfigPusher::PushToJob(
   return record->version;
 }
 
+int ConfigPusher::PauseStreams(const TenantId& tenant, absl::string_view job,
+                               absl::string_view config, uint64_t resume_from_reserved,
+                               absl::string_view reason) {
+  const std::string canonical = Canonical(config);
+  int told = 0;
+  for (const std::shared_ptr<Session>& s : sessions_->List()) {
+    if (s->identity().tenant != tenant || s->identity().job != job ||
+        Canonical(s->Current().config) != canonical) {
+      continue;
+    }
+    v1::ControlMessage message;
+    v1::StreamPause* pause = message.mutable_pause_stream();
+    pause->set_resume_from_reserved(resume_from_reserved);
+    pause->set_reason(std::string(reason));
+    s->Push(std::move(message));
+    ++told;
+  }
+  return told;
+}
+
 absl::Status ConfigPusher::RollBackSession(SessionId id,
                                            absl::string_view config,
                                            std::string reason) {

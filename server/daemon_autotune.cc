@@ -457,6 +457,7 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
     kept = true;
   }
   absl::Status saved;
+  std::optional<LearnedConfig> learned;  // what the job learned now
   if (d.result == AutotuneResult::kRolledBack) {
     absl::StatusOr<bool> forgot = learned_->Forget(key, d.to_config);
     if (forgot.ok() && *forgot) {
@@ -469,12 +470,13 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
     // without it: that is learned, unless the job had learned it already.
     std::optional<LearnedConfig> known = learned_->Find(key);
     if (known.has_value() && known->config == d.learned->config) return;
-    saved = learned_->Record(key, {.config = d.learned->config,
-                                   .from_config = d.to_config,
-                                   .decision_id = d.id,
-                                   .learned_at = absl::Now(),
-                                   .predicted_peak_current = d.learned->pushed_peak,
-                                   .predicted_peak_switched = d.learned->peak});
+    learned = LearnedConfig{.config = d.learned->config,
+                            .from_config = d.to_config,
+                            .decision_id = d.id,
+                            .learned_at = absl::Now(),
+                            .predicted_peak_current = d.learned->pushed_peak,
+                            .predicted_peak_switched = d.learned->peak};
+    saved = learned_->Record(key, *learned);
     LogInfo(absl::StrCat("autotune: job \"", d.job, "\" (decision ", d.id, ") ",
                          d.learned->why, ": its next runs start with it"));
   } else if (kept) {
@@ -483,16 +485,16 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
     const bool learned_now = !known.has_value() || known->decision_id != d.id ||
                              known->config != d.to_config;
     if (!learned_now && known->realized_peak == d.realized_peak) return;
-    saved = learned_->Record(
-        key, {.config = d.to_config,
-              .from_config = d.from_config,
-              .decision_id = d.id,
-              .learned_at = learned_now ? absl::Now() : known->learned_at,
-              .predicted_peak_current = d.predicted_peak_current,
-              .predicted_peak_switched = d.predicted_peak_switched,
-              .predicted_peak_allocated = d.predicted_peak_allocated,
-              .predicted_peak_requested = d.predicted_peak_requested,
-              .realized_peak = d.realized_peak});
+    learned = LearnedConfig{.config = d.to_config,
+                            .from_config = d.from_config,
+                            .decision_id = d.id,
+                            .learned_at = learned_now ? absl::Now() : known->learned_at,
+                            .predicted_peak_current = d.predicted_peak_current,
+                            .predicted_peak_switched = d.predicted_peak_switched,
+                            .predicted_peak_allocated = d.predicted_peak_allocated,
+                            .predicted_peak_requested = d.predicted_peak_requested,
+                            .realized_peak = d.realized_peak};
+    saved = learned_->Record(key, *learned);
     if (learned_now) {
       LogInfo(absl::StrCat("autotune: job \"", d.job, "\" learned \"", d.to_config,
                            "\" (decision ", d.id, "): its next runs start with it",
@@ -503,6 +505,24 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
     LogError(absl::StrCat("autotune: what job \"", d.job,
                           "\" learned is kept until the daemon stops only: ",
                           saved.message()));
+  }
+  if (learned.has_value()) PauseStreams(key, *learned);
+}
+
+void DaemonAutotune::PauseStreams(const JobKey& key, const LearnedConfig& learned) {
+  // The job's running sessions are where its next runs start: within what
+  // was learned they have nothing to decide, and a stream costs them PyTorch's
+  // record of every allocation.
+  const uint64_t resume_from = StreamFromReserved(learned, growth_margin_);
+  const int told = core_->PauseStreams(
+      key.tenant, key.job, learned.config, resume_from,
+      absl::StrCat("job \"", key.job, "\" learned \"", learned.config, "\" (decision ",
+                   learned.decision_id, "): nothing to decide until its reserved memory passes ",
+                   FormatSize(resume_from)));
+  if (told > 0) {
+    LogInfo(absl::StrCat("autotune: job \"", key.job, "\": ", told,
+                         " session(s) may stop their allocation streams until they pass ",
+                         FormatSize(resume_from), " reserved"));
   }
 }
 

@@ -196,6 +196,9 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // kEndedJobVersionsKept.
   void QueueEndedJobVersion(const JobKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the job's sessions that run `learned` (its config) that they may
+  // stop their allocation streams until they outgrow it (StreamPause).
+  void PauseStreams(const JobKey& key, const LearnedConfig& learned);
   // Records what a push kept for the whole job teaches (its `learned`, once
   // checked) in `learned_` (or the push's realised peak, once known), or
   // forgets a rolled-back push.

@@ -702,6 +702,12 @@ absl::StatusOr<uint64_t> DaemonCore::PushToSessions(
                                        predicted_peak_reserved_bytes);
 }
 
+int DaemonCore::PauseStreams(const TenantId& tenant, absl::string_view job,
+                             absl::string_view config, uint64_t resume_from_reserved,
+                             absl::string_view reason) {
+  return config_pusher_.PauseStreams(tenant, job, config, resume_from_reserved, reason);
+}
+
 absl::Status DaemonCore::RollBackSession(SessionId id,
                                          absl::string_view config,
                                          std::string reason) {

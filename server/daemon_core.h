@@ -238,6 +238,11 @@ class DaemonCore {
                                           absl::string_view config,
                                           absl::string_view author,
                                           uint64_t predicted_peak_reserved_bytes);
+  // ConfigPusher::PauseStreams: `tenant`'s sessions of `job` that run
+  // `config` may stop their allocation streams.
+  int PauseStreams(const TenantId& tenant, absl::string_view job,
+                   absl::string_view config, uint64_t resume_from_reserved,
+                   absl::string_view reason);
   // Pushes `config` back to a session as a rollback, unless it is rolling
   // back already (an OOM did it). The version is the one the session ran
   // `config` under, when it did.

@@ -623,6 +623,61 @@ class AdviseTest(unittest.TestCase):
         self.assertIs(self.torch.settings_threads[0], threading.current_thread())
         self.assertEqual(allocd.stats()["start_config_source"], "prior")
 
+    def test_a_stream_pauses_once_the_daemon_learns_the_config_the_run_runs(self):
+        # A first run replaced at registration (the seed prior's config), whose
+        # review then keeps that config on the job's own events: the daemon
+        # learns it, and tells the running session it has nothing to decide
+        # until it outgrows it. Its history stops (PyTorch records nothing
+        # more), and starts again, with the allocator's state, past the peak.
+        self.daemon.kill()
+        self.daemon.wait()
+        self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune", "apply")
+        self.assertIsNotNone(self.daemon)
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:64"
+        self.addCleanup(os.environ.pop, "PYTORCH_CUDA_ALLOC_CONF", None)
+        self.torch.reserved = 1 << 20
+        self.assertTrue(allocd.advise(socket=self.socket, job="reviewed", period=0.05))
+        self.assertEqual(allocd.stats()["event_source"], "history")
+
+        class Optimizer:
+            pass
+
+        optimizer = Optimizer()
+
+        def paused():
+            return allocd.stats()["event_source"] == "deferred"
+
+        deadline = time.monotonic() + DECISION_WAIT_S
+        while not paused() and time.monotonic() < deadline:
+            with allocd._state.advisor._lock:
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(optimizer)
+            time.sleep(0.02)
+        stats = allocd.stats()
+        self.assertTrue(paused(), (stats, self.allocctl("autotune", "history", "--job", "reviewed")))
+        self.assertEqual(stats["stream_pauses"], 1)
+        self.assertIn("the daemon learned the config the job runs", stats["stream_paused"])
+        until = stats["stream_deferred_until_reserved"]
+        self.assertEqual(until, stats["stream_paused_until_reserved"])
+        self.assertGreater(until, 0)
+        self.assertFalse(self.torch.history.enabled)
+        # Every event PyTorch recorded before the pause reached the daemon.
+        self.assertEqual(stats["events_dropped"], 0)
+        self.assertGreater(stats["events_sent"], 0)
+        sent, calls = stats["events_sent"], len(self.torch.history.calls)
+        for _ in range(10):
+            self.torch.history.step([1 << 20, 2 << 20, 512])
+            self.torch.step(optimizer)
+        rounds = allocd.stats()["advisor_rounds"]
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+        self.assertEqual(allocd.stats()["events_sent"], sent)
+        self.assertEqual(len(self.torch.history.calls), calls)
+
+        self.torch.reserved = until + 1
+        self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
+        self.assertIn(f"passed the {until}", allocd.stats()["stream_started"])
+        self.assertTrue(self.torch.history.enabled)
+
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this
         uid's), with the job peaking at `realized_peak` reserved under it

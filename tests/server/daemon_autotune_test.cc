@@ -103,16 +103,34 @@ struct TestDaemon {
     return "(no such job)";
   }
 
-  // The config messages waiting for session `id`.
-  std::vector<std::string> Pending(uid_t uid, SessionId id,
-                                   const std::string& secret) {
-    std::vector<std::string> out;
+  // The control messages waiting for session `id`.
+  std::vector<v1::ControlMessage> Messages(uid_t uid, SessionId id,
+                                           const std::string& secret) {
+    std::vector<v1::ControlMessage> out;
     const PeerCredentials peer{.pid = 4242, .uid = uid, .gid = uid};
     absl::StatusOr<std::shared_ptr<Session>> session = core.Watch(peer, id, secret);
     EXPECT_TRUE(session.ok()) << session.status();
     v1::ControlMessage m;
     while (session.ok() && (*session)->WaitNext(&m, absl::ZeroDuration())) {
-      out.push_back(m.config().config().config());
+      out.push_back(m);
+    }
+    return out;
+  }
+  // The configs pushed to session `id` and waiting.
+  std::vector<std::string> Pending(uid_t uid, SessionId id,
+                                   const std::string& secret) {
+    std::vector<std::string> out;
+    for (const v1::ControlMessage& m : Messages(uid, id, secret)) {
+      if (m.has_config()) out.push_back(m.config().config().config());
+    }
+    return out;
+  }
+  // The StreamPauses waiting for session `id`: each one's
+  // resume_from_reserved.
+  std::vector<uint64_t> Pauses(uid_t uid, SessionId id, const std::string& secret) {
+    std::vector<uint64_t> out;
+    for (const v1::ControlMessage& m : Messages(uid, id, secret)) {
+      if (m.has_pause_stream()) out.push_back(m.pause_stream().resume_from_reserved());
     }
     return out;
   }
@@ -375,6 +393,46 @@ TEST(DaemonAutotuneLearnedTest, AStartItsReviewKeptIsLearnedAndCountsTowardThePr
   ASSERT_EQ(fresh.pushed.size(), 1u);
   EXPECT_EQ(fresh.pushed[0].first, kLearned);
   EXPECT_THAT(fresh.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
+}
+
+// Once the job learned a config, the sessions of the job that run it have
+// nothing to decide until they outgrow it: each is told it may stop its
+// allocation stream up to the peak the job reached under it, plus the
+// growth margin. Sessions that run another config (the canary has not
+// ACKed), another tenant's job of the label and another job are told
+// nothing.
+TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamsOfTheSessionsThatRunIt) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned);
+  const TestDaemon::Registered canary = daemon.Register(1001, "llama");
+  const TestDaemon::Registered running =
+      daemon.Register(1001, "llama", "", {}, kLearned);
+  const TestDaemon::Registered other_tenant =
+      daemon.Register(1002, "llama", "", {}, kLearned);
+  const TestDaemon::Registered other_job = daemon.Register(1001, "bert", "", {}, kLearned);
+
+  // Pushed to the canary only: nothing learned, no stream paused.
+  AutotuneDecision canary_only = TestDaemon::Pushed(canary.id, "llama");
+  absl::StatusOr<uint64_t> version =
+      daemon.core.PushToSession(canary.id, kLearned, "autotune", "canary", 0);
+  ASSERT_TRUE(version.ok());
+  canary_only.version = *version;
+  daemon.autotune.OnDecision(canary_only);
+  EXPECT_TRUE(daemon.Pauses(1001, running.id, running.secret).empty());
+
+  daemon.autotune.OnDecision(daemon.Kept(canary.id, "llama"));
+  ASSERT_TRUE(learned.Find({"uid:1001", "llama"}).has_value());
+  const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(6LL << 30));
+  EXPECT_THAT(daemon.Pauses(1001, running.id, running.secret), ::testing::ElementsAre(margin));
+  EXPECT_TRUE(daemon.Pauses(1001, canary.id, canary.secret).empty());
+  EXPECT_TRUE(daemon.Pauses(1002, other_tenant.id, other_tenant.secret).empty());
+  EXPECT_TRUE(daemon.Pauses(1001, other_job.id, other_job.secret).empty());
+
+  // A rollback of what was learned pauses nothing.
+  AutotuneDecision rolled_back = daemon.Kept(canary.id, "llama");
+  rolled_back.result = AutotuneResult::kRolledBack;
+  daemon.autotune.OnDecision(rolled_back);
+  EXPECT_TRUE(daemon.Pauses(1001, running.id, running.secret).empty());
 }
 
 }  // namespace

@@ -85,9 +85,16 @@ def stream_deferred_until(session):
     and PyTorch, which charges the job for every allocator event from the
     moment a stream is attached and cannot detach one, charges nothing.
     $ALLOCD_DEFER_STREAM=0 starts it at once whatever was learned."""
-    if os.environ.get("ALLOCD_DEFER_STREAM", "1") == "0" or not session:
+    if not defers_streams() or not session:
         return 0
     return int(session.get("stream_from_reserved", 0))
+
+
+def defers_streams():
+    """Whether the allocation stream may be off while the autotuner has
+    nothing to decide ($ALLOCD_DEFER_STREAM, default 1): deferred at the
+    start of a learned run, paused once the daemon learns what a run runs."""
+    return os.environ.get("ALLOCD_DEFER_STREAM", "1") != "0"
 
 
 def start_advisor(lib, client, torch, device, period, config, record_events,
@@ -249,6 +256,10 @@ class Advisor:
         self._stream_from_reserved = 0
         self._stream_wanted = None  # a reason to start it at the next round
         self.stream_started = None
+        # The daemon's StreamPause messages this advisor has answered, and
+        # what it did about the last (stream_paused in stats()).
+        self._stream_pauses_seen = 0
+        self.stream_paused = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
                                                 name="allocd-control", daemon=True)
@@ -274,21 +285,57 @@ class Advisor:
         self._deferred_reader = reader
         self._stream_from_reserved = until_reserved
 
+    def _stream_needed(self):
+        """Why the stream must run whatever the job's memory (None: nothing
+        says it must): an OOM, or a neighbour's reclaim of the cache of a
+        job with pre-warms."""
+        if self._stream_wanted is not None:
+            return self._stream_wanted
+        if self._prewarmer is not None and self.session.get("reclaims", 0) > 0:
+            return ("a neighbour reclaimed its cache: the pre-warms of a recurring peak "
+                    "need the stream")
+        return None
+
+    def _pause_stream_when_asked(self):
+        """Stops the allocation stream when the daemon says the job has nothing
+        to decide until it grows (it learned the config the job runs: a
+        StreamPause), and defers it as a learned run's start does. Only
+        PyTorch's history can stop: the tracker cannot be detached from
+        PyTorch's allocator, so a stream it reads stays on."""
+        pauses = self.session.get("stream_pauses", 0)
+        if self._events is None or pauses <= self._stream_pauses_seen:
+            return
+        self._stream_pauses_seen = pauses
+        until = int(self.session.get("stream_paused_until_reserved", 0))
+        if self._events.deferred:
+            self._stream_from_reserved = until  # what was learned since
+            return
+        if not defers_streams():
+            self.stream_paused = "kept on: $ALLOCD_DEFER_STREAM=0"
+        elif not isinstance(self._events.reader, HistoryReader):
+            self.stream_paused = ("kept on: the tracker cannot be detached from "
+                                  "PyTorch's allocator")
+        elif self._stream_needed() is not None:
+            self.stream_paused = f"kept on: {self._stream_needed()}"
+        else:
+            self._events.pause()
+            self.defer_stream(HistoryReader(self._torch, self._device), until)
+            self.stream_paused = (f"the daemon learned the config the job runs: nothing to "
+                                  f"decide until its reserved memory passes {until} bytes")
+
     def _start_stream_when_due(self):
         """Starts the deferred stream when the round's stats (or an OOM) say
         the job outgrew what its config was learned on."""
         reserved = max(self.last_stats.get("reserved_bytes.all.peak", 0),
                        self.last_stats.get("reserved_bytes.all.current", 0))
-        why = self._stream_wanted
-        if why is None and self._prewarmer is not None and self.session.get("reclaims", 0) > 0:
-            why = ("a neighbour reclaimed its cache: the pre-warms of a recurring peak "
-                   "need the stream")
+        why = self._stream_needed()
         if why is None and reserved > self._stream_from_reserved:
             why = (f"its peak reserved memory, {reserved} bytes, passed the "
                    f"{self._stream_from_reserved} its learned config was expected to need")
         if why is None:
             return
         reader, self._deferred_reader = self._deferred_reader, None
+        self._stream_wanted = None
         state = []
         try:
             reader = start_reader(reader, self._torch, self._device,
@@ -328,6 +375,7 @@ class Advisor:
                 "event_source": self.event_source,
                 "stream_deferred_until_reserved": self._stream_from_reserved,
                 "stream_started": self.stream_started,
+                "stream_paused": self.stream_paused,
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
@@ -423,6 +471,7 @@ class Advisor:
                 self._spares.release_old()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
+            self._pause_stream_when_asked()
             if self._deferred_reader is not None:
                 self._start_stream_when_due()
             parts["session"] += time.perf_counter() - polled

@@ -150,6 +150,15 @@ class EventStream:
         self.states_sent += 1
         return True
 
+    def pause(self):
+        """Sends what the reader read since the last send, stops the reader,
+        and leaves the stream deferred: begin() starts it again, from the
+        allocator's state then, as a stream that starts after the job
+        allocated. Called where begin() is: on the advisor's round."""
+        self.send()
+        reader, self.reader = self.reader, None
+        reader.stop()
+
     def hide(self, address):
         """The allocation just made at `address` and freed is the advisor's
         (a pre-warm), not the job's demand: its alloc, free_requested and
@@ -230,18 +239,22 @@ class EventStream:
         read for it, when one is due, then the mark goes into the stream.
         Returns the seconds spent reading the state (0 when none was due, or
         the stream is deferred)."""
-        if self.reader is None:
+        # Read once: a round may pause the stream meanwhile (this runs on
+        # the job's thread); a mark given to the reader it stopped is in no
+        # stream, as one made while deferred.
+        reader = self.reader
+        if reader is None:
             # The marks a deferred stream let pass are in no stream: the
             # first one sent after begin() is the next.
             self._marks_sent = mark
             return 0.0
-        seconds = self._read_state(mark)
-        self.reader.mark_step()
+        seconds = self._read_state(reader, mark)
+        reader.mark_step()
         return seconds
 
-    def _read_state(self, mark):
-        """Reads the allocator's state for mark `mark` when one is due; the
-        seconds it took (0 when none was due)."""
+    def _read_state(self, reader, mark):
+        """Reads the allocator's state for mark `mark` from `reader` when one
+        is due; the seconds it took (0 when none was due)."""
         if self._state_period < 0:
             return 0.0
         now = time.monotonic()
@@ -250,7 +263,7 @@ class EventStream:
         self._last_state = now
         start = time.perf_counter()
         try:
-            state = self.reader.read_state()
+            state = reader.read_state()
         except Exception as error:  # a PyTorch whose snapshot differs: no states
             self._state_period = -1
             warnings.warn(f"allocd: the allocator's state cannot be read ({error!r}); "
