@@ -506,28 +506,41 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
                           "\" learned is kept until the daemon stops only: ",
                           saved.message()));
   }
-  if (learned.has_value()) PauseStreams(key, *learned);
+  if (learned.has_value()) {
+    PauseStreams(key, learned->config,
+                 std::max(learned->realized_peak.value_or(0), learned->predicted_peak_switched),
+                 absl::StrCat("job \"", d.job, "\" learned \"", learned->config,
+                              "\" (decision ", learned->decision_id, ")"));
+  }
 }
 
-void DaemonAutotune::PauseStreams(const JobKey& key, const LearnedConfig& learned) {
-  // The job's running sessions are where its next runs start: within what
-  // was learned they have nothing to decide, and a stream costs them PyTorch's
-  // record of every allocation.
-  const uint64_t resume_from = StreamFromReserved(learned, growth_margin_);
+void DaemonAutotune::PauseStreams(const JobKey& key, const std::string& config, int64_t peak,
+                                  absl::string_view why) {
+  // Sessions with nothing to decide until they grow: a stream costs them
+  // PyTorch's record of every allocation meanwhile.
+  const uint64_t resume_from = GrownPast(peak, growth_margin_);
+  if (resume_from == 0) return;
   const int told = core_->PauseStreams(
-      key.tenant, key.job, learned.config, resume_from,
-      absl::StrCat("job \"", key.job, "\" learned \"", learned.config, "\" (decision ",
-                   learned.decision_id, "): nothing to decide until its reserved memory passes ",
+      key.tenant, key.job, config, resume_from,
+      absl::StrCat(why, ": nothing to decide until its reserved memory passes ",
                    FormatSize(resume_from)));
   if (told > 0) {
     LogInfo(absl::StrCat("autotune: job \"", key.job, "\": ", told,
                          " session(s) may stop their allocation streams until they pass ",
-                         FormatSize(resume_from), " reserved"));
+                         FormatSize(resume_from), " reserved (", why, ")"));
   }
 }
 
 void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   Learn(d);
+  // A decision that leaves the job on the config it runs (kept, or only
+  // recommended) settles it as a learned config does, at the peak it
+  // predicted there. A start's review is read as a push: Learn's.
+  if ((d.result == AutotuneResult::kKept || d.result == AutotuneResult::kRecommended) &&
+      d.trigger != AutotuneTrigger::kStartReview) {
+    PauseStreams({.tenant = d.tenant, .job = d.job}, d.from_config, d.predicted_peak_current,
+                 absl::StrCat("decision ", d.id, " keeps \"", d.from_config, "\""));
+  }
   bool changed;
   {
     absl::MutexLock lock(&mu_);

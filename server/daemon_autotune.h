@@ -196,9 +196,12 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // kEndedJobVersionsKept.
   void QueueEndedJobVersion(const JobKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the job's sessions that run `learned` (its config) that they may
-  // stop their allocation streams until they outgrow it (StreamPause).
-  void PauseStreams(const JobKey& key, const LearnedConfig& learned);
+  // Tells the job's sessions that run `config` that they may stop their
+  // allocation streams until they grow past `peak` reserved by the growth
+  // margin (StreamPause; none for a peak not known); `why` names what
+  // settled them.
+  void PauseStreams(const JobKey& key, const std::string& config, int64_t peak,
+                    absl::string_view why);
   // Records what a push kept for the whole job teaches (its `learned`, once
   // checked) in `learned_` (or the push's realised peak, once known), or
   // forgets a rolled-back push.

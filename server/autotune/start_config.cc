@@ -139,7 +139,11 @@ StartConfigVeto KeepsPinnedKeys(const std::string& own, const std::vector<std::s
 }
 
 uint64_t StreamFromReserved(const LearnedConfig& learned, double growth_margin) {
-  const int64_t peak = std::max(learned.realized_peak.value_or(0), learned.predicted_peak_switched);
+  return GrownPast(std::max(learned.realized_peak.value_or(0), learned.predicted_peak_switched),
+                   growth_margin);
+}
+
+uint64_t GrownPast(int64_t peak, double growth_margin) {
   if (peak <= 0) return 0;
   return static_cast<uint64_t>(static_cast<double>(peak) * (1.0 + std::max(0.0, growth_margin)));
 }

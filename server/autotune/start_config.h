@@ -141,6 +141,9 @@ struct StartConfig {
 // past the same margin. 0 (the run streams from its start) when neither is
 // known.
 uint64_t StreamFromReserved(const LearnedConfig& learned, double growth_margin);
+// `peak` reserved bytes plus `growth_margin` of them: where a run that
+// peaks at `peak` has grown (0 for a peak not known, <= 0).
+uint64_t GrownPast(int64_t peak, double growth_margin);
 
 // The start config of a job whose own is `own` (canonical, "" for
 // PyTorch's defaults), with `learned` and `prior` as found; `veto` may be

@@ -623,6 +623,19 @@ class AdviseTest(unittest.TestCase):
         self.assertIs(self.torch.settings_threads[0], threading.current_thread())
         self.assertEqual(allocd.stats()["start_config_source"], "prior")
 
+    def step_until_paused(self, optimizer, job):
+        """Steps `job` until the daemon paused its stream; allocd.stats() then."""
+        deadline = time.monotonic() + DECISION_WAIT_S
+        while allocd.stats()["event_source"] != "deferred" and time.monotonic() < deadline:
+            with allocd._state.advisor._lock:
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(optimizer)
+            time.sleep(0.02)
+        stats = allocd.stats()
+        self.assertEqual(stats["event_source"], "deferred",
+                         (stats, self.allocctl("autotune", "history", "--job", job)))
+        return stats
+
     def test_a_stream_pauses_once_the_daemon_learns_the_config_the_run_runs(self):
         # A first run replaced at registration (the seed prior's config), whose
         # review then keeps that config on the job's own events: the daemon
@@ -643,20 +656,10 @@ class AdviseTest(unittest.TestCase):
             pass
 
         optimizer = Optimizer()
-
-        def paused():
-            return allocd.stats()["event_source"] == "deferred"
-
-        deadline = time.monotonic() + DECISION_WAIT_S
-        while not paused() and time.monotonic() < deadline:
-            with allocd._state.advisor._lock:
-                self.torch.history.step([1 << 20, 2 << 20, 512])
-                self.torch.step(optimizer)
-            time.sleep(0.02)
-        stats = allocd.stats()
-        self.assertTrue(paused(), (stats, self.allocctl("autotune", "history", "--job", "reviewed")))
-        self.assertEqual(stats["stream_pauses"], 1)
-        self.assertIn("the daemon learned the config the job runs", stats["stream_paused"])
+        stats = self.step_until_paused(optimizer, "reviewed")
+        # The review's learned config, then the first pass's keep of it.
+        self.assertGreaterEqual(stats["stream_pauses"], 1)
+        self.assertIn("the daemon settled the config the job runs", stats["stream_paused"])
         until = stats["stream_deferred_until_reserved"]
         self.assertEqual(until, stats["stream_paused_until_reserved"])
         self.assertGreater(until, 0)
@@ -677,6 +680,38 @@ class AdviseTest(unittest.TestCase):
         self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
         self.assertIn(f"passed the {until}", allocd.stats()["stream_started"])
         self.assertTrue(self.torch.history.enabled)
+
+    def test_a_stream_pauses_once_a_decision_keeps_the_config_the_run_runs(self):
+        # Recommend mode: the first pass finds nothing better than what the
+        # job runs, and settles it there.
+        self.torch.reserved = 1 << 20
+        self.assertTrue(allocd.advise(socket=self.socket, job="kept", period=0.05))
+
+        class Optimizer:
+            pass
+
+        stats = self.step_until_paused(Optimizer(), "kept")
+        self.assertEqual(stats["stream_pauses"], 1)
+        decisions = self.allocctl("autotune", "history", "--job", "kept")["decisions"]
+        self.assertEqual([d["result"] for d in decisions], ["kept"])
+        # The peak it predicted under the job's config, and the growth margin.
+        self.assertEqual(stats["stream_paused_until_reserved"],
+                         int(1.1 * int(decisions[0]["predicted_peak_current"])))
+
+    def test_a_tracker_stream_stays_on_when_paused(self):
+        # The tracker cannot be detached from PyTorch's allocator: the pause
+        # is answered with why it was not taken.
+        self.torch.reserved = 1 << 20
+        self.assertTrue(allocd.advise(socket=self.socket, job="tracked", period=0.05))
+        advisor = allocd._state.advisor
+        with advisor._lock:
+            advisor._events.reader = types.SimpleNamespace(
+                read=advisor._events.reader.read, stop=lambda: None, mark_step=lambda: None,
+                read_state=lambda: None)
+        advisor._stream_pauses_seen = -1  # as if a pause came
+        self.assertTrue(wait_for(lambda: allocd.stats()["stream_paused"] is not None))
+        self.assertIn("the tracker cannot be detached", allocd.stats()["stream_paused"])
+        self.assertEqual(allocd.stats()["event_source"], "tracker")
 
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this

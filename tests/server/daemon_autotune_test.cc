@@ -435,6 +435,36 @@ TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamsOfTheSessionsThatR
   EXPECT_TRUE(daemon.Pauses(1001, running.id, running.secret).empty());
 }
 
+// A decision that keeps the job on its config (it found nothing 5% better,
+// or only recommends, as in recommend mode) settles it as a learned config
+// does: its sessions that run that config may pause until they grow past
+// the peak it predicted there. A decision that could not decide pauses
+// nothing.
+TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheSessionsThatRunIt) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kRecommend);
+  const TestDaemon::Registered own = daemon.Register(1001, "llama");
+  const TestDaemon::Registered other = daemon.Register(1001, "llama", "", {}, kLearned);
+  AutotuneDecision first{.id = 3,
+                         .job = "llama",
+                         .tenant = "uid:1001",
+                         .trigger = AutotuneTrigger::kFirstPass,
+                         .result = AutotuneResult::kSkipped,
+                         .from_config = "max_split_size_mb:64",
+                         .predicted_peak_current = 10LL << 30,
+                         .sessions = {own.id}};
+  daemon.autotune.OnDecision(first);
+  EXPECT_TRUE(daemon.Pauses(1001, own.id, own.secret).empty());
+  const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(10LL << 30));
+  for (AutotuneResult result : {AutotuneResult::kKept, AutotuneResult::kRecommended}) {
+    first.result = result;
+    daemon.autotune.OnDecision(first);
+    EXPECT_THAT(daemon.Pauses(1001, own.id, own.secret), ::testing::ElementsAre(margin));
+    EXPECT_TRUE(daemon.Pauses(1001, other.id, other.secret).empty());
+  }
+  EXPECT_TRUE(learned.List().empty());
+}
+
 }  // namespace
 // Job labels are scoped by tenant (issue 29): what a job asks for is its
 // own tenant's job's, an admin's mode for a label holds in every tenant and

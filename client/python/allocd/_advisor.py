@@ -320,7 +320,7 @@ class Advisor:
         else:
             self._events.pause()
             self.defer_stream(HistoryReader(self._torch, self._device), until)
-            self.stream_paused = (f"the daemon learned the config the job runs: nothing to "
+            self.stream_paused = (f"the daemon settled the config the job runs: nothing to "
                                   f"decide until its reserved memory passes {until} bytes")
 
     def _start_stream_when_due(self):
