@@ -25,10 +25,11 @@ void ControlStream::Watch(Connection& c) {
       c.stub->WatchConfig(&context, request);
   v1::ControlMessage message;
   while (reader->Read(&message)) {
-    if (message.has_pause_stream()) {
-      stream_resume_from_reserved_.store(message.pause_stream().resume_from_reserved(),
-                                         std::memory_order_relaxed);
-      stream_pauses_.fetch_add(1, std::memory_order_release);
+    if (message.has_stream()) {
+      absl::MutexLock lock(&mu_);
+      ++stream_demands_.count;
+      stream_demands_.from_reserved = message.stream().from_reserved();
+      stream_demands_.reason = std::move(*message.mutable_stream()->mutable_reason());
       continue;
     }
     if (message.has_reclaim()) {
@@ -71,6 +72,11 @@ std::vector<v1::ControlMessage> ControlStream::Take() {
                                       std::make_move_iterator(queue_.end()));
   queue_.clear();
   return out;
+}
+
+ControlStream::StreamDemands ControlStream::stream_demands() const {
+  absl::MutexLock lock(&mu_);
+  return stream_demands_;
 }
 
 bool ControlStream::AwaitMessage(absl::Duration timeout) {

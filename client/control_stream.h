@@ -1,5 +1,5 @@
 // ControlStream: what the daemon asks of the process (config pushes,
-// reclaim requests, stream pauses) and the process's answers (ACKs, OOM reports).
+// reclaim requests, what it reads of the allocation stream) and the process's answers (ACKs, OOM reports).
 //
 // The session thread reads the daemon's control stream (Watch) and queues
 // what arrives for the engine's thread to handle at a safe point (Take),
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -71,15 +72,14 @@ class ControlStream {
       ABSL_LOCKS_EXCLUDED(reclaim_mu_);
   // Reclaim requests received.
   int64_t reclaims() const { return reclaims_.load(); }
-  // StreamPause messages received (not queued for Take: the engine has
-  // nothing to do for one), and the newest one's resume_from_reserved: the
-  // process may stop its allocation stream until its reserved memory
-  // passes that. A reader that sees the count grow reads a value at least
-  // as new as the pause it counted.
-  int64_t stream_pauses() const { return stream_pauses_.load(std::memory_order_acquire); }
-  uint64_t stream_resume_from_reserved() const {
-    return stream_resume_from_reserved_.load(std::memory_order_relaxed);
-  }
+  // The daemon's StreamDemands (not queued for Take: the engine has
+  // nothing to do for one): how many came, and the newest.
+  struct StreamDemands {
+    int64_t count = 0;
+    uint64_t from_reserved = 0;
+    std::string reason;
+  };
+  StreamDemands stream_demands() const ABSL_LOCKS_EXCLUDED(mu_);
   // When the daemon last asked the process to give memory back
   // (absl::InfinitePast() before it first asks).
   absl::Time last_reclaim() const {
@@ -98,11 +98,10 @@ class ControlStream {
 
   const std::function<uint64_t()> give_back_;
   std::atomic<int64_t> reclaims_ = 0;
-  std::atomic<int64_t> stream_pauses_ = 0;
-  std::atomic<uint64_t> stream_resume_from_reserved_ = 0;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
+  StreamDemands stream_demands_ ABSL_GUARDED_BY(mu_);
   // Held while the reclaim hook runs.
   absl::Mutex reclaim_mu_;
   std::function<uint64_t(uint64_t)> on_reclaim_ ABSL_GUARDED_BY(reclaim_mu_);

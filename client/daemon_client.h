@@ -127,11 +127,8 @@ class DaemonClient {
     control_.OnReclaim(std::move(drop));
   }
   int64_t reclaims() const { return control_.reclaims(); }
-  // ControlStream::stream_pauses and stream_resume_from_reserved.
-  int64_t stream_pauses() const { return control_.stream_pauses(); }
-  uint64_t stream_resume_from_reserved() const {
-    return control_.stream_resume_from_reserved();
-  }
+  // ControlStream::stream_demands.
+  ControlStream::StreamDemands stream_demands() const { return control_.stream_demands(); }
   // Whether the daemon asked the process to give memory back within
   // `window`: another session on the GPU is short.
   bool ReclaimAskedWithin(absl::Duration window) const {

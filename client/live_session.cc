@@ -72,6 +72,7 @@ void LiveSession::ReportOom(uint64_t bytes, absl::string_view message) {
 }
 
 nlohmann::json LiveSession::Report() const {
+  const ControlStream::StreamDemands demands = client_.stream_demands();
   return {{"session_id", client_.session_id()},
           {"reconnects", client_.epoch() - 1},
           {"config", FormatAllocatorConfig(config())},
@@ -79,8 +80,9 @@ nlohmann::json LiveSession::Report() const {
           {"config_reason", config_reason()},
           {"start_config_source", client_.start_config_source()},
           {"stream_from_reserved", client_.stream_from_reserved()},
-          {"stream_pauses", client_.stream_pauses()},
-          {"stream_paused_until_reserved", client_.stream_resume_from_reserved()},
+          {"stream_demands", demands.count},
+          {"stream_demanded_from_reserved", demands.from_reserved},
+          {"stream_demand_reason", demands.reason},
           {"configs_applied", configs_applied()},
           {"configs_rejected", configs_rejected()},
           {"reclaims", reclaims()},

@@ -67,7 +67,8 @@ class LiveSession {
   // The session as every report of it names it (allocd.stats() in every
   // mode, `allocd client-replay`; docs/gpu.md): session_id, reconnects,
   // config, config_version, config_reason, start_config_source,
-  // stream_from_reserved, stream_pauses, stream_paused_until_reserved,
+  // stream_from_reserved, stream_demands, stream_demanded_from_reserved,
+  // stream_demand_reason,
   // configs_applied, configs_rejected, reclaims, ooms_reported,
   // events_dropped.
   nlohmann::json Report() const;

@@ -28,6 +28,11 @@ inline constexpr size_t kMaxChunkIdsPerRequest = 65536;
 // The most events one TelemetryReport's EventBatch holds.
 inline constexpr size_t kMaxEventsPerBatch = 65536;
 
+// StreamDemand.from_reserved for a session whose stream the daemon does not
+// read at all: its job's autotuner reads another session's (one a job), and
+// tells this one when it reads it instead (its demand then says how much).
+inline constexpr uint64_t kStreamNotRead = ~uint64_t{0};
+
 // The largest size an event, an allocator state's segment or block (and
 // its requested size) may name: 256 TiB, far past any device's memory.
 // Bounded so that what the daemon sums over a session's allocations never

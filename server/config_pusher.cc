@@ -322,24 +322,19 @@ absl::StatusOr<uint64_t> ConfigPusher::PushToJob(
   return record->version;
 }
 
-int ConfigPusher::PauseStreams(const TenantId& tenant, absl::string_view job,
-                               absl::string_view config, uint64_t resume_from_reserved,
-                               absl::string_view reason) {
-  const std::string canonical = Canonical(config);
-  int told = 0;
-  for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (s->identity().tenant != tenant || s->identity().job != job ||
-        Canonical(s->Current().config) != canonical) {
-      continue;
-    }
-    v1::ControlMessage message;
-    v1::StreamPause* pause = message.mutable_pause_stream();
-    pause->set_resume_from_reserved(resume_from_reserved);
-    pause->set_reason(std::string(reason));
-    s->Push(std::move(message));
-    ++told;
+bool ConfigPusher::DemandStream(SessionId id, std::optional<absl::string_view> running,
+                                uint64_t from_reserved, std::string reason) {
+  std::shared_ptr<Session> session = sessions_->Find(id);
+  if (session == nullptr ||
+      (running.has_value() && Canonical(session->Current().config) != Canonical(*running))) {
+    return false;
   }
-  return told;
+  v1::ControlMessage message;
+  v1::StreamDemand* demand = message.mutable_stream();
+  demand->set_from_reserved(from_reserved);
+  demand->set_reason(std::move(reason));
+  session->Push(std::move(message));
+  return true;
 }
 
 absl::Status ConfigPusher::RollBackSession(SessionId id,

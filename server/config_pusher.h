@@ -155,13 +155,11 @@ class ConfigPusher {
       absl::string_view job, const std::vector<SessionId>& sessions,
       absl::string_view config, absl::string_view author,
       uint64_t predicted_peak_reserved_bytes) ABSL_LOCKS_EXCLUDED(fanout_mu_);
-  // Tells `tenant`'s live sessions of `job` that run `config` (canonical
-  // or not) that the autotuner has nothing to decide for them until their
-  // reserved memory passes `resume_from_reserved` (StreamPause): what it
-  // learned for the job is what they run. Returns the sessions told.
-  int PauseStreams(const TenantId& tenant, absl::string_view job,
-                   absl::string_view config, uint64_t resume_from_reserved,
-                   absl::string_view reason);
+  // Tells session `id` what the daemon reads of its allocation stream
+  // (StreamDemand: `from_reserved`, `reason`), if it runs `running`
+  // (canonical or not; nullopt: whatever it runs). Whether it was told.
+  bool DemandStream(SessionId id, std::optional<absl::string_view> running,
+                    uint64_t from_reserved, std::string reason);
   // Pushes `config` back to session `id` as a rollback, unless it is
   // rolling back already (an OOM did it), or runs `config` with no push
   // unanswered (an OOM did it, and the client ACKed). The version is the

@@ -516,19 +516,25 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
 
 void DaemonAutotune::PauseStreams(const JobKey& key, const std::string& config, int64_t peak,
                                   absl::string_view why) {
-  // Sessions with nothing to decide until they grow: a stream costs them
-  // PyTorch's record of every allocation meanwhile.
-  const uint64_t resume_from = GrownPast(peak, growth_margin_);
-  if (resume_from == 0) return;
-  const int told = core_->PauseStreams(
-      key.tenant, key.job, config, resume_from,
-      absl::StrCat(why, ": nothing to decide until its reserved memory passes ",
-                   FormatSize(resume_from)));
-  if (told > 0) {
-    LogInfo(absl::StrCat("autotune: job \"", key.job, "\": ", told,
-                         " session(s) may stop their allocation streams until they pass ",
-                         FormatSize(resume_from), " reserved (", why, ")"));
+  // The sessions whose streams are read (another's is read not at all) have
+  // nothing to decide until they grow: a stream costs them PyTorch's record
+  // of every allocation meanwhile.
+  const uint64_t from = GrownPast(peak, growth_margin_);
+  if (from == 0) return;
+  for (SessionId id : autotuner_->RecordedSessions(key.tenant, key.job)) {
+    if (core_->DemandStream(id, config, from,
+                            absl::StrCat(why, ": nothing to decide until its reserved memory "
+                                         "passes ", FormatSize(from)))) {
+      LogInfo(absl::StrCat("autotune: job \"", key.job, "\": session ", id,
+                           " may stop its allocation stream until it passes ", FormatSize(from),
+                           " reserved (", why, ")"));
+    }
   }
+}
+
+void DaemonAutotune::DemandStream(SessionId session, uint64_t from_reserved,
+                                  std::string reason) {
+  core_->DemandStream(session, std::nullopt, from_reserved, std::move(reason));
 }
 
 void DaemonAutotune::OnDecision(const AutotuneDecision& d) {

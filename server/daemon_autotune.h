@@ -106,6 +106,8 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
                                const std::string& reason) override;
   void OnRun(const std::string& job) override;
   void OnDecision(const AutotuneDecision& decision) override;
+  void DemandStream(SessionId session, uint64_t from_reserved, std::string reason) override;
+  bool ReadsStreamOf(SessionId id) const override { return autotuner_->ReadsStreamOf(id); }
 
   // --- Admin
   v1::AutotuneStatusResponse Status() const;
@@ -196,10 +198,10 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // kEndedJobVersionsKept.
   void QueueEndedJobVersion(const JobKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the job's sessions that run `config` that they may stop their
-  // allocation streams until they grow past `peak` reserved by the growth
-  // margin (StreamPause; none for a peak not known); `why` names what
-  // settled them.
+  // Tells the job's recorded sessions (each run's) that run `config` that
+  // they may stop their allocation streams until they grow past `peak`
+  // reserved by the growth margin (StreamDemand; none for a peak not
+  // known); `why` names what settled them.
   void PauseStreams(const JobKey& key, const std::string& config, int64_t peak,
                     absl::string_view why);
   // Records what a push kept for the whole job teaches (its `learned`, once

@@ -181,6 +181,9 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     observer_->SessionStarted(session->identity(), config.running,
                               config.learned, pushed, r.autotune());
     if (r.has_features()) observer_->Features(session->id(), r.features());
+    if (!observer_->ReadsStreamOf(session->id())) {
+      response.set_stream_from_reserved(kStreamNotRead);
+    }
   }
   return response;
 }
@@ -702,10 +705,9 @@ absl::StatusOr<uint64_t> DaemonCore::PushToSessions(
                                        predicted_peak_reserved_bytes);
 }
 
-int DaemonCore::PauseStreams(const TenantId& tenant, absl::string_view job,
-                             absl::string_view config, uint64_t resume_from_reserved,
-                             absl::string_view reason) {
-  return config_pusher_.PauseStreams(tenant, job, config, resume_from_reserved, reason);
+bool DaemonCore::DemandStream(SessionId id, std::optional<absl::string_view> running,
+                              uint64_t from_reserved, std::string reason) {
+  return config_pusher_.DemandStream(id, running, from_reserved, std::move(reason));
 }
 
 absl::Status DaemonCore::RollBackSession(SessionId id,

@@ -238,11 +238,10 @@ class DaemonCore {
                                           absl::string_view config,
                                           absl::string_view author,
                                           uint64_t predicted_peak_reserved_bytes);
-  // ConfigPusher::PauseStreams: `tenant`'s sessions of `job` that run
-  // `config` may stop their allocation streams.
-  int PauseStreams(const TenantId& tenant, absl::string_view job,
-                   absl::string_view config, uint64_t resume_from_reserved,
-                   absl::string_view reason);
+  // ConfigPusher::DemandStream: what the daemon reads of session `id`'s
+  // allocation stream, if it runs `running`.
+  bool DemandStream(SessionId id, std::optional<absl::string_view> running,
+                    uint64_t from_reserved, std::string reason);
   // Pushes `config` back to a session as a rollback, unless it is rolling
   // back already (an OOM did it). The version is the one the session ran
   // `config` under, when it did.

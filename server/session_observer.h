@@ -46,6 +46,10 @@ class SessionObserver {
                               const std::optional<AppliedConfig>& learned,
                               const std::optional<AppliedConfig>& pushed,
                               const v1::AutotunePreferences& preferences) = 0;
+  // Whether session `id` (started) is one whose allocation stream the
+  // daemon reads: its job's autotuner decides on one session's stream, and
+  // another's is not read until that one ends (StreamDemand then says so).
+  virtual bool ReadsStreamOf(SessionId /*id*/) const { return true; }
   virtual void SessionEnded(SessionId id) = 0;
   // Allocator events, validated (columns of one length, ops 0..2).
   virtual void Events(SessionId id, const v1::EventBatch& batch) = 0;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/config.h"
+#include "proto/protocol.h"
 #include "server/autotune/autotune_job.h"
 #include "server/autotune/autotuner_impl.h"
 #include "server/autotune/canary.h"
@@ -65,8 +66,17 @@ void Autotuner::Impl::SessionStarted(SessionId id, const std::string& job_name,
   }
 }
 
+bool Autotuner::Impl::ReadsStreamOf(SessionId id) const {
+  absl::MutexLock lock(&mu_);
+  const AutotuneSession* session = jobs_.FindSession(id);
+  if (session == nullptr) return true;  // not the autotuner's to say
+  const AutotuneJob* job = jobs_.FindJob(session->job);
+  return job == nullptr || job->recorded == id;
+}
+
 void Autotuner::Impl::SessionEnded(SessionId id) {
   std::vector<AutotuneDecision> notify;
+  std::optional<std::pair<SessionId, uint64_t>> now_recorded;  // and what it reads of it
   {
     absl::MutexLock lock(&mu_);
     if (jobs_.FindSession(id) == nullptr) return;
@@ -77,13 +87,25 @@ void Autotuner::Impl::SessionEnded(SessionId id) {
       QueueReview(name, job);
       job.recorded = 0;
       job.window.reset();
-      if (!job.sessions.empty()) jobs_.StartRecording(job, job.sessions.front());
+      if (!job.sessions.empty()) {
+        jobs_.StartRecording(job, job.sessions.front());
+        // A settled job reads it once it grows, as the one before.
+        now_recorded.emplace(job.recorded, job.first_pass_done
+                                               ? GrownPast(job.settled_need, options_.growth_margin)
+                                               : 0);
+      }
     }
     if (job.sessions.empty()) {
       jobs_.Ended(name, tasks_);
     }
   }
   Notify(notify);
+  if (now_recorded.has_value()) {
+    actions_->DemandStream(
+        now_recorded->first, now_recorded->second,
+        absl::StrCat("session ", id, ", whose stream its job was decided on, ended: this "
+                     "one's is read from now on"));
+  }
 }
 
 void Autotuner::Impl::Events(SessionId id, const std::vector<EvidenceEvent>& events,
@@ -376,6 +398,11 @@ JobFeatures Autotuner::FeaturesOf(const TenantId& tenant, const std::string& job
 std::vector<AutotuneJobStatus> Autotuner::Status() const { return impl_->Status(); }
 std::vector<AutotuneDecision> Autotuner::History(const std::string& job, size_t limit) const {
   return impl_->History(job, limit);
+}
+bool Autotuner::ReadsStreamOf(SessionId id) const { return impl_->ReadsStreamOf(id); }
+std::vector<SessionId> Autotuner::RecordedSessions(const TenantId& tenant,
+                                                   const std::string& job) const {
+  return impl_->RecordedSessions(tenant, job);
 }
 void Autotuner::WaitIdle() { impl_->WaitIdle(); }
 

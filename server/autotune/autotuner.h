@@ -87,6 +87,11 @@ class AutotuneActions {
   // Pushes `config` back to the session as a rollback.
   virtual absl::Status RollBackSession(SessionId session, const std::string& config,
                                        const std::string& reason) = 0;
+  // Tells session `session` what the autotuner reads of its allocation
+  // stream (StreamDemand): `from_reserved` 0, all of it now; else nothing
+  // until its reserved memory passes that (kStreamNotRead: not at all).
+  virtual void DemandStream(SessionId /*session*/, uint64_t /*from_reserved*/,
+                            std::string /*reason*/) {}
   // Observers for metrics and history: a run started for `job`; a decision
   // was recorded or updated (result changed, realised saving known).
   // `job` of OnRun: the label (metrics keep the label only).
@@ -164,6 +169,14 @@ class Autotuner {
   // Newest first, at most `limit`; empty job: every job; a label: its jobs
   // in every tenant (each decision names its tenant).
   std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;
+  // Whether session `id`'s allocation stream is the one its job is decided
+  // on (one session's a job; true for a session the autotuner does not
+  // know). When that session ends, the job's next session's is, and
+  // DemandStream tells it.
+  bool ReadsStreamOf(SessionId id) const;
+  // The sessions whose streams `tenant`'s jobs of label `job` read (one a
+  // job: a run of several ranks is a job of its own).
+  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const;
   // Blocks until no run is queued or running (tests).
   void WaitIdle();
 

@@ -49,6 +49,7 @@ class Autotuner::Impl {
                       uint64_t config_version, const TenantId& tenant, bool marks_steps,
                       const SessionRank& rank) ABSL_LOCKS_EXCLUDED(mu_);
   void SessionEnded(SessionId id) ABSL_LOCKS_EXCLUDED(mu_);
+  bool ReadsStreamOf(SessionId id) const ABSL_LOCKS_EXCLUDED(mu_);
   void Events(SessionId id, const std::vector<EvidenceEvent>& events,
               uint64_t dropped_before, const AllocatorSnapshot* state_after)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -88,6 +89,12 @@ class Autotuner::Impl {
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return jobs_.History(job_name, limit);
+  }
+
+  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return jobs_.RecordedSessions(tenant, job);
   }
 
   void WaitIdle() ABSL_LOCKS_EXCLUDED(mu_) {

@@ -33,6 +33,11 @@ class JobRegistry {
   const AutotuneSession* FindSession(SessionId id) const;
   // The job `key`, made empty the first time.
   AutotuneJob& Job(const JobKey& key) { return jobs_[key]; }
+  // The job `key`; nullptr when there is none.
+  const AutotuneJob* FindJob(const JobKey& key) const {
+    auto it = jobs_.find(key);
+    return it == jobs_.end() ? nullptr : &it->second;
+  }
 
   JobPolicy PolicyOf(const AutotuneJob& job) const;
   AutotuneMode ModeOf(const AutotuneJob& job) const { return PolicyOf(job).mode; }
@@ -63,6 +68,8 @@ class JobRegistry {
   // session, in tenant order.
   std::vector<std::pair<JobKey, AutotuneJob*>> LiveJobs(const std::string& job,
                                                         const TenantId& tenant);
+  // The sessions `tenant`'s jobs of label `job` record (one a job).
+  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const;
   // What `tenant`'s jobs of label `job` reported doing, every run of it and
   // the ended ones still kept: the union.
   JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const;

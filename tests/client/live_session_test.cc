@@ -231,9 +231,10 @@ TEST_F(LiveSessionTest, TheReportNamesTheSessionAsAllocdStatsDoes) {
   EXPECT_EQ(report["start_config_source"], "own");
   // Nothing learned: the job streams its allocations from the start.
   EXPECT_EQ(report["stream_from_reserved"], 0);
-  // Nor has the daemon learned what it runs since: no pause came.
-  EXPECT_EQ(report["stream_pauses"], 0);
-  EXPECT_EQ(report["stream_paused_until_reserved"], 0);
+  // Nor has the daemon said since what it reads of the stream.
+  EXPECT_EQ(report["stream_demands"], 0);
+  EXPECT_EQ(report["stream_demanded_from_reserved"], 0);
+  EXPECT_EQ(report["stream_demand_reason"], "");
   for (const char* key : {"reconnects", "config", "config_version",
                           "config_reason"}) {
     EXPECT_TRUE(report.contains(key)) << key;

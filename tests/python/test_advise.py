@@ -658,10 +658,12 @@ class AdviseTest(unittest.TestCase):
         optimizer = Optimizer()
         stats = self.step_until_paused(optimizer, "reviewed")
         # The review's learned config, then the first pass's keep of it.
-        self.assertGreaterEqual(stats["stream_pauses"], 1)
-        self.assertIn("the daemon settled the config the job runs", stats["stream_paused"])
+        self.assertGreaterEqual(stats["stream_demands"], 1)
+        self.assertEqual(stats["stream_paused"], stats["stream_demand_reason"])
+        self.assertIn("nothing to decide until its reserved memory passes",
+                      stats["stream_paused"])
         until = stats["stream_deferred_until_reserved"]
-        self.assertEqual(until, stats["stream_paused_until_reserved"])
+        self.assertEqual(until, stats["stream_demanded_from_reserved"])
         self.assertGreater(until, 0)
         self.assertFalse(self.torch.history.enabled)
         # Every event PyTorch recorded before the pause reached the daemon.
@@ -691,27 +693,65 @@ class AdviseTest(unittest.TestCase):
             pass
 
         stats = self.step_until_paused(Optimizer(), "kept")
-        self.assertEqual(stats["stream_pauses"], 1)
+        self.assertEqual(stats["stream_demands"], 1)
         decisions = self.allocctl("autotune", "history", "--job", "kept")["decisions"]
         self.assertEqual([d["result"] for d in decisions], ["kept"])
+        self.assertIn(f"decision {decisions[0]['id']} keeps", stats["stream_paused"])
         # The peak it predicted under the job's config, and the growth margin.
-        self.assertEqual(stats["stream_paused_until_reserved"],
+        self.assertEqual(stats["stream_demanded_from_reserved"],
                          int(1.1 * int(decisions[0]["predicted_peak_current"])))
 
-    def test_a_tracker_stream_stays_on_when_paused(self):
-        # The tracker cannot be detached from PyTorch's allocator: the pause
-        # is answered with why it was not taken.
+    def test_only_the_session_its_job_is_decided_on_streams(self):
+        # Another session of the job registered first: the daemon decides on
+        # that one's stream, and this one's stays off (nothing recorded)
+        # until that session ends; then it starts, the allocator's state first.
+        lib, first = _advisor.connect(self.torch, self.socket, "pair", "", 0, "")
+        try:
+            self.assertTrue(allocd.advise(socket=self.socket, job="pair", period=0.05))
+            stats = allocd.stats()
+            self.assertEqual(stats["event_source"], "deferred")
+            self.assertEqual(stats["stream_from_reserved"], (1 << 64) - 1)
+            for _ in range(5):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+            rounds = stats["advisor_rounds"]
+            self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+            self.assertEqual(self.torch.history.calls, [])
+            self.assertEqual(allocd.stats()["events_sent"], 0)
+        finally:
+            lib.allocd_disconnect(first)
+        self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
+        stats = allocd.stats()
+        self.assertIn("whose stream its job was decided on, ended", stats["stream_started"])
+        self.assertEqual(stats["stream_demanded_from_reserved"], 0)
+        self.assertEqual(stats["states_sent"], 1)
+
+    def test_a_tracker_stream_stays_on_when_the_daemon_needs_none(self):
+        # The tracker cannot be detached from PyTorch's allocator: the
+        # daemon's demand is answered with why it was not followed.
         self.torch.reserved = 1 << 20
         self.assertTrue(allocd.advise(socket=self.socket, job="tracked", period=0.05))
         advisor = allocd._state.advisor
         with advisor._lock:
+            history = advisor._events.reader
             advisor._events.reader = types.SimpleNamespace(
-                read=advisor._events.reader.read, stop=lambda: None, mark_step=lambda: None,
-                read_state=lambda: None)
-        advisor._stream_pauses_seen = -1  # as if a pause came
-        self.assertTrue(wait_for(lambda: allocd.stats()["stream_paused"] is not None))
-        self.assertIn("the tracker cannot be detached", allocd.stats()["stream_paused"])
-        self.assertEqual(allocd.stats()["event_source"], "tracker")
+                read=history.read, stop=history.stop, mark_step=history.mark_step,
+                read_state=history.read_state)
+
+        class Optimizer:
+            pass
+
+        optimizer = Optimizer()
+        deadline = time.monotonic() + DECISION_WAIT_S
+        while allocd.stats()["stream_paused"] is None and time.monotonic() < deadline:
+            with advisor._lock:
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+                self.torch.step(optimizer)
+            time.sleep(0.02)
+        stats = allocd.stats()
+        self.assertEqual(stats["stream_demands"], 1)
+        self.assertIn("the tracker cannot be detached", stats["stream_paused"])
+        self.assertEqual(stats["event_source"], "tracker")
+        self.assertTrue(self.torch.history.enabled)
 
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this
@@ -768,7 +808,7 @@ class AdviseTest(unittest.TestCase):
         # and step marks.
         self.torch.reserved = 48 << 20
         self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
-        self.assertIn("passed the 46137344 its learned config was expected to need",
+        self.assertIn("passed the 46137344 below which the daemon had nothing to decide",
                       allocd.stats()["stream_started"])
         self.assertEqual(allocd.stats()["states_sent"], 1)
         with allocd._state.advisor._lock:

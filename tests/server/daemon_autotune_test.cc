@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/trace/snapshot_reader.h"
+#include "proto/protocol.h"
 #include "server/autotune/learned_configs.h"
 #include "server/daemon_core.h"
 #include "server/metrics.h"
@@ -48,6 +49,9 @@ struct TestDaemon {
     std::vector<std::pair<std::string, std::string>> pushed;
     uint64_t stream_from_reserved = 0;  // as the response said
     std::string start_config_source;
+    // What the daemon said it reads of its stream (StreamDemand), as it
+    // registered.
+    std::vector<uint64_t> demands;
   };
   // `mode`: the autotune mode the job asks for ("": none); `rank`: its
   // place in a job of several.
@@ -77,7 +81,8 @@ struct TestDaemon {
     EXPECT_TRUE(session.ok()) << session.status();
     v1::ControlMessage m;
     while (session.ok() && (*session)->WaitNext(&m, absl::ZeroDuration())) {
-      out.pushed.emplace_back(m.config().config().config(), m.config().reason());
+      if (m.has_config()) out.pushed.emplace_back(m.config().config().config(), m.config().reason());
+      if (m.has_stream()) out.demands.push_back(m.stream().from_reserved());
     }
     return out;
   }
@@ -125,12 +130,11 @@ struct TestDaemon {
     }
     return out;
   }
-  // The StreamPauses waiting for session `id`: each one's
-  // resume_from_reserved.
-  std::vector<uint64_t> Pauses(uid_t uid, SessionId id, const std::string& secret) {
+  // The StreamDemands waiting for session `id`: each one's from_reserved.
+  std::vector<uint64_t> Demands(uid_t uid, SessionId id, const std::string& secret) {
     std::vector<uint64_t> out;
     for (const v1::ControlMessage& m : Messages(uid, id, secret)) {
-      if (m.has_pause_stream()) out.push_back(m.pause_stream().resume_from_reserved());
+      if (m.has_stream()) out.push_back(m.stream().from_reserved());
     }
     return out;
   }
@@ -395,21 +399,22 @@ TEST(DaemonAutotuneLearnedTest, AStartItsReviewKeptIsLearnedAndCountsTowardThePr
   EXPECT_THAT(fresh.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
 }
 
-// Once the job learned a config, the sessions of the job that run it have
-// nothing to decide until they outgrow it: each is told it may stop its
-// allocation stream up to the peak the job reached under it, plus the
-// growth margin. Sessions that run another config (the canary has not
-// ACKed), another tenant's job of the label and another job are told
-// nothing.
-TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamsOfTheSessionsThatRunIt) {
+// Once the job learned a config, the session whose stream it is decided on,
+// if it runs that config, has nothing to decide until it outgrows it: it is
+// told it may stop its stream up to the peak the job reached under it, plus
+// the growth margin. The job's other sessions were told at registration
+// that their streams are not read; another tenant's job of the label and
+// another job are told nothing.
+TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamTheJobIsDecidedOn) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned);
+  const TestDaemon::Registered recorded = daemon.Register(1001, "llama", "", {}, kLearned);
   const TestDaemon::Registered canary = daemon.Register(1001, "llama");
-  const TestDaemon::Registered running =
-      daemon.Register(1001, "llama", "", {}, kLearned);
   const TestDaemon::Registered other_tenant =
       daemon.Register(1002, "llama", "", {}, kLearned);
   const TestDaemon::Registered other_job = daemon.Register(1001, "bert", "", {}, kLearned);
+  EXPECT_EQ(recorded.stream_from_reserved, 0u);
+  EXPECT_EQ(canary.stream_from_reserved, kStreamNotRead);
 
   // Pushed to the canary only: nothing learned, no stream paused.
   AutotuneDecision canary_only = TestDaemon::Pushed(canary.id, "llama");
@@ -418,33 +423,32 @@ TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamsOfTheSessionsThatR
   ASSERT_TRUE(version.ok());
   canary_only.version = *version;
   daemon.autotune.OnDecision(canary_only);
-  EXPECT_TRUE(daemon.Pauses(1001, running.id, running.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, recorded.id, recorded.secret).empty());
 
   daemon.autotune.OnDecision(daemon.Kept(canary.id, "llama"));
   ASSERT_TRUE(learned.Find({"uid:1001", "llama"}).has_value());
   const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(6LL << 30));
-  EXPECT_THAT(daemon.Pauses(1001, running.id, running.secret), ::testing::ElementsAre(margin));
-  EXPECT_TRUE(daemon.Pauses(1001, canary.id, canary.secret).empty());
-  EXPECT_TRUE(daemon.Pauses(1002, other_tenant.id, other_tenant.secret).empty());
-  EXPECT_TRUE(daemon.Pauses(1001, other_job.id, other_job.secret).empty());
+  EXPECT_THAT(daemon.Demands(1001, recorded.id, recorded.secret), ::testing::ElementsAre(margin));
+  EXPECT_TRUE(daemon.Demands(1001, canary.id, canary.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1002, other_tenant.id, other_tenant.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, other_job.id, other_job.secret).empty());
 
   // A rollback of what was learned pauses nothing.
   AutotuneDecision rolled_back = daemon.Kept(canary.id, "llama");
   rolled_back.result = AutotuneResult::kRolledBack;
   daemon.autotune.OnDecision(rolled_back);
-  EXPECT_TRUE(daemon.Pauses(1001, running.id, running.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, recorded.id, recorded.secret).empty());
 }
 
 // A decision that keeps the job on its config (it found nothing 5% better,
 // or only recommends, as in recommend mode) settles it as a learned config
-// does: its sessions that run that config may pause until they grow past
-// the peak it predicted there. A decision that could not decide pauses
-// nothing.
-TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheSessionsThatRunIt) {
+// does: the session its stream is decided on, running that config, may
+// pause until it grows past the peak it predicted there. A decision that
+// could not decide pauses nothing.
+TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheStreamTheJobIsDecidedOn) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned, AutotuneMode::kRecommend);
   const TestDaemon::Registered own = daemon.Register(1001, "llama");
-  const TestDaemon::Registered other = daemon.Register(1001, "llama", "", {}, kLearned);
   AutotuneDecision first{.id = 3,
                          .job = "llama",
                          .tenant = "uid:1001",
@@ -454,15 +458,37 @@ TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheSessionsThat
                          .predicted_peak_current = 10LL << 30,
                          .sessions = {own.id}};
   daemon.autotune.OnDecision(first);
-  EXPECT_TRUE(daemon.Pauses(1001, own.id, own.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, own.id, own.secret).empty());
   const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(10LL << 30));
   for (AutotuneResult result : {AutotuneResult::kKept, AutotuneResult::kRecommended}) {
     first.result = result;
     daemon.autotune.OnDecision(first);
-    EXPECT_THAT(daemon.Pauses(1001, own.id, own.secret), ::testing::ElementsAre(margin));
-    EXPECT_TRUE(daemon.Pauses(1001, other.id, other.secret).empty());
+    EXPECT_THAT(daemon.Demands(1001, own.id, own.secret), ::testing::ElementsAre(margin));
   }
+  // A config the session does not run settles nothing of it.
+  first.from_config = kLearned;
+  daemon.autotune.OnDecision(first);
+  EXPECT_TRUE(daemon.Demands(1001, own.id, own.secret).empty());
   EXPECT_TRUE(learned.List().empty());
+}
+
+// One session's stream a job is decided on: the job's other sessions are
+// told at registration that theirs is not read, and when the recorded one
+// ends, the next is told it is read now (its job not yet settled: all of it).
+TEST(DaemonAutotuneLearnedTest, OnlyTheSessionAJobIsDecidedOnIsAskedForItsStream) {
+  LearnedConfigs learned;
+  TestDaemon daemon(&learned, AutotuneMode::kRecommend);
+  const TestDaemon::Registered first = daemon.Register(1001, "ddp");
+  const TestDaemon::Registered second = daemon.Register(1001, "ddp");
+  const TestDaemon::Registered third = daemon.Register(1001, "ddp");
+  EXPECT_EQ(first.stream_from_reserved, 0u);
+  EXPECT_EQ(second.stream_from_reserved, kStreamNotRead);
+  EXPECT_EQ(third.stream_from_reserved, kStreamNotRead);
+  daemon.core.EndSession(first.id, "the rank's process exited");
+  EXPECT_THAT(daemon.Demands(1001, second.id, second.secret), ::testing::ElementsAre(0u));
+  EXPECT_TRUE(daemon.Demands(1001, third.id, third.secret).empty());
+  // Another tenant's job of the label records its own.
+  EXPECT_EQ(daemon.Register(1002, "ddp").stream_from_reserved, 0u);
 }
 
 }  // namespace

@@ -81,7 +81,9 @@ def stream_deferred_until(session):
     """The reserved bytes up to which the allocation stream stays off (0: it
     starts now). A run handed its job's learned config is told how far it
     can grow and still be doing what the config was learned on
-    (stream_from_reserved): until then the autotuner has nothing to decide,
+    (stream_from_reserved; a session whose job is decided on another
+    session's stream is told kStreamNotRead, and a StreamDemand says when
+    that changes): until then the autotuner has nothing to decide,
     and PyTorch, which charges the job for every allocator event from the
     moment a stream is attached and cannot detach one, charges nothing.
     $ALLOCD_DEFER_STREAM=0 starts it at once whatever was learned."""
@@ -93,7 +95,8 @@ def stream_deferred_until(session):
 def defers_streams():
     """Whether the allocation stream may be off while the autotuner has
     nothing to decide ($ALLOCD_DEFER_STREAM, default 1): deferred at the
-    start of a learned run, paused once the daemon learns what a run runs."""
+    start of a learned run or of a session whose stream its job does not
+    read, paused once the daemon settles the config a run runs."""
     return os.environ.get("ALLOCD_DEFER_STREAM", "1") != "0"
 
 
@@ -256,9 +259,9 @@ class Advisor:
         self._stream_from_reserved = 0
         self._stream_wanted = None  # a reason to start it at the next round
         self.stream_started = None
-        # The daemon's StreamPause messages this advisor has answered, and
-        # what it did about the last (stream_paused in stats()).
-        self._stream_pauses_seen = 0
+        # The daemon's StreamDemands this advisor has followed, and why the
+        # stream last stopped, or was kept on when asked to (stats()).
+        self._stream_demands_seen = 0
         self.stream_paused = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
@@ -296,20 +299,27 @@ class Advisor:
                     "need the stream")
         return None
 
-    def _pause_stream_when_asked(self):
-        """Stops the allocation stream when the daemon says the job has nothing
-        to decide until it grows (it learned the config the job runs: a
-        StreamPause), and defers it as a learned run's start does. Only
-        PyTorch's history can stop: the tracker cannot be detached from
-        PyTorch's allocator, so a stream it reads stays on."""
-        pauses = self.session.get("stream_pauses", 0)
-        if self._events is None or pauses <= self._stream_pauses_seen:
+    def _follow_stream_demand(self):
+        """Follows what the daemon says it reads of the allocation stream (its
+        StreamDemands, newest first): all of it now, or nothing until the
+        job's reserved memory passes a size (the autotuner settled the
+        config the job runs, or reads another session of the job). A
+        stream it does not read stops, and is deferred as a learned run's
+        start is. Only PyTorch's history can stop: the tracker cannot be
+        detached from PyTorch's allocator, so a stream it reads stays on."""
+        demands = self.session.get("stream_demands", 0)
+        if self._events is None or demands <= self._stream_demands_seen:
             return
-        self._stream_pauses_seen = pauses
-        until = int(self.session.get("stream_paused_until_reserved", 0))
+        self._stream_demands_seen = demands
+        until = int(self.session.get("stream_demanded_from_reserved", 0))
+        reason = self.session.get("stream_demand_reason") or "the daemon's"
         if self._events.deferred:
-            self._stream_from_reserved = until  # what was learned since
+            self._stream_from_reserved = until
+            if until == 0:
+                self._stream_wanted = reason
             return
+        if until == 0:
+            return  # on already
         if not defers_streams():
             self.stream_paused = "kept on: $ALLOCD_DEFER_STREAM=0"
         elif not isinstance(self._events.reader, HistoryReader):
@@ -320,8 +330,7 @@ class Advisor:
         else:
             self._events.pause()
             self.defer_stream(HistoryReader(self._torch, self._device), until)
-            self.stream_paused = (f"the daemon settled the config the job runs: nothing to "
-                                  f"decide until its reserved memory passes {until} bytes")
+            self.stream_paused = reason
 
     def _start_stream_when_due(self):
         """Starts the deferred stream when the round's stats (or an OOM) say
@@ -331,7 +340,7 @@ class Advisor:
         why = self._stream_needed()
         if why is None and reserved > self._stream_from_reserved:
             why = (f"its peak reserved memory, {reserved} bytes, passed the "
-                   f"{self._stream_from_reserved} its learned config was expected to need")
+                   f"{self._stream_from_reserved} below which the daemon had nothing to decide")
         if why is None:
             return
         reader, self._deferred_reader = self._deferred_reader, None
@@ -471,7 +480,7 @@ class Advisor:
                 self._spares.release_old()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
-            self._pause_stream_when_asked()
+            self._follow_stream_demand()
             if self._deferred_reader is not None:
                 self._start_stream_when_due()
             parts["session"] += time.perf_counter() - polled
