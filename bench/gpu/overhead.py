@@ -4,8 +4,8 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
         [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
         [--modes native,native-b,transparent,run,advise]
-        (also: learned, transparent-learned, run-learned, preload, loaded, tracked,
-        attached)
+        (also: learned, transparent-learned, run-learned, paused, transparent-paused,
+        run-paused, preload, loaded, tracked, attached)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -61,8 +61,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # defaults, for overhead-WORKLOAD-learned), and the worker's mode for each.
 LEARNED_MODES = {"learned": "advise", "transparent-learned": "transparent",
                  "run-learned": "native"}
+# Modes on a first run whose stream pauses once the daemon settles the
+# config it runs (its first pass keeps it: a StreamDemand), read from
+# PyTorch's history, which can stop (the tracker cannot be detached): each
+# worker steps until its stream is off before it reports ready.
+PAUSED_MODES = {"paused": "advise", "transparent-paused": "transparent",
+                "run-paused": "native"}
+# How long a paused mode's worker steps for its stream to pause.
+PAUSE_WAIT_S = 180
 # Modes whose worker runs under `allocd run`.
-UNDER_RUN = ("run", "run-learned")
+UNDER_RUN = ("run", "run-learned", "run-paused")
 # Timed steps in one turn: short turns interleave the modes finely.
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4}
 BOOTSTRAP_RESAMPLES = 2000
@@ -87,21 +95,24 @@ def parse_cpus(text):
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
-    learned = mode in LEARNED_MODES
-    job = f"overhead-{workload}-learned" if learned else f"overhead-{workload}"
+    # A label a mode: the daemon decides on one session's stream a job, and
+    # leaves the others' off. The learned modes share the label it learned.
+    job = f"overhead-{workload}-learned" if mode in LEARNED_MODES else f"overhead-{workload}-{mode}"
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
-                **LEARNED_MODES}.get(mode, mode)
+                **LEARNED_MODES, **PAUSED_MODES}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket, "--job", job,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
-        + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else [])
+        + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else []) \
+        + (["--until-paused", str(PAUSE_WAIT_S)] if mode in PAUSED_MODES else [])
     if mode in UNDER_RUN:
-        cmd = [a.allocd, "run", "--socket", a.socket, "--job",
-               job if learned else f"overhead-{workload}-run", "--"] + cmd
+        cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
+    if mode in PAUSED_MODES:
+        env["ALLOCD_EVENT_SOURCE"] = "history"
     if mode == "preload":
         # transparent's enable(), with the interposer loaded at the process's
         # start as `allocd run` loads it rather than dlopen()ed by enable():
@@ -160,6 +171,9 @@ def not_as_asked(mode, ready):
     if mode in LEARNED_MODES and ready.get("event_source") != "deferred":
         return (f"the {mode} worker's stream is {ready.get('event_source')}, not deferred: does "
                 "the daemon know the job's learned config (overhead.sh teaches it)?")
+    if mode in PAUSED_MODES and ready.get("event_source") != "deferred":
+        return (f"the {mode} worker's stream is {ready.get('event_source')}, not paused after "
+                f"{ready.get('steps_until_paused')} steps: did the daemon decide on it?")
     return ""
 
 
@@ -370,8 +384,15 @@ def main():
         workers = {m: [start(a, workload, m, pinned[m], period) for _ in range(a.processes)]
                    for m in modes}
         # One at a time would also do; warming them together saves the call's time.
-        wrong = [why for m, processes in workers.items() for w in processes
-                 for why in [not_as_asked(m, read_json(w, f"{workload} {m}"))] if why]
+        readies = {m: [read_json(w, f"{workload} {m}") for w in processes]
+                   for m, processes in workers.items()}
+        wrong = [why for m, ready in readies.items() for r in ready
+                 for why in [not_as_asked(m, r)] if why]
+        for m in PAUSED_MODES.keys() & readies.keys():
+            for r in readies[m]:
+                print(f"{workload} {m}: stream paused after {r.get('steps_until_paused')} steps "
+                      f"({r.get('mean_step_s_until_paused', 0) * 1e3:.1f} ms a step meanwhile): "
+                      f"{r.get('stream_paused')}", flush=True)
         if wrong:
             # The other workloads are still measured, and what was is kept.
             failed.append(f"{workload}: {wrong[0]}")
@@ -447,7 +468,7 @@ def main():
                              "steal_cpus": steal,
                              "native_host_ms_median": pooled("native", "host"),
                              "cpu_ms_per_step": cpu, "advisor": advisor, "instructions": instructions,
-                             "cores": pinned}
+                             "cores": pinned, "ready": readies}
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
     def cell(s):

@@ -286,6 +286,9 @@ def main():
                    help="once warm, pin the job's own thread to this core")
     p.add_argument("--autograd-core", type=int, default=None,
                    help="once warm, pin PyTorch's autograd threads to this core")
+    p.add_argument("--until-paused", type=float, default=0, metavar="S",
+                   help="once warm, step (up to S seconds) until the daemon has paused the "
+                        "allocation stream (its first pass settled the job's config)")
     a = p.parse_args()
     job = a.job or f"overhead-{a.workload}"
     if a.mode == "transparent":
@@ -345,8 +348,20 @@ def main():
         while not allocd.stats().get("connected") and time.monotonic() < deadline:
             time.sleep(0.05)
         source = allocd.stats().get("event_source")
-    print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source}),
-          flush=True)
+    # The steps a first run streams before its stream pauses, and their mean.
+    paused = {}
+    if a.until_paused and source is not None:
+        deadline, steps, spent = time.monotonic() + a.until_paused, 0, 0.0
+        while allocd.stats().get("event_source") != "deferred" and time.monotonic() < deadline:
+            spent += sum(timed(1)[1])
+            steps += 1
+        stats = allocd.stats()
+        source = stats.get("event_source")
+        paused = {"steps_until_paused": steps, "mean_step_s_until_paused": spent / max(1, steps),
+                  "stream_paused": stats.get("stream_paused"),
+                  "events_sent": stats.get("events_sent")}
+    print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source,
+                      **paused}), flush=True)
     for line in sys.stdin:
         if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
             _, n, path = line.split()
