@@ -7,6 +7,7 @@ under real PyTorch.
 Environment: ALLOCD_BINARY, ALLOCCTL_BINARY, ALLOCD_PYTHON_DIR.
 """
 
+import array
 import json
 import os
 import shutil
@@ -752,6 +753,50 @@ class AdviseTest(unittest.TestCase):
         self.assertIn("the tracker cannot be detached", stats["stream_paused"])
         self.assertEqual(stats["event_source"], "tracker")
         self.assertTrue(self.torch.history.enabled)
+
+    def test_a_stream_the_daemon_does_not_pause_moves_from_the_history_to_the_tracker(self):
+        # Read from PyTorch's history first, with the tracker kept: once the
+        # history ran its time without the daemon pausing it, the tracker,
+        # which costs less while it runs, takes over, the allocator's state
+        # first; every event the history read before reached the daemon.
+        self.torch.segments = [self.weights_segment()]
+        self.assertTrue(allocd.advise(socket=self.socket, job="switched", period=0.05))
+        advisor = allocd._state.advisor
+
+        class Tracker:
+            started = False
+
+            def start(self):
+                self.started = True
+
+            def read(self):
+                return (array.array("B"), *(array.array("Q") for _ in range(3)), 0)
+
+            def read_state(self):
+                return None
+
+            def mark_step(self):
+                pass
+
+            def stop(self):
+                pass
+
+        tracker = Tracker()
+        with advisor._lock:
+            advisor.started_on(advisor._events.reader, tracker)
+            for _ in range(3):
+                self.torch.history.step([1 << 20, 2 << 20, 512])
+        self.assertIsNone(allocd.stats()["stream_switched"])
+        states = allocd.stats()["states_sent"]
+        advisor._history_until = 0
+        self.assertTrue(wait_for(lambda: allocd.stats()["stream_switched"] is not None))
+        stats = allocd.stats()
+        self.assertIn("to the tracker after 120 s on PyTorch's history", stats["stream_switched"])
+        self.assertEqual(stats["event_source"], "tracker")
+        self.assertTrue(tracker.started)
+        self.assertFalse(self.torch.history.enabled)
+        self.assertEqual(stats["events_sent"], 27)
+        self.assertEqual(stats["states_sent"], states + 1)
 
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this

@@ -374,6 +374,11 @@ class DeferredStreamTest(unittest.TestCase):
     """A learned run's stream, left off (Advisor.defer_stream), and what
     starts it where a pre-warmer needs it."""
 
+    def setUp(self):
+        # The deferred reader here stands for the tracker, started as it is.
+        os.environ["ALLOCD_HISTORY_FIRST_S"] = "0"
+        self.addCleanup(os.environ.pop, "ALLOCD_HISTORY_FIRST_S", None)
+
     def advisor(self, prewarmer):
         events = EventStream(FakeLib(), None)
         advisor = _advisor.Advisor(FakeLib(), None, FakeTorch(), 0, 1.0, "", events, prewarmer)

@@ -401,6 +401,32 @@ class EventSourceTest(unittest.TestCase):
         self.assertEqual(caught, [])
         reader.stop()
 
+    def test_auto_reads_the_history_first_where_cuda_is_up(self):
+        # The history can stop once the daemon has decided (the tracker cannot
+        # be detached); recording it before CUDA is up would start CUDA, so
+        # the tracker, which waits for it, is read from the start then.
+        os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
+        torch = fake_torch()
+        built = _event_stream.new_reader(torch, 0)
+        self.assertIsInstance(built, _tracker.TrackerReader)
+        up = [True]
+        torch.cuda = types.SimpleNamespace(is_initialized=lambda: up[0])
+        self.assertIsInstance(_event_stream.first_reader(built, torch, 0),
+                              _history.HistoryReader)
+        up[0] = False
+        self.assertIs(_event_stream.first_reader(built, torch, 0), built)
+        up[0] = True
+        os.environ["ALLOCD_HISTORY_FIRST_S"] = "0"
+        try:
+            self.assertIs(_event_stream.first_reader(built, torch, 0), built)
+            os.environ["ALLOCD_HISTORY_FIRST_S"] = "soon"
+            with self.assertRaises(ValueError):
+                _event_stream.first_reader(built, torch, 0)
+        finally:
+            del os.environ["ALLOCD_HISTORY_FIRST_S"]
+        os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
+        self.assertIs(_event_stream.first_reader(built, torch, 0), built)
+
     def test_tracker_only_refuses_to_fall_back(self):
         os.environ["ALLOCD_EVENT_SOURCE"] = "tracker"
         with self.assertRaises(allocd.AllocdUnavailable):

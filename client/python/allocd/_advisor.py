@@ -25,7 +25,8 @@ import time
 import weakref
 
 from ._bindings import AllocdUnavailable, Target, load_client, typed_functions
-from ._event_stream import EventStream, new_reader, start_reader, start_state
+from ._event_stream import (EventStream, first_reader, history_first_seconds, new_reader,
+                            start_reader, start_state)
 from ._features import FeatureHooks
 from ._history import HistoryReader
 from ._holds import AllocatorHolds
@@ -118,14 +119,15 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
     state = []
     events = None
     defer_until = 0
+    built = reader = None
     try:
         if record_events:
             defer_until = stream_deferred_until(session_stats(lib, client))
-            reader = new_reader(torch, device)
+            built = new_reader(torch, device)
             if not defer_until:
-                reader = start_reader(reader, torch, device,
+                reader = start_reader(first_reader(built, torch, device), torch, device,
                                       lambda: state.append(start_state(torch, device)))
-            events = EventStream(lib, client, None if defer_until else reader)
+            events = EventStream(lib, client, reader)
     except AllocdUnavailable:
         lib.allocd_disconnect(client)
         raise
@@ -135,9 +137,11 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
                       else "off (transparent mode only)", holds,
                       start_spare_keeper(lib, device) if transparent else None)
     if defer_until:
-        advisor.defer_stream(reader, defer_until)
-    elif events is not None and state and state[-1] is not None:
-        events.send_state(state[-1])
+        advisor.defer_stream(built, defer_until)
+    elif events is not None:
+        advisor.started_on(reader, built)
+        if state and state[-1] is not None:
+            events.send_state(state[-1])
     advisor.take_start_config()
     advisor.start()
     return advisor
@@ -263,6 +267,12 @@ class Advisor:
         # stream last stopped, or was kept on when asked to (stats()).
         self._stream_demands_seen = 0
         self.stream_paused = None
+        # The tracker, built and not started, while the stream is read from
+        # PyTorch's history first (history_first_seconds); when the history
+        # gives way to it, and why it did.
+        self._tracker = None
+        self._history_until = None
+        self.stream_switched = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
                                                 name="allocd-control", daemon=True)
@@ -287,6 +297,41 @@ class Advisor:
         allocated."""
         self._deferred_reader = reader
         self._stream_from_reserved = until_reserved
+
+    def started_on(self, reader, built):
+        """The stream started on `reader` (started) where new_reader built
+        `built`: read from PyTorch's history first, with the tracker kept
+        for when it has run history_first_seconds() without the daemon
+        pausing it."""
+        if reader is built or not isinstance(reader, HistoryReader) or \
+                isinstance(built, HistoryReader):
+            return
+        self._tracker = built
+        self._history_until = time.monotonic() + history_first_seconds()
+
+    def _switch_to_tracker_when_due(self, now=None):
+        """Moves a stream read from PyTorch's history first to the tracker once
+        it ran history_first_seconds() without the daemon pausing it, the
+        allocator's state first, as a stream that starts after the job
+        allocated."""
+        now = time.monotonic() if now is None else now
+        if self._tracker is None or self._events is None or self._events.deferred or \
+                not isinstance(self._events.reader, HistoryReader) or now < self._history_until:
+            return
+        self._events.pause()
+        tracker, self._tracker = self._tracker, None
+        state = []
+        try:
+            tracker = start_reader(tracker, self._torch, self._device,
+                                   lambda: state.append(start_state(self._torch, self._device)))
+        except AllocdUnavailable as error:
+            tracker = start_reader(HistoryReader(self._torch, self._device), self._torch,
+                                   self._device)
+            self.stream_switched = f"kept on PyTorch's history: {error}"
+        else:
+            self.stream_switched = (f"to the tracker after {history_first_seconds():g} s on "
+                                    "PyTorch's history that the daemon did not pause")
+        self._events.begin(tracker, state[-1] if state else None)
 
     def _stream_needed(self):
         """Why the stream must run whatever the job's memory (None: nothing
@@ -343,16 +388,18 @@ class Advisor:
                    f"{self._stream_from_reserved} below which the daemon had nothing to decide")
         if why is None:
             return
-        reader, self._deferred_reader = self._deferred_reader, None
+        built, self._deferred_reader = self._deferred_reader, None
         self._stream_wanted = None
         state = []
         try:
-            reader = start_reader(reader, self._torch, self._device,
+            reader = start_reader(first_reader(built, self._torch, self._device), self._torch,
+                                  self._device,
                                   lambda: state.append(start_state(self._torch, self._device)))
         except AllocdUnavailable as error:
             self.stream_started = f"not started: {error}"
             return
         self._events.begin(reader, state[-1] if state else None)
+        self.started_on(reader, self._tracker or built)
         self.stream_started = why
 
     def stop(self):
@@ -385,6 +432,7 @@ class Advisor:
                 "stream_deferred_until_reserved": self._stream_from_reserved,
                 "stream_started": self.stream_started,
                 "stream_paused": self.stream_paused,
+                "stream_switched": self.stream_switched,
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
@@ -481,6 +529,7 @@ class Advisor:
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
             self._follow_stream_demand()
+            self._switch_to_tracker_when_due()
             if self._deferred_reader is not None:
                 self._start_stream_when_due()
             parts["session"] += time.perf_counter() - polled

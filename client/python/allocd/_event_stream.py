@@ -84,6 +84,36 @@ def start_reader(reader, torch, device, before_start=None):
     return start_reader(HistoryReader(torch, device), torch, device, before_start)
 
 
+def history_first_seconds():
+    """How long a stream the tracker would read is read from PyTorch's history
+    first ($ALLOCD_HISTORY_FIRST_S, default 120; 0: never), each time it
+    starts. The history can stop, and the daemon stops a stream once it
+    has decided (StreamDemand): a run then pays nothing. The tracker cannot
+    be detached from PyTorch's allocator, so a stream it reads costs the
+    job its record of every allocation for the rest of the run; the
+    history, which holds the GIL while it is read, costs more while it
+    runs, so a stream the daemon did not stop by then moves to the tracker."""
+    text = os.environ.get("ALLOCD_HISTORY_FIRST_S", "120")
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"ALLOCD_HISTORY_FIRST_S={text!r}: seconds (0: never)") from None
+    return max(0.0, seconds)
+
+
+def first_reader(reader, torch, device):
+    """The reader a stream starts on, given `reader` (new_reader's): PyTorch's
+    history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto,
+    history_first_seconds() is not 0 and CUDA is up (recording the history
+    initialises it, which a job that forks before it uses CUDA cannot live
+    with; the tracker waits for it); else `reader`."""
+    initialised = getattr(torch.cuda, "is_initialized", lambda: True)
+    if isinstance(reader, HistoryReader) or _event_source() != "auto" or \
+            history_first_seconds() <= 0 or not initialised():
+        return reader
+    return HistoryReader(torch, device)
+
+
 def may_reach(sizes, at_least):
     """Whether a size in `sizes` (an array of unsigned 64-bit) may be at
     least `at_least` (> 0): False only when none is. Works on the bytes, in
