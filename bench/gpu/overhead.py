@@ -62,9 +62,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LEARNED_MODES = {"learned": "advise", "transparent-learned": "transparent",
                  "run-learned": "native"}
 # Modes on a first run whose stream pauses once the daemon settles the
-# config it runs (its first pass keeps it: a StreamDemand), read from
-# PyTorch's history, which can stop (the tracker cannot be detached): each
-# worker steps until its stream is off before it reports ready.
+# config it runs (its first pass keeps it: a StreamDemand): read from
+# PyTorch's history first, which can stop (the tracker cannot be detached),
+# each worker steps until its stream is off before it reports ready.
 PAUSED_MODES = {"paused": "advise", "transparent-paused": "transparent",
                 "run-paused": "native"}
 # How long a paused mode's worker steps for its stream to pause.
@@ -111,8 +111,6 @@ def start(a, workload, mode, cpus, state_period_s=None):
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
-    if mode in PAUSED_MODES:
-        env["ALLOCD_EVENT_SOURCE"] = "history"
     if mode == "preload":
         # transparent's enable(), with the interposer loaded at the process's
         # start as `allocd run` loads it rather than dlopen()ed by enable():

@@ -268,6 +268,36 @@ class HistoryReaderTest(unittest.TestCase):
         self.assertEqual(list(reader.read()[0]), [0, 1, 2, _history.STEP])
         self.assertEqual(list(reader.read()[0]), [])
 
+    def test_before_cuda_is_up_it_records_from_cudas_initialisation(self):
+        # Recording the history would start CUDA (transparent enable() runs
+        # before the job touches it): it starts at CUDA's lazy initialisation,
+        # and nothing is read or marked until then.
+        torch = FakeTorch()
+        up, queued = [False], []
+        torch.cuda.is_initialized = staticmethod(lambda: up[0])
+        torch.cuda._lazy_call = staticmethod(queued.append)
+        reader = _history.HistoryReader(torch, 0)
+        reader.start()
+        self.assertEqual(torch.history.calls, [])
+        reader.mark_step()
+        self.assertEqual(reader.read(), (array.array("B"), *(array.array("Q"),) * 3, 0))
+        self.assertEqual(len(queued), 1)
+        up[0] = True
+        queued.pop()()
+        self.assertTrue(torch.history.enabled)
+        torch.history.step([4096])
+        self.assertEqual(list(reader.read()[0]), [0, 1, 2])
+        reader.stop()
+        self.assertFalse(torch.history.enabled)
+        # Stopped before CUDA came up: its queued start is void.
+        late = _history.HistoryReader(torch, 0)
+        up[0] = False
+        late.start()
+        late.stop()
+        up[0] = True
+        queued.pop()()
+        self.assertFalse(torch.history.enabled)
+
     def test_a_pytorch_without_skip_actions_records_everything(self):
         history = FakeHistory(knows_skip_actions=False)
         reader = self.reader(history)

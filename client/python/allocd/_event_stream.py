@@ -103,13 +103,10 @@ def history_first_seconds():
 
 def first_reader(reader, torch, device):
     """The reader a stream starts on, given `reader` (new_reader's): PyTorch's
-    history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto,
-    history_first_seconds() is not 0 and CUDA is up (recording the history
-    initialises it, which a job that forks before it uses CUDA cannot live
-    with; the tracker waits for it); else `reader`."""
-    initialised = getattr(torch.cuda, "is_initialized", lambda: True)
+    history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto and
+    history_first_seconds() is not 0; else `reader`."""
     if isinstance(reader, HistoryReader) or _event_source() != "auto" or \
-            history_first_seconds() <= 0 or not initialised():
+            history_first_seconds() <= 0:
         return reader
     return HistoryReader(torch, device)
 

@@ -53,6 +53,8 @@ class HistoryReader:
         # three events since start(): the training thread appends, read()
         # takes (a deque's append and popleft need no lock).
         self._marks = collections.deque()
+        self._recording = False
+        self._stopped = False  # a start queued for CUDA's initialisation is void
 
     def _record(self, clear):
         kwargs = dict(context=None, stacks="python", max_entries=self._ring,
@@ -71,17 +73,39 @@ class HistoryReader:
         return sum(int(stats.get(name, 0)) for name in _COUNTERS)
 
     def start(self):
+        """Records from now on; before CUDA is up (transparent enable() runs
+        before the job touches CUDA), from its lazy initialisation, as the
+        tracker attaches: recording now would start CUDA, which a job that
+        forks before it uses CUDA cannot live with. Until then nothing is
+        read and no step is marked."""
+        self._stopped = False
+        initialised = getattr(self._torch.cuda, "is_initialized", lambda: True)
+        if initialised():
+            self._start_recording()
+        else:
+            self._torch.cuda._lazy_call(self._start_at_initialisation)
+
+    def _start_recording(self):
         self._record(clear=True)
         self._base = self._counted()
+        self._recording = True
+
+    def _start_at_initialisation(self):
+        if not self._stopped:
+            self._start_recording()
 
     def stop(self):
-        self._torch.cuda.memory._record_memory_history(None)
+        self._stopped = True
+        if self._recording:
+            self._recording = False
+            self._torch.cuda.memory._record_memory_history(None)
 
     def mark_step(self):
         """The job ended a step here (its optimizer stepped): read() puts a step
         mark where PyTorch's counters say the stream was, give or take the
         events lost around it."""
-        self._marks.append(self._counted() - self._base)
+        if self._recording:
+            self._marks.append(self._counted() - self._base)
 
     def read_state(self):
         """The allocator's state (_allocator_state.read_state)."""
@@ -89,6 +113,8 @@ class HistoryReader:
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
+        if not self._recording:
+            return (array.array("B"), *(array.array("Q") for _ in range(3)), 0)
         counted = self._counted() - self._base
         snapshot = self._torch.cuda.memory._snapshot()
         self._record(clear=True)
