@@ -507,19 +507,17 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
                           saved.message()));
   }
   if (learned.has_value()) {
-    PauseStreams(key, learned->config,
-                 std::max(learned->realized_peak.value_or(0), learned->predicted_peak_switched),
+    PauseStreams(key, learned->config, StreamFromReserved(*learned, growth_margin_),
                  absl::StrCat("job \"", d.job, "\" learned \"", learned->config,
                               "\" (decision ", learned->decision_id, ")"));
   }
 }
 
-void DaemonAutotune::PauseStreams(const JobKey& key, const std::string& config, int64_t peak,
+void DaemonAutotune::PauseStreams(const JobKey& key, const std::string& config, uint64_t from,
                                   absl::string_view why) {
   // The sessions whose streams are read (another's is read not at all) have
   // nothing to decide until they grow: a stream costs them PyTorch's record
   // of every allocation meanwhile.
-  const uint64_t from = GrownPast(peak, growth_margin_);
   if (from == 0) return;
   for (SessionId id : autotuner_->RecordedSessions(key.tenant, key.job)) {
     if (core_->DemandStream(id, config, from,
@@ -544,8 +542,8 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   // predicted there. A start's review is read as a push: Learn's.
   if ((d.result == AutotuneResult::kKept || d.result == AutotuneResult::kRecommended) &&
       d.trigger != AutotuneTrigger::kStartReview) {
-    PauseStreams({.tenant = d.tenant, .job = d.job}, d.from_config, d.predicted_peak_current,
-                 absl::StrCat("decision ", d.id, " keeps \"", d.from_config, "\""));
+    PauseStreams({.tenant = d.tenant, .job = d.job}, d.from_config,
+                 GrownPast(d.predicted_peak_current, growth_margin_), absl::StrCat("decision ", d.id, " keeps \"", d.from_config, "\""));
   }
   bool changed;
   {

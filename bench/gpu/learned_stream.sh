@@ -5,7 +5,7 @@
 # that, and then decided on by the daemon; and in transparent mode started
 # when a neighbour reclaims the run's cache (the pre-warms need it).
 #
-#   bench/gpu/learned_stream.sh [BUNDLE] [OUT] [PART...]     (default: grow reclaim)
+#   bench/gpu/learned_stream.sh [BUNDLE] [OUT] [PART...]     (default: grow reclaim handover)
 #
 # grow     learned_stream_job.py natively at its base batch for its peak
 #          reserved; the daemon (autotune recommend, the job's label set to
@@ -14,13 +14,16 @@
 # reclaim  a daemon of 12 GiB with the job's defaults learned at 16 GiB: the
 #          job in transparent mode caches 8 GiB and idles; a neighbour takes
 #          8 GiB, which the daemon reclaims from the job's cache.
+# handover two runs of one label under advise() (nothing learned): the
+#          daemon decides on the first one's stream, so the second's is off
+#          from its start, and starts once the first ends.
 # Results: OUT/learned_stream.log (each phase's JSON line, the daemon's
 # autotune status and history for the job), OUT/daemon.log.
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-learned-stream}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-grow reclaim}
+parts=${*:-grow reclaim handover}
 mkdir -p "$out"
 exec > >(tee -a "$out/learned_stream.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,6 +69,18 @@ if want reclaim; then
   python "$job_py" --transparent --socket "$sock" --job neighbour --hold-gib 8 --hold-s 3 ||
     status=1
   wait "$learned" || status=1
+  stop_daemon
+fi
+
+if want handover; then
+  step "handover: two runs of one label; the second's stream is read once the first ends"
+  start_daemon device --autotune recommend
+  python "$job_py" --socket "$sock" --job pair --steps 200 &
+  first=$!
+  sleep 8  # its session (the tracker's build is cached by then) and its first steps
+  python "$job_py" --socket "$sock" --job pair --steps 600 || status=1
+  wait "$first" || status=1
+  allocctl --json autotune history --job pair
   stop_daemon
 fi
 exit $status

@@ -7,8 +7,8 @@
     python learned_stream_job.py --transparent --hold-gib G [--hold-s 3] ...
 
 Training (the default): an MLP trained at one batch size, then (--grow) at
-four times it. One JSON line after each phase: PyTorch's peak reserved
-bytes, and with allocd the stream's state (allocd.stats()).
+four times it. One JSON line as it starts and after each phase: PyTorch's
+peak reserved bytes, and with allocd the stream's state (allocd.stats()).
 --cache-gib: G GiB allocated and freed (kept in PyTorch's cache), then one
 JSON line once the stream started or --wait-s passed: what a neighbour's
 reclaim of that cache did to a learned run's deferred stream.
@@ -18,8 +18,9 @@ import argparse
 import json
 import time
 
-STREAM_KEYS = ("event_source", "stream_deferred_until_reserved", "stream_started",
-               "events_sent", "states_sent", "steps_marked", "start_config_source", "reclaims")
+STREAM_KEYS = ("event_source", "stream_from_reserved", "stream_deferred_until_reserved",
+               "stream_started", "stream_paused", "stream_switched", "events_sent",
+               "states_sent", "steps_marked", "start_config_source", "reclaims")
 
 
 def train(torch, model, opt, batch, steps):
@@ -80,6 +81,7 @@ def main():
         return
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
     opt = torch.optim.AdamW(model.parameters())
+    print(json.dumps({"phase": "start", **stream(allocd)}), flush=True)
     for name, batch in [("base", 4096)] + ([("grown", 16384)] if a.grow else []):
         train(torch, model, opt, batch, a.steps)
         # The advisor's rounds read the stats once a second: give the

@@ -309,29 +309,28 @@ class Advisor:
         self._tracker = built
         self._history_until = time.monotonic() + history_first_seconds()
 
-    def _switch_to_tracker_when_due(self, now=None):
+    def _switch_to_tracker_when_due(self):
         """Moves a stream read from PyTorch's history first to the tracker once
         it ran history_first_seconds() without the daemon pausing it, the
         allocator's state first, as a stream that starts after the job
         allocated."""
-        now = time.monotonic() if now is None else now
         if self._tracker is None or self._events is None or self._events.deferred or \
-                not isinstance(self._events.reader, HistoryReader) or now < self._history_until:
+                not isinstance(self._events.reader, HistoryReader) or \
+                time.monotonic() < self._history_until:
             return
         self._events.pause()
         tracker, self._tracker = self._tracker, None
         state = []
-        try:
-            tracker = start_reader(tracker, self._torch, self._device,
-                                   lambda: state.append(start_state(self._torch, self._device)))
-        except AllocdUnavailable as error:
-            tracker = start_reader(HistoryReader(self._torch, self._device), self._torch,
-                                   self._device)
-            self.stream_switched = f"kept on PyTorch's history: {error}"
-        else:
-            self.stream_switched = (f"to the tracker after {history_first_seconds():g} s on "
-                                    "PyTorch's history that the daemon did not pause")
-        self._events.begin(tracker, state[-1] if state else None)
+        # Under $ALLOCD_EVENT_SOURCE=auto: PyTorch's refusal of the tracker
+        # is a warning, and the history goes on.
+        reader = start_reader(tracker, self._torch, self._device,
+                              lambda: state.append(start_state(self._torch, self._device)))
+        self.stream_switched = (
+            "kept on PyTorch's history: PyTorch refused the tracker"
+            if isinstance(reader, HistoryReader) else
+            f"to the tracker after {history_first_seconds():g} s on PyTorch's history that "
+            "the daemon did not pause")
+        self._events.begin(reader, state[-1] if state else None)
 
     def _stream_needed(self):
         """Why the stream must run whatever the job's memory (None: nothing
@@ -365,13 +364,14 @@ class Advisor:
             return
         if until == 0:
             return  # on already
+        needed = self._stream_needed()
         if not defers_streams():
             self.stream_paused = "kept on: $ALLOCD_DEFER_STREAM=0"
         elif not isinstance(self._events.reader, HistoryReader):
             self.stream_paused = ("kept on: the tracker cannot be detached from "
                                   "PyTorch's allocator")
-        elif self._stream_needed() is not None:
-            self.stream_paused = f"kept on: {self._stream_needed()}"
+        elif needed is not None:
+            self.stream_paused = f"kept on: {needed}"
         else:
             self._events.pause()
             self.defer_stream(HistoryReader(self._torch, self._device), until)
