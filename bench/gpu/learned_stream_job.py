@@ -7,8 +7,9 @@
     python learned_stream_job.py --transparent --hold-gib G [--hold-s 3] ...
 
 Training (the default): an MLP trained at one batch size, then (--grow) at
-four times it. One JSON line as it starts and after each phase: PyTorch's
-peak reserved bytes, and with allocd the stream's state (allocd.stats()).
+four times it. One JSON line after each phase: PyTorch's peak reserved
+bytes, and with allocd the stream's state (allocd.stats()), which a first
+line gives as the job starts.
 --cache-gib: G GiB allocated and freed (kept in PyTorch's cache), then one
 JSON line once the stream started or --wait-s passed: what a neighbour's
 reclaim of that cache did to a learned run's deferred stream.
@@ -81,7 +82,8 @@ def main():
         return
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
     opt = torch.optim.AdamW(model.parameters())
-    print(json.dumps({"phase": "start", **stream(allocd)}), flush=True)
+    if allocd is not None:
+        print(json.dumps({"phase": "start", **stream(allocd)}), flush=True)
     for name, batch in [("base", 4096)] + ([("grown", 16384)] if a.grow else []):
         train(torch, model, opt, batch, a.steps)
         # The advisor's rounds read the stats once a second: give the
