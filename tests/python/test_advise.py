@@ -638,16 +638,22 @@ class AdviseTest(unittest.TestCase):
         # The weights are in what the job needs.
         self.assertGreaterEqual(int(decisions()[0]["predicted_peak_requested"]), 48 << 20)
 
-    def test_a_harmful_start_config_is_replaced_before_advise_returns(self):
-        # A daemon in apply mode replaces max_split_size_mb:64 at registration
-        # (a fresh node: by the seed prior); the job's next allocation, right
-        # after advise(), is made under that.
+    def start_on_a_harmful_config(self):
+        """The daemon again, in apply mode (a fresh node: the seed prior), and
+        the job's PYTORCH_CUDA_ALLOC_CONF max_split_size_mb:64, which the
+        daemon replaces at registration."""
         self.daemon.kill()
         self.daemon.wait()
         self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune", "apply")
         self.assertIsNotNone(self.daemon)
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:64"
         self.addCleanup(os.environ.pop, "PYTORCH_CUDA_ALLOC_CONF", None)
+
+    def test_a_harmful_start_config_is_replaced_before_advise_returns(self):
+        # A daemon in apply mode replaces max_split_size_mb:64 at registration
+        # (a fresh node: by the seed prior); the job's next allocation, right
+        # after advise(), is made under that.
+        self.start_on_a_harmful_config()
         self.assertTrue(allocd.advise(socket=self.socket, job="harmful", period=5.0))
         self.assertEqual(len(self.torch.settings), 1)
         self.assertIn("expandable_segments:True", self.torch.settings[0])
@@ -673,12 +679,7 @@ class AdviseTest(unittest.TestCase):
         # learns it, and tells the running session it has nothing to decide
         # until it outgrows it. Its history stops (PyTorch records nothing
         # more), and starts again, with the allocator's state, past the peak.
-        self.daemon.kill()
-        self.daemon.wait()
-        self.daemon = sim_daemon.start(self.socket, "--sim-devices", "2", "--autotune", "apply")
-        self.assertIsNotNone(self.daemon)
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:64"
-        self.addCleanup(os.environ.pop, "PYTORCH_CUDA_ALLOC_CONF", None)
+        self.start_on_a_harmful_config()
         self.torch.reserved = 1 << 20
         self.assertTrue(allocd.advise(socket=self.socket, job="reviewed", period=0.05))
         self.assertEqual(allocd.stats()["event_source"], "history")
