@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "allocator/config.h"
 #include "allocator/trace/replay.h"
 #include "allocator/trace/snapshot_reader.h"
+#include "server/autotune/start_config.h"
 #include "gtest/gtest.h"
 
 namespace allocd {
@@ -67,6 +69,15 @@ class FakeActions : public AutotuneActions {
     absl::MutexLock lock(&mu_);
     decisions_.push_back(decision);
   }
+  void DemandStream(SessionId session, uint64_t from_reserved, std::string) override {
+    absl::MutexLock lock(&mu_);
+    demands_.emplace_back(session, from_reserved);
+  }
+  // The StreamDemands asked for: (session, from_reserved).
+  std::vector<std::pair<SessionId, uint64_t>> demands() const {
+    absl::MutexLock lock(&mu_);
+    return demands_;
+  }
 
   std::vector<Push> pushes() const {
     absl::MutexLock lock(&mu_);
@@ -85,6 +96,7 @@ class FakeActions : public AutotuneActions {
   mutable absl::Mutex mu_;
   std::vector<Push> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<AutotuneDecision> decisions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<SessionId, uint64_t>> demands_ ABSL_GUARDED_BY(mu_);
   int runs_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 100;
 };
@@ -834,6 +846,39 @@ TEST(AutotunerTest, TriggersWaitForTheJobsFirstEvents) {
   tuner.WaitIdle();
   EXPECT_EQ(actions.runs(), first + 1);
   EXPECT_EQ(tuner.History("llama", 1)[0].trigger, AutotuneTrigger::kAllocRetry);
+}
+
+// A job is decided on one session's stream: the first. When it ends, the
+// next session's is read: all of it, for a job not yet decided; from the
+// need its last decision settled on plus the growth margin, for one decided.
+TEST(AutotunerTest, TheNextSessionIsToldWhatOfItsStreamIsReadWhenTheRecordedOneEnds) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "", 1);
+  tuner.SessionStarted(2, "llama", "", 1);
+  tuner.SessionStarted(3, "llama", "", 1);
+  EXPECT_TRUE(tuner.ReadsStreamOf(1));
+  EXPECT_FALSE(tuner.ReadsStreamOf(2));
+  EXPECT_TRUE(tuner.ReadsStreamOf(99));  // not the autotuner's session
+  EXPECT_EQ(tuner.RecordedSessions("", "llama"), std::vector<SessionId>{1});
+  tuner.SessionEnded(1);
+  EXPECT_TRUE(tuner.ReadsStreamOf(2));
+  using Demand = std::pair<SessionId, uint64_t>;
+  EXPECT_EQ(actions.demands(), std::vector<Demand>{Demand(2, 0)});
+
+  FeedAll(tuner, 2);
+  tuner.WaitIdle();
+  const std::vector<AutotuneDecision> decided = tuner.History("llama", 1);
+  ASSERT_EQ(decided.size(), 1u);
+  ASSERT_NE(decided[0].result, AutotuneResult::kSkipped);
+  const int64_t need = decided[0].result == AutotuneResult::kPushed
+                           ? decided[0].predicted_peak_switched
+                           : decided[0].predicted_peak_current;
+  ASSERT_GT(need, 0);
+  tuner.SessionEnded(2);
+  const double margin = Options(clock, AutotuneMode::kRecommend).growth_margin;
+  EXPECT_EQ(actions.demands().back(), Demand(3, GrownPast(need, margin)));
 }
 
 TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
