@@ -35,7 +35,7 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 # The stand-in's history is the stream here (test_tracker.py: the tracker).
 os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 import allocd  # noqa: E402
-from allocd import _advisor, _history  # noqa: E402
+from allocd import _advisor, _event_stream, _history  # noqa: E402
 
 
 class FakeHistory:
@@ -57,6 +57,7 @@ class FakeHistory:
                        "active.all.freed": 0}
         self.racing = []
         self.calls = []
+        self.context = None
         self.next_addr = 1 << 20
 
     def event(self, action, addr, size, stream=7):
@@ -67,8 +68,10 @@ class FakeHistory:
             self.counts[counter] += 1
         if not self.enabled or action in self.skipped:
             return
+        # Stack frames with each event unless recorded with context=None.
+        frames = [{"filename": "train.py", "line": 7}] if self.context else []
         self.ring.append({"action": action, "addr": addr, "size": size, "stream": stream,
-                          "frames": []})
+                          "frames": frames})
         if len(self.ring) > self.max_entries:
             del self.ring[0]
 
@@ -94,7 +97,8 @@ class FakeHistory:
             self.event(action, addr, size)
         self.racing = []
         self.enabled = enabled is not None
-        self.max_entries = max_entries
+        self.context = context
+        self.max_entries = sys.maxsize if max_entries is None else max_entries
         self.skipped = list(skip_actions or [])
         if clear_history or enabled is None:
             self.ring = []
@@ -267,6 +271,36 @@ class HistoryReaderTest(unittest.TestCase):
         reader.mark_step()
         self.assertEqual(list(reader.read()[0]), [0, 1, 2, _history.STEP])
         self.assertEqual(list(reader.read()[0]), [])
+
+    def test_a_history_the_job_arms_itself_is_left_to_it(self):
+        # The job calls _record_memory_history (PyTorch's defaults: stack
+        # frames with each event) to dump a memory snapshot: the reader stops
+        # reading and re-arming it, and stopping leaves it recording.
+        torch = FakeTorch()
+        reader = _history.HistoryReader(torch, 0)
+        reader.start()
+        torch.history.step([4096])
+        self.assertEqual(len(reader.read()[0]), 3)
+        torch.cuda.memory._record_memory_history()
+        torch.history.step([8192])
+        calls = len(torch.history.calls)
+        self.assertEqual(len(reader.read()[0]), 3)  # its events, as it armed it
+        self.assertTrue(reader.job_records)
+        self.assertEqual(len(torch.history.calls), calls)  # not re-armed
+        torch.history.step([8192])
+        self.assertEqual(len(reader.read()[0]), 0)
+        reader.stop()
+        self.assertTrue(torch.history.enabled)
+        self.assertEqual(len(torch.history.ring), 6)
+        # A job recording its own history is read by the tracker, not the history.
+        os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
+        try:
+            tracker = object()
+            self.assertIs(_event_stream.first_reader(tracker, torch, 0), tracker)
+            self.assertIsInstance(_event_stream.first_reader(tracker, FakeTorch(), 0),
+                                  _history.HistoryReader)
+        finally:
+            os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 
     def test_before_cuda_is_up_it_records_from_cudas_initialisation(self):
         # Recording the history would start CUDA (transparent enable() runs
@@ -828,6 +862,24 @@ class AdviseTest(unittest.TestCase):
         self.assertFalse(self.torch.history.enabled)
         self.assertEqual(stats["events_sent"], 27)
         self.assertEqual(stats["states_sent"], states + 1)
+
+    def test_a_job_that_arms_the_history_itself_moves_its_stream_to_the_tracker(self):
+        self.assertTrue(allocd.advise(socket=self.socket, job="own-history", period=0.05))
+        advisor = allocd._state.advisor
+        tracker = types.SimpleNamespace(
+            started=False, read=lambda: (array.array("B"), *(array.array("Q"),) * 3, 0),
+            read_state=lambda: None, mark_step=lambda: None, stop=lambda: None)
+        tracker.start = lambda: setattr(tracker, "started", True)
+        with advisor._lock:
+            advisor.started_on(advisor._events.reader, tracker)
+            self.torch.cuda.memory._record_memory_history()  # the job's own, for a snapshot
+            self.torch.history.step([1 << 20])
+        self.assertTrue(wait_for(lambda: allocd.stats()["stream_switched"] is not None))
+        self.assertIn("the job records PyTorch's history itself",
+                      allocd.stats()["stream_switched"])
+        self.assertTrue(tracker.started)
+        self.assertTrue(self.torch.history.enabled)  # still the job's
+        self.assertEqual(self.torch.history.calls[-1]["context"], "all")
 
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this

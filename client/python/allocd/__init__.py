@@ -251,12 +251,14 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
         steps as they end, and its push reaches the job within a few steps).
     required: raise AllocdUnavailable instead of warning when no daemon answers.
     record_events: send the allocator's alloc/free stream to the daemon's
-        autotuner (off: stats only). It is read by a C++ tracker inside
-        PyTorch's allocator, compiled against this PyTorch once per node
-        (allocd/_tracker.py); where that cannot be built, from PyTorch's
-        allocator history, which costs the GIL a moment per event and
-        clears a history the job records itself ($ALLOCD_EVENT_SOURCE:
-        auto, tracker, history).
+        autotuner (off: stats only). It is read from PyTorch's allocator
+        history first, which stops once the daemon has decided (a history
+        the job records itself is left to it), then by a C++ tracker
+        inside PyTorch's allocator, compiled against this PyTorch once per
+        node (allocd/_tracker.py); where that cannot be built, from the
+        history throughout, which costs the GIL a moment per event
+        ($ALLOCD_EVENT_SOURCE: auto, tracker, history;
+        $ALLOCD_HISTORY_FIRST_S).
     pinned_keys: PYTORCH_CUDA_ALLOC_CONF keys the autotuner must never change,
         e.g. ("expandable_segments",).
     autotune_mode: "off", "recommend" or "apply" for this job, unless an admin

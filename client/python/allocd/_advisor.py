@@ -311,12 +311,20 @@ class Advisor:
 
     def _switch_to_tracker_when_due(self):
         """Moves a stream read from PyTorch's history first to the tracker once
-        it ran history_first_seconds() without the daemon pausing it, the
-        allocator's state first, as a stream that starts after the job
-        allocated."""
-        if self._tracker is None or self._events is None or self._events.deferred or \
-                not isinstance(self._events.reader, HistoryReader) or \
-                time.monotonic() < self._history_until:
+        it ran history_first_seconds() without the daemon pausing it, or the
+        job armed the history itself (HistoryReader.job_records: the history
+        is the job's), the allocator's state first, as a stream that starts
+        after the job allocated. Without the tracker, a stream whose history
+        the job took ends there."""
+        if self._events is None or self._events.deferred or \
+                not isinstance(self._events.reader, HistoryReader):
+            return
+        job_records = self._events.reader.job_records
+        if job_records and self._tracker is None:
+            self._events.pause()
+            self.stream_switched = "off: the job records PyTorch's history itself"
+            return
+        if self._tracker is None or (not job_records and time.monotonic() < self._history_until):
             return
         self._events.pause()
         tracker, self._tracker = self._tracker, None
@@ -328,6 +336,7 @@ class Advisor:
         self.stream_switched = (
             "kept on PyTorch's history: PyTorch refused the tracker"
             if isinstance(reader, HistoryReader) else
+            "to the tracker: the job records PyTorch's history itself" if job_records else
             f"to the tracker after {history_first_seconds():g} s on PyTorch's history that "
             "the daemon did not pause")
         self._events.begin(reader, state[-1] if state else None)
@@ -374,7 +383,9 @@ class Advisor:
             self.stream_paused = f"kept on: {needed}"
         else:
             self._events.pause()
-            self.defer_stream(HistoryReader(self._torch, self._device), until)
+            # Started again as it started first (first_reader): from the
+            # history, unless the job records it by then.
+            self.defer_stream(self._tracker or HistoryReader(self._torch, self._device), until)
             self.stream_paused = reason
 
     def _start_stream_when_due(self):

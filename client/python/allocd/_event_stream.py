@@ -103,12 +103,28 @@ def history_first_seconds():
 
 def first_reader(reader, torch, device):
     """The reader a stream starts on, given `reader` (new_reader's): PyTorch's
-    history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto and
-    history_first_seconds() is not 0; else `reader`."""
+    history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto,
+    history_first_seconds() is not 0 and the job does not record the
+    history itself; else `reader`."""
     if isinstance(reader, HistoryReader) or _event_source() != "auto" or \
-            history_first_seconds() <= 0:
+            history_first_seconds() <= 0 or records_own_history(torch, device):
         return reader
     return HistoryReader(torch, device)
+
+
+def records_own_history(torch, device):
+    """Whether the job records PyTorch's allocator history itself (the ring
+    holds events; a memory snapshot the job will dump): allocd then leaves
+    the history alone. Nothing is recorded before CUDA is up (arming the
+    history starts it)."""
+    initialised = getattr(torch.cuda, "is_initialized", lambda: True)
+    if not initialised():
+        return False
+    try:
+        traces = torch.cuda.memory._snapshot().get("device_traces", [])
+    except Exception:  # noqa: BLE001 (a PyTorch whose snapshot differs: no history to keep)
+        return False
+    return device < len(traces) and bool(traces[device])
 
 
 def may_reach(sizes, at_least):

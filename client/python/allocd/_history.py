@@ -55,6 +55,11 @@ class HistoryReader:
         self._marks = collections.deque()
         self._recording = False
         self._stopped = False  # a start queued for CUDA's initialisation is void
+        # The job armed PyTorch's history itself since the last round (its
+        # events carry stack frames, which this reader never asks for): the
+        # history is the job's from then on, left as the job set it, and
+        # this reader reads nothing more.
+        self.job_records = False
 
     def _record(self, clear):
         kwargs = dict(context=None, stacks="python", max_entries=self._ring,
@@ -98,7 +103,8 @@ class HistoryReader:
         self._stopped = True
         if self._recording:
             self._recording = False
-            self._torch.cuda.memory._record_memory_history(None)
+            if not self.job_records:
+                self._torch.cuda.memory._record_memory_history(None)
 
     def mark_step(self):
         """The job ended a step here (its optimizer stepped): read() puts a step
@@ -117,9 +123,13 @@ class HistoryReader:
             return (array.array("B"), *(array.array("Q") for _ in range(3)), 0)
         counted = self._counted() - self._base
         snapshot = self._torch.cuda.memory._snapshot()
-        self._record(clear=True)
         traces = snapshot.get("device_traces", [])
         entries = traces[self._device] if self._device < len(traces) else []
+        if entries and entries[-1].get("frames"):
+            self.job_records = True
+            self._recording = False
+        else:
+            self._record(clear=True)
         # Column by column with comprehensions: this runs with the GIL held
         # while the job waits, at ~13,000 events a step on a large model
         # (about 40% less than a loop appending to four arrays).
