@@ -14,6 +14,10 @@
 # reclaim  a daemon of 12 GiB with the job's defaults learned at 16 GiB: the
 #          job in transparent mode caches 8 GiB and idles; a neighbour takes
 #          8 GiB, which the daemon reclaims from the job's cache.
+# own-history  a job that records PyTorch's history itself (for a snapshot)
+#          from before advise(): its stream is the tracker's from the start;
+#          from mid-run: allocd leaves the history to it and moves to the
+#          tracker.
 # handover two runs of one label under advise() (nothing learned): the
 #          daemon decides on the first one's stream, so the second's is off
 #          from its start, and starts once the first ends.
@@ -23,7 +27,7 @@ set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-/tmp/allocd-learned-stream}
 shift $(( $# < 2 ? $# : 2 ))
-parts=${*:-grow reclaim handover}
+parts=${*:-grow reclaim own-history handover}
 mkdir -p "$out"
 exec > >(tee -a "$out/learned_stream.log") 2>&1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -69,6 +73,15 @@ if want reclaim; then
   python "$job_py" --transparent --socket "$sock" --job neighbour --hold-gib 8 --hold-s 3 ||
     status=1
   wait "$learned" || status=1
+  stop_daemon
+fi
+
+if want own-history; then
+  step "own-history: a job that records PyTorch's history itself"
+  # Nothing decided: the stream stays on the history until the job arms it.
+  start_daemon device --autotune off
+  python "$job_py" --socket "$sock" --job own-before --own-history before || status=1
+  python "$job_py" --socket "$sock" --job own-after --own-history after || status=1
   stop_daemon
 fi
 

@@ -5,6 +5,7 @@
         [--steps 60] [--grow]
     python learned_stream_job.py --transparent --cache-gib G [--wait-s 30] ...
     python learned_stream_job.py --transparent --hold-gib G [--hold-s 3] ...
+    python learned_stream_job.py --own-history before|after ...
 
 Training (the default): an MLP trained at one batch size, then (--grow) at
 four times it. One JSON line after each phase: PyTorch's peak reserved
@@ -14,6 +15,10 @@ line gives as the job starts.
 JSON line once the stream started or --wait-s passed: what a neighbour's
 reclaim of that cache did to a learned run's deferred stream.
 --hold-gib: the neighbour, G GiB held for --hold-s seconds.
+--own-history: the job records PyTorch's allocator history itself
+(_record_memory_history with PyTorch's defaults, as for a memory snapshot),
+from before advise() or after the first phase; each phase's line then says
+how many events the job's history holds and how many carry stack frames.
 """
 import argparse
 import json
@@ -41,6 +46,13 @@ def stream(allocd):
     return {k: stats.get(k) for k in STREAM_KEYS}
 
 
+def own_history(torch):
+    """What the job's own history holds: its events, and those with frames."""
+    traces = torch.cuda.memory._snapshot().get("device_traces", [[]])[0]
+    return {"own_history_events": len(traces),
+            "own_history_with_frames": sum(1 for e in traces if e.get("frames"))}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,12 +66,15 @@ def main():
     p.add_argument("--wait-s", type=float, default=30)
     p.add_argument("--hold-gib", type=float, default=0)
     p.add_argument("--hold-s", type=float, default=3)
+    p.add_argument("--own-history", choices=["before", "after"])
     a = p.parse_args()
     allocd = None
     if a.transparent:
         import allocd
         allocd.enable(socket=a.socket, job=a.job, required=True, mode="transparent")
     import torch
+    if a.own_history == "before":
+        torch.cuda.memory._record_memory_history()
     if not a.native and not a.transparent:
         import allocd
         allocd.advise(socket=a.socket, job=a.job, required=True)
@@ -84,13 +99,18 @@ def main():
     opt = torch.optim.AdamW(model.parameters())
     if allocd is not None:
         print(json.dumps({"phase": "start", **stream(allocd)}), flush=True)
-    for name, batch in [("base", 4096)] + ([("grown", 16384)] if a.grow else []):
+    phases = [("base", 4096)] + ([("grown", 16384)] if a.grow else []) + \
+        ([("recorded", 4096)] if a.own_history == "after" else [])
+    for name, batch in phases:
+        if name == "recorded":
+            torch.cuda.memory._record_memory_history()
         train(torch, model, opt, batch, a.steps)
         # The advisor's rounds read the stats once a second: give the
         # round after the phase's peak its time.
         time.sleep(2.5)
         print(json.dumps({"phase": name, "batch": batch,
-                          "peak_reserved": torch.cuda.max_memory_reserved(), **stream(allocd)}),
+                          "peak_reserved": torch.cuda.max_memory_reserved(), **stream(allocd),
+                          **(own_history(torch) if a.own_history else {})}),
               flush=True)
 
 

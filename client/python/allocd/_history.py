@@ -20,6 +20,16 @@ _COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.fre
 _SKIP = ["segment_alloc", "segment_free", "snapshot"]
 
 
+def _armed_by_job(entries):
+    """Whether the newest allocation in `entries` carries stack frames: the
+    job armed the history itself (PyTorch's defaults record them; this
+    reader never does). From the end: the first alloc met decides."""
+    for entry in reversed(entries):
+        if entry["action"] == "alloc":
+            return bool(entry.get("frames"))
+    return False
+
+
 class HistoryReader:
     """The allocator's alloc/free stream, read incrementally from PyTorch's history.
 
@@ -125,7 +135,7 @@ class HistoryReader:
         snapshot = self._torch.cuda.memory._snapshot()
         traces = snapshot.get("device_traces", [])
         entries = traces[self._device] if self._device < len(traces) else []
-        if entries and entries[-1].get("frames"):
+        if _armed_by_job(entries):
             self.job_records = True
             self._recording = False
         else:
