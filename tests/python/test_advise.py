@@ -173,6 +173,10 @@ class FakeTorch(types.ModuleType):
             def _cuda_attach_out_of_memory_observer(observer):
                 fake.oom_observers.append(observer)
 
+            @staticmethod
+            def _cuda_isHistoryEnabled():
+                return fake.history.enabled
+
         # What torch.cuda.memory_snapshot() reports: set by a test.
         self.segments = []
         Cuda.memory_snapshot = staticmethod(lambda: fake.segments)
@@ -292,13 +296,20 @@ class HistoryReaderTest(unittest.TestCase):
         reader.stop()
         self.assertTrue(torch.history.enabled)
         self.assertEqual(len(torch.history.ring), 6)
-        # A job recording its own history is read by the tracker, not the history.
+        # A job recording its own history, even before its first allocation,
+        # is read by the tracker, not the history.
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         try:
             tracker = object()
             self.assertIs(_event_stream.first_reader(tracker, torch, 0), tracker)
-            self.assertIsInstance(_event_stream.first_reader(tracker, FakeTorch(), 0),
+            fresh = FakeTorch()
+            self.assertIsInstance(_event_stream.first_reader(tracker, fresh, 0),
                                   _history.HistoryReader)
+            self.assertIs(_event_stream.first_reader(tracker, fresh, 0, job_records=True),
+                          tracker)
+            fresh.cuda.memory._record_memory_history()
+            self.assertEqual(fresh.history.ring, [])
+            self.assertIs(_event_stream.first_reader(tracker, fresh, 0), tracker)
         finally:
             os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 
@@ -880,6 +891,17 @@ class AdviseTest(unittest.TestCase):
         self.assertTrue(tracker.started)
         self.assertTrue(self.torch.history.enabled)  # still the job's
         self.assertEqual(self.torch.history.calls[-1]["context"], "all")
+        # Its history holds what it recorded since, never cleared by allocd.
+        self.torch.history.step([4096])
+        rounds = allocd.stats()["advisor_rounds"]
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 3))
+        self.assertEqual([e["action"] for e in self.torch.history.ring][-3:],
+                         ["alloc", "free_requested", "free_completed"])
+        self.assertEqual(len(self.torch.history.ring), 6)
+        # allocd's own calls go past the watch, and shutdown takes it away.
+        allocd.shutdown()
+        self.assertFalse(hasattr(self.torch.cuda.memory._record_memory_history,
+                                 "allocd_unwatched"))
 
     def start_learned_run(self, realized_peak=40 << 20, config="expandable_segments:True"):
         """A daemon in apply mode that learned `config` for job "learned" (this

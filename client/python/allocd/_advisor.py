@@ -17,6 +17,7 @@ transparent mode on the interposer's session.
 """
 
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -273,6 +274,10 @@ class Advisor:
         self._tracker = None
         self._history_until = None
         self.stream_switched = None
+        # The job armed PyTorch's history itself (_watch_job_history): the
+        # history is the job's, and the stream is the tracker's from then on.
+        self._job_history = False
+        self._unwatch_history = None
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
                                                 name="allocd-control", daemon=True)
@@ -280,6 +285,7 @@ class Advisor:
     def start(self):
         self._attach_oom_observer()
         self._attach_step_hook()
+        self._watch_job_history()
         self._feature_hooks = FeatureHooks(
             self._torch, lambda bits: self._lib.allocd_report_features(self._client, bits),
             self._lock).attach()
@@ -403,8 +409,8 @@ class Advisor:
         self._stream_wanted = None
         state = []
         try:
-            reader = start_reader(first_reader(built, self._torch, self._device), self._torch,
-                                  self._device,
+            reader = start_reader(first_reader(built, self._torch, self._device,
+                                               self._job_history), self._torch, self._device,
                                   lambda: state.append(start_state(self._torch, self._device)))
         except AllocdUnavailable as error:
             self.stream_started = f"not started: {error}"
@@ -421,6 +427,9 @@ class Advisor:
             self._step_hook = None
         if self._feature_hooks is not None:
             self._feature_hooks.remove()
+        if self._unwatch_history is not None:
+            self._unwatch_history()
+            self._unwatch_history = None
         for thread in (self._thread, self._control_thread):
             if thread.is_alive():
                 thread.join()
@@ -656,6 +665,29 @@ class Advisor:
                 self.seconds_by_part["step_hook"] += time.perf_counter() - start
 
         self._step_hook = register(hook)
+
+    def _watch_job_history(self):
+        """Wraps PyTorch's _record_memory_history so that the job's own calls
+        (a memory snapshot it will dump) take the history from the stream:
+        a reader of it stops re-arming it before the job's call is made, and
+        the stream moves to the tracker (_switch_to_tracker_when_due);
+        allocd's own calls go past the wrapper (_history.arm)."""
+        memory = getattr(self._torch.cuda, "memory", None)
+        record = getattr(memory, "_record_memory_history", None)
+        if record is None or hasattr(record, "allocd_unwatched"):
+            return
+
+        def watched(*args, **kwargs):
+            self._job_history = True
+            reader = self._events.reader if self._events is not None else None
+            if isinstance(reader, HistoryReader):
+                return reader.hand_to_job(lambda: record(*args, **kwargs))
+            return record(*args, **kwargs)
+
+        functools.update_wrapper(watched, record)
+        watched.allocd_unwatched = record
+        memory._record_memory_history = watched
+        self._unwatch_history = lambda: setattr(memory, "_record_memory_history", record)
 
     def _attach_oom_observer(self):
         attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)

@@ -101,25 +101,28 @@ def history_first_seconds():
     return max(0.0, seconds)
 
 
-def first_reader(reader, torch, device):
+def first_reader(reader, torch, device, job_records=False):
     """The reader a stream starts on, given `reader` (new_reader's): PyTorch's
     history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto,
     history_first_seconds() is not 0 and the job does not record the
-    history itself; else `reader`."""
+    history itself (`job_records`: it was seen arming it); else `reader`."""
     if isinstance(reader, HistoryReader) or _event_source() != "auto" or \
-            history_first_seconds() <= 0 or records_own_history(torch, device):
+            history_first_seconds() <= 0 or job_records or records_own_history(torch, device):
         return reader
     return HistoryReader(torch, device)
 
 
 def records_own_history(torch, device):
-    """Whether the job records PyTorch's allocator history itself (the ring
-    holds events; a memory snapshot the job will dump): allocd then leaves
-    the history alone. Nothing is recorded before CUDA is up (arming the
-    history starts it)."""
+    """Whether the job records PyTorch's allocator history itself (for a
+    memory snapshot it will dump; asked where allocd's reader does not
+    record it): allocd then leaves the history alone. Nothing is recorded
+    before CUDA is up (arming the history starts it)."""
     initialised = getattr(torch.cuda, "is_initialized", lambda: True)
     if not initialised():
         return False
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if enabled is not None:
+        return bool(enabled())
     try:
         traces = torch.cuda.memory._snapshot().get("device_traces", [])
     except Exception:  # noqa: BLE001 (a PyTorch whose snapshot differs: no history to keep)

@@ -3,6 +3,7 @@ allocd falls back to where the C++ tracker (_tracker.py) cannot be had."""
 
 import array
 import collections
+import threading
 
 from . import _allocator_state
 
@@ -18,6 +19,13 @@ _COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.fre
 # Actions the reader does not need, left out of PyTorch's ring when its
 # _record_memory_history knows skip_actions.
 _SKIP = ["segment_alloc", "segment_free", "snapshot"]
+
+
+def arm(torch, *args, **kwargs):
+    """PyTorch's _record_memory_history, called past the advisor's watch of
+    the job's own calls (watch_job_history)."""
+    record = torch.cuda.memory._record_memory_history
+    return getattr(record, "allocd_unwatched", record)(*args, **kwargs)
 
 
 def _armed_by_job(entries):
@@ -65,23 +73,23 @@ class HistoryReader:
         self._marks = collections.deque()
         self._recording = False
         self._stopped = False  # a start queued for CUDA's initialisation is void
-        # The job armed PyTorch's history itself since the last round (its
-        # events carry stack frames, which this reader never asks for): the
-        # history is the job's from then on, left as the job set it, and
-        # this reader reads nothing more.
+        # The job armed PyTorch's history itself (hand_to_job, or its events
+        # carry stack frames, which this reader never asks for): the history
+        # is the job's from then on, left as the job set it, and this reader
+        # reads nothing more. Re-arming and the job's call take turns.
         self.job_records = False
+        self._arm_lock = threading.Lock()
 
     def _record(self, clear):
         kwargs = dict(context=None, stacks="python", max_entries=self._ring,
                       clear_history=clear)
         if self._skip:
             try:
-                self._torch.cuda.memory._record_memory_history("all", skip_actions=_SKIP,
-                                                               **kwargs)
+                arm(self._torch, "all", skip_actions=_SKIP, **kwargs)
                 return
             except (TypeError, ValueError, RuntimeError):
                 self._skip = False  # a PyTorch without skip_actions
-        self._torch.cuda.memory._record_memory_history("all", **kwargs)
+        arm(self._torch, "all", **kwargs)
 
     def _counted(self):
         stats = self._torch.cuda.memory_stats(self._device)
@@ -114,7 +122,15 @@ class HistoryReader:
         if self._recording:
             self._recording = False
             if not self.job_records:
-                self._torch.cuda.memory._record_memory_history(None)
+                arm(self._torch, None)
+
+    def hand_to_job(self, call):
+        """The job arms (or disarms) the history itself: `call`, its call of
+        _record_memory_history, made once this reader will not re-arm it,
+        so that the job's settings are the last; returns what it returns."""
+        with self._arm_lock:
+            self.job_records = True
+            return call()
 
     def mark_step(self):
         """The job ended a step here (its optimizer stepped): read() puts a step
@@ -135,11 +151,12 @@ class HistoryReader:
         snapshot = self._torch.cuda.memory._snapshot()
         traces = snapshot.get("device_traces", [])
         entries = traces[self._device] if self._device < len(traces) else []
-        if _armed_by_job(entries):
-            self.job_records = True
-            self._recording = False
-        else:
-            self._record(clear=True)
+        with self._arm_lock:
+            if self.job_records or _armed_by_job(entries):
+                self.job_records = True
+                self._recording = False
+            else:
+                self._record(clear=True)
         # Column by column with comprehensions: this runs with the GIL held
         # while the job waits, at ~13,000 events a step on a large model
         # (about 40% less than a loop appending to four arrays).
