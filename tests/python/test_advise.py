@@ -859,12 +859,12 @@ class AdviseTest(unittest.TestCase):
 
         tracker = Tracker()
         with advisor._lock:
-            advisor.started_on(advisor._events.reader, tracker)
+            advisor.stream.started_on(advisor._events.reader, tracker)
             for _ in range(3):
                 self.torch.history.step([1 << 20, 2 << 20, 512])
         self.assertIsNone(allocd.stats()["stream_switched"])
         states = allocd.stats()["states_sent"]
-        advisor._history_until = 0
+        advisor.stream._history_until = 0
         self.assertTrue(wait_for(lambda: allocd.stats()["stream_switched"] is not None))
         stats = allocd.stats()
         self.assertIn("to the tracker after 120 s on PyTorch's history", stats["stream_switched"])
@@ -882,7 +882,7 @@ class AdviseTest(unittest.TestCase):
             read_state=lambda: None, mark_step=lambda: None, stop=lambda: None)
         tracker.start = lambda: setattr(tracker, "started", True)
         with advisor._lock:
-            advisor.started_on(advisor._events.reader, tracker)
+            advisor.stream.started_on(advisor._events.reader, tracker)
             self.torch.cuda.memory._record_memory_history()  # the job's own, for a snapshot
             self.torch.history.step([1 << 20])
         self.assertTrue(wait_for(lambda: allocd.stats()["stream_switched"] is not None))

@@ -371,7 +371,7 @@ class StartTest(unittest.TestCase):
 
 
 class DeferredStreamTest(unittest.TestCase):
-    """A learned run's stream, left off (Advisor.defer_stream), and what
+    """A learned run's stream, left off (StreamControl.defer), and what
     starts it where a pre-warmer needs it."""
 
     def setUp(self):
@@ -383,7 +383,7 @@ class DeferredStreamTest(unittest.TestCase):
         events = EventStream(FakeLib(), None)
         advisor = _advisor.Advisor(FakeLib(), None, FakeTorch(), 0, 1.0, "", events, prewarmer)
         reader = FakeReader([])
-        advisor.defer_stream(reader, 1 << 40)
+        advisor.stream.defer(reader, 1 << 40)
         return advisor, events, reader
 
     def prewarmer(self):
@@ -392,26 +392,22 @@ class DeferredStreamTest(unittest.TestCase):
 
     def test_a_neighbours_reclaim_starts_it_where_pre_warms_need_it(self):
         advisor, events, reader = self.advisor(self.prewarmer())
-        advisor.session = {"reclaims": 0}
-        advisor._start_stream_when_due()
+        advisor.stream.round({"reclaims": 0}, {})
         self.assertTrue(events.deferred)
         self.assertFalse(reader.started)
-        advisor.session = {"reclaims": 1}
-        advisor._start_stream_when_due()
+        advisor.stream.round({"reclaims": 1}, {})
         self.assertIs(events.reader, reader)
         self.assertTrue(reader.started)
-        self.assertIn("a neighbour reclaimed its cache", advisor.stream_started)
+        self.assertIn("a neighbour reclaimed its cache", advisor.stream.started)
 
     def test_without_pre_warms_a_reclaim_leaves_it_off(self):
         advisor, events, reader = self.advisor("off (transparent mode only)")
-        advisor.session = {"reclaims": 5}
-        advisor._start_stream_when_due()
+        advisor.stream.round({"reclaims": 5}, {})
         self.assertTrue(events.deferred)
-        self.assertIsNone(advisor.stream_started)
-        advisor.last_stats = {"reserved_bytes.all.peak": (1 << 40) + 1}
-        advisor._start_stream_when_due()
+        self.assertIsNone(advisor.stream.started)
+        advisor.stream.round({"reclaims": 5}, {"reserved_bytes.all.peak": (1 << 40) + 1})
         self.assertIs(events.reader, reader)
-        self.assertIn("passed the 1099511627776", advisor.stream_started)
+        self.assertIn("passed the 1099511627776", advisor.stream.started)
 
 
 class FakeReader:

@@ -17,7 +17,6 @@ transparent mode on the interposer's session.
 """
 
 import ctypes
-import functools
 import importlib
 import json
 import os
@@ -26,13 +25,12 @@ import time
 import weakref
 
 from ._bindings import AllocdUnavailable, Target, load_client, typed_functions
-from ._event_stream import (EventStream, first_reader, history_first_seconds, new_reader,
-                            start_reader, start_state)
+from ._event_stream import EventStream, first_reader, new_reader, start_reader, start_state
 from ._features import FeatureHooks
-from ._history import HistoryReader
 from ._holds import AllocatorHolds
 from ._prewarm import Prewarmer, enabled as prewarm_enabled
 from ._spares import start_spare_keeper
+from ._stream_control import StreamControl, defers_streams
 
 
 def gpu_uuid(torch, device):
@@ -94,14 +92,6 @@ def stream_deferred_until(session):
     return int(session.get("stream_from_reserved", 0))
 
 
-def defers_streams():
-    """Whether the allocation stream may be off while the autotuner has
-    nothing to decide ($ALLOCD_DEFER_STREAM, default 1): deferred at the
-    start of a learned run or of a session whose stream its job does not
-    read, paused once the daemon settles the config a run runs."""
-    return os.environ.get("ALLOCD_DEFER_STREAM", "1") != "0"
-
-
 def start_advisor(lib, client, torch, device, period, config, record_events,
                   transparent=False):
     """The advisor thread, started on a connected session (`transparent`: the
@@ -138,9 +128,9 @@ def start_advisor(lib, client, torch, device, period, config, record_events,
                       else "off (transparent mode only)", holds,
                       start_spare_keeper(lib, device) if transparent else None)
     if defer_until:
-        advisor.defer_stream(built, defer_until)
+        advisor.stream.defer(built, defer_until)
     elif events is not None:
-        advisor.started_on(reader, built)
+        advisor.stream.started_on(reader, built)
         if state and state[-1] is not None:
             events.send_state(state[-1])
     advisor.take_start_config()
@@ -258,26 +248,8 @@ class Advisor:
         self._step_hook = None
         self._feature_hooks = None
         self._target = self._allocator_target()
-        # A deferred allocation stream (defer_stream): the reader it starts
-        # on, the reserved bytes past which it starts, and why it started.
-        self._deferred_reader = None
-        self._stream_from_reserved = 0
-        self._stream_wanted = None  # a reason to start it at the next round
-        self.stream_started = None
-        # The daemon's StreamDemands this advisor has followed, and why the
-        # stream last stopped, or was kept on when asked to (stats()).
-        self._stream_demands_seen = 0
-        self.stream_paused = None
-        # The tracker, built and not started, while the stream is read from
-        # PyTorch's history first (history_first_seconds); when the history
-        # gives way to it, and why it did.
-        self._tracker = None
-        self._history_until = None
-        self.stream_switched = None
-        # The job armed PyTorch's history itself (_watch_job_history): the
-        # history is the job's, and the stream is the tracker's from then on.
-        self._job_history = False
-        self._unwatch_history = None
+        # When the stream runs, and which reader reads it.
+        self.stream = StreamControl(torch, device, events, prewarms=self._prewarmer is not None)
         self._thread = threading.Thread(target=self._run, name="allocd-advisor", daemon=True)
         self._control_thread = threading.Thread(target=self._watch_control,
                                                 name="allocd-control", daemon=True)
@@ -285,139 +257,12 @@ class Advisor:
     def start(self):
         self._attach_oom_observer()
         self._attach_step_hook()
-        self._watch_job_history()
+        self.stream.watch_job_history()
         self._feature_hooks = FeatureHooks(
             self._torch, lambda bits: self._lib.allocd_report_features(self._client, bits),
             self._lock).attach()
         self._thread.start()
         self._control_thread.start()
-
-    def defer_stream(self, reader, until_reserved):
-        """Leaves the allocation stream off (`reader`: new_reader's, not
-        started) until the allocator's peak reserved memory passes
-        `until_reserved` bytes, the job runs out of memory, or (with
-        pre-warms) a neighbour first reclaims the job's cache: a pre-warm
-        is made only for a peak that reclaims took, and the stream tells
-        it whether the peak it pre-warmed came. Then a round starts it,
-        with the allocator's state, as a stream that starts after the job
-        allocated."""
-        self._deferred_reader = reader
-        self._stream_from_reserved = until_reserved
-
-    def started_on(self, reader, built):
-        """The stream started on `reader` (started) where new_reader built
-        `built`: read from PyTorch's history first, with the tracker kept
-        for when it has run history_first_seconds() without the daemon
-        pausing it."""
-        if reader is built or not isinstance(reader, HistoryReader) or \
-                isinstance(built, HistoryReader):
-            return
-        self._tracker = built
-        self._history_until = time.monotonic() + history_first_seconds()
-
-    def _switch_to_tracker_when_due(self):
-        """Moves a stream read from PyTorch's history first to the tracker once
-        it ran history_first_seconds() without the daemon pausing it, or the
-        job armed the history itself (HistoryReader.job_records: the history
-        is the job's), the allocator's state first, as a stream that starts
-        after the job allocated. Without the tracker, a stream whose history
-        the job took ends there."""
-        if self._events is None or self._events.deferred or \
-                not isinstance(self._events.reader, HistoryReader):
-            return
-        job_records = self._events.reader.job_records
-        if job_records and self._tracker is None:
-            self._events.pause()
-            self.stream_switched = "off: the job records PyTorch's history itself"
-            return
-        if self._tracker is None or (not job_records and time.monotonic() < self._history_until):
-            return
-        self._events.pause()
-        tracker, self._tracker = self._tracker, None
-        state = []
-        # Under $ALLOCD_EVENT_SOURCE=auto: PyTorch's refusal of the tracker
-        # is a warning, and the history goes on.
-        reader = start_reader(tracker, self._torch, self._device,
-                              lambda: state.append(start_state(self._torch, self._device)))
-        self.stream_switched = (
-            "kept on PyTorch's history: PyTorch refused the tracker"
-            if isinstance(reader, HistoryReader) else
-            "to the tracker: the job records PyTorch's history itself" if job_records else
-            f"to the tracker after {history_first_seconds():g} s on PyTorch's history that "
-            "the daemon did not pause")
-        self._events.begin(reader, state[-1] if state else None)
-
-    def _stream_needed(self):
-        """Why the stream must run whatever the job's memory (None: nothing
-        says it must): an OOM, or a neighbour's reclaim of the cache of a
-        job with pre-warms."""
-        if self._stream_wanted is not None:
-            return self._stream_wanted
-        if self._prewarmer is not None and self.session.get("reclaims", 0) > 0:
-            return ("a neighbour reclaimed its cache: the pre-warms of a recurring peak "
-                    "need the stream")
-        return None
-
-    def _follow_stream_demand(self):
-        """Follows what the daemon says it reads of the allocation stream (its
-        StreamDemands, newest first): all of it now, or nothing until the
-        job's reserved memory passes a size (the autotuner settled the
-        config the job runs, or reads another session of the job). A
-        stream it does not read stops, and is deferred as a learned run's
-        start is. Only PyTorch's history can stop: the tracker cannot be
-        detached from PyTorch's allocator, so a stream it reads stays on."""
-        demands = self.session.get("stream_demands", 0)
-        if self._events is None or demands <= self._stream_demands_seen:
-            return
-        self._stream_demands_seen = demands
-        until = int(self.session.get("stream_demanded_from_reserved", 0))
-        reason = self.session.get("stream_demand_reason") or "the daemon's"
-        if self._events.deferred:
-            self._stream_from_reserved = until
-            if until == 0:
-                self._stream_wanted = reason
-            return
-        if until == 0:
-            return  # on already
-        needed = self._stream_needed()
-        if not defers_streams():
-            self.stream_paused = "kept on: $ALLOCD_DEFER_STREAM=0"
-        elif not isinstance(self._events.reader, HistoryReader):
-            self.stream_paused = ("kept on: the tracker cannot be detached from "
-                                  "PyTorch's allocator")
-        elif needed is not None:
-            self.stream_paused = f"kept on: {needed}"
-        else:
-            self._events.pause()
-            # Started again as it started first (first_reader): from the
-            # history, unless the job records it by then.
-            self.defer_stream(self._tracker or HistoryReader(self._torch, self._device), until)
-            self.stream_paused = reason
-
-    def _start_stream_when_due(self):
-        """Starts the deferred stream when the round's stats (or an OOM) say
-        the job outgrew what its config was learned on."""
-        reserved = max(self.last_stats.get("reserved_bytes.all.peak", 0),
-                       self.last_stats.get("reserved_bytes.all.current", 0))
-        why = self._stream_needed()
-        if why is None and reserved > self._stream_from_reserved:
-            why = (f"its peak reserved memory, {reserved} bytes, passed the "
-                   f"{self._stream_from_reserved} below which the daemon had nothing to decide")
-        if why is None:
-            return
-        built, self._deferred_reader = self._deferred_reader, None
-        self._stream_wanted = None
-        state = []
-        try:
-            reader = start_reader(first_reader(built, self._torch, self._device,
-                                               self._job_history), self._torch, self._device,
-                                  lambda: state.append(start_state(self._torch, self._device)))
-        except AllocdUnavailable as error:
-            self.stream_started = f"not started: {error}"
-            return
-        self._events.begin(reader, state[-1] if state else None)
-        self.started_on(reader, self._tracker or built)
-        self.stream_started = why
 
     def stop(self):
         self._stop.set()
@@ -427,9 +272,7 @@ class Advisor:
             self._step_hook = None
         if self._feature_hooks is not None:
             self._feature_hooks.remove()
-        if self._unwatch_history is not None:
-            self._unwatch_history()
-            self._unwatch_history = None
+        self.stream.unwatch_job_history()
         for thread in (self._thread, self._control_thread):
             if thread.is_alive():
                 thread.join()
@@ -448,11 +291,7 @@ class Advisor:
                 "advisor_seconds": self.busy_seconds,
                 "advisor_rounds": self.rounds,
                 "advisor_seconds_by_part": dict(self.seconds_by_part),
-                "event_source": self.event_source,
-                "stream_deferred_until_reserved": self._stream_from_reserved,
-                "stream_started": self.stream_started,
-                "stream_paused": self.stream_paused,
-                "stream_switched": self.stream_switched,
+                **self.stream.stats(),
                 "prewarm": self._prewarmer.stats() if self._prewarmer is not None
                 else {"off": self._prewarm_off},
                 "allocator_holds": self.holds.stats(),
@@ -462,13 +301,8 @@ class Advisor:
 
     @property
     def event_source(self):
-        """Where the allocation stream is read: "tracker", "history", "deferred"
-        (not started yet: defer_stream) or None (off)."""
-        if self._events is None:
-            return None
-        if self._events.deferred:
-            return "deferred"
-        return "history" if isinstance(self._events.reader, HistoryReader) else "tracker"
+        """StreamControl.event_source."""
+        return self.stream.event_source
 
     def _run(self):
         while not self._stop.is_set():
@@ -548,10 +382,7 @@ class Advisor:
                 self._spares.release_old()
             polled = time.perf_counter()
             self._read_session(self._session_buffer)
-            self._follow_stream_demand()
-            self._switch_to_tracker_when_due()
-            if self._deferred_reader is not None:
-                self._start_stream_when_due()
+            self.stream.round(self.session, self.last_stats)
             parts["session"] += time.perf_counter() - polled
             parts["poll"] += polled - sent
             parts["events"] += sent - start
@@ -666,29 +497,6 @@ class Advisor:
 
         self._step_hook = register(hook)
 
-    def _watch_job_history(self):
-        """Wraps PyTorch's _record_memory_history so that the job's own calls
-        (a memory snapshot it will dump) take the history from the stream:
-        a reader of it stops re-arming it before the job's call is made, and
-        the stream moves to the tracker (_switch_to_tracker_when_due);
-        allocd's own calls go past the wrapper (_history.arm)."""
-        memory = getattr(self._torch.cuda, "memory", None)
-        record = getattr(memory, "_record_memory_history", None)
-        if record is None or hasattr(record, "allocd_unwatched"):
-            return
-
-        def watched(*args, **kwargs):
-            self._job_history = True
-            reader = self._events.reader if self._events is not None else None
-            if isinstance(reader, HistoryReader):
-                return reader.hand_to_job(lambda: record(*args, **kwargs))
-            return record(*args, **kwargs)
-
-        functools.update_wrapper(watched, record)
-        watched.allocd_unwatched = record
-        memory._record_memory_history = watched
-        self._unwatch_history = lambda: setattr(memory, "_record_memory_history", record)
-
     def _attach_oom_observer(self):
         attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is None:
@@ -700,10 +508,7 @@ class Advisor:
             message = (f"CUDA out of memory on device {device}: tried to allocate {alloc} "
                        f"bytes; {device_allocated} allocated, {device_free} free")
             self._lib.allocd_report_oom(self._client, alloc, message.encode())
-            if self._deferred_reader is not None:
-                # Started by the next round, not here: PyTorch calls this
-                # holding its allocator, which starting a stream takes.
-                self._stream_wanted = "the job ran out of memory"
+            if self.stream.want("the job ran out of memory"):
                 self._wake.set()
 
         attach(observer)
