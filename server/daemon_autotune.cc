@@ -507,26 +507,26 @@ void DaemonAutotune::Learn(const AutotuneDecision& d) {
                           saved.message()));
   }
   if (learned.has_value()) {
-    PauseStreams(key, learned->config, StreamFromReserved(*learned, growth_margin_),
+    PauseStreams(d.decided_on, learned->config, StreamFromReserved(*learned, growth_margin_),
                  absl::StrCat("job \"", d.job, "\" learned \"", learned->config,
                               "\" (decision ", learned->decision_id, ")"));
   }
 }
 
-void DaemonAutotune::PauseStreams(const JobKey& key, const std::string& config, uint64_t from,
-                                  absl::string_view why) {
-  // The sessions whose streams are read (another's is read not at all) have
-  // nothing to decide until they grow: a stream costs them PyTorch's record
-  // of every allocation meanwhile.
-  if (from == 0) return;
-  for (SessionId id : autotuner_->RecordedSessions(key.tenant, key.job)) {
-    if (core_->DemandStream(id, config, from,
-                            absl::StrCat(why, ": nothing to decide until its reserved memory "
-                                         "passes ", FormatSize(from)))) {
-      LogInfo(absl::StrCat("autotune: job \"", key.job, "\": session ", id,
-                           " may stop its allocation stream until it passes ", FormatSize(from),
-                           " reserved (", why, ")"));
-    }
+void DaemonAutotune::PauseStreams(SessionId decided_on, const std::string& config,
+                                  uint64_t from, absl::string_view why) {
+  // The session whose stream the decision replayed (another's is read not
+  // at all) has nothing to decide until it grows: a stream costs it
+  // PyTorch's record of every allocation meanwhile. From the decision, not
+  // the autotuner: this runs on the autotuner's worker, which the
+  // autotuner's teardown joins.
+  if (from == 0 || decided_on == 0) return;
+  if (core_->DemandStream(decided_on, config, from,
+                          absl::StrCat(why, ": nothing to decide until its reserved memory "
+                                       "passes ", FormatSize(from)))) {
+    LogInfo(absl::StrCat("autotune: session ", decided_on,
+                         " may stop its allocation stream until it passes ", FormatSize(from),
+                         " reserved (", why, ")"));
   }
 }
 
@@ -542,7 +542,7 @@ void DaemonAutotune::OnDecision(const AutotuneDecision& d) {
   // predicted there. A start's review is read as a push: Learn's.
   if ((d.result == AutotuneResult::kKept || d.result == AutotuneResult::kRecommended) &&
       d.trigger != AutotuneTrigger::kStartReview) {
-    PauseStreams({.tenant = d.tenant, .job = d.job}, d.from_config,
+    PauseStreams(d.decided_on, d.from_config,
                  GrownPast(d.predicted_peak_current, growth_margin_), absl::StrCat("decision ", d.id, " keeps \"", d.from_config, "\""));
   }
   bool changed;

@@ -198,11 +198,11 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   // kEndedJobVersionsKept.
   void QueueEndedJobVersion(const JobKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the job's recorded sessions (each run's) that run `config` that
-  // they may stop their allocation streams until their reserved memory
-  // passes `from` bytes (StreamDemand; none for 0: a peak not known); `why`
-  // names what settled them.
-  void PauseStreams(const JobKey& key, const std::string& config, uint64_t from,
+  // Tells session `decided_on` (a decision's), if it runs `config`, that
+  // it may stop its allocation stream until its reserved memory passes
+  // `from` bytes (StreamDemand; none for 0: a peak not known); `why` names
+  // what settled it.
+  void PauseStreams(SessionId decided_on, const std::string& config, uint64_t from,
                     absl::string_view why);
   // Records what a push kept for the whole job teaches (its `learned`, once
   // checked) in `learned_` (or the push's realised peak, once known), or

@@ -68,6 +68,7 @@ AutotuneJob::Taken AutotuneJob::Decided(AutotuneDecision& rec, const Decision& d
                                         AutotuneMode mode, const AutotuneOptions& options,
                                         absl::Time now) {
   Taken taken;
+  rec.decided_on = recorded;
   rec.from_config = FormatAllocatorConfig(running.config);
   rec.predicted_peak_current = d.predicted_peak_current;
   rec.predicted_peak_switched = d.predicted_peak_switched;

@@ -65,6 +65,7 @@ bool Autotuner::Impl::ReviewStart(const AutotuneTask& task,
     rec.from_config = start;
     rec.window_events = in.trace.events.size();
     rec.sessions = {job.recorded};
+    rec.decided_on = job.recorded;
     if (review.ok()) {
       // Staying is the job's own config; the "switch" is what it started on.
       rec.predicted_peak_current = review->own_peak;

@@ -250,7 +250,11 @@ struct AutotuneDecision {
   double replay_seconds = 0;  // wall time of the decision's replays
   size_t candidates = 0;
   std::vector<uint64_t> sessions;  // canary first
-  uint64_t version = 0;            // config version pushed (0: none)
+  // The session whose stream the decision replayed (the job's recorded
+  // one then; 0: none): the one a decision that settles the job tells it
+  // has nothing to decide (StreamDemand).
+  uint64_t decided_on = 0;
+  uint64_t version = 0;  // config version pushed (0: none)
   std::string why;  // evidence and the gates that passed or failed, human-readable
   // Candidates left out because PyTorch cannot run them with what the job
   // does (Decision::left_out).

@@ -400,10 +400,6 @@ std::vector<AutotuneDecision> Autotuner::History(const std::string& job, size_t 
   return impl_->History(job, limit);
 }
 bool Autotuner::ReadsStreamOf(SessionId id) const { return impl_->ReadsStreamOf(id); }
-std::vector<SessionId> Autotuner::RecordedSessions(const TenantId& tenant,
-                                                   const std::string& job) const {
-  return impl_->RecordedSessions(tenant, job);
-}
 void Autotuner::WaitIdle() { impl_->WaitIdle(); }
 
 }  // namespace allocd

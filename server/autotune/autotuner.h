@@ -174,9 +174,6 @@ class Autotuner {
   // know). When that session ends, the job's next session's is, and
   // DemandStream tells it.
   bool ReadsStreamOf(SessionId id) const;
-  // The sessions whose streams `tenant`'s jobs of label `job` read (one a
-  // job: a run of several ranks is a job of its own).
-  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const;
   // Blocks until no run is queued or running (tests).
   void WaitIdle();
 

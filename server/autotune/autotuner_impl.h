@@ -91,12 +91,6 @@ class Autotuner::Impl {
     return jobs_.History(job_name, limit);
   }
 
-  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const
-      ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return jobs_.RecordedSessions(tenant, job);
-  }
-
   void WaitIdle() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_, absl::Condition(this, &Impl::Idle));
   }

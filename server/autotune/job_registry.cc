@@ -147,16 +147,6 @@ JobFeatures JobRegistry::FeaturesOf(const TenantId& tenant, const std::string& j
   return out;
 }
 
-std::vector<SessionId> JobRegistry::RecordedSessions(const TenantId& tenant,
-                                                     const std::string& job) const {
-  std::vector<SessionId> out;
-  for (auto it = jobs_.lower_bound(JobKey{.tenant = tenant, .job = job});
-       it != jobs_.end() && it->first.tenant == tenant && it->first.job == job; ++it) {
-    if (it->second.recorded != 0) out.push_back(it->second.recorded);
-  }
-  return out;
-}
-
 std::vector<AutotuneJobStatus> JobRegistry::Status() const {
   std::vector<AutotuneJobStatus> out;
   for (const auto& [name, job] : jobs_) {

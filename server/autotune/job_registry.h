@@ -68,8 +68,6 @@ class JobRegistry {
   // session, in tenant order.
   std::vector<std::pair<JobKey, AutotuneJob*>> LiveJobs(const std::string& job,
                                                         const TenantId& tenant);
-  // The sessions `tenant`'s jobs of label `job` record (one a job).
-  std::vector<SessionId> RecordedSessions(const TenantId& tenant, const std::string& job) const;
   // What `tenant`'s jobs of label `job` reported doing, every run of it and
   // the ended ones still kept: the union.
   JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const;

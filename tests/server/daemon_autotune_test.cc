@@ -152,6 +152,7 @@ struct TestDaemon {
             .predicted_peak_current = 20LL << 30,
             .predicted_peak_switched = 5LL << 30,
             .sessions = {canary},
+            .decided_on = canary,
             .learned = LearnedFromPush{.config = kLearned}};
   }
 
@@ -399,8 +400,8 @@ TEST(DaemonAutotuneLearnedTest, AStartItsReviewKeptIsLearnedAndCountsTowardThePr
   EXPECT_THAT(fresh.pushed[0].second, HasSubstr("3 jobs of tenant uid:1001 agree"));
 }
 
-// Once the job learned a config, the session whose stream it is decided on,
-// if it runs that config, has nothing to decide until it outgrows it: it is
+// Once the job learned a config, the session its decision was made on, if
+// it runs that config, has nothing to decide until it outgrows it: it is
 // told it may stop its stream up to the peak the job reached under it, plus
 // the growth margin. The job's other sessions were told at registration
 // that their streams are not read; another tenant's job of the label and
@@ -408,13 +409,14 @@ TEST(DaemonAutotuneLearnedTest, AStartItsReviewKeptIsLearnedAndCountsTowardThePr
 TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamTheJobIsDecidedOn) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned);
-  const TestDaemon::Registered recorded = daemon.Register(1001, "llama", "", {}, kLearned);
-  const TestDaemon::Registered canary = daemon.Register(1001, "llama");
+  // The canary, decided on, which runs the push (here: from its start).
+  const TestDaemon::Registered canary = daemon.Register(1001, "llama", "", {}, kLearned);
+  const TestDaemon::Registered other = daemon.Register(1001, "llama", "", {}, kLearned);
   const TestDaemon::Registered other_tenant =
       daemon.Register(1002, "llama", "", {}, kLearned);
   const TestDaemon::Registered other_job = daemon.Register(1001, "bert", "", {}, kLearned);
-  EXPECT_EQ(recorded.stream_from_reserved, 0u);
-  EXPECT_EQ(canary.stream_from_reserved, kStreamNotRead);
+  EXPECT_EQ(canary.stream_from_reserved, 0u);
+  EXPECT_EQ(other.stream_from_reserved, kStreamNotRead);
 
   // Pushed to the canary only: nothing learned, no stream paused.
   AutotuneDecision canary_only = TestDaemon::Pushed(canary.id, "llama");
@@ -423,13 +425,13 @@ TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamTheJobIsDecidedOn) 
   ASSERT_TRUE(version.ok());
   canary_only.version = *version;
   daemon.autotune.OnDecision(canary_only);
-  EXPECT_TRUE(daemon.Demands(1001, recorded.id, recorded.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, canary.id, canary.secret).empty());
 
   daemon.autotune.OnDecision(daemon.Kept(canary.id, "llama"));
   ASSERT_TRUE(learned.Find({"uid:1001", "llama"}).has_value());
   const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(6LL << 30));
-  EXPECT_THAT(daemon.Demands(1001, recorded.id, recorded.secret), ::testing::ElementsAre(margin));
-  EXPECT_TRUE(daemon.Demands(1001, canary.id, canary.secret).empty());
+  EXPECT_THAT(daemon.Demands(1001, canary.id, canary.secret), ::testing::ElementsAre(margin));
+  EXPECT_TRUE(daemon.Demands(1001, other.id, other.secret).empty());
   EXPECT_TRUE(daemon.Demands(1002, other_tenant.id, other_tenant.secret).empty());
   EXPECT_TRUE(daemon.Demands(1001, other_job.id, other_job.secret).empty());
 
@@ -437,14 +439,14 @@ TEST(DaemonAutotuneLearnedTest, ALearnedConfigPausesTheStreamTheJobIsDecidedOn) 
   AutotuneDecision rolled_back = daemon.Kept(canary.id, "llama");
   rolled_back.result = AutotuneResult::kRolledBack;
   daemon.autotune.OnDecision(rolled_back);
-  EXPECT_TRUE(daemon.Demands(1001, recorded.id, recorded.secret).empty());
+  EXPECT_TRUE(daemon.Demands(1001, canary.id, canary.secret).empty());
 }
 
 // A decision that keeps the job on its config (it found nothing 5% better,
 // or only recommends, as in recommend mode) settles it as a learned config
-// does: the session its stream is decided on, running that config, may
-// pause until it grows past the peak it predicted there. A decision that
-// could not decide pauses nothing.
+// does: the session it was made on, running that config, may pause until
+// it grows past the peak it predicted there. A decision that could not
+// decide pauses nothing.
 TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheStreamTheJobIsDecidedOn) {
   LearnedConfigs learned;
   TestDaemon daemon(&learned, AutotuneMode::kRecommend);
@@ -456,7 +458,7 @@ TEST(DaemonAutotuneLearnedTest, ADecisionThatKeepsTheConfigPausesTheStreamTheJob
                          .result = AutotuneResult::kSkipped,
                          .from_config = "max_split_size_mb:64",
                          .predicted_peak_current = 10LL << 30,
-                         .sessions = {own.id}};
+                         .decided_on = own.id};
   daemon.autotune.OnDecision(first);
   EXPECT_TRUE(daemon.Demands(1001, own.id, own.secret).empty());
   const uint64_t margin = static_cast<uint64_t>(1.1 * static_cast<double>(10LL << 30));
