@@ -5,7 +5,7 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
         [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
         [--modes native,native-b,transparent,run,advise]
         (also: learned, transparent-learned, run-learned, paused, transparent-paused,
-        run-paused, preload, loaded, tracked, attached)
+        run-paused, history, history-python, tracker, preload, loaded, tracked, attached)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -67,6 +67,17 @@ LEARNED_MODES = {"learned": "advise", "transparent-learned": "transparent",
 # each worker steps until its stream is off before it reports ready.
 PAUSED_MODES = {"paused": "advise", "transparent-paused": "transparent",
                 "run-paused": "native"}
+# Modes on a first run whose stream stays on whatever the daemon decides
+# ($ALLOCD_DEFER_STREAM=0), each on one reader (the environment it runs
+# with): the stream's cost until the daemon stops it, by reader.
+STREAM_MODES = {
+    # PyTorch's history read by the tracker's library, all run long.
+    "history": {"ALLOCD_HISTORY_FIRST_S": "1000000"},
+    # PyTorch's history read through _snapshot(), a dict per event.
+    "history-python": {"ALLOCD_EVENT_SOURCE": "history"},
+    # The C++ tracker from the start.
+    "tracker": {"ALLOCD_HISTORY_FIRST_S": "0"},
+}
 # How long a paused mode's worker steps for its stream to pause.
 PAUSE_WAIT_S = 180
 # Modes whose worker runs under `allocd run`.
@@ -99,7 +110,8 @@ def start(a, workload, mode, cpus, state_period_s=None):
     # leaves the others' off. The learned modes share the label it learned.
     job = f"overhead-{workload}-learned" if mode in LEARNED_MODES else f"overhead-{workload}-{mode}"
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
-                **LEARNED_MODES, **PAUSED_MODES}.get(mode, mode)
+                **LEARNED_MODES, **PAUSED_MODES,
+                **{m: "advise" for m in STREAM_MODES}}.get(mode, mode)
     cmd = [sys.executable, os.path.join(HERE, "overhead_job.py"), "--workload", workload,
            "--mode", job_mode, "--socket", a.socket, "--job", job,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
@@ -118,6 +130,8 @@ def start(a, workload, mode, cpus, state_period_s=None):
         from allocd._bindings import INTERPOSE_LIBRARY, library_path
         env["LD_PRELOAD"] = ":".join(filter(None, [library_path(INTERPOSE_LIBRARY),
                                                    env.get("LD_PRELOAD")]))
+    if mode in STREAM_MODES:
+        env.update(STREAM_MODES[mode], ALLOCD_DEFER_STREAM="0")
     if a.same_layout:
         env["PYTHONHASHSEED"] = "0"
     if a.cpu_profile_steps:
@@ -172,6 +186,12 @@ def not_as_asked(mode, ready):
     if mode in PAUSED_MODES and ready.get("event_source") != "deferred":
         return (f"the {mode} worker's stream is {ready.get('event_source')}, not paused after "
                 f"{ready.get('steps_until_paused')} steps: did the daemon decide on it?")
+    if mode in STREAM_MODES:
+        wanted = ("tracker", None) if mode == "tracker" else \
+            ("history", "Python" if mode == "history-python" else "C++")
+        got = (ready.get("event_source"), ready.get("history_read_in"))
+        if got != wanted:
+            return f"the {mode} worker's stream is read by {got}, not {wanted}"
     return ""
 
 

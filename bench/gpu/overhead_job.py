@@ -338,7 +338,7 @@ def main():
         for tid, name in thread_names().items():
             if name.startswith("pt_autograd"):
                 os.sched_setaffinity(tid, {a.autograd_core})
-    source = None
+    source = read_in = None
     if a.mode in ("transparent", "advise") or under_run:
         import allocd
         # Under `allocd run` the session starts on a thread of its own once
@@ -348,6 +348,7 @@ def main():
         while not allocd.stats().get("connected") and time.monotonic() < deadline:
             time.sleep(0.05)
         source = allocd.stats().get("event_source")
+        read_in = allocd.stats().get("history_read_in")
     # The steps a first run streams before its stream pauses, and their mean.
     paused = {}
     if a.until_paused and source is not None:
@@ -361,7 +362,7 @@ def main():
                   "stream_paused": stats.get("stream_paused"),
                   "events_sent": stats.get("events_sent")}
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source,
-                      **paused}), flush=True)
+                      "history_read_in": read_in, **paused}), flush=True)
     for line in sys.stdin:
         if line.startswith("profile "):  # profile N PATH: N steps under PyTorch's profiler
             _, n, path = line.split()

@@ -3,11 +3,15 @@
 Builds allocd/_trace_tracker.cpp against this PyTorch (timed), reads one
 workload's alloc/free stream both ways at once (two streams, a
 record_stream'd tensor whose free completes late, sizes small and large)
-and compares them event by event; then the cost of each way per event, as
+and compares them event by event; then the history as the tracker's
+library reads it (C++, a stream's first reader), over three rounds that
+each re-arm it, against the tracker's events of the same time; then the
+cost of each way per event, as
 the time of allocating and freeing 200,000 small tensors with neither
 (before either is attached: PyTorch cannot detach a tracker, and builds
 each event for it even when it is stopped), with the tracker, and with the
-history read every 20,000 events (the stopped tracker still attached). One
+history read every 20,000 events through Python and in C++ (the stopped
+tracker still attached). One
 run of each, in that order, so a core that changes speed meanwhile moves
 them: bench/gpu/overhead.py's churn workload compares them alternately,
 each in a process of its own. Then the
@@ -19,7 +23,7 @@ by column, and the time of a read each way (median of 20):
 
     python tracker_check.py [--json OUT]
 
-Exit 0 when the two streams and the two states are identical.
+Exit 0 when the three streams and the two states are identical.
 """
 import argparse
 import json
@@ -133,24 +137,43 @@ def main():
     history.stop()
     identical = got[0] == got[1]
     first_difference = next((i for i, (x, y) in enumerate(zip(*got)) if x != y), None)
+    # The history read in C++ (a stream's first reader), over three rounds,
+    # each re-arming the ring, against the tracker's events of the same time.
+    native = tracker.history_reader()
+    native.start()
+    ours, dropped = [], 0
+    for _ in range(3):
+        workload()
+        ops, sizes, ids, streams, lost = native.read()
+        ours.extend(zip(ops, sizes, ids, streams))
+        dropped += lost
+    native.stop()
+    theirs = list(zip(*tracker.read()[:4]))
+    native_identical = ours == theirs and dropped == 0
     costs["tracker"] = churn(n, tracker)
     tracker.stop()
     history.start()
     costs["history"] = churn(n, history)
     history.stop()
+    native.start()
+    costs["history_cpp"] = churn(n, native)
+    native.stop()
     per_event_ns = {k: (v - costs["none"]) / (3 * n) * 1e9 for k, v in costs.items() if k != "none"}
     result = {"torch": torch.__version__, "library": path, "build_seconds": built_s,
               "events": [len(g) for g in got], "identical": identical,
               "first_difference": first_difference,
               "first_difference_events": None if first_difference is None else
               [g[first_difference] if first_difference < len(g) else None for g in got],
+              "history_cpp": {"read_in": native.read_in, "events": [len(ours), len(theirs)],
+                              "identical": native_identical, "dropped": dropped},
               "churn_seconds": costs, "extra_ns_per_event": per_event_ns,
               "states": states()}
     print(json.dumps(result, indent=1))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f)
-    return 0 if identical and all(s["identical"] for s in result["states"].values()) else 1
+    return 0 if identical and native_identical and \
+        all(s["identical"] for s in result["states"].values()) else 1
 
 
 def states():

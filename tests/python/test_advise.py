@@ -300,9 +300,10 @@ class HistoryReaderTest(unittest.TestCase):
         # is read by the tracker, not the history.
         os.environ["ALLOCD_EVENT_SOURCE"] = "auto"
         try:
-            tracker = object()
-            self.assertIs(_event_stream.first_reader(tracker, torch, 0), tracker)
             fresh = FakeTorch()
+            # A tracker reads the history first through its own library.
+            tracker = types.SimpleNamespace(history_reader=lambda: _history.HistoryReader(fresh, 0))
+            self.assertIs(_event_stream.first_reader(tracker, torch, 0), tracker)
             self.assertIsInstance(_event_stream.first_reader(tracker, fresh, 0),
                                   _history.HistoryReader)
             self.assertIs(_event_stream.first_reader(tracker, fresh, 0, job_records=True),

@@ -85,7 +85,23 @@ c10.fake_torch_add_segment.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_u
 c10.fake_torch_add_block.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_bool,
                                      ctypes.c_bool]
 c10.fake_torch_snapshot_fails.argtypes = [ctypes.c_bool]
+c10.fake_torch_history.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_uint64] + \
+    [ctypes.c_void_p] * 2
 c10.fake_torch_last_snapshot_whole_without_traces.restype = ctypes.c_bool
+
+
+def fake_history():
+    """The fake allocator's history as its last recordHistory left it."""
+    recording, frames = ctypes.c_bool(), ctypes.c_bool()
+    max_entries, entries, arms = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_int()
+    skipped = ctypes.create_string_buffer(256)
+    c10.fake_torch_history(ctypes.byref(recording), ctypes.byref(frames),
+                           ctypes.byref(max_entries), skipped, len(skipped),
+                           ctypes.byref(entries), ctypes.byref(arms))
+    return types.SimpleNamespace(recording=recording.value, frames=frames.value,
+                                 max_entries=max_entries.value,
+                                 skipped=skipped.value.decode().rstrip(",").split(","),
+                                 entries=entries.value, arms=arms.value)
 
 
 def fake_segments(segments):
@@ -352,6 +368,90 @@ def started_reader(torch, before_start=None):
     return _event_stream.start_reader(_event_stream.new_reader(torch, 0), torch, 0, before_start)
 
 
+class NativeHistoryTest(unittest.TestCase):
+    """PyTorch's history read through the tracker's library (a stream's first
+    reader): the events of a snapshot taken in C++, the ring re-armed in the
+    same call, PyTorch's counters read without memory_stats()."""
+
+    def setUp(self):
+        self.tracker = _tracker.TrackerReader.for_torch(fake_torch(), 0)
+        self.reader = self.tracker.history_reader()
+
+    def tearDown(self):
+        self.reader.stop()
+
+    def test_a_trackers_history_reader_arms_the_history_in_cpp_without_stack_frames(self):
+        self.assertIsInstance(self.reader._access, _tracker.NativeHistory)
+        self.reader.start()
+        history = fake_history()
+        self.assertTrue(history.recording)
+        self.assertFalse(history.frames)
+        self.assertEqual(history.max_entries, _history.RING)
+        self.assertEqual(history.skipped, _history._SKIP)
+        self.reader.stop()
+        self.assertFalse(fake_history().recording)
+
+    def test_reads_the_devices_allocs_and_frees_each_once_with_the_step_marks_in_place(self):
+        self.reader.start()
+        c10.fake_torch_emit(ALLOC, 0, 0x1000, 512, 7)
+        c10.fake_torch_emit(SEGMENT_ALLOC, 0, 0x1000, 2 << 20, 7)  # skipped by the ring
+        c10.fake_torch_emit(ALLOC, 1, 0x9000, 64, 7)  # another device's
+        self.reader.mark_step()
+        c10.fake_torch_emit(FREE_REQUESTED, 0, 0x1000, 512, 7)
+        c10.fake_torch_emit(FREE_COMPLETED, 0, 0x1000, 512, 9)
+        ops, sizes, ids, streams, dropped = self.reader.read()
+        self.assertEqual(list(ops), [ALLOC, _history.STEP, FREE_REQUESTED, FREE_COMPLETED])
+        self.assertEqual(list(sizes), [512, 0, 512, 512])
+        self.assertEqual(list(ids), [0x1000, 0, 0x1000, 0x1000])
+        self.assertEqual(list(streams), [7, 0, 7, 9])
+        self.assertEqual(dropped, 0)
+        # The ring was re-armed cleared: the next round has only what came since.
+        self.assertEqual(fake_history().entries, 0)
+        c10.fake_torch_emit(ALLOC, 0, 0x2000, 1 << 40, 1 << 63)
+        ops, sizes, ids, streams, dropped = self.reader.read()
+        self.assertEqual((list(ops), list(sizes), list(ids), list(streams), dropped),
+                         ([ALLOC], [1 << 40], [0x2000], [1 << 63], 0))
+
+    def test_a_round_that_overflowed_the_ring_reports_what_it_lost(self):
+        reader = _history.HistoryReader(fake_torch(), 0,
+                                        access=_tracker.NativeHistory(self.tracker._lib, 0, 4))
+        reader.start()
+        try:
+            c10.fake_torch_emit_allocations(0, 0x1000, 3)  # 9 events, the ring holds 4
+            ops, _, ids, _, dropped = reader.read()
+            self.assertEqual(dropped, 5)
+            self.assertEqual(list(ops), [FREE_COMPLETED, ALLOC, FREE_REQUESTED, FREE_COMPLETED])
+            self.assertEqual(list(ids), [0x1200, 0x1400, 0x1400, 0x1400])
+        finally:
+            reader.stop()
+
+    def test_a_history_the_job_arms_itself_is_left_to_it(self):
+        self.reader.start()
+        c10.fake_torch_emit(ALLOC, 0, 0x1000, 512, 7)
+        c10.fake_torch_job_records_history()  # the job's own, with stack frames
+        c10.fake_torch_emit(ALLOC, 0, 0x2000, 512, 7)
+        arms = fake_history().arms
+        ops, _, ids, _, _ = self.reader.read()
+        self.assertEqual(list(ids), [0x1000, 0x2000])  # what was recorded is read
+        self.assertTrue(self.reader.job_records)
+        history = fake_history()
+        self.assertEqual(history.arms, arms)  # not re-armed over the job's settings
+        self.assertTrue(history.frames)
+        self.assertEqual(history.entries, 2)
+        self.assertEqual(len(self.reader.read()[0]), 0)
+        self.reader.stop()
+        self.assertTrue(fake_history().recording)  # the job's history goes on
+
+    def test_a_job_arming_it_mid_round_waits_for_the_take_and_its_settings_last(self):
+        self.reader.start()
+        c10.fake_torch_emit(ALLOC, 0, 0x1000, 512, 7)
+        self.reader.hand_to_job(c10.fake_torch_job_records_history)
+        c10.fake_torch_emit(ALLOC, 0, 0x2000, 512, 7)
+        self.assertEqual(list(self.reader.read()[2]), [0x1000, 0x2000])
+        self.assertTrue(fake_history().frames)  # the job's settings
+        self.assertEqual(fake_history().entries, 2)
+
+
 class EventSourceTest(unittest.TestCase):
     """Which reader the advisor gets: $ALLOCD_EVENT_SOURCE."""
 
@@ -408,8 +508,9 @@ class EventSourceTest(unittest.TestCase):
         torch = fake_torch()
         built = _event_stream.new_reader(torch, 0)
         self.assertIsInstance(built, _tracker.TrackerReader)
-        self.assertIsInstance(_event_stream.first_reader(built, torch, 0),
-                              _history.HistoryReader)
+        first = _event_stream.first_reader(built, torch, 0)
+        self.assertIsInstance(first, _history.HistoryReader)
+        self.assertIsInstance(first._access, _tracker.NativeHistory)  # no dict per event
         os.environ["ALLOCD_HISTORY_FIRST_S"] = "0"
         try:
             self.assertIs(_event_stream.first_reader(built, torch, 0), built)

@@ -91,8 +91,8 @@ def history_first_seconds():
     has decided (StreamDemand): a run then pays nothing. The tracker cannot
     be detached from PyTorch's allocator, so a stream it reads costs the
     job its record of every allocation for the rest of the run; the
-    history, which holds the GIL while it is read, costs more while it
-    runs, so a stream the daemon did not stop by then moves to the tracker."""
+    history costs more while it runs (a snapshot a round, its ring copied),
+    so a stream the daemon did not stop by then moves to the tracker."""
     text = os.environ.get("ALLOCD_HISTORY_FIRST_S", "120")
     try:
         seconds = float(text)
@@ -105,11 +105,13 @@ def first_reader(reader, torch, device, job_records=False):
     """The reader a stream starts on, given `reader` (new_reader's): PyTorch's
     history where `reader` is the tracker, $ALLOCD_EVENT_SOURCE is auto,
     history_first_seconds() is not 0 and the job does not record the
-    history itself (`job_records`: it was seen arming it); else `reader`."""
+    history itself (`job_records`: it was seen arming it); else `reader`.
+    The history is read through the tracker's library (no Python object
+    per event) where it can be."""
     if isinstance(reader, HistoryReader) or _event_source() != "auto" or \
             history_first_seconds() <= 0 or job_records or records_own_history(torch, device):
         return reader
-    return HistoryReader(torch, device)
+    return reader.history_reader()
 
 
 def records_own_history(torch, device):

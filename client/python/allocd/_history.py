@@ -1,5 +1,6 @@
-"""The allocation stream read from PyTorch's allocator history: the reader
-allocd falls back to where the C++ tracker (_tracker.py) cannot be had."""
+"""The allocation stream read from PyTorch's allocator history: where a
+stream starts (the history can stop once the daemon has decided, a tracker
+cannot be detached), and where the C++ tracker (_tracker.py) cannot be had."""
 
 import array
 import collections
@@ -19,6 +20,8 @@ _COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.fre
 # Actions the reader does not need, left out of PyTorch's ring when its
 # _record_memory_history knows skip_actions.
 _SKIP = ["segment_alloc", "segment_free", "snapshot"]
+# The ring's bound, in events: a round's worth at the least.
+RING = 1 << 17
 
 
 def arm(torch, *args, **kwargs):
@@ -38,16 +41,73 @@ def _armed_by_job(entries):
     return False
 
 
+class PythonHistory:
+    """PyTorch's history through torch's Python API: armed by
+    _record_memory_history, read from _snapshot()'s dicts (one per event
+    and per block, with the GIL held), counted by memory_stats(). Where the
+    tracker's library is not had (_tracker.NativeHistory is the same in C++)."""
+
+    def __init__(self, torch, device, ring):
+        self._torch = torch
+        self._device = device
+        self._ring = ring
+        self._skip = True
+
+    def arm(self, clear):
+        kwargs = dict(context=None, stacks="python", max_entries=self._ring,
+                      clear_history=clear)
+        if self._skip:
+            try:
+                arm(self._torch, "all", skip_actions=_SKIP, **kwargs)
+                return
+            except (TypeError, ValueError, RuntimeError):
+                self._skip = False  # a PyTorch without skip_actions
+        arm(self._torch, "all", **kwargs)
+
+    def disarm(self):
+        arm(self._torch, None)
+
+    def counted(self):
+        stats = self._torch.cuda.memory_stats(self._device)
+        return sum(int(stats.get(name, 0)) for name in _COUNTERS)
+
+    def take(self, rearm):
+        """The ring's events, as (ops, sizes, ids, streams, armed_by_job), and
+        the ring armed again cleared when `rearm` and the job did not arm it."""
+        snapshot = self._torch.cuda.memory._snapshot()
+        traces = snapshot.get("device_traces", [])
+        entries = traces[self._device] if self._device < len(traces) else []
+        job_armed = _armed_by_job(entries)
+        if rearm and not job_armed:
+            self.arm(clear=True)
+        # Column by column with comprehensions: this runs with the GIL held
+        # while the job waits, at ~13,000 events a step on a large model
+        # (about 40% less than a loop appending to four arrays).
+        kept = [e for e in entries if e["action"] in _OPS]
+        mask = 0xFFFFFFFFFFFFFFFF
+        ops = array.array("B", [_OPS[e["action"]] for e in kept])
+        sizes = array.array("Q", [e["size"] for e in kept])
+        ids = array.array("Q", [e["addr"] & mask for e in kept])
+        streams = array.array("Q", [e["stream"] & mask for e in kept])
+        return ops, sizes, ids, streams, job_armed
+
+    def read_state(self):
+        return _allocator_state.read_state(self._torch, self._device)
+
+
 class HistoryReader:
     """The allocator's alloc/free stream, read incrementally from PyTorch's history.
 
     Recording uses the cheapest settings that still give sizes, streams and
     order: ``_record_memory_history("all", context=None, stacks="python",
     max_entries=ring)`` (no stack traces), leaving segment and snapshot
-    actions out where PyTorch can. Each round takes ``_snapshot()`` and at
-    once re-arms recording with ``clear_history=True``, so the ring only
+    actions out where PyTorch can. Each round takes the ring's events and
+    at once re-arms recording with ``clear_history=True``, so the ring only
     ever holds the events since the last round: nothing is copied twice, and
-    the ring's memory stays bounded by ``ring`` entries.
+    the ring's memory stays bounded by ``ring`` entries. ``access`` does the
+    arming, taking and counting: PythonHistory by default;
+    _tracker.NativeHistory where the tracker's library is had (no Python
+    object per event, and the re-arm right after the snapshot in C++).
 
     What can be lost, and how it is counted: events the allocator recorded
     between the snapshot and the clear, and the oldest events of a round
@@ -59,11 +119,10 @@ class HistoryReader:
     reported where the gap is: before the events that follow it.
     """
 
-    def __init__(self, torch, device, ring=1 << 17):
+    def __init__(self, torch, device, ring=RING, access=None):
         self._torch = torch
         self._device = device
-        self._ring = ring
-        self._skip = True
+        self._access = access if access is not None else PythonHistory(torch, device, ring)
         self._base = 0
         self._seen = 0
         self._lost = 0
@@ -80,20 +139,10 @@ class HistoryReader:
         self.job_records = False
         self._arm_lock = threading.Lock()
 
-    def _record(self, clear):
-        kwargs = dict(context=None, stacks="python", max_entries=self._ring,
-                      clear_history=clear)
-        if self._skip:
-            try:
-                arm(self._torch, "all", skip_actions=_SKIP, **kwargs)
-                return
-            except (TypeError, ValueError, RuntimeError):
-                self._skip = False  # a PyTorch without skip_actions
-        arm(self._torch, "all", **kwargs)
-
-    def _counted(self):
-        stats = self._torch.cuda.memory_stats(self._device)
-        return sum(int(stats.get(name, 0)) for name in _COUNTERS)
+    @property
+    def read_in(self):
+        """Where the ring is read: "C++" (the tracker's library) or "Python"."""
+        return "Python" if isinstance(self._access, PythonHistory) else "C++"
 
     def start(self):
         """Records from now on; before CUDA is up (transparent enable() runs
@@ -109,8 +158,8 @@ class HistoryReader:
             self._torch.cuda._lazy_call(self._start_at_initialisation)
 
     def _start_recording(self):
-        self._record(clear=True)
-        self._base = self._counted()
+        self._access.arm(clear=True)
+        self._base = self._access.counted()
         self._recording = True
 
     def _start_at_initialisation(self):
@@ -122,7 +171,7 @@ class HistoryReader:
         if self._recording:
             self._recording = False
             if not self.job_records:
-                arm(self._torch, None)
+                self._access.disarm()
 
     def hand_to_job(self, call):
         """The job arms (or disarms) the history itself: `call`, its call of
@@ -137,35 +186,22 @@ class HistoryReader:
         mark where PyTorch's counters say the stream was, give or take the
         events lost around it."""
         if self._recording:
-            self._marks.append(self._counted() - self._base)
+            self._marks.append(self._access.counted() - self._base)
 
     def read_state(self):
         """The allocator's state (_allocator_state.read_state)."""
-        return _allocator_state.read_state(self._torch, self._device)
+        return self._access.read_state()
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
         if not self._recording:
             return (array.array("B"), *(array.array("Q") for _ in range(3)), 0)
-        counted = self._counted() - self._base
-        snapshot = self._torch.cuda.memory._snapshot()
-        traces = snapshot.get("device_traces", [])
-        entries = traces[self._device] if self._device < len(traces) else []
+        counted = self._access.counted() - self._base
         with self._arm_lock:
-            if self.job_records or _armed_by_job(entries):
+            ops, sizes, ids, streams, job_armed = self._access.take(rearm=not self.job_records)
+            if self.job_records or job_armed:
                 self.job_records = True
                 self._recording = False
-            else:
-                self._record(clear=True)
-        # Column by column with comprehensions: this runs with the GIL held
-        # while the job waits, at ~13,000 events a step on a large model
-        # (about 40% less than a loop appending to four arrays).
-        kept = [e for e in entries if e["action"] in _OPS]
-        mask = 0xFFFFFFFFFFFFFFFF
-        ops = array.array("B", [_OPS[e["action"]] for e in kept])
-        sizes = array.array("Q", [e["size"] for e in kept])
-        ids = array.array("Q", [e["addr"] & mask for e in kept])
-        streams = array.array("Q", [e["stream"] & mask for e in kept])
         first = self._seen + self._lost  # this round's first event, counted
         self._seen += len(ops)
         lost = max(self._lost, counted - self._seen)

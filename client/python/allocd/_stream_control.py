@@ -67,7 +67,9 @@ class StreamControl:
         return "history" if isinstance(self.events.reader, HistoryReader) else "tracker"
 
     def stats(self):
+        reader = self.events.reader if self.event_source == "history" else None
         return {"event_source": self.event_source,
+                "history_read_in": None if reader is None else reader.read_in,
                 "stream_deferred_until_reserved": self._from_reserved,
                 "stream_started": self.started,
                 "stream_paused": self.paused,

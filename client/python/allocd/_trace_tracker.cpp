@@ -21,13 +21,23 @@
 // reads it from torch.cuda.memory_snapshot(): that builds a Python dict per
 // block with the GIL held on the job's thread, 4.3 ms a read on a T5-base
 // fine-tune; here it is PyTorch's C++ snapshot and a copy into columns.
+//
+// And it reads PyTorch's allocator history (_record_memory_history), which a
+// stream reads first because the history can be switched off once the
+// daemon has decided and a tracker cannot be detached: the events of a
+// snapshot taken in C++, kept as the tracker keeps its own, and the history
+// re-armed cleared in the same call, where _history.py's Python reader
+// builds a dict per event and per held block with the GIL held (a seq2seq
+// first run stepped 35% slower on it until the daemon decided).
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -207,6 +217,100 @@ auto Snapshot(Allocator* allocator, long) -> decltype(allocator->snapshot()) {
   return allocator->snapshot();
 }
 
+// PyTorch's snapshot with its trace ring (the history's events).
+template <typename Allocator>
+auto SnapshotWithHistory(Allocator* allocator, int)
+    -> decltype(allocator->snapshot({0, 0}, true)) {
+  return allocator->snapshot({0, 0}, true);
+}
+template <typename Allocator>
+auto SnapshotWithHistory(Allocator* allocator, long) -> decltype(allocator->snapshot()) {
+  return allocator->snapshot();
+}
+
+using c10::cuda::CUDACachingAllocator::CUDAAllocator;
+using c10::cuda::CUDACachingAllocator::CreateContextFn;
+
+std::shared_ptr<c10::GatheredContext> NoStackFrames() { return nullptr; }
+
+// Arms (or disarms) the history as _history.py's reader does through
+// _record_memory_history("all", context=None, max_entries=ring,
+// clear_history=clear, skip_actions=[segment_alloc, segment_free,
+// snapshot]): no stack frames (RecordContext NEVER, value 0), and without
+// the actions the stream does not need where PyTorch knows them. Deduced
+// from recordHistory's own type, so that a PyTorch whose recordHistory
+// takes other arguments compiles the tracker all the same and says -1
+// here (the Python reader then arms it). 0; -1 not this PyTorch; -2
+// PyTorch refused.
+template <typename When>
+int RecordHistory(void (CUDAAllocator::*)(bool, CreateContextFn, size_t, When, bool,
+                                          const std::vector<std::string>&),
+                  bool enabled, uint64_t ring, bool clear) {
+  static const std::vector<std::string> skipped{"segment_alloc", "segment_free", "snapshot"};
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  if (allocator == nullptr) return -2;
+  try {
+    try {
+      allocator->recordHistory(enabled, &NoStackFrames, ring, When{}, clear, skipped);
+    } catch (...) {  // a PyTorch that does not know one of the skipped actions
+      allocator->recordHistory(enabled, &NoStackFrames, ring, When{}, clear, {});
+    }
+  } catch (...) {
+    return -2;
+  }
+  return 0;
+}
+template <typename Other>
+int RecordHistory(Other, bool, uint64_t, bool) {
+  return -1;
+}
+
+// Whether RecordHistory knows this PyTorch's recordHistory.
+template <typename When>
+constexpr bool KnowsRecordHistory(void (CUDAAllocator::*)(bool, CreateContextFn, size_t, When,
+                                                          bool,
+                                                          const std::vector<std::string>&)) {
+  return true;
+}
+template <typename Other>
+constexpr bool KnowsRecordHistory(Other) {
+  return false;
+}
+
+// The events of the last allocd_history_take, for allocd_history_copy.
+std::mutex history_mu;
+Events* history_events = nullptr;  // never freed, as the buffer
+
+// Keeps `entries`' alloc and free events of device `device` in `out`;
+// whether the newest alloc among them carries stack frames (the job armed
+// the history itself: PyTorch's defaults record them, allocd never asks).
+template <typename Entries>
+bool KeepHistory(const Entries& entries, int device, Events& out) {
+  out.Clear();
+  bool newest_alloc_has_frames = false;
+  for (const auto& entry : entries) {
+    if (static_cast<int>(entry.device_) != device) continue;
+    Op op;
+    switch (entry.action_) {
+      case TraceEntry::Action::ALLOC:
+        op = kAlloc;
+        newest_alloc_has_frames = entry.context_ != nullptr;
+        break;
+      case TraceEntry::Action::FREE_REQUESTED:
+        op = kFreeRequested;
+        break;
+      case TraceEntry::Action::FREE_COMPLETED:
+        op = kFreeCompleted;
+        break;
+      default:
+        continue;
+    }
+    out.Append(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
+               StreamId(entry.stream_));
+  }
+  return newest_alloc_has_frames;
+}
+
 // Fills `out` with device `device`'s segments and the blocks held in them
 // (allocated, or freed by the program and waiting on a stream), as
 // memory_snapshot() reports them: a block's address is its segment's plus the
@@ -243,6 +347,17 @@ int FillState(const Segments& segments, int device, uint64_t max_segments,
     }
   }
   return 0;
+}
+
+// Copies `n` events into the four columns the package reads.
+void SpreadEvents(const Event* from, size_t n, uint8_t* ops, uint64_t* sizes, uint64_t* ids,
+                  uint64_t* streams) {
+  for (size_t i = 0; i < n; ++i) {
+    ops[i] = static_cast<uint8_t>(from[i].size_and_op >> kOpShift);
+    sizes[i] = from[i].size_and_op & kSizeMask;
+    ids[i] = from[i].id;
+    streams[i] = from[i].stream;
+  }
 }
 
 template <typename T>
@@ -330,13 +445,7 @@ __attribute__((visibility("default"))) uint64_t allocd_tracker_take(
   }
   const size_t first = b.taken_from;
   const size_t n = std::min<size_t>(max, b.taken.size() - first);
-  const Event* from = b.taken.events.data() + first;
-  for (size_t i = 0; i < n; ++i) {
-    ops[i] = static_cast<uint8_t>(from[i].size_and_op >> kOpShift);
-    sizes[i] = from[i].size_and_op & kSizeMask;
-    ids[i] = from[i].id;
-    streams[i] = from[i].stream;
-  }
+  SpreadEvents(b.taken.events.data() + first, n, ops, sizes, ids, streams);
   b.taken_from += n;
   if (b.taken_from == b.taken.size()) {  // the drops came after these events
     *dropped = b.taken_dropped;
@@ -392,6 +501,82 @@ __attribute__((visibility("default"))) void allocd_tracker_take_state(
   CopyOut(state->block_sizes, block_sizes);
   CopyOut(state->block_requested, block_requested);
   CopyOut(state->block_flags, block_flags);
+}
+
+// 1 when the allocd_history_ functions can arm this PyTorch's history; 0
+// when they cannot (allocd_history_record says -1), and the package reads
+// it through Python.
+__attribute__((visibility("default"))) int allocd_history_supported() {
+  return KnowsRecordHistory(&CUDAAllocator::recordHistory) ? 1 : 0;
+}
+
+// Arms PyTorch's history for the stream (`enabled` 1: without stack frames,
+// at most `ring` entries, cleared when `clear`) or disarms it (0). 0; -1
+// when this PyTorch's recordHistory is not the one this file knows (the
+// caller arms it through Python instead); -2 when PyTorch refused.
+__attribute__((visibility("default"))) int allocd_history_record(int enabled, uint64_t ring,
+                                                                 int clear) {
+  return RecordHistory(&CUDAAllocator::recordHistory, enabled != 0, ring, clear != 0);
+}
+
+// PyTorch's counts of device `device`'s allocation requests, frees requested
+// and blocks returned to the cache (memory_stats()'s allocation.all.allocated,
+// allocation.all.freed, active.all.freed), summed: how many of the stream's
+// events the allocator made, without the Python dict of every statistic
+// that memory_stats() builds.
+__attribute__((visibility("default"))) uint64_t allocd_history_counted(int device) {
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  if (allocator == nullptr) return 0;
+  try {
+    const auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    return static_cast<uint64_t>(stats.allocation[0].allocated + stats.allocation[0].freed +
+                                 stats.active[0].freed);
+  } catch (...) {  // a device PyTorch's allocator does not know
+    return 0;
+  }
+}
+
+// Takes device `device`'s events from PyTorch's history (its snapshot) and
+// keeps them for allocd_history_copy; then, when `rearm` and the job has not
+// armed the history itself (*job_armed 0), arms it again cleared with
+// `ring` entries, so that the next take begins where this one ends and
+// nothing is read twice. The events the allocator makes between the
+// snapshot and the re-arm are lost (the caller counts them). Returns how
+// many events were kept; -1 when PyTorch gave no snapshot, -2 when it
+// refused the re-arm.
+__attribute__((visibility("default"))) int64_t allocd_history_take(int device, uint64_t ring,
+                                                                   int rearm, int* job_armed) {
+  *job_armed = 0;
+  std::lock_guard<std::mutex> lock(history_mu);
+  if (history_events == nullptr) history_events = new Events;
+  history_events->Clear();
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  if (allocator == nullptr) return -1;
+  try {
+    const auto snapshot = SnapshotWithHistory(allocator, 0);
+    if (device >= 0 && static_cast<size_t>(device) < snapshot.device_traces.size()) {
+      *job_armed = KeepHistory(snapshot.device_traces[device], device, *history_events);
+    }
+  } catch (...) {
+    history_events->Clear();
+    return -1;
+  }
+  if (rearm != 0 && *job_armed == 0 &&
+      RecordHistory(&CUDAAllocator::recordHistory, true, ring, true) != 0) {
+    return -2;
+  }
+  return static_cast<int64_t>(history_events->size());
+}
+
+// Copies the events the last allocd_history_take kept into four arrays of
+// its count, as allocd_tracker_take does.
+__attribute__((visibility("default"))) void allocd_history_copy(uint8_t* ops, uint64_t* sizes,
+                                                                uint64_t* ids,
+                                                                uint64_t* streams) {
+  std::lock_guard<std::mutex> lock(history_mu);
+  if (history_events == nullptr) return;
+  SpreadEvents(history_events->events.data(), history_events->size(), ops, sizes, ids,
+               streams);
 }
 
 }  // extern "C"

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import warnings
 
-from . import _allocator_state
+from . import _allocator_state, _history
 from ._bindings import address, load
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trace_tracker.cpp")
@@ -130,7 +130,77 @@ _SIGNATURES = {
     "allocd_tracker_read_state": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
                                                  ctypes.POINTER(ctypes.c_uint64 * 2)]),
     "allocd_tracker_take_state": (None, [ctypes.c_void_p] * 9),
+    "allocd_history_supported": (ctypes.c_int, []),
+    "allocd_history_record": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_int]),
+    "allocd_history_counted": (ctypes.c_uint64, [ctypes.c_int]),
+    "allocd_history_take": (ctypes.c_int64, [ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_int)]),
+    "allocd_history_copy": (None, [ctypes.c_void_p] * 4),
 }
+
+
+def _read_state(lib, device):
+    """The allocator's state, as _allocator_state.read_state gives it (None
+    when there are more than a state holds), read by PyTorch's C++ snapshot
+    without a Python object per block; RuntimeError when PyTorch's
+    allocator gives none."""
+    counts = (ctypes.c_uint64 * 2)()
+    result = lib.allocd_tracker_read_state(
+        device, _allocator_state.MAX_SEGMENTS, _allocator_state.MAX_BLOCKS, ctypes.byref(counts))
+    if result < 0:
+        raise RuntimeError("PyTorch's allocator gave no snapshot")
+    if result > 0:
+        return None
+    segments, blocks = counts
+    columns = _allocator_state.empty_columns(segments, blocks)
+    lib.allocd_tracker_take_state(*(address(c) for c in columns))
+    return columns
+
+
+def _columns(n):
+    """Four empty columns of `n` events: ops, sizes, ids, streams."""
+    return (array.array("B", bytes(n)), *(array.array("Q", bytes(8 * n)) for _ in range(3)))
+
+
+class NativeHistory:
+    """PyTorch's history through the tracker's library: _history.PythonHistory's
+    interface, armed, taken and counted in C++. A round's events come from
+    PyTorch's C++ snapshot into four columns, with no Python object per
+    event or block, and the ring is re-armed in the same call, right after
+    the snapshot (fewer events fall between them)."""
+
+    def __init__(self, lib, device, ring):
+        self._lib = lib
+        self._device = device
+        self._ring = ring
+
+    def _record(self, enabled, clear):
+        if self._lib.allocd_history_record(enabled, self._ring, int(clear)) != 0:
+            raise RuntimeError("PyTorch refused to record its allocator history")
+
+    def arm(self, clear):
+        self._record(1, clear)
+
+    def disarm(self):
+        self._record(0, True)
+
+    def counted(self):
+        return self._lib.allocd_history_counted(self._device)
+
+    def take(self, rearm):
+        job_armed = ctypes.c_int(0)
+        n = self._lib.allocd_history_take(self._device, self._ring, int(rearm),
+                                          ctypes.byref(job_armed))
+        if n == -1:
+            raise RuntimeError("PyTorch's allocator gave no snapshot")
+        if n == -2:
+            raise RuntimeError("PyTorch refused to record its allocator history")
+        columns = _columns(n)
+        self._lib.allocd_history_copy(*(address(c) for c in columns))
+        return (*columns, bool(job_armed.value))
+
+    def read_state(self):
+        return _read_state(self._lib, self._device)
 
 
 class TrackerReader:
@@ -198,28 +268,22 @@ class TrackerReader:
         self._lib.allocd_tracker_mark_step()
 
     def read_state(self):
-        """The allocator's state, as _allocator_state.read_state gives it (None
-        when there are more than a state holds), read by PyTorch's C++
-        snapshot without a Python object per block; RuntimeError when
-        PyTorch's allocator gives none."""
-        counts = (ctypes.c_uint64 * 2)()
-        result = self._lib.allocd_tracker_read_state(
-            self._device, _allocator_state.MAX_SEGMENTS, _allocator_state.MAX_BLOCKS,
-            ctypes.byref(counts))
-        if result < 0:
-            raise RuntimeError("PyTorch's allocator gave no snapshot")
-        if result > 0:
-            return None
-        segments, blocks = counts
-        columns = _allocator_state.empty_columns(segments, blocks)
-        self._lib.allocd_tracker_take_state(*(address(c) for c in columns))
-        return columns
+        """The allocator's state (_read_state)."""
+        return _read_state(self._lib, self._device)
+
+    def history_reader(self):
+        """A reader of PyTorch's history (the stream a tracker's stream reads
+        first, since the history can stop), through this tracker's library
+        where it can arm this PyTorch's history, else through Python."""
+        access = None
+        if self._lib.allocd_history_supported():
+            access = NativeHistory(self._lib, self._device, _history.RING)
+        return _history.HistoryReader(self._torch, self._device, access=access)
 
     def read(self):
         """Events since the last round, as (ops, sizes, ids, streams, dropped_before)."""
         n = self._lib.allocd_tracker_pending()
-        ops = array.array("B", bytes(n))
-        sizes, ids, streams = (array.array("Q", bytes(8 * n)) for _ in range(3))
+        ops, sizes, ids, streams = _columns(n)
         dropped = ctypes.c_uint64(0)
         got = self._lib.allocd_tracker_take(address(ops), address(sizes), address(ids),
                                             address(streams), n, ctypes.byref(dropped))

@@ -4,10 +4,16 @@
 // allocators that exist, none before CUDA's lazy initialisation
 // (fake_torch_init, the fake torch.cuda.init). Its snapshot is the
 // segments a test adds (fake_torch_add_segment, fake_torch_add_block), or an
-// exception where a test makes it fail, as a pluggable allocator's does.
+// exception where a test makes it fail, as a pluggable allocator's does,
+// with the history's ring where it records (recordHistory), which
+// fake_torch_emit fills as PyTorch's record_trace does, and counts every
+// event in getDeviceStats' counters.
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,17 +29,76 @@ std::vector<AllocatorTraceTracker>& Trackers() {
 }
 bool initialized = false;
 
+constexpr int kDevices = 2;
+
+const char* ActionName(TraceEntry::Action action) {
+  static const char* const names[] = {"alloc",         "free_requested", "free_completed",
+                                      "segment_alloc", "segment_free",   "segment_map",
+                                      "segment_unmap", "snapshot",       "oom"};
+  return names[action];
+}
+
 class FakeAllocator : public CUDAAllocator {
  public:
   SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
     if (fails) throw std::runtime_error("snapshot is not supported by this allocator");
     whole = mempool_id == MempoolId_t{0, 0};
     with_traces = include_traces;
-    return SnapshotInfo{segments, {}};
+    SnapshotInfo info{segments, {}};
+    if (include_traces) {
+      info.device_traces.resize(kDevices);
+      for (const auto& entry : ring) info.device_traces[entry.device_].push_back(entry);
+    }
+    return info;
   }
+  DeviceStats getDeviceStats(DeviceIndex device) override {
+    if (device < 0 || device >= kDevices) throw std::runtime_error("invalid device");
+    return stats[device];
+  }
+  // As PyTorch 2.11's DeviceCachingAllocator::recordHistory.
+  void recordHistory(bool enabled, CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions) override {
+    if (when != RecordContext::NEVER && context_recorder == nullptr) {
+      throw std::runtime_error("a context to record needs a recorder");
+    }
+    for (const auto& action : skip_actions) {
+      if (!known_actions.count(action)) throw std::runtime_error("unknown action " + action);
+    }
+    recording = enabled;
+    recorder = enabled ? context_recorder : nullptr;
+    record_context = enabled ? when : RecordContext::NEVER;
+    max_entries = std::max<size_t>(1, alloc_trace_max_entries);
+    skipped = std::set<std::string>(skip_actions.begin(), skip_actions.end());
+    if (!enabled || clearHistory) ring.clear();
+    ++arms;
+  }
+  // record_trace's part for the history: an entry where it records.
+  void Record(const TraceEntry& entry) {
+    if (!recording || skipped.count(ActionName(entry.action_))) return;
+    TraceEntry kept = entry;
+    if (record_context >= RecordContext::ALLOC && recorder != nullptr) kept.context_ = recorder();
+    if (ring.size() == max_entries) ring.erase(ring.begin());  // the oldest is overwritten
+    ring.push_back(std::move(kept));
+  }
+  void Count(const TraceEntry& entry) {
+    auto& device = stats[entry.device_];
+    if (entry.action_ == TraceEntry::ALLOC) ++device.allocation[0].allocated;
+    if (entry.action_ == TraceEntry::FREE_REQUESTED) ++device.allocation[0].freed;
+    if (entry.action_ == TraceEntry::FREE_COMPLETED) ++device.active[0].freed;
+  }
+
   std::vector<SegmentInfo> segments;
   bool fails = false;
   bool whole = false, with_traces = true;  // the last snapshot's asks
+  std::array<DeviceStats, kDevices> stats{};
+  bool recording = false;
+  CreateContextFn recorder = nullptr;
+  RecordContext record_context = RecordContext::NEVER;
+  size_t max_entries = 1;
+  std::set<std::string> skipped, known_actions{"segment_alloc", "segment_free", "snapshot"};
+  std::vector<TraceEntry> ring;
+  int arms = 0;
 };
 
 FakeAllocator& Allocator() {
@@ -68,13 +133,15 @@ uint64_t ApproximateTime() {
 // context, and every tracker called with it.
 extern "C" void fake_torch_emit(int action, int device, uint64_t addr,
                                 uint64_t size, uint64_t stream) {
+  auto& allocator = c10::cuda::CUDACachingAllocator::Allocator();
   const auto& trackers = c10::cuda::CUDACachingAllocator::Trackers();
-  if (trackers.empty()) return;
   std::string compile_string = "N/A";
   const TraceEntry entry(static_cast<TraceEntry::Action>(action),
                          static_cast<c10::DeviceIndex>(device), addr, size,
                          reinterpret_cast<cudaStream_t>(stream), {0, 0},
                          ApproximateTime(), nullptr, compile_string);
+  allocator.Count(entry);
+  allocator.Record(entry);
   for (const auto& tracker : trackers) tracker(entry);
 }
 
@@ -128,4 +195,34 @@ extern "C" void fake_torch_snapshot_fails(bool fails) { Allocator().fails = fail
 // Whether the last snapshot asked for every pool's segments without traces.
 extern "C" bool fake_torch_last_snapshot_whole_without_traces() {
   return Allocator().whole && !Allocator().with_traces;
+}
+
+namespace {
+std::shared_ptr<c10::GatheredContext> StackFrames() {
+  return std::make_shared<c10::GatheredContext>();
+}
+}  // namespace
+
+// The job arms the history itself, with PyTorch's defaults (stack frames
+// for every event; _record_memory_history()).
+extern "C" void fake_torch_job_records_history() {
+  Allocator().recordHistory(true, &StackFrames, 100000,
+                            c10::cuda::CUDACachingAllocator::RecordContext::ALL, false, {});
+}
+
+// The history as the last recordHistory left it: recording, whether it
+// records stack frames, its ring's bound, the actions it skips (a comma
+// after each), entries in the ring, and how many times it was armed.
+extern "C" void fake_torch_history(bool* recording, bool* frames, uint64_t* max_entries,
+                                   char* skipped, uint64_t skipped_size, uint64_t* entries,
+                                   int* arms) {
+  const auto& allocator = Allocator();
+  *recording = allocator.recording;
+  *frames = allocator.record_context != c10::cuda::CUDACachingAllocator::RecordContext::NEVER;
+  *max_entries = allocator.max_entries;
+  std::string names;
+  for (const auto& name : allocator.skipped) names += name + ",";
+  snprintf(skipped, skipped_size, "%s", names.c_str());
+  *entries = allocator.ring.size();
+  *arms = allocator.arms;
 }
