@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -62,6 +63,41 @@ def churn(n, reader=None, every=20000):
             reader.read()
     torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def concurrent_rounds(reader, seconds=4.0, period=0.1):
+    """`reader` started and read every `period` s on a thread of its own, as
+    the advisor reads it, while this thread trains an MLP whose backward
+    allocates on PyTorch's autograd thread (no GIL): events read, events
+    reported lost (between a round's snapshot and its re-arm), and the
+    median and longest round in ms."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+    done, got, rounds = threading.Event(), [0, 0], []
+
+    def read_rounds():
+        while not done.is_set():
+            time.sleep(period)
+            start = time.perf_counter()
+            ops, _, _, _, lost = reader.read()
+            rounds.append((time.perf_counter() - start) * 1e3)
+            got[0] += len(ops)
+            got[1] += lost
+
+    reader.start()
+    thread = threading.Thread(target=read_rounds)
+    thread.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        model(x).square().mean().backward()
+        model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    done.set()
+    thread.join()
+    ops, _, _, _, lost = reader.read()
+    reader.stop()
+    return {"events": got[0] + len(ops), "lost": got[1] + lost, "rounds": len(rounds),
+            "round_ms_median": statistics.median(rounds), "round_ms_max": max(rounds)}
 
 
 def state_held():
@@ -128,8 +164,9 @@ def main():
     t0 = time.perf_counter()
     path = _tracker.build(torch)
     built_s = time.perf_counter() - t0
-    tracker = _tracker.TrackerReader.for_torch(torch, torch.cuda.current_device())
-    history = _history.HistoryReader(torch, torch.cuda.current_device())
+    device = torch.cuda.current_device()
+    tracker = _tracker.TrackerReader.for_torch(torch, device)
+    history = _history.HistoryReader(torch, device)
     tracker.start()
     history.start()
     workload()
@@ -150,6 +187,8 @@ def main():
     native.stop()
     theirs = list(zip(*tracker.read()[:4]))
     native_identical = ours == theirs and dropped == 0
+    concurrent = {"python": concurrent_rounds(_history.HistoryReader(torch, device)),
+                  "cpp": concurrent_rounds(tracker.history_reader())}
     costs["tracker"] = churn(n, tracker)
     tracker.stop()
     history.start()
@@ -165,7 +204,8 @@ def main():
               "first_difference_events": None if first_difference is None else
               [g[first_difference] if first_difference < len(g) else None for g in got],
               "history_cpp": {"read_in": native.read_in, "events": [len(ours), len(theirs)],
-                              "identical": native_identical, "dropped": dropped},
+                              "identical": native_identical, "dropped": dropped,
+                              "while_training": concurrent},
               "churn_seconds": costs, "extra_ns_per_event": per_event_ns,
               "states": states()}
     print(json.dumps(result, indent=1))

@@ -281,20 +281,30 @@ constexpr bool KnowsRecordHistory(Other) {
 std::mutex history_mu;
 Events* history_events = nullptr;  // never freed, as the buffer
 
-// Keeps `entries`' alloc and free events of device `device` in `out`;
-// whether the newest alloc among them carries stack frames (the job armed
-// the history itself: PyTorch's defaults record them, allocd never asks).
+// Whether the newest alloc of device `device` in `entries` carries stack
+// frames: the job armed the history itself (PyTorch's defaults record
+// them, allocd never asks). From the end: the first alloc met decides.
 template <typename Entries>
-bool KeepHistory(const Entries& entries, int device, Events& out) {
+bool ArmedByJob(const Entries& entries, int device) {
+  for (auto entry = entries.rbegin(); entry != entries.rend(); ++entry) {
+    if (static_cast<int>(entry->device_) == device &&
+        entry->action_ == TraceEntry::Action::ALLOC) {
+      return entry->context_ != nullptr;
+    }
+  }
+  return false;
+}
+
+// Keeps `entries`' alloc and free events of device `device` in `out`.
+template <typename Entries>
+void KeepHistory(const Entries& entries, int device, Events& out) {
   out.Clear();
-  bool newest_alloc_has_frames = false;
   for (const auto& entry : entries) {
     if (static_cast<int>(entry.device_) != device) continue;
     Op op;
     switch (entry.action_) {
       case TraceEntry::Action::ALLOC:
         op = kAlloc;
-        newest_alloc_has_frames = entry.context_ != nullptr;
         break;
       case TraceEntry::Action::FREE_REQUESTED:
         op = kFreeRequested;
@@ -308,7 +318,6 @@ bool KeepHistory(const Entries& entries, int device, Events& out) {
     out.Append(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
                StreamId(entry.stream_));
   }
-  return newest_alloc_has_frames;
 }
 
 // Fills `out` with device `device`'s segments and the blocks held in them
@@ -537,13 +546,15 @@ __attribute__((visibility("default"))) uint64_t allocd_history_counted(int devic
 }
 
 // Takes device `device`'s events from PyTorch's history (its snapshot) and
-// keeps them for allocd_history_copy; then, when `rearm` and the job has not
+// keeps them for allocd_history_copy; when `rearm` and the job has not
 // armed the history itself (*job_armed 0), arms it again cleared with
-// `ring` entries, so that the next take begins where this one ends and
-// nothing is read twice. The events the allocator makes between the
-// snapshot and the re-arm are lost (the caller counts them). Returns how
-// many events were kept; -1 when PyTorch gave no snapshot, -2 when it
-// refused the re-arm.
+// `ring` entries first, right after the snapshot, so that the next take
+// begins where this one ends and nothing is read twice. The events the
+// allocator makes between the snapshot and the re-arm are lost (the
+// caller counts them): the caller holds the GIL, so that no Python thread
+// of the job allocates meanwhile, and the gap is the snapshot's own
+// return, no more. Returns how many events were kept; -1 when PyTorch gave
+// no snapshot, -2 when it refused the re-arm.
 __attribute__((visibility("default"))) int64_t allocd_history_take(int device, uint64_t ring,
                                                                    int rearm, int* job_armed) {
   *job_armed = 0;
@@ -554,16 +565,16 @@ __attribute__((visibility("default"))) int64_t allocd_history_take(int device, u
   if (allocator == nullptr) return -1;
   try {
     const auto snapshot = SnapshotWithHistory(allocator, 0);
-    if (device >= 0 && static_cast<size_t>(device) < snapshot.device_traces.size()) {
-      *job_armed = KeepHistory(snapshot.device_traces[device], device, *history_events);
+    const bool has_trace = device >= 0 && static_cast<size_t>(device) < snapshot.device_traces.size();
+    *job_armed = has_trace && ArmedByJob(snapshot.device_traces[device], device);
+    if (rearm != 0 && *job_armed == 0 &&
+        RecordHistory(&CUDAAllocator::recordHistory, true, ring, true) != 0) {
+      return -2;
     }
+    if (has_trace) KeepHistory(snapshot.device_traces[device], device, *history_events);
   } catch (...) {
     history_events->Clear();
     return -1;
-  }
-  if (rearm != 0 && *job_armed == 0 &&
-      RecordHistory(&CUDAAllocator::recordHistory, true, ring, true) != 0) {
-    return -2;
   }
   return static_cast<int64_t>(history_events->size());
 }
