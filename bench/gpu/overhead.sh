@@ -27,6 +27,11 @@
 # SAME_LAYOUT=0 starts each worker with a layout of its own, for
 # OVERHEAD_ARGS="--processes K": K processes a mode, whose ratios pool K
 # layouts (modes that load different libraries cannot share one layout).
+# METHOD=toggle runs overhead_toggle.py instead, a process a workload that
+# turns advisor mode on and off (allocd.advise(), allocd.shutdown()) between
+# its phases, so that every phase shares the process's layout; OVERHEAD_ARGS
+# then go to it (e.g. "--cycles 40 --steps 10"), N is unused, and each
+# workload's phases are in OUT/toggle-WORKLOAD.json.
 # Results: OUT/overhead.json (every step), OUT/overhead.log (the tables).
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
@@ -51,12 +56,21 @@ for job in "${learned_jobs[@]}"; do
 done
 taskset -pc "$all_cores" $$ >/dev/null
 echo "daemon on cores $((ncpu - daemon_cores))-$((ncpu - 1)) of $ncpu"
-python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" \
-    --alternate "$steps" --job-core 0 --autograd-core 1 \
-    $([ "${SAME_LAYOUT:-1}" = 0 ] || echo --same-layout) \
-    --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
-    ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
-status=$?
+if [ "${METHOD:-alternate}" = toggle ]; then
+  status=0
+  for workload in $(echo "${WORKLOADS:-seq2seq,resnet50,generate}" | tr , ' '); do
+    taskset -c "0-$((ncpu - daemon_cores - 1))" python "$here/overhead_toggle.py" \
+        --socket "$sock" --workload "$workload" --job-core 0 --autograd-core 1 \
+        --json "$out/toggle-$workload.json" ${OVERHEAD_ARGS:-} || status=1
+  done
+else
+  python "$here/overhead.py" --allocd "$bin/allocd" --socket "$sock" --out "$out" \
+      --alternate "$steps" --job-core 0 --autograd-core 1 \
+      $([ "${SAME_LAYOUT:-1}" = 0 ] || echo --same-layout) \
+      --cpus "0-$((ncpu - daemon_cores - 1))" ${OVERHEAD_ARGS:-} \
+      ${WORKLOADS:+--workloads "$WORKLOADS"} ${MODES:+--modes "$MODES"}
+  status=$?
+fi
 # The daemon's CPU time over the run (utime + stime, in clock ticks): the
 # replays it ran for the workers, beside their steps.
 read -r -a stat < "/proc/$daemon/stat" && \
