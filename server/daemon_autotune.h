@@ -107,7 +107,9 @@ class DaemonAutotune final : public SessionObserver, public AutotuneActions {
   void OnRun(const std::string& job) override;
   void OnDecision(const AutotuneDecision& decision) override;
   void DemandStream(SessionId session, uint64_t from_reserved, std::string reason) override;
-  bool ReadsStreamOf(SessionId id) const override { return autotuner_->ReadsStreamOf(id); }
+  uint64_t StreamReadFrom(SessionId id) const override {
+    return autotuner_->StreamReadFrom(id);
+  }
 
   // --- Admin
   v1::AutotuneStatusResponse Status() const;

@@ -181,8 +181,12 @@ absl::StatusOr<v1::RegisterResponse> DaemonCore::Register(
     observer_->SessionStarted(session->identity(), config.running,
                               config.learned, pushed, r.autotune());
     if (r.has_features()) observer_->Features(session->id(), r.features());
-    if (!observer_->ReadsStreamOf(session->id())) {
-      response.set_stream_from_reserved(kStreamNotRead);
+    // A learned start's own threshold stands, unless another session's
+    // stream is the one read.
+    const uint64_t read_from = observer_->StreamReadFrom(session->id());
+    if (read_from == kStreamNotRead ||
+        (read_from != 0 && response.stream_from_reserved() == 0)) {
+      response.set_stream_from_reserved(read_from);
     }
   }
   return response;

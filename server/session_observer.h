@@ -46,10 +46,11 @@ class SessionObserver {
                               const std::optional<AppliedConfig>& learned,
                               const std::optional<AppliedConfig>& pushed,
                               const v1::AutotunePreferences& preferences) = 0;
-  // Whether session `id` (started) is one whose allocation stream the
-  // daemon reads: its job's autotuner decides on one session's stream, and
-  // another's is not read until that one ends (StreamDemand then says so).
-  virtual bool ReadsStreamOf(SessionId /*id*/) const { return true; }
+  // What of session `id`'s (started) allocation stream the daemon reads,
+  // as RegisterResponse.stream_from_reserved says it (0: all of it;
+  // kStreamNotRead: none; else only past that reserved):
+  // Autotuner::StreamReadFrom.
+  virtual uint64_t StreamReadFrom(SessionId /*id*/) const { return 0; }
   virtual void SessionEnded(SessionId id) = 0;
   // Allocator events, validated (columns of one length, ops 0..2).
   virtual void Events(SessionId id, const v1::EventBatch& batch) = 0;

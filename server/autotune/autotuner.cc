@@ -66,12 +66,19 @@ void Autotuner::Impl::SessionStarted(SessionId id, const std::string& job_name,
   }
 }
 
-bool Autotuner::Impl::ReadsStreamOf(SessionId id) const {
+uint64_t Autotuner::Impl::StreamReadFrom(SessionId id) const {
   absl::MutexLock lock(&mu_);
   const AutotuneSession* session = jobs_.FindSession(id);
-  if (session == nullptr) return true;  // not the autotuner's to say
+  if (session == nullptr) return 0;  // not the autotuner's to say
   const AutotuneJob* job = jobs_.FindJob(session->job);
-  return job == nullptr || job->recorded == id;
+  if (job == nullptr) return 0;
+  if (job->recorded != id) return kStreamNotRead;
+  return SettledReadFrom(*job);
+}
+
+uint64_t Autotuner::Impl::SettledReadFrom(const AutotuneJob& job) const {
+  if (!job.first_pass_done || job.settled_need <= 0 || job.acting.has_value()) return 0;
+  return GrownPast(job.settled_need, options_.growth_margin);
 }
 
 void Autotuner::Impl::SessionEnded(SessionId id) {
@@ -90,9 +97,7 @@ void Autotuner::Impl::SessionEnded(SessionId id) {
       if (!job.sessions.empty()) {
         jobs_.StartRecording(job, job.sessions.front());
         // A settled job reads it once it grows, as the one before.
-        now_recorded.emplace(job.recorded, job.first_pass_done
-                                               ? GrownPast(job.settled_need, options_.growth_margin)
-                                               : 0);
+        now_recorded.emplace(job.recorded, SettledReadFrom(job));
       }
     }
     if (job.sessions.empty()) {
@@ -399,7 +404,7 @@ std::vector<AutotuneJobStatus> Autotuner::Status() const { return impl_->Status(
 std::vector<AutotuneDecision> Autotuner::History(const std::string& job, size_t limit) const {
   return impl_->History(job, limit);
 }
-bool Autotuner::ReadsStreamOf(SessionId id) const { return impl_->ReadsStreamOf(id); }
+uint64_t Autotuner::StreamReadFrom(SessionId id) const { return impl_->StreamReadFrom(id); }
 void Autotuner::WaitIdle() { impl_->WaitIdle(); }
 
 }  // namespace allocd

@@ -169,11 +169,15 @@ class Autotuner {
   // Newest first, at most `limit`; empty job: every job; a label: its jobs
   // in every tenant (each decision names its tenant).
   std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;
-  // Whether session `id`'s allocation stream is the one its job is decided
-  // on (one session's a job; true for a session the autotuner does not
-  // know). When that session ends, the job's next session's is, and
-  // DemandStream tells it.
-  bool ReadsStreamOf(SessionId id) const;
+  // What of session `id`'s allocation stream the autotuner reads, as
+  // RegisterResponse.stream_from_reserved says it: 0, all of it (a session
+  // the autotuner does not know too); kStreamNotRead, none (its job is
+  // decided on one session's stream, another's; when that session ends,
+  // the next one's is, and DemandStream tells it); else only once its
+  // reserved memory passes that: its job settled at a first pass before it
+  // started and no push is under way (GrownPast of the settled need, as
+  // for the session that takes over a settled job's stream).
+  uint64_t StreamReadFrom(SessionId id) const;
   // Blocks until no run is queued or running (tests).
   void WaitIdle();
 

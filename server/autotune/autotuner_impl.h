@@ -49,7 +49,10 @@ class Autotuner::Impl {
                       uint64_t config_version, const TenantId& tenant, bool marks_steps,
                       const SessionRank& rank) ABSL_LOCKS_EXCLUDED(mu_);
   void SessionEnded(SessionId id) ABSL_LOCKS_EXCLUDED(mu_);
-  bool ReadsStreamOf(SessionId id) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t StreamReadFrom(SessionId id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The reserved memory past which a settled job's recorded session's
+  // stream is read (0: all of it; StreamReadFrom).
+  uint64_t SettledReadFrom(const AutotuneJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Events(SessionId id, const std::vector<EvidenceEvent>& events,
               uint64_t dropped_before, const AllocatorSnapshot* state_after)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -858,11 +858,11 @@ TEST(AutotunerTest, TheNextSessionIsToldWhatOfItsStreamIsReadWhenTheRecordedOneE
   tuner.SessionStarted(1, "llama", "", 1);
   tuner.SessionStarted(2, "llama", "", 1);
   tuner.SessionStarted(3, "llama", "", 1);
-  EXPECT_TRUE(tuner.ReadsStreamOf(1));
-  EXPECT_FALSE(tuner.ReadsStreamOf(2));
-  EXPECT_TRUE(tuner.ReadsStreamOf(99));  // not the autotuner's session
+  EXPECT_EQ(tuner.StreamReadFrom(1), 0u);
+  EXPECT_EQ(tuner.StreamReadFrom(2), kStreamNotRead);
+  EXPECT_EQ(tuner.StreamReadFrom(99), 0u);  // not the autotuner's session
   tuner.SessionEnded(1);
-  EXPECT_TRUE(tuner.ReadsStreamOf(2));
+  EXPECT_EQ(tuner.StreamReadFrom(2), 0u);
   using Demand = std::pair<SessionId, uint64_t>;
   EXPECT_EQ(actions.demands(), std::vector<Demand>{Demand(2, 0)});
 
@@ -878,6 +878,40 @@ TEST(AutotunerTest, TheNextSessionIsToldWhatOfItsStreamIsReadWhenTheRecordedOneE
   tuner.SessionEnded(2);
   const double margin = Options(clock, AutotuneMode::kRecommend).growth_margin;
   EXPECT_EQ(actions.demands().back(), Demand(3, GrownPast(need, margin)));
+}
+
+TEST(AutotunerTest, ASessionThatStartsAfterItsJobSettledIsReadOnlyOnceItOutgrowsIt) {
+  // The next run of a job whose first pass kept its config, or a process
+  // restarted: the job is decided, and its stream has nothing to tell the
+  // autotuner until it needs more than the job settled at.
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "llama", "", 1);
+  FeedAll(tuner, 1);
+  tuner.WaitIdle();
+  const std::vector<AutotuneDecision> decided = tuner.History("llama", 1);
+  ASSERT_EQ(decided.size(), 1u);
+  ASSERT_NE(decided[0].result, AutotuneResult::kSkipped);
+  ASSERT_NE(decided[0].result, AutotuneResult::kPushed);
+  tuner.SessionEnded(1);
+  tuner.WaitIdle();  // the review at the session's end
+  tuner.SessionStarted(2, "llama", "", 1);
+  // What the newest decision predicted the job's config needs (the
+  // history is newest first).
+  int64_t need = 0;
+  for (const AutotuneDecision& d : tuner.History("llama", 10)) {
+    if (d.result != AutotuneResult::kSkipped) {
+      need = d.predicted_peak_current;
+      break;
+    }
+  }
+  ASSERT_GT(need, 0);
+  const double margin = Options(clock, AutotuneMode::kRecommend).growth_margin;
+  EXPECT_EQ(tuner.StreamReadFrom(2), GrownPast(need, margin));
+  // An undecided job's new session is read from its start.
+  tuner.SessionStarted(3, "fresh", "", 1);
+  EXPECT_EQ(tuner.StreamReadFrom(3), 0u);
 }
 
 TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {

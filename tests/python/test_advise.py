@@ -779,6 +779,36 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(stats["stream_demanded_from_reserved"],
                          int(1.1 * int(decisions[0]["predicted_peak_current"])))
 
+    def test_the_next_run_of_a_job_a_decision_kept_starts_with_its_stream_off(self):
+        # A first pass kept the job's config; the run ends and the job's next
+        # run (or the same process, advising again) registers while the
+        # daemon still knows the job: it has nothing to decide below what
+        # the job settled at, so its stream starts off, recording nothing.
+        self.torch.reserved = 1 << 20
+        self.assertTrue(allocd.advise(socket=self.socket, job="next-run", period=0.05))
+
+        class Optimizer:
+            pass
+
+        optimizer = Optimizer()
+        settled = self.step_until_paused(optimizer, "next-run")["stream_demanded_from_reserved"]
+        allocd.shutdown()
+        calls = len(self.torch.history.calls)
+        self.assertTrue(allocd.advise(socket=self.socket, job="next-run", period=0.05))
+        stats = allocd.stats()
+        self.assertEqual(stats["event_source"], "deferred")
+        self.assertEqual(stats["stream_from_reserved"], settled)
+        for _ in range(5):
+            self.torch.history.step([1 << 20, 2 << 20, 512])
+            self.torch.step(optimizer)
+        rounds = allocd.stats()["advisor_rounds"]
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+        self.assertEqual(len(self.torch.history.calls), calls)
+        self.assertEqual(allocd.stats()["events_sent"], 0)
+        # Past it, the stream starts.
+        self.torch.reserved = settled + 1
+        self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
+
     def test_only_the_session_its_job_is_decided_on_streams(self):
         # Another session of the job registered first: the daemon decides on
         # that one's stream, and this one's stays off (nothing recorded)
