@@ -47,8 +47,9 @@ import overhead_job  # noqa: E402
 
 PHASES = ("native", "advise", "native-b")
 UNTIMED_STEPS = 2
-# About a second of each workload's steps on an H200.
-STEPS_A_SECOND = {"seq2seq": 8, "resnet50": 40, "generate": 4, "churn": 8}
+# About a quarter of a second of each workload's steps on an H200: the
+# host's cores change speed within seconds, and short phases share it.
+STEPS_A_PHASE = {"seq2seq": 2, "resnet50": 10, "generate": 1, "churn": 2}
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -93,7 +94,7 @@ def main():
     p.add_argument("--job", default=None, help="default: overhead-toggle-WORKLOAD")
     p.add_argument("--cycles", type=int, default=40)
     p.add_argument("--steps", type=int, default=None,
-                   help="timed steps a phase (default: about a second of the workload's)")
+                   help="timed steps a phase (default: about a quarter of a second's)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--decide-s", type=float, default=180,
                    help="how long the first advise() may step until its stream stops")
@@ -101,7 +102,7 @@ def main():
     p.add_argument("--autograd-core", type=int, default=None)
     p.add_argument("--json", default=None, help="write every phase's steps here")
     a = p.parse_args()
-    a.steps = a.steps or STEPS_A_SECOND[a.workload]
+    a.steps = a.steps or STEPS_A_PHASE[a.workload]
     if a.cycles < 2 or a.steps < 1:
         sys.exit("--cycles: 2 or more; --steps: 1 or more")
     job = a.job or f"overhead-toggle-{a.workload}"
