@@ -157,24 +157,30 @@ uint64_t StreamId(const S& stream) {
   }
 }
 
+// The stream's op of a PyTorch action, in *op; false for the actions the
+// stream leaves out (segments, snapshots, OOMs).
+inline bool StreamOp(TraceEntry::Action action, Op* op) {
+  switch (action) {
+    case TraceEntry::Action::ALLOC:
+      *op = kAlloc;
+      return true;
+    case TraceEntry::Action::FREE_REQUESTED:
+      *op = kFreeRequested;
+      return true;
+    case TraceEntry::Action::FREE_COMPLETED:
+      *op = kFreeCompleted;
+      return true;
+    default:
+      return false;
+  }
+}
+
 void Track(const TraceEntry& entry) {
   Buffer& b = *buffer;
-  if (static_cast<int>(entry.device_) != b.device.load(std::memory_order_relaxed)) {
-    return;
-  }
   Op op;
-  switch (entry.action_) {
-    case TraceEntry::Action::ALLOC:
-      op = kAlloc;
-      break;
-    case TraceEntry::Action::FREE_REQUESTED:
-      op = kFreeRequested;
-      break;
-    case TraceEntry::Action::FREE_COMPLETED:
-      op = kFreeCompleted;
-      break;
-    default:
-      return;
+  if (static_cast<int>(entry.device_) != b.device.load(std::memory_order_relaxed) ||
+      !StreamOp(entry.action_, &op)) {
+    return;
   }
   b.Keep(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
          StreamId(entry.stream_));
@@ -300,21 +306,8 @@ template <typename Entries>
 void KeepHistory(const Entries& entries, int device, Events& out) {
   out.Clear();
   for (const auto& entry : entries) {
-    if (static_cast<int>(entry.device_) != device) continue;
     Op op;
-    switch (entry.action_) {
-      case TraceEntry::Action::ALLOC:
-        op = kAlloc;
-        break;
-      case TraceEntry::Action::FREE_REQUESTED:
-        op = kFreeRequested;
-        break;
-      case TraceEntry::Action::FREE_COMPLETED:
-        op = kFreeCompleted;
-        break;
-      default:
-        continue;
-    }
+    if (static_cast<int>(entry.device_) != device || !StreamOp(entry.action_, &op)) continue;
     out.Append(op, static_cast<uint64_t>(entry.size_), static_cast<uint64_t>(entry.addr_),
                StreamId(entry.stream_));
   }
