@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import types
 import unittest
 import warnings
@@ -85,6 +86,8 @@ c10.fake_torch_add_segment.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_u
 c10.fake_torch_add_block.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_bool,
                                      ctypes.c_bool]
 c10.fake_torch_snapshot_fails.argtypes = [ctypes.c_bool]
+c10.fake_torch_snapshot_takes_us.argtypes = [ctypes.c_int]
+c10.fake_torch_last_snapshot_window.argtypes = [ctypes.POINTER(ctypes.c_double)] * 2
 c10.fake_torch_history.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_uint64] + \
     [ctypes.c_void_p] * 2
 c10.fake_torch_last_snapshot_whole_without_traces.restype = ctypes.c_bool
@@ -411,6 +414,35 @@ class NativeHistoryTest(unittest.TestCase):
         ops, sizes, ids, streams, dropped = self.reader.read()
         self.assertEqual((list(ops), list(sizes), list(ids), list(streams), dropped),
                          ([ALLOC], [1 << 40], [0x2000], [1 << 63], 0))
+
+    def test_no_python_thread_runs_between_a_rounds_snapshot_and_its_rearm(self):
+        # What the job's Python threads allocate there is cleared with the
+        # ring: the take holds the GIL (released, the H200 lost 192 of
+        # 319,608 events under training).
+        self.reader.start()
+        ran, done = [], threading.Event()
+
+        def job_thread():
+            while not done.is_set():
+                ran.append(time.monotonic())
+
+        thread = threading.Thread(target=job_thread)
+        c10.fake_torch_snapshot_takes_us(100_000)
+        try:
+            thread.start()
+            while not ran:
+                time.sleep(0.001)
+            self.reader.read()
+        finally:
+            c10.fake_torch_snapshot_takes_us(0)
+            done.set()
+            thread.join()
+        began, ended = ctypes.c_double(), ctypes.c_double()
+        c10.fake_torch_last_snapshot_window(ctypes.byref(began), ctypes.byref(ended))
+        self.assertGreaterEqual(ended.value - began.value, 0.1)
+        self.assertGreater(ran[-1], ended.value)  # it ran after, and before
+        self.assertLess(ran[0], began.value)
+        self.assertEqual([t for t in ran if began.value < t < ended.value], [])
 
     def test_a_round_that_overflowed_the_ring_reports_what_it_lost(self):
         reader = _history.HistoryReader(fake_torch(), 0,

@@ -20,6 +20,7 @@ allocd reads PyTorch's history instead.
 import array
 import ctypes
 import fcntl
+import functools
 import hashlib
 import importlib
 import os
@@ -162,6 +163,14 @@ def _columns(n):
     return (array.array("B", bytes(n)), *(array.array("Q", bytes(8 * n)) for _ in range(3)))
 
 
+@functools.lru_cache(maxsize=None)
+def _gil_holding_take(path):
+    """allocd_history_take of the library at `path`, called with the GIL held."""
+    take = ctypes.PyDLL(path).allocd_history_take
+    take.restype, take.argtypes = _SIGNATURES["allocd_history_take"]
+    return take
+
+
 class NativeHistory:
     """PyTorch's history through the tracker's library: _history.PythonHistory's
     interface, armed, taken and counted in C++. A round's events come from
@@ -179,8 +188,7 @@ class NativeHistory:
         # Python reader holds it for its whole round, several). On the H200,
         # takes without it lost 192 of 319,608 events to a training loop
         # (tracker_check.py), with it 0 of 321,360.
-        self._take = getattr(ctypes.PyDLL(lib._name), "allocd_history_take")
-        self._take.restype, self._take.argtypes = _SIGNATURES["allocd_history_take"]
+        self._take = _gil_holding_take(lib._name)
 
     def _record(self, enabled, clear):
         if self._lib.allocd_history_record(enabled, self._ring, int(clear)) != 0:

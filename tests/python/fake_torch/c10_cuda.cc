@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 #if defined(__x86_64__)
@@ -42,6 +44,9 @@ class FakeAllocator : public CUDAAllocator {
  public:
   SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
     if (fails) throw std::runtime_error("snapshot is not supported by this allocator");
+    snapshot_began_s = MonotonicSeconds();
+    std::this_thread::sleep_for(std::chrono::microseconds(snapshot_sleep_us));
+    snapshot_ended_s = MonotonicSeconds();
     whole = mempool_id == MempoolId_t{0, 0};
     with_traces = include_traces;
     SnapshotInfo info{segments, {}};
@@ -88,8 +93,16 @@ class FakeAllocator : public CUDAAllocator {
     if (entry.action_ == TraceEntry::FREE_COMPLETED) ++device.active[0].freed;
   }
 
+  static double MonotonicSeconds() {  // Python's time.monotonic()
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+  }
+
   std::vector<SegmentInfo> segments;
   bool fails = false;
+  int snapshot_sleep_us = 0;  // how long a snapshot takes
+  double snapshot_began_s = 0, snapshot_ended_s = 0;  // the last one's
   bool whole = false, with_traces = true;  // the last snapshot's asks
   std::array<DeviceStats, kDevices> stats{};
   bool recording = false;
@@ -225,4 +238,12 @@ extern "C" void fake_torch_history(bool* recording, bool* frames, uint64_t* max_
   snprintf(skipped, skipped_size, "%s", names.c_str());
   *entries = allocator.ring.size();
   *arms = allocator.arms;
+}
+
+// Each snapshot from now on takes `us` microseconds; when the last one began
+// and ended, on time.monotonic()'s clock.
+extern "C" void fake_torch_snapshot_takes_us(int us) { Allocator().snapshot_sleep_us = us; }
+extern "C" void fake_torch_last_snapshot_window(double* began, double* ended) {
+  *began = Allocator().snapshot_began_s;
+  *ended = Allocator().snapshot_ended_s;
 }
