@@ -73,12 +73,31 @@ uint64_t Autotuner::Impl::StreamReadFrom(SessionId id) const {
   const AutotuneJob* job = jobs_.FindJob(session->job);
   if (job == nullptr) return 0;
   if (job->recorded != id) return kStreamNotRead;
-  return SettledReadFrom(*job);
+  return RecordedReadFrom(*job);
 }
 
-uint64_t Autotuner::Impl::SettledReadFrom(const AutotuneJob& job) const {
+uint64_t Autotuner::Impl::RecordedReadFrom(const AutotuneJob& job) const {
+  if (jobs_.ModeOf(job) == AutotuneMode::kOff) return kStreamNotRead;
   if (!job.first_pass_done || job.settled_need <= 0 || job.acting.has_value()) return 0;
   return GrownPast(job.settled_need, options_.growth_margin);
+}
+
+void Autotuner::Impl::SetPolicy(const JobKey& key, JobPolicy policy) {
+  std::vector<std::pair<SessionId, uint64_t>> demands;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, off] : jobs_.SetPolicy(key, std::move(policy))) {
+      const AutotuneSession* session = jobs_.FindSession(id);
+      const AutotuneJob* job = session == nullptr ? nullptr : jobs_.FindJob(session->job);
+      if (job != nullptr) demands.emplace_back(id, RecordedReadFrom(*job));
+    }
+  }
+  for (const auto& [id, from] : demands) {
+    actions_->DemandStream(id, from,
+                           from == kStreamNotRead
+                               ? "autotune is off for its job: nothing reads its stream"
+                               : "autotune is on for its job: its stream is read");
+  }
 }
 
 void Autotuner::Impl::SessionEnded(SessionId id) {
@@ -97,7 +116,7 @@ void Autotuner::Impl::SessionEnded(SessionId id) {
       if (!job.sessions.empty()) {
         jobs_.StartRecording(job, job.sessions.front());
         // A settled job reads it once it grows, as the one before.
-        now_recorded.emplace(job.recorded, SettledReadFrom(job));
+        now_recorded.emplace(job.recorded, RecordedReadFrom(job));
       }
     }
     if (job.sessions.empty()) {

@@ -160,7 +160,8 @@ class Autotuner {
   // session; FailedPrecondition: the job is off; Unavailable: it is busy.
   absl::StatusOr<uint64_t> RunNow(const std::string& job, const TenantId& tenant = "");
   // `job`'s policy; an empty label: the daemon default (for jobs without
-  // their own).
+  // their own). A job it turns off or on has its recorded session told
+  // what of its stream is read now (DemandStream).
   void SetPolicy(const JobKey& job, JobPolicy policy);
   // What `tenant`'s jobs of label `job` were seen doing, ended runs still
   // kept included (JobRegistry::FeaturesOf).
@@ -173,10 +174,12 @@ class Autotuner {
   // RegisterResponse.stream_from_reserved says it: 0, all of it (a session
   // the autotuner does not know too); kStreamNotRead, none (its job is
   // decided on one session's stream, another's; when that session ends,
-  // the next one's is, and DemandStream tells it); else only once its
-  // reserved memory passes that: its job settled at a first pass before it
-  // started and no push is under way (GrownPast of the settled need, as
-  // for the session that takes over a settled job's stream).
+  // the next one's is, and DemandStream tells it; also while its job's
+  // autotune mode is off, and DemandStream tells it when the mode changes);
+  // else only once its reserved memory passes that: its job settled at a
+  // first pass before it started and no push is under way (GrownPast of the
+  // settled need, as for the session that takes over a settled job's
+  // stream).
   uint64_t StreamReadFrom(SessionId id) const;
   // Blocks until no run is queued or running (tests).
   void WaitIdle();

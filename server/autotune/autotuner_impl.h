@@ -50,9 +50,10 @@ class Autotuner::Impl {
                       const SessionRank& rank) ABSL_LOCKS_EXCLUDED(mu_);
   void SessionEnded(SessionId id) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t StreamReadFrom(SessionId id) const ABSL_LOCKS_EXCLUDED(mu_);
-  // The reserved memory past which a settled job's recorded session's
-  // stream is read (0: all of it; StreamReadFrom).
-  uint64_t SettledReadFrom(const AutotuneJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What of its recorded session's stream `job` reads (StreamReadFrom):
+  // none while it is off; past its settled need once it is settled; else
+  // all of it.
+  uint64_t RecordedReadFrom(const AutotuneJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Events(SessionId id, const std::vector<EvidenceEvent>& events,
               uint64_t dropped_before, const AllocatorSnapshot* state_after)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -72,10 +73,9 @@ class Autotuner::Impl {
   absl::StatusOr<uint64_t> RunNow(const std::string& job_name, const TenantId& tenant)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  void SetPolicy(const JobKey& key, JobPolicy policy) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    jobs_.SetPolicy(key, std::move(policy));
-  }
+  // Tells the recorded session of each job it turns off or on what of its
+  // stream is read now (DemandStream).
+  void SetPolicy(const JobKey& key, JobPolicy policy) ABSL_LOCKS_EXCLUDED(mu_);
 
   JobFeatures FeaturesOf(const TenantId& tenant, const std::string& job) const
       ABSL_LOCKS_EXCLUDED(mu_) {

@@ -88,15 +88,28 @@ void JobRegistry::ApplyMode(AutotuneJob& job) {
   }
 }
 
-void JobRegistry::SetPolicy(const JobKey& key, JobPolicy policy) {
+std::vector<std::pair<SessionId, bool>> JobRegistry::SetPolicy(const JobKey& key,
+                                                               JobPolicy policy) {
+  std::vector<std::pair<SessionId, bool>> switched;
+  const auto apply = [&](AutotuneJob& job, bool was_off) {
+    ApplyMode(job);
+    const bool off = ModeOf(job) == AutotuneMode::kOff;
+    if (off != was_off && job.recorded != 0) switched.emplace_back(job.recorded, off);
+  };
   if (key.job.empty() && key.run.empty()) {
+    std::vector<bool> was_off;
+    was_off.reserve(jobs_.size());
+    for (const auto& [name, job] : jobs_) was_off.push_back(ModeOf(job) == AutotuneMode::kOff);
     default_policy_ = std::move(policy);
-    for (auto& [name, job] : jobs_) ApplyMode(job);
-    return;
+    size_t i = 0;
+    for (auto& [name, job] : jobs_) apply(job, was_off[i++]);
+    return switched;
   }
   AutotuneJob& job = jobs_[key];
+  const bool was_off = ModeOf(job) == AutotuneMode::kOff;
   job.policy = std::move(policy);
-  ApplyMode(job);
+  apply(job, was_off);
+  return switched;
 }
 
 void JobRegistry::Ended(const JobKey& ended, const AutotuneTaskQueue& tasks) {

@@ -57,8 +57,10 @@ class JobRegistry {
   void StartRecording(AutotuneJob& job, SessionId id);
   // `key`'s policy; an empty label (and run): the default, for jobs
   // without their own.
-  // A job turned off drops its window; one turned on starts one.
-  void SetPolicy(const JobKey& key, JobPolicy policy);
+  // A job turned off drops its window; one turned on starts one. Returns
+  // the recorded sessions of the jobs it turned off or on, each with
+  // whether its job is off now.
+  std::vector<std::pair<SessionId, bool>> SetPolicy(const JobKey& key, JobPolicy policy);
   // `key`'s last session ended: past ended_jobs_kept ended jobs, the oldest
   // go, unless a session came back or something still refers to them (its
   // push, review or run, or a task in `tasks`).

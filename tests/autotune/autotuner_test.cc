@@ -914,6 +914,26 @@ TEST(AutotunerTest, ASessionThatStartsAfterItsJobSettledIsReadOnlyOnceItOutgrows
   EXPECT_EQ(tuner.StreamReadFrom(3), 0u);
 }
 
+TEST(AutotunerTest, AJobTurnedOffReadsNothingOfItsStreamAndTurnedOnReadsItAgain) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(Options(clock, AutotuneMode::kOff), &actions);
+  tuner.SessionStarted(1, "llama", "", 1);
+  EXPECT_EQ(tuner.StreamReadFrom(1), kStreamNotRead);  // at its registration
+  JobPolicy recommend;
+  recommend.mode = AutotuneMode::kRecommend;
+  tuner.SetPolicy({.job = "llama"}, recommend);
+  using Demand = std::pair<SessionId, uint64_t>;
+  EXPECT_EQ(actions.demands(), std::vector<Demand>{Demand(1, 0)});
+  EXPECT_EQ(tuner.StreamReadFrom(1), 0u);
+  tuner.SetPolicy({.job = "llama"}, recommend);  // no change: no demand
+  EXPECT_EQ(actions.demands().size(), 1u);
+  JobPolicy off;
+  off.mode = AutotuneMode::kOff;
+  tuner.SetPolicy({.job = "llama"}, off);
+  EXPECT_EQ(actions.demands().back(), Demand(1, kStreamNotRead));
+}
+
 TEST(AutotunerTest, OffKeepsNoWindowAndRunsNothing) {
   FakeClock clock;
   FakeActions actions;

@@ -53,16 +53,21 @@ TEST(JobRegistryTest, AJobTurnedOffKeepsNoWindowAndTheDefaultAppliesToJobsWithou
   JobRegistry jobs(Options());
   AutotuneJob* llama = jobs.AddSession(1, kLlama, "", 0, false);
   AutotuneJob* vit = jobs.AddSession(2, {.tenant = "uid:1", .job = "vit"}, "", 0, false);
-  jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kOff});
+  using Switched = std::vector<std::pair<SessionId, bool>>;  // (recorded, off now)
+  EXPECT_EQ(jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kOff}), (Switched{{1, true}}));
   EXPECT_EQ(llama->window, nullptr);
   EXPECT_EQ(jobs.StateOf(*llama), AutotuneJobState::kOff);
   EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kRecommend);
 
-  jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply});  // the default
+  // The default: vit goes from recommend to apply, llama keeps its own off.
+  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply}), Switched{});
   EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kApply);
   EXPECT_EQ(jobs.ModeOf(*llama), AutotuneMode::kOff);  // its own
+  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kOff}), (Switched{{2, true}}));
+  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply}), (Switched{{2, false}}));
 
-  jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kRecommend});
+  EXPECT_EQ(jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kRecommend}),
+            (Switched{{1, false}}));
   EXPECT_NE(llama->window, nullptr);
   EXPECT_EQ(jobs.StateOf(*llama), AutotuneJobState::kWatching);
   llama->queued = true;
