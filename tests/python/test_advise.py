@@ -809,6 +809,21 @@ class AdviseTest(unittest.TestCase):
         self.torch.reserved = settled + 1
         self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
 
+    def test_a_job_that_turns_autotune_off_records_no_stream(self):
+        # Nothing reads the stream of a job whose autotune mode is off: it
+        # starts off, and PyTorch records nothing for it.
+        self.assertTrue(allocd.advise(socket=self.socket, job="untuned", period=0.05,
+                                      autotune_mode="off"))
+        stats = allocd.stats()
+        self.assertEqual(stats["event_source"], "deferred")
+        self.assertEqual(stats["stream_from_reserved"], (1 << 64) - 1)
+        for _ in range(5):
+            self.torch.history.step([1 << 20, 2 << 20, 512])
+        rounds = stats["advisor_rounds"]
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+        self.assertEqual(self.torch.history.calls, [])
+        self.assertEqual(allocd.stats()["events_sent"], 0)
+
     def test_only_the_session_its_job_is_decided_on_streams(self):
         # Another session of the job registered first: the daemon decides on
         # that one's stream, and this one's stays off (nothing recorded)
