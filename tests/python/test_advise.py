@@ -779,6 +779,21 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(stats["stream_demanded_from_reserved"],
                          int(1.1 * int(decisions[0]["predicted_peak_current"])))
 
+    def assert_stream_stays_off(self, from_reserved):
+        """The stream is off until the reserved memory passes `from_reserved`,
+        and stays off: allocations over five rounds record nothing in
+        PyTorch's history and send the daemon no event."""
+        stats = allocd.stats()
+        self.assertEqual(stats["event_source"], "deferred")
+        self.assertEqual(stats["stream_from_reserved"], from_reserved)
+        calls = len(self.torch.history.calls)
+        for _ in range(5):
+            self.torch.history.step([1 << 20, 2 << 20, 512])
+        rounds = stats["advisor_rounds"]
+        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
+        self.assertEqual(len(self.torch.history.calls), calls)
+        self.assertEqual(allocd.stats()["events_sent"], 0)
+
     def test_the_next_run_of_a_job_a_decision_kept_starts_with_its_stream_off(self):
         # A first pass kept the job's config; the run ends and the job's next
         # run (or the same process, advising again) registers while the
@@ -793,18 +808,8 @@ class AdviseTest(unittest.TestCase):
         optimizer = Optimizer()
         settled = self.step_until_paused(optimizer, "next-run")["stream_demanded_from_reserved"]
         allocd.shutdown()
-        calls = len(self.torch.history.calls)
         self.assertTrue(allocd.advise(socket=self.socket, job="next-run", period=0.05))
-        stats = allocd.stats()
-        self.assertEqual(stats["event_source"], "deferred")
-        self.assertEqual(stats["stream_from_reserved"], settled)
-        for _ in range(5):
-            self.torch.history.step([1 << 20, 2 << 20, 512])
-            self.torch.step(optimizer)
-        rounds = allocd.stats()["advisor_rounds"]
-        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
-        self.assertEqual(len(self.torch.history.calls), calls)
-        self.assertEqual(allocd.stats()["events_sent"], 0)
+        self.assert_stream_stays_off(from_reserved=settled)
         # Past it, the stream starts.
         self.torch.reserved = settled + 1
         self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
@@ -814,15 +819,7 @@ class AdviseTest(unittest.TestCase):
         # starts off, and PyTorch records nothing for it.
         self.assertTrue(allocd.advise(socket=self.socket, job="untuned", period=0.05,
                                       autotune_mode="off"))
-        stats = allocd.stats()
-        self.assertEqual(stats["event_source"], "deferred")
-        self.assertEqual(stats["stream_from_reserved"], (1 << 64) - 1)
-        for _ in range(5):
-            self.torch.history.step([1 << 20, 2 << 20, 512])
-        rounds = stats["advisor_rounds"]
-        self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
-        self.assertEqual(self.torch.history.calls, [])
-        self.assertEqual(allocd.stats()["events_sent"], 0)
+        self.assert_stream_stays_off(from_reserved=(1 << 64) - 1)
 
     def test_only_the_session_its_job_is_decided_on_streams(self):
         # Another session of the job registered first: the daemon decides on
@@ -831,15 +828,7 @@ class AdviseTest(unittest.TestCase):
         lib, first = _advisor.connect(self.torch, self.socket, "pair", "", 0, "")
         try:
             self.assertTrue(allocd.advise(socket=self.socket, job="pair", period=0.05))
-            stats = allocd.stats()
-            self.assertEqual(stats["event_source"], "deferred")
-            self.assertEqual(stats["stream_from_reserved"], (1 << 64) - 1)
-            for _ in range(5):
-                self.torch.history.step([1 << 20, 2 << 20, 512])
-            rounds = stats["advisor_rounds"]
-            self.assertTrue(wait_for(lambda: allocd.stats()["advisor_rounds"] >= rounds + 5))
-            self.assertEqual(self.torch.history.calls, [])
-            self.assertEqual(allocd.stats()["events_sent"], 0)
+            self.assert_stream_stays_off(from_reserved=(1 << 64) - 1)
         finally:
             lib.allocd_disconnect(first)
         self.assertTrue(wait_for(lambda: allocd.stats()["event_source"] == "history"))
