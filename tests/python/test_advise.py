@@ -735,11 +735,14 @@ class AdviseTest(unittest.TestCase):
 
         optimizer = Optimizer()
         stats = self.step_until_paused(optimizer, "reviewed")
-        # The review's learned config, then the first pass's keep of it.
+        # The review's learned config, then the first pass's keep of it: the
+        # stream pauses at whichever comes first, and the later one, to a
+        # stream already off, only moves its threshold.
         self.assertGreaterEqual(stats["stream_demands"], 1)
-        self.assertEqual(stats["stream_paused"], stats["stream_demand_reason"])
-        self.assertIn("nothing to decide until its reserved memory passes",
-                      stats["stream_paused"])
+        for said in (stats["stream_paused"], stats["stream_demand_reason"]):
+            self.assertIn("nothing to decide until its reserved memory passes", said)
+        self.assertTrue(stats["stream_paused"].startswith(('job "reviewed" learned', "decision ")),
+                        stats["stream_paused"])
         until = stats["stream_deferred_until_reserved"]
         self.assertEqual(until, stats["stream_demanded_from_reserved"])
         self.assertGreater(until, 0)
