@@ -215,9 +215,10 @@ class StreamControl:
         except AllocdUnavailable as error:
             self.started = f"not started: {error}"
             return
+        # Said before the stream shows as on: stats() reads both unlocked.
+        self.started = why
         self.events.begin(reader, state[-1] if state else None)
         self.started_on(reader, self._tracker or built)
-        self.started = why
 
     def watch_job_history(self):
         """Wraps PyTorch's _record_memory_history so that the job's own calls
