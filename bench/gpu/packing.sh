@@ -16,14 +16,25 @@
 #              large batch a cycle) beside a trainer, and the server alone
 #              (SERVER_PEAKS: the batch's and the trainer's GiB, "60 90"),
 #              and the floor: native, the batch halved so that both fit
+#              (SERVER_RUNS: "beside alone" by default; SERVER_FLOOR=0: no floor)
 # Each part runs its jobs under the modes in MODES_<PART> (default below):
 #   native        PyTorch's defaults
 #   expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 #   empty-cache   defaults, torch.cuda.empty_cache() after each peak (by hand)
 #   fraction      set_per_process_memory_fraction(1/N) (static partitioning)
 #   transparent   allocd.enable(): PyTorch's allocator on the daemon's memory
+#   transparent-no-stream  the same, sending the daemon no allocation stream
+#                 (record_events=False): what the stream costs the job
 #   run           the unchanged script under `allocd run`
-# MPS is not run: see docs/results.md (packing) for why.
+# MPS=1 runs every part under NVIDIA's Multi-Process Service: a control
+# daemon of this user's own (its pipes and log under OUT/mps; the GPU's
+# compute mode is left as it is), whose clients are every job and allocd's
+# daemon. The jobs' kernels then share the GPU's SMs instead of taking
+# turns. A trainer runs at CUDA_MPS_CLIENT_PRIORITY=MPS_TRAINER_PRIORITY
+# (default 1, below normal) on at most MPS_TRAINER_THREADS percent of the
+# SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, default 100). MPS shares compute,
+# not caches: each job's freed memory stays in its own PyTorch cache under
+# MPS as it does without.
 #
 # Results: OUT/packing/<part>-N<n>-<mode>-<i>.json per job, OUT/packing.log,
 # the daemon's log, and OUT/packing.tgz after each part;
@@ -41,6 +52,19 @@ sock=$out/allocd.sock daemon_log=$out/daemon.log
 export PYTHONUNBUFFERED=1
 SLOT=${SLOT:-0.8} HOLD=${HOLD:-0.4} CYCLES=${CYCLES:-3}
 
+# start_mps: the MPS control daemon for this run, quit when the script exits
+# (its server exits with it). Every CUDA process started after it connects
+# to it through CUDA_MPS_PIPE_DIRECTORY.
+start_mps() {
+  command -v nvidia-cuda-mps-control >/dev/null ||
+    { echo "MPS=1: nvidia-cuda-mps-control is not on this machine"; exit 1; }
+  export CUDA_MPS_PIPE_DIRECTORY=$out/mps/pipe CUDA_MPS_LOG_DIRECTORY=$out/mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "MPS=1: the control daemon did not start"; exit 1; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  echo "MPS: control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+}
+
 step device
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.csv"
 gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
@@ -53,7 +77,7 @@ echo "GPU: $gpu_gib GiB"
 # done; at most 120 s).
 launch() {
   local part=$1 mode=$2 n=$3; shift 3
-  local kinds=("$@") peaks=($PEAKS) pids=() i kind peak env=() run=() jmode=$mode
+  local kinds=("$@") peaks=($PEAKS) pids=() i kind peak env=() run=() jmode=$mode priority threads
   local go=$out/packing/go.$part.$n.$mode
   rm -f "$go" "$go".ready.*
   # Every run starts on an empty GPU: what the daemon cached for the last
@@ -64,13 +88,18 @@ launch() {
   case $mode in
     expandable) env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); jmode=native ;;
     native) env=(PYTORCH_CUDA_ALLOC_CONF=) ;;
+    transparent-no-stream) jmode="transparent --no-stream" ;;
     run) run=("$bin/allocd" run --socket "$sock" --job "pack-$part" --); jmode=native ;;
   esac
   for ((i = 0; i < n; i++)); do
     kind=${kinds[$(( i < ${#kinds[@]} ? i : ${#kinds[@]} - 1 ))]}
     peak=${peaks[$(( i < ${#peaks[@]} ? i : ${#peaks[@]} - 1 ))]}
-    env "${env[@]}" timeout 300 "${run[@]}" python "$here/packing_job.py" --index "$i" --jobs "$n" \
-        --kind "$kind" --mode "$jmode" --socket "$sock" --peak-gib "$peak" --slot "$SLOT" \
+    priority=0 threads=100
+    if [[ ${MPS:-0} != 0 && $kind == trainer ]]; then
+      priority=${MPS_TRAINER_PRIORITY:-1} threads=${MPS_TRAINER_THREADS:-100}
+    fi
+    env "${env[@]}" CUDA_MPS_CLIENT_PRIORITY=$priority CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$threads timeout 300 "${run[@]}" python "$here/packing_job.py" --index "$i" --jobs "$n" \
+        --kind "$kind" --mode $jmode --socket "$sock" --peak-gib "$peak" --slot "$SLOT" \
         --hold "$HOLD" --cycles "$CYCLES" --start-file "$go" $JOB_ARGS \
         --json "$out/packing/$part-N$n-$mode-$i.json" > "$out/packing/$part-N$n-$mode-$i.log" 2>&1 &
     pids+=($!)
@@ -100,6 +129,7 @@ EOF
 peak_for() { python -c "print(round(min(0.6 * $gpu_gib, 1.3 * $gpu_gib / $1)))"; }
 modes() { local v="MODES_$1"; echo "${!v:-$2}"; }
 
+[[ ${MPS:-0} != 0 ]] && start_mps
 start_daemon device
 if want alone; then
   for kind in peaks trainer server; do
@@ -140,8 +170,12 @@ if want server; then
   # job 1 the trainer (90 GiB of activations in its slot).
   PEAKS=${SERVER_PEAKS:-60 90} JOB_ARGS="--schedule alternate --rate 20 --slot 1.5 --hold 0.6"
   for mode in $(modes SERVER "native expandable empty-cache transparent"); do
-    step "server beside a trainer: $mode"; launch server "$mode" 2 server trainer
-    step "server alone: $mode"; launch server-alone "$mode" 1 server
+    if [[ " ${SERVER_RUNS:-beside alone} " == *" beside "* ]]; then
+      step "server beside a trainer: $mode"; launch server "$mode" 2 server trainer
+    fi
+    if [[ " ${SERVER_RUNS:-beside alone} " == *" alone "* ]]; then
+      step "server alone: $mode"; launch server-alone "$mode" 1 server
+    fi
   done
   # The floor: native, with a batch half as large, so that both jobs fit
   # and nothing moves; what is left is the GPU's compute shared with the

@@ -53,6 +53,9 @@ def parse():
     p.add_argument("--schedule", choices=["alternate", "random"], default="alternate")
     p.add_argument("--mode", choices=["native", "empty-cache", "fraction", "transparent"],
                    required=True)
+    p.add_argument("--no-stream", action="store_true",
+                   help="transparent: send the daemon no allocation stream (record_events=False; "
+                        "nothing to autotune on)")
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
     p.add_argument("--peak-gib", type=float, default=40)
     p.add_argument("--slot", type=float, default=1.0, help="seconds per slot")
@@ -250,7 +253,7 @@ def main():
     if a.mode == "transparent":
         import allocd
         allocd.enable(socket=a.socket, job=f"pack-{a.kind}-{a.index}", required=True,
-                      mode="transparent")
+                      mode="transparent", record_events=not a.no_stream)
     import torch
     torch.cuda.init()
     if a.mode == "fraction":
@@ -270,8 +273,14 @@ def main():
     torch.cuda.synchronize()
     result = {
         "index": a.index, "jobs": a.jobs, "kind": a.kind, "schedule": a.schedule,
-        "mode": a.mode, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "mode": a.mode, "stream": not a.no_stream, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "under_allocd_run": os.environ.get("ALLOCD_AUTOSTART") == "1",
+        # A client of packing.sh's MPS control daemon (MPS=1), at this
+        # priority, on at most this percentage of the SMs.
+        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+        "mps_client_priority": int(os.environ.get("CUDA_MPS_CLIENT_PRIORITY") or 0),
+        "mps_active_thread_percentage": int(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+                                            or 100),
         "peak_gib": a.peak_gib, "cycles": a.cycles, "slot_s": a.slot, "hold_s": a.hold,
         "start": a.start,
         "ooms": job.ooms, "step_ooms": job.step_ooms,

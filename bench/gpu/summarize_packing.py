@@ -18,6 +18,7 @@ its slowest requests came.
 """
 import collections
 import glob
+import gzip
 import json
 import math
 import os
@@ -34,11 +35,14 @@ def percentile(values, q):
 
 
 def load(out):
+    """The jobs' results under OUT/packing, as packing.sh wrote them (.json)
+    or as a record in the repository keeps them (.json.gz)."""
     runs = collections.defaultdict(list)
-    for f in glob.glob(os.path.join(out, "packing", "*.json")):
-        m = re.match(r"(.+)-N(\d+)-(.+)-(\d+)\.json$", os.path.basename(f))
+    for f in glob.glob(os.path.join(out, "packing", "*.json*")):
+        m = re.match(r"(.+)-N(\d+)-(.+)-(\d+)\.json(\.gz)?$", os.path.basename(f))
         if m:
-            runs[(m[1], int(m[2]), m[3])].append(json.load(open(f)))
+            with (gzip.open if m[5] else open)(f, "rt") as text:
+                runs[(m[1], int(m[2]), m[3])].append(json.load(text))
     return runs
 
 
@@ -112,26 +116,53 @@ def main():
 
     giving_cost(runs)
 
-    servers = {(part, mode): next(j for j in jobs if j["kind"] == "server")
-               for (part, n, mode), jobs in runs.items()
-               if part in ("server", "server-alone", "server-floor")}
+    pairs = {(part, mode): jobs for (part, n, mode), jobs in runs.items()
+             if part in ("server", "server-alone", "server-floor")}
+    servers = {key: next(j for j in jobs if j["kind"] == "server") for key, jobs in pairs.items()}
+    trainers = {key: next((j for j in jobs if j["kind"] == "trainer"), None)
+                for key, jobs in pairs.items()}
     floor = servers.get(("server-floor", "native"))
-    print("\n| server | mode | batch (GiB) | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone "
-          "| p99 vs the native floor |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    mps = any(s.get("mps") for s in servers.values())
+    if mps:
+        trainer = next(t for t in trainers.values() if t)
+        print("\nUnder MPS (packing.sh MPS=1): every job a client of one MPS server, the "
+              f"trainer at client priority {trainer.get('mps_client_priority', 0)} on at most "
+              f"{trainer.get('mps_active_thread_percentage', 100)}% of the SMs.")
+    print("\n| server | mode | batch (GiB) | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone (native where run) "
+          "| p99 vs the native floor | p99 past the first 30 s (ms) "
+          "| trainer's failed long steps | trainer's step p50 (ms) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     where = {"server": "beside a trainer", "server-alone": "alone",
              "server-floor": "the floor: beside a trainer, both fit"}
     for (part, mode), server in sorted(servers.items()):
-        solo = servers.get(("server-alone", mode)) or servers.get(("server-alone", "native"))
+        # The target's reference is the server alone natively; a run without
+        # it compares with the server alone in the same mode.
+        solo = servers.get(("server-alone", "native")) or servers.get(("server-alone", mode))
         ref = solo["latency_ms_p99"] if solo else None
         low = floor["latency_ms_p99"] if floor and part != "server-alone" else None
+        trainer = trainers[(part, mode)]
         print(f"| {where[part]} | {mode} | {server['peak_gib']:g} | {server['requests']} | "
               f"{server['ooms']} | {server['latency_ms_p50']:.2f} | "
               f"{server['latency_ms_p99']:.2f} | "
               f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x | "
-              f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x |")
+              f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x | "
+              f"{fmt(p99_past(server, STARTUP_S))} | "
+              f"{trainer['ooms'] if trainer else ''} | "
+              f"{fmt(trainer['step_ms_p50'] if trainer else None, '.2f')} |")
     slowest_requests(servers)
     server_segments(servers)
+
+
+# A process's first seconds under allocd differ from the rest: the
+# advisor's quick rounds (QUICK_START_S) and the pre-warm's learning of a
+# recurring peak. The server's p99 past them is its steady state.
+STARTUP_S = 30.0
+
+
+def p99_past(server, seconds):
+    """The p99 latency (ms) of the requests that arrived `seconds` or more
+    after the start (None: none did)."""
+    return percentile([ms for at, ms in server.get("requests_at", []) if at >= seconds], 99)
 
 
 def giving_cost(runs):
