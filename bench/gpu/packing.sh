@@ -77,7 +77,7 @@ echo "GPU: $gpu_gib GiB"
 # done; at most 120 s).
 launch() {
   local part=$1 mode=$2 n=$3; shift 3
-  local kinds=("$@") peaks=($PEAKS) pids=() i kind peak env=() run=() jmode=$mode priority threads
+  local kinds=("$@") peaks=($PEAKS) pids=() i kind peak env=() run=() jmode=$mode mps_env
   local go=$out/packing/go.$part.$n.$mode
   rm -f "$go" "$go".ready.*
   # Every run starts on an empty GPU: what the daemon cached for the last
@@ -94,11 +94,12 @@ launch() {
   for ((i = 0; i < n; i++)); do
     kind=${kinds[$(( i < ${#kinds[@]} ? i : ${#kinds[@]} - 1 ))]}
     peak=${peaks[$(( i < ${#peaks[@]} ? i : ${#peaks[@]} - 1 ))]}
-    priority=0 threads=100
+    mps_env=()
     if [[ ${MPS:-0} != 0 && $kind == trainer ]]; then
-      priority=${MPS_TRAINER_PRIORITY:-1} threads=${MPS_TRAINER_THREADS:-100}
+      mps_env=(CUDA_MPS_CLIENT_PRIORITY=${MPS_TRAINER_PRIORITY:-1}
+               CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${MPS_TRAINER_THREADS:-100})
     fi
-    env "${env[@]}" CUDA_MPS_CLIENT_PRIORITY=$priority CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$threads timeout 300 "${run[@]}" python "$here/packing_job.py" --index "$i" --jobs "$n" \
+    env "${env[@]}" "${mps_env[@]}" timeout 300 "${run[@]}" python "$here/packing_job.py" --index "$i" --jobs "$n" \
         --kind "$kind" --mode $jmode --socket "$sock" --peak-gib "$peak" --slot "$SLOT" \
         --hold "$HOLD" --cycles "$CYCLES" --start-file "$go" $JOB_ARGS \
         --json "$out/packing/$part-N$n-$mode-$i.json" > "$out/packing/$part-N$n-$mode-$i.log" 2>&1 &
