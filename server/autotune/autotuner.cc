@@ -86,10 +86,8 @@ void Autotuner::Impl::SetPolicy(const JobKey& key, JobPolicy policy) {
   std::vector<std::pair<SessionId, uint64_t>> demands;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, off] : jobs_.SetPolicy(key, std::move(policy))) {
-      const AutotuneSession* session = jobs_.FindSession(id);
-      const AutotuneJob* job = session == nullptr ? nullptr : jobs_.FindJob(session->job);
-      if (job != nullptr) demands.emplace_back(id, RecordedReadFrom(*job));
+    for (const AutotuneJob* job : jobs_.SetPolicy(key, std::move(policy))) {
+      demands.emplace_back(job->recorded, RecordedReadFrom(*job));
     }
   }
   for (const auto& [id, from] : demands) {

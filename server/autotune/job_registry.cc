@@ -79,36 +79,33 @@ void JobRegistry::StartRecording(AutotuneJob& job, SessionId id) {
                options_.window_events);
 }
 
-// `off` keeps no window; leaving it starts one on the recorded session.
-void JobRegistry::ApplyMode(AutotuneJob& job) {
+// `off` keeps no window; leaving it starts one on the recorded session. A
+// recorded job has a window exactly while it is not off, so a window dropped
+// or started is its recorded session switched off or on.
+bool JobRegistry::ApplyMode(AutotuneJob& job) {
   if (ModeOf(job) == AutotuneMode::kOff) {
+    if (job.window == nullptr) return false;
     job.window.reset();
-  } else if (job.window == nullptr && job.recorded != 0) {
-    StartRecording(job, job.recorded);
+    return true;
   }
+  if (job.window != nullptr || job.recorded == 0) return false;
+  StartRecording(job, job.recorded);
+  return true;
 }
 
-std::vector<std::pair<SessionId, bool>> JobRegistry::SetPolicy(const JobKey& key,
-                                                               JobPolicy policy) {
-  std::vector<std::pair<SessionId, bool>> switched;
-  const auto apply = [&](AutotuneJob& job, bool was_off) {
-    ApplyMode(job);
-    const bool off = ModeOf(job) == AutotuneMode::kOff;
-    if (off != was_off && job.recorded != 0) switched.emplace_back(job.recorded, off);
+std::vector<AutotuneJob*> JobRegistry::SetPolicy(const JobKey& key, JobPolicy policy) {
+  std::vector<AutotuneJob*> switched;
+  const auto apply = [&](AutotuneJob& job) {
+    if (ApplyMode(job)) switched.push_back(&job);
   };
   if (key.job.empty() && key.run.empty()) {
-    std::vector<bool> was_off;
-    was_off.reserve(jobs_.size());
-    for (const auto& [name, job] : jobs_) was_off.push_back(ModeOf(job) == AutotuneMode::kOff);
     default_policy_ = std::move(policy);
-    size_t i = 0;
-    for (auto& [name, job] : jobs_) apply(job, was_off[i++]);
+    for (auto& [name, job] : jobs_) apply(job);
     return switched;
   }
   AutotuneJob& job = jobs_[key];
-  const bool was_off = ModeOf(job) == AutotuneMode::kOff;
   job.policy = std::move(policy);
-  apply(job, was_off);
+  apply(job);
   return switched;
 }
 

@@ -58,9 +58,8 @@ class JobRegistry {
   // `key`'s policy; an empty label (and run): the default, for jobs
   // without their own.
   // A job turned off drops its window; one turned on starts one. Returns
-  // the recorded sessions of the jobs it turned off or on, each with
-  // whether its job is off now.
-  std::vector<std::pair<SessionId, bool>> SetPolicy(const JobKey& key, JobPolicy policy);
+  // the jobs with a recorded session that it turned off or on.
+  std::vector<AutotuneJob*> SetPolicy(const JobKey& key, JobPolicy policy);
   // `key`'s last session ended: past ended_jobs_kept ended jobs, the oldest
   // go, unless a session came back or something still refers to them (its
   // push, review or run, or a task in `tasks`).
@@ -80,7 +79,9 @@ class JobRegistry {
   std::vector<AutotuneDecision> History(const std::string& job, size_t limit) const;
 
  private:
-  void ApplyMode(AutotuneJob& job);
+  // Drops or starts `job`'s window for its mode; whether it did (its
+  // recorded session switched off or on).
+  bool ApplyMode(AutotuneJob& job);
 
   const AutotuneOptions options_;
   JobPolicy default_policy_;

@@ -53,8 +53,8 @@ TEST(JobRegistryTest, AJobTurnedOffKeepsNoWindowAndTheDefaultAppliesToJobsWithou
   JobRegistry jobs(Options());
   AutotuneJob* llama = jobs.AddSession(1, kLlama, "", 0, false);
   AutotuneJob* vit = jobs.AddSession(2, {.tenant = "uid:1", .job = "vit"}, "", 0, false);
-  using Switched = std::vector<std::pair<SessionId, bool>>;  // (recorded, off now)
-  EXPECT_EQ(jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kOff}), (Switched{{1, true}}));
+  using Switched = std::vector<AutotuneJob*>;  // the jobs whose recorded session switched
+  EXPECT_EQ(jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kOff}), Switched{llama});
   EXPECT_EQ(llama->window, nullptr);
   EXPECT_EQ(jobs.StateOf(*llama), AutotuneJobState::kOff);
   EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kRecommend);
@@ -63,11 +63,15 @@ TEST(JobRegistryTest, AJobTurnedOffKeepsNoWindowAndTheDefaultAppliesToJobsWithou
   EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply}), Switched{});
   EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kApply);
   EXPECT_EQ(jobs.ModeOf(*llama), AutotuneMode::kOff);  // its own
-  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kOff}), (Switched{{2, true}}));
-  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply}), (Switched{{2, false}}));
+  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kOff}), Switched{vit});
+  EXPECT_EQ(vit->recorded, 2u);
+  EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kOff);
+  EXPECT_EQ(jobs.SetPolicy({}, JobPolicy{.mode = AutotuneMode::kApply}), Switched{vit});
+  EXPECT_EQ(jobs.ModeOf(*vit), AutotuneMode::kApply);
 
   EXPECT_EQ(jobs.SetPolicy(kLlama, JobPolicy{.mode = AutotuneMode::kRecommend}),
-            (Switched{{1, false}}));
+            Switched{llama});
+  EXPECT_EQ(llama->recorded, 1u);
   EXPECT_NE(llama->window, nullptr);
   EXPECT_EQ(jobs.StateOf(*llama), AutotuneJobState::kWatching);
   llama->queued = true;
