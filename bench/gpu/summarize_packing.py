@@ -122,12 +122,12 @@ def main():
     trainers = {key: next((j for j in jobs if j["kind"] == "trainer"), None)
                 for key, jobs in pairs.items()}
     floor = servers.get(("server-floor", "native"))
-    mps = any(s.get("mps") for s in servers.values())
-    if mps:
-        trainer = next(t for t in trainers.values() if t)
-        print("\nUnder MPS (packing.sh MPS=1): every job a client of one MPS server, the "
-              f"trainer at client priority {trainer.get('mps_client_priority', 0)} on at most "
-              f"{trainer.get('mps_active_thread_percentage', 100)}% of the SMs.")
+    if any(s.get("mps") for s in servers.values()):
+        trainer = next((t for t in trainers.values() if t), None)
+        print("\nUnder MPS (packing.sh MPS=1): every job a client of one MPS server" + (
+            f", the trainer at client priority {trainer.get('mps_client_priority', 0)} on at "
+            f"most {trainer.get('mps_active_thread_percentage', 100)}% of the SMs."
+            if trainer else " (the server alone)."))
     print("\n| server | mode | batch (GiB) | requests | OOMs | p50 (ms) | p99 (ms) | p99 vs alone (native where run) "
           "| p99 vs the native floor | p99 past the first 30 s (ms) "
           "| trainer's failed long steps | trainer's step p50 (ms) |")
