@@ -397,14 +397,20 @@ class AdviseTest(unittest.TestCase):
         self.assertEqual(_advisor.gpu_uuid(self.torch, 0),
                          "GPU-8f6e1d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f")
 
-    def test_rounds_are_short_until_a_config_is_applied_or_the_start_is_over(self):
+    def test_rounds_are_short_from_the_first_mark_until_a_config_is_applied_or_the_start_is_over(self):
         advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")
         quick = _advisor.Advisor.QUICK_PERIOD_S
-        self.assertEqual(advisor.round_period(), quick)
-        later = time.monotonic() + _advisor.Advisor.QUICK_START_S + 1
+        now = time.monotonic()
+        # A job that has marked no step (a server, or a model being built)
+        # is read at the period asked.
+        self.assertEqual(advisor.round_period(now=now), 1.0)
+        advisor.at_step_mark(now=now)
+        self.assertEqual(advisor.round_period(now=now + 1), quick)
+        later = now + _advisor.Advisor.QUICK_START_S + 1
         self.assertEqual(advisor.round_period(now=later), 1.0)
+        advisor.at_step_mark(now=later)
         advisor.applied = 1
-        self.assertEqual(advisor.round_period(), 1.0)
+        self.assertEqual(advisor.round_period(now=later + 1), 1.0)
         # A period shorter than the quick one stays as asked.
         self.assertEqual(_advisor.Advisor(None, None, None, 0, 0.05, "").round_period(), 0.05)
 
