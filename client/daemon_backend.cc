@@ -269,30 +269,38 @@ absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes) {
   return true;
 }
 
-size_t DaemonBackend::FreeUnusedPrewarmed() {
-  const std::vector<SpareSegments::Spare> unused =
-      spares_.TakeAll(SpareSegments::Origin::kPrewarmed);
-  Release(unused);
-  return unused.size();
+uint64_t DaemonBackend::TakenSpares::bytes() const {
+  uint64_t bytes = 0;
+  for (const DetachedRange& range : ranges_) bytes += range.bytes;
+  return bytes;
 }
 
-uint64_t DaemonBackend::ReleaseSpares(uint64_t bytes) {
-  return Release(spares_.TakeLargestCovering(bytes));
+DaemonBackend::TakenSpares DaemonBackend::TakeUnusedPrewarmed() {
+  return Take(spares_.TakeAll(SpareSegments::Origin::kPrewarmed));
 }
 
-uint64_t DaemonBackend::ReleaseSparesOlderThan(absl::Duration keep) {
-  if (spares_.empty()) return 0;
-  return Release(spares_.TakeSpareSince(absl::Now() - keep));
+DaemonBackend::TakenSpares DaemonBackend::TakeSpares(uint64_t bytes) {
+  return Take(spares_.TakeLargestCovering(bytes));
 }
 
-uint64_t DaemonBackend::Release(const std::vector<SpareSegments::Spare>& spares) {
-  uint64_t released = 0;
+DaemonBackend::TakenSpares DaemonBackend::TakeSparesOlderThan(absl::Duration keep) {
+  if (spares_.empty()) return {};
+  return Take(spares_.TakeSpareSince(absl::Now() - keep));
+}
+
+DaemonBackend::TakenSpares DaemonBackend::Take(
+    const std::vector<SpareSegments::Spare>& spares) {
+  TakenSpares taken;
   for (const SpareSegments::Spare& spare : spares) {
-    Unmap(spare.address, spare.bytes, false);
-    released += spare.bytes;
+    taken.ranges_.push_back(Detach(spare.address, spare.bytes, false));
   }
   if (!spares.empty()) ReportSpares();
-  return released;
+  return taken;
+}
+
+uint64_t DaemonBackend::UnmapTaken(TakenSpares taken) {
+  for (DetachedRange& range : taken.ranges_) Finish(range);
+  return taken.bytes();
 }
 
 void DaemonBackend::ReportSpares() {
@@ -301,6 +309,25 @@ void DaemonBackend::ReportSpares() {
 
 void DaemonBackend::Unmap(uint64_t address, size_t bytes,
                           bool keep_reservation) {
+  DetachedRange range = Detach(address, bytes, keep_reservation);
+  Finish(range);
+}
+
+DaemonBackend::DetachedRange DaemonBackend::Detach(uint64_t address, uint64_t bytes,
+                                                   bool keep_reservation) {
+  DetachedRange range{.address = address, .bytes = bytes,
+                      .free_reservation = !keep_reservation};
+  for (auto it = chunks_.lower_bound(address);
+       it != chunks_.end() && it->first < address + bytes;) {
+    range.chunks.emplace_back(it->first, it->second);
+    held_ -= it->second.bytes;
+    it = chunks_.erase(it);
+  }
+  if (!keep_reservation) ranges_.erase(address);
+  return range;
+}
+
+void DaemonBackend::Finish(DetachedRange& range) {
   // Freed while another session is short, memory made here goes to it
   // through the daemon's cache: released to the driver, it would be
   // scrubbed before anyone could have it again, and the neighbour would
@@ -313,32 +340,26 @@ void DaemonBackend::Unmap(uint64_t address, size_t bytes,
   // daemon that did not take a give.
   if (client_->ReclaimAskedWithin(kGiveAfterReclaim)) {
     const int64_t reclaim = client_->reclaims();
-    if (reclaim != give_failed_in_reclaim_ &&
-        !GiveMadeMemory(address, bytes, kGiveTimeout).ok()) {
-      give_failed_in_reclaim_ = reclaim;
+    std::vector<std::pair<uint64_t, MappedChunk*>> chunks;
+    for (auto& [address, chunk] : range.chunks) chunks.emplace_back(address, &chunk);
+    if (reclaim != give_failed_in_reclaim_.load(std::memory_order_relaxed) &&
+        !GiveMadeMemory(chunks, kGiveTimeout).ok()) {
+      give_failed_in_reclaim_.store(reclaim, std::memory_order_relaxed);
     }
   }
   std::map<uint64_t, std::vector<uint64_t>> ids_by_epoch;
   std::vector<ChunkMapping> mappings;
-  for (auto it = chunks_.lower_bound(address);
-       it != chunks_.end() && it->first < address + bytes;) {
-    ids_by_epoch[it->second.epoch].push_back(it->second.id);
-    mappings.push_back({.address = it->first,
-                        .bytes = it->second.bytes,
-                        .handle = it->second.handle});
-    held_ -= it->second.bytes;
-    it = chunks_.erase(it);
+  for (const auto& [address, chunk] : range.chunks) {
+    ids_by_epoch[chunk.epoch].push_back(chunk.id);
+    mappings.push_back({.address = address, .bytes = chunk.bytes, .handle = chunk.handle});
   }
   if (!mappings.empty()) {
     MapPathCounters& counters = client_->map_path();
     NanosInto timed(counters.unmap_ns);
-    mapper_->Unmap(address, bytes, mappings);
+    mapper_->Unmap(range.address, range.bytes, mappings);
     counters.segments_unmapped.fetch_add(1, std::memory_order_relaxed);
   }
-  if (!keep_reservation) {
-    mapper_->Free(address, bytes);
-    ranges_.erase(address);
-  }
+  if (range.free_reservation) mapper_->Free(range.address, range.bytes);
   // Unmapped: the freeing thread need not wait for the daemon to hear.
   for (const auto& [epoch, ids] : ids_by_epoch) client_->ReleaseSoon(epoch, ids);
 }
@@ -362,7 +383,7 @@ absl::StatusOr<uint64_t> DaemonBackend::AllocateSegment(size_t bytes) {
       !spares_.empty()) {
     // As PyTorch frees its cache and tries again when the device is full:
     // spares of other sizes are this process's own cache.
-    ReleaseSpares(0);
+    UnmapTaken(TakeSpares(0));
     address = MapNewSegment(bytes);
   }
   if (!address.ok()) return address;
@@ -495,9 +516,12 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
         "no segment from the allocd daemon starts at 0x", absl::Hex(address)));
   }
   // The daemon can share only memory it holds: give it first.
-  if (absl::Status s = GiveMadeMemory(address, segment->second.bytes,
-                                      client_->options().rpc_timeout);
-      !s.ok()) {
+  std::vector<std::pair<uint64_t, MappedChunk*>> chunks;
+  for (auto it = chunks_.lower_bound(address);
+       it != chunks_.end() && it->first < address + segment->second.bytes; ++it) {
+    chunks.emplace_back(it->first, &it->second);
+  }
+  if (absl::Status s = GiveMadeMemory(chunks, client_->options().rpc_timeout); !s.ok()) {
     return s;
   }
   segment->second.shared = true;
@@ -511,8 +535,8 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
   return client_->Share(epoch, ids);
 }
 
-absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes,
-                                           absl::Duration timeout) {
+absl::Status DaemonBackend::GiveMadeMemory(
+    const std::vector<std::pair<uint64_t, MappedChunk*>>& chunks, absl::Duration timeout) {
   // By epoch: a range mapped across a reconnect holds chunks of two.
   struct Gift {
     std::vector<uint64_t> ids;
@@ -523,12 +547,11 @@ absl::Status DaemonBackend::GiveMadeMemory(uint64_t address, uint64_t bytes,
   const int64_t started = absl::GetCurrentTimeNanos();
   const absl::Time deadline = absl::FromUnixNanos(started) + timeout;
   absl::Status given;
-  for (auto it = chunks_.lower_bound(address);
-       it != chunks_.end() && it->first < address + bytes; ++it) {
-    MappedChunk& chunk = it->second;
+  for (const auto& [address, chunk_at] : chunks) {
+    MappedChunk& chunk = *chunk_at;
     if (!chunk.made_here) continue;
     absl::StatusOr<UniqueFd> fd = mapper_->Export(
-        {.address = it->first, .bytes = chunk.bytes, .handle = chunk.handle});
+        {.address = address, .bytes = chunk.bytes, .handle = chunk.handle});
     if (!fd.ok()) {
       given = fd.status();  // nothing is given
       break;

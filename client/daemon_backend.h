@@ -13,10 +13,12 @@
 // back with DaemonClient::ReleaseSoon: off the freeing thread when the
 // client releases in the background (the interposer's does).
 //
-// Not thread-safe: the engine calls it under its own lock.
+// Not thread-safe: the engine calls it under its own lock (all but
+// UnmapTaken, which may run beside the other calls).
 #ifndef ALLOCD_CLIENT_DAEMON_BACKEND_H_
 #define ALLOCD_CLIENT_DAEMON_BACKEND_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -83,7 +85,43 @@ class ChunkMapper {
 std::unique_ptr<ChunkMapper> MakeMmapChunkMapper();
 
 class DaemonBackend : public DeviceBackend {
+ private:
+  // The chunk mapped at an address, which daemon session gave it, its size
+  // and the mapper's handle.
+  struct MappedChunk {
+    uint64_t epoch;
+    uint64_t id;
+    uint64_t bytes;
+    uint64_t handle;
+    // Made here (ChunkMapper::Create), its memory not yet the daemon's.
+    bool made_here = false;
+  };
+  // A range taken out of the books (chunks_, held_, ranges_), its chunks
+  // mapped still.
+  struct DetachedRange {
+    uint64_t address = 0;
+    uint64_t bytes = 0;
+    bool free_reservation = false;
+    std::vector<std::pair<uint64_t, MappedChunk>> chunks;  // by address
+  };
+
  public:
+  // Spare segments a Take* call took out of the backend: no longer spare,
+  // held or anyone's, their chunks still mapped, for UnmapTaken. Move-only.
+  class TakenSpares {
+   public:
+    TakenSpares() = default;
+    TakenSpares(TakenSpares&&) = default;
+    TakenSpares& operator=(TakenSpares&&) = default;
+    // How many segments, and their bytes.
+    size_t size() const { return ranges_.size(); }
+    uint64_t bytes() const;
+
+   private:
+    friend class DaemonBackend;
+    std::vector<DetachedRange> ranges_;
+  };
+
   // `client` outlives the backend. The device's total memory is the
   // daemon's capacity. Chunks are mapped with mmap.
   explicit DaemonBackend(DaemonClient* client);
@@ -133,26 +171,32 @@ class DaemonBackend : public DeviceBackend {
   // mapped: false when the grant is no longer parked (the request it
   // foresaw took it). On an error the grant went back.
   absl::StatusOr<bool> MapPrewarmed(size_t bytes);
-  // Unmaps the segments MapPrewarmed mapped that no AllocateSegment took,
-  // and returns their chunks; how many there were.
-  size_t FreeUnusedPrewarmed();
+  // Takes the segments MapPrewarmed mapped that no AllocateSegment took.
+  TakenSpares TakeUnusedPrewarmed();
 
   // A reclaim's partial give-back (SpareSegments says why). While `on`, a
   // segment that FreeSegment frees stays mapped as a spare instead of going
   // back (one ShareSegment shared goes back all the same), without the
   // device synchronisation of an unmap (PyTorch's empty_cache()
   // synchronises before it frees). The caller then gives
-  // back what the reclaim asked for with ReleaseSpares; the next
-  // AllocateSegment of a kept size takes one at the cost of a lookup. Off
-  // by default.
+  // back what the reclaim asked for with TakeSpares and UnmapTaken; the
+  // next AllocateSegment of a kept size takes one at the cost of a lookup.
+  // Off by default.
   void KeepFreedSegments(bool on) { keep_freed_ = on; }
-  // Unmaps spares (kept or pre-warmed), largest first, until their bytes
-  // reach `bytes` (every one when 0), and returns their chunks: the bytes
-  // given back.
-  uint64_t ReleaseSpares(uint64_t bytes);
-  // Unmaps the spares no AllocateSegment took within `keep` of becoming
-  // spare, and returns their chunks: the bytes given back.
-  uint64_t ReleaseSparesOlderThan(absl::Duration keep);
+  // Takes spares (kept or pre-warmed), largest first, until their bytes
+  // reach `bytes` (every one when 0).
+  TakenSpares TakeSpares(uint64_t bytes);
+  // Takes the spares no AllocateSegment took within `keep` of becoming
+  // spare.
+  TakenSpares TakeSparesOlderThan(absl::Duration keep);
+  // Unmaps what a Take* call took and returns its chunks (a reclaim's
+  // window gives the daemon the memory made here first, as FreeSegment
+  // does): the bytes given back. Unlike every other call, it may run
+  // without the caller's lock, beside the others: it reads none of the
+  // backend's books, only the mapper and the client, which take their own
+  // locks. So a job's allocations on other threads do not wait for a
+  // reclaim's unmaps (tens of GiB: milliseconds on a GPU).
+  uint64_t UnmapTaken(TakenSpares taken);
   // Mapped segments that no allocation uses (counted in held_bytes, and
   // reported to the daemon as cached).
   uint64_t spare_bytes() const { return spares_.bytes(); }
@@ -189,16 +233,6 @@ class DaemonBackend : public DeviceBackend {
   bool CloseShared(uint64_t address);
 
  private:
-  // The chunk mapped at an address, which daemon session gave it, its size
-  // and the mapper's handle.
-  struct MappedChunk {
-    uint64_t epoch;
-    uint64_t id;
-    uint64_t bytes;
-    uint64_t handle;
-    // Made here (ChunkMapper::Create), its memory not yet the daemon's.
-    bool made_here = false;
-  };
   // A range OpenShared mapped.
   struct SharedRange {
     uint64_t epoch;
@@ -221,14 +255,24 @@ class DaemonBackend : public DeviceBackend {
     std::vector<ChunkMapping> mappings;
   };
   absl::StatusOr<MappedRange> MapIntoNewRange(ReceivedChunks& got);
+  // Unmaps [address, address + bytes) and returns its chunks; frees the
+  // reservation too unless `keep_reservation`. Detach, then Finish.
   void Unmap(uint64_t address, size_t bytes, bool keep_reservation);
-  // Gives the daemon the memory of the chunks made here that are mapped in
-  // [address, address + bytes) (GiveMemory), all within `timeout`: from
-  // then on it is the daemon's, as if it had made them. On failure, the
-  // chunks of the epochs given before it are the daemon's (counted in
-  // chunks_given), the others still made here (counted in gives_failed).
-  absl::Status GiveMadeMemory(uint64_t address, uint64_t bytes,
-                              absl::Duration timeout);
+  // Takes [address, address + bytes)'s chunks out of the books, and its
+  // reservation unless `keep_reservation`.
+  DetachedRange Detach(uint64_t address, uint64_t bytes, bool keep_reservation);
+  // In a reclaim's window, gives the daemon the memory made here; then
+  // unmaps, frees the reservation where Detach took it, and returns the
+  // chunks. Touches no books: see UnmapTaken.
+  void Finish(DetachedRange& range);
+  // Gives the daemon the memory of `chunks` (at their addresses) that was
+  // made here (GiveMemory), all within `timeout`: from then on it is the
+  // daemon's, as if it had made them. On failure, the chunks of the epochs
+  // given before it are the daemon's (counted in chunks_given), the others
+  // still made here (counted in gives_failed).
+  absl::Status GiveMadeMemory(
+      const std::vector<std::pair<uint64_t, MappedChunk*>>& chunks,
+      absl::Duration timeout);
 
   // Keeps `got`'s chunks, mapped as `mapped`, as this backend's.
   void Adopt(const ReceivedChunks& got, const std::vector<ChunkMapping>& mapped);
@@ -239,9 +283,9 @@ class DaemonBackend : public DeviceBackend {
   void CountSegment(uint64_t address, size_t bytes);
   // A new segment of `bytes`, mapped from a new grant.
   absl::StatusOr<uint64_t> MapNewSegment(size_t bytes);
-  // Unmaps `spares` and returns their chunks; their bytes. Reports what
+  // Takes `spares`, which left spares_, out of the books. Reports what
   // stays spare.
-  uint64_t Release(const std::vector<SpareSegments::Spare>& spares);
+  TakenSpares Take(const std::vector<SpareSegments::Spare>& spares);
   // Reports spare_bytes() to the daemon.
   void ReportSpares();
 
@@ -275,7 +319,8 @@ class DaemonBackend : public DeviceBackend {
   uint64_t client_create_fallbacks_ = 0;
   // The reclaim request (DaemonClient::reclaims) during which a free's give
   // failed: the frees after it give nothing until the daemon asks again.
-  int64_t give_failed_in_reclaim_ = -1;
+  // Atomic: Finish runs without the caller's lock (UnmapTaken).
+  std::atomic<int64_t> give_failed_in_reclaim_ = -1;
   // Destroyed first: its thread uses the mapper and the client.
   std::unique_ptr<WorkingSetHandover> handover_;
 };

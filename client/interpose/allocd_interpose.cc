@@ -498,11 +498,11 @@ class Interposer {
     });
   }
 
-  // allocd_interpose_prewarm_unused.
+  // allocd_interpose_prewarm_unused: how many segments went back.
   int64_t FreeUnusedPrewarmed(int device) {
-    return UnderLockFor(device, [](DeviceSession& session) {
-      return static_cast<int64_t>(session.backend->FreeUnusedPrewarmed());
-    });
+    return TakeAndUnmap(device, [](CudaDaemonBackend& backend) {
+             return backend.TakeUnusedPrewarmed();
+           }).segments;
   }
 
   // allocd_interpose_keep_freed.
@@ -513,19 +513,44 @@ class Interposer {
     });
   }
 
-  // allocd_interpose_release_spares.
+  // allocd_interpose_release_spares: the bytes given back.
   int64_t ReleaseSpares(int device, uint64_t bytes) {
-    return UnderLockFor(device, [bytes](DeviceSession& session) {
-      return static_cast<int64_t>(session.backend->ReleaseSpares(bytes));
-    });
+    return TakeAndUnmap(device, [bytes](CudaDaemonBackend& backend) {
+             return backend.TakeSpares(bytes);
+           }).bytes;
   }
 
-  // allocd_interpose_release_old_spares.
+  // allocd_interpose_release_old_spares: the bytes given back.
   int64_t ReleaseOldSpares(int device, uint32_t keep_ms) {
-    return UnderLockFor(device, [keep_ms](DeviceSession& session) {
-      return static_cast<int64_t>(session.backend->ReleaseSparesOlderThan(
-          absl::Milliseconds(keep_ms)));
-    });
+    return TakeAndUnmap(device, [keep_ms](CudaDaemonBackend& backend) {
+             return backend.TakeSparesOlderThan(absl::Milliseconds(keep_ms));
+           }).bytes;
+  }
+
+  // What TakeAndUnmap gave back: segments and bytes; -1 when no daemon
+  // session serves the device.
+  struct GivenBack {
+    int64_t segments = -1;
+    int64_t bytes = -1;
+  };
+
+  // Takes spares with `take` under the lock, and unmaps them after it: a
+  // reclaim's give-back runs on the advisor's thread, and the job's
+  // cudaMalloc on its own thread (the first after the reclaim's
+  // empty_cache() always comes here) waited for the unmaps of tens of GiB
+  // under the lock. The session outlives the process's calls.
+  template <typename Take>
+  GivenBack TakeAndUnmap(int device, Take take) {
+    DeviceSession* session = SessionFor(device);
+    if (session == nullptr) return {};
+    CudaDaemonBackend::TakenSpares taken;
+    {
+      absl::MutexLock lock(&mu_);
+      taken = take(*session->backend);
+    }
+    const auto segments = static_cast<int64_t>(taken.size());
+    return {.segments = segments,
+            .bytes = static_cast<int64_t>(session->backend->UnmapTaken(std::move(taken)))};
   }
 
   allocd_client* ControlHandle(int device) {

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "allocd.grpc.pb.h"
 #include "client/daemon_backend.h"
 #include "client/daemon_client.h"
@@ -898,15 +900,17 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
   bytes[0] = 0x5a;
   bytes[kSegment - 1] = 0xa5;
   EXPECT_EQ(bytes[0] + bytes[kSegment - 1], 0x5a + 0xa5);
-  EXPECT_EQ(backend.FreeUnusedPrewarmed(), 0u) << "taken: nothing unused";
+  EXPECT_EQ(backend.TakeUnusedPrewarmed().size(), 0u) << "taken: nothing unused";
   EXPECT_EQ(Status().in_use_bytes(), kSegment);
 
   // Mapped and not taken: given back whole.
   ASSERT_TRUE(backend.Prewarm(kSegment).ok());
   ASSERT_TRUE(backend.MapPrewarmed(kSegment).value());
   EXPECT_EQ(backend.held_bytes(), 2 * kSegment);
-  EXPECT_EQ(backend.FreeUnusedPrewarmed(), 1u);
-  EXPECT_EQ(backend.held_bytes(), kSegment);
+  DaemonBackend::TakenSpares unused = backend.TakeUnusedPrewarmed();
+  EXPECT_EQ(unused.size(), 1u);
+  EXPECT_EQ(backend.held_bytes(), kSegment) << "out of the books once taken";
+  EXPECT_EQ(backend.UnmapTaken(std::move(unused)), kSegment);
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), kSegment);
 
@@ -955,7 +959,7 @@ TEST_F(DaemonTest, AReclaimGivesBackTheLargestFreedSegmentsAndKeepsTheRestMapped
              {kReadAheadStat, 19 * kChunk}}));
 
   // A neighbour short of 5 chunks: the 16-chunk segment covers it alone.
-  EXPECT_EQ(backend.ReleaseSpares(5 * kChunk), 16 * kChunk);
+  EXPECT_EQ(backend.UnmapTaken(backend.TakeSpares(5 * kChunk)), 16 * kChunk);
   EXPECT_EQ(backend.held_bytes(), 3 * kChunk);
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), 3 * kChunk);
@@ -974,8 +978,8 @@ TEST_F(DaemonTest, AReclaimGivesBackTheLargestFreedSegmentsAndKeepsTheRestMapped
   EXPECT_EQ(bytes[0] + bytes[2 * kChunk - 1], 0x5a + 0xa5);
 
   // What no request took goes back once it has waited long enough.
-  EXPECT_EQ(backend.ReleaseSparesOlderThan(absl::Hours(1)), 0u);
-  EXPECT_EQ(backend.ReleaseSparesOlderThan(absl::ZeroDuration()), kChunk);
+  EXPECT_EQ(backend.TakeSparesOlderThan(absl::Hours(1)).size(), 0u);
+  EXPECT_EQ(backend.UnmapTaken(backend.TakeSparesOlderThan(absl::ZeroDuration())), kChunk);
   EXPECT_EQ(backend.spare_bytes(), 0u);
   // Not keeping: a free gives the segment back.
   backend.FreeSegment(*again, 2 * kChunk);
@@ -1403,6 +1407,74 @@ class CountingMapper : public ChunkMapper {
  private:
   const std::unique_ptr<ChunkMapper> mapper_ = MakeMmapChunkMapper();
 };
+
+// Sim mode's mapper whose unmap of one range waits until the test lets it
+// go: a reclaim's give-back caught in the middle of its unmaps.
+class HeldUnmapMapper final : public CountingMapper {
+ public:
+  void Hold(uint64_t address) { held_.store(address); }
+  void Unmap(uint64_t address, size_t bytes,
+             absl::Span<const ChunkMapping> chunks) override {
+    if (address == held_.load()) {
+      unmapping.Notify();
+      let_go.WaitForNotification();
+    }
+    CountingMapper::Unmap(address, bytes, chunks);
+  }
+  absl::Notification unmapping;
+  absl::Notification let_go;
+
+ private:
+  std::atomic<uint64_t> held_{0};
+};
+
+// The spares a reclaim gives back are taken out of the backend under the
+// caller's lock and unmapped after it: while a taken segment is still
+// being unmapped on the advisor's thread, the job's thread takes a kept
+// spare, maps a new segment and frees it, as the interposer's cudaMalloc
+// and cudaFree do under the lock the give-back no longer holds.
+TEST_F(DaemonTest, TakenSparesAreUnmappedBesideTheJobsAllocations) {
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::ZeroDuration(), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  auto mapper = std::make_unique<HeldUnmapMapper>();
+  HeldUnmapMapper& held = *mapper;
+  DaemonBackend backend(job.get(), std::move(mapper));
+  const uint64_t batch = backend.AllocateSegment(8 * kChunk).value();
+  const uint64_t cache = backend.AllocateSegment(2 * kChunk).value();
+  backend.KeepFreedSegments(true);
+  backend.FreeSegment(batch, 8 * kChunk);
+  backend.FreeSegment(cache, 2 * kChunk);
+  backend.KeepFreedSegments(false);
+
+  DaemonBackend::TakenSpares taken = backend.TakeSpares(5 * kChunk);
+  EXPECT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken.bytes(), 8 * kChunk) << "the batch covers the ask alone";
+  EXPECT_EQ(backend.held_bytes(), 2 * kChunk) << "out of the books once taken";
+  EXPECT_EQ(backend.spare_bytes(), 2 * kChunk);
+  held.Hold(batch);
+  std::thread advisor([&] { EXPECT_EQ(backend.UnmapTaken(std::move(taken)), 8 * kChunk); });
+  held.unmapping.WaitForNotification();
+
+  absl::StatusOr<uint64_t> again = backend.AllocateSegment(2 * kChunk);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, cache) << "the kept spare, as it was";
+  absl::StatusOr<uint64_t> fresh = backend.AllocateSegment(kChunk);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(backend.held_bytes(), 3 * kChunk);
+  const uint64_t unmapped = job->map_path().segments_unmapped.load();
+  backend.FreeSegment(*fresh, kChunk);
+  EXPECT_EQ(job->map_path().segments_unmapped.load(), unmapped + 1)
+      << "the free's own unmap, while the batch's waits";
+
+  held.let_go.Notify();
+  advisor.join();
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk) << "the batch and the fresh segment went back";
+  backend.FreeSegment(*again, 2 * kChunk);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
 
 // A daemon that stalls while a reclaim's frees give it the memory they
 // made costs the first free the give's own deadline (not the lease's 10

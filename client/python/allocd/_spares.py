@@ -8,8 +8,9 @@ with its batch, and mapped them again, daemon round trip and all, at its
 next request. So the empty_cache() of a reclaim runs with the interposer
 keeping the segments it frees mapped as spares (allocd_interpose_keep_freed),
 and only the largest of them, enough to cover the ask, go back
-(allocd_interpose_release_spares): after PyTorch's lock is let go, so the
-job's allocations do not wait for the unmaps. A later cudaMalloc of a kept
+(allocd_interpose_release_spares): after PyTorch's lock is let go, and
+after the interposer's own (it only takes them out of its books under it),
+so the job's allocations do not wait for the unmaps. A later cudaMalloc of a kept
 size takes one at the cost of a lookup (client/spare_segments.h).
 
 What stays spare is the job's: the daemon counts it as cached (a later
