@@ -107,7 +107,9 @@ class DaemonBackend : public DeviceBackend {
 
  public:
   // Spare segments a Take* call took out of the backend: no longer spare,
-  // held or anyone's, their chunks still mapped, for UnmapTaken. Move-only.
+  // held or anyone's, their chunks still mapped, for UnmapTaken (dropped
+  // instead, they stay mapped and the daemon's count of this session until
+  // it ends). Move-only.
   class TakenSpares {
    public:
     TakenSpares() = default;
@@ -193,8 +195,8 @@ class DaemonBackend : public DeviceBackend {
   // window gives the daemon the memory made here first, as FreeSegment
   // does): the bytes given back. Unlike every other call, it may run
   // without the caller's lock, beside the others: it reads none of the
-  // backend's books, only the mapper and the client, which take their own
-  // locks. So a job's allocations on other threads do not wait for a
+  // backend's books (one atomic aside), only the mapper and the client,
+  // which take their own locks. So a job's allocations on other threads do not wait for a
   // reclaim's unmaps (tens of GiB: milliseconds on a GPU).
   uint64_t UnmapTaken(TakenSpares taken);
   // Mapped segments that no allocation uses (counted in held_bytes, and
