@@ -1,6 +1,7 @@
 """The tables of bench/gpu/packing.sh's results (markdown, on stdout).
 
     python bench/gpu/summarize_packing.py OUT
+    python bench/gpu/summarize_packing.py --trainer-slot OUT
 
 One row per part, N and mode: jobs that ran without an OOM, the OOMs
 (peaks, steps, requests), peaks held, the jobs' step time (median of their
@@ -15,6 +16,9 @@ the jobs that gave memory back. Then the server beside the trainer
 against the server alone and against the floor (native, its batch halved
 so that both jobs fit: the GPU's compute shared, no memory moved), and where
 its slowest requests came.
+With --trainer-slot, only the server's requests by when they arrived around
+the trainer's slot (the reclaim that hands the server's batch to the
+trainer comes at its start): p50 / p90 / max in each window.
 """
 import collections
 import glob
@@ -51,6 +55,11 @@ def fmt(x, spec=".2f"):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--trainer-slot":
+        by_trainer_slot(load(sys.argv[2]))
+        return
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
     out = sys.argv[1]
     runs = load(out)
     alone = {}  # (kind, mode) -> step p50 (ms), the median of the alone runs
@@ -261,6 +270,42 @@ def slowest_requests(servers):
                    if lengths else "-")
         print(f"| {part} | {mode} | {len(requests)} | {tail[-1][1]:.2f} | {counts['batch']} | "
               f"{counts['trainer']} | {counts['idle']} | {held} | {summary} |")
+
+# Windows of a cycle around the start of the trainer's slot, in seconds
+# from it: where the reclaim's give-back and the trainer's gather land.
+TRAINER_SLOT_WINDOWS = (("50 ms before", -0.05, 0.0), ("first 50 ms", 0.0, 0.05),
+                        ("50-400 ms", 0.05, 0.4))
+
+
+def trainer_slot_window(server, at):
+    """The window of TRAINER_SLOT_WINDOWS a request that arrived `at` s after
+    the start came in, else the rest of the trainer's slot or the server's."""
+    cycle = server["jobs"] * server["slot_s"]
+    since = at % cycle - server["slot_s"]
+    for name, start, end in TRAINER_SLOT_WINDOWS:
+        if start <= since < end:
+            return name
+    return "rest of the trainer's slot" if 0 <= since < server["slot_s"] else "server's slot"
+
+
+def by_trainer_slot(runs):
+    """The servers beside a trainer: their requests' latency by when they
+    arrived around the trainer's slot, p50 / p90 / max (ms)."""
+    names = [name for name, _, _ in TRAINER_SLOT_WINDOWS] + [
+        "rest of the trainer's slot", "server's slot"]
+    print("| server | mode | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for (part, n, mode), jobs in sorted(runs.items()):
+        server = next((j for j in jobs if j["kind"] == "server"), None)
+        if server is None or n < 2 or not server.get("requests_at"):
+            continue
+        windows = collections.defaultdict(list)
+        for at, ms in server["requests_at"]:
+            windows[trainer_slot_window(server, at)].append(ms)
+        cells = [" / ".join(fmt(percentile(windows[name], q)) for q in (50, 90, 100))
+                 for name in names]
+        print(f"| {part} | {mode} | " + " | ".join(cells) + " |")
+
 
 if __name__ == "__main__":
     main()
