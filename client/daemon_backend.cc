@@ -527,10 +527,9 @@ absl::StatusOr<std::string> DaemonBackend::ShareSegment(uint64_t address) {
   segment->second.shared = true;
   std::vector<uint64_t> ids;
   uint64_t epoch = 0;
-  for (auto it = chunks_.lower_bound(address);
-       it != chunks_.end() && it->first < address + segment->second.bytes; ++it) {
-    epoch = it->second.epoch;  // one Acquire: one epoch
-    ids.push_back(it->second.id);
+  for (const auto& [chunk_address, chunk] : chunks) {
+    epoch = chunk->epoch;  // one Acquire: one epoch
+    ids.push_back(chunk->id);
   }
   return client_->Share(epoch, ids);
 }

@@ -99,8 +99,8 @@ class Mover:
                 check(self.cu.cuMemRelease(handles[i]), "cuMemRelease")
             time.sleep(self.a.gap_ms / 1e3)
 
-    def run(self, until, torch=None):
-        if torch is not None:  # a thread: the process's context made current on it
+    def run(self, until, on_thread=False):
+        if on_thread:  # the process's context made current on this thread
             context = ctypes.c_void_p()
             check(self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0), "cuDevicePrimaryCtxRetain")
             check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
@@ -154,7 +154,7 @@ def main():
     mover, proc = None, None
     if a.mover == "thread":
         mover = Mover(a)
-        threading.Thread(target=mover.run, args=(until, torch), daemon=True).start()
+        threading.Thread(target=mover.run, args=(until, True), daemon=True).start()
     elif a.mover == "process":
         proc = subprocess.Popen([sys.executable, __file__, "--role", "mover", "--until", str(until)]
                                 + [f"--{k.replace('_', '-')}={getattr(a, k)}"

@@ -228,12 +228,17 @@ def server_segments(servers):
               f"{fmt(spares['bytes_given'] / 2**30 if 'bytes_given' in spares else None, '.1f')} |")
 
 
+def into_cycle(server, at):
+    """How far into its cycle (one slot a job) a request that arrived `at` s
+    after the start came, in seconds."""
+    return at % (server["jobs"] * server["slot_s"])
+
+
 def phase(server, at):
     """Where in its cycle a request that arrived `at` s after the start came:
     the server's own batch (slot 0), the trainer's long steps (slot 1), or
     neither."""
-    cycle = server["jobs"] * server["slot_s"]
-    into = at % cycle
+    into = into_cycle(server, at)
     if into < server["hold_s"]:
         return "batch"
     if server["slot_s"] <= into < server["slot_s"] + server["hold_s"]:
@@ -280,8 +285,7 @@ TRAINER_SLOT_WINDOWS = (("50 ms before", -0.05, 0.0), ("first 50 ms", 0.0, 0.05)
 def trainer_slot_window(server, at):
     """The window of TRAINER_SLOT_WINDOWS a request that arrived `at` s after
     the start came in, else the rest of the trainer's slot or the server's."""
-    cycle = server["jobs"] * server["slot_s"]
-    since = at % cycle - server["slot_s"]
+    since = into_cycle(server, at) - server["slot_s"]
     for name, start, end in TRAINER_SLOT_WINDOWS:
         if start <= since < end:
             return name
