@@ -16,7 +16,9 @@
 #              large batch a cycle) beside a trainer, and the server alone
 #              (SERVER_PEAKS: the batch's and the trainer's GiB, "60 90"),
 #              and the floor: native, the batch halved so that both fit
-#              (SERVER_RUNS: "beside alone" by default; SERVER_FLOOR=0: no floor)
+#              (SERVER_RUNS: "beside alone" by default, alone in the modes
+#              of MODES_SERVER_ALONE, else MODES_SERVER's; SERVER_FLOOR=0: no
+#              floor; SERVER_REPEATS=K: all of it K times, interleaved)
 # Each part runs its jobs under the modes in MODES_<PART> (default below):
 #   native        PyTorch's defaults
 #   expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -168,24 +170,42 @@ if want trainers; then
 fi
 if want server; then
   # Job 0 the server (requests all the time, a 60 GiB batch in its slot),
-  # job 1 the trainer (90 GiB of activations in its slot).
-  PEAKS=${SERVER_PEAKS:-60 90} JOB_ARGS="--schedule alternate --rate 20 --slot 1.5 --hold 0.6"
-  for mode in $(modes SERVER "native expandable empty-cache transparent"); do
-    if [[ " ${SERVER_RUNS:-beside alone} " == *" beside "* ]]; then
-      step "server beside a trainer: $mode"; launch server "$mode" 2 server trainer
-    fi
-    if [[ " ${SERVER_RUNS:-beside alone} " == *" alone "* ]]; then
-      step "server alone: $mode"; launch server-alone "$mode" 1 server
-    fi
-  done
-  # The floor: native, with a batch half as large, so that both jobs fit
-  # and nothing moves; what is left is the GPU's compute shared with the
-  # trainer, which no memory manager removes. SERVER_FLOOR=0: not run.
-  if [[ ${SERVER_FLOOR:-1} != 0 ]]; then
-    read -r batch trainer <<<"$PEAKS"
-    PEAKS="$(python -c "print($batch / 2)") $trainer"
-    step "server floor: native, ${PEAKS} GiB"; launch server-floor native 2 server trainer
+  # job 1 the trainer (90 GiB of activations in its slot). The floor:
+  # native, with a batch half as large, so that both jobs fit and nothing
+  # moves; what is left is the GPU's compute shared with the trainer, which
+  # no memory manager removes (SERVER_FLOOR=0: not run).
+  # SERVER_REPEATS=K runs the whole list K times, each time starting one
+  # run further down it, so that the host's drift between sequential runs
+  # falls on every run alike; repeat r > 1 names its part "server.r",
+  # "server-alone.r", "server-floor.r".
+  read -r batch trainer_gib <<<"${SERVER_PEAKS:-60 90}"
+  JOB_ARGS="--schedule alternate --rate 20 --slot 1.5 --hold 0.6"
+  server_runs=()
+  server_modes=$(modes SERVER "native expandable empty-cache transparent")
+  if [[ " ${SERVER_RUNS:-beside alone} " == *" beside "* ]]; then
+    for mode in $server_modes; do server_runs+=("server $mode"); done
   fi
+  if [[ " ${SERVER_RUNS:-beside alone} " == *" alone "* ]]; then
+    for mode in $(modes SERVER_ALONE "$server_modes"); do server_runs+=("server-alone $mode"); done
+  fi
+  [[ ${SERVER_FLOOR:-1} != 0 ]] && server_runs+=("server-floor native")
+  repeats=${SERVER_REPEATS:-1}
+  for ((r = 0; r < repeats; r++)); do
+    suffix=""; ((r > 0)) && suffix=".$((r + 1))"
+    for ((k = 0; k < ${#server_runs[@]}; k++)); do
+      read -r part mode <<<"${server_runs[$(( (k + r) % ${#server_runs[@]} ))]}"
+      case $part in
+        server) PEAKS="$batch $trainer_gib"; what="server beside a trainer: $mode"
+                kinds=(2 server trainer) ;;
+        server-alone) PEAKS="$batch $trainer_gib"; what="server alone: $mode"
+                      kinds=(1 server) ;;
+        server-floor) PEAKS="$(python -c "print($batch / 2)") $trainer_gib"
+                      what="server floor: native, ${PEAKS} GiB"; kinds=(2 server trainer) ;;
+      esac
+      step "$what${suffix:+ (repeat $((r + 1)) of $repeats)}"
+      launch "$part$suffix" "$mode" "${kinds[@]}"
+    done
+  done
   pack packing
 fi
 stop_daemon

@@ -126,11 +126,10 @@ def main():
     giving_cost(runs)
 
     pairs = {(part, mode): jobs for (part, n, mode), jobs in runs.items()
-             if part in ("server", "server-alone", "server-floor")}
+             if split_repeat(part)[0] in SERVER_PARTS}
     servers = {key: next(j for j in jobs if j["kind"] == "server") for key, jobs in pairs.items()}
     trainers = {key: next((j for j in jobs if j["kind"] == "trainer"), None)
                 for key, jobs in pairs.items()}
-    floor = servers.get(("server-floor", "native"))
     if any(s.get("mps") for s in servers.values()):
         trainer = next((t for t in trainers.values() if t), None)
         print("\nUnder MPS (packing.sh MPS=1): every job a client of one MPS server" + (
@@ -141,16 +140,15 @@ def main():
           "| p99 vs the native floor | p99 past the first 30 s (ms) "
           "| trainer's failed long steps | trainer's step p50 (ms) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    where = {"server": "beside a trainer", "server-alone": "alone",
-             "server-floor": "the floor: beside a trainer, both fit"}
-    for (part, mode), server in sorted(servers.items()):
-        # The target's reference is the server alone natively; a run without
-        # it compares with the server alone in the same mode.
-        solo = servers.get(("server-alone", "native")) or servers.get(("server-alone", mode))
+    repeated = any(split_repeat(part)[1] > 1 for part, _ in servers)
+    for (part, mode), server in sorted(servers.items(), key=lambda kv: by_repeat(kv[0])):
+        base, repeat = split_repeat(part)
+        solo, floor = references(servers, repeat, mode)
         ref = solo["latency_ms_p99"] if solo else None
-        low = floor["latency_ms_p99"] if floor and part != "server-alone" else None
+        low = floor["latency_ms_p99"] if floor and base != "server-alone" else None
         trainer = trainers[(part, mode)]
-        print(f"| {where[part]} | {mode} | {server['peak_gib']:g} | {server['requests']} | "
+        print(f"| {SERVER_PARTS[base]}{f' (repeat {repeat})' if repeated else ''} | {mode} | "
+              f"{server['peak_gib']:g} | {server['requests']} | "
               f"{server['ooms']} | {server['latency_ms_p50']:.2f} | "
               f"{server['latency_ms_p99']:.2f} | "
               f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x | "
@@ -158,8 +156,70 @@ def main():
               f"{fmt(p99_past(server, STARTUP_S))} | "
               f"{trainer['ooms'] if trainer else ''} | "
               f"{fmt(trainer['step_ms_p50'] if trainer else None, '.2f')} |")
+    if repeated:
+        pooled_repeats(servers)
     slowest_requests(servers)
     server_segments(servers)
+
+
+# The server's runs, by the part's name packing.sh gives them.
+SERVER_PARTS = {"server": "beside a trainer", "server-alone": "alone",
+                "server-floor": "the floor: beside a trainer, both fit"}
+
+
+def split_repeat(part):
+    """A part's name without its repeat, and the repeat (packing.sh
+    SERVER_REPEATS: "server.2" is the server's second run; "server" its
+    first)."""
+    base, _, repeat = part.partition(".")
+    return base, int(repeat) if repeat else 1
+
+
+def by_repeat(key):
+    """The order of the server's rows: by run, mode, then repeat."""
+    part, mode = key
+    base, repeat = split_repeat(part)
+    return base, mode, repeat
+
+
+def references(servers, repeat, mode):
+    """The server alone and the floor of the same repeat. The target's
+    reference is the server alone natively; a run without it compares with
+    the server alone in the same mode."""
+    suffix = f".{repeat}" if repeat > 1 else ""
+    solo = servers.get((f"server-alone{suffix}", "native")) or \
+        servers.get((f"server-alone{suffix}", mode))
+    return solo, servers.get((f"server-floor{suffix}", "native"))
+
+
+def pooled_repeats(servers):
+    """Each run of the server over its repeats: the p99 of all their
+    requests together, each repeat's own, and each repeat's against the
+    server alone natively in the same repeat (the runs nearest in time)."""
+    runs = collections.defaultdict(dict)  # (part, mode) -> {repeat: server}
+    for (part, mode), server in servers.items():
+        base, repeat = split_repeat(part)
+        runs[(base, mode)][repeat] = server
+    alone = runs.get(("server-alone", "native"), {})
+    pooled_alone = percentile([ms for s in alone.values() for _, ms in s["requests_at"]], 99)
+    print("\nThe server's runs over their repeats (SERVER_REPEATS, interleaved): the p99 of "
+          "all their requests together, each repeat's p99, and each repeat's against the "
+          "server alone natively in the same repeat (median, and the range).\n")
+    print("| server | mode | repeats | requests | pooled p99 (ms) | pooled vs alone natively "
+          "| pooled p99 past the first 30 s (ms) | each repeat's p99 (ms) "
+          "| each repeat vs its alone natively |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---|")
+    for (base, mode), repeats in sorted(runs.items()):
+        requests = [r for s in repeats.values() for r in s["requests_at"]]
+        p99 = percentile([ms for _, ms in requests], 99)
+        ratios = [s["latency_ms_p99"] / alone[r]["latency_ms_p99"]
+                  for r, s in sorted(repeats.items()) if r in alone]
+        print(f"| {SERVER_PARTS[base]} | {mode} | {len(repeats)} | {len(requests)} | {fmt(p99)} | "
+              f"{fmt(p99 / pooled_alone if pooled_alone else None, '.3f')}x | "
+              f"{fmt(percentile([ms for at, ms in requests if at >= STARTUP_S], 99))} | "
+              f"{', '.join(fmt(s['latency_ms_p99']) for _, s in sorted(repeats.items()))} | "
+              + (f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
+                 if ratios else "-") + " |")
 
 
 # A process's first seconds under allocd differ from the rest: the
