@@ -2,6 +2,7 @@
 
     python bench/gpu/summarize_packing.py OUT
     python bench/gpu/summarize_packing.py --trainer-slot OUT
+    python bench/gpu/summarize_packing.py --across OUT [OUT...]
 
 One row per part, N and mode: jobs that ran without an OOM, the OOMs
 (peaks, steps, requests), peaks held, the jobs' step time (median of their
@@ -16,6 +17,10 @@ the jobs that gave memory back. Then the server beside the trainer
 against the server alone and against the floor (native, its batch halved
 so that both jobs fit: the GPU's compute shared, no memory moved), and where
 its slowest requests came.
+With --across OUT..., only the server's runs of several calls together
+(packing.sh SERVER_REPEATS): each run's requests pooled over every call's
+repeats, and each repeat beside a trainer against its own repeat's server
+alone and floor.
 With --trainer-slot, only the server's requests by when they arrived around
 the trainer's slot (the reclaim that hands the server's batch to the
 trainer comes at its start): p50 / p90 / max in each window.
@@ -57,6 +62,9 @@ def fmt(x, spec=".2f"):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--trainer-slot":
         by_trainer_slot(load(sys.argv[2]))
+        return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--across":
+        across_calls(sys.argv[2:])
         return
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
@@ -125,11 +133,7 @@ def main():
 
     giving_cost(runs)
 
-    pairs = {(part, mode): jobs for (part, n, mode), jobs in runs.items()
-             if split_repeat(part)[0] in SERVER_PARTS}
-    servers = {key: next(j for j in jobs if j["kind"] == "server") for key, jobs in pairs.items()}
-    trainers = {key: next((j for j in jobs if j["kind"] == "trainer"), None)
-                for key, jobs in pairs.items()}
+    servers, trainers = server_runs(runs)
     if any(s.get("mps") for s in servers.values()):
         trainer = next((t for t in trainers.values() if t), None)
         print("\nUnder MPS (packing.sh MPS=1): every job a client of one MPS server" + (
@@ -167,6 +171,17 @@ SERVER_PARTS = {"server": "beside a trainer", "server-alone": "alone",
                 "server-floor": "the floor: beside a trainer, both fit"}
 
 
+def server_runs(runs):
+    """The server's runs, by (part, mode): the server's result, and the
+    trainer's beside it (None: alone)."""
+    pairs = {(part, mode): jobs for (part, n, mode), jobs in runs.items()
+             if split_repeat(part)[0] in SERVER_PARTS}
+    servers = {key: next(j for j in jobs if j["kind"] == "server") for key, jobs in pairs.items()}
+    trainers = {key: next((j for j in jobs if j["kind"] == "trainer"), None)
+                for key, jobs in pairs.items()}
+    return servers, trainers
+
+
 def split_repeat(part):
     """A part's name without its repeat, and the repeat (packing.sh
     SERVER_REPEATS: "server.2" is the server's second run; "server" its
@@ -190,6 +205,46 @@ def references(servers, repeat, mode):
     solo = servers.get((f"server-alone{suffix}", "native")) or \
         servers.get((f"server-alone{suffix}", mode))
     return solo, servers.get((f"server-floor{suffix}", "native"))
+
+
+def across_calls(outs):
+    """The server's runs of several calls together (each call's repeats):
+    every request of a run's repeats pooled, and each repeat of the server
+    beside a trainer against the server alone natively and against the
+    floor of its own repeat."""
+    pooled = collections.defaultdict(list)  # (part, mode) -> latencies (ms)
+    against = collections.defaultdict(list)  # (mode, reference) -> ratios
+    for out in outs:
+        servers, _ = server_runs(load(out))
+        for (part, mode), server in sorted(servers.items(), key=lambda kv: by_repeat(kv[0])):
+            base, repeat = split_repeat(part)
+            pooled[(base, mode)].extend(ms for _, ms in server["requests_at"])
+            if base != "server":
+                continue
+            for name, reference in zip(("alone", "floor"), references(servers, repeat, mode)):
+                if reference:
+                    against[(mode, name)].append(
+                        server["latency_ms_p99"] / reference["latency_ms_p99"])
+    p99 = {key: percentile(latencies, 99) for key, latencies in pooled.items()}
+    solo, floor = p99.get(("server-alone", "native")), p99.get(("server-floor", "native"))
+    print(f"The server's runs of {len(outs)} calls together: every request of a run's repeats "
+          "pooled, against the server alone natively and the floor pooled so.\n")
+    print("| server | mode | requests | pooled p50 (ms) | pooled p99 (ms) | vs alone natively "
+          "| vs the floor |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (base, mode), latencies in sorted(pooled.items()):
+        print(f"| {SERVER_PARTS[base]} | {mode} | {len(latencies)} | "
+              f"{fmt(percentile(latencies, 50))} | {fmt(p99[(base, mode)])} | "
+              f"{fmt(p99[(base, mode)] / solo if solo else None, '.3f')}x | "
+              f"{fmt(p99[(base, mode)] / floor if floor else None, '.3f')}x |")
+    print("\nEach repeat of the server beside a trainer: its p99 against the server alone "
+          "natively, and against the floor, of the same repeat.\n")
+    print("| mode | against | repeats | median | range | within 5% | each |")
+    print("|---|---|---:|---:|---|---:|---|")
+    for (mode, name), ratios in sorted(against.items()):
+        print(f"| {mode} | {name} | {len(ratios)} | {statistics.median(ratios):.3f}x | "
+              f"{min(ratios):.3f}-{max(ratios):.3f}x | {sum(r <= 1.05 for r in ratios)} | "
+              f"{', '.join(f'{r:.3f}' for r in ratios)} |")
 
 
 def pooled_repeats(servers):
