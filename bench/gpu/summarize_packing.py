@@ -15,8 +15,9 @@ importing and mapping the chunks, enabling access, and the rest (PyTorch's
 allocator, the kernel launches, Python). Then what answering reclaims cost
 the jobs that gave memory back. Then the server beside the trainer
 against the server alone and against the floor (native, its batch halved
-so that both jobs fit: the GPU's compute shared, no memory moved), and where
-its slowest requests came.
+so that both jobs fit: the GPU's compute shared, no memory moved), each run
+pooled over its repeats where they were repeated (SERVER_REPEATS), and
+where its slowest requests came.
 With --across OUT..., only the server's runs of several calls together
 (packing.sh SERVER_REPEATS): each run's requests pooled over every call's
 repeats, and each repeat beside a trainer against its own repeat's server
@@ -64,7 +65,7 @@ def main():
         by_trainer_slot(load(sys.argv[2]))
         return
     if len(sys.argv) >= 3 and sys.argv[1] == "--across":
-        across_calls(sys.argv[2:])
+        pooled_repeats([server_runs(load(out))[0] for out in sys.argv[2:]])
         return
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
@@ -161,7 +162,7 @@ def main():
               f"{trainer['ooms'] if trainer else ''} | "
               f"{fmt(trainer['step_ms_p50'] if trainer else None, '.2f')} |")
     if repeated:
-        pooled_repeats(servers)
+        pooled_repeats([servers])
     slowest_requests(servers)
     server_segments(servers)
 
@@ -207,36 +208,41 @@ def references(servers, repeat, mode):
     return solo, servers.get((f"server-floor{suffix}", "native"))
 
 
-def across_calls(outs):
-    """The server's runs of several calls together (each call's repeats):
-    every request of a run's repeats pooled, and each repeat of the server
-    beside a trainer against the server alone natively and against the
-    floor of its own repeat."""
-    pooled = collections.defaultdict(list)  # (part, mode) -> latencies (ms)
+def pooled_repeats(calls):
+    """The server's runs over their repeats (packing.sh SERVER_REPEATS), in
+    one call or several (`calls`: each call's server runs, server_runs()'s
+    first): every request of a run's repeats pooled, against the server
+    alone natively and the floor pooled so; then each repeat of the server
+    beside a trainer against the server alone natively and the floor of
+    its own repeat, the runs nearest it in time."""
+    pooled = collections.defaultdict(list)  # (part, mode) -> (arrival s, ms)
     against = collections.defaultdict(list)  # (mode, reference) -> ratios
-    for out in outs:
-        servers, _ = server_runs(load(out))
+    for servers in calls:
         for (part, mode), server in sorted(servers.items(), key=lambda kv: by_repeat(kv[0])):
             base, repeat = split_repeat(part)
-            pooled[(base, mode)].extend(ms for _, ms in server["requests_at"])
+            pooled[(base, mode)].extend(server["requests_at"])
             if base != "server":
                 continue
             for name, reference in zip(("alone", "floor"), references(servers, repeat, mode)):
                 if reference:
                     against[(mode, name)].append(
                         server["latency_ms_p99"] / reference["latency_ms_p99"])
-    p99 = {key: percentile(latencies, 99) for key, latencies in pooled.items()}
+    p99 = {key: percentile([ms for _, ms in requests], 99) for key, requests in pooled.items()}
     solo, floor = p99.get(("server-alone", "native")), p99.get(("server-floor", "native"))
-    print(f"The server's runs of {len(outs)} calls together: every request of a run's repeats "
-          "pooled, against the server alone natively and the floor pooled so.\n")
+    print(f"\nThe server's runs over their repeats ({len(calls)} call{'s' if len(calls) > 1 else ''}): "
+          "every request of a run's repeats pooled, against the server alone natively and "
+          "the floor pooled so.\n")
     print("| server | mode | requests | pooled p50 (ms) | pooled p99 (ms) | vs alone natively "
-          "| vs the floor |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for (base, mode), latencies in sorted(pooled.items()):
-        print(f"| {SERVER_PARTS[base]} | {mode} | {len(latencies)} | "
-              f"{fmt(percentile(latencies, 50))} | {fmt(p99[(base, mode)])} | "
+          "| vs the floor | pooled p99 past the first 30 s (ms) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (base, mode), requests in sorted(pooled.items()):
+        print(f"| {SERVER_PARTS[base]} | {mode} | {len(requests)} | "
+              f"{fmt(percentile([ms for _, ms in requests], 50))} | {fmt(p99[(base, mode)])} | "
               f"{fmt(p99[(base, mode)] / solo if solo else None, '.3f')}x | "
-              f"{fmt(p99[(base, mode)] / floor if floor else None, '.3f')}x |")
+              f"{fmt(p99[(base, mode)] / floor if floor else None, '.3f')}x | "
+              f"{fmt(percentile([ms for at, ms in requests if at >= STARTUP_S], 99))} |")
+    if not against:
+        return
     print("\nEach repeat of the server beside a trainer: its p99 against the server alone "
           "natively, and against the floor, of the same repeat.\n")
     print("| mode | against | repeats | median | range | within 5% | each |")
@@ -245,36 +251,6 @@ def across_calls(outs):
         print(f"| {mode} | {name} | {len(ratios)} | {statistics.median(ratios):.3f}x | "
               f"{min(ratios):.3f}-{max(ratios):.3f}x | {sum(r <= 1.05 for r in ratios)} | "
               f"{', '.join(f'{r:.3f}' for r in ratios)} |")
-
-
-def pooled_repeats(servers):
-    """Each run of the server over its repeats: the p99 of all their
-    requests together, each repeat's own, and each repeat's against the
-    server alone natively in the same repeat (the runs nearest in time)."""
-    runs = collections.defaultdict(dict)  # (part, mode) -> {repeat: server}
-    for (part, mode), server in servers.items():
-        base, repeat = split_repeat(part)
-        runs[(base, mode)][repeat] = server
-    alone = runs.get(("server-alone", "native"), {})
-    pooled_alone = percentile([ms for s in alone.values() for _, ms in s["requests_at"]], 99)
-    print("\nThe server's runs over their repeats (SERVER_REPEATS, interleaved): the p99 of "
-          "all their requests together, each repeat's p99, and each repeat's against the "
-          "server alone natively in the same repeat (median, and the range).\n")
-    print("| server | mode | repeats | requests | pooled p99 (ms) | pooled vs alone natively "
-          "| pooled p99 past the first 30 s (ms) | each repeat's p99 (ms) "
-          "| each repeat vs its alone natively |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---|")
-    for (base, mode), repeats in sorted(runs.items()):
-        requests = [r for s in repeats.values() for r in s["requests_at"]]
-        p99 = percentile([ms for _, ms in requests], 99)
-        ratios = [s["latency_ms_p99"] / alone[r]["latency_ms_p99"]
-                  for r, s in sorted(repeats.items()) if r in alone]
-        print(f"| {SERVER_PARTS[base]} | {mode} | {len(repeats)} | {len(requests)} | {fmt(p99)} | "
-              f"{fmt(p99 / pooled_alone if pooled_alone else None, '.3f')}x | "
-              f"{fmt(percentile([ms for at, ms in requests if at >= STARTUP_S], 99))} | "
-              f"{', '.join(fmt(s['latency_ms_p99']) for _, s in sorted(repeats.items()))} | "
-              + (f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-                 if ratios else "-") + " |")
 
 
 # A process's first seconds under allocd differ from the rest: the
