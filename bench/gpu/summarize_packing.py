@@ -61,15 +61,24 @@ def fmt(x, spec=".2f"):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--trainer-slot":
-        by_trainer_slot(load(sys.argv[2]))
-        return
-    if len(sys.argv) >= 3 and sys.argv[1] == "--across":
-        pooled_repeats([server_runs(load(out))[0] for out in sys.argv[2:]])
-        return
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--trainer-slot":
+        by_trainer_slot(load(args[1]))
+    elif len(args) >= 2 and args[0] == "--across":
+        across(args[1:])
+    elif len(args) == 1 and not args[0].startswith("-"):
+        summary(args[0])
+    else:
         sys.exit(__doc__)
-    out = sys.argv[1]
+
+
+def across(outs):
+    """The server's runs of the calls in `outs` together (--across)."""
+    pooled_repeats([server_runs(load(out))[0] for out in outs])
+
+
+def summary(out):
+    """Every table of one call's results in `out`."""
     runs = load(out)
     alone = {}  # (kind, mode) -> step p50 (ms), the median of the alone runs
     for (part, n, mode), jobs in runs.items():

@@ -1,0 +1,113 @@
+"""bench/gpu/summarize_packing.py: the server's runs over interleaved repeats
+(packing.sh SERVER_REPEATS), on made-up results whose figures are known, and
+a shipped record's tables made again from its JSON.
+"""
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import summarize_packing  # noqa: E402
+
+RECORD = os.path.join(ROOT, "bench", "gpu", "results", "packing", "run_1130h_server_repeats")
+
+
+def server(latencies_ms, first_at=0.0):
+    """A server's result as packing_job.py writes it, as far as the pooled
+    tables read it: one request a second from `first_at`."""
+    return {"kind": "server", "index": 0,
+            "requests_at": [[first_at + i, ms] for i, ms in enumerate(latencies_ms)],
+            "latency_ms_p99": summarize_packing.percentile(latencies_ms, 99)}
+
+
+def write_call(folder, runs):
+    """`runs`: {file part ("server.2"...): latencies}, as packing.sh names a
+    repeat's files."""
+    os.makedirs(os.path.join(folder, "packing"))
+    for part, latencies in runs.items():
+        n = 1 if part.startswith("server-alone") else 2
+        jobs = [server(latencies)] + ([{"kind": "trainer", "index": 1}] if n == 2 else [])
+        for job in jobs:
+            path = os.path.join(folder, "packing", f"{part}-N{n}-"
+                                f"{'transparent' if part.split('.')[0] == 'server' else 'native'}"
+                                f"-{job['index']}.json.gz")
+            with gzip.open(path, "wt") as out:
+                json.dump(job, out)
+
+
+def printed(function, *args):
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        function(*args)
+    return text.getvalue()
+
+
+class SplitRepeatTest(unittest.TestCase):
+    def test_the_first_repeat_has_no_suffix_and_later_ones_their_number(self):
+        self.assertEqual(summarize_packing.split_repeat("server"), ("server", 1))
+        self.assertEqual(summarize_packing.split_repeat("server-floor.3"), ("server-floor", 3))
+
+
+class PooledRepeatsTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        # Call 1, two repeats; call 2, one. 100 requests a run, so that a
+        # run's p99 is its 99th smallest latency.
+        self.calls = [os.path.join(self.dir.name, "1"), os.path.join(self.dir.name, "2")]
+        write_call(self.calls[0], {
+            "server": [1.0] * 98 + [2.2, 2.2], "server-alone": [1.0] * 98 + [2.0, 2.0],
+            "server-floor": [1.0] * 98 + [1.1, 1.1],
+            "server.2": [1.0] * 98 + [1.8, 1.8], "server-alone.2": [1.0] * 98 + [2.0, 2.0],
+            "server-floor.2": [1.0] * 98 + [2.0, 2.0]})
+        write_call(self.calls[1], {
+            "server": [1.0] * 98 + [3.0, 3.0], "server-alone": [1.0] * 98 + [1.5, 1.5],
+            "server-floor": [1.0] * 98 + [3.0, 3.0]})
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def rows(self, text):
+        return [line.split(" | ") for line in text.splitlines() if line.startswith("| ")]
+
+    def test_each_repeat_is_compared_with_the_references_of_its_own_repeat(self):
+        text = printed(summarize_packing.across, self.calls)
+        by_reference = {row[1]: row for row in self.rows(text) if row[0] == "| transparent"}
+        # Beside: 2.2, 1.8 (call 1), 3.0 (call 2); alone: 2.0, 2.0, 1.5.
+        self.assertEqual(by_reference["alone"][6], "1.100, 0.900, 2.000 |")
+        self.assertEqual(by_reference["alone"][3], "1.100x")
+        self.assertEqual(by_reference["alone"][5], "1")  # 0.9 only
+        # Floor: 1.1, 2.0, 3.0.
+        self.assertEqual(by_reference["floor"][6], "2.000, 0.900, 1.000 |")
+
+    def test_every_request_of_a_runs_repeats_is_pooled(self):
+        text = printed(summarize_packing.across, self.calls)
+        pooled = {row[0]: row for row in self.rows(text) if row[1] in ("transparent", "native")}
+        beside = pooled["| beside a trainer"]
+        self.assertEqual(beside[2], "300")
+        # 300 requests: above 294 of 1.0 come 1.8, 1.8, 2.2, 2.2, 3.0,
+        # 3.0; the p99 (the 297th or 298th smallest) is 2.2.
+        self.assertEqual(beside[4], "2.20")
+        # The alone runs' pooled p99: 2.0 (of 1.5, 1.5 and 2.0 four times).
+        self.assertEqual(beside[5], "1.100x")
+        self.assertEqual(pooled["| alone"][2], "300")
+
+
+class RecordTest(unittest.TestCase):
+    def test_the_shipped_records_tables_are_what_its_json_makes(self):
+        for name in sorted(os.listdir(RECORD)):
+            folder = os.path.join(RECORD, name)
+            if not os.path.isdir(folder):
+                continue
+            with self.subTest(folder=name), open(os.path.join(folder, "packing.md")) as md:
+                self.assertEqual(printed(summarize_packing.summary, folder), md.read())
+
+
+if __name__ == "__main__":
+    unittest.main()
