@@ -2,6 +2,7 @@
 
     python overhead_toggle.py --socket SOCK --workload seq2seq [--cycles 40] [--steps N]
         [--job-core C] [--autograd-core C] [--json OUT]
+    python overhead_toggle.py --pool OUT.json[.gz]...    several runs' cycles together
 
 overhead.py compares processes: one worker a mode. Each process's memory
 layout moves a launch-bound step by a few percent for its whole life (3-5%
@@ -33,6 +34,7 @@ it is not toggled; at steady state it adds no call to the allocation path
 (its segments are cached), and its step hook is advise()'s.
 """
 import argparse
+import gzip
 import json
 import os
 import random
@@ -85,7 +87,39 @@ def wait_until_stream_off(allocd, torch, step, seconds):
     return times, dict(allocd.stats(), history_read_in=read_in)
 
 
+def cycle_ratios(phases):
+    """Each cycle's median step of a phase over native's: `advise`,
+    `native-b` (the A/A pair), and `advise/both` (over the mean of both
+    natives, which halves the native side's noise)."""
+    medians = {m: [statistics.median(t) for t in phases[m]] for m in PHASES}
+    return {"advise": [a / n for a, n in zip(medians["advise"], medians["native"])],
+            "native-b": [b / n for b, n in zip(medians["native-b"], medians["native"])],
+            "advise/both": [a / ((n + b) / 2) for a, n, b in
+                            zip(medians["advise"], medians["native"], medians["native-b"])]}
+
+
+def pool(paths):
+    """--pool: the cycles of several runs' --json results (.json or
+    .json.gz) of one workload together, each ratio's median with its
+    bootstrap 95% interval, and each phase's median step over every run."""
+    runs = []
+    for path in paths:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+            runs.append(json.load(f))
+    if len({r["workload"] for r in runs}) != 1:
+        sys.exit("--pool: the results are of more than one workload")
+    phases = {m: [times for r in runs for times in r["phases_s"][m]] for m in PHASES}
+    for name, ratios in cycle_ratios(phases).items():
+        s = spread(ratios)
+        print(f"{runs[0]['workload']} {name} over {s['n']} cycles of {len(runs)} runs: "
+              f"{s['median']:.4f}x, 95% {s['ci95'][0]:.4f}-{s['ci95'][1]:.4f}")
+    steps = {m: statistics.median(t for times in phases[m] for t in times) * 1e3 for m in PHASES}
+    print("median step: " + ", ".join(f"{m} {ms:.2f} ms" for m, ms in steps.items()))
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--pool":
+        return pool(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--socket", required=True)
@@ -157,9 +191,8 @@ def main():
                   f"{medians['native-b'] / medians['native']:.4f}x", flush=True)
     if any(s != "deferred" for s in sources):
         sys.exit(f"{a.workload}: an advise phase ran its stream: {sources}")
-    native = [statistics.median(t) for t in phases["native"]]
-    summary = {m: spread([statistics.median(t) / n for t, n in zip(phases[m], native)])
-               for m in ("advise", "native-b")}
+    summary = {m: spread(ratios) for m, ratios in cycle_ratios(phases).items()
+               if m != "advise/both"}
     native_steps = [t for times in phases["native"] for t in times]
     result = {"workload": a.workload, "cycles": a.cycles, "steps": a.steps,
               "native_step_ms": statistics.median(native_steps) * 1e3,

@@ -1,6 +1,8 @@
-"""bench/gpu/summarize_packing.py: the server's runs over interleaved repeats
+"""The GPU benchmarks' summaries, which CI can check without a GPU:
+bench/gpu/summarize_packing.py's server runs over interleaved repeats
 (packing.sh SERVER_REPEATS), on made-up results whose figures are known, and
-a shipped record's tables made again from its JSON.
+a shipped record's tables made again from its JSON; overhead_toggle.py
+--pool on a shipped record's cycles.
 """
 
 import contextlib
@@ -14,9 +16,11 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import overhead_toggle  # noqa: E402
 import summarize_packing  # noqa: E402
 
-RECORD = os.path.join(ROOT, "bench", "gpu", "results", "packing", "run_1130h_server_repeats")
+RESULTS = os.path.join(ROOT, "bench", "gpu", "results", "packing")
+RECORD = os.path.join(RESULTS, "run_1130h_server_repeats")
 
 
 def server(latencies_ms, first_at=0.0):
@@ -107,6 +111,31 @@ class RecordTest(unittest.TestCase):
                 continue
             with self.subTest(folder=name), open(os.path.join(folder, "packing.md")) as md:
                 self.assertEqual(printed(summarize_packing.summary, folder), md.read())
+
+
+class TogglePoolTest(unittest.TestCase):
+    def test_a_runs_cycles_give_the_ratios_its_record_reports(self):
+        # run_1130e_history_cpp's call 6, seq2seq: its README's table.
+        text = printed(overhead_toggle.pool, [os.path.join(
+            RESULTS, "run_1130e_history_cpp", "6_toggle", "toggle-seq2seq.json.gz")])
+        self.assertIn("seq2seq advise over 90 cycles of 1 runs: 1.0170x, 95% 0.9946-1.0364", text)
+        self.assertIn("seq2seq native-b over 90 cycles of 1 runs: 1.0175x, 95% 0.9731-1.0422",
+                      text)
+        self.assertIn("seq2seq advise/both over 90 cycles of 1 runs: 1.0091x, 95% 0.9847-1.0325",
+                      text)
+        self.assertIn("median step: native 141.52 ms, advise 140.90 ms, native-b 141.42 ms", text)
+
+    def test_several_runs_pool_their_cycles(self):
+        calls = [os.path.join(RESULTS, "run_1130i_toggle_generate", call, "toggle-generate.json.gz")
+                 for call in ("call_1", "call_2")]
+        self.assertIn("generate advise over 80 cycles of 2 runs:",
+                      printed(overhead_toggle.pool, calls))
+
+    def test_runs_of_different_workloads_are_refused(self):
+        with self.assertRaises(SystemExit):
+            overhead_toggle.pool([
+                os.path.join(RESULTS, "run_1130e_history_cpp", "6_toggle", f"toggle-{w}.json.gz")
+                for w in ("seq2seq", "resnet50")])
 
 
 if __name__ == "__main__":
