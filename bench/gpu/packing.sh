@@ -196,14 +196,14 @@ if want server; then
       read -r part mode <<<"${server_runs[$(( (k + r) % ${#server_runs[@]} ))]}"
       case $part in
         server) PEAKS="$batch $trainer_gib"; what="server beside a trainer: $mode"
-                kinds=(2 server trainer) ;;
+                launch_jobs=(2 server trainer) ;;
         server-alone) PEAKS="$batch $trainer_gib"; what="server alone: $mode"
-                      kinds=(1 server) ;;
+                      launch_jobs=(1 server) ;;
         server-floor) PEAKS="$(python -c "print($batch / 2)") $trainer_gib"
-                      what="server floor: native, ${PEAKS} GiB"; kinds=(2 server trainer) ;;
+                      what="server floor: native, ${PEAKS} GiB"; launch_jobs=(2 server trainer) ;;
       esac
       step "$what${suffix:+ (repeat $((r + 1)) of $repeats)}"
-      launch "$part$suffix" "$mode" "${kinds[@]}"
+      launch "$part$suffix" "$mode" "${launch_jobs[@]}"  # N, then each job's kind
     done
   done
   pack packing

@@ -155,7 +155,7 @@ def summary(out):
           "| trainer's failed long steps | trainer's step p50 (ms) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     repeated = any(split_repeat(part)[1] > 1 for part, _ in servers)
-    for (part, mode), server in sorted(servers.items(), key=lambda kv: by_repeat(kv[0])):
+    for (part, mode), server in in_repeat_order(servers):
         base, repeat = split_repeat(part)
         solo, floor = references(servers, repeat, mode)
         ref = solo["latency_ms_p99"] if solo else None
@@ -167,7 +167,7 @@ def summary(out):
               f"{server['latency_ms_p99']:.2f} | "
               f"{fmt(server['latency_ms_p99'] / ref if ref else None, '.3f')}x | "
               f"{fmt(server['latency_ms_p99'] / low if low else None, '.3f')}x | "
-              f"{fmt(p99_past(server, STARTUP_S))} | "
+              f"{fmt(p99_past(server.get('requests_at', []), STARTUP_S))} | "
               f"{trainer['ooms'] if trainer else ''} | "
               f"{fmt(trainer['step_ms_p50'] if trainer else None, '.2f')} |")
     if repeated:
@@ -200,11 +200,13 @@ def split_repeat(part):
     return base, int(repeat) if repeat else 1
 
 
-def by_repeat(key):
-    """The order of the server's rows: by run, mode, then repeat."""
-    part, mode = key
-    base, repeat = split_repeat(part)
-    return base, mode, repeat
+def in_repeat_order(servers):
+    """The server's runs ((part, mode), result) by run, mode, then repeat."""
+    def order(item):
+        (part, mode), _ = item
+        base, repeat = split_repeat(part)
+        return base, mode, repeat
+    return sorted(servers.items(), key=order)
 
 
 def references(servers, repeat, mode):
@@ -227,7 +229,7 @@ def pooled_repeats(calls):
     pooled = collections.defaultdict(list)  # (part, mode) -> (arrival s, ms)
     against = collections.defaultdict(list)  # (mode, reference) -> ratios
     for servers in calls:
-        for (part, mode), server in sorted(servers.items(), key=lambda kv: by_repeat(kv[0])):
+        for (part, mode), server in in_repeat_order(servers):
             base, repeat = split_repeat(part)
             pooled[(base, mode)].extend(server["requests_at"])
             if base != "server":
@@ -249,7 +251,7 @@ def pooled_repeats(calls):
               f"{fmt(percentile([ms for _, ms in requests], 50))} | {fmt(p99[(base, mode)])} | "
               f"{fmt(p99[(base, mode)] / solo if solo else None, '.3f')}x | "
               f"{fmt(p99[(base, mode)] / floor if floor else None, '.3f')}x | "
-              f"{fmt(percentile([ms for at, ms in requests if at >= STARTUP_S], 99))} |")
+              f"{fmt(p99_past(requests, STARTUP_S))} |")
     if not against:
         return
     print("\nEach repeat of the server beside a trainer: its p99 against the server alone "
@@ -268,10 +270,11 @@ def pooled_repeats(calls):
 STARTUP_S = 30.0
 
 
-def p99_past(server, seconds):
-    """The p99 latency (ms) of the requests that arrived `seconds` or more
-    after the start (None: none did)."""
-    return percentile([ms for at, ms in server.get("requests_at", []) if at >= seconds], 99)
+def p99_past(requests, seconds):
+    """The p99 latency (ms) of the requests ((arrival s, ms), a server's
+    requests_at) that arrived `seconds` or more after the start (None: none
+    did)."""
+    return percentile([ms for at, ms in requests if at >= seconds], 99)
 
 
 def giving_cost(runs):

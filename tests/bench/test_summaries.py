@@ -23,11 +23,11 @@ RESULTS = os.path.join(ROOT, "bench", "gpu", "results", "packing")
 RECORD = os.path.join(RESULTS, "run_1130h_server_repeats")
 
 
-def server(latencies_ms, first_at=0.0):
+def server(latencies_ms):
     """A server's result as packing_job.py writes it, as far as the pooled
-    tables read it: one request a second from `first_at`."""
+    tables read it: one request a second from the start."""
     return {"kind": "server", "index": 0,
-            "requests_at": [[first_at + i, ms] for i, ms in enumerate(latencies_ms)],
+            "requests_at": [[i, ms] for i, ms in enumerate(latencies_ms)],
             "latency_ms_p99": summarize_packing.percentile(latencies_ms, 99)}
 
 
@@ -36,12 +36,12 @@ def write_call(folder, runs):
     repeat's files."""
     os.makedirs(os.path.join(folder, "packing"))
     for part, latencies in runs.items():
-        n = 1 if part.startswith("server-alone") else 2
+        run = part.partition(".")[0]
+        n = 1 if run == "server-alone" else 2
+        mode = "transparent" if run == "server" else "native"
         jobs = [server(latencies)] + ([{"kind": "trainer", "index": 1}] if n == 2 else [])
         for job in jobs:
-            path = os.path.join(folder, "packing", f"{part}-N{n}-"
-                                f"{'transparent' if part.split('.')[0] == 'server' else 'native'}"
-                                f"-{job['index']}.json.gz")
+            path = os.path.join(folder, "packing", f"{part}-N{n}-{mode}-{job['index']}.json.gz")
             with gzip.open(path, "wt") as out:
                 json.dump(job, out)
 
@@ -62,8 +62,9 @@ class SplitRepeatTest(unittest.TestCase):
 class PooledRepeatsTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
-        # Call 1, two repeats; call 2, one. 100 requests a run, so that a
-        # run's p99 is its 99th smallest latency.
+        # Call 1, two repeats; call 2, one. 100 requests a run, the slowest
+        # two alike, so that a run's p99 is theirs whatever the rank's
+        # rounding.
         self.calls = [os.path.join(self.dir.name, "1"), os.path.join(self.dir.name, "2")]
         write_call(self.calls[0], {
             "server": [1.0] * 98 + [2.2, 2.2], "server-alone": [1.0] * 98 + [2.0, 2.0],
