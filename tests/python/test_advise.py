@@ -354,6 +354,81 @@ class HistoryReaderTest(unittest.TestCase):
         self.assertEqual(list(ops), [0, 1, 2])  # segment actions are not events
 
 
+class RoundPacingTest(unittest.TestCase):
+    """The advisor's rounds come before the stream's reader fills: a job that
+    marks no step (generation, a server) gets rounds at the period, and
+    past the reader's bound its events are lost."""
+
+    class Clock:
+        def __init__(self):
+            self.now = 100.0
+
+        def __call__(self):
+            return self.now
+
+    def stream(self, history, ring):
+        clock = self.Clock()
+        reader = _history.HistoryReader(FakeTorch(history), 0, ring=ring)
+        reader.start()
+        lib = types.SimpleNamespace(allocd_record_events=lambda *args: 0)
+        return _event_stream.EventStream(lib, None, reader, clock=clock), clock
+
+    def test_the_next_read_is_due_before_the_ring_is_half_full_at_the_last_rounds_rate(self):
+        history = FakeHistory()
+        stream, clock = self.stream(history, ring=6000)
+        self.assertEqual(stream.reader.capacity, 6000)
+        self.assertIsNone(stream.read_within(), "no rate before a round")
+        history.step([512] * 100)  # 300 events
+        stream.send()
+        self.assertIsNone(stream.read_within(), "a rate takes two reads")
+        clock.now += 0.5
+        history.step([512] * 500)  # 1,500 events in 0.5 s: 3,000 a second
+        stream.send()
+        self.assertAlmostEqual(stream.read_within(), 1.0)  # 3,000 more fill half
+        clock.now += 0.25
+        self.assertAlmostEqual(stream.read_within(), 0.75)
+        clock.now += 10
+        self.assertEqual(stream.read_within(), stream.MIN_READ_WITHIN_S)
+
+    def test_dropped_events_count_toward_the_rate(self):
+        history = FakeHistory()
+        stream, clock = self.stream(history, ring=60)
+        stream.send()
+        clock.now += 1.0
+        history.step([512] * 40)  # 120 events, 60 of them lost
+        stream.send()
+        self.assertAlmostEqual(stream.read_within(), 0.25)  # 30 at 120 a second
+
+    def test_a_stream_off_or_restarted_sets_no_bound_until_it_has_a_rate(self):
+        history = FakeHistory()
+        stream, clock = self.stream(history, ring=6000)
+        stream.send()
+        clock.now += 1.0
+        history.step([512] * 10)
+        stream.send()
+        self.assertIsNotNone(stream.read_within())
+        reader = stream.reader
+        stream.pause()
+        self.assertIsNone(stream.read_within())
+        stream.begin(reader)
+        self.assertIsNone(stream.read_within())
+
+    def test_the_advisor_waits_the_least_of_its_period_and_the_streams_bound(self):
+        history = FakeHistory()
+        stream, clock = self.stream(history, ring=6000)
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "", events=stream)
+        self.assertEqual(advisor.next_wait(), 1.0)
+        stream.send()
+        clock.now += 0.5
+        history.step([512] * 1000)  # 6,000 events a second: half the ring in 0.5 s
+        stream.send()
+        self.assertAlmostEqual(advisor.next_wait(), 0.5)
+        clock.now += 1.0
+        history.step([512])  # 3 events a second
+        stream.send()
+        self.assertEqual(advisor.next_wait(), 1.0)
+
+
 class AdviseTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="allocd_py_")

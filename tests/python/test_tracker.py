@@ -159,7 +159,7 @@ class TrackerTest(unittest.TestCase):
         cls.reader = _tracker.TrackerReader.for_torch(fake_torch(), 0)
 
     def setUp(self):
-        self.reader._capacity = 1 << 20
+        self.reader.capacity = 1 << 20
         self.reader.start()
 
     def tearDown(self):
@@ -234,7 +234,7 @@ class TrackerTest(unittest.TestCase):
         self.assertEqual(list(streams), [stream, stream])
 
     def test_a_full_buffer_reports_its_gap_before_the_events_after_it(self):
-        self.reader._capacity = 2
+        self.reader.capacity = 2
         self.reader.start()
         for addr in (1, 2, 3, 4):
             c10.fake_torch_emit(ALLOC, 0, addr, 8, 0)
@@ -256,7 +256,7 @@ class TrackerTest(unittest.TestCase):
         # The allocating side keeps filling while the takes drain what they
         # swapped out: the rest of it comes before anything newer, and the
         # events dropped behind it are reported with its last event.
-        self.reader._capacity = 2
+        self.reader.capacity = 2
         self.reader.start()
         for addr in (1, 2, 3, 4):
             c10.fake_torch_emit(ALLOC, 0, addr, 8, 0)

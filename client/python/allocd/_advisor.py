@@ -316,9 +316,7 @@ class Advisor:
             self.busy_seconds += time.perf_counter() - start
             self.rounds += 1
             self._round_done.set()
-            wait = self.round_period()
-            due = self._prewarmer.seconds_until_due() if self._prewarmer else None
-            self._wake.wait(wait if due is None else min(wait, due))
+            self._wake.wait(self.next_wait())
             self._wake.clear()
 
     def _watch_control(self):
@@ -356,6 +354,16 @@ class Advisor:
         if self.applied == 0 and now < self._quick_until:
             return min(self._period, self.QUICK_PERIOD_S)
         return self._period
+
+    def next_wait(self):
+        """Seconds until the next round: the period (round_period), or sooner
+        when a pre-warm is due or the stream's reader would be half full."""
+        waits = [self.round_period()]
+        if self._prewarmer is not None:
+            waits.append(self._prewarmer.seconds_until_due())
+        if self._events is not None:
+            waits.append(self._events.read_within())
+        return min(w for w in waits if w is not None)
 
     def at_step_mark(self, now=None):
         """The job marked a step (called by the step hook once the mark is in

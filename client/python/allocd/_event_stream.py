@@ -160,10 +160,20 @@ class EventStream:
     marks. A stream made without one is deferred: it sends nothing, and
     marks no steps, until begin() gives it its reader."""
 
-    def __init__(self, lib, client, reader=None):
+    # The shortest wait read_within() asks for: a job that allocates faster
+    # than a reader can hold in it loses events rather than the advisor
+    # spinning on the GIL.
+    MIN_READ_WITHIN_S = 0.01
+
+    def __init__(self, lib, client, reader=None, clock=time.monotonic):
         self._lib = lib
         self._client = client
         self.reader = reader
+        self._clock = clock
+        # When the reader was last read, and how fast its events came in the
+        # round before (events a second; None: not known yet).
+        self._read_at = None
+        self._rate = None
         self.events_sent = 0
         self.states_sent = 0
         # (mark number, state) read at a step mark, sent right after it.
@@ -188,6 +198,7 @@ class EventStream:
         first: the daemon replays the stream from it, as from any stream
         that starts after the job allocated."""
         self.reader = reader
+        self._read_at = self._rate = None
         if state is not None:
             self.send_state(state)
 
@@ -221,6 +232,7 @@ class EventStream:
         if self.reader is None:
             return []
         ops, sizes, ids, streams, dropped = self.reader.read()
+        self._note_rate(len(ops) + dropped)
         if self._hidden:
             ops, sizes, ids, streams = self._without_hidden(ops, sizes, ids, streams)
             self._hidden.clear()
@@ -236,6 +248,24 @@ class EventStream:
         self._record(stream, start, len(ops), dropped)
         self.events_sent += len(ops)
         return self._large_allocations(ops, sizes, streams)
+
+    def _note_rate(self, events):
+        now = self._clock()
+        if self._read_at is not None and now > self._read_at:
+            self._rate = events / (now - self._read_at)
+        self._read_at = now
+
+    def read_within(self):
+        """Seconds until the reader would hold half the events it can keep
+        (its capacity) at the rate of the last round; None when nothing
+        bounds the next round (no reader, no rate yet, or a reader without
+        a bound). The advisor's round comes no later: past the bound the
+        reader loses events, and the daemon skips a window with a gap."""
+        capacity = getattr(self.reader, "capacity", None)
+        if capacity is None or not self._rate:
+            return None
+        since = self._clock() - self._read_at
+        return max(self.MIN_READ_WITHIN_S, capacity / 2 / self._rate - since)
 
     def _large_allocations(self, ops, sizes, streams):
         if not self.watch_bytes or not may_reach(sizes, self.watch_bytes):

@@ -20,8 +20,13 @@ _COUNTERS = ("allocation.all.allocated", "allocation.all.freed", "active.all.fre
 # Actions the reader does not need, left out of PyTorch's ring when its
 # _record_memory_history knows skip_actions.
 _SKIP = ["segment_alloc", "segment_free", "snapshot"]
-# The ring's bound, in events: a round's worth at the least.
-RING = 1 << 17
+# The most events a reader keeps between two rounds, the history's ring and
+# the tracker's buffer alike: a round's worth at the least. The advisor
+# paces its rounds so that neither is half full (EventStream.read_within):
+# a job that marks no step gets 1 s rounds, and a batched generation of
+# 157,000 events a second overflowed a ring of 2**17 (PyTorch's ring holds
+# what a round reached, about 130 bytes an event, and keeps that much).
+RING = 1 << 20
 
 
 def arm(torch, *args, **kwargs):
@@ -50,11 +55,11 @@ class PythonHistory:
     def __init__(self, torch, device, ring):
         self._torch = torch
         self._device = device
-        self._ring = ring
+        self.ring = ring
         self._skip = True
 
     def arm(self, clear):
-        kwargs = dict(context=None, stacks="python", max_entries=self._ring,
+        kwargs = dict(context=None, stacks="python", max_entries=self.ring,
                       clear_history=clear)
         if self._skip:
             try:
@@ -138,6 +143,12 @@ class HistoryReader:
         # reads nothing more. Re-arming and the job's call take turns.
         self.job_records = False
         self._arm_lock = threading.Lock()
+
+    @property
+    def capacity(self):
+        """The most events kept between two reads (the ring's): beyond it the
+        oldest are lost, and counted as dropped."""
+        return self._access.ring
 
     @property
     def read_in(self):

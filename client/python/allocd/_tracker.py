@@ -181,7 +181,7 @@ class NativeHistory:
     def __init__(self, lib, device, ring):
         self._lib = lib
         self._device = device
-        self._ring = ring
+        self.ring = ring
         # The take holds the GIL (a PyDLL function of the same library): the
         # events a job's Python threads would make between the snapshot and
         # the re-arm are lost, and a take is about a millisecond (the
@@ -191,7 +191,7 @@ class NativeHistory:
         self._take = _gil_holding_take(lib._name)
 
     def _record(self, enabled, clear):
-        if self._lib.allocd_history_record(enabled, self._ring, int(clear)) != 0:
+        if self._lib.allocd_history_record(enabled, self.ring, int(clear)) != 0:
             raise RuntimeError("PyTorch refused to record its allocator history")
 
     def arm(self, clear):
@@ -205,7 +205,7 @@ class NativeHistory:
 
     def take(self, rearm):
         job_armed = ctypes.c_int(0)
-        n = self._take(self._device, self._ring, int(rearm), ctypes.byref(job_armed))
+        n = self._take(self._device, self.ring, int(rearm), ctypes.byref(job_armed))
         if n == -1:
             raise RuntimeError("PyTorch's allocator gave no snapshot")
         if n == -2:
@@ -226,11 +226,11 @@ class TrackerReader:
     reported before the events that follow the gap.
     """
 
-    def __init__(self, lib, torch, device, capacity=1 << 20):
+    def __init__(self, lib, torch, device, capacity=_history.RING):
         self._lib = lib
         self._torch = torch
         self._device = device
-        self._capacity = capacity
+        self.capacity = capacity
         self._gap = 0  # dropped after the last events read
         self._stopped = False  # an attach queued for CUDA's initialisation is void
 
@@ -261,7 +261,7 @@ class TrackerReader:
             self._torch.cuda._lazy_call(self._attach_at_initialisation)
 
     def _attach(self):
-        if self._lib.allocd_tracker_attach(self._device, self._capacity) != 0:
+        if self._lib.allocd_tracker_attach(self._device, self.capacity) != 0:
             raise TrackerUnavailable("PyTorch refused the tracker")
 
     def _attach_at_initialisation(self):
