@@ -1,0 +1,49 @@
+"""A worker of stream_loss.sh: one of overhead_job.py's workloads stepped for
+SECONDS under allocd (`allocd run`, or transparent mode's enable() with
+--enable), printing every 5 s what its allocation stream sent and lost
+(allocd.stats(): events_sent, events_dropped, the reader, why it paused).
+
+    python stream_loss_job.py --workload generate --seconds 45 [--enable SOCKET]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+KEYS = ("event_source", "events_sent", "events_dropped", "states_sent", "stream_paused",
+        "stream_switched", "advisor_rounds")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="generate")
+    p.add_argument("--seconds", type=float, default=45)
+    p.add_argument("--enable", metavar="SOCKET",
+                   help="transparent mode by allocd.enable() (else the job runs under allocd run)")
+    a = p.parse_args()
+    if a.enable:
+        import allocd
+        allocd.enable(socket=a.enable, job=f"stream-loss-{a.workload}-enable", required=True,
+                      mode="transparent")
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import overhead_job
+    import allocd
+    start = time.monotonic()
+    step = overhead_job.build(torch, a.workload)
+    steps, due = 0, 0.0
+    while (elapsed := time.monotonic() - start) < a.seconds:
+        step()
+        torch.cuda.synchronize()
+        steps += 1
+        if elapsed >= due:
+            stats = allocd.stats() or {}
+            flat = {**stats, **(stats.get("session") or {})}
+            print(json.dumps({"seconds": round(elapsed, 1), "steps": steps,
+                              **{k: flat.get(k) for k in KEYS}}), flush=True)
+            due += 5
+
+
+if __name__ == "__main__":
+    main()
