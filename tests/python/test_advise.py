@@ -489,6 +489,17 @@ class AdviseTest(unittest.TestCase):
         # A period shorter than the quick one stays as asked.
         self.assertEqual(_advisor.Advisor(None, None, None, 0, 0.05, "").round_period(), 0.05)
 
+    def test_rounds_are_at_the_period_while_the_stream_is_off(self):
+        # The daemon decided and stopped the stream: nothing it reads comes
+        # sooner with quick rounds, which hold the GIL the job waits for.
+        stream = _event_stream.EventStream(None, None)  # deferred: no reader
+        advisor = _advisor.Advisor(None, None, None, 0, 1.0, "", events=stream)
+        now = time.monotonic()
+        advisor.at_step_mark(now=now)
+        self.assertEqual(advisor.round_period(now=now + 1), 1.0)
+        stream.begin(types.SimpleNamespace())  # the stream starts again (the job grew)
+        self.assertEqual(advisor.round_period(now=now + 1), _advisor.Advisor.QUICK_PERIOD_S)
+
     def test_each_first_step_mark_after_a_long_pause_makes_the_rounds_short_again(self):
         # A job that compiled before its first step, and again before its third.
         advisor = _advisor.Advisor(None, None, None, 0, 1.0, "")

@@ -181,7 +181,12 @@ class Advisor:
     # before it, and a job that marks none (a server) is decided on its
     # event count, whatever the rounds; a server's requests waited for quick
     # rounds' GIL-held takes of its stream (p99 1.37 ms against 1.28 ms
-    # without the stream, alone on an H200).
+    # without the stream, alone on an H200). Nor while the stream is off (the
+    # daemon has decided, or reads another session's): the daemon reads
+    # nothing the quick rounds would bring it sooner, and a push wakes a
+    # round itself (_watch_control), while each round's session read-back
+    # and memory_stats() hold the GIL the job waits for (0.12-0.23% of a
+    # step at 10 rounds a second).
     QUICK_PERIOD_S = 0.1
     QUICK_START_S = 30.0
     # The first marks also wake a round at once: the daemon decides on a
@@ -349,9 +354,11 @@ class Advisor:
                 self.step()
 
     def round_period(self, now=None):
-        """Seconds until the next round: short at the job's start."""
+        """Seconds until the next round: short at the job's start, while its
+        stream is on."""
         now = time.monotonic() if now is None else now
-        if self.applied == 0 and now < self._quick_until:
+        stream_off = self._events is not None and self._events.deferred
+        if self.applied == 0 and now < self._quick_until and not stream_off:
             return min(self._period, self.QUICK_PERIOD_S)
         return self._period
 
