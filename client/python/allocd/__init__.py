@@ -247,9 +247,10 @@ def advise(socket=None, job=None, device=None, period=1.0, required=False,
     job: the job label that picks the configs the daemon pushes ($ALLOCD_JOB).
     device: the CUDA device whose allocator is advised (the current one).
     period: seconds between telemetry rounds (at most 0.1 s from the job's first
-        step mark, until the first config is applied or for 30 s: the daemon sees
-        the first steps as they end, and its push reaches the job within a few
-        steps).
+        step mark, until the first config is applied, the daemon stops the
+        allocation stream, or for 30 s: the daemon sees the first steps as they
+        end, and its push reaches the job within a few steps; sooner when the
+        stream's reader would otherwise fill).
     required: raise AllocdUnavailable instead of warning when no daemon answers.
     record_events: send the allocator's alloc/free stream to the daemon's
         autotuner (off: stats only). It is read from PyTorch's allocator
