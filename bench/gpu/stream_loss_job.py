@@ -24,14 +24,13 @@ def main():
     p.add_argument("--enable", metavar="SOCKET",
                    help="transparent mode by allocd.enable() (else the job runs under allocd run)")
     a = p.parse_args()
+    import allocd  # imports no torch: enable() below still comes before it
     if a.enable:
-        import allocd
         allocd.enable(socket=a.enable, job=f"stream-loss-{a.workload}-enable", required=True,
                       mode="transparent")
     import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import overhead_job
-    import allocd
     start = time.monotonic()
     step = overhead_job.build(torch, a.workload)
     steps, due = 0, 0.0
