@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "allocator/absl_string_view.h"
 
 namespace allocd {
 namespace {
@@ -72,11 +73,6 @@ constexpr absl::string_view kKnownKeys[] = {
     "pinned_num_register_threads",
     "per_process_memory_fraction",
 };
-
-// Debian's abseil has its own string_view.
-absl::string_view ToAbsl(std::string_view text) {
-  return absl::string_view(text.data(), text.size());
-}
 
 bool IsKnownKey(absl::string_view key) {
   return std::find(std::begin(kKnownKeys), std::end(kKnownKeys), key) !=

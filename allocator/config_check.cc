@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "allocator/absl_string_view.h"
 #include "allocator/config.h"
 
 namespace allocd {
@@ -75,10 +76,6 @@ const KeyInfo* FindKey(absl::string_view key) {
     if (info.name == key) return &info;
   }
   return nullptr;
-}
-
-absl::string_view ToAbsl(std::string_view text) {
-  return absl::string_view(text.data(), text.size());
 }
 
 // ---------------------------------------------------------------------------

@@ -10,8 +10,6 @@
 namespace allocd {
 namespace {
 
-// A flood of refusals is logged at most this often.
-constexpr absl::Duration kLogPeriod = absl::Seconds(10);
 // Past this many uids, those with a full bucket (as if never seen) go.
 constexpr size_t kPruneAbove = 4096;
 
@@ -47,14 +45,9 @@ absl::Status AcceptPacer::Take(uid_t uid, pid_t pid, absl::Time now) {
       "uid ", uid, " opens ", what_, "s faster than its rate (", flag_, "=",
       rate_.per_second, " per second, ", burst,
       " at once): reuse connections, or ask the node's admin to raise it"));
-  ++unlogged_;
-  if (now - logged_at_ >= kLogPeriod) {
-    LogError(absl::StrCat("refused ", unlogged_, " ", what_,
-                          "(s), the last pid ", pid, "'s: ",
-                          refused.message()));
-    unlogged_ = 0;
-    logged_at_ = now;
-  }
+  refusals_.Refused(now, what_, [&] {
+    return absl::StrCat("pid ", pid, "'s: ", refused.message());
+  });
   return refused;
 }
 

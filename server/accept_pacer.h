@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/log.h"
 
 namespace allocd {
 
@@ -55,9 +56,7 @@ class AcceptPacer {
   const std::string flag_;
   const AcceptRate rate_;
   absl::flat_hash_map<uid_t, Bucket> buckets_;
-  // Refusals since the last one logged, and when that was.
-  uint64_t unlogged_ = 0;
-  absl::Time logged_at_ = absl::InfinitePast();
+  RefusalLog refusals_;
 };
 
 }  // namespace allocd

@@ -7,12 +7,6 @@
 #include "server/log.h"
 
 namespace allocd {
-namespace {
-
-// A flood of refusals is logged at most this often.
-constexpr absl::Duration kLogPeriod = absl::Seconds(10);
-
-}  // namespace
 
 Admission::Admission(std::string what, std::string per_tenant_flag,
                      std::string total_flag, AdmissionLimits limits)
@@ -42,13 +36,9 @@ absl::Status Admission::Take(const TenantId& tenant, absl::string_view who) {
     ++total_;
     return refused;
   }
-  ++unlogged_;
-  if (const absl::Time now = absl::Now(); now - logged_at_ >= kLogPeriod) {
-    LogError(absl::StrCat("refused ", unlogged_, " ", what_, "(s), the last ",
-                          who, "'s: ", refused.message()));
-    unlogged_ = 0;
-    logged_at_ = now;
-  }
+  refusals_.Refused(absl::Now(), what_, [&] {
+    return absl::StrCat(who, "'s: ", refused.message());
+  });
   return refused;
 }
 

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/log.h"
 #include "server/tenant_id.h"
 
 namespace allocd {
@@ -59,9 +60,7 @@ class Admission {
   // Tenants holding none are not kept.
   absl::flat_hash_map<TenantId, size_t> held_ ABSL_GUARDED_BY(mu_);
   size_t total_ ABSL_GUARDED_BY(mu_) = 0;
-  // Refusals since the last one logged, and when that was.
-  uint64_t unlogged_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time logged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  RefusalLog refusals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace allocd

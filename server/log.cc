@@ -23,4 +23,13 @@ void Write(absl::string_view level, absl::string_view line) {
 void LogInfo(absl::string_view line) { Write("info", line); }
 void LogError(absl::string_view line) { Write("error", line); }
 
+void RefusalLog::Refused(absl::Time now, absl::string_view what,
+                         absl::FunctionRef<std::string()> last) {
+  ++unlogged_;
+  if (now - logged_at_ < kPeriod) return;
+  LogError(absl::StrCat("refused ", unlogged_, " ", what, "(s), the last ", last()));
+  unlogged_ = 0;
+  logged_at_ = now;
+}
+
 }  // namespace allocd

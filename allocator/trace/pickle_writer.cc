@@ -4,31 +4,10 @@
 #include <cassert>
 #include <limits>
 
+#include "allocator/trace/pickle_opcodes.h"
+
 namespace allocd {
 namespace {
-
-// The opcodes this writer uses, as pickletools names them.
-enum Opcode : uint8_t {
-  MARK = '(',
-  STOP = '.',
-  BININT = 'J',
-  BININT1 = 'K',
-  BININT2 = 'M',
-  NONE = 'N',
-  BINUNICODE = 'X',
-  EMPTY_DICT = '}',
-  APPENDS = 'e',
-  BINGET = 'h',
-  LONG_BINGET = 'j',
-  EMPTY_LIST = ']',
-  BINPUT = 'q',
-  LONG_BINPUT = 'r',
-  SETITEMS = 'u',
-  PROTO = 0x80,
-  NEWTRUE = 0x88,
-  NEWFALSE = 0x89,
-  LONG1 = 0x8a,
-};
 
 // CPython's pickler writes at most this many list items or dict pairs per
 // APPENDS/SETITEMS.

@@ -10,10 +10,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "allocator/absl_string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -107,6 +109,14 @@ std::string ErrorOf(absl::string_view conf) {
 
 // ---------------------------------------------------------------------------
 // What the real PyTorch 2.11 did.
+
+TEST(AbslStringViewTest, ViewsTheSameBytesWithoutCopying) {
+  const std::string conf = "max_split_size_mb:128";
+  const std::string_view value = std::string_view(conf).substr(18);
+  const absl::string_view view = ToAbsl(value);
+  EXPECT_EQ(view.data(), conf.data() + 18);
+  EXPECT_EQ(view, "128");
+}
 
 TEST(ConfigOracleTest, StartupParseMatchesPyTorch) {
   for (const OracleCase& c : kOracleEnvCases) {

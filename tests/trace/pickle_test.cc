@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/trace/pickle_opcodes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -312,6 +313,17 @@ constexpr PythonVector kPythonVectors[] = {
      "[{1, 2, 3}, frozenset({1, 2}), set()]"},
     {5, "8005950d000000000000009602000000000000006162942e", "bytearray(b'ab')"},
 };
+
+TEST(PickleOpcodesTest, NamedAsPickletoolsNamesThem) {
+  EXPECT_EQ(MARK, '(');
+  EXPECT_EQ(BINUNICODE, 'X');
+  EXPECT_EQ(PROTO, 0x80);
+  EXPECT_STREQ(PickleOpcodeName(PROTO), "PROTO");
+  EXPECT_STREQ(PickleOpcodeName(SHORT_BINUNICODE), "SHORT_BINUNICODE");
+  EXPECT_STREQ(PickleOpcodeName(READONLY_BUFFER), "READONLY_BUFFER");
+  // A byte no protocol defines.
+  EXPECT_STREQ(PickleOpcodeName(0xff), "?");
+}
 
 TEST(PickleTest, DecodesWhatPythonWritesAtEveryProtocol) {
   for (const PythonVector& v : kPythonVectors) {
