@@ -2,10 +2,12 @@
 interleaved rounds in one call, warm-up excluded, CUDA events.
 
     python bench/gpu/overhead.py --allocd BIN --socket SOCK --out DIR
-        [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]  (also: churn)
+        [--rounds 8 | --alternate 150] [--workloads seq2seq,resnet50,generate]
+        (also: churn, resnet50-graph)
         [--modes native,native-b,transparent,run,advise]
         (also: learned, transparent-learned, run-learned, paused, transparent-paused,
-        run-paused, history, history-python, tracker, preload, loaded, tracked, attached)
+        run-paused, preload-paused, history, history-python, tracker, preload, loaded, loaded-first,
+        tracked, attached; any of them -padded)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -66,7 +68,11 @@ LEARNED_MODES = {"learned": "advise", "transparent-learned": "transparent",
 # PyTorch's history first, which can stop (the tracker cannot be detached),
 # each worker steps until its stream is off before it reports ready.
 PAUSED_MODES = {"paused": "advise", "transparent-paused": "transparent",
-                "run-paused": "native"}
+                "run-paused": "native", "preload-paused": "transparent"}
+# Modes whose worker runs transparent mode with the interposer preloaded, as
+# `allocd run` preloads it, rather than dlopen()ed by enable(): what the way
+# it is loaded costs, apart from all else.
+PRELOADED = ("preload", "preload-paused")
 # Modes on a first run whose stream stays on whatever the daemon decides
 # ($ALLOCD_DEFER_STREAM=0), each on one reader (the environment it runs
 # with): the stream's cost until the daemon stops it, by reader.
@@ -83,9 +89,16 @@ PAUSE_WAIT_S = 180
 # Modes whose worker runs under `allocd run`.
 UNDER_RUN = ("run", "run-learned", "run-paused")
 # Timed steps in one turn: short turns interleave the modes finely.
-STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4}
+STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4, "resnet50-graph": 10}
 BOOTSTRAP_RESAMPLES = 2000
-ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
+ADDR_NO_RANDOMIZE = 0x0040000
+# Any mode with this suffix (native-padded, transparent-paused-padded, ...)
+# runs with PAD_MIB of address space reserved before allocd and torch load
+# (overhead_job.py --pad-mib): each library loaded after lands that much
+# lower, as if a mode had loaded libraries of that size first. A step that
+# moves with it moves with where its libraries lie, not with what runs.
+PADDED = "-padded"
+PAD_MIB = 53  # linux/personality.h: what `setarch -R` sets
 
 
 def cpu_sets(cpus, n):
@@ -105,10 +118,17 @@ def parse_cpus(text):
     return cpus
 
 
+def base_mode(mode):
+    """A mode with its -padded suffix (PADDED) taken off."""
+    return mode[:-len(PADDED)] if mode.endswith(PADDED) else mode
+
+
 def start(a, workload, mode, cpus, state_period_s=None):
     # A label a mode: the daemon decides on one session's stream a job, and
     # leaves the others' off. The learned modes share the label it learned.
-    job = f"overhead-{workload}-learned" if mode in LEARNED_MODES else f"overhead-{workload}-{mode}"
+    job = f"overhead-{workload}-learned" if base_mode(mode) in LEARNED_MODES \
+        else f"overhead-{workload}-{mode}"
+    padded, mode = mode != base_mode(mode), base_mode(mode)
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
                 **LEARNED_MODES, **PAUSED_MODES,
                 **{m: "advise" for m in STREAM_MODES}}.get(mode, mode)
@@ -116,17 +136,15 @@ def start(a, workload, mode, cpus, state_period_s=None):
            "--mode", job_mode, "--socket", a.socket, "--job", job,
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else []) \
-        + (["--until-paused", str(PAUSE_WAIT_S)] if mode in PAUSED_MODES else [])
+        + (["--until-paused", str(PAUSE_WAIT_S)] if mode in PAUSED_MODES else []) \
+        + (["--pad-mib", str(PAD_MIB)] if padded else [])
     if mode in UNDER_RUN:
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather
     # than spin on the cores the next worker steps on (the same in every mode).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(len(cpus)),
                OMP_WAIT_POLICY="PASSIVE")
-    if mode == "preload":
-        # transparent's enable(), with the interposer loaded at the process's
-        # start as `allocd run` loads it rather than dlopen()ed by enable():
-        # what the way it is loaded costs, apart from all else.
+    if mode in PRELOADED:
         from allocd._bindings import INTERPOSE_LIBRARY, library_path
         env["LD_PRELOAD"] = ":".join(filter(None, [library_path(INTERPOSE_LIBRARY),
                                                    env.get("LD_PRELOAD")]))
@@ -178,6 +196,7 @@ def state_period(a, modes):
 
 def not_as_asked(mode, ready):
     """Why a worker, ready, does not run `mode` as the mode means ("": it does)."""
+    mode = base_mode(mode)
     if mode in UNDER_RUN and not ready.get("under_allocd_run"):
         return f"the {mode} worker is not under `allocd run`"
     if mode in LEARNED_MODES and ready.get("event_source") != "deferred":

@@ -15,11 +15,16 @@ Workloads (fixed shapes, so every step allocates alike):
             16 new tokens, greedy (one generate() call a step)
   churn     no model: 10,000 tensors allocated and freed a step (the
             allocator's path alone, what allocd adds to each event)
+  resnet50-graph  resnet50's step captured in a CUDA graph and replayed: the
+            GPU's time alone, one launch a step and no allocation, so that
+            where the step's memory lives is all a mode can change
 Modes: native; transparent (allocd.enable() before torch); advise
 (allocd.advise(): PyTorch's own allocator, its history streamed). Parts of
 allocd alone: loaded (its client and tracker libraries loaded, nothing
-started), tracked (the tracker attached to PyTorch's allocator, its
-events taken between turns; no thread, no daemon) and attached (the tracker
+started), loaded-first (the client library loaded before torch, where
+enable() loads the interposer, with its symbols global; nothing started),
+tracked (the tracker attached to PyTorch's allocator, its events taken
+between turns; no thread, no daemon) and attached (the tracker
 attached and stopped: what PyTorch does for a tracker, without ours). `allocd
 run -- python overhead_job.py --mode native` is the unchanged script.
 
@@ -96,6 +101,18 @@ def build(torch, workload):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
+    if workload == "resnet50-graph":
+        step = build(torch, "resnet50")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return graph.replay
     if workload == "churn":
         # The allocator's path alone: 10,000 tensors of 512 B to 2 MiB a step,
         # each freed 64 allocations later (30,000 events a step).
@@ -274,9 +291,10 @@ class InstructionCounters:
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn"],
+    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn", "resnet50-graph"],
                    required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "tracked",
+    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "loaded-first",
+                                      "tracked",
                                        "attached"], required=True)
     p.add_argument("--job", default=None,
                    help="the job label allocd knows it by (default: overhead-WORKLOAD)")
@@ -289,8 +307,27 @@ def main():
     p.add_argument("--until-paused", type=float, default=0, metavar="S",
                    help="once warm, step (up to S seconds) until the daemon has paused the "
                         "allocation stream (its first pass settled the job's config)")
+    p.add_argument("--pad-mib", type=int, default=0,
+                   help="before allocd and torch load, reserve this many MiB of address space "
+                        "(no memory): every library loaded after it lands that much lower, "
+                        "what a mode's own libraries do to torch's, without them")
     a = p.parse_args()
     job = a.job or f"overhead-{a.workload}"
+    if a.pad_mib:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        PROT_NONE, MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE = 0, 0x02, 0x20, 0x4000
+        if libc.mmap(None, a.pad_mib << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0) in (None, ctypes.c_void_p(-1).value):
+            sys.exit(f"--pad-mib: mmap failed (errno {ctypes.get_errno()})")
+    if a.mode == "loaded-first":
+        # allocd's client library and its dependencies loaded where enable()
+        # loads the interposer (before torch, with its symbols global), and
+        # nothing started: whatever loading them there does to torch's step.
+        from allocd import _bindings
+        _bindings.load_client(mode=ctypes.RTLD_GLOBAL)
     if a.mode == "transparent":
         import allocd
         allocd.enable(socket=a.socket, job=job, required=True, mode="transparent")

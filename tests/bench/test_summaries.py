@@ -2,7 +2,8 @@
 bench/gpu/summarize_packing.py's server runs over interleaved repeats
 (packing.sh SERVER_REPEATS), on made-up results whose figures are known, and
 a shipped record's tables made again from its JSON; overhead_toggle.py
---pool on a shipped record's cycles.
+--pool on a shipped record's cycles; pool_process_sets.py on made-up sets
+and on a shipped record's.
 """
 
 import contextlib
@@ -17,6 +18,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
 import overhead_toggle  # noqa: E402
+import pool_process_sets  # noqa: E402
 import summarize_packing  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "gpu", "results", "packing")
@@ -137,6 +139,60 @@ class TogglePoolTest(unittest.TestCase):
             overhead_toggle.pool([
                 os.path.join(RESULTS, "run_1130e_history_cpp", "6_toggle", f"toggle-{w}.json.gz")
                 for w in ("seq2seq", "resnet50")])
+
+
+
+
+class PoolProcessSetsTest(unittest.TestCase):
+    @staticmethod
+    def result(by_process):
+        """overhead.py's JSON for resnet50, as far as the pooling reads it."""
+        return {"resnet50": {"summary": {m: {"by_process": ratios}
+                                         for m, ratios in by_process.items()}}}
+
+    def test_each_mode_is_pooled_over_every_set_that_ran_it(self):
+        sets = (pool_process_sets.sets_of(self.result({"native-b": [0.99, 1.01],
+                                                       "transparent": [1.02, 1.04]}), "resnet50")
+                + pool_process_sets.sets_of(self.result({"native-b": [1.00, 1.00]}), "resnet50"))
+        modes, _ = pool_process_sets.pool(sets)
+        self.assertEqual(modes["native-b"]["n"], 4)
+        self.assertAlmostEqual(modes["native-b"]["mean"], 1.0)
+        self.assertEqual(modes["transparent"]["n"], 2)
+        self.assertAlmostEqual(modes["transparent"]["mean"], 1.03)
+        # sd 0.01 x sqrt(2) over 2 sets: half-width t(1) x sd / sqrt(2) = 12.706 x 0.01.
+        low, high = modes["transparent"]["ci95"]
+        self.assertAlmostEqual(high - 1.03, 12.706 * 0.01, places=4)
+        self.assertAlmostEqual(1.03 - low, high - 1.03)
+
+    def test_a_pair_is_differenced_within_each_set_that_ran_both(self):
+        sets = pool_process_sets.sets_of(self.result({
+            "a": [1.03, 1.00, 0.98], "b": [1.01, 0.98, 0.97]}), "resnet50")
+        sets += pool_process_sets.sets_of(self.result({"a": [1.5, 1.6]}), "resnet50")
+        _, pairs = pool_process_sets.pool(sets, [("a", "b")])
+        pair = pairs[("a", "b")]
+        self.assertEqual((pair["n"], pair["above"]), (3, 3))
+        self.assertAlmostEqual(pair["mean"], (0.02 + 0.02 + 0.01) / 3)
+
+    def test_the_records_pooled_table_is_what_its_runs_make(self):
+        record = os.path.join(RESULTS, "run_1201b_layouts")
+        runs = sorted(os.path.join(record, d, "overhead.json.gz") for d in os.listdir(record)
+                      if d[0] in "12345" and os.path.isdir(os.path.join(record, d)))
+        with open(os.path.join(record, "pooled.md")) as md:
+            expected = md.read()
+        pairs = ("transparent-paused:preload-paused,transparent-paused:run-paused,"
+                 "transparent-paused:native-b,preload-paused:native-b,run-paused:native-b,"
+                 "loaded-first:native-b,native-padded:native-b,"
+                 "transparent-paused-padded:transparent-paused")
+        self.assertEqual(printed(pool_process_sets.main,
+                                 ["--workload", "resnet50", "--pairs", pairs] + runs), expected)
+
+    def test_results_without_process_sets_are_refused(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "overhead.json")
+            with open(path, "w") as f:
+                json.dump({"resnet50": {"summary": {"advise": {"host": {}}}}}, f)
+            with self.assertRaises(SystemExit):
+                pool_process_sets.main(["--workload", "resnet50", path])
 
 
 if __name__ == "__main__":
