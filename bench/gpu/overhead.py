@@ -7,7 +7,7 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
         [--modes native,native-b,transparent,run,advise]
         (also: learned, transparent-learned, run-learned, paused, transparent-paused,
         run-paused, preload-paused, history, history-python, tracker, preload, loaded, loaded-first,
-        tracked, attached; any of them -padded)
+        tracked, attached; any of them -padded or -padded-after)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -91,14 +91,17 @@ UNDER_RUN = ("run", "run-learned", "run-paused")
 # Timed steps in one turn: short turns interleave the modes finely.
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4, "resnet50-graph": 10}
 BOOTSTRAP_RESAMPLES = 2000
-ADDR_NO_RANDOMIZE = 0x0040000
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 # Any mode with this suffix (native-padded, transparent-paused-padded, ...)
 # runs with PAD_MIB of address space reserved before allocd and torch load
 # (overhead_job.py --pad-mib): each library loaded after lands that much
 # lower, as if a mode had loaded libraries of that size first. A step that
 # moves with it moves with where its libraries lie, not with what runs.
 PADDED = "-padded"
-PAD_MIB = 53  # linux/personality.h: what `setarch -R` sets
+# ... or with it reserved after allocd loads (enable()) and before torch:
+# torch's libraries move, allocd's stay.
+PADDED_AFTER = "-padded-after"
+PAD_MIB = 53
 
 
 def cpu_sets(cpus, n):
@@ -119,8 +122,11 @@ def parse_cpus(text):
 
 
 def base_mode(mode):
-    """A mode with its -padded suffix (PADDED) taken off."""
-    return mode[:-len(PADDED)] if mode.endswith(PADDED) else mode
+    """A mode with its -padded or -padded-after suffix taken off."""
+    for suffix in (PADDED_AFTER, PADDED):
+        if mode.endswith(suffix):
+            return mode[:-len(suffix)]
+    return mode
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
@@ -128,7 +134,7 @@ def start(a, workload, mode, cpus, state_period_s=None):
     # leaves the others' off. The learned modes share the label it learned.
     job = f"overhead-{workload}-learned" if base_mode(mode) in LEARNED_MODES \
         else f"overhead-{workload}-{mode}"
-    padded, mode = mode != base_mode(mode), base_mode(mode)
+    padded, after, mode = mode != base_mode(mode), mode.endswith(PADDED_AFTER), base_mode(mode)
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
                 **LEARNED_MODES, **PAUSED_MODES,
                 **{m: "advise" for m in STREAM_MODES}}.get(mode, mode)
@@ -137,7 +143,8 @@ def start(a, workload, mode, cpus, state_period_s=None):
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else []) \
         + (["--until-paused", str(PAUSE_WAIT_S)] if mode in PAUSED_MODES else []) \
-        + (["--pad-mib", str(PAD_MIB)] if padded else [])
+        + (["--pad-mib", str(PAD_MIB)] if padded else []) \
+        + (["--pad-after-allocd"] if after else [])
     if mode in UNDER_RUN:
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather

@@ -288,6 +288,19 @@ class InstructionCounters:
         self._fds = {}
 
 
+def reserve_address_space(mib):
+    """Reserves `mib` MiB of address space (no memory): the libraries loaded
+    after it land that much lower."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    PROT_NONE, MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE = 0, 0x02, 0x20, 0x4000
+    if libc.mmap(None, mib << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0) in (None, ctypes.c_void_p(-1).value):
+        sys.exit(f"--pad-mib: mmap failed (errno {ctypes.get_errno()})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,17 +324,13 @@ def main():
                    help="before allocd and torch load, reserve this many MiB of address space "
                         "(no memory): every library loaded after it lands that much lower, "
                         "what a mode's own libraries do to torch's, without them")
+    p.add_argument("--pad-after-allocd", action="store_true",
+                   help="reserve it after allocd loads (enable()) and before torch does: "
+                        "torch's libraries move, allocd's stay")
     a = p.parse_args()
     job = a.job or f"overhead-{a.workload}"
-    if a.pad_mib:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]
-        PROT_NONE, MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE = 0, 0x02, 0x20, 0x4000
-        if libc.mmap(None, a.pad_mib << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0) in (None, ctypes.c_void_p(-1).value):
-            sys.exit(f"--pad-mib: mmap failed (errno {ctypes.get_errno()})")
+    if a.pad_mib and not a.pad_after_allocd:
+        reserve_address_space(a.pad_mib)
     if a.mode == "loaded-first":
         # allocd's client library and its dependencies loaded where enable()
         # loads the interposer (before torch, with its symbols global), and
@@ -331,6 +340,8 @@ def main():
     if a.mode == "transparent":
         import allocd
         allocd.enable(socket=a.socket, job=job, required=True, mode="transparent")
+    if a.pad_mib and a.pad_after_allocd:
+        reserve_address_space(a.pad_mib)
     import torch
     if a.mode == "advise":
         import allocd

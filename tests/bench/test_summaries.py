@@ -176,13 +176,14 @@ class PoolProcessSetsTest(unittest.TestCase):
     def test_the_records_pooled_table_is_what_its_runs_make(self):
         record = os.path.join(RESULTS, "run_1201b_layouts")
         runs = sorted(os.path.join(record, d, "overhead.json.gz") for d in os.listdir(record)
-                      if d[0] in "12345" and os.path.isdir(os.path.join(record, d)))
+                      if d[0] in "123458" and os.path.isdir(os.path.join(record, d)))
         with open(os.path.join(record, "pooled.md")) as md:
             expected = md.read()
         pairs = ("transparent-paused:preload-paused,transparent-paused:run-paused,"
                  "transparent-paused:native-b,preload-paused:native-b,run-paused:native-b,"
                  "loaded-first:native-b,native-padded:native-b,"
-                 "transparent-paused-padded:transparent-paused")
+                 "transparent-paused-padded:transparent-paused,"
+                 "transparent-paused-padded-after:transparent-paused")
         self.assertEqual(printed(pool_process_sets.main,
                                  ["--workload", "resnet50", "--pairs", pairs] + runs), expected)
 
