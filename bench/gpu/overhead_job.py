@@ -3,7 +3,7 @@ kept warm in this process and timed in rounds on request, so that the
 rounds of every mode interleave without each paying Python's and CUDA's
 start-up.
 
-    python overhead_job.py --workload seq2seq|resnet50|generate
+    python overhead_job.py --workload seq2seq|resnet50|generate|churn|resnet50-graph
         --mode native|transparent|advise [--warmup 10]
 
 Workloads (fixed shapes, so every step allocates alike):
@@ -304,11 +304,11 @@ def reserve_address_space(mib):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["seq2seq", "resnet50", "generate", "churn", "resnet50-graph"],
-                   required=True)
-    p.add_argument("--mode", choices=["native", "transparent", "advise", "loaded", "loaded-first",
-                                      "tracked",
-                                       "attached"], required=True)
+    p.add_argument("--workload", required=True,
+                   choices=["seq2seq", "resnet50", "generate", "churn", "resnet50-graph"])
+    p.add_argument("--mode", required=True,
+                   choices=["native", "transparent", "advise", "loaded", "loaded-first", "tracked",
+                            "attached"])
     p.add_argument("--job", default=None,
                    help="the job label allocd knows it by (default: overhead-WORKLOAD)")
     p.add_argument("--socket", default=os.environ.get("ALLOCD_SOCKET", "/run/allocd/allocd.sock"))
