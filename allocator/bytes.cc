@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "allocator/absl_string_view.h"
 
 namespace allocd {
 namespace {
@@ -66,9 +67,7 @@ absl::StatusOr<uint64_t> ParseSize(std::string_view text,
                  {"g", 1e9},
                  {"t", 1e12},
                  {"b", 1.0}}};
-  // Debian's abseil has its own string_view type, distinct from std's.
-  const std::string lower = absl::AsciiStrToLower(
-      absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(ToAbsl(text)));
   absl::string_view number = lower;
   std::optional<double> scale;
   const bool percent = absl::ConsumeSuffix(&number, "%");

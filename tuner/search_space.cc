@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "allocator/absl_string_view.h"
 
 namespace allocd {
 namespace {
@@ -232,7 +233,7 @@ size_t SearchSpace::GridSize() const {
 absl::StatusOr<SearchSpace> ApplySpaceSpec(SearchSpace space,
                                            std::string_view spec) {
   for (const std::string& part :
-       SplitDimensions(absl::string_view(spec.data(), spec.size()))) {
+       SplitDimensions(ToAbsl(spec))) {
     std::vector<absl::string_view> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[1].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

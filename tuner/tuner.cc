@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/absl_string_view.h"
 
 namespace allocd {
 namespace {
@@ -97,7 +98,7 @@ absl::StatusOr<Objective> ParseObjective(std::string_view name) {
   if (name == "capacity") return Objective::kCapacity;
   if (name == "device-allocs") return Objective::kDeviceAllocs;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown objective '", absl::string_view(name.data(), name.size()),
+      "unknown objective '", ToAbsl(name),
       "': use peak, capacity or device-allocs"));
 }
 

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <limits>
 
+#include "allocator/absl_string_view.h"
 #include "allocator/trace/pickle_opcodes.h"
 
 namespace allocd {
@@ -118,10 +119,9 @@ void PickleWriter::Memo(bool put, uint32_t index) {
 
 PickleWriter& PickleWriter::Str(std::string_view text) {
   BeforeValue();
-  // Debian's Abseil has its own string_view, which heterogeneous lookup wants.
+  // Heterogeneous lookup wants abseil's string_view.
   const auto [it, fresh] =
-      memo_.try_emplace(absl::string_view(text.data(), text.size()),
-                        static_cast<uint32_t>(memo_.size()));
+      memo_.try_emplace(ToAbsl(text), static_cast<uint32_t>(memo_.size()));
   if (fresh) {
     Op(BINUNICODE);
     LittleEndian(text.size(), 4);
