@@ -7,7 +7,7 @@ interleaved rounds in one call, warm-up excluded, CUDA events.
         [--modes native,native-b,transparent,run,advise]
         (also: learned, transparent-learned, run-learned, paused, transparent-paused,
         run-paused, preload-paused, history, history-python, tracker, preload, loaded, loaded-first,
-        tracked, attached; any of them -padded or -padded-after)
+        tracked, attached; any of them with a variant's suffix: VARIANTS)
 
 For each workload it starts one warm worker per mode (overhead_job.py; the
 `run` mode is the unchanged script under `allocd run`; `preload`, transparent
@@ -92,16 +92,25 @@ UNDER_RUN = ("run", "run-learned", "run-paused")
 STEPS = {"seq2seq": 4, "resnet50": 10, "generate": 2, "churn": 4, "resnet50-graph": 10}
 BOOTSTRAP_RESAMPLES = 2000
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
-# Any mode with this suffix (native-padded, transparent-paused-padded, ...)
-# runs with PAD_MIB of address space reserved before allocd and torch load
-# (overhead_job.py --pad-mib): each library loaded after lands that much
-# lower, as if a mode had loaded libraries of that size first. A step that
-# moves with it moves with where its libraries lie, not with what runs.
-PADDED = "-padded"
-# ... or with it reserved after allocd loads (enable()) and before torch:
-# torch's libraries move, allocd's stay.
-PADDED_AFTER = "-padded-after"
 PAD_MIB = 53
+# Variants of any mode, by suffix (native-padded, transparent-paused-nolookup,
+# ...): the worker's extra arguments (overhead_job.py). Checked in this order,
+# the longer of two suffixes that end alike first.
+VARIANTS = {
+    # PAD_MIB of address space reserved after allocd loads (enable()) and
+    # before torch: torch's libraries move, allocd's stay.
+    "-padded-after": ["--pad-mib", str(PAD_MIB), "--pad-after-allocd"],
+    # ... or before both: each library loaded after lands that much lower, as
+    # if a mode had loaded libraries of that size first. A step that moves
+    # with it moves with where its libraries lie, not with what runs.
+    "-padded": ["--pad-mib", str(PAD_MIB)],
+    # enable() without asking the daemon for the job's learned config ...
+    "-nolookup": ["--learned-lookup", "skip"],
+    # ... or with that question asked in the job's process before torch
+    # loads, in any mode (gRPC started there first), where enable() asks it
+    # from a process of its own.
+    "-lookup-here": ["--learned-lookup", "here"],
+}
 
 
 def cpu_sets(cpus, n):
@@ -121,12 +130,17 @@ def parse_cpus(text):
     return cpus
 
 
-def base_mode(mode):
-    """A mode with its -padded or -padded-after suffix taken off."""
-    for suffix in (PADDED_AFTER, PADDED):
+def split_variant(mode):
+    """A mode as (its base mode, its variant's worker arguments): VARIANTS."""
+    for suffix, args in VARIANTS.items():
         if mode.endswith(suffix):
-            return mode[:-len(suffix)]
-    return mode
+            return mode[:-len(suffix)], args
+    return mode, []
+
+
+def base_mode(mode):
+    """A mode with its variant's suffix (VARIANTS) taken off."""
+    return split_variant(mode)[0]
 
 
 def start(a, workload, mode, cpus, state_period_s=None):
@@ -134,7 +148,7 @@ def start(a, workload, mode, cpus, state_period_s=None):
     # leaves the others' off. The learned modes share the label it learned.
     job = f"overhead-{workload}-learned" if base_mode(mode) in LEARNED_MODES \
         else f"overhead-{workload}-{mode}"
-    padded, after, mode = mode != base_mode(mode), mode.endswith(PADDED_AFTER), base_mode(mode)
+    mode, variant = split_variant(mode)
     job_mode = {"run": "native", "native-b": "native", "preload": "transparent",
                 **LEARNED_MODES, **PAUSED_MODES,
                 **{m: "advise" for m in STREAM_MODES}}.get(mode, mode)
@@ -143,8 +157,7 @@ def start(a, workload, mode, cpus, state_period_s=None):
            ] + (["--job-core", str(a.job_core)] if a.job_core is not None else []) \
         + (["--autograd-core", str(a.autograd_core)] if a.autograd_core is not None else []) \
         + (["--until-paused", str(PAUSE_WAIT_S)] if mode in PAUSED_MODES else []) \
-        + (["--pad-mib", str(PAD_MIB)] if padded else []) \
-        + (["--pad-after-allocd"] if after else [])
+        + variant
     if mode in UNDER_RUN:
         cmd = [a.allocd, "run", "--socket", a.socket, "--job", job, "--"] + cmd
     # PyTorch's intra-op threads, one per core, which sleep when idle rather

@@ -327,6 +327,12 @@ def main():
     p.add_argument("--pad-after-allocd", action="store_true",
                    help="reserve it after allocd loads (enable()) and before torch does: "
                         "torch's libraries move, allocd's stay")
+    p.add_argument("--learned-lookup", choices=["as-is", "skip", "here"], default="as-is",
+                   help="the daemon asked for the job's learned config before torch loads: "
+                        "as the mode asks it (as-is: enable() in a process of its own), "
+                        "never (skip), or in this process first, whatever the mode (here: "
+                        "gRPC starts in the job's process before torch, as enable() asked "
+                        "it until it asked from another process)")
     a = p.parse_args()
     job = a.job or f"overhead-{a.workload}"
     if a.pad_mib and not a.pad_after_allocd:
@@ -337,6 +343,15 @@ def main():
         # nothing started: whatever loading them there does to torch's step.
         from allocd import _bindings
         _bindings.load_client(mode=ctypes.RTLD_GLOBAL)
+    if a.learned_lookup != "as-is":
+        from allocd import _bindings, _transparent
+        if a.learned_lookup == "here":
+            learned = ctypes.create_string_buffer(4096)
+            library = _bindings.library_path(_bindings.INTERPOSE_LIBRARY) \
+                if a.mode == "transparent" else None  # else the client library
+            _bindings.load_client(library, mode=ctypes.RTLD_GLOBAL).allocd_start_on_learned_config(
+                a.socket.encode(), job.encode(), learned, len(learned))
+        _transparent.start_on_learned_config = lambda *_: None  # enable() asks no more
     if a.mode == "transparent":
         import allocd
         allocd.enable(socket=a.socket, job=job, required=True, mode="transparent")
