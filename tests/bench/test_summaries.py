@@ -173,19 +173,47 @@ class PoolProcessSetsTest(unittest.TestCase):
         self.assertEqual((pair["n"], pair["above"]), (3, 3))
         self.assertAlmostEqual(pair["mean"], (0.02 + 0.02 + 0.01) / 3)
 
-    def test_the_records_pooled_table_is_what_its_runs_make(self):
-        record = os.path.join(RESULTS, "run_1201b_layouts")
+    def assert_record_pools(self, record, table, workload, pairs, folders):
+        """`table` in `record` is pool_process_sets' output for `workload`,
+        `pairs`, over the runs in the folders whose names start with one of
+        `folders`."""
+        record = os.path.join(RESULTS, record)
         runs = sorted(os.path.join(record, d, "overhead.json.gz") for d in os.listdir(record)
-                      if d[0] in "123458" and os.path.isdir(os.path.join(record, d)))
-        with open(os.path.join(record, "pooled.md")) as md:
+                      if d.startswith(folders) and os.path.isdir(os.path.join(record, d)))
+        self.assertTrue(runs)
+        with open(os.path.join(record, table)) as md:
             expected = md.read()
-        pairs = ("transparent-paused:preload-paused,transparent-paused:run-paused,"
-                 "transparent-paused:native-b,preload-paused:native-b,run-paused:native-b,"
-                 "loaded-first:native-b,native-padded:native-b,"
-                 "transparent-paused-padded:transparent-paused,"
-                 "transparent-paused-padded-after:transparent-paused")
         self.assertEqual(printed(pool_process_sets.main,
-                                 ["--workload", "resnet50", "--pairs", pairs] + runs), expected)
+                                 ["--workload", workload, "--pairs", pairs] + runs), expected)
+
+    def test_the_records_pooled_table_is_what_its_runs_make(self):
+        self.assert_record_pools(
+            "run_1201b_layouts", "pooled.md", "resnet50",
+            "transparent-paused:preload-paused,transparent-paused:run-paused,"
+            "transparent-paused:native-b,preload-paused:native-b,run-paused:native-b,"
+            "loaded-first:native-b,native-padded:native-b,"
+            "transparent-paused-padded:transparent-paused,"
+            "transparent-paused-padded-after:transparent-paused",
+            tuple("123458"))
+
+    def test_the_learned_config_records_tables_are_what_its_runs_make(self):
+        record = "run_1201c_lookup"
+        after_the_fix = ("2_", "3_", "4_")
+        self.assert_record_pools(
+            record, "pooled_resnet50.md", "resnet50",
+            "transparent-paused-lookup-here:transparent-paused,"
+            "transparent-paused:run-paused,transparent-paused:native-b,run-paused:native-b,"
+            "transparent-paused:preload-paused,preload-paused:native-b",
+            tuple(f + "resnet" for f in after_the_fix))
+        for workload in ("seq2seq", "generate"):
+            self.assert_record_pools(
+                record, f"pooled_{workload}.md", workload,
+                "transparent-paused:native-b,run-paused:native-b,transparent-paused:run-paused",
+                tuple(f + workload for f in after_the_fix))
+        self.assert_record_pools(
+            record, "diagnosis.md", "resnet50",
+            "transparent-paused:transparent-paused-nolookup,preload-paused-lookup:preload-paused,"
+            "transparent-paused:preload-paused,loaded-first-lookup:native-b", ("1_diag_a",))
 
     def test_results_without_process_sets_are_refused(self):
         with tempfile.TemporaryDirectory() as folder:
