@@ -198,12 +198,12 @@ class PoolProcessSetsTest(unittest.TestCase):
 
     def test_the_learned_config_records_tables_are_what_its_runs_make(self):
         record = "run_1201c_lookup"
-        after_the_fix = ("2_", "3_", "4_")
+        after_the_fix = ("2_", "3_", "4_", "5_")
         self.assert_record_pools(
             record, "pooled_resnet50.md", "resnet50",
             "transparent-paused-lookup-here:transparent-paused,"
             "transparent-paused:run-paused,transparent-paused:native-b,run-paused:native-b,"
-            "transparent-paused:preload-paused,preload-paused:native-b",
+            "transparent-paused:preload-paused,preload-paused:native-b,paused:native-b",
             tuple(f + "resnet" for f in after_the_fix))
         for workload in ("seq2seq", "generate"):
             self.assert_record_pools(
