@@ -142,6 +142,16 @@ class LearnedStartTest(unittest.TestCase):
         self.assertEqual(self.start("learned", socket=os.path.join(self.dir, "none.sock")), [])
         self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", os.environ)
 
+    def test_an_embedded_python_says_why(self):
+        executable, sys.executable = sys.executable, ""
+        try:
+            warned = self.start("learned")
+        finally:
+            sys.executable = executable
+        self.assertEqual(len(warned), 1)
+        self.assertIn("no executable to ask from", warned[0])
+        self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", os.environ)
+
     def test_a_question_that_fails_says_why(self):
         warned = self.start("learned", library=STAND_IN)
         self.assertEqual(len(warned), 1)

@@ -77,10 +77,12 @@ def start_on_learned_config(library, socket, job):
 
     The question is asked in a process of its own, as `allocd run` asks it
     before it starts the job: gRPC started in the job's process before
-    PyTorch loads, even for one call, slowed a launch-bound step by 3-5% for
+    PyTorch loads, even for one call, slowed a launch-bound step by 2-5% for
     the process's life (docs/results.md), where gRPC started after PyTorch
     (the interposer's session) costs nothing measurable."""
     try:
+        if not sys.executable:  # an embedded Python names none
+            raise OSError("this Python has no executable to ask from")
         asked = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _ASK_LEARNED_CONFIG, library, socket, job,
              *_LEARNED_START_VARIABLES],
