@@ -248,15 +248,20 @@ absl::Status DaemonBackend::Prewarm(size_t bytes) {
   return client_->Prewarm(bytes, UINT64_MAX, client_creates_);
 }
 
-absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes) {
+absl::StatusOr<bool> DaemonBackend::MapPrewarmed(size_t bytes,
+                                                absl::Mutex& caller_lock) {
   std::optional<ReceivedChunks> got =
       client_->TakeParked(bytes, UINT64_MAX, client_creates_);
   if (!got.has_value()) return false;
+  // Mapping reads none of the books (the handover's thread maps the same
+  // way beside the caller's calls), and the client takes its own locks.
+  const auto mapping = prewarms_mapping_.insert(bytes);
+  caller_lock.Unlock();
   absl::StatusOr<MappedRange> mapped = MapIntoNewRange(*got);
-  if (!mapped.ok()) {
-    (void)client_->Release(got->epoch, got->ids);
-    return mapped.status();
-  }
+  if (!mapped.ok()) (void)client_->Release(got->epoch, got->ids);
+  caller_lock.Lock();
+  prewarms_mapping_.erase(mapping);
+  if (!mapped.ok()) return mapped.status();
   client_->map_path().segments_mapped.fetch_add(1, std::memory_order_relaxed);
   client_->map_path().NoteSegment(bytes);
   ranges_[mapped->address] = bytes;

@@ -194,6 +194,14 @@ class Interposer {
     }
     absl::MutexLock lock(&mu_);
     const size_t rounded = RoundUp(bytes, session->client->chunk_bytes());
+    // A pre-warm mapping a segment of this size off the lock maps it for
+    // this request: waiting for it (mu_ released) costs less than mapping
+    // another beside it, and asks the daemon for nothing.
+    const CudaDaemonBackend& backend = *session->backend;
+    const auto prewarm_landed = [&backend, rounded] {
+      return !backend.MappingPrewarmed(rounded);
+    };
+    mu_.Await(absl::Condition(&prewarm_landed));
     absl::StatusOr<uint64_t> address =
         session->backend->AllocateSegment(rounded);
     if (!address.ok()) {
@@ -483,11 +491,13 @@ class Interposer {
     return call(*session);
   }
 
-  // allocd_interpose_prewarm_map.
+  // allocd_interpose_prewarm_map. The mapping itself runs with mu_
+  // released (DaemonBackend::MapPrewarmed).
   int64_t MapPrewarmed(int device, uint64_t bytes) {
     return UnderLockFor(device, [&](DeviceSession& session) -> int64_t {
+      mu_.AssertHeld();
       absl::StatusOr<bool> mapped = session.backend->MapPrewarmed(
-          RoundUp(bytes, session.client->chunk_bytes()));
+          RoundUp(bytes, session.client->chunk_bytes()), mu_);
       if (!mapped.ok()) {
         Log("pre-warm of %llu bytes: mapping it failed: %s",
             static_cast<unsigned long long>(bytes),
@@ -774,7 +784,9 @@ ALLOCD_EXPORT int allocd_interpose_prewarm(int device, uint64_t bytes) {
 // Maps what allocd_interpose_prewarm parked, on the caller's thread, for
 // the next cudaMalloc of that size, which then takes it at the cost of a
 // lookup: under PyTorch's allocator lock, which every allocation of the
-// job waits for, nothing is mapped. CUDA calls: not while a CUDA graph is
+// job waits for, nothing is mapped, and the job's cudaMalloc and cudaFree
+// of other sizes do not wait for the mapping (one of that size waits for
+// it rather than ask the daemon again). CUDA calls: not while a CUDA graph is
 // captured in global mode, which they would invalidate. 0: mapped
 // (allocd_interpose_prewarm_unused gives it back if no cudaMalloc took
 // it); 2: the cudaMalloc it foresaw took the grant meanwhile; 3: mapping

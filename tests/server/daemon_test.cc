@@ -873,6 +873,14 @@ TEST_F(DaemonTest, APrewarmTakesAnIdleCacheAheadAndNeverABusyOnes) {
   backend.FreeSegment(*segment, kSegment);
 }
 
+// DaemonBackend::MapPrewarmed as a caller that holds `lock` for every call
+// of the backend (the interposer) makes it.
+absl::StatusOr<bool> MapPrewarmedUnder(DaemonBackend& backend, size_t bytes,
+                                       absl::Mutex& lock) {
+  absl::MutexLock held(&lock);
+  return backend.MapPrewarmed(bytes, lock);
+}
+
 // A pre-warmed grant mapped ahead, on the pre-warming thread: the segment
 // it foresees takes it mapped (nothing asked, nothing mapped under the
 // caller's lock); one nobody takes goes back whole; one the segment took
@@ -882,9 +890,10 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
       Client("job", absl::Seconds(60), /*release_in_background=*/true);
   ASSERT_NE(job, nullptr);
   DaemonBackend backend(job.get());
+  absl::Mutex caller;
   constexpr uint64_t kSegment = 8 * kChunk;
   ASSERT_TRUE(backend.Prewarm(kSegment).ok());
-  absl::StatusOr<bool> mapped = backend.MapPrewarmed(kSegment);
+  absl::StatusOr<bool> mapped = MapPrewarmedUnder(backend, kSegment, caller);
   ASSERT_TRUE(mapped.ok()) << mapped.status();
   EXPECT_TRUE(*mapped);
   EXPECT_EQ(backend.held_bytes(), kSegment);
@@ -905,7 +914,7 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
 
   // Mapped and not taken: given back whole.
   ASSERT_TRUE(backend.Prewarm(kSegment).ok());
-  ASSERT_TRUE(backend.MapPrewarmed(kSegment).value());
+  ASSERT_TRUE(MapPrewarmedUnder(backend, kSegment, caller).value());
   EXPECT_EQ(backend.held_bytes(), 2 * kSegment);
   DaemonBackend::TakenSpares unused = backend.TakeUnusedPrewarmed();
   EXPECT_EQ(unused.size(), 1u);
@@ -921,7 +930,7 @@ TEST_F(DaemonTest, APrewarmedGrantIsMappedAheadAndTheSegmentTakesItAsItIs) {
   segment = backend.AllocateSegment(kSegment);
   ASSERT_TRUE(segment.ok()) << segment.status();
   EXPECT_EQ(job->own_acquires(), 0u);
-  mapped = backend.MapPrewarmed(kSegment);
+  mapped = MapPrewarmedUnder(backend, kSegment, caller);
   ASSERT_TRUE(mapped.ok()) << mapped.status();
   EXPECT_FALSE(*mapped);
   EXPECT_EQ(backend.held_bytes(), kSegment);
@@ -1472,6 +1481,78 @@ TEST_F(DaemonTest, TakenSparesAreUnmappedBesideTheJobsAllocations) {
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), 2 * kChunk) << "the batch and the fresh segment went back";
   backend.FreeSegment(*again, 2 * kChunk);
+  job->FlushReleases();
+  EXPECT_EQ(Status().in_use_bytes(), 0u);
+}
+
+// Sim mode's mapper whose next Map waits until the test lets it go: a
+// pre-warm caught in the middle of its mapping.
+class HeldMapMapper final : public CountingMapper {
+ public:
+  void HoldNextMap() { hold_.store(true); }
+  absl::StatusOr<uint64_t> Map(uint64_t address, size_t chunk_bytes, int fd,
+                               uint64_t offset) override {
+    if (hold_.exchange(false)) {
+      mapping.Notify();
+      let_go.WaitForNotification();
+    }
+    return CountingMapper::Map(address, chunk_bytes, fd, offset);
+  }
+  absl::Notification mapping;
+  absl::Notification let_go;
+
+ private:
+  std::atomic<bool> hold_{false};
+};
+
+// A pre-warm maps its grant with the caller's lock released: while it maps
+// on the advisor's thread, the job's thread takes the lock, maps a segment
+// of another size and frees it, as the interposer's cudaMalloc and cudaFree
+// do. A request of the pre-warmed size that waits while it is mapping (as
+// the interposer's cudaMalloc does) takes it mapped, asking nothing.
+TEST_F(DaemonTest, APrewarmMapsWithTheCallersLockReleased) {
+  std::unique_ptr<DaemonClient> job =
+      Client("job", absl::Seconds(60), /*release_in_background=*/true);
+  ASSERT_NE(job, nullptr);
+  auto mapper = std::make_unique<HeldMapMapper>();
+  HeldMapMapper& held = *mapper;
+  DaemonBackend backend(job.get(), std::move(mapper));
+  absl::Mutex caller;
+  constexpr uint64_t kSegment = 8 * kChunk;
+  ASSERT_TRUE(backend.Prewarm(kSegment).ok());
+  held.HoldNextMap();
+  absl::StatusOr<bool> mapped;
+  std::thread advisor([&] { mapped = MapPrewarmedUnder(backend, kSegment, caller); });
+  held.mapping.WaitForNotification();
+
+  if (caller.TryLock()) {
+    EXPECT_TRUE(backend.MappingPrewarmed(kSegment));
+    EXPECT_FALSE(backend.MappingPrewarmed(kChunk));
+    absl::StatusOr<uint64_t> other = backend.AllocateSegment(kChunk);
+    EXPECT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(job->own_acquires(), 1u);
+    if (other.ok()) backend.FreeSegment(*other, kChunk);
+    caller.Unlock();
+  } else {
+    ADD_FAILURE() << "the pre-warm maps with the caller's lock held";
+  }
+
+  held.let_go.Notify();
+  absl::StatusOr<uint64_t> segment;
+  {
+    absl::MutexLock lock(&caller);
+    caller.Await(absl::Condition(
+        +[](DaemonBackend* b) { return !b->MappingPrewarmed(kSegment); }, &backend));
+    segment = backend.AllocateSegment(kSegment);
+  }
+  advisor.join();
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE(*mapped);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(job->own_acquires(), 1u) << "the pre-warmed segment: nothing asked";
+  EXPECT_EQ(backend.held_bytes(), kSegment);
+  EXPECT_EQ(backend.spare_bytes(), 0u);
+  backend.FreeSegment(*segment, kSegment);
   job->FlushReleases();
   EXPECT_EQ(Status().in_use_bytes(), 0u);
 }
