@@ -5,7 +5,7 @@ percent for its life (overhead.sh with SAME_LAYOUT=0 and OVERHEAD_ARGS
 "--processes K").
 
   pool_process_sets.py --workload resnet50 OUT1/overhead.json OUT2/overhead.json ...
-      [--pairs transparent-paused:preload-paused,...]
+      [--pairs transparent-paused:preload-paused,...] [--modes native-b,paused,...]
 
 A set is K processes' worth of one call: every mode's process k, each step
 of it compared with native's process k either side. Its ratio is the median
@@ -66,6 +66,16 @@ def sets_of(result, workload):
             for k in range(count)]
 
 
+def only(sets, modes):
+    """`sets` keeping only `modes` (every mode when empty): a mode whose
+    code changed between records pools only over the records that ran the
+    same code."""
+    if not modes:
+        return sets
+    kept = [{m: r for m, r in s.items() if m in modes} for s in sets]
+    return [s for s in kept if s]
+
+
 def pool(sets, pairs=()):
     """Each mode's interval over `sets`, and each pair's (A - B) over the
     sets that ran both; a mode or pair in fewer than two sets is left out."""
@@ -87,6 +97,8 @@ def main(argv=None):
     p.add_argument("--workload", required=True)
     p.add_argument("--pairs", default="",
                    help="A:B,...: each set's A ratio minus its B ratio, pooled")
+    p.add_argument("--modes", default="",
+                   help="M,...: pool only these modes (default: every mode the runs ran)")
     p.add_argument("results", nargs="+", help="overhead.json (or .json.gz) of each run")
     a = p.parse_args(argv)
     try:
@@ -96,6 +108,8 @@ def main(argv=None):
     except ValueError:
         sys.exit("--pairs: A:B[,C:D...]")
     by_call = [sets_of(read(path), a.workload) for path in a.results]
+    modes_kept = [m for m in a.modes.split(",") if m]
+    by_call = [only(call, modes_kept) for call in by_call]
     sets = [s for call in by_call for s in call]
     if not sets:
         sys.exit(f"no process sets of {a.workload} in these results: were they run with "

@@ -173,18 +173,28 @@ class PoolProcessSetsTest(unittest.TestCase):
         self.assertEqual((pair["n"], pair["above"]), (3, 3))
         self.assertAlmostEqual(pair["mean"], (0.02 + 0.02 + 0.01) / 3)
 
-    def assert_record_pools(self, record, table, workload, pairs, folders):
-        """`table` in `record` is pool_process_sets' output for `workload`,
-        `pairs`, over the runs in the folders whose names start with one of
-        `folders`."""
+    @staticmethod
+    def record_runs(record, folders):
+        """The runs of `record` in the folders whose names start with one of
+        `folders`, in order."""
         record = os.path.join(RESULTS, record)
-        runs = sorted(os.path.join(record, d, "overhead.json.gz") for d in os.listdir(record)
+        return sorted(os.path.join(record, d, "overhead.json.gz") for d in os.listdir(record)
                       if d.startswith(folders) and os.path.isdir(os.path.join(record, d)))
+
+    def assert_record_pools(self, record, table, workload, pairs, folders, earlier=(),
+                            modes=""):
+        """`table` in `record` is pool_process_sets' output for `workload`,
+        `pairs` and `modes`, over the runs of `earlier` ((record, folders)
+        each), then those in `record`'s folders whose names start with one
+        of `folders`."""
+        runs = [run for r, f in earlier for run in self.record_runs(r, f)]
+        runs += self.record_runs(record, folders)
         self.assertTrue(runs)
-        with open(os.path.join(record, table)) as md:
+        with open(os.path.join(RESULTS, record, table)) as md:
             expected = md.read()
         self.assertEqual(printed(pool_process_sets.main,
-                                 ["--workload", workload, "--pairs", pairs] + runs), expected)
+                                 ["--workload", workload, "--pairs", pairs, "--modes", modes]
+                                 + runs), expected)
 
     def test_the_records_pooled_table_is_what_its_runs_make(self):
         self.assert_record_pools(
@@ -214,6 +224,38 @@ class PoolProcessSetsTest(unittest.TestCase):
             record, "diagnosis.md", "resnet50",
             "transparent-paused:transparent-paused-nolookup,preload-paused-lookup:preload-paused,"
             "transparent-paused:preload-paused,loaded-first-lookup:native-b", ("1_diag_a",))
+
+    def test_modes_left_out_leave_their_sets_and_pairs(self):
+        sets = pool_process_sets.sets_of(self.result({
+            "a": [1.03, 1.00], "b": [1.01, 0.98], "c": [1.2, 1.3]}), "resnet50")
+        sets += pool_process_sets.sets_of(self.result({"c": [1.1, 1.4]}), "resnet50")
+        kept = pool_process_sets.only(sets, ["a", "b"])
+        self.assertEqual(len(kept), 2)
+        modes, pairs = pool_process_sets.pool(kept, [("a", "b"), ("c", "b")])
+        self.assertEqual(sorted(modes), ["a", "b"])
+        self.assertEqual(list(pairs), [("a", "b")])
+        self.assertEqual(pool_process_sets.only(sets, []), sets)
+
+    def test_the_unlocked_prewarm_records_tables_pool_both_records(self):
+        record = "run_1202_prewarm_unlocked"
+        after_the_fix = ("2_", "3_", "4_", "5_")
+        pairs = "transparent-paused:native-b,run-paused:native-b,transparent-paused:run-paused"
+        for workload in ("seq2seq", "generate"):
+            self.assert_record_pools(
+                record, f"pooled_{workload}.md", workload, pairs,
+                tuple(f"{n}_{workload}" for n in "345"),
+                earlier=[("run_1201c_lookup", tuple(f + workload for f in after_the_fix))])
+        self.assert_record_pools(
+            record, "pooled_resnet50.md", "resnet50",
+            pairs + ",paused:native-b,paused:transparent-paused", ("4_resnet50", "5_resnet50"),
+            earlier=[("run_1201c_lookup", tuple(f + "resnet" for f in after_the_fix))],
+            modes="native-b,transparent-paused,run-paused,paused")
+        self.assert_record_pools(
+            record, "pooled_advisor.md", "resnet50", "paused:native-b",
+            ("4_resnet50", "5_resnet50"),
+            earlier=[("run_1201b_layouts", ("1_resnet_k3", "2_resnet_k3b")),
+                     ("run_1201c_lookup", ("5_resnet",))],
+            modes="native-b,paused")
 
     def test_results_without_process_sets_are_refused(self):
         with tempfile.TemporaryDirectory() as folder:
