@@ -187,6 +187,12 @@ std::optional<AutotuneJob::Due> AutotuneJob::DueOnEvents(const AutotuneOptions& 
   return std::nullopt;
 }
 
+void AutotuneJob::ResetFirstPassCheck(const AutotuneOptions& options, bool marks_steps) {
+  next_first_pass_check =
+      std::min(marks_steps ? options.aperiodic_after_events : options.first_pass_min_events,
+               options.window_events);
+}
+
 void AutotuneJob::Probed(size_t window_events) {
   const size_t size = window->size();
   next_first_pass_check = std::min(size + size / 2, window_events);

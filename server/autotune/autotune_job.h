@@ -85,6 +85,10 @@ struct AutotuneJob {
   AutotuneTrigger first_trigger = AutotuneTrigger::kFirstPass;
   bool first_pass_done = false;
   size_t next_first_pass_check = 0;
+  // Sets next_first_pass_check for a window that starts now: a job whose
+  // client marks steps (`marks_steps`) and has marked none is aperiodic
+  // only after aperiodic_after_events, so no probe of its stream before.
+  void ResetFirstPassCheck(const AutotuneOptions& options, bool marks_steps);
   bool queued = false;  // a run is queued or running
   uint64_t queued_id = 0;
   absl::Time cooldown_until = absl::InfinitePast();

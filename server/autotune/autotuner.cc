@@ -21,6 +21,7 @@
 #include "server/autotune/autotune_job.h"
 #include "server/autotune/autotuner_impl.h"
 #include "server/autotune/canary.h"
+#include "server/autotune/decision_inputs.h"
 #include "server/autotune/job_window.h"
 #include "server/autotune/start_config.h"
 #include "server/autotune/task_queue.h"
@@ -139,7 +140,12 @@ void Autotuner::Impl::Events(SessionId id, const std::vector<EvidenceEvent>& eve
   if (job.recorded != id || job.window == nullptr) return;
   if (job.window->total_events() == 0) job.window_config = session->config;
   job.window->Add(events, dropped_before);
-  if (state_after != nullptr) job.window->AddState(*state_after);
+  if (state_after != nullptr && job.window->AddState(*state_after) &&
+      LosesTooMany(*job.window, options_.max_lost_fraction) &&
+      job.window->RestartAtStateAfterGap()) {
+    // The window starts at the state: a first pass probes it as a new one.
+    job.ResetFirstPassCheck(options_, session->marks_steps);
+  }
   if (job.acting && job.acting->canary() == id) {
     job.acting->SawRequested(job.window->peak_held_requested_bytes());
     job.acting->UpdatePredictionAtNeed(job.FindDecision(job.acting->decision_id()));

@@ -110,6 +110,11 @@ std::optional<uint64_t> StateAtOrBefore(const JobWindow& window, uint64_t at,
   return std::nullopt;
 }
 
+bool LosesTooMany(const JobWindow& window, double max_lost_fraction) {
+  return window.has_gap() && static_cast<double>(window.dropped_events()) >
+                                 max_lost_fraction * static_cast<double>(window.total_events());
+}
+
 std::string SkipReason(const JobWindow& window, const std::string& config,
                        double max_lost_fraction, RunningConfig& running) {
   std::string why;
@@ -120,12 +125,12 @@ std::string SkipReason(const JobWindow& window, const std::string& config,
   } else {
     running = RunningConfigOf(*parsed);
   }
-  if (window.has_gap() && static_cast<double>(window.dropped_events()) >
-                              max_lost_fraction * static_cast<double>(window.total_events())) {
+  if (LosesTooMany(window, max_lost_fraction)) {
     why = absl::StrFormat(
         "the client dropped events inside the window (%d so far, more than %g of "
         "them): its replay would miss allocations; the next run waits for the "
-        "window to move past the gap",
+        "client's next allocator state (at a step mark, or where its stream "
+        "restarts) or for the window to move past the gap",
         window.dropped_events(), max_lost_fraction);
   }
   return why;

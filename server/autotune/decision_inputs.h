@@ -71,6 +71,9 @@ std::optional<uint64_t> StateAtOrBefore(const JobWindow& window, uint64_t at,
 // `running` from `config` when it parses.
 std::string SkipReason(const JobWindow& window, const std::string& config,
                        double max_lost_fraction, RunningConfig& running);
+// Whether the client dropped more than `max_lost_fraction` of the events,
+// some of them inside the window: its replay would miss allocations.
+bool LosesTooMany(const JobWindow& window, double max_lost_fraction);
 
 // A first pass without step marks decides once the window ends in three
 // steps of training: a repeat that keeps or drifts is the model's

@@ -71,12 +71,7 @@ void JobRegistry::StartRecording(AutotuneJob& job, SessionId id) {
     job.window = std::make_unique<JobWindow>(options_.window_events,
                                              memory_.Open(session.job.tenant, session.job.job));
   }
-  // A job whose client marks steps and has marked none is aperiodic only
-  // after aperiodic_after_events: no probe of its stream before then.
-  job.next_first_pass_check =
-      std::min(session.marks_steps ? options_.aperiodic_after_events
-                                   : options_.first_pass_min_events,
-               options_.window_events);
+  job.ResetFirstPassCheck(options_, session.marks_steps);
 }
 
 // `off` keeps no window; leaving it starts one on the recorded session. A

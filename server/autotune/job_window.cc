@@ -325,6 +325,15 @@ bool JobWindow::AddState(const AllocatorSnapshot& snapshot) {
   return true;
 }
 
+bool JobWindow::RestartAtStateAfterGap() {
+  // A state at the gap's own seq may have been taken before the events
+  // were lost (the loss is told with the events after it).
+  if (!has_gap() || states_.empty() || states_.back().seq <= last_gap_seq_) return false;
+  const uint64_t start = states_.back().seq;
+  while (window_start_ < start) DropOldest();
+  return true;
+}
+
 std::vector<uint64_t> JobWindow::StateSeqs() const {
   std::vector<uint64_t> seqs;
   seqs.reserve(states_.size());

@@ -124,6 +124,14 @@ class JobWindow {
   // past kMaxHeldBytes.
   static constexpr size_t kMaxStates = 4;
   bool AddState(const AllocatorSnapshot& state);
+  // When events were lost inside the window (has_gap()) and its newest
+  // state was taken after them, drops the events before that state, so
+  // that the window starts at it and holds no gap: a replay from the state
+  // misses nothing the gap lost, where otherwise the window would wait for
+  // the gap to leave it (max_events later). As at any start, the prelude
+  // holds what the stream left live there; the marks and states before it
+  // go. Returns whether it did.
+  bool RestartAtStateAfterGap();
   // The total_events() counts at which the kept states were taken,
   // ascending.
   std::vector<uint64_t> StateSeqs() const;

@@ -1388,6 +1388,49 @@ TEST(AutotunerTest, AHarmfulStartDecidedBeforeAWholeStepIsPushedItsSafeConfig) {
       << d[0].why;
 }
 
+// A job whose client lost most of its events early (a history ring
+// overrun before the first pass): every pass is skipped while the gap is in
+// the window, which a generation job's stream took minutes to push out on
+// the H200. The client's next allocator state, taken after the gap, ends
+// the wait: the window restarts there and the first pass replays from it.
+TEST(AutotunerTest, AStateAfterAGapEndsTheWaitForTheGapToLeaveTheWindow) {
+  FakeClock clock;
+  FakeActions actions;
+  Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kRecommend), &actions);
+  tuner.SessionStarted(1, "generate", "", 1);
+  GenerationJob job(tuner, 1);  // its weights: ids 1-10, 100 MiB each
+  tuner.Events(1, {}, 100000);
+  const std::vector<int> batches = {1, 2, 4, 2, 1, 2, 1, 2};
+  for (const int batch : batches) job.Request(batch);
+  tuner.WaitIdle();
+  ASSERT_TRUE(tuner.History("generate", 1).empty()) << tuner.History("generate", 1)[0].why;
+  const uint64_t with_gap = tuner.Status()[0].window_events;
+
+  // Between requests only the weights are held.
+  AllocatorSnapshot weights;
+  for (uint64_t i = 0; i < 10; ++i) {
+    const uint64_t address = 0x7F0000000000 + i * 100 * kMiB;
+    weights.segments.push_back({address, 100 * kMiB, 9, false, false});
+    weights.blocks.push_back({i + 1, address, 100 * kMiB, 100 * kMiB, false});
+  }
+  tuner.Events(1, {}, 0, &weights);
+  EXPECT_EQ(tuner.Status()[0].window_events, 0u) << "of " << with_gap;
+  int requests = 0;
+  for (const int batch : batches) {
+    job.Request(batch);
+    tuner.WaitIdle();
+    ++requests;
+    if (!tuner.History("generate", 1).empty()) break;
+  }
+  const std::vector<AutotuneDecision> d = tuner.History("generate", 1);
+  ASSERT_EQ(d.size(), 1u) << "no decision after " << requests << " requests";
+  EXPECT_EQ(d[0].trigger, AutotuneTrigger::kFirstPass);
+  EXPECT_NE(d[0].result, AutotuneResult::kSkipped) << d[0].why;
+  EXPECT_EQ(d[0].why.find("dropped"), std::string::npos) << d[0].why;
+  // Replayed from the state: the weights are held from the start.
+  EXPECT_GE(d[0].predicted_peak_requested, int64_t{10} * 100 * kMiB + 4 * 304 * kMiB);
+}
+
 // A generation job whose stream began after its weights were allocated
 // (`allocd run` attaches once PyTorch first asked for memory; advise()
 // after the model was built): the client's state where the stream began

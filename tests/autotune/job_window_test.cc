@@ -272,6 +272,42 @@ TEST(JobWindowTest, BlocksAStateHeldOutsideTheStreamCountUntilTheirFree) {
             stream + static_cast<int64_t>(6 * 20 * kMiB + kMiB + 100 * kMiB));
 }
 
+TEST(JobWindowTest, AStateTakenAfterAGapRestartsTheWindowThere) {
+  JobWindow window(1000);
+  window.Add({Alloc(0x100, 20 * kMiB), Alloc(0x102, 20 * kMiB), Alloc(0x777, kMiB)}, 0);
+  ASSERT_TRUE(window.AddState(FragmentedState(0x100)));  // before the gap
+  window.Add(Step(0x900), 5);
+  EXPECT_FALSE(window.RestartAtStateAfterGap());
+  // Told with no events: the state may have been taken before the loss.
+  window.Add({}, 3);
+  ASSERT_TRUE(window.AddState(FragmentedState(0x100)));
+  EXPECT_FALSE(window.RestartAtStateAfterGap());
+  EXPECT_TRUE(window.has_gap());
+
+  window.Add(Step(0x901), 0);
+  ASSERT_TRUE(window.AddState(FragmentedState(0x100)));
+  const uint64_t at = window.total_events();
+  EXPECT_TRUE(window.RestartAtStateAfterGap());
+  EXPECT_FALSE(window.has_gap());
+  EXPECT_EQ(window.size(), 0u);
+  EXPECT_EQ(window.StateSeqs(), std::vector<uint64_t>{at});
+  EXPECT_EQ(window.dropped_events(), 8u);
+  EXPECT_FALSE(window.RestartAtStateAfterGap());
+
+  window.Add(Step(0x902), 0);
+  window.Add({Requested(0x102), Completed(0x102)}, 0);
+  const Trace from_state = window.ToTraceFromState(at);
+  EXPECT_EQ(from_state.partial.blocks.size(), 10u);
+  ASSERT_EQ(from_state.events.size(), 5u);
+  EXPECT_EQ(from_state.events[0].size, 30 * kMiB);
+  // The whole window: what the stream left live at the state (0x100, 0x102
+  // and 0x777, whose free the gap may have lost), then the events after it.
+  const Trace whole = window.ToTrace();
+  ASSERT_EQ(whole.events.size(), 3u + 5u);
+  EXPECT_EQ(whole.events[0], (TraceEvent{TraceOp::kAlloc, 0, 0, 20 * kMiB}));
+  EXPECT_EQ(whole.events[2], (TraceEvent{TraceOp::kAlloc, 0, 2, kMiB}));
+}
+
 TEST(JobWindowTest, AStateThatCannotBeReplayedIsNotKept) {
   JobWindow window(1000);
   AllocatorSnapshot outside = FragmentedState(0x100);
