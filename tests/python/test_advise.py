@@ -35,7 +35,7 @@ sys.path.insert(0, os.environ["ALLOCD_PYTHON_DIR"])
 # The stand-in's history is the stream here (test_tracker.py: the tracker).
 os.environ["ALLOCD_EVENT_SOURCE"] = "history"
 import allocd  # noqa: E402
-from allocd import _advisor, _event_stream, _history  # noqa: E402
+from allocd import _advisor, _event_stream, _history, _stream_control  # noqa: E402
 
 
 class FakeHistory:
@@ -427,6 +427,73 @@ class RoundPacingTest(unittest.TestCase):
         history.step([512])  # 3 events a second
         stream.send()
         self.assertEqual(advisor.next_wait(), 1.0)
+
+
+class RestateAfterLossTest(unittest.TestCase):
+    """A stream that lost events and sent no allocator state since restarts
+    with one: the daemon's autotuner skips a window holding the gap until a
+    state after it, and a job that marks no step sends none otherwise."""
+
+    def setUp(self):
+        self.history = FakeHistory()
+        self.torch = FakeTorch(self.history)
+        self.torch.segments = [AdviseTest.weights_segment(AdviseTest)]
+        self.clock = RoundPacingTest.Clock()
+        self.states = []
+        lib = types.SimpleNamespace(
+            allocd_record_events=lambda *args: 0,
+            allocd_record_state=lambda client, *columns: self.states.append(columns) or 0)
+        reader = _history.HistoryReader(self.torch, 0, ring=60)
+        reader.start()
+        self.stream = _event_stream.EventStream(lib, None, reader, clock=self.clock)
+        self.control = _stream_control.StreamControl(self.torch, 0, self.stream)
+
+    def lose_events(self):
+        self.history.step([512] * 40)  # 120 events, 60 of them lost
+        self.stream.send()
+
+    def round_at(self, seconds_after_loss):
+        self.clock.now = self.lost_at + seconds_after_loss
+        self.control.round({}, {})
+
+    def test_a_loss_with_no_state_after_it_restarts_the_stream_with_one(self):
+        self.lose_events()
+        self.lost_at = self.clock.now
+        self.assertEqual(self.stream.unstated_loss, self.lost_at)
+        self.round_at(3.9)
+        self.assertEqual((self.control.restated, len(self.states)), (0, 0))
+        self.round_at(4.0)
+        self.assertEqual((self.control.restated, len(self.states)), (1, 1))
+        self.assertIsNone(self.stream.unstated_loss)
+        self.assertIs(self.stream.reader.__class__, _history.HistoryReader)
+        self.assertTrue(self.history.enabled, "the history records again")
+        self.assertEqual(self.control.stats()["stream_restated"], 1)
+        # Losing again: the wait has doubled.
+        self.lose_events()
+        self.lost_at = self.clock.now
+        self.round_at(7.9)
+        self.assertEqual(self.control.restated, 1)
+        self.round_at(8.0)
+        self.assertEqual((self.control.restated, len(self.states)), (2, 2))
+
+    def test_a_state_sent_after_the_loss_leaves_the_stream_as_it_is(self):
+        self.lose_events()
+        self.lost_at = self.clock.now
+        # A step mark's state, as a training job sends every period.
+        self.assertTrue(self.stream.send_state(_event_stream.start_state(self.torch, 0)))
+        self.assertIsNone(self.stream.unstated_loss)
+        reader = self.stream.reader
+        self.round_at(60)
+        self.assertEqual(self.control.restated, 0)
+        self.assertIs(self.stream.reader, reader)
+
+    def test_with_states_off_a_loss_restarts_nothing(self):
+        os.environ["ALLOCD_STATE_PERIOD_S"] = "-1"
+        self.addCleanup(os.environ.pop, "ALLOCD_STATE_PERIOD_S")
+        self.lose_events()
+        self.lost_at = self.clock.now
+        self.round_at(600)
+        self.assertEqual((self.control.restated, len(self.states)), (0, 0))
 
 
 class AdviseTest(unittest.TestCase):

@@ -176,6 +176,10 @@ class EventStream:
         self._rate = None
         self.events_sent = 0
         self.states_sent = 0
+        # When the first events lost since the last state sent were sent as a
+        # gap (self._clock()), or None: the daemon's autotuner skips a window
+        # with a gap until a state after it.
+        self.unstated_loss = None
         # (mark number, state) read at a step mark, sent right after it.
         self._states = collections.deque()
         self._state_period = _allocator_state.period()
@@ -207,7 +211,13 @@ class EventStream:
         if self._lib.allocd_record_state(self._client, *columns(state)) != 0:
             return False
         self.states_sent += 1
+        self.unstated_loss = None
         return True
+
+    def unstated_loss_age(self):
+        """Seconds since events lost were sent with no state after them yet
+        (None: none)."""
+        return None if self.unstated_loss is None else self._clock() - self.unstated_loss
 
     def pause(self):
         """Sends what the reader read since the last send, stops the reader,
@@ -238,6 +248,8 @@ class EventStream:
             self._hidden.clear()
         if not ops and not dropped:
             return []
+        if dropped and self.unstated_loss is None:
+            self.unstated_loss = self._clock()
         stream = (ops, sizes, ids, streams)
         start = 0
         for place, state in self._states_at_marks(ops):

@@ -170,7 +170,11 @@ class HistoryReader:
 
     def _start_recording(self):
         self._access.arm(clear=True)
+        # Counted from here: a reader started again (a stream restarted with
+        # the allocator's state) owes nothing to what it read before.
         self._base = self._access.counted()
+        self._seen = self._lost = 0
+        self._marks.clear()
         self._recording = True
 
     def _start_at_initialisation(self):

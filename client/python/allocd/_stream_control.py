@@ -12,6 +12,7 @@ import functools
 import os
 import time
 
+from . import _allocator_state
 from ._bindings import AllocdUnavailable
 from ._event_stream import first_reader, history_first_seconds, start_reader, start_state
 from ._history import HistoryReader
@@ -32,6 +33,14 @@ class StreamControl:
     neighbour has reclaimed the job's cache. Driven by the advisor's
     rounds (round(), under its lock) and the job's OOM observer (want())."""
 
+    # A stream that lost events and sent no allocator state since is
+    # restarted with one this long after the loss (at least twice
+    # ALLOCD_STATE_PERIOD_S: a job that marks steps sends one at a mark
+    # before), then twice as long after each restart, up to RESTATE_MAX_S:
+    # a job that loses events every round reads its allocator that rarely.
+    RESTATE_AFTER_S = 4.0
+    RESTATE_MAX_S = 120.0
+
     def __init__(self, torch, device, events, prewarms=False):
         self._torch = torch
         self._device = device
@@ -47,6 +56,10 @@ class StreamControl:
         self.started = None
         self.paused = None
         self.switched = None
+        # Restarts with a state after a loss (_restate_after_loss), and the
+        # wait before the next (None: not yet set).
+        self.restated = 0
+        self._restate_wait = None
         self._demands_seen = 0  # the daemon's StreamDemands followed
         # The tracker, built and not started, while the history is read
         # first, and until when the history is.
@@ -73,7 +86,8 @@ class StreamControl:
                 "stream_deferred_until_reserved": self._from_reserved,
                 "stream_started": self.started,
                 "stream_paused": self.paused,
-                "stream_switched": self.switched}
+                "stream_switched": self.switched,
+                "stream_restated": self.restated}
 
     def defer(self, reader, until_reserved):
         """Leaves the stream off (`reader`: new_reader's, not started) until
@@ -114,6 +128,7 @@ class StreamControl:
             return
         self._follow_demand(session)
         self._switch_to_tracker_when_due()
+        self._restate_after_loss()
         if self._deferred_reader is not None:
             self._start_when_due(session, memory_stats)
 
@@ -193,6 +208,32 @@ class StreamControl:
             f"to the tracker after {history_first_seconds():g} s on PyTorch's history that "
             "the daemon did not pause")
         self.events.begin(reader, state[-1] if state else None)
+
+    def _restate_after_loss(self):
+        """Restarts a stream that lost events and has sent no allocator state
+        since, once its wait is over, the state first, as a stream that
+        starts after the job allocated: the daemon's autotuner skips a
+        window that holds the gap until a state after it (or until the gap
+        leaves the window), and a job that marks no step (generation, a
+        server) sends none otherwise. Not with states off
+        (ALLOCD_STATE_PERIOD_S < 0), nor on a history the job records."""
+        age = self.events.unstated_loss_age()
+        period = _allocator_state.period()
+        reader = self.events.reader
+        if age is None or reader is None or period < 0 or \
+                getattr(reader, "job_records", False):
+            return
+        if self._restate_wait is None:
+            self._restate_wait = max(self.RESTATE_AFTER_S, 2 * period)
+        if age < self._restate_wait:
+            return
+        self._restate_wait = min(2 * self._restate_wait, self.RESTATE_MAX_S)
+        self.events.pause()
+        state = []
+        reader = start_reader(reader, self._torch, self._device,
+                              lambda: state.append(start_state(self._torch, self._device)))
+        self.events.begin(reader, state[-1] if state else None)
+        self.restated += 1
 
     def _start_when_due(self, session, memory_stats):
         """Starts the stream that is off when the round's stats (or an OOM,
