@@ -140,8 +140,10 @@ void Autotuner::Impl::Events(SessionId id, const std::vector<EvidenceEvent>& eve
   if (job.recorded != id || job.window == nullptr) return;
   if (job.window->total_events() == 0) job.window_config = session->config;
   job.window->Add(events, dropped_before);
-  if (state_after != nullptr && job.window->AddState(*state_after) &&
-      LosesTooMany(*job.window, options_.max_lost_fraction) &&
+  // Not while a push is judged or awaits its review: both replay from the
+  // push, which the restart would drop.
+  if (state_after != nullptr && job.window->AddState(*state_after) && !job.acting &&
+      !job.review && LosesTooMany(*job.window, options_.max_lost_fraction) &&
       job.window->RestartAtStateAfterGap()) {
     // The window starts at the state: a first pass probes it as a new one.
     job.ResetFirstPassCheck(options_, session->marks_steps);
