@@ -1192,6 +1192,19 @@ class GenerationJob {
     tuner_.Events(session_, events, 0);
   }
 
+  // Requests of batches 1, 2, 4, 2, 1, 2, 1, 2, each waited on, until the
+  // job named `job` has a decision; how many were made.
+  int RequestUntilDecided(const std::string& job) {
+    int requests = 0;
+    for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
+      Request(batch);
+      tuner_.WaitIdle();
+      ++requests;
+      if (!tuner_.History(job, 1).empty()) break;
+    }
+    return requests;
+  }
+
  private:
   static constexpr uint64_t kStream = 9;
   EvidenceEvent Alloc(uint64_t size) { return {TraceOp::kAlloc, kStream, next_id_++, size}; }
@@ -1211,13 +1224,7 @@ TEST(AutotunerTest, AnAperiodicJobIsDecidedOnItsLargestRequestAndAgainOnALargerO
   Autotuner tuner(SmallJobOptions(clock, AutotuneMode::kRecommend), &actions);
   tuner.SessionStarted(1, "generate", "", 1);
   GenerationJob job(tuner, 1);
-  int requests = 0;
-  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
-    job.Request(batch);
-    tuner.WaitIdle();
-    ++requests;
-    if (!tuner.History("generate", 1).empty()) break;
-  }
+  const int requests = job.RequestUntilDecided("generate");
   const std::vector<AutotuneDecision> first = tuner.History("generate", 10);
   ASSERT_EQ(first.size(), 1u) << "no decision after " << requests << " requests";
   EXPECT_EQ(first[0].trigger, AutotuneTrigger::kFirstPass);
@@ -1400,9 +1407,7 @@ TEST(AutotunerTest, AStateAfterAGapEndsTheWaitForTheGapToLeaveTheWindow) {
   tuner.SessionStarted(1, "generate", "", 1);
   GenerationJob job(tuner, 1);  // its weights: ids 1-10, 100 MiB each
   tuner.Events(1, {}, 100000);
-  const std::vector<int> batches = {1, 2, 4, 2, 1, 2, 1, 2};
-  for (const int batch : batches) job.Request(batch);
-  tuner.WaitIdle();
+  job.RequestUntilDecided("generate");
   ASSERT_TRUE(tuner.History("generate", 1).empty()) << tuner.History("generate", 1)[0].why;
   const uint64_t with_gap = tuner.Status()[0].window_events;
 
@@ -1415,13 +1420,7 @@ TEST(AutotunerTest, AStateAfterAGapEndsTheWaitForTheGapToLeaveTheWindow) {
   }
   tuner.Events(1, {}, 0, &weights);
   EXPECT_EQ(tuner.Status()[0].window_events, 0u) << "of " << with_gap;
-  int requests = 0;
-  for (const int batch : batches) {
-    job.Request(batch);
-    tuner.WaitIdle();
-    ++requests;
-    if (!tuner.History("generate", 1).empty()) break;
-  }
+  const int requests = job.RequestUntilDecided("generate");
   const std::vector<AutotuneDecision> d = tuner.History("generate", 1);
   ASSERT_EQ(d.size(), 1u) << "no decision after " << requests << " requests";
   EXPECT_EQ(d[0].trigger, AutotuneTrigger::kFirstPass);
@@ -1447,11 +1446,7 @@ TEST(AutotunerTest, WhatAStatesBlocksHoldOutsideTheStreamCountsInTheJobsNeed) {
   before.blocks.push_back({kWeights, kWeights, 500 * kMiB, 500 * kMiB, false});
   tuner.Events(1, {}, 0, &before);
   GenerationJob job(tuner, 1);
-  for (const int batch : {1, 2, 4, 2, 1, 2, 1, 2}) {
-    job.Request(batch);
-    tuner.WaitIdle();
-    if (!tuner.History("generate", 1).empty()) break;
-  }
+  job.RequestUntilDecided("generate");
   const std::vector<AutotuneDecision> d = tuner.History("generate", 1);
   ASSERT_EQ(d.size(), 1u);
   ASSERT_EQ(d[0].result, AutotuneResult::kPushed) << d[0].why;
