@@ -196,18 +196,26 @@ class StreamControl:
             return
         self.events.pause()
         tracker, self._tracker = self._tracker, None
-        state = []
         # Under $ALLOCD_EVENT_SOURCE=auto: PyTorch's refusal of the tracker
         # is a warning, and the history goes on.
-        reader = start_reader(tracker, self._torch, self._device,
-                              lambda: state.append(start_state(self._torch, self._device)))
+        reader, state = self._start_with_state(tracker)
         self.switched = (
             "kept on PyTorch's history: PyTorch refused the tracker"
             if isinstance(reader, HistoryReader) else
             "to the tracker: the job records PyTorch's history itself" if job_records else
             f"to the tracker after {history_first_seconds():g} s on PyTorch's history that "
             "the daemon did not pause")
-        self.events.begin(reader, state[-1] if state else None)
+        self.events.begin(reader, state)
+
+    def _start_with_state(self, reader):
+        """`reader` started (start_reader: PyTorch's history instead where
+        PyTorch refuses the tracker), and the allocator's state read right
+        before it records (None: none), for begin(): a stream that starts
+        after the job allocated."""
+        state = []
+        started = start_reader(reader, self._torch, self._device,
+                               lambda: state.append(start_state(self._torch, self._device)))
+        return started, (state[-1] if state else None)
 
     def _restate_after_loss(self):
         """Restarts a stream that lost events and has sent no allocator state
@@ -229,10 +237,7 @@ class StreamControl:
             return
         self._restate_wait = min(2 * self._restate_wait, self.RESTATE_MAX_S)
         self.events.pause()
-        state = []
-        reader = start_reader(reader, self._torch, self._device,
-                              lambda: state.append(start_state(self._torch, self._device)))
-        self.events.begin(reader, state[-1] if state else None)
+        self.events.begin(*self._start_with_state(reader))
         self.restated += 1
 
     def _start_when_due(self, session, memory_stats):
@@ -248,17 +253,15 @@ class StreamControl:
             return
         built, self._deferred_reader = self._deferred_reader, None
         self._wanted = None
-        state = []
         try:
-            reader = start_reader(first_reader(built, self._torch, self._device,
-                                               self._job_history), self._torch, self._device,
-                                  lambda: state.append(start_state(self._torch, self._device)))
+            reader, state = self._start_with_state(
+                first_reader(built, self._torch, self._device, self._job_history))
         except AllocdUnavailable as error:
             self.started = f"not started: {error}"
             return
         # Said before the stream shows as on: stats() reads both unlocked.
         self.started = why
-        self.events.begin(reader, state[-1] if state else None)
+        self.events.begin(reader, state)
         self.started_on(reader, self._tracker or built)
 
     def watch_job_history(self):
