@@ -257,6 +257,21 @@ class PoolProcessSetsTest(unittest.TestCase):
                      ("run_1201c_lookup", ("5_resnet",))],
             modes="native-b,paused")
 
+    def test_the_advisor_records_tables_pool_it_alone_and_with_the_earlier_ones(self):
+        record = "run_1202b_advisor_sets"
+        self.assert_record_pools(record, "pooled_resnet50.md", "resnet50", "paused:native-b",
+                                 ("1_resnet50",), modes="native-b,paused")
+        self.assert_record_pools(
+            record, "pooled_advisor.md", "resnet50", "paused:native-b", ("1_resnet50",),
+            earlier=[("run_1201b_layouts", ("1_resnet_k3", "2_resnet_k3b")),
+                     ("run_1201c_lookup", ("5_resnet",)),
+                     ("run_1202_prewarm_unlocked", ("4_resnet50", "5_resnet50"))],
+            modes="native-b,paused")
+        for workload in ("seq2seq", "generate"):
+            self.assert_record_pools(record, f"pooled_{workload}.md", workload,
+                                     "paused:native-b", (f"2_{workload}",),
+                                     modes="native-b,paused")
+
     def test_results_without_process_sets_are_refused(self):
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "overhead.json")
