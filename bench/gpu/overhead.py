@@ -367,6 +367,15 @@ def spread(ratios):
             "ci95": (medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1])}
 
 
+def per_step(turns, key, steps):
+    """The sums over `turns` of each count in turn[key], per step."""
+    total = {}
+    for turn in turns:
+        for name, count in (turn.get(key) or {}).items():
+            total[name] = total.get(name, 0.0) + count
+    return {name: count / steps for name, count in sorted(total.items())}
+
+
 def print_table(title, columns, rows):
     """A markdown table after `title`; `columns`: (heading, right-aligned)."""
     print(f"\n{title}\n")
@@ -487,14 +496,11 @@ def main():
                     for ours, native in compared if ours.get("process") == k)
                     for k in range(a.processes)]
             summary[m] = entry
-        cpu, advisor, instructions = {}, {}, {}
+        cpu, kernel, advisor, instructions = {}, {}, {}, {}
         for m in modes:
             steps = sum(turn["steps"] for turn in turns[m])
-            total = {}
-            for turn in turns[m]:
-                for group, ms in turn["cpu_ms_by_thread"].items():
-                    total[group] = total.get(group, 0.0) + ms
-            cpu[m] = {group: ms / steps for group, ms in sorted(total.items())}
+            cpu[m] = per_step(turns[m], "cpu_ms_by_thread", steps)
+            kernel[m] = per_step(turns[m], "job_kernel_counts", steps)
             work = [(ours["instructions"], native["instructions"], ours["steps"], native["steps"])
                     for ours, native in comparisons.get(m, [])
                     if ours.get("instructions") and native.get("instructions")]
@@ -524,7 +530,8 @@ def main():
         results[workload] = {"sequence" if a.alternate else "rounds": records, "summary": summary,
                              "steal_cpus": steal,
                              "native_host_ms_median": pooled("native", "host"),
-                             "cpu_ms_per_step": cpu, "advisor": advisor, "instructions": instructions,
+                             "cpu_ms_per_step": cpu, "job_kernel_per_step": kernel,
+                             "advisor": advisor, "instructions": instructions,
                              "cores": pinned, "ready": readies}
         with open(os.path.join(a.out, "overhead.json"), "w") as f:  # what a cut run keeps
             json.dump(results, f, indent=1)
@@ -583,6 +590,17 @@ def main():
                 [("workload", False), ("mode", False), ("job", True),
                  ("allocd (by thread)", False), ("other", True),
                  ("other threads, most above native's", False)], rows)
+
+    if any(any(k.values()) for r in results.values() for k in [r["job_kernel_per_step"]]):
+        keys = sorted({k for r in results.values() for counts in r["job_kernel_per_step"].values()
+                       for k in counts})
+        print_table("What the kernel counted of the job's thread, per step (ticks: user and "
+                    "system CPU in clock ticks; irq: the job's and autograd's cores' interrupts "
+                    "by kind).",
+                    [("workload", False), ("mode", False)] + [(k, True) for k in keys],
+                    [[workload, m] + [f"{counts.get(k, 0.0):.3g}" for k in keys]
+                     for workload, r in results.items()
+                     for m, counts in r["job_kernel_per_step"].items()])
 
     if any(r["instructions"] for r in results.values()):
         print_table("Instructions per step against native's (the CPU's counters): the job's "

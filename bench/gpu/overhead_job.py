@@ -165,6 +165,47 @@ def host_steal_ticks():
         return None
 
 
+def job_thread_counters(cores):
+    """What the kernel counts of the job's own thread, to tell where extra CPU
+    time goes when no function of its own shows it: page faults, user and
+    system ticks (/proc/.../stat), run-queue wait and time slices
+    (schedstat), voluntary and forced context switches (status), and the
+    interrupts the job's and autograd's cores took by kind ("irq:TLB" is TLB
+    shootdowns: another thread of the process changed its mappings).
+    Absent counters are left out."""
+    task = f"/proc/self/task/{threading.main_thread().native_id}"
+    out = {}
+    try:
+        with open(f"{task}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # After the comm: state is fields[0], minflt [7], majflt [9], utime [11], stime [12].
+        out.update(minflt=int(fields[7]), majflt=int(fields[9]),
+                   utime_ticks=int(fields[11]), stime_ticks=int(fields[12]))
+        with open(f"{task}/schedstat") as f:
+            _, wait_ns, slices = (int(x) for x in f.read().split()[:3])
+        out.update(runqueue_wait_ns=wait_ns, slices=slices)
+        with open(f"{task}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                    out[key] = int(value)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/interrupts") as f:
+            cpus = f.readline().split()
+            columns = [cpus.index(f"CPU{c}") for c in cores if f"CPU{c}" in cpus]
+            for line in f:
+                name, _, counts = line.partition(":")
+                counts = counts.split()
+                if name.strip().isdigit() or len(counts) < len(cpus):
+                    continue
+                out[f"irq:{name.strip()}"] = sum(int(counts[i]) for i in columns)
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
 def advisor_counters():
     """The advisor's rounds and seconds by part so far (allocd.stats()), or None
     where no advisor runs in this process."""
@@ -395,6 +436,7 @@ def main():
     if a.mode == "attached":
         tracker.stop()  # attached (CUDA is up), its events ignored: PyTorch's part alone
     counters = InstructionCounters()
+    job_cores = [c for c in (a.job_core, a.autograd_core) if c is not None]
     if a.job_core is not None:
         os.sched_setaffinity(threading.get_native_id(), {a.job_core})
     if a.autograd_core is not None:
@@ -458,9 +500,11 @@ def main():
         steal_before = host_steal_ticks()
         if counters.available:
             counters.start()
+        kernel_before = job_thread_counters(job_cores)
         cpu_before = thread_cpu_ns()
         gpu, host = timed(int(timed_steps))
         cpu = by_group(cpu_before, thread_cpu_ns(), 1e6)
+        kernel = counters_between(kernel_before, job_thread_counters(job_cores))
         instructions = by_group({}, counters.read(), 1) if counters.available else None
         steal_after = host_steal_ticks()
         probes.append(probe_ms())
@@ -470,7 +514,8 @@ def main():
                           "gpu_ms": [g * 1e3 for g in gpu], "host_ms": [h * 1e3 for h in host],
                           "gpu_ms_median": statistics.median(gpu) * 1e3,
                           "host_ms_median": statistics.median(host) * 1e3,
-                          "cpu_ms_by_thread": cpu, "probe_ms": probes,
+                          "cpu_ms_by_thread": cpu, "job_kernel_counts": kernel,
+                          "probe_ms": probes,
                           "steal_ticks": None if steal_before is None or steal_after is None
                           else steal_after - steal_before,
                           "advisor": advisor, "advisor_steps": len(gpu) + untimed_steps,

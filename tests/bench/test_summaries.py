@@ -17,6 +17,8 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import overhead  # noqa: E402
+import overhead_job  # noqa: E402
 import overhead_toggle  # noqa: E402
 import pool_process_sets  # noqa: E402
 import summarize_packing  # noqa: E402
@@ -141,6 +143,26 @@ class TogglePoolTest(unittest.TestCase):
                 for w in ("seq2seq", "resnet50")])
 
 
+
+
+class JobThreadCountersTest(unittest.TestCase):
+    def test_the_job_threads_faults_show_memory_it_touched_first(self):
+        before = overhead_job.job_thread_counters([0])
+        touched = bytearray(64 << 20)  # zeroed pages: the kernel faults them in
+        after = overhead_job.job_thread_counters([0])
+        counts = overhead_job.counters_between(before, after)
+        del touched
+        self.assertGreaterEqual(counts["minflt"], (64 << 20) // (2 << 20))
+        self.assertLessEqual({"utime_ticks", "stime_ticks", "runqueue_wait_ns",
+                              "nonvoluntary_ctxt_switches"}, set(counts))
+        self.assertTrue(any(k.startswith("irq:") for k in counts))
+
+    def test_counts_are_summed_over_turns_per_step(self):
+        turns = [{"job_kernel_counts": {"minflt": 20}},
+                 {"job_kernel_counts": {"minflt": 40, "irq:TLB": 3}},
+                 {"job_kernel_counts": None}]
+        self.assertEqual(overhead.per_step(turns, "job_kernel_counts", 30),
+                         {"irq:TLB": 0.1, "minflt": 2.0})
 
 
 class PoolProcessSetsTest(unittest.TestCase):
