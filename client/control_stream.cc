@@ -81,8 +81,16 @@ ControlStream::StreamDemands ControlStream::stream_demands() const {
 
 bool ControlStream::AwaitMessage(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto queued = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
-  return mu_.AwaitWithTimeout(absl::Condition(&queued), timeout);
+  auto queued_or_stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || waiting_stopped_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&queued_or_stopped), timeout);
+  return !queue_.empty();
+}
+
+void ControlStream::StopWaiting() {
+  absl::MutexLock lock(&mu_);
+  waiting_stopped_ = true;
 }
 
 absl::Status ControlStream::Ack(uint64_t version, bool applied,

@@ -55,6 +55,10 @@ class ControlStream {
   // (left for Take). Lets a caller that polls Take act on a push as it
   // arrives, not at its next round.
   bool AwaitMessage(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every AwaitMessage now and makes later ones return at once: a
+  // caller that blocks there for as long as no message comes (no wake-ups
+  // to check whether it should stop) is stopped with this.
+  void StopWaiting() ABSL_LOCKS_EXCLUDED(mu_);
   // ACK (applied) or NACK a pushed config version.
   absl::Status Ack(uint64_t version, bool applied, absl::string_view error);
   // An allocation of `requested_bytes` failed under `config_version`;
@@ -101,6 +105,7 @@ class ControlStream {
 
   mutable absl::Mutex mu_;
   std::deque<v1::ControlMessage> queue_ ABSL_GUARDED_BY(mu_);
+  bool waiting_stopped_ ABSL_GUARDED_BY(mu_) = false;
   StreamDemands stream_demands_ ABSL_GUARDED_BY(mu_);
   // Held while the reclaim hook runs.
   absl::Mutex reclaim_mu_;

@@ -116,6 +116,7 @@ class DaemonClient {
   // The control stream: ControlStream says what each does.
   std::vector<v1::ControlMessage> TakeControl() { return control_.Take(); }
   bool AwaitControl(absl::Duration timeout) { return control_.AwaitMessage(timeout); }
+  void StopAwaitingControl() { control_.StopWaiting(); }
   absl::Status Ack(uint64_t version, bool applied, absl::string_view error) {
     return control_.Ack(version, applied, error);
   }

@@ -225,6 +225,8 @@ int allocd_wait_control(allocd_client* c, uint32_t timeout_ms) {
   return c->client->AwaitControl(absl::Milliseconds(timeout_ms)) ? 1 : 0;
 }
 
+void allocd_stop_waiting_control(allocd_client* c) { c->client->StopAwaitingControl(); }
+
 int64_t allocd_session_stats(allocd_client* c, char* buf, size_t len) {
   absl::MutexLock lock(&c->poll_mu);
   return CopyOut(c->session.Report().dump(), buf, len, "the session's stats");

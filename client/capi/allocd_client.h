@@ -111,6 +111,11 @@ ALLOCD_API int allocd_mark_step(allocd_client* c, const allocd_target* target);
  * allocd_poll, 0 when none came. A thread that polls in rounds can block
  * here to handle a push as it arrives. */
 ALLOCD_API int allocd_wait_control(allocd_client* c, uint32_t timeout_ms);
+/* Ends every allocd_wait_control of `c` now, and later ones return at
+ * once: a watcher that waits with no timeout to speak of (no wake-ups
+ * while nothing comes) is stopped with this before allocd_disconnect.
+ * Any thread. */
+ALLOCD_API void allocd_stop_waiting_control(allocd_client* c);
 /* The session as allocd.stats() names it, a JSON object into `buf`:
  *   {"session_id": N, "reconnects": N, "config": "...",
  *    "config_version": N, "config_reason": "...", "configs_applied": N,

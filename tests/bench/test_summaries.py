@@ -294,6 +294,14 @@ class PoolProcessSetsTest(unittest.TestCase):
                                      "paused:native-b", (f"2_{workload}",),
                                      modes="native-b,paused")
 
+    def test_the_job_thread_records_tables_pool_each_group(self):
+        record = "run_1202c_job_thread"
+        self.assert_record_pools(record, "pooled_before.md", "resnet50",
+                                 "paused:native-b,loaded:native-b,paused:loaded", ("1_before",),
+                                 modes="native-b,paused,loaded")
+        self.assert_record_pools(record, "pooled_after.md", "resnet50", "paused:native-b",
+                                 ("2_after",), modes="native-b,paused")
+
     def test_results_without_process_sets_are_refused(self):
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "overhead.json")

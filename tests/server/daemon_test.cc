@@ -531,6 +531,45 @@ TEST_F(DaemonTest, MalformedOrOversizedFieldsAreInvalidArgumentAndServingGoesOn)
   EXPECT_TRUE(Client()->Acquire(kChunk).ok());
 }
 
+// A watcher blocks on the control stream for as long as nothing comes (no
+// wake-ups that take a Python job's GIL) and is stopped by StopAwaitingControl:
+// the wait under way ends and every later one returns at once, while what
+// the daemon pushes is still there to take.
+TEST_F(DaemonTest, StoppingTheControlWaitEndsItAndEveryLaterOne) {
+  std::unique_ptr<DaemonClient> client = Client("train");
+  // Each wait is on a thread of its own: a test whose wait was not ended
+  // fails within seconds, not at the wait's hour.
+  auto ended_within_seconds = [&client]() {
+    absl::Notification ended;
+    std::thread waiter([&] {
+      client->AwaitControl(absl::Hours(1));
+      ended.Notify();
+    });
+    const bool in_time = ended.WaitForNotificationWithTimeout(absl::Seconds(20));
+    if (!in_time) client->StopAwaitingControl();  // lets the thread be joined
+    waiter.join();
+    return in_time;
+  };
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // most likely while the wait is under way
+    client->StopAwaitingControl();
+  });
+  EXPECT_TRUE(ended_within_seconds());
+  stopper.join();
+  EXPECT_TRUE(ended_within_seconds());
+  absl::StatusOr<v1::SetConfigResponse> set = SetConfig("train", "expandable_segments:True");
+  ASSERT_TRUE(set.ok()) << set.status();
+  std::vector<v1::ControlMessage> got;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (got.empty() && absl::Now() < deadline) {
+    client->AwaitControl(absl::Milliseconds(10));
+    got = client->TakeControl();
+    if (got.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].config().config().config(), "expandable_segments:True");
+}
+
 TEST_F(DaemonTest, ConfigPushReachesEveryWatcherAndIsAcked) {
   std::unique_ptr<DaemonClient> a = Client("train");
   std::unique_ptr<DaemonClient> b = Client("train");

@@ -198,10 +198,13 @@ class Advisor:
     # under it, and judges it at its second. Left to 1 s rounds, the other
     # rank of a DDP job of 0.22 s steps ran the old config 4 steps longer.
     MARKS_AFTER_APPLY = 3
-    # How long the control watcher blocks in the client library at a time:
-    # stop() (at the interpreter's exit too) waits for it to come back
-    # before the session is closed under it.
-    CONTROL_WAIT_MS = 100
+    # How long the control watcher blocks in the client library at a time
+    # while no message comes. Each return takes the GIL from the job's
+    # thread: at 100 ms the watcher's ten a second were most of the job
+    # thread's extra context switches in advisor mode (0.12-0.16 a ResNet-50
+    # step). stop() ends the wait (allocd_stop_waiting_control) before it
+    # closes the session under it.
+    CONTROL_WAIT_MS = 60_000
     # PyTorch's memory_stats() is Python work under the GIL (0.4 ms a call
     # on a T5-sized job), which the job's thread waits for: at the start's
     # quick rounds it is read at most once this often, and again at once
@@ -276,6 +279,8 @@ class Advisor:
     def stop(self):
         self._stop.set()
         self._wake.set()
+        self._round_done.set()  # a watcher waiting for a round that will not come
+        self._lib.allocd_stop_waiting_control(self._client)
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
@@ -349,8 +354,8 @@ class Advisor:
                 self.session.get("config_version", 0) != 0:
             return
         deadline = time.monotonic() + self.START_CONFIG_WAIT_S
-        while self.applied == 0 and time.monotonic() < deadline:
-            if self._lib.allocd_wait_control(self._client, self.CONTROL_WAIT_MS) > 0:
+        while self.applied == 0 and (left := deadline - time.monotonic()) > 0:
+            if self._lib.allocd_wait_control(self._client, max(1, int(left * 1e3))) > 0:
                 self.step()
 
     def round_period(self, now=None):

@@ -114,6 +114,7 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_poll": (ctypes.c_int, [c_client, ctypes.POINTER(Target)]),
         "allocd_mark_step": (ctypes.c_int, [c_client, ctypes.POINTER(Target)]),
         "allocd_wait_control": (ctypes.c_int, [c_client, ctypes.c_uint32]),
+        "allocd_stop_waiting_control": (None, [c_client]),
         "allocd_session_stats": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
         "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p]),
         "allocd_report_features": (ctypes.c_int, [c_client, ctypes.c_uint32]),
