@@ -9,6 +9,8 @@ for l in libssl.so.3 libcrypto.so.3 libz.so.1; do
 done
 export LD_LIBRARY_PATH=$bundle/lib PYTHONPATH=$bundle/python ALLOCD_LIB_DIR=$bundle/python/allocd
 bin=$bundle/bin
+# The bundle's strace, where make_bundle.sh found one (overhead.py --syscall-steps).
+if [ -x "$bin/strace" ]; then export ALLOCD_STRACE=$bin/strace; fi
 step() { echo; echo "=== $(date -u +%T) $*"; }
 want() { [[ " $parts " == *" $1 "* ]]; }
 allocctl() { "$bin/allocctl" --socket "$sock" "$@"; }

@@ -8,6 +8,7 @@
 #   BUNDLE/lib     the shared libraries they need beyond the C/C++ runtime
 #                  and the NVIDIA driver (gRPC, protobuf, abseil, ...), and
 #                  gperftools' libprofiler where this machine has it
+#   (and BUNDLE/bin/strace where this machine has it)
 #
 #   bench/gpu/make_bundle.sh [BUNDLE]     (default .gpu)
 #
@@ -35,6 +36,10 @@ skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|ld-linux
 # overhead.py --cpu-profile-steps profiles the GPU host's workers with it.
 profiler=/usr/lib/x86_64-linux-gnu/libprofiler.so.0
 [ -e "$profiler" ] && cp -L "$profiler" "$bundle/lib/"
+# strace, where this machine has it: overhead.py --syscall-steps counts the
+# workers' system calls with it (a GPU host may have none).
+strace=$(command -v strace || true)
+[ -n "$strace" ] && cp -L "$strace" "$bundle/bin/"
 for f in "$bundle"/bin/* "$bundle"/python/allocd/*.so "$bundle"/lib/libprofiler.so.0; do
   [ -e "$f" ] || continue
   ldd "$f" | awk '/=> \//{print $1, $3}' | while read -r name path; do

@@ -190,7 +190,7 @@ def start(a, workload, mode, cpus, state_period_s=None):
 
 def profile_each(a, workload, workers, command, steps, suffix):
     """Has each worker run `steps` steps under its profiler `command`
-    ("profile": PyTorch's, "cpuprofile": gperftools'), written to
+    ("profile": PyTorch's, "cpuprofile": gperftools', "syscalls": strace's count), written to
     DIR/COMMAND-WORKLOAD-MODE.SUFFIX; none when `steps` is 0."""
     if not steps:
         return
@@ -425,6 +425,11 @@ def main():
                         "different libraries cannot share one: run several processes a mode, "
                         "without --same-layout, and the ratios pool layouts instead of "
                         "carrying one (the table gives each process set's median)")
+    p.add_argument("--syscall-steps", type=int, default=0,
+                   help="after them, this many steps of each worker with its job thread's "
+                        "system calls counted by strace -c, $ALLOCD_STRACE or the strace on PATH "
+                        "(DIR/syscalls-WORKLOAD-MODE.txt, compared with syscall_counts.py; "
+                        "0: none)")
     p.add_argument("--cpu-profile-steps", type=int, default=0,
                    help="after them, this many steps of each worker under gperftools' sampling "
                         "profiler, $ALLOCD_LIBPROFILER (DIR/cpuprofile-WORKLOAD-MODE.prof, read "
@@ -473,6 +478,7 @@ def main():
             records, turns, comparisons = run_rounds(workload, workers, modes, a.rounds)
         profile_each(a, workload, workers, "profile", a.profile_steps, "txt")
         profile_each(a, workload, workers, "cpuprofile", a.cpu_profile_steps, "prof")
+        profile_each(a, workload, workers, "syscalls", a.syscall_steps, "txt")
         for w in (w for processes in workers.values() for w in processes):
             w.stdin.close()
             w.wait(timeout=60)

@@ -34,7 +34,9 @@ prints one JSON line with every timed step ("profile N PATH": N steps under PyTo
 profiler, its table of the top operators by self CPU time written to PATH;
 "cpuprofile N PATH": N steps under gperftools' sampling profiler, the
 library $ALLOCD_LIBPROFILER names, every thread's native stacks written to
-PATH for cpu_profile_top.py).
+PATH for cpu_profile_top.py; "syscalls N PATH": N steps with the job
+thread's system calls counted by strace -c, $ALLOCD_STRACE or the strace on
+PATH, its table written to PATH for syscall_counts.py).
 Each step is timed twice: CUDA events around it (the GPU's view, launch
 gaps included), and the host's clock from before it to after its
 synchronize (what the job waits). With each turn it reports the CPU time
@@ -61,10 +63,13 @@ a core of its own, and on a host whose cores differ in speed that places a
 bias on its worker for the whole run.
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -204,6 +209,31 @@ def job_thread_counters(cores):
     except (OSError, ValueError, IndexError):
         pass
     return out
+
+
+@contextlib.contextmanager
+def syscalls_counted(path):
+    """Counts the calling thread's system calls while the block runs: strace
+    -c attached to this thread alone writes their number and the system time
+    in each to `path`. Every call it sees stops twice for the tracer, so the
+    counts are the measure, not the block's time."""
+    # Yama's ptrace scope 1 lets a process trace only its descendants unless
+    # the traced one names its tracer: here a child traces its parent.
+    PR_SET_PTRACER, PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
+    ctypes.CDLL(None).prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0)
+    tracer = subprocess.Popen(
+        [os.environ.get("ALLOCD_STRACE", "strace"), "-c", "-o", path,
+         "-p", str(threading.get_native_id())], stderr=subprocess.PIPE, text=True)
+    said = tracer.stderr.readline()  # "strace: Process TID attached"
+    if "attached" not in said:
+        tracer.kill()
+        tracer.wait()
+        raise RuntimeError(f"strace did not attach: {said.strip() or tracer.stderr.read()}")
+    try:
+        yield
+    finally:
+        tracer.send_signal(signal.SIGINT)  # detaches and writes the table
+        tracer.communicate(timeout=60)
 
 
 def advisor_counters():
@@ -485,6 +515,12 @@ def main():
             timed(int(n))
             profiler.ProfilerStop()
             print(json.dumps({"cpu_profiled": path, "steps": int(n)}), flush=True)
+            continue
+        if line.startswith("syscalls "):  # syscalls N PATH: syscalls_counted
+            _, n, path = line.split()
+            with syscalls_counted(path):
+                timed(int(n))
+            print(json.dumps({"syscalls_counted": path, "steps": int(n)}), flush=True)
             continue
         # The untimed first step of a turn (the switch between workers) is
         # where a due allocator-state read falls, every ALLOCD_STATE_PERIOD_S:

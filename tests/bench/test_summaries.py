@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -21,6 +22,7 @@ import overhead  # noqa: E402
 import overhead_job  # noqa: E402
 import overhead_toggle  # noqa: E402
 import pool_process_sets  # noqa: E402
+import syscall_counts  # noqa: E402
 import summarize_packing  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "gpu", "results", "packing")
@@ -163,6 +165,55 @@ class JobThreadCountersTest(unittest.TestCase):
                  {"job_kernel_counts": None}]
         self.assertEqual(overhead.per_step(turns, "job_kernel_counts", 30),
                          {"irq:TLB": 0.1, "minflt": 2.0})
+
+
+STRACE_TABLE = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 55.35    0.004830           4      1000           newfstatat
+ 43.12    0.003763           3      1000        12 futex
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.008593           4      2000        12 total
+"""
+
+
+class SyscallCountsTest(unittest.TestCase):
+    def test_the_calling_threads_calls_are_counted_while_the_block_runs(self):
+        if shutil.which(os.environ.get("ALLOCD_STRACE", "strace")) is None:
+            self.skipTest("no strace (scripts/install-deps installs it)")
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "syscalls.txt")
+            try:
+                with overhead_job.syscalls_counted(path):
+                    for _ in range(500):
+                        os.getppid()
+            except RuntimeError as refused:
+                if "not permitted" in str(refused):
+                    self.skipTest(f"this sandbox forbids ptrace: {refused}")
+                raise
+            os.getppid()  # after the block: not counted
+            with open(path) as f:
+                calls, seconds = syscall_counts.parse_table(f.read())["getppid"]
+        self.assertEqual(calls, 500)
+        self.assertGreater(seconds, 0)
+
+    def test_each_modes_processes_are_pooled_per_step(self):
+        with tempfile.TemporaryDirectory() as folder:
+            for name, futexes in (("native", 10), ("paused-0", 30), ("paused-1", 50),
+                                  ("native-b", 10)):
+                with open(os.path.join(folder, f"syscalls-resnet50-{name}.txt"), "w") as f:
+                    f.write(STRACE_TABLE.replace("1000        12 futex", f"{futexes}        12 futex"))
+            paths = sorted(os.path.join(folder, n) for n in os.listdir(folder))
+            modes = syscall_counts.per_step(paths, "resnet50", 10)
+        self.assertEqual(sorted(modes), ["native", "native-b", "paused"])
+        self.assertAlmostEqual(modes["paused"]["futex"][0], (30 + 50) / 2 / 10)
+        self.assertAlmostEqual(modes["native"]["newfstatat"][1], 4830 / 10)
+        table = syscall_counts.report(modes, top=5).splitlines()
+        self.assertTrue(table[0].startswith("| syscall | native: "))
+        self.assertEqual(table[-1].split("|")[1].strip(), "total")
+
+    def test_a_table_without_its_total_row(self):
+        self.assertEqual(syscall_counts.parse_table(STRACE_TABLE),
+                         {"newfstatat": (1000, 0.004830), "futex": (1000, 0.003763)})
 
 
 class PoolProcessSetsTest(unittest.TestCase):
