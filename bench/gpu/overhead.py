@@ -597,7 +597,7 @@ def main():
                  ("allocd (by thread)", False), ("other", True),
                  ("other threads, most above native's", False)], rows)
 
-    if any(any(k.values()) for r in results.values() for k in [r["job_kernel_per_step"]]):
+    if any(counts for r in results.values() for counts in r["job_kernel_per_step"].values()):
         keys = sorted({k for r in results.values() for counts in r["job_kernel_per_step"].values()
                        for k in counts})
         print_table("What the kernel counted of the job's thread, per step (ticks: user and "

@@ -52,9 +52,12 @@ def per_step(paths, workload, steps):
         for call, (calls, seconds) in table.items():
             had_calls, had_seconds = into.get(call, (0, 0.0))
             into[call] = (had_calls + calls, had_seconds + seconds)
-    return {mode: {call: (calls / (steps * processes[mode]), seconds * 1e6 / (steps * processes[mode]))
-                   for call, (calls, seconds) in table.items()}
-            for mode, table in pooled.items()}
+    out = {}
+    for mode, table in pooled.items():
+        counted = steps * processes[mode]
+        out[mode] = {call: (calls / counted, seconds * 1e6 / counted)
+                     for call, (calls, seconds) in table.items()}
+    return out
 
 
 def report(modes, top):
