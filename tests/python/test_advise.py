@@ -761,6 +761,39 @@ class AdviseTest(unittest.TestCase):
         allocd.shutdown()
         self.assertEqual(self.torch.step_hooks, [])
 
+    def test_only_the_marks_the_session_needs_cross_into_the_client_library(self):
+        # The first mark tells the session the job marks steps, and the
+        # marks after a config is applied make the second release; any other
+        # would release the GIL on the job's thread every step for nothing.
+        self.assertTrue(allocd.advise(socket=self.socket, job="marks", period=0.05))
+        advisor = allocd._state.advisor
+        lib, crossed = advisor._lib, []
+
+        class CountingMarks:
+            def __getattr__(self, name):
+                if name == "allocd_mark_step":
+                    crossed.append(advisor.steps_marked + 1)
+                return getattr(lib, name)
+
+        advisor._lib = CountingMarks()
+
+        class Optimizer:
+            pass
+
+        adam = Optimizer()
+        for _ in range(6):
+            self.torch.step(adam)
+        self.assertEqual(crossed, [1])
+        self.allocctl("config", "set", "garbage_collection_threshold:0.6", "--job", "marks")
+        self.assertTrue(wait_for(lambda: allocd.stats()["configs_applied"] == 1))
+        released = self.torch.empty_cache_calls
+        for _ in range(_advisor.Advisor.MARKS_AFTER_APPLY + 2):
+            self.torch.step(adam)
+        self.assertEqual(crossed, [1, 7, 8, 9])
+        # The first of them released the cache once more (1 MiB was live at
+        # the switch), and only it.
+        self.assertEqual(self.torch.empty_cache_calls, released + 1)
+
     WEIGHTS = 0x7F0000000000
 
     def weights_segment(self):

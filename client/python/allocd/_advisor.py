@@ -392,6 +392,17 @@ class Advisor:
         if self.applied == 0:
             self._wake.set()
 
+    def mark_reaches_session(self, mark):
+        """Whether the job's step mark number `mark` is handed to the session
+        (allocd_mark_step): the first, which tells it the job marks steps,
+        and the marks after each config applied, the first of which makes
+        the second release. Any other mark would only cross into the
+        client library and back, a release of the GIL on the job's thread
+        every step for nothing. A config applied after the session was last
+        read is seen at the round's read-back: its release comes at the
+        first mark after that."""
+        return mark == 1 or mark <= self._waking_until_mark
+
     def step(self):
         """One round: the allocation stream, then the client's control loop
         (which sends the stream before it ACKs a push: the daemon watches the
@@ -513,9 +524,11 @@ class Advisor:
                 marker.append(weakref.ref(optimizer))
             if marker[0]() is optimizer:
                 start = time.perf_counter()
-                # Before the state is read: it then holds what the job keeps.
-                self._lib.allocd_mark_step(self._client, ctypes.byref(self._target))
-                self.seconds_by_part["state"] += self._events.mark_step(self.steps_marked + 1)
+                mark = self.steps_marked + 1
+                if self.mark_reaches_session(mark):
+                    # Before the state is read: it then holds what the job keeps.
+                    self._lib.allocd_mark_step(self._client, ctypes.byref(self._target))
+                self.seconds_by_part["state"] += self._events.mark_step(mark)
                 self.at_step_mark()
                 self.seconds_by_part["step_hook"] += time.perf_counter() - start
 
