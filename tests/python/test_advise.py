@@ -8,6 +8,7 @@ Environment: ALLOCD_BINARY, ALLOCCTL_BINARY, ALLOCD_PYTHON_DIR.
 """
 
 import array
+import ctypes
 import json
 import os
 import shutil
@@ -767,7 +768,9 @@ class AdviseTest(unittest.TestCase):
         # would release the GIL on the job's thread every step for nothing.
         self.assertTrue(allocd.advise(socket=self.socket, job="marks", period=0.05))
         advisor = allocd._state.advisor
-        lib, crossed = advisor._lib, []
+        # Those that do, as the rounds' calls, keep the GIL (a PyDLL's calls).
+        lib, crossed = advisor._held, []
+        self.assertIsInstance(lib, ctypes.PyDLL)
 
         class CountingMarks:
             def __getattr__(self, name):
@@ -775,7 +778,7 @@ class AdviseTest(unittest.TestCase):
                     crossed.append(advisor.steps_marked + 1)
                 return getattr(lib, name)
 
-        advisor._lib = CountingMarks()
+        advisor._held = CountingMarks()
 
         class Optimizer:
             pass
@@ -793,6 +796,24 @@ class AdviseTest(unittest.TestCase):
         # The first of them released the cache once more (1 MiB was live at
         # the switch), and only it.
         self.assertEqual(self.torch.empty_cache_calls, released + 1)
+
+    def test_reading_the_session_while_a_round_runs_python_does_not_deadlock(self):
+        # A round's allocd_poll holds the client's poll lock while it runs
+        # Python (the allocator's stats), which hands the GIL over at the
+        # switch interval: a thread that then reads the session waits for
+        # that lock, and must not hold the GIL while it does.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        self.addCleanup(sys.setswitchinterval, interval)
+        period = _advisor.Advisor.STATS_PERIOD_S
+        _advisor.Advisor.STATS_PERIOD_S = 0
+        self.addCleanup(setattr, _advisor.Advisor, "STATS_PERIOD_S", period)
+        self.assertTrue(allocd.advise(socket=self.socket, job="busy", period=0.001,
+                                      record_events=False))
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            allocd.stats()
+        self.assertGreater(self.torch.memory_stats_calls, 2)
 
     WEIGHTS = 0x7F0000000000
 

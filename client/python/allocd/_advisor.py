@@ -218,6 +218,9 @@ class Advisor:
     def __init__(self, lib, client, torch, device, period, config, events=None,
                  prewarmer=None, holds=None, spares=None):
         self._lib = lib
+        # The calls of each round and step mark, made holding the GIL
+        # (_bindings.GIL_HELD_CALLS).
+        self._held = getattr(lib, "gil_held", lib)
         self._client = client
         self._torch = torch
         self._device = device
@@ -412,7 +415,7 @@ class Advisor:
             start = time.perf_counter()
             large = self._events.send() if self._events is not None else []
             sent = time.perf_counter()
-            self._lib.allocd_poll(self._client, ctypes.byref(self._target))
+            self._held.allocd_poll(self._client, ctypes.byref(self._target))
             if self._spares is not None:
                 self._spares.release_old()
             polled = time.perf_counter()
@@ -527,7 +530,7 @@ class Advisor:
                 mark = self.steps_marked + 1
                 if self.mark_reaches_session(mark):
                     # Before the state is read: it then holds what the job keeps.
-                    self._lib.allocd_mark_step(self._client, ctypes.byref(self._target))
+                    self._held.allocd_mark_step(self._client, ctypes.byref(self._target))
                 self.seconds_by_part["state"] += self._events.mark_step(mark)
                 self.at_step_mark()
                 self.seconds_by_part["step_hook"] += time.perf_counter() - start

@@ -31,9 +31,28 @@ def library_path(name=CLIENT_LIBRARY):
         "pip install build/release/python")
 
 
-def load(path, signatures, mode=ctypes.DEFAULT_MODE):
-    """The library at `path`, its functions typed as `signatures` says."""
-    lib = ctypes.CDLL(path, mode=mode)
+# liballocd_client's calls made holding the GIL (through a ctypes.PyDLL
+# handle of the same library, load_client's `gil_held`). Each is brief, and
+# the advisor makes them on its round and in the step hook while the job's
+# thread runs Python: released and retaken around each, the GIL changed
+# hands twice more a round and once more a step, each time a wait for the
+# job's thread. On ResNet-50 the advisor's rounds and step hook together
+# cost 3.2% of the step against a second native process (12 of 12 process
+# sets), the advisor without them 0.05%
+# (bench/gpu/results/packing/run_1202d_advisor_parts).
+# No deadlock, because no caller waits for a lock these hold while Python
+# runs: allocd_poll runs Python (the allocator's stats and settings)
+# holding the client's poll lock, and Python may hand the GIL over
+# meanwhile, so the lock's other taker, allocd_session_stats, releases the
+# GIL while it waits (it stays out of this list); allocd_mark_step's lock
+# (SecondRelease's) is never held while Python runs.
+GIL_HELD_CALLS = ("allocd_poll", "allocd_mark_step")
+
+
+def load(path, signatures, mode=ctypes.DEFAULT_MODE, library=ctypes.CDLL):
+    """The library at `path` (as a `library`: CDLL releases the GIL in each
+    call, PyDLL holds it), its functions typed as `signatures` says."""
+    lib = library(path, mode=mode)
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -91,12 +110,14 @@ class Target(ctypes.Structure):
 
 def load_client(path=None, mode=ctypes.DEFAULT_MODE):
     """liballocd_client's C functions: from the interposer when this process
-    has it (one copy of the client per process), else liballocd_client.so."""
-    path = path or loaded_interposer()
+    has it (one copy of the client per process), else liballocd_client.so.
+    Its `gil_held` has GIL_HELD_CALLS, made holding the GIL."""
+    path = path or loaded_interposer() or library_path()
     extra = {"allocd_interpose_session": (ctypes.c_void_p, [ctypes.c_int]),
-             "allocd_interpose_wait_session": (ctypes.c_int, [])} if path else {}
+             "allocd_interpose_wait_session": (ctypes.c_int, [])} \
+        if os.path.basename(path) == INTERPOSE_LIBRARY else {}
     c_client = ctypes.c_void_p
-    return load(path or library_path(), {
+    signatures = {
         **extra,
         "allocd_last_error": (ctypes.c_char_p, []),
         "allocd_start_on_learned_config": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
@@ -118,4 +139,8 @@ def load_client(path=None, mode=ctypes.DEFAULT_MODE):
         "allocd_session_stats": (ctypes.c_int64, [c_client, ctypes.c_char_p, ctypes.c_size_t]),
         "allocd_report_oom": (ctypes.c_int, [c_client, ctypes.c_uint64, ctypes.c_char_p]),
         "allocd_report_features": (ctypes.c_int, [c_client, ctypes.c_uint32]),
-    }, mode=mode)
+    }
+    lib = load(path, signatures, mode=mode)
+    lib.gil_held = load(path, {name: signatures[name] for name in GIL_HELD_CALLS}, mode=mode,
+                        library=ctypes.PyDLL)
+    return lib
