@@ -110,6 +110,11 @@ VARIANTS = {
     # loads, in any mode (gRPC started there first), where enable() asks it
     # from a process of its own.
     "-lookup-here": ["--learned-lookup", "here"],
+    # Advisor mode with a part of it switched off once the stream pauses:
+    # what each part costs the job's threads (--advisor-off).
+    "-nohook": ["--advisor-off", "hook"],
+    "-norounds": ["--advisor-off", "rounds"],
+    "-quiet": ["--advisor-off", "hook,rounds"],
 }
 
 

@@ -248,6 +248,23 @@ def advisor_counters():
     return {"rounds": info["advisor_rounds"], **info["advisor_seconds_by_part"]}
 
 
+def switch_advisor_off(parts):
+    """Switches `parts` of the running advisor off (--advisor-off): "hook", its
+    step hook on the job's thread; "rounds", its rounds (one more, then the
+    next an hour later)."""
+    import allocd
+    advisor = allocd._state.advisor
+    unknown = set(parts) - {"hook", "rounds"}
+    if advisor is None or unknown:
+        sys.exit(f"--advisor-off {','.join(parts)}: needs advise mode and parts among hook, rounds")
+    if "hook" in parts and advisor._step_hook is not None:
+        advisor._step_hook.remove()
+        advisor._step_hook = None
+    if "rounds" in parts:
+        advisor._period = 3600.0
+        advisor._wake.set()
+
+
 def counters_between(before, after):
     if before is None or after is None:
         return None
@@ -404,6 +421,10 @@ def main():
                         "never (skip), or in this process first, whatever the mode (here: "
                         "gRPC starts in the job's process before torch, as enable() asked "
                         "it until it asked from another process)")
+    p.add_argument("--advisor-off", default="", metavar="PARTS",
+                   help="advise mode: once ready, switch these parts of the advisor off "
+                        "(comma-separated: hook, its step hook on the job's thread; rounds, "
+                        "its rounds, then an hour apart): what each costs the job")
     a = p.parse_args()
     job = a.job or f"overhead-{a.workload}"
     if a.pad_mib and not a.pad_after_allocd:
@@ -496,6 +517,8 @@ def main():
         paused = {"steps_until_paused": steps, "mean_step_s_until_paused": spent / max(1, steps),
                   "stream_paused": stats.get("stream_paused"),
                   "events_sent": stats.get("events_sent")}
+    if a.advisor_off:
+        switch_advisor_off(a.advisor_off.split(","))
     print(json.dumps({"ready": a.mode, "under_allocd_run": under_run, "event_source": source,
                       "history_read_in": read_in, **paused}), flush=True)
     for line in sys.stdin:

@@ -27,6 +27,11 @@ import summarize_packing  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "gpu", "results", "packing")
 RECORD = os.path.join(RESULTS, "run_1130h_server_repeats")
+# The advisor-mode ResNet-50 runs that run_1202b_advisor_sets pooled with its
+# own, as (record, folders): every later pool of advisor mode starts here.
+ADVISOR_SETS_BEFORE_1202B = [("run_1201b_layouts", ("1_resnet_k3", "2_resnet_k3b")),
+                             ("run_1201c_lookup", ("5_resnet",)),
+                             ("run_1202_prewarm_unlocked", ("4_resnet50", "5_resnet50"))]
 
 
 def server(latencies_ms):
@@ -336,14 +341,25 @@ class PoolProcessSetsTest(unittest.TestCase):
                                  ("1_resnet50",), modes="native-b,paused")
         self.assert_record_pools(
             record, "pooled_advisor.md", "resnet50", "paused:native-b", ("1_resnet50",),
-            earlier=[("run_1201b_layouts", ("1_resnet_k3", "2_resnet_k3b")),
-                     ("run_1201c_lookup", ("5_resnet",)),
-                     ("run_1202_prewarm_unlocked", ("4_resnet50", "5_resnet50"))],
-            modes="native-b,paused")
+            earlier=ADVISOR_SETS_BEFORE_1202B, modes="native-b,paused")
         for workload in ("seq2seq", "generate"):
             self.assert_record_pools(record, f"pooled_{workload}.md", workload,
                                      "paused:native-b", (f"2_{workload}",),
                                      modes="native-b,paused")
+
+    def test_the_advisor_parts_records_tables_pool_each_group(self):
+        record = "run_1202d_advisor_parts"
+        self.assert_record_pools(
+            record, "pooled_parts.md", "resnet50",
+            "paused:native-b,paused-nohook:native-b,paused-norounds:native-b,"
+            "paused-quiet:native-b,paused-quiet:paused", ("1_parts",),
+            modes="native-b,paused,paused-nohook,paused-norounds,paused-quiet")
+        self.assert_record_pools(record, "pooled_resnet50.md", "resnet50", "paused:native-b",
+                                 ("2_resnet50",), modes="native-b,paused")
+        self.assert_record_pools(
+            record, "pooled_advisor.md", "resnet50", "paused:native-b", ("2_resnet50",),
+            earlier=ADVISOR_SETS_BEFORE_1202B + [("run_1202b_advisor_sets", ("1_resnet50",))],
+            modes="native-b,paused")
 
     def test_the_job_thread_records_tables_pool_each_group(self):
         record = "run_1202c_job_thread"
