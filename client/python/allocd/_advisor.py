@@ -247,8 +247,9 @@ class Advisor:
         self._stats_read_at = 0.0
         self.busy_seconds = 0.0
         self.rounds = 0
-        # Where the rounds' time goes (wall time: Python's work holds the
-        # GIL, the client library's calls let it go): reading and sending
+        # Where the rounds' time goes (wall time: Python's work and the
+        # poll hold the GIL, the client library's other calls let it go,
+        # _bindings.GIL_HELD_CALLS): reading and sending
         # the allocation stream, the control loop, and reading the session
         # back; "stats" is the part of the loop spent on the memory_stats()
         # it publishes, here and at the job's step marks. "step_hook" is the
