@@ -401,8 +401,9 @@ class Advisor:
         (allocd_mark_step): the first, which tells it the job marks steps,
         and the marks after each config applied, the first of which makes
         the second release. Any other mark would only cross into the
-        client library and back, a release of the GIL on the job's thread
-        every step for nothing. A config applied after the session was last
+        client library and back through ctypes, on the job's thread every
+        step, for nothing (it released the GIL there until the call was
+        made holding it). A config applied after the session was last
         read is seen at the round's read-back: its release comes at the
         first mark after that."""
         return mark == 1 or mark <= self._waking_until_mark
