@@ -361,6 +361,17 @@ class PoolProcessSetsTest(unittest.TestCase):
             earlier=ADVISOR_SETS_BEFORE_1202B + [("run_1202b_advisor_sets", ("1_resnet50",))],
             modes="native-b,paused")
 
+    def test_the_advisor_gil_records_tables_pool_each_group_and_both(self):
+        record = "run_1202e_advisor_gil"
+        self.assert_record_pools(
+            record, "pooled_quiet.md", "resnet50",
+            "paused:native-b,paused-quiet:native-b,paused:paused-quiet", ("1_quiet",),
+            modes="native-b,paused,paused-quiet")
+        self.assert_record_pools(record, "pooled_resnet50.md", "resnet50", "paused:native-b",
+                                 ("2_resnet50",), modes="native-b,paused")
+        self.assert_record_pools(record, "pooled_advisor.md", "resnet50", "paused:native-b",
+                                 ("1_quiet", "2_resnet50"), modes="native-b,paused")
+
     def test_the_job_thread_records_tables_pool_each_group(self):
         record = "run_1202c_job_thread"
         self.assert_record_pools(record, "pooled_before.md", "resnet50",
